@@ -1,0 +1,92 @@
+"""Every error tkc raises on purpose, and the source locations they point at.
+
+A located error renders as ``file:line:col: error: reason`` followed by the
+source line and a caret, like a C compiler.  Nothing else in tkc formats
+diagnostics; the CLI prints ``str(err)`` and exits non-zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A 1-based source position.  ``source`` holds the whole text of the file
+    so a diagnostic can show the offending line without reopening it."""
+
+    file: str
+    line: int
+    col: int
+    source: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    def snippet(self) -> str:
+        """The source line and a caret under the column, or '' when unknown."""
+        if not self.source:
+            return ""
+        lines = self.source.splitlines()
+        if not 1 <= self.line <= len(lines):
+            return ""
+        text = lines[self.line - 1].rstrip("\n")
+        pad = "".join(c if c == "\t" else " " for c in text[: max(self.col - 1, 0)])
+        return f"{text}\n{pad}^"
+
+
+UNKNOWN = Loc("<unknown>", 0, 0)
+
+
+class TkcError(Exception):
+    """Base class: a message, and a location when one is known."""
+
+    kind = "error"
+
+    def __init__(self, message: str, loc: Loc | None = None):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc
+
+    def __str__(self) -> str:
+        if self.loc is None or self.loc.line == 0:
+            return f"{self.kind}: {self.message}"
+        out = f"{self.loc}: {self.kind}: {self.message}"
+        snip = self.loc.snippet()
+        return f"{out}\n{snip}" if snip else out
+
+
+class TkcSyntaxError(TkcError):
+    """The text does not parse (kernel source or textual IR)."""
+
+
+class TkcNameError(TkcError):
+    """A name is used that is not defined."""
+
+
+class TkcTypeError(TkcError):
+    """Dtypes or shapes do not agree, or a value has the wrong kind."""
+
+
+class TkcUnsupportedError(TkcError):
+    """Valid Python that the tile language does not accept."""
+
+
+class TkcVerifyError(TkcError):
+    """The IR breaks an invariant of an op or of SSA."""
+
+
+class TkcPassError(TkcError):
+    """A pass failed; the message names the pass and the reproducer."""
+
+
+class TkcInterpretError(TkcError):
+    """The interpreter hit a runtime fault (bad grid, bad argument, ...)."""
+
+
+class TkcLaunchError(TkcError):
+    """Arguments given to a kernel call do not match its signature."""
+
+
+class TkcUsageError(TkcError):
+    """A command-line or API option is wrong or asks for a stage that is missing."""
