@@ -1,0 +1,264 @@
+"""The IR core: values, operations, blocks, regions, modules, and op definitions.
+
+An ``Operation`` is generic: a name, operands, result values, attributes,
+regions and a source location.  Each op kind is declared once as a small
+subclass (see ``tkc/ir/dialects/``) that states its operands, results,
+attributes and traits and may add a ``verify``; the printer, parser and
+verifier work on the generic form, so adding an op needs no edits elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+from collections.abc import Iterator
+
+from tkc.errors import UNKNOWN, Loc, TkcVerifyError
+from tkc.ir.types import Type
+
+
+class Value:
+    """An SSA value: the result of an op or an argument of a block."""
+
+    __slots__ = ("type", "name_hint")
+
+    def __init__(self, type: Type, name_hint: str | None = None):
+        self.type = type
+        self.name_hint = name_hint
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name_hint or '?'}: {self.type}>"
+
+
+class OpResult(Value):
+    __slots__ = ("owner", "index")
+
+    def __init__(self, type: Type, owner: Operation, index: int, name_hint: str | None = None):
+        super().__init__(type, name_hint)
+        self.owner = owner
+        self.index = index
+
+
+class BlockArgument(Value):
+    __slots__ = ("block", "index")
+
+    def __init__(self, type: Type, block: Block, index: int, name_hint: str | None = None):
+        super().__init__(type, name_hint)
+        self.block = block
+        self.index = index
+
+
+# ------------------------------------------------------------------ op kinds
+OPS: dict[str, type[Operation]] = {}
+
+
+def register(cls: type[Operation]) -> type[Operation]:
+    """Class decorator: make an op kind known to the parser and verifier."""
+    if cls.name in OPS:
+        raise ValueError(f"op {cls.name} registered twice")
+    OPS[cls.name] = cls
+    return cls
+
+
+class Operation:
+    """A generic operation; subclasses declare one op kind.
+
+    Declarative fields of a subclass:
+      ``name``      -- "dialect.op"
+      ``OPERANDS``  -- operand names; one may start with '*' (variadic group)
+      ``RESULTS``   -- result names; '*name' for a variadic result list
+      ``ATTRS``     -- attribute name -> python type(s); names ending in '?' are optional
+      ``REGIONS``   -- number of regions
+      ``TRAITS``    -- e.g. {"pure", "terminator", "readonly", "commutative", "elementwise"}
+    """
+
+    name: ClassVar[str] = "builtin.unknown"
+    OPERANDS: ClassVar[tuple[str, ...]] = ()
+    RESULTS: ClassVar[tuple[str, ...]] = ()
+    ATTRS: ClassVar[dict[str, Any]] = {}
+    REGIONS: ClassVar[int] = 0
+    TRAITS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(
+        self,
+        operands: list[Value],
+        result_types: list[Type],
+        attributes: dict[str, Any] | None = None,
+        regions: list[Region] | None = None,
+        loc: Loc = UNKNOWN,
+    ):
+        self.operands: list[Value] = list(operands)
+        self.results: list[OpResult] = [OpResult(t, self, i) for i, t in enumerate(result_types)]
+        self.attributes: dict[str, Any] = dict(attributes or {})
+        self.regions: list[Region] = list(regions or [])
+        for r in self.regions:
+            r.parent = self
+        self.loc = loc
+        self.parent: Block | None = None
+
+    # -------------------------------------------------------------- structure
+    @property
+    def result(self) -> OpResult:
+        if len(self.results) != 1:
+            raise ValueError(f"{self.name} has {len(self.results)} results, not 1")
+        return self.results[0]
+
+    def operand_groups(self) -> dict[str, Value | list[Value]]:
+        """Operands by their declared names; a variadic group maps to a list."""
+        names = type(self).OPERANDS
+        star = [i for i, n in enumerate(names) if n.startswith("*")]
+        if not star:
+            if len(self.operands) != len(names):
+                raise TkcVerifyError(
+                    f"'{self.name}' takes {len(names)} operands, got {len(self.operands)}", self.loc)
+            return dict(zip(names, self.operands))
+        s = star[0]
+        n_after = len(names) - s - 1
+        if len(self.operands) < len(names) - 1:
+            raise TkcVerifyError(
+                f"'{self.name}' takes at least {len(names) - 1} operands, got {len(self.operands)}",
+                self.loc)
+        out: dict[str, Value | list[Value]] = dict(zip(names[:s], self.operands[:s]))
+        end = len(self.operands) - n_after
+        out[names[s][1:]] = self.operands[s:end]
+        out.update(zip(names[s + 1:], self.operands[end:]))
+        return out
+
+    def __getattr__(self, item: str) -> Any:
+        # Named access to operands (``op.lhs``) and attributes (``op.axis``).
+        # Only reached when normal lookup fails.
+        cls = type(self)
+        if item.startswith("_"):
+            raise AttributeError(item)
+        if item in cls.OPERANDS or f"*{item}" in cls.OPERANDS:
+            return self.operand_groups()[item]
+        attrs = self.__dict__.get("attributes", {})
+        if item in attrs:
+            return attrs[item]
+        if item in cls.ATTRS or f"{item}?" in cls.ATTRS:
+            return None
+        raise AttributeError(f"'{cls.name}' has no operand or attribute '{item}'")
+
+    def has_trait(self, trait: str) -> bool:
+        return trait in type(self).TRAITS
+
+    def walk(self) -> Iterator[Operation]:
+        """This op and every op nested in its regions, pre-order."""
+        yield self
+        for r in self.regions:
+            for b in r.blocks:
+                for op in list(b.ops):
+                    yield from op.walk()
+
+    def erase(self) -> None:
+        assert self.parent is not None, "op is not in a block"
+        self.parent.ops.remove(self)
+        self.parent = None
+
+    def verify(self) -> None:
+        """Op-specific checks beyond the declared structure; raise TkcVerifyError."""
+
+    def error(self, message: str) -> TkcVerifyError:
+        return TkcVerifyError(f"'{self.name}': {message}", self.loc)
+
+    def __repr__(self) -> str:
+        return f"<op {self.name} at {self.loc}>"
+
+
+class Block:
+    """A list of ops with typed arguments; the last op of a region's block is
+    its terminator when the parent op requires one."""
+
+    def __init__(self, arg_types: list[Type] | None = None, arg_names: list[str | None] | None = None):
+        names = arg_names or [None] * len(arg_types or [])
+        self.args: list[BlockArgument] = [
+            BlockArgument(t, self, i, n) for i, (t, n) in enumerate(zip(arg_types or [], names))]
+        self.ops: list[Operation] = []
+        self.parent: Region | None = None
+
+    def add_arg(self, t: Type, name: str | None = None) -> BlockArgument:
+        a = BlockArgument(t, self, len(self.args), name)
+        self.args.append(a)
+        return a
+
+    def append(self, op: Operation) -> Operation:
+        op.parent = self
+        self.ops.append(op)
+        return op
+
+    def insert(self, index: int, op: Operation) -> Operation:
+        op.parent = self
+        self.ops.insert(index, op)
+        return op
+
+    @property
+    def terminator(self) -> Operation | None:
+        if self.ops and self.ops[-1].has_trait("terminator"):
+            return self.ops[-1]
+        return None
+
+    @property
+    def parent_op(self) -> Operation | None:
+        return self.parent.parent if self.parent is not None else None
+
+
+class Region:
+    def __init__(self, blocks: list[Block] | None = None):
+        self.blocks: list[Block] = []
+        self.parent: Operation | None = None
+        for b in blocks or []:
+            self.add_block(b)
+
+    def add_block(self, b: Block) -> Block:
+        b.parent = self
+        self.blocks.append(b)
+        return b
+
+    @property
+    def block(self) -> Block:
+        """The entry (and, in tkc, only) block."""
+        return self.blocks[0]
+
+
+class Module:
+    """The top level: a block of kernels (``tile.kernel`` ops)."""
+
+    def __init__(self, ops: list[Operation] | None = None):
+        self.body = Block()
+        for op in ops or []:
+            self.body.append(op)
+
+    @property
+    def ops(self) -> list[Operation]:
+        return self.body.ops
+
+    def walk(self) -> Iterator[Operation]:
+        for op in list(self.body.ops):
+            yield from op.walk()
+
+    def kernel(self, name: str | None = None) -> Operation:
+        kernels = [op for op in self.ops if op.name == "tile.kernel"]
+        if name is None:
+            if len(kernels) != 1:
+                raise KeyError(f"module has {len(kernels)} kernels; name one")
+            return kernels[0]
+        for k in kernels:
+            if k.attributes.get("sym_name") == name:
+                return k
+        raise KeyError(name)
+
+
+# ------------------------------------------------------------- use rewriting
+def replace_all_uses(root: Module | Operation, old: Value, new: Value) -> None:
+    """Make every operand under ``root`` that is ``old`` become ``new``."""
+    ops = root.walk()
+    for op in ops:
+        op.operands = [new if v is old else v for v in op.operands]
+
+
+def uses(root: Module | Operation) -> dict[Value, list[Operation]]:
+    """Every value used under ``root`` and the ops that use it."""
+    out: dict[Value, list[Operation]] = {}
+    for op in root.walk():
+        for v in op.operands:
+            out.setdefault(v, []).append(op)
+    return out

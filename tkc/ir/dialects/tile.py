@@ -1,0 +1,507 @@
+"""The ``tile`` dialect: target-independent tile programs.
+
+What the frontend emits and the interpreter runs.  Elementwise and math ops
+work on scalars and tiles alike (operands of one type; the frontend inserts
+``splat``/``broadcast``/``cast`` to make them agree).  Shapes are static;
+tensor sizes are runtime values read with ``tile.dim``.
+"""
+
+from __future__ import annotations
+
+from tkc import dtypes
+from tkc.ir.core import Operation, register
+from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
+
+I32 = ScalarType(dtypes.i32)
+I1 = ScalarType(dtypes.i1)
+
+
+def _is_value_type(t: Type) -> bool:
+    return isinstance(t, (ScalarType, TileType))
+
+
+def _same_types(op: Operation) -> Type:
+    ts = [v.type for v in op.operands] + [r.type for r in op.results]
+    if not _is_value_type(ts[0]):
+        raise op.error(f"expects scalars or tiles, got {ts[0]}")
+    if any(t != ts[0] for t in ts):
+        raise op.error("operands and result must have one type, got " + ", ".join(map(str, ts)))
+    return ts[0]
+
+
+# ------------------------------------------------------------------ structure
+@register
+class KernelOp(Operation):
+    """A kernel.  Its block's arguments are the kernel's parameters; its
+    ``consts`` are the compile-time constants it was specialized with."""
+
+    name = "tile.kernel"
+    ATTRS = {"sym_name": str, "consts?": dict}
+    REGIONS = 1
+    TRAITS = frozenset({"isolated"})
+
+    @property
+    def body(self):
+        return self.regions[0].block
+
+    def verify(self) -> None:
+        term = self.body.terminator
+        if term is None or term.name != "tile.return":
+            raise self.error("kernel body must end with 'tile.return'")
+        for a in self.body.args:
+            if not isinstance(a.type, (TensorType, ScalarType)):
+                raise self.error(f"kernel parameters are tensors or scalars, got {a.type}")
+        grids = [op for op in self.body.ops if op.name == "tile.grid"]
+        if len(grids) > 1:
+            raise grids[1].error("a kernel has at most one launch grid")
+
+
+@register
+class ReturnOp(Operation):
+    name = "tile.return"
+    TRAITS = frozenset({"terminator"})
+
+    def verify(self) -> None:
+        if self.parent is None or self.parent.parent_op is None or self.parent.parent_op.name != "tile.kernel":
+            raise self.error("'tile.return' ends a kernel body only")
+
+
+@register
+class YieldOp(Operation):
+    name = "tile.yield"
+    OPERANDS = ("*values",)
+    TRAITS = frozenset({"terminator"})
+
+    def verify(self) -> None:
+        parent = self.parent.parent_op if self.parent else None
+        if parent is None or parent.name not in ("tile.for", "tile.if"):
+            raise self.error("'tile.yield' ends a 'tile.for' or 'tile.if' region only")
+        want = [r.type for r in parent.results]
+        got = [v.type for v in self.operands]
+        if want != got:
+            raise self.error(f"yields ({', '.join(map(str, got))}) but '{parent.name}' "
+                             f"results are ({', '.join(map(str, want))})")
+
+
+@register
+class GridOp(Operation):
+    """The launch grid: 1-3 extents, computed from dims and constants only."""
+
+    name = "tile.grid"
+    OPERANDS = ("*extents",)
+
+    def verify(self) -> None:
+        if not 1 <= len(self.operands) <= 3:
+            raise self.error("takes 1 to 3 extents")
+        if any(v.type != I32 for v in self.operands):
+            raise self.error("grid extents are i32 scalars")
+
+
+@register
+class ForOp(Operation):
+    """``for iv in range(lb, ub, step)`` carrying ``init`` values through the
+    loop; the block's arguments are (iv, carried...), and the results are the
+    carried values after the last iteration."""
+
+    name = "tile.for"
+    OPERANDS = ("lb", "ub", "step", "*init")
+    RESULTS = ("*results",)
+    REGIONS = 1
+
+    @property
+    def body(self):
+        return self.regions[0].block
+
+    def verify(self) -> None:
+        g = self.operand_groups()
+        for v in (g["lb"], g["ub"], g["step"]):
+            if v.type != I32:
+                raise self.error("loop bounds and step are i32 scalars")
+        init_types = [v.type for v in g["init"]]
+        if [r.type for r in self.results] != init_types:
+            raise self.error("result types must match the carried values' types")
+        arg_types = [a.type for a in self.body.args]
+        if arg_types != [I32, *init_types]:
+            raise self.error("body arguments must be (i32 induction variable, carried values...)")
+
+
+@register
+class IfOp(Operation):
+    """Two regions (then, else), each ending in ``tile.yield`` of the results."""
+
+    name = "tile.if"
+    OPERANDS = ("cond",)
+    RESULTS = ("*results",)
+    REGIONS = 2
+
+    def verify(self) -> None:
+        if self.cond.type != I1:
+            raise self.error(f"condition must be an i1 scalar, got {self.cond.type}")
+        for r in self.regions:
+            if r.block.args:
+                raise self.error("branches take no arguments")
+
+
+# ---------------------------------------------------------- scalars and ids
+@register
+class ProgramIdOp(Operation):
+    name = "tile.program_id"
+    RESULTS = ("result",)
+    ATTRS = {"axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        if self.axis not in (0, 1, 2) or self.result.type != I32:
+            raise self.error("axis must be 0, 1 or 2 and the result i32")
+
+
+@register
+class NumProgramsOp(ProgramIdOp):
+    name = "tile.num_programs"
+
+
+@register
+class DimOp(Operation):
+    """The runtime size of one axis of a tensor parameter."""
+
+    name = "tile.dim"
+    OPERANDS = ("tensor",)
+    RESULTS = ("result",)
+    ATTRS = {"axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        if not isinstance(t, TensorType) or not 0 <= self.axis < t.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {t}")
+        if self.result.type != I32:
+            raise self.error("result must be i32")
+
+
+@register
+class ConstantOp(Operation):
+    """A scalar constant, or a tile with every element equal to ``value``."""
+
+    name = "tile.constant"
+    RESULTS = ("result",)
+    ATTRS = {"value": (int, float, bool)}
+    TRAITS = frozenset({"pure", "constant"})
+
+    def verify(self) -> None:
+        t = self.result.type
+        if not _is_value_type(t):
+            raise self.error(f"result must be a scalar or tile, got {t}")
+        v = self.value
+        if t.dtype.is_bool and not isinstance(v, bool):
+            raise self.error("an i1 constant takes true or false")
+        if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self.error("an integer constant takes an integer value")
+
+
+@register
+class ArangeOp(Operation):
+    """The 1-D i32 tile [start, start + n)."""
+
+    name = "tile.arange"
+    RESULTS = ("result",)
+    ATTRS = {"start": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        t = self.result.type
+        if not isinstance(t, TileType) or t.rank != 1 or t.dtype != dtypes.i32:
+            raise self.error(f"result must be a 1-D i32 tile, got {t}")
+
+
+# -------------------------------------------------------------- elementwise
+class _Binary(Operation):
+    OPERANDS = ("lhs", "rhs")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+    kinds = "float int"  # which element kinds the op accepts
+
+    def verify(self) -> None:
+        t = _same_types(self)
+        _check_kind(self, t, self.kinds)
+
+
+def _check_kind(op: Operation, t: Type, kinds: str) -> None:
+    dt = t.dtype
+    ok = (dt.is_float and "float" in kinds) or (dt.is_int and "int" in kinds) or (
+        dt.is_bool and "bool" in kinds)
+    if not ok:
+        raise op.error(f"does not take {dt.name} operands")
+
+
+def _binary(op_name: str, kinds: str = "float int", commutative: bool = False) -> type:
+    traits = {"pure", "elementwise"} | ({"commutative"} if commutative else set())
+    cls = type(op_name.split(".")[1].title() + "Op", (_Binary,),
+               {"name": op_name, "kinds": kinds, "TRAITS": frozenset(traits)})
+    return register(cls)
+
+
+AddOp = _binary("tile.add", commutative=True)
+SubOp = _binary("tile.sub")
+MulOp = _binary("tile.mul", commutative=True)
+DivOp = _binary("tile.div", "float")
+FloorDivOp = _binary("tile.floordiv", "int")
+RemOp = _binary("tile.rem", "int")
+CdivOp = _binary("tile.cdiv", "int")
+MaximumOp = _binary("tile.maximum", commutative=True)
+MinimumOp = _binary("tile.minimum", commutative=True)
+AndOp = _binary("tile.and", "int bool", commutative=True)
+OrOp = _binary("tile.or", "int bool", commutative=True)
+XorOp = _binary("tile.xor", "int bool", commutative=True)
+
+
+class _Unary(Operation):
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+    kinds = "float"
+
+    def verify(self) -> None:
+        t = _same_types(self)
+        _check_kind(self, t, self.kinds)
+
+
+def _unary(op_name: str, kinds: str = "float") -> type:
+    cls = type(op_name.split(".")[1].title() + "Op", (_Unary,), {"name": op_name, "kinds": kinds})
+    return register(cls)
+
+
+NegOp = _unary("tile.neg", "float int")
+AbsOp = _unary("tile.abs", "float int")
+NotOp = _unary("tile.not", "int bool")
+ExpOp = _unary("tile.exp")
+Exp2Op = _unary("tile.exp2")
+LogOp = _unary("tile.log")
+Log2Op = _unary("tile.log2")
+SqrtOp = _unary("tile.sqrt")
+RsqrtOp = _unary("tile.rsqrt")
+TanhOp = _unary("tile.tanh")
+
+CMP_PREDICATES = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+@register
+class CmpOp(Operation):
+    name = "tile.cmp"
+    OPERANDS = ("lhs", "rhs")
+    RESULTS = ("result",)
+    ATTRS = {"pred": str}
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        a, b, r = self.lhs.type, self.rhs.type, self.result.type
+        if a != b or not _is_value_type(a):
+            raise self.error(f"operands must have one scalar or tile type, got {a}, {b}")
+        if self.pred not in CMP_PREDICATES:
+            raise self.error(f"predicate must be one of {', '.join(CMP_PREDICATES)}")
+        if shape_of(r) != shape_of(a) or r.dtype != dtypes.i1 or type(r) is not type(a):
+            raise self.error(f"result must be i1 of the operands' shape, got {r}")
+
+
+@register
+class SelectOp(Operation):
+    """``where(cond, a, b)``: cond is i1 of the same shape (or a scalar)."""
+
+    name = "tile.select"
+    OPERANDS = ("cond", "a", "b")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        c, a, b, r = self.cond.type, self.a.type, self.b.type, self.result.type
+        if not (a == b == r) or not _is_value_type(a):
+            raise self.error(f"branches and result must have one type, got {a}, {b} -> {r}")
+        if c.dtype != dtypes.i1 or (shape_of(c) != shape_of(a) and shape_of(c) != ()):
+            raise self.error(f"condition must be i1 of the result's shape, got {c}")
+
+
+@register
+class CastOp(Operation):
+    """Convert elements to another dtype (round-to-nearest-even for floats,
+    saturating for fp8; truncation toward zero for float -> int)."""
+
+    name = "tile.cast"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not _is_value_type(a) or type(a) is not type(r) or shape_of(a) != shape_of(r):
+            raise self.error(f"casts keep the shape: {a} -> {r}")
+
+
+# ------------------------------------------------------------------- shapes
+@register
+class SplatOp(Operation):
+    """A tile with every element equal to a scalar."""
+
+    name = "tile.splat"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not isinstance(a, ScalarType) or not isinstance(r, TileType) or a.dtype != r.dtype:
+            raise self.error(f"splats a scalar to a tile of its dtype: {a} -> {r}")
+
+
+@register
+class BroadcastOp(Operation):
+    """Repeat size-1 axes to the result shape (same rank)."""
+
+    name = "tile.broadcast"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not (isinstance(a, TileType) and isinstance(r, TileType)) or a.dtype != r.dtype \
+                or a.rank != r.rank or any(s != d and s != 1 for s, d in zip(a.shape, r.shape)):
+            raise self.error(f"cannot broadcast {a} to {r}")
+
+
+@register
+class ExpandDimsOp(Operation):
+    """Insert a size-1 axis at ``axis``."""
+
+    name = "tile.expand_dims"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not isinstance(a, TileType) or not isinstance(r, TileType):
+            raise self.error("operates on tiles")
+        want = list(a.shape)
+        if not 0 <= self.axis <= a.rank:
+            raise self.error(f"axis {self.axis} out of range for {a}")
+        want.insert(self.axis, 1)
+        if r != a.with_shape(tuple(want)):
+            raise self.error(f"result must be {a.with_shape(tuple(want))}, got {r}")
+
+
+@register
+class TransposeOp(Operation):
+    name = "tile.transpose"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not isinstance(a, TileType) or a.rank != 2 or r != a.with_shape(a.shape[::-1]):
+            raise self.error(f"transposes a 2-D tile: {a} -> {r}")
+
+
+REDUCE_KINDS = ("sum", "max", "min")
+
+
+@register
+class ReduceOp(Operation):
+    """Reduce one axis (dropped from the shape; a 1-D tile reduces to a
+    scalar).  Float sums accumulate in f32 and round once to the dtype."""
+
+    name = "tile.reduce"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if self.kind not in REDUCE_KINDS:
+            raise self.error(f"kind must be one of {', '.join(REDUCE_KINDS)}")
+        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {a}")
+        shape = a.shape[: self.axis] + a.shape[self.axis + 1:]
+        want = a.with_shape(shape) if shape else ScalarType(a.dtype)
+        if r != want:
+            raise self.error(f"result must be {want}, got {r}")
+
+
+MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "f32")
+
+
+@register
+class MmaOp(Operation):
+    """``acc + a @ b`` with an f32 accumulator: a is MxK, b is KxN, acc MxN."""
+
+    name = "tile.mma"
+    OPERANDS = ("a", "b", "acc")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, b, c, r = self.a.type, self.b.type, self.acc.type, self.result.type
+        if not all(isinstance(t, TileType) and t.rank == 2 for t in (a, b, c)):
+            raise self.error("operands must be 2-D tiles")
+        if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
+            raise self.error(f"shapes do not agree: {a} @ {b} into {c}")
+        if a.dtype.name not in MMA_DTYPES or b.dtype.name not in MMA_DTYPES:
+            raise self.error(f"operands must be one of {', '.join(MMA_DTYPES)}")
+        fp8 = a.dtype.bits == 8 and b.dtype.bits == 8
+        if a.dtype != b.dtype and not fp8:
+            raise self.error(f"operand dtypes differ: {a.dtype.name} and {b.dtype.name}")
+        if c.dtype != dtypes.f32 or r != c:
+            raise self.error("the accumulator and result are f32 tiles of one type")
+
+
+# ------------------------------------------------------------------- memory
+class _Access(Operation):
+    """Shared checks of load/store: one i32 offset per tensor axis; ``box``
+    is the extent per axis, ``squeeze`` the axes dropped from the tile."""
+
+    def _check_box(self, tensor: Type, offsets: list, tile: Type) -> None:
+        if not isinstance(tensor, TensorType):
+            raise self.error(f"expects a tensor, got {tensor}")
+        if len(offsets) != tensor.rank or any(o.type != I32 for o in offsets):
+            raise self.error(f"needs {tensor.rank} i32 offsets, one per axis of {tensor}")
+        box, squeeze = self.box, self.squeeze or []
+        if len(box) != tensor.rank or any(not isinstance(b, int) or b < 1 for b in box):
+            raise self.error(f"box must give a positive extent per axis of {tensor}")
+        if any(not 0 <= s < tensor.rank or box[s] != 1 for s in squeeze):
+            raise self.error("squeezed axes must be axes of the tensor with extent 1")
+        shape = tuple(b for i, b in enumerate(box) if i not in squeeze)
+        want = TileType(shape, tensor.dtype) if shape else ScalarType(tensor.dtype)
+        if isinstance(tile, TileType) and isinstance(want, TileType):
+            ok = tile.shape == want.shape and tile.dtype == want.dtype
+        else:
+            ok = tile == want
+        if not ok:
+            raise self.error(f"the box {box} of {tensor} is {want}, not {tile}")
+
+
+@register
+class LoadOp(_Access):
+    """Read a box of a tensor at element offsets.  Elements outside the tensor
+    read as ``other`` (0 when absent)."""
+
+    name = "tile.load"
+    OPERANDS = ("tensor", "*offsets")
+    RESULTS = ("result",)
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    TRAITS = frozenset({"readonly"})
+
+    def verify(self) -> None:
+        self._check_box(self.tensor.type, self.offsets, self.result.type)
+
+
+@register
+class StoreOp(_Access):
+    """Write a tile into a box of a tensor; elements outside are not written."""
+
+    name = "tile.store"
+    OPERANDS = ("tensor", "value", "*offsets")
+    ATTRS = {"box": list, "squeeze?": list}
+
+    def verify(self) -> None:
+        self._check_box(self.tensor.type, self.offsets, self.value.type)
