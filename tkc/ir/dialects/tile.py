@@ -62,7 +62,8 @@ class ReturnOp(Operation):
     TRAITS = frozenset({"terminator"})
 
     def verify(self) -> None:
-        if self.parent is None or self.parent.parent_op is None or self.parent.parent_op.name != "tile.kernel":
+        parent = self.parent.parent_op if self.parent else None
+        if parent is None or parent.name != "tile.kernel":
             raise self.error("'tile.return' ends a kernel body only")
 
 
