@@ -1,0 +1,285 @@
+"""tkc's scalar element types and their exact numerics.
+
+This module owns the element types a kernel can name (``f32``, ``f16``,
+``bf16``, ``f8e4m3``, ``f8e5m2``, ``i32``, ``i1``/``bool``) and is the only place
+that knows how a dtype rounds.  The interpreter, constant folding and the test
+oracles all call :func:`round_to`, so "what value does a ``bf16`` hold" has a
+single answer, and that answer is the one the GPU produces:
+
+* Float targets round to nearest, ties to even, from the *exact* input value
+  (a float64 input is rounded once, never via float32, which could double-round).
+* ``f8e4m3`` is OCP E4M3FN: no infinities, largest finite 448, NaN is
+  ``S.1111.111``.  ``f8e5m2`` is IEEE-like (it has inf, largest finite 57344).
+  Both follow PTX ``cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32``, the instructions GPU
+  code uses: a finite value that rounds past the largest finite value
+  *saturates* to it, and so does ±inf; NaN stays NaN.  (So an ``f8e5m2`` value
+  held by tkc is never infinite, although the format could encode it.)
+* ``f16`` and ``bf16`` are IEEE-style: overflow rounds to ±inf.
+* float → ``i32`` truncates toward zero and saturates, NaN → 0 (PTX
+  ``cvt.rzi.s32.f32``); integer → ``i32`` wraps modulo 2**32; bool → 0/1.
+  Anything → ``i1`` is ``x != 0`` (so NaN is true, as in C).
+
+Values are *stored* in numpy arrays of ``DType.np_storage``: float32 for every
+float type (holding values already rounded to the type, which float32 represents
+exactly), int32 for ``i32`` and bool for ``i1``.  numpy has no bf16 or fp8, and
+float32 storage keeps every interpreter op a plain numpy op followed by
+:func:`round_to`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:  # torch is optional: imported lazily where it is needed
+    import torch
+
+__all__ = [
+    "DType",
+    "f32",
+    "f16",
+    "bf16",
+    "f8e4m3",
+    "f8e5m2",
+    "i32",
+    "i1",
+    "ALL",
+    "BY_NAME",
+    "from_name",
+    "from_torch",
+    "from_numpy",
+    "round_to",
+    "to_torch",
+    "from_torch_tensor",
+]
+
+
+class _FloatFormat(NamedTuple):
+    """What rounding needs to know about a binary float format."""
+
+    mantissa_bits: int  # stored fraction bits (precision is one more)
+    min_normal_exp: int  # exponent of the smallest normal binade; subnormals share its quantum
+    saturating: bool  # overflow (and inf) -> ±max (PTX satfinite) instead of ±inf
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+    """A scalar element type.  Identity is the name: two DTypes are equal iff
+    their names are, so a DType can key dicts and be compared to the constants
+    below regardless of where it was constructed."""
+
+    name: str
+    bits: int
+    kind: str  # "float", "int" or "bool"
+    np_storage: np.dtype = field(repr=False)
+    min: float | int = field(repr=False)  # most negative finite value
+    max: float | int = field(repr=False)  # largest finite value
+    _torch_name: str = field(repr=False)
+    _fmt: _FloatFormat | None = field(default=None, repr=False)
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "bool"
+
+    def torch_dtype(self) -> torch.dtype:
+        """The matching torch dtype (torch is imported on first use)."""
+        import torch
+
+        return getattr(torch, self._torch_name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DType) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"DType({self.name!r})"
+
+
+_F32 = np.dtype(np.float32)
+
+f32 = DType("f32", 32, "float", _F32, -float(np.finfo(np.float32).max), float(np.finfo(np.float32).max),
+            "float32", _FloatFormat(23, -126, False))
+f16 = DType("f16", 16, "float", _F32, -65504.0, 65504.0, "float16", _FloatFormat(10, -14, False))
+# bf16 max is 0x7F7F = (2 - 2**-7) * 2**127.
+bf16 = DType("bf16", 16, "float", _F32, -(2 - 2**-7) * 2.0**127, (2 - 2**-7) * 2.0**127, "bfloat16",
+             _FloatFormat(7, -126, False))
+f8e4m3 = DType("f8e4m3", 8, "float", _F32, -448.0, 448.0, "float8_e4m3fn", _FloatFormat(3, -6, True))
+f8e5m2 = DType("f8e5m2", 8, "float", _F32, -57344.0, 57344.0, "float8_e5m2", _FloatFormat(2, -14, True))
+i32 = DType("i32", 32, "int", np.dtype(np.int32), -(2**31), 2**31 - 1, "int32")
+i1 = DType("i1", 1, "bool", np.dtype(np.bool_), 0, 1, "bool")
+
+ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, i32, i1)
+
+#: Every spelling of a dtype: IR names plus the kernel language's ``bool``.
+BY_NAME: dict[str, DType] = {dt.name: dt for dt in ALL} | {"bool": i1}
+
+_BY_TORCH_NAME: dict[str, DType] = {dt._torch_name: dt for dt in ALL}
+_BY_NUMPY: dict[np.dtype, DType] = {
+    np.dtype(np.float32): f32,
+    np.dtype(np.float16): f16,
+    np.dtype(np.int32): i32,
+    np.dtype(np.bool_): i1,
+}
+
+
+def from_name(name: str) -> DType | None:
+    """The dtype spelled ``name`` (``bool`` is ``i1``), or None."""
+    return BY_NAME.get(name)
+
+
+def from_torch(torch_dtype: Any) -> DType | None:
+    """The tkc dtype of a torch dtype, or None if tkc has no such type."""
+    # str(torch.bfloat16) == "torch.bfloat16": matching on the name avoids importing torch.
+    s = str(torch_dtype)
+    return _BY_TORCH_NAME.get(s.removeprefix("torch.")) if s.startswith("torch.") else None
+
+
+def from_numpy(np_dtype: Any) -> DType | None:
+    """The tkc dtype of a numpy dtype (float32, float16, int32, bool), or None.
+    numpy has no bf16 or fp8, so those never come back from here."""
+    try:
+        return _BY_NUMPY.get(np.dtype(np_dtype))
+    except TypeError:
+        return None
+
+
+# --------------------------------------------------------------------------- rounding
+
+
+def round_to(x: Any, dt: DType) -> np.ndarray:
+    """``x`` (any numeric array-like) converted to ``dt``'s storage representation,
+    rounded exactly as the hardware rounds (see the module docstring).
+
+    Returns float32 for float dtypes (holding values exactly representable in
+    ``dt``), int32 for ``i32`` and bool for ``i1``.  Always a new array.
+    Integer inputs beyond 2**53 are first rounded to float64 on the way to a
+    float type; tkc has no integers that wide.
+    """
+    a = np.asarray(x)
+    if a.dtype.kind == "c":
+        raise TypeError(f"cannot convert complex values to {dt.name}")
+    if dt.is_bool:
+        return np.asarray(a != 0)  # asarray: ops on 0-d arrays give numpy scalars
+    # NaN, inf and overflow are ordinary inputs here with a defined result, and signalling NaNs
+    # (e.g. random bit patterns) raise "invalid" on any float cast: none of it deserves a warning.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dt.is_int:
+            return _to_i32(a)
+        return _round_float(a, dt)
+
+
+def _round_float(a: np.ndarray, dt: DType) -> np.ndarray:
+    fmt = dt._fmt
+    assert fmt is not None
+    if a.dtype.kind == "f" and a.dtype.itemsize <= 4:
+        # float16/float32 input: float32 holds it exactly, so the float32 fast paths round once.
+        a32 = a.astype(np.float32)
+        if dt == f32:
+            return a32
+        if dt == f16:
+            return a32.astype(np.float16).astype(np.float32)  # numpy's cast is RNE, overflow -> inf
+        if dt == bf16:
+            return _bf16_from_f32(a32)
+        a64 = a32.astype(np.float64)
+    else:
+        # float64 (or wider, or integer/bool) input: round once from float64.  Going through float32
+        # first would double-round (e.g. 1 + 2**-8 + 2**-30 must become bf16 1 + 2**-7, not 1).
+        a64 = a.astype(np.float64)
+        if dt == f32:
+            return a64.astype(np.float32)
+    return _round_f64(a64, fmt, float(dt.max)).astype(np.float32)
+
+
+def _bf16_from_f32(a32: np.ndarray) -> np.ndarray:
+    """RNE float32 -> bf16 on the bit pattern: add 0x7FFF plus the lowest kept bit, then cut
+    the low 16 bits.  A carry out of the mantissa bumps the exponent, which is exactly the
+    "round up into the next binade / to inf" case."""
+    u = a32.view(np.uint32)
+    lsb = (u >> np.uint32(16)) & np.uint32(1)
+    r = np.asarray((u + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000))
+    # NaN: the carry could turn a NaN into inf or flip the sign, so keep the sign and top payload
+    # bits and force the quiet bit (cutting the payload alone could leave an all-zero mantissa = inf).
+    nan = np.isnan(a32)
+    if nan.any():  # rare: patch in place rather than paying for a full np.where
+        r[nan] = (u[nan] & np.uint32(0xFFFF0000)) | np.uint32(0x00400000)
+    return r.view(np.float32)
+
+
+def _round_f64(a64: np.ndarray, fmt: _FloatFormat, max_finite: float) -> np.ndarray:
+    """Round float64 values to a binary format, RNE, then apply the overflow rule.
+
+    Scale each value so that the format's quantum in its binade becomes 1, ``rint`` (which rounds
+    ties to even), and scale back.  Scaling by powers of two is exact in float64 for every format
+    here, and clamping the exponent at the smallest normal binade makes subnormals share its
+    quantum, which is what gradual underflow means.
+    """
+    _, e = np.frexp(a64)  # a64 = m * 2**e with 0.5 <= |m| < 1, so the binade is 2**(e-1)
+    shift = fmt.mantissa_bits - np.maximum(e - 1, fmt.min_normal_exp)
+    # rint(±0) and rint(±inf) keep their sign; NaN passes through.
+    r = np.ldexp(np.rint(np.ldexp(a64, shift)), -shift)
+    # The exponent was unbounded, so overflow shows up as |r| > max (or an inf input).
+    over = np.abs(r) > max_finite
+    return np.where(over, np.copysign(max_finite if fmt.saturating else np.inf, r), r)
+
+
+_I32_MIN = float(-(2**31))
+_I32_MAX = float(2**31 - 1)
+
+
+def _to_i32(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        # cvt.rzi.s32.f32: truncate, clamp to the int32 range, NaN -> 0.  float64 holds both bounds
+        # exactly (float32 would turn 2**31 - 1 into 2**31, which overflows the cast).
+        t = np.trunc(a.astype(np.float64))
+        t = np.where(np.isnan(t), 0.0, np.clip(t, _I32_MIN, _I32_MAX))
+        return t.astype(np.int32)
+    if a.dtype.kind in "iub":
+        # Integer narrowing keeps the low 32 bits (two's complement wrap), like a truncating cvt.
+        return a.astype(np.int32)
+    raise TypeError(f"cannot convert {a.dtype} values to i32")
+
+
+# --------------------------------------------------------------------------- torch interop
+
+
+def to_torch(x_storage: np.ndarray, dt: DType) -> torch.Tensor:
+    """A CPU torch tensor of ``dt``'s torch dtype holding the values of ``x_storage``.
+
+    The values are passed through :func:`round_to` first, so the final torch conversion is
+    exact: torch's own fp8 conversion does not follow satfinite, and it never sees an
+    out-of-range value here.
+    """
+    import torch
+
+    st = np.ascontiguousarray(round_to(x_storage, dt))
+    return torch.from_numpy(st).to(dt.torch_dtype())
+
+
+def from_torch_tensor(t: torch.Tensor) -> tuple[np.ndarray, DType]:
+    """``t``'s values as tkc storage (a new numpy array) and its dtype.
+
+    Every supported float type widens exactly to float32, so bf16/fp8 tensors go through
+    ``t.float()``.  Raises TypeError for torch dtypes tkc does not have.
+    """
+    dt = from_torch(t.dtype)
+    if dt is None:
+        raise TypeError(f"tkc has no element type for torch dtype {t.dtype}")
+    t = t.detach().cpu()
+    if dt.is_float:
+        t = t.float()
+    return t.numpy().copy(), dt
