@@ -25,6 +25,8 @@ def _verify_op(op: Operation, visible: list[set[Value]]) -> None:
     if OPS.get(op.name) is not cls:
         raise op.error("op kind is not registered")
     for v in op.operands:
+        if not isinstance(v, Value):
+            raise op.error(f"operand {v!r} is not an IR value")
         if not any(v in s for s in visible):
             raise op.error(f"operand {v.name_hint and '%' + v.name_hint or v} is used before "
                            "it is defined or outside its scope")

@@ -1,0 +1,114 @@
+"""The builtin functions of the tile language: ``zeros``, ``program_id``,
+``where``, ``exp``, ``load``...  Each takes the lowering, the call node and its
+evaluated arguments and returns a value; typing goes through ``emit``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tkc import dtypes
+from tkc.errors import TkcTypeError
+from tkc.frontend.emit import check_const, check_tile_dims
+from tkc.frontend.values import REQUIRED, Const, DTypeName, Dyn, View
+from tkc.ir.dialects import tile as T
+from tkc.ir.types import TileType
+
+MATH_FUNCS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "abs")
+
+
+def _program_id(lw, e, args, kwargs, op=T.ProgramIdOp, what="program_id()"):
+    a = lw.bind(what, e, args, kwargs, [("axis", REQUIRED)])
+    axis = lw.const_int(a["axis"], "the axis", e)
+    if axis not in (0, 1, 2):
+        raise TkcTypeError(f"{what} axis must be 0, 1 or 2, got {axis}", e.loc)
+    return Dyn(lw.b.value(op, [], T.I32, {"axis": axis}, loc=e.loc))
+
+
+def _num_programs(lw, e, args, kwargs):
+    return _program_id(lw, e, args, kwargs, T.NumProgramsOp, "num_programs()")
+
+
+def _binary_builtin(op: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        if op in ("max", "min") and len(args) + len(kwargs) != 2:
+            a = lw.bind(f"{op}()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED),
+                                                     ("keepdim", Const(False))])
+            return lw._reduce(op, a["x"], a, e)
+        a = lw.bind(f"{op}()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
+        x, y = lw.value_of(a["a"], e), lw.value_of(a["b"], e)
+        name = {"maximum": "max", "minimum": "min"}.get(op, op)
+        return lw.em.binary(name, x, y, e.loc)
+    return impl
+
+
+def _sum(lw, e, args, kwargs):
+    a = lw.bind("sum()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED), ("keepdim", Const(False))])
+    return lw._reduce("sum", a["x"], a, e)
+
+
+def _math(name: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"{name}()", e, args, kwargs, [("x", REQUIRED)])
+        return lw.em.unary(name, lw.value_of(a["x"], e), e.loc)
+    return impl
+
+
+def _full_like(fill: object | None) -> Callable:
+    def impl(lw, e, args, kwargs):
+        what = "full()" if fill is None else ("zeros()" if fill == 0 else "ones()")
+        spec = [("shape", REQUIRED)] + ([("value", REQUIRED)] if fill is None else []) + \
+            [("dtype", DTypeName(dtypes.f32))]
+        a = lw.bind(what, e, args, kwargs, spec)
+        shape = lw.shape_arg(a["shape"], e)
+        dt = lw.dtype_arg(a["dtype"], e)
+        t = TileType(shape, dt)
+        v = Const(fill) if fill is not None else lw.value_of(a["value"], e)
+        if isinstance(v, Const):
+            if not (dt.is_float and isinstance(v.value, (int, bool))):  # ones([..], f32) is fine
+                check_const(v, dt, e.loc)
+            return lw.em.constant(v.value, t, e.loc)
+        if isinstance(v.type, TileType):
+            raise TkcTypeError(f"{what} fills with a scalar, got {v.type}", e.loc)
+        return lw.em.splat(lw.em.cast(v, dt, e.loc), t, e.loc)
+    return impl
+
+
+def _arange(lw, e, args, kwargs):
+    a = lw.bind("arange()", e, args, kwargs, [("start", REQUIRED), ("stop", None)])
+    start, stop = a["start"], a["stop"]
+    if stop is None:
+        start, stop = Const(0), start
+    lo = lw.const_int(start, "arange() start", e)
+    hi = lw.const_int(stop, "arange() stop", e)
+    n = hi - lo
+    check_tile_dims((n,), "arange()", e.loc)
+    return Dyn(lw.b.value(T.ArangeOp, [], TileType((n,), dtypes.i32), {"start": lo}, loc=e.loc))
+
+
+def _where(lw, e, args, kwargs):
+    a = lw.bind("where()", e, args, kwargs, [("cond", REQUIRED), ("a", REQUIRED), ("b", REQUIRED)])
+    c = lw.value_of(a["cond"], e)
+    return lw.em.select(c, lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
+
+
+def _load(lw, e, args, kwargs):
+    a = lw.bind("load()", e, args, kwargs, [("view", REQUIRED), ("other", None)])
+    if not isinstance(a["view"], View):
+        raise TkcTypeError(f"load() takes a tensor slice like x[i*BM:(i+1)*BM, :], got "
+                           f"{lw._kind(a['view'])}", e.loc)
+    return lw.load(a["view"], a["other"])
+
+
+def _cdiv(lw, e, args, kwargs):
+    a = lw.bind("cdiv()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
+    return lw.em.binary("cdiv", lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
+
+
+BUILTIN_IMPLS: dict[str, Callable] = {
+    "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
+    "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
+    "where": _where, "load": _load, "sum": _sum,
+    "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),
+    "max": _binary_builtin("max"), "min": _binary_builtin("min"),
+    **{name: _math(name) for name in MATH_FUNCS},
+}

@@ -1,0 +1,330 @@
+"""Typed construction of tile-dialect ops: the frontend's type checker.
+
+Every rule about which dtypes and shapes may meet lives here: literals take
+the other operand's dtype, tiles of one dtype broadcast numpy-style, scalars
+splat, and anything else is a located ``TkcTypeError``.  ``lower.py`` decides
+*what* to compute; this module decides whether it is well typed and emits it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+from tkc import dtypes
+from tkc.dtypes import DType
+from tkc.errors import Loc, TkcTypeError
+from tkc.frontend.values import Affine, Const, Dyn
+from tkc.ir.builder import Builder
+from tkc.ir.core import Value
+from tkc.ir.dialects import tile as T
+from tkc.ir.types import ScalarType, TileType, Type, shape_of
+
+BINARY_OPS = {
+    "+": T.AddOp, "-": T.SubOp, "*": T.MulOp, "/": T.DivOp, "//": T.FloorDivOp, "%": T.RemOp,
+    "&": T.AndOp, "|": T.OrOp, "^": T.XorOp, "max": T.MaximumOp, "min": T.MinimumOp,
+    "cdiv": T.CdivOp,
+}
+CMP_PREDS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+UNARY_OPS = {
+    "exp": T.ExpOp, "exp2": T.Exp2Op, "log": T.LogOp, "log2": T.Log2Op, "sqrt": T.SqrtOp,
+    "rsqrt": T.RsqrtOp, "tanh": T.TanhOp, "abs": T.AbsOp, "neg": T.NegOp, "not": T.NotOp,
+}
+
+_PY_BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "&": operator.and_,
+    "|": operator.or_, "^": operator.xor, "max": max, "min": min,
+    "cdiv": lambda a, b: -(-a // b),
+}
+_PY_CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+           "==": operator.eq, "!=": operator.ne}
+_PY_UNARY = {
+    "exp": math.exp, "exp2": lambda x: 2.0 ** x, "log": math.log, "log2": math.log2,
+    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh, "abs": abs,
+    "neg": operator.neg, "not": operator.not_,
+}
+
+
+def check_tile_dims(shape: tuple[int, ...], what: str, loc: Loc) -> None:
+    """Tile axes are 1 (for broadcasting) or multiples of 16, as the tensor
+    cores and the 16x16 register fragments need."""
+    for i, s in enumerate(shape):
+        if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+            raise TkcTypeError(f"{what}: extent {s!r} on axis {i} is not a positive integer", loc)
+        if s != 1 and s % 16:
+            raise TkcTypeError(f"{what}: extent {s} on axis {i} is not a multiple of 16", loc)
+
+
+def check_const(c: Const, dt: DType, loc: Loc) -> None:
+    """May the constant ``c`` take the dtype ``dt``?  Floats never silently
+    become ints, and bools mix only with bools."""
+    if isinstance(c.value, float) and not dt.is_float:
+        raise TkcTypeError(f"float constant {c.value} mixed with {dt.name}; cast with .to(f32) first", loc)
+    if isinstance(c.value, bool) != dt.is_bool:
+        raise TkcTypeError(f"constant {c.value!r} mixed with {dt.name} values", loc)
+
+
+def const_dtype(v: int | float | bool) -> DType:
+    """The dtype a bare Python constant gets when nothing else decides it."""
+    if isinstance(v, bool):
+        return dtypes.i1
+    if isinstance(v, int):
+        return dtypes.i32
+    return dtypes.f32
+
+
+class Emitter:
+    def __init__(self, builder: Builder):
+        self.b = builder
+        self.affine: dict[Value, Affine] = {}
+
+    # ------------------------------------------------------------- constants
+    def constant(self, value: int | float | bool, t: Type, loc: Loc) -> Dyn:
+        dt = t.dtype
+        if dt.is_bool:
+            value = bool(value)
+        elif dt.is_int:
+            if isinstance(value, float):
+                raise TkcTypeError(f"float constant {value} used where {dt.name} is needed", loc)
+            value = int(value)
+            if not -(2**31) <= value < 2**31:
+                raise TkcTypeError(f"integer constant {value} does not fit in i32", loc)
+        else:
+            value = float(dtypes.round_to(float(value), dt))
+        v = self.b.value(T.ConstantOp, [], t, {"value": value}, loc=loc)
+        if isinstance(t, ScalarType) and dt.is_int:
+            self.affine[v] = Affine((), value)
+        return Dyn(v)
+
+    def materialize(self, c: Const, like: Type | None, loc: Loc) -> Dyn:
+        """A constant as an IR value of ``like``'s dtype (a scalar), or of its
+        own default dtype.  Float constants never silently become ints."""
+        if like is None:
+            return self.constant(c.value, ScalarType(const_dtype(c.value)), loc)
+        check_const(c, like.dtype, loc)
+        return self.constant(c.value, ScalarType(like.dtype), loc)
+
+    def affine_of(self, v: Dyn | Const) -> Affine | None:
+        if isinstance(v, Const):
+            return Affine((), int(v.value)) if isinstance(v.value, int) else None
+        if v.type != T.I32:
+            return None
+        return self.affine.get(v.value) or Affine.atom(v.value)
+
+    # -------------------------------------------------------------- shapes
+    def splat(self, x: Dyn, t: TileType, loc: Loc) -> Dyn:
+        return Dyn(self.b.value(T.SplatOp, [x.value], t, loc=loc))
+
+    def broadcast_to(self, x: Dyn, shape: tuple[int, ...], loc: Loc) -> Dyn:
+        t = x.type
+        if isinstance(t, ScalarType):
+            return self.splat(x, TileType(shape, t.dtype), loc)
+        if t.shape == shape:
+            return x
+        v = x.value
+        src = t.shape
+        if len(src) > len(shape):
+            raise TkcTypeError(f"cannot broadcast {t} to shape {list(shape)}", loc)
+        for _ in range(len(shape) - len(src)):
+            src = (1, *src)
+            v = self.b.value(T.ExpandDimsOp, [v], TileType(src, t.dtype), {"axis": 0}, loc=loc)
+        if any(s != d and s != 1 for s, d in zip(src, shape)):
+            raise TkcTypeError(f"cannot broadcast {t} to shape {list(shape)}", loc)
+        if src != shape:
+            v = self.b.value(T.BroadcastOp, [v], TileType(shape, t.dtype), loc=loc)
+        return Dyn(v)
+
+    def expand_dims(self, x: Dyn, axis: int, loc: Loc) -> Dyn:
+        t = x.type
+        shape = list(t.shape)
+        shape.insert(axis, 1)
+        return Dyn(self.b.value(T.ExpandDimsOp, [x.value], t.with_shape(tuple(shape)),
+                                {"axis": axis}, loc=loc))
+
+    @staticmethod
+    def broadcast_shape(a: Type, b: Type, what: str, loc: Loc) -> tuple[int, ...]:
+        sa, sb = shape_of(a), shape_of(b)
+        n = max(len(sa), len(sb))
+        sa, sb = (1,) * (n - len(sa)) + sa, (1,) * (n - len(sb)) + sb
+        out = []
+        for x, y in zip(sa, sb):
+            if x != y and 1 not in (x, y):
+                raise TkcTypeError(f"shape mismatch in {what}: {a} and {b} do not broadcast", loc)
+            out.append(max(x, y))
+        return tuple(out)
+
+    def unify(self, a: Dyn | Const, b: Dyn | Const, what: str, loc: Loc) -> tuple[Dyn, Dyn]:
+        """Bring two operands to one type: constants take the other side's
+        dtype, dtypes must otherwise agree, shapes broadcast."""
+        if isinstance(a, Const) and isinstance(b, Const):
+            a = self.materialize(a, None, loc)
+        if isinstance(a, Const):
+            a = self.materialize(a, b.type, loc)
+        if isinstance(b, Const):
+            b = self.materialize(b, a.type, loc)
+        if a.type.dtype != b.type.dtype:
+            raise TkcTypeError(f"dtype mismatch in {what}: {a.type.dtype.name} and {b.type.dtype.name}; "
+                               f"cast one side with .to(...)", loc)
+        if a.type == b.type:
+            return a, b
+        shape = self.broadcast_shape(a.type, b.type, what, loc)
+        return self.broadcast_to(a, shape, loc), self.broadcast_to(b, shape, loc)
+
+    # ---------------------------------------------------------- arithmetic
+    def binary(self, op: str, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn | Const:
+        if isinstance(a, Const) and isinstance(b, Const):
+            return self._fold(op, a, b, loc)
+        if op == "**":
+            return self._power(a, b, loc)
+        what = f"'{op}'"
+        x, y = self.unify(a, b, what, loc)
+        dt = x.type.dtype
+        if op == "/" and not dt.is_float:
+            raise TkcTypeError(f"'/' on {dt.name} values; use // for integer division "
+                               f"or cast with .to(f32)", loc)
+        if op in ("//", "%", "cdiv") and not dt.is_int:
+            raise TkcTypeError(f"'{op}' needs integer operands, got {dt.name}", loc)
+        if op in ("&", "|", "^") and dt.is_float:
+            raise TkcTypeError(f"'{op}' needs bool or integer operands, got {dt.name}", loc)
+        if op in ("+", "-", "*", "max", "min") and dt.is_bool:
+            raise TkcTypeError(f"{what} on bool values; use & and | for logic", loc)
+        v = self.b.value(BINARY_OPS[op], [x.value, y.value], x.type, loc=loc)
+        self._track_affine(op, a, b, v)
+        return Dyn(v)
+
+    def _track_affine(self, op: str, a: Dyn | Const, b: Dyn | Const, v: Value) -> None:
+        if v.type != T.I32:
+            return
+        fa, fb = self.affine_of(a), self.affine_of(b)
+        if fa is None or fb is None:
+            return
+        if op == "+":
+            self.affine[v] = fa + fb
+        elif op == "-":
+            self.affine[v] = fa - fb
+        elif op == "*" and (fa.is_const or fb.is_const):
+            self.affine[v] = fb.scale(fa.const) if fa.is_const else fa.scale(fb.const)
+
+    def _fold(self, op: str, a: Const, b: Const, loc: Loc) -> Const:
+        try:
+            if op in _PY_CMP:
+                return Const(_PY_CMP[op](a.value, b.value))
+            r = _PY_BINARY[op](a.value, b.value)
+        except ZeroDivisionError:
+            raise TkcTypeError(f"division by zero in constant expression '{op}'", loc) from None
+        except (OverflowError, ValueError) as e:
+            raise TkcTypeError(f"constant expression '{op}' fails: {e}", loc) from None
+        if isinstance(r, complex):
+            raise TkcTypeError("constant expression has no real value", loc)
+        if isinstance(a.value, bool) and isinstance(b.value, bool) and op in "&|^":
+            r = bool(r)
+        return Const(r)
+
+    def _power(self, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn:
+        if not isinstance(b, Const) or isinstance(b.value, bool) or not isinstance(b.value, int) \
+                or not 1 <= b.value <= 16:
+            raise TkcTypeError("'**' needs a constant integer exponent from 1 to 16", loc)
+        if not a.type.dtype.is_float and not a.type.dtype.is_int:
+            raise TkcTypeError(f"'**' on {a.type.dtype.name}", loc)
+        result, base, n = None, a, b.value
+        while n:  # square-and-multiply keeps the op count logarithmic
+            if n & 1:
+                result = base if result is None else self.binary("*", result, base, loc)
+            n >>= 1
+            if n:
+                base = self.binary("*", base, base, loc)
+        return result
+
+    def unary(self, op: str, x: Dyn | Const, loc: Loc) -> Dyn | Const:
+        if isinstance(x, Const):
+            try:
+                return Const(_PY_UNARY[op](x.value))
+            except (ValueError, OverflowError) as e:
+                raise TkcTypeError(f"{op}({x.value}) fails: {e}", loc) from None
+        dt = x.type.dtype
+        if op in ("neg", "abs") and dt.is_bool:
+            raise TkcTypeError(f"{op} of a bool value", loc)
+        if op == "not" and dt.is_float:
+            raise TkcTypeError(f"'not'/'~' needs bool or integer operands, got {dt.name}", loc)
+        if op not in ("neg", "abs", "not") and not dt.is_float:
+            raise TkcTypeError(f"{op} takes a float operand, got {x.type}; cast with .to(f32)", loc)
+        v = self.b.value(UNARY_OPS[op], [x.value], x.type, loc=loc)
+        if op == "neg" and (fa := self.affine_of(x)) is not None:
+            self.affine[v] = fa.scale(-1)
+        return Dyn(v)
+
+    def compare(self, op: str, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn | Const:
+        if isinstance(a, Const) and isinstance(b, Const):
+            return self._fold(op, a, b, loc)
+        x, y = self.unify(a, b, f"'{op}'", loc)
+        rt = T.I1 if isinstance(x.type, ScalarType) else x.type.with_dtype(dtypes.i1)
+        return Dyn(self.b.value(T.CmpOp, [x.value, y.value], rt, {"pred": CMP_PREDS[op]}, loc=loc))
+
+    def select(self, c: Dyn | Const, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn | Const:
+        if isinstance(c, Const):
+            return a if c.value else b
+        if c.type.dtype != dtypes.i1:
+            raise TkcTypeError(f"where() condition must be bool, got {c.type}", loc)
+        x, y = self.unify(a, b, "where()", loc)
+        shape = self.broadcast_shape(c.type, x.type, "where()", loc)
+        x, y = self.broadcast_to(x, shape, loc), self.broadcast_to(y, shape, loc)
+        if shape_of(c.type) != shape:
+            c = self.broadcast_to(c, shape, loc)
+        return Dyn(self.b.value(T.SelectOp, [c.value, x.value, y.value], x.type, loc=loc))
+
+    def cast(self, x: Dyn | Const, dt: DType, loc: Loc) -> Dyn:
+        if isinstance(x, Const):
+            return self.constant(x.value, ScalarType(dt), loc) if not (
+                isinstance(x.value, float) and not dt.is_float) else self.cast(
+                self.materialize(x, None, loc), dt, loc)
+        if x.type.dtype == dt:
+            return x
+        rt = ScalarType(dt) if isinstance(x.type, ScalarType) else x.type.with_dtype(dt)
+        return Dyn(self.b.value(T.CastOp, [x.value], rt, loc=loc))
+
+    # ---------------------------------------------------------- tile ops
+    def mma(self, a: Dyn, b: Dyn, acc: Dyn | None, loc: Loc) -> Dyn:
+        ta, tb = a.type, b.type
+        for t, side in ((ta, "left"), (tb, "right")):
+            if not isinstance(t, TileType) or t.rank != 2:
+                raise TkcTypeError(f"'@' needs 2-D tiles; the {side} operand is {t}", loc)
+        if ta.shape[1] != tb.shape[0]:
+            raise TkcTypeError(f"matmul shapes do not agree: {ta} @ {tb} "
+                               f"(inner extents {ta.shape[1]} and {tb.shape[0]})", loc)
+        for t in (ta, tb):
+            if any(s % 16 for s in t.shape):
+                raise TkcTypeError(f"matmul operands need extents that are multiples of 16, got {t}", loc)
+        names = T.MMA_DTYPES
+        if ta.dtype.name not in names or tb.dtype.name not in names:
+            raise TkcTypeError(f"'@' takes {', '.join(names)} tiles, got {ta.dtype.name} @ {tb.dtype.name}",
+                               loc)
+        if ta.dtype != tb.dtype and not (ta.dtype.bits == 8 and tb.dtype.bits == 8):
+            raise TkcTypeError(f"dtype mismatch in '@': {ta.dtype.name} and {tb.dtype.name}; "
+                               f"cast one side with .to(...)", loc)
+        out = TileType((ta.shape[0], tb.shape[1]), dtypes.f32)
+        if acc is None:
+            acc = self.constant(0.0, out, loc)
+        return Dyn(self.b.value(T.MmaOp, [a.value, b.value, acc.value], out, loc=loc))
+
+    def transpose(self, x: Dyn, loc: Loc) -> Dyn:
+        t = x.type
+        if not isinstance(t, TileType) or t.rank != 2:
+            raise TkcTypeError(f".T needs a 2-D tile, got {t}", loc)
+        return Dyn(self.b.value(T.TransposeOp, [x.value], t.with_shape(t.shape[::-1]), loc=loc))
+
+    def reduce(self, kind: str, x: Dyn, axis: int, keepdim: bool, loc: Loc) -> Dyn:
+        t = x.type
+        if not isinstance(t, TileType):
+            raise TkcTypeError(f"{kind}() reduces a tile, got {t}", loc)
+        if not -t.rank <= axis < t.rank:
+            raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
+        axis %= t.rank
+        if t.dtype.is_bool:
+            raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        rt = t.with_shape(shape) if shape else ScalarType(t.dtype)
+        r = Dyn(self.b.value(T.ReduceOp, [x.value], rt, {"kind": kind, "axis": axis}, loc=loc))
+        if keepdim:
+            r = self.expand_dims(r, axis, loc) if shape else self.splat(r, t.with_shape((1,)), loc)
+        return r

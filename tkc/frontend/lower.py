@@ -1,0 +1,937 @@
+"""Lowers the syntax tree of a kernel to tile IR.
+
+The kernel body is evaluated abstractly, statement by statement: constants
+fold in Python, helpers inline at each call, ``if`` on a constant picks a
+branch, and runtime values become SSA values built with ``emit.Emitter``
+(which owns every typing rule).  Loop-carried and branch-merged variables are
+found from the names a body assigns.  Every diagnostic is a located TkcError.
+"""
+
+from __future__ import annotations
+
+import difflib
+from tkc import dtypes
+from tkc.errors import (
+    Loc, TkcError, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
+)
+from tkc.frontend import ast
+from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
+from tkc.frontend.emit import Emitter, check_const, check_tile_dims, const_dtype
+from tkc.frontend.values import (
+    REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, TupleV, View,
+)
+from tkc.ir.builder import Builder
+from tkc.ir.core import Block, Module, Region
+from tkc.ir.dialects import tile as T
+from tkc.ir.types import ScalarType, TensorType, TileType, Type
+
+NONE = TupleV(())
+
+BUILTIN_FUNCS = (
+    "program_id", "num_programs", "grid", "cdiv", "zeros", "ones", "full", "arange", "where",
+    "maximum", "minimum", "max", "min", "sum", "load", "range", "static_range", "exp", "exp2",
+    "log", "log2", "sqrt", "rsqrt", "tanh", "abs",
+)
+REDUCTIONS = ("sum", "max", "min")
+CONST_ANNOTATIONS = ("const", "constexpr")
+NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
+
+
+class _LoopLocal:
+    """Marks a name assigned only inside a loop or one branch: using it after
+    is an error that says why (it has no SSA value there)."""
+
+    def __init__(self, name: str, where: str, loc: Loc):
+        self.name, self.where, self.loc = name, where, loc
+
+
+def _is_kernel_decorator(d: ast.Expr) -> bool:
+    if isinstance(d, ast.Call):
+        d = d.func
+    if isinstance(d, ast.Name):
+        return d.id == "kernel"
+    return isinstance(d, ast.Attribute) and d.attr == "kernel"
+
+
+def _assigned_names(stmts: list[ast.Stmt]) -> list[str]:
+    """Names a block of statements may bind, in order of first appearance."""
+    out: list[str] = []
+
+    def target(t: ast.Expr) -> None:
+        if isinstance(t, ast.Name) and t.id not in out:
+            out.append(t.id)
+        elif isinstance(t, ast.Tuple):
+            for e in t.elts:
+                target(e)
+
+    def visit(ss: list[ast.Stmt]) -> None:
+        for s in ss:
+            if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                target(s.target)
+            elif isinstance(s, ast.For):
+                target(s.target)
+                visit(s.body)
+            elif isinstance(s, ast.If):
+                visit(s.body)
+                visit(s.orelse)
+            elif isinstance(s, ast.FunctionDef) and s.name not in out:
+                out.append(s.name)
+
+    visit(stmts)
+    return out
+
+
+class KernelLowering:
+    """Lowers one kernel function to a ``tile.kernel`` op."""
+
+    def __init__(self, fn: ast.FunctionDef, helpers: dict[str, Function], consts: dict[str, object]):
+        self.fn = fn
+        self.helpers = helpers
+        self.consts_in = consts
+        self.b = Builder()
+        self.em = Emitter(self.b)
+        self.scope = Scope()
+        self.call_stack: list[str] = []
+        self.grid_seen = False
+
+    # ================================================================ entry
+    def lower(self) -> T.KernelOp:
+        fn = self.fn
+        consts, params = self._signature()
+        block = Block()
+        for p, t in params:
+            block.add_arg(t, p.name)
+        kernel = T.KernelOp([], [], {"sym_name": fn.name, "consts": dict(consts)},
+                            [Region([block])], fn.loc)
+        self.b.block = block
+        self.b.loc = fn.loc
+        for name, v in consts.items():
+            self.scope.names[name] = Const(v)
+        dims: dict[str, object] = {}
+        for (p, t), arg in zip(params, block.args):
+            if isinstance(t, TensorType):
+                self.scope.names[p.name] = Tensor(arg, p.name)
+                for axis, d in enumerate(t.dims):
+                    if isinstance(d, str) and d not in dims:
+                        dims[d] = Dyn(self.b.value(T.DimOp, [arg], T.I32, {"axis": axis}, loc=p.loc))
+                        dims[d].value.name_hint = d
+            else:
+                self.scope.names[p.name] = Dyn(arg)
+        for d, v in dims.items():
+            if d in self.scope.names:
+                raise TkcTypeError(f"'{d}' names both a tensor dim and a parameter", fn.loc)
+            self.scope.names[d] = v
+        body = fn.body
+        if body and isinstance(body[0], ast.ExprStmt) and isinstance(body[0].value, ast.Str):
+            body = body[1:]  # docstring
+        self.stmts(body, top=True)
+        self.b.create(T.ReturnOp, loc=fn.loc)
+        return kernel
+
+    def _signature(self) -> tuple[dict[str, object], list[tuple[ast.Param, Type]]]:
+        fn = self.fn
+        consts: dict[str, object] = {}
+        seen: set[str] = set()
+        for p in fn.params:
+            if p.name in seen:
+                raise TkcTypeError(f"duplicate parameter '{p.name}'", p.loc)
+            seen.add(p.name)
+            if p.annotation is None:
+                raise TkcTypeError(f"parameter '{p.name}' needs a type: a tensor like bf16[M, K], "
+                                   f"a scalar dtype like f32, or const", p.loc)
+            if self._is_const_annotation(p.annotation):
+                if p.name in self.consts_in:
+                    v = self.consts_in[p.name]
+                elif p.default is not None:
+                    d = self.expr(p.default, Scope())
+                    if not isinstance(d, Const):
+                        raise TkcTypeError(f"the default of constant '{p.name}' must be a number or "
+                                           f"bool", p.default.loc)
+                    v = d.value
+                else:
+                    raise TkcTypeError(f"constant '{p.name}' has no value; give it a default or "
+                                       f"pass -D {p.name}=...", p.loc)
+                if not isinstance(v, (int, float, bool)):
+                    raise TkcTypeError(f"constant '{p.name}' must be an int, float or bool, got {v!r}",
+                                       p.loc)
+                consts[p.name] = v
+        params: list[tuple[ast.Param, Type]] = []
+        for p in fn.params:
+            if p.name in consts:
+                continue
+            if p.default is not None:
+                raise TkcTypeError(f"runtime parameter '{p.name}' cannot have a default; "
+                                   f"declare it '{p.name}: const = ...' to make it a constant", p.default.loc)
+            params.append((p, self._param_type(p, consts)))
+        return consts, params
+
+    @staticmethod
+    def _is_const_annotation(a: ast.Expr) -> bool:
+        if isinstance(a, ast.Name):
+            return a.id in CONST_ANNOTATIONS
+        return isinstance(a, ast.Attribute) and a.attr in CONST_ANNOTATIONS
+
+    def _param_type(self, p: ast.Param, consts: dict[str, object]) -> Type:
+        a = p.annotation
+        if isinstance(a, ast.Subscript):
+            dt = self._dtype_of(a.value)
+            if dt is None:
+                raise TkcTypeError("a tensor type is a dtype with dims, like bf16[M, K]", a.loc)
+            dims: list[str | int] = []
+            for d in a.index:
+                if isinstance(d, ast.Num) and isinstance(d.value, int) and d.value > 0:
+                    dims.append(d.value)
+                elif isinstance(d, ast.Name) and d.id in consts:
+                    v = consts[d.id]
+                    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                        raise TkcTypeError(f"dim '{d.id}' is the constant {v!r}, not a positive int", d.loc)
+                    dims.append(v)
+                elif isinstance(d, ast.Name):
+                    dims.append(d.id)
+                else:
+                    raise TkcTypeError("tensor dims are names (runtime sizes) or positive integers",
+                                       d.loc)
+            return TensorType(dt, tuple(dims))
+        dt = self._dtype_of(a)
+        if dt is None:
+            raise TkcTypeError(f"cannot read the type of parameter '{p.name}'; use a tensor like "
+                               f"bf16[M, K], a scalar dtype like f32, or const", a.loc)
+        return ScalarType(dt)
+
+    @staticmethod
+    def _dtype_of(e: ast.Expr) -> dtypes.DType | None:
+        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in NAMESPACES:
+            return dtypes.from_name(e.attr)
+        if isinstance(e, ast.Name):
+            return dtypes.from_name(e.id)
+        return None
+
+    # =========================================================== statements
+    def stmts(self, stmts: list[ast.Stmt], top: bool = False) -> None:
+        for i, s in enumerate(stmts):
+            self.b.loc = s.loc
+            if isinstance(s, ast.ExprStmt) and self._is_grid_call(s.value):
+                if not top or i != 0 or self.call_stack:
+                    raise TkcUnsupportedError("grid(...) must be the first statement of the kernel", s.loc)
+                self._grid(s.value)
+                continue
+            self.stmt(s)
+
+    def _is_grid_call(self, e: ast.Expr) -> bool:
+        return isinstance(e, ast.Call) and isinstance(self._lookup_quiet(e.func), Builtin) and \
+            self._lookup_quiet(e.func).name == "grid"
+
+    def stmt(self, s: ast.Stmt) -> None:
+        if isinstance(s, ast.Assign):
+            self.assign(s.target, self.expr(s.value), s.value)
+        elif isinstance(s, ast.AugAssign):
+            self._aug_assign(s)
+        elif isinstance(s, ast.AnnAssign):
+            if s.value is None:
+                raise TkcUnsupportedError("a declaration needs a value: x: f32 = ...", s.loc)
+            v = self.expr(s.value)
+            dt = self._dtype_of(s.annotation)
+            if dt is not None and isinstance(v, Dyn) and v.type.dtype != dt:
+                raise TkcTypeError(f"'{s.target.id}' is annotated {dt.name} but the value is {v.type}",
+                                   s.value.loc)
+            self.assign(s.target, v, s.value)
+        elif isinstance(s, ast.ExprStmt):
+            if isinstance(s.value, ast.Str):
+                return  # a string statement is a comment
+            self.expr(s.value)
+        elif isinstance(s, ast.For):
+            self._for(s)
+        elif isinstance(s, ast.If):
+            self._if(s)
+        elif isinstance(s, ast.FunctionDef):
+            self.scope.names[s.name] = Function(s, self.scope)
+        elif isinstance(s, ast.Pass):
+            pass
+        elif isinstance(s, ast.Return):
+            raise TkcUnsupportedError(
+                "'return' is allowed only as the last statement of a helper function"
+                if self.call_stack else "a kernel does not return values; store results into a tensor",
+                s.loc)
+        elif isinstance(s, ast.While):
+            raise TkcUnsupportedError("'while' loops are not supported; use 'for ... in range(...)'", s.loc)
+        elif isinstance(s, (ast.Break, ast.Continue)):
+            word = "break" if isinstance(s, ast.Break) else "continue"
+            raise TkcUnsupportedError(f"'{word}' is not supported in tile kernels", s.loc)
+        elif isinstance(s, ast.Import):
+            raise TkcUnsupportedError("imports belong at the top of the file, not inside a kernel", s.loc)
+        else:  # pragma: no cover - the parser produces no other statements
+            raise TkcUnsupportedError(f"unsupported statement {type(s).__name__}", s.loc)
+
+    def assign(self, target: ast.Expr, v: object, value_node: ast.Node) -> None:
+        if isinstance(target, ast.Name):
+            if isinstance(v, View):
+                v = self.load(v, None)
+            if isinstance(v, Dyn) and v.value.name_hint is None:
+                v.value.name_hint = target.id
+            self.scope.names[target.id] = v
+        elif isinstance(target, ast.Tuple):
+            if not isinstance(v, TupleV):
+                raise TkcTypeError(f"cannot unpack {self._kind(v)} into {len(target.elts)} names", target.loc)
+            if len(v.items) != len(target.elts):
+                raise TkcTypeError(f"cannot unpack {len(v.items)} values into {len(target.elts)} names",
+                                   target.loc)
+            for t, item in zip(target.elts, v.items):
+                self.assign(t, item, value_node)
+        elif isinstance(target, ast.Subscript):
+            base = self.expr(target.value)
+            if not isinstance(base, Tensor):
+                raise TkcUnsupportedError(f"only tensor slices can be assigned; this is {self._kind(base)}",
+                                          target.loc)
+            if isinstance(v, View):
+                v = self.load(v, None)
+            self.store(View(base, target.index, target), v, value_node.loc)
+        else:
+            raise TkcUnsupportedError("cannot assign to this expression", target.loc)
+
+    def _aug_assign(self, s: ast.AugAssign) -> None:
+        old = self.expr(s.target)
+        rhs = self.expr(s.value)
+        new = self.binop(s.op, self.value_of(old, s.target), self.value_of(rhs, s.value), s.loc)
+        if isinstance(s.target, ast.Name) and isinstance(old, Dyn) and isinstance(new, Dyn) \
+                and new.type != old.type:
+            raise TkcTypeError(f"'{s.target.id} {s.op}= ...' changes its type from {old.type} to "
+                               f"{new.type}", s.loc)
+        self.assign(s.target, new, s.value)
+
+    # --------------------------------------------------------------- for
+    def _for(self, s: ast.For) -> None:
+        if not isinstance(s.target, ast.Name):
+            raise TkcUnsupportedError("a for loop binds one name", s.target.loc)
+        it = s.iter
+        kind = self._lookup_quiet(it.func) if isinstance(it, ast.Call) else None
+        if not isinstance(kind, Builtin) or kind.name not in ("range", "static_range"):
+            raise TkcUnsupportedError("for loops iterate over range(...) or static_range(...)", it.loc)
+        if it.keywords:
+            raise TkcTypeError(f"{kind.name}() takes no keyword arguments", it.keywords[0].loc)
+        if not 1 <= len(it.args) <= 3:
+            raise TkcTypeError(f"{kind.name}() takes 1 to 3 arguments, got {len(it.args)}", it.loc)
+        bounds = [self.expr(a) for a in it.args]
+        for a, n in zip(bounds, it.args):
+            if not (isinstance(a, Const) and isinstance(a.value, int) and not isinstance(a.value, bool)) \
+                    and not (isinstance(a, Dyn) and a.type == T.I32):
+                raise TkcTypeError(f"range bounds are i32 scalars, got {self._kind(a)}", n.loc)
+        if len(bounds) == 1:
+            bounds = [Const(0), bounds[0], Const(1)]
+        elif len(bounds) == 2:
+            bounds.append(Const(1))
+        lb, ub, step = bounds
+        if not isinstance(step, Const) or step.value <= 0:
+            raise TkcTypeError("the range step must be a positive constant", it.args[-1].loc)
+        if kind.name == "static_range":
+            self._static_for(s, lb, ub, step)
+            return
+        local = self.scope.names
+        carried = [n for n in _assigned_names(s.body)
+                   if n != s.target.id and isinstance(local.get(n), (Dyn, Const))]
+        for n in _assigned_names(s.body):
+            if n in local and n not in carried and n != s.target.id and \
+                    not isinstance(local[n], _LoopLocal):
+                raise TkcTypeError(f"'{n}' is {self._kind(local[n])}; it cannot be reassigned in a loop",
+                                   s.loc)
+        inits = [self.dyn(local[n], s) for n in carried]
+        types = [v.type for v in inits]
+        block = Block([T.I32, *types], [s.target.id, *carried])
+        before = dict(local)
+        with self.b.at_end(block):
+            local[s.target.id] = Dyn(block.args[0])
+            for n, a in zip(carried, block.args[1:]):
+                local[n] = Dyn(a)
+            self.stmts(s.body)
+            self.b.loc = s.loc
+            yields = [self._coerce_carried(n, local.get(n), t, s) for n, t in zip(carried, types)]
+            self.b.create(T.YieldOp, yields, loc=s.loc)
+        operands = [self.dyn(x, s, T.I32).value for x in (lb, ub, step)]
+        op = self.b.create(T.ForOp, operands + [v.value for v in inits], types,
+                           regions=[Region([block])], loc=s.loc)
+        self._restore_after_region(before, _assigned_names(s.body) + [s.target.id], "the loop", s.loc)
+        for n, r in zip(carried, op.results):
+            r.name_hint = n
+            local[n] = Dyn(r)
+
+    def _static_for(self, s: ast.For, lb: object, ub: object, step: Const) -> None:
+        if not isinstance(lb, Const) or not isinstance(ub, Const):
+            raise TkcTypeError("static_range() bounds must be compile-time constants", s.iter.loc)
+        trips = range(lb.value, ub.value, step.value)
+        if len(trips) > 256:
+            raise TkcTypeError(f"static_range() would unroll {len(trips)} times (at most 256)", s.iter.loc)
+        for i in trips:
+            self.scope.names[s.target.id] = Const(i)
+            self.stmts(s.body)
+
+    def _coerce_carried(self, name: str, v: object, t: Type, s: ast.Node):
+        if isinstance(v, View):
+            v = self.load(v, None)
+        if isinstance(v, Const):
+            v = self._const_as(v, t, s.loc)
+        if not isinstance(v, Dyn):
+            raise TkcTypeError(f"'{name}' must stay a value across iterations", s.loc)
+        if v.type != t:
+            raise TkcTypeError(f"loop-carried '{name}' is {t} before the loop but {v.type} after an "
+                               f"iteration; give it its final type before the loop", s.loc)
+        return v.value
+
+    def _const_as(self, c: Const, t: Type, loc: Loc) -> Dyn:
+        if isinstance(t, TileType):
+            check_const(c, t.dtype, loc)
+            return self.em.constant(c.value, t, loc)
+        return self.em.materialize(c, t, loc)
+
+    def _restore_after_region(self, before: dict, assigned: list[str], where: str, loc: Loc) -> None:
+        """Names first bound inside a region have no value after it."""
+        local = self.scope.names
+        for n in assigned:
+            if n in before:
+                local[n] = before[n]
+            elif n in local:
+                local[n] = _LoopLocal(n, where, loc)
+
+    # ---------------------------------------------------------------- if
+    def _if(self, s: ast.If) -> None:
+        cond = self.expr(s.cond)
+        if isinstance(cond, Const):
+            self.stmts(s.body if cond.value else s.orelse)
+            return
+        cond = self.value_of(cond, s.cond)
+        if cond.type != T.I1:
+            hint = "; use where() for tiles" if isinstance(cond.type, TileType) else \
+                "; compare it, e.g. x != 0"
+            raise TkcTypeError(f"an if condition must be a bool scalar, got {cond.type}{hint}", s.cond.loc)
+        local = self.scope.names
+        before = dict(local)
+        assigned = _assigned_names(s.body + s.orelse)
+        branches = []
+        for body in (s.body, s.orelse):
+            block = Block()
+            with self.b.at_end(block):
+                self.stmts(body)
+            branches.append((block, dict(local)))
+            local.clear()
+            local.update(before)
+        merged: list[tuple[str, object, object]] = []
+        for n in assigned:
+            a, b = branches[0][1].get(n), branches[1][1].get(n)
+            if a is before.get(n) and b is before.get(n):
+                continue
+            if isinstance(a, (Dyn, Const, View)) and isinstance(b, (Dyn, Const, View)):
+                merged.append((n, a, b))
+            elif a is b:
+                local[n] = a
+            elif n in before:
+                raise TkcTypeError(f"'{n}' is {self._kind(a)} in one branch and {self._kind(b)} in the other",
+                                   s.loc)
+            else:
+                local[n] = _LoopLocal(n, "one branch of the if", s.loc)
+        types: list[Type] = []
+        keep: list[tuple[str, object]] = []
+        for n, a, b in merged:
+            if isinstance(a, Const) and isinstance(b, Const) and a == b:
+                keep.append((n, a))
+                continue
+            ta = a.type if isinstance(a, Dyn) else None
+            tb = b.type if isinstance(b, Dyn) else None
+            if ta is not None and tb is not None and ta != tb:
+                raise TkcTypeError(f"'{n}' is {ta} in one branch and {tb} in the other", s.loc)
+            types.append(ta or tb or ScalarType(const_dtype(a.value)))
+        names = [n for n, _, _ in merged if n not in dict(keep)]
+        for block, env in branches:
+            with self.b.at_end(block):
+                self.b.loc = s.loc
+                vals = [self._coerce_carried(n, env[n], t, s) for n, t in zip(names, types)]
+                self.b.create(T.YieldOp, vals, loc=s.loc)
+        op = self.b.create(T.IfOp, [cond.value], types,
+                           regions=[Region([branches[0][0]]), Region([branches[1][0]])], loc=s.loc)
+        for n, r in zip(names, op.results):
+            r.name_hint = n
+            local[n] = Dyn(r)
+        for n, c in keep:
+            local[n] = c
+
+    # ---------------------------------------------------------------- grid
+    def _grid(self, call: ast.Call) -> None:
+        if self.grid_seen:
+            raise TkcUnsupportedError("the kernel already has a grid", call.loc)
+        self.grid_seen = True
+        if call.keywords or not 1 <= len(call.args) <= 3:
+            raise TkcTypeError("grid() takes 1 to 3 positional extents", call.loc)
+        start = len(self.b.block.ops)
+        extents = []
+        for a in call.args:
+            v = self.expr(a)
+            if isinstance(v, Const) and (not isinstance(v.value, int) or isinstance(v.value, bool)
+                                         or v.value < 0):
+                raise TkcTypeError(f"a grid extent must be a non-negative integer, got {v.value!r}", a.loc)
+            if isinstance(v, Dyn) and v.type != T.I32:
+                raise TkcTypeError(f"a grid extent must be an i32 scalar, got {v.type}", a.loc)
+            if not isinstance(v, (Const, Dyn)):
+                raise TkcTypeError(f"a grid extent must be an integer, got {self._kind(v)}", a.loc)
+            extents.append(self.dyn(v, a, T.I32).value)
+        allowed = {"tile.dim", "tile.constant", "tile.add", "tile.sub", "tile.mul", "tile.floordiv",
+                   "tile.cdiv", "tile.rem", "tile.maximum", "tile.minimum"}
+        for op in self.b.block.ops[start:]:
+            if op.name not in allowed:
+                raise TkcTypeError("grid extents may use only tensor sizes, scalars and constants", op.loc)
+        self.b.create(T.GridOp, extents, loc=call.loc)
+
+    # =========================================================== expressions
+    def expr(self, e: ast.Expr, scope: Scope | None = None) -> object:
+        if scope is not None:
+            saved, self.scope = self.scope, scope
+            try:
+                return self.expr(e)
+            finally:
+                self.scope = saved
+        if isinstance(e, ast.Num):
+            return Const(e.value)
+        if isinstance(e, ast.Bool):
+            return Const(e.value)
+        if isinstance(e, ast.Name):
+            return self.lookup(e)
+        if isinstance(e, ast.BinOp):
+            if e.op == "@":
+                return self.matmul(e)
+            a = self.value_of(self.expr(e.left), e.left)
+            b = self.value_of(self.expr(e.right), e.right)
+            return self.binop(e.op, a, b, e.loc)
+        if isinstance(e, ast.UnaryOp):
+            x = self.value_of(self.expr(e.operand), e.operand)
+            if e.op == "+":
+                return x
+            if e.op == "not":
+                self._need_bool(x, "'not'", e.loc)
+            return self.em.unary({"-": "neg", "not": "not", "~": "not"}[e.op], x, e.loc)
+        if isinstance(e, ast.Compare):
+            a = self.value_of(self.expr(e.left), e.left)
+            b = self.value_of(self.expr(e.right), e.right)
+            return self.em.compare(e.op, a, b, e.loc)
+        if isinstance(e, ast.BoolOp):
+            a = self.value_of(self.expr(e.left), e.left)
+            self._need_bool(a, f"'{e.op}'", e.left.loc)
+            if isinstance(a, Const):  # short-circuit at compile time, like Python
+                if (e.op == "and") != bool(a.value):
+                    return a
+                b = self.value_of(self.expr(e.right), e.right)
+                self._need_bool(b, f"'{e.op}'", e.right.loc)
+                return b
+            b = self.value_of(self.expr(e.right), e.right)
+            self._need_bool(b, f"'{e.op}'", e.right.loc)
+            return self.em.binary("&" if e.op == "and" else "|", a, b, e.loc)
+        if isinstance(e, ast.IfExp):
+            c = self.value_of(self.expr(e.cond), e.cond)
+            if isinstance(c, Const):
+                return self.expr(e.then if c.value else e.orelse)
+            a = self.value_of(self.expr(e.then), e.then)
+            b = self.value_of(self.expr(e.orelse), e.orelse)
+            return self.em.select(c, a, b, e.loc)
+        if isinstance(e, ast.Call):
+            return self.call(e)
+        if isinstance(e, ast.Attribute):
+            return self.attribute(e)
+        if isinstance(e, ast.Subscript):
+            return self.subscript(e)
+        if isinstance(e, (ast.Tuple, ast.List)):
+            return TupleV(tuple(self.expr(x) for x in e.elts))
+        if isinstance(e, ast.Str):
+            raise TkcUnsupportedError("strings are not values in tile kernels", e.loc)
+        if isinstance(e, ast.NoneLit):
+            raise TkcUnsupportedError("None is only allowed as a new axis in x[:, None]", e.loc)
+        if isinstance(e, ast.Slice):
+            raise TkcUnsupportedError("a slice is only allowed inside [...]", e.loc)
+        raise TkcUnsupportedError(f"unsupported expression {type(e).__name__}", e.loc)
+
+    def _need_bool(self, x: object, what: str, loc: Loc) -> None:
+        ok = isinstance(x, Const) and isinstance(x.value, bool) or \
+            isinstance(x, Dyn) and x.type.dtype == dtypes.i1
+        if not ok:
+            raise TkcTypeError(f"{what} needs bool operands, got {self._kind(x)}", loc)
+
+    def binop(self, op: str, a: object, b: object, loc: Loc) -> object:
+        for x in (a, b):
+            if not isinstance(x, (Const, Dyn)):
+                raise TkcTypeError(f"'{op}' cannot take {self._kind(x)}", loc)
+        if op == "@":
+            raise TkcTypeError("'@=' is not supported; write acc += a @ b", loc)
+        return self.em.binary(op, a, b, loc)
+
+    def matmul(self, e: ast.BinOp) -> Dyn:
+        a = self.value_of(self.expr(e.left), e.left)
+        b = self.value_of(self.expr(e.right), e.right)
+        for x, n in ((a, e.left), (b, e.right)):
+            if not isinstance(x, Dyn) or not isinstance(x.type, TileType):
+                raise TkcTypeError(f"'@' needs tiles, got {self._kind(x)}", n.loc)
+        return self.em.mma(a, b, None, e.loc)
+
+    # ---------------------------------------------------------------- names
+    def _lookup_quiet(self, e: ast.Expr) -> object | None:
+        if isinstance(e, ast.Name):
+            v = self.scope.lookup(e.id)
+            if v is None:
+                v = self.helpers.get(e.id) or self._builtin(e.id)
+            return v
+        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id in NAMESPACES \
+                and self.scope.lookup(e.value.id) is None:
+            return self._builtin(e.attr)
+        return None
+
+    @staticmethod
+    def _builtin(name: str) -> object | None:
+        if name in BUILTIN_FUNCS:
+            return Builtin(name)
+        if name in ("inf", "nan"):
+            return Const(float(name))
+        dt = dtypes.from_name(name)
+        if dt is not None:
+            return DTypeName(dt)
+        if name in NAMESPACES:
+            return Builtin(name)
+        return None
+
+    def lookup(self, e: ast.Name) -> object:
+        v = self._lookup_quiet(e)
+        if v is None:
+            known = self.scope.all_names() | set(self.helpers) | set(BUILTIN_FUNCS)
+            near = difflib.get_close_matches(e.id, sorted(known), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise TkcNameError(f"name '{e.id}' is not defined{hint}", e.loc)
+        if isinstance(v, _LoopLocal):
+            raise TkcNameError(f"'{e.id}' is assigned only inside {v.where} (line {v.loc.line}); "
+                               f"assign it before to use it after", e.loc)
+        return v
+
+    def attribute(self, e: ast.Attribute) -> object:
+        if isinstance(e.value, ast.Name) and e.value.id in NAMESPACES and self.scope.lookup(e.value.id) is None:
+            v = self._builtin(e.attr)
+            if v is None or v == Builtin(e.attr) and e.attr in NAMESPACES:
+                raise TkcNameError(f"'{e.value.id}.{e.attr}' is not part of the tile language", e.loc)
+            return v
+        obj = self.expr(e.value)
+        if e.attr == "T":
+            return self.em.transpose(self._tile(obj, ".T", e.value), e.loc)
+        if e.attr == "shape":
+            if isinstance(obj, Tensor):
+                return TupleV(tuple(self._dim(obj, i, e.loc) for i in range(obj.type.rank)))
+            if isinstance(obj, View):
+                obj = self.load(obj, None)
+            if isinstance(obj, Dyn):
+                return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
+        if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
+            return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
+        if e.attr in ("to", "sum", "max", "min", *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+            return Method(obj, e.attr)
+        raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
+
+    def _dim(self, t: Tensor, axis: int, loc: Loc) -> object:
+        d = t.type.dims[axis]
+        if isinstance(d, int):
+            return Const(d)
+        v = self.scope.lookup(d)
+        if isinstance(v, Dyn):
+            return v
+        return Dyn(self.b.value(T.DimOp, [t.value], T.I32, {"axis": axis}, loc=loc))
+
+    # ---------------------------------------------------------------- values
+    def value_of(self, v: object, node: ast.Node) -> Const | Dyn:
+        """A runtime or constant value; loads a pending tensor slice."""
+        if isinstance(v, View):
+            return self.load(v, None)
+        if isinstance(v, (Const, Dyn)):
+            return v
+        raise TkcTypeError(f"expected a value, got {self._kind(v)}", node.loc)
+
+    def dyn(self, v: object, node: ast.Node, like: Type | None = None) -> Dyn:
+        """An IR value: constants are materialized (in ``like``'s dtype)."""
+        v = self.value_of(v, node)
+        return self.em.materialize(v, like, node.loc) if isinstance(v, Const) else v
+
+    def _tile(self, v: object, what: str, node: ast.Node) -> Dyn:
+        v = self.value_of(v, node)
+        if not isinstance(v, Dyn) or not isinstance(v.type, TileType):
+            raise TkcTypeError(f"{what} needs a tile, got {self._kind(v)}", node.loc)
+        return v
+
+    def const_int(self, v: object, what: str, node: ast.Node) -> int:
+        if isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool):
+            return v.value
+        raise TkcTypeError(f"{what} must be a compile-time integer constant, got {self._kind(v)}", node.loc)
+
+    @staticmethod
+    def _kind(v: object) -> str:
+        if isinstance(v, Const):
+            return f"the constant {v.value!r}"
+        if isinstance(v, Dyn):
+            return f"a {'tile' if isinstance(v.type, TileType) else 'scalar'} {v.type}"
+        if isinstance(v, (Tensor, View)):
+            return f"the tensor '{(v if isinstance(v, Tensor) else v.tensor).name}'" + (
+                "" if isinstance(v, Tensor) else " slice")
+        if isinstance(v, DTypeName):
+            return f"the dtype {v.dtype.name}"
+        if isinstance(v, Function):
+            return f"the function '{v.node.name}'"
+        if isinstance(v, Builtin):
+            return f"the builtin '{v.name}'"
+        if isinstance(v, Method):
+            return f"the method '.{v.name}'"
+        if isinstance(v, TupleV):
+            return f"a tuple of {len(v.items)}"
+        return "this expression"
+
+    # ---------------------------------------------------------------- memory
+    def subscript(self, e: ast.Subscript) -> object:
+        base = self.expr(e.value)
+        if isinstance(base, Tensor):
+            return View(base, e.index, e)
+        if isinstance(base, TupleV):
+            if len(e.index) != 1:
+                raise TkcTypeError("a tuple takes one index", e.loc)
+            i = self.const_int(self.expr(e.index[0]), "a tuple index", e.index[0])
+            if not -len(base.items) <= i < len(base.items):
+                raise TkcTypeError(f"index {i} is out of range for a tuple of {len(base.items)}", e.loc)
+            return base.items[i]
+        x = self._tile(base, "indexing", e.value)
+        axis, out = 0, x
+        for item in e.index:
+            if isinstance(item, ast.NoneLit):
+                out = self.em.expand_dims(out, axis, item.loc)
+                axis += 1
+            elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None:
+                axis += 1
+            else:
+                raise TkcUnsupportedError("a tile can only be indexed with ':' and None (new axes); "
+                                          "slice the tensor instead", item.loc)
+        if axis - sum(isinstance(i, ast.NoneLit) for i in e.index) > x.type.rank:
+            raise TkcTypeError(f"too many indices for {x.type}", e.loc)
+        return out
+
+    def _box(self, view: View) -> tuple[list, list[int], list[int]]:
+        """Offsets, box extents and squeezed axes of a tensor slice."""
+        t = view.tensor.type
+        index = list(view.index)
+        if len(index) > t.rank:
+            raise TkcTypeError(f"too many indices for tensor '{view.tensor.name}' of rank {t.rank}",
+                               view.node.loc)
+        offsets, box, squeeze = [], [], []
+        for axis in range(t.rank):
+            item = index[axis] if axis < len(index) else None
+            if item is None or isinstance(item, ast.Slice):
+                lo = self.expr(item.lower) if item is not None and item.lower is not None else Const(0)
+                if item is not None and item.upper is not None:
+                    hi = self.expr(item.upper)
+                else:
+                    hi = self._dim(view.tensor, axis, view.node.loc)
+                loc = item.loc if item is not None else view.node.loc
+                for v, n in ((lo, "start"), (hi, "stop")):
+                    if not (isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool)) \
+                            and not (isinstance(v, Dyn) and v.type == T.I32):
+                        raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got {self._kind(v)}",
+                                           loc)
+                fa, fb = self.em.affine_of(lo), self.em.affine_of(hi)
+                ext = fb - fa
+                if not ext.is_const:
+                    size = f"the runtime size {t.dims[axis]}" if item is None or item.upper is None \
+                        else "a runtime extent"
+                    raise TkcTypeError(f"slice on axis {axis} of '{view.tensor.name}' spans {size}; tile "
+                                       f"extents must be compile-time constants, e.g. i*BM:(i+1)*BM", loc)
+                if ext.const < 1:
+                    raise TkcTypeError(f"slice on axis {axis} has extent {ext.const}; it must be positive", loc)
+                offsets.append(self.value_of(lo, view.node))
+                box.append(ext.const)
+            elif isinstance(item, ast.NoneLit):
+                raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
+            else:
+                v = self.value_of(self.expr(item), item)
+                if isinstance(v, Const) and (not isinstance(v.value, int) or isinstance(v.value, bool)) or \
+                        isinstance(v, Dyn) and v.type != T.I32:
+                    raise TkcTypeError(f"a tensor index must be an i32 scalar, got {self._kind(v)}", item.loc)
+                offsets.append(v)
+                box.append(1)
+                squeeze.append(axis)
+        kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
+        check_tile_dims(kept, f"tile of '{view.tensor.name}'", view.node.loc)
+        values = [self.value_of(o, view.node) for o in offsets]
+        values = [self.em.materialize(o, T.I32, view.node.loc) if isinstance(o, Const) else o for o in values]
+        return [v.value for v in values], box, squeeze
+
+    def load(self, view: View, other: object) -> Dyn:
+        offsets, box, squeeze = self._box(view)
+        t = view.tensor.type
+        kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
+        rt = TileType(kept, t.dtype) if kept else ScalarType(t.dtype)
+        attrs: dict[str, object] = {"box": box}
+        if squeeze:
+            attrs["squeeze"] = squeeze
+        if other is not None:
+            if not isinstance(other, Const):
+                raise TkcTypeError("load(..., other=) takes a compile-time constant", view.node.loc)
+            if isinstance(other.value, float) and not t.dtype.is_float:
+                raise TkcTypeError(f"other={other.value} does not fit {t.dtype.name}", view.node.loc)
+            attrs["other"] = other.value
+        return Dyn(self.b.value(T.LoadOp, [view.tensor.value, *offsets], rt, attrs, loc=view.node.loc))
+
+    def store(self, view: View, v: object, loc: Loc) -> None:
+        offsets, box, squeeze = self._box(view)
+        t = view.tensor.type
+        kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
+        v = self.value_of(v, view.node)
+        if isinstance(v, Const):
+            v = self.em.materialize(v, ScalarType(t.dtype), loc)
+        if v.type.dtype != t.dtype:
+            raise TkcTypeError(f"storing {v.type} into {t.dtype.name} tensor '{view.tensor.name}'; "
+                               f"cast with .to({t.dtype.name})", loc)
+        if kept:
+            if v.type.shape if isinstance(v.type, TileType) else False:
+                if len(v.type.shape) != len(kept) or any(
+                        a != b and a != 1 for a, b in zip(v.type.shape, kept)):
+                    raise TkcTypeError(f"storing {v.type} into a slice of shape {list(kept)}", loc)
+            v = self.em.broadcast_to(v, kept, loc)
+        elif isinstance(v.type, TileType):
+            raise TkcTypeError(f"storing {v.type} into a single element", loc)
+        attrs: dict[str, object] = {"box": box}
+        if squeeze:
+            attrs["squeeze"] = squeeze
+        self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
+
+    # ---------------------------------------------------------------- calls
+    def call(self, e: ast.Call) -> object:
+        f = self.expr(e.func)
+        args = [self.expr(a) for a in e.args]
+        kwargs = {}
+        for k in e.keywords:
+            if k.name in kwargs:
+                raise TkcTypeError(f"keyword '{k.name}' given twice", k.loc)
+            kwargs[k.name] = (self.expr(k.value), k)
+        if isinstance(f, Function):
+            return self.inline(f, args, kwargs, e)
+        if isinstance(f, Method):
+            return self.method(f, args, kwargs, e)
+        if isinstance(f, Builtin) and f.name not in NAMESPACES:
+            if f.name == "grid":
+                raise TkcUnsupportedError("grid(...) must be the first statement of the kernel", e.loc)
+            if f.name in ("range", "static_range"):
+                raise TkcUnsupportedError(f"{f.name}() is only allowed as the iterable of a for loop", e.loc)
+            return BUILTIN_IMPLS[f.name](self, e, args, kwargs)
+        raise TkcTypeError(f"{self._kind(f)} is not callable", e.func.loc)
+
+    def bind(self, what: str, e: ast.Call, args: list, kwargs: dict, spec: list[tuple[str, object]]) -> dict:
+        """Match call arguments to ``spec`` [(name, default or REQUIRED)]."""
+        if len(args) > len(spec):
+            raise TkcTypeError(f"{what} takes at most {len(spec)} arguments, got {len(args)}", e.loc)
+        out = dict(zip([n for n, _ in spec], args))
+        names = [n for n, _ in spec]
+        for k, (v, node) in kwargs.items():
+            if k not in names:
+                raise TkcTypeError(f"{what} has no argument '{k}'", node.loc)
+            if k in out:
+                raise TkcTypeError(f"{what} got '{k}' twice", node.loc)
+            out[k] = v
+        for n, d in spec:
+            if n not in out:
+                if d is REQUIRED:
+                    raise TkcTypeError(f"{what} is missing the argument '{n}'", e.loc)
+                out[n] = d
+        return out
+
+    def inline(self, f: Function, args: list, kwargs: dict, e: ast.Call) -> object:
+        node = f.node
+        if node.name in self.call_stack:
+            raise TkcUnsupportedError(f"recursive call of '{node.name}' cannot be inlined", e.loc)
+        if len(self.call_stack) > 32:
+            raise TkcUnsupportedError("helpers nest too deeply", e.loc)
+        scope = Scope(parent=f.closure)
+        spec = []
+        for p in node.params:
+            d = REQUIRED if p.default is None else self.expr(p.default, f.closure or Scope())
+            spec.append((p.name, d))
+        for k, v in self.bind(f"'{node.name}'", e, args, kwargs, spec).items():
+            scope.names[k] = v
+        body = node.body
+        if body and isinstance(body[0], ast.ExprStmt) and isinstance(body[0].value, ast.Str):
+            body = body[1:]
+        ret = body[-1] if body and isinstance(body[-1], ast.Return) else None
+        saved = self.scope
+        self.scope = scope
+        self.call_stack.append(node.name)
+        try:
+            self.stmts(body[:-1] if ret else body)
+            if ret is None or ret.value is None:
+                return NONE
+            v = self.expr(ret.value)
+            return self.load(v, None) if isinstance(v, View) else v
+        finally:
+            self.call_stack.pop()
+            self.scope = saved
+
+    def method(self, m: Method, args: list, kwargs: dict, e: ast.Call) -> object:
+        obj = self.value_of(m.obj, e)
+        if m.name == "to":
+            a = self.bind(".to()", e, args, kwargs, [("dtype", REQUIRED)])
+            if not isinstance(a["dtype"], DTypeName):
+                raise TkcTypeError(f".to() takes a dtype like bf16, got {self._kind(a['dtype'])}", e.loc)
+            return self.em.cast(obj, a["dtype"].dtype, e.loc)
+        if m.name in REDUCTIONS:
+            a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED), ("keepdim", Const(False))])
+            return self._reduce(m.name, obj, a, e)
+        if m.name in MATH_FUNCS:
+            self.bind(f".{m.name}()", e, args, kwargs, [])
+            return self.em.unary(m.name, obj, e.loc)
+        raise TkcTypeError(f"unknown method '.{m.name}'", e.loc)  # pragma: no cover
+
+    def _reduce(self, kind: str, x: object, a: dict, e: ast.Call) -> Dyn:
+        axis = self.const_int(a["axis"], "the reduction axis", e)
+        keep = a["keepdim"]
+        if not isinstance(keep, Const) or not isinstance(keep.value, bool):
+            raise TkcTypeError("keepdim must be True or False", e.loc)
+        return self.em.reduce(kind, self._tile(x, f"{kind}()", e), axis, keep.value, e.loc)
+
+    def shape_arg(self, v: object, node: ast.Node) -> tuple[int, ...]:
+        items = v.items if isinstance(v, TupleV) else (v,)
+        shape = tuple(self.const_int(x, "a tile extent", node) for x in items)
+        check_tile_dims(shape, "tile shape", node.loc)
+        return shape
+
+    def dtype_arg(self, v: object, node: ast.Node) -> dtypes.DType:
+        if not isinstance(v, DTypeName):
+            raise TkcTypeError(f"expected a dtype like f32, got {self._kind(v)}", node.loc)
+        return v.dtype
+
+
+# -------------------------------------------------------------------- module
+def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
+                 python_function: bool = False) -> Module:
+    """Lower every kernel of a parsed file.  In a ``.tk`` file kernels are the
+    ``@kernel`` functions; with ``python_function`` the first function is the
+    kernel (the source of one ``@tkc.kernel`` function)."""
+    consts = dict(consts or {})
+    funcs = [s for s in tree.body if isinstance(s, ast.FunctionDef)]
+    for s in tree.body:
+        if not isinstance(s, (ast.FunctionDef, ast.Import, ast.Pass)) and not (
+                isinstance(s, ast.ExprStmt) and isinstance(s.value, ast.Str)):
+            raise TkcUnsupportedError("only functions and imports may appear at the top level", s.loc)
+    if python_function:
+        kernels = funcs[:1]
+    else:
+        kernels = [f for f in funcs if any(_is_kernel_decorator(d) for d in f.decorators)]
+    if not kernels:
+        raise TkcSyntaxErrorAt(tree, "no kernel found: mark a function with @kernel")
+    helpers = {f.name: Function(f, None) for f in funcs if f not in kernels}
+    names = [k.name for k in kernels]
+    for k in kernels:
+        if names.count(k.name) > 1:
+            raise TkcTypeError(f"kernel '{k.name}' is defined twice", k.loc)
+    known = {p.name for k in kernels for p in k.params}
+    unknown = sorted(set(consts) - known)
+    if unknown:
+        raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
+                            f"{', '.join(sorted(known)) or 'none'}")
+    m = Module()
+    for k in kernels:
+        mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
+        m.body.append(KernelLowering(k, helpers, mine).lower())
+    return m
+
+
+def TkcSyntaxErrorAt(tree: ast.Module, msg: str) -> TkcError:  # noqa: N802 - reads as an exception
+    return TkcSyntaxError(msg, Loc(tree.file, 1, 1, tree.source))
