@@ -1,2 +1,28 @@
-"""tkc: a compiler from a small tile language to GPU kernels."""
+"""tkc: a compiler from a small tile language to GPU kernels.
+
+    import tkc
+
+    @tkc.kernel
+    def add(x: f32[N], y: f32[N], out: f32[N], BN: const = 256): ...
+
+    tkc.interpret(add, x, y, out)          # reference interpreter (numpy)
+
+The names below are what a kernel author needs from Python; the dtype and
+``const`` names exist so editors and readers can resolve annotations.
+"""
+
+from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32
+from tkc.errors import TkcError
+from tkc.kernel import Kernel, interpret, kernel
+
 __version__ = "0.1.0"
+
+
+class const:  # noqa: N801 - spelled like the annotation it names
+    """Annotation of a compile-time constant parameter: ``BM: const = 128``."""
+
+
+__all__ = [
+    "Kernel", "TkcError", "bf16", "const", "f8e4m3", "f8e5m2", "f16", "f32", "i1", "i32", "interpret",
+    "kernel", "__version__",
+]

@@ -1,0 +1,127 @@
+"""``@tkc.kernel``: kernels written as Python functions, called with tensors.
+
+The decorator reads the function's source and parses it with the same grammar
+as ``.tk`` files; the body is never executed as Python.  Each distinct set of
+compile-time constants is compiled once (frontend + default pipeline) and
+kept.  A call runs the kernel in the reference interpreter when asked to
+(``TKC_INTERPRET=1`` or ``tkc.interpret``); GPU launches belong to the
+runtime, which this module only calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+from tkc.errors import TkcLaunchError, TkcUsageError
+from tkc.ir.core import Module, Operation
+from tkc.ir.printer import print_module
+
+
+class Kernel:
+    """A compiled-on-demand tile kernel.
+
+    ``k(*tensors, grid=None, **consts)`` launches it; ``k.compile(**consts)``
+    returns its tile IR module after the default pipeline; ``k.ir(**consts)``
+    the IR text.
+    """
+
+    def __init__(self, fn: Callable[..., Any]):
+        try:
+            lines, first_line = inspect.getsourcelines(fn)
+            self.file = inspect.getsourcefile(fn) or "<unknown>"
+        except (OSError, TypeError) as e:
+            raise TkcUsageError(f"@tkc.kernel needs the source of '{fn.__name__}': {e}") from None
+        self.fn = fn
+        self.name = fn.__name__
+        self.source = textwrap.dedent("".join(lines))
+        self.first_line = first_line
+        self._compiled: dict[tuple, Module] = {}
+        from tkc.frontend.parser import parse
+
+        # Parse now so a syntax error shows at import time, like Python's own.
+        self._tree = parse("".join(lines), self.file, first_line=first_line)
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+
+    def __repr__(self) -> str:
+        return f"<tkc.kernel {self.name} from {self.file}:{self.first_line}>"
+
+    def compile(self, pipeline: str | None = None, **consts: Any) -> Module:
+        """The kernel's tile IR for these constants, after ``pipeline``
+        (default: the default pipeline).  Cached per (pipeline, constants)."""
+        from tkc.frontend.lower import lower_module
+        from tkc.ir.verifier import verify
+        from tkc.passes.manager import PassManager, PassOptions
+        from tkc.passes.pipeline import DEFAULT_PIPELINE
+        from tkc.options import knobs
+
+        pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+        key = (pipeline, tuple(sorted(consts.items())))
+        if key not in self._compiled:
+            module = lower_module(self._tree, consts, python_function=True)
+            verify(module)
+            PassManager(pipeline, PassOptions().with_knobs(knobs())).run(module)
+            self._compiled[key] = module
+        return self._compiled[key]
+
+    def ir(self, pipeline: str | None = None, locs: bool = False, **consts: Any) -> str:
+        return print_module(self.compile(pipeline, **consts), locs=locs)
+
+    def kernel_op(self, **consts: Any) -> Operation:
+        return self.compile(**consts).kernel(self.name)
+
+    def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
+        from tkc.options import knobs
+
+        if knobs().interpret:
+            interpret(self, *args, grid=grid, **consts)
+            return
+        raise TkcLaunchError(
+            f"launching '{self.name}' on a GPU needs the Hopper backend and runtime, which tkc does not "
+            f"have yet; set TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter")
+
+
+def kernel(fn: Callable[..., Any]) -> Kernel:
+    """Decorator: make ``fn`` a tile kernel.  Put ``from __future__ import
+    annotations`` at the top of the module so annotations like ``bf16[M, K]``
+    are not evaluated by Python."""
+    return Kernel(fn)
+
+
+def interpret(k: Kernel | Module | Operation, *args: Any, grid: Any = None, **consts: Any) -> None:
+    """Run a kernel in the reference interpreter, writing outputs in place.
+
+    ``args`` are numpy arrays or torch tensors (CPU or CUDA: CUDA tensors are
+    copied to the host and back).  ``grid`` defaults to the kernel's own
+    ``grid(...)``; ``consts`` specialize a ``@tkc.kernel``.
+    """
+    from tkc.interpreter import run_kernel
+
+    if isinstance(k, Kernel):
+        op = k.kernel_op(**consts)
+    elif consts:
+        raise TkcUsageError("constants are fixed once a module is compiled; pass them to the compiler")
+    elif isinstance(k, Module):
+        op = k.kernel()
+    elif isinstance(k, Operation):
+        op = k
+    else:
+        raise TkcUsageError(f"tkc.interpret takes a @tkc.kernel, a Module or a kernel op, got {type(k).__name__}")
+    host = [_to_host(a) for a in args]
+    try:
+        run_kernel(op, host, grid)
+    finally:
+        for a, h in zip(args, host):
+            if h is not a:
+                a.copy_(h)
+
+
+def _to_host(x: Any) -> Any:
+    """A CPU copy of a CUDA torch tensor; anything else as it is."""
+    if type(x).__module__.startswith("torch") and getattr(x, "is_cuda", False):
+        return x.detach().cpu()
+    return x
+
