@@ -1,0 +1,306 @@
+"""The ``tkc`` command: ``tkc opt``, ``tkc compile`` and ``tkc run``.
+
+This module owns the command line only: parsing flags, reading and writing
+files, and the error policy.  It calls the frontend, the pass manager and the
+interpreter and holds none of their logic.
+
+Error policy: a ``TkcError`` prints ``str(err)`` (location, source line and
+caret) to stderr and exits 1; any other exception is an internal compiler
+error, printed as one line, exit code 70 (``TKC_DEBUG=1`` shows the
+traceback).  Click's own usage errors keep click's format and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+import tkc
+from tkc import options
+from tkc.errors import TkcError, TkcUsageError
+from tkc.ir.core import Module, Operation
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.types import TensorType
+from tkc.passes.manager import PassManager, PassOptions
+from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+EXIT_ERROR = 1
+EXIT_INTERNAL = 70  # EX_SOFTWARE
+
+# What each --emit stage past tile IR is waiting for.
+_BACKEND = "the Hopper backend (select-layouts, lower-to-hopper, codegen)"
+_MISSING_STAGE = {
+    "hopper": "the Hopper backend (select-layouts, lower-to-hopper)",
+    "llvm": _BACKEND,
+    "ptx": _BACKEND,
+    "cubin": _BACKEND + " and ptxas",
+}
+
+
+def _debug() -> bool:
+    try:
+        return options.knobs().debug
+    except TkcError:
+        return False
+
+
+class _TkcGroup(click.Group):
+    """Applies the error policy to every subcommand."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except TkcError as e:
+            if _debug():
+                traceback.print_exception(e)
+            click.echo(str(e), err=True)
+            ctx.exit(EXIT_ERROR)
+        except Exception as e:
+            if _debug():
+                raise
+            click.echo(f"tkc: internal compiler error: {type(e).__name__}: {e} "
+                       "(set TKC_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(EXIT_INTERNAL)
+
+
+# ------------------------------------------------------------ flag parsing
+def _parse_value(text: str) -> int | float | bool:
+    if text in ("true", "True"):
+        return True
+    if text in ("false", "False"):
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)  # ValueError here is reported by the caller
+
+
+def _parse_defines(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
+    out: dict[str, int | float | bool] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name.isidentifier():
+            raise click.BadParameter(f"'{item}' is not NAME=VALUE", ctx, param)
+        try:
+            out[name] = _parse_value(text.strip())
+        except ValueError:
+            raise click.BadParameter(f"'{item}': the value is not an int, a float, true or false",
+                                     ctx, param) from None
+    return out
+
+
+def _parse_dims(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
+    out: dict[str, int] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name.isidentifier() or not text.strip().isdigit() or int(text) < 1:
+            raise click.BadParameter(f"'{item}' is not NAME=SIZE with a positive size", ctx, param)
+        out[name] = int(text)
+    return out
+
+
+def _parse_grid(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple | None:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise click.BadParameter(f"'{text}' is not 1 to 3 positive sizes, e.g. 4,2", ctx, param)
+    return tuple(int(p) for p in parts)
+
+
+def _dump_flags(f: Any) -> Any:
+    """The flags that control IR dumps and pass timing, shared by opt and compile."""
+    f = click.option("--no-locs", is_flag=True, help="Print IR without loc(...) annotations.")(f)
+    f = click.option("--pass-timing", is_flag=True, help="Print wall time per pass to stderr.")(f)
+    f = click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path),
+                     help="Write dumps as numbered files NN-<pass>.tkir here (default: after all).")(f)
+    f = click.option("--dump-ir-after", multiple=True, metavar="PASS|all",
+                     help="Print the IR after this pass (repeatable, or comma-separated).")(f)
+    f = click.option("--dump-ir-before", multiple=True, metavar="PASS|all",
+                     help="Print the IR before this pass (repeatable, or comma-separated).")(f)
+    return f
+
+
+def _pass_options(dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...],
+                  dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> PassOptions:
+    def names(items: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n.strip() for item in items for n in item.split(",") if n.strip())
+
+    flags = PassOptions(dump_before=names(dump_ir_before), dump_after=names(dump_ir_after),
+                        dump_dir=dump_dir, timing=pass_timing, locs=not no_locs)
+    return flags.with_knobs(options.knobs())
+
+
+# ----------------------------------------------------------- file handling
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TkcUsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def _write_output(path: str, text: str) -> None:
+    if path == "-":
+        click.echo(text, nl=False)
+    else:
+        Path(path).write_text(text)
+
+
+def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
+    """A ``.tk`` source through the frontend, or a ``.tkir`` file as tile IR."""
+    if path.endswith(".tkir") or path == "-":
+        if consts:
+            raise TkcUsageError(f"-D sets constants of .tk sources; {path} is already tile IR")
+        return parse_module(_read_text(path), path)
+    if path.endswith(".tk"):
+        from tkc.frontend import compile_file
+
+        return compile_file(path, consts)
+    raise TkcUsageError(f"{path}: expected a .tk source or a .tkir file")
+
+
+def _only_kernel(module: Module, name: str | None, path: str) -> Module:
+    """The module, or just the kernel ``name`` from it."""
+    if name is None:
+        return module
+    kernels = [op for op in module.ops if op.name == "tile.kernel"]
+    for k in kernels:
+        if k.attributes.get("sym_name") == name:
+            k.parent.ops.remove(k)
+            return Module([k])
+    names = ", ".join(str(k.attributes.get("sym_name")) for k in kernels) or "none"
+    raise TkcUsageError(f"{path} has no kernel '{name}'; its kernels: {names}")
+
+
+# ---------------------------------------------------------------- commands
+@click.group(cls=_TkcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(tkc.__version__, prog_name="tkc")
+def cli() -> None:
+    """tkc: a compiler from a small tile language to GPU kernels."""
+
+
+@cli.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
+@click.option("-p", "--passes", default="", metavar="PASS,...",
+              help="Comma-separated passes to run (none: parse, verify, print).")
+@click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")
+@_dump_flags
+def opt(file: str, passes: str, output: str, dump_ir_before: tuple[str, ...],
+        dump_ir_after: tuple[str, ...], dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
+    """Run passes over tile IR (a .tkir file) and print the result."""
+    pm = PassManager(passes, _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
+    module = parse_module(_read_text(file), file)
+    pm.run(module)
+    _write_output(output, print_module(module, locs=not no_locs))
+
+
+@cli.command("compile")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")
+@click.option("--emit", type=click.Choice(["tkir", *_MISSING_STAGE]), default="tkir",
+              show_default=True, help="The stage to write.")
+@click.option("--pipeline", default=DEFAULT_PIPELINE, show_default=True, metavar="PASS,...",
+              help="Passes to run on the tile IR.")
+@click.option("--kernel", metavar="NAME", help="Keep only this kernel.")
+@click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
+              help="Set a compile-time constant (int, float, true/false).")
+@click.option("--target", type=click.Choice(["sm_90a"]), default="sm_90a", show_default=True,
+              help="The GPU the backend stages compile for.")
+@_dump_flags
+def compile_command(file: str, output: str, emit: str, pipeline: str, kernel: str | None,
+            consts: dict, target: str, dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...],
+            dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
+    """Compile a .tk kernel (or .tkir tile IR) and write the --emit stage."""
+    if emit != "tkir":
+        raise TkcUsageError(f"--emit {emit} needs {_MISSING_STAGE[emit]}, which tkc does not have "
+                            "yet; use --emit tkir")
+    pm = PassManager(pipeline,
+                     _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
+    module = _only_kernel(_load(file, consts), kernel, file)
+    pm.run(module)
+    _write_output(output, print_module(module, locs=not no_locs))
+
+
+@cli.command("run")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--interpret/--gpu", default=None,
+              help="Run on the numpy interpreter (default from TKC_INTERPRET).")
+@click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
+              help="Set a compile-time constant (int, float, true/false).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", callback=_parse_dims,
+              help="The size of a symbolic tensor dim (each one is needed).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several.")
+@click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
+              help="Launch grid (default: the kernel's grid(...)).")
+def run_command(file: str, interpret: bool | None, consts: dict, dims: dict[str, int], seed: int,
+        kernel: str | None, grid: tuple | None) -> None:
+    """Compile a kernel and run it on random inputs; print output statistics."""
+    if interpret is None:
+        interpret = options.knobs().interpret
+    if not interpret:
+        raise TkcUsageError("running on a GPU needs the runtime, which tkc does not have yet; "
+                            "pass --interpret")
+    pm = PassManager(DEFAULT_PIPELINE, PassOptions().with_knobs(options.knobs()))
+    module = _load(file, consts)
+    pm.run(module)
+    try:
+        k = module.kernel(kernel)
+    except KeyError:
+        names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
+        what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
+        raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
+    _check_dims(k, dims)
+
+    from tkc.interpreter import launch_grid, random_args, run_kernel
+
+    args = random_args(k, dims, seed)
+    grid = grid or tuple(launch_grid(k, args))
+    t = time.perf_counter()
+    run_kernel(k, args, grid=grid)
+    elapsed = time.perf_counter() - t
+    click.echo(f"kernel {k.attributes['sym_name']}: grid {grid}, seed {seed}, "
+               f"interpreted in {elapsed * 1e3:.1f} ms")
+    for param, value in zip(k.regions[0].block.args, args):
+        if isinstance(param.type, TensorType):
+            click.echo("  " + _tensor_stats(param.name_hint or "?", param.type, np.asarray(value)))
+
+
+def _check_dims(kernel: Operation, dims: dict[str, int]) -> None:
+    """Every symbolic dim of the kernel's tensors has a size, and no other."""
+    names: list[str] = []
+    for a in kernel.regions[0].block.args:
+        if isinstance(a.type, TensorType):
+            names += [d for d in a.type.dims if isinstance(d, str) and d not in names]
+    missing = [n for n in names if n not in dims]
+    if missing:
+        raise TkcUsageError("missing tensor sizes; pass " + " ".join(f"--dim {n}=SIZE" for n in missing))
+    extra = [n for n in dims if n not in names]
+    if extra:
+        raise TkcUsageError(f"the kernel has no dim {', '.join(extra)}; its dims: {', '.join(names) or 'none'}")
+
+
+def _tensor_stats(name: str, t: TensorType, value: np.ndarray) -> str:
+    x = value.astype(np.float64)
+    nans = int(np.isnan(x).sum())
+    finite = x[~np.isnan(x)]
+    mean = f"{finite.mean():.6g}" if finite.size else "nan"
+    absmax = f"{np.abs(finite).max():.6g}" if finite.size else "nan"
+    shape = "x".join(str(s) for s in value.shape)
+    return f"{name}: {t.dtype.name}[{shape}] mean {mean}, abs-max {absmax}, NaN {nans}"
+
+
+def main() -> None:
+    """The console script's entry point."""
+    cli(prog_name="tkc")

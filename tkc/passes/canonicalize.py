@@ -1,0 +1,366 @@
+"""The ``canonicalize`` pass: fold constants and simplify, to a fixpoint.
+
+Each rewrite is a small function ``pattern(op, root) -> bool`` that either
+leaves the IR alone and returns False, or rewrites ``op`` and returns True.
+The driver offers every op to every pattern until a whole round changes
+nothing.  A rewrite never changes what the kernel computes, bit for bit, as
+the interpreter runs it: float folding rounds with ``dtypes.round_to`` exactly
+as the interpreter does, and anything whose result could differ in the last
+bit (libm functions, float sums, division by zero of integers) is left alone.
+New ops take the location of the op they replace.
+
+Ops that become unused (the constants a fold consumed, say) are left for
+``dce``; merging equal constants is ``cse``'s job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.dtypes import DType
+from tkc.ir.builder import Builder
+from tkc.ir.core import Module, Operation, OpResult, Value, replace_all_uses
+from tkc.ir.dialects import tile
+from tkc.ir.types import element_dtype
+
+Scalar = int | float | bool
+Pattern = Callable[[Operation, Operation], bool]
+
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+# No pattern set should need more rounds than this; more means two patterns
+# undo each other, which is a bug in this file.
+_MAX_ROUNDS = 1000
+
+
+def canonicalize(module: Module) -> None:
+    """Apply every pattern to every op until nothing changes."""
+    for kernel in module.ops:
+        for _ in range(_MAX_ROUNDS):
+            if not _round(kernel):
+                break
+        else:
+            raise RuntimeError(f"canonicalize did not converge on {kernel!r}")
+
+
+def _round(kernel: Operation) -> bool:
+    changed = False
+    for op in list(kernel.walk()):
+        if op is kernel or not _attached(op, kernel):
+            continue
+        for pattern in PATTERNS.get(op.name, ()):
+            if pattern(op, kernel):
+                changed = True
+                break
+    return changed
+
+
+def _attached(op: Operation, root: Operation) -> bool:
+    """Whether ``op`` is still inside ``root`` (an earlier rewrite may have
+    erased it or the op whose region holds it)."""
+    while op is not root:
+        block = op.parent
+        if block is None or block.parent is None or block.parent.parent is None:
+            return False
+        op = block.parent.parent
+    return True
+
+
+# ------------------------------------------------------------------ helpers
+def _const(v: Value) -> Scalar | None:
+    """The value of a ``tile.constant`` (scalar or splat tile), rounded to its
+    dtype the way the interpreter materializes it; None if not a constant."""
+    if not isinstance(v, OpResult) or v.owner.name != "tile.constant":
+        return None
+    return _scalar(v.owner.attributes["value"], element_dtype(v.type))
+
+
+def _scalar(x: object, dt: DType) -> Scalar:
+    """``x`` rounded to ``dt``, as a plain Python bool, int or float."""
+    return dtypes.round_to(x, dt).item()
+
+
+def _replace(op: Operation, new: list[Value], root: Operation) -> None:
+    for old, value in zip(op.results, new):
+        replace_all_uses(root, old, value)
+    op.erase()
+
+
+def _replace_by_constant(op: Operation, value: Scalar, root: Operation) -> None:
+    t = op.result.type
+    new = Builder.before(op).value(tile.ConstantOp, [], t, {"value": _scalar(value, t.dtype)}, loc=op.loc)
+    new.name_hint = op.result.name_hint  # the printer keeps the user's name
+    _replace(op, [new], root)
+
+
+def _is(v: Value, want: float, signed_zero: bool = False) -> bool:
+    """Whether ``v`` is a constant equal to ``want`` (and, for floats with
+    ``signed_zero``, of the same sign, since x + 0.0 is not x when x is -0.0)."""
+    c = _const(v)
+    if c is None or isinstance(c, bool) or c != want:
+        return False
+    return not (signed_zero and isinstance(c, float) and math.copysign(1, c) != math.copysign(1, want))
+
+
+# --------------------------------------------------------- constant folding
+def _fold_int(name: str, a: int, b: int | None) -> int | None:
+    """i32 arithmetic: wraps modulo 2**32; // and % round toward -inf (the
+    interpreter's numpy semantics).  None where the interpreter's answer is
+    not obviously the same (division by zero, INT_MIN // -1)."""
+    if name == "tile.add":
+        return a + b
+    if name == "tile.sub":
+        return a - b
+    if name == "tile.mul":
+        return a * b
+    if name == "tile.floordiv":
+        return a // b if b != 0 and not (a == _I32_MIN and b == -1) else None
+    if name == "tile.rem":
+        return a % b if b != 0 else None
+    if name == "tile.cdiv":
+        # ceil(a / b) and (a + b - 1) // b agree for a >= 0 < b without overflow:
+        # fold only there, whichever formula the interpreter uses.
+        return (a + b - 1) // b if a >= 0 and b > 0 and a + b - 1 <= _I32_MAX else None
+    if name == "tile.maximum":
+        return max(a, b)
+    if name == "tile.minimum":
+        return min(a, b)
+    if name == "tile.and":
+        return a & b
+    if name == "tile.or":
+        return a | b
+    if name == "tile.xor":
+        return a ^ b
+    if name == "tile.neg":
+        return -a
+    if name == "tile.abs":
+        return abs(a)
+    if name == "tile.not":
+        return ~a
+    return None
+
+
+def _fold_bool(name: str, a: bool, b: bool | None) -> bool | None:
+    ops = {"tile.and": lambda: a and b, "tile.or": lambda: a or b, "tile.xor": lambda: a != b,
+           "tile.not": lambda: not a}
+    return ops[name]() if name in ops else None
+
+
+def _fold_float(name: str, a: float, b: float | None) -> float | None:
+    """Exact float64 arithmetic on values already rounded to the dtype; the
+    caller rounds the result once to the dtype.  For + - * / and sqrt that
+    equals computing in float32 and rounding (float64 has more than twice
+    float32's precision, so the double rounding is harmless).  exp, log, tanh,
+    rsqrt, ... are not folded: numpy's float32 and float64 versions may differ
+    in the last bit."""
+    x = np.float64(a)
+    with np.errstate(all="ignore"):
+        if name == "tile.add":
+            return float(x + b)
+        if name == "tile.sub":
+            return float(x - b)
+        if name == "tile.mul":
+            return float(x * b)
+        if name == "tile.div":
+            return float(x / np.float64(b))
+        if name in ("tile.maximum", "tile.minimum"):
+            if a == 0 and b == 0 and math.copysign(1, a) != math.copysign(1, b):
+                return None  # which zero comes out is up to the implementation
+            return float(np.maximum(x, b) if name == "tile.maximum" else np.minimum(x, b))
+        if name == "tile.neg":
+            return float(-x)
+        if name == "tile.abs":
+            return float(abs(x))
+        if name == "tile.sqrt":
+            return float(np.sqrt(x))
+    return None
+
+
+def _compare(pred: str, a: Scalar, b: Scalar) -> bool:
+    # Python's float comparisons treat NaN as numpy does: only 'ne' is true.
+    return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[pred]
+
+
+def fold_elementwise(op: Operation, root: Operation) -> bool:
+    """An elementwise op (or a compare or cast) whose operands are all constants."""
+    vals = [_const(v) for v in op.operands]
+    if any(v is None for v in vals):
+        return False
+    dt = element_dtype(op.operands[0].type)
+    a, b = vals[0], vals[1] if len(vals) > 1 else None
+    if op.name == "tile.cmp":
+        out: Scalar | None = _compare(op.attributes["pred"], a, b)
+    elif op.name == "tile.cast":
+        out = a  # _replace_by_constant rounds it to the result dtype
+    elif dt.is_bool:
+        out = _fold_bool(op.name, a, b)
+    elif dt.is_int:
+        out = _fold_int(op.name, a, b)
+    else:
+        out = _fold_float(op.name, a, b)
+    if out is None:
+        return False
+    _replace_by_constant(op, out, root)
+    return True
+
+
+def fold_shape_of_constant(op: Operation, root: Operation) -> bool:
+    """splat / broadcast / expand_dims / transpose of a constant, and max/min
+    reductions of one, are a constant of the result type.  (A sum is not
+    folded: its rounding depends on the interpreter's summation order.)"""
+    c = _const(op.operands[0])
+    if c is None or (op.name == "tile.reduce" and op.attributes["kind"] == "sum"):
+        return False
+    _replace_by_constant(op, c, root)
+    return True
+
+
+# ------------------------------------------------------------ identities
+def fold_add_zero(op: Operation, root: Operation) -> bool:
+    """x + 0 and 0 + x.  For floats only -0.0 is an identity (-0.0 + 0.0 is +0.0)."""
+    dt = element_dtype(op.result.type)
+    zero = -0.0 if dt.is_float else 0
+    for x, z in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+        if _is(z, zero, signed_zero=True):
+            _replace(op, [x], root)
+            return True
+    return False
+
+
+def fold_sub_zero(op: Operation, root: Operation) -> bool:
+    """x - 0 (x - 0.0 is x for every float, -0.0 included)."""
+    if _is(op.rhs, 0, signed_zero=True):
+        _replace(op, [op.lhs], root)
+        return True
+    return False
+
+
+def fold_mul_one_or_zero(op: Operation, root: Operation) -> bool:
+    """x * 1 and 1 * x; x * 0 and 0 * x for integers only (for floats
+    inf * 0 is NaN and -x * 0 is -0.0)."""
+    is_int = element_dtype(op.result.type).is_int
+    for x, k in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+        if _is(k, 1):
+            _replace(op, [x], root)
+            return True
+        if is_int and _is(k, 0):
+            _replace(op, [k], root)
+            return True
+    return False
+
+
+def fold_div_one(op: Operation, root: Operation) -> bool:
+    """x // 1 and x / 1.0."""
+    if _is(op.rhs, 1):
+        _replace(op, [op.lhs], root)
+        return True
+    return False
+
+
+def fold_noop_conversion(op: Operation, root: Operation) -> bool:
+    """A cast or broadcast to the operand's own type."""
+    if op.operands[0].type == op.result.type:
+        _replace(op, [op.operands[0]], root)
+        return True
+    return False
+
+
+def fold_double_transpose(op: Operation, root: Operation) -> bool:
+    inner = op.x
+    if isinstance(inner, OpResult) and inner.owner.name == "tile.transpose":
+        _replace(op, [inner.owner.x], root)
+        return True
+    return False
+
+
+def fold_select(op: Operation, root: Operation) -> bool:
+    """select with a constant condition, or with equal branches."""
+    c = _const(op.cond)
+    if c is not None:
+        _replace(op, [op.a if c else op.b], root)
+        return True
+    if op.a is op.b:
+        _replace(op, [op.a], root)
+        return True
+    return False
+
+
+def fold_accumulate_mma(op: Operation, root: Operation) -> bool:
+    """add(acc, mma(a, b, 0)) -> mma(a, b, acc), when the add is the mma's
+    only use: this is how ``acc += a @ b`` becomes an accumulating mma.
+
+    Exact when the interpreter computes mma as ``acc + a @ b`` in f32: both
+    sides are then acc + P.  (The one exception is a zero product
+    P = -0.0 with acc = -0.0, where 0.0 + P gives +0.0 first; the GPU's
+    accumulating wgmma behaves like the rewritten form.)"""
+    for acc, m in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+        if not (isinstance(m, OpResult) and m.owner.name == "tile.mma"):
+            continue
+        mma = m.owner
+        if not _is(mma.acc, 0) or _use_count(root, m) != 1 or acc.type != m.type:
+            continue
+        new = Builder.before(op).value(tile.MmaOp, [mma.a, mma.b, acc], m.type, loc=op.loc)
+        new.name_hint = op.result.name_hint
+        _replace(op, [new], root)
+        mma.erase()
+        return True
+    return False
+
+
+def _use_count(root: Operation, v: Value) -> int:
+    return sum(1 for op in root.walk() for x in op.operands if x is v)
+
+
+# ------------------------------------------------------------ control flow
+def fold_constant_if(op: Operation, root: Operation) -> bool:
+    """``tile.if`` on a constant: the taken branch's ops move before the if,
+    and its results become the yielded values."""
+    c = _const(op.cond)
+    if c is None:
+        return False
+    block = op.regions[0 if c else 1].block
+    term = block.terminator
+    dest = op.parent
+    at = dest.ops.index(op)
+    for inner in [x for x in block.ops if x is not term]:
+        block.ops.remove(inner)
+        dest.insert(at, inner)
+        at += 1
+    _replace(op, list(term.operands), root)
+    return True
+
+
+def fold_zero_trip_for(op: Operation, root: Operation) -> bool:
+    """A ``tile.for`` whose constant bounds give no iteration yields its inits."""
+    lb, ub, step = _const(op.lb), _const(op.ub), _const(op.step)
+    if lb is None or ub is None or step is None or step <= 0 or lb < ub:
+        return False
+    _replace(op, list(op.init), root)
+    return True
+
+
+# ------------------------------------------------------------ the table
+_ELEMENTWISE = [
+    "tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv", "tile.rem", "tile.cdiv",
+    "tile.maximum", "tile.minimum", "tile.and", "tile.or", "tile.xor",
+    "tile.neg", "tile.abs", "tile.not", "tile.sqrt", "tile.cmp", "tile.cast",
+]
+
+#: Op name -> the patterns tried on it, in order.
+PATTERNS: dict[str, list[Pattern]] = {name: [fold_elementwise] for name in _ELEMENTWISE}
+PATTERNS["tile.add"] += [fold_add_zero, fold_accumulate_mma]
+PATTERNS["tile.sub"] += [fold_sub_zero]
+PATTERNS["tile.mul"] += [fold_mul_one_or_zero]
+PATTERNS["tile.floordiv"] += [fold_div_one]
+PATTERNS["tile.div"] += [fold_div_one]
+PATTERNS["tile.cast"] += [fold_noop_conversion]
+for _name in ("tile.splat", "tile.broadcast", "tile.expand_dims", "tile.transpose", "tile.reduce"):
+    PATTERNS[_name] = [fold_shape_of_constant]
+PATTERNS["tile.broadcast"] += [fold_noop_conversion]
+PATTERNS["tile.transpose"] += [fold_double_transpose]
+PATTERNS["tile.select"] = [fold_select]
+PATTERNS["tile.if"] = [fold_constant_if]
+PATTERNS["tile.for"] = [fold_zero_trip_for]

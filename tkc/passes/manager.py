@@ -1,0 +1,211 @@
+"""Runs a pipeline of named passes over a module, and makes every step visible.
+
+The ``PassManager`` owns what happens *around* passes: looking their names up
+in ``pipeline.PASSES``, verifying the IR after each one, dumping the IR before
+or after any or all of them (to a stream, or as numbered ``.tkir`` files that
+``tkc opt`` reads back), timing them, and turning a failing pass into a
+``TkcPassError`` with a reproducer file.  It holds no pass logic, and it reads
+no environment variables: callers merge ``tkc.options.knobs()`` into a
+``PassOptions`` (see ``PassOptions.with_knobs``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+from tkc.errors import TkcError, TkcPassError, TkcUsageError, TkcVerifyError
+from tkc.ir.core import Module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+from tkc.options import Knobs
+from tkc.passes.pipeline import PASSES
+
+PassFn = Callable[[Module], None]
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """What to show while a pipeline runs.
+
+    ``dump_before`` / ``dump_after`` name passes (or ``"all"``).  Dumps go to
+    ``stream`` (stderr when None), or, with ``dump_dir``, to numbered files
+    ``00-input.tkir``, ``01-<pass>.tkir``, ... (``NN-before-<pass>.tkir`` for
+    dumps before a pass); a ``dump_dir`` with no pass named dumps after every
+    pass.  ``timing`` prints a table of wall time per pass to ``stream``.
+    ``reproducer_dir`` is where a failing pass leaves its input (None: nowhere).
+    """
+
+    dump_before: tuple[str, ...] = ()
+    dump_after: tuple[str, ...] = ()
+    dump_dir: Path | None = None
+    stream: TextIO | None = None
+    timing: bool = False
+    locs: bool = True
+    reproducer_dir: Path | None = Path("tkc-reproducers")
+
+    def with_knobs(self, knobs: Knobs) -> PassOptions:
+        """These options plus the environment's ``TKC_DUMP_IR`` (dump after
+        those passes) and ``TKC_DUMP_DIR`` (where, unless already set)."""
+        after = self.dump_after + tuple(n for n in knobs.dump_ir if n not in self.dump_after)
+        return replace(self, dump_after=after, dump_dir=self.dump_dir or knobs.dump_dir)
+
+
+class PassManager:
+    """Runs ``pipeline`` (``"canonicalize,cse,dce"`` or a list of names).
+
+    ``registry`` maps names to passes; by default ``pipeline.PASSES``, looked
+    up when the manager is created.  Unknown names raise TkcUsageError.
+    """
+
+    def __init__(self, pipeline: str | Sequence[str], options: PassOptions | None = None,
+                 registry: Mapping[str, PassFn] | None = None):
+        self.registry = dict(PASSES if registry is None else registry)
+        self.options = options or PassOptions()
+        names = pipeline.split(",") if isinstance(pipeline, str) else list(pipeline)
+        self.names = [n.strip() for n in names if n.strip()]
+        self._check_names(self.names, "pass")
+        self._check_names(self.options.dump_before + self.options.dump_after, "pass to dump", allow_all=True)
+
+    @property
+    def pipeline(self) -> str:
+        return ",".join(self.names)
+
+    def _check_names(self, names: Sequence[str], what: str, allow_all: bool = False) -> None:
+        for n in names:
+            if n not in self.registry and not (allow_all and n == "all"):
+                known = ", ".join(sorted(self.registry)) or "(none)"
+                raise TkcUsageError(f"unknown {what} '{n}'; known passes: {known}")
+
+    # ------------------------------------------------------------------ run
+    def run(self, module: Module) -> None:
+        """Verify ``module``, then run each pass on it in place, verifying
+        after each.  A failure raises TkcPassError naming the pass, the reason
+        and the reproducer file."""
+        opts = self.options
+        stream = opts.stream or sys.stderr
+        dumper = _Dumper(opts, stream)
+        times: list[tuple[str, float]] = []
+        t = time.perf_counter()
+        verify(module)  # a broken input is not the first pass's fault
+        verify_time = time.perf_counter() - t
+        dumper.input(module)
+
+        for index, name in enumerate(self.names, 1):
+            before_text = print_module(module) if opts.reproducer_dir is not None else None
+            if _selected(opts.dump_before, name):
+                dumper.dump(module, "Before", name, index)
+            t = time.perf_counter()
+            try:
+                self.registry[name](module)
+            except TkcError as e:
+                raise self._failure(name, index, _describe(e), before_text) from e
+            except Exception as e:  # a crash in a pass still deserves a reproducer
+                raise self._failure(name, index, f"{type(e).__name__}: {e}", before_text) from e
+            times.append((name, time.perf_counter() - t))
+            t = time.perf_counter()
+            try:
+                verify(module)
+            except TkcVerifyError as e:
+                raise self._failure(name, index, "it left invalid IR: " + _describe(e), before_text) from e
+            verify_time += time.perf_counter() - t
+            if _selected(opts.dump_after, name) or (opts.dump_dir and not opts.dump_before
+                                                     and not opts.dump_after):
+                dumper.dump(module, "After", name, index)
+
+        if opts.timing:
+            _print_timing(times, verify_time, stream)
+
+    def _failure(self, name: str, index: int, reason: str, before_text: str | None) -> TkcPassError:
+        message = f"pass '{name}' failed: {reason}"
+        path = None
+        if before_text is not None:
+            try:
+                path = _write_reproducer(self.options.reproducer_dir, name, index, self.pipeline,
+                                         reason, before_text)
+            except OSError as e:
+                message += f"\n  (could not write a reproducer: {e})"
+        if path is not None:
+            message += f"\n  reproducer: {path}\n  rerun with: tkc opt {path} -p {name}"
+        err = TkcPassError(message)
+        err.pass_name = name
+        err.reproducer = path
+        return err
+
+
+def _selected(names: Sequence[str], pass_name: str) -> bool:
+    return "all" in names or pass_name in names
+
+
+def _describe(e: TkcError) -> str:
+    """An error's message with its position, on one line (no source snippet)."""
+    if e.loc is not None and e.loc.line:
+        return f"{e.loc}: {e.message}"
+    return e.message
+
+
+# ------------------------------------------------------------------ dumps
+class _Dumper:
+    """Writes IR dumps: a header and the module to a stream, or numbered
+    files in a directory.  Every dump is valid ``.tkir`` (headers are
+    ``//`` comments), so any of them can be fed to ``tkc opt``."""
+
+    def __init__(self, opts: PassOptions, stream: TextIO):
+        self.opts, self.stream = opts, stream
+        self.count = 0
+
+    def input(self, module: Module) -> None:
+        if self.opts.dump_dir is not None:
+            self.opts.dump_dir.mkdir(parents=True, exist_ok=True)
+            self._write("00-input.tkir", "// IR Dump of the input", module)
+
+    def dump(self, module: Module, when: str, name: str, index: int) -> None:
+        header = f"// -----// IR Dump {when} {name} ({index}) //----- //"
+        if self.opts.dump_dir is None:
+            self.stream.write(f"{header}\n{print_module(module, locs=self.opts.locs)}\n")
+            self.stream.flush()
+            return
+        self.count += 1
+        stem = name if when == "After" else f"before-{name}"
+        self._write(f"{self.count:02d}-{stem}.tkir", header, module)
+
+    def _write(self, filename: str, header: str, module: Module) -> None:
+        path = self.opts.dump_dir / filename
+        path.write_text(f"{header}\n{print_module(module, locs=self.opts.locs)}")
+
+
+# -------------------------------------------------------------- reproducers
+def _write_reproducer(directory: Path, name: str, index: int, pipeline: str, reason: str,
+                      ir_text: str) -> Path:
+    """The IR that went into the failing pass, with how to rerun it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    path = directory / f"{stamp}-{name}.tkir"
+    n = 1
+    while path.exists():
+        path = directory / f"{stamp}-{n}-{name}.tkir"
+        n += 1
+    lines = [
+        f"// reproduce: tkc opt {path} -p {name}",
+        f"// pipeline: {pipeline} (pass {index}, '{name}', failed)",
+        *(f"// error: {line}" for line in reason.splitlines()),
+    ]
+    path.write_text("\n".join(lines) + "\n" + ir_text)
+    return path
+
+
+# ------------------------------------------------------------------ timing
+def _print_timing(times: list[tuple[str, float]], verify_time: float, stream: TextIO) -> None:
+    rows = [*times, ("(verify)", verify_time)]
+    total = sum(t for _, t in rows) or 1e-12
+    out = ["===-- tkc pass timing --===", f"{'wall ms':>10}  {'share':>6}  pass"]
+    for name, t in rows:
+        out.append(f"{t * 1e3:10.3f}  {t / total:6.1%}  {name}")
+    out.append(f"{total * 1e3:10.3f}  {1:6.1%}  total")
+    stream.write("\n".join(out) + "\n")
+    stream.flush()
