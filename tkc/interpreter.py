@@ -1,0 +1,476 @@
+"""The reference interpreter: runs ``tile`` dialect kernels on numpy.
+
+This module owns the *meaning* of tile IR: what every ``tile`` op computes,
+how a kernel is launched over a grid, and how launch arguments are checked.
+It is the ground truth the passes and the hopper emulator are compared
+against, so it favours being obviously right over being fast, while staying
+vectorized (one numpy op per IR op, never a Python loop over elements).
+
+It must not know how values round -- every rounding goes through
+:func:`tkc.dtypes.round_to` -- and it must not depend on torch: torch is
+touched only when a caller passes torch tensors.
+
+Numerics (decisions the op docstrings leave open):
+
+* Values are numpy arrays in their dtype's storage form (``DType.np_storage``):
+  float32 for every float dtype, int32 for ``i32``, bool for ``i1``.  Scalars
+  are 0-d arrays.
+* Float ops compute in float32 and round the result once to the result dtype.
+  For f16/bf16/fp8 this models math done in f32 registers and converted back
+  (what generated code does); it can differ by double rounding from a native
+  bf16 instruction.  ``div`` is IEEE f32 division and ``rsqrt`` is
+  ``1 / sqrt(x)`` in f32, both at least as accurate as the GPU's approximate
+  instructions.  Overflow, 0/0, ``exp(-inf) = 0`` and ``log(0) = -inf`` are
+  ordinary results: numpy's floating-point warnings are silenced.
+* ``maximum``/``minimum`` and the ``max``/``min`` reductions propagate NaN,
+  like numpy and torch (PTX ``max.NaN.f32``, not plain ``max.f32``); which
+  zero ``maximum(-0.0, +0.0)`` returns is unspecified.
+* ``i32`` arithmetic wraps modulo 2**32.  ``floordiv`` and ``rem`` use floor
+  semantics like Python (``-7 // 2 == -4``, ``-7 % 2 == 1``: the remainder has
+  the divisor's sign); ``cdiv(a, b)`` is ``ceil(a / b) == -(-a // b)``.
+  Integer division by zero is unspecified on the GPU; here it gives 0, so
+  lanes masked off by a later ``select`` are harmless.
+* ``mma`` is ``a @ b`` as a float32 matmul plus ``acc`` in float32.
+* ``reduce`` sums floats in float64 and rounds once to the result dtype: the
+  best answer any order of f32 additions can approach, independent of numpy's
+  summation order.  Integer sums wrap; ``max``/``min`` are exact.
+* Programs run one after another, in row-major order of their ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.dtypes import DType, round_to
+from tkc.errors import TkcError, TkcInterpretError, TkcLaunchError
+from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
+from tkc.ir.types import TensorType, shape_of
+
+__all__ = ["launch_grid", "run_kernel", "random_args", "interpret_module"]
+
+
+# --------------------------------------------------------------- execution
+@dataclass
+class _Ctx:
+    """One program's state: its ids, the grid, and the value of every SSA
+    value computed so far (SSA, so one flat dict serves nested regions)."""
+
+    pid: tuple[int, ...] | None  # None while evaluating the launch grid
+    grid: tuple[int, ...]
+    env: dict[Value, Any]
+    written: set[int] = field(default_factory=set)  # id() of tensors stored to
+
+    def run(self, block: Block) -> list[Any]:
+        """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
+        env = self.env
+        for op in block.ops:
+            if op.name == "tile.yield":
+                return [env[v] for v in op.operands]
+            if op.name == "tile.return":
+                return []
+            handler = _HANDLERS.get(op.name)
+            if handler is None:
+                raise TkcInterpretError(f"the interpreter cannot run op '{op.name}'", op.loc)
+            try:
+                out = handler(self, op, *[env[v] for v in op.operands])
+            except TkcError:
+                raise
+            except (ValueError, TypeError, IndexError, KeyError) as e:
+                # Malformed (unverified) IR usually surfaces as a numpy error; point at the op.
+                raise TkcInterpretError(f"'{op.name}' failed: {e}", op.loc) from e
+            if isinstance(out, list):
+                env.update(zip(op.results, out))
+            elif op.results:
+                env[op.results[0]] = _checked(np.asarray(out), op)
+        return []
+
+
+def _checked(x: np.ndarray, op: Operation) -> np.ndarray:
+    # A cheap self-check: a handler that disagrees with the result type is an
+    # interpreter bug (or IR that skipped the verifier), not a kernel bug.
+    t = op.results[0].type
+    if x.shape != shape_of(t) or x.dtype != t.dtype.np_storage:
+        raise TkcInterpretError(
+            f"'{op.name}' produced {x.dtype}{list(x.shape)} for result type {t}", op.loc)
+    return x
+
+
+def _rounded(x: Any, op: Operation) -> np.ndarray:
+    return round_to(x, op.results[0].type.dtype)
+
+
+def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
+    return lambda ctx, op, *xs: _rounded(fn(*xs), op)
+
+
+def _cdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.negative(np.floor_divide(np.negative(a), b))
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / np.sqrt(x)
+
+
+_BINARY = {
+    "tile.add": np.add, "tile.sub": np.subtract, "tile.mul": np.multiply,
+    "tile.div": np.true_divide, "tile.floordiv": np.floor_divide, "tile.rem": np.remainder,
+    "tile.cdiv": _cdiv, "tile.maximum": np.maximum, "tile.minimum": np.minimum,
+    "tile.and": np.bitwise_and, "tile.or": np.bitwise_or, "tile.xor": np.bitwise_xor,
+}
+_UNARY = {
+    "tile.neg": np.negative, "tile.abs": np.abs, "tile.not": np.invert,  # invert on bool is `not`
+    "tile.exp": np.exp, "tile.exp2": np.exp2, "tile.log": np.log, "tile.log2": np.log2,
+    "tile.sqrt": np.sqrt, "tile.rsqrt": _rsqrt, "tile.tanh": np.tanh,
+}
+_CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+        "eq": np.equal, "ne": np.not_equal}
+
+
+# ------------------------------------------------------------- structure
+def _for(ctx: _Ctx, op: Operation, lb: Any, ub: Any, step: Any, *init: Any) -> list[Any]:
+    if int(step) <= 0:
+        raise TkcInterpretError(f"loop step must be positive, got {int(step)}", op.loc)
+    body = op.regions[0].block
+    carried = list(init)
+    for i in range(int(lb), int(ub), int(step)):
+        ctx.env[body.args[0]] = np.asarray(i, np.int32)
+        ctx.env.update(zip(body.args[1:], carried))
+        carried = ctx.run(body)
+    return carried
+
+
+def _if(ctx: _Ctx, op: Operation, cond: Any) -> list[Any]:
+    return ctx.run(op.regions[0 if bool(cond) else 1].block)
+
+
+def _program_id(ctx: _Ctx, op: Operation) -> np.ndarray:
+    if ctx.pid is None:
+        raise TkcInterpretError("the launch grid cannot depend on program ids", op.loc)
+    return np.asarray(ctx.pid[op.axis] if op.axis < len(ctx.pid) else 0, np.int32)
+
+
+def _num_programs(ctx: _Ctx, op: Operation) -> np.ndarray:
+    if ctx.pid is None:
+        raise TkcInterpretError("the launch grid cannot depend on num_programs", op.loc)
+    return np.asarray(ctx.grid[op.axis] if op.axis < len(ctx.grid) else 1, np.int32)
+
+
+# ------------------------------------------------------------------ memory
+def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int]):
+    """(tensor slices, box slices) of the in-bounds part of a box, or None if
+    no element of the box lies inside the tensor."""
+    src, dst = [], []
+    for size, off, ext in zip(shape, offsets, box):
+        off = int(off)  # python int: off + ext must not wrap like i32
+        lo, hi = max(off, 0), min(off + ext, size)
+        if lo >= hi:
+            return None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - off, hi - off))
+    return tuple(src), tuple(dst)
+
+
+def _load(ctx: _Ctx, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
+    dt = op.operands[0].type.dtype
+    out = np.full(op.box, round_to(0 if op.other is None else op.other, dt), dt.np_storage)
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        out[sl[1]] = tensor[sl[0]]  # a copy: later stores must not change a loaded tile
+    return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
+
+
+def _store(ctx: _Ctx, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        tensor[sl[0]] = np.reshape(value, op.box)[sl[1]]
+    ctx.written.add(id(tensor))
+
+
+def _reduce(ctx: _Ctx, op: Operation, x: np.ndarray) -> np.ndarray:
+    if op.kind == "sum":
+        # float64 for floats (see the module docstring); int64 then wrap for i32.
+        acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
+        return _rounded(np.sum(x, axis=op.axis, dtype=acc), op)
+    return _rounded((np.max if op.kind == "max" else np.min)(x, axis=op.axis), op)
+
+
+def _mma(ctx: _Ctx, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
+
+
+def _constant(ctx: _Ctx, op: Operation) -> np.ndarray:
+    t = op.results[0].type
+    return np.full(shape_of(t), round_to(op.value, t.dtype), t.dtype.np_storage)
+
+
+_HANDLERS: dict[str, Callable[..., Any]] = {
+    **{name: _elementwise(fn) for name, fn in {**_BINARY, **_UNARY}.items()},
+    "tile.cmp": lambda ctx, op, a, b: _CMP[op.pred](a, b),
+    "tile.select": lambda ctx, op, c, a, b: np.where(c, a, b),
+    "tile.cast": lambda ctx, op, x: _rounded(x, op),
+    "tile.constant": _constant,
+    "tile.arange": lambda ctx, op: np.arange(op.start, op.start + op.results[0].type.shape[0],
+                                             dtype=np.int32),
+    "tile.splat": lambda ctx, op, x: np.full(shape_of(op.results[0].type), x, x.dtype),
+    "tile.broadcast": lambda ctx, op, x: np.broadcast_to(x, op.results[0].type.shape),
+    "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
+    "tile.transpose": lambda ctx, op, x: np.transpose(x),
+    "tile.reduce": _reduce,
+    "tile.mma": _mma,
+    "tile.load": _load,
+    "tile.store": _store,
+    "tile.dim": lambda ctx, op, t: np.asarray(t.shape[op.axis], np.int32),
+    "tile.program_id": _program_id,
+    "tile.num_programs": _num_programs,
+    "tile.for": _for,
+    "tile.if": _if,
+    "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
+}
+
+
+# ------------------------------------------------------------ launching
+def _as_kernel(kernel: Operation | Module) -> Operation:
+    if isinstance(kernel, Module):
+        kernel = kernel.kernel()
+    if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
+        raise TkcLaunchError(f"expected a 'tile.kernel' op, got {kernel!r}")
+    return kernel
+
+
+def _pname(arg: BlockArgument) -> str:
+    return arg.name_hint or f"argument {arg.index}"
+
+
+def _is_torch(x: Any) -> bool:
+    # If torch was never imported, x cannot be a torch tensor: no import needed.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _check_tensor(p: BlockArgument, t: TensorType, x: Any, dims: dict[str, tuple[int, str, int]]) -> None:
+    name = _pname(p)
+    if _is_torch(x):
+        got = dtypes.from_torch(x.dtype)
+        if got != t.dtype:
+            raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}")
+    elif isinstance(x, np.ndarray):
+        # numpy has no bf16/fp8: those come as float32 arrays (tkc's storage form).
+        if x.dtype != t.dtype.np_storage and dtypes.from_numpy(x.dtype) != t.dtype:
+            raise TkcLaunchError(f"{name}: expected a numpy array of dtype {t.dtype.np_storage} "
+                                 f"(holding {t.dtype.name} values), got {x.dtype}")
+    else:
+        raise TkcLaunchError(f"{name}: expected {t} (a numpy array or torch tensor), got {type(x).__name__}")
+    shape = tuple(x.shape)
+    if len(shape) != t.rank:
+        raise TkcLaunchError(f"{name}: expected rank {t.rank} for {t}, got shape {shape}")
+    for axis, (d, size) in enumerate(zip(t.dims, shape)):
+        if isinstance(d, int):
+            if d != size:
+                raise TkcLaunchError(f"{name}: axis {axis} must have size {d}, got {size} (shape {shape})")
+        elif d in dims and dims[d][0] != size:
+            prev, pname, paxis = dims[d]
+            raise TkcLaunchError(f"dim {d} is {prev} from {pname} (axis {paxis}) "
+                                 f"but {size} from {name} (axis {axis})")
+        else:
+            dims.setdefault(d, (size, name, axis))
+
+
+def _scalar(p: BlockArgument, dt: DType, x: Any) -> np.ndarray:
+    """A scalar argument as a 0-d array of ``dt``, or a TkcLaunchError."""
+    name = _pname(p)
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        x = x[()]
+    is_bool = isinstance(x, (bool, np.bool_))
+    is_int = isinstance(x, (int, np.integer)) and not is_bool
+    ok = is_bool if dt.is_bool else is_int if dt.is_int else (is_int or isinstance(x, (float, np.floating)))
+    if not ok:
+        shown = f" {x!r}" if isinstance(x, (int, float, str, np.generic)) else ""
+        raise TkcLaunchError(f"{name}: expected a scalar of type {dt.name}, got {type(x).__name__}{shown}")
+    if dt.is_int and not dt.min <= int(x) <= dt.max:
+        raise TkcLaunchError(f"{name}: {x} does not fit in {dt.name}")
+    return round_to(x, dt)
+
+
+def _check_args(kernel: Operation, args: Sequence[Any]) -> None:
+    params = kernel.regions[0].block.args
+    if len(args) != len(params):
+        names = ", ".join(_pname(p) for p in params)
+        raise TkcLaunchError(f"kernel @{kernel.sym_name} takes {len(params)} arguments ({names}), "
+                             f"got {len(args)}")
+    dims: dict[str, tuple[int, str, int]] = {}
+    for p, x in zip(params, args):
+        if isinstance(p.type, TensorType):
+            _check_tensor(p, p.type, x, dims)
+        else:
+            _scalar(p, p.type.dtype, x)
+
+
+def _grid_op(kernel: Operation) -> Operation:
+    for op in kernel.regions[0].block.ops:
+        if op.name == "tile.grid":
+            return op
+    raise TkcInterpretError(f"kernel @{kernel.sym_name} has no grid(...) statement; pass grid=",
+                            kernel.loc)
+
+
+def _eval_grid(kernel: Operation, env: dict[Value, Any]) -> tuple[int, ...]:
+    """Evaluate only the ops the grid extents depend on (in program order):
+    other ops before ``tile.grid`` may read tensors, which need not exist here."""
+    grid_op = _grid_op(kernel)
+    needed: set[Operation] = set()
+    stack = list(grid_op.operands)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, OpResult) and v.owner not in needed:
+            if v.owner.regions or v.owner.name in ("tile.load", "tile.store"):
+                raise TkcInterpretError("grid extents must be computed from tensor sizes, scalar "
+                                        "arguments and constants", v.owner.loc)
+            needed.add(v.owner)
+            stack.extend(v.owner.operands)
+    ctx = _Ctx(None, (), env)
+    block = Block()  # a scratch block holding the slice; ops keep their real parent
+    block.ops = [op for op in kernel.regions[0].block.ops if op in needed]
+    ctx.run(block)
+    grid = tuple(int(env[v]) for v in grid_op.operands)
+    if any(g < 0 for g in grid):
+        raise TkcInterpretError(f"grid extents are negative: {grid}", grid_op.loc)
+    return grid
+
+
+class _Shape:
+    """Stands in for a tensor while computing the grid: only its shape is read."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(shape)
+
+
+def launch_grid(kernel: Operation | Module, args: Sequence[Any]) -> tuple[int, ...]:
+    """The grid a launch of ``kernel`` with ``args`` uses: the extents of its
+    ``tile.grid`` op.  Tensor contents are never read (they may live on a GPU)."""
+    kernel = _as_kernel(kernel)
+    _check_args(kernel, args)
+    env: dict[Value, Any] = {}
+    for p, x in zip(kernel.regions[0].block.args, args):
+        env[p] = _Shape(x.shape) if isinstance(p.type, TensorType) else _scalar(p, p.type.dtype, x)
+    with np.errstate(all="ignore"):
+        return _eval_grid(kernel, env)
+
+
+def _check_grid(grid: Any) -> tuple[int, ...]:
+    if isinstance(grid, (int, np.integer)):
+        grid = (grid,)
+    ok = isinstance(grid, (tuple, list)) and 1 <= len(grid) <= 3 and all(
+        isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 0 for g in grid)
+    if not ok:
+        raise TkcLaunchError(f"grid must be 1 to 3 non-negative integers, got {grid!r}")
+    return tuple(int(g) for g in grid)
+
+
+def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None) -> None:
+    """Run ``kernel`` over ``grid`` (default: :func:`launch_grid`), writing its
+    outputs in place into the tensors in ``args``.
+
+    Tensors are numpy arrays in storage form (float32 for every float dtype;
+    float16 is also accepted for f16) or torch tensors; their values are rounded
+    to the declared dtype on entry.  Scalars are python or numpy numbers.
+    """
+    kernel = _as_kernel(kernel)
+    _check_args(kernel, args)
+    params = kernel.regions[0].block.args
+    env: dict[Value, Any] = {}
+    working: dict[int, np.ndarray] = {}  # id(arg) -> the array the kernel runs on
+    for p, x in zip(params, args):
+        if not isinstance(p.type, TensorType):
+            env[p] = _scalar(p, p.type.dtype, x)
+        elif id(x) in working:  # the same tensor passed twice stays one tensor
+            env[p] = working[id(x)]
+        elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
+                dtypes.f32, dtypes.i32, dtypes.i1):
+            env[p] = working[id(x)] = x  # already exactly the storage form: run in place
+        else:
+            st = dtypes.from_torch_tensor(x)[0] if _is_torch(x) else x
+            env[p] = working[id(x)] = round_to(st, p.type.dtype)
+    ctx = _Ctx(None, (), env)
+    with np.errstate(all="ignore"):
+        ctx.grid = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
+        try:
+            for pid in itertools.product(*(range(g) for g in ctx.grid)):
+                ctx.pid = pid
+                ctx.env = dict(env)
+                try:
+                    ctx.run(kernel.regions[0].block)
+                except TkcInterpretError as e:
+                    raise TkcInterpretError(f"{e.message} (in program {pid})", e.loc) from e
+        finally:
+            _write_back(params, args, working, ctx.written)
+
+
+def _write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: dict[int, np.ndarray],
+                written: set[int]) -> None:
+    """Copy the working arrays of stored-to tensors back into the caller's tensors."""
+    done: set[int] = set()
+    for p, x in zip(params, args):
+        w = working.get(id(x))
+        if w is None or w is x or id(w) not in written or id(x) in done:
+            continue
+        done.add(id(x))
+        if _is_torch(x):
+            import torch
+
+            with torch.no_grad():
+                x.copy_(dtypes.to_torch(w, p.type.dtype))
+        else:
+            x[...] = w  # exact: w holds values of the array's own dtype
+
+
+# ----------------------------------------------------------- random inputs
+def random_args(kernel: Operation | Module, dims: dict[str, int], seed: int = 0) -> list[Any]:
+    """Fresh random arguments for every parameter of ``kernel``.
+
+    Float tensors are N(0, 1) rounded to their dtype, i32 tensors integers in
+    [-8, 8], bool tensors fair coins (outputs too: the interpreter cannot tell
+    them apart).  Float scalars are uniform in [0.5, 1.5], i32 scalars in
+    [1, 8].  Symbolic tensor dims come from ``dims``.
+    """
+    kernel = _as_kernel(kernel)
+    params = kernel.regions[0].block.args
+    missing = sorted({d for p in params if isinstance(p.type, TensorType)
+                      for d in p.type.dims if isinstance(d, str) and d not in dims})
+    if missing:
+        raise TkcLaunchError(f"random_args: no size given for dim(s) {', '.join(missing)}")
+    rng = np.random.default_rng(seed)
+    out: list[Any] = []
+    for p in params:
+        dt = p.type.dtype
+        if isinstance(p.type, TensorType):
+            shape = tuple(d if isinstance(d, int) else dims[d] for d in p.type.dims)
+            out.append(_random(rng, dt, shape))
+        else:
+            out.append(_random(rng, dt, ()).item())
+    return out
+
+
+def _random(rng: np.random.Generator, dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+    if dt.is_bool:
+        return rng.random(shape) < 0.5
+    if dt.is_int:
+        return (rng.integers(-8, 9, shape) if shape else rng.integers(1, 9, shape)).astype(np.int32)
+    return round_to(rng.standard_normal(shape) if shape else rng.uniform(0.5, 1.5), dt)
+
+
+def interpret_module(module: Module, kernel_name: str | None = None, args: Sequence[Any] | None = None,
+                     grid: Any = None, dims: dict[str, int] | None = None, seed: int = 0) -> list[Any]:
+    """Run one kernel of ``module`` (random arguments from ``dims`` when
+    ``args`` is None) and return the arguments, outputs written."""
+    kernel = module.kernel(kernel_name)
+    if args is None:
+        args = random_args(kernel, dims or {}, seed)
+    run_kernel(kernel, args, grid)
+    return list(args)
