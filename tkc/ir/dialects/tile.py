@@ -92,6 +92,9 @@ class GridOp(Operation):
     OPERANDS = ("*extents",)
 
     def verify(self) -> None:
+        parent = self.parent.parent_op if self.parent else None
+        if parent is None or parent.name != "tile.kernel":
+            raise self.error("the grid belongs in the kernel body, outside loops and branches")
         if not 1 <= len(self.operands) <= 3:
             raise self.error("takes 1 to 3 extents")
         if any(v.type != I32 for v in self.operands):
@@ -409,7 +412,8 @@ REDUCE_KINDS = ("sum", "max", "min")
 @register
 class ReduceOp(Operation):
     """Reduce one axis (dropped from the shape; a 1-D tile reduces to a
-    scalar).  Float sums accumulate in f32 and round once to the dtype."""
+    scalar).  Float sums accumulate at least as precisely as f32 and round
+    once to the dtype."""
 
     name = "tile.reduce"
     OPERANDS = ("x",)
