@@ -167,9 +167,12 @@ def _fold_float(name: str, a: float, b: float | None) -> float | None:
         if name == "tile.div":
             return float(x / np.float64(b))
         if name in ("tile.maximum", "tile.minimum"):
-            if a == 0 and b == 0 and math.copysign(1, a) != math.copysign(1, b):
-                return None  # which zero comes out is up to the implementation
-            return float(np.maximum(x, b) if name == "tile.maximum" else np.minimum(x, b))
+            # Whether NaN wins (numpy maximum, PTX max.NaN) or loses (fmax, PTX
+            # max) and which of -0.0 and +0.0 wins are choices of the target:
+            # those cases stay unfolded; every other answer is unambiguous.
+            if math.isnan(a) or math.isnan(b) or (a == 0 and b == 0):
+                return None
+            return float(max(a, b) if name == "tile.maximum" else min(a, b))
         if name == "tile.neg":
             return float(-x)
         if name == "tile.abs":
