@@ -683,7 +683,7 @@ class KernelLowering:
     def subscript(self, e: ast.Subscript) -> object:
         base = self.expr(e.value)
         if isinstance(base, Tensor):
-            return View(base, e.index, e)
+            return View(base, e.index, e, self.scope)
         if isinstance(base, TupleV):
             if len(e.index) != 1:
                 raise TkcTypeError("a tuple takes one index", e.loc)
@@ -714,12 +714,16 @@ class KernelLowering:
             raise TkcTypeError(f"too many indices for tensor '{view.tensor.name}' of rank {t.rank}",
                                view.node.loc)
         offsets, box, squeeze = [], [], []
+
+        def ev(x: ast.Expr) -> object:  # in the scope that wrote the slice
+            return self.expr(x, view.scope)
+
         for axis in range(t.rank):
             item = index[axis] if axis < len(index) else None
             if item is None or isinstance(item, ast.Slice):
-                lo = self.expr(item.lower) if item is not None and item.lower is not None else Const(0)
+                lo = ev(item.lower) if item is not None and item.lower is not None else Const(0)
                 if item is not None and item.upper is not None:
-                    hi = self.expr(item.upper)
+                    hi = ev(item.upper)
                 else:
                     hi = self._dim(view.tensor, axis, view.node.loc)
                 loc = item.loc if item is not None else view.node.loc
@@ -742,7 +746,7 @@ class KernelLowering:
             elif isinstance(item, ast.NoneLit):
                 raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
             else:
-                v = self.value_of(self.expr(item), item)
+                v = self.value_of(ev(item), item)
                 if isinstance(v, Const) and (not isinstance(v.value, int) or isinstance(v.value, bool)) or \
                         isinstance(v, Dyn) and v.type != T.I32:
                     raise TkcTypeError(f"a tensor index must be an i32 scalar, got {self._kind(v)}", item.loc)

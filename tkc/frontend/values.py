@@ -56,6 +56,9 @@ class View:
     tensor: Tensor
     index: list[ast.Expr]
     node: ast.Subscript
+    # where the index expressions are evaluated: a slice passed to a helper is
+    # loaded inside it, but its names are the caller's (None: the current scope)
+    scope: Scope | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
