@@ -929,7 +929,7 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
     unknown = sorted(set(consts) - known)
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
-                            f"{', '.join(sorted(known)) or 'none'}")
+                            f"{', '.join(sorted(known)) or 'none'}", kernels[0].loc)
     m = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
