@@ -211,6 +211,9 @@ class KernelLowering:
         for i, s in enumerate(stmts):
             self.b.loc = s.loc
             if isinstance(s, ast.ExprStmt) and self._is_grid_call(s.value):
+                if self.grid_seen:
+                    raise TkcUnsupportedError("the kernel already has a grid; give grid(...) once, as the "
+                                              "first statement", s.loc)
                 if not top or i != 0 or self.call_stack:
                     raise TkcUnsupportedError("grid(...) must be the first statement of the kernel", s.loc)
                 self._grid(s.value)
