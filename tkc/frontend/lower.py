@@ -825,7 +825,8 @@ class KernelLowering:
     def bind(self, what: str, e: ast.Call, args: list, kwargs: dict, spec: list[tuple[str, object]]) -> dict:
         """Match call arguments to ``spec`` [(name, default or REQUIRED)]."""
         if len(args) > len(spec):
-            raise TkcTypeError(f"{what} takes at most {len(spec)} arguments, got {len(args)}", e.loc)
+            most = {0: "no arguments", 1: "at most 1 argument"}.get(len(spec), f"at most {len(spec)} arguments")
+            raise TkcTypeError(f"{what} takes {most}, got {len(args)}", e.loc)
         out = dict(zip([n for n, _ in spec], args))
         names = [n for n, _ in spec]
         for k, (v, node) in kwargs.items():
