@@ -1,0 +1,232 @@
+"""The ``tkc`` command line: subcommands, flags and the error policy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import tkc
+import tkc.cli
+from tkc.cli import cli
+from tkc.ir.parser import parse_module
+from tkc.ir.verifier import verify
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+GEMM_TKIR = ROOT / "tests" / "passes" / "pipeline" / "gemm_tiled.tkir"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.startswith("TKC_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def tkc_cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def test_version() -> None:
+    r = tkc_cli("--version")
+    assert r.exit_code == 0
+    assert tkc.__version__ in r.stdout
+
+
+def test_console_script_runs() -> None:
+    # The installed entry point, through a real process: exit codes and streams included.
+    code = "from tkc.cli import main; main()"
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(GEMM_TKIR), "--emit", "ptx"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------------- opt
+def test_opt_runs_passes_and_prints_ir() -> None:
+    r = tkc_cli("opt", str(GEMM_TKIR), "-p", "canonicalize,cse,dce", "--no-locs")
+    assert r.exit_code == 0, r.stderr
+    assert "loc(" not in r.stdout
+    verify(parse_module(r.stdout))
+
+
+def test_opt_reads_stdin_and_writes_a_file(tmp_path: Path) -> None:
+    out = tmp_path / "out.tkir"
+    r = CliRunner().invoke(cli, ["opt", "-", "-p", "cse", "-o", str(out)], input=GEMM_TKIR.read_text())
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == ""
+    verify(parse_module(out.read_text()))
+
+
+def test_opt_on_bad_ir_points_at_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tkir"
+    bad.write_text("tile.kernel @k {\n^():\n  %x = tile.frobnicate : i32\n  tile.return\n}\n")
+    r = tkc_cli("opt", str(bad), "-p", "cse")
+    assert r.exit_code == 1
+    assert r.stderr.startswith(f"{bad}:3:8: error: unknown op 'tile.frobnicate'")
+    assert "  %x = tile.frobnicate : i32\n" in r.stderr and "^" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_opt_unknown_pass() -> None:
+    r = tkc_cli("opt", str(GEMM_TKIR), "-p", "cse,fold")
+    assert r.exit_code == 1
+    assert "unknown pass 'fold'; known passes: canonicalize, cse, dce" in r.stderr
+
+
+def test_opt_dump_flags_and_timing(tmp_path: Path) -> None:
+    r = tkc_cli("opt", str(GEMM_TKIR), "-p", "canonicalize,cse", "--dump-ir-after", "all",
+                "--dump-ir-before", "cse", "--pass-timing")
+    assert r.exit_code == 0, r.stderr
+    assert "// -----// IR Dump After canonicalize (1) //----- //" in r.stderr
+    assert "// -----// IR Dump Before cse (2) //----- //" in r.stderr
+    assert "// -----// IR Dump After cse (2) //----- //" in r.stderr
+    assert "total" in r.stderr
+    r = tkc_cli("opt", str(GEMM_TKIR), "-p", "canonicalize,cse", "--dump-dir", str(tmp_path / "d"))
+    assert r.exit_code == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
+        "00-input.tkir", "01-canonicalize.tkir", "02-cse.tkir"]
+
+
+def test_env_dump_ir() -> None:
+    r = tkc_cli("opt", str(GEMM_TKIR), "-p", "canonicalize,cse", env={"TKC_DUMP_IR": "cse"})
+    assert r.exit_code == 0, r.stderr
+    assert "IR Dump After cse (2)" in r.stderr
+    assert "IR Dump After canonicalize" not in r.stderr
+
+
+# ------------------------------------------------------------------ compile
+@pytest.mark.parametrize("emit", ["hopper", "llvm", "ptx", "cubin"])
+def test_compile_refuses_backend_stages(emit: str) -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", emit)
+    assert r.exit_code == 1
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1
+    assert f"--emit {emit} needs the Hopper backend" in lines[0] and "use --emit tkir" in lines[0]
+
+
+def test_compile_ptx_message() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "ptx")
+    assert r.stderr == ("error: --emit ptx needs the Hopper backend (select-layouts, lower-to-hopper, "
+                        "codegen), which tkc does not have yet; use --emit tkir\n")
+
+
+def test_compile_tk_with_defines() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BM=64", "-D", "BK=32", "--no-locs")
+    assert r.exit_code == 0, r.stderr
+    assert "consts = {BM = 64, BN = 128, BK = 32}" in r.stdout
+    assert "tile.add" not in r.stdout  # the default pipeline ran: acc += a @ b accumulates
+    verify(parse_module(r.stdout))
+
+
+def test_compile_custom_pipeline_and_kernel() -> None:
+    r = tkc_cli("compile", str(GEMM_TKIR), "--pipeline", "", "--kernel", "gemm")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == parse_and_print(GEMM_TKIR)
+    r = tkc_cli("compile", str(GEMM_TKIR), "--kernel", "nope")
+    assert r.exit_code == 1
+    assert "has no kernel 'nope'; its kernels: gemm" in r.stderr
+
+
+def parse_and_print(path: Path) -> str:
+    from tkc.ir.printer import print_module
+
+    return print_module(parse_module(path.read_text(), str(path)))
+
+
+def test_compile_defines_are_checked() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BM")
+    assert r.exit_code == 2
+    assert "is not NAME=VALUE" in r.stderr
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BM=big")
+    assert r.exit_code == 2
+    r = tkc_cli("compile", str(GEMM_TKIR), "-D", "BM=64")
+    assert r.exit_code == 1
+    assert "is already tile IR" in r.stderr
+
+
+def test_define_values() -> None:
+    parse = tkc.cli._parse_value
+    assert [parse(t) for t in ("64", "-3", "0.5", "1e-3", "true", "False")] == [64, -3, 0.5, 1e-3, True, False]
+    assert isinstance(parse("64"), int)
+
+
+def test_compile_rejects_other_files(tmp_path: Path) -> None:
+    f = tmp_path / "k.py"
+    f.write_text("")
+    r = tkc_cli("compile", str(f))
+    assert r.exit_code == 1
+    assert "expected a .tk source or a .tkir file" in r.stderr
+
+
+def test_compile_missing_file_is_a_usage_error() -> None:
+    r = tkc_cli("compile", "no/such.tk")
+    assert r.exit_code == 2
+
+
+# ---------------------------------------------------------------------- run
+def test_run_needs_interpret() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10")
+    assert r.exit_code == 1
+    assert "running on a GPU needs the runtime, which tkc does not have yet; pass --interpret" in r.stderr
+
+
+def test_run_interprets_and_prints_stats() -> None:
+    pytest.importorskip("tkc.interpreter")
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "-D", "BM=64", "-D", "BN=64",
+                "--dim", "M=100", "--dim", "N=72", "--dim", "K=40", "--seed", "3")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("kernel gemm: grid (2, 2), seed 3, interpreted in ")
+    assert lines[1].startswith("  a: bf16[100x40] mean ")
+    assert lines[3].startswith("  c: bf16[100x72] mean ") and lines[3].endswith("NaN 0")
+
+
+def test_run_with_env_interpret_and_grid() -> None:
+    pytest.importorskip("tkc.interpreter")
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10", "--dim", "N=10", "--dim", "K=10",
+                "--grid", "1,1", env={"TKC_INTERPRET": "1"})
+    assert r.exit_code == 0, r.stderr
+    assert "grid (1, 1)" in r.stdout
+
+
+def test_run_lists_missing_dims() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=64")
+    assert r.exit_code == 1
+    assert "missing tensor sizes; pass --dim K=SIZE --dim N=SIZE" in r.stderr
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=1", "--dim", "N=1",
+                "--dim", "K=1", "--dim", "Q=3")
+    assert r.exit_code == 1
+    assert "the kernel has no dim Q; its dims: M, K, N" in r.stderr
+
+
+def test_run_bad_grid_is_a_usage_error() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--grid", "0,x")
+    assert r.exit_code == 2
+
+
+# ------------------------------------------------------------- error policy
+def _crash(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("the frobnicator is empty")
+
+
+def test_internal_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tkc.cli, "parse_module", _crash)
+    r = tkc_cli("opt", str(GEMM_TKIR))
+    assert r.exit_code == 70
+    assert r.stderr == ("tkc: internal compiler error: RuntimeError: the frobnicator is empty "
+                        "(set TKC_DEBUG=1 for the traceback)\n")
+
+
+def test_internal_error_with_debug_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tkc.cli, "parse_module", _crash)
+    r = tkc_cli("opt", str(GEMM_TKIR), env={"TKC_DEBUG": "1"})
+    assert isinstance(r.exception, RuntimeError)
