@@ -35,6 +35,13 @@ BUILTIN_FUNCS = (
 REDUCTIONS = ("sum", "max", "min")
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
+DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
+
+
+def _unknown_dtype(name: str, loc: Loc) -> TkcTypeError:
+    near = difflib.get_close_matches(name, DTYPE_NAMES, n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    return TkcTypeError(f"unknown dtype '{name}'; {hint}the dtypes are {', '.join(DTYPE_NAMES)}", loc)
 
 
 class _LoopLocal:
@@ -175,6 +182,8 @@ class KernelLowering:
         a = p.annotation
         if isinstance(a, ast.Subscript):
             dt = self._dtype_of(a.value)
+            if dt is None and isinstance(a.value, ast.Name):
+                raise _unknown_dtype(a.value.id, a.value.loc)
             if dt is None:
                 raise TkcTypeError("a tensor type is a dtype with dims, like bf16[M, K]", a.loc)
             dims: list[str | int] = []
@@ -193,6 +202,8 @@ class KernelLowering:
                                        d.loc)
             return TensorType(dt, tuple(dims))
         dt = self._dtype_of(a)
+        if dt is None and isinstance(a, ast.Name):
+            raise _unknown_dtype(a.id, a.loc)
         if dt is None:
             raise TkcTypeError(f"cannot read the type of parameter '{p.name}'; use a tensor like "
                                f"bf16[M, K], a scalar dtype like f32, or const", a.loc)
@@ -596,7 +607,7 @@ class KernelLowering:
     def lookup(self, e: ast.Name) -> object:
         v = self._lookup_quiet(e)
         if v is None:
-            known = self.scope.all_names() | set(self.helpers) | set(BUILTIN_FUNCS)
+            known = self.scope.all_names() | set(self.helpers) | set(BUILTIN_FUNCS) | set(DTYPE_NAMES)
             near = difflib.get_close_matches(e.id, sorted(known), n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise TkcNameError(f"name '{e.id}' is not defined{hint}", e.loc)
