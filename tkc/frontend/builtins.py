@@ -59,6 +59,8 @@ def _full_like(fill: object | None) -> Callable:
         spec = [("shape", REQUIRED)] + ([("value", REQUIRED)] if fill is None else []) + \
             [("dtype", DTypeName(dtypes.f32))]
         a = lw.bind(what, e, args, kwargs, spec)
+        if fill is None and isinstance(a["value"], DTypeName):
+            raise TkcTypeError("full() is missing the fill value: full(shape, value, dtype)", e.loc)
         shape = lw.shape_arg(a["shape"], e)
         dt = lw.dtype_arg(a["dtype"], e)
         t = TileType(shape, dt)
