@@ -153,8 +153,11 @@ def _read_text(path: str) -> str:
 def _write_output(path: str, text: str) -> None:
     if path == "-":
         click.echo(text, nl=False)
-    else:
+        return
+    try:
         Path(path).write_text(text)
+    except OSError as e:
+        raise TkcUsageError(f"cannot write {path}: {e.strerror}") from None
 
 
 def _load(path: str, consts: dict[str, int | float | bool]) -> Module:

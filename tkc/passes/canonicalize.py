@@ -4,9 +4,11 @@ Each rewrite is a small function ``pattern(op, root) -> bool`` that either
 leaves the IR alone and returns False, or rewrites ``op`` and returns True.
 The driver offers every op to every pattern until a whole round changes
 nothing.  A rewrite never changes what the kernel computes, bit for bit, as
-the interpreter runs it: float folding rounds with ``dtypes.round_to`` exactly
-as the interpreter does, and anything whose result could differ in the last
-bit (libm functions, float sums, division by zero of integers) is left alone.
+the interpreter (``tkc/interpreter.py``) runs it: float folding rounds once
+with ``dtypes.round_to``, as the interpreter does, and whatever is not pinned
+down bit for bit is left alone: libm functions (numpy's float32 and float64
+versions may differ in the last bit), float sums (summation order), integer
+division by zero, and max/min of NaN or of zeros of both signs.
 New ops take the location of the op they replace.
 
 Ops that become unused (the constants a fold consumed, say) are left for

@@ -161,7 +161,6 @@ class _Dumper:
 
     def input(self, module: Module) -> None:
         if self.opts.dump_dir is not None:
-            self.opts.dump_dir.mkdir(parents=True, exist_ok=True)
             self._write("00-input.tkir", "// IR Dump of the input", module)
 
     def dump(self, module: Module, when: str, name: str, index: int) -> None:
@@ -176,7 +175,11 @@ class _Dumper:
 
     def _write(self, filename: str, header: str, module: Module) -> None:
         path = self.opts.dump_dir / filename
-        path.write_text(f"{header}\n{print_module(module, locs=self.opts.locs)}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{header}\n{print_module(module, locs=self.opts.locs)}")
+        except OSError as e:
+            raise TkcUsageError(f"cannot write the IR dump {path}: {e.strerror}") from None
 
 
 # -------------------------------------------------------------- reproducers
