@@ -46,6 +46,9 @@ _PY_UNARY = {
 }
 
 
+_MAX_CONST_BITS = 4096  # integer constants fold in Python; beyond this they are surely a mistake
+
+
 def check_tile_dims(shape: tuple[int, ...], what: str, loc: Loc) -> None:
     """Tile axes are 1 (for broadcasting) or multiples of 16, as the tensor
     cores and the 16x16 register fragments need."""
@@ -207,16 +210,25 @@ class Emitter:
             self.affine[v] = fb.scale(fa.const) if fa.is_const else fa.scale(fb.const)
 
     def _fold(self, op: str, a: Const, b: Const, loc: Loc) -> Const:
+        if op == "**" and isinstance(a.value, int) and isinstance(b.value, int) and abs(a.value) > 1 \
+                and b.value * (abs(a.value).bit_length() - 1) > _MAX_CONST_BITS:  # 10 ** 10 ** 10 would not finish
+            raise TkcTypeError(f"constant expression '{op}' is too large", loc)
         try:
             if op in _PY_CMP:
                 return Const(_PY_CMP[op](a.value, b.value))
             r = _PY_BINARY[op](a.value, b.value)
         except ZeroDivisionError:
             raise TkcTypeError(f"division by zero in constant expression '{op}'", loc) from None
-        except (OverflowError, ValueError) as e:
+        except OverflowError:
+            raise TkcTypeError(f"constant expression '{op}' overflows", loc) from None
+        except ValueError as e:
             raise TkcTypeError(f"constant expression '{op}' fails: {e}", loc) from None
+        except TypeError:  # e.g. 1.5 & 2
+            raise TkcTypeError(f"'{op}' cannot take the constants {a.value!r} and {b.value!r}", loc) from None
         if isinstance(r, complex):
             raise TkcTypeError("constant expression has no real value", loc)
+        if isinstance(r, int) and r.bit_length() > _MAX_CONST_BITS:
+            raise TkcTypeError(f"constant expression '{op}' is too large", loc)
         if isinstance(a.value, bool) and isinstance(b.value, bool) and op in "&|^":
             r = bool(r)
         return Const(r)
@@ -238,9 +250,13 @@ class Emitter:
 
     def unary(self, op: str, x: Dyn | Const, loc: Loc) -> Dyn | Const:
         if isinstance(x, Const):
+            if op == "not" and not isinstance(x.value, bool):  # '~' on a number: bitwise, like Python
+                if isinstance(x.value, float):
+                    raise TkcTypeError(f"'~' needs bool or integer operands, got the constant {x.value!r}", loc)
+                return Const(~x.value)
             try:
                 return Const(_PY_UNARY[op](x.value))
-            except (ValueError, OverflowError) as e:
+            except (ValueError, OverflowError, ZeroDivisionError) as e:
                 raise TkcTypeError(f"{op}({x.value}) fails: {e}", loc) from None
         dt = x.type.dtype
         if op in ("neg", "abs") and dt.is_bool:
