@@ -899,11 +899,12 @@ class KernelLowering:
         raise TkcTypeError(f"unknown method '.{m.name}'", e.loc)  # pragma: no cover
 
     def _reduce(self, kind: str, x: object, a: dict, e: ast.Call) -> Dyn:
+        x = self._tile(x, f"{kind}()", e)  # first: max(a, b, c) is not a reduction at all
         axis = self.const_int(a["axis"], "the reduction axis", e)
         keep = a["keepdim"]
         if not isinstance(keep, Const) or not isinstance(keep.value, bool):
             raise TkcTypeError("keepdim must be True or False", e.loc)
-        return self.em.reduce(kind, self._tile(x, f"{kind}()", e), axis, keep.value, e.loc)
+        return self.em.reduce(kind, x, axis, keep.value, e.loc)
 
     def shape_arg(self, v: object, node: ast.Node) -> tuple[int, ...]:
         items = v.items if isinstance(v, TupleV) else (v,)
