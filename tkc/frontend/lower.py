@@ -245,6 +245,10 @@ class KernelLowering:
                 raise TkcUnsupportedError("a declaration needs a value: x: f32 = ...", s.loc)
             v = self.expr(s.value)
             dt = self._dtype_of(s.annotation)
+            if dt is None and isinstance(s.annotation, ast.Name):  # a typo must not pass unchecked
+                raise _unknown_dtype(s.annotation.id, s.annotation.loc)
+            if dt is not None and isinstance(v, Const):
+                check_const(v, dt, s.value.loc)
             if dt is not None and isinstance(v, Dyn) and v.type.dtype != dt:
                 raise TkcTypeError(f"'{s.target.id}' is annotated {dt.name} but the value is {v.type}",
                                    s.value.loc)
