@@ -694,7 +694,7 @@ class KernelLowering:
         if isinstance(v, Method):
             return f"the method '.{v.name}'"
         if isinstance(v, TupleV):
-            return f"a tuple of {len(v.items)}"
+            return f"a tuple of {len(v.items)}" if v.items else "no value (a helper without 'return')"
         return "this expression"
 
     # ---------------------------------------------------------------- memory
@@ -797,7 +797,8 @@ class KernelLowering:
         offsets, box, squeeze = self._box(view)
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
-        v = self.value_of(v, view.node)
+        if not isinstance(v, (Const, Dyn)):  # located at the value, not at the tensor
+            raise TkcTypeError(f"expected a value to store into '{view.tensor.name}', got {self._kind(v)}", loc)
         if isinstance(v, Const):
             v = self.em.materialize(v, ScalarType(t.dtype), loc)
         if v.type.dtype != t.dtype:
