@@ -914,6 +914,8 @@ class KernelLowering:
     def shape_arg(self, v: object, node: ast.Node) -> tuple[int, ...]:
         items = v.items if isinstance(v, TupleV) else (v,)
         shape = tuple(self.const_int(x, "a tile extent", node) for x in items)
+        if not shape:
+            raise TkcTypeError("a tile shape needs at least one extent", node.loc)
         check_tile_dims(shape, "tile shape", node.loc)
         return shape
 
