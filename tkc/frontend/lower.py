@@ -126,7 +126,8 @@ class KernelLowering:
                 self.scope.names[p.name] = Dyn(arg)
         for d, v in dims.items():
             if d in self.scope.names:
-                raise TkcTypeError(f"'{d}' names both a tensor dim and a parameter", fn.loc)
+                where = next((p.loc for p in fn.params if p.name == d), fn.loc)  # at the parameter
+                raise TkcTypeError(f"'{d}' names both a tensor dim and a parameter", where)
             self.scope.names[d] = v
         body = fn.body
         if body and isinstance(body[0], ast.ExprStmt) and isinstance(body[0].value, ast.Str):
