@@ -238,7 +238,7 @@ class Emitter:
                 or not 1 <= b.value <= 16:
             raise TkcTypeError("'**' needs a constant integer exponent from 1 to 16", loc)
         if not a.type.dtype.is_float and not a.type.dtype.is_int:
-            raise TkcTypeError(f"'**' on {a.type.dtype.name}", loc)
+            raise TkcTypeError(f"'**' needs float or integer operands, got {a.type.dtype.name}", loc)
         result, base, n = None, a, b.value
         while n:  # square-and-multiply keeps the op count logarithmic
             if n & 1:
@@ -260,7 +260,7 @@ class Emitter:
                 raise TkcTypeError(f"{op}({x.value}) fails: {e}", loc) from None
         dt = x.type.dtype
         if op in ("neg", "abs") and dt.is_bool:
-            raise TkcTypeError(f"{op} of a bool value", loc)
+            raise TkcTypeError(f"{'unary -' if op == 'neg' else op} of a bool value; use ~ for logical not", loc)
         if op == "not" and dt.is_float:
             raise TkcTypeError(f"'not'/'~' needs bool or integer operands, got {dt.name}", loc)
         if op not in ("neg", "abs", "not") and not dt.is_float:
