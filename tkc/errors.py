@@ -90,3 +90,7 @@ class TkcLaunchError(TkcError):
 
 class TkcUsageError(TkcError):
     """A command-line or API option is wrong or asks for a stage that is missing."""
+
+
+class TkcCodegenError(TkcError):
+    """LLVM or ptxas rejected the code tkc generated; the message quotes their complaint."""
