@@ -340,5 +340,6 @@ def parse_module(text: str, file: str = "<tkir>") -> Module:
     """Parse textual IR; raises TkcSyntaxError with a location in ``text``."""
     # Importing the dialects registers their ops.
     import tkc.ir.dialects  # noqa: F401
+    import tkc.ir.layouts  # noqa: F401  (registers the layout parsers)
 
     return _Parser(text, file).parse_module()
