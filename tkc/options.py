@@ -14,6 +14,8 @@ the Python API merge them into explicit option objects (e.g.
 | `TKC_INTERPRET` | `0`            | `1`: run kernels with the numpy interpreter instead of the GPU |
 | `TKC_CACHE_DIR` | `~/.cache/tkc` | the on-disk cache of compiled kernels                          |
 | `TKC_DEBUG`     | `0`            | `1`: show the Python traceback of internal compiler errors     |
+| `TKC_PTXAS`     | unset          | the ptxas to use; unset: search PATH, `$CUDA_HOME/bin`, ...    |
+|                 |                | (order in `tkc.codegen.ptxas.find_ptxas`)                      |
 
 Boolean knobs accept `1/true/yes/on` and `0/false/no/off` (any case); empty
 means unset.
@@ -41,6 +43,7 @@ class Knobs:
     interpret: bool = False
     cache_dir: Path = field(default_factory=lambda: Path("~/.cache/tkc").expanduser())
     debug: bool = False
+    ptxas: Path | None = None
 
 
 def knobs(env: Mapping[str, str] | None = None) -> Knobs:
@@ -49,12 +52,14 @@ def knobs(env: Mapping[str, str] | None = None) -> Knobs:
     dump_ir = tuple(n.strip() for n in env.get("TKC_DUMP_IR", "").split(",") if n.strip())
     dump_dir = env.get("TKC_DUMP_DIR") or None
     cache_dir = env.get("TKC_CACHE_DIR") or "~/.cache/tkc"
+    ptxas = env.get("TKC_PTXAS") or None
     return Knobs(
         dump_ir=dump_ir,
         dump_dir=Path(dump_dir).expanduser() if dump_dir else None,
         interpret=_flag(env, "TKC_INTERPRET"),
         cache_dir=Path(cache_dir).expanduser(),
         debug=_flag(env, "TKC_DEBUG"),
+        ptxas=Path(ptxas).expanduser() if ptxas else None,
     )
 
 
