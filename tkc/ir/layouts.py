@@ -278,13 +278,13 @@ class _Fragment:
     n: int
     warpgroups: int = 1
 
+    _granule = 8  # columns come in multiples of this (not a field: no annotation)
+
     def __post_init__(self) -> None:
         if self.n <= 0 or self.n % self._granule:
             raise ValueError(f"columns must be a positive multiple of {self._granule}, got {self.n}")
         if self.warpgroups < 1:
             raise ValueError(f"warpgroups must be at least 1, got {self.warpgroups}")
-
-    _granule = 8
 
     @property
     def shape(self) -> tuple[int, int]:
