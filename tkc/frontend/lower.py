@@ -438,13 +438,14 @@ class KernelLowering:
                 continue
             if isinstance(a, (Dyn, Const, View)) and isinstance(b, (Dyn, Const, View)):
                 merged.append((n, a, b))
-            elif a is b:
+            elif a is b or isinstance(a, TupleV) and a == b:
                 local[n] = a
-            elif n in before:
-                raise TkcTypeError(f"'{n}' is {self._kind(a)} in one branch and {self._kind(b)} in the other",
-                                   s.loc)
+            elif n in before or not {type(a), type(b)} & {type(None), _LoopLocal}:  # bound in both branches
+                raise TkcTypeError(f"'{n}' is {self._kind(a)} in one branch and {self._kind(b)} in the other; "
+                                   f"a runtime if can only choose between values", s.loc)
             else:
-                local[n] = _LoopLocal(n, "one branch of the if", s.loc)
+                inner = a if isinstance(a, _LoopLocal) else b  # bound only in a loop inside a branch
+                local[n] = inner if isinstance(inner, _LoopLocal) else _LoopLocal(n, "one branch of the if", s.loc)
         types: list[Type] = []
         keep: list[tuple[str, object]] = []
         for n, a, b in merged:
@@ -455,7 +456,8 @@ class KernelLowering:
             tb = b.type if isinstance(b, Dyn) else None
             if ta is not None and tb is not None and ta != tb:
                 raise TkcTypeError(f"'{n}' is {ta} in one branch and {tb} in the other", s.loc)
-            types.append(ta or tb or ScalarType(const_dtype(a.value)))
+            c = b if isinstance(b, Const) and isinstance(b.value, float) or not isinstance(a, Const) else a
+            types.append(ta or tb or ScalarType(const_dtype(c.value)))  # 1 and 2.0 merge as f32
         names = [n for n, _, _ in merged if n not in dict(keep)]
         for block, env in branches:
             with self.b.at_end(block):
