@@ -111,3 +111,17 @@ def test_target_is_frozen() -> None:
     with pytest.raises(AttributeError):
         TARGETS["sm_90a"].cpu = "sm_80"  # type: ignore[misc]
     assert isinstance(TARGETS["sm_90a"], Target)
+
+
+def test_wrong_target_intrinsic_in_an_llvmlite_module() -> None:
+    m = ir.Module("m")
+    fence = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "llvm.nvvm.wgmma.fence.sync.aligned")
+    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), []), "k")
+    fn.calling_convention = "ptx_kernel"
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.call(fence, [])
+    b.ret_void()
+    assert '@"llvm.nvvm.wgmma.fence.sync.aligned"' in str(m)
+    with pytest.raises(TkcCodegenError, match="llvm.nvvm.wgmma.fence.sync.aligned cannot be lowered for sm_100a"):
+        emit_ptx(m, "sm_100a")
+    assert "wgmma.fence.sync.aligned;" in emit_ptx(m, "sm_90a")

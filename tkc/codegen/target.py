@@ -96,9 +96,9 @@ def emit_ptx(llvm_ir: str | ir.Module, tgt: str | Target = "sm_90a", opt: int = 
         raise TkcUsageError(f"opt level {opt!r}: expected 0, 1, 2 or 3")
     text = str(llvm_ir)
     for prefix in t.forbidden_intrinsics:
-        m = re.search(rf"@{re.escape(prefix)}[\w.]*", text)
+        m = re.search(rf'@"?({re.escape(prefix)}[\w.]*)', text)  # llvmlite quotes names
         if m:
-            raise TkcCodegenError(f"{m.group(0)[1:]} cannot be lowered for {t.name}; "
+            raise TkcCodegenError(f"{m.group(1)} cannot be lowered for {t.name}; "
                                   f"it needs a different target")
     try:
         mod = llvm.parse_assembly(text)
