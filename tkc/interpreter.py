@@ -40,14 +40,13 @@ Numerics (decisions the op docstrings leave open):
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tkc import dtypes
+from tkc import dtypes, signature
 from tkc.dtypes import DType, round_to
 from tkc.errors import TkcError, TkcInterpretError, TkcLaunchError
 from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
@@ -248,68 +247,16 @@ def _pname(arg: BlockArgument) -> str:
     return arg.name_hint or f"argument {arg.index}"
 
 
-def _is_torch(x: Any) -> bool:
-    # If torch was never imported, x cannot be a torch tensor: no import needed.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _check_tensor(p: BlockArgument, t: TensorType, x: Any, dims: dict[str, tuple[int, str, int]]) -> None:
-    name = _pname(p)
-    if _is_torch(x):
-        got = dtypes.from_torch(x.dtype)
-        if got != t.dtype:
-            raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}")
-    elif isinstance(x, np.ndarray):
-        # numpy has no bf16/fp8: those come as float32 arrays (tkc's storage form).
-        if x.dtype != t.dtype.np_storage and dtypes.from_numpy(x.dtype) != t.dtype:
-            raise TkcLaunchError(f"{name}: expected a numpy array of dtype {t.dtype.np_storage} "
-                                 f"(holding {t.dtype.name} values), got {x.dtype}")
-    else:
-        raise TkcLaunchError(f"{name}: expected {t} (a numpy array or torch tensor), got {type(x).__name__}")
-    shape = tuple(x.shape)
-    if len(shape) != t.rank:
-        raise TkcLaunchError(f"{name}: expected rank {t.rank} for {t}, got shape {shape}")
-    for axis, (d, size) in enumerate(zip(t.dims, shape)):
-        if isinstance(d, int):
-            if d != size:
-                raise TkcLaunchError(f"{name}: axis {axis} must have size {d}, got {size} (shape {shape})")
-        elif d in dims and dims[d][0] != size:
-            prev, pname, paxis = dims[d]
-            raise TkcLaunchError(f"dim {d} is {prev} from {pname} (axis {paxis}) "
-                                 f"but {size} from {name} (axis {axis})")
-        else:
-            dims.setdefault(d, (size, name, axis))
+_is_torch = signature.is_torch
 
 
 def _scalar(p: BlockArgument, dt: DType, x: Any) -> np.ndarray:
     """A scalar argument as a 0-d array of ``dt``, or a TkcLaunchError."""
-    name = _pname(p)
-    if isinstance(x, np.ndarray) and x.ndim == 0:
-        x = x[()]
-    is_bool = isinstance(x, (bool, np.bool_))
-    is_int = isinstance(x, (int, np.integer)) and not is_bool
-    ok = is_bool if dt.is_bool else is_int if dt.is_int else (is_int or isinstance(x, (float, np.floating)))
-    if not ok:
-        shown = f" {x!r}" if isinstance(x, (int, float, str, np.generic)) else ""
-        raise TkcLaunchError(f"{name}: expected a scalar of type {dt.name}, got {type(x).__name__}{shown}")
-    if dt.is_int and not dt.min <= int(x) <= dt.max:
-        raise TkcLaunchError(f"{name}: {x} does not fit in {dt.name}")
-    return round_to(x, dt)
+    return round_to(signature.check_scalar(_pname(p), dt, x), dt)
 
 
 def _check_args(kernel: Operation, args: Sequence[Any]) -> None:
-    params = kernel.regions[0].block.args
-    if len(args) != len(params):
-        names = ", ".join(_pname(p) for p in params)
-        raise TkcLaunchError(f"kernel @{kernel.sym_name} takes {len(params)} arguments ({names}), "
-                             f"got {len(args)}")
-    dims: dict[str, tuple[int, str, int]] = {}
-    for p, x in zip(params, args):
-        if isinstance(p.type, TensorType):
-            _check_tensor(p, p.type, x, dims)
-        else:
-            _scalar(p, p.type.dtype, x)
+    signature.bind(kernel.sym_name, signature.kernel_params(kernel), args)
 
 
 def _grid_op(kernel: Operation) -> Operation:

@@ -1,0 +1,110 @@
+"""Binding launch arguments to a kernel's signature: the checks every backend shares.
+
+Owns the device-independent half of "do these arguments fit this kernel": the
+argument count, tensor vs scalar, element dtype, rank, fixed dims, symbolic
+dims that must agree across tensors (``dim M is 128 from a (axis 0) but 96
+from c (axis 0)``) and scalar kinds and ranges.  The interpreter
+(``tkc.interpreter``) and the GPU runtime (``tkc.runtime.args``) both call
+:func:`bind`, so a wrong argument gets the same message whichever runs it.
+
+Must not: look at where a tensor lives or how it is laid out (device, strides,
+alignment: that is ``tkc.runtime.args``), convert or copy values, or import
+torch (a torch tensor is recognised only if torch was already imported by the
+caller).  Every failure is a :class:`~tkc.errors.TkcLaunchError`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.dtypes import DType
+from tkc.errors import TkcLaunchError
+from tkc.ir.types import ScalarType, TensorType, Type
+
+__all__ = ["Param", "kernel_params", "bind", "check_scalar", "is_torch"]
+
+#: A kernel parameter as the checks see it: its name and its IR type.
+Param = tuple[str, Type]
+
+
+def kernel_params(kernel: Any) -> list[Param]:
+    """``(name, type)`` of each parameter of a ``tile.kernel`` op.  A parameter with no
+    source name is called ``argument <i>``."""
+    return [(a.name_hint or f"argument {a.index}", a.type) for a in kernel.regions[0].block.args]
+
+
+def is_torch(x: Any) -> bool:
+    """True for a torch tensor.  If torch was never imported, ``x`` cannot be one."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def bind(kernel_name: str, params: Sequence[Param], args: Sequence[Any], *,
+         numpy_ok: bool = True) -> dict[str, int]:
+    """Check ``args`` against ``params`` and return the size of every symbolic dim.
+
+    ``numpy_ok``: whether a numpy array may stand for a tensor (the interpreter takes
+    them in tkc's storage form; the GPU runtime takes only torch tensors).
+    """
+    if len(args) != len(params):
+        names = ", ".join(name for name, _ in params)
+        raise TkcLaunchError(f"kernel @{kernel_name} takes {len(params)} arguments ({names}), "
+                             f"got {len(args)}")
+    dims: dict[str, tuple[int, str, int]] = {}
+    for (name, t), x in zip(params, args):
+        if isinstance(t, TensorType):
+            _check_tensor(name, t, x, dims, numpy_ok)
+        elif isinstance(t, ScalarType):
+            check_scalar(name, t.dtype, x)
+        else:
+            raise TkcLaunchError(f"{name}: parameters of type {t} cannot be passed at launch")
+    return {d: size for d, (size, _, _) in dims.items()}
+
+
+def _check_tensor(name: str, t: TensorType, x: Any, dims: dict[str, tuple[int, str, int]],
+                  numpy_ok: bool) -> None:
+    if is_torch(x):
+        if dtypes.from_torch(x.dtype) != t.dtype:
+            raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}")
+    elif numpy_ok and isinstance(x, np.ndarray):
+        # numpy has no bf16/fp8: those come as float32 arrays (tkc's storage form).
+        if x.dtype != t.dtype.np_storage and dtypes.from_numpy(x.dtype) != t.dtype:
+            raise TkcLaunchError(f"{name}: expected a numpy array of dtype {t.dtype.np_storage} "
+                                 f"(holding {t.dtype.name} values), got {x.dtype}")
+    else:
+        what = "a numpy array or torch tensor" if numpy_ok else "a torch tensor"
+        raise TkcLaunchError(f"{name}: expected {t} ({what}), got {type(x).__name__}")
+    shape = tuple(x.shape)
+    if len(shape) != t.rank:
+        raise TkcLaunchError(f"{name}: expected rank {t.rank} for {t}, got shape {shape}")
+    for axis, (d, size) in enumerate(zip(t.dims, shape)):
+        if isinstance(d, int):
+            if d != size:
+                raise TkcLaunchError(f"{name}: axis {axis} must have size {d}, got {size} (shape {shape})")
+        elif d in dims and dims[d][0] != size:
+            prev, pname, paxis = dims[d]
+            raise TkcLaunchError(f"dim {d} is {prev} from {pname} (axis {paxis}) "
+                                 f"but {size} from {name} (axis {axis})")
+        else:
+            dims.setdefault(d, (size, name, axis))
+
+
+def check_scalar(name: str, dt: DType, x: Any) -> Any:
+    """Check a scalar argument's kind (bool for i1, an integer for i32, any real number
+    for floats) and range; return it as a plain numpy scalar (0-d arrays unwrapped)."""
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        x = x[()]
+    is_bool = isinstance(x, (bool, np.bool_))
+    is_int = isinstance(x, (int, np.integer)) and not is_bool
+    ok = is_bool if dt.is_bool else is_int if dt.is_int else (is_int or isinstance(x, (float, np.floating)))
+    if not ok:
+        shown = f" {x!r}" if isinstance(x, (int, float, str, np.generic)) else ""
+        raise TkcLaunchError(f"{name}: expected a scalar of type {dt.name}, got {type(x).__name__}{shown}")
+    if dt.is_int and not dt.min <= int(x) <= dt.max:
+        raise TkcLaunchError(f"{name}: {x} does not fit in {dt.name}")
+    return x
