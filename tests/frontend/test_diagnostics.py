@@ -155,3 +155,16 @@ def k(y: f32[N], flag: i32):
         a = {orelse}
     y[0] = {use} * 1.0
 """)
+
+
+@pytest.mark.parametrize("expr", ["ones([16], bool)", "zeros([16, 16], bool)", "max(t, axis=1)",
+                                  "min(t, keepdim=True, axis=0)"])
+def test_documented_builtin_forms_compile(expr: str):
+    # these used to fail with 'constant 1 mixed with i1 values' / "max() has no argument 'axis'"
+    _ops(f"""\
+@kernel
+def k(x: f32[M, N]):
+    grid(1)
+    t = x[0:16, 0:16]
+    a = {expr}
+""")

@@ -30,7 +30,7 @@ def _num_programs(lw, e, args, kwargs):
 
 def _binary_builtin(op: str) -> Callable:
     def impl(lw, e, args, kwargs):
-        if op in ("max", "min") and len(args) + len(kwargs) != 2:
+        if op in ("max", "min") and (len(args) + len(kwargs) != 2 or "axis" in kwargs or "keepdim" in kwargs):
             a = lw.bind(f"{op}()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED),
                                                      ("keepdim", Const(False))])
             return lw._reduce(op, a["x"], a, e)
@@ -66,8 +66,8 @@ def _full_like(fill: object | None) -> Callable:
         t = TileType(shape, dt)
         v = Const(fill) if fill is not None else lw.value_of(a["value"], e)
         if isinstance(v, Const):
-            if not (dt.is_float and isinstance(v.value, (int, bool))):  # ones([..], f32) is fine
-                check_const(v, dt, e.loc)
+            if fill is None and not (dt.is_float and isinstance(v.value, (int, bool))):  # ones([..], f32)
+                check_const(v, dt, e.loc)  # zeros/ones fit every dtype, bool included
             return lw.em.constant(v.value, t, e.loc)
         if isinstance(v.type, TileType):
             raise TkcTypeError(f"{what} fills with a scalar, got {v.type}", e.loc)
