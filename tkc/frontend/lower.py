@@ -959,7 +959,12 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
     m = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
-        m.body.append(KernelLowering(k, helpers, mine).lower())
+        lowering = KernelLowering(k, helpers, mine)
+        try:
+            m.body.append(lowering.lower())
+        except RecursionError:  # 'a + a + ... + a' a few thousand long: the tree is deeper than Python's stack
+            raise TkcUnsupportedError("this statement is nested too deeply to compile; split it up",
+                                      lowering.b.loc or k.loc) from None
     return m
 
 
