@@ -1,0 +1,24 @@
+"""Shared setup of the runtime tests.
+
+``tkc.runtime`` lives in the top-level ``runtime/`` folder (pyproject's package-dir).  An
+editable or regular install maps it; when the tests run from a bare checkout (pytest's
+``pythonpath = ["."]`` only finds ``tkc/``), register the folder as ``tkc.runtime`` here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import tkc
+
+if importlib.util.find_spec("tkc.runtime") is None:  # pragma: no cover - depends on the install
+    _dir = Path(__file__).resolve().parents[2] / "runtime"
+    _spec = importlib.util.spec_from_file_location("tkc.runtime", _dir / "__init__.py",
+                                                   submodule_search_locations=[str(_dir)])
+    assert _spec is not None and _spec.loader is not None
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules["tkc.runtime"] = _mod
+    tkc.runtime = _mod  # type: ignore[attr-defined]
+    _spec.loader.exec_module(_mod)
