@@ -684,7 +684,7 @@ class KernelLowering:
         if isinstance(v, Const):
             return f"the constant {v.value!r}"
         if isinstance(v, Dyn):
-            return f"a {'tile' if isinstance(v.type, TileType) else 'scalar'} {v.type}"
+            return f"a {v.type}" if isinstance(v.type, TileType) else f"a scalar {v.type}"  # not 'a tile tile<..>'
         if isinstance(v, (Tensor, View)):
             return f"the tensor '{(v if isinstance(v, Tensor) else v.tensor).name}'" + (
                 "" if isinstance(v, Tensor) else " slice")
