@@ -88,6 +88,17 @@ def _assigned_names(stmts: list[ast.Stmt]) -> list[str]:
     return out
 
 
+def _last_assignment(stmts: list[ast.Stmt], name: str) -> Loc | None:
+    """The last statement in ``stmts`` (nested blocks included) that may assign ``name``."""
+    loc = None
+    for s in stmts:
+        if isinstance(s, (ast.For, ast.If)):
+            loc = _last_assignment(s.body + getattr(s, "orelse", []), name) or loc
+        elif isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and name in _assigned_names([s]):
+            loc = s.loc
+    return loc
+
+
 class KernelLowering:
     """Lowers one kernel function to a ``tile.kernel`` op."""
 
@@ -362,7 +373,7 @@ class KernelLowering:
                 local[n] = Dyn(a)
             self.stmts(s.body)
             self.b.loc = s.loc
-            yields = [self._coerce_carried(n, local.get(n), t, s) for n, t in zip(carried, types)]
+            yields = [self._coerce_carried(n, local.get(n), t, s, s.body) for n, t in zip(carried, types)]
             self.b.create(T.YieldOp, yields, loc=s.loc)
         operands = [self.dyn(x, s, T.I32).value for x in (lb, ub, step)]
         op = self.b.create(T.ForOp, operands + [v.value for v in inits], types,
@@ -382,16 +393,17 @@ class KernelLowering:
             self.scope.names[s.target.id] = Const(i)
             self.stmts(s.body)
 
-    def _coerce_carried(self, name: str, v: object, t: Type, s: ast.Node):
+    def _coerce_carried(self, name: str, v: object, t: Type, s: ast.Node, body: list[ast.Stmt] | None = None):
+        loc = (_last_assignment(body, name) if body else None) or s.loc  # a loop body: where it changed
         if isinstance(v, View):
             v = self.load(v, None)
         if isinstance(v, Const):
-            v = self._const_as(v, t, s.loc)
+            v = self._const_as(v, t, loc)
         if not isinstance(v, Dyn):
-            raise TkcTypeError(f"'{name}' must stay a value across iterations", s.loc)
+            raise TkcTypeError(f"'{name}' must stay a value across iterations", loc)
         if v.type != t:
             raise TkcTypeError(f"loop-carried '{name}' is {t} before the loop but {v.type} after an "
-                               f"iteration; give it its final type before the loop", s.loc)
+                               f"iteration; give it its final type before the loop", loc)
         return v.value
 
     def _const_as(self, c: Const, t: Type, loc: Loc) -> Dyn:
