@@ -110,8 +110,9 @@ def check(mutant: str, what: str) -> None:
     except TkcUsageError:
         return  # a usage error may be unlocated
     except TkcError as e:
-        nlines = len(mutant.splitlines()) + 1
-        if e.loc is None or e.loc.file != FILE or not 1 <= e.loc.line <= nlines or e.loc.col < 1:
+        lines = mutant.splitlines() + [""]  # an error at the end of the text may sit just past it
+        if e.loc is None or e.loc.file != FILE or not 1 <= e.loc.line <= len(lines) \
+                or not 1 <= e.loc.col <= len(lines[e.loc.line - 1]) + 1:
             pytest.fail(f"{what}: {type(e).__name__} without a proper location ({e.loc!r}): "
                         f"{e.message}\n--- mutant ---\n{mutant}")
         str(e)  # rendering must not fail either
