@@ -329,3 +329,19 @@ def test_encode_rejects_before_the_driver():
     t = torch.zeros(64, 70, dtype=torch.bfloat16, device="cuda")  # rows of 140 B
     with pytest.raises(TkcLaunchError, match=r"t: cannot make a TMA tensor map: the stride of dim 0 is 140 bytes"):
         tensormap.encode_tiled(t, (64, 64), 3, name="t")
+
+
+def test_check_launch_on_cuda_tensors():
+    from tkc.dtypes import f32
+    from tkc.ir.types import ScalarType, TensorType
+    from tkc.runtime.args import check_launch
+
+    params = [("a", TensorType(bf16, ("M", "K"))), ("c", TensorType(f32, ("M",))), ("s", ScalarType(f32))]
+    a = torch.zeros(100, 72, dtype=torch.bfloat16, device="cuda")[:, :64]
+    c = torch.zeros(100, device="cuda")
+    assert check_launch("k", params, [a, c, 1.0], tma={"a"}) == {"M": 100, "K": 64}
+    with pytest.raises(TkcLaunchError, match="c: expected a CUDA tensor, got a tensor on cpu"):
+        check_launch("k", params, [a, c.cpu(), 1.0])
+    with pytest.raises(TkcLaunchError, match="a: the data pointer 0x[0-9a-f]+ is not 16-byte aligned"):
+        check_launch("k", params, [torch.zeros(100, 65, dtype=torch.bfloat16,
+                                        device="cuda")[:, 1:], c, 1.0])
