@@ -1,7 +1,8 @@
 """The reference interpreter: runs ``tile`` dialect kernels on numpy.
 
 This module owns the *meaning* of tile IR: what every ``tile`` op computes,
-how a kernel is launched over a grid, and how launch arguments are checked.
+how a kernel is launched over a grid, and how launch arguments are checked
+(through :func:`tkc.signature.bind`, which the GPU runtime shares).
 It is the ground truth the passes and the hopper emulator are compared
 against, so it favours being obviously right over being fast, while staying
 vectorized (one numpy op per IR op, never a Python loop over elements).
