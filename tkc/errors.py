@@ -94,3 +94,10 @@ class TkcUsageError(TkcError):
 
 class TkcCodegenError(TkcError):
     """LLVM or ptxas rejected the code tkc generated; the message quotes their complaint."""
+
+
+class TkcEmulatorError(TkcError):
+    """The Hopper emulator caught a protocol fault the GPU would turn into a hang, a race or
+    wrong values: a deadlock, an mbarrier phase or tx misuse, a shared-memory race, a missing
+    proxy fence, a misaligned or out-of-bounds access.  The message names the roles, ops and
+    barriers involved."""
