@@ -1,0 +1,112 @@
+"""``wgmma.mma_async`` (PTX-FACTS §1) on one warpgroup's registers, and register-fragment helpers.
+
+A wgmma is one vectorized gather + matmul + scatter, never a loop over threads:
+
+1. A (64 x k) and B (n x k) are gathered from shared memory at the addresses
+   ``layouts.descriptor_address`` decodes from the 64-bit descriptors (the hardware's view:
+   if a descriptor or a layout is wrong, the wrong bytes are read).  The reads go through
+   the async proxy, so generic stores not followed by ``fence.proxy.async`` are an error.
+   In the RS form A comes from registers laid out by ``WgmmaOperandA``.
+2. D = A @ B^T is computed in float64 and added to the accumulator with one rounding to
+   f32 per instruction (exact whenever the true sum is an f32; the GPU's internal summation
+   order may differ in the last bit otherwise).
+3. The accumulator is the per-thread fragment ``acc[thread, reg]`` (128 x n/2, float32) of
+   ``WgmmaAccumulator(n)``; ``coords`` maps it to the 64 x n tile.
+
+The emulator never computes an address or a register mapping itself: ``tkc.ir.layouts`` does.
+Issue order, ``wgmma.fence``/``commit_group``/``wait_group`` and the lifetime of smem operands
+belong to the op handlers and the scheduler (a stage read lease, ``SharedMemory.begin_read``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.dtypes import DType
+from tkc.emulator.smem import SharedMemory
+from tkc.errors import TkcEmulatorError
+from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, descriptor_address
+
+Fragment = WgmmaAccumulator | WgmmaOperandA
+
+__all__ = ["wgmma", "fragment_to_tile", "tile_to_fragment"]
+
+
+def _grid(layout: Fragment) -> tuple[np.ndarray, np.ndarray]:
+    t = np.arange(layout.threads)[:, None]
+    i = np.arange(layout.regs_per_thread)[None, :]
+    return layout.coords(t, i)
+
+
+def fragment_to_tile(frag: np.ndarray, layout: Fragment) -> np.ndarray:
+    """The ``layout.shape`` tile held by the per-thread fragment ``frag[thread, reg]``."""
+    frag = np.asarray(frag)
+    if frag.shape != (layout.threads, layout.regs_per_thread):
+        raise ValueError(f"fragment of shape {frag.shape} does not match {layout} "
+                         f"({layout.threads} threads x {layout.regs_per_thread} values)")
+    rows, cols = _grid(layout)
+    tile = np.empty(layout.shape, frag.dtype)
+    tile[rows, cols] = frag
+    return tile
+
+
+def tile_to_fragment(tile: np.ndarray, layout: Fragment) -> np.ndarray:
+    """The per-thread fragment ``[thread, reg]`` of a ``layout.shape`` tile."""
+    tile = np.asarray(tile)
+    if tile.shape != layout.shape:
+        raise ValueError(f"tile of shape {tile.shape} does not match {layout} {layout.shape}")
+    rows, cols = _grid(layout)
+    return tile[rows, cols]
+
+
+def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int, *, n: int, k: int,
+          dtype: DType, dtype_b: DType | None = None, m: int = 64, trans_a: bool = False, trans_b: bool = False,
+          scale_d: bool = True, scale_a: int = 1, scale_b: int = 1, op: str = "wgmma") -> np.ndarray:
+    """``wgmma.mma_async.m64n{n}k{k}.f32.{dtype}.{dtype_b}``: ``acc`` (128 x n/2 float32, one
+    warpgroup's ``WgmmaAccumulator(n)`` fragment) is updated in place and returned.
+
+    ``a`` is a descriptor (SS form; ``trans_a`` = MN-major) or the A registers (RS form,
+    128 x k/2 values of ``WgmmaOperandA(k)``).  ``trans_b`` = B is MN-major.  ``scale_d``
+    false means D = A.B (pD = 0); ``scale_a``/``scale_b`` are the +-1 negation immediates.
+    """
+    dtype_b = dtype_b or dtype
+    if m != 64:
+        raise TkcEmulatorError(f"{op}: wgmma is m64 per warpgroup, got m={m}")
+    if not (8 <= n <= 256 and n % 8 == 0):
+        raise TkcEmulatorError(f"{op}: N={n} is not in 8..256 in steps of 8 (PTX-FACTS §1)")
+    if dtype.bits != dtype_b.bits or not dtype.is_float:
+        raise TkcEmulatorError(f"{op}: operand types {dtype} x {dtype_b} are not a wgmma float pair")
+    eb = dtype.bits // 8
+    if k != 32 // eb:
+        raise TkcEmulatorError(f"{op}: a {dtype} wgmma has K={32 // eb} (32 B of K), got k={k}")
+    if (trans_a or trans_b) and eb != 2:
+        raise TkcEmulatorError(f"{op}: MN-major operands are f16/bf16 only (PTX-FACTS §1, tA/tB)")
+    if scale_a not in (1, -1) or scale_b not in (1, -1):
+        raise TkcEmulatorError(f"{op}: scale-a/scale-b are immediates 1 or -1")
+    acc_layout = WgmmaAccumulator(n)
+    acc = np.asarray(acc)
+    if acc.shape != (acc_layout.threads, acc_layout.regs_per_thread) or acc.dtype != np.float32:
+        raise TkcEmulatorError(f"{op}: accumulator must be float32 of shape "
+                               f"({acc_layout.threads}, {acc_layout.regs_per_thread}), got {acc.dtype} {acc.shape}")
+
+    kk = np.arange(k)[None, :]
+    if isinstance(a, np.ndarray):
+        if eb != 2 or trans_a:
+            raise TkcEmulatorError(f"{op}: A from registers is K-major f16/bf16 only")
+        a_tile = fragment_to_tile(a, WgmmaOperandA(k)).astype(np.float32)
+        if not np.array_equal(dtypes.round_to(a_tile, dtype), a_tile, equal_nan=True):
+            raise TkcEmulatorError(f"{op}: A registers hold values that are not {dtype} (convert them first)")
+    else:
+        a_addr = descriptor_address(int(a), "mn" if trans_a else "k", np.arange(64)[:, None], kk, dtype)
+        a_tile = smem.read_elements(a_addr, dtype, reader=f"{op} (A)", proxy="async")
+    b_addr = descriptor_address(int(desc_b), "mn" if trans_b else "k", np.arange(n)[:, None], kk, dtype_b)
+    b_tile = smem.read_elements(b_addr, dtype_b, reader=f"{op} (B)", proxy="async")
+
+    d = (a_tile.astype(np.float64) @ b_tile.astype(np.float64).T) * (scale_a * scale_b)
+    rows, cols = _grid(acc_layout)
+    d_frag = d[rows, cols]
+    if scale_d:
+        d_frag = d_frag + acc.astype(np.float64)
+    acc[...] = d_frag.astype(np.float32)
+    return acc
