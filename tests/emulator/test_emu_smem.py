@@ -141,3 +141,18 @@ def test_read_lease_race():
         lease.release()
     with pytest.raises(TkcEmulatorError, match="overlaps region 'stage1'"):
         smem.add_region("bad", 1500, 100)
+
+
+def test_lost_async_write():
+    layout = SharedLayout(8, 64, bf16, "k", 128)
+    smem = SharedMemory(4096)
+    smem.add_region("stage0", 0, 1024)
+    smem.write_tile(0, layout, np.ones((8, 64)), writer="tma k-tile 0", proxy="async")
+    with pytest.raises(RaceError, match=r"lost data in 'stage0' \[0x0, 0x1\): 'tma k-tile 2' overwrites what "
+                                        r"'tma k-tile 0' wrote there before anything read it"):
+        smem.write_tile(0, layout, np.ones((8, 64)), writer="tma k-tile 2", proxy="async")
+    smem.read_tile(0, layout, reader="wgmma", proxy="async")
+    smem.write_tile(0, layout, np.ones((8, 64)), writer="tma k-tile 2", proxy="async")
+    lax = SharedMemory(4096, check_lost_writes=False)
+    lax.write_tile(0, layout, np.ones((8, 64)), writer="tma", proxy="async")
+    lax.write_tile(0, layout, np.ones((8, 64)), writer="tma", proxy="async")

@@ -15,6 +15,10 @@ This module owns three things:
     store) of such bytes is an error (PTX-FACTS §1: "Smem written by ordinary stores needs
     fence.proxy.async.shared::cta before wgmma reads it");
   - reading bytes nobody wrote is an error (the GPU would read garbage);
+  - *lost writes*: an async-proxy write (TMA) over bytes that an earlier async-proxy write
+    put there and nothing has read since is an error: in a pipeline the producer refilled a
+    stage whose data the consumer never saw (``check_lost_writes=False`` turns this off for a
+    kernel that loads data it does not read);
   - *read leases*: ``begin_read(base, nbytes, reader)`` marks a range (a pipeline stage) as
     being read until ``lease.release()``; any write landing on it meanwhile raises a race
     error naming the range (or its ``add_region`` name), the writer and the reader.
@@ -150,12 +154,14 @@ class ReadLease:
 class SharedMemory:
     """``size_bytes`` of shared memory (``data``, uint8) plus who last wrote each byte."""
 
-    def __init__(self, size_bytes: int, *, check_uninitialized: bool = True):
+    def __init__(self, size_bytes: int, *, check_uninitialized: bool = True, check_lost_writes: bool = True):
         if size_bytes <= 0:
             raise ValueError(f"shared memory size must be positive, got {size_bytes}")
         self.size = size_bytes
         self.data = np.zeros(size_bytes, np.uint8)
         self.check_uninitialized = check_uninitialized
+        self.check_lost_writes = check_lost_writes
+        self._unread_async = np.zeros(size_bytes, bool)  # written by the async proxy, not read since
         self._writer = np.zeros(size_bytes, np.int32)  # index into _writers; 0 = never written
         self._writers: list[str] = ["<never written>"]
         self._writer_ids: dict[str, int] = {}
@@ -268,12 +274,19 @@ class SharedMemory:
                 raise RaceError(
                     f"race on {self.describe(lease.lo, lease.hi)}: {writer!r} writes it while {lease.reader!r} "
                     f"is still reading it (the reader has not released the stage)")
+        if self.check_lost_writes and proxy == "async":
+            lost = self._unread_async[b]
+            if lost.any():
+                a = int(b[lost].min())
+                raise RaceError(f"lost data in {self.describe(a, a + 1)}: {writer!r} overwrites what "
+                                f"{self.last_writer(a)!r} wrote there before anything read it")
         self.data[b] = raw
         wid = self._writer_ids.setdefault(writer, len(self._writers))
         if wid == len(self._writers):
             self._writers.append(writer)
         self._writer[b] = wid
         self._generic_unfenced[b] = proxy == "generic"
+        self._unread_async[b] = proxy == "async"
 
     def read_elements(self, addrs: object, dtype: DType, *, reader: str, proxy: str = "generic") -> np.ndarray:
         """Gather ``dtype`` values at ``addrs`` (any shape)."""
@@ -293,4 +306,5 @@ class SharedMemory:
                 raise TkcEmulatorError(
                     f"{reader!r} (async proxy) reads {self.describe(a, a + 1)} written by "
                     f"{self.last_writer(a)!r} through the generic proxy with no fence.proxy.async since")
+        self._unread_async[b] = False
         return decode(self.data[b], dtype)
