@@ -97,9 +97,9 @@ def test_ring_gemm_random_values():
     np.testing.assert_allclose(gemm(a, b, 0), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_wrong_parity_deadlocks(ab):
-    """Waiting parity 1 first passes at init (phase -1) on stage 0 but the consumer's own
-    history then makes stage data uninitialized or the next wait wrong; every seed fails."""
+def test_wrong_initial_parity_is_caught(ab):
+    """The consumer starts at parity 1: phase -1 counts as complete at init, so the wait passes at
+    once (as on the GPU) and wgmma reads a stage no TMA has written yet: caught, every seed."""
     for seed in range(10):
         with pytest.raises(TkcEmulatorError, match=r"role 'consumer'.*full\[\d\]|nothing has written"):
             gemm(*ab, seed, consumer_bug="wrong-parity")
