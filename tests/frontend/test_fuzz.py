@@ -142,7 +142,7 @@ def test_fixed_seed_batch():
         check(make_mutant(name, edits), f"mutant {i} of {name} {edits}")
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=300, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(name=st.sampled_from(sorted(SOURCES)),
        edits=st.lists(st.tuples(st.sampled_from(WEIGHTED), st.integers(0, 2**32 - 1)), min_size=1, max_size=3))
