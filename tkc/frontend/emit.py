@@ -94,7 +94,12 @@ class Emitter:
             if not -(2**31) <= value < 2**31:
                 raise TkcTypeError(f"integer constant {value} does not fit in i32", loc)
         else:
-            value = float(dtypes.round_to(float(value), dt))
+            value = float(value)
+            if math.isfinite(value) and not dt.min <= value <= dt.max:
+                # A finite literal would silently become inf (or saturate, for fp8).
+                raise TkcTypeError(f"constant {value:g} is out of the range of {dt.name} "
+                                   f"(largest finite: {dt.max:g})", loc)
+            value = float(dtypes.round_to(value, dt))
         v = self.b.value(T.ConstantOp, [], t, {"value": value}, loc=loc)
         if isinstance(t, ScalarType) and dt.is_int:
             self.affine[v] = Affine((), value)
