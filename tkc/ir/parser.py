@@ -99,8 +99,21 @@ class _Parser:
 
     def next(self) -> _Tok:
         t = self.toks[self.i]
-        self.i += 1
+        if t.kind != "eof":  # stay on the end: a caller may look at the next token after it
+            self.i += 1
         return t
+
+    def int_of(self, text: str, tok: _Tok) -> int:
+        try:
+            return int(text)
+        except ValueError:  # past Python's limit on digits
+            raise self.err(f"integer literal too long: {len(text)} digits", tok) from None
+
+    def string_of(self, tok: _Tok) -> str:
+        try:
+            return json.loads(tok.text)
+        except ValueError as e:  # bad escapes, raw control characters
+            raise self.err(f"bad string literal: {e.msg}", tok) from None
 
     def err(self, msg: str, tok: _Tok | None = None) -> TkcSyntaxError:
         return TkcSyntaxError(msg, self._loc((tok or self.tok).pos))
@@ -141,8 +154,8 @@ class _Parser:
             dims: list[str | int] = []
             for d in filter(None, (x.strip() for x in m.group(2).split(","))):
                 if re.fullmatch(r"\d+", d):
-                    dims.append(int(d))
-                elif re.fullmatch(r"[A-Za-z_]\w*", d):
+                    dims.append(self.int_of(d, t))
+                elif re.fullmatch(r"[^\W\d]\w*", d):  # an identifier, non-ASCII letters too
                     dims.append(d)
                 else:
                     raise self.err(f"bad tensor dim '{d}'", t)
@@ -152,7 +165,7 @@ class _Parser:
         dt = dtypes.from_name(m.group(2)) if m else None
         if not m or dt is None:
             raise self.err(f"malformed tile type '{t.text}'", t)
-        shape = tuple(int(s) for s in m.group(1).split("x")[:-1])
+        shape = tuple(self.int_of(s, t) for s in m.group(1).split("x")[:-1])
         space = layout = None
         for p in parts[1:]:
             if p.startswith("#"):
@@ -178,10 +191,10 @@ class _Parser:
         t = self.tok
         if t.kind == "number":
             self.next()
-            return float(t.text) if any(c in t.text for c in ".eE") else int(t.text)
+            return float(t.text) if any(c in t.text for c in ".eE") else self.int_of(t.text, t)
         if t.kind == "string":
             self.next()
-            return json.loads(t.text)
+            return self.string_of(t)
         if t.kind == "ident":
             consts = {"true": True, "false": False, "inf": float("inf"), "-inf": float("-inf"),
                       "nan": float("nan"), "-nan": float("nan")}
@@ -256,7 +269,7 @@ class _Parser:
         if self.tok.kind == "sym":
             attrs["sym_name"] = self.next().text[1:]
         operands: list[Value] = []
-        if self.tok.kind == "value":
+        if self.tok.kind == "value" and not self._at_result_list():
             operands.append(self.lookup(self.next()))
             while self.accept(","):
                 if self.tok.kind != "value":
@@ -283,6 +296,14 @@ class _Parser:
             self.define(t, r)
         return op
 
+    def _at_result_list(self) -> bool:
+        """Whether the values here are the results of the next op (``%a, %b = ...``), as after
+        an op with neither operands nor anything else printed, e.g. a misplaced terminator."""
+        k = 0
+        while self.peek(k).kind == "value" and self.peek(k + 1).text == ",":
+            k += 2
+        return self.peek(k).kind == "value" and self.peek(k + 1).text == "="
+
     def parse_loc(self) -> Loc:
         self.expect("loc")
         self.expect("(")
@@ -290,13 +311,17 @@ class _Parser:
         if f.kind != "string":
             raise self.err("expected a file name in loc(...)", f)
         self.expect(":")
-        line = self.next()
+        line = self.loc_int()
         self.expect(":")
-        col = self.next()
-        if line.kind != "number" or col.kind != "number":
-            raise self.err("expected loc(\"file\":line:col)", line)
+        col = self.loc_int()
         self.expect(")")
-        return Loc(json.loads(f.text), int(line.text), int(col.text))
+        return Loc(self.string_of(f), line, col)
+
+    def loc_int(self) -> int:
+        t = self.next()
+        if t.kind != "number" or any(c in t.text for c in ".eE"):
+            raise self.err("expected loc(\"file\":line:col)", t)
+        return self.int_of(t.text, t)
 
     def parse_region(self) -> Region:
         self.expect("{")

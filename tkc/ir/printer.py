@@ -16,7 +16,8 @@ import re
 from tkc.errors import Loc
 from tkc.ir.core import Block, Module, Operation, Value
 
-_NAME_OK = re.compile(r"[A-Za-z_][\w.]*|\d+")
+# Every name the namer makes must match this too: a clash on a numeric hint "0" makes "0_1".
+_NAME_OK = re.compile(r"[A-Za-z_][\w.]*|\d+(?:_\d+)*")
 
 
 def format_attr(v: object) -> str:

@@ -319,7 +319,7 @@ class SelectOp(Operation):
         c, a, b, r = self.cond.type, self.a.type, self.b.type, self.result.type
         if not (a == b == r) or not _is_value_type(a):
             raise self.error(f"branches and result must have one type, got {a}, {b} -> {r}")
-        if c.dtype != dtypes.i1 or (shape_of(c) != shape_of(a) and shape_of(c) != ()):
+        if not _is_value_type(c) or c.dtype != dtypes.i1 or (shape_of(c) != shape_of(a) and shape_of(c) != ()):
             raise self.error(f"condition must be i1 of the result's shape, got {c}")
 
 
@@ -473,7 +473,7 @@ class _Access(Operation):
         box, squeeze = self.box, self.squeeze or []
         if len(box) != tensor.rank or any(not isinstance(b, int) or b < 1 for b in box):
             raise self.error(f"box must give a positive extent per axis of {tensor}")
-        if any(not 0 <= s < tensor.rank or box[s] != 1 for s in squeeze):
+        if any(not isinstance(s, int) or not 0 <= s < tensor.rank or box[s] != 1 for s in squeeze):
             raise self.error("squeezed axes must be axes of the tensor with extent 1")
         shape = tuple(b for i, b in enumerate(box) if i not in squeeze)
         want = TileType(shape, tensor.dtype) if shape else ScalarType(tensor.dtype)
