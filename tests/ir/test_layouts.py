@@ -315,11 +315,11 @@ def test_layout_round_trips_inside_a_tile_type(lay: object) -> None:
     dt = lay.dtype if isinstance(lay, SharedLayout) else f32
     space = "smem" if isinstance(lay, SharedLayout) else "reg"
     ty = TileType(shape_of_layout(lay), dt, space, lay)
-    text = f"%x = tile.constant {{value = 0.0}} : {ty}\n"
+    text = f"tile.kernel @k {{\n  %x = tile.constant {{value = 0.0}} : {ty}\n  tile.return\n}}\n"
     m = parse_module(text)
     verify(m)
     assert print_module(m, locs=False) == text
-    assert m.ops[0].results[0].type == ty
+    assert m.ops[0].body.ops[0].results[0].type == ty
 
 
 @pytest.mark.parametrize("bad", ["#smem<64x64xbf16, k, sw16>", "#smem<64x64xbf17, k, sw128>", "#smem<64x64>",

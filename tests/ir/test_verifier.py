@@ -545,14 +545,12 @@ def test_yield_type_mismatch_built_with_builder() -> None:
     _rejects(m, r"'tile.yield': yields \(i32\) but 'tile.for' results are \(f32\)", Loc("k.py", 4, 7))
 
 
-# ------------------------------------------------------------- known gaps
-@pytest.mark.xfail(strict=True, reason="verify accepts ops other than tile.kernel at the top level")
+# ---------------------------------------------------- module-level rules
 def test_top_level_holds_kernels_only() -> None:
     m = Module([T.ConstantOp([], [I32], {"value": 1})])
     _rejects(m, r"kernel")
 
 
-@pytest.mark.xfail(strict=True, reason="tile.load's 'other' is not checked against the tensor's dtype")
 def test_load_other_matches_the_dtype() -> None:
     text = kernel("%x = tile.load %tb, %i {box = [4], other = 1.5} : tile<4xi1> // bad")
     with pytest.raises(TkcVerifyError, match="other"):

@@ -10,13 +10,21 @@ the op's location.
 
 from __future__ import annotations
 
+import re
+
 from tkc.ir.core import OPS, Block, Module, Operation, Value
+from tkc.ir.types import TileType
+
+
+_IDENT = re.compile(r"[A-Za-z_][\w.$]*")
 
 
 def verify(m: Module) -> None:
     import tkc.ir.dialects  # noqa: F401  (registers the op kinds)
 
     for op in m.ops:
+        if not op.has_trait("isolated"):
+            raise op.error("only kernels may appear at the top level of a module")
         _verify_op(op, [set()])
 
 
@@ -40,9 +48,13 @@ def _verify_op(op: Operation, visible: list[set[Value]]) -> None:
             raise op.error("regions in tkc hold exactly one block")
         _verify_block(region.blocks[0], visible)
     op.verify()
+    for r in op.results:  # after the op's own checks, whose messages say more
+        _check_type(op, r.type)
 
 
 def _verify_block(block: Block, visible: list[set[Value]]) -> None:
+    for a in block.args:
+        _check_type(block.parent_op, a.type)
     scope: set[Value] = set(block.args)
     visible.append(scope)
     for i, op in enumerate(block.ops):
@@ -67,6 +79,23 @@ def _check_results(op: Operation) -> None:
         raise op.error(f"expects {len(names)} results, has {len(op.results)}")
 
 
+def _check_type(op: Operation, t: object) -> None:
+    """Tiles have at least one axis, every extent positive (a scalar is not a 0-D tile)."""
+    if isinstance(t, TileType) and (not t.shape or any(s < 1 for s in t.shape)):
+        raise op.error(f"tile type {t} needs one or more positive extents")
+
+
+def _printable(v: object) -> bool:
+    """Whether an attribute value has a textual form (what printer.format_attr writes)."""
+    if isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_printable(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _IDENT.fullmatch(k) and _printable(x) for k, x in v.items())
+    return False
+
+
 def _check_attrs(op: Operation) -> None:
     spec = type(op).ATTRS
     declared = {k.rstrip("?"): k for k in spec}
@@ -78,6 +107,11 @@ def _check_attrs(op: Operation) -> None:
             continue  # an int literal is a fine float attribute
         if want is not None and (not isinstance(val, want) or (want is int and isinstance(val, bool))):
             raise op.error(f"attribute '{key}' must be {_type_name(want)}, got {val!r}")
+        if not _printable(val):
+            raise op.error(f"attribute '{key}' = {val!r} has no textual form (numbers, bools, strings, "
+                           "lists, and dicts keyed by identifiers)")
+        if key == "sym_name" and not _IDENT.fullmatch(val):
+            raise op.error(f"symbol name {val!r} is not an identifier")
     for key in spec:
         if not key.endswith("?") and key not in op.attributes:
             raise op.error(f"missing attribute '{key}'")

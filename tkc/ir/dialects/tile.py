@@ -498,6 +498,13 @@ class LoadOp(_Access):
 
     def verify(self) -> None:
         self._check_box(self.tensor.type, self.offsets, self.result.type)
+        other = self.other
+        if other is not None:
+            dt = self.tensor.type.dtype
+            ok = isinstance(other, bool) if dt.is_bool else (
+                not isinstance(other, bool) and (dt.is_float or isinstance(other, int)))
+            if not ok:
+                raise self.error(f"other = {other!r} is not a {dt.name} value")
 
 
 @register
