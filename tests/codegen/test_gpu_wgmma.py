@@ -16,9 +16,7 @@ assembles every kernel on the CPU (it needs only ptxas).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,7 +25,6 @@ import llvmlite.ir as ir
 import numpy as np
 import pytest
 
-import tkc
 from tkc.codegen import nvvm
 from tkc.codegen.nvvm import F32, I8, I16, I32, I64, TMAP
 from tkc.codegen.ptxas import assemble, find_ptxas
@@ -41,16 +38,6 @@ except ImportError:  # pragma: no cover - torch is a test dependency
     torch = None
 
 _HAS_GPU = torch is not None and torch.cuda.is_available()
-
-if importlib.util.find_spec("tkc.runtime") is None:  # pragma: no cover - same as tests/runtime/conftest.py
-    _dir = Path(__file__).resolve().parents[2] / "runtime"
-    _spec = importlib.util.spec_from_file_location("tkc.runtime", _dir / "__init__.py",
-                                                   submodule_search_locations=[str(_dir)])
-    assert _spec is not None and _spec.loader is not None
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["tkc.runtime"] = _mod
-    tkc.runtime = _mod  # type: ignore[attr-defined]
-    _spec.loader.exec_module(_mod)
 
 K = 64  # one 128-B swizzle atom of bf16: 4 k16 steps
 THREADS = 128

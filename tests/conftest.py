@@ -1,8 +1,9 @@
-"""Shared setup of the runtime tests.
+"""Setup shared by every test.
 
 ``tkc.runtime`` lives in the top-level ``runtime/`` folder (pyproject's package-dir).  An
 editable or regular install maps it; when the tests run from a bare checkout (pytest's
-``pythonpath = ["."]`` only finds ``tkc/``), register the folder as ``tkc.runtime`` here.
+``pythonpath = ["."]`` only finds ``tkc/``, as on a GPU machine without an install),
+register the folder as ``tkc.runtime`` here, once for all tests.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import tkc
 
 if importlib.util.find_spec("tkc.runtime") is None:  # pragma: no cover - depends on the install
-    _dir = Path(__file__).resolve().parents[2] / "runtime"
+    _dir = Path(__file__).resolve().parents[1] / "runtime"
     _spec = importlib.util.spec_from_file_location("tkc.runtime", _dir / "__init__.py",
                                                    submodule_search_locations=[str(_dir)])
     assert _spec is not None and _spec.loader is not None
