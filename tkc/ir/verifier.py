@@ -17,6 +17,7 @@ from tkc.ir.types import TileType
 
 
 _IDENT = re.compile(r"[A-Za-z_][\w.$]*")
+_KEY = re.compile(r"[A-Za-z_][\w.]*")  # an attribute-dict key: the parser's identifier token, no '$'
 
 
 def verify(m: Module) -> None:
@@ -92,7 +93,7 @@ def _printable(v: object) -> bool:
     if isinstance(v, (list, tuple)):
         return all(_printable(x) for x in v)
     if isinstance(v, dict):
-        return all(isinstance(k, str) and _IDENT.fullmatch(k) and _printable(x) for k, x in v.items())
+        return all(isinstance(k, str) and _KEY.fullmatch(k) and _printable(x) for k, x in v.items())
     return False
 
 
