@@ -210,7 +210,9 @@ def _kernel_module(name: str = "k", consts: dict | None = None) -> tuple[Module,
 def _gap_modules() -> list[tuple[str, Module]]:
     out = []
     for label, name, consts in [("sym-with-space", "a b", None), ("empty-sym", "", None),
-                                ("consts-key-with-space", "k", {"a b": 1}), ("consts-none", "k", {"a": None})]:
+                                ("consts-key-with-space", "k", {"a b": 1}), ("consts-none", "k", {"a": None}),
+                                ("consts-key-with-dollar", "k", {"a$b": 1}),
+                                ("nested-key-with-dollar", "k", {"a": [{"$": 1}]})]:
         m, block = _kernel_module(name, consts)
         block.append(T.ReturnOp([], []))
         out.append((label, m))
