@@ -73,8 +73,9 @@ def test_dump_after_all_to_a_stream_reparses() -> None:
     out = io.StringIO()
     PassManager(DEFAULT_PIPELINE, PassOptions(dump_after=("all",), stream=out)).run(gemm())
     sections = _sections(out.getvalue())
-    assert [(w, p) for w, p, _ in sections] == [("After", "canonicalize"), ("After", "cse"), ("After", "dce")]
-    assert "// -----// IR Dump After cse (2) //----- //" in out.getvalue()
+    assert [(w, p) for w, p, _ in sections] == [
+        ("After", "canonicalize"), ("After", "licm"), ("After", "cse"), ("After", "dce")]
+    assert "// -----// IR Dump After cse (3) //----- //" in out.getvalue()
     for _, _, ir in sections:
         verify(parse_module(ir))
     verify(parse_module(out.getvalue()))  # headers are comments: the whole stream parses too
@@ -92,7 +93,8 @@ def test_dump_before_one_pass() -> None:
 def test_dump_dir_numbers_files_in_order(tmp_path: Path) -> None:
     PassManager(DEFAULT_PIPELINE, PassOptions(dump_dir=tmp_path)).run(gemm())
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["00-input.tkir", "01-canonicalize.tkir", "02-cse.tkir", "03-dce.tkir"]
+    assert names == [
+        "00-input.tkir", "01-canonicalize.tkir", "02-licm.tkir", "03-cse.tkir", "04-dce.tkir"]
     for p in tmp_path.iterdir():
         verify(parse_module(p.read_text(), str(p)))
     assert "tile.add %acc_2" in (tmp_path / "00-input.tkir").read_text()

@@ -14,12 +14,14 @@ from tkc.ir.core import Module
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
+from tkc.passes.licm import licm
 
 #: Every pass by its pipeline name.  A pass mutates the module in place and
 #: raises a TkcError when the input is outside what it handles.
 PASSES: dict[str, Callable[[Module], None]] = {
     # --- target-independent cleanups on tile IR
     "canonicalize": canonicalize,  # fold constants, simplify identities, acc += a @ b
+    "licm": licm,                  # hoist loop-invariant pure ops out of tile.for
     "cse": cse,                    # merge identical pure ops
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
     # --- later stages go here, in the order they run, each in its own file:
@@ -30,4 +32,4 @@ PASSES: dict[str, Callable[[Module], None]] = {
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default.  Once the
 #: Hopper backend lands this grows into the sm_90a pipeline:
 #: cleanups, then select-layouts, lower-to-hopper, allocate-smem.
-DEFAULT_PIPELINE = "canonicalize,cse,dce"
+DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
