@@ -555,3 +555,10 @@ def test_load_other_matches_the_dtype() -> None:
     text = kernel("%x = tile.load %tb, %i {box = [4], other = 1.5} : tile<4xi1> // bad")
     with pytest.raises(TkcVerifyError, match="other"):
         verify(parse_module(text))
+
+
+def test_box_extents_are_ints_not_bools() -> None:
+    # ``true`` is a Python int; a box extent written as a bool is a mistake, not an extent of 1.
+    text = kernel("%x = tile.load %t, %i, %i {box = [true, 4]} : tile<1x4xf32> // bad")
+    with pytest.raises(TkcVerifyError, match="box must give a positive extent"):
+        verify(parse_module(text))

@@ -471,7 +471,7 @@ class _Access(Operation):
         if len(offsets) != tensor.rank or any(o.type != I32 for o in offsets):
             raise self.error(f"needs {tensor.rank} i32 offsets, one per axis of {tensor}")
         box, squeeze = self.box, self.squeeze or []
-        if len(box) != tensor.rank or any(not isinstance(b, int) or b < 1 for b in box):
+        if len(box) != tensor.rank or any(type(b) is not int or b < 1 for b in box):
             raise self.error(f"box must give a positive extent per axis of {tensor}")
         if any(not isinstance(s, int) or not 0 <= s < tensor.rank or box[s] != 1 for s in squeeze):
             raise self.error("squeezed axes must be axes of the tensor with extent 1")
