@@ -509,8 +509,9 @@ def test_syntax_errors(src, line, col, message):
 
 
 def test_error_rendering():
+    # Like Python, a bracket that is never closed is the error, at the bracket.
     err = error("def f():\n    x = [1, 2\n    y = 3\n", first_line=7)
-    assert str(err) == "t.tk:9:5: error: unexpected 'y'\n    y = 3\n    ^"
+    assert str(err) == "t.tk:8:9: error: '[' was never closed\n    x = [1, 2\n        ^"
 
 
 @pytest.mark.parametrize("bad", [b"x = 1", None, 3])

@@ -189,7 +189,17 @@ def _parse(src: _Source) -> ast.Module:
         try:
             tree = lark.parse(text)
         except UnexpectedInput as e:
-            raise _syntax_error(e, src) from None
+            err = _syntax_error(e, src)
+            if indenter.brackets:  # like Python, a bracket that is never closed explains the error
+                try:
+                    for _ in lark.lex(text):
+                        pass
+                except _LexError as le:
+                    if le.message.endswith("was never closed"):
+                        err = TkcSyntaxError(le.message, src.loc(le.line, le.col))
+                except UnexpectedInput:
+                    pass
+            raise err from None
         except _LexError as e:
             raise TkcSyntaxError(e.message, src.loc(e.line, e.col)) from None
     try:
