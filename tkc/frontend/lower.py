@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from tkc import dtypes
 from tkc.errors import (
-    Loc, TkcError, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
+    Loc, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
 )
 from tkc.frontend import ast
 from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
@@ -957,7 +957,7 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
     else:
         kernels = [f for f in funcs if any(_is_kernel_decorator(d) for d in f.decorators)]
     if not kernels:
-        raise TkcSyntaxErrorAt(tree, "no kernel found: mark a function with @kernel")
+        raise TkcSyntaxError("no kernel found: mark a function with @kernel", Loc(tree.file, 1, 1, tree.source))
     helpers = {f.name: Function(f, None) for f in funcs if f not in kernels}
     names = [k.name for k in kernels]
     for k in kernels:
@@ -978,7 +978,3 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
             raise TkcUnsupportedError("this statement is nested too deeply to compile; split it up",
                                       lowering.b.loc or k.loc) from None
     return m
-
-
-def TkcSyntaxErrorAt(tree: ast.Module, msg: str) -> TkcError:  # noqa: N802 - reads as an exception
-    return TkcSyntaxError(msg, Loc(tree.file, 1, 1, tree.source))
