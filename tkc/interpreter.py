@@ -53,7 +53,7 @@ from tkc.errors import TkcError, TkcInterpretError, TkcLaunchError
 from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
 from tkc.ir.types import TensorType, shape_of
 
-__all__ = ["launch_grid", "run_kernel", "random_args", "interpret_module"]
+__all__ = ["evaluate", "interpret_module", "launch_grid", "random_args", "run_kernel"]
 
 
 # --------------------------------------------------------------- execution
@@ -233,6 +233,16 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.if": _if,
     "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
 }
+
+
+def evaluate(op: Operation, operands: Sequence[np.ndarray]) -> np.ndarray:
+    """What a pure, region-free op computes from ``operands`` (storage-form
+    arrays; 0-d arrays stand for splat tiles, since elementwise ops do not
+    depend on the shape).  Passes fold constants through this, so a fold is
+    exactly what running the op would give -- there is no second copy of an
+    op's meaning."""
+    with np.errstate(all="ignore"):
+        return np.asarray(_HANDLERS[op.name](None, op, *operands))
 
 
 # ------------------------------------------------------------ launching

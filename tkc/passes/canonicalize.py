@@ -4,11 +4,11 @@ Each rewrite is a small function ``pattern(op, root) -> bool`` that either
 leaves the IR alone and returns False, or rewrites ``op`` and returns True.
 The driver offers every op to every pattern until a whole round changes
 nothing.  A rewrite never changes what the kernel computes, bit for bit, as
-the interpreter (``tkc/interpreter.py``) runs it: float folding rounds once
-with ``dtypes.round_to``, as the interpreter does, and whatever is not pinned
-down bit for bit is left alone: libm functions (numpy's float32 and float64
-versions may differ in the last bit), float sums (summation order), integer
-division by zero, and max/min of NaN or of zeros of both signs.
+the interpreter (``tkc/interpreter.py``) runs it: a constant fold asks the
+interpreter (``evaluate``) what the op computes, so an op's meaning has one
+home.  Left alone: libm functions (numpy's vector and scalar paths may differ
+in the last bit), float sums (summation order), and answers the target chooses
+for itself (integer division by zero, max/min of NaN or of two zeros).
 New ops take the location of the op they replace.
 
 Ops that become unused (the constants a fold consumed, say) are left for
@@ -20,13 +20,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 
 from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import tile
+from tkc.interpreter import evaluate
 from tkc.ir.types import element_dtype
 
 Scalar = int | float | bool
@@ -108,107 +108,26 @@ def _is(v: Value, want: float, signed_zero: bool = False) -> bool:
 
 
 # --------------------------------------------------------- constant folding
-def _fold_int(name: str, a: int, b: int | None) -> int | None:
-    """i32 arithmetic: wraps modulo 2**32; // and % round toward -inf (the
-    interpreter's numpy semantics).  None where the interpreter's answer is
-    not obviously the same (division by zero, INT_MIN // -1)."""
-    if name == "tile.add":
-        return a + b
-    if name == "tile.sub":
-        return a - b
-    if name == "tile.mul":
-        return a * b
-    if name == "tile.floordiv":
-        return a // b if b != 0 and not (a == _I32_MIN and b == -1) else None
-    if name == "tile.rem":
-        return a % b if b != 0 else None
-    if name == "tile.cdiv":
-        # ceil(a / b) and (a + b - 1) // b agree for a >= 0 < b without overflow:
-        # fold only there, whichever formula the interpreter uses.
-        return (a + b - 1) // b if a >= 0 and b > 0 and a + b - 1 <= _I32_MAX else None
-    if name == "tile.maximum":
-        return max(a, b)
-    if name == "tile.minimum":
-        return min(a, b)
-    if name == "tile.and":
-        return a & b
-    if name == "tile.or":
-        return a | b
-    if name == "tile.xor":
-        return a ^ b
-    if name == "tile.neg":
-        return -a
-    if name == "tile.abs":
-        return abs(a)
-    if name == "tile.not":
-        return ~a
-    return None
-
-
-def _fold_bool(name: str, a: bool, b: bool | None) -> bool | None:
-    ops = {"tile.and": lambda: a and b, "tile.or": lambda: a or b, "tile.xor": lambda: a != b,
-           "tile.not": lambda: not a}
-    return ops[name]() if name in ops else None
-
-
-def _fold_float(name: str, a: float, b: float | None) -> float | None:
-    """Exact float64 arithmetic on values already rounded to the dtype; the
-    caller rounds the result once to the dtype.  For + - * / and sqrt that
-    equals computing in float32 and rounding (float64 has more than twice
-    float32's precision, so the double rounding is harmless).  exp, log, tanh,
-    rsqrt, ... are not folded: numpy's float32 and float64 versions may differ
-    in the last bit."""
-    x = np.float64(a)
-    with np.errstate(all="ignore"):
-        if name == "tile.add":
-            return float(x + b)
-        if name == "tile.sub":
-            return float(x - b)
-        if name == "tile.mul":
-            return float(x * b)
-        if name == "tile.div":
-            return float(x / np.float64(b))
-        if name in ("tile.maximum", "tile.minimum"):
-            # Whether NaN wins (numpy maximum, PTX max.NaN) or loses (fmax, PTX
-            # max) and which of -0.0 and +0.0 wins are choices of the target:
-            # those cases stay unfolded; every other answer is unambiguous.
-            if math.isnan(a) or math.isnan(b) or (a == 0 and b == 0):
-                return None
-            return float(max(a, b) if name == "tile.maximum" else min(a, b))
-        if name == "tile.neg":
-            return float(-x)
-        if name == "tile.abs":
-            return float(abs(x))
-        if name == "tile.sqrt":
-            return float(np.sqrt(x))
-    return None
-
-
-def _compare(pred: str, a: Scalar, b: Scalar) -> bool:
-    # Python's float comparisons treat NaN as numpy does: only 'ne' is true.
-    return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[pred]
+def _target_defined(op: Operation, vals: list[Scalar]) -> bool:
+    """Whether folding would bake in an answer the target chooses for itself:
+    integer division by zero (and INT_MIN // -1), and max/min of NaN or of two
+    zeros (NaN-propagating or not, which zero wins).  Those stay unfolded."""
+    if op.name in ("tile.floordiv", "tile.rem", "tile.cdiv") and not isinstance(vals[1], float):
+        return vals[1] == 0 or (op.name == "tile.floordiv" and vals[0] == _I32_MIN and vals[1] == -1)
+    if op.name in ("tile.maximum", "tile.minimum") and isinstance(vals[0], float):
+        a, b = vals
+        return math.isnan(a) or math.isnan(b) or (a == 0 and b == 0)
+    return False
 
 
 def fold_elementwise(op: Operation, root: Operation) -> bool:
-    """An elementwise op (or a compare or cast) whose operands are all constants."""
+    """An elementwise op (or a compare or cast) whose operands are all
+    constants becomes the constant the interpreter computes for it."""
     vals = [_const(v) for v in op.operands]
-    if any(v is None for v in vals):
+    if any(v is None for v in vals) or _target_defined(op, vals):
         return False
-    dt = element_dtype(op.operands[0].type)
-    a, b = vals[0], vals[1] if len(vals) > 1 else None
-    if op.name == "tile.cmp":
-        out: Scalar | None = _compare(op.attributes["pred"], a, b)
-    elif op.name == "tile.cast":
-        out = a  # _replace_by_constant rounds it to the result dtype
-    elif dt.is_bool:
-        out = _fold_bool(op.name, a, b)
-    elif dt.is_int:
-        out = _fold_int(op.name, a, b)
-    else:
-        out = _fold_float(op.name, a, b)
-    if out is None:
-        return False
-    _replace_by_constant(op, out, root)
+    args = [dtypes.round_to(x, element_dtype(v.type)) for x, v in zip(vals, op.operands)]
+    _replace_by_constant(op, evaluate(op, args).item(), root)
     return True
 
 
@@ -348,6 +267,9 @@ def fold_zero_trip_for(op: Operation, root: Operation) -> bool:
 
 
 # ------------------------------------------------------------ the table
+# exp, exp2, log, log2, tanh and rsqrt are not folded: numpy's vectorized and
+# scalar paths may differ in the last bit, so a fold on one element might not
+# equal the interpreter's answer on a whole tile.
 _ELEMENTWISE = [
     "tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv", "tile.rem", "tile.cdiv",
     "tile.maximum", "tile.minimum", "tile.and", "tile.or", "tile.xor",
