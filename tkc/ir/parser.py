@@ -13,7 +13,7 @@ from typing import Any
 from tkc import dtypes
 from tkc.errors import Loc, TkcSyntaxError
 from tkc.ir.core import OPS, Block, Module, Operation, Region, Value
-from tkc.ir.types import LAYOUT_PARSERS, ScalarType, TensorType, TileType, Type
+from tkc.ir.types import LAYOUT_PARSERS, MBARRIER, ScalarType, TensorType, TileType, Type
 
 _TOKEN = re.compile(
     r"""
@@ -139,6 +139,8 @@ class _Parser:
         if t.kind == "type":
             return self._type_text(t)
         if t.kind == "ident":
+            if t.text == "mbarrier":
+                return MBARRIER
             dt = dtypes.from_name(t.text)
             if dt is not None:
                 return ScalarType(dt)

@@ -75,6 +75,17 @@ class TileType(Type):
         return f"tile<{'x'.join(str(s) for s in self.shape)}x{self.dtype.name}{extras}>"
 
 
+@dataclass(frozen=True)
+class MBarrierType(Type):
+    """A shared-memory mbarrier (hopper IR; docs/hopper.md)."""
+
+    def __str__(self) -> str:
+        return "mbarrier"
+
+
+MBARRIER = MBarrierType()
+
+
 def element_dtype(t: Type) -> DType:
     """The element dtype of a scalar or tile type."""
     if isinstance(t, (ScalarType, TileType, TensorType)):

@@ -36,7 +36,8 @@ class KernelOp(Operation):
     ``consts`` are the compile-time constants it was specialized with."""
 
     name = "tile.kernel"
-    ATTRS = {"sym_name": str, "consts?": dict}
+    # threads / smem_bytes / tma_maps: set by the Hopper passes (docs/hopper.md section 4).
+    ATTRS = {"sym_name": str, "consts?": dict, "threads?": int, "smem_bytes?": int, "tma_maps?": list}
     REGIONS = 1
     TRAITS = frozenset({"isolated"})
 

@@ -1,0 +1,328 @@
+"""The ``hopper`` dialect: what sm_90a offers, one op per thing a Hopper kernel does.
+
+Shared-memory tiles and mbarriers, TMA copies, wgmma, per-thread global loads and stores,
+reductions and layout conversions of distributed register tiles.  The semantics of every op
+(who executes it, what it reads and writes) are in docs/hopper.md, section 3; the emulator
+and codegen implement exactly that.  Ops only check their own types here; they never choose
+a layout (select-layouts does) or an offset (allocate-smem does).
+"""
+
+from __future__ import annotations
+
+from tkc import dtypes
+from tkc.ir.core import Operation, register
+from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
+
+I32 = ScalarType(dtypes.i32)
+
+
+def _smem(t: Type) -> bool:
+    from tkc.ir.layouts import SharedLayout
+
+    return isinstance(t, TileType) and t.space == "smem" and isinstance(t.layout, SharedLayout)
+
+
+def _reg(t: Type) -> bool:
+    return isinstance(t, TileType) and t.space == "reg" and t.layout is not None
+
+
+def _check_view(op: Operation, t: TileType, what: str) -> None:
+    """A shared tile's shape is its layout's rows x cols, or the transpose (a view)."""
+    lay = t.layout
+    if t.rank != 2 or t.shape not in ((lay.rows, lay.cols), (lay.cols, lay.rows)) or t.dtype != lay.dtype:
+        raise op.error(f"{what} {t} does not match its layout {lay}")
+
+
+def _check_reg(op: Operation, t: Type, what: str) -> None:
+    if not _reg(t):
+        raise op.error(f"{what} must be a register tile with a layout, got {t}")
+    if tuple(t.layout.shape) != t.shape:
+        raise op.error(f"{what} {t}: layout {t.layout} covers shape {tuple(t.layout.shape)}")
+
+
+class _OneThread:
+    """Marker: thread 0 of the CTA executes the op (docs/hopper.md section 3)."""
+
+
+# -------------------------------------------------------------- shared memory
+@register
+class SmemAllocOp(Operation):
+    """A shared tile at byte ``offset`` of the dynamic shared memory (-1: not placed yet)."""
+
+    name = "hopper.smem_alloc"
+    RESULTS = ("result",)
+    ATTRS = {"offset": int}
+
+    def verify(self) -> None:
+        t = self.result.type
+        if not _smem(t):
+            raise self.error(f"allocates a shared tile with a #smem layout, got {t}")
+        _check_view(self, t, "result")
+        if self.offset != -1 and (self.offset < 0 or self.offset % t.layout.alignment):
+            raise self.error(f"offset {self.offset} is not {t.layout.alignment}-B aligned")
+
+
+@register
+class MBarrierAllocOp(Operation):
+    name = "hopper.mbarrier_alloc"
+    RESULTS = ("result",)
+    ATTRS = {"offset": int}
+
+    def verify(self) -> None:
+        if self.result.type != MBARRIER:
+            raise self.error(f"result must be an mbarrier, got {self.result.type}")
+        if self.offset != -1 and (self.offset < 0 or self.offset % 8):
+            raise self.error(f"offset {self.offset} is not 8-B aligned")
+
+
+def _check_barrier(op: Operation, v) -> None:
+    if v.type != MBARRIER:
+        raise op.error(f"expects an mbarrier, got {v.type}")
+
+
+@register
+class MBarrierInitOp(Operation, _OneThread):
+    name = "hopper.mbarrier_init"
+    OPERANDS = ("barrier",)
+    ATTRS = {"count": int}
+
+    def verify(self) -> None:
+        _check_barrier(self, self.barrier)
+        if self.count < 1:
+            raise self.error("count must be positive")
+
+
+@register
+class FenceMBarrierInitOp(Operation, _OneThread):
+    name = "hopper.fence_mbarrier_init"
+
+
+@register
+class BarrierOp(Operation):
+    """``bar.sync id`` over every thread of the CTA."""
+
+    name = "hopper.barrier"
+    ATTRS = {"id": int}
+
+    def verify(self) -> None:
+        if not 0 <= self.id < 16:
+            raise self.error("named barrier ids are 0..15")
+
+
+@register
+class ExpectTxOp(Operation, _OneThread):
+    """``mbarrier.arrive.expect_tx``: one arrival and ``bytes`` more expected this phase."""
+
+    name = "hopper.expect_tx"
+    OPERANDS = ("barrier",)
+    ATTRS = {"bytes": int}
+
+    def verify(self) -> None:
+        _check_barrier(self, self.barrier)
+        if self.bytes <= 0 or self.bytes % 16:
+            raise self.error("bytes must be a positive multiple of 16")
+
+
+@register
+class TmaLoadOp(Operation, _OneThread):
+    """Copy a box of ``tensor`` at element ``offsets`` into the shared tile ``dst`` through
+    tensor map ``map`` of the kernel's ``tma_maps``; completes dst's bytes on ``barrier``."""
+
+    name = "hopper.tma_load"
+    OPERANDS = ("tensor", "dst", "barrier", "*offsets")
+    ATTRS = {"map": int, "box": list}
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        if not isinstance(t, TensorType):
+            raise self.error(f"copies from a tensor, got {t}")
+        if not _smem(self.dst.type):
+            raise self.error(f"copies into a shared tile, got {self.dst.type}")
+        _check_barrier(self, self.barrier)
+        if len(self.offsets) != t.rank or any(o.type != I32 for o in self.offsets):
+            raise self.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
+        lay = self.dst.type.layout
+        box = self.box
+        if len(box) != t.rank or list(box[-2:]) != [lay.rows, lay.cols] or any(b != 1 for b in box[:-2]):
+            raise self.error(f"box {box} must be 1 on outer axes and {lay.rows} x {lay.cols} on the inner two")
+        if t.dtype != lay.dtype:
+            raise self.error(f"tensor dtype {t.dtype.name} differs from the tile's {lay.dtype.name}")
+
+
+@register
+class MBarrierWaitOp(Operation):
+    name = "hopper.mbarrier_wait"
+    OPERANDS = ("barrier", "parity")
+
+    def verify(self) -> None:
+        _check_barrier(self, self.barrier)
+        if self.parity.type != I32:
+            raise self.error("parity is an i32 (0 or 1)")
+
+
+@register
+class SmemStoreOp(Operation):
+    """Every thread writes its values of a register tile into the shared tile ``dst``."""
+
+    name = "hopper.smem_store"
+    OPERANDS = ("value", "dst")
+
+    def verify(self) -> None:
+        _check_reg(self, self.value.type, "value")
+        if not _smem(self.dst.type):
+            raise self.error(f"stores into a shared tile, got {self.dst.type}")
+        if self.dst.type.shape != self.value.type.shape or self.dst.type.dtype != self.value.type.dtype:
+            raise self.error(f"{self.value.type} does not fit {self.dst.type}")
+
+
+@register
+class FenceProxyAsyncOp(Operation):
+    name = "hopper.fence_proxy_async"
+
+
+# ---------------------------------------------------------------------- wgmma
+@register
+class WgmmaOp(Operation):
+    """``acc + A @ B``, issued asynchronously by each warpgroup for its 64 rows."""
+
+    name = "hopper.wgmma"
+    OPERANDS = ("a", "b", "acc")
+    RESULTS = ("result",)
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA
+
+        acc, r = self.acc.type, self.result.type
+        if not (_reg(acc) and isinstance(acc.layout, WgmmaAccumulator)) or acc.dtype != dtypes.f32 or r != acc:
+            raise self.error(f"the accumulator and result are one f32 #wgmma_acc tile, got {acc} -> {r}")
+        m, n = acc.shape
+        a, b = self.a.type, self.b.type
+        if _smem(a):
+            _check_view(self, a, "A")
+            am, ak = (a.layout.rows, a.layout.cols) if a.layout.major == "k" else (a.layout.cols, a.layout.rows)
+        elif _reg(a) and isinstance(a.layout, WgmmaOperandA):
+            am, ak = a.shape
+            if a.layout.warpgroups != acc.layout.warpgroups:
+                raise self.error("A and the accumulator span different warpgroups")
+        else:
+            raise self.error(f"A is a shared tile or a #wgmma_a register tile, got {a}")
+        if not _smem(b):
+            raise self.error(f"B is a shared tile, got {b}")
+        _check_view(self, b, "B")
+        bn, bk = (b.layout.rows, b.layout.cols) if b.layout.major == "k" else (b.layout.cols, b.layout.rows)
+        if am != m or bn != n or ak != bk:
+            raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {m}x{n}")
+        if not 8 <= n <= 256 or n % 8:
+            raise self.error(f"wgmma N is 8..256 in steps of 8, got {n}")
+        if a.dtype.bits != b.dtype.bits or (a.dtype != b.dtype and a.dtype.bits != 8):
+            raise self.error(f"operand dtypes {a.dtype.name} and {b.dtype.name} do not pair")
+
+
+@register
+class WgmmaWaitOp(Operation):
+    """``wgmma.wait_group pending``; the result is the operand, now readable."""
+
+    name = "hopper.wgmma_wait"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"pending": int}
+
+    def verify(self) -> None:
+        if self.x.type != self.result.type:
+            raise self.error("the result has the operand's type")
+        if self.pending < 0:
+            raise self.error("pending must be >= 0")
+
+
+# --------------------------------------------------------- registers <-> global
+class _GlobalAccess(Operation):
+    def _check(self, tensor: Type, offsets: list, tile: Type) -> None:
+        if not isinstance(tensor, TensorType):
+            raise self.error(f"expects a tensor, got {tensor}")
+        if len(offsets) != tensor.rank or any(o.type != I32 for o in offsets):
+            raise self.error(f"needs {tensor.rank} i32 offsets, one per axis of {tensor}")
+        _check_reg(self, tile, "the tile")
+        squeeze = self.squeeze or []
+        shape = tuple(b for i, b in enumerate(self.box) if i not in squeeze)
+        if len(self.box) != tensor.rank or shape != tile.shape or tile.dtype != tensor.dtype:
+            raise self.error(f"the box {self.box} of {tensor} is not {tile}")
+
+
+@register
+class LoadOp(_GlobalAccess):
+    name = "hopper.load"
+    OPERANDS = ("tensor", "*offsets")
+    RESULTS = ("result",)
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    TRAITS = frozenset({"readonly"})
+
+    def verify(self) -> None:
+        self._check(self.tensor.type, self.offsets, self.result.type)
+
+
+@register
+class StoreOp(_GlobalAccess):
+    name = "hopper.store"
+    OPERANDS = ("tensor", "value", "*offsets")
+    ATTRS = {"box": list, "squeeze?": list}
+
+    def verify(self) -> None:
+        self._check(self.tensor.type, self.offsets, self.value.type)
+
+
+# ------------------------------------------------------------ between threads
+@register
+class ReduceOp(Operation):
+    """``reduce_plan(x.layout, axis)`` executed step by step (docs/hopper.md section 2)."""
+
+    name = "hopper.reduce"
+    OPERANDS = ("x", "*scratch")
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int, "shuffle_xor": list, "warp_xor": list}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import reduce_plan
+
+        x, r = self.x.type, self.result.type
+        _check_reg(self, x, "the operand")
+        if self.kind not in ("sum", "max", "min"):
+            raise self.error("kind must be sum, max or min")
+        try:
+            plan = reduce_plan(x.layout, self.axis)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        if list(plan.shuffle_xor) != self.shuffle_xor or list(plan.warp_xor) != self.warp_xor:
+            raise self.error(f"steps must be the layout's plan: shuffle_xor {list(plan.shuffle_xor)}, "
+                             f"warp_xor {list(plan.warp_xor)}")
+        shape = x.shape[: self.axis] + x.shape[self.axis + 1:]
+        if shape:
+            want = TileType(shape, x.dtype, "reg", plan.result)
+        else:
+            want = ScalarType(x.dtype)
+        if r != want:
+            raise self.error(f"result must be {want}, got {r}")
+        if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
+            raise self.error("a cross-warp reduction takes one shared scratch tile, others none")
+
+
+@register
+class ConvertLayoutOp(Operation):
+    """The same tile in another register layout (through ``scratch`` when threads must trade values)."""
+
+    name = "hopper.convert_layout"
+    OPERANDS = ("x", "*scratch")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        x, r = self.x.type, self.result.type
+        _check_reg(self, x, "the operand")
+        _check_reg(self, r, "the result")
+        if x.shape != r.shape or x.dtype != r.dtype:
+            raise self.error(f"converts layouts only: {x} -> {r}")
+        if len(self.scratch) > 1 or (self.scratch and not _smem(self.scratch[0].type)):
+            raise self.error("takes at most one shared scratch tile")
+
+
+ONE_THREAD_OPS = frozenset(c.name for c in (MBarrierInitOp, FenceMBarrierInitOp, ExpectTxOp, TmaLoadOp))
