@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tkc.ir.core import Module
+from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
@@ -24,6 +25,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "licm": licm,                  # hoist loop-invariant pure ops out of tile.for
     "cse": cse,                    # merge identical pure ops
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
+    "allocate-smem": allocate_smem,  # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later stages go here, in the order they run, each in its own file:
     #   infer-bounds, select-layouts, pipeline-loops, specialize-warps,
     #   lower-to-hopper, allocate-smem (and lower-to-blackwell for sm_100a).
