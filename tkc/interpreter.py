@@ -232,6 +232,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.for": _for,
     "tile.if": _if,
     "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
+    # select-layouts output stays interpretable: a layout change moves no element.
+    "hopper.convert_layout": lambda ctx, op, x, *scratch: x,
 }
 
 
