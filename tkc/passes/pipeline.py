@@ -16,6 +16,8 @@ from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
 from tkc.passes.licm import licm
+from tkc.passes.lower_to_hopper import lower_to_hopper
+from tkc.passes.select_layouts import select_layouts
 
 #: Every pass by its pipeline name.  A pass mutates the module in place and
 #: raises a TkcError when the input is outside what it handles.
@@ -25,13 +27,17 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "licm": licm,                  # hoist loop-invariant pure ops out of tile.for
     "cse": cse,                    # merge identical pure ops
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
-    "allocate-smem": allocate_smem,  # byte offsets of shared tiles and mbarriers, smem_bytes
-    # --- later stages go here, in the order they run, each in its own file:
-    #   infer-bounds, select-layouts, pipeline-loops, specialize-warps,
-    #   lower-to-hopper, allocate-smem (and lower-to-blackwell for sm_100a).
+    # --- sm_90a, in the order they run (docs/hopper.md)
+    "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
+    "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
+    "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
+    # --- later stages, each in its own file: pipeline-loops and specialize-warps
+    #   (between select-layouts and lower-to-hopper), lower-to-blackwell for sm_100a.
 }
 
-#: What ``tkc compile`` and ``tkc run`` run on tile IR by default.  Once the
-#: Hopper backend lands this grows into the sm_90a pipeline:
-#: cleanups, then select-layouts, lower-to-hopper, allocate-smem.
+#: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the
+#: target-independent cleanups.
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
+
+#: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
+HOPPER_PIPELINE = "select-layouts,lower-to-hopper,allocate-smem"

@@ -1,0 +1,269 @@
+"""The ``lower-to-hopper`` pass: tile IR with layouts -> hopper IR (docs/hopper.md).
+
+Runs after ``select-layouts``, which decided where every tile lives.  This pass turns each
+memory or cross-thread operation into the sm_90a ops that do it, so the dump reads like a
+hand-written Hopper kernel:
+
+- **Shared-tile loads** become TMA copies.  Loads that follow each other in one block (only
+  index arithmetic between them) share one mbarrier: at the last load's place the CTA
+  waits until every warpgroup is done with the previous contents when the loads sit in a
+  loop (``hopper.barrier``), thread 0 arms the barrier with the tiles' bytes
+  (``hopper.expect_tx``) and issues one ``hopper.tma_load`` per tile, and every thread waits
+  for the phase (``hopper.mbarrier_wait``).  The tensor maps the copies use are listed in
+  the kernel's ``tma_maps``; identical maps are shared.  Barriers are created and
+  initialized once, at the top of the kernel.
+- **Phases** are explicit: a barrier waited on inside loops gets a loop-carried i32 parity
+  (flipped after each wait) through every enclosing ``tile.for`` and ``tile.if``.
+- ``@`` becomes ``hopper.wgmma`` followed at once by ``hopper.wgmma_wait {pending = 0}``
+  (overlapping them is the ``pipeline-loops`` pass's job); a ``.T`` of a shared tile
+  disappears into the operand's layout.
+- Register loads and stores become per-thread ``hopper.load``/``hopper.store``; reductions
+  ``hopper.reduce`` with their layout's plan (and a scratch tile when warps must trade
+  partial results); conversions between layouts that place values on different threads get
+  a scratch tile.
+
+Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``'s job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.builder import Builder
+from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
+from tkc.ir.dialects import hopper, tile
+from tkc.ir.layouts import SharedLayout, reduce_plan
+from tkc.ir.types import MBARRIER, ScalarType, TileType
+
+I32 = ScalarType(dtypes.i32)
+
+
+def lower_to_hopper(module: Module) -> None:
+    for kernel in module.ops:
+        if kernel.name == "tile.kernel":
+            _Lowering(kernel).run()
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def same_placement(a: object, b: object) -> bool:
+    """Whether two register layouts give every thread the same elements in the same order,
+    so converting between them moves nothing."""
+    if a.threads != b.threads or a.regs != b.regs or tuple(a.shape) != tuple(b.shape):
+        return False
+    t, i = np.arange(a.threads)[:, None], np.arange(a.regs)[None, :]
+    return all(np.array_equal(x, y) for x, y in zip(a.coords(t, i), b.coords(t, i)))
+
+
+class _Lowering:
+    def __init__(self, kernel: Operation):
+        self.kernel = kernel
+        self.body: Block = kernel.regions[0].block
+        self.top = Builder(self.body, 0, kernel.loc)  # allocations go first, in creation order
+        self.barriers: list[Value] = []
+        self.waits: dict[Operation, Value] = {}  # mbarrier_wait -> its barrier
+        self.maps: list[list] = []
+        self.consts: dict[int, Value] = {}
+
+    def run(self) -> None:
+        if "threads" not in self.kernel.attributes:
+            raise TkcUnsupportedError("lower-to-hopper runs after select-layouts", self.kernel.loc)
+        self._drop_views()
+        for block in self._blocks(self.kernel):
+            self._lower_tma_groups(block)
+        for op in list(self.kernel.walk()):
+            lower = _LOWER.get(op.name)
+            if lower is not None:
+                lower(self, op)
+        self._init_barriers()
+        self._thread_phases(self.body, {}, in_loop=False)
+        self.kernel.attributes["tma_maps"] = self.maps
+
+    @staticmethod
+    def _blocks(op: Operation) -> list[Block]:
+        out = []
+        for r in op.regions:
+            for b in r.blocks:
+                out.append(b)
+                for inner in b.ops:
+                    out.extend(_Lowering._blocks(inner))
+        return out
+
+    def _alloc(self, t: TileType, loc) -> Value:
+        return self.top.value(hopper.SmemAllocOp, [], t, {"offset": -1}, loc=loc)
+
+    # ------------------------------------------------------------------ views
+    def _drop_views(self) -> None:
+        for op in list(self.kernel.walk()):
+            if op.name == "tile.transpose" and op.result.type.space == "smem":
+                replace_all_uses(self.kernel, op.result, op.x)
+                op.erase()
+
+    # -------------------------------------------------------------------- TMA
+    def _lower_tma_groups(self, block: Block) -> None:
+        groups: list[list[Operation]] = []
+        current: list[Operation] = []
+        for op in block.ops:
+            if op.name == "tile.load" and op.result.type.space == "smem":
+                current.append(op)
+            elif current and not (op.has_trait("pure") and not op.regions
+                                  and not any(isinstance(r.type, TileType) for r in op.results)):
+                groups.append(current)
+                current = []
+        if current:
+            groups.append(current)
+        for g in groups:
+            self._lower_tma_group(g)
+
+    def _in_loop(self, op: Operation) -> bool:
+        p = op.parent.parent_op if op.parent else None
+        while p is not None and p is not self.kernel:
+            if p.name == "tile.for":
+                return True
+            p = p.parent.parent_op if p.parent else None
+        return False
+
+    def _map(self, load: Operation, layout: SharedLayout) -> int:
+        param = self.body.args.index(load.tensor)
+        rank = load.tensor.type.rank
+        cols, rows = layout.tma_box().dims
+        entry = [param, [1] * (rank - 2) + [rows, cols], layout.swizzle]
+        if entry not in self.maps:
+            self.maps.append(entry)
+        return self.maps.index(entry)
+
+    def _lower_tma_group(self, loads: list[Operation]) -> None:
+        last = loads[-1]
+        bar = self.top.value(hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1}, loc=loads[0].loc)
+        self.barriers.append(bar)
+        dsts = [self._alloc(ld.result.type, ld.loc) for ld in loads]
+        b = Builder.before(last)  # after the allocations: they shift the kernel body's indices
+        if self._in_loop(last):
+            # Every warpgroup must be done reading the previous tiles before TMA overwrites them.
+            b.create(hopper.BarrierOp, attrs={"id": 0})
+        nbytes = sum(ld.result.type.layout.size_bytes for ld in loads)
+        b.create(hopper.ExpectTxOp, [bar], attrs={"bytes": nbytes}, loc=loads[0].loc)
+        for ld, dst in zip(loads, dsts):
+            layout = ld.result.type.layout
+            b.create(hopper.TmaLoadOp, [ld.tensor, dst, bar, *ld.offsets],
+                     attrs={"map": self._map(ld, layout), "box": list(ld.box)}, loc=ld.loc)
+            replace_all_uses(self.kernel, ld.result, dst)
+        wait = b.create(hopper.MBarrierWaitOp, [bar, bar], loc=last.loc)  # parity set by _thread_phases
+        self.waits[wait] = bar
+        for ld in loads:
+            ld.erase()
+
+    def _init_barriers(self) -> None:
+        if not self.barriers:
+            return
+        for bar in self.barriers:
+            self.top.create(hopper.MBarrierInitOp, [bar], attrs={"count": 1})
+        self.top.create(hopper.FenceMBarrierInitOp)
+        self.top.create(hopper.BarrierOp, attrs={"id": 0})
+
+    # ----------------------------------------------------------------- phases
+    def _waited(self, op: Operation) -> list[Value]:
+        """Barriers waited on anywhere inside ``op``'s regions, in first-wait order."""
+        out: list[Value] = []
+        for inner in op.walk():
+            if inner in self.waits and self.waits[inner] not in out:
+                out.append(self.waits[inner])
+        return out
+
+    def _const(self, value: int) -> Value:
+        if value not in self.consts:
+            self.consts[value] = self.top.value(tile.ConstantOp, [], I32, {"value": value})
+        return self.consts[value]
+
+    def _thread_phases(self, block: Block, cur: dict[Value, Value], in_loop: bool) -> dict[Value, Value]:
+        for op in list(block.ops):
+            if op in self.waits:
+                bar = self.waits[op]
+                if bar not in cur:
+                    cur[bar] = self._const(0)
+                op.operands[1] = cur[bar]
+                if in_loop:
+                    b = Builder(block, block.ops.index(op) + 1, op.loc)
+                    cur[bar] = b.value(tile.XorOp, [cur[bar], self._const(1)], I32)
+            elif op.name in ("tile.for", "tile.if") and (bars := self._waited(op)):
+                for bar in bars:
+                    cur.setdefault(bar, self._const(0))
+                if op.name == "tile.for":
+                    body = op.regions[0].block
+                    inner = {}
+                    for bar in bars:
+                        op.operands.append(cur[bar])
+                        inner[bar] = body.add_arg(I32, "phase")
+                    out = self._thread_phases(body, inner, in_loop=True)
+                    body.terminator.operands.extend(out[bar] for bar in bars)
+                else:
+                    for r in op.regions:
+                        out = self._thread_phases(r.blocks[0], dict(cur), in_loop)
+                        r.blocks[0].terminator.operands.extend(out[bar] for bar in bars)
+                for bar in bars:
+                    res = OpResult(I32, op, len(op.results), "phase")
+                    op.results.append(res)
+                    cur[bar] = res
+        return cur
+
+    # -------------------------------------------------------------- op by op
+    def _mma(self, op: Operation) -> None:
+        b = Builder.before(op)
+        d = b.value(hopper.WgmmaOp, [op.a, op.b, op.acc], op.result.type)
+        e = b.value(hopper.WgmmaWaitOp, [d], op.result.type, {"pending": 0})
+        replace_all_uses(self.kernel, op.result, e)
+        op.erase()
+
+    def _load(self, op: Operation) -> None:
+        b = Builder.before(op)
+        new = b.value(hopper.LoadOp, list(op.operands), op.result.type, dict(op.attributes))
+        replace_all_uses(self.kernel, op.result, new)
+        op.erase()
+
+    def _store(self, op: Operation) -> None:
+        Builder.before(op).create(hopper.StoreOp, list(op.operands), attrs=dict(op.attributes))
+        op.erase()
+
+    def _reduce(self, op: Operation) -> None:
+        layout = op.x.type.layout
+        try:
+            plan = reduce_plan(layout, op.axis)
+        except ValueError as e:
+            raise TkcUnsupportedError(f"sm_90a: {e}", op.loc) from None
+        scratch = []
+        if plan.warp_xor:
+            kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
+            rows, cols = _round_up(layout.threads // 32, 8), _round_up(kept, 4)
+            lay = SharedLayout(rows, cols, dtypes.f32, "k", 0)
+            scratch = [self._alloc(TileType((rows, cols), dtypes.f32, "smem", lay), op.loc)]
+        b = Builder.before(op)
+        new = b.value(hopper.ReduceOp, [op.x, *scratch], op.result.type,
+                      {"kind": op.kind, "axis": op.axis, "shuffle_xor": list(plan.shuffle_xor),
+                       "warp_xor": list(plan.warp_xor)})
+        replace_all_uses(self.kernel, op.result, new)
+        op.erase()
+
+    def _convert(self, op: Operation) -> None:
+        src, dst = op.x.type, op.result.type
+        if op.scratch or same_placement(src.layout, dst.layout):
+            return
+        try:
+            if src.rank != 2:
+                raise ValueError("only 2-D tiles trade values through shared memory")
+            lay = SharedLayout(src.shape[0], src.shape[1], src.dtype, "k", 0)
+        except ValueError as e:
+            raise TkcUnsupportedError(f"sm_90a: cannot convert {src} to {dst.layout}: {e}", op.loc) from None
+        op.operands.append(self._alloc(TileType(src.shape, src.dtype, "smem", lay), op.loc))
+
+
+_LOWER = {
+    "tile.mma": _Lowering._mma,
+    "tile.load": _Lowering._load,
+    "tile.store": _Lowering._store,
+    "tile.reduce": _Lowering._reduce,
+    "hopper.convert_layout": _Lowering._convert,
+}

@@ -1,0 +1,368 @@
+"""The ``select-layouts`` pass: where every tile lives, and in which layout.
+
+Input: target-independent tile IR.  Output: the same ops, with every tile type carrying a
+space and a layout (docs/hopper.md section 2), ``hopper.convert_layout`` wherever a value
+is needed in a layout other than the one it was made in, and the kernel's ``threads``.
+The output is still tile IR: the interpreter runs it unchanged (a conversion moves no
+element), which is how this pass is tested differentially.
+
+Decisions, in order:
+
+1. **Warpgroups.**  Every ``@`` runs as wgmma with 64 rows per warpgroup, so a kernel whose
+   products have M rows runs ``M / 64`` warpgroups (all products of a kernel must agree);
+   a kernel without products runs one warpgroup.
+2. **Shared tiles.**  A ``@`` operand loaded from a tensor is copied by TMA into shared
+   memory and read by wgmma from there: its load gets ``space = smem`` and a
+   ``SharedLayout`` whose contiguous axis is the tensor's innermost one, swizzled as wide as
+   that axis allows (``choose_swizzle``), ``k``- or ``mn``-major by what wgmma sees
+   (``kt.T`` as B is K-major; ``b`` as B is MN-major).  A ``.T`` of such a load becomes a
+   transposed view of the same bytes.  A load that something else also reads gets a second,
+   register copy for those readers.  The A operand may instead be computed in registers
+   (``p.to(bf16) @ v``): it is converted to ``#wgmma_a``, which costs nothing when it comes
+   from an accumulator.
+3. **Register layouts** by propagation to a fixpoint, first proposal wins: ``@`` results
+   are ``#wgmma_acc``; elementwise ops pass their operands' layout on (and ask their
+   operands for their own); reductions give ``#slice`` of their operand, ``expand_dims`` the
+   ``keep`` form of a slice, ``broadcast`` the slice's parent, and each of these asks its
+   operand for what it needs; loops and branches carry layouts through their block arguments
+   and results.  What is still free afterwards (a softmax's loads) gets the ``#blocked``
+   layout of ``choose_blocked``, 2-D values first, then propagation runs again.
+4. **Conversions** where an operand's layout is not the one its user needs.
+
+Must not: move memory or create hopper memory ops (``lower-to-hopper`` does), or place
+shared memory (``allocate-smem``).
+"""
+
+from __future__ import annotations
+
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.builder import Builder
+from tkc.ir.core import Module, Operation, Value, uses
+from tkc.ir.dialects import hopper
+from tkc.ir.layouts import (
+    SharedLayout,
+    Slice,
+    WgmmaAccumulator,
+    WgmmaOperandA,
+    choose_blocked,
+    choose_swizzle,
+)
+from tkc.ir.types import TileType
+
+WARPGROUP = 128
+# Ops whose values are computed again, rather than converted, when a user needs another layout.
+_REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
+
+
+def select_layouts(module: Module) -> None:
+    for kernel in module.ops:
+        if kernel.name == "tile.kernel":
+            _Selector(kernel).run()
+
+
+def _unsupported(op: Operation, message: str) -> TkcUnsupportedError:
+    return TkcUnsupportedError(f"sm_90a: {message}", op.loc)
+
+
+def _def(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
+def tma_loadable(op: Operation) -> str | None:
+    """Why ``op`` (a ``tile.load``) cannot be a TMA copy into a shared tile, or None if it can:
+    its tile must be the tensor's two innermost axes, 8- or 16-bit, rows a multiple of 8,
+    rows at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill)."""
+    t, tile = op.tensor.type, op.result.type
+    if t.rank < 2 or list(op.squeeze or []) != list(range(t.rank - 2)) or tile.rank != 2:
+        return "its tile is not the tensor's two innermost axes"
+    if t.dtype.bits not in (8, 16):
+        return f"wgmma takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first)"
+    if tile.shape[0] % 8 or tile.shape[1] * t.dtype.bits % 128:
+        return f"a {tile.shape[0]}x{tile.shape[1]} tile is not a whole number of 8-row x 16-byte core matrices"
+    if op.other not in (None, 0, 0.0, False):
+        return f"TMA fills out-of-range elements with 0, not {op.other}"
+    return None
+
+
+class _Selector:
+    def __init__(self, kernel: Operation):
+        self.kernel = kernel
+        self.warpgroups = self._warpgroups()
+        self.threads = WARPGROUP * self.warpgroups
+        self.lay: dict[Value, object] = {}
+        self.smem: set[Value] = set()
+
+    # ------------------------------------------------------------ 1. warpgroups
+    def _warpgroups(self) -> int:
+        ms = [(op, op.acc.type.shape[0]) for op in self.kernel.walk() if op.name == "tile.mma"]
+        for op, m in ms:
+            if m % 64:
+                raise _unsupported(op, f"wgmma computes 64 rows per warpgroup; this product has {m} rows")
+            if m != ms[0][1]:
+                raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
+                                       f"this one has {m}")
+        return ms[0][1] // 64 if ms else 1
+
+    def run(self) -> None:
+        self._place_mma_operands()
+        self._propagate()
+        self._convert()
+        for v, layout in self.lay.items():
+            v.type = TileType(v.type.shape, v.type.dtype, "reg", layout)
+        self.kernel.attributes["threads"] = self.threads
+
+    # ----------------------------------------------------------- 2. shared tiles
+    def _place_mma_operands(self) -> None:
+        placed: dict[Value, SharedLayout] = {}
+        for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
+            for which in ("a", "b"):
+                v = getattr(mma, which)
+                view = _def(v)
+                src = view.x if view is not None and view.name == "tile.transpose" else v
+                load = _def(src)
+                transposed = src is not v
+                if load is None or load.name != "tile.load" or tma_loadable(load) is not None:
+                    if which == "a" and not transposed:
+                        if v.type.dtype.bits != 16:
+                            raise _unsupported(mma, "an A operand computed in registers must be f16 or bf16")
+                        continue  # a register operand: converted to #wgmma_a later
+                    why = tma_loadable(load) if load is not None and load.name == "tile.load" else None
+                    raise _unsupported(mma, f"the {which.upper()} operand of @ must be a tile loaded from a "
+                                            f"tensor (or its .T)" + (f": {why}" if why else ""))
+                # A is MxK, B is KxN; the stored tile's contiguous axis decides the major.
+                k_contiguous = (which == "a") != transposed
+                major = "k" if k_contiguous else "mn"
+                rows, cols = src.type.shape
+                if major == "mn" and src.type.dtype.bits != 16:
+                    raise _unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
+                                            f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}")
+                try:
+                    layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
+                    layout.tma_box()
+                except ValueError as e:
+                    raise _unsupported(load, f"cannot place this tile in shared memory for wgmma: {e}") from None
+                if src in placed and placed[src] != layout:
+                    src = self._clone_load(load, only_user=view if transposed else mma)
+                placed[src] = layout
+                src.type = TileType(src.type.shape, src.type.dtype, "smem", layout)
+                self.smem.add(src)
+                if transposed:
+                    if view.x is not src:
+                        view.operands[0] = src
+                    view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
+                    self.smem.add(view.result)
+        # Readers of a shared tile other than wgmma get their own register copy.
+        users = uses(self.kernel)
+        for v in list(self.smem):
+            others = [u for u in users.get(v, []) if u.name not in ("tile.mma", "tile.transpose")]
+            if others and _def(v).name == "tile.load":
+                copy = self._clone_load(_def(v), None)
+                for u in others:
+                    u.operands = [copy if x is v else x for x in u.operands]
+            elif others:
+                raise _unsupported(others[0], "a transposed shared tile can only feed @")
+
+    def _clone_load(self, load: Operation, only_user: Operation | None) -> Value:
+        """A second copy of ``load`` right after it, typed as the original tile; ``only_user``
+        (if given) is redirected to it."""
+        clone = Builder(load.parent, load.parent.ops.index(load) + 1, load.loc).value(
+            type(load), list(load.operands), TileType(load.result.type.shape, load.result.type.dtype),
+            dict(load.attributes))
+        if only_user is not None:
+            only_user.operands = [clone if x is load.result else x for x in only_user.operands]
+        return clone
+
+    # ------------------------------------------------------ 3. register layouts
+    def _register_values(self) -> list[Value]:
+        out: list[Value] = []
+        for op in self.kernel.walk():
+            for r in op.regions:
+                for b in r.blocks:
+                    out.extend(a for a in b.args if isinstance(a.type, TileType))
+            out.extend(r for r in op.results if isinstance(r.type, TileType))
+        return [v for v in out if v not in self.smem]
+
+    def _propose(self, v: Value, layout: object) -> bool:
+        if layout is None or v in self.lay or v in self.smem or not isinstance(v.type, TileType):
+            return False
+        if tuple(layout.shape) != v.type.shape or layout.threads != self.threads:
+            return False
+        self.lay[v] = layout
+        return True
+
+    def _propagate(self) -> None:
+        values = self._register_values()
+        for op in self.kernel.walk():
+            if op.name == "tile.mma":
+                n = op.acc.type.shape[1]
+                self._propose(op.result, WgmmaAccumulator(n, self.warpgroups))
+        self._fixpoint()
+        for rank in (2, 1):
+            for v in values:
+                if v not in self.lay and v.type.rank == rank:
+                    self._default(v)
+                    self._fixpoint()
+
+    def _default(self, v: Value) -> None:
+        elem = v.type.dtype.bits
+        d = _def(v)
+        if d is not None and d.name == "tile.cast" and d.x.type.dtype.bits:
+            elem = min(elem, d.x.type.dtype.bits)  # a loaded-then-widened tile moves as the narrow type
+        try:
+            self._propose(v, choose_blocked(v.type.shape, max(1, elem // 8), self.threads))
+        except ValueError as e:
+            raise _unsupported(d or self.kernel, str(e)) from None
+
+    def _fixpoint(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for op in self.kernel.walk():
+                changed |= self._forward(op)
+                changed |= self._backward(op)
+
+    def _forward(self, op: Operation) -> bool:
+        lay, name = self.lay, op.name
+        if op.has_trait("elementwise") and op.results and isinstance(op.result.type, TileType):
+            src = next((lay[v] for v in op.operands if v in lay), None)
+            return self._propose(op.result, src)
+        if name == "tile.reduce" and op.x in lay and isinstance(op.result.type, TileType):
+            return self._propose(op.result, Slice(lay[op.x], op.axis))
+        if name == "tile.expand_dims" and op.x in lay:
+            s = lay[op.x]
+            if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
+                return self._propose(op.result, Slice(s.parent, s.axis, True))
+            return False
+        if name == "tile.broadcast" and op.x in lay:
+            s = lay[op.x]
+            if isinstance(s, Slice) and s.keep:
+                return self._propose(op.result, s.parent)
+            return False
+        if name == "tile.for":
+            body = op.regions[0].block
+            changed = False
+            for init, arg, res, y in zip(op.init, body.args[1:], op.results, body.terminator.operands):
+                changed |= self._propose(arg, lay.get(init) or lay.get(y))
+                changed |= self._propose(res, lay.get(arg))
+            return changed
+        if name == "tile.if":
+            changed = False
+            ys = [r.blocks[0].terminator.operands for r in op.regions]
+            for i, res in enumerate(op.results):
+                changed |= self._propose(res, lay.get(ys[0][i]) or lay.get(ys[1][i]))
+            return changed
+        return False
+
+    def _backward(self, op: Operation) -> bool:
+        lay, name = self.lay, op.name
+        changed = False
+        if op.has_trait("elementwise") and op.results and op.result in lay:
+            for v in op.operands:
+                changed |= self._propose(v, lay[op.result])
+        elif name == "tile.reduce" and op.result in lay:
+            s = lay[op.result]
+            if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
+                changed |= self._propose(op.x, s.parent)
+        elif name == "tile.expand_dims" and op.result in lay:
+            s = lay[op.result]
+            if isinstance(s, Slice) and s.keep and s.axis == op.axis:
+                changed |= self._propose(op.x, Slice(s.parent, s.axis))
+        elif name == "tile.broadcast" and op.result in lay:
+            axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
+            if len(axes) == 1:
+                changed |= self._propose(op.x, Slice(lay[op.result], axes[0], True))
+        elif name == "tile.mma":
+            changed |= self._propose(op.acc, lay.get(op.result))
+        elif name == "tile.for":
+            body = op.regions[0].block
+            for init, arg, y in zip(op.init, body.args[1:], body.terminator.operands):
+                if arg in lay:
+                    changed |= self._propose(init, lay[arg])
+                    changed |= self._propose(y, lay[arg])
+        elif name == "tile.if":
+            for r in op.regions:
+                for y, res in zip(r.blocks[0].terminator.operands, op.results):
+                    if res in lay:
+                        changed |= self._propose(y, lay[res])
+        return changed
+
+    # ------------------------------------------------------------ 4. conversions
+    def _convert(self) -> None:
+        for op in list(self.kernel.walk()):
+            self._convert_op(op)
+
+    def _need(self, op: Operation, index: int, layout: object) -> None:
+        """Make operand ``index`` of ``op`` arrive in ``layout``."""
+        v = op.operands[index]
+        if v in self.smem or self.lay.get(v) == layout:
+            return
+        if v not in self.lay:
+            raise _unsupported(op, f"no register layout for operand {index} ({v.type})")
+        d = _def(v)
+        if d is not None and d.name in _REMATERIALIZED:
+            # Cheaper to compute again in the wanted layout than to move between threads.
+            again = Builder.before(op).value(type(d), list(d.operands), v.type, dict(d.attributes), loc=d.loc)
+            self.lay[again] = layout
+            op.operands[index] = again
+            return
+        conv = Builder.before(op).value(hopper.ConvertLayoutOp, [v], v.type, loc=op.loc)
+        self.lay[conv] = layout
+        op.operands[index] = conv
+
+    def _convert_op(self, op: Operation) -> None:
+        lay, name = self.lay, op.name
+        if op.has_trait("elementwise") and op.results and op.result in lay:
+            for i, v in enumerate(op.operands):
+                if isinstance(v.type, TileType):
+                    self._need(op, i, lay[op.result])
+        elif name == "tile.reduce" and isinstance(op.result.type, TileType):
+            want = Slice(lay[op.x], op.axis)
+            if lay[op.result] != want:
+                self._retype_result(op, want)
+        elif name == "tile.expand_dims":
+            s = lay[op.x]
+            if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
+                if lay[op.result] != Slice(s.parent, s.axis, True):
+                    self._retype_result(op, Slice(s.parent, s.axis, True))
+            elif isinstance(lay[op.result], Slice) and lay[op.result].keep and lay[op.result].axis == op.axis:
+                self._need(op, 0, Slice(lay[op.result].parent, op.axis))
+            else:
+                raise _unsupported(op, f"cannot add an axis to a tile in layout {s}")
+        elif name == "tile.broadcast":
+            axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
+            if len(axes) != 1:
+                raise _unsupported(op, "broadcasts one axis at a time")
+            self._need(op, 0, Slice(lay[op.result], axes[0], True))
+        elif name == "tile.mma":
+            self._need(op, 2, lay[op.result])
+            if op.a not in self.smem:
+                k = op.a.type.shape[1]
+                self._need(op, 0, WgmmaOperandA(k, self.warpgroups))
+        elif name == "tile.for":
+            body = op.regions[0].block
+            for i, (arg, res) in enumerate(zip(body.args[1:], op.results)):
+                if arg in lay:
+                    self._need(op, 3 + i, lay[arg])
+                    self._need(body.terminator, i, lay[arg])
+                    if lay.get(res) != lay[arg]:
+                        self._retype_result(op, lay[arg], i)
+        elif name == "tile.if":
+            for i, res in enumerate(op.results):
+                if res in lay:
+                    for r in op.regions:
+                        self._need(r.blocks[0].terminator, i, lay[res])
+        elif name == "tile.transpose" and op.result not in self.smem:
+            raise _unsupported(op, "transposing a register tile is not supported; transpose a loaded "
+                                   "tile that feeds @ instead")
+
+    def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
+        """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""
+        res = op.results[index]
+        old = self.lay[res]
+        users = uses(self.kernel).get(res, [])
+        self.lay[res] = layout
+        b = Builder(op.parent, op.parent.ops.index(op) + 1, op.loc)
+        conv = b.value(hopper.ConvertLayoutOp, [res], res.type, loc=op.loc)
+        self.lay[conv] = old
+        for u in users:
+            u.operands = [conv if x is res else x for x in u.operands]
