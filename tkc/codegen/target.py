@@ -43,6 +43,9 @@ class Target:
     forbidden_intrinsics: tuple[str, ...] = ()
     triple: str = TRIPLE
     data_layout: str = DATA_LAYOUT
+    # Dynamic shared memory one block may opt into (cudaFuncAttributeMaxDynamicSharedMemorySize):
+    # 227 KB on sm_90 and sm_100; allocate-smem refuses kernels that need more.
+    max_smem_bytes: int = 232448
 
 
 # The minimum PTX version per target (PTX-FACTS §0): sm_90a needs 8.0, sm_100a 8.6.

@@ -1,0 +1,93 @@
+"""allocate-smem's failures and overrides (the placements are FileCheck cases next to this file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tkc.codegen.target import TARGETS
+from tkc.errors import TkcPassError
+from tkc.ir.parser import parse_module
+from tkc.ir.verifier import verify
+from tkc.passes.allocate_smem import allocate_smem
+from tkc.passes.manager import PassManager
+
+HERE = Path(__file__).parent
+GEMM = HERE.parents[1] / "data" / "hopper" / "gemm.tkir"
+TILE = "tile<{r}x64xbf16, smem, #smem<{r}x64xbf16, k, sw128>>"
+
+
+def kernel(rows: list[int], offsets: list[int] | None = None, barriers: int = 0) -> str:
+    """Shared tiles of ``rows`` x 64 bf16, all live at once (those of 64-row multiples are
+    written; the others are never used, which does not let them share bytes either)."""
+    offsets = offsets or [-1] * len(rows)
+    lines = ["tile.kernel @big {threads = 128} {", "^(%o: tensor<bf16[M, N]>):"]
+    for i, (r, off) in enumerate(zip(rows, offsets)):
+        lines.append(f'  %t{i} = hopper.smem_alloc {{offset = {off}}} : {TILE.format(r=r)} loc("big.tkir":{i + 3}:3)')
+    for i in range(barriers):
+        lines.append(f"  %bar{i} = hopper.mbarrier_alloc {{offset = -1}} : mbarrier")
+        lines.append(f"  hopper.mbarrier_init %bar{i} {{count = 1}}")
+    stored = [i for i, r in enumerate(rows) if r % 64 == 0]
+    for i in stored:
+        r = rows[i]
+        lines.append(f"  %v{i} = tile.constant {{value = 0.0}} : tile<{r}x64xbf16, reg, #wgmma_acc<64, wg={r // 64}>>")
+    for i in stored:
+        lines.append(f"  hopper.smem_store %v{i}, %t{i}")
+    lines += ["  tile.return", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_capacity_is_the_targets() -> None:
+    assert TARGETS["sm_90a"].max_smem_bytes == 227 * 1024 == 232448
+
+
+def test_too_much_shared_memory_names_the_tiles_largest_first() -> None:
+    # 128 B per row: 8 + 128 + 64 + 32 KB and two barriers > 227 KB.
+    m = parse_module(kernel([64, 1024, 512, 256], barriers=2), "big.tkir")
+    with pytest.raises(TkcPassError) as e:
+        allocate_smem(m)
+    msg = e.value.message
+    assert msg.startswith("kernel 'big' needs 237584 B of shared memory, sm_90a has 232448: ")
+    assert msg.index("%t1 131072 B (tile<1024x64xbf16") < msg.index("%t2 65536 B") < msg.index("%t3 32768 B") \
+        < msg.index("%t0 8192 B") < msg.index("2 mbarriers 16 B")
+    assert e.value.loc is not None
+    # Nothing was half-written: the offsets are still unplaced.
+    assert all(op.attributes["offset"] == -1 for op in m.walk() if op.name == "hopper.smem_alloc")
+
+
+def test_exactly_full_fits() -> None:
+    m = parse_module(kernel([1024, 512, 256, 24]), "big.tkir")  # 128 + 64 + 32 + 3 KB = 227 KB
+    allocate_smem(m)
+    assert m.kernel().attributes["smem_bytes"] == 232448
+
+
+def test_through_the_pass_manager_the_error_is_located() -> None:
+    m = parse_module(kernel([1024, 1024]), "big.tkir")
+    with pytest.raises(TkcPassError) as e:
+        PassManager("allocate-smem").run(m)
+    assert "pass 'allocate-smem' failed: big.tkir:1:1: kernel 'big' needs 262144 B" in str(e.value)
+
+
+def test_hand_placed_offsets_are_kept() -> None:
+    m = parse_module(kernel([64, 64, 64], offsets=[8192, -1, -1]), "big.tkir")
+    allocate_smem(m)
+    verify(m)
+    offsets = [op.attributes["offset"] for op in m.walk() if op.name == "hopper.smem_alloc"]
+    assert offsets == [8192, 0, 16384]
+    assert m.kernel().attributes["smem_bytes"] == 24576
+
+
+def test_hand_placed_offsets_that_collide_are_an_error() -> None:
+    m = parse_module(kernel([64, 128], offsets=[0, 1024 * 4]), "big.tkir")
+    with pytest.raises(TkcPassError, match=r"%t1 \(offset 4096, 16384 B\) overlaps %t0 \(offset 0, 8192 B\)"):
+        allocate_smem(m)
+
+
+def test_the_hand_written_gemm_is_a_fixed_point() -> None:
+    text = GEMM.read_text()
+    m = parse_module(text, str(GEMM))
+    allocate_smem(m)
+    assert m.kernel().attributes["smem_bytes"] == 32776
+    offsets = [op.attributes["offset"] for op in m.walk() if op.name.endswith("_alloc")]
+    assert offsets == [0, 16384, 32768]
