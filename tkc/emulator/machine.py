@@ -1,0 +1,628 @@
+"""Running a hopper-level kernel: the CTA and warpgroup model of docs/hopper.md §1.
+
+This module owns *execution*: walking a kernel's ops for each warpgroup, the values they
+produce, and the order in which warpgroups meet at barriers.  Each CTA of the grid runs in
+turn with its own ``SharedMemory`` and barriers; inside a CTA every warpgroup is one
+coroutine (``scheduler.run`` picks who runs next, seeded), and each coroutine handles its
+128 threads at once: a register tile is one ``[128, layout.regs]`` array in storage form,
+value ``i`` of local thread ``t`` being element ``layout.coords(128 g + t, i)``.
+
+It must not define what an op computes or where anything lives: elementwise ops, casts,
+constants and scalar arithmetic go through ``tkc.interpreter.evaluate`` (the one home of op
+meaning), every coordinate, address, descriptor and reduction plan comes from
+``tkc.ir.layouts``, and the bytes, barriers, copies and matrix instructions are the machine
+model's (``smem``, ``mbarrier``, ``tma``, ``wgmma``, ``scheduler``).  Every fault is a
+``TkcEmulatorError`` naming the op (with its location) and the CTA.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.dtypes import round_to
+from tkc.emulator.mbarrier import MBarrier
+from tkc.emulator.scheduler import Request, Wait, Yield, run
+from tkc.emulator.smem import ReadLease, SharedMemory
+from tkc.emulator.tma import tma_load
+from tkc.emulator.wgmma import wgmma
+from tkc.errors import TkcEmulatorError, TkcError
+from tkc.interpreter import (_as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
+                             _write_back, evaluate, random_args)
+from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA
+from tkc.ir.types import ScalarType, TensorType, TileType
+
+__all__ = ["emulate", "emulate_module", "SmemTile"]
+
+Co = Generator[Request, None, Any]  # a coroutine step: yields scheduler requests, returns a value
+
+
+# ------------------------------------------------------------------ values
+@dataclass(frozen=True)
+class SmemTile:
+    """The value of a ``hopper.smem_alloc``: where the tile's bytes are and how they are laid
+    out.  ``shape`` is the type's shape: the layout's ``rows x cols`` or, for a transposed
+    view, ``cols x rows``."""
+
+    base: int
+    layout: SharedLayout
+    shape: tuple[int, ...]
+    name: str
+
+    @property
+    def transposed(self) -> bool:
+        return self.shape != (self.layout.rows, self.layout.cols)
+
+    def offsets(self, coords: Sequence[np.ndarray]) -> np.ndarray:
+        """Byte addresses of the elements at tile coordinates ``coords`` (type axes)."""
+        r, c = coords
+        return self.base + (self.layout.offset(c, r) if self.transposed else self.layout.offset(r, c))
+
+
+@dataclass
+class _Pending:
+    """A ``hopper.wgmma`` result still in flight: readable only after ``hopper.wgmma_wait``."""
+
+    value: np.ndarray
+    op: Operation
+    group: _Group
+
+
+@dataclass
+class _Group:
+    """One committed wgmma group of a warpgroup: the smem it reads until it completes."""
+
+    op: Operation
+    leases: list[ReadLease]
+    done: bool = False
+
+
+def _describe(op: Operation) -> str:
+    names = ", ".join(f"%{r.name_hint}" for r in op.results if r.name_hint)
+    where = f" at {op.loc}" if op.loc is not None and op.loc.line else ""
+    return f"'{op.name}'" + (f" ({names})" if names else "") + where
+
+
+def _who(op: Operation, wg: _Warpgroup | None = None) -> str:
+    """An op as a shared-memory reader or writer (the other party of a race message)."""
+    where = f" at {op.loc}" if op.loc is not None and op.loc.line else ""
+    return f"{op.name}{where}" + (f" ({wg.role})" if wg is not None else "")
+
+
+def _fault(op: Operation, message: str, cls: type[TkcEmulatorError] = TkcEmulatorError) -> TkcEmulatorError:
+    """An error naming ``op``; marked so that enclosing ops (a loop around it) do not rename it."""
+    e = cls(f"{_describe(op)}: {message}", op.loc)
+    e.names_op = True  # type: ignore[attr-defined]
+    return e
+
+
+@functools.lru_cache(maxsize=256)
+def _coords(layout: Any, g: int) -> tuple[np.ndarray, ...]:
+    """Coordinates (one ``[128, regs]`` array per tile axis) of warpgroup ``g``'s values."""
+    t = 128 * g + np.arange(128)[:, None]
+    c = layout.coords(t, np.arange(layout.regs)[None, :])
+    c = c if isinstance(c, tuple) else (c,)
+    return tuple(np.broadcast_to(np.asarray(a, np.int64), (128, layout.regs)) for a in c)
+
+
+def _same_coords(a: Any, b: Any, g: int, insert_axis: int | None = None) -> bool:
+    """Whether layouts ``a`` and ``b`` give warpgroup ``g``'s threads the same coordinates for
+    the same value indices (``insert_axis``: ``b`` has an extra size-1 axis there)."""
+    if a.regs != b.regs:
+        return False
+    ca, cb = list(_coords(a, g)), _coords(b, g)
+    if insert_axis is not None:
+        ca.insert(insert_axis, np.zeros_like(cb[insert_axis]))
+    return len(ca) == len(cb) and all(np.array_equal(x, y) for x, y in zip(ca, cb))
+
+
+# ---------------------------------------------------------------------- CTA
+class _CTA:
+    """One CTA: shared memory, barriers and the warpgroup coroutines that share them."""
+
+    def __init__(self, kernel: Operation, pid: tuple[int, ...], grid: tuple[int, ...],
+                 params: dict[Value, Any], written: set[int]):
+        self.kernel = kernel
+        self.pid, self.grid = pid, grid
+        self.params = params
+        self.written = written
+        threads = kernel.threads
+        if not isinstance(threads, int) or threads <= 0 or threads % 128:
+            raise TkcEmulatorError(f"kernel @{kernel.sym_name} needs a 'threads' attribute, a positive "
+                                   f"multiple of 128 (run allocate-smem first), got {threads!r}", kernel.loc)
+        self.warpgroups = threads // 128
+        self.threads = threads
+        smem_bytes = kernel.smem_bytes or 0
+        self.smem = SharedMemory(max(smem_bytes, 1))
+        self.mbarriers: dict[int, MBarrier] = {}
+        # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once.
+        self.bar_sync: dict[int, MBarrier] = {}
+        self.fault_loc = None
+        self._place(kernel, smem_bytes)
+
+    def _place(self, kernel: Operation, smem_bytes: int) -> None:
+        """Check every allocation lies in the dynamic shared memory and no mbarrier overlaps a
+        tile; name the allocations in shared-memory messages."""
+        tiles, bars = [], []
+        for op in kernel.walk():
+            if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"):
+                continue
+            off = op.offset
+            size = op.result.type.layout.size_bytes if op.name == "hopper.smem_alloc" else 8
+            if off is None or off < 0:
+                raise _fault(op, "has no offset (run allocate-smem first)")
+            if off + size > smem_bytes:
+                raise _fault(op, f"[{off:#x}, {off + size:#x}) is outside the kernel's smem_bytes = {smem_bytes}")
+            (tiles if op.name == "hopper.smem_alloc" else bars).append((op, off, size))
+        for op, off, _ in bars:
+            for t, toff, tsize in tiles:
+                if toff < off + 8 and off < toff + tsize:
+                    raise _fault(op, f"overlaps the shared tile of {_describe(t)}")
+        for op, off, size in tiles + bars:
+            # allocate-smem may reuse bytes for tiles whose lifetimes do not overlap, so only the
+            # first allocation of a range names it; overlap itself is not an error here.
+            try:
+                self.smem.add_region(_alloc_name(op), off, size)
+            except TkcEmulatorError:
+                pass
+
+    def mbarrier(self, op: Operation) -> MBarrier:
+        off = op.offset
+        if off not in self.mbarriers:
+            self.mbarriers[off] = MBarrier(_alloc_name(op))
+        return self.mbarriers[off]
+
+    def barrier(self, bar_id: int) -> MBarrier:
+        if bar_id not in self.bar_sync:
+            self.bar_sync[bar_id] = MBarrier(f"bar.sync {bar_id}", self.warpgroups)
+        return self.bar_sync[bar_id]
+
+    def run(self, seed: int) -> None:
+        roles = [(f"warpgroup {g}", _Warpgroup(self, g).run()) for g in range(self.warpgroups)]
+        try:
+            run(roles, seed)
+        except TkcEmulatorError as e:
+            raise type(e)(f"CTA {self.pid}: {e.message}", e.loc or self.fault_loc) from e
+
+
+def _alloc_name(op: Operation) -> str:
+    hint = op.result.name_hint
+    return f"%{hint}" if hint else f"{op.name}@{op.offset:#x}"
+
+
+# ---------------------------------------------------------------- warpgroup
+class _Warpgroup:
+    """The ops of one warpgroup (threads ``[128 g, 128 g + 128)``) as a coroutine."""
+
+    def __init__(self, cta: _CTA, g: int):
+        self.cta, self.g = cta, g
+        self.env: dict[Value, Any] = dict(cta.params)
+        self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
+
+    def run(self) -> Co:
+        yield from self.block(self.cta.kernel.regions[0].block)
+        if any(not grp.done for grp in self.groups):
+            op = next(grp.op for grp in self.groups if not grp.done)
+            raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
+
+    def block(self, block: Block) -> Co:
+        """Run ``block``; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
+        for op in block.ops:
+            if op.name == "tile.yield":
+                return [self.env[v] for v in op.operands]  # pending values may be carried
+            if op.name == "tile.return":
+                return []
+            try:
+                out = yield from self.op(op)
+            except TkcEmulatorError as e:
+                if getattr(e, "names_op", False):
+                    self._remember(e)
+                    raise
+                raise self._remember(_fault(op, e.message, type(e))) from e
+            except (TkcError, ValueError, IndexError, TypeError) as e:
+                # Layout and descriptor checks raise ValueError: the op asked for something the
+                # machine cannot do (a misaligned base, a coordinate outside a tile).
+                raise self._remember(_fault(op, e.message if isinstance(e, TkcError) else str(e))) from e
+            if op.results:
+                outs = out if isinstance(out, list) else [out]
+                self.env.update(zip(op.results, outs))
+        return []
+
+    def _remember(self, e: TkcEmulatorError) -> TkcEmulatorError:
+        """Keep the innermost faulting op's location for the CTA-level error: the scheduler
+        re-raises a role's error from its message alone."""
+        if self.cta.fault_loc is None:
+            self.cta.fault_loc = e.loc
+        return e
+
+    def operands(self, op: Operation) -> list[Any]:
+        vals = [self.env[v] for v in op.operands]
+        for i, x in enumerate(vals):
+            if isinstance(x, _Pending) and not _may_take_pending(op, i):
+                raise _fault(op, f"reads {_describe(x.op)}'s result before hopper.wgmma_wait: the "
+                                 f"accumulator registers are still being written")
+        return vals
+
+    def op(self, op: Operation) -> Co:
+        if op.name in ONE_THREAD_OPS and self.g != 0:
+            return None  # executed by thread 0 of the CTA, i.e. in warpgroup 0
+        if op.name in _CO_HANDLERS:
+            return (yield from _CO_HANDLERS[op.name](self, op, *self.operands(op)))
+        if op.name in _HANDLERS:
+            return _HANDLERS[op.name](self, op, *self.operands(op))
+        return self.compute(op, self.operands(op))
+
+    def compute(self, op: Operation, args: list[Any]) -> np.ndarray:
+        """Ops whose meaning is the interpreter's: scalar arithmetic anywhere, and value-by-value
+        ops on register tiles that share the result's layout."""
+        if op.regions or len(op.results) != 1 or not op.has_trait("pure"):
+            raise _fault(op, "is not an op the emulator runs at the hopper level")
+        t = op.result.type
+        if isinstance(t, ScalarType):
+            out = evaluate(op, args)
+            want: tuple[int, ...] = ()
+        else:
+            layout = _reg_layout(op, t)
+            if op.name in ("tile.constant", "tile.splat", "tile.arange"):
+                # The interpreter's whole tile, gathered at each value's coordinates.
+                out = evaluate(op, args)[_coords(layout, self.g)]
+            elif op.has_trait("elementwise"):
+                for v in op.operands:
+                    if isinstance(v.type, TileType) and v.type.layout != layout:
+                        raise _fault(op, f"mixes layouts {v.type.layout} and {layout}: elementwise ops "
+                                         f"work value by value (convert_layout first)")
+                out = evaluate(op, args)
+            else:
+                raise _fault(op, "is not an op the emulator runs on register tiles")
+            want = (128, layout.regs)
+        if out.shape != want or out.dtype != t.dtype.np_storage:
+            raise _fault(op, f"produced {out.dtype}{list(out.shape)} for {t} (expected {want})")
+        return out
+
+    # ---------------------------------------------------------- barriers
+    def bar_sync(self, op: Operation, bar_id: int = 0) -> Co:
+        """``bar.sync id``: arrive on the CTA barrier, then wait for its phase to complete."""
+        bar = self.cta.barrier(bar_id)
+        parity = bar.parity
+        bar.arrive()
+        yield Wait(bar, parity, f"bar.sync {bar_id} of {_describe(op)}")
+
+    @property
+    def role(self) -> str:
+        return f"warpgroup {self.g}"
+
+
+def _may_take_pending(op: Operation, i: int) -> bool:
+    """A wgmma result may be waited for, accumulated into, or carried (loop/if results are
+    only moved, never read)."""
+    return (op.name, i) in (("hopper.wgmma", 2), ("hopper.wgmma_wait", 0)) or \
+        (op.name == "tile.for" and i >= 3)
+
+
+def _reg_layout(op: Operation, t: Any) -> Any:
+    if not isinstance(t, TileType) or t.space != "reg" or t.layout is None:
+        raise _fault(op, f"needs register tiles with a layout, got {t}")
+    return t.layout
+
+
+# ------------------------------------------------------------- structure
+def _for(wg: _Warpgroup, op: Operation, lb: Any, ub: Any, step: Any, *init: Any) -> Co:
+    if int(step) <= 0:
+        raise _fault(op, f"loop step must be positive, got {int(step)}")
+    body = op.regions[0].block
+    carried = list(init)
+    for i in range(int(lb), int(ub), int(step)):
+        wg.env[body.args[0]] = np.asarray(i, np.int32)
+        wg.env.update(zip(body.args[1:], carried))
+        carried = yield from wg.block(body)
+    return carried
+
+
+def _if(wg: _Warpgroup, op: Operation, cond: Any) -> Co:
+    return (yield from wg.block(op.regions[0 if bool(cond) else 1].block))
+
+
+def _program_id(wg: _Warpgroup, op: Operation) -> np.ndarray:
+    pid = wg.cta.pid
+    return np.asarray(pid[op.axis] if op.axis < len(pid) else 0, np.int32)
+
+
+def _num_programs(wg: _Warpgroup, op: Operation) -> np.ndarray:
+    grid = wg.cta.grid
+    return np.asarray(grid[op.axis] if op.axis < len(grid) else 1, np.int32)
+
+
+# ---------------------------------------------------------- register moves
+def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    if not _same_coords(src, dst, wg.g, insert_axis=op.axis):
+        raise _fault(op, f"{src} -> {dst} moves values between threads; expand_dims must be free")
+    return x
+
+
+def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    slot_of = getattr(src, "slot_of", None)
+    if slot_of is None or getattr(src, "parent", None) != dst:
+        raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout")
+    slots = np.asarray(slot_of(np.arange(dst.regs)), np.int64)
+    # A register copy is only right if the slot holds the coordinates the value needs.
+    axes = [a for a, (s, d) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if s != d]
+    cs, cd = _coords(src, wg.g), _coords(dst, wg.g)
+    for a in range(len(cd)):
+        want = np.zeros_like(cd[a]) if a in axes else cd[a]
+        if not np.array_equal(cs[a][:, slots], want):
+            raise _fault(op, f"slot_of of {src} does not give the values {dst} needs")
+    return x[:, slots]
+
+
+def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    if not scratch:
+        if not _same_coords(src, dst, wg.g):
+            raise _fault(op, f"{src} -> {dst} without a scratch tile, but threads do not already hold "
+                             f"their new values")
+        return x
+    (s,) = scratch
+    if op.x.type.rank != 2:
+        raise _fault(op, "converts 2-D tiles through shared memory")
+    smem = wg.cta.smem
+    who = _who(op, wg)
+    smem.write_elements(s.offsets(_coords(src, wg.g)), x, s.layout.dtype, writer=who)
+    yield from wg.bar_sync(op)
+    out = smem.read_elements(s.offsets(_coords(dst, wg.g)), s.layout.dtype, reader=who)
+    yield from wg.bar_sync(op)  # the scratch may be rewritten once every warpgroup has read it
+    return round_to(out, op.result.type.dtype)
+
+
+# ------------------------------------------------------------------ global memory
+def _global_index(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coords: Sequence[np.ndarray]
+                  ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Tensor index of every value (box axes in order; squeezed axes take only the offset) and
+    the in-bounds mask."""
+    squeeze = set(op.squeeze or [])
+    it = iter(coords)
+    idx = []
+    for a, off in enumerate(offsets):
+        c = 0 if a in squeeze else next(it)
+        idx.append(int(off) + np.asarray(c, np.int64))
+    shape = np.broadcast_shapes(*(i.shape for i in idx))
+    idx = [np.broadcast_to(i, shape) for i in idx]
+    inb = np.ones(shape, bool)
+    for size, i in zip(tensor.shape, idx):
+        inb &= (i >= 0) & (i < size)
+    return tuple(idx), inb
+
+
+def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
+    layout = _reg_layout(op, op.result.type)
+    dt = op.tensor.type.dtype
+    idx, inb = _global_index(op, tensor, offsets, _coords(layout, wg.g))
+    safe = tuple(np.where(inb, i, 0) for i in idx)
+    other = round_to(0 if op.other is None else op.other, dt)
+    if tensor.size == 0:
+        return np.full(inb.shape, other, dt.np_storage)
+    return np.where(inb, tensor[safe], other).astype(dt.np_storage)
+
+
+def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray, *offsets: Any) -> None:
+    layout = _reg_layout(op, op.value.type)
+    idx, inb = _global_index(op, tensor, offsets, _coords(layout, wg.g))
+    sel = tuple(i[inb] for i in idx)
+    tensor[sel] = value[inb]
+    # Replicated layouts store one element from several threads; they must agree.
+    if not np.array_equal(tensor[sel], value[inb], equal_nan=True):
+        raise _fault(op, f"threads holding the same element of {layout} store different values ({wg.role})")
+    wg.cta.written.add(id(tensor))
+
+
+# ------------------------------------------------------------------ shared memory
+def _smem_alloc(wg: _Warpgroup, op: Operation) -> SmemTile:
+    t = op.result.type
+    return SmemTile(op.offset, t.layout, t.shape, _alloc_name(op))
+
+
+def _mbarrier_alloc(wg: _Warpgroup, op: Operation) -> MBarrier:
+    return wg.cta.mbarrier(op)
+
+
+def _mbarrier_init(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
+    bar.init(op.count)
+
+
+def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
+    bar.arrive_expect_tx(op.bytes)
+
+
+def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile) -> None:
+    layout = _reg_layout(op, op.value.type)
+    wg.cta.smem.write_elements(dst.offsets(_coords(layout, wg.g)), value, dst.layout.dtype,
+                               writer=_who(op, wg))
+
+
+def _fence_proxy_async(wg: _Warpgroup, op: Operation) -> None:
+    wg.cta.smem.fence_proxy_async()
+
+
+def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
+              *offsets: Any) -> None:
+    kernel = wg.cta.kernel
+    maps = kernel.tma_maps or []
+    if not 0 <= op.map < len(maps):
+        raise _fault(op, f"names tensor map {op.map}, but the kernel has {len(maps)}")
+    param, box, swz = maps[op.map]
+    arg = op.tensor
+    if not isinstance(arg, BlockArgument) or arg.block is not kernel.regions[0].block or arg.index != param:
+        raise _fault(op, f"tensor map {op.map} describes parameter {param}, not this op's tensor")
+    lay = dst.layout
+    want = [1] * (tensor.ndim - 2) + list(reversed(lay.tma_box().dims))
+    if list(box) != want or swz != lay.swizzle:
+        raise _fault(op, f"tensor map {op.map} has box {list(box)} and swizzle {swz}, but {lay} "
+                         f"needs box {want} and swizzle {lay.swizzle}")
+    eb = lay.elem_bytes
+    strides = [eb * int(np.prod(tensor.shape[a + 1:])) for a in range(tensor.ndim - 1)]
+    if any(st % 16 for st in strides):
+        raise _fault(op, f"a {tensor.shape} tensor has byte strides {strides}; a tensor map needs "
+                         f"multiples of 16 (cuTensorMapEncodeTiled rejects it)")
+    outer = [int(o) for o in offsets[:-2]]
+    if all(0 <= o < s for o, s in zip(outer, tensor.shape)):
+        plane = tensor[tuple(outer)]
+    else:  # the whole box lies outside the tensor: TMA fills it with zeros
+        plane = np.zeros(tensor.shape[-2:], tensor.dtype)
+    rows, cols = (int(o) for o in offsets[-2:])
+    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op))
+
+
+# ------------------------------------------------------------------ waits
+def _barrier(wg: _Warpgroup, op: Operation) -> Co:
+    yield from wg.bar_sync(op, op.id)
+
+
+def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) -> Co:
+    yield Wait(bar, int(parity), _describe(op))
+
+
+# ------------------------------------------------------------------ wgmma
+def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pending:
+    acc_layout = _reg_layout(op, op.acc.type)
+    if isinstance(acc, _Pending):
+        acc = acc.value  # wgmma chains accumulate in the same registers without a wait
+    if not isinstance(acc_layout, WgmmaAccumulator) or acc_layout.threads != wg.cta.threads:
+        raise _fault(op, f"accumulator layout {acc_layout} does not span the CTA's {wg.cta.threads} threads")
+    smem = wg.cta.smem
+    who = _who(op, wg)
+    lb = b.layout
+    n = acc_layout.n
+    k_per = lb.k_per_step
+    leases = [smem.begin_read(b.base, lb.size_bytes, reader=who)]
+    if isinstance(a, SmemTile):
+        la = a.layout
+        leases.append(smem.begin_read(a.base, la.size_bytes, reader=who))
+        steps = la.k_steps
+    else:
+        a_layout = _reg_layout(op, op.a.type)
+        if not isinstance(a_layout, WgmmaOperandA):
+            raise _fault(op, f"A in registers must be #wgmma_a, got {a_layout}")
+        steps = a_layout.k_steps
+    if steps != lb.k_steps:
+        raise _fault(op, f"A has {steps} K steps, B {lb.k_steps}")
+    out = np.array(acc, np.float32)  # a new value: SSA operands are never changed in place
+    for s in range(steps):
+        if isinstance(a, SmemTile):
+            a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * wg.g)
+            trans_a = a.layout.major == "mn"
+        else:
+            regs = [2 * r + h for r in a_layout.step_registers(s) for h in (0, 1)]
+            a_in, trans_a = np.ascontiguousarray(a[:, regs]), False
+        wgmma(out, smem, a_in, lb.descriptor(b.base, s, 0), n=n, k=k_per, dtype=op.a.type.dtype,
+                    dtype_b=lb.dtype, trans_a=trans_a, trans_b=lb.major == "mn", op=who)
+    group = _Group(op, leases)
+    wg.groups.append(group)
+    return _Pending(out, op, group)
+
+
+def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
+    yield Yield(_describe(op))  # the wgmma runs asynchronously until here: others may run
+    live = [grp for grp in wg.groups if not grp.done]
+    finished = live[: max(len(live) - op.pending, 0)]
+    for grp in finished:
+        grp.done = True
+        for lease in grp.leases:
+            lease.release()
+    wg.groups = [grp for grp in wg.groups if not grp.done]
+    if isinstance(x, _Pending):
+        if not x.group.done:
+            raise _fault(op, f"waits with pending = {op.pending}, which leaves {_describe(x.op)} in flight")
+        return x.value
+    return x
+
+
+_HANDLERS: dict[str, Callable[..., Any]] = {
+    "tile.grid": lambda wg, op, *extents: None,
+    "tile.dim": lambda wg, op, t: np.asarray(t.shape[op.axis], np.int32),
+    "tile.program_id": _program_id,
+    "tile.num_programs": _num_programs,
+    "tile.expand_dims": _expand_dims,
+    "tile.broadcast": _broadcast,
+    "hopper.load": _load,
+    "hopper.store": _store,
+    "hopper.smem_alloc": _smem_alloc,
+    "hopper.mbarrier_alloc": _mbarrier_alloc,
+    "hopper.mbarrier_init": _mbarrier_init,
+    "hopper.fence_mbarrier_init": lambda wg, op: None,
+    "hopper.expect_tx": _expect_tx,
+    "hopper.tma_load": _tma_load,
+    "hopper.smem_store": _smem_store,
+    "hopper.fence_proxy_async": _fence_proxy_async,
+    "hopper.wgmma": _wgmma,
+}
+
+_CO_HANDLERS: dict[str, Callable[..., Co]] = {
+    "tile.for": _for,
+    "tile.if": _if,
+    "hopper.barrier": _barrier,
+    "hopper.mbarrier_wait": _mbarrier_wait,
+    "hopper.wgmma_wait": _wgmma_wait,
+    "hopper.convert_layout": _convert_layout,
+}
+
+
+# ------------------------------------------------------------------ launching
+def _bind(params: Sequence[BlockArgument], args: Sequence[Any]) -> tuple[dict[Value, Any], dict[int, np.ndarray]]:
+    """Parameter values in storage form, as ``tkc.interpreter.run_kernel`` binds them."""
+    env: dict[Value, Any] = {}
+    working: dict[int, np.ndarray] = {}
+    for p, x in zip(params, args):
+        if not isinstance(p.type, TensorType):
+            env[p] = _scalar(p, p.type.dtype, x)
+        elif id(x) in working:
+            env[p] = working[id(x)]
+        elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
+                dtypes.f32, dtypes.i32, dtypes.i1):
+            env[p] = working[id(x)] = x
+        else:
+            st = dtypes.from_torch_tensor(x)[0] if _is_torch(x) else x
+            env[p] = working[id(x)] = round_to(st, p.type.dtype)
+    return env, working
+
+
+def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, seed: int = 0) -> None:
+    """Run a hopper-level ``kernel`` (after allocate-smem) over ``grid`` (default: its
+    ``tile.grid``), writing outputs in place into the tensors of ``args``.
+
+    Arguments follow ``tkc.interpreter.run_kernel``: numpy arrays in storage form or torch CPU
+    tensors, rounded to their dtype on entry; scalars as python or numpy numbers.  ``seed``
+    picks the interleaving of warpgroups inside each CTA (CTA ``k`` in row-major order runs
+    with ``seed + k``).
+    """
+    kernel = _as_kernel(kernel)
+    _check_args(kernel, args)
+    params = kernel.regions[0].block.args
+    env, working = _bind(params, args)
+    written: set[int] = set()
+    with np.errstate(all="ignore"):
+        shape = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
+        try:
+            for k, pid in enumerate(itertools.product(*(range(n) for n in shape))):
+                _CTA(kernel, pid, shape, env, written).run(seed + k)
+        finally:
+            _write_back(params, args, working, written)
+
+
+def emulate_module(module: Module, kernel_name: str | None = None, args: Sequence[Any] | None = None,
+                   grid: Any = None, dims: dict[str, int] | None = None, seed: int = 0) -> list[Any]:
+    """Run one kernel of ``module`` (random arguments from ``dims`` when ``args`` is None, as
+    ``tkc.interpreter.interpret_module``) and return the arguments, outputs written."""
+    kernel = module.kernel(kernel_name)
+    if args is None:
+        args = random_args(kernel, dims or {}, seed)
+    emulate(kernel, args, grid, seed)
+    return list(args)
