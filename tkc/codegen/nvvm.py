@@ -198,6 +198,14 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
         for trans in ("", ".trans"):
             t[f"ldmatrix.sync.aligned.m8n8.x{x}{trans}.b16.p3"] = (ret, (p3,))
             t[f"stmatrix.sync.aligned.m8n8.x{x}{trans}.b16.p3"] = (VOID, (p3, *[I32] * x))
+    # Warp shuffles (full mask; c = 31: butterfly within the whole warp).
+    t["shfl.sync.bfly.f32"] = (F32, (I32, F32, I32, I32))
+    t["shfl.sync.bfly.i32"] = (I32, (I32, I32, I32, I32))
+    # Approximate math (PTX ISA accuracy tables; lower_elementwise.py says where each is used).
+    t["ex2.approx.ftz.f"] = (F32, (F32,))
+    t["lg2.approx.f"] = (F32, (F32,))
+    t["rsqrt.approx.f"] = (F32, (F32,))
+    t["tanh.approx.f32"] = (F32, (F32,))
     # wgmma bookkeeping; mma_async itself is inline asm (wgmma() below).
     t["wgmma.fence.sync.aligned"] = (VOID, ())
     t["wgmma.commit_group.sync.aligned"] = (VOID, ())

@@ -1,0 +1,402 @@
+"""Hopper-level tile IR to LLVM IR for NVPTX: one ``tile.kernel`` to one ``ptx_kernel``.
+
+Owns: the kernel ABI of docs/hopper.md §4 (parameters, ``.maxntid``, the dynamic shared
+array), the per-thread lowering of the ops of docs/hopper.md §3 and the structure around
+them (``tile.for`` as an SSA loop whose phis carry every value of every tile, ``tile.if`` as
+branches with phis).  Elementwise ops are in ``lower_elementwise.py``, the ``hopper.*`` ops in
+``lower_hopper.py``, value representation and thread symbols in ``lower_values.py``.
+
+Must not: choose a layout, a shared offset, a tile shape or a pipeline depth.  Codegen never
+chooses a layout; it reads the one on the type (``thread_coords`` on a run-time thread
+symbol plus ``reg_coords``), and every shared offset is the one ``allocate-smem`` wrote.
+Unsupported IR is a :class:`TkcCodegenError` at the op's location, never a traceback.
+
+Numerics follow the interpreter (``tkc/interpreter.py``); the few places that use an
+approximate PTX instruction are listed in ``lower_elementwise.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import llvmlite.ir as ir
+
+from tkc.codegen import nvvm
+from tkc.codegen.lower_values import Lowered, Sym, const_i32
+from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
+from tkc.codegen.target import emit_ptx, target as lookup_target
+from tkc.errors import TkcCodegenError, TkcError
+from tkc.ir.core import Block, Operation, Value
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS
+from tkc.ir.layouts import SharedLayout
+from tkc.ir.types import ScalarType, TensorType, TileType, Type
+
+__all__ = ["kernel_to_llvm", "kernel_to_ptx", "Lowerer", "TensorArg", "SmemTile", "Barrier"]
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor parameter: its global address, one i32 size and one i64 stride (elements) per axis."""
+
+    ptr: ir.Value
+    sizes: tuple[ir.Value, ...]
+    strides: tuple[ir.Value, ...]
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class SmemTile:
+    """A shared tile: byte ``offset`` from the dynamic shared base, laid out by ``layout``."""
+
+    offset: int
+    layout: SharedLayout
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """An mbarrier at byte ``offset`` from the dynamic shared base."""
+
+    offset: int
+
+
+Handler = Callable[["Lowerer", Operation], None]
+
+
+# The wgmma fragments answer the distributed-layout protocol once layouts.py has it; until
+# then their thread part is PTX-FACTS §1 here.
+def layout_regs(layout: object) -> int:
+    n = getattr(layout, "regs", None)
+    return int(n if n is not None else layout.regs_per_thread)
+
+
+def _thread_coords(layout: object, t: Sym) -> tuple:
+    if hasattr(layout, "thread_coords"):
+        return tuple(layout.thread_coords(t))
+    lane = t % 32
+    return 64 * (t // 128) + 16 * (t // 32 % 4) + lane // 4, 2 * (lane % 4)
+
+
+def _reg_coords(layout: object, i: int) -> tuple:
+    if hasattr(layout, "reg_coords"):
+        return tuple(layout.reg_coords(i))
+    return 8 * ((i >> 1) & 1), 8 * (i >> 2) + (i & 1)
+
+
+def _handlers() -> dict[str, Handler]:
+    from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
+    from tkc.codegen.lower_hopper import HANDLERS as HOPPER
+
+    return {**ELEMENTWISE, **HOPPER, **STRUCTURE}
+
+
+class Lowerer:
+    """The state of lowering one kernel: the builder, the value of every IR value so far
+    (an LLVM value, a list of them for a register tile, or a :class:`TensorArg`,
+    :class:`SmemTile`, :class:`Barrier`), the thread index and the kernel's resources."""
+
+    def __init__(self, kernel: Operation, fn: ir.Function, threads: int,
+                 smem: ir.GlobalVariable | None, tmaps: Sequence[ir.Argument]) -> None:
+        self.kernel = kernel
+        self.fn = fn
+        self.threads = threads
+        self.smem = smem
+        self.tmaps = list(tmaps)
+        self.env: dict[Value, Any] = {}
+        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.tid = nvvm.sreg(self.b, "tid.x", "tid")
+        self.handlers = _handlers()
+
+    # ------------------------------------------------------------------ values
+    def get(self, v: Value) -> Any:
+        return self.env[v]
+
+    def set(self, v: Value, x: Any) -> None:
+        self.env[v] = x
+
+    def tile(self, op: Operation, v: Value) -> list:
+        """The values of register tile ``v`` (a scalar is an error at ``op``)."""
+        x = self.env[v]
+        if not isinstance(x, list):
+            raise TkcCodegenError(f"'{op.name}': expected a register tile, got {v.type}", op.loc)
+        return x
+
+    def thread(self, layout: object) -> Sym:
+        """The thread index as a symbol over the threads ``layout`` spans (replicated beyond them)."""
+        span = int(getattr(layout, "threads", self.threads))
+        t = Sym(self.b, self.tid)
+        return t if span >= self.threads else t % span
+
+    def coords(self, op: Operation, layout: object) -> list[tuple[Sym | int, ...]]:
+        """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2)."""
+        try:
+            t = _thread_coords(layout, self.thread(layout))
+            return [tuple(tc + int(rc) for tc, rc in zip(t, _reg_coords(layout, i)))
+                    for i in range(layout_regs(layout))]
+        except (ValueError, TypeError, AttributeError) as e:
+            raise TkcCodegenError(f"'{op.name}': cannot place the values of layout {layout}: {e}",
+                                  op.loc) from None
+
+    def regs(self, op: Operation, t: Type) -> int:
+        if not isinstance(t, TileType) or t.space != "reg" or t.layout is None:
+            raise TkcCodegenError(f"'{op.name}': {t} has no register layout", op.loc)
+        return layout_regs(t.layout)
+
+    def smem_ptr(self, offset: int | ir.Value) -> ir.Value:
+        """``offset`` bytes into the dynamic shared array (addrspace 3)."""
+        if self.smem is None:
+            raise TkcCodegenError("the kernel uses shared memory but has no smem_bytes", self.kernel.loc)
+        off = const_i32(offset) if isinstance(offset, int) else offset
+        return self.b.gep(self.smem, [off], source_etype=I8)
+
+    def smem_addr(self, offset: int | ir.Value) -> ir.Value:
+        """The 32-bit shared address of ``offset`` (what descriptors and address math use)."""
+        return self.b.trunc(self.b.ptrtoint(self.smem_ptr(offset), I64), I32)
+
+    def if_then(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
+        """Run ``body``'s code only where ``cond`` holds (no values flow out)."""
+        then = self.fn.append_basic_block(f"{name}.then")
+        done = self.fn.append_basic_block(f"{name}.end")
+        self.b.cbranch(cond, then, done)
+        self.b.position_at_end(then)
+        body()
+        self.b.branch(done)
+        self.b.position_at_end(done)
+
+    # -------------------------------------------------------------------- ops
+    def block(self, block: Block) -> list[Lowered] | None:
+        """Lower a block's ops; returns the lowered ``tile.yield`` operands (None otherwise)."""
+        ops = block.ops
+        i = 0
+        while i < len(ops):
+            op = ops[i]
+            if op.name == "tile.yield":
+                return [self.env[v] for v in op.operands]
+            if op.name == "tile.return":
+                return None
+            if op.name in ONE_THREAD_OPS:
+                # A run of thread-0 ops shares one branch (docs/hopper.md §3: thread 0 executes them).
+                j = i
+                while j < len(ops) and ops[j].name in ONE_THREAD_OPS:
+                    j += 1
+                run = ops[i:j]
+                is0 = self.b.icmp_unsigned("==", self.tid, const_i32(0))
+                self.if_then(is0, lambda run=run: [self.op(o) for o in run], "thread0")
+                i = j
+                continue
+            self.op(op)
+            i += 1
+        return None
+
+    def op(self, op: Operation) -> None:
+        handler = self.handlers.get(op.name)
+        if handler is None:
+            raise TkcCodegenError(f"codegen does not lower '{op.name}' (is this hopper-level IR after "
+                                  f"allocate-smem?)", op.loc)
+        try:
+            handler(self, op)
+        except TkcError as e:
+            if e.loc is None or e.loc.line == 0:
+                raise type(e)(e.message, op.loc) from None
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise TkcCodegenError(f"'{op.name}': {e}", op.loc) from None
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def _flat(x: Lowered) -> list[ir.Value]:
+    return list(x) if isinstance(x, list) else [x]
+
+
+def _unflat(t: Type, vals: list[ir.Value]) -> tuple[Lowered, list[ir.Value]]:
+    """Take the values of one ``t`` off the front of ``vals``."""
+    if isinstance(t, TileType):
+        n = layout_regs(t.layout)
+        return vals[:n], vals[n:]
+    return vals[0], vals[1:]
+
+
+def _check_carried(op: Operation, t: Type) -> None:
+    if not (isinstance(t, ScalarType) or (isinstance(t, TileType) and t.space == "reg" and t.layout is not None)):
+        raise TkcCodegenError(f"'{op.name}' carries {t}: only scalars and register tiles can be carried", op.loc)
+
+
+def _for(lw: Lowerer, op: Operation) -> None:
+    g = op.operand_groups()
+    b = lw.b
+    lb, ub, step = lw.get(g["lb"]), lw.get(g["ub"]), lw.get(g["step"])
+    inits = [lw.get(v) for v in g["init"]]
+    types = [r.type for r in op.results]
+    for t in types:
+        _check_carried(op, t)
+    flat_init = [v for x in inits for v in _flat(x)]
+    pre = b.block
+    header = lw.fn.append_basic_block("for.header")
+    body = lw.fn.append_basic_block("for.body")
+    exit_ = lw.fn.append_basic_block("for.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    iv = b.phi(I32, name="iv")
+    iv.add_incoming(lb, pre)
+    phis = []
+    for v in flat_init:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    b.cbranch(b.icmp_signed("<", iv, ub), body, exit_)
+    b.position_at_end(body)
+    args = op.body.args
+    lw.set(args[0], iv)
+    rest = list(phis)
+    for a, t in zip(args[1:], types):
+        x, rest = _unflat(t, rest)
+        lw.set(a, x)
+    yielded = lw.block(op.body) or []
+    flat_next = [v for x in yielded for v in _flat(x)]
+    latch = b.block
+    iv.add_incoming(b.add(iv, step, name="iv.next"), latch)
+    for p, v in zip(phis, flat_next):
+        p.add_incoming(v, latch)
+    b.branch(header)
+    b.position_at_end(exit_)
+    rest = list(phis)
+    for r, t in zip(op.results, types):
+        x, rest = _unflat(t, rest)
+        lw.set(r, x)
+
+
+def _if(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    types = [r.type for r in op.results]
+    for t in types:
+        _check_carried(op, t)
+    then = lw.fn.append_basic_block("if.then")
+    else_ = lw.fn.append_basic_block("if.else")
+    merge = lw.fn.append_basic_block("if.end")
+    b.cbranch(lw.get(op.cond), then, else_)
+    incoming = []
+    for region, blk in zip(op.regions, (then, else_)):
+        b.position_at_end(blk)
+        vals = [v for x in (lw.block(region.block) or []) for v in _flat(x)]
+        incoming.append((vals, b.block))
+        b.branch(merge)
+    b.position_at_end(merge)
+    flat = []
+    for k in range(len(incoming[0][0])):
+        p = b.phi(incoming[0][0][k].type)
+        for vals, blk in incoming:
+            p.add_incoming(vals[k], blk)
+        flat.append(p)
+    for r, t in zip(op.results, types):
+        x, flat = _unflat(t, flat)
+        lw.set(r, x)
+
+
+def _sreg(reg: str) -> Handler:
+    def lower(lw: Lowerer, op: Operation) -> None:
+        lw.set(op.result, nvvm.sreg(lw.b, f"{reg}.{'xyz'[op.axis]}"))
+    return lower
+
+
+def _dim(lw: Lowerer, op: Operation) -> None:
+    lw.set(op.result, lw.get(op.tensor).sizes[op.axis])
+
+
+STRUCTURE: dict[str, Handler] = {
+    "tile.for": _for,
+    "tile.if": _if,
+    "tile.grid": lambda lw, op: None,  # evaluated on the host (docs/hopper.md §4)
+    "tile.program_id": _sreg("ctaid"),
+    "tile.num_programs": _sreg("nctaid"),
+    "tile.dim": _dim,
+}
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _param_types(kernel: Operation) -> list[ir.Type | nvvm.TensorMap]:
+    out: list[ir.Type | nvvm.TensorMap] = []
+    for a in kernel.body.args:
+        t = a.type
+        if isinstance(t, TensorType):
+            out += [nvvm.ptr(nvvm.GLOBAL), *[I32] * t.rank, *[I64] * t.rank]
+        elif t.dtype.is_float:
+            out.append(F32)  # other float dtypes travel as f32 and are rounded here (§4)
+        else:
+            out.append(I32)  # i32, and i1 as 0/1
+    return out + [TMAP] * len(kernel.attributes.get("tma_maps") or [])
+
+
+def _bind_params(lw: Lowerer, kernel: Operation, args: Sequence[ir.Argument]) -> None:
+    from tkc.codegen.lower_values import round_to
+
+    it = iter(args)
+    for a in kernel.body.args:
+        t = a.type
+        name = a.name_hint or f"arg{a.index}"
+        if isinstance(t, TensorType):
+            p = next(it)
+            p.name = name
+            sizes = tuple(next(it) for _ in range(t.rank))
+            strides = tuple(next(it) for _ in range(t.rank))
+            for k, (s, st) in enumerate(zip(sizes, strides)):
+                s.name, st.name = f"{name}.size{k}", f"{name}.stride{k}"
+            lw.set(a, TensorArg(p, sizes, strides, t))
+            continue
+        p = next(it)
+        p.name = name
+        if t.dtype.is_bool:
+            lw.set(a, lw.b.icmp_unsigned("!=", p, const_i32(0)))
+        elif t.dtype.is_float:
+            lw.set(a, round_to(lw.b, p, t.dtype))
+        else:
+            lw.set(a, p)
+    for k, p in enumerate(it):
+        p.name = f"tmap{k}"
+
+
+def _kernel_attr(kernel: Operation, name: str) -> Any:
+    v = kernel.attributes.get(name)
+    if v is None:
+        raise TkcCodegenError(f"kernel @{kernel.attributes.get('sym_name')} has no '{name}' attribute: "
+                              f"codegen takes hopper-level IR (after allocate-smem)", kernel.loc)
+    return v
+
+
+def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
+    """A hopper-level ``tile.kernel`` (after allocate-smem) as an LLVM module holding one
+    ``ptx_kernel`` named after it, with the parameters of docs/hopper.md §4."""
+    if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
+        raise TkcCodegenError(f"expected a 'tile.kernel' op, got {kernel!r}")
+    t = lookup_target(target)
+    if t.name != "sm_90a":
+        raise TkcCodegenError(f"hopper-level IR is lowered for sm_90a only, not {t.name}", kernel.loc)
+    name = kernel.attributes["sym_name"]
+    threads = _kernel_attr(kernel, "threads")
+    smem_bytes = _kernel_attr(kernel, "smem_bytes")
+    if not isinstance(threads, int) or threads <= 0 or threads % 128 or threads > 1024:
+        raise TkcCodegenError(f"threads = {threads!r}: expected a multiple of 128 up to 1024", kernel.loc)
+    module = ir.Module(name=name)
+    fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=1)
+    smem = None
+    if smem_bytes:
+        # One dynamic shared array; every offset of allocate-smem is from its base (§4).
+        smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), "smem", addrspace=nvvm.SHARED)
+        smem.linkage = "external"
+        smem.align = 1024
+    n_maps = len(kernel.attributes.get("tma_maps") or [])
+    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:])
+    _bind_params(lw, kernel, fn.args)
+    lw.block(kernel.body)
+    lw.b.ret_void()
+    return module
+
+
+def kernel_to_ptx(kernel: Operation, target: str = "sm_90a") -> str:
+    """PTX for a hopper-level kernel: :func:`kernel_to_llvm` through ``emit_ptx``."""
+    return emit_ptx(kernel_to_llvm(kernel, target), target)
+

@@ -1,0 +1,469 @@
+"""The ``hopper.*`` ops as per-thread NVVM code (docs/hopper.md §3, PTX-FACTS §1-§4, §8).
+
+Owns: shared memory (tiles and mbarriers at their ``allocate-smem`` offsets from the dynamic
+shared base), mbarrier init/expect_tx/wait, fences and ``bar.sync``, TMA loads box by box,
+wgmma issue (descriptors, SS and RS forms) and wait, predicated global loads and stores,
+reductions executed as their ``reduce_plan``, layout conversions and register-to-shared
+stores.
+
+Must not: choose a layout, an offset or a plan.  Every address, descriptor, box and shuffle
+comes from the layout on the type (``SharedLayout.offset/descriptor/tma_box``, the register
+layout's coordinates, ``reduce_plan``).  Codegen never chooses a layout; it reads the one on
+the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import llvmlite.ir as ir
+import numpy as np
+
+from tkc.codegen import nvvm
+from tkc.codegen.lower import Barrier, SmemTile, TensorArg, layout_regs
+from tkc.codegen.lower_elementwise import cast_value
+from tkc.codegen.lower_values import (
+    BF16,
+    HALF,
+    Sym,
+    as_value,
+    bits_type,
+    const_i32,
+    constant,
+    from_mem,
+    llvm_call,
+    mem_type,
+    round_to,
+    to_mem,
+    widen,
+)
+from tkc.codegen.nvvm import F32, I16, I32, I64
+from tkc.dtypes import DType
+from tkc.errors import TkcCodegenError
+from tkc.ir.core import Operation
+from tkc.ir.layouts import SharedLayout, swizzle
+from tkc.ir.types import TileType, element_dtype
+
+if TYPE_CHECKING:
+    from tkc.codegen.lower import Handler, Lowerer
+
+
+# --------------------------------------------------------------------------- shared memory
+
+
+def _smem_alloc(lw: Lowerer, op: Operation) -> None:
+    if op.offset < 0:
+        raise TkcCodegenError(f"'{op.name}' has no offset: run allocate-smem first", op.loc)
+    lw.set(op.result, SmemTile(op.offset, op.result.type.layout))
+
+
+def _mbarrier_alloc(lw: Lowerer, op: Operation) -> None:
+    if op.offset < 0:
+        raise TkcCodegenError(f"'{op.name}' has no offset: run allocate-smem first", op.loc)
+    lw.set(op.result, Barrier(op.offset))
+
+
+def _bar(lw: Lowerer, op: Operation) -> ir.Value:
+    return lw.smem_ptr(lw.get(op.barrier).offset)
+
+
+def _swizzle_sym(a: Sym | int, swizzle_bytes: int) -> Sym | int:
+    """``layouts.swizzle`` applied to a run-time offset.  The swizzle XORs a bit field into a
+    lower one; the field and the shift are read off ``layouts.swizzle`` itself (which bits
+    of a single-bit address it toggles) and the result is checked against it, so there is
+    one definition of the swizzle."""
+    if swizzle_bytes == 0 or isinstance(a, int):
+        return int(swizzle(a, swizzle_bytes)) if isinstance(a, int) else a
+    toggles = {k: int(swizzle(1 << k, swizzle_bytes)) ^ (1 << k) for k in range(18)}
+    src = [k for k, t in toggles.items() if t]
+    shift = src[0] - int(toggles[src[0]]).bit_length() + 1
+    width = len(src)
+    probe = np.arange(1 << 18)
+    mask = (1 << width) - 1
+    if any(toggles[k] != 1 << (k - shift) for k in src) or src != list(range(src[0], src[0] + width)) or \
+            not np.array_equal(swizzle(probe, swizzle_bytes), probe ^ (((probe >> src[0]) & mask) << (src[0] - shift))):
+        raise TkcCodegenError(f"the {swizzle_bytes}-B swizzle is not a shifted bit field")
+    return a ^ (((a >> src[0]) & mask) << (src[0] - shift))
+
+
+def smem_offset(layout: SharedLayout, row: Sym | int, col: Sym | int) -> Sym | int:
+    """Byte offset of element (row, col) of a shared tile, where row/col may be run-time.
+
+    Compile-time coordinates use ``layout.offset`` directly.  Otherwise the unswizzled
+    offset (``swizzle`` is an involution) is fitted, exactly over the whole tile, as
+    ``row * dr + (col // P) * A + (col % P) * B`` with ``P = layout.box_cols`` (rows
+    inside a box, boxes back to back), and the swizzle is applied on top."""
+    if not isinstance(row, Sym) and not isinstance(col, Sym):
+        return int(layout.offset(int(row), int(col)))
+    r, c = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
+    lin = swizzle(layout.offset(r, c), layout.swizzle)
+    p = layout.box_cols
+    dr = int(lin[1, 0] - lin[0, 0]) if layout.rows > 1 else 0
+    a = int(lin[0, p] - lin[0, 0]) if layout.cols > p else 0
+    bb = int(lin[0, 1] - lin[0, 0]) if layout.cols > 1 else 0
+    if int(lin[0, 0]) != 0 or not np.array_equal(lin, r * dr + (c // p) * a + (c % p) * bb):
+        raise TkcCodegenError(f"shared layout {layout} is not rows x boxes; cannot address it at run time")
+    return _swizzle_sym(row * dr + (col // p) * a + (col % p) * bb, layout.swizzle)
+
+
+def _tile_coords(t: TileType, layout: SharedLayout, coord: tuple) -> tuple:
+    """(row, col) in the layout of tile coordinate ``coord`` of a shared tile (or its transposed view)."""
+    if t.shape == (layout.rows, layout.cols):
+        return coord
+    return coord[1], coord[0]
+
+
+def _smem_element_ptr(lw: Lowerer, tile: SmemTile, offset: Sym | int) -> ir.Value:
+    return lw.smem_ptr(lw.b.add(const_i32(tile.offset), as_value(offset)))
+
+
+def _smem_store_values(lw: Lowerer, op: Operation, tile: SmemTile, t: TileType, vals: list, coords: list,
+                       dt: DType) -> None:
+    """Store register values (register form of ``dt``) at their tile coordinates."""
+    lay = tile.layout
+    for v, c in zip(vals, coords):
+        row, col = _tile_coords(t, lay, c)
+        p = _smem_element_ptr(lw, tile, smem_offset(lay, row, col))
+        lw.b.store(to_mem(lw.b, cast_value(lw.b, v, dt, lay.dtype), lay.dtype), p)
+
+
+def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt: DType) -> list:
+    lay = tile.layout
+    out = []
+    for c in coords:
+        row, col = _tile_coords(t, lay, c)
+        p = _smem_element_ptr(lw, tile, smem_offset(lay, row, col))
+        v = from_mem(lw.b, lw.b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
+        out.append(cast_value(lw.b, v, lay.dtype, dt))
+    return out
+
+
+def _smem_store(lw: Lowerer, op: Operation) -> None:
+    tile = lw.get(op.dst)
+    vals = lw.tile(op, op.value)
+    coords = lw.coords(op, op.value.type.layout)
+    _smem_store_values(lw, op, tile, op.dst.type, vals, coords, element_dtype(op.value.type))
+
+
+# --------------------------------------------------------------------------- barriers and fences
+
+
+def _mbarrier_init(lw: Lowerer, op: Operation) -> None:
+    nvvm.call(lw.b, "mbarrier.init.shared", _bar(lw, op), op.count)
+
+
+def _expect_tx(lw: Lowerer, op: Operation) -> None:
+    nvvm.call(lw.b, "mbarrier.arrive.expect.tx.scope.cta.space.cta", _bar(lw, op), op.bytes)
+
+
+def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
+    # try_wait.parity returns after a bounded time even when the phase is not done: spin.
+    b = lw.b
+    bar, parity = _bar(lw, op), lw.get(op.parity)
+    spin = lw.fn.append_basic_block("mbar.wait")
+    done = lw.fn.append_basic_block("mbar.done")
+    b.branch(spin)
+    b.position_at_end(spin)
+    ok = nvvm.call(b, "mbarrier.try.wait.parity.scope.cta.space.cta", bar, parity)
+    b.cbranch(ok, done, spin)
+    b.position_at_end(done)
+
+
+def _barrier(lw: Lowerer, op: Operation) -> None:
+    nvvm.call(lw.b, "barrier.cta.sync.aligned.all", op.id)
+
+
+# --------------------------------------------------------------------------- TMA
+
+
+def _tma_load(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    tensor: TensorArg = lw.get(op.tensor)
+    dst: SmemTile = lw.get(op.dst)
+    rank = tensor.type.rank
+    if not 2 <= rank <= 5:
+        raise TkcCodegenError(f"TMA copies tensors of rank 2 to 5, not {rank}", op.loc)
+    if not 0 <= op.map < len(lw.tmaps):
+        raise TkcCodegenError(f"tensor map {op.map} is not in the kernel's tma_maps", op.loc)
+    box = dst.layout.tma_box()
+    offs = [lw.get(v) for v in op.offsets]
+    row, col = offs[-2], offs[-1]
+    bar = _bar(lw, op)
+    for j in range(box.count[1]):
+        for i in range(box.count[0]):
+            at = dst.offset + i * box.inner_stride + j * box.outer_stride
+            p = b.addrspacecast(lw.smem_ptr(at), nvvm.ptr(nvvm.SHARED_CLUSTER))
+            # Coordinates innermost first: column, row, then the outer axes.
+            coords = [b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])),
+                      *reversed(offs[:-2])]
+            nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", p, bar, lw.tmaps[op.map], *coords,
+                      0, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- wgmma
+
+_WGMMA_TYPE = {"bf16": "bf16", "f16": "f16", "f8e4m3": "e4m3", "f8e5m2": "e5m2"}
+
+
+def _select_by(b: ir.IRBuilder, key: ir.Value | None, choices: list[ir.Value]) -> ir.Value:
+    """``choices[key]`` for a run-time key in [0, len(choices))."""
+    out = choices[0]
+    for g in range(1, len(choices)):
+        out = b.select(b.icmp_unsigned("==", key, const_i32(g)), choices[g], out)
+    return out
+
+
+def _pack_pairs(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Value:
+    """Two 16-bit values (f32 register form) as one b32 register, ``lo`` in the low half."""
+    narrow = BF16 if dt.name == "bf16" else HALF
+    half = [b.zext(b.bitcast(b.fptrunc(v, narrow), I16), I32) for v in (lo, hi)]
+    return b.or_(half[0], b.shl(half[1], const_i32(16)))
+
+
+def _wgmma(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    acc = lw.tile(op, op.acc)
+    acc_layout = op.acc.type.layout
+    groups = acc_layout.warpgroups
+    sb: SmemTile = lw.get(op.b)
+    a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)
+    if a_dt.name not in _WGMMA_TYPE or b_dt.name not in _WGMMA_TYPE:
+        raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
+    steps = sb.layout.k_steps
+    wg = b.lshr(lw.tid, const_i32(7)) if groups > 1 else None  # warpgroup g owns rows [64g, 64g + 64)
+    # Descriptors are compile-time constants relative to the dynamic shared base (1024-B
+    # aligned by declaration), plus that base's address >> 4 in the start field (PTX-FACTS §2).
+    base4 = b.zext(b.lshr(lw.smem_addr(0), const_i32(4)), I64)
+
+    def desc(tile: SmemTile, k: int, mn: int) -> ir.Value:
+        return b.add(ir.Constant(I64, tile.layout.descriptor(tile.offset, k, mn)), base4)
+
+    b_descs = [desc(sb, k, 0) for k in range(steps)]
+    a_val = lw.get(op.a)
+    if isinstance(a_val, SmemTile):
+        if a_val.layout.k_steps != steps:
+            raise TkcCodegenError("A and B have different K", op.loc)
+        a_ops: list = [_select_by(b, wg, [desc(a_val, k, 64 * g) for g in range(groups)]) for k in range(steps)]
+        trans_a = int(a_val.layout.major == "mn")
+    else:
+        lay = op.a.type.layout
+        if a_dt.bits != 16 or lay.k_steps != steps:
+            raise TkcCodegenError("a register A operand is f16/bf16 with B's K", op.loc)
+        regs = [_pack_pairs(b, a_val[2 * j], a_val[2 * j + 1], a_dt) for j in range(len(a_val) // 2)]
+        a_ops = [[regs[r] for r in lay.step_registers(k)] for k in range(steps)]
+        trans_a = 0
+    trans_b = int(sb.layout.major == "mn")
+    nvvm.call(b, "wgmma.fence.sync.aligned")
+    for k in range(steps):
+        acc = nvvm.wgmma(b, acc, a_ops[k], b_descs[k], a_type=_WGMMA_TYPE[a_dt.name],
+                         b_type=_WGMMA_TYPE[b_dt.name], trans_a=trans_a, trans_b=trans_b)
+    nvvm.call(b, "wgmma.commit_group.sync.aligned")
+    lw.set(op.result, acc)
+
+
+def _wgmma_wait(lw: Lowerer, op: Operation) -> None:
+    nvvm.call(lw.b, "wgmma.wait_group.sync.aligned", op.pending)
+    lw.set(op.result, nvvm.pin(lw.b, lw.tile(op, op.x)))
+
+
+# --------------------------------------------------------------------------- global memory
+
+
+def _ld_asm(dt: DType) -> tuple[str, str, ir.IntType]:
+    ty = bits_type(dt)
+    if ty == I32:
+        return "b32", "r", ty
+    return ("b16", "h", I16) if ty == I16 else ("u8", "h", I16)
+
+
+def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple) -> tuple:
+    """(address, in-bounds i1) of the tensor element at tile coordinate ``coord``."""
+    b = lw.b
+    squeeze = set(op.squeeze or [])
+    it = iter(coord)
+    index = None
+    ok = None
+    for axis, off in enumerate(offs):
+        pos = off if axis in squeeze else b.add(off, as_value(next(it)))
+        inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])  # also rejects negatives
+        ok = inb if ok is None else b.and_(ok, inb)
+        term = b.mul(widen(b, pos), tensor.strides[axis])
+        index = term if index is None else b.add(index, term)
+    return b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok
+
+
+def _from_bits(b: ir.IRBuilder, raw: ir.Value, mem: ir.Type) -> ir.Value:
+    """The asm register (b32 or b16) as the element's memory type."""
+    if isinstance(mem, ir.IntType):
+        return b.trunc(raw, mem) if mem.width < raw.type.width else raw
+    return b.bitcast(raw, mem)
+
+
+def _to_bits(b: ir.IRBuilder, v: ir.Value, ty: ir.IntType) -> ir.Value:
+    if isinstance(v.type, ir.IntType):
+        return b.zext(v, ty) if v.type.width < ty.width else v
+    return b.bitcast(v, ty)
+
+
+def _load(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
+    t = op.result.type
+    offs = [lw.get(v) for v in op.offsets]
+    other = constant(dt, 0 if op.other is None else op.other)
+    suffix, cons, ty = _ld_asm(dt)
+    # Predicated so that no out-of-bounds address is touched (the tensor may even be empty).
+    asm = ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+           f"mov.b{ty.width} $0, 0; @p ld.global.{suffix} $0, [$1]; }}")
+    fty = ir.FunctionType(ty, [nvvm.ptr(nvvm.GLOBAL), I32])
+    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
+    out = []
+    for c in coords:
+        addr, ok = _global_element(lw, op, tensor, offs, c)
+        raw = b.asm(fty, asm, f"={cons},l,r", [addr, b.zext(ok, I32)], side_effect=True)
+        out.append(b.select(ok, from_mem(b, _from_bits(b, raw, mem_type(dt)), dt), other))
+    lw.set(op.result, out if isinstance(t, TileType) else out[0])
+
+
+def _store(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
+    t = op.value.type
+    offs = [lw.get(v) for v in op.offsets]
+    suffix, cons, ty = _ld_asm(dt)
+    asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.{suffix} [$0], $1; }}"
+    fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), ty, I32])
+    vals = lw.tile(op, op.value) if isinstance(t, TileType) else [lw.get(op.value)]
+    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
+    for v, c in zip(vals, coords):
+        addr, ok = _global_element(lw, op, tensor, offs, c)
+        bits = _to_bits(b, to_mem(b, v, dt), ty)
+        b.asm(fty, asm, f"l,{cons},r", [addr, bits, b.zext(ok, I32)], side_effect=True)
+
+
+# --------------------------------------------------------------------------- between threads
+
+
+def _combine(b: ir.IRBuilder, kind: str, dt: DType) -> Callable[[ir.Value, ir.Value], ir.Value]:
+    """The reduction's binary op in register form; float sums stay in f32 until the end."""
+    if dt.is_float:
+        return {"sum": b.fadd,
+                "max": lambda x, y: llvm_call(b, "llvm.maximum.f32", F32, x, y),
+                "min": lambda x, y: llvm_call(b, "llvm.minimum.f32", F32, x, y)}[kind]
+    return {"sum": b.add,
+            "max": lambda x, y: b.select(b.icmp_signed(">", x, y), x, y),
+            "min": lambda x, y: b.select(b.icmp_signed("<", x, y), x, y)}[kind]
+
+
+def _shfl(b: ir.IRBuilder, v: ir.Value, mask: int) -> ir.Value:
+    name = "shfl.sync.bfly.f32" if v.type == F32 else "shfl.sync.bfly.i32"
+    return nvvm.call(b, name, -1, v, mask, 31)
+
+
+def _reduce(lw: Lowerer, op: Operation) -> None:
+    from tkc.ir.layouts import reduce_plan
+
+    b = lw.b
+    x = lw.tile(op, op.x)
+    dt = element_dtype(op.x.type)
+    if dt.is_bool:
+        raise TkcCodegenError("reductions of i1 tiles are not lowered", op.loc)
+    plan = reduce_plan(op.x.type.layout, op.axis)
+    comb = _combine(b, op.kind, dt)
+    vals = []
+    for group in plan.groups:
+        acc = x[int(group[0])]
+        for j in group[1:]:
+            acc = comb(acc, x[int(j)])
+        vals.append(acc)
+    for m in plan.shuffle_xor:
+        vals = [comb(v, _shfl(b, v, int(m))) for v in vals]
+    if plan.warp_xor:
+        scratch: SmemTile = lw.get(op.scratch[0])
+        lay = scratch.layout
+        warps = lw.threads // 32
+        if lay.rows < warps or lay.cols < len(vals):
+            raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x {len(vals)} values", op.loc)
+        warp = Sym(b, lw.tid) // 32
+        for m in plan.warp_xor:
+            # A round trip through shared memory: write, bar.sync, read the partner warp, combine.
+            mine = [_smem_element_ptr(lw, scratch, smem_offset(lay, warp, s)) for s in range(len(vals))]
+            for v, p in zip(vals, mine):
+                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype) if dt.is_float else v, lay.dtype), p)
+            nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+            partner = warp ^ int(m)
+            got = []
+            for s in range(len(vals)):
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, partner, s))
+                got.append(from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype))
+            vals = [comb(v, g) for v, g in zip(vals, got)]
+            nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+    if dt.is_float:
+        vals = [round_to(b, v, dt) for v in vals]
+    lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
+
+
+def _same_thread_map(src: object, dst: object, threads: int) -> list[int] | None:
+    """For each value of ``dst``, the value of ``src`` that every thread holds at the same
+    coordinates, or None when some thread would need another thread's value."""
+    t = np.arange(threads)[:, None]
+    s = np.stack([np.broadcast_to(c, (threads, layout_regs(src))) for c in src.coords(t % src.threads,
+                                                                              np.arange(layout_regs(src))[None, :])])
+    d = np.stack([np.broadcast_to(c, (threads, layout_regs(dst))) for c in dst.coords(t % dst.threads,
+                                                                              np.arange(layout_regs(dst))[None, :])])
+    out = []
+    for i in range(layout_regs(dst)):
+        match = np.all(s == d[:, :, i:i + 1], axis=0)  # (threads, src regs)
+        js = np.nonzero(match.all(axis=0))[0]
+        if len(js) == 0:
+            return None
+        out.append(int(js[0]))
+    return out
+
+
+def _convert_layout(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    x = lw.tile(op, op.x)
+    src, dst = op.x.type.layout, op.result.type.layout
+    if not op.scratch:
+        m = _same_thread_map(src, dst, lw.threads)
+        if m is None:
+            raise TkcCodegenError(f"converting {src} to {dst} moves values between threads: "
+                                  f"it needs a scratch tile", op.loc)
+        lw.set(op.result, [x[j] for j in m])
+        return
+    scratch: SmemTile = lw.get(op.scratch[0])
+    st = op.scratch[0].type
+    dt = element_dtype(op.x.type)
+    _smem_store_values(lw, op, scratch, st, x, lw.coords(op, src), dt)
+    nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+    lw.set(op.result, _smem_load_values(lw, scratch, st, lw.coords(op, dst), dt))
+    nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+
+
+def _fence_proxy_async(lw: Lowerer, op: Operation) -> None:
+    nvvm.call(lw.b, "fence.proxy.async.shared_cta")
+
+
+HANDLERS: dict[str, Handler] = {
+    "hopper.smem_alloc": _smem_alloc,
+    "hopper.mbarrier_alloc": _mbarrier_alloc,
+    "hopper.mbarrier_init": _mbarrier_init,
+    "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
+    "hopper.barrier": _barrier,
+    "hopper.expect_tx": _expect_tx,
+    "hopper.tma_load": _tma_load,
+    "hopper.mbarrier_wait": _mbarrier_wait,
+    "hopper.smem_store": _smem_store,
+    "hopper.fence_proxy_async": _fence_proxy_async,
+    "hopper.wgmma": _wgmma,
+    "hopper.wgmma_wait": _wgmma_wait,
+    "hopper.load": _load,
+    "hopper.store": _store,
+    "hopper.reduce": _reduce,
+    "hopper.convert_layout": _convert_layout,
+}
+

@@ -1,0 +1,262 @@
+"""Per-thread values of the hopper-level lowering: element types, rounding, thread symbols.
+
+Owns: how a tkc dtype lives in an LLVM register (every float dtype as an ``f32`` holding a
+value already rounded to the dtype, like the interpreter's float32 storage; ``i32`` as
+``i32``; ``i1`` as ``i1``), how such a value is rounded to its dtype and converted to and
+from its bytes in memory, and :class:`Sym`, the run-time thread index that a layout's
+``thread_coords`` is evaluated on.
+
+Must not: choose a layout or know a layout formula.  Coordinates come from the layout on
+the type (``thread_coords(t)`` evaluated on a :class:`Sym`, plus ``reg_coords(i)``);
+codegen never chooses a layout, it reads the one on the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import llvmlite.ir as ir
+
+from tkc import dtypes
+from tkc.codegen.nvvm import F32, I1, I8, I16, I32, I64
+from tkc.dtypes import DType
+
+
+
+class _BFloatType(ir.types._BaseFloatType):
+    """LLVM's ``bfloat``, which llvmlite.ir lacks; only ever converted to and from, never a constant."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+
+_BFloatType._create_instance()
+BF16 = _BFloatType()
+HALF = ir.HalfType()
+
+#: One lowered IR value: a scalar is one LLVM value, a register tile a list of them
+#: (value ``i`` of the list is the thread's value ``i`` of the layout).
+Lowered = ir.Value | list
+
+
+def const_i32(v: int) -> ir.Constant:
+    return ir.Constant(I32, v)
+
+
+def reg_type(dt: DType) -> ir.Type:
+    """The LLVM type a value of ``dt`` is held in between ops."""
+    if dt.is_float:
+        return F32
+    return I32 if dt.is_int else I1
+
+
+def constant(dt: DType, value: float | int | bool) -> ir.Constant:
+    """``value`` rounded to ``dt`` (through :func:`tkc.dtypes.round_to`, the one rounding rule)."""
+    v = dtypes.round_to(value, dt)
+    if dt.is_float:
+        return ir.Constant(F32, float(v))
+    if dt.is_int:
+        return ir.Constant(I32, int(v))
+    return ir.Constant(I1, int(bool(v)))
+
+
+def _intrinsic(b: ir.IRBuilder, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+    """A target-independent LLVM intrinsic (``llvm.maximum.f32``...), declared on first use."""
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ret, list(args)), name)
+    return fn
+
+
+def llvm_call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.Value:
+    return b.call(_intrinsic(b, name, ret, [a.type for a in args]), list(args))
+
+
+# fp8 <-> f32 through the PTX conversions the dtypes module models (cvt.rn.satfinite
+# e4m3x2/e5m2x2 from f32, and the exact f16x2 widening back); LLVM has no fp8 type.
+_FP8 = {"f8e4m3": "e4m3x2", "f8e5m2": "e5m2x2"}
+
+
+def fp8_encode(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+    """The fp8 byte (in the low half of an i16) of the f32 ``x``: round to nearest even, saturating."""
+    asm = f"cvt.rn.satfinite.{_FP8[dt.name]}.f32 $0, 0f00000000, $1;"
+    return b.asm(ir.FunctionType(I16, [F32]), asm, "=h,f", [x], side_effect=False)
+
+
+def fp8_decode(b: ir.IRBuilder, byte16: ir.Value, dt: DType) -> ir.Value:
+    """The f32 value of the fp8 byte in the low half of ``byte16`` (exact: fp8 fits in f16)."""
+    asm = ("{ .reg .b32 h; .reg .f16 lo, hi; "
+           f"cvt.rn.f16x2.{_FP8[dt.name]} h, $1; mov.b32 {{lo, hi}}, h; cvt.f32.f16 $0, lo; }}")
+    return b.asm(ir.FunctionType(F32, [I16]), asm, "=f,h", [byte16], side_effect=False)
+
+
+def _narrow_type(dt: DType) -> ir.Type:
+    return BF16 if dt == dtypes.bf16 else HALF
+
+
+def round_to(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+    """An f32 rounded to float dtype ``dt`` and held as f32 again (identity for f32).
+
+    bf16/f16: ``fptrunc`` is round-to-nearest-even (cvt.rn.bf16.f32), the widening is exact.
+    """
+    if dt == dtypes.f32:
+        return x
+    if dt.name in _FP8:
+        return fp8_decode(b, fp8_encode(b, x, dt), dt)
+    return b.fpext(b.fptrunc(x, _narrow_type(dt)), F32)
+
+
+def mem_type(dt: DType) -> ir.Type:
+    """The LLVM type of one element of ``dt`` in memory (a tensor or a shared tile)."""
+    if dt == dtypes.f32:
+        return F32
+    if dt in (dtypes.bf16, dtypes.f16):
+        return _narrow_type(dt)
+    if dt.is_int:
+        return I32
+    return I8  # fp8 bytes, and i1 stored as one byte (0/1) like torch.bool
+
+
+def to_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+    """A register value as its memory representation (:func:`mem_type`)."""
+    if dt in (dtypes.bf16, dtypes.f16):
+        return b.fptrunc(x, _narrow_type(dt))  # exact: the value is already rounded
+    if dt.name in _FP8:
+        return b.trunc(fp8_encode(b, x, dt), I8)
+    if dt.is_bool:
+        return b.zext(x, I8)
+    return x
+
+
+def from_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
+    """A memory representation back in its register form."""
+    if dt in (dtypes.bf16, dtypes.f16):
+        return b.fpext(x, F32)
+    if dt.name in _FP8:
+        return fp8_decode(b, b.zext(x, I16), dt)
+    if dt.is_bool:
+        return b.icmp_unsigned("!=", x, ir.Constant(I8, 0))
+    return x
+
+
+def bits_type(dt: DType) -> ir.IntType:
+    """The integer type of the same width as :func:`mem_type` (for inline-asm loads/stores)."""
+    return {32: I32, 16: I16}.get(dt.bits, I8) if not dt.is_bool else I8
+
+
+# --------------------------------------------------------------------------- thread symbols
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+class Sym:
+    """A non-negative i32 known only at run time (the thread index and what layouts derive
+    from it), with the operators the distributed-layout protocol allows (docs/hopper.md §2).
+
+    Operations with Python ints fold at compile time where the result is known (``x * 0``,
+    ``x % 1``, ...), and power-of-two ``//``, ``%`` and ``*`` become shifts and masks: the
+    values are non-negative, so unsigned division is exact floor division.
+    """
+
+    __slots__ = ("b", "v")
+
+    def __init__(self, b: ir.IRBuilder, v: ir.Value) -> None:
+        self.b = b
+        self.v = v
+
+    def _val(self, o: Sym | int) -> ir.Value:
+        return o.v if isinstance(o, Sym) else const_i32(int(o))
+
+    def _new(self, v: ir.Value) -> Sym:
+        return Sym(self.b, v)
+
+    def __add__(self, o: Sym | int) -> Sym:
+        if not isinstance(o, Sym) and int(o) == 0:
+            return self
+        return self._new(self.b.add(self.v, self._val(o)))
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Sym | int) -> Sym:
+        if not isinstance(o, Sym) and int(o) == 0:
+            return self
+        return self._new(self.b.sub(self.v, self._val(o)))
+
+    def __rsub__(self, o: int) -> Sym:
+        return self._new(self.b.sub(self._val(o), self.v))
+
+    def __mul__(self, o: Sym | int) -> Sym | int:
+        if isinstance(o, Sym):
+            return self._new(self.b.mul(self.v, o.v))
+        o = int(o)
+        if o == 0:
+            return 0
+        if o == 1:
+            return self
+        if _pow2(o):
+            return self._new(self.b.shl(self.v, const_i32(o.bit_length() - 1)))
+        return self._new(self.b.mul(self.v, const_i32(o)))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o: int) -> Sym:
+        o = int(o)
+        if o == 1:
+            return self
+        if _pow2(o):
+            return self._new(self.b.lshr(self.v, const_i32(o.bit_length() - 1)))
+        return self._new(self.b.udiv(self.v, const_i32(o)))
+
+    def __mod__(self, o: int) -> Sym | int:
+        o = int(o)
+        if o == 1:
+            return 0
+        if _pow2(o):
+            return self._new(self.b.and_(self.v, const_i32(o - 1)))
+        return self._new(self.b.urem(self.v, const_i32(o)))
+
+    def __and__(self, o: Sym | int) -> Sym | int:
+        if not isinstance(o, Sym) and int(o) == 0:
+            return 0
+        return self._new(self.b.and_(self.v, self._val(o)))
+
+    __rand__ = __and__
+
+    def __or__(self, o: Sym | int) -> Sym:
+        if not isinstance(o, Sym) and int(o) == 0:
+            return self
+        return self._new(self.b.or_(self.v, self._val(o)))
+
+    __ror__ = __or__
+
+    def __xor__(self, o: Sym | int) -> Sym:
+        if not isinstance(o, Sym) and int(o) == 0:
+            return self
+        return self._new(self.b.xor(self.v, self._val(o)))
+
+    __rxor__ = __xor__
+
+    def __rshift__(self, o: int) -> Sym:
+        if int(o) == 0:
+            return self
+        return self._new(self.b.lshr(self.v, const_i32(int(o))))
+
+    def __lshift__(self, o: int) -> Sym:
+        if int(o) == 0:
+            return self
+        return self._new(self.b.shl(self.v, const_i32(int(o))))
+
+
+def as_value(x: Sym | int) -> ir.Value:
+    """An i32 LLVM value for a symbol or a (numpy or Python) int."""
+    return x.v if isinstance(x, Sym) else const_i32(int(x))
+
+
+def widen(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """A non-negative i32 as i64 (for address arithmetic)."""
+    return b.zext(x, I64)
