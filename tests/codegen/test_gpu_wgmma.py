@@ -164,7 +164,7 @@ def build(case: Case) -> ir.Module:
     b_descs = descs(case.b_layout, case.b_offset)
     if case.a_regs:
         frag = WgmmaOperandA(K)
-        vals = frag.regs_per_thread  # 32 bf16 values = 16 b32 registers
+        vals = frag.regs  # 32 bf16 values = 16 b32 registers
         row0 = b.mul(tid, _c32(vals))
         halves = []
         for v in range(vals):
@@ -208,7 +208,7 @@ def _compiled(case: Case) -> tuple[str, bytes]:
 def out_index(n: int) -> np.ndarray:
     """(thread, reg) -> row * n + col, from ``WgmmaAccumulator(n).coords``: int32[128 * n/2]."""
     acc = WgmmaAccumulator(n)
-    t, i = np.meshgrid(np.arange(acc.threads), np.arange(acc.regs_per_thread), indexing="ij")
+    t, i = np.meshgrid(np.arange(acc.threads), np.arange(acc.regs), indexing="ij")
     row, col = acc.coords(t, i)
     return (row * n + col).astype(np.int32).ravel()
 
@@ -216,7 +216,7 @@ def out_index(n: int) -> np.ndarray:
 def a_index() -> np.ndarray:
     """(thread, value) -> row * K + col of A, from ``WgmmaOperandA(K).coords``: int32[128 * K/2]."""
     frag = WgmmaOperandA(K)
-    t, v = np.meshgrid(np.arange(frag.threads), np.arange(frag.regs_per_thread), indexing="ij")
+    t, v = np.meshgrid(np.arange(frag.threads), np.arange(frag.regs), indexing="ij")
     row, col = frag.coords(t, v)
     return (row * K + col).astype(np.int32).ravel()
 

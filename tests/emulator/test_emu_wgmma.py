@@ -134,7 +134,7 @@ def test_fragment_helpers_roundtrip():
     for layout in (WgmmaAccumulator(256), WgmmaOperandA(64), WgmmaAccumulator(64, 2)):
         tile = np.arange(np.prod(layout.shape), dtype=np.float32).reshape(layout.shape)
         frag = tile_to_fragment(tile, layout)
-        assert frag.shape == (layout.threads, layout.regs_per_thread)
+        assert frag.shape == (layout.threads, layout.regs)
         np.testing.assert_array_equal(fragment_to_tile(frag, layout), tile)
     # PTX-FACTS §1: thread 37 (warp 1, lane 5), register 3 -> row 16 + 1 + 8, col 2*1 + 1
     assert tile_to_fragment(tile := np.arange(64 * 64).reshape(64, 64), WgmmaAccumulator(64))[37, 3] == tile[25, 3]

@@ -7,6 +7,8 @@ every layout round-trips through the textual IR inside a tile type.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -14,13 +16,15 @@ from hypothesis import strategies as st
 
 from tkc.dtypes import bf16, f8e4m3, f16, f32
 from tkc.ir.layouts import (
-    ColVector,
-    RowVector,
+    Blocked,
     SharedLayout,
+    Slice,
     WgmmaAccumulator,
     WgmmaOperandA,
+    choose_blocked,
     choose_swizzle,
     descriptor_address,
+    reduce_plan,
 )
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -188,8 +192,8 @@ def acc_formula(t: int, i: int) -> tuple[int, int]:
 @pytest.mark.parametrize("wg", [1, 2])
 def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
     acc = WgmmaAccumulator(n, wg)
-    assert acc.regs_per_thread == n // 2 and acc.shape == (64 * wg, n)
-    t, i = grid(acc.threads, acc.regs_per_thread)
+    assert acc.regs == n // 2 and acc.shape == (64 * wg, n)
+    t, i = grid(acc.threads, acc.regs)
     r, c = acc.coords(t, i)
     seen = np.zeros(acc.shape, dtype=int)
     np.add.at(seen, (r, c), 1)
@@ -205,6 +209,8 @@ def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
 def test_fragment_ranges_are_checked() -> None:
     with pytest.raises(ValueError):
         WgmmaAccumulator(64).coords(128, 0)
+    with pytest.raises(ValueError, match="reg out of range"):
+        WgmmaAccumulator(64).coords(0, 32)
     with pytest.raises(ValueError):
         WgmmaAccumulator(64).owner(0, 64)
     with pytest.raises(ValueError):
@@ -216,7 +222,7 @@ def test_fragment_ranges_are_checked() -> None:
 @pytest.mark.parametrize("k", [16, 64])
 def test_operand_a_is_k_steps_of_the_64x16_fragment(k: int) -> None:
     a = WgmmaOperandA(k)
-    assert a.k_steps == k // 16 and a.regs_per_thread == k // 2
+    assert a.k_steps == k // 16 and a.regs == k // 2
     t, i = grid(128, k // 2)
     r, c = a.coords(t, i)
     seen = np.zeros((64, k), dtype=int)
@@ -230,38 +236,6 @@ def test_operand_a_is_k_steps_of_the_64x16_fragment(k: int) -> None:
         step_r, step_c = WgmmaOperandA(16).coords(np.arange(128)[:, None], np.arange(8)[None, :])
         assert np.array_equal(rs, step_r) and np.array_equal(cs, 16 * s + step_c)
     assert np.array_equal(np.stack(a.owner(r, c)), np.stack([t, i]))
-
-
-@pytest.mark.parametrize("wg", [1, 2])
-def test_row_vector_matches_accumulator_rows(wg: int) -> None:
-    rv, acc = RowVector(wg), WgmmaAccumulator(64, wg)
-    t, i = grid(acc.threads, acc.regs_per_thread)
-    r, _ = acc.coords(t, i)
-    assert np.array_equal(rv.coords(t, rv.slot_of_acc_reg(i)), r)
-    threads, slot = rv.owners(np.arange(rv.length))
-    for row in range(rv.length):
-        quad = threads[row]
-        assert len(set(quad // 4)) == 1  # one quad of one warp
-        assert {int(q) ^ m for q in quad for m in (0, *rv.shuffle_xor_masks, 3)} == set(quad.tolist())
-        assert np.all(rv.coords(quad, slot[row]) == row)
-    holders = np.zeros(rv.length, dtype=int)
-    np.add.at(holders, rv.coords(*grid(rv.threads, 2)), 1)
-    assert np.all(holders == 4)
-
-
-@pytest.mark.parametrize("n", [8, 64])
-def test_col_vector_matches_accumulator_cols(n: int) -> None:
-    cv, acc = ColVector(n), WgmmaAccumulator(n)
-    t, i = grid(acc.threads, acc.regs_per_thread)
-    _, c = acc.coords(t, i)
-    assert np.array_equal(cv.coords(t, cv.slot_of_acc_reg(i)), c)
-    threads, slot = cv.owners(np.arange(n))
-    for col in range(n):
-        assert np.all(cv.coords(threads[col], slot[col]) == col)
-        lanes = threads[col] % 32
-        # within a warp the holders are one xor-orbit of the masks 4, 8, 16
-        assert set(lanes.tolist()) == {int(lanes[0]) ^ m for m in range(0, 32, 4)}
-    assert cv.values_per_thread == n // 4
 
 
 def test_stmatrix_epilogue_stores_every_accumulator_value_in_place() -> None:
@@ -286,6 +260,362 @@ def test_stmatrix_epilogue_stores_every_accumulator_value_in_place() -> None:
     assert plan.regs[1].tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]  # P[4..7] = d[8..15]
 
 
+# --------------------------------------------------------------------------- blocked layouts
+def blocked_formula(lay: Blocked, t: int, i: int) -> tuple[int, ...]:
+    """The ``Blocked`` docstring read literally, for one thread and value."""
+    rank2 = len(lay.shape) == 2
+    rows, cols = lay.shape if rank2 else (1, lay.shape[0])
+    tr, tc = lay.lanes if rank2 else (1, 32)
+    wr, wc = lay.warps if rank2 else (1, lay.warps[0])
+    v = lay.vec
+    grid_r, grid_c = tr * wr, v * tc * wc
+    reps_c = max(cols // grid_c, 1)
+    rep_r, rep_c, e = i // (reps_c * v), i // v % reps_c, i % v
+    w, lane = t // 32, t % 32
+    row = (rep_r * grid_r + (w // wc) * tr + lane // tc) % rows
+    col = (rep_c * grid_c + ((w % wc) * tc + lane % tc) * v) % cols + e
+    return (row, col) if rank2 else (col,)
+
+
+BLOCKED = [
+    Blocked((16, 512), 8, (1, 32), (4, 1)),
+    Blocked((128, 64), 8, (4, 8), (4, 1)),
+    Blocked((64, 96), 8, (8, 4), (4, 1)),  # 3 column repeats: extents need not be powers of two
+    Blocked((8, 8), 1, (4, 8), (2, 2)),  # grid 16 x 16 wraps: 4 replicas of each element
+    Blocked((2, 8), 1, (4, 8), (1, 4)),
+    Blocked((1, 128), 1, (1, 32), (1, 4)),
+    Blocked((64, 1), 1, (32, 1), (2, 2)),
+    Blocked((256, 256), 4, (1, 32), (8, 1)),
+    Blocked((512,), 4, (32,), (4,)),
+    Blocked((64,), 1, (32,), (4,)),  # two replicas
+    Blocked((8,), 2, (32,), (8,)),
+]
+
+
+@pytest.mark.parametrize("lay", BLOCKED, ids=str)
+def test_blocked_follows_its_formula_and_covers_the_tile_evenly(lay: Blocked) -> None:
+    t, i = grid(lay.threads, lay.regs)
+    got = lay.coords(t, i)
+    rng = np.random.default_rng(0)
+    for tt, ii in zip(rng.integers(0, lay.threads, 50), rng.integers(0, lay.regs, 50)):
+        assert tuple(int(c[tt, ii]) for c in got) == blocked_formula(lay, int(tt), int(ii))
+    seen = np.zeros(lay.shape, dtype=int)
+    np.add.at(seen, got, 1)
+    copies = lay.threads * lay.regs // math.prod(lay.shape)
+    assert copies >= 1 and np.all(seen == copies)
+    # a thread never holds an element twice, and its runs are vec contiguous columns
+    flat = np.ravel_multi_index(got, lay.shape)
+    assert all(len(set(row)) == lay.regs for row in flat.tolist())
+    runs = got[-1].reshape(lay.threads, -1, lay.vec)
+    assert np.all(np.diff(runs, axis=-1) == 1) and np.all(runs[..., 0] % lay.vec == 0)
+
+
+def test_blocked_known_values() -> None:
+    lay = Blocked((16, 512), 8, (1, 32), (4, 1))
+    assert lay.threads == 128 and lay.regs == 4 * 2 * 8
+    # thread 33: warp 1 (warp row 1), lane 1 (lane col 1); value 9 = rep (0, 1), element 1
+    assert tuple(int(x) for x in lay.coords(33, 9)) == (1, 256 + 8 + 1)
+    # thread 127: warp row 3, lane col 31; value 63 = rep (3, 1), element 7
+    assert tuple(int(x) for x in lay.coords(127, 63)) == (4 * 3 + 3, 256 + 31 * 8 + 7)
+    one = Blocked((512,), 4, (32,), (4,))
+    assert one.regs == 4 and int(one.coords(40, 2)[0]) == (32 + 8) * 4 + 2
+    wrap = Blocked((8, 8), 1, (4, 8), (2, 2))
+    # thread 100: warp 3 = (1, 1), lane 4 = (0, 4): row 4 % 8, col (8 + 4) % 8
+    assert tuple(int(x) for x in wrap.coords(100, 0)) == (4, 4)
+    assert tuple(int(x) for x in wrap.coords(68, 0)) == (4, 4)  # warp 2 = (1, 0): a replica
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (((16, 16, 16), 1, (1, 32), (4, 1)), "rank 1 or 2"),
+    (((16, 512), 8, (32,), (4, 1)), "one entry per axis"),
+    (((16, 512), 0, (1, 32), (4, 1)), "positive"),
+    (((16, 512), 8, (2, 32), (4, 1)), "32 lanes"),
+    (((16, 512), 8, (1, 32), (2, 1)), "whole warpgroups"),
+    (((16, 500), 8, (1, 32), (4, 1)), "vec=8 do not divide the 500 columns"),
+    (((12, 512), 8, (1, 32), (8, 1)), "8 rows"),
+    (((16, 48), 1, (1, 32), (4, 1)), "32 columns, which neither divides nor is a multiple of 48"),
+    (((768,), 4, (32,), (4,)), "512 columns"),
+])
+def test_bad_blocked_layouts_are_rejected(args: tuple, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        Blocked(*args)
+
+
+def test_blocked_accepts_lists_and_compares_by_value() -> None:
+    assert Blocked([16, 512], 8, [1, 32], [4, 1]) == Blocked((16, 512), 8, (1, 32), (4, 1))
+    assert hash(Blocked([512], 4, [32], [4])) == hash(Blocked((512,), 4, (32,), (4,)))
+
+
+POW2_SHAPES = [(r, c) for r in (1, 2, 8, 16, 64, 256) for c in (1, 4, 8, 32, 128, 512, 1024)] + \
+    [(c,) for c in (1, 8, 64, 128, 512, 4096)]
+
+
+@pytest.mark.parametrize("threads", [128, 256])
+@pytest.mark.parametrize("elem_bytes", [1, 2, 4])
+def test_choose_blocked_gives_valid_busy_layouts(threads: int, elem_bytes: int) -> None:
+    for shape in POW2_SHAPES + [(16, 512), (16, 256), (128, 64), (64, 96), (48, 64)]:
+        lay = choose_blocked(shape, elem_bytes, threads)
+        assert lay.shape == shape and lay.threads == threads
+        assert lay.vec * elem_bytes <= 16
+        size = math.prod(shape)
+        if size >= threads:
+            assert lay.threads * lay.regs == size  # every thread busy, no replicas
+            if size & (size - 1) == 0:  # and vec as wide as that allows
+                assert lay.vec == min(16 // elem_bytes, size // threads, shape[-1])
+        else:
+            assert lay.regs == lay.vec == 1  # replicas, each thread holding one element
+        if len(shape) == 2 and size & (size - 1) == 0:
+            # lanes go along a row as far as it has runs, so a warp reads contiguous memory
+            assert lay.lanes[1] == min(32, shape[1] // lay.vec)
+            # warps stay on rows whenever the rows can take them all
+            if shape[0] % (lay.lanes[0] * threads // 32) == 0:
+                assert lay.warps == (threads // 32, 1)
+
+
+def test_choose_blocked_known_choices() -> None:
+    assert str(choose_blocked((16, 512), 2, 128)) == "#blocked<16x512, vec=8, lanes=1x32, warps=4x1>"
+    assert str(choose_blocked((128, 64), 2, 128)) == "#blocked<128x64, vec=8, lanes=4x8, warps=4x1>"
+    assert str(choose_blocked((512,), 4, 128)) == "#blocked<512, vec=4, lanes=32, warps=4>"
+    assert str(choose_blocked((64,), 4, 128)) == "#blocked<64, vec=1, lanes=32, warps=4>"
+    assert str(choose_blocked((1, 128), 4, 128)) == "#blocked<1x128, vec=1, lanes=1x32, warps=1x4>"
+    assert str(choose_blocked((8, 8), 4, 128)) == "#blocked<8x8, vec=1, lanes=4x8, warps=2x2>"
+
+
+@pytest.mark.parametrize(("shape", "elem_bytes", "threads", "msg"), [
+    ((12, 12), 2, 128, "no blocked layout for a 12x12 tile"),
+    ((3, 5), 4, 128, "no blocked layout for a 3x5 tile"),
+    ((24,), 4, 128, "no blocked layout for a 24 tile"),
+    ((2, 2, 2), 4, 128, "rank-1 or rank-2"),
+    ((0, 8), 4, 128, "positive"),
+    ((8, 8), 4, 96, "multiple of 128"),
+    ((8, 8), 32, 128, "between 1 and 16"),
+])
+def test_choose_blocked_rejects_impossible_tiles(shape: tuple, elem_bytes: int, threads: int, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        choose_blocked(shape, elem_bytes, threads)
+
+
+# --------------------------------------------------------------------------- slices
+ACCS = [WgmmaAccumulator(64), WgmmaAccumulator(128, 2), WgmmaAccumulator(8), WgmmaOperandA(32)]
+PARENTS = ACCS + [b for b in BLOCKED if len(b.shape) == 2]
+SLICES = [Slice(p, a, keep) for p in PARENTS for a in (0, 1) for keep in (False, True)]
+
+
+@pytest.mark.parametrize("sl", SLICES, ids=str)
+def test_slice_slot_holds_the_kept_coordinate_of_its_parent_values(sl: Slice) -> None:
+    parent, a = sl.parent, sl.axis
+    shape = list(parent.shape)
+    shape[a] = 1
+    assert sl.shape == (tuple(shape) if sl.keep else tuple(shape[:a] + shape[a + 1:]))
+    assert sl.threads == parent.threads
+    t, i = grid(parent.threads, parent.regs)
+    slots = np.array([sl.slot_of(j) for j in range(parent.regs)])
+    assert sorted(set(slots.tolist())) == list(range(sl.regs))
+    assert [int(np.argmax(slots == s)) for s in range(sl.regs)] == sorted(  # first-appearance order
+        int(np.argmax(slots == s)) for s in range(sl.regs))
+    pc = list(parent.coords(t, i))
+    pc[a] = np.zeros_like(pc[a])
+    want = pc if sl.keep else pc[:a] + pc[a + 1:]
+    got = sl.coords(t, slots[i])
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    # a thread's slots are distinct elements, and together the threads cover the whole slice
+    flat = np.ravel_multi_index(sl.coords(*grid(sl.threads, sl.regs)), sl.shape)
+    assert all(len(set(row)) == sl.regs for row in flat.tolist())
+    assert set(flat.ravel().tolist()) == set(range(math.prod(sl.shape)))
+
+
+@pytest.mark.parametrize("wg", [1, 2])
+def test_row_slice_of_an_accumulator(wg: int) -> None:
+    acc = WgmmaAccumulator(64, wg)
+    rows = Slice(acc, 1)
+    assert rows.regs == 2 and rows.shape == (64 * wg,)
+    assert [rows.slot_of(i) for i in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]  # (i >> 1) & 1
+    plan = reduce_plan(acc, 1)
+    assert plan.result == rows and plan.shuffle_xor == (1, 2) and plan.warp_xor == ()
+    for row in range(64 * wg):
+        t, s = np.nonzero(rows.coords(*grid(rows.threads, 2))[0] == row)
+        assert len(set((t // 4).tolist())) == 1 and len(t) == 4  # the 4 threads of one quad
+        assert len(set(s.tolist())) == 1
+
+
+@pytest.mark.parametrize("n", [8, 64])
+@pytest.mark.parametrize("wg", [1, 2])
+def test_column_slice_of_an_accumulator(n: int, wg: int) -> None:
+    acc = WgmmaAccumulator(n, wg)
+    cols = Slice(acc, 0)
+    assert cols.regs == n // 4 and cols.shape == (n,)
+    assert [cols.slot_of(i) for i in range(acc.regs)] == [2 * (i >> 2) + (i & 1) for i in range(acc.regs)]
+    plan = reduce_plan(acc, 0)
+    assert plan.shuffle_xor == (4, 8, 16) and plan.warp_xor == ((1, 2) if wg == 1 else (1, 2, 4))
+    held = cols.coords(*grid(cols.threads, cols.regs))[0]
+    for col in range(n):
+        t, _ = np.nonzero(held == col)
+        assert len(t) == 8 * 4 * wg  # every thread holding the column: 8 per warp
+        for w in range(4 * wg):  # within a warp the holders are one xor-orbit of 4, 8, 16
+            lanes = t[t // 32 == w] % 32
+            assert set(lanes.tolist()) == {int(lanes[0]) ^ m for m in range(0, 32, 4)}
+
+
+def test_slice_errors() -> None:
+    with pytest.raises(ValueError, match="would be a scalar"):
+        Slice(Blocked((512,), 4, (32,), (4,)), 0)
+    with pytest.raises(ValueError, match="axis 2 out of range"):
+        Slice(WgmmaAccumulator(64), 2)
+    with pytest.raises(ValueError, match="reg out of range"):
+        Slice(WgmmaAccumulator(64), 1).coords(0, 2)
+    assert Slice(WgmmaAccumulator(64), 1) == Slice(WgmmaAccumulator(64), 1)
+    assert Slice(WgmmaAccumulator(64), 1) != Slice(WgmmaAccumulator(64), 1, keep=True)
+
+
+# --------------------------------------------------------------------------- thread parts
+class Sym:
+    """What codegen passes to ``thread_coords``: a value that supports only ``+ - * // % & >> ^``
+    with an int (or another Sym) on the right, and ``int + Sym``.  Anything else - a
+    comparison, truth test, numpy call, int on the left of ``*`` - raises."""
+
+    __array_ufunc__ = None  # numpy must not absorb a Sym into an object array
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, v: np.ndarray) -> None:
+        self.v = v
+
+    def _op(self, other: object, f) -> Sym:
+        if isinstance(other, Sym):
+            return Sym(f(self.v, other.v))
+        if type(other) is not int:
+            raise TypeError(f"Sym op with {type(other).__name__}")
+        return Sym(f(self.v, other))
+
+    def __add__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a + b)
+
+    def __radd__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: b + a)
+
+    def __sub__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a - b)
+
+    def __mul__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a * b)
+
+    def __floordiv__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a // b)
+
+    def __mod__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a % b)
+
+    def __and__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a & b)
+
+    def __rshift__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a >> b)
+
+    def __xor__(self, o: object) -> Sym:
+        return self._op(o, lambda a, b: a ^ b)
+
+    def _refuse(self, *args: object) -> None:
+        raise TypeError("not supported by codegen symbols")
+
+    __bool__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse  # type: ignore[assignment]
+    __index__ = __int__ = __array__ = __neg__ = __or__ = __lshift__ = __truediv__ = _refuse
+
+
+ALL_LAYOUTS = ACCS + BLOCKED + SLICES
+
+
+@pytest.mark.parametrize("lay", ALL_LAYOUTS, ids=str)
+def test_thread_coords_work_on_codegen_symbols_and_split_coords(lay) -> None:
+    t = np.arange(lay.threads)
+    sym = lay.thread_coords(Sym(t))
+    num = lay.thread_coords(t)
+    assert len(sym) == len(num) == len(lay.shape)
+    for s, n in zip(sym, num):
+        got = s.v if isinstance(s, Sym) else s
+        assert isinstance(got, (np.ndarray, int)), "constant parts are python ints"
+        assert np.array_equal(np.broadcast_to(got, t.shape), np.broadcast_to(n, t.shape))
+    tt, i = grid(lay.threads, lay.regs)
+    for a, c in enumerate(lay.coords(tt, i)):
+        parts = np.array([lay.reg_coords(j)[a] for j in range(lay.regs)])
+        assert all(type(lay.reg_coords(j)[a]) is int for j in range(lay.regs))
+        assert np.array_equal(c, np.broadcast_to(num[a], t.shape)[:, None] + parts[None, :])
+
+
+def test_sym_refuses_what_codegen_cannot_do() -> None:
+    s = Sym(np.arange(4))
+    for bad in (lambda: 2 * s, lambda: s < 1, lambda: bool(s), lambda: np.asarray(s) + 1,
+                lambda: s + np.int64(1), lambda: s | 1, lambda: np.maximum(s, 1)):
+        with pytest.raises(TypeError):
+            bad()
+
+
+# --------------------------------------------------------------------------- reductions
+def simulate(lay, axis: int, tile: np.ndarray, op) -> np.ndarray:
+    """Execute ``reduce_plan`` the way docs/hopper.md says the emulator and codegen do:
+    combine each group in thread, then each lane butterfly, then each warp exchange."""
+    plan = reduce_plan(lay, axis)
+    t, i = grid(lay.threads, lay.regs)
+    vals = tile[lay.coords(t, i)]
+    acc = np.stack([op.reduce(vals[:, list(g)], axis=1) for g in plan.groups], axis=1)
+    tid = np.arange(lay.threads)
+    for m in plan.shuffle_xor:
+        acc = op(acc, acc[tid ^ m])
+    for m in plan.warp_xor:
+        acc = op(acc, acc[tid ^ (32 * m)])
+    return acc
+
+
+REDUCIBLE = ACCS + [WgmmaAccumulator(256, 2)] + BLOCKED + [
+    choose_blocked(s, eb, th) for s in [(16, 512), (128, 64), (8, 8), (2, 8), (1, 128), (64, 1), (64,), (8,)]
+    for eb in (1, 4) for th in (128, 256)]
+
+
+@pytest.mark.parametrize("lay", REDUCIBLE, ids=str)
+@pytest.mark.parametrize("op", [np.add, np.maximum], ids=["sum", "max"])
+def test_reduce_plan_reduces_exactly(lay, op) -> None:
+    """Every thread ends with the exact reduction of each of its result slots: a missing mask
+    leaves a partial result, an extra one (a replica combined) counts elements twice."""
+    rng = np.random.default_rng(1)
+    tile = rng.integers(1, 1 << 20, lay.shape)
+    for axis in range(len(lay.shape)):
+        got = simulate(lay, axis, tile, op)
+        plan = reduce_plan(lay, axis)
+        if plan.result is None:
+            assert got.shape == (lay.threads, 1) and np.all(got == op.reduce(tile, axis=None))
+            continue
+        want = op.reduce(tile, axis=axis)
+        t, s = grid(plan.result.threads, plan.result.regs)
+        assert np.array_equal(got, want[plan.result.coords(t, s)])
+        assert plan.result == Slice(lay, axis)
+        assert sorted(i for g in plan.groups for i in g) == list(range(lay.regs))
+        assert all(list(g) == sorted(g) for g in plan.groups)
+        assert list(plan.shuffle_xor) == sorted(plan.shuffle_xor) and list(plan.warp_xor) == sorted(plan.warp_xor)
+
+
+def test_reduce_plan_of_blocked_layouts() -> None:
+    rows = reduce_plan(Blocked((16, 512), 8, (1, 32), (4, 1)), 1)
+    assert rows.shuffle_xor == (1, 2, 4, 8, 16) and rows.warp_xor == ()  # a row stays in one warp
+    assert rows.groups == (tuple(range(16)), tuple(range(16, 32)), tuple(range(32, 48)), tuple(range(48, 64)))
+    cols = reduce_plan(Blocked((16, 512), 8, (1, 32), (4, 1)), 0)
+    assert cols.shuffle_xor == () and cols.warp_xor == (1, 2) and cols.result.regs == 16
+    # 4 warps over 8 rows: warps 0 and 2 hold the same rows, so only the lane masks apply
+    wrap = reduce_plan(Blocked((8, 8), 1, (4, 8), (2, 2)), 1)
+    assert wrap.shuffle_xor == (1, 2, 4) and wrap.warp_xor == ()
+    scalar = reduce_plan(Blocked((64,), 1, (32,), (4,)), 0)
+    assert scalar.result is None and scalar.groups == ((0,),)
+    assert scalar.shuffle_xor == (1, 2, 4, 8, 16) and scalar.warp_xor == (1,)  # warps 2, 3 replicate 0, 1
+
+
+def test_reduce_plan_rejects_what_a_butterfly_cannot_do() -> None:
+    # three warpgroups: the warp partner w ^ 8 of warps 4..7 does not exist
+    with pytest.raises(ValueError, match="cannot be reduced along axis 0 with xor shuffles"):
+        reduce_plan(WgmmaAccumulator(64, 3), 0)
+    assert reduce_plan(WgmmaAccumulator(64, 3), 1).shuffle_xor == (1, 2)  # rows stay in a quad
+    with pytest.raises(ValueError, match="cannot be reduced along axis 0"):
+        reduce_plan(Blocked((3, 128), 1, (1, 32), (3, 4)), 0)
+    with pytest.raises(ValueError, match="axis 2 out of range"):
+        reduce_plan(WgmmaAccumulator(64), 2)
+
+
 # --------------------------------------------------------------------------- textual form
 LAYOUTS = [
     SharedLayout(64, 64, bf16, "k", 128),
@@ -295,26 +625,18 @@ LAYOUTS = [
     WgmmaAccumulator(128),
     WgmmaAccumulator(256, 2),
     WgmmaOperandA(64),
-    RowVector(),
-    RowVector(2),
-    ColVector(128),
-    ColVector(64, 2),
+    *BLOCKED,
+    *SLICES,
+    Slice(Slice(WgmmaAccumulator(64, 2), 1, keep=True), 0),
 ]
-
-
-def shape_of_layout(lay: object) -> tuple[int, ...]:
-    if isinstance(lay, SharedLayout):
-        return lay.rows, lay.cols
-    if isinstance(lay, (WgmmaAccumulator, WgmmaOperandA)):
-        return lay.shape
-    return (lay.length,)
 
 
 @pytest.mark.parametrize("lay", LAYOUTS, ids=str)
 def test_layout_round_trips_inside_a_tile_type(lay: object) -> None:
     dt = lay.dtype if isinstance(lay, SharedLayout) else f32
     space = "smem" if isinstance(lay, SharedLayout) else "reg"
-    ty = TileType(shape_of_layout(lay), dt, space, lay)
+    shape = (lay.rows, lay.cols) if isinstance(lay, SharedLayout) else lay.shape
+    ty = TileType(shape, dt, space, lay)
     text = f"tile.kernel @k {{\n  %x = tile.constant {{value = 0.0}} : {ty}\n  tile.return\n}}\n"
     m = parse_module(text)
     verify(m)
@@ -322,10 +644,35 @@ def test_layout_round_trips_inside_a_tile_type(lay: object) -> None:
     assert m.ops[0].body.ops[0].results[0].type == ty
 
 
+def test_layout_text_forms() -> None:
+    assert str(Slice(WgmmaAccumulator(128, 2), 1)) == "#slice<#wgmma_acc<128, wg=2>, axis=1>"
+    assert (str(Slice(Blocked((16, 512), 8, (1, 32), (4, 1)), 0, keep=True))
+            == "#slice<#blocked<16x512, vec=8, lanes=1x32, warps=4x1>, axis=0, keep>")
+    text = "%x = tile.constant {value = 0.0} : tile<128xf32, reg, #slice<#wgmma_acc<128,wg=2>,axis=1>>\n"
+    ty = parse_module(text).ops[0].results[0].type
+    assert ty.layout == Slice(WgmmaAccumulator(128, 2), 1)
+    assert str(ty) == "tile<128xf32, reg, #slice<#wgmma_acc<128, wg=2>, axis=1>>"
+
+
 @pytest.mark.parametrize("bad", ["#smem<64x64xbf16, k, sw16>", "#smem<64x64xbf17, k, sw128>", "#smem<64x64>",
-                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>", "#acc_rows<32>", "#acc_cols<x>"])
+                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>",
+                                 "#blocked<12x12, vec=1, lanes=32x1, warps=4x1>",
+                                 "#blocked<16x512, vec=8, lanes=2x32, warps=4x1>",
+                                 "#blocked<16x512, vec=8, lanes=1x32>",
+                                 "#slice<#wgmma_acc<64>, axis=2>", "#slice<#wgmma_acc<64>>",
+                                 "#slice<#wgmma_acc<64>, axis=1, kept>",
+                                 "#slice<#blocked<512, vec=4, lanes=32, warps=4>, axis=0>",
+                                 "#slice<#smem<64x64xbf16, k, sw128>, axis=0>", "#slice<#nope<1>, axis=0>",
+                                 "#slice<#wgmma_acc<12>, axis=0>"])
 def test_bad_layout_text_is_a_syntax_error(bad: str) -> None:
     from tkc.errors import TkcSyntaxError
 
     with pytest.raises(TkcSyntaxError, match="bad layout"):
         parse_module(f"%x = tile.constant {{value = 0.0}} : tile<64x64xf32, reg, {bad}>\n")
+
+
+def test_removed_vector_layouts_are_unknown() -> None:
+    from tkc.errors import TkcSyntaxError
+
+    with pytest.raises(TkcSyntaxError, match="unknown layout"):
+        parse_module("%x = tile.constant {value = 0.0} : tile<64xf32, reg, #acc_rows<64>>\n")

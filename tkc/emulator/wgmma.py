@@ -35,16 +35,16 @@ __all__ = ["wgmma", "fragment_to_tile", "tile_to_fragment"]
 
 def _grid(layout: Fragment) -> tuple[np.ndarray, np.ndarray]:
     t = np.arange(layout.threads)[:, None]
-    i = np.arange(layout.regs_per_thread)[None, :]
+    i = np.arange(layout.regs)[None, :]
     return layout.coords(t, i)
 
 
 def fragment_to_tile(frag: np.ndarray, layout: Fragment) -> np.ndarray:
     """The ``layout.shape`` tile held by the per-thread fragment ``frag[thread, reg]``."""
     frag = np.asarray(frag)
-    if frag.shape != (layout.threads, layout.regs_per_thread):
+    if frag.shape != (layout.threads, layout.regs):
         raise ValueError(f"fragment of shape {frag.shape} does not match {layout} "
-                         f"({layout.threads} threads x {layout.regs_per_thread} values)")
+                         f"({layout.threads} threads x {layout.regs} values)")
     rows, cols = _grid(layout)
     tile = np.empty(layout.shape, frag.dtype)
     tile[rows, cols] = frag
@@ -86,9 +86,9 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
         raise TkcEmulatorError(f"{op}: scale-a/scale-b are immediates 1 or -1")
     acc_layout = WgmmaAccumulator(n)
     acc = np.asarray(acc)
-    if acc.shape != (acc_layout.threads, acc_layout.regs_per_thread) or acc.dtype != np.float32:
+    if acc.shape != (acc_layout.threads, acc_layout.regs) or acc.dtype != np.float32:
         raise TkcEmulatorError(f"{op}: accumulator must be float32 of shape "
-                               f"({acc_layout.threads}, {acc_layout.regs_per_thread}), got {acc.dtype} {acc.shape}")
+                               f"({acc_layout.threads}, {acc_layout.regs}), got {acc.dtype} {acc.shape}")
 
     kk = np.arange(k)[None, :]
     if isinstance(a, np.ndarray):

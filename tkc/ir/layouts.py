@@ -8,21 +8,32 @@ no second copy of any formula here (DESIGN.md principle 5).
 - ``SharedLayout`` (``#smem<RxCxdtype, k|mn, swS>``): a shared-memory tile as TMA writes it
   (PTX-FACTS §2, §3): byte offsets, TMA box and swizzle enum, wgmma matrix descriptors, and
   ``descriptor_address`` which reads a descriptor back the way the hardware does.
-- ``WgmmaAccumulator`` (``#wgmma_acc<N>``) and ``WgmmaOperandA`` (``#wgmma_a<K>``): register
-  fragments of 64 rows per warpgroup (PTX-FACTS §1), plus the stmatrix epilogue (§6).
-- ``RowVector`` (``#acc_rows<R>``) and ``ColVector`` (``#acc_cols<N>``): per-row and
-  per-column reductions of an accumulator, derived from the same §1 formula.
+- Register layouts answer the distributed-layout protocol (``DistributedLayout``, docs/hopper.md
+  §2): value i of thread t is element ``thread_coords(t) + reg_coords(i)`` per axis, the
+  thread part written with plain integer arithmetic so that codegen can evaluate it on
+  ``%tid`` symbols and the emulator on numpy arrays.
+  - ``WgmmaAccumulator`` (``#wgmma_acc<N>``) and ``WgmmaOperandA`` (``#wgmma_a<K>``): register
+    fragments of 64 rows per warpgroup (PTX-FACTS §1), plus the stmatrix epilogue (§6).
+  - ``Blocked`` (``#blocked<...>``): runs of contiguous columns per thread, for tiles no
+    wgmma produces; ``choose_blocked`` states the rule select-layouts applies.
+  - ``Slice`` (``#slice<parent, axis=A>``): ``parent`` reduced along an axis.
+- ``reduce_plan``: how a reduction runs on a register layout (in-thread groups, lane
+  shuffles, cross-warp exchanges), derived from the coordinates, for the lowering, the
+  emulator and codegen alike.
 
 Index-mapping methods are vectorized: they take ints or numpy integer arrays (broadcast
 together) and return int64 arrays.  This module never *chooses* a layout: that is the
-select-layouts pass.  ``choose_swizzle`` only states the rule that pass applies.
+select-layouts pass.  ``choose_swizzle`` and ``choose_blocked`` only state the rules that
+pass applies.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from functools import cached_property
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -236,18 +247,71 @@ def descriptor_address(desc: int, major: str, mn: object, k: object, dtype: DTyp
 
 
 # --------------------------------------------------------------------------- registers
-def _acc_coords(thread: np.ndarray, reg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """PTX-FACTS §1 (CUTLASS CLayout_64xN), extended to warpgroup g = t // 128 owning rows
-    [64g, 64g + 64): w = t/32 % 4, l = t%32, row = 16w + l/4 + 8((i>>1)&1),
-    col = 8(i>>2) + 2(l%4) + (i&1)."""
-    g, w, lane = thread // 128, thread // 32 % 4, thread % 32
-    row = 64 * g + 16 * w + lane // 4 + 8 * ((reg >> 1) & 1)
-    col = 8 * (reg >> 2) + 2 * (lane % 4) + (reg & 1)
-    return row, col
+class DistributedLayout(Protocol):
+    """What every register layout answers (docs/hopper.md §2).  Value ``i`` of thread ``t`` is
+    element ``thread_coords(t)[a] + reg_coords(i)[a]`` along each axis ``a``.  The split is
+    what lets codegen compute the thread part once from ``%tid`` and add constants per value."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def regs(self) -> int: ...
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]: ...
+
+    def reg_coords(self, i: int) -> tuple[int, ...]: ...
+
+    def coords(self, thread: object, reg: object) -> tuple[np.ndarray, ...]: ...
+
+
+class _Distributed:
+    """``coords`` for any layout that defines ``thread_coords`` and ``reg_coords``, so the
+    vectorized form cannot drift from the parts codegen uses."""
+
+    @cached_property
+    def _reg_table(self) -> np.ndarray:
+        """``reg_coords`` of every value, shape (rank, regs)."""
+        return np.array([self.reg_coords(i) for i in range(self.regs)], dtype=np.int64).reshape(
+            self.regs, len(self.shape)).T
+
+    def coords(self, thread: object, reg: object) -> tuple[np.ndarray, ...]:
+        """The element held as value ``reg`` by ``thread`` (broadcast together), per axis."""
+        t, i = _ints(thread), _ints(reg)
+        _check_range("thread", t, self.threads)
+        _check_range("reg", i, self.regs)
+        zero = np.zeros(np.broadcast_shapes(t.shape, i.shape), dtype=np.int64)
+        return tuple(zero + tc + part[i] for tc, part in zip(self.thread_coords(t), self._reg_table))
+
+
+# Arithmetic for ``thread_coords`` that drops operations a constant factor makes trivial, so
+# codegen emits no ``x * 1`` or ``x % 1``.  Symbols support only operators with an int right
+# operand (and ``int + sym``): these never compare ``x`` or put it on the right.
+def _is_zero(x: Any) -> bool:
+    return isinstance(x, int) and x == 0
+
+
+def _add(a: Any, b: Any) -> Any:
+    return b if _is_zero(a) else a if _is_zero(b) else a + b
+
+
+def _mul(x: Any, k: int) -> Any:
+    return 0 if k == 0 or _is_zero(x) else x if k == 1 else x * k
+
+
+def _div(x: Any, k: int) -> Any:
+    return x if k == 1 else x // k
+
+
+def _mod(x: Any, k: int) -> Any:
+    return 0 if k == 1 else x % k
 
 
 def _acc_owner(row: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse of ``_acc_coords``."""
+    """The inverse of the §1 formula (see ``_Fragment``)."""
     g, w, r16 = row // 64, row // 16 % 4, row % 16
     thread = 128 * g + 32 * w + 4 * (r16 % 8) + col % 8 // 2
     reg = 4 * (col // 8) + 2 * (r16 // 8) + col % 2
@@ -270,10 +334,12 @@ class StmatrixX4(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _Fragment:
-    """A 64 x n register fragment per warpgroup, laid out by the §1 formula; ``warpgroups``
-    stack vertically (warpgroup g owns rows [64g, 64g + 64)).  Value i of a thread is its
-    register i for f32; packed 16-bit values share b32 register i // 2 (i even = low half)."""
+class _Fragment(_Distributed):
+    """A 64 x n register fragment per warpgroup, laid out by PTX-FACTS §1 (CUTLASS
+    CLayout_64xN) extended to warpgroup g = t // 128 owning rows [64g, 64g + 64):
+    w = t/32 % 4, l = t%32, row = 64g + 16w + l/4 + 8((i>>1)&1), col = 8(i>>2) + 2(l%4) + (i&1).
+    Value i of a thread is its register i for f32; packed 16-bit values share b32 register
+    i // 2 (i even = low half)."""
 
     n: int
     warpgroups: int = 1
@@ -295,15 +361,16 @@ class _Fragment:
         return 128 * self.warpgroups
 
     @property
-    def regs_per_thread(self) -> int:
+    def regs(self) -> int:
         """Values (f32 registers) per thread."""
         return self.n // 2
 
-    def coords(self, thread: object, reg: object) -> tuple[np.ndarray, np.ndarray]:
-        t, i = _ints(thread), _ints(reg)
-        _check_range("thread", t, self.threads)
-        _check_range("reg", i, self.regs_per_thread)
-        return _acc_coords(t, i)
+    def thread_coords(self, t: Any) -> tuple[Any, Any]:
+        # 64g + 16(w%4) = 16 * (t // 32): the warpgroup is the high bits of the warp index.
+        return t // 32 * 16 + t % 32 // 4, t % 4 * 2
+
+    def reg_coords(self, i: int) -> tuple[int, int]:
+        return 8 * ((i >> 1) & 1), 8 * (i >> 2) + (i & 1)
 
     def owner(self, row: object, col: object) -> tuple[np.ndarray, np.ndarray]:
         r, c = _ints(row), _ints(col)
@@ -357,106 +424,295 @@ class WgmmaOperandA(_Fragment):
         return _frag_text("wgmma_a", self.n, self.warpgroups)
 
 
-@dataclass(frozen=True)
-class RowVector:
-    """One value per row of a ``64*warpgroups x N`` accumulator, for any N (``#acc_rows<R>``).
-    Each thread keeps the two rows its accumulator registers cover: slot h is row
-    l/4 + 8h of its warp's 16, i.e. accumulator registers i with (i>>1)&1 == h.  The 4 threads
-    of a quad hold the same rows, so a row reduction shuffles with xor masks 1 and 2."""
+def _fit(what: str, extent: int, grid: int) -> None:
+    """A thread grid either tiles the extent (repeating) or is a multiple of it (replicas)."""
+    if extent % grid and grid % extent:
+        raise ValueError(f"the thread grid spans {grid} {what}, which neither divides nor is a multiple of {extent}")
 
-    warpgroups: int = 1
 
-    values_per_thread = 2
-    shuffle_xor_masks = (1, 2)
-    cross_warp = False
-
-    def __post_init__(self) -> None:
-        if self.warpgroups < 1:
-            raise ValueError(f"warpgroups must be at least 1, got {self.warpgroups}")
-
-    @property
-    def length(self) -> int:
-        return 64 * self.warpgroups
-
-    @property
-    def threads(self) -> int:
-        return 128 * self.warpgroups
-
-    @staticmethod
-    def slot_of_acc_reg(reg: object) -> np.ndarray:
-        return (_ints(reg) >> 1) & 1
-
-    def coords(self, thread: object, slot: object) -> np.ndarray:
-        t, h = _ints(thread), _ints(slot)
-        _check_range("thread", t, self.threads)
-        _check_range("slot", h, 2)
-        return _acc_coords(t, 2 * h)[0]
-
-    def owners(self, row: object) -> tuple[np.ndarray, np.ndarray]:
-        """(threads, shape (..., 4): the quad holding ``row``; slot, shape (...))."""
-        r = _ints(row)
-        _check_range("row", r, self.length)
-        threads, reg = _acc_owner(r[..., None], 2 * np.arange(4))
-        return threads, self.slot_of_acc_reg(reg[..., 0])
-
-    def __str__(self) -> str:
-        return f"#acc_rows<{self.length}>"
+def _dims_text(dims: tuple[int, ...]) -> str:
+    return "x".join(map(str, dims))
 
 
 @dataclass(frozen=True)
-class ColVector:
-    """One value per column of a ``64*warpgroups x n`` accumulator (``#acc_cols<N>``),
-    replicated in every thread that holds that column: slot s is column
-    8(s/2) + 2(l%4) + s%2, i.e. accumulator registers 4(s/2) + s%2 and + 2.  A column
-    reduction shuffles with xor masks 4, 8, 16, then combines the warps (and warpgroups)
-    through shared memory."""
+class Blocked(_Distributed):
+    """``#blocked<RxC, vec=V, lanes=TRxTC, warps=WRxWC>`` (rank 1: ``#blocked<C, vec=V,
+    lanes=32, warps=W>``): each thread holds runs of ``vec`` contiguous columns, so a run is
+    one vector load or store.  Thread t is lane l = t%32 of warp w = t//32; lane l sits at
+    (l // TC, l % TC) of the warp's TR x TC runs, warp w at (w // WC, w % WC) of the CTA's
+    WR x WC warp tiles.  The thread grid spans TR*WR rows and V*TC*WC columns:
 
-    n: int
-    warpgroups: int = 1
+    - a tile larger than the grid repeats it; value i enumerates (rep_r, rep_c, v) row-major,
+      row = rep_r*TR*WR + wr*TR + lr, col = rep_c*V*TC*WC + (wc*TC + lc)*V + v;
+    - a grid larger than the tile (a multiple of it) wraps modulo the extent: several
+      threads hold the same elements (replicas), which is how a small tile uses all threads.
 
-    shuffle_xor_masks = (4, 8, 16)
-    cross_warp = True
+    A rank-1 layout is the rank-2 formula with one row (TR = WR = 1) and no row coordinate.
+    """
+
+    shape: tuple[int, ...]
+    vec: int
+    lanes: tuple[int, ...]
+    warps: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if self.n <= 0 or self.n % 8:
-            raise ValueError(f"columns must be a positive multiple of 8, got {self.n}")
-        if self.warpgroups < 1:
-            raise ValueError(f"warpgroups must be at least 1, got {self.warpgroups}")
+        for name in ("shape", "lanes", "warps"):  # accept lists; compare and hash as tuples
+            object.__setattr__(self, name, tuple(int(x) for x in getattr(self, name)))
+        rank = len(self.shape)
+        if rank not in (1, 2):
+            raise ValueError(f"blocked layouts are rank 1 or 2, got shape {self.shape}")
+        if len(self.lanes) != rank or len(self.warps) != rank:
+            raise ValueError(f"lanes {self.lanes} and warps {self.warps} need one entry per axis of {self.shape}")
+        if min(self.shape + self.lanes + self.warps + (self.vec,)) < 1:
+            raise ValueError("shape, vec, lanes and warps must be positive")
+        if math.prod(self.lanes) != 32:
+            raise ValueError(f"lanes {_dims_text(self.lanes)} must cover the 32 lanes of a warp")
+        if self.threads % 128:
+            raise ValueError(f"warps {_dims_text(self.warps)} make {self.threads} threads, not whole warpgroups")
+        r, c, tr, tc, wr, wc = self._dims
+        if c % self.vec:
+            raise ValueError(f"runs of vec={self.vec} do not divide the {c} columns")
+        _fit("rows", r, tr * wr)
+        _fit("columns", c, self.vec * tc * wc)
 
     @property
-    def length(self) -> int:
-        return self.n
+    def _dims(self) -> tuple[int, int, int, int, int, int]:
+        """(R, C, TR, TC, WR, WC), a rank-1 layout being one row."""
+        if len(self.shape) == 1:
+            return 1, self.shape[0], 1, self.lanes[0], 1, self.warps[0]
+        return (self.shape[0], self.shape[1], self.lanes[0], self.lanes[1], self.warps[0], self.warps[1])
 
     @property
     def threads(self) -> int:
-        return 128 * self.warpgroups
+        return 32 * math.prod(self.warps)
 
     @property
-    def values_per_thread(self) -> int:
-        return self.n // 4
+    def _reps(self) -> tuple[int, int]:
+        r, c, tr, tc, wr, wc = self._dims
+        return max(r // (tr * wr), 1), max(c // (self.vec * tc * wc), 1)
 
-    @staticmethod
-    def slot_of_acc_reg(reg: object) -> np.ndarray:
-        i = _ints(reg)
-        return 2 * (i >> 2) + (i & 1)
+    @property
+    def regs(self) -> int:
+        reps_r, reps_c = self._reps
+        return reps_r * reps_c * self.vec
 
-    def coords(self, thread: object, slot: object) -> np.ndarray:
-        t, s = _ints(thread), _ints(slot)
-        _check_range("thread", t, self.threads)
-        _check_range("slot", s, self.values_per_thread)
-        return _acc_coords(t, 4 * (s >> 1) + (s & 1))[1]
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        r, c, tr, tc, wr, wc = self._dims
+        lane, warp = t % 32, t // 32
+        lane_r = 0 if tr == 1 else _div(lane, tc)
+        lane_c = _mod(lane, tc)
+        warp_r = 0 if wr == 1 else _div(warp, wc)
+        warp_c = _mod(warp, wc)
+        col = _mul(_add(_mul(warp_c, tc), lane_c), self.vec)
+        if self.vec * tc * wc > c:  # replicas: the grid wraps around the tile
+            col = _mod(col, c)
+        if len(self.shape) == 1:
+            return (col,)
+        row = _add(_mul(warp_r, tr), lane_r)
+        if tr * wr > r:
+            row = _mod(row, r)
+        return row, col
 
-    def owners(self, col: object) -> tuple[np.ndarray, np.ndarray]:
-        """(threads, shape (..., 32 * warpgroups): every thread holding ``col``; slot)."""
-        c = _ints(col)
-        _check_range("col", c, self.n)
-        rows = np.arange(64 * self.warpgroups)
-        rows = rows[rows % 16 < 8]  # one row per thread: the other 8 repeat the same threads
-        threads, reg = _acc_owner(rows, c[..., None])
-        return threads, self.slot_of_acc_reg(reg[..., 0])
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        _, _, tr, tc, wr, wc = self._dims
+        reps_c = self._reps[1]
+        rep_r, rest = divmod(i, reps_c * self.vec)
+        rep_c, v = divmod(rest, self.vec)
+        col = rep_c * self.vec * tc * wc + v
+        return (col,) if len(self.shape) == 1 else (rep_r * tr * wr, col)
 
     def __str__(self) -> str:
-        return _frag_text("acc_cols", self.n, self.warpgroups)
+        return (f"#blocked<{_dims_text(self.shape)}, vec={self.vec}, lanes={_dims_text(self.lanes)}, "
+                f"warps={_dims_text(self.warps)}>")
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _largest_pow2_dividing(n: int, limit: int) -> int:
+    """The largest power of two <= ``limit`` that divides ``n``."""
+    p = _pow2_at_most(limit)
+    while n % p:
+        p //= 2
+    return p
+
+
+def choose_blocked(shape: tuple[int, ...], elem_bytes: int, threads: int) -> Blocked:
+    """The ``Blocked`` layout select-layouts gives a tile that no wgmma produces.
+
+    - ``vec``: the widest run of at most 16 B (one vector access) that divides the columns,
+      narrowed while the tile has fewer runs than threads (wide runs would leave threads idle);
+    - lanes: as many along columns as there are runs in a row (up to 32), so a warp reads
+      contiguous memory; the rest along rows;
+    - warps: along rows as far as the rows go without repeating (a row reduction then stays
+      inside one warp's shuffles), the rest along columns.
+
+    When the columns do not fit that grid (extents that are not powers of two), or it would
+    hold replicas although the tile has an element for every thread, fewer warps on rows and
+    then narrower runs are tried.  A tile smaller than the CTA wraps (replicas).  Raises
+    ValueError when no ``Blocked`` layout exists (e.g. 12 x 12: 32 lanes neither tile nor
+    repeat 12).
+    """
+    shape = tuple(int(x) for x in shape)
+    if len(shape) not in (1, 2) or min(shape, default=0) < 1:
+        raise ValueError(f"choose_blocked takes a rank-1 or rank-2 shape of positive extents, got {shape}")
+    if elem_bytes < 1 or elem_bytes > 16:
+        raise ValueError(f"element size {elem_bytes} B is not between 1 and 16")
+    if threads < 128 or threads % 128:
+        raise ValueError(f"threads must be a positive multiple of 128, got {threads}")
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    vec = _largest_pow2_dividing(cols, 16 // elem_bytes)
+    while vec > 1 and rows * cols // vec < threads:
+        vec //= 2
+    warps = threads // 32
+    error, replicated = "", None
+    for v in (vec >> k for k in range(vec.bit_length())):
+        if len(shape) == 1:
+            candidates = [((32,), (warps,))]
+        else:
+            lanes_c = _largest_pow2_dividing(cols // v, 32)
+            lanes_r = 32 // lanes_c
+            warps_r = 1
+            while warps % (warps_r * 2) == 0 and rows % (lanes_r * warps_r * 2) == 0:
+                warps_r *= 2
+            candidates = [((lanes_r, lanes_c), (wr, warps // wr))
+                          for wr in (warps_r >> k for k in range(warps_r.bit_length()))]
+        for lanes, warp_grid in candidates:
+            try:
+                lay = Blocked(shape, v, lanes, warp_grid)
+            except ValueError as e:
+                error = error or str(e)
+                continue
+            if lay.threads * lay.regs == rows * cols:
+                return lay
+            replicated = replicated or lay  # only if every choice has replicas
+    if replicated is None:
+        raise ValueError(f"no blocked layout for a {_dims_text(shape)} tile over {threads} threads: {error}")
+    return replicated
+
+
+@dataclass(frozen=True)
+class Slice(_Distributed):
+    """``#slice<parent, axis=A>``: the tile ``parent`` becomes when reduced along ``axis``
+    (``keep``: the axis stays, with extent 1).  Each thread keeps one *slot* per distinct
+    value part of the kept coordinate among its parent values, in the order of first
+    appearance; ``slot_of(i)`` is the slot parent value ``i`` folds into, and a slot's
+    element is the kept coordinate those values share.  Threads that differ only in the
+    reduced coordinate hold the same slots (replicas), so broadcasting back is free."""
+
+    parent: DistributedLayout
+    axis: int
+    keep: bool = False
+
+    def __post_init__(self) -> None:
+        rank = len(self.parent.shape)
+        if rank < 2:
+            raise ValueError(f"a slice of rank-1 {self.parent} would be a scalar, not a layout")
+        if not 0 <= self.axis < rank:
+            raise ValueError(f"axis {self.axis} out of range for the rank-{rank} {self.parent}")
+
+    def _drop(self, coords: tuple[Any, ...]) -> tuple[Any, ...]:
+        a = self.axis
+        return coords[:a] + ((0,) if self.keep else ()) + coords[a + 1:]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        a, shape = self.axis, self.parent.shape
+        return shape[:a] + ((1,) if self.keep else ()) + shape[a + 1:]
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @cached_property
+    def _slots(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(slot of each parent value, first parent value of each slot)."""
+        index: dict[tuple[int, ...], int] = {}
+        slot_of, first = [], []
+        for i in range(self.parent.regs):
+            kept = self._drop(self.parent.reg_coords(i))
+            if kept not in index:
+                index[kept] = len(first)
+                first.append(i)
+            slot_of.append(index[kept])
+        return tuple(slot_of), tuple(first)
+
+    @property
+    def regs(self) -> int:
+        return len(self._slots[1])
+
+    def slot_of(self, i: int) -> int:
+        """The slot parent value ``i`` reduces into."""
+        return self._slots[0][i]
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        return self._drop(self.parent.thread_coords(t))
+
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        return self._drop(self.parent.reg_coords(self._slots[1][i]))
+
+    def __str__(self) -> str:
+        return f"#slice<{self.parent}, axis={self.axis}" + (", keep>" if self.keep else ">")
+
+
+# --------------------------------------------------------------------------- reductions
+class ReducePlan(NamedTuple):
+    """How to reduce a register tile along one axis (docs/hopper.md §2): combine each of
+    ``groups`` in thread, in order, into result slot g; then for each lane mask m,
+    ``v = op(v, shfl.bfly(v, m))``; then for each warp mask m, exchange with warp w ^ m
+    through shared scratch (write, bar.sync, read, combine, bar.sync).  ``result`` is the
+    layout of the reduced tile, None when the reduction yields a scalar."""
+
+    result: Slice | None
+    groups: tuple[tuple[int, ...], ...]
+    shuffle_xor: tuple[int, ...]
+    warp_xor: tuple[int, ...]
+
+
+def reduce_plan(layout: DistributedLayout, axis: int) -> ReducePlan:
+    """The plan for reducing ``layout`` along ``axis``, derived from its coordinates.
+
+    A xor mask is applied when every thread's partner holds the same kept coordinates and a
+    different part of the reduced one; skipped when every partner is a replica (same
+    coordinates: combining would count elements twice) or holds other kept coordinates;
+    anything else cannot be done with a butterfly and is a ValueError."""
+    rank = len(layout.shape)
+    if not 0 <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for the rank-{rank} {layout}")
+    if rank == 1:
+        result, groups = None, (tuple(range(layout.regs)),)
+    else:
+        result = Slice(layout, axis)
+        members: list[list[int]] = [[] for _ in range(result.regs)]
+        for i in range(layout.regs):
+            members[result.slot_of(i)].append(i)
+        groups = tuple(tuple(g) for g in members)
+
+    t = np.arange(layout.threads)
+    here = [np.broadcast_to(c, t.shape) for c in layout.thread_coords(t)]
+
+    def applies(stride: int) -> bool:
+        """Whether the exchange of thread t with t ^ stride is part of the reduction."""
+        partner = t ^ stride
+        inside = partner < layout.threads  # false only for warp counts that are not powers of two
+        other = partner[inside]
+        there = [np.broadcast_to(c, other.shape) for c in layout.thread_coords(other)]
+        kept = np.ones(other.shape, dtype=bool)
+        for a in range(rank):
+            if a != axis:
+                kept &= here[a][inside] == there[a]
+        differs = here[axis][inside] != there[axis]
+        if inside.all() and np.all(kept & differs):
+            return True
+        if np.all(kept & ~differs) or not np.any(kept):
+            return False
+        raise ValueError(f"{layout} cannot be reduced along axis {axis} with xor shuffles")
+
+    shuffle = tuple(m for m in (1, 2, 4, 8, 16) if applies(m))
+    warps = layout.threads // 32
+    warp_xor = tuple(1 << b for b in range(warps.bit_length()) if (1 << b) < warps and applies(32 << b))
+    return ReducePlan(result, groups, shuffle, warp_xor)
 
 
 # --------------------------------------------------------------------------- parsers
@@ -475,17 +731,46 @@ def _frag_args(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 1)
 
 
-def _parse_rows(text: str) -> RowVector:
-    m = re.fullmatch(r"\s*(\d+)\s*", text)
-    if m is None or int(m.group(1)) % 64 or int(m.group(1)) == 0:
-        raise ValueError("expected the row count, a positive multiple of 64")
-    return RowVector(int(m.group(1)) // 64)
+def _parse_blocked(text: str) -> Blocked:
+    dims = r"\s*(\d+(?:x\d+)?)\s*"
+    m = re.fullmatch(rf"{dims},\s*vec\s*=\s*(\d+)\s*,\s*lanes\s*={dims},\s*warps\s*={dims}", text)
+    if m is None:
+        raise ValueError("expected '<R>x<C>, vec=<V>, lanes=<TR>x<TC>, warps=<WR>x<WC>' or the rank-1 form")
+    shape, lanes, warps = (tuple(int(x) for x in m.group(g).split("x")) for g in (1, 3, 4))
+    return Blocked(shape, int(m.group(2)), lanes, warps)
+
+
+def _split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside ``<...>`` (a nested layout has its own)."""
+    parts, depth, start = [], 0, 0
+    for j, ch in enumerate(text):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "," and depth == 0:
+            parts.append(text[start:j].strip())
+            start = j + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _parse_slice(text: str) -> Slice:
+    parts = _split_top(text)
+    m = re.fullmatch(r"#(\w+)<(.*)>", parts[0], re.S)
+    axis = re.fullmatch(r"axis\s*=\s*(\d+)", parts[1]) if len(parts) > 1 else None
+    if m is None or axis is None or len(parts) > 3 or parts[2:] not in ([], ["keep"]):
+        raise ValueError("expected '#<parent layout>, axis=<A>' optionally followed by ', keep'")
+    parse = LAYOUT_PARSERS.get(m.group(1))
+    if parse is None:
+        raise ValueError(f"unknown parent layout '#{m.group(1)}'")
+    parent = parse(m.group(2))
+    if not isinstance(parent, _Distributed):
+        raise ValueError(f"{parent} is not a register layout")
+    return Slice(parent, int(axis.group(1)), len(parts) == 3)
 
 
 LAYOUT_PARSERS.update({
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),
-    "acc_rows": _parse_rows,
-    "acc_cols": lambda text: ColVector(*_frag_args(text)),
+    "blocked": _parse_blocked,
+    "slice": _parse_slice,
 })
