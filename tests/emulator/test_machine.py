@@ -43,13 +43,17 @@ def gemm_args(m: int, n: int, k: int, seed: int) -> list[np.ndarray]:
     return [a, b, np.full((m, n), np.nan, np.float32)]  # NaN: an unwritten element fails
 
 
-def gemm_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def wgmma_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """fp32 accumulation as wgmma does it: each k16 instruction adds its exact (float64) dot
-    products to the f32 accumulator with one rounding; the output is rounded to bf16."""
+    products to the f32 accumulator with one rounding."""
     acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for k in range(0, a.shape[1], 16):
         acc = (acc + a[:, k:k + 16].astype(np.float64) @ b[k:k + 16].astype(np.float64)).astype(np.float32)
-    return round_to(acc, bf16)
+    return acc
+
+
+def gemm_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return round_to(wgmma_sum(a, b), bf16)
 
 
 # ------------------------------------------------------------------ gemm.tkir
@@ -168,3 +172,206 @@ def test_tensor_map_must_match_the_destination():
 def test_tensor_strides_must_suit_a_tensor_map():
     with pytest.raises(TkcEmulatorError, match=r"hopper.tma_load.*byte strides \[200\]"):
         run_broken(GEMM, mnk=(64, 64, 100))
+
+
+def test_allocation_outside_smem_bytes():
+    text = edit(GEMM, "smem_bytes = 32776", "smem_bytes = 32768")
+    with pytest.raises(TkcEmulatorError, match=r"CTA \(0, 0\): 'hopper.mbarrier_alloc' \(%bar\) at gemm.tkir:\d+:\d+: "
+                                               r"\[0x8000, 0x8008\) is outside the kernel's smem_bytes"):
+        run_broken(text)
+
+
+def test_layout_must_span_the_kernel_threads():
+    text = edit(GEMM, "threads = 256", "threads = 384")
+    with pytest.raises(TkcEmulatorError, match=r"'tile.constant' \(%acc\).*#wgmma_acc<128, wg=2> spans 256 threads, "
+                                               r"the kernel has 384"):
+        run_broken(text)
+
+
+# ------------------------------------------------------------ hand-written kernels
+def kernel(name: str) -> Module:
+    return load((KERNELS / name).read_text(), name)
+
+
+def nan_like(shape: tuple[int, ...]) -> np.ndarray:
+    return np.full(shape, np.nan, np.float32)
+
+
+def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_load_store_tails_and_other(seed):
+    rng = np.random.default_rng(seed)
+    m, n, p, q = 50, 70, 70, 100  # y and z are larger than x: their extra elements read `other`
+    x, w = normal(rng, m, n), normal(rng, n)
+    y, z = nan_like((p, q)), nan_like((q,))
+    emulate(kernel("load_store.tkir"), [x, w, y, z], seed=seed)
+    want_y = np.full((p, q), -1.5, np.float32)
+    want_y[:m, :n] = x
+    want_z = np.full(q, 2.0, np.float32)
+    want_z[:n] = x[0] + w
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(z, want_z)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_row_reductions_across_warps_and_warpgroups(seed):
+    rng = np.random.default_rng(seed)
+    m, n = 40, 200  # the last CTA's rows and every CTA's columns hang over the edge
+    x = normal(rng, m, n)
+    s, mx, y = nan_like((m,)), nan_like((m,)), nan_like((m, n))
+    emulate(kernel("reduce_blocked.tkir"), [x, s, mx, y], seed=seed)
+    np.testing.assert_allclose(s, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)  # f32 adds, tree order
+    np.testing.assert_array_equal(mx, x.max(1))
+    np.testing.assert_array_equal(y, x - x.max(1)[:, None])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_accumulator_reductions_rows_columns_scalar(seed):
+    rng = np.random.default_rng(seed)
+    m, n = 100, 48
+    x = normal(rng, m, n)
+    rsum, cmax, tot, y = nan_like((m,)), nan_like((n,)), nan_like((1,)), nan_like((m, n))
+    emulate(kernel("reduce_acc.tkir"), [x, rsum, cmax, tot, y], seed=seed)
+    np.testing.assert_allclose(rsum, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cmax, x.max(0))
+    np.testing.assert_allclose(tot, [x.astype(np.float64).sum()], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(y, x - x.max(0)[None, :])
+
+
+def test_reduction_max_propagates_nan():
+    x = np.zeros((100, 48), np.float32)
+    x[7, 5] = np.nan
+    rsum, cmax, tot, y = nan_like((100,)), np.zeros(48, np.float32), np.zeros(1, np.float32), nan_like((100, 48))
+    emulate(kernel("reduce_acc.tkir"), [x, rsum, cmax, tot, y])
+    assert np.isnan(cmax[5]) and not np.isnan(np.delete(cmax, 5)).any()
+    assert np.isnan(rsum[7]) and np.isnan(tot[0])
+
+
+def pv_args(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    m, k, n = 100, 50, 40
+    return [normal(rng, m, k), round_to(rng.standard_normal((k, n)), bf16), nan_like((m, n))]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_register_a_operand(seed):
+    p, v, o = pv_args(seed)
+    emulate(kernel("pv.tkir"), [p, v, o], seed=seed)
+    np.testing.assert_array_equal(o, wgmma_sum(round_to(p, bf16), v))
+
+
+def test_smem_store_without_fence_is_caught():
+    text = edit((KERNELS / "pv.tkir").read_text(), "  hopper.fence_proxy_async\n", "")
+    with pytest.raises(TkcEmulatorError, match=r"'hopper.wgmma' \(%d\).*async proxy.*'%sv'.*hopper.smem_store"):
+        emulate(load(text, "pv.tkir"), pv_args(0))
+
+
+def test_smem_store_without_barrier_is_caught():
+    # Each warpgroup writes half of V; without the bar.sync one of them may read the other
+    # half before it is written.
+    text = edit((KERNELS / "pv.tkir").read_text(), "  hopper.barrier {id = 0}\n", "")
+    errors = []
+    for seed in range(6):
+        try:
+            emulate(load(text, "pv.tkir"), pv_args(0), seed=seed)
+        except TkcEmulatorError as e:
+            errors.append(str(e))
+    assert errors and all("'%sv'" in e and "nothing has written" in e for e in errors)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_convert_layout_through_scratch(seed):
+    rng = np.random.default_rng(seed)
+    x = normal(rng, 100, 60)
+    y, z = nan_like((100, 60)), nan_like((100, 60))
+    emulate(kernel("convert.tkir"), [x, y, z], seed=seed)
+    np.testing.assert_array_equal(z, x)
+    np.testing.assert_array_equal(y, x)
+
+
+def test_convert_layout_without_scratch_must_not_move_values():
+    text = edit((KERNELS / "convert.tkir").read_text(), "%xa = hopper.convert_layout %xb, %scratch",
+                "%xa = hopper.convert_layout %xb")
+    x = np.zeros((100, 60), np.float32)
+    with pytest.raises(TkcEmulatorError, match=r"'hopper.convert_layout' \(%xa\) at convert.tkir:\d+:\d+: "
+                                               r"#blocked<128x64.*-> #wgmma_acc<64, wg=2> without a scratch"):
+        emulate(load(text, "convert.tkir"), [x, x.copy(), x.copy()])
+
+
+# ------------------------------------------------ interpret(tile IR) == emulate(hopper IR)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# (example, constants, dims, atol): shapes that are not multiples of the tiles.  Results are
+# bf16: rtol allows 2 bf16 ulps for a different f32 summation order (wgmma rounds per k16
+# step, reductions add in a tree).  Attention also rounds p to bf16 before P @ V, where an
+# f32-ulp difference in s can flip p's rounding: a 2^-8 change of one weight, hence its atol.
+DIFFERENTIAL = [
+    ("gemm.tk", {}, {"M": 200, "N": 136, "K": 96}, 2**-10),
+    ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 100, "N": 72, "K": 40}, 2**-10),
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 2, "N": 160}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": False}, {"B": 1, "H": 2, "N": 160}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 160}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
+    ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
+    ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
+    ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),
+]
+
+
+def _hopper_pipeline() -> str:
+    from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
+
+    return f"{DEFAULT_PIPELINE},{HOPPER_PIPELINE}"
+
+
+def compile_both(name: str, consts: dict) -> tuple[Module, Module]:
+    from tkc.frontend import compile_file
+    from tkc.passes.manager import PassManager
+    from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+    tile, hopper = (compile_file(str(EXAMPLES / name), consts) for _ in range(2))
+    PassManager(DEFAULT_PIPELINE).run(tile)
+    PassManager(_hopper_pipeline()).run(hopper)
+    verify(hopper)
+    return tile, hopper
+
+
+def assert_same_run(tile: Module, hopper: Module, dims: dict, seed: int, atol: float) -> None:
+    from tkc.interpreter import random_args, run_kernel
+
+    want = random_args(tile.kernel(), dims, seed)
+    got = [x.copy() if isinstance(x, np.ndarray) else x for x in want]
+    run_kernel(tile.kernel(), want)
+    emulate(hopper.kernel(), got, seed=seed)
+    for i, (w, g) in enumerate(zip(want, got)):
+        if isinstance(w, np.ndarray):
+            np.testing.assert_allclose(g, w, rtol=2**-7, atol=atol, equal_nan=True, err_msg=f"argument {i}")
+            # Summation order moves few results; a systematic error would move many.
+            assert np.count_nonzero(~np.isclose(g, w, rtol=0, atol=0, equal_nan=True)) <= max(0.02 * w.size, 2)
+
+
+@pytest.mark.parametrize("name, consts, dims, atol", DIFFERENTIAL,
+                         ids=[c[0] + "".join(f"-{k}{v}" for k, v in c[1].items()) for c in DIFFERENTIAL])
+def test_examples_emulate_like_the_interpreter(name, consts, dims, atol):
+    tile, hopper = compile_both(name, consts)
+    for seed in range(2):
+        assert_same_run(tile, hopper, dims, seed, atol)
+
+
+def test_rmsnorm_kernel_emulates_like_the_interpreter():
+    import importlib.util
+
+    from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+    spec = importlib.util.spec_from_file_location("rmsnorm_example", EXAMPLES / "rmsnorm.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    consts = {"BM": 16, "BN": 128}
+    tile = mod.rmsnorm.compile(DEFAULT_PIPELINE, **consts)
+    hopper = mod.rmsnorm.compile(_hopper_pipeline(), **consts)
+    for seed in range(2):
+        assert_same_run(tile, hopper, {"M": 40, "N": 300}, seed, 2**-10)

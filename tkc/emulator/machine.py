@@ -37,7 +37,7 @@ from tkc.interpreter import (_as_kernel, _check_args, _check_grid, _eval_grid, _
                              _write_back, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan
 from tkc.ir.types import ScalarType, TensorType, TileType
 
 __all__ = ["emulate", "emulate_module", "SmemTile"]
@@ -109,7 +109,6 @@ def _coords(layout: Any, g: int) -> tuple[np.ndarray, ...]:
     """Coordinates (one ``[128, regs]`` array per tile axis) of warpgroup ``g``'s values."""
     t = 128 * g + np.arange(128)[:, None]
     c = layout.coords(t, np.arange(layout.regs)[None, :])
-    c = c if isinstance(c, tuple) else (c,)
     return tuple(np.broadcast_to(np.asarray(a, np.int64), (128, layout.regs)) for a in c)
 
 
@@ -186,11 +185,7 @@ class _CTA:
         return self.bar_sync[bar_id]
 
     def run(self, seed: int) -> None:
-        roles = [(f"warpgroup {g}", _Warpgroup(self, g).run()) for g in range(self.warpgroups)]
-        try:
-            run(roles, seed)
-        except TkcEmulatorError as e:
-            raise type(e)(f"CTA {self.pid}: {e.message}", e.loc or self.fault_loc) from e
+        run([(f"warpgroup {g}", _Warpgroup(self, g).run()) for g in range(self.warpgroups)], seed)
 
 
 def _alloc_name(op: Operation) -> str:
@@ -243,6 +238,12 @@ class _Warpgroup:
             self.cta.fault_loc = e.loc
         return e
 
+    def coords(self, op: Operation, layout: Any) -> tuple[np.ndarray, ...]:
+        """This warpgroup's coordinates in ``layout``, which must span the CTA's threads."""
+        if layout.threads != self.cta.threads:
+            raise _fault(op, f"{layout} spans {layout.threads} threads, the kernel has {self.cta.threads}")
+        return _coords(layout, self.g)
+
     def operands(self, op: Operation) -> list[Any]:
         vals = [self.env[v] for v in op.operands]
         for i, x in enumerate(vals):
@@ -273,7 +274,7 @@ class _Warpgroup:
             layout = _reg_layout(op, t)
             if op.name in ("tile.constant", "tile.splat", "tile.arange"):
                 # The interpreter's whole tile, gathered at each value's coordinates.
-                out = evaluate(op, args)[_coords(layout, self.g)]
+                out = evaluate(op, args)[self.coords(op, layout)]
             elif op.has_trait("elementwise"):
                 for v in op.operands:
                     if isinstance(v.type, TileType) and v.type.layout != layout:
@@ -353,10 +354,10 @@ def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     slot_of = getattr(src, "slot_of", None)
     if slot_of is None or getattr(src, "parent", None) != dst:
         raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout")
-    slots = np.asarray(slot_of(np.arange(dst.regs)), np.int64)
+    slots = np.array([slot_of(i) for i in range(dst.regs)], np.int64)
     # A register copy is only right if the slot holds the coordinates the value needs.
     axes = [a for a, (s, d) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if s != d]
-    cs, cd = _coords(src, wg.g), _coords(dst, wg.g)
+    cs, cd = wg.coords(op, src), wg.coords(op, dst)
     for a in range(len(cd)):
         want = np.zeros_like(cd[a]) if a in axes else cd[a]
         if not np.array_equal(cs[a][:, slots], want):
@@ -376,11 +377,64 @@ def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: Smem
         raise _fault(op, "converts 2-D tiles through shared memory")
     smem = wg.cta.smem
     who = _who(op, wg)
-    smem.write_elements(s.offsets(_coords(src, wg.g)), x, s.layout.dtype, writer=who)
+    smem.write_elements(s.offsets(wg.coords(op, src)), x, s.layout.dtype, writer=who)
     yield from wg.bar_sync(op)
-    out = smem.read_elements(s.offsets(_coords(dst, wg.g)), s.layout.dtype, reader=who)
+    out = smem.read_elements(s.offsets(wg.coords(op, dst)), s.layout.dtype, reader=who)
     yield from wg.bar_sync(op)  # the scratch may be rewritten once every warpgroup has read it
     return round_to(out, op.result.type.dtype)
+
+
+_COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def _reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
+    """``reduce_plan`` executed step by step, as the generated code does it.  Partials stay in
+    the storage type (float32 for every float, like the registers), so float sums add in f32
+    in the plan's order; the result is rounded to its dtype once."""
+    layout = _reg_layout(op, op.x.type)
+    plan = reduce_plan(layout, op.axis)
+    if list(plan.shuffle_xor) != list(op.shuffle_xor) or list(plan.warp_xor) != list(op.warp_xor):
+        raise _fault(op, f"steps shuffle_xor {op.shuffle_xor}, warp_xor {op.warp_xor} are not {layout}'s plan "
+                         f"{list(plan.shuffle_xor)}, {list(plan.warp_xor)}")
+    combine = _COMBINE[op.kind]
+    v = np.stack([functools.reduce(combine, [x[:, i] for i in group]) for group in plan.groups], axis=1)
+    lane = np.arange(128)
+    for m in plan.shuffle_xor:  # shfl.bfly: masks below 32 stay inside a warp, so inside this warpgroup
+        v = combine(v, v[lane ^ m])
+    if plan.warp_xor:
+        if len(scratch) != 1:
+            raise _fault(op, "crosses warps but has no scratch tile")
+        v = yield from _warp_exchange(wg, op, plan, combine, v, scratch[0])
+    out = round_to(v, op.x.type.dtype)
+    if plan.result is not None:
+        return out
+    if not np.all((out == out[0, 0]) | (np.isnan(out) & np.isnan(out[0, 0]))):
+        raise _fault(op, f"threads of {wg.role} end with different values for the scalar result")
+    return out[0, 0].reshape(())
+
+
+def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[..., np.ndarray],
+                   v: np.ndarray, s: SmemTile) -> Co:
+    """The cross-warp steps of a reduction through the scratch tile (docs/hopper.md §3): warp
+    ``w`` writes its partial for kept coordinate ``c`` at ``(w, c)``; the partner warp
+    ``w ^ m`` may be in another warpgroup, so both sides meet at ``bar.sync``."""
+    warp = (128 * wg.g + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
+    kept = wg.coords(op, plan.result)[0] if plan.result is not None else np.zeros_like(warp)
+    smem, who = wg.cta.smem, _who(op, wg)
+    mine = s.offsets((warp, kept))
+    for m in plan.warp_xor:
+        smem.write_elements(mine, v, s.layout.dtype, writer=who)
+        # Every lane of a warp writes; the lanes sharing a kept coordinate must agree, or the
+        # value one of them reads back depends on which store landed last.
+        back = smem.read_elements(mine, s.layout.dtype, reader=who).astype(v.dtype)
+        if not np.array_equal(back, v, equal_nan=True):
+            raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate before "
+                             f"warp_xor {m} ({wg.role})")
+        yield from wg.bar_sync(op)
+        partner = smem.read_elements(s.offsets((warp ^ m, kept)), s.layout.dtype, reader=who)
+        v = combine(v, partner.astype(v.dtype))
+        yield from wg.bar_sync(op)  # the partner has read this round's partial: the next may overwrite it
+    return v
 
 
 # ------------------------------------------------------------------ global memory
@@ -405,7 +459,7 @@ def _global_index(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coo
 def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
     layout = _reg_layout(op, op.result.type)
     dt = op.tensor.type.dtype
-    idx, inb = _global_index(op, tensor, offsets, _coords(layout, wg.g))
+    idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:
@@ -415,7 +469,7 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
 
 def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray, *offsets: Any) -> None:
     layout = _reg_layout(op, op.value.type)
-    idx, inb = _global_index(op, tensor, offsets, _coords(layout, wg.g))
+    idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
     sel = tuple(i[inb] for i in idx)
     tensor[sel] = value[inb]
     # Replicated layouts store one element from several threads; they must agree.
@@ -444,7 +498,7 @@ def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
 
 def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile) -> None:
     layout = _reg_layout(op, op.value.type)
-    wg.cta.smem.write_elements(dst.offsets(_coords(layout, wg.g)), value, dst.layout.dtype,
+    wg.cta.smem.write_elements(dst.offsets(wg.coords(op, layout)), value, dst.layout.dtype,
                                writer=_who(op, wg))
 
 
@@ -572,6 +626,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.convert_layout": _convert_layout,
+    "hopper.reduce": _reduce,
 }
 
 
@@ -612,7 +667,13 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
         shape = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
         try:
             for k, pid in enumerate(itertools.product(*(range(n) for n in shape))):
-                _CTA(kernel, pid, shape, env, written).run(seed + k)
+                cta = None
+                try:
+                    cta = _CTA(kernel, pid, shape, env, written)
+                    cta.run(seed + k)
+                except TkcEmulatorError as e:
+                    loc = e.loc or (cta.fault_loc if cta is not None else None)
+                    raise type(e)(f"CTA {pid}: {e.message}", loc) from e
         finally:
             _write_back(params, args, working, written)
 
