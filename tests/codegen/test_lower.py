@@ -3,6 +3,7 @@ that ptxas -arch=sm_90a accepts without spilling."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from functools import cache
 from pathlib import Path
@@ -10,9 +11,13 @@ from pathlib import Path
 import pytest
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
+from tkc.codegen.lower_hopper import smem_offset
+from tkc.codegen.lower_values import Sym
 from tkc.codegen.ptxas import Assembled, assemble
+from tkc.dtypes import bf16, f32
 from tkc.errors import TkcCodegenError
-from tkc.ir.core import Operation
+from tkc.ir.core import Module, Operation
+from tkc.ir.layouts import SharedLayout
 from tkc.ir.parser import parse_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +100,149 @@ def test_unplaced_shared_tile_is_an_error_with_its_location() -> None:
 def test_only_sm_90a() -> None:
     with pytest.raises(TkcCodegenError, match="sm_90a"):
         kernel_to_llvm(_kernel(GEMM), "sm_100a")
+
+
+# --------------------------------------------------------------------------- hand-written fixtures
+
+# name -> what its PTX must contain (instruction text -> count), beyond assembling cleanly.
+FIXTURES = {
+    "blocked_reduce": {
+        # 16 row slots x 4 lane masks + 4 column slots x 1 + the total x 1.
+        "shfl.sync.bfly.b32": 69,
+        # warp_xor round trips: 2 bar.sync each (row, column, total).
+        "bar.sync": 6,
+        "ld.global.b32": 64,
+    },
+    "wgmma_rs": {
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16": 12,
+        "cp.async.bulk.tensor.2d": 3,
+        "fence.proxy.async.shared::cta": 1,
+        "mbarrier.try_wait.parity": 2,
+    },
+    "elementwise": {
+        "ex2.approx.ftz.f32": 2,
+        "lg2.approx.f32": 2,
+        "rsqrt.approx.f32": 1,
+        "tanh.approx.f32": 1,
+        "cvt.rn.satfinite.e4m3x2.f32": 2,
+        "cvt.rzi.s32.f32": 2,
+        "max.NaN.f32": 1,
+        "min.NaN.f32": 1,
+        "st.global.u8": 4,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_ptx(name: str) -> None:
+    ptx = _ptx(KERNELS / f"{name}.tkir")
+    for text, n in FIXTURES[name].items():
+        assert ptx.count(text) >= n, f"{text}: {ptx.count(text)} < {n}"
+    assert ".local" not in ptx
+
+
+def test_rs_wgmma_takes_a_from_registers() -> None:
+    ptx = _ptx(KERNELS / "wgmma_rs.tkir")
+    rs = re.findall(r"wgmma.mma_async\S+ \{[^}]*\}, \{(%r\d+, ){3}%r\d+\}, %rd\d+", ptx)
+    assert len(rs) == 4  # the P @ V steps; the others are SS
+
+
+def test_fixtures_cover_every_hopper_op() -> None:
+    from tkc.codegen.lower_hopper import HANDLERS
+
+    used = {op.name for p in KERNELS.glob("*.tkir") for op in _kernel(p).walk()}
+    used |= {op.name for op in _kernel(GEMM).walk()}
+    assert set(HANDLERS) <= used, set(HANDLERS) - used
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_assembles_without_spills(name: str, ptxas: Path) -> None:
+    _no_spills(_assembled(KERNELS / f"{name}.tkir"), name)
+
+
+# --------------------------------------------------------------------------- run-time smem offsets
+
+
+_INT_OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+            "shl": lambda a, b: a << b, "lshr": lambda a, b: a >> b, "and": lambda a, b: a & b,
+            "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "udiv": lambda a, b: a // b,
+            "urem": lambda a, b: a % b}
+
+
+def _evaluate(v, env: dict) -> int:
+    """The value of an i32 expression built by Sym, with ``env`` giving its arguments."""
+    import llvmlite.ir as ir
+
+    if isinstance(v, int):
+        return v
+    if isinstance(v, ir.Constant):
+        return int(v.constant)
+    if v in env:
+        return env[v]
+    a, b = (_evaluate(o, env) for o in v.operands)
+    return _INT_OPS[v.opname](a, b) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("layout", [SharedLayout(8, 64, f32, "k", 0), SharedLayout(64, 64, bf16, "k", 128),
+                                    SharedLayout(64, 128, bf16, "mn", 64), SharedLayout(16, 32, f32, "k", 32)],
+                         ids=str)
+def test_runtime_smem_offset_matches_the_layout(layout: SharedLayout) -> None:
+    """smem_offset with a run-time row and/or column computes SharedLayout.offset."""
+    import llvmlite.ir as ir
+
+    from tkc.codegen.nvvm import I32
+
+    fn = ir.Function(ir.Module(), ir.FunctionType(I32, [I32, I32]), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    r, c = Sym(b, fn.args[0]), Sym(b, fn.args[1])
+    both = smem_offset(layout, r, c)
+    by_row = {col: smem_offset(layout, r, col) for col in range(layout.cols)}
+    for row in range(layout.rows):
+        for col in range(layout.cols):
+            env = {fn.args[0]: row, fn.args[1]: col}
+            want = int(layout.offset(row, col))
+            assert _evaluate(both.v, env) == want, (row, col)
+            got = by_row[col]
+            assert (_evaluate(got.v, env) if isinstance(got, Sym) else got) == want, (row, col)
+
+
+# --------------------------------------------------------------------------- the examples
+
+
+EXAMPLES = ROOT / "examples"
+EXAMPLE_CASES = [
+    ("gemm.tk", {}),
+    ("attn.tk", {"D": 64}),
+    ("attn.tk", {"D": 128}),
+    ("attn.tk", {"D": 64, "causal": True}),
+    ("attn.tk", {"D": 128, "causal": True}),
+    ("softmax.tk", {}),
+    ("layernorm.tk", {}),
+    ("rmsnorm.py", {}),
+]
+
+
+def _example(name: str, consts: dict) -> Module:
+    from tkc.frontend import compile_file
+    from tkc.passes.manager import PassManager
+    from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
+
+    if name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("codegen_" + name[:-3], EXAMPLES / name)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        m = parse_module(getattr(mod, name[:-3]).ir(**consts))
+    else:
+        m = compile_file(str(EXAMPLES / name), consts)
+        PassManager(DEFAULT_PIPELINE).run(m)
+    PassManager(HOPPER_PIPELINE).run(m)
+    return m
+
+
+@pytest.mark.parametrize("name,consts", EXAMPLE_CASES,
+                         ids=[n + "".join(f"-{k}{v}" for k, v in c.items()) for n, c in EXAMPLE_CASES])
+def test_example_assembles_without_spills(name: str, consts: dict, ptxas: Path) -> None:
+    kernel = _example(name, consts).kernel()
+    ptx = kernel_to_ptx(kernel)
+    a = assemble(ptx, "sm_90a")
+    _no_spills(a, kernel.attributes["sym_name"])

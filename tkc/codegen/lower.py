@@ -64,27 +64,8 @@ class Barrier:
 Handler = Callable[["Lowerer", Operation], None]
 
 
-# The wgmma fragments answer the distributed-layout protocol once layouts.py has it; until
-# then their thread part is PTX-FACTS §1 here.
-def layout_regs(layout: object) -> int:
-    n = getattr(layout, "regs", None)
-    return int(n if n is not None else layout.regs_per_thread)
-
-
-def _thread_coords(layout: object, t: Sym) -> tuple:
-    if hasattr(layout, "thread_coords"):
-        return tuple(layout.thread_coords(t))
-    lane = t % 32
-    return 64 * (t // 128) + 16 * (t // 32 % 4) + lane // 4, 2 * (lane % 4)
-
-
-def _reg_coords(layout: object, i: int) -> tuple:
-    if hasattr(layout, "reg_coords"):
-        return tuple(layout.reg_coords(i))
-    return 8 * ((i >> 1) & 1), 8 * (i >> 2) + (i & 1)
-
-
 def _handlers() -> dict[str, Handler]:
+    # Imported here: the handler modules import this one for its value classes.
     from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
     from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 
@@ -131,9 +112,8 @@ class Lowerer:
     def coords(self, op: Operation, layout: object) -> list[tuple[Sym | int, ...]]:
         """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2)."""
         try:
-            t = _thread_coords(layout, self.thread(layout))
-            return [tuple(tc + int(rc) for tc, rc in zip(t, _reg_coords(layout, i)))
-                    for i in range(layout_regs(layout))]
+            t = layout.thread_coords(self.thread(layout))
+            return [tuple(tc + int(rc) for tc, rc in zip(t, layout.reg_coords(i))) for i in range(layout.regs)]
         except (ValueError, TypeError, AttributeError) as e:
             raise TkcCodegenError(f"'{op.name}': cannot place the values of layout {layout}: {e}",
                                   op.loc) from None
@@ -141,7 +121,7 @@ class Lowerer:
     def regs(self, op: Operation, t: Type) -> int:
         if not isinstance(t, TileType) or t.space != "reg" or t.layout is None:
             raise TkcCodegenError(f"'{op.name}': {t} has no register layout", op.loc)
-        return layout_regs(t.layout)
+        return int(t.layout.regs)
 
     def smem_ptr(self, offset: int | ir.Value) -> ir.Value:
         """``offset`` bytes into the dynamic shared array (addrspace 3)."""
@@ -214,7 +194,7 @@ def _flat(x: Lowered) -> list[ir.Value]:
 def _unflat(t: Type, vals: list[ir.Value]) -> tuple[Lowered, list[ir.Value]]:
     """Take the values of one ``t`` off the front of ``vals``."""
     if isinstance(t, TileType):
-        n = layout_regs(t.layout)
+        n = t.layout.regs
         return vals[:n], vals[n:]
     return vals[0], vals[1:]
 
@@ -388,6 +368,9 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
         smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), "smem", addrspace=nvvm.SHARED)
         smem.linkage = "external"
         smem.align = 1024
+        # An opaque pointer (llvmlite types it by default): element pointers off it then take
+        # loads and stores of any type, as LLVM's own opaque pointers do.
+        smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:])
     _bind_params(lw, kernel, fn.args)

@@ -21,7 +21,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from tkc.codegen import nvvm
-from tkc.codegen.lower import Barrier, SmemTile, TensorArg, layout_regs
+from tkc.codegen.lower import Barrier, SmemTile, TensorArg
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_values import (
     BF16,
@@ -384,21 +384,23 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
     if plan.warp_xor:
         scratch: SmemTile = lw.get(op.scratch[0])
         lay = scratch.layout
-        warps = lw.threads // 32
-        if lay.rows < warps or lay.cols < len(vals):
-            raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x {len(vals)} values", op.loc)
+        # The scratch is [warp][kept coordinate]: lanes of one warp may hold different kept
+        # coordinates in the same slot, and lanes holding the same one hold the same value.
+        kept = [c[0] for c in lw.coords(op, plan.result)] if plan.result is not None else [0]
+        warps = -(-op.x.type.layout.threads // 32)
+        if lay.rows < warps or any(isinstance(k, int) and k >= lay.cols for k in kept):
+            raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x the kept extent", op.loc)
         warp = Sym(b, lw.tid) // 32
         for m in plan.warp_xor:
             # A round trip through shared memory: write, bar.sync, read the partner warp, combine.
-            mine = [_smem_element_ptr(lw, scratch, smem_offset(lay, warp, s)) for s in range(len(vals))]
-            for v, p in zip(vals, mine):
-                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype) if dt.is_float else v, lay.dtype), p)
+            for v, k in zip(vals, kept):
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
+                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), p)
             nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
-            partner = warp ^ int(m)
             got = []
-            for s in range(len(vals)):
-                p = _smem_element_ptr(lw, scratch, smem_offset(lay, partner, s))
-                got.append(from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype))
+            for k in kept:
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp ^ int(m), k))
+                got.append(cast_value(b, from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype), lay.dtype, dt))
             vals = [comb(v, g) for v, g in zip(vals, got)]
             nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
     if dt.is_float:
@@ -410,12 +412,12 @@ def _same_thread_map(src: object, dst: object, threads: int) -> list[int] | None
     """For each value of ``dst``, the value of ``src`` that every thread holds at the same
     coordinates, or None when some thread would need another thread's value."""
     t = np.arange(threads)[:, None]
-    s = np.stack([np.broadcast_to(c, (threads, layout_regs(src))) for c in src.coords(t % src.threads,
-                                                                              np.arange(layout_regs(src))[None, :])])
-    d = np.stack([np.broadcast_to(c, (threads, layout_regs(dst))) for c in dst.coords(t % dst.threads,
-                                                                              np.arange(layout_regs(dst))[None, :])])
+    s = np.stack([np.broadcast_to(c, (threads, src.regs)) for c in src.coords(t % src.threads,
+                                                                              np.arange(src.regs)[None, :])])
+    d = np.stack([np.broadcast_to(c, (threads, dst.regs)) for c in dst.coords(t % dst.threads,
+                                                                              np.arange(dst.regs)[None, :])])
     out = []
-    for i in range(layout_regs(dst)):
+    for i in range(dst.regs):
         match = np.all(s == d[:, :, i:i + 1], axis=0)  # (threads, src regs)
         js = np.nonzero(match.all(axis=0))[0]
         if len(js) == 0:
