@@ -8,6 +8,9 @@
 - ``tkc.runtime.args``: GPU-specific launch checks (device, strides, alignment) on top of
   ``tkc.signature.bind``, which the interpreter shares.
 - ``tkc.runtime.cache``: the on-disk cache of compiled kernels (``TKC_CACHE_DIR``).
+- ``tkc.runtime.launch``: launching a ``tkc.compiler.Compiled`` on torch tensors: the checks
+  above, the grid, the parameter list and tensor maps of docs/hopper.md §4, the loaded
+  module per device.
 
 Why ctypes over ``libcuda.so.1`` rather than NVIDIA's ``cuda-bindings``: it needs no extra
 install (the driver is on every machine that can run a kernel, and a tkc install that never

@@ -42,8 +42,8 @@ def test_version() -> None:
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"
-    r = subprocess.run([sys.executable, "-c", code, "compile", str(GEMM_TKIR), "--emit", "ptx"],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(GEMM_TKIR), "--target", "sm_100a",
+                        "--emit", "ptx"], capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stdout == ""
     assert "Traceback" not in r.stderr
@@ -78,7 +78,7 @@ def test_opt_on_bad_ir_points_at_the_line(tmp_path: Path) -> None:
 def test_opt_unknown_pass() -> None:
     r = tkc_cli("opt", str(GEMM_TKIR), "-p", "cse,fold")
     assert r.exit_code == 1
-    assert "unknown pass 'fold'; known passes: canonicalize, cse, dce" in r.stderr
+    assert "unknown pass 'fold'; known passes: allocate-smem, canonicalize, cse, dce, licm" in r.stderr
 
 
 def test_opt_dump_flags_and_timing(tmp_path: Path) -> None:
@@ -103,20 +103,78 @@ def test_env_dump_ir() -> None:
 
 
 # ------------------------------------------------------------------ compile
-@pytest.mark.parametrize("emit", ["hopper", "llvm", "ptx", "cubin"])
-def test_compile_refuses_backend_stages(emit: str) -> None:
-    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", emit)
-    assert r.exit_code == 1
-    assert r.stdout == ""
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1
-    assert f"--emit {emit} needs the Hopper backend" in lines[0] and "use --emit tkir" in lines[0]
+@pytest.mark.parametrize("output, emit, marker", [
+    ("gemm.tkir", None, "tile.mma"),
+    ("gemm.hopper.tkir", None, "hopper.wgmma"),
+    ("gemm.ll", None, 'target triple = "nvptx64-nvidia-cuda"'),
+    ("gemm.ptx", None, ".entry gemm("),
+    ("gemm.txt", None, "tile.mma"),           # other suffixes: tile IR, as before
+    ("gemm.txt", "ptx", ".entry gemm("),      # --emit wins over the suffix
+    ("gemm.ptx", "hopper", "hopper.wgmma"),
+])
+def test_compile_emits_every_text_stage(output: str, emit: str | None, marker: str) -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", output, *(["--emit", emit] if emit else []))
+    assert r.exit_code == 0, r.stderr
+    text = Path(output).read_text()
+    assert marker in text
+    if output.endswith("tkir") or (emit or "").endswith("hopper"):
+        verify(parse_module(text))
 
 
-def test_compile_ptx_message() -> None:
+def test_compile_to_stdout_and_no_cubin_there() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "ptx")
-    assert r.stderr == ("error: --emit ptx needs the Hopper backend (select-layouts, lower-to-hopper, "
-                        "codegen), which tkc does not have yet; use --emit tkir\n")
+    assert r.exit_code == 0, r.stderr
+    assert ".version 8.0" in r.stdout and ".target sm_90a" in r.stdout
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "cubin")
+    assert r.exit_code == 1
+    assert r.stderr == "error: --emit cubin writes a binary file; name it with -o FILE.cubin\n"
+
+
+def test_compile_sm_100a_is_refused_in_one_line() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a", "--emit", "ptx")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr == ("error: target sm_100a: tkc has no Blackwell lowering yet (lower-to-blackwell and "
+                        "tcgen05 codegen); only --emit tkir works for sm_100a\n")
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a")  # tile IR has no target
+    assert r.exit_code == 0, r.stderr
+
+
+def test_compile_hopper_level_input() -> None:
+    hopper = ROOT / "tests" / "data" / "hopper" / "gemm.tkir"
+    r = tkc_cli("compile", str(hopper), "--pipeline", "", "--hopper-pipeline", "", "--emit", "ptx")
+    assert r.exit_code == 0, r.stderr
+    assert ".entry gemm(" in r.stdout
+
+
+def test_compile_dumps_cover_both_pipelines(tmp_path: Path) -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "g.ptx", "--dump-dir", "d")
+    assert r.exit_code == 0, r.stderr
+    names = sorted(p.name for p in Path("d").iterdir())
+    assert names[0] == "00-input.tkir" and names[-1] == "07-allocate-smem.tkir"
+
+
+def test_compile_cubin_and_resource_usage() -> None:
+    from tkc.codegen.ptxas import find_ptxas
+
+    if find_ptxas() is None:
+        pytest.skip("no ptxas found")
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "gemm.cubin", "--resource-usage")
+    assert r.exit_code == 0, r.stderr
+    assert Path("gemm.cubin").read_bytes()[:4] == b"\x7fELF"
+    line = r.stderr.splitlines()[0]
+    assert line.startswith("gemm: ") and " registers, 0 B spill stores, 0 B spill loads, " in line
+    assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 256 threads)" in line
+
+
+def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tkc.codegen.ptxas as ptxas_mod
+
+    monkeypatch.setattr(ptxas_mod, "find_ptxas", lambda env=None: None)
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "gemm.cubin")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: no ptxas found; searched:\n  TKC_PTXAS\n  PATH\n")
+    assert "pip install nvidia-cuda-nvcc" in r.stderr
+    assert not Path("gemm.cubin").exists()
 
 
 def test_compile_tk_with_defines() -> None:
@@ -176,7 +234,7 @@ def test_compile_missing_file_is_a_usage_error() -> None:
 def test_run_needs_interpret() -> None:
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10")
     assert r.exit_code == 1
-    assert "running on a GPU needs the runtime, which tkc does not have yet; pass --interpret" in r.stderr
+    assert "tkc run uses the interpreter only; pass --interpret" in r.stderr
 
 
 def test_run_interprets_and_prints_stats() -> None:

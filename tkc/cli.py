@@ -34,14 +34,10 @@ from tkc.passes.pipeline import DEFAULT_PIPELINE
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 
-# What each --emit stage past tile IR is waiting for.
-_BACKEND = "the Hopper backend (select-layouts, lower-to-hopper, codegen)"
-_MISSING_STAGE = {
-    "hopper": "the Hopper backend (select-layouts, lower-to-hopper)",
-    "llvm": _BACKEND,
-    "ptx": _BACKEND,
-    "cubin": _BACKEND + " and ptxas",
-}
+# -o suffix -> the stage it holds, when --emit is not given (longest suffix first).
+SUFFIX_STAGE = ((".hopper.tkir", "hopper"), (".tkir", "tkir"), (".ll", "llvm"), (".ptx", "ptx"),
+                (".cubin", "cubin"))
+STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")  # tkc.compiler.STAGES, without importing it early
 
 
 def _debug() -> bool:
@@ -211,28 +207,69 @@ def opt(file: str, passes: str, output: str, dump_ir_before: tuple[str, ...],
 @cli.command("compile")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")
-@click.option("--emit", type=click.Choice(["tkir", *_MISSING_STAGE]), default="tkir",
-              show_default=True, help="The stage to write.")
+@click.option("--emit", type=click.Choice(STAGES), default=None,
+              help="The stage to write.  Default: from the -o suffix (.tkir, .hopper.tkir, .ll, .ptx, "
+                   ".cubin), else tkir.")
 @click.option("--pipeline", default=DEFAULT_PIPELINE, show_default=True, metavar="PASS,...",
               help="Passes to run on the tile IR.")
+@click.option("--hopper-pipeline", default=None, metavar="PASS,...",
+              help="Passes from tile IR to hopper IR (default: HOPPER_PIPELINE; '' for hopper-level input).")
 @click.option("--kernel", metavar="NAME", help="Keep only this kernel.")
 @click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
               help="Set a compile-time constant (int, float, true/false).")
-@click.option("--target", type=click.Choice(["sm_90a"]), default="sm_90a", show_default=True,
+@click.option("--target", type=click.Choice(["sm_90a", "sm_100a"]), default="sm_90a", show_default=True,
               help="The GPU the backend stages compile for.")
+@click.option("--resource-usage", is_flag=True,
+              help="Run ptxas and print registers, spills and shared memory per kernel to stderr.")
 @_dump_flags
-def compile_command(file: str, output: str, emit: str, pipeline: str, kernel: str | None,
-            consts: dict, target: str, dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...],
-            dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
-    """Compile a .tk kernel (or .tkir tile IR) and write the --emit stage."""
-    if emit != "tkir":
-        raise TkcUsageError(f"--emit {emit} needs {_MISSING_STAGE[emit]}, which tkc does not have "
-                            "yet; use --emit tkir")
-    pm = PassManager(pipeline,
-                     _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
+def compile_command(file: str, output: str, emit: str | None, pipeline: str, hopper_pipeline: str | None,
+                    kernel: str | None, consts: dict, target: str, resource_usage: bool,
+                    dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...], dump_dir: Path | None,
+                    pass_timing: bool, no_locs: bool) -> None:
+    """Compile a .tk kernel (or .tkir IR) and write the --emit stage."""
+    emit = emit or _stage_of(output)
+    opts = _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs)
     module = _only_kernel(_load(file, consts), kernel, file)
-    pm.run(module)
-    _write_output(output, print_module(module, locs=not no_locs))
+    if emit == "tkir" and not resource_usage:
+        # Tile IR is target-independent and may hold several kernels: no backend involved.
+        PassManager(pipeline, opts).run(module)
+        _write_output(output, print_module(module, locs=not no_locs))
+        return
+    if emit == "cubin" and output == "-":
+        raise TkcUsageError("--emit cubin writes a binary file; name it with -o FILE.cubin")
+    from tkc.compiler import compile_kernel
+
+    compiled = compile_kernel(module, target=target, pipeline=pipeline, hopper_pipeline=hopper_pipeline,
+                              stop="cubin" if resource_usage else emit,
+                              ptxas=True if emit == "cubin" or resource_usage else False,
+                              pass_options=opts, cache=False, file=file)
+    if resource_usage:
+        _print_resources(compiled)
+    out = compiled.asm[emit]
+    if isinstance(out, bytes):
+        try:
+            Path(output).write_bytes(out)
+        except OSError as e:
+            raise TkcUsageError(f"cannot write {output}: {e.strerror}") from None
+    else:
+        _write_output(output, out)
+
+
+def _stage_of(output: str) -> str:
+    """The stage an output file name asks for; tkir for stdout and other suffixes."""
+    return next((stage for suffix, stage in SUFFIX_STAGE if output.endswith(suffix)), "tkir")
+
+
+def _print_resources(compiled: Any) -> None:
+    r = compiled.resources
+    if r is None:
+        click.echo(f"ptxas reported nothing for kernel {compiled.name}", err=True)
+    else:
+        click.echo(f"{r.kernel}: {r.registers} registers, {r.spill_stores} B spill stores, {r.spill_loads} B "
+                   f"spill loads, {compiled.smem_bytes} B dynamic shared memory + {r.smem} B static, "
+                   f"{r.stack_frame} B stack frame ({compiled.target}, {compiled.threads} threads)", err=True)
+    for w in compiled.ptxas_warnings:
+        click.echo(f"ptxas: {w}", err=True)
 
 
 @cli.command("run")
@@ -253,8 +290,8 @@ def run_command(file: str, interpret: bool | None, consts: dict, dims: dict[str,
     if interpret is None:
         interpret = options.knobs().interpret
     if not interpret:
-        raise TkcUsageError("running on a GPU needs the runtime, which tkc does not have yet; "
-                            "pass --interpret")
+        raise TkcUsageError("tkc run uses the interpreter only; pass --interpret (launch on a GPU from "
+                            "Python: @tkc.kernel, or tkc.compile_kernel and tkc.runtime.launch.launch)")
     pm = PassManager(DEFAULT_PIPELINE, PassOptions().with_knobs(options.knobs()))
     module = _load(file, consts)
     pm.run(module)

@@ -2,10 +2,14 @@
 
 The decorator reads the function's source and parses it with the same grammar
 as ``.tk`` files; the body is never executed as Python.  Each distinct set of
-compile-time constants is compiled once (frontend + default pipeline) and
-kept.  A call runs the kernel in the reference interpreter when asked to
-(``TKC_INTERPRET=1`` or ``tkc.interpret``); GPU launches belong to the
-runtime, which this module only calls.
+compile-time constants is compiled once and kept: to tile IR for the
+interpreter (:meth:`Kernel.compile`), and through ``tkc.compiler`` to PTX/cubin
+for the GPU (:meth:`Kernel.specialize`, backed by the disk cache).  A call runs
+the kernel in the reference interpreter when asked to (``TKC_INTERPRET=1`` or
+``tkc.interpret``), else on the GPU through ``tkc.runtime.launch``.
+
+Must not: compile or launch by itself (it calls the compiler and the runtime),
+or hold GPU state beyond the compiled specializations.
 """
 
 from __future__ import annotations
@@ -23,10 +27,15 @@ from tkc.ir.printer import print_module
 class Kernel:
     """A compiled-on-demand tile kernel.
 
-    ``k(*tensors, grid=None, **consts)`` launches it; ``k.compile(**consts)``
-    returns its tile IR module after the default pipeline; ``k.ir(**consts)``
-    the IR text.
+    ``k(*tensors, grid=None, **consts)`` launches it (CUDA torch tensors; the
+    interpreter with ``TKC_INTERPRET=1``); ``k.compile(**consts)`` returns its
+    tile IR module after the default pipeline; ``k.ir(**consts)`` the IR text;
+    ``k.specialize(**consts)`` the GPU compilation (:class:`tkc.compiler.Compiled`)
+    and ``k.asm(**consts)`` its stage texts.
     """
+
+    #: The GPU target of calls and ``asm``; assign another to a kernel to change it.
+    target = "sm_90a"
 
     def __init__(self, fn: Callable[..., Any]):
         try:
@@ -37,8 +46,10 @@ class Kernel:
         self.fn = fn
         self.name = fn.__name__
         self.source = textwrap.dedent("".join(lines))
+        self._text = "".join(lines)  # as in the file, so locations match its columns
         self.first_line = first_line
         self._compiled: dict[tuple, Module] = {}
+        self._specialized: dict[tuple, Any] = {}
         from tkc.frontend.parser import parse
 
         # Parse now so a syntax error shows at import time, like Python's own.
@@ -73,15 +84,36 @@ class Kernel:
     def kernel_op(self, **consts: Any) -> Operation:
         return self.compile(**consts).kernel(self.name)
 
+    def specialize(self, **consts: Any) -> Any:
+        """The kernel compiled for ``self.target`` with these constants, as a
+        :class:`tkc.compiler.Compiled` (PTX, and a cubin when ptxas is found).  Compiled once
+        per (target, constants) in this process and kept in the disk cache across
+        processes.  Dtypes need no key of their own: the annotations fix them."""
+        key = (self.target, tuple(sorted(consts.items())))
+        if key not in self._specialized:
+            from tkc.compiler import compile_kernel
+
+            self._specialized[key] = compile_kernel(self._text, consts, target=self.target, file=self.file,
+                                                    first_line=self.first_line, python_function=True)
+        return self._specialized[key]
+
+    def asm(self, **consts: Any) -> dict[str, Any]:
+        """Every stage of the GPU compilation for these constants: ``tkir``, ``hopper``,
+        ``llvm``, ``ptx`` (text) and ``cubin`` (bytes, when ptxas ran)."""
+        return self.specialize(**consts).asm
+
     def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
         from tkc.options import knobs
 
         if knobs().interpret:
             interpret(self, *args, grid=grid, **consts)
             return
-        raise TkcLaunchError(
-            f"launching '{self.name}' on a GPU needs the Hopper backend and runtime, which tkc does not "
-            f"have yet; set TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter")
+        if not any(getattr(a, "is_cuda", False) for a in args):
+            raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
+                                 "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
+        from tkc.runtime.launch import launch
+
+        launch(self.specialize(**consts), args, grid=grid)
 
 
 def kernel(fn: Callable[..., Any]) -> Kernel:

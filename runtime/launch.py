@@ -1,0 +1,173 @@
+"""Launching a compiled kernel on torch CUDA tensors.
+
+Owns: the order of a launch (check every argument, evaluate the grid, build the
+parameter list of docs/hopper.md §4, load the image once per device, set dynamic shared
+memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
+(:func:`param_values`, pure Python), the tensor maps of the kernel's ``tma_maps``, and
+the check that the device is the one the kernel was compiled for.
+
+Must not: compile anything (``tkc.compiler``), choose a box or a swizzle (they come from
+the kernel's ``tma_maps``, which the passes set), copy or convert tensors (a wrong one is
+a :class:`~tkc.errors.TkcLaunchError`), or reach the driver before every check passed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from tkc import signature
+from tkc.errors import TkcLaunchError, TkcUsageError
+from tkc.ir.types import ScalarType, TensorType
+
+__all__ = ["TensorArg", "launch", "param_values", "to_ctypes", "tma_operands", "swizzle_enum"]
+
+_I32_MAX = 2**31 - 1
+# Compute capability each target runs on: sm_90a code runs on 9.0 only (the "a" features).
+_CAPABILITY = {"sm_90a": (9, 0), "sm_100a": (10, 0)}
+
+
+class TensorArg(NamedTuple):
+    """What the parameter list needs of a tensor: its address, shape and strides (elements)."""
+
+    data_ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def swizzle_enum(swizzle_bytes: int) -> int:
+    """``CU_TENSOR_MAP_SWIZZLE_*`` for a swizzle width in bytes (0 = none), inverting the
+    runtime's own enum table so the two cannot disagree."""
+    from tkc.runtime.tensormap import SWIZZLE_BYTES
+
+    by_bytes = {b or 0: e for e, b in SWIZZLE_BYTES.items()}
+    if swizzle_bytes not in by_bytes:
+        raise TkcLaunchError(f"tma_maps: swizzle of {swizzle_bytes} B is not one of 0, 32, 64, 128")
+    return by_bytes[swizzle_bytes]
+
+
+def tma_operands(params: Sequence[signature.Param], tma_maps: Sequence[Any]) -> list[tuple[int, tuple[int, ...], int]]:
+    """Each ``tma_maps`` entry as (parameter index, box innermost first as the driver takes
+    it, swizzle enum); the entry's box is outermost first, one extent per tensor axis."""
+    out = []
+    for entry in tma_maps:
+        index, box, swizzle = entry
+        if not 0 <= index < len(params) or not isinstance(params[index][1], TensorType):
+            raise TkcLaunchError(f"tma_maps entry {entry} does not name a tensor parameter")
+        rank = params[index][1].rank
+        if len(box) != rank:
+            raise TkcLaunchError(f"tma_maps entry {entry}: {len(box)} box extents for a rank-{rank} tensor")
+        out.append((index, tuple(int(b) for b in reversed(box)), swizzle_enum(swizzle)))
+    return out
+
+
+def param_values(params: Sequence[signature.Param], args: Sequence[Any]) -> list[tuple[str, int | float]]:
+    """The kernel parameters before the tensor maps, as (PTX type, value) in order
+    (docs/hopper.md §4): per tensor its address (``u64``), one ``u32`` size per axis and one
+    ``u64`` stride (elements) per axis; ``f32`` scalars and other floats as ``f32``; ``i32``
+    and ``i1`` as ``u32``.  Tensors come as :class:`TensorArg` (or anything with
+    ``data_ptr()``, ``shape`` and ``stride()``), scalars as Python numbers."""
+    out: list[tuple[str, int | float]] = []
+    for (name, t), x in zip(params, args):
+        if isinstance(t, TensorType):
+            if not isinstance(x, TensorArg):
+                x = TensorArg(int(x.data_ptr()), tuple(x.shape), tuple(x.stride()))
+            out.append(("u64", x.data_ptr))
+            for axis, n in enumerate(x.shape):
+                if n > _I32_MAX:
+                    raise TkcLaunchError(f"{name}: axis {axis} has {n} elements; tkc kernels index with i32 "
+                                         f"(at most {_I32_MAX})")
+                out.append(("u32", int(n)))
+            out += [("u64", int(s)) for s in x.strides]
+        elif isinstance(t, ScalarType):
+            v = signature.check_scalar(name, t.dtype, x)
+            if t.dtype.is_bool:
+                out.append(("u32", int(bool(v))))
+            elif t.dtype.is_int:
+                out.append(("u32", int(v) & 0xFFFFFFFF))  # the i32's two's-complement bits
+            else:
+                out.append(("f32", float(v)))  # narrower floats are rounded in the kernel
+        else:
+            raise TkcLaunchError(f"{name}: parameters of type {t} cannot be passed at launch")
+    return out
+
+
+_CTYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "f32": ctypes.c_float}
+
+
+def to_ctypes(values: Sequence[tuple[str, int | float]]) -> list[Any]:
+    """:func:`param_values` as the ctypes values ``driver.Function.launch`` takes."""
+    return [_CTYPES[kind](v) for kind, v in values]
+
+
+def _grid(grid: Any) -> tuple[int, ...]:
+    t = (grid,) if isinstance(grid, int) else tuple(grid) if isinstance(grid, (tuple, list)) else None
+    if t is None or not 1 <= len(t) <= 3 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
+                                                    for g in t):
+        raise TkcLaunchError(f"grid must be 1 to 3 non-negative integers, got {grid!r}")
+    return t
+
+
+def _check_device(target: str, device: Any) -> None:
+    import torch
+
+    want = _CAPABILITY.get(target)
+    have = torch.cuda.get_device_capability(device)
+    if want is not None and tuple(have) != want:
+        raise TkcLaunchError(f"the kernel is compiled for {target} (compute capability {want[0]}.{want[1]}) but "
+                             f"{device} ({torch.cuda.get_device_name(device)}) is {have[0]}.{have[1]}")
+
+
+def _function(compiled: Any, device_index: int) -> Any:
+    """The kernel's driver function on this device: its image loaded once (the cubin when
+    there is one, else the PTX, which the driver JIT-compiles), dynamic smem allowed."""
+    from tkc.runtime import driver
+
+    fn = compiled.loaded.get(device_index)
+    if fn is None:
+        if "cubin" in compiled.asm:
+            module = driver.Module.load(compiled.asm["cubin"], "cubin")
+        elif "ptx" in compiled.asm:
+            module = driver.Module.load(compiled.asm["ptx"], "ptx")
+        else:
+            raise TkcUsageError(f"kernel '{compiled.name}' has neither a cubin nor PTX to load; compile it "
+                                "past the ptx stage")
+        fn = module.function(compiled.name)
+        if compiled.smem_bytes:
+            fn.set_max_dynamic_shared(compiled.smem_bytes)
+        compiled.loaded[device_index] = fn
+    return fn
+
+
+def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None) -> tuple[int, ...]:
+    """Launch ``compiled`` (a :class:`tkc.compiler.Compiled` at the hopper stage or later) on
+    ``args``, torch CUDA tensors and Python scalars in the kernel's parameter order, on
+    torch's current device and stream (or ``stream``).  Every argument is checked before
+    the driver is called.  ``grid`` defaults to the kernel's own ``grid(...)``; a grid with
+    a zero extent launches nothing.  Returns the grid."""
+    import torch
+
+    from tkc.interpreter import launch_grid
+    from tkc.runtime import args as arg_checks
+
+    if "hopper" not in compiled.asm:
+        raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
+    params = compiled.params
+    maps = tma_operands(params, compiled.tma_maps)
+    tma_names = {params[i][0] for i, _, _ in maps}
+    arg_checks.check_launch(compiled.name, params, args, tma=tma_names)
+    device = torch.device("cuda", torch.cuda.current_device())
+    _check_device(compiled.target, device)
+    grid = launch_grid(compiled.kernel_op, args) if grid is None else _grid(grid)
+    if 0 in grid:
+        return grid
+    values = to_ctypes(param_values(params, args))
+
+    from tkc.runtime.tensormap import encode_tiled
+
+    # Each map keeps its tensor alive; all of them must outlive the launch call.
+    maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0]) for i, box, swizzle in maps]
+    fn = _function(compiled, device.index)
+    fn.launch(grid, compiled.threads, compiled.smem_bytes or 0, stream, [*values, *maps_enc])
+    return grid

@@ -1,0 +1,190 @@
+"""The compiler driver: stages, targets, the disk cache and dumps replayed on cache hits."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+import tkc.compiler
+from tkc.compiler import STAGES, Compiled, compile_kernel
+from tkc.codegen.ptxas import find_ptxas, searched
+from tkc.errors import TkcPassError, TkcUsageError
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.passes.manager import PassOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+GEMM = ROOT / "examples" / "gemm.tk"
+HOPPER_GEMM = ROOT / "tests" / "data" / "hopper" / "gemm.tkir"
+
+
+@pytest.fixture
+def ptxas() -> Path:
+    found = find_ptxas()
+    if found is None:
+        pytest.skip(f"no ptxas found (searched {', '.join(searched())})")
+    return found
+
+
+def _ptx(source=GEMM, **kw) -> Compiled:
+    return compile_kernel(source, stop="ptx", cache=False, **kw)
+
+
+def test_every_stage_to_ptx() -> None:
+    c = _ptx(consts={"BK": 32})
+    assert list(c.asm) == ["tkir", "hopper", "llvm", "ptx"]
+    assert c.name == "gemm" and c.target == "sm_90a" and not c.cache_hit
+    assert "consts = {BM = 128, BN = 128, BK = 32}" in c.asm["tkir"] and "hopper." not in c.asm["tkir"]
+    assert "hopper.wgmma" in c.asm["hopper"]
+    assert ".entry gemm(" in c.asm["ptx"] and ".target sm_90a" in c.asm["ptx"]
+    assert c.threads == 256 and c.smem_bytes is not None and c.smem_bytes > 0
+    assert [m[0] for m in c.tma_maps] == [0, 1]
+    assert [name for name, _ in c.params] == ["a", "b", "c"]
+
+
+def test_stop_at_tile_ir_needs_no_backend() -> None:
+    c = compile_kernel(GEMM, stop="tkir", target="sm_100a", cache=False)
+    assert list(c.asm) == ["tkir"] and c.threads is None and c.tma_maps == []
+
+
+def test_targets_without_a_backend_and_unknown_stages() -> None:
+    with pytest.raises(TkcUsageError, match="target sm_100a: tkc has no Blackwell lowering yet"):
+        compile_kernel(GEMM, target="sm_100a", stop="ptx", cache=False)
+    with pytest.raises(TkcUsageError, match="unknown target 'sm_80'"):
+        compile_kernel(GEMM, target="sm_80", cache=False)
+    with pytest.raises(TkcUsageError, match="unknown stage 'sass'"):
+        compile_kernel(GEMM, stop="sass", cache=False)
+    assert STAGES == ("tkir", "hopper", "llvm", "ptx", "cubin")
+
+
+def test_tile_ir_input_is_copied_not_edited() -> None:
+    module = parse_module(HOPPER_GEMM.read_text(), str(HOPPER_GEMM))
+    before = print_module(module)
+    c = compile_kernel(module, pipeline="", hopper_pipeline="", stop="hopper", cache=False)
+    assert print_module(module) == before
+    assert c.smem_bytes == 32776
+    with pytest.raises(TkcUsageError, match="constants are fixed"):
+        compile_kernel(module, {"BM": 64}, cache=False)
+
+
+def test_from_asm_reads_the_launch_facts_from_hopper_ir() -> None:
+    c = Compiled.from_asm({"hopper": HOPPER_GEMM.read_text()})
+    assert (c.name, c.threads, c.smem_bytes) == ("gemm", 256, 32776)
+    assert c.tma_maps == [[0, [128, 64], 128], [1, [64, 64], 128]]
+    with pytest.raises(TkcUsageError, match="needs its hopper IR"):
+        Compiled.from_asm({"ptx": ""})
+
+
+def test_missing_codegen_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tkc.codegen.lower", None)
+    with pytest.raises(TkcUsageError, match="needs tkc.codegen.lower"):
+        _ptx()
+
+
+# ------------------------------------------------------------------ the cache
+def _cached(tmp_path: Path, stream: io.StringIO | None = None, dump_dir: Path | None = None,
+            **kw) -> Compiled:
+    opts = PassOptions(dump_after=("allocate-smem",) if dump_dir is None else (), stream=stream,
+                       dump_dir=dump_dir, reproducer_dir=None)
+    return compile_kernel(GEMM, stop="ptx", cache_dir=tmp_path / "cache", pass_options=opts, **kw)
+
+
+def test_second_compile_is_a_hit_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = _cached(tmp_path)
+    assert not first.cache_hit and first.cache_key
+
+    def no_passes(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cache hit ran passes")
+
+    monkeypatch.setattr(tkc.compiler, "_run_passes", no_passes)
+    monkeypatch.setattr(tkc.compiler, "_frontend", no_passes)
+    second = _cached(tmp_path)
+    assert second.cache_hit and second.cache_key == first.cache_key
+    assert second.asm == first.asm
+    assert (second.threads, second.smem_bytes, second.tma_maps) == (first.threads, first.smem_bytes,
+                                                                    first.tma_maps)
+    with pytest.raises(AssertionError, match="ran passes"):
+        _cached(tmp_path, consts={"BK": 32})  # other constants: another entry
+
+
+def test_dumps_replay_on_a_hit(tmp_path: Path) -> None:
+    out1, out2 = io.StringIO(), io.StringIO()
+    _cached(tmp_path, stream=out1)
+    hit = _cached(tmp_path, stream=out2)
+    assert hit.cache_hit
+    assert "IR Dump After allocate-smem (3)" in out1.getvalue()
+    assert out2.getvalue() == out1.getvalue()
+
+
+def test_dump_files_replay_on_a_hit_numbered_across_both_pipelines(tmp_path: Path) -> None:
+    _cached(tmp_path, dump_dir=tmp_path / "d1")
+    hit = _cached(tmp_path, dump_dir=tmp_path / "d2")
+    assert hit.cache_hit
+    names = sorted(p.name for p in (tmp_path / "d1").iterdir())
+    assert names == ["00-input.tkir", "01-canonicalize.tkir", "02-licm.tkir", "03-cse.tkir", "04-dce.tkir",
+                     "05-select-layouts.tkir", "06-lower-to-hopper.tkir", "07-allocate-smem.tkir"]
+    for name in names:
+        assert (tmp_path / "d2" / name).read_text() == (tmp_path / "d1" / name).read_text()
+    parse_module((tmp_path / "d1" / "07-allocate-smem.tkir").read_text())  # dumps read back
+
+
+def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:
+    _cached(tmp_path, stream=io.StringIO())
+    out = io.StringIO()
+    c = compile_kernel(GEMM, stop="ptx", cache_dir=tmp_path / "cache",
+                       pass_options=PassOptions(dump_after=("lower-to-hopper",), stream=out))
+    assert not c.cache_hit and "IR Dump After lower-to-hopper (2)" in out.getvalue()
+
+
+def test_pass_timing_bypasses_the_cache(tmp_path: Path) -> None:
+    _cached(tmp_path)
+    out = io.StringIO()
+    c = compile_kernel(GEMM, stop="ptx", cache_dir=tmp_path / "cache",
+                       pass_options=PassOptions(dump_after=("allocate-smem",), timing=True, stream=out))
+    assert not c.cache_hit and c.cache_key is None
+    assert "tkc pass timing" in out.getvalue()
+
+
+def test_dumps_of_a_failing_pass_are_shown(tmp_path: Path) -> None:
+    out = io.StringIO()
+    opts = PassOptions(dump_after=("all",), stream=out, reproducer_dir=None)
+    with pytest.raises(TkcPassError):
+        # lower-to-hopper before select-layouts: the layouts it needs are missing
+        compile_kernel(GEMM, stop="hopper", hopper_pipeline="lower-to-hopper", pass_options=opts, cache=False)
+    assert "IR Dump After dce (4)" in out.getvalue()
+
+
+def test_version_changes_with_the_compiler() -> None:
+    import tkc
+
+    v = tkc.compiler.compiler_version()
+    assert v.startswith(tkc.__version__ + "+") and "llvmlite-" in v
+
+
+# ------------------------------------------------------------------ ptxas
+def test_cubin_and_resources_survive_the_cache(tmp_path: Path, ptxas: Path) -> None:
+    first = compile_kernel(GEMM, cache_dir=tmp_path, ptxas=True)
+    assert first.asm["cubin"][:4] == b"\x7fELF"
+    assert first.resources is not None and first.resources.kernel == "gemm" and first.resources.registers > 0
+    hit = compile_kernel(GEMM, cache_dir=tmp_path, ptxas=True)
+    assert hit.cache_hit and hit.asm["cubin"] == first.asm["cubin"] and hit.resources == first.resources
+
+
+def test_a_lost_cubin_is_a_miss(tmp_path: Path, ptxas: Path) -> None:
+    first = compile_kernel(GEMM, cache_dir=tmp_path, ptxas=True)
+    for p in tmp_path.rglob("kernel.cubin"):
+        p.unlink()
+    again = compile_kernel(GEMM, cache_dir=tmp_path, ptxas=True)
+    assert not again.cache_hit and again.asm["cubin"] == first.asm["cubin"]
+
+
+def test_ptxas_required_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tkc.codegen.ptxas as ptxas_mod
+
+    monkeypatch.setattr(ptxas_mod, "find_ptxas", lambda env=None: None)
+    with pytest.raises(TkcUsageError, match="no ptxas found; searched:\n  TKC_PTXAS\n  PATH"):
+        compile_kernel(GEMM, ptxas=True, cache=False)
+    assert "cubin" not in compile_kernel(GEMM, cache=False).asm  # ptxas=None: PTX only

@@ -1,0 +1,366 @@
+"""The compiler driver: one kernel from source to PTX and cubin, through the disk cache.
+
+Owns: the order of the stages (frontend → tile pipeline → ``HOPPER_PIPELINE`` → codegen
+→ ptxas), the names of their texts (``Compiled.asm`` keys, :data:`STAGES`), the
+:class:`Compiled` record and its cache entry, the cache key (compiler version, source,
+constants, target, options), and IR dumps: they are captured while the passes run, stored
+in the cache entry and replayed on a cache hit, so ``TKC_DUMP_IR`` shows the same thing
+whether or not the kernel was compiled this time.
+
+Must not: hold pass or codegen logic (``tkc.passes``, ``tkc.codegen``), read
+``os.environ`` (knobs come through ``tkc.options``), or touch the GPU
+(``tkc.runtime.launch`` launches a :class:`Compiled`).  The Hopper passes and codegen are
+imported when a stage needs them, so tile-IR work never loads llvmlite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tkc import options as tkc_options
+from tkc.errors import TkcUsageError
+from tkc.ir.core import Module, Operation
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.passes.manager import PassManager, PassOptions
+from tkc.signature import Param, kernel_params
+
+__all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
+
+#: Every stage's output, in pipeline order: tile IR after the tile pipeline, hopper IR
+#: after HOPPER_PIPELINE, LLVM IR, PTX text, and the cubin (bytes) from ptxas.
+STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")
+#: Targets tkc can compile past tile IR, and what each other target is missing.
+_MISSING_BACKEND = {
+    "sm_100a": "tkc has no Blackwell lowering yet (lower-to-blackwell and tcgen05 codegen); "
+               "only --emit tkir works for sm_100a",
+}
+_ENTRY = "compiled.json"
+_CUBIN = "kernel.cubin"
+
+
+@dataclass
+class Compiled:
+    """One compiled kernel: every stage's text and what a launch needs.
+
+    ``asm`` maps stage names (:data:`STAGES`) to text (bytes for ``cubin``); only the stages
+    that ran are present.  ``threads``, ``smem_bytes`` and ``tma_maps`` are the hopper
+    kernel's attributes (docs/hopper.md §4; None / [] before the hopper stage), ``resources``
+    is ptxas's report for the kernel when ptxas ran.
+    """
+
+    name: str
+    target: str
+    asm: dict[str, Any]
+    resources: Any = None  # tkc.codegen.ptxas.ResourceUsage
+    ptxas_warnings: tuple[str, ...] = ()
+    cache_key: str | None = None
+    cache_hit: bool = False
+    _dumps: dict[str, Any] = field(default_factory=dict, repr=False)
+    _kernel_op: Operation | None = field(default=None, repr=False)
+    # Per-device loaded modules, filled by tkc.runtime.launch (never saved).
+    loaded: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def kernel_op(self) -> Operation:
+        """The ``tile.kernel`` op of the last IR stage (parsed from its text, once)."""
+        if self._kernel_op is None:
+            stage = "hopper" if "hopper" in self.asm else "tkir"
+            self._kernel_op = parse_module(self.asm[stage], f"<{self.name}.{stage}>").kernel(self.name)
+        return self._kernel_op
+
+    @property
+    def threads(self) -> int | None:
+        return self.kernel_op.attributes.get("threads")
+
+    @property
+    def smem_bytes(self) -> int | None:
+        return self.kernel_op.attributes.get("smem_bytes")
+
+    @property
+    def tma_maps(self) -> list:
+        return list(self.kernel_op.attributes.get("tma_maps") or [])
+
+    @property
+    def params(self) -> list[Param]:
+        """The kernel's parameters as ``tkc.signature`` sees them (name, IR type)."""
+        return kernel_params(self.kernel_op)
+
+    @classmethod
+    def from_asm(cls, asm: Mapping[str, Any], target: str = "sm_90a", name: str | None = None,
+                 resources: Any = None) -> Compiled:
+        """A Compiled from stage texts alone, e.g. files written by ``tkc compile``: the
+        ``hopper`` text (the kernel's attributes and parameters) and a ``cubin`` or ``ptx``."""
+        if "hopper" not in asm:
+            raise TkcUsageError("a launchable kernel needs its hopper IR (tkc compile --emit hopper), "
+                                "which carries threads, smem_bytes and tma_maps")
+        module = parse_module(asm["hopper"], "<hopper>")
+        op = module.kernel(name)
+        return cls(op.attributes["sym_name"], target, dict(asm), resources, _kernel_op=op)
+
+    # ------------------------------------------------------------ cache entry
+    def _entry(self) -> bytes:
+        texts = {k: v for k, v in self.asm.items() if k != "cubin"}
+        res = dataclasses.asdict(self.resources) if self.resources is not None else None
+        return json.dumps({"name": self.name, "target": self.target, "asm": texts, "cubin": "cubin" in self.asm,
+                           "resources": res, "ptxas_warnings": list(self.ptxas_warnings),
+                           "dumps": self._dumps}).encode()
+
+    @classmethod
+    def _from_entry(cls, data: bytes, cubin: bytes | None, key: str) -> Compiled | None:
+        from tkc.codegen.ptxas import ResourceUsage
+
+        d = json.loads(data)
+        asm = dict(d["asm"])
+        if d["cubin"]:
+            if cubin is None:
+                return None  # half an entry (the cubin was lost): a miss
+            asm["cubin"] = cubin
+        res = d["resources"]
+        if res is not None:
+            res = ResourceUsage(**{**res, "lines": tuple(res["lines"])})
+        return cls(d["name"], d["target"], asm, res, tuple(d["ptxas_warnings"]), key, True, d["dumps"])
+
+
+# ------------------------------------------------------------------ version
+@functools.lru_cache(maxsize=1)
+def compiler_version() -> str:
+    """tkc's version plus a hash of its own source files and llvmlite's version: editing the
+    compiler invalidates cached kernels even when ``__version__`` stays the same."""
+    import llvmlite
+
+    import tkc
+
+    root = Path(tkc.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted([*root.rglob("*.py"), *root.rglob("*.lark")]):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return f"{tkc.__version__}+{h.hexdigest()[:16]}+llvmlite-{llvmlite.__version__}"
+
+
+@functools.lru_cache(maxsize=8)
+def _ptxas_identity(path: str, mtime: float) -> str:
+    from tkc.codegen.ptxas import ptxas_version
+
+    return f"{path} {ptxas_version(Path(path))}"
+
+
+# ------------------------------------------------------------------- dumps
+@dataclass
+class _Dumps:
+    """What the pass managers printed (IR dumps, timing) and the dump files they wrote, in
+    order, so they can be shown again on a cache hit."""
+
+    stream: str = ""
+    files: list[tuple[str, str]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"stream": self.stream, "files": self.files}
+
+
+def _replay(stream: str, files: list[tuple[str, str]] | list[list[str]], opts: PassOptions) -> None:
+    if stream:
+        out = opts.stream or sys.stderr
+        out.write(stream)
+        out.flush()
+    if files and opts.dump_dir is not None:
+        try:
+            opts.dump_dir.mkdir(parents=True, exist_ok=True)
+            for name, text in files:
+                (opts.dump_dir / name).write_text(text)
+        except OSError as e:
+            raise TkcUsageError(f"cannot write IR dumps to {opts.dump_dir}: {e.strerror}") from None
+
+
+def _run_passes(module: Module, pipeline: str, opts: PassOptions, dumps: _Dumps) -> None:
+    """Run ``pipeline`` with its dumps captured into ``dumps`` and shown right away (also
+    when a pass fails).  Dump files of a later pipeline continue the numbering."""
+    buf = io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="tkc-dumps-") as tmp:
+        run_opts = dataclasses.replace(opts, stream=buf, dump_dir=Path(tmp) if opts.dump_dir else None)
+        try:
+            PassManager(pipeline, run_opts).run(module)
+        finally:
+            new: list[tuple[str, str]] = []
+            for p in sorted(Path(tmp).iterdir()):
+                if dumps.files and p.name.startswith("00-"):
+                    continue  # the previous pipeline's last dump is this one's input
+                n = len(dumps.files) + len(new)
+                new.append((f"{n:02d}-{p.name.split('-', 1)[1]}" if dumps.files else p.name, p.read_text()))
+            dumps.stream += buf.getvalue()
+            dumps.files += new
+            _replay(buf.getvalue(), new, opts)
+
+
+# ------------------------------------------------------------------ driver
+def _source_text(source: str | Path | Module | Operation) -> str:
+    if isinstance(source, Path):
+        try:
+            return source.read_text(encoding="utf-8")
+        except OSError as e:
+            raise TkcUsageError(f"cannot read {source}: {e.strerror}") from None
+    if isinstance(source, str):
+        return source
+    if isinstance(source, Module):
+        return print_module(source)
+    if isinstance(source, Operation) and source.name == "tile.kernel":
+        from tkc.ir.printer import print_op
+
+        return print_op(source) + "\n"
+    raise TkcUsageError(f"compile_kernel takes kernel source, a Path, a Module or a tile.kernel op, "
+                        f"got {type(source).__name__}")
+
+
+def _frontend(source: str | Path | Module | Operation, text: str, consts: Mapping[str, Any], file: str,
+              first_line: int, python_function: bool) -> Module:
+    if isinstance(source, (Module, Operation)):
+        if consts:
+            raise TkcUsageError("constants are fixed once a kernel is tile IR; pass them to the frontend")
+        return parse_module(text, file)  # a copy: the passes must not edit the caller's module
+    from tkc.frontend import compile_source
+
+    return compile_source(text, file, dict(consts), first_line=first_line, python_function=python_function)
+
+
+def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
+    kernels = [op for op in module.ops if op.name == "tile.kernel"]
+    chosen = [k for k in kernels if name is None or k.attributes.get("sym_name") == name]
+    if len(chosen) != 1:
+        names = ", ".join(str(k.attributes.get("sym_name")) for k in kernels) or "none"
+        what = f"no kernel '{name}'" if name is not None else "several kernels; name one"
+        raise TkcUsageError(f"{file} has {what} (its kernels: {names})")
+    for k in kernels:
+        if k is not chosen[0]:
+            k.erase()  # the passes and codegen see only the kernel being compiled
+    return chosen[0]
+
+
+def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str, Any] | None = None, *,
+                   target: str = "sm_90a", pipeline: str | None = None, hopper_pipeline: str | None = None,
+                   kernel: str | None = None, stop: str = "cubin", ptxas: bool | None = None,
+                   opt_level: int = 3, pass_options: PassOptions | None = None, cache: bool = True,
+                   cache_dir: str | Path | None = None, file: str | None = None, first_line: int = 1,
+                   python_function: bool = False) -> Compiled:
+    """Compile one kernel through every stage up to ``stop`` (one of :data:`STAGES`).
+
+    ``source``: ``.tk`` source text, a ``Path`` to a ``.tk`` file, or tile IR (a Module or
+    a ``tile.kernel`` op, copied, never edited).  ``consts`` specialize the source;
+    ``kernel`` picks one of several kernels.  ``pipeline`` replaces the tile pipeline
+    (``DEFAULT_PIPELINE``) and ``hopper_pipeline`` ``HOPPER_PIPELINE`` (``""`` for input
+    that is already hopper IR).  ``ptxas``: True runs it (an error when there is none),
+    False never, None when one is found; it only runs when ``stop`` is ``"cubin"``.
+    ``pass_options`` control dumps and timing (default: the ``TKC_DUMP_*`` knobs).
+    ``cache`` reads and writes the disk cache (``TKC_CACHE_DIR``, or ``cache_dir``); pass
+    timing always compiles afresh, since a cache hit times nothing.
+    """
+    from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+    if stop not in STAGES:
+        raise TkcUsageError(f"unknown stage {stop!r}; stages: {', '.join(STAGES)}")
+    past_tkir = STAGES.index(stop) > 0
+    from tkc.codegen.target import target as lookup_target
+
+    tgt = lookup_target(target).name
+    if past_tkir and tgt in _MISSING_BACKEND:
+        raise TkcUsageError(f"target {tgt}: {_MISSING_BACKEND[tgt]}")
+    consts = dict(consts or {})
+    file = file or (str(source) if isinstance(source, Path) else "<string>")
+    opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
+    pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+    if past_tkir and hopper_pipeline is None:
+        hopper_pipeline = _hopper_pipeline()
+    ptxas_path = _resolve_ptxas(ptxas) if stop == "cubin" else None
+    text = _source_text(source)
+
+    key = None
+    if cache and not opts.timing:
+        from tkc.runtime import cache as disk
+
+        key = disk.key(compiler_version(), text, consts, tgt, {
+            "pipeline": pipeline, "hopper_pipeline": hopper_pipeline, "kernel": kernel, "stop": stop,
+            "opt_level": opt_level, "ptxas": _ptxas_identity(str(ptxas_path), ptxas_path.stat().st_mtime)
+            if ptxas_path else None, "file": file, "first_line": first_line, "python_function": python_function,
+            # what is dumped (not where): a different request compiles again and records its dumps
+            "dumps": [list(opts.dump_before), list(opts.dump_after), opts.dump_dir is not None, opts.locs]})
+        entry = disk.get(key, _ENTRY, cache_dir)
+        if entry is not None:
+            hit = Compiled._from_entry(entry, disk.get(key, _CUBIN, cache_dir), key)
+            if hit is not None:
+                _replay(hit._dumps.get("stream", ""), hit._dumps.get("files", []), opts)
+                return hit
+
+    dumps = _Dumps()
+    module = _frontend(source, text, consts, file, first_line, python_function)
+    name = _one_kernel(module, kernel, file).attributes["sym_name"]
+    _run_passes(module, pipeline, opts, dumps)
+    asm: dict[str, Any] = {"tkir": print_module(module, locs=opts.locs)}
+    result = Compiled(name, tgt, asm, cache_key=key, _dumps=dumps.as_json())
+    if past_tkir:
+        _run_passes(module, hopper_pipeline or "", opts, dumps)
+        asm["hopper"] = print_module(module, locs=opts.locs)
+        result._dumps = dumps.as_json()
+    if STAGES.index(stop) >= STAGES.index("llvm"):
+        from tkc.codegen.target import emit_ptx
+
+        llvm_module = _kernel_to_llvm()(module.kernel(name), tgt)
+        # The .ll text names its target so llc/opt can read it alone (emit_ptx sets the same).
+        target_info = lookup_target(tgt)
+        llvm_module.triple, llvm_module.data_layout = target_info.triple, target_info.data_layout
+        asm["llvm"] = str(llvm_module)
+        if STAGES.index(stop) >= STAGES.index("ptx"):
+            asm["ptx"] = emit_ptx(llvm_module, tgt, opt=opt_level)
+    if ptxas_path is not None:
+        from tkc.codegen.ptxas import assemble
+
+        assembled = assemble(asm["ptx"], tgt)  # finds the same ptxas as _resolve_ptxas
+        asm["cubin"] = assembled.cubin
+        result.resources = assembled.kernels.get(name)
+        result.ptxas_warnings = tuple(assembled.warnings)
+    result._kernel_op = module.kernel(name)  # a pass may have replaced the op
+
+    if key is not None:
+        from tkc.runtime import cache as disk
+
+        # The cubin first: the JSON entry is what marks the whole entry as present.
+        if "cubin" not in asm or disk.put(key, _CUBIN, asm["cubin"], cache_dir):
+            disk.put(key, _ENTRY, result._entry(), cache_dir)
+    return result
+
+
+def _resolve_ptxas(wanted: bool | None) -> Path | None:
+    if wanted is False:
+        return None
+    from tkc.codegen.ptxas import find_ptxas, require_ptxas
+
+    return require_ptxas() if wanted else find_ptxas()
+
+
+def _hopper_pipeline() -> str:
+    from tkc.passes import pipeline
+
+    found = getattr(pipeline, "HOPPER_PIPELINE", None)
+    if found is None:
+        raise TkcUsageError("compiling past tile IR needs HOPPER_PIPELINE in tkc.passes.pipeline "
+                            "(select-layouts, lower-to-hopper, allocate-smem), which this tkc does not have")
+    return found
+
+
+def _kernel_to_llvm() -> Any:
+    try:
+        from tkc.codegen.lower import kernel_to_llvm
+    except ModuleNotFoundError as e:
+        if e.name != "tkc.codegen.lower":
+            raise
+        raise TkcUsageError("compiling to LLVM IR needs tkc.codegen.lower (hopper IR to LLVM), which this "
+                            "tkc does not have") from None
+    return kernel_to_llvm
