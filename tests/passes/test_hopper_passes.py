@@ -139,3 +139,21 @@ def test_unsupported_is_located(body, message):
         lower_to_hopper(m)
     assert message in str(e.value)
     assert e.value.loc is not None and e.value.loc.line >= 3
+
+
+def test_integer_column_sum_crosses_warps_exactly():
+    """Partials of an integer reduction travel between warps as i32: as f32, 2^24 + 1 rounds."""
+    from tkc.emulator import emulate
+
+    src = _src("o[0:128] = x[0:64, 0:128].sum(0)", "x: i32[64, 128], o: i32[128]")
+    m = compile_source(src, "colsum.tk")
+    PassManager(DEFAULT_PIPELINE + ",select-layouts,lower-to-hopper,allocate-smem").run(m)
+    text = print_module(m)
+    assert re.search(r"hopper.reduce %\w+, %\w+ \{kind = \"sum\", axis = 0, shuffle_xor = \[[^]]*\], "
+                     r"warp_xor = \[1, 2\]\}", text)
+    assert "#smem<8x128xi32, k, sw0>" in text
+    x = np.full((64, 128), 2**24 + 1, np.int32)
+    x[::2] = -(2**24)
+    o = np.zeros(128, np.int32)
+    emulate(m.kernel(), [x, o], grid=(1,))
+    np.testing.assert_array_equal(o, x.sum(0))

@@ -238,8 +238,11 @@ class _Lowering:
         if plan.warp_xor:
             kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
             rows, cols = _round_up(layout.threads // 32, 8), _round_up(kept, 4)
-            lay = SharedLayout(rows, cols, dtypes.f32, "k", 0)
-            scratch = [self._alloc(TileType((rows, cols), dtypes.f32, "smem", lay), op.loc)]
+            # Partials travel as they are combined: f32 for floats (sums of 16-bit floats
+            # accumulate in f32), i32 for integers (an f32 would round sums above 2^24).
+            dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
+            lay = SharedLayout(rows, cols, dt, "k", 0)
+            scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
         b = Builder.before(op)
         new = b.value(hopper.ReduceOp, [op.x, *scratch], op.result.type,
                       {"kind": op.kind, "axis": op.axis, "shuffle_xor": list(plan.shuffle_xor),
