@@ -1,0 +1,190 @@
+"""Every example on a real GPU, through the whole compiler and the runtime, against torch.
+
+Run on a Hopper machine: ``python -m pytest -m gpu tests/gpu -q``.  Without a CUDA GPU
+every test here is skipped.  Inputs are fresh random CUDA tensors whose shapes are not tile
+multiples; outputs start as NaN, so an element the kernel never writes fails the
+comparison.  Failure messages give the seed, the worst error and where it is.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
+
+from tkc.compiler import Compiled, compile_kernel  # noqa: E402
+from tkc.errors import TkcLaunchError  # noqa: E402
+from tkc.runtime.launch import launch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+BF16 = {"atol": 2e-2, "rtol": 2e-2}
+
+
+@pytest.fixture
+def rng() -> tuple[torch.Generator, int]:
+    seed = secrets.randbits(31)
+    return torch.Generator(device="cuda").manual_seed(seed), seed
+
+
+def randn(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+
+def poisoned(*shape: int) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+
+
+def check(what: str, out: torch.Tensor, ref: torch.Tensor, seed: int, atol: float, rtol: float) -> None:
+    """Every element written and within ``atol + rtol * |ref|``; else a message with the seed,
+    how many elements are wrong, the worst one and its index."""
+    torch.cuda.synchronize()
+    got, want = out.float().cpu(), ref.float().cpu()
+    nan = torch.isnan(got) & ~torch.isnan(want)
+    if nan.any():
+        first = tuple(int(i) for i in nan.nonzero()[0])
+        pytest.fail(f"{what} (seed {seed}): {int(nan.sum())} of {got.numel()} outputs are NaN (never written?), "
+                    f"first at {first}")
+    err = (got - want).abs()
+    bad = err > atol + rtol * want.abs()
+    if bad.any():
+        worst = _unravel(int((err * bad).flatten().argmax()), err.shape)
+        pytest.fail(f"{what} (seed {seed}): {int(bad.sum())} of {got.numel()} outputs off; max abs error "
+                    f"{err.max().item():.4g}, worst at {worst}: got {got[worst].item():.6g}, expected "
+                    f"{want[worst].item():.6g} (atol {atol}, rtol {rtol})")
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    idx = []
+    for n in reversed(shape):
+        idx.append(flat % n)
+        flat //= n
+    return tuple(reversed(idx))
+
+
+def compiled(name: str, consts: dict | None = None) -> Compiled:
+    return compile_kernel(EXAMPLES / name, consts or {})
+
+
+# ------------------------------------------------------------------ examples
+@pytest.mark.parametrize("consts", [{}, {"BM": 64, "BN": 64, "BK": 32}], ids=["default", "64x64x32"])
+@pytest.mark.parametrize("M,N,K", [(128, 128, 64), (300, 200, 136), (77, 264, 72)])
+def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
+    g, seed = rng
+    a, b, c = randn(g, M, K), randn(g, K, N), poisoned(M, N)
+    launch(compiled("gemm.tk", consts), [a, b, c])
+    check(f"gemm {M}x{N}x{K} {consts}", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("N", [128, 200, 77])
+def test_attention(rng, causal: bool, D: int, N: int) -> None:
+    g, seed = rng
+    B, H = 2, 3
+    q, k, v = (randn(g, B, H, N, D) for _ in range(3))
+    o = poisoned(B, H, N, D)
+    scale = 1 / math.sqrt(D)
+    launch(compiled("attn.tk", {"D": D, "causal": causal}), [q, k, v, o, scale])
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                           scale=scale)
+    check(f"attn B={B} H={H} N={N} D={D} causal={causal}", o, ref, seed, **BF16)
+
+
+@pytest.mark.parametrize("M,N", [(32, 512), (100, 1000), (5, 40)])
+def test_softmax(rng, M: int, N: int) -> None:
+    g, seed = rng
+    x, y = randn(g, M, N), poisoned(M, N)
+    launch(compiled("softmax.tk"), [x, y])
+    check(f"softmax {M}x{N}", y, torch.softmax(x.float(), dim=-1), seed, **BF16)
+
+
+@pytest.mark.parametrize("M,N", [(32, 512), (77, 700), (3, 48)])
+def test_layernorm(rng, M: int, N: int) -> None:
+    g, seed = rng
+    x, w, b, y = randn(g, M, N), randn(g, N), randn(g, N), poisoned(M, N)
+    eps = 1e-5
+    launch(compiled("layernorm.tk"), [x, w, b, y, eps])
+    ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), eps)
+    check(f"layernorm {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
+
+
+def _rmsnorm():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import rmsnorm
+    finally:
+        sys.path.pop(0)
+    return rmsnorm
+
+
+@pytest.mark.parametrize("M,N", [(16, 256), (100, 700), (7, 40)])
+def test_rmsnorm_through_the_decorator(rng, monkeypatch: pytest.MonkeyPatch, M: int, N: int) -> None:
+    monkeypatch.delenv("TKC_INTERPRET", raising=False)
+    mod = _rmsnorm()
+    g, seed = rng
+    x, w, y = randn(g, M, N), randn(g, N), poisoned(M, N)
+    mod.rmsnorm(x, w, y, 1e-6)
+    check(f"rmsnorm {M}x{N}", y, mod.reference(x, w, 1e-6), seed, atol=5e-2, rtol=2e-2)
+    assert {"tkir", "hopper", "llvm", "ptx"} <= set(mod.rmsnorm.asm())
+
+
+# --------------------------------------------------------------- the CLI path
+def test_cli_cubin_loads_and_launches(rng, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from tkc.cli import cli
+    from tkc.codegen.ptxas import find_ptxas
+
+    if find_ptxas() is None:
+        pytest.skip("no ptxas: tkc compile -o gemm.cubin needs one")
+    monkeypatch.chdir(tmp_path)
+    for out in ("gemm.cubin", "gemm.hopper.tkir"):
+        r = CliRunner().invoke(cli, ["compile", str(EXAMPLES / "gemm.tk"), "-o", out])
+        assert r.exit_code == 0, r.stderr
+    kernel = Compiled.from_asm({"hopper": Path("gemm.hopper.tkir").read_text(),
+                                "cubin": Path("gemm.cubin").read_bytes()})
+    g, seed = rng
+    M, N, K = 200, 136, 104
+    a, b, c = randn(g, M, K), randn(g, K, N), poisoned(M, N)
+    launch(kernel, [a, b, c])
+    check(f"gemm from tkc compile -o gemm.cubin, {M}x{N}x{K}", c, (a.float() @ b.float()).to(torch.bfloat16),
+          seed, atol=3e-2, rtol=2e-2)
+
+
+# ----------------------------------------------------- checks on CUDA tensors
+def test_launch_checks_on_cuda_tensors(rng) -> None:
+    g, _ = rng
+    kernel = compiled("gemm.tk")
+    a, b, c = randn(g, 64, 64), randn(g, 64, 64), poisoned(64, 64)
+    cases = [
+        ([a.t(), b, c], "a: the innermost dim must be contiguous"),
+        ([randn(g, 64, 65)[:, 1:], b, c], "not 16-byte aligned"),
+        ([randn(g, 64, 100), randn(g, 100, 64), c], "a: axis 0 has a stride of 200 bytes; TMA needs"),
+        ([a.cpu(), b, c], "a: expected a CUDA tensor"),
+        ([a.float(), b, c], "a: expected a tensor of dtype bf16"),
+    ]
+    for args, message in cases:
+        before = c.clone()
+        with pytest.raises(TkcLaunchError) as e:
+            launch(kernel, args)
+        assert message in e.value.message
+        torch.cuda.synchronize()
+        assert torch.equal(c.isnan(), before.isnan())  # nothing ran
+
+
+def test_empty_grid_launches_nothing() -> None:
+    a = torch.zeros(0, 64, dtype=torch.bfloat16, device="cuda")
+    b = torch.zeros(64, 64, dtype=torch.bfloat16, device="cuda")
+    c = torch.zeros(0, 64, dtype=torch.bfloat16, device="cuda")
+    assert launch(compiled("gemm.tk"), [a, b, c]) == (0, 1)
