@@ -461,6 +461,8 @@ def test_slice_errors() -> None:
         Slice(Blocked((512,), 4, (32,), (4,)), 0)
     with pytest.raises(ValueError, match="axis 2 out of range"):
         Slice(WgmmaAccumulator(64), 2)
+    with pytest.raises(ValueError, match="not a register layout"):
+        Slice(SharedLayout(64, 64, bf16), 0)
     with pytest.raises(ValueError, match="reg out of range"):
         Slice(WgmmaAccumulator(64), 1).coords(0, 2)
     assert Slice(WgmmaAccumulator(64), 1) == Slice(WgmmaAccumulator(64), 1)

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -272,6 +273,13 @@ class _Distributed:
     """``coords`` for any layout that defines ``thread_coords`` and ``reg_coords``, so the
     vectorized form cannot drift from the parts codegen uses."""
 
+    # Supplied by each layout, as fields or properties; declared here for readers and checkers.
+    shape: tuple[int, ...]
+    threads: int
+    regs: int
+    thread_coords: Callable[[Any], tuple[Any, ...]]
+    reg_coords: Callable[[int], tuple[int, ...]]
+
     @cached_property
     def _reg_table(self) -> np.ndarray:
         """``reg_coords`` of every value, shape (rank, regs)."""
@@ -499,10 +507,12 @@ class Blocked(_Distributed):
     def thread_coords(self, t: Any) -> tuple[Any, ...]:
         r, c, tr, tc, wr, wc = self._dims
         lane, warp = t % 32, t // 32
+        # t < threads, so warp // WC < WR and lane // TC < TR need no modulo, and with a
+        # single row of lanes (warps) the lane (warp) index is the column index as it is.
         lane_r = 0 if tr == 1 else _div(lane, tc)
-        lane_c = _mod(lane, tc)
+        lane_c = lane if tr == 1 else _mod(lane, tc)
         warp_r = 0 if wr == 1 else _div(warp, wc)
-        warp_c = _mod(warp, wc)
+        warp_c = warp if wr == 1 else _mod(warp, wc)
         col = _mul(_add(_mul(warp_c, tc), lane_c), self.vec)
         if self.vec * tc * wc > c:  # replicas: the grid wraps around the tile
             col = _mod(col, c)
@@ -606,6 +616,8 @@ class Slice(_Distributed):
     keep: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.parent, _Distributed):
+            raise ValueError(f"{self.parent} is not a register layout")
         rank = len(self.parent.shape)
         if rank < 2:
             raise ValueError(f"a slice of rank-1 {self.parent} would be a scalar, not a layout")
@@ -670,6 +682,7 @@ class ReducePlan(NamedTuple):
     warp_xor: tuple[int, ...]
 
 
+@lru_cache(maxsize=256)  # the verifier, the emulator and codegen all ask, per op
 def reduce_plan(layout: DistributedLayout, axis: int) -> ReducePlan:
     """The plan for reducing ``layout`` along ``axis``, derived from its coordinates.
 
@@ -761,10 +774,7 @@ def _parse_slice(text: str) -> Slice:
     parse = LAYOUT_PARSERS.get(m.group(1))
     if parse is None:
         raise ValueError(f"unknown parent layout '#{m.group(1)}'")
-    parent = parse(m.group(2))
-    if not isinstance(parent, _Distributed):
-        raise ValueError(f"{parent} is not a register layout")
-    return Slice(parent, int(axis.group(1)), len(parts) == 3)
+    return Slice(parse(m.group(2)), int(axis.group(1)), len(parts) == 3)
 
 
 LAYOUT_PARSERS.update({
