@@ -212,6 +212,7 @@ def test_runtime_smem_offset_matches_the_layout(layout: SharedLayout) -> None:
 EXAMPLES = ROOT / "examples"
 EXAMPLE_CASES = [
     ("gemm.tk", {}),
+    ("gemm_fp8.tk", {}),
     ("attn.tk", {"D": 64}),
     ("attn.tk", {"D": 128}),
     ("attn.tk", {"D": 64, "causal": True}),

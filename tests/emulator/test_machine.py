@@ -311,6 +311,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DIFFERENTIAL = [
     ("gemm.tk", {}, {"M": 200, "N": 136, "K": 96}, 2**-10),
     ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 100, "N": 72, "K": 40}, 2**-10),
+    ("gemm_fp8.tk", {"BM": 64, "BN": 64, "BK": 64}, {"M": 100, "N": 72, "K": 80}, 2**-10),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": False}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 160}, 2**-6),

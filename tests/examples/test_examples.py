@@ -59,6 +59,18 @@ def test_gemm(stage, M, N, K):
 
 
 @pytest.mark.parametrize("stage", ["frontend", "pipeline"])
+@pytest.mark.parametrize("M,N,K", [(128, 128, 128), (100, 72, 96)])
+def test_gemm_fp8(stage, M, N, K):
+    k = kernels("gemm_fp8.tk", {"BM": 64, "BN": 64, "BK": 64})[stage]
+    g, seed = generator()
+    a = torch.randn(M, K, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, generator=g).to(torch.float8_e4m3fn)
+    c = poisoned(M, N)
+    run_kernel(k, [a, b, c])
+    check(c, (a.float() @ b.float().T).to(torch.bfloat16), seed, **BF16)
+
+
+@pytest.mark.parametrize("stage", ["frontend", "pipeline"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D,N", [(64, 128), (64, 100), (128, 80)])
 def test_attention(stage, causal, D, N):

@@ -86,6 +86,16 @@ def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
     check(f"gemm {M}x{N}x{K} {consts}", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("M,N,K", [(128, 128, 128), (300, 200, 160), (77, 264, 80)])
+def test_gemm_fp8(rng, M: int, N: int, K: int) -> None:
+    g, seed = rng
+    a = torch.randn(M, K, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, generator=g, device="cuda").to(torch.float8_e4m3fn)
+    c = poisoned(M, N)
+    launch(compiled("gemm_fp8.tk"), [a, b, c])
+    check(f"gemm_fp8 {M}x{N}x{K}", c, (a.float() @ b.float().T).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("N", [128, 200, 77])
