@@ -313,9 +313,6 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         from tkc.codegen.target import emit_ptx
 
         llvm_module = _kernel_to_llvm()(module.kernel(name), tgt)
-        # The .ll text names its target so llc/opt can read it alone (emit_ptx sets the same).
-        target_info = lookup_target(tgt)
-        llvm_module.triple, llvm_module.data_layout = target_info.triple, target_info.data_layout
         asm["llvm"] = str(llvm_module)
         if STAGES.index(stop) >= STAGES.index("ptx"):
             asm["ptx"] = emit_ptx(llvm_module, tgt, opt=opt_level)

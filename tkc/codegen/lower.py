@@ -361,6 +361,8 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
     if not isinstance(threads, int) or threads <= 0 or threads % 128 or threads > 1024:
         raise TkcCodegenError(f"threads = {threads!r}: expected a multiple of 128 up to 1024", kernel.loc)
     module = ir.Module(name=name)
+    # The .ll text names its target, so llc/opt can read it alone (emit_ptx sets the same).
+    module.triple, module.data_layout = t.triple, t.data_layout
     fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=1)
     smem = None
     if smem_bytes:
