@@ -231,10 +231,50 @@ def test_compile_missing_file_is_a_usage_error() -> None:
 
 
 # ---------------------------------------------------------------------- run
-def test_run_needs_interpret() -> None:
-    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10")
+def test_run_without_a_gpu_falls_back_to_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkc import runner
+
+    monkeypatch.setattr(runner, "gpu_available", lambda: False)
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10", "--dim", "N=10", "--dim", "K=10")
+    assert r.exit_code == 0, r.stderr
+    assert "interpret (no GPU visible): interpreted in" in r.stdout
+
+
+def test_run_gpu_without_a_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--backend", "gpu", "--dim", "M=10", "--dim", "N=10",
+                "--dim", "K=10")
     assert r.exit_code == 1
-    assert "tkc run uses the interpreter only; pass --interpret" in r.stderr
+    assert "no CUDA GPU is visible to torch; run with --backend interpret or emulate" in r.stderr
+
+
+def test_run_interpret_flag_contradicting_backend() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--backend", "emulate", "--dim", "M=1")
+    assert r.exit_code == 1
+    assert "--interpret contradicts --backend emulate" in r.stderr
+
+
+def test_run_emulates_and_checks_against_the_interpreter() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "attn.tk"), "--backend", "emulate", "--check", "-D", "D=64",
+                "-D", "BM=64", "-D", "BN=64", "-D", "causal=true", "--dim", "B=1", "--dim", "H=2",
+                "--dim", "N=100", "--seed", "5")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("kernel attn: grid (2, 2), seed 5, emulate: emulated in ")
+    checks = [line for line in r.stdout.splitlines() if "check" in line]
+    assert len(checks) == 4 and all(line.endswith("outside tolerance: ok") for line in checks)
+
+
+def test_run_check_catches_unwritten_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An executor that writes nothing must fail the check: outputs start poisoned."""
+    import tkc.emulator
+
+    monkeypatch.setattr(tkc.emulator, "emulate", lambda *a, **k: None)
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--backend", "emulate", "--check", "-D", "BM=64",
+                "-D", "BN=64", "--dim", "M=70", "--dim", "N=64", "--dim", "K=16")
+    assert r.exit_code == 1
+    assert "check c against the interpreter: max abs error inf, 4480 of 4480 outside tolerance: MISMATCH" \
+        in r.stdout
 
 
 def test_run_interprets_and_prints_stats() -> None:
@@ -243,7 +283,7 @@ def test_run_interprets_and_prints_stats() -> None:
                 "--dim", "M=100", "--dim", "N=72", "--dim", "K=40", "--seed", "3")
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("kernel gemm: grid (2, 2), seed 3, interpreted in ")
+    assert lines[0].startswith("kernel gemm: grid (2, 2), seed 3, interpret: interpreted in ")
     assert lines[1].startswith("  a: bf16[100x40] mean ")
     assert lines[3].startswith("  c: bf16[100x72] mean ") and lines[3].endswith("NaN 0")
 

@@ -13,7 +13,6 @@ traceback).  Click's own usage errors keep click's format and exit code 2.
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from tkc.ir.printer import print_module
 from tkc.ir.types import TensorType
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.passes.pipeline import DEFAULT_PIPELINE
+from tkc.runner import BACKENDS
 
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -274,8 +274,14 @@ def _print_resources(compiled: Any) -> None:
 
 @cli.command("run")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--interpret/--gpu", default=None,
-              help="Run on the numpy interpreter (default from TKC_INTERPRET).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="interpret: the numpy reference; emulate: the hopper IR on the CPU; gpu: the compiled "
+                   "kernel.  Default: gpu when torch sees one, else interpret (TKC_INTERPRET=1: interpret).")
+@click.option("--interpret", "interpret_flag", is_flag=True, help="Same as --backend interpret.")
+@click.option("--check", is_flag=True,
+              help="Also run the interpreter on the same inputs and compare every tensor; exit 1 on a mismatch.")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="gpu: time this many launches and print the median.")
 @click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
               help="Set a compile-time constant (int, float, true/false).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", callback=_parse_dims,
@@ -284,14 +290,14 @@ def _print_resources(compiled: Any) -> None:
 @click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several.")
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)).")
-def run_command(file: str, interpret: bool | None, consts: dict, dims: dict[str, int], seed: int,
-        kernel: str | None, grid: tuple | None) -> None:
-    """Compile a kernel and run it on random inputs; print output statistics."""
-    if interpret is None:
-        interpret = options.knobs().interpret
-    if not interpret:
-        raise TkcUsageError("tkc run uses the interpreter only; pass --interpret (launch on a GPU from "
-                            "Python: @tkc.kernel, or tkc.compile_kernel and tkc.runtime.launch.launch)")
+def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
+                dims: dict[str, int], seed: int, kernel: str | None, grid: tuple | None) -> None:
+    """Compile a kernel, run it on random inputs and print output statistics."""
+    from tkc import runner
+
+    if interpret_flag and backend not in (None, "interpret"):
+        raise TkcUsageError(f"--interpret contradicts --backend {backend}")
+    chosen = "interpret" if interpret_flag else backend or runner.default_backend()
     pm = PassManager(DEFAULT_PIPELINE, PassOptions().with_knobs(options.knobs()))
     module = _load(file, consts)
     pm.run(module)
@@ -303,18 +309,26 @@ def run_command(file: str, interpret: bool | None, consts: dict, dims: dict[str,
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     _check_dims(k, dims)
 
-    from tkc.interpreter import launch_grid, random_args, run_kernel
+    from tkc.interpreter import random_args
 
-    args = random_args(k, dims, seed)
-    grid = grid or tuple(launch_grid(k, args))
-    t = time.perf_counter()
-    run_kernel(k, args, grid=grid)
-    elapsed = time.perf_counter() - t
-    click.echo(f"kernel {k.attributes['sym_name']}: grid {grid}, seed {seed}, "
-               f"interpreted in {elapsed * 1e3:.1f} ms")
-    for param, value in zip(k.regions[0].block.args, args):
-        if isinstance(param.type, TensorType):
-            click.echo("  " + _tensor_stats(param.name_hint or "?", param.type, np.asarray(value)))
+    result = runner.run(k, random_args(k, dims, seed), chosen, grid=grid, check=check, repeat=repeat, seed=seed)
+    how = {"interpret": "interpreted in", "emulate": "emulated in",
+           "gpu": f"median kernel time of {result.repeats} launches"}[chosen]
+    unit = f"{result.seconds * 1e6:.1f} us" if chosen == "gpu" else f"{result.seconds * 1e3:.1f} ms"
+    fallback = " (no GPU visible)" if backend is None and not interpret_flag and chosen == "interpret" \
+        and not options.knobs().interpret else ""
+    click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {chosen}{fallback}: {how} {unit}")
+    for name, t, value in result.outputs:
+        click.echo("  " + _tensor_stats(name, t, value))
+    if result.checked is not None:
+        for m in result.checked:
+            verdict = "ok" if m.bad == 0 else "MISMATCH"
+            click.echo(f"  check {m.name} against the interpreter: max abs error {m.max_abs_error:.4g}, "
+                       f"{m.bad} of {m.total} outside tolerance: {verdict}")
+        if not result.ok:
+            raise SystemExit(1)
+    elif check:
+        click.echo("  check: the interpreter is the reference; nothing to compare")
 
 
 def _check_dims(kernel: Operation, dims: dict[str, int]) -> None:

@@ -198,3 +198,25 @@ def test_empty_grid_launches_nothing() -> None:
     b = torch.zeros(64, 64, dtype=torch.bfloat16, device="cuda")
     c = torch.zeros(0, 64, dtype=torch.bfloat16, device="cuda")
     assert launch(compiled("gemm.tk"), [a, b, c]) == (0, 1)
+
+
+@pytest.mark.parametrize("example,args", [
+    ("gemm.tk", ["--dim", "M=300", "--dim", "N=200", "--dim", "K=136"]),
+    ("gemm_fp8.tk", ["--dim", "M=300", "--dim", "N=200", "--dim", "K=160"]),
+    ("attn.tk", ["-D", "causal=true", "--dim", "B=2", "--dim", "H=2", "--dim", "N=200"]),
+    ("softmax.tk", ["--dim", "M=40", "--dim", "N=1000"]),
+    ("layernorm.tk", ["--dim", "M=40", "--dim", "N=1000"]),
+])
+def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list[str]) -> None:
+    """`tkc run --backend gpu --check`: the compiled kernel on poisoned outputs against the
+    interpreter on the same random inputs, every tensor compared."""
+    from click.testing import CliRunner
+
+    from tkc.cli import cli
+
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / example), "--backend", "gpu", "--check", "--repeat", "3",
+                                 *args])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "gpu: median kernel time of 3 launches" in r.stdout
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check ")]
+    assert checks and all(line.endswith(": ok") for line in checks), r.stdout

@@ -1,0 +1,174 @@
+"""Running a kernel on random inputs, on any of tkc's three executors: what ``tkc run`` does.
+
+- ``interpret``: the tile IR in the reference interpreter (``tkc.interpreter``);
+- ``emulate``: the hopper IR in the emulator (``tkc.emulator``): shared memory, TMA,
+  mbarriers and wgmma as sm_90a does them, on the CPU;
+- ``gpu``: the compiled kernel through the runtime on torch CUDA tensors.
+
+``check`` runs the interpreter on the same inputs as well and compares every tensor, so
+``tkc run --check`` answers "does the compiled kernel compute what the program says?" on
+any machine.  Owns: turning random arguments into each executor's form, timing, and the
+comparison.  Must not: compile (``tkc.compiler``), launch by itself (``tkc.runtime``), or
+print (``tkc.cli`` does).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tkc import dtypes, options
+from tkc.errors import TkcUsageError
+from tkc.ir.core import Operation
+from tkc.ir.types import TensorType
+
+BACKENDS = ("interpret", "emulate", "gpu")
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def default_backend() -> str:
+    """``TKC_INTERPRET=1`` picks the interpreter; otherwise the GPU when there is one."""
+    if options.knobs().interpret:
+        return "interpret"
+    return "gpu" if gpu_available() else "interpret"
+
+
+def tolerance(dt: dtypes.DType) -> tuple[float, float]:
+    """(atol, rtol) for comparing an executor with the interpreter: a few ulps of the output
+    dtype, since summation order (wgmma's k16 steps, reduction trees) and the GPU's approximate
+    exp2/rsqrt differ from numpy in the last bits."""
+    if dt.is_float:
+        return {8: (2**-3, 2**-3), 16: (2**-6, 2**-6), 32: (1e-4, 1e-4)}[dt.bits]
+    return (0.0, 0.0)
+
+
+@dataclass
+class Mismatch:
+    name: str
+    max_abs_error: float
+    bad: int
+    total: int
+
+
+@dataclass
+class RunResult:
+    kernel: str
+    backend: str
+    grid: tuple[int, ...]
+    seconds: float  # wall time (interpreter, emulator) or median kernel time (gpu)
+    outputs: list[tuple[str, TensorType, np.ndarray]]
+    checked: list[Mismatch] | None = None
+    repeats: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.checked is None or all(m.bad == 0 for m in self.checked)
+
+
+def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] | None = None,
+        check: bool = False, repeat: int = 1, seed: int = 0) -> RunResult:
+    """Run the (tile IR) ``kernel`` on ``args`` (storage-form numpy arrays and scalars, as
+    ``tkc.interpreter.random_args`` makes them) with ``backend``; outputs are returned, the
+    arguments are not modified."""
+    from tkc.interpreter import launch_grid, run_kernel
+
+    if backend not in BACKENDS:
+        raise TkcUsageError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+    if repeat < 1:
+        raise TkcUsageError("repeat must be at least 1")
+    name = kernel.attributes["sym_name"]
+    grid = tuple(grid or launch_grid(kernel, args))
+    reference = copy.deepcopy(args) if check and backend != "interpret" else None
+    work = copy.deepcopy(args)
+    if reference is not None:
+        _poison_outputs(kernel, work)
+    if backend == "interpret":
+        seconds = _timed(lambda: run_kernel(kernel, work, grid=grid))
+    elif backend == "emulate":
+        from tkc.compiler import compile_kernel
+        from tkc.emulator import emulate
+
+        hopper = compile_kernel(kernel, stop="hopper", cache=False).kernel_op
+        seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
+    else:
+        seconds, repeat = _run_gpu(kernel, work, grid, repeat)
+    params = kernel.regions[0].block.args
+    outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
+               if isinstance(p.type, TensorType)]
+    result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat)
+    if reference is not None:
+        run_kernel(kernel, reference, grid=grid)
+        result.checked = [_compare(n, t, out, np.asarray(ref)) for (n, t, out), ref, p in
+                          zip(outputs, [r for r, p in zip(reference, params) if isinstance(p.type, TensorType)],
+                              [p for p in params if isinstance(p.type, TensorType)])]
+    return result
+
+
+def _poison_outputs(kernel: Operation, args: list[Any]) -> None:
+    """Fill the tensors the kernel stores to with values it would not compute (NaN, or the
+    most negative integer), so an element the executor fails to write cannot match the
+    reference by keeping the input's random value."""
+    params = kernel.regions[0].block.args
+    stored = {op.operands[0] for op in kernel.walk() if op.name == "tile.store"}
+    for i, p in enumerate(params):
+        if p in stored:
+            a = np.array(args[i], copy=True)
+            a[...] = np.nan if p.type.dtype.is_float else (np.iinfo(a.dtype).min if p.type.dtype.is_int else a)
+            args[i] = a
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...], repeat: int) -> tuple[float, int]:
+    import torch
+
+    from tkc.compiler import compile_kernel
+    from tkc.runtime.launch import launch
+
+    if not torch.cuda.is_available():
+        raise TkcUsageError("no CUDA GPU is visible to torch; run with --backend interpret or emulate")
+    compiled = compile_kernel(kernel)
+    params = kernel.regions[0].block.args
+    dev = [dtypes.to_torch(np.asarray(w), p.type.dtype).cuda() if isinstance(p.type, TensorType) else w
+           for p, w in zip(params, work)]
+    launch(compiled, dev, grid=grid)  # the result; later launches rewrite the same outputs
+    torch.cuda.synchronize()
+    host = [dtypes.from_torch_tensor(d.cpu())[0] if isinstance(p.type, TensorType) else d
+            for p, d in zip(params, dev)]
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch(compiled, dev, grid=grid)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    work[:] = host
+    return statistics.median(times), repeat
+
+
+def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray) -> Mismatch:
+    atol, rtol = tolerance(t.dtype)
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    same_nan = np.isnan(g) & np.isnan(w)
+    err = np.where(same_nan, 0.0, np.abs(g - w))
+    err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only is a mismatch
+    bad = int((err > atol + rtol * np.abs(np.nan_to_num(w))).sum())
+    return Mismatch(name, float(err.max()) if err.size else 0.0, bad, int(err.size))
