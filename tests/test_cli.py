@@ -234,10 +234,10 @@ def test_compile_missing_file_is_a_usage_error() -> None:
 def test_run_without_a_gpu_falls_back_to_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     from tkc import runner
 
-    monkeypatch.setattr(runner, "gpu_available", lambda: False)
+    monkeypatch.setattr(runner, "gpu_unavailable", lambda: "torch sees no CUDA GPU")
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--dim", "M=10", "--dim", "N=10", "--dim", "K=10")
     assert r.exit_code == 0, r.stderr
-    assert "interpret (no GPU visible): interpreted in" in r.stdout
+    assert "interpret (torch sees no CUDA GPU): interpreted in" in r.stdout
 
 
 def test_run_gpu_without_a_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,7 +246,7 @@ def test_run_gpu_without_a_gpu_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--backend", "gpu", "--dim", "M=10", "--dim", "N=10",
                 "--dim", "K=10")
     assert r.exit_code == 1
-    assert "no CUDA GPU is visible to torch; run with --backend interpret or emulate" in r.stderr
+    assert "torch sees no CUDA GPU; run with --backend interpret or emulate" in r.stderr
 
 
 def test_run_interpret_flag_contradicting_backend() -> None:

@@ -297,7 +297,8 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
 
     if interpret_flag and backend not in (None, "interpret"):
         raise TkcUsageError(f"--interpret contradicts --backend {backend}")
-    chosen = "interpret" if interpret_flag else backend or runner.default_backend()
+    chosen, why = ("interpret", None) if interpret_flag or backend else runner.default_backend()
+    chosen = backend or chosen
     pm = PassManager(DEFAULT_PIPELINE, PassOptions().with_knobs(options.knobs()))
     module = _load(file, consts)
     pm.run(module)
@@ -315,9 +316,8 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     how = {"interpret": "interpreted in", "emulate": "emulated in",
            "gpu": f"median kernel time of {result.repeats} launches"}[chosen]
     unit = f"{result.seconds * 1e6:.1f} us" if chosen == "gpu" else f"{result.seconds * 1e3:.1f} ms"
-    fallback = " (no GPU visible)" if backend is None and not interpret_flag and chosen == "interpret" \
-        and not options.knobs().interpret else ""
-    click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {chosen}{fallback}: {how} {unit}")
+    because = f" ({why})" if why else ""
+    click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {chosen}{because}: {how} {unit}")
     for name, t, value in result.outputs:
         click.echo("  " + _tensor_stats(name, t, value))
     if result.checked is not None:

@@ -30,19 +30,22 @@ from tkc.ir.types import TensorType
 BACKENDS = ("interpret", "emulate", "gpu")
 
 
-def gpu_available() -> bool:
+def gpu_unavailable() -> str | None:
+    """Why the GPU backend cannot run here, or None when it can."""
     try:
         import torch
     except ImportError:
-        return False
-    return torch.cuda.is_available()
+        return "torch is not installed"
+    return None if torch.cuda.is_available() else "torch sees no CUDA GPU"
 
 
-def default_backend() -> str:
-    """``TKC_INTERPRET=1`` picks the interpreter; otherwise the GPU when there is one."""
+def default_backend() -> tuple[str, str | None]:
+    """The backend ``tkc run`` uses when none is named, and why, when it is not the GPU:
+    ``TKC_INTERPRET=1`` picks the interpreter; otherwise the GPU when there is one."""
     if options.knobs().interpret:
-        return "interpret"
-    return "gpu" if gpu_available() else "interpret"
+        return "interpret", "TKC_INTERPRET=1"
+    why = gpu_unavailable()
+    return ("interpret", why) if why else ("gpu", None)
 
 
 def tolerance(dt: dtypes.DType) -> tuple[float, float]:
@@ -137,13 +140,16 @@ def _timed(fn: Any) -> float:
 
 
 def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...], repeat: int) -> tuple[float, int]:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise TkcUsageError("the gpu backend needs torch with CUDA (pip install torch)") from None
 
     from tkc.compiler import compile_kernel
     from tkc.runtime.launch import launch
 
     if not torch.cuda.is_available():
-        raise TkcUsageError("no CUDA GPU is visible to torch; run with --backend interpret or emulate")
+        raise TkcUsageError("torch sees no CUDA GPU; run with --backend interpret or emulate")
     compiled = compile_kernel(kernel)
     params = kernel.regions[0].block.args
     dev = [dtypes.to_torch(np.asarray(w), p.type.dtype).cuda() if isinstance(p.type, TensorType) else w
