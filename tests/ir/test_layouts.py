@@ -678,3 +678,15 @@ def test_removed_vector_layouts_are_unknown() -> None:
 
     with pytest.raises(TkcSyntaxError, match="unknown layout"):
         parse_module("%x = tile.constant {value = 0.0} : tile<64xf32, reg, #acc_rows<64>>\n")
+
+
+def test_register_map() -> None:
+    from tkc.ir.layouts import register_map
+
+    acc, a = WgmmaAccumulator(128, 2), WgmmaOperandA(128, 2)
+    assert register_map(acc, a) == tuple(range(acc.regs))  # an accumulator is already an A fragment
+    # Row slices of accumulators of different widths hold the same rows in the same slots.
+    assert register_map(Slice(WgmmaAccumulator(128, 2), 1), Slice(WgmmaAccumulator(64, 2), 1)) == (0, 1)
+    # A blocked tile of the same shape puts elements on other threads.
+    assert register_map(acc, choose_blocked((128, 128), 4, 256)) is None
+    assert register_map(acc, WgmmaAccumulator(64, 2)) is None  # another shape

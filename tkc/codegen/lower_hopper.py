@@ -42,7 +42,7 @@ from tkc.codegen.nvvm import F32, I16, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
-from tkc.ir.layouts import SharedLayout, swizzle
+from tkc.ir.layouts import SharedLayout, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 
 if TYPE_CHECKING:
@@ -408,30 +408,12 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
 
 
-def _same_thread_map(src: object, dst: object, threads: int) -> list[int] | None:
-    """For each value of ``dst``, the value of ``src`` that every thread holds at the same
-    coordinates, or None when some thread would need another thread's value."""
-    t = np.arange(threads)[:, None]
-    s = np.stack([np.broadcast_to(c, (threads, src.regs)) for c in src.coords(t % src.threads,
-                                                                              np.arange(src.regs)[None, :])])
-    d = np.stack([np.broadcast_to(c, (threads, dst.regs)) for c in dst.coords(t % dst.threads,
-                                                                              np.arange(dst.regs)[None, :])])
-    out = []
-    for i in range(dst.regs):
-        match = np.all(s == d[:, :, i:i + 1], axis=0)  # (threads, src regs)
-        js = np.nonzero(match.all(axis=0))[0]
-        if len(js) == 0:
-            return None
-        out.append(int(js[0]))
-    return out
-
-
 def _convert_layout(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     x = lw.tile(op, op.x)
     src, dst = op.x.type.layout, op.result.type.layout
     if not op.scratch:
-        m = _same_thread_map(src, dst, lw.threads)
+        m = register_map(src, dst)
         if m is None:
             raise TkcCodegenError(f"converting {src} to {dst} moves values between threads: "
                                   f"it needs a scratch tile", op.loc)

@@ -37,7 +37,7 @@ from tkc.interpreter import (_as_kernel, _check_args, _check_grid, _eval_grid, _
                              _write_back, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
 
 __all__ = ["emulate", "emulate_module", "SmemTile"]
@@ -368,10 +368,11 @@ def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
 def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
     if not scratch:
-        if not _same_coords(src, dst, wg.g):
+        m = register_map(src, dst)
+        if m is None:
             raise _fault(op, f"{src} -> {dst} without a scratch tile, but threads do not already hold "
                              f"their new values")
-        return x
+        return x[:, list(m)]
     (s,) = scratch
     if op.x.type.rank != 2:
         raise _fault(op, "converts 2-D tiles through shared memory")

@@ -668,6 +668,28 @@ class Slice(_Distributed):
         return f"#slice<{self.parent}, axis={self.axis}" + (", keep>" if self.keep else ">")
 
 
+# --------------------------------------------------------------------------- conversions
+def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, ...] | None:
+    """How a tile in layout ``src`` becomes layout ``dst`` without leaving its threads: for each
+    value index of ``dst``, the value index of ``src`` that every thread holds at the same
+    coordinates; None when some thread would need another thread's value (the conversion then
+    goes through shared memory).  The select-layouts/lower-to-hopper passes, the emulator and
+    codegen all ask this one function."""
+    if src.threads != dst.threads or tuple(src.shape) != tuple(dst.shape):
+        return None
+    t = np.arange(src.threads)[:, None]
+    s = np.stack([np.broadcast_to(c, (src.threads, src.regs)) for c in src.coords(t, np.arange(src.regs)[None, :])])
+    d = np.stack([np.broadcast_to(c, (dst.threads, dst.regs)) for c in dst.coords(t, np.arange(dst.regs)[None, :])])
+    out = []
+    for i in range(dst.regs):
+        match = np.all(s == d[:, :, i:i + 1], axis=0).all(axis=0)  # src values matching everywhere
+        js = np.nonzero(match)[0]
+        if len(js) == 0:
+            return None
+        out.append(int(js[0]))
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- reductions
 class ReducePlan(NamedTuple):
     """How to reduce a register tile along one axis (docs/hopper.md §2): combine each of

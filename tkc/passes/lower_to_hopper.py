@@ -27,14 +27,12 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 
 from __future__ import annotations
 
-import numpy as np
-
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.layouts import SharedLayout, reduce_plan
+from tkc.ir.layouts import SharedLayout, reduce_plan, register_map
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -48,15 +46,6 @@ def lower_to_hopper(module: Module) -> None:
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def same_placement(a: object, b: object) -> bool:
-    """Whether two register layouts give every thread the same elements in the same order,
-    so converting between them moves nothing."""
-    if a.threads != b.threads or a.regs != b.regs or tuple(a.shape) != tuple(b.shape):
-        return False
-    t, i = np.arange(a.threads)[:, None], np.arange(a.regs)[None, :]
-    return all(np.array_equal(x, y) for x, y in zip(a.coords(t, i), b.coords(t, i)))
 
 
 class _Lowering:
@@ -252,7 +241,7 @@ class _Lowering:
 
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
-        if op.scratch or same_placement(src.layout, dst.layout):
+        if op.scratch or register_map(src.layout, dst.layout) is not None:
             return
         try:
             if src.rank != 2:
