@@ -79,7 +79,7 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"yields \(f32\) but 'tile.for' results are \(i32\)", None),
     ("tile.yield", kernel("%r = tile.if %c : f32 {\n  tile.yield %f\n} {\n  tile.yield %f, %f // bad\n}"),
      r"yields \(f32, f32\) but 'tile.if' results are \(f32\)", None),
-    ("tile.yield", kernel("tile.yield // bad", ret=False), r"ends a 'tile.for' or 'tile.if' region only",
+    ("tile.yield", kernel("tile.yield // bad", ret=False), r"ends a 'tile.for', 'tile.if' or 'hopper.role' region only",
      None),
     ("tile.yield", kernel("tile.for %i, %i, %i {\n^(%k: i32):\n  tile.yield // bad\n"
                           "  %x = tile.constant {value = 4} : i32\n  tile.yield\n}"),

@@ -51,7 +51,7 @@ class SmemAllocOp(Operation):
 
     name = "hopper.smem_alloc"
     RESULTS = ("result",)
-    ATTRS = {"offset": int}
+    ATTRS = {"offset": int, "stages?": int}
 
     def verify(self) -> None:
         t = self.result.type
@@ -60,19 +60,107 @@ class SmemAllocOp(Operation):
         _check_view(self, t, "result")
         if self.offset != -1 and (self.offset < 0 or self.offset % t.layout.alignment):
             raise self.error(f"offset {self.offset} is not {t.layout.alignment}-B aligned")
+        _check_stages(self)
+
+    @property
+    def stride(self) -> int:
+        """Bytes from one stage of a ring to the next."""
+        lay = self.result.type.layout
+        return -(-lay.size_bytes // lay.alignment) * lay.alignment
+
+
+def _check_stages(op: Operation) -> None:
+    """A ring (``stages`` > 1) is used only through ``hopper.stage``."""
+    n = op.attributes.get("stages", 1)
+    if not isinstance(n, int) or n < 1:
+        raise op.error("stages must be a positive integer")
+
+
+def stages_of(v) -> int:
+    """How many stages the allocation behind ``v`` has (1 for a plain tile or barrier)."""
+    owner = getattr(v, "owner", None)
+    return owner.attributes.get("stages", 1) if owner is not None else 1
 
 
 @register
 class MBarrierAllocOp(Operation):
     name = "hopper.mbarrier_alloc"
     RESULTS = ("result",)
-    ATTRS = {"offset": int}
+    ATTRS = {"offset": int, "stages?": int}
+    stride = 8
 
     def verify(self) -> None:
         if self.result.type != MBARRIER:
             raise self.error(f"result must be an mbarrier, got {self.result.type}")
         if self.offset != -1 and (self.offset < 0 or self.offset % 8):
             raise self.error(f"offset {self.offset} is not 8-B aligned")
+        _check_stages(self)
+
+
+@register
+class StageOp(Operation):
+    """Stage ``index`` (an i32 in [0, stages)) of a ring of shared tiles or mbarriers: the
+    allocation's offset plus ``index`` strides."""
+
+    name = "hopper.stage"
+    OPERANDS = ("ring", "index")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        owner = getattr(self.ring, "owner", None)
+        if owner is None or owner.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc") \
+                or owner.attributes.get("stages", 1) < 2:
+            raise self.error("takes a ring: a hopper.smem_alloc or hopper.mbarrier_alloc with stages > 1")
+        if self.index.type != I32:
+            raise self.error("the stage index is an i32")
+        if self.result.type != self.ring.type:
+            raise self.error(f"a stage has its ring's type {self.ring.type}, not {self.result.type}")
+
+
+@register
+class MBarrierArriveOp(Operation):
+    """``mbarrier.arrive``: thread 0 of each warpgroup that runs it arrives once (a consumer
+    warpgroup releasing a ring stage)."""
+
+    name = "hopper.mbarrier_arrive"
+    OPERANDS = ("barrier",)
+
+    def verify(self) -> None:
+        _check_barrier(self, self.barrier)
+
+
+@register
+class RoleOp(Operation):
+    """Warpgroups ``[first, first + warpgroups)`` run the region, the others skip it.  Inside,
+    thread ids are counted from the role's first thread (so layouts see threads from 0), and
+    ``regs`` (when nonzero) is the per-thread register budget the role asks for with
+    ``setmaxnreg`` on entry."""
+
+    name = "hopper.role"
+    ATTRS = {"name": str, "first": int, "warpgroups": int, "regs": int}
+    REGIONS = 1
+
+    @property
+    def body(self):
+        return self.regions[0].block
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    def verify(self) -> None:
+        if self.first < 0 or self.warpgroups < 1:
+            raise self.error("a role spans at least one warpgroup from first >= 0")
+        if self.regs and (self.regs % 8 or not 24 <= self.regs <= 256):
+            raise self.error("setmaxnreg takes a multiple of 8 in [24, 256] (0: keep the budget)")
+        parent = self.parent.parent_op if self.parent else None
+        if parent is None or parent.name != "tile.kernel":
+            raise self.error("roles sit directly in the kernel body")
+        threads = parent.attributes.get("threads")
+        if isinstance(threads, int) and 128 * (self.first + self.warpgroups) > threads:
+            raise self.error(f"warpgroups [{self.first}, {self.first + self.warpgroups}) exceed the kernel's "
+                             f"{threads} threads")
 
 
 def _check_barrier(op: Operation, v) -> None:
@@ -82,6 +170,8 @@ def _check_barrier(op: Operation, v) -> None:
 
 @register
 class MBarrierInitOp(Operation, _OneThread):
+    """``mbarrier.init`` with ``count`` arrivals per phase, of every stage of a ring."""
+
     name = "hopper.mbarrier_init"
     OPERANDS = ("barrier",)
     ATTRS = {"count": int}
@@ -107,6 +197,17 @@ class BarrierOp(Operation):
     def verify(self) -> None:
         if not 0 <= self.id < 16:
             raise self.error("named barrier ids are 0..15")
+        if enclosing_role(self) is not None:
+            raise self.error("inside a role, threads synchronize through mbarriers (a bar.sync over the "
+                             "whole CTA would wait for the other roles)")
+
+
+def enclosing_role(op: Operation) -> Operation | None:
+    """The ``hopper.role`` an op is nested in, if any."""
+    p = op.parent.parent_op if op.parent else None
+    while p is not None and p.name != "hopper.role":
+        p = p.parent.parent_op if p.parent else None
+    return p
 
 
 @register
@@ -326,3 +427,4 @@ class ConvertLayoutOp(Operation):
 
 
 ONE_THREAD_OPS = frozenset(c.name for c in (MBarrierInitOp, FenceMBarrierInitOp, ExpectTxOp, TmaLoadOp))
+ONE_THREAD_PER_WARPGROUP_OPS = frozenset({MBarrierArriveOp.name})

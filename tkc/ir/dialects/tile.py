@@ -85,8 +85,8 @@ class YieldOp(Operation):
 
     def verify(self) -> None:
         parent = self.parent.parent_op if self.parent else None
-        if parent is None or parent.name not in ("tile.for", "tile.if"):
-            raise self.error("'tile.yield' ends a 'tile.for' or 'tile.if' region only")
+        if parent is None or parent.name not in ("tile.for", "tile.if", "hopper.role"):
+            raise self.error("'tile.yield' ends a 'tile.for', 'tile.if' or 'hopper.role' region only")
         want = [r.type for r in parent.results]
         got = [v.type for v in self.operands]
         if want != got:
