@@ -262,3 +262,25 @@ def uses(root: Module | Operation) -> dict[Value, list[Operation]]:
         for v in op.operands:
             out.setdefault(v, []).append(op)
     return out
+
+
+def clone(op: Operation, mapping: dict[Value, Value]) -> Operation:
+    """A deep copy of ``op`` (regions included), not inserted anywhere.  Operands found in
+    ``mapping`` are replaced; the copy's results and block arguments are added to it, so
+    cloning a sequence of ops in order keeps their uses connected."""
+    new = type(op)([mapping.get(v, v) for v in op.operands], [r.type for r in op.results],
+                   dict(op.attributes), loc=op.loc)
+    for old_r, new_r in zip(op.results, new.results):
+        new_r.name_hint = old_r.name_hint
+        mapping[old_r] = new_r
+    for region in op.regions:
+        r = Region()
+        for block in region.blocks:
+            b = Block([a.type for a in block.args], [a.name_hint for a in block.args])
+            mapping.update(zip(block.args, b.args))
+            for inner in block.ops:
+                b.append(clone(inner, mapping))
+            r.add_block(b)
+        new.regions.append(r)
+        r.parent = new
+    return new

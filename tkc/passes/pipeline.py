@@ -17,7 +17,9 @@ from tkc.passes.cse import cse
 from tkc.passes.dce import dce
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_hopper import lower_to_hopper
+from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.select_layouts import select_layouts
+from tkc.passes.specialize_warps import specialize_warps
 
 #: Every pass by its pipeline name.  A pass mutates the module in place and
 #: raises a TkcError when the input is outside what it handles.
@@ -30,6 +32,8 @@ PASSES: dict[str, Callable[[Module], None]] = {
     # --- sm_90a, in the order they run (docs/hopper.md)
     "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
+    "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
+    "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later stages, each in its own file: pipeline-loops and specialize-warps
     #   (between select-layouts and lower-to-hopper), lower-to-blackwell for sm_100a.

@@ -1,0 +1,115 @@
+"""pipeline-loops and specialize-warps on the examples: the ring and the roles they build,
+their pins, and that the output verifies and round-trips.  What the kernels compute is
+checked in the emulator (tests/emulator) and on the GPU (tests/gpu)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from tkc.errors import TkcPassError
+from tkc.frontend import compile_file, compile_source
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+from tkc.passes.manager import PassManager
+from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+RING = "select-layouts,lower-to-hopper,pipeline-loops"
+SPLIT = RING + ",specialize-warps"
+
+
+def lowered(name: str, consts: dict, passes: str, source: str | None = None) -> str:
+    m = compile_source(source, name) if source else compile_file(str(EXAMPLES / name), consts)
+    PassManager(DEFAULT_PIPELINE + "," + passes).run(m)
+    text = print_module(m, locs=False)
+    again = parse_module(text)
+    verify(again)
+    assert print_module(again, locs=False) == text
+    return text
+
+
+def role(text: str, name: str) -> str:
+    start = text.index(f'hopper.role {{name = "{name}"')
+    depth, i = 0, text.index("{", text.index("}", start))
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[start:j]
+    raise AssertionError("unbalanced role")
+
+
+def test_gemm_ring():
+    text = lowered("gemm.tk", {}, RING)
+    assert re.search(r"hopper.smem_alloc \{offset = -1, stages = 4\} : tile<128x64xbf16", text)
+    assert re.search(r"hopper.smem_alloc \{offset = -1, stages = 4\} : tile<64x128xbf16", text)
+    assert "hopper.mbarrier_init %empty {count = 2}" in text  # both warpgroups release a stage
+    assert "hopper.mbarrier_init %a_b_full {count = 1}" in text  # a and b are read by one wgmma
+    assert "bytes = 32768" in text
+    loop = text[text.index("%acc_1 = tile.for"):]
+    assert "hopper.barrier" not in loop, "the ring replaces the loop's bar.sync"
+    assert "phase" in loop and not re.search(r"\^\(%k: i32, [^)]*, %phase", loop), "no carried parity"
+    # Refill first (stage of k-1 with k+3), then wait for k's stage, compute, release it.
+    order = [loop.index(s) for s in ("tile.add %k, %", "hopper.mbarrier_wait %", "hopper.wgmma %",
+                                     "hopper.wgmma_wait", "hopper.mbarrier_arrive")]
+    assert order == sorted(order)
+
+
+def test_attention_ring_waits_for_each_tensor_before_its_use():
+    text = lowered("attn.tk", {}, RING)
+    assert text.count("stages = 3") == 5  # k, v tiles; empty, k_full, v_full: D=128 leaves room for 3
+    loop = text[text.index("= tile.for", text.index("%m_i =")):]
+    k_wait, first_mma = loop.index("hopper.stage %k_full, %stage"), loop.index("hopper.wgmma %")
+    v_wait, second_mma = loop.index("hopper.stage %v_full, %stage"), loop.index("hopper.wgmma %", first_mma + 1)
+    assert k_wait < first_mma < v_wait < second_mma
+
+
+@pytest.mark.parametrize("stages,expect", [(2, 2), (3, 3), (1, None)])
+def test_stages_pin(stages, expect):
+    text = lowered("gemm.tk", {}, RING, (EXAMPLES / "gemm.tk").read_text().replace(
+        "BK: const = 64)", f"BK: const = 64, stages: const = {stages})"))
+    if expect is None:
+        assert "offset = -1, stages" not in text
+        assert "hopper.barrier {id = 0}" in text[text.index("= tile.for"):]
+    else:
+        assert f"stages = {expect}" in text
+
+
+def test_gemm_roles():
+    text = lowered("gemm.tk", {}, SPLIT)
+    assert "threads = 384" in text
+    producer, consumers = role(text, "producer"), role(text, "consumers")
+    assert 'first = 0, warpgroups = 1, regs = 40' in producer
+    assert 'first = 1, warpgroups = 2, regs = 232' in consumers
+    assert "hopper.tma_load" in producer and "hopper.expect_tx" in producer and "hopper.wgmma" not in producer
+    assert "hopper.tma_load" not in consumers and "hopper.expect_tx" not in consumers
+    assert "hopper.wgmma" in consumers and "hopper.mbarrier_arrive" in consumers and "hopper.store" in consumers
+    assert ", reg, #" not in producer, "the producer holds no register tile"
+
+
+def test_attention_roles_and_the_q_tile():
+    text = lowered("attn.tk", {"D": 64}, SPLIT)
+    producer, consumers = role(text, "producer"), role(text, "consumers")
+    assert "hopper.tma_load %q" in producer and "hopper.tma_load %k" in producer
+    assert "hopper.reduce" in consumers and "hopper.store %o" in consumers
+
+
+def test_warp_specialize_pin_off():
+    src = (EXAMPLES / "gemm.tk").read_text().replace("BK: const = 64)", "BK: const = 64, warp_specialize: const = False)")
+    text = lowered("gemm.tk", {}, SPLIT, src)
+    assert "hopper.role" not in text and "stages = 4" in text and "threads = 256" in text
+
+
+def test_consumers_pin_must_match_the_rows():
+    src = (EXAMPLES / "gemm.tk").read_text().replace("BK: const = 64)", "BK: const = 64, consumers: const = 3)")
+    with pytest.raises(TkcPassError, match=r"consumers = 3: this kernel's products have 128 rows"):
+        lowered("gemm.tk", {}, SPLIT, src)
+
+
+@pytest.mark.parametrize("name", ["softmax.tk", "layernorm.tk"])
+def test_kernels_without_copies_in_loops_stay_single_role(name):
+    text = lowered(name, {}, SPLIT)
+    assert "hopper.role" not in text and "stages" not in text

@@ -1,0 +1,349 @@
+"""The ``pipeline-loops`` pass: TMA copies in a loop become an S-stage ring.
+
+Runs on hopper IR after ``lower-to-hopper``, which gives each loop iteration one TMA group:
+``bar.sync`` (nobody still reads the tiles), ``expect_tx``, the copies, a wait with a
+loop-carried parity.  That is correct but serial: the copies of iteration i + 1 start only
+when iteration i is done with the tiles.  This pass gives every tile of the group S stages
+(docs/hopper.md, "Rings and roles") and runs the ring protocol:
+
+- a prologue issues the copies of the first S - 1 iterations;
+- iteration i first refills: the copies of iteration i + S - 1 go to the stage iteration
+  i - 1 used, once every warpgroup has released it (wait on ``empty``), then waits for its
+  own tiles (``full``, one ring per loaded tensor, each waited right before the tensor's first
+  use: attention starts ``q @ k.T`` while V is still landing), computes, and releases its
+  stage (``mbarrier_arrive`` on ``empty`` once the wgmmas reading it have completed);
+- stage and parity come from the iteration number (``i % S``, ``(i / S) & 1``), so the
+  loop-carried parity and the ``bar.sync`` disappear.
+
+Issuing and computing stay in every warpgroup here (thread 0 issues); ``specialize-warps``
+moves the issuing to a producer warpgroup.  The stage count is the kernel's ``stages``
+constant when it has one (1 keeps the loop as it is), else as many stages as the shared
+memory left over allows, at most 4 (and at least 2: with less room the loop stays serial).
+
+Must not: change what a loop computes, touch loops whose tiles are read by anything but
+wgmma, or place shared memory (``allocate-smem`` does).
+"""
+
+from __future__ import annotations
+
+from tkc import dtypes
+from tkc.codegen.target import target as lookup_target
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.builder import Builder
+from tkc.ir.core import Block, Module, Operation, Region, Value, clone, uses
+from tkc.ir.dialects import hopper, tile
+from tkc.ir.types import MBARRIER, ScalarType
+
+I32 = ScalarType(dtypes.i32)
+I1 = ScalarType(dtypes.i1)
+MAX_STAGES = 4
+BARRIER_BYTES = 8
+
+
+def pipeline_loops(module: Module) -> None:
+    for kernel in module.ops:
+        if kernel.name == "tile.kernel":
+            _Pipeliner(kernel).run()
+
+
+def _const(op: Operation | None) -> object:
+    return op.value if op is not None and op.name == "tile.constant" else None
+
+
+def _owner(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
+class _Group:
+    """One TMA group of a loop body, as lower-to-hopper left it."""
+
+    def __init__(self, loop: Operation, wait: Operation):
+        self.loop, self.wait = loop, wait
+        body = loop.regions[0].block
+        i = body.ops.index(wait)
+        self.loads: list[Operation] = []
+        j = i - 1
+        while j >= 0 and body.ops[j].name == "hopper.tma_load":
+            self.loads.insert(0, body.ops[j])
+            j -= 1
+        self.expect = body.ops[j] if j >= 0 and body.ops[j].name == "hopper.expect_tx" else None
+        self.sync = body.ops[j - 1] if j >= 1 and body.ops[j - 1].name == "hopper.barrier" else None
+        self.barrier = wait.barrier
+        self.dsts = [ld.dst for ld in self.loads]
+
+
+class _Pipeliner:
+    def __init__(self, kernel: Operation):
+        self.kernel = kernel
+        self.body = kernel.regions[0].block
+        consts = kernel.attributes.get("consts") or {}
+        self.pin = consts.get("stages")
+        if self.pin is not None and (isinstance(self.pin, bool) or not isinstance(self.pin, int) or self.pin < 1):
+            raise TkcUnsupportedError(f"stages = {self.pin!r}: expected a positive integer", kernel.loc)
+        self.warpgroups = (kernel.attributes.get("threads") or 128) // 128
+        self.capacity = lookup_target("sm_90a").max_smem_bytes
+        self.consts: dict[int, Value] = {}
+
+    def run(self) -> None:
+        for loop in [op for op in self.kernel.walk() if op.name == "tile.for"]:
+            for wait in [op for op in loop.regions[0].block.ops if op.name == "hopper.mbarrier_wait"]:
+                group = _Group(loop, wait)
+                stages = self._stages(group)
+                if stages >= 2 and self._pipelinable(group):
+                    self._pipeline(group, stages)
+
+    # ----------------------------------------------------------- decisions
+    def _smem_bytes(self) -> int:
+        total = 0
+        for op in self.kernel.walk():
+            if op.name == "hopper.smem_alloc":
+                total += op.stride * op.attributes.get("stages", 1)
+            elif op.name == "hopper.mbarrier_alloc":
+                total += BARRIER_BYTES * op.attributes.get("stages", 1)
+        return total
+
+    def _stages(self, g: _Group) -> int:
+        if self.pin is not None:
+            return self.pin
+        if not g.loads:
+            return 1
+        group = sum(_owner(d).stride for d in g.dsts)
+        others = self._smem_bytes() - group
+        room = (self.capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + len(g.loads))) // group
+        return max(1, min(MAX_STAGES, room))
+
+    def _pipelinable(self, g: _Group) -> bool:
+        """The group is lower-to-hopper's shape and its tiles are read only by wgmma."""
+        if g.expect is None or g.sync is None or not g.loads or g.expect.barrier is not g.barrier:
+            return False
+        body = g.loop.regions[0].block
+        parity = g.wait.parity
+        if parity not in body.args:
+            return False
+        all_uses = uses(self.kernel)
+        for d in g.dsts:
+            if _owner(d).attributes.get("stages", 1) != 1:
+                return False
+            if any(u.name not in ("hopper.tma_load", "hopper.wgmma") or not self._inside(u, g.loop)
+                   for u in all_uses.get(d, [])):
+                return False
+        bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
+        return all(u in (g.expect, g.wait, *g.loads) for u in bar_uses)
+
+    @staticmethod
+    def _inside(op: Operation, loop: Operation) -> bool:
+        p = op.parent.parent_op if op.parent else None
+        while p is not None:
+            if p is loop:
+                return True
+            p = p.parent.parent_op if p.parent else None
+        return False
+
+    # ---------------------------------------------------------------- rewrite
+    def _c(self, value: int) -> Value:
+        if value not in self.consts:
+            # Constants go first in the kernel body, where every role can see them.
+            self.consts[value] = Builder(self.body, 0, self.kernel.loc).value(
+                tile.ConstantOp, [], I32, {"value": value})
+        return self.consts[value]
+
+    def _ring(self, near: Operation, count: int, loc, name: str) -> Value:
+        """A new S-stage mbarrier ring initialized with ``count`` where ``near`` (the old
+        barrier's init) was."""
+        alloc = _owner(near.barrier)
+        ring = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, loc).value(
+            hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1, "stages": self.stages})
+        ring.name_hint = name
+        Builder(near.parent, near.parent.ops.index(near) + 1, loc).create(
+            hopper.MBarrierInitOp, [ring], attrs={"count": count})
+        return ring
+
+    def _pipeline(self, g: _Group, stages: int) -> None:
+        self.stages = stages
+        for value in (0, 1, stages - 1, stages):
+            self._c(value)  # first: a constant inserted later would shift the builders below
+        loop, body = g.loop, g.loop.regions[0].block
+        loc = g.wait.loc
+        init = next(u for u in uses(self.kernel).get(g.barrier, []) if u.name == "hopper.mbarrier_init")
+        # Tiles first read by the same op share a "full" ring; the others get their own, so
+        # the consumer can start on one tile while the next is still landing.
+        first_use = [next(op for op in body.ops if op not in (g.sync, g.expect, *g.loads, g.wait)
+                          and self._uses(op, d)) for d in g.dsts]
+        rings: dict[int, Value] = {}
+        full = []
+        for ld, first in zip(g.loads, first_use):
+            if id(first) not in rings:
+                names = [x.tensor.name_hint or "tile" for x, f in zip(g.loads, first_use) if f is first]
+                rings[id(first)] = self._ring(init, 1, ld.loc, "_".join(names) + "_full")
+            full.append(rings[id(first)])
+        empty = self._ring(init, self.warpgroups, loc, "empty")
+        for d in g.dsts:
+            _owner(d).attributes["stages"] = stages
+
+        # The iteration number, its stage and its round's parity, at the top of the body.
+        b = Builder(body, 0, loc)
+        i = self._iteration(b, loop, body.args[0])
+        trip = self._trip_count(loop)
+        # Copies in flight: the prologue issues iterations 0 .. S-2 before the loop...
+        pro = Builder.before(loop)
+        npro = pro.value(tile.MinimumOp, [self._c(stages - 1), trip], I32)
+        prologue = pro.create(tile.ForOp, [self._c(0), npro, self._c(1)], [], regions=[_region([I32])], loc=loc)
+        pb = Builder(prologue.regions[0].block, 0, loc)
+        j = prologue.regions[0].block.args[0]
+        self._issue(pb, g, full, empty, j, self._iv_at(pb, loop, j))
+        pb.create(tile.YieldOp)
+        # ... and iteration i refills the stage of i - 1 with iteration i + S - 1.
+        nxt = b.value(tile.AddOp, [i, self._c(stages - 1)], I32)
+        more = b.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
+        refill = b.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
+        rb = Builder(refill.regions[0].block, 0, loc)
+        self._issue(rb, g, full, empty, nxt, self._iv_at(rb, loop, nxt))
+        rb.create(tile.YieldOp)
+        Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
+        stage, parity = self._stage_parity(b, i)
+        stage.name_hint, parity.name_hint = "stage", "phase"
+
+        # Each tensor's tiles are waited for right before their first use.
+        waited: set[Value] = set()
+        for ld, ring, dst, first in zip(g.loads, full, g.dsts, first_use):
+            w = Builder.before(first)
+            if ring not in waited:
+                waited.add(ring)
+                w.create(hopper.MBarrierWaitOp, [w.value(hopper.StageOp, [ring, stage], MBARRIER), parity],
+                         loc=ld.loc)
+            staged = w.value(hopper.StageOp, [dst, stage], dst.type)
+            for op in body.ops[body.ops.index(first):]:
+                if op is not refill:
+                    _replace_inside(op, dst, staged)
+        # The stage is released once the last wgmma reading it has completed.
+        last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, g))
+        r = Builder(body, last + 1, loc)
+        r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER)])
+
+        # What the ring replaces: the bar.sync, the group, its barrier and its parity.
+        flip = next(op for op in body.ops if op.name == "tile.xor" and g.wait.parity in op.operands)
+        for op in (g.sync, g.expect, *g.loads, g.wait):
+            op.erase()
+        _drop_carried(loop, body.args.index(g.wait.parity) - 1, flip)
+        init.erase()
+        _owner(g.barrier).erase()
+        _drop_unused(body)  # the copies' offsets, now computed where the copies are issued
+
+    def _uses(self, op: Operation, v: Value) -> bool:
+        return any(v in inner.operands for inner in op.walk())
+
+    @staticmethod
+    def _reads_stage(op: Operation, g: _Group) -> bool:
+        """Whether ``op`` (a top-level op of the loop body) waits for a wgmma that reads one of
+        the group's (staged) tiles."""
+        return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, g) for inner in op.walk())
+
+    def _iteration(self, b: Builder, loop: Operation, iv: Value) -> Value:
+        """(iv - lb) / step, folded when lb = 0 and step = 1."""
+        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        i = iv if lb == 0 else b.value(tile.SubOp, [iv, loop.lb], I32)
+        return i if step == 1 else b.value(tile.FloorDivOp, [i, loop.step], I32)
+
+    def _iv_at(self, b: Builder, loop: Operation, i: Value) -> Value:
+        """The induction variable of iteration ``i``: lb + i * step."""
+        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        x = i if step == 1 else b.value(tile.MulOp, [i, loop.step], I32)
+        return x if lb == 0 else b.value(tile.AddOp, [x, loop.lb], I32)
+
+    def _trip_count(self, loop: Operation) -> Value:
+        b = Builder.before(loop)
+        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        span = loop.ub if lb == 0 else b.value(tile.SubOp, [loop.ub, loop.lb], I32)
+        span = span if step == 1 else b.value(tile.CdivOp, [span, loop.step], I32)
+        # A loop whose upper bound is below its lower bound runs zero times.
+        return b.value(tile.MaximumOp, [span, self._c(0)], I32)
+
+    def _stage_parity(self, b: Builder, i: Value) -> tuple[Value, Value]:
+        s = self._c(self.stages)
+        stage = b.value(tile.RemOp, [i, s], I32)
+        rnd = b.value(tile.FloorDivOp, [i, s], I32)
+        return stage, b.value(tile.AndOp, [rnd, self._c(1)], I32)
+
+    def _issue(self, b: Builder, g: _Group, full: list[Value], empty: Value, i: Value, iv: Value) -> None:
+        """The copies of iteration ``i`` (induction variable ``iv``): wait until every
+        warpgroup released the stage, arm it, copy."""
+        stage, parity = self._stage_parity(b, i)
+        free = b.value(tile.XorOp, [parity, self._c(1)], I32)
+        b.create(hopper.MBarrierWaitOp, [b.value(hopper.StageOp, [empty, stage], MBARRIER), free])
+        loop = g.loop
+        mapping: dict[Value, Value] = {loop.regions[0].block.args[0]: iv}
+        armed: dict[Value, Value] = {}
+        for ld, ring in zip(g.loads, full):
+            if ring not in armed:
+                armed[ring] = f = b.value(hopper.StageOp, [ring, stage], MBARRIER)
+                nbytes = sum(x.dst.type.layout.size_bytes for x, r in zip(g.loads, full) if r is ring)
+                b.create(hopper.ExpectTxOp, [f], attrs={"bytes": nbytes}, loc=ld.loc)
+            f = armed[ring]
+            offsets = [self._recompute(b, v, loop, mapping) for v in ld.offsets]
+            dst = b.value(hopper.StageOp, [ld.dst, stage], ld.dst.type)  # (the loads still name the ring)
+            b.create(hopper.TmaLoadOp, [ld.tensor, dst, f, *offsets], attrs=dict(ld.attributes), loc=ld.loc)
+
+    def _recompute(self, b: Builder, v: Value, loop: Operation, mapping: dict[Value, Value]) -> Value:
+        """``v`` as computed in the loop body, for the iteration whose induction variable is in
+        ``mapping``: pure ops of the body between the induction variable and ``v`` are cloned."""
+        if v in mapping:
+            return mapping[v]
+        op = _owner(v)
+        if op is None or op.parent is not loop.regions[0].block:
+            if v in loop.regions[0].block.args:
+                raise TkcUnsupportedError("pipeline-loops: a copy's offsets depend on a loop-carried value",
+                                          loop.loc)
+            return v  # defined outside the loop: the same in every iteration
+        if not op.has_trait("pure") or op.regions:
+            raise TkcUnsupportedError(f"pipeline-loops: a copy's offset comes from '{op.name}'", op.loc)
+        for x in op.operands:
+            self._recompute(b, x, loop, mapping)
+        b.insert(clone(op, mapping))
+        return mapping[v]
+
+
+def _chain_reads(v: Value, g: _Group) -> bool:
+    """Whether the (pending) wgmma result ``v`` or one it accumulates onto reads the group's tiles."""
+    op = _owner(v)
+    while op is not None and op.name == "hopper.wgmma":
+        if any(_owner(x) is not None and _owner(x).name == "hopper.stage" and _owner(x).ring in g.dsts
+               for x in (op.a, op.b)):
+            return True
+        op = _owner(op.acc)
+    return False
+
+
+def _region(arg_types: list) -> Region:
+    return Region([Block(arg_types)])
+
+
+def _replace_inside(op: Operation, old: Value, new: Value) -> None:
+    for inner in op.walk():
+        inner.operands = [new if x is old else x for x in inner.operands]
+
+
+def _drop_carried(loop: Operation, k: int, flip: Operation) -> None:
+    """Remove carried value ``k`` of ``loop`` (its init, block argument, yielded value and
+    result; the yielded value is ``flip``, which goes too).  The result must be unused."""
+    body = loop.regions[0].block
+    n_fixed = 3
+    del loop.operands[n_fixed + k]
+    arg = body.args.pop(1 + k)
+    for idx, a in enumerate(body.args):
+        a.index = idx
+    term = body.terminator
+    del term.operands[k]
+    flip.erase()
+    res = loop.results.pop(k)
+    for idx, r in enumerate(loop.results):
+        r.index = idx
+    del arg, res
+
+
+def _drop_unused(block: Block) -> None:
+    """Erase pure ops of ``block`` whose results nothing uses (last first, so chains go)."""
+    used = {v for op in block.parent.parent.walk() for v in op.operands}
+    for op in reversed(list(block.ops)):
+        if op.has_trait("pure") and not op.regions and not any(r in used for r in op.results):
+            op.erase()
+            used = {v for o in block.parent.parent.walk() for v in o.operands}

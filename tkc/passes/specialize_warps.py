@@ -1,0 +1,242 @@
+"""The ``specialize-warps`` pass: a producer warpgroup issues the copies, the others compute.
+
+Runs after ``pipeline-loops``.  In a pipelined kernel every warpgroup still both waits for
+stages to free up and computes; here the waiting and issuing move to a warpgroup of its own,
+the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
+
+- the **producer** role (warpgroup 0) keeps the copies (``expect_tx``, ``tma_load``), the
+  waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
+  gives registers back (``setmaxnreg`` to 40);
+- the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
+  else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits
+  65536 registers, at most 240); its threads count from 0, so every layout stays as it was.
+
+The producer's loops are the consumers' loops without their carried values; since the only
+thing the two roles share is the ring protocol, the producer runs ahead as far as the
+``empty`` barriers let it.  What both roles need and is the same for every thread (sizes,
+program ids, loop bounds) stays before the roles; allocations and barrier initialization too.
+
+The kernel's constant ``warp_specialize = false`` turns the pass off; ``consumers = N`` must
+match the kernel's warpgroups (64 rows of every product per consumer).  Kernels without a
+ring, and kernels that still synchronize the whole CTA inside (a loop ``pipeline-loops`` left
+serial), stay as they are.
+
+Must not: change what any thread computes, or choose layouts or stage counts.
+"""
+
+from __future__ import annotations
+
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.core import Block, Module, Operation, Region, Value, clone
+from tkc.ir.dialects import hopper, tile
+from tkc.ir.types import TileType
+
+PRODUCER_REGS = 40
+MAX_CONSUMER_REGS = 240
+REGISTER_FILE = 65536
+
+# Top-level ops every warpgroup runs before the roles: shared memory set-up.
+_SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", "hopper.fence_mbarrier_init",
+          "hopper.barrier", "tile.grid")
+
+
+def specialize_warps(module: Module) -> None:
+    for kernel in module.ops:
+        if kernel.name == "tile.kernel":
+            _Specializer(kernel).run()
+
+
+def consumer_regs(consumers: int) -> int:
+    """The register budget of each consumer thread once the producer holds 40: the most that
+    fits the register file, a multiple of 8, at most 240 (what FlashAttention-3 uses)."""
+    free = (REGISTER_FILE - PRODUCER_REGS * 128) // (128 * consumers)
+    return min(MAX_CONSUMER_REGS, free - free % 8)
+
+
+def _owner(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
+def _ancestors(op: Operation, stop: Operation) -> list[Operation]:
+    out = []
+    p = op.parent.parent_op if op.parent else None
+    while p is not None and p is not stop:
+        out.append(p)
+        p = p.parent.parent_op if p.parent else None
+    return out
+
+
+class _Specializer:
+    def __init__(self, kernel: Operation):
+        self.kernel = kernel
+        self.body: Block = kernel.regions[0].block
+        self.consts = kernel.attributes.get("consts") or {}
+
+    def run(self) -> None:
+        if self.consts.get("warp_specialize", True) is False:
+            return
+        warpgroups = (self.kernel.attributes.get("threads") or 128) // 128
+        pin = self.consts.get("consumers")
+        if pin is not None and pin != warpgroups:
+            raise TkcUnsupportedError(
+                f"consumers = {pin!r}: this kernel's products have {64 * warpgroups} rows, one 64-row "
+                f"consumer warpgroup each, so it runs {warpgroups} consumers (change the tile rows instead)",
+                self.kernel.loc)
+        ops = list(self.kernel.walk())
+        if not any(op.name == "hopper.mbarrier_alloc" and op.attributes.get("stages", 1) > 1 for op in ops):
+            return  # nothing to overlap
+        if any(op.name == "hopper.barrier" and op.parent is not self.body for op in ops):
+            return  # a loop still synchronizes every thread: the producer would have to join it
+        self.common = self._common()
+        producer = self._producer_ops()
+        if producer is None:
+            return
+        self._split(producer, warpgroups)
+
+    # -------------------------------------------------------------- analysis
+    def _common(self) -> set[Value]:
+        """Values every warpgroup computes before the roles: kernel parameters, and results of
+        top-level set-up ops and of top-level pure scalar ops on common values."""
+        common: set[Value] = set(self.body.args)
+        for op in self.body.ops:
+            scalar = op.has_trait("pure") and not op.regions and not any(
+                isinstance(r.type, TileType) for r in op.results)
+            readonly = op.name in ("tile.dim", "tile.program_id", "tile.num_programs")
+            if op.name in _SETUP or ((scalar or readonly) and all(v in common for v in op.operands)):
+                common.update(op.results)
+        return common
+
+    def _empty_rings(self) -> set[Value]:
+        """Barriers (allocations) that consumers arrive on: waiting on them is the producer's."""
+        rings = set()
+        for op in self.kernel.walk():
+            if op.name == "hopper.mbarrier_arrive":
+                b = op.barrier
+                rings.add(b.owner.ring if _owner(b) is not None and b.owner.name == "hopper.stage" else b)
+        return rings
+
+    def _producer_ops(self) -> set[Operation] | None:
+        """The ops the producer needs, or None when it would need a value carried by a loop or
+        computed by the consumers."""
+        empty = self._empty_rings()
+        seeds = []
+        for op in self.kernel.walk():
+            if op.name in ("hopper.expect_tx", "hopper.tma_load"):
+                seeds.append(op)
+            elif op.name == "hopper.mbarrier_wait":
+                b = op.barrier
+                ring = b.owner.ring if _owner(b) is not None and b.owner.name == "hopper.stage" else b
+                if ring in empty:
+                    seeds.append(op)
+        need: set[Operation] = set()
+        work = list(seeds)
+        while work:
+            op = work.pop()
+            if op in need or op.parent is self.body and op.name in _SETUP:
+                continue
+            need.add(op)
+            for anc in _ancestors(op, self.kernel):
+                if anc not in need:
+                    work.append(anc)
+            operands = op.operands if op.name != "tile.for" else op.operands[:3]  # not the carried values
+            for v in operands:
+                if v in self.common:
+                    continue
+                d = _owner(v)
+                if d is None:  # a block argument: a loop's induction variable is fine, a carried value is not
+                    block = v.block
+                    loop = block.parent.parent if block.parent else None
+                    if loop is None or loop.name != "tile.for" or block.args.index(v) != 0:
+                        return None
+                    continue
+                if d.name in ("tile.for", "tile.if") or isinstance(v.type, TileType) and v.type.space == "reg":
+                    return None  # a result of the consumers' control flow or of their registers
+                work.append(d)
+        return need
+
+    # -------------------------------------------------------------- rewrite
+    def _split(self, producer: set[Operation], warpgroups: int) -> None:
+        body = self.body
+        moved = [op for op in body.ops if op.name not in _SETUP and op.name != "tile.return"
+                 and not (op.results and not op.regions and all(r in self.common for r in op.results))]
+        # The producer: a filtered copy of what it needs, in order.
+        prod_block = Block()
+        mapping: dict[Value, Value] = {}
+        for op in moved:
+            if op in producer:
+                self._copy_filtered(op, producer, prod_block, mapping)
+        prod_block.append(tile.YieldOp([], []))
+        # The consumers: the original ops, without what only the producer needs.
+        cons_block = Block()
+        for op in moved:
+            op.erase()
+            cons_block.append(op)
+        self._strip(cons_block, producer)
+        cons_block.append(tile.YieldOp([], []))
+        ret = body.terminator
+        index = body.ops.index(ret)
+        regs = consumer_regs(warpgroups)
+        for name, first, count, budget, block in (("producer", 0, 1, PRODUCER_REGS, prod_block),
+                                                  ("consumers", 1, warpgroups, regs, cons_block)):
+            role = hopper.RoleOp([], [], {"name": name, "first": first, "warpgroups": count, "regs": budget},
+                                 [Region([block])], loc=self.kernel.loc)
+            body.insert(index, role)
+            index += 1
+        self.kernel.attributes["threads"] = 128 * (warpgroups + 1)
+
+    def _copy_filtered(self, op: Operation, keep: set[Operation], into: Block, mapping: dict[Value, Value]) -> None:
+        """Append to ``into`` a copy of ``op`` keeping, inside its regions, only ``keep``; loops
+        lose their carried values and branches their results (the producer needs neither)."""
+        if not op.regions:
+            into.append(clone(op, mapping))
+            return
+        if op.name == "tile.for":
+            new = tile.ForOp([mapping.get(v, v) for v in op.operands[:3]], [], loc=op.loc)
+            src = op.regions[0].block
+            blk = Block([src.args[0].type], [src.args[0].name_hint])
+            mapping[src.args[0]] = blk.args[0]
+            self._fill(src, keep, blk, mapping)
+            new.regions.append(Region([blk]))
+        elif op.name == "tile.if":
+            new = tile.IfOp([mapping.get(op.operands[0], op.operands[0])], [], loc=op.loc)
+            for r in op.regions:
+                blk = Block()
+                self._fill(r.blocks[0], keep, blk, mapping)
+                new.regions.append(Region([blk]))
+        else:
+            raise TkcUnsupportedError(f"specialize-warps: cannot split '{op.name}'", op.loc)
+        for r in new.regions:
+            r.parent = new
+        into.append(new)
+
+    def _fill(self, src: Block, keep: set[Operation], into: Block, mapping: dict[Value, Value]) -> None:
+        for inner in src.ops:
+            if inner in keep and not inner.has_trait("terminator"):
+                self._copy_filtered(inner, keep, into, mapping)
+        into.append(tile.YieldOp([], []))
+
+    def _strip(self, block: Block, producer: set[Operation]) -> None:
+        """Remove from the consumers' ops what only the producer needs: its side-effecting ops,
+        then every pure op and control op left without a use or an effect."""
+        for op in list(block.ops):
+            for r in op.regions:
+                for b in r.blocks:
+                    self._strip(b, producer)
+            if op in producer and (not op.has_trait("pure") or op.regions) and not op.results:
+                if not op.regions or not self._has_effect(op, producer):
+                    op.erase()
+        changed = True
+        while changed:
+            changed = False
+            used = {v for o in block.parent_op.walk() for v in o.operands} if block.parent_op else set()
+            used |= {v for o in block.ops for inner in o.walk() for v in inner.operands}
+            for op in reversed(list(block.ops)):
+                if op in producer and op.has_trait("pure") and not any(r in used for r in op.results):
+                    op.erase()
+                    changed = True
+
+    @staticmethod
+    def _has_effect(op: Operation, producer: set[Operation]) -> bool:
+        """Whether a control op still holds something the consumers do."""
+        return any(inner is not op and inner not in producer and not inner.has_trait("terminator")
+                   for inner in op.walk())
