@@ -98,7 +98,8 @@ def test_attention_roles_and_the_q_tile():
 
 
 def test_warp_specialize_pin_off():
-    src = (EXAMPLES / "gemm.tk").read_text().replace("BK: const = 64)", "BK: const = 64, warp_specialize: const = False)")
+    src = (EXAMPLES / "gemm.tk").read_text().replace(
+        "BK: const = 64)", "BK: const = 64, warp_specialize: const = False)")
     text = lowered("gemm.tk", {}, SPLIT, src)
     assert "hopper.role" not in text and "stages = 4" in text and "threads = 256" in text
 
