@@ -52,10 +52,13 @@ def test_gemm_ring():
     loop = text[text.index("%acc_1 = tile.for"):]
     assert "hopper.barrier" not in loop, "the ring replaces the loop's bar.sync"
     assert "phase" in loop and not re.search(r"\^\(%k: i32, [^)]*, %phase", loop), "no carried parity"
-    # Refill first (stage of k-1 with k+3), then wait for k's stage, compute, release it.
-    order = [loop.index(s) for s in ("tile.add %k, %", "hopper.mbarrier_wait %", "hopper.wgmma %",
-                                     "hopper.wgmma_wait", "hopper.mbarrier_arrive")]
+    # Wait for k's stage, issue its wgmma, wait for k-1's wgmma and release k-1's stage, then
+    # refill that stage with k+3; the accumulator is read only behind the loop.
+    order = [loop.index(s) for s in ("hopper.mbarrier_wait %", "hopper.wgmma %", "hopper.wgmma_wait_group "
+                                     "{pending = 1}", "tile.cmp %k, %", "hopper.mbarrier_arrive",
+                                     "tile.add %k, %", "hopper.expect_tx", "tile.yield %")]
     assert order == sorted(order)
+    assert re.search(r"tile.yield %\d+\n  \}\n  %\d+ = hopper.wgmma_wait %acc_1 \{pending = 0\}", loop)
 
 
 def test_attention_ring_waits_for_each_tensor_before_its_use():

@@ -7,11 +7,14 @@ when iteration i is done with the tiles.  This pass gives every tile of the grou
 (docs/hopper.md, "Rings and roles") and runs the ring protocol:
 
 - a prologue issues the copies of the first S - 1 iterations;
-- iteration i first refills: the copies of iteration i + S - 1 go to the stage iteration
-  i - 1 used, once every warpgroup has released it (wait on ``empty``), then waits for its
-  own tiles (``full``, one ring per loaded tensor, each waited right before the tensor's first
-  use: attention starts ``q @ k.T`` while V is still landing), computes, and releases its
-  stage (``mbarrier_arrive`` on ``empty`` once the wgmmas reading it have completed);
+- iteration i waits for its own tiles (``full``: one ring per first reader, waited right
+  before it, so attention starts ``q @ k.T`` while V is still landing), computes, releases
+  its stage (``mbarrier_arrive`` on ``empty`` once the wgmmas reading it have completed),
+  and refills: the copies of iteration i + S - 1 go to the stage of iteration i - 1 once
+  every warpgroup has released it;
+- a loop that only accumulates wgmma results (a GEMM's K loop) keeps one wgmma in flight:
+  iteration i waits for the wgmma of i - 1 (``wgmma_wait_group 1``) and releases its stage,
+  and the accumulator is waited for behind the loop;
 - stage and parity come from the iteration number (``i % S``, ``(i / S) & 1``), so the
   loop-carried parity and the ``bar.sync`` disappear.
 
@@ -192,14 +195,6 @@ class _Pipeliner:
         j = prologue.regions[0].block.args[0]
         self._issue(pb, g, full, empty, j, self._iv_at(pb, loop, j))
         pb.create(tile.YieldOp)
-        # ... and iteration i refills the stage of i - 1 with iteration i + S - 1.
-        nxt = b.value(tile.AddOp, [i, self._c(stages - 1)], I32)
-        more = b.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
-        refill = b.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
-        rb = Builder(refill.regions[0].block, 0, loc)
-        self._issue(rb, g, full, empty, nxt, self._iv_at(rb, loop, nxt))
-        rb.create(tile.YieldOp)
-        Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
         stage, parity = self._stage_parity(b, i)
         stage.name_hint, parity.name_hint = "stage", "phase"
 
@@ -213,12 +208,25 @@ class _Pipeliner:
                          loc=ld.loc)
             staged = w.value(hopper.StageOp, [dst, stage], dst.type)
             for op in body.ops[body.ops.index(first):]:
-                if op is not refill:
-                    _replace_inside(op, dst, staged)
+                _replace_inside(op, dst, staged)
         # The stage is released once the last wgmma reading it has completed.
         last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, g))
         r = Builder(body, last + 1, loc)
         r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER)])
+
+        self._overlap_wgmma(loop, g, i, empty)
+
+        # ... and, once its stage is released, iteration i refills the stage of iteration
+        # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
+        # is released only now, and a warpgroup must not wait for its own release).
+        rb0 = Builder.before(body.terminator)
+        nxt = rb0.value(tile.AddOp, [i, self._c(stages - 1)], I32)
+        more = rb0.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
+        refill = rb0.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
+        rb = Builder(refill.regions[0].block, 0, loc)
+        self._issue(rb, g, full, empty, nxt, self._iv_at(rb, loop, nxt))
+        rb.create(tile.YieldOp)
+        Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
 
         # What the ring replaces: the bar.sync, the group, its barrier and its parity.
         flip = next(op for op in body.ops if op.name == "tile.xor" and g.wait.parity in op.operands)
@@ -228,6 +236,56 @@ class _Pipeliner:
         init.erase()
         _owner(g.barrier).erase()
         _drop_unused(body)  # the copies' offsets, now computed where the copies are issued
+
+    def _overlap_wgmma(self, loop: Operation, g: _Group, i: Value, empty: Value) -> bool:
+        """Keep the loop's accumulating wgmma in flight across iterations (depth 1).
+
+        Applies when the body's only use of a carried accumulator is ``wgmma`` + ``wgmma_wait``
+        yielded back (a GEMM's K loop): the wait goes behind the loop, iteration i waits for
+        iteration i - 1's wgmma only (``wgmma_wait_group 1``) and releases that stage instead
+        of its own."""
+        body = loop.regions[0].block
+        term = body.terminator
+        for k, arg in enumerate(body.args[1:]):
+            arg_uses = [op for op in loop.walk() if arg in op.operands]
+            if len(arg_uses) != 1 or arg_uses[0].name != "hopper.wgmma" or arg_uses[0].acc is not arg \
+                    or arg_uses[0].parent is not body:
+                continue
+            mma = arg_uses[0]
+            waits = [op for op in loop.walk() if mma.result in op.operands]
+            if len(waits) != 1 or waits[0].name != "hopper.wgmma_wait" or waits[0].pending != 0:
+                continue
+            wait = waits[0]
+            if [op for op in loop.walk() if wait.result in op.operands] != [term] \
+                    or term.operands.index(wait.result) != k or not _chain_reads(mma.result, g):
+                continue
+            idx = body.ops.index(wait)
+            arrive = body.ops[idx + 2] if idx + 2 < len(body.ops) else None
+            if arrive is None or arrive.name != "hopper.mbarrier_arrive":
+                continue
+            # In the loop: wait for the previous wgmma only, then release its stage.
+            term.operands[k] = mma.result
+            for op in (arrive, body.ops[idx + 1], wait):  # the arrive, its stage op, the wait
+                op.erase()
+            b = Builder(body, body.ops.index(mma) + 1, mma.loc)
+            b.create(hopper.WgmmaWaitGroupOp, attrs={"pending": 1})
+            has_prev = b.value(tile.CmpOp, [i, self._c(0)], I1, {"pred": "gt"})
+            release = b.create(tile.IfOp, [has_prev], [], regions=[_region([]), _region([])], loc=mma.loc)
+            rb = Builder(release.regions[0].block, 0, mma.loc)
+            prev = rb.value(tile.SubOp, [i, self._c(1)], I32)
+            stage = rb.value(tile.RemOp, [prev, self._c(self.stages)], I32)
+            rb.create(hopper.MBarrierArriveOp, [rb.value(hopper.StageOp, [empty, stage], MBARRIER)])
+            rb.create(tile.YieldOp)
+            Builder(release.regions[1].block, 0, mma.loc).create(tile.YieldOp)
+            # Behind the loop: the accumulator becomes readable.
+            res = loop.results[k]
+            after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, loop.loc)
+            done = after.value(hopper.WgmmaWaitOp, [res], res.type, {"pending": 0})
+            for op in loop.parent.parent_op.walk() if loop.parent.parent_op else []:
+                if op is not done.owner:
+                    op.operands = [done if v is res else v for v in op.operands]
+            return True
+        return False
 
     def _uses(self, op: Operation, v: Value) -> bool:
         return any(v in inner.operands for inner in op.walk())

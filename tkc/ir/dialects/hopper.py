@@ -335,6 +335,21 @@ class WgmmaWaitOp(Operation):
             raise self.error("pending must be >= 0")
 
 
+@register
+class WgmmaWaitGroupOp(Operation):
+    """``wgmma.wait_group pending`` without a value to read: every wgmma of this warpgroup but
+    the last ``pending`` has completed, so the shared tiles they read may be released while
+    the newest keeps running (a pipelined loop's accumulator stays in flight across
+    iterations and is read after a ``hopper.wgmma_wait`` behind the loop)."""
+
+    name = "hopper.wgmma_wait_group"
+    ATTRS = {"pending": int}
+
+    def verify(self) -> None:
+        if self.pending < 0:
+            raise self.error("pending must be >= 0")
+
+
 # --------------------------------------------------------- registers <-> global
 class _GlobalAccess(Operation):
     def _check(self, tensor: Type, offsets: list, tile: Type) -> None:
