@@ -7,6 +7,18 @@ coroutine (``scheduler.run`` picks who runs next, seeded), and each coroutine ha
 128 threads at once: a register tile is one ``[128, layout.regs]`` array in storage form,
 value ``i`` of local thread ``t`` being element ``layout.coords(128 g + t, i)``.
 
+Rings and roles (docs/hopper.md, "Rings and roles"): a ring allocation is one value holding
+all its stages (``SmemTile.stages`` / ``BarrierRing``) that only ``hopper.stage`` and
+``hopper.mbarrier_init`` may take.  Inside a ``hopper.role`` a warpgroup counts its threads
+from the role's first one (``g`` above becomes the warpgroup's index in the role), runs the
+one-thread ops only if it is the role's first warpgroup, and meets only the role's other
+warpgroups at the internal barriers of reductions and conversions.  Because each warpgroup
+is its own coroutine, a producer role and its consumer roles only meet on mbarriers, and the
+seeded interleavings exercise the ring protocol: a stage refilled while a wgmma still reads
+it, or before anyone read it, is a race of shared memory's read leases and lost-write
+check; a wait for the wrong phase is mbarrier's ``PhaseError``; a missing arrival is the
+scheduler's deadlock report naming every blocked warpgroup and its barrier.
+
 It must not define what an op computes or where anything lives: elementwise ops, casts,
 constants and scalar arithmetic go through ``tkc.interpreter.evaluate`` (the one home of op
 meaning), every coordinate, address, descriptor and reduction plan comes from
@@ -40,7 +52,7 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
 
-__all__ = ["emulate", "emulate_module", "SmemTile"]
+__all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
 
 Co = Generator[Request, None, Any]  # a coroutine step: yields scheduler requests, returns a value
 
@@ -56,6 +68,11 @@ class SmemTile:
     layout: SharedLayout
     shape: tuple[int, ...]
     name: str
+    stages: int = 1  # > 1: a ring; stage k's tile is at base + k * stride
+    stride: int = 0
+
+    def stage(self, k: int) -> SmemTile:
+        return SmemTile(self.base + k * self.stride, self.layout, self.shape, f"{self.name}[{k}]")
 
     @property
     def transposed(self) -> bool:
@@ -65,6 +82,18 @@ class SmemTile:
         """Byte addresses of the elements at tile coordinates ``coords`` (type axes)."""
         r, c = coords
         return self.base + (self.layout.offset(c, r) if self.transposed else self.layout.offset(r, c))
+
+
+@dataclass(frozen=True)
+class BarrierRing:
+    """The value of a ``hopper.mbarrier_alloc`` with ``stages`` > 1: one mbarrier per stage."""
+
+    name: str
+    stages: tuple[MBarrier, ...]
+
+
+def _is_ring(x: Any) -> bool:
+    return isinstance(x, BarrierRing) or (isinstance(x, SmemTile) and x.stages > 1)
 
 
 @dataclass
@@ -142,9 +171,12 @@ class _CTA:
         smem_bytes = kernel.smem_bytes or 0
         self.smem = SharedMemory(max(smem_bytes, 1))
         self.mbarriers: dict[int, MBarrier] = {}
-        # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once.
-        self.bar_sync: dict[int, MBarrier] = {}
+        # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once; and
+        # one per role for its internal barriers (count: the role's warpgroups).
+        self.bar_sync: dict[Any, MBarrier] = {}
         self.fault_loc = None
+        self.roles = [op for op in kernel.regions[0].block.ops if op.name == "hopper.role"]
+        _check_registers(kernel, self.roles, threads)
         self._place(kernel, smem_bytes)
 
     def _place(self, kernel: Operation, smem_bytes: int) -> None:
@@ -155,37 +187,92 @@ class _CTA:
             if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"):
                 continue
             off = op.offset
-            size = op.result.type.layout.size_bytes if op.name == "hopper.smem_alloc" else 8
+            # A ring takes stages * stride bytes (what allocate-smem reserves for it).
+            n = _stages(op)
+            size = n * op.stride if n > 1 else op.result.type.layout.size_bytes \
+                if op.name == "hopper.smem_alloc" else 8
             if off is None or off < 0:
                 raise _fault(op, "has no offset (run allocate-smem first)")
             if off + size > smem_bytes:
                 raise _fault(op, f"[{off:#x}, {off + size:#x}) is outside the kernel's smem_bytes = {smem_bytes}")
             (tiles if op.name == "hopper.smem_alloc" else bars).append((op, off, size))
-        for op, off, _ in bars:
+        for op, off, size in bars:
             for t, toff, tsize in tiles:
-                if toff < off + 8 and off < toff + tsize:
+                if toff < off + size and off < toff + tsize:
                     raise _fault(op, f"overlaps the shared tile of {_describe(t)}")
         for op, off, size in tiles + bars:
             # allocate-smem may reuse bytes for tiles whose lifetimes do not overlap, so only the
-            # first allocation of a range names it; overlap itself is not an error here.
-            try:
-                self.smem.add_region(_alloc_name(op), off, size)
-            except TkcEmulatorError:
-                pass
+            # first allocation of a range names it; overlap itself is not an error here.  A
+            # ring names each stage, so that a race message says which stage was hit.
+            n = _stages(op)
+            parts = [(f"{_alloc_name(op)}[{k}]", off + k * op.stride, size // n) for k in range(n)] \
+                if n > 1 else [(_alloc_name(op), off, size)]
+            for name, base, nbytes in parts:
+                try:
+                    self.smem.add_region(name, base, nbytes)
+                except TkcEmulatorError:
+                    pass
 
-    def mbarrier(self, op: Operation) -> MBarrier:
-        off = op.offset
+    def mbarrier(self, op: Operation) -> MBarrier | BarrierRing:
+        n = _stages(op)
+        if n == 1:
+            return self._mbarrier(op.offset, _alloc_name(op))
+        return BarrierRing(_alloc_name(op), tuple(self._mbarrier(op.offset + 8 * k, f"{_alloc_name(op)}[{k}]")
+                                                  for k in range(n)))
+
+    def _mbarrier(self, off: int, name: str) -> MBarrier:
         if off not in self.mbarriers:
-            self.mbarriers[off] = MBarrier(_alloc_name(op))
+            self.mbarriers[off] = MBarrier(name)
         return self.mbarriers[off]
 
-    def barrier(self, bar_id: int) -> MBarrier:
-        if bar_id not in self.bar_sync:
-            self.bar_sync[bar_id] = MBarrier(f"bar.sync {bar_id}", self.warpgroups)
-        return self.bar_sync[bar_id]
+    def barrier(self, bar_id: int, role: Operation | None = None) -> MBarrier:
+        """``bar.sync bar_id`` over the CTA, or over ``role``'s warpgroups (its internal barrier)."""
+        key = bar_id if role is None else role
+        if key not in self.bar_sync:
+            self.bar_sync[key] = MBarrier(f"bar.sync {bar_id}", self.warpgroups) if role is None else \
+                MBarrier(f"bar.sync {1 + role.first} of role {role.attributes['name']!r}", role.warpgroups)
+        return self.bar_sync[key]
 
     def run(self, seed: int) -> None:
-        run([(f"warpgroup {g}", _Warpgroup(self, g).run()) for g in range(self.warpgroups)], seed)
+        run([(self.name(g), _Warpgroup(self, g).run()) for g in range(self.warpgroups)], seed)
+
+    def name(self, g: int) -> str:
+        """Warpgroup ``g`` in the scheduler's messages, with the roles it runs."""
+        roles = [r.attributes["name"] for r in self.roles if r.first <= g < r.first + r.warpgroups]
+        return f"warpgroup {g}" + (f" ({', '.join(roles)})" if roles else "")
+
+
+def _stages(op: Operation) -> int:
+    return op.attributes.get("stages", 1)
+
+
+def _check_registers(kernel: Operation, roles: list[Operation], threads: int) -> None:
+    """The register file is 64K 32-bit registers per SM, shared by the CTA's warpgroups: each
+    holds the kernel's entry budget (65536 / threads, rounded down to a multiple of 8) until
+    its role's ``setmaxnreg`` moves it, and ``setmaxnreg.inc`` waits forever for registers the
+    others never give back when the roles ask for more than there are."""
+    entry = 65536 // threads // 8 * 8
+    budget = [entry] * (threads // 128)
+    asked: dict[int, Operation] = {}
+    for r in roles:
+        for g in range(r.first, min(r.first + r.warpgroups, len(budget))):
+            if not r.regs:
+                continue
+            prev = asked.setdefault(g, r)
+            if prev.regs != r.regs:
+                raise _fault(r, f"warpgroup {g} runs role {prev.attributes['name']!r} with regs = {prev.regs} and "
+                                f"role {r.attributes['name']!r} with regs = {r.regs}: one warpgroup keeps one "
+                                f"register budget")
+            budget[g] = r.regs
+    total = 128 * sum(budget)
+    if total > 65536:
+        parts = [f"{r.attributes['name']!r} {r.warpgroups} x 128 threads x {r.regs or entry}" for r in roles]
+        rest = len(budget) - len({g for r in roles for g in range(r.first, r.first + r.warpgroups)})
+        if rest:
+            parts.append(f"{rest} warpgroup{'s' if rest > 1 else ''} in no role x 128 threads x {entry}")
+        raise TkcEmulatorError(f"kernel @{kernel.sym_name}: roles need {total} registers, the SM has 65536 "
+                               f"(roles " + " + ".join(parts) + "; regs = 0 keeps the entry budget "
+                               f"65536 / {threads} = {entry})", roles[0].loc if roles else kernel.loc)
 
 
 def _alloc_name(op: Operation) -> str:
@@ -201,6 +288,22 @@ class _Warpgroup:
         self.cta, self.g = cta, g
         self.env: dict[Value, Any] = dict(cta.params)
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
+        self.role_op: Operation | None = None  # the hopper.role being run, if any
+
+    # Inside a role, thread ids count from the role's first thread: ``local`` is this
+    # warpgroup's index and ``threads`` the thread count that layouts see.
+    @property
+    def local(self) -> int:
+        return self.g - (self.role_op.first if self.role_op is not None else 0)
+
+    @property
+    def threads(self) -> int:
+        return self.role_op.threads if self.role_op is not None else self.cta.threads
+
+    @property
+    def leader(self) -> bool:
+        """Whether this warpgroup holds "thread 0" of the one-thread ops."""
+        return self.local == 0
 
     def run(self) -> Co:
         yield from self.block(self.cta.kernel.regions[0].block)
@@ -239,10 +342,12 @@ class _Warpgroup:
         return e
 
     def coords(self, op: Operation, layout: Any) -> tuple[np.ndarray, ...]:
-        """This warpgroup's coordinates in ``layout``, which must span the CTA's threads."""
-        if layout.threads != self.cta.threads:
-            raise _fault(op, f"{layout} spans {layout.threads} threads, the kernel has {self.cta.threads}")
-        return _coords(layout, self.g)
+        """This warpgroup's coordinates in ``layout``, which must span the threads running it
+        (the CTA's, or inside a role the role's)."""
+        if layout.threads != self.threads:
+            who = f"role {self.role_op.attributes['name']!r} has" if self.role_op is not None else "the kernel has"
+            raise _fault(op, f"{layout} spans {layout.threads} threads, {who} {self.threads}")
+        return _coords(layout, self.local)
 
     def operands(self, op: Operation) -> list[Any]:
         vals = [self.env[v] for v in op.operands]
@@ -250,11 +355,16 @@ class _Warpgroup:
             if isinstance(x, _Pending) and not _may_take_pending(op, i):
                 raise _fault(op, f"reads {_describe(x.op)}'s result before hopper.wgmma_wait: the "
                                  f"accumulator registers are still being written")
+            if _is_ring(x) and (op.name, i) not in (("hopper.stage", 0), ("hopper.mbarrier_init", 0)):
+                raise _fault(op, f"takes the ring {x.name} itself; a ring is used through hopper.stage")
         return vals
 
     def op(self, op: Operation) -> Co:
-        if op.name in ONE_THREAD_OPS and self.g != 0:
-            return None  # executed by thread 0 of the CTA, i.e. in warpgroup 0
+        if self.cta.roles and self.role_op is None and _has_registers(op):
+            raise _fault(op, "uses register tiles outside the kernel's roles (register tiles live inside "
+                             "roles once a kernel has them: each role has its own threads and registers)")
+        if op.name in ONE_THREAD_OPS and not self.leader:
+            return None  # executed by thread 0 of the CTA (of the role): in its first warpgroup
         if op.name in _CO_HANDLERS:
             return (yield from _CO_HANDLERS[op.name](self, op, *self.operands(op)))
         if op.name in _HANDLERS:
@@ -289,16 +399,26 @@ class _Warpgroup:
         return out
 
     # ---------------------------------------------------------- barriers
-    def bar_sync(self, op: Operation, bar_id: int = 0) -> Co:
-        """``bar.sync id``: arrive on the CTA barrier, then wait for its phase to complete."""
-        bar = self.cta.barrier(bar_id)
+    def bar_sync(self, op: Operation, bar_id: int | None = None) -> Co:
+        """``bar.sync id``: arrive on the barrier, then wait for its phase to complete.  With no
+        ``bar_id`` (the internal barrier of a reduction or conversion): barrier 0 over the CTA,
+        or inside a role barrier ``1 + first`` over the role's warpgroups."""
+        if bar_id is not None and self.role_op is not None:
+            raise _fault(op, f"bar.sync {bar_id} over the whole CTA inside role "
+                             f"{self.role_op.attributes['name']!r} would wait for the other roles")
+        bar = self.cta.barrier(0 if bar_id is None else bar_id, self.role_op)
         parity = bar.parity
         bar.arrive()
-        yield Wait(bar, parity, f"bar.sync {bar_id} of {_describe(op)}")
+        yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
 
     @property
     def role(self) -> str:
-        return f"warpgroup {self.g}"
+        r = self.role_op
+        return f"warpgroup {self.g}" + (f", role {r.attributes['name']!r}" if r is not None else "")
+
+
+def _has_registers(op: Operation) -> bool:
+    return any(isinstance(v.type, TileType) and v.type.space == "reg" for v in (*op.operands, *op.results))
 
 
 def _may_take_pending(op: Operation, i: int) -> bool:
@@ -331,6 +451,21 @@ def _if(wg: _Warpgroup, op: Operation, cond: Any) -> Co:
     return (yield from wg.block(op.regions[0 if bool(cond) else 1].block))
 
 
+def _role(wg: _Warpgroup, op: Operation) -> Co:
+    """Warpgroups ``[first, first + warpgroups)`` run the region; the others go on at once
+    (they meet the role's warpgroups only on mbarriers or a later CTA barrier)."""
+    if not op.first <= wg.g < op.first + op.warpgroups:
+        return None
+    if wg.role_op is not None:
+        raise _fault(op, f"is nested in role {wg.role_op.attributes['name']!r}")
+    wg.role_op = op
+    try:
+        yield from wg.block(op.body)
+    finally:
+        wg.role_op = None
+    return None
+
+
 def _program_id(wg: _Warpgroup, op: Operation) -> np.ndarray:
     pid = wg.cta.pid
     return np.asarray(pid[op.axis] if op.axis < len(pid) else 0, np.int32)
@@ -344,7 +479,7 @@ def _num_programs(wg: _Warpgroup, op: Operation) -> np.ndarray:
 # ---------------------------------------------------------- register moves
 def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    if not _same_coords(src, dst, wg.g, insert_axis=op.axis):
+    if not _same_coords(src, dst, wg.local, insert_axis=op.axis):
         raise _fault(op, f"{src} -> {dst} moves values between threads; expand_dims must be free")
     return x
 
@@ -419,7 +554,7 @@ def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[.
     """The cross-warp steps of a reduction through the scratch tile (docs/hopper.md §3): warp
     ``w`` writes its partial for kept coordinate ``c`` at ``(w, c)``; the partner warp
     ``w ^ m`` may be in another warpgroup, so both sides meet at ``bar.sync``."""
-    warp = (128 * wg.g + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
+    warp = (128 * wg.local + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
     kept = wg.coords(op, plan.result)[0] if plan.result is not None else np.zeros_like(warp)
     smem, who = wg.cta.smem, _who(op, wg)
     mine = s.offsets((warp, kept))
@@ -482,15 +617,30 @@ def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray,
 # ------------------------------------------------------------------ shared memory
 def _smem_alloc(wg: _Warpgroup, op: Operation) -> SmemTile:
     t = op.result.type
-    return SmemTile(op.offset, t.layout, t.shape, _alloc_name(op))
+    return SmemTile(op.offset, t.layout, t.shape, _alloc_name(op), _stages(op), op.stride)
 
 
-def _mbarrier_alloc(wg: _Warpgroup, op: Operation) -> MBarrier:
+def _mbarrier_alloc(wg: _Warpgroup, op: Operation) -> MBarrier | BarrierRing:
     return wg.cta.mbarrier(op)
 
 
-def _mbarrier_init(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
-    bar.init(op.count)
+def _stage(wg: _Warpgroup, op: Operation, ring: Any, k: Any) -> SmemTile | MBarrier:
+    if not _is_ring(ring):
+        raise _fault(op, "takes a ring (an allocation with stages > 1)")
+    n = len(ring.stages) if isinstance(ring, BarrierRing) else ring.stages
+    k = int(k)
+    if not 0 <= k < n:
+        raise _fault(op, f"stage {k} of the {n}-stage ring {ring.name} is outside [0, {n})")
+    return ring.stages[k] if isinstance(ring, BarrierRing) else ring.stage(k)
+
+
+def _mbarrier_init(wg: _Warpgroup, op: Operation, bar: MBarrier | BarrierRing) -> None:
+    for b in bar.stages if isinstance(bar, BarrierRing) else (bar,):
+        b.init(op.count)
+
+
+def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
+    bar.arrive()  # thread 0 of each warpgroup running it: one arrival per coroutine
 
 
 def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
@@ -533,7 +683,7 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     else:  # the whole box lies outside the tensor: TMA fills it with zeros
         plane = np.zeros(tensor.shape[-2:], tensor.dtype)
     rows, cols = (int(o) for o in offsets[-2:])
-    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op))
+    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
 
 
 # ------------------------------------------------------------------ waits
@@ -550,8 +700,8 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
     acc_layout = _reg_layout(op, op.acc.type)
     if isinstance(acc, _Pending):
         acc = acc.value  # wgmma chains accumulate in the same registers without a wait
-    if not isinstance(acc_layout, WgmmaAccumulator) or acc_layout.threads != wg.cta.threads:
-        raise _fault(op, f"accumulator layout {acc_layout} does not span the CTA's {wg.cta.threads} threads")
+    if not isinstance(acc_layout, WgmmaAccumulator) or acc_layout.threads != wg.threads:
+        raise _fault(op, f"accumulator layout {acc_layout} does not span the {wg.threads} threads running it")
     smem = wg.cta.smem
     who = _who(op, wg)
     lb = b.layout
@@ -572,7 +722,7 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
     out = np.array(acc, np.float32)  # a new value: SSA operands are never changed in place
     for s in range(steps):
         if isinstance(a, SmemTile):
-            a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * wg.g)
+            a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * wg.local)
             trans_a = a.layout.major == "mn"
         else:
             regs = [2 * r + h for r in a_layout.step_registers(s) for h in (0, 1)]
@@ -612,6 +762,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.smem_alloc": _smem_alloc,
     "hopper.mbarrier_alloc": _mbarrier_alloc,
     "hopper.mbarrier_init": _mbarrier_init,
+    "hopper.stage": _stage,
+    "hopper.mbarrier_arrive": _mbarrier_arrive,
     "hopper.fence_mbarrier_init": lambda wg, op: None,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
@@ -623,6 +775,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
 _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "tile.for": _for,
     "tile.if": _if,
+    "hopper.role": _role,
     "hopper.barrier": _barrier,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.wgmma_wait": _wgmma_wait,

@@ -18,7 +18,18 @@ Live ranges are positions in a pre-order walk of the kernel body, computed conse
 * a ``hopper.tma_load`` writes its destination asynchronously until the phase of its
   mbarrier completes, so its destination lives as long as that mbarrier;
 * a use inside a ``tile.for`` that does not also contain the alloc covers the whole loop
-  (the next iteration uses the value again), and so does a value carried as an iter_arg.
+  (the next iteration uses the value again), and so does a value carried as an iter_arg;
+* a ring (``stages`` = S) is one allocation of ``S * stride`` bytes, used through
+  ``hopper.stage``: a use of any stage is a use of the ring, so the range covers every stage;
+* a use inside a ``hopper.role`` counts like a use inside any region, so a value two roles
+  use is live from the first role to the last.  Roles run concurrently (the role's
+  warpgroups run its body while the others go on to the roles after it), so positions do not
+  order them in time; what makes this safe is the sharing rule below: bytes are shared only
+  across a top-level ``hopper.barrier``, which every warpgroup reaches only after finishing
+  the roles before it, and roles sit at the top level, so allocations used by roles with no
+  barrier between them never share.  (Widening a role's uses to the barriers around it would
+  change nothing but the fence rule, and wrongly: a fence after the role, executed by the
+  role's threads after their accesses, is exactly the one that counts.)
 
 Disjoint ranges are not enough to share bytes: other threads may still be reading the old
 tile when one thread writes the new one.  Two shared tiles share bytes only when a
@@ -149,13 +160,16 @@ def _carriers(v: Value, users: dict[Value, list[Operation]]) -> Iterator[Value]:
                     yield parent.regions[0].block.args[i + 1]
         elif user.name == "hopper.wgmma":
             yield user.result  # the read is in flight until the wgmma_wait that uses it
+        elif user.name == "hopper.stage":
+            yield user.result  # one stage of a ring (a tile or an mbarrier) is the ring's bytes
         else:
             yield from (r for r in user.results if _is_smem(r))
 
 
 def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Operation]],
-                barrier_end: dict[Value, int]) -> tuple[int, int, frozenset[str]]:
-    """(first, last) position at which ``alloc``'s bytes are in use, and the proxies used."""
+                barrier_end: dict[Value, int]) -> tuple[int, int, frozenset[str], set[Value]]:
+    """(first, last) position at which ``alloc``'s bytes are in use, the proxies used, and
+    every value that carries them (a barrier's stages, for the TMA copies completing on them)."""
     points: list[int] = []
     proxies: set[str] = set()
     seen: set[Value] = set()
@@ -174,7 +188,7 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
                 if outer.name == "tile.for" and not pos.contains(outer, alloc):
                     lo, hi = min(lo, pos.pos[outer]), max(hi, pos.end[outer])
             for i, operand in enumerate(user.operands):
-                if operand is v and user.name not in ("tile.for", "tile.yield", "tile.if"):
+                if operand is v and user.name not in ("tile.for", "tile.yield", "tile.if", "hopper.stage"):
                     proxies.add("async" if (user.name, i) in _ASYNC_OPERANDS else "generic")
             if user.name == "hopper.tma_load" and user.operands[1] is v:
                 hi = max(hi, barrier_end.get(user.operands[2], hi))
@@ -182,18 +196,23 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
         stack.extend(_carriers(v, users))
     if not points:  # never used: it still gets bytes, for as long as the alloc itself
         points = [pos.pos[alloc]]
-    return min(points), max(points), frozenset(proxies)
+    return min(points), max(points), frozenset(proxies), seen
 
 
 def _size_and_align(op: Operation) -> tuple[int, int]:
+    """Bytes and alignment of an allocation; a ring of S stages takes S strides (the op's
+    ``stride``: a tile's size rounded up to its alignment, 8 B for a barrier)."""
+    stages = op.attributes.get("stages", 1)
     if op.name == "hopper.mbarrier_alloc":
-        return MBARRIER_BYTES, MBARRIER_ALIGN
+        return MBARRIER_BYTES * stages, MBARRIER_ALIGN
     layout = op.result.type.layout
-    return layout.size_bytes, layout.alignment
+    return (op.stride * stages if stages > 1 else layout.size_bytes), layout.alignment
 
 
 def _describe(a: _Alloc) -> str:
-    return f"{a.name} {a.size} B ({a.op.result.type})"
+    stages = a.op.attributes.get("stages", 1)
+    ring = f"{stages} stages of " if stages > 1 else ""
+    return f"{a.name} {a.size} B ({ring}{a.op.result.type})"
 
 
 def _allocate_kernel(kernel: Operation, capacity: int) -> None:
@@ -210,9 +229,9 @@ def _allocate_kernel(kernel: Operation, capacity: int) -> None:
     barrier_end: dict[Value, int] = {}
     allocs: list[_Alloc] = []
     for op in sorted(alloc_ops, key=lambda o: o.name != "hopper.mbarrier_alloc"):
-        start, end, proxies = _live_range(op, pos, users, barrier_end)
+        start, end, proxies, carriers = _live_range(op, pos, users, barrier_end)
         if op.name == "hopper.mbarrier_alloc":
-            barrier_end[op.result] = end
+            barrier_end.update(dict.fromkeys(carriers, end))
         size, align = _size_and_align(op)
         allocs.append(_Alloc(op, size, align, start, end, proxies, op.attributes.get("offset", -1)))
 
@@ -231,7 +250,7 @@ def _allocate_kernel(kernel: Operation, capacity: int) -> None:
     if total > capacity:
         shown = sorted(allocs, key=lambda a: (-a.size, pos.pos[a.op]))
         parts = [_describe(a) for a in shown if not a.is_barrier]
-        barriers = sum(a.is_barrier for a in shown)
+        barriers = sum(a.size // MBARRIER_BYTES for a in shown if a.is_barrier)  # a ring counts its stages
         if barriers:
             parts.append(f"{barriers} mbarrier{'s' if barriers > 1 else ''} {MBARRIER_BYTES * barriers} B")
         raise TkcPassError(f"kernel '{kernel.attributes.get('sym_name')}' needs {total} B of shared memory, "
