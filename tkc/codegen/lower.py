@@ -1,10 +1,12 @@
 """Hopper-level tile IR to LLVM IR for NVPTX: one ``tile.kernel`` to one ``ptx_kernel``.
 
-Owns: the kernel ABI of docs/hopper.md §4 (parameters, ``.maxntid``, the dynamic shared
-array), the per-thread lowering of the ops of docs/hopper.md §3 and the structure around
-them (``tile.for`` as an SSA loop whose phis carry every value of every tile, ``tile.if`` as
-branches with phis).  Elementwise ops are in ``lower_elementwise.py``, the ``hopper.*`` ops in
-``lower_hopper.py``, value representation and thread symbols in ``lower_values.py``.
+Owns: the kernel ABI of docs/hopper.md §4 (parameters, ``.maxntid`` with ``.minnctapersm 1``
+so ptxas knows the entry register budget that ``setmaxnreg`` moves from, the dynamic shared
+array), the per-thread lowering of the ops of docs/hopper.md §3, the thread index and
+barriers as a warpgroup role sees them, and the structure around them (``tile.for`` as an
+SSA loop whose phis carry every value of every tile, ``tile.if`` as branches with phis).
+Elementwise ops are in ``lower_elementwise.py``, the ``hopper.*`` ops in ``lower_hopper.py``,
+value representation and thread symbols in ``lower_values.py``.
 
 Must not: choose a layout, a shared offset, a tile shape or a pipeline depth.  Codegen never
 chooses a layout; it reads the one on the type (``thread_coords`` on a run-time thread
@@ -17,7 +19,8 @@ approximate PTX instruction are listed in ``lower_elementwise.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +36,8 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS
 from tkc.ir.layouts import SharedLayout
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
-__all__ = ["kernel_to_llvm", "kernel_to_ptx", "Lowerer", "TensorArg", "SmemTile", "Barrier"]
+__all__ = ["kernel_to_llvm", "kernel_to_ptx", "entry_registers", "Lowerer", "TensorArg", "SmemTile", "Barrier",
+           "Ring"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +52,40 @@ class TensorArg:
 
 @dataclass(frozen=True)
 class SmemTile:
-    """A shared tile: byte ``offset`` from the dynamic shared base, laid out by ``layout``."""
+    """A shared tile: byte ``offset`` from the dynamic shared base, laid out by ``layout``,
+    plus ``at`` bytes known only at run time (a ring stage picked by a run-time index)."""
 
     offset: int
     layout: SharedLayout
+    at: ir.Value | None = None
 
 
 @dataclass(frozen=True)
 class Barrier:
-    """An mbarrier at byte ``offset`` from the dynamic shared base."""
+    """An mbarrier at byte ``offset`` from the dynamic shared base, plus ``at`` run-time bytes
+    (a ring stage)."""
 
     offset: int
+    at: ir.Value | None = None
+
+
+@dataclass(frozen=True)
+class Ring:
+    """``stages`` shared tiles or mbarriers ``stride`` bytes apart, ``first`` being stage 0
+    (docs/hopper.md "Rings and roles"); only ``hopper.stage`` and ``hopper.mbarrier_init``
+    take one."""
+
+    first: SmemTile | Barrier
+    stages: int
+    stride: int
+
+
+def entry_registers(threads: int) -> int:
+    """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``
+    threads declared with ``.maxntid threads`` and ``.minnctapersm 1``: the 64K-register file
+    split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS §5: 168 for 384).
+    ``setmaxnreg`` moves a warpgroup's budget up or down from there."""
+    return min(65536 // threads, 255) // 8 * 8
 
 
 Handler = Callable[["Lowerer", Operation], None]
@@ -86,7 +113,10 @@ class Lowerer:
         self.tmaps = list(tmaps)
         self.env: dict[Value, Any] = {}
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        self.tid = nvvm.sreg(self.b, "tid.x", "tid")
+        # Inside a hopper.role, ``tid`` counts from the role's first thread and ``threads`` is
+        # the role's size: layouts, thread-0 ops and warp ids all see the role as a CTA.
+        self.tid: ir.Value = nvvm.sreg(self.b, "tid.x", "tid")
+        self.role: Operation | None = None
         self.handlers = _handlers()
 
     # ------------------------------------------------------------------ values
@@ -123,6 +153,40 @@ class Lowerer:
             raise TkcCodegenError(f"'{op.name}': {t} has no register layout", op.loc)
         return int(t.layout.regs)
 
+    def shared(self, op: Operation, v: Value) -> SmemTile:
+        """The shared tile ``v`` (a whole ring is an error: it is used through ``hopper.stage``)."""
+        x = self.env[v]
+        if not isinstance(x, SmemTile):
+            raise TkcCodegenError(f"'{op.name}': expected a shared tile, got {self._what(x)}", op.loc)
+        return x
+
+    def barrier(self, op: Operation, v: Value) -> Barrier:
+        """The mbarrier ``v`` (a whole ring is an error: it is used through ``hopper.stage``)."""
+        x = self.env[v]
+        if not isinstance(x, Barrier):
+            raise TkcCodegenError(f"'{op.name}': expected an mbarrier, got {self._what(x)}", op.loc)
+        return x
+
+    @staticmethod
+    def _what(x: Any) -> str:
+        if isinstance(x, Ring):
+            return f"a ring of {x.stages} stages (pick one with hopper.stage)"
+        return type(x).__name__
+
+    def offset(self, x: SmemTile | Barrier, extra: int | ir.Value = 0) -> int | ir.Value:
+        """Byte offset from the dynamic shared base of ``extra`` bytes into ``x``: a constant
+        unless ``x`` is a ring stage or ``extra`` is known only at run time."""
+        static = x.offset + (extra if isinstance(extra, int) else 0)
+        dynamic = [v for v in (x.at, None if isinstance(extra, int) else extra) if v is not None]
+        if not dynamic:
+            return static
+        out = dynamic[0] if static == 0 else self.b.add(dynamic[0], const_i32(static))
+        return out if len(dynamic) == 1 else self.b.add(out, dynamic[1])
+
+    def ptr(self, x: SmemTile | Barrier, extra: int | ir.Value = 0) -> ir.Value:
+        """A shared pointer ``extra`` bytes into tile or barrier ``x``."""
+        return self.smem_ptr(self.offset(x, extra))
+
     def smem_ptr(self, offset: int | ir.Value) -> ir.Value:
         """``offset`` bytes into the dynamic shared array (addrspace 3)."""
         if self.smem is None:
@@ -133,6 +197,27 @@ class Lowerer:
     def smem_addr(self, offset: int | ir.Value) -> ir.Value:
         """The 32-bit shared address of ``offset`` (what descriptors and address math use)."""
         return self.b.trunc(self.b.ptrtoint(self.smem_ptr(offset), I64), I32)
+
+    # ----------------------------------------------------------------- roles
+    @contextmanager
+    def in_role(self, role: Operation, tid: ir.Value) -> Iterator[None]:
+        """Lower the ops of ``role`` with ``tid`` (rebased to the role's first thread) as the
+        thread index and the role's threads as the CTA."""
+        saved = self.tid, self.threads, self.role
+        self.tid, self.threads, self.role = tid, 128 * role.attributes["warpgroups"], role
+        try:
+            yield
+        finally:
+            self.tid, self.threads, self.role = saved
+
+    def sync(self) -> None:
+        """``bar.sync`` over the threads that run this code: the CTA (barrier 0) outside roles,
+        named barrier ``1 + first`` over the role's threads inside one (docs/hopper.md), so a
+        role never waits for warpgroups that skip its region."""
+        if self.role is None:
+            nvvm.call(self.b, "barrier.cta.sync.aligned.all", 0)
+        else:
+            nvvm.call(self.b, "barrier.cta.sync.aligned.count", 1 + self.role.attributes["first"], self.threads)
 
     def if_then(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
         """Run ``body``'s code only where ``cond`` holds (no values flow out)."""
@@ -156,7 +241,8 @@ class Lowerer:
             if op.name == "tile.return":
                 return None
             if op.name in ONE_THREAD_OPS:
-                # A run of thread-0 ops shares one branch (docs/hopper.md §3: thread 0 executes them).
+                # A run of thread-0 ops shares one branch (docs/hopper.md §3: thread 0 executes them;
+                # inside a role, the role's first thread, as self.tid is rebased there).
                 j = i
                 while j < len(ops) and ops[j].name in ONE_THREAD_OPS:
                     j += 1

@@ -1,10 +1,11 @@
 """The ``hopper.*`` ops as per-thread NVVM code (docs/hopper.md §3, PTX-FACTS §1-§4, §8).
 
 Owns: shared memory (tiles and mbarriers at their ``allocate-smem`` offsets from the dynamic
-shared base), mbarrier init/expect_tx/wait, fences and ``bar.sync``, TMA loads box by box,
-wgmma issue (descriptors, SS and RS forms) and wait, predicated global loads and stores,
-reductions executed as their ``reduce_plan``, layout conversions and register-to-shared
-stores.
+shared base; rings, whose stages ``hopper.stage`` addresses at run time), mbarrier
+init/expect_tx/arrive/wait, fences and ``bar.sync``, TMA loads box by box, wgmma issue
+(descriptors, SS and RS forms) and wait, predicated global loads and stores, reductions
+executed as their ``reduce_plan``, layout conversions and register-to-shared stores, and
+warpgroup roles (the warpgroup test, ``setmaxnreg``, the rebased thread index).
 
 Must not: choose a layout, an offset or a plan.  Every address, descriptor, box and shuffle
 comes from the layout on the type (``SharedLayout.offset/descriptor/tma_box``, the register
@@ -21,7 +22,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from tkc.codegen import nvvm
-from tkc.codegen.lower import Barrier, SmemTile, TensorArg
+from tkc.codegen.lower import Barrier, Ring, SmemTile, TensorArg, entry_registers
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_values import (
     BF16,
@@ -52,20 +53,36 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- shared memory
 
 
-def _smem_alloc(lw: Lowerer, op: Operation) -> None:
+def _placed(op: Operation, first: SmemTile | Barrier) -> SmemTile | Barrier | Ring:
+    """The allocation's value: ``first``, or the ring of ``stages`` of them ``op.stride`` apart."""
     if op.offset < 0:
         raise TkcCodegenError(f"'{op.name}' has no offset: run allocate-smem first", op.loc)
-    lw.set(op.result, SmemTile(op.offset, op.result.type.layout))
+    stages = op.attributes.get("stages", 1)
+    return first if stages == 1 else Ring(first, stages, op.stride)
+
+
+def _smem_alloc(lw: Lowerer, op: Operation) -> None:
+    lw.set(op.result, _placed(op, SmemTile(op.offset, op.result.type.layout)))
 
 
 def _mbarrier_alloc(lw: Lowerer, op: Operation) -> None:
-    if op.offset < 0:
-        raise TkcCodegenError(f"'{op.name}' has no offset: run allocate-smem first", op.loc)
-    lw.set(op.result, Barrier(op.offset))
+    lw.set(op.result, _placed(op, Barrier(op.offset)))
+
+
+def _stage(lw: Lowerer, op: Operation) -> None:
+    # Stage k sits k strides after stage 0; the stride is a multiple of the tile's alignment,
+    # so swizzle phases and descriptors of a stage are those of stage 0 moved by k * stride.
+    ring = lw.get(op.ring)
+    if not isinstance(ring, Ring):
+        raise TkcCodegenError(f"'{op.name}' takes a ring, got {type(ring).__name__}", op.loc)
+    at = as_value(Sym(lw.b, lw.get(op.index)) * ring.stride)
+    first = ring.first
+    lw.set(op.result, SmemTile(first.offset, first.layout, at) if isinstance(first, SmemTile)
+           else Barrier(first.offset, at))
 
 
 def _bar(lw: Lowerer, op: Operation) -> ir.Value:
-    return lw.smem_ptr(lw.get(op.barrier).offset)
+    return lw.ptr(lw.barrier(op, op.barrier))
 
 
 def _swizzle_sym(a: Sym | int, swizzle_bytes: int) -> Sym | int:
@@ -115,7 +132,7 @@ def _tile_coords(t: TileType, layout: SharedLayout, coord: tuple) -> tuple:
 
 
 def _smem_element_ptr(lw: Lowerer, tile: SmemTile, offset: Sym | int) -> ir.Value:
-    return lw.smem_ptr(lw.b.add(const_i32(tile.offset), as_value(offset)))
+    return lw.ptr(tile, offset.v if isinstance(offset, Sym) else int(offset))
 
 
 def _smem_store_values(lw: Lowerer, op: Operation, tile: SmemTile, t: TileType, vals: list, coords: list,
@@ -140,7 +157,7 @@ def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt
 
 
 def _smem_store(lw: Lowerer, op: Operation) -> None:
-    tile = lw.get(op.dst)
+    tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
     coords = lw.coords(op, op.value.type.layout)
     _smem_store_values(lw, op, tile, op.dst.type, vals, coords, element_dtype(op.value.type))
@@ -150,7 +167,27 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
 
 
 def _mbarrier_init(lw: Lowerer, op: Operation) -> None:
-    nvvm.call(lw.b, "mbarrier.init.shared", _bar(lw, op), op.count)
+    # A ring is initialized whole: every stage gets the same arrival count.
+    ring = lw.get(op.barrier)
+    if isinstance(ring, Ring) and isinstance(ring.first, Barrier):
+        stages = [Barrier(ring.first.offset + s * ring.stride) for s in range(ring.stages)]
+    else:
+        stages = [lw.barrier(op, op.barrier)]
+    for bar in stages:
+        nvvm.call(lw.b, "mbarrier.init.shared", lw.ptr(bar), op.count)
+
+
+def _mbarrier_arrive(lw: Lowerer, op: Operation) -> None:
+    # One arrival per warpgroup (docs/hopper.md): its first thread arrives, with release
+    # semantics so the warpgroup's reads of the stage (its wgmma has completed) happen before
+    # the producer's next copy into it.  Inline PTX: LLVM's arrive intrinsic prints the form
+    # without .release.cta and wants a state register.
+    b = lw.b
+    bar = _bar(lw, op)
+    first = b.icmp_unsigned("==", b.and_(lw.tid, const_i32(127)), const_i32(0))
+    fty = ir.FunctionType(ir.VoidType(), [bar.type])
+    lw.if_then(first, lambda: b.asm(fty, "mbarrier.arrive.release.cta.shared::cta.b64 _, [$0];", "l,~{memory}",
+                                    [bar], side_effect=True), "arrive")
 
 
 def _expect_tx(lw: Lowerer, op: Operation) -> None:
@@ -180,7 +217,7 @@ def _barrier(lw: Lowerer, op: Operation) -> None:
 def _tma_load(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     tensor: TensorArg = lw.get(op.tensor)
-    dst: SmemTile = lw.get(op.dst)
+    dst = lw.shared(op, op.dst)
     rank = tensor.type.rank
     if not 2 <= rank <= 5:
         raise TkcCodegenError(f"TMA copies tensors of rank 2 to 5, not {rank}", op.loc)
@@ -192,8 +229,8 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
     bar = _bar(lw, op)
     for j in range(box.count[1]):
         for i in range(box.count[0]):
-            at = dst.offset + i * box.inner_stride + j * box.outer_stride
-            p = b.addrspacecast(lw.smem_ptr(at), nvvm.ptr(nvvm.SHARED_CLUSTER))
+            p = b.addrspacecast(lw.ptr(dst, i * box.inner_stride + j * box.outer_stride),
+                                nvvm.ptr(nvvm.SHARED_CLUSTER))
             # Coordinates innermost first: column, row, then the outer axes.
             coords = [b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])),
                       *reversed(offs[:-2])]
@@ -221,26 +258,38 @@ def _pack_pairs(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Va
     return b.or_(half[0], b.shl(half[1], const_i32(16)))
 
 
+def _reg_a(op: Operation) -> bool:
+    return isinstance(op.a.type, TileType) and op.a.type.space == "reg"
+
+
 def _wgmma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     acc = lw.tile(op, op.acc)
     acc_layout = op.acc.type.layout
     groups = acc_layout.warpgroups
-    sb: SmemTile = lw.get(op.b)
+    sb = lw.shared(op, op.b)
     a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)
     if a_dt.name not in _WGMMA_TYPE or b_dt.name not in _WGMMA_TYPE:
         raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
     steps = sb.layout.k_steps
     wg = b.lshr(lw.tid, const_i32(7)) if groups > 1 else None  # warpgroup g owns rows [64g, 64g + 64)
     # Descriptors are compile-time constants relative to the dynamic shared base (1024-B
-    # aligned by declaration), plus that base's address >> 4 in the start field (PTX-FACTS §2).
-    base4 = b.zext(b.lshr(lw.smem_addr(0), const_i32(4)), I64)
+    # aligned by declaration), plus the run-time address >> 4 in the start field (PTX-FACTS
+    # §2): the base's, moved by a ring stage's offset, which is a multiple of the tile's
+    # alignment, so LBO, SBO and the swizzle stay those of the constant part.
+    starts: dict[int, ir.Value] = {}
+
+    def start4(tile: SmemTile) -> ir.Value:
+        key = id(tile.at)
+        if key not in starts:
+            starts[key] = b.zext(b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4)), I64)
+        return starts[key]
 
     def desc(tile: SmemTile, k: int, mn: int) -> ir.Value:
-        return b.add(ir.Constant(I64, tile.layout.descriptor(tile.offset, k, mn)), base4)
+        return b.add(ir.Constant(I64, tile.layout.descriptor(tile.offset, k, mn)), start4(tile))
 
     b_descs = [desc(sb, k, 0) for k in range(steps)]
-    a_val = lw.get(op.a)
+    a_val = lw.get(op.a) if _reg_a(op) else lw.shared(op, op.a)
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
@@ -382,7 +431,7 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
     for m in plan.shuffle_xor:
         vals = [comb(v, _shfl(b, v, int(m))) for v in vals]
     if plan.warp_xor:
-        scratch: SmemTile = lw.get(op.scratch[0])
+        scratch = lw.shared(op, op.scratch[0])
         lay = scratch.layout
         # The scratch is [warp][kept coordinate]: lanes of one warp may hold different kept
         # coordinates in the same slot, and lanes holding the same one hold the same value.
@@ -390,26 +439,25 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
         warps = -(-op.x.type.layout.threads // 32)
         if lay.rows < warps or any(isinstance(k, int) and k >= lay.cols for k in kept):
             raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x the kept extent", op.loc)
-        warp = Sym(b, lw.tid) // 32
+        warp = Sym(b, lw.tid) // 32  # inside a role: the warp within the role
         for m in plan.warp_xor:
             # A round trip through shared memory: write, bar.sync, read the partner warp, combine.
             for v, k in zip(vals, kept):
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
                 b.store(to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), p)
-            nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+            lw.sync()
             got = []
             for k in kept:
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp ^ int(m), k))
                 got.append(cast_value(b, from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype), lay.dtype, dt))
             vals = [comb(v, g) for v, g in zip(vals, got)]
-            nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+            lw.sync()
     if dt.is_float:
         vals = [round_to(b, v, dt) for v in vals]
     lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
 
 
 def _convert_layout(lw: Lowerer, op: Operation) -> None:
-    b = lw.b
     x = lw.tile(op, op.x)
     src, dst = op.x.type.layout, op.result.type.layout
     if not op.scratch:
@@ -419,13 +467,40 @@ def _convert_layout(lw: Lowerer, op: Operation) -> None:
                                   f"it needs a scratch tile", op.loc)
         lw.set(op.result, [x[j] for j in m])
         return
-    scratch: SmemTile = lw.get(op.scratch[0])
+    scratch = lw.shared(op, op.scratch[0])
     st = op.scratch[0].type
     dt = element_dtype(op.x.type)
     _smem_store_values(lw, op, scratch, st, x, lw.coords(op, src), dt)
-    nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+    lw.sync()
     lw.set(op.result, _smem_load_values(lw, scratch, st, lw.coords(op, dst), dt))
-    nvvm.call(b, "barrier.cta.sync.aligned.all", 0)
+    lw.sync()
+
+
+# --------------------------------------------------------------------------- roles
+
+
+def _role(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    first, warpgroups, regs = op.attributes["first"], op.attributes["warpgroups"], op.attributes["regs"]
+    # tid - 128 * first < 128 * warpgroups (unsigned): the role's warpgroups, and the rebased
+    # index the body sees.  The test is uniform per warpgroup, as setmaxnreg needs.
+    tid = b.sub(lw.tid, const_i32(128 * first), name=f"tid.{_label(op)}") if first else lw.tid
+    inside = b.icmp_unsigned("<", tid, const_i32(128 * warpgroups))
+    entry = entry_registers(lw.kernel.attributes["threads"])
+
+    def body() -> None:
+        if regs and regs != entry:
+            # The budget ptxas gives the role's code; .maxntid + .minnctapersm 1 on the kernel
+            # tell ptxas the entry count, without which it drops setmaxnreg (C7508).
+            nvvm.setmaxnreg(b, regs, inc=regs > entry)
+        with lw.in_role(op, tid):
+            lw.block(op.body)
+
+    lw.if_then(inside, body, f"role.{_label(op)}")
+
+
+def _label(op: Operation) -> str:
+    return "".join(c if c.isalnum() else "_" for c in str(op.attributes["name"]))
 
 
 def _fence_proxy_async(lw: Lowerer, op: Operation) -> None:
@@ -435,7 +510,10 @@ def _fence_proxy_async(lw: Lowerer, op: Operation) -> None:
 HANDLERS: dict[str, Handler] = {
     "hopper.smem_alloc": _smem_alloc,
     "hopper.mbarrier_alloc": _mbarrier_alloc,
+    "hopper.stage": _stage,
     "hopper.mbarrier_init": _mbarrier_init,
+    "hopper.mbarrier_arrive": _mbarrier_arrive,
+    "hopper.role": _role,
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
     "hopper.expect_tx": _expect_tx,
