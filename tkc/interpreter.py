@@ -66,6 +66,7 @@ class _Ctx:
     grid: tuple[int, ...]
     env: dict[Value, Any]
     written: set[int] = field(default_factory=set)  # id() of tensors stored to
+    sms: int = 0  # what tile.num_sms reads (CPU_SMS unless a launch says otherwise)
 
     def run(self, block: Block) -> list[Any]:
         """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
@@ -156,6 +157,15 @@ def _program_id(ctx: _Ctx, op: Operation) -> np.ndarray:
     return np.asarray(ctx.pid[op.axis] if op.axis < len(ctx.pid) else 0, np.int32)
 
 
+#: The SM count the interpreter and the emulator pretend to have: small, so that a persistent
+#: kernel's programs each walk several output tiles in the tests.
+CPU_SMS = 4
+
+
+def _num_sms(ctx: _Ctx, op: Operation) -> np.ndarray:
+    return np.asarray(ctx.sms or CPU_SMS, np.int32)
+
+
 def _num_programs(ctx: _Ctx, op: Operation) -> np.ndarray:
     if ctx.pid is None:
         raise TkcInterpretError("the launch grid cannot depend on num_programs", op.loc)
@@ -229,6 +239,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.dim": lambda ctx, op, t: np.asarray(t.shape[op.axis], np.int32),
     "tile.program_id": _program_id,
     "tile.num_programs": _num_programs,
+    "tile.num_sms": _num_sms,
     "tile.for": _for,
     "tile.if": _if,
     "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
@@ -280,7 +291,7 @@ def _grid_op(kernel: Operation) -> Operation:
                             kernel.loc)
 
 
-def _eval_grid(kernel: Operation, env: dict[Value, Any]) -> tuple[int, ...]:
+def _eval_grid(kernel: Operation, env: dict[Value, Any], sms: int = 0) -> tuple[int, ...]:
     """Evaluate only the ops the grid extents depend on (in program order):
     other ops before ``tile.grid`` may read tensors, which need not exist here."""
     grid_op = _grid_op(kernel)
@@ -294,7 +305,7 @@ def _eval_grid(kernel: Operation, env: dict[Value, Any]) -> tuple[int, ...]:
                                         "arguments and constants", v.owner.loc)
             needed.add(v.owner)
             stack.extend(v.owner.operands)
-    ctx = _Ctx(None, (), env)
+    ctx = _Ctx(None, (), env, sms=sms)
     block = Block()  # a scratch block holding the slice; ops keep their real parent
     block.ops = [op for op in kernel.regions[0].block.ops if op in needed]
     ctx.run(block)
@@ -311,16 +322,18 @@ class _Shape:
         self.shape = tuple(shape)
 
 
-def launch_grid(kernel: Operation | Module, args: Sequence[Any]) -> tuple[int, ...]:
+def launch_grid(kernel: Operation | Module, args: Sequence[Any], sms: int = 0) -> tuple[int, ...]:
     """The grid a launch of ``kernel`` with ``args`` uses: the extents of its
-    ``tile.grid`` op.  Tensor contents are never read (they may live on a GPU)."""
+    ``tile.grid`` op.  Tensor contents are never read (they may live on a GPU).
+    ``sms``: the device's SM count, for grids sized by ``tile.num_sms`` (default
+    ``CPU_SMS``)."""
     kernel = _as_kernel(kernel)
     _check_args(kernel, args)
     env: dict[Value, Any] = {}
     for p, x in zip(kernel.regions[0].block.args, args):
         env[p] = _Shape(x.shape) if isinstance(p.type, TensorType) else _scalar(p, p.type.dtype, x)
     with np.errstate(all="ignore"):
-        return _eval_grid(kernel, env)
+        return _eval_grid(kernel, env, sms)
 
 
 def _check_grid(grid: Any) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
 from tkc.passes.licm import licm
+from tkc.passes.persistent import persistent
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.select_layouts import select_layouts
@@ -30,6 +31,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "cse": cse,                    # merge identical pure ops
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
     # --- sm_90a, in the order they run (docs/hopper.md)
+    "persistent": persistent,            # GEMM-shaped kernels: one program per SM walks the tiles
     "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)

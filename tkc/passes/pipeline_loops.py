@@ -86,6 +86,7 @@ class _Pipeliner:
         self.warpgroups = (kernel.attributes.get("threads") or 128) // 128
         self.capacity = lookup_target("sm_90a").max_smem_bytes
         self.consts: dict[int, Value] = {}
+        self.positions: dict[Operation, Value] = {}
 
     def run(self) -> None:
         for loop in [op for op in self.kernel.walk() if op.name == "tile.for"]:
@@ -131,7 +132,26 @@ class _Pipeliner:
                    for u in all_uses.get(d, [])):
                 return False
         bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
-        return all(u in (g.expect, g.wait, *g.loads) for u in bar_uses)
+        if not all(u in (g.expect, g.wait, *g.loads) for u in bar_uses):
+            return False
+        # Ring positions count iterations across enclosing loops (a persistent kernel's tile
+        # loop), which needs every trip count to be the same in every enclosing iteration.
+        outer = self._enclosing(g.loop)
+        if any(p.name != "tile.for" for p in outer):
+            return False
+        inside = set()
+        for p in outer:
+            inside |= {r for op in p.walk() for r in op.results} | {a for op in p.walk() for r in op.regions
+                                                                   for blk in r.blocks for a in blk.args}
+        return not any(v in inside for v in g.loop.operands[:3])
+
+    def _enclosing(self, op: Operation) -> list[Operation]:
+        out = []
+        p = op.parent.parent_op if op.parent else None
+        while p is not None and p is not self.kernel:
+            out.append(p)
+            p = p.parent.parent_op if p.parent else None
+        return out
 
     @staticmethod
     def _inside(op: Operation, loop: Operation) -> bool:
@@ -183,17 +203,21 @@ class _Pipeliner:
         for d in g.dsts:
             _owner(d).attributes["stages"] = stages
 
-        # The iteration number, its stage and its round's parity, at the top of the body.
-        b = Builder(body, 0, loc)
-        i = self._iteration(b, loop, body.args[0])
+        # The iteration number, its position in the ring (counting the iterations of earlier
+        # runs of the loop, in enclosing loops), its stage and its round's parity.
         trip = self._trip_count(loop)
+        base = self._base(loop, trip)
+        b = Builder(body, 0, loc)
+        local = self._iteration(b, loop, body.args[0])
+        i = self._position(b, base, local)
+        self.positions[loop] = i
         # Copies in flight: the prologue issues iterations 0 .. S-2 before the loop...
         pro = Builder.before(loop)
         npro = pro.value(tile.MinimumOp, [self._c(stages - 1), trip], I32)
         prologue = pro.create(tile.ForOp, [self._c(0), npro, self._c(1)], [], regions=[_region([I32])], loc=loc)
         pb = Builder(prologue.regions[0].block, 0, loc)
         j = prologue.regions[0].block.args[0]
-        self._issue(pb, g, full, empty, j, self._iv_at(pb, loop, j))
+        self._issue(pb, g, full, empty, self._position(pb, base, j), self._iv_at(pb, loop, j))
         pb.create(tile.YieldOp)
         stage, parity = self._stage_parity(b, i)
         stage.name_hint, parity.name_hint = "stage", "phase"
@@ -214,17 +238,18 @@ class _Pipeliner:
         r = Builder(body, last + 1, loc)
         r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER)])
 
-        self._overlap_wgmma(loop, g, i, empty)
+        self._overlap_wgmma(loop, g, local, i, empty, trip, base)
 
         # ... and, once its stage is released, iteration i refills the stage of iteration
         # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
         # is released only now, and a warpgroup must not wait for its own release).
         rb0 = Builder.before(body.terminator)
-        nxt = rb0.value(tile.AddOp, [i, self._c(stages - 1)], I32)
+        nxt = rb0.value(tile.AddOp, [local, self._c(stages - 1)], I32)
         more = rb0.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
         refill = rb0.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
         rb = Builder(refill.regions[0].block, 0, loc)
-        self._issue(rb, g, full, empty, nxt, self._iv_at(rb, loop, nxt))
+        self._issue(rb, g, full, empty, rb.value(tile.AddOp, [i, self._c(stages - 1)], I32),
+                    self._iv_at(rb, loop, nxt))
         rb.create(tile.YieldOp)
         Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
 
@@ -232,12 +257,14 @@ class _Pipeliner:
         flip = next(op for op in body.ops if op.name == "tile.xor" and g.wait.parity in op.operands)
         for op in (g.sync, g.expect, *g.loads, g.wait):
             op.erase()
-        _drop_carried(loop, body.args.index(g.wait.parity) - 1, flip)
+        flip.erase()
+        _drop_phase(loop, body.args.index(g.wait.parity) - 1)
         init.erase()
         _owner(g.barrier).erase()
         _drop_unused(body)  # the copies' offsets, now computed where the copies are issued
 
-    def _overlap_wgmma(self, loop: Operation, g: _Group, i: Value, empty: Value) -> bool:
+    def _overlap_wgmma(self, loop: Operation, g: _Group, local: Value, i: Value, empty: Value, trip: Value,
+                       base: Value | None) -> bool:
         """Keep the loop's accumulating wgmma in flight across iterations (depth 1).
 
         Applies when the body's only use of a carried accumulator is ``wgmma`` + ``wgmma_wait``
@@ -269,7 +296,7 @@ class _Pipeliner:
                 op.erase()
             b = Builder(body, body.ops.index(mma) + 1, mma.loc)
             b.create(hopper.WgmmaWaitGroupOp, attrs={"pending": 1})
-            has_prev = b.value(tile.CmpOp, [i, self._c(0)], I1, {"pred": "gt"})
+            has_prev = b.value(tile.CmpOp, [local, self._c(0)], I1, {"pred": "gt"})
             release = b.create(tile.IfOp, [has_prev], [], regions=[_region([]), _region([])], loc=mma.loc)
             rb = Builder(release.regions[0].block, 0, mma.loc)
             prev = rb.value(tile.SubOp, [i, self._c(1)], I32)
@@ -277,10 +304,20 @@ class _Pipeliner:
             rb.create(hopper.MBarrierArriveOp, [rb.value(hopper.StageOp, [empty, stage], MBARRIER)])
             rb.create(tile.YieldOp)
             Builder(release.regions[1].block, 0, mma.loc).create(tile.YieldOp)
-            # Behind the loop: the accumulator becomes readable.
+            # Behind the loop: the accumulator becomes readable, and the last iteration's
+            # stage is released (a later run of the loop, in a persistent kernel's next tile,
+            # refills it).
             res = loop.results[k]
             after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, loop.loc)
             done = after.value(hopper.WgmmaWaitOp, [res], res.type, {"pending": 0})
+            ran = after.value(tile.CmpOp, [trip, self._c(0)], I1, {"pred": "gt"})
+            last = after.create(tile.IfOp, [ran], [], regions=[_region([]), _region([])], loc=loop.loc)
+            lb = Builder(last.regions[0].block, 0, loop.loc)
+            end = self._position(lb, base, lb.value(tile.SubOp, [trip, self._c(1)], I32))
+            stage = lb.value(tile.RemOp, [end, self._c(self.stages)], I32)
+            lb.create(hopper.MBarrierArriveOp, [lb.value(hopper.StageOp, [empty, stage], MBARRIER)])
+            lb.create(tile.YieldOp)
+            Builder(last.regions[1].block, 0, loop.loc).create(tile.YieldOp)
             for op in loop.parent.parent_op.walk() if loop.parent.parent_op else []:
                 if op is not done.owner:
                     op.operands = [done if v is res else v for v in op.operands]
@@ -295,6 +332,30 @@ class _Pipeliner:
         """Whether ``op`` (a top-level op of the loop body) waits for a wgmma that reads one of
         the group's (staged) tiles."""
         return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, g) for inner in op.walk())
+
+    def _base(self, loop: Operation, trip: Value) -> Value | None:
+        """The ring position of this run's first iteration: the enclosing loop's position
+        times the trip count (None at the kernel's top level: position = iteration)."""
+        parent = loop.parent.parent_op
+        if parent is self.kernel:
+            return None
+        outer = self._outer_position(parent)
+        return Builder.before(loop).value(tile.MulOp, [outer, trip], I32)
+
+    def _outer_position(self, loop: Operation) -> Value:
+        """An enclosing loop's own position (iterations of all its runs so far), computed once
+        at the top of its body."""
+        if loop not in self.positions:
+            body = loop.regions[0].block
+            trip = self._trip_count(loop)
+            base = self._base(loop, trip)
+            b = Builder(body, 0, loop.loc)
+            self.positions[loop] = self._position(b, base, self._iteration(b, loop, body.args[0]))
+        return self.positions[loop]
+
+    @staticmethod
+    def _position(b: Builder, base: Value | None, i: Value) -> Value:
+        return i if base is None else b.value(tile.AddOp, [base, i], I32)
 
     def _iteration(self, b: Builder, loop: Operation, iv: Value) -> Value:
         """(iv - lb) / step, folded when lb = 0 and step = 1."""
@@ -380,22 +441,26 @@ def _replace_inside(op: Operation, old: Value, new: Value) -> None:
         inner.operands = [new if x is old else x for x in inner.operands]
 
 
-def _drop_carried(loop: Operation, k: int, flip: Operation) -> None:
-    """Remove carried value ``k`` of ``loop`` (its init, block argument, yielded value and
-    result; the yielded value is ``flip``, which goes too).  The result must be unused."""
+def _drop_phase(loop: Operation, k: int) -> None:
+    """Remove carried value ``k`` of ``loop`` (init, block argument, yielded value, result):
+    the parity lower-to-hopper threaded through it.  An enclosing loop carried the same parity
+    into this one; that goes too, and the flips and constants left without a use with it."""
     body = loop.regions[0].block
-    n_fixed = 3
-    del loop.operands[n_fixed + k]
-    arg = body.args.pop(1 + k)
+    init = loop.operands[3 + k]
+    del loop.operands[3 + k]
+    body.args.pop(1 + k)
     for idx, a in enumerate(body.args):
         a.index = idx
-    term = body.terminator
-    del term.operands[k]
-    flip.erase()
-    res = loop.results.pop(k)
+    yielded = body.terminator.operands.pop(k)
+    loop.results.pop(k)
     for idx, r in enumerate(loop.results):
         r.index = idx
-    del arg, res
+    flip = _owner(yielded)
+    if flip is not None and flip.parent is body and flip.name == "tile.xor":
+        flip.erase()
+    parent = loop.parent.parent_op if loop.parent else None
+    if parent is not None and parent.name == "tile.for" and init in parent.regions[0].block.args:
+        _drop_phase(parent, parent.regions[0].block.args.index(init) - 1)
 
 
 def _drop_unused(block: Block) -> None:

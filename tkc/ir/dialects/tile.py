@@ -175,6 +175,21 @@ class NumProgramsOp(ProgramIdOp):
 
 
 @register
+class NumSmsOp(Operation):
+    """The number of streaming multiprocessors of the device running the kernel (what a
+    persistent kernel sizes its grid by).  The interpreter and the emulator pretend to have
+    ``tkc.interpreter.CPU_SMS``."""
+
+    name = "tile.num_sms"
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        if self.result.type != I32:
+            raise self.error("the result is an i32")
+
+
+@register
 class DimOp(Operation):
     """The runtime size of one axis of a tensor parameter."""
 

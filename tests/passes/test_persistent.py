@@ -1,0 +1,95 @@
+"""The persistent pass: which kernels it takes, the grouped tile order, and that the
+persistent kernel computes exactly what the original does (the interpreter runs both, with
+CPU_SMS programs walking several tiles each)."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from tkc.errors import TkcPassError
+from tkc.frontend import compile_file, compile_source
+from tkc.interpreter import CPU_SMS, launch_grid, random_args, run_kernel
+from tkc.ir.printer import print_module
+from tkc.passes.manager import PassManager
+from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+def compiled(name: str, consts: dict, passes: str = "", source: str | None = None):
+    m = compile_source(source, name) if source else compile_file(str(EXAMPLES / name), consts)
+    PassManager(DEFAULT_PIPELINE + ("," + passes if passes else "")).run(m)
+    return m
+
+
+@pytest.mark.parametrize("name,consts,dims", [
+    ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 300, "N": 200, "K": 72}),   # 5 x 4 tiles
+    ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 64, "N": 1100, "K": 40}),   # one tile row
+    ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 1100, "N": 50, "K": 40}),   # one tile column
+    ("gemm_fp8.tk", {"BM": 64, "BN": 64, "BK": 64}, {"M": 200, "N": 136, "K": 80}),
+])
+def test_same_results_in_fewer_programs(name, consts, dims):
+    before = compiled(name, consts).kernel()
+    after = compiled(name, consts, "persistent").kernel()
+    assert "tile.num_sms" in print_module(compiled(name, consts, "persistent"))
+    a, b = random_args(before, dims, 3), random_args(after, dims, 3)
+    out = next(i for i, p in enumerate(after.regions[0].block.args) if p.name_hint == "c")
+    b[out][...] = np.nan  # every element must be written by some program
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[out], b[out])
+    tiles = math.prod(launch_grid(before, a))
+    assert launch_grid(after, b) == (min(tiles, CPU_SMS),)
+    assert launch_grid(after, b, sms=132) == (min(tiles, 132),)
+
+
+def test_attention_is_not_gemm_shaped_but_can_be_pinned():
+    assert "tile.num_sms" not in print_module(compiled("attn.tk", {}, "persistent"))
+    src = (EXAMPLES / "attn.tk").read_text().replace("causal: const = False)",
+                                                      "causal: const = False, persistent: const = True)")
+    m = compiled("attn.tk", {}, "persistent", src)
+    assert "tile.num_sms" in print_module(m)
+    before = compiled("attn.tk", {"D": 64, "BM": 64, "BN": 64}).kernel()
+    dims = {"B": 1, "H": 3, "N": 100}
+    m2 = compiled("attn.tk", {}, "persistent", src.replace("D: const = 128, BM: const = 128, BN: const = 128",
+                                                          "D: const = 64, BM: const = 64, BN: const = 64"))
+    a, b = random_args(before, dims, 1), random_args(m2.kernel(), dims, 1)
+    run_kernel(before, a)
+    run_kernel(m2.kernel(), b)
+    np.testing.assert_array_equal(a[3], b[3])
+
+
+def test_pinned_off():
+    src = (EXAMPLES / "gemm.tk").read_text().replace("BK: const = 64)", "BK: const = 64, persistent: const = False)")
+    assert "tile.num_sms" not in print_module(compiled("gemm.tk", {}, "persistent", src))
+
+
+def test_pinned_on_a_grid_it_cannot_take():
+    src = """@kernel
+def k(x: f32[N], y: f32[N], persistent: const = True):
+    grid(cdiv(N, 16), 1, 1)
+    i = program_id(0)
+    y[i*16:(i+1)*16] = x[i*16:(i+1)*16]
+"""
+    with pytest.raises(TkcPassError, match="persistent = True: a persistent kernel walks 1-D or 2-D grids"):
+        compiled("k.tk", {}, "persistent", src)
+
+
+def test_one_dimensional_grid():
+    src = """@kernel
+def k(x: f32[N], y: f32[N], persistent: const = True):
+    grid(cdiv(N, 16))
+    i = program_id(0)
+    y[i*16:(i+1)*16] = x[i*16:(i+1)*16] * 2.0
+"""
+    before = compiled("k.tk", {}, "", src.replace(", persistent: const = True", "")).kernel()
+    after = compiled("k.tk", {}, "persistent", src).kernel()
+    a, b = random_args(before, {"N": 200}, 0), random_args(after, {"N": 200}, 0)
+    b[1][...] = np.nan
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[1], b[1])

@@ -1,0 +1,135 @@
+"""The ``persistent`` pass: one program per SM, each walking output tiles in grouped order.
+
+A kernel launched with one program per output tile pays, for every tile, a CTA launch, a
+pipeline fill and an epilogue nobody overlaps.  A persistent kernel launches
+``min(tiles, SMs)`` programs that loop over the tiles (program ``p`` takes tiles
+``p, p + programs, ...``); with a ring and a producer warpgroup, the producer starts the next
+tile's copies while the consumers finish the current tile's epilogue.  Tiles are visited in
+groups of ``GROUP_M`` tile rows (consecutive tiles share rows of A and sweep columns of B), so
+the programs running at one time reuse each other's data in L2.
+
+Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
+into the tile loop, ``program_id(0/1)`` become the tile's row and column and
+``num_programs(0/1)`` the original grid's extents.
+
+On by default for GEMM-shaped kernels: a 2-D grid, products in a loop, and no load outside a
+loop (attention loads its Q tile per program: not GEMM-shaped).  The kernel constant
+``persistent`` pins it (``True`` on any kernel whose grid it can take, ``False`` off).
+
+Must not: change which tiles are computed or what any tile computes.
+"""
+
+from __future__ import annotations
+
+from tkc import dtypes
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.builder import Builder
+from tkc.ir.core import Block, Module, Operation, Region, Value
+from tkc.ir.dialects import tile
+from tkc.ir.types import ScalarType
+from tkc.passes.licm import licm
+
+I32 = ScalarType(dtypes.i32)
+GROUP_M = 8
+
+
+def persistent(module: Module) -> None:
+    for kernel in module.ops:
+        if kernel.name == "tile.kernel":
+            _persist(kernel)
+    # What does not depend on the tile (sizes, loop bounds, constants) goes back out of the
+    # tile loop: the ring's positions need loop bounds that are the same for every tile.
+    licm(module)
+
+
+def _why_not(kernel: Operation) -> tuple[Operation | None, str | None]:
+    """The kernel's grid op, and why the pass cannot take the kernel (None if it can)."""
+    body = kernel.regions[0].block
+    grids = [op for op in body.ops if op.name == "tile.grid"]
+    if not grids:
+        return None, "the kernel has no grid(...)"
+    grid = grids[0]
+    if len(grid.operands) > 2:
+        return grid, "a persistent kernel walks 1-D or 2-D grids"
+    after = body.ops[body.ops.index(grid) + 1:]
+    for op in kernel.walk():
+        if op.name in ("tile.program_id", "tile.num_programs") and op not in after:
+            return grid, f"'{op.name}' before grid(...) or inside a loop or branch"
+    return grid, None
+
+
+def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
+    body = kernel.regions[0].block
+    mma_in_loop = any(op.name == "tile.mma" and any(p.name == "tile.for" for p in _ancestors(op, kernel))
+                      for op in kernel.walk())
+    load_outside = any(op.name == "tile.load" and not any(p.name == "tile.for" for p in _ancestors(op, kernel))
+                       for op in kernel.walk())
+    return len(grid.operands) == 2 and mma_in_loop and not load_outside and grid.parent is body
+
+
+def _ancestors(op: Operation, stop: Operation) -> list[Operation]:
+    out = []
+    p = op.parent.parent_op if op.parent else None
+    while p is not None and p is not stop:
+        out.append(p)
+        p = p.parent.parent_op if p.parent else None
+    return out
+
+
+def _persist(kernel: Operation) -> None:
+    pin = (kernel.attributes.get("consts") or {}).get("persistent")
+    if pin is False:
+        return
+    grid, why = _why_not(kernel)
+    if why is not None:
+        if pin is True:
+            raise TkcUnsupportedError(f"persistent = True: {why}", (grid or kernel).loc)
+        return
+    if pin is None and not _gemm_shaped(kernel, grid):
+        return
+    body = kernel.regions[0].block
+    b = Builder(body, body.ops.index(grid), grid.loc)
+    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (1, GROUP_M)}
+    gm = grid.operands[0]
+    gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
+    tiles = b.value(tile.MulOp, [gm, gn], I32)
+    tiles.name_hint = "tiles"
+    programs = b.value(tile.MinimumOp, [tiles, b.value(tile.NumSmsOp, [], I32)], I32)
+    grid.operands = [programs]
+
+    moved = [op for op in body.ops[body.ops.index(grid) + 1:] if not op.has_trait("terminator")]
+    after = Builder(body, body.ops.index(grid) + 1, grid.loc)
+    first = after.value(tile.ProgramIdOp, [], I32, {"axis": 0})
+    step = after.value(tile.NumProgramsOp, [], I32, {"axis": 0})
+    loop_body = Block([I32], ["t"])
+    loop = after.create(tile.ForOp, [first, tiles, step], [], regions=[Region([loop_body])], loc=grid.loc)
+    t = loop_body.args[0]
+    lb = Builder(loop_body, 0, grid.loc)
+    if gn is const[1]:
+        pm, pn = t, const[1]
+    else:
+        # Grouped order: GROUP_M tile rows at a time, down the rows then across the columns.
+        width = lb.value(tile.MulOp, [const[GROUP_M], gn], I32)
+        group = lb.value(tile.FloorDivOp, [t, width], I32)
+        first_row = lb.value(tile.MulOp, [group, const[GROUP_M]], I32)
+        rows = lb.value(tile.MinimumOp, [lb.value(tile.SubOp, [gm, first_row], I32), const[GROUP_M]], I32)
+        within = lb.value(tile.RemOp, [t, width], I32)
+        pm = lb.value(tile.AddOp, [first_row, lb.value(tile.RemOp, [within, rows], I32)], I32)
+        pn = lb.value(tile.FloorDivOp, [within, rows], I32)
+        pm.name_hint, pn.name_hint = "tile_row", "tile_col"
+    ids = {("tile.program_id", 0): pm, ("tile.program_id", 1): pn,
+           ("tile.num_programs", 0): gm, ("tile.num_programs", 1): gn}
+    for op in moved:
+        op.erase()
+        loop_body.append(op)
+    for op in list(loop.walk()):
+        key = (op.name, op.attributes.get("axis"))
+        if key in ids and op.parent is loop_body:
+            _replace(loop, op.result, ids[key])
+            op.erase()
+    Builder(loop_body, None, grid.loc).create(tile.YieldOp)
+
+
+def _replace(root: Operation, old: Value, new: Value) -> None:
+    for op in root.walk():
+        op.operands = [new if v is old else v for v in op.operands]
