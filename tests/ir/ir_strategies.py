@@ -173,6 +173,9 @@ class _Gen:
         cls = cls or self.pick([T.ProgramIdOp, T.NumProgramsOp])
         self.emit(cls, [], [I32], {"axis": self.draw(st.integers(0, 2))})
 
+    def op_num_sms(self) -> None:
+        self.emit(T.NumSmsOp, [], [I32], {})
+
     def op_dim(self) -> None:
         ts = [v for v in self.tensors() if v.type.rank]
         if ts:
@@ -302,7 +305,7 @@ class _Gen:
         regions = [self._region([], types), self._region([], types)]
         self.emit(T.IfOp, [cond], types, regions=regions)
 
-    OP_KINDS = ["op_constant", "op_ids", "op_dim", "op_binary", "op_unary", "op_cmp", "op_select",
+    OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_cmp", "op_select",
                 "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
                 "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
                 # weight the ops with the most structure

@@ -128,6 +128,7 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"axis must be 0, 1 or 2", None),
     ("tile.num_programs", kernel("%x = tile.num_programs %i {axis = 0} : i32 // bad"),
      r"takes 0 operands, got 1", None),
+    ("tile.num_sms", kernel("%x = tile.num_sms : f32 // bad"), r"the result is an i32", None),
     ("tile.dim", kernel("%x = tile.dim %t {axis = 2} : i32 // bad"),
      r"axis 2 is not an axis of tensor<f32\[M, 64\]>", None),
     ("tile.dim", kernel("%x = tile.dim %s {axis = 0} : i32 // bad"), r"axis 0 is not an axis of f32", None),
