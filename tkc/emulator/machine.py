@@ -734,8 +734,10 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
     return _Pending(out, op, group)
 
 
-def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
-    yield Yield(_describe(op))  # the wgmma runs asynchronously until here: others may run
+def _wait_group(wg: _Warpgroup, op: Operation) -> Co:
+    """``wgmma.wait_group pending``: every group of this warpgroup but the newest ``pending``
+    completes and stops reading its shared tiles."""
+    yield Yield(_describe(op))  # the wgmmas run asynchronously until here: others may run
     live = [grp for grp in wg.groups if not grp.done]
     finished = live[: max(len(live) - op.pending, 0)]
     for grp in finished:
@@ -743,6 +745,10 @@ def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
         for lease in grp.leases:
             lease.release()
     wg.groups = [grp for grp in wg.groups if not grp.done]
+
+
+def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
+    yield from _wait_group(wg, op)
     if isinstance(x, _Pending):
         if not x.group.done:
             raise _fault(op, f"waits with pending = {op.pending}, which leaves {_describe(x.op)} in flight")
@@ -779,6 +785,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.barrier": _barrier,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.wgmma_wait": _wgmma_wait,
+    "hopper.wgmma_wait_group": _wait_group,
     "hopper.convert_layout": _convert_layout,
     "hopper.reduce": _reduce,
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.manager import PassManager
 
 HERE = Path(__file__).parent
-GEMM = HERE.parents[1] / "data" / "hopper" / "gemm.tkir"
+DATA = HERE.parents[1] / "data" / "hopper"
+GEMM = DATA / "gemm.tkir"
 TILE = "tile<{r}x64xbf16, smem, #smem<{r}x64xbf16, k, sw128>>"
 
 
@@ -91,3 +93,32 @@ def test_the_hand_written_gemm_is_a_fixed_point() -> None:
     assert m.kernel().attributes["smem_bytes"] == 32776
     offsets = [op.attributes["offset"] for op in m.walk() if op.name.endswith("_alloc")]
     assert offsets == [0, 16384, 32768]
+
+
+@pytest.mark.parametrize("name", ["gemm_ring.tkir", "gemm_ws.tkir"])
+def test_the_hand_written_rings_are_placed_as_written(name: str) -> None:
+    # The two 4-stage tile rings (64 KB each) back to back, then the full and empty barrier
+    # rings (32 B each): what pipeline-loops and specialize-warps output gets from this pass.
+    text = (DATA / name).read_text()
+    written = [int(x) for x in re.findall(r"_alloc \{offset = (\d+)", text)]
+    unplaced = re.sub(r"(_alloc \{offset = )\d+", r"\g<1>-1", text).replace(", smem_bytes = 131136", "")
+    m = parse_module(unplaced, name)
+    allocate_smem(m)
+    verify(m)
+    offsets = [op.attributes["offset"] for op in m.walk() if op.name.endswith("_alloc")]
+    assert offsets == written == [0, 65536, 131072, 131104]
+    assert m.kernel().attributes["smem_bytes"] == 131136
+
+
+def test_a_ring_too_large_names_its_stages() -> None:
+    text = """tile.kernel @rings {threads = 128} {
+^(%o: tensor<bf16[M, N]>):
+  %r = hopper.smem_alloc {offset = -1, stages = 8} : tile<256x64xbf16, smem, #smem<256x64xbf16, k, sw128>>
+  %b = hopper.mbarrier_alloc {offset = -1, stages = 8} : mbarrier
+  hopper.mbarrier_init %b {count = 1}
+  tile.return
+}
+"""
+    with pytest.raises(TkcPassError, match=r"needs 262208 B of shared memory, sm_90a has 232448: %r 262144 B "
+                                           r"\(8 stages of tile<256x64xbf16, .*\), 8 mbarriers 64 B"):
+        allocate_smem(parse_module(text, "rings.tkir"))
