@@ -223,7 +223,12 @@ EXAMPLE_CASES = [
 ]
 
 
-def _example(name: str, consts: dict) -> Module:
+#: The hopper passes with the loops pipelined into rings and the warps specialized into a
+#: producer and consumer roles (pipeline-loops, specialize-warps).
+RINGS_AND_ROLES = "select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,allocate-smem"
+
+
+def _example(name: str, consts: dict, passes: str | None = None) -> Module:
     from tkc.frontend import compile_file
     from tkc.passes.manager import PassManager
     from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
@@ -236,7 +241,7 @@ def _example(name: str, consts: dict) -> Module:
     else:
         m = compile_file(str(EXAMPLES / name), consts)
         PassManager(DEFAULT_PIPELINE).run(m)
-    PassManager(HOPPER_PIPELINE).run(m)
+    PassManager(HOPPER_PIPELINE if passes is None else passes).run(m)
     return m
 
 
@@ -247,3 +252,18 @@ def test_example_assembles_without_spills(name: str, consts: dict, ptxas: Path) 
     ptx = kernel_to_ptx(kernel)
     a = assemble(ptx, "sm_90a")
     _no_spills(a, kernel.attributes["sym_name"])
+
+
+@pytest.mark.parametrize("name,consts", EXAMPLE_CASES,
+                         ids=[n + "".join(f"-{k}{v}" for k, v in c.items()) for n, c in EXAMPLE_CASES])
+def test_example_with_rings_and_roles_assembles_clean(name: str, consts: dict, ptxas: Path) -> None:
+    """Every example through pipeline-loops and specialize-warps: no spills and no ptxas
+    remark (setmaxnreg honoured, no C7508/C7507; no wgmma serialized)."""
+    kernel = _example(name, consts, RINGS_AND_ROLES).kernel()
+    ptx = kernel_to_ptx(kernel)
+    a = assemble(ptx, "sm_90a")
+    _no_spills(a, kernel.attributes["sym_name"])
+    assert a.warnings == (), a.warnings
+    for role in (op for op in kernel.walk() if op.name == "hopper.role"):
+        regs = role.attributes["regs"]
+        assert re.search(rf"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+{regs};", ptx), regs

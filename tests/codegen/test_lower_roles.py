@@ -130,7 +130,7 @@ def test_role_reduce_rebases_warps() -> None:
     assert not re.search(r'lshr i32 %"tid", 5', text.split("role.consumers")[1])
 
 
-@pytest.mark.parametrize("name", ["role_reduce", "ring_operands", "stage_index"])
+@pytest.mark.parametrize("name", ["role_reduce", "ring_operands", "stage_index", "wgmma_in_flight"])
 def test_fixture_assembles_clean(name: str, ptxas: Path) -> None:
     _clean(_assembled(KERNELS / f"{name}.tkir"), name)
 
@@ -141,6 +141,24 @@ def test_ring_operands_ptx() -> None:
     assert re.search(r"(shl\.b32\s+%r\d+, %r\d+, 13|mul\.wide\.u32\s+%rd\d+, %r\d+, 8192);", ptx)
     assert ptx.count("st.shared.b16") == 32
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 4
+
+
+def test_in_flight_accumulator_is_waited_on_the_loop_exit() -> None:
+    """A loop yielding a wgmma still in flight: wait_group 1 inside, and wait_group 0 on the
+    exit edge before the zero-trip path joins (then the IR's own wait behind the loop)."""
+    path = KERNELS / "wgmma_in_flight.tkir"
+    ptx = _ptx(path)
+    assert ptx.count("wgmma.wait_group.sync.aligned \t1;") == 1
+    assert ptx.count("wgmma.wait_group.sync.aligned \t0;") == 2
+    fn = kernel_to_llvm(_kernel(path)).get_global("wgmma_in_flight")
+    drain = next(blk for blk in fn.blocks if blk.name.startswith("for.drain"))
+    calls = [ins.callee.name for ins in drain.instructions
+             if isinstance(ins, ir.CallInstr) and isinstance(ins.callee, ir.Function)]
+    assert calls == ["llvm.nvvm.wgmma.wait_group.sync.aligned"]
+    phis = [ins for blk in fn.blocks for ins in blk.instructions
+            if isinstance(ins, ir.PhiInstr) and any(b is drain for _, b in ins.incomings)]
+    assert len(phis) == 64 and all({blk.name.split(".")[1] for _, blk in p.incomings} == {"drain", "skip"}
+                                   for p in phis)
 
 
 # --------------------------------------------------------------------------- stage addresses, evaluated

@@ -290,6 +290,14 @@ def _check_carried(op: Operation, t: Type) -> None:
         raise TkcCodegenError(f"'{op.name}' carries {t}: only scalars and register tiles can be carried", op.loc)
 
 
+def _in_flight(op: Operation) -> list[bool]:
+    """Per carried value of a ``tile.for``: does the body yield a ``hopper.wgmma`` result
+    (an accumulator still being written by the tensor cores)?"""
+    yields = [o for o in op.body.ops if o.name == "tile.yield"]
+    vals = yields[-1].operands if yields else []
+    return [getattr(getattr(v, "owner", None), "name", None) == "hopper.wgmma" for v in vals]
+
+
 def _for(lw: Lowerer, op: Operation) -> None:
     g = op.operand_groups()
     b = lw.b
@@ -298,6 +306,9 @@ def _for(lw: Lowerer, op: Operation) -> None:
     types = [r.type for r in op.results]
     for t in types:
         _check_carried(op, t)
+    if any(_in_flight(op)):
+        _for_in_flight(lw, op, lb, ub, step, inits, types)
+        return
     flat_init = [v for x in inits for v in _flat(x)]
     pre = b.block
     header = lw.fn.append_basic_block("for.header")
@@ -331,6 +342,71 @@ def _for(lw: Lowerer, op: Operation) -> None:
     rest = list(phis)
     for r, t in zip(op.results, types):
         x, rest = _unflat(t, rest)
+        lw.set(r, x)
+
+
+def _for_in_flight(lw: Lowerer, op: Operation, lb: ir.Value, ub: ir.Value, step: ir.Value,
+                   inits: list[Lowered], types: list[Type]) -> None:
+    """A loop whose wgmma accumulator stays in flight across iterations (pipeline-loops),
+    built guarded and bottom-tested, with ``wgmma.wait_group 0`` on the way out of the loop:
+
+        pre:   lb < ub ? body : skip
+        body:  phis; ...; iv + step < ub ? body : drain
+        drain: wgmma.wait_group 0, the accumulators pinned
+        exit:  phis of (drain: the loop's values, skip: the initial ones)
+
+    With the top-tested loop, the zero-trip path (initial accumulator values) and the
+    in-flight accumulators meet before the ``hopper.wgmma_wait`` behind the loop, and ptxas
+    serializes every wgmma of the kernel (C7514/C7515: registers of a wgmma in flight
+    defined or read by other instructions).  Waiting at the exit edge instead is the same
+    wait the IR makes next (that one then finds nothing pending)."""
+    b = lw.b
+    flat_init = [v for x in inits for v in _flat(x)]
+    pre = b.block
+    body = lw.fn.append_basic_block("for.body")
+    drain = lw.fn.append_basic_block("for.drain")
+    skip = lw.fn.append_basic_block("for.skip")
+    exit_ = lw.fn.append_basic_block("for.exit")
+    b.cbranch(b.icmp_signed("<", lb, ub), body, skip)
+    b.position_at_end(body)
+    iv = b.phi(I32, name="iv")
+    iv.add_incoming(lb, pre)
+    phis = []
+    for v in flat_init:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    args = op.body.args
+    lw.set(args[0], iv)
+    rest = list(phis)
+    for a, t in zip(args[1:], types):
+        x, rest = _unflat(t, rest)
+        lw.set(a, x)
+    yielded = lw.block(op.body) or []
+    flat_next = [v for x in yielded for v in _flat(x)]
+    latch = b.block
+    nxt = b.add(iv, step, name="iv.next")
+    iv.add_incoming(nxt, latch)
+    for p, v in zip(phis, flat_next):
+        p.add_incoming(v, latch)
+    b.cbranch(b.icmp_signed("<", nxt, ub), body, drain)
+    b.position_at_end(drain)
+    nvvm.call(b, "wgmma.wait_group.sync.aligned", 0)
+    out = []
+    for x, flight in zip(yielded, _in_flight(op)):
+        out += nvvm.pin(b, x) if flight else _flat(x)
+    b.branch(exit_)
+    b.position_at_end(skip)
+    b.branch(exit_)
+    b.position_at_end(exit_)
+    merged = []
+    for v, init in zip(out, flat_init):
+        p = b.phi(v.type)
+        p.add_incoming(v, drain)
+        p.add_incoming(init, skip)
+        merged.append(p)
+    for r, t in zip(op.results, types):
+        x, merged = _unflat(t, merged)
         lw.set(r, x)
 
 

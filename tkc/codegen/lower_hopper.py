@@ -316,6 +316,12 @@ def _wgmma_wait(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, nvvm.pin(lw.b, lw.tile(op, op.x)))
 
 
+def _wgmma_wait_group(lw: Lowerer, op: Operation) -> None:
+    # No accumulator is made readable: the in-flight ones stay unread (no pin) until a
+    # hopper.wgmma_wait; this only lets the warpgroup release the stages older wgmmas read.
+    nvvm.call(lw.b, "wgmma.wait_group.sync.aligned", op.pending)
+
+
 # --------------------------------------------------------------------------- global memory
 
 
@@ -523,6 +529,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
     "hopper.wgmma_wait": _wgmma_wait,
+    "hopper.wgmma_wait_group": _wgmma_wait_group,
     "hopper.load": _load,
     "hopper.store": _store,
     "hopper.reduce": _reduce,
