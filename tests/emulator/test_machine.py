@@ -1,7 +1,7 @@
 """The hopper-level machine (``tkc/emulator/machine.py``): hand-written hopper kernels against
 numpy, broken protocols caught with errors that name the op, barrier and CTA, and
 ``interpret(tile IR) == emulate(hopper IR)`` for the examples, serial, pipelined into rings
-(``pipeline-loops``) and warp-specialized (``specialize-warps``).  Rings and roles written
+(``pipeline-loops``), warp-specialized (``specialize-warps``) and persistent.  Rings and roles written
 by hand are in test_machine_rings.py."""
 
 from __future__ import annotations
@@ -314,6 +314,8 @@ DIFFERENTIAL = [
     ("gemm.tk", {}, {"M": 200, "N": 136, "K": 96}, 2**-10),
     ("gemm.tk", {}, {"M": 130, "N": 72, "K": 456}, 2**-10),  # 8 k-tiles: rings go round twice
     ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 100, "N": 72, "K": 40}, 2**-10),
+    # 20 tiles: persistent, each of the 4 programs (CPU_SMS) walks 5, its ring carried over.
+    ("gemm.tk", {"BM": 64, "BN": 64, "BK": 32}, {"M": 300, "N": 200, "K": 104}, 2**-10),
     ("gemm_fp8.tk", {"BM": 64, "BN": 64, "BK": 64}, {"M": 100, "N": 72, "K": 80}, 2**-10),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": False}, {"B": 1, "H": 2, "N": 160}, 2**-6),
@@ -326,8 +328,14 @@ DIFFERENTIAL = [
 ]
 
 
-# Which of the scheduling passes run after lower-to-hopper.
-VARIANTS = {"serial": [], "ring": ["pipeline-loops"], "roles": ["pipeline-loops", "specialize-warps"]}
+# The scheduling passes each variant runs: (before select-layouts, after lower-to-hopper).
+VARIANTS = {
+    "serial": ([], []),
+    "ring": ([], ["pipeline-loops"]),
+    "roles": ([], ["pipeline-loops", "specialize-warps"]),
+    "persistent": (["persistent"], ["pipeline-loops", "specialize-warps"]),
+}
+SCHEDULING = {"persistent", "pipeline-loops", "specialize-warps"}
 
 
 def _hopper_pipeline(variant: str | None = None) -> str:
@@ -337,9 +345,12 @@ def _hopper_pipeline(variant: str | None = None) -> str:
 
     passes = HOPPER_PIPELINE.split(",")
     if variant is not None:
-        passes = [p for p in passes if p not in VARIANTS["roles"]]
+        before, after = VARIANTS[variant]
+        passes = [p for p in passes if p not in SCHEDULING]
         i = passes.index("lower-to-hopper") + 1
-        passes[i:i] = VARIANTS[variant]
+        passes[i:i] = after
+        i = passes.index("select-layouts")
+        passes[i:i] = before
     return ",".join([DEFAULT_PIPELINE, *passes])
 
 
@@ -377,7 +388,8 @@ def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant
     ops = {op.name for op in hopper.walk()}
     if variant != "serial" and name.startswith(("gemm", "attn")):
         # The K/V loops are what the passes are for: make sure the emulator sees what they made.
-        assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant == "roles")
+        assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant != "ring")
+        assert ("tile.num_sms" in ops) == (variant == "persistent" and name.startswith("gemm"))
     for seed in range(2):
         assert_same_run(tile, hopper, dims, seed, atol)
 

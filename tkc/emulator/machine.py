@@ -45,7 +45,7 @@ from tkc.emulator.smem import ReadLease, SharedMemory
 from tkc.emulator.tma import tma_load
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
-from tkc.interpreter import (_as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
+from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
                              _write_back, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS
@@ -761,6 +761,9 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.dim": lambda wg, op, t: np.asarray(t.shape[op.axis], np.int32),
     "tile.program_id": _program_id,
     "tile.num_programs": _num_programs,
+    # The SM count the interpreter pretends to have, so a persistent kernel's programs walk the
+    # same tiles in both (and each walks several: the ring carries over from tile to tile).
+    "tile.num_sms": lambda wg, op: np.asarray(CPU_SMS, np.int32),
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
     "hopper.load": _load,
