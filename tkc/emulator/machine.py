@@ -189,8 +189,10 @@ class _CTA:
             off = op.offset
             # A ring takes stages * stride bytes (what allocate-smem reserves for it).
             n = _stages(op)
-            size = n * op.stride if n > 1 else op.result.type.layout.size_bytes \
-                if op.name == "hopper.smem_alloc" else 8
+            if n > 1:
+                size = n * op.stride
+            else:
+                size = op.result.type.layout.size_bytes if op.name == "hopper.smem_alloc" else 8
             if off is None or off < 0:
                 raise _fault(op, "has no offset (run allocate-smem first)")
             if off + size > smem_bytes:
