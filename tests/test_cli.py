@@ -150,7 +150,7 @@ def test_compile_dumps_cover_both_pipelines(tmp_path: Path) -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "g.ptx", "--dump-dir", "d")
     assert r.exit_code == 0, r.stderr
     names = sorted(p.name for p in Path("d").iterdir())
-    assert names[0] == "00-input.tkir" and names[-1] == "07-allocate-smem.tkir"
+    assert names[0] == "00-input.tkir" and names[-1] == "10-allocate-smem.tkir"
 
 
 def test_compile_cubin_and_resource_usage() -> None:
@@ -163,7 +163,7 @@ def test_compile_cubin_and_resource_usage() -> None:
     assert Path("gemm.cubin").read_bytes()[:4] == b"\x7fELF"
     line = r.stderr.splitlines()[0]
     assert line.startswith("gemm: ") and " registers, 0 B spill stores, 0 B spill loads, " in line
-    assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 256 threads)" in line
+    assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 384 threads)" in line
 
 
 def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -451,6 +451,9 @@ STRUCTURE: dict[str, Handler] = {
     "tile.for": _for,
     "tile.if": _if,
     "tile.grid": lambda lw, op: None,  # evaluated on the host (docs/hopper.md §4)
+    # Only a persistent kernel's grid(...) reads it, and the grid is evaluated on the host:
+    # the kernel walks tiles by num_programs, the grid it was launched with.
+    "tile.num_sms": lambda lw, op: lw.set(op.result, nvvm.sreg(lw.b, "nsmid")),
     "tile.program_id": _sreg("ctaid"),
     "tile.num_programs": _sreg("nctaid"),
     "tile.dim": _dim,

@@ -168,7 +168,7 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     for reg in ("tid", "ctaid", "ntid", "nctaid", "cluster.ctaid", "cluster.nctaid"):
         for axis in "xyz":
             t[f"read.ptx.sreg.{reg}.{axis}"] = (I32, ())
-    for reg in ("laneid", "warpid", "cluster.ctarank", "cluster.nctarank"):
+    for reg in ("laneid", "warpid", "nsmid", "cluster.ctarank", "cluster.nctarank"):
         t[f"read.ptx.sreg.{reg}"] = (I32, ())
     # mbarrier and fences (§4).
     t["mbarrier.init.shared"] = (VOID, (p3, I32))

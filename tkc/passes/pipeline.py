@@ -16,8 +16,8 @@ from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
 from tkc.passes.licm import licm
-from tkc.passes.persistent import persistent
 from tkc.passes.lower_to_hopper import lower_to_hopper
+from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.select_layouts import select_layouts
 from tkc.passes.specialize_warps import specialize_warps
@@ -37,8 +37,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
-    # --- later stages, each in its own file: pipeline-loops and specialize-warps
-    #   (between select-layouts and lower-to-hopper), lower-to-blackwell for sm_100a.
+    # --- later: lower-to-blackwell for sm_100a, in its own file.
 }
 
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the
@@ -46,4 +45,4 @@ PASSES: dict[str, Callable[[Module], None]] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = "select-layouts,lower-to-hopper,allocate-smem"
+HOPPER_PIPELINE = "persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,allocate-smem"
