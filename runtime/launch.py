@@ -159,7 +159,9 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     arg_checks.check_launch(compiled.name, params, args, tma=tma_names)
     device = torch.device("cuda", torch.cuda.current_device())
     _check_device(compiled.target, device)
-    grid = launch_grid(compiled.kernel_op, args) if grid is None else _grid(grid)
+    # A persistent kernel sizes its grid by the SM count (tile.num_sms): this device's.
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    grid = launch_grid(compiled.kernel_op, args, sms=sms) if grid is None else _grid(grid)
     if 0 in grid:
         return grid
     values = to_ctypes(param_values(params, args))

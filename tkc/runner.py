@@ -93,27 +93,31 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     if repeat < 1:
         raise TkcUsageError("repeat must be at least 1")
     name = kernel.attributes["sym_name"]
-    grid = tuple(grid or launch_grid(kernel, args))
+    # A given grid applies to every executor; otherwise each takes its kernel's own, which
+    # differ once passes change the grid (a persistent kernel launches one program per SM).
+    user_grid = tuple(grid) if grid else None
     reference = copy.deepcopy(args) if check and backend != "interpret" else None
     work = copy.deepcopy(args)
     if reference is not None:
         _poison_outputs(kernel, work)
     if backend == "interpret":
+        grid = user_grid or launch_grid(kernel, args)
         seconds = _timed(lambda: run_kernel(kernel, work, grid=grid))
     elif backend == "emulate":
         from tkc.compiler import compile_kernel
         from tkc.emulator import emulate
 
         hopper = compile_kernel(kernel, stop="hopper", cache=False).kernel_op
+        grid = user_grid or launch_grid(hopper, args)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
-        seconds, repeat = _run_gpu(kernel, work, grid, repeat)
+        seconds, repeat, grid = _run_gpu(kernel, work, user_grid, repeat)
     params = kernel.regions[0].block.args
     outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
                if isinstance(p.type, TensorType)]
     result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat)
     if reference is not None:
-        run_kernel(kernel, reference, grid=grid)
+        run_kernel(kernel, reference, grid=user_grid)
         result.checked = [_compare(n, t, out, np.asarray(ref)) for (n, t, out), ref, p in
                           zip(outputs, [r for r, p in zip(reference, params) if isinstance(p.type, TensorType)],
                               [p for p in params if isinstance(p.type, TensorType)])]
@@ -139,7 +143,10 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...], repeat: int) -> tuple[float, int]:
+def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int
+             ) -> tuple[float, int, tuple[int, ...]]:
+    """Launch on the GPU (the grid the runtime computes for this device unless given); the
+    median time of ``repeat`` timed launches after the one whose results are kept."""
     try:
         import torch
     except ImportError:
@@ -154,7 +161,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...], repeat: 
     params = kernel.regions[0].block.args
     dev = [dtypes.to_torch(np.asarray(w), p.type.dtype).cuda() if isinstance(p.type, TensorType) else w
            for p, w in zip(params, work)]
-    launch(compiled, dev, grid=grid)  # the result; later launches rewrite the same outputs
+    grid = launch(compiled, dev, grid=grid)  # the result; later launches rewrite the same outputs
     torch.cuda.synchronize()
     host = [dtypes.from_torch_tensor(d.cpu())[0] if isinstance(p.type, TensorType) else d
             for p, d in zip(params, dev)]
@@ -167,7 +174,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...], repeat: 
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     work[:] = host
-    return statistics.median(times), repeat
+    return statistics.median(times), repeat, tuple(grid)
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray) -> Mismatch:
