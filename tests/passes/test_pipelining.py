@@ -117,3 +117,21 @@ def test_consumers_pin_must_match_the_rows():
 def test_kernels_without_copies_in_loops_stay_single_role(name):
     text = lowered(name, {}, SPLIT)
     assert "hopper.role" not in text and "stages" not in text
+
+
+def test_pins_need_no_declaration():
+    """-D stages=2 / persistent=false reach the passes of a kernel that does not declare them."""
+    from tkc.compiler import compile_kernel
+
+    c = compile_kernel(EXAMPLES / "gemm.tk", {"stages": 2, "persistent": False, "warp_specialize": False},
+                       stop="hopper", cache=False)
+    text = c.asm["hopper"]
+    assert "stages = 2}" in text and "hopper.role" not in text and "tile.num_sms" not in text
+
+
+def test_bad_pin_value():
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcUsageError
+
+    with pytest.raises(TkcUsageError, match="pin stages = 0: expected a positive integer"):
+        compile_kernel(EXAMPLES / "gemm.tk", {"stages": 0}, stop="tkir", cache=False)

@@ -21,6 +21,7 @@ from tkc.frontend.values import (
     REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, TupleV, View,
 )
 from tkc.ir.builder import Builder
+from tkc.pins import PINS, check_pins
 from tkc.ir.core import Block, Module, Region
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
@@ -964,16 +965,21 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
         if names.count(k.name) > 1:
             raise TkcTypeError(f"kernel '{k.name}' is defined twice", k.loc)
     known = {p.name for k in kernels for p in k.params}
-    unknown = sorted(set(consts) - known)
+    unknown = sorted(set(consts) - known - set(PINS))
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
-                            f"{', '.join(sorted(known)) or 'none'}", kernels[0].loc)
+                            f"{', '.join(sorted(known)) or 'none'} (pins: {', '.join(PINS)})", kernels[0].loc)
     m = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
+        # Pins the kernel does not declare still reach the passes through its consts.
+        pins = {n: v for n, v in consts.items() if n in PINS and n not in mine}
         lowering = KernelLowering(k, helpers, mine)
         try:
-            m.body.append(lowering.lower())
+            kernel = lowering.lower()
+            kernel.attributes["consts"].update(pins)
+            check_pins(kernel.attributes["consts"], k.loc)
+            m.body.append(kernel)
         except RecursionError:  # 'a + a + ... + a' a few thousand long: the tree is deeper than Python's stack
             raise TkcUnsupportedError("this statement is nested too deeply to compile; split it up",
                                       lowering.b.loc or k.loc) from None

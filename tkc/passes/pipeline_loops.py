@@ -36,6 +36,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType
+from tkc.pins import check_pins
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -80,9 +81,8 @@ class _Pipeliner:
         self.kernel = kernel
         self.body = kernel.regions[0].block
         consts = kernel.attributes.get("consts") or {}
+        check_pins(consts, kernel.loc)
         self.pin = consts.get("stages")
-        if self.pin is not None and (isinstance(self.pin, bool) or not isinstance(self.pin, int) or self.pin < 1):
-            raise TkcUnsupportedError(f"stages = {self.pin!r}: expected a positive integer", kernel.loc)
         self.warpgroups = (kernel.attributes.get("threads") or 128) // 128
         self.capacity = lookup_target("sm_90a").max_smem_bytes
         self.consts: dict[int, Value] = {}

@@ -1,0 +1,32 @@
+"""Pins: compile-time choices a kernel may fix instead of leaving them to the passes.
+
+A pin is set like any constant (``-D stages=3``, ``gemm(a, b, c, stages=3)``, or declared
+as a kernel parameter ``stages: const = 3``) and lands in the kernel's ``consts``, where the
+pass that would otherwise choose reads it, so the choice shows in every IR dump.  This module
+only names the pins and checks their values; each pass owns its own use of them.
+"""
+
+from __future__ import annotations
+
+from tkc.errors import Loc, TkcUsageError
+
+#: name -> (type, what it fixes, which pass reads it)
+PINS: dict[str, tuple[type, str, str]] = {
+    "stages": (int, "stages of every TMA ring (1: no ring)", "pipeline-loops"),
+    "warp_specialize": (bool, "a producer warpgroup issues the copies", "specialize-warps"),
+    "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
+    "persistent": (bool, "one program per SM walks the output tiles", "persistent"),
+}
+
+
+def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
+    """Every pin in ``consts`` has a value of its type (and a positive count)."""
+    for name, value in consts.items():
+        if name not in PINS:
+            continue
+        want = PINS[name][0]
+        ok = isinstance(value, bool) if want is bool else (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+        if not ok:
+            raise TkcUsageError(f"pin {name} = {value!r}: expected "
+                                f"{'true or false' if want is bool else 'a positive integer'}", loc)
