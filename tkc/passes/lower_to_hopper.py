@@ -128,8 +128,12 @@ class _Lowering:
     def _lower_tma_group(self, loads: list[Operation]) -> None:
         last = loads[-1]
         bar = self.top.value(hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1}, loc=loads[0].loc)
+        names = [ld.tensor.name_hint or "tile" for ld in loads]
+        bar.name_hint = "_".join(names) + "_full"
         self.barriers.append(bar)
         dsts = [self._alloc(ld.result.type, ld.loc) for ld in loads]
+        for dst, name in zip(dsts, names):
+            dst.name_hint = name + "_smem"
         b = Builder.before(last)  # after the allocations: they shift the kernel body's indices
         if self._in_loop(last):
             # Every warpgroup must be done reading the previous tiles before TMA overwrites them.

@@ -45,4 +45,4 @@ PASSES: dict[str, Callable[[Module], None]] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = "persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,allocate-smem"
+HOPPER_PIPELINE = "persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,cse,dce,allocate-smem"
