@@ -1,0 +1,158 @@
+"""Timing on the GPU the same way for every contender, and writing the results down.
+
+Owns: the timing method (CUDA events around one call, warm-up first, the 256 MB L2 flush
+before every timed call, the median of many calls), the measurement of host overhead per
+call, the device description, and the three outputs of a run: the table printed last, the
+section appended to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is
+being timed.
+
+Why the flush hides host overhead: each timed call is enqueued as flush, start event,
+kernel, end event.  The CPU-side work of the call (argument checks, tensor maps) runs while
+the GPU is still clearing 256 MB, so the kernel is queued before the start event fires and
+the events time the kernel alone (the same method as triton.testing.do_bench).
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class Timing:
+    median_s: float
+    runs: int
+    spread: float  # (p80 - p20) / median: how noisy the runs were
+
+
+def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool = True) -> Timing:
+    """Median GPU time of ``fn`` (which enqueues work on the current stream)."""
+    cache = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for s, e in zip(starts, ends):
+        if flush:
+            cache.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
+    med = statistics.median(times)
+    lo, hi = times[len(times) // 5], times[(4 * len(times)) // 5]
+    return Timing(med, runs, (hi - lo) / med if med else 0.0)
+
+
+def host_time(fn: Callable[[], Any], calls: int = 200) -> float:
+    """Seconds of CPU time per call of ``fn`` (enqueue only; the GPU keeps up or queues)."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return elapsed / calls
+
+
+def device_description() -> str:
+    p = torch.cuda.get_device_properties(0)
+    driver = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "?"
+    return (f"{p.name} ({p.multi_processor_count} SMs, {p.total_memory // 2**20} MiB), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, driver API {driver}")
+
+
+@dataclass
+class Row:
+    """One line of a table: a problem, a metric per contender, and the unit."""
+
+    group: str
+    problem: str
+    unit: str  # "TFLOP/s", "GB/s", "s", "us"
+    values: dict[str, float | None] = field(default_factory=dict)
+    notes: str = ""
+
+
+def ratio_text(row: Row, ours: str, peers: Sequence[str], higher_is_better: bool = True) -> str:
+    mine = row.values.get(ours)
+    out = []
+    for p in peers:
+        v = row.values.get(p)
+        if mine and v:
+            out.append(f"{(mine / v if higher_is_better else v / mine):.2f}x {p}")
+    return ", ".join(out)
+
+
+def table(rows: Sequence[Row], ours: str = "tkc") -> str:
+    """A markdown table per group: problem, every contender's number, tkc's ratio to each."""
+    lines: list[str] = []
+    for group in dict.fromkeys(r.group for r in rows):
+        grp = [r for r in rows if r.group == group]
+        names = list(dict.fromkeys(k for r in grp for k in r.values))
+        unit = grp[0].unit
+        better = unit not in ("s", "us")
+        lines += [f"### {group} ({unit}, {'higher' if better else 'lower'} is better)", "",
+                  "| problem | " + " | ".join(names) + " | tkc vs each |",
+                  "|---|" + "---|" * (len(names) + 1)]
+        for r in grp:
+            cells = [("-" if r.values.get(n) is None else f"{r.values[n]:.4g}") for n in names]
+            peers = [n for n in names if n != ours]
+            lines.append(f"| {r.problem} | " + " | ".join(cells) + f" | {ratio_text(r, ours, peers, better)} |")
+            if r.notes:
+                lines.append(f"| ↳ {r.notes} |" + " |" * (len(names) + 1))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def append_results(path: Path, command: str, rows: Sequence[Row], extra: str = "") -> None:
+    """Add a dated section (newest first, after the file's introduction) to RESULTS.md."""
+    text = path.read_text() if path.exists() else "# GPU results\n"
+    head, sep, rest = text.partition("\n## ")
+    date = datetime.date.today().isoformat()
+    section = (f"## {date} (benchmark harness) — {device_description()}\n\n```\n{command}\n```\n\n"
+               + (extra + "\n\n" if extra else "") + table(rows) + "\n")
+    path.write_text(head.rstrip("\n") + "\n\n" + section + (sep.lstrip("\n") + rest if sep else ""))
+
+
+def plot(rows: Sequence[Row], group: str, path: Path, x_label: str, ours: str = "tkc") -> bool:
+    """One PNG per group: each contender's metric over the group's problems.  False (and no
+    file) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    grp = [r for r in rows if r.group == group]
+    if not grp:
+        return False
+    names = list(dict.fromkeys(k for r in grp for k in r.values))
+    fig, ax = plt.subplots(figsize=(max(6, len(grp) * 0.9), 4))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        ys = [r.values.get(n) or 0 for r in grp]
+        ax.bar([x + i * width for x in range(len(grp))], ys, width, label=n,
+               color="tab:red" if n == ours else None)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grp))])
+    ax.set_xticklabels([r.problem for r in grp], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(grp[0].unit)
+    ax.set_xlabel(x_label)
+    ax.set_title(group)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

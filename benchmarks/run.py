@@ -1,0 +1,216 @@
+"""tkc against the kernels a user would pick instead, in one run, on one GPU.
+
+    python benchmarks/run.py                 # everything; appends to benchmarks/RESULTS.md, saves PNGs
+    python benchmarks/run.py --quick         # fewer shapes and runs (a few minutes)
+    python benchmarks/run.py --only gemm,norm --no-write
+
+Rows (bf16 unless named): GEMM against torch.matmul (cuBLAS) and a Triton GEMM; attention
+forward against every SDPA backend torch has (cuDNN, flash, memory-efficient), with
+FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against torch, Triton
+and the device-to-device copy bandwidth; cold compile time and host time per launch.  Every
+tkc result is checked against torch before it is timed; a wrong result is reported, not
+timed.  Timing method: benchmarks/harness.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from harness import Row, append_results, device_description, gpu_time, host_time, plot, table  # noqa: E402
+
+from tkc.compiler import compile_kernel  # noqa: E402
+from tkc.runtime.launch import launch  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+# FlashAttention-3 forward, bf16, H100 SXM, seqlen 16k, head dim 128 (background/performance-anchors).
+FA3_PUBLISHED = {(128, False, 16384): 648.0, (128, True, 16384): 616.0}
+
+try:
+    import triton_kernels as tri
+except ImportError:  # no Triton: its column stays empty
+    tri = None
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def tkc_call(example: str, consts: dict, args: list):
+    compiled = compile_kernel(EXAMPLES / example, consts)
+    return compiled, (lambda: launch(compiled, args))
+
+
+def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
+    """'' when ``got`` matches ``want`` within ``tol`` of its scale, else what is wrong."""
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item() or 1.0
+    if math.isnan(err) or err > tol * scale:
+        return f"WRONG: max error {err:.3g} (scale {scale:.3g}); not timed"
+    return ""
+
+
+# ----------------------------------------------------------------------------------- GEMM
+def gemm_rows(quick: bool, runs: int) -> list[Row]:
+    shapes = [(4096, 4096, 4096), (8192, 8192, 8192)] if quick else [
+        (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (2048, 4096, 8192)]
+    rows = []
+    for M, N, K in shapes:
+        a, b = randn(M, K), randn(K, N)
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        flops = 2 * M * N * K
+        row = Row("GEMM bf16", f"{M}x{N}x{K}", "TFLOP/s")
+        _, run = tkc_call("gemm.tk", {}, [a, b, c])
+        run()
+        row.notes = close(c, a.float() @ b.float(), 2e-2)
+        row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
+        row.values["torch (cuBLAS)"] = flops / gpu_time(lambda: torch.matmul(a, b, out=c), runs).median_s / 1e12
+        if tri is not None:
+            row.values["triton"] = flops / gpu_time(lambda: tri.gemm(a, b, c), runs).median_s / 1e12
+        rows.append(row)
+        print(f"  gemm {row.problem}: {row.values}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------ attention
+def attention_rows(quick: bool, runs: int) -> list[Row]:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash (FA2)": SDPBackend.FLASH_ATTENTION,
+                "mem-efficient": SDPBackend.EFFICIENT_ATTENTION}
+    seqlens = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    dims = [64, 128] if quick else [64, 128, 256]
+    rows = []
+    for D in dims:
+        H = 2048 // D
+        for causal in (False, True):
+            for N in seqlens:
+                B = 16384 // N
+                q, k, v = randn(B, H, N, D), randn(B, H, N, D), randn(B, H, N, D)
+                o = torch.empty_like(q)
+                scale = 1 / math.sqrt(D)
+                flops = 4 * B * H * N * N * D // (2 if causal else 1)
+                row = Row(f"attention forward D={D}{' causal' if causal else ''}", f"B{B} H{H} N{N}", "TFLOP/s")
+                consts = {"D": D, "causal": causal, **({"BN": 64} if D == 256 else {})}
+                _, run = tkc_call("attn.tk", consts, [q, k, v, o, scale])
+                run()
+                ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+                row.notes = close(o, ref, 2e-2)
+                row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
+                for name, be in backends.items():
+                    try:
+                        with sdpa_kernel([be]):
+                            fn = lambda: torch.nn.functional.scaled_dot_product_attention(
+                                q, k, v, is_causal=causal, scale=scale)
+                            fn()
+                            row.values[name] = flops / gpu_time(fn, runs).median_s / 1e12
+                    except RuntimeError:  # this backend does not take these inputs
+                        row.values[name] = None
+                pub = FA3_PUBLISHED.get((D, causal, N))
+                if pub:
+                    row.notes = (row.notes + "; " if row.notes else "") + f"FA3 published on H100: {pub} TFLOP/s"
+                rows.append(row)
+                print(f"  attn D{D} causal={causal} {row.problem}: {row.values}", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------- softmax and layernorm
+def norm_rows(quick: bool, runs: int) -> list[Row]:
+    widths = [4096, 65536] if quick else [4096, 16384, 65536]
+    total = 1 << 26  # elements per problem: 128 MB of bf16 in, 128 MB out
+    rows = []
+    for N in widths:
+        M = total // N
+        x, y = randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        moved = 2 * x.numel() * x.element_size()  # read once, write once: what any kernel must move
+        copy_bw = moved / gpu_time(lambda: y.copy_(x), runs).median_s / 1e9
+        for op in ("softmax", "layernorm"):
+            row = Row(f"{op} bf16 (GB/s of one read + one write)", f"{M}x{N}", "GB/s")
+            w, b = randn(N), randn(N)
+            if op == "softmax":
+                args, ref = [x, y], lambda: torch.softmax(x.float(), -1)
+                torch_fn = lambda: torch.softmax(x, -1)
+                tri_fn = (lambda: tri.softmax(x, y)) if tri else None
+            else:
+                args, ref = [x, w, b, y, 1e-5], lambda: torch.nn.functional.layer_norm(
+                    x.float(), (N,), w.float(), b.float(), 1e-5)
+                torch_fn = lambda: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)
+                tri_fn = (lambda: tri.layernorm(x, w, b, y, 1e-5)) if tri else None
+            _, run = tkc_call(f"{op}.tk", {}, args)
+            run()
+            row.notes = close(y, ref(), 3e-2)
+            row.values["tkc"] = None if row.notes else moved / gpu_time(run, runs).median_s / 1e9
+            row.values["torch"] = moved / gpu_time(torch_fn, runs).median_s / 1e9
+            if tri_fn is not None:
+                row.values["triton"] = moved / gpu_time(tri_fn, runs).median_s / 1e9
+            row.values["copy"] = copy_bw
+            rows.append(row)
+            print(f"  {op} {row.problem}: {row.values}", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------- compile and launch costs
+def overhead_rows() -> list[Row]:
+    rows = []
+    for example, consts in (("gemm.tk", {}), ("attn.tk", {}), ("softmax.tk", {}), ("layernorm.tk", {})):
+        t = time.perf_counter()
+        compile_kernel(EXAMPLES / example, consts, cache=False)
+        rows.append(Row("cold compile time (tkc compile_kernel to cubin, no cache)", example, "s",
+                        {"tkc": time.perf_counter() - t}))
+    x, y = randn(64, 256), torch.empty(64, 256, device="cuda", dtype=torch.bfloat16)
+    compiled = compile_kernel(EXAMPLES / "softmax.tk", {})
+    row = Row("host time per launch, cached compile (64x256 softmax)", "one call", "us")
+    row.values["tkc"] = host_time(lambda: launch(compiled, [x, y])) * 1e6
+    row.values["torch"] = host_time(lambda: torch.softmax(x, -1)) * 1e6
+    if tri is not None:
+        tri.softmax(x, y)
+        row.values["triton"] = host_time(lambda: tri.softmax(x, y)) * 1e6
+    rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer shapes and timed runs")
+    ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per contender (median)")
+    ap.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section, no plots")
+    ap.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="the file the section goes to")
+    ap.add_argument("--plots", type=Path, default=HERE, help="folder for the PNG plots")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks need a CUDA GPU")
+    runs = args.runs or (20 if args.quick else 50)
+    groups = args.only.split(",")
+    print(device_description(), flush=True)
+    rows: list[Row] = []
+    if "gemm" in groups:
+        rows += gemm_rows(args.quick, runs)
+    if "attn" in groups:
+        rows += attention_rows(args.quick, runs)
+    if "norm" in groups:
+        rows += norm_rows(args.quick, runs)
+    if "overhead" in groups:
+        rows += overhead_rows()
+    text = table(rows)
+    print()
+    print(text)
+    if not args.no_write:
+        command = "python benchmarks/run.py " + " ".join(sys.argv[1:])
+        append_results(args.results, command, rows)
+        for group in dict.fromkeys(r.group for r in rows):
+            name = "".join(ch if ch.isalnum() else "_" for ch in group.lower()).strip("_")[:48]
+            plot(rows, group, args.plots / f"plot_{name}.png", "problem")
+
+
+if __name__ == "__main__":
+    main()
