@@ -151,6 +151,17 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     from tkc.interpreter import launch_grid
     from tkc.runtime import args as arg_checks
 
+    # The same arguments as an earlier launch (same tensors by address, shape, strides, dtype
+    # and device; same scalars): that launch checked them, computed the grid and encoded the
+    # tensor maps, so only the driver call is left.  A benchmark or a training step that
+    # reuses its buffers pays for the Python-side work once.
+    key = _plan_key(args, grid, torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    plan = compiled.launch_plans.get(key) if key is not None else None
+    if plan is not None:
+        out_grid, fn, values = plan
+        if 0 not in out_grid:
+            fn.launch(out_grid, compiled.threads, compiled.smem_bytes or 0, stream, values)
+        return out_grid
     if "hopper" not in compiled.asm:
         raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
     params = compiled.params
@@ -163,13 +174,39 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     grid = launch_grid(compiled.kernel_op, args, sms=sms) if grid is None else _grid(grid)
     if 0 in grid:
+        if key is not None:
+            compiled.launch_plans[key] = (grid, None, [])
         return grid
     values = to_ctypes(param_values(params, args))
 
     from tkc.runtime.tensormap import encode_tiled
 
-    # Each map keeps its tensor alive; all of them must outlive the launch call.
+    # A map holds the tensor's address, not the tensor: the plan stays valid for whatever
+    # tensor has the same address, shape and strides when it is reused.
     maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0]) for i, box, swizzle in maps]
     fn = _function(compiled, device.index)
     fn.launch(grid, compiled.threads, compiled.smem_bytes or 0, stream, [*values, *maps_enc])
+    if key is not None:
+        if len(compiled.launch_plans) >= _MAX_PLANS:
+            compiled.launch_plans.clear()
+        compiled.launch_plans[key] = (grid, fn, [*values, *maps_enc])
     return grid
+
+
+_MAX_PLANS = 64  # per kernel; a program cycling through more buffers just pays full price
+
+
+def _plan_key(args: Sequence[Any], grid: Any, device: int) -> tuple | None:
+    """What makes two launches interchangeable, or None for arguments the plan cache does not
+    handle (anything but torch tensors and Python numbers)."""
+    import torch
+
+    parts: list[Any] = [device, None if grid is None else repr(grid)]
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            parts.append((x.data_ptr(), x.shape, x.stride(), x.dtype, x.device))
+        elif isinstance(x, (bool, int, float)):
+            parts.append((type(x), x))
+        else:
+            return None
+    return tuple(parts)

@@ -220,3 +220,19 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert "gpu: median kernel time of 3 launches" in r.stdout
     checks = [line for line in r.stdout.splitlines() if line.startswith("  check ")]
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
+
+
+def test_repeated_launches_reuse_the_checked_plan(rng) -> None:
+    """A second launch with the same buffers skips the Python-side work, computes with the
+    buffers' new contents, and a launch with other buffers is checked again."""
+    g, seed = rng
+    c_kernel = compiled("gemm.tk")
+    a, b, c = randn(g, 256, 128), randn(g, 128, 192), poisoned(256, 192)
+    launch(c_kernel, [a, b, c])
+    assert len(c_kernel.launch_plans) >= 1
+    a.copy_(randn(g, 256, 128))  # same buffer, new data
+    c.fill_(float("nan"))
+    launch(c_kernel, [a, b, c])
+    check("gemm relaunch", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
+    with pytest.raises(TkcLaunchError, match="dtype"):
+        launch(c_kernel, [a.float(), b, c])
