@@ -126,9 +126,9 @@ def append_results(path: Path, command: str, rows: Sequence[Row], extra: str = "
     path.write_text(head.rstrip("\n") + "\n\n" + section + (sep.lstrip("\n") + rest if sep else ""))
 
 
-def plot(rows: Sequence[Row], group: str, path: Path, x_label: str, ours: str = "tkc") -> bool:
-    """One PNG per group: each contender's metric over the group's problems.  False (and no
-    file) when matplotlib is missing."""
+def plot(rows: Sequence[Row], groups: Sequence[str], path: Path, ours: str = "tkc") -> bool:
+    """One PNG with a panel per group: each contender's metric over the group's problems.
+    False (and no file) when matplotlib is missing or no group has rows."""
     try:
         import matplotlib
 
@@ -136,23 +136,28 @@ def plot(rows: Sequence[Row], group: str, path: Path, x_label: str, ours: str = 
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    grp = [r for r in rows if r.group == group]
-    if not grp:
+    panels = [(g, [r for r in rows if r.group == g]) for g in groups]
+    panels = [(g, grp) for g, grp in panels if grp]
+    if not panels:
         return False
-    names = list(dict.fromkeys(k for r in grp for k in r.values))
-    fig, ax = plt.subplots(figsize=(max(6, len(grp) * 0.9), 4))
-    width = 0.8 / len(names)
-    for i, n in enumerate(names):
-        ys = [r.values.get(n) or 0 for r in grp]
-        ax.bar([x + i * width for x in range(len(grp))], ys, width, label=n,
-               color="tab:red" if n == ours else None)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grp))])
-    ax.set_xticklabels([r.problem for r in grp], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(grp[0].unit)
-    ax.set_xlabel(x_label)
-    ax.set_title(group)
-    ax.legend(fontsize=8)
+    cols = min(2, len(panels))
+    n_rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(n_rows, cols, figsize=(7 * cols, 3.6 * n_rows), squeeze=False)
+    for ax, (group, grp) in zip(axes.flat, panels):
+        names = list(dict.fromkeys(k for r in grp for k in r.values))
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            ys = [r.values.get(n) or 0 for r in grp]
+            ax.bar([x + i * width for x in range(len(grp))], ys, width, label=n,
+                   color="tab:red" if n == ours else None)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grp))])
+        ax.set_xticklabels([r.problem for r in grp], rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel(grp[0].unit)
+        ax.set_title(group, fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

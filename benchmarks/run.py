@@ -207,9 +207,9 @@ def main() -> None:
     if not args.no_write:
         command = "python benchmarks/run.py " + " ".join(sys.argv[1:])
         append_results(args.results, command, rows)
-        for group in dict.fromkeys(r.group for r in rows):
-            name = "".join(ch if ch.isalnum() else "_" for ch in group.lower()).strip("_")[:48]
-            plot(rows, group, args.plots / f"plot_{name}.png", "problem")
+        groups_seen = list(dict.fromkeys(r.group for r in rows))
+        for name, prefix in (("gemm", "GEMM"), ("attention", "attention"), ("norms", ("softmax", "layernorm"))):
+            plot(rows, [g for g in groups_seen if g.startswith(prefix)], args.plots / f"plot_{name}.png")
 
 
 if __name__ == "__main__":
