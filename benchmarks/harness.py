@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,9 +70,13 @@ def host_time(fn: Callable[[], Any], calls: int = 200) -> float:
 
 def device_description() -> str:
     p = torch.cuda.get_device_properties(0)
-    driver = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else "?"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.split("\n")[0].strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        driver = "?"
     return (f"{p.name} ({p.multi_processor_count} SMs, {p.total_memory // 2**20} MiB), torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}, driver API {driver}")
+            f"CUDA {torch.version.cuda}, driver {driver}")
 
 
 @dataclass
