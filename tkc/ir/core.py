@@ -149,6 +149,13 @@ class Operation:
                 for op in list(b.ops):
                     yield from op.walk()
 
+    def ancestors(self) -> Iterator[Operation]:
+        """The ops whose regions hold this op, innermost first, up to the top-level op."""
+        block = self.parent
+        while block is not None and block.parent_op is not None:
+            yield block.parent_op
+            block = block.parent_op.parent
+
     def erase(self) -> None:
         assert self.parent is not None, "op is not in a block"
         self.parent.ops.remove(self)

@@ -127,15 +127,6 @@ def _may_share(a: _Alloc, b: _Alloc, pos: _Positions) -> bool:
     return pos.separated(a, b) or pos.separated(b, a)
 
 
-def _ancestors(op: Operation) -> Iterator[Operation]:
-    """The ops whose regions hold ``op``, innermost first."""
-    block = op.parent
-    while block is not None and block.parent_op is not None:
-        parent = block.parent_op
-        yield parent
-        block = parent.parent
-
-
 def _is_smem(v: Value) -> bool:
     return isinstance(v.type, TileType) and v.type.space == "smem"
 
@@ -184,7 +175,7 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
             points += [pos.pos[loop], pos.end[loop]]
         for user in users.get(v, []):
             lo, hi = pos.pos[user], pos.end[user]
-            for outer in _ancestors(user):
+            for outer in user.ancestors():
                 if outer.name == "tile.for" and not pos.contains(outer, alloc):
                     lo, hi = min(lo, pos.pos[outer]), max(hi, pos.end[outer])
             for i, operand in enumerate(user.operands):

@@ -108,13 +108,9 @@ class _Lowering:
         for g in groups:
             self._lower_tma_group(g)
 
-    def _in_loop(self, op: Operation) -> bool:
-        p = op.parent.parent_op if op.parent else None
-        while p is not None and p is not self.kernel:
-            if p.name == "tile.for":
-                return True
-            p = p.parent.parent_op if p.parent else None
-        return False
+    @staticmethod
+    def _in_loop(op: Operation) -> bool:
+        return any(p.name == "tile.for" for p in op.ancestors())
 
     def _map(self, load: Operation, layout: SharedLayout) -> int:
         param = self.body.args.index(load.tensor)

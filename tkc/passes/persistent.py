@@ -60,20 +60,11 @@ def _why_not(kernel: Operation) -> tuple[Operation | None, str | None]:
 
 def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
     body = kernel.regions[0].block
-    mma_in_loop = any(op.name == "tile.mma" and any(p.name == "tile.for" for p in _ancestors(op, kernel))
+    mma_in_loop = any(op.name == "tile.mma" and any(p.name == "tile.for" for p in op.ancestors())
                       for op in kernel.walk())
-    load_outside = any(op.name == "tile.load" and not any(p.name == "tile.for" for p in _ancestors(op, kernel))
+    load_outside = any(op.name == "tile.load" and not any(p.name == "tile.for" for p in op.ancestors())
                        for op in kernel.walk())
     return len(grid.operands) == 2 and mma_in_loop and not load_outside and grid.parent is body
-
-
-def _ancestors(op: Operation, stop: Operation) -> list[Operation]:
-    out = []
-    p = op.parent.parent_op if op.parent else None
-    while p is not None and p is not stop:
-        out.append(p)
-        p = p.parent.parent_op if p.parent else None
-    return out
 
 
 def _persist(kernel: Operation) -> None:

@@ -146,21 +146,11 @@ class _Pipeliner:
         return not any(v in inside for v in g.loop.operands[:3])
 
     def _enclosing(self, op: Operation) -> list[Operation]:
-        out = []
-        p = op.parent.parent_op if op.parent else None
-        while p is not None and p is not self.kernel:
-            out.append(p)
-            p = p.parent.parent_op if p.parent else None
-        return out
+        return [p for p in op.ancestors() if p is not self.kernel]
 
     @staticmethod
     def _inside(op: Operation, loop: Operation) -> bool:
-        p = op.parent.parent_op if op.parent else None
-        while p is not None:
-            if p is loop:
-                return True
-            p = p.parent.parent_op if p.parent else None
-        return False
+        return loop in op.ancestors()
 
     # ---------------------------------------------------------------- rewrite
     def _c(self, value: int) -> Value:

@@ -57,15 +57,6 @@ def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
-def _ancestors(op: Operation, stop: Operation) -> list[Operation]:
-    out = []
-    p = op.parent.parent_op if op.parent else None
-    while p is not None and p is not stop:
-        out.append(p)
-        p = p.parent.parent_op if p.parent else None
-    return out
-
-
 class _Specializer:
     def __init__(self, kernel: Operation):
         self.kernel = kernel
@@ -135,7 +126,7 @@ class _Specializer:
             if op in need or op.parent is self.body and op.name in _SETUP:
                 continue
             need.add(op)
-            for anc in _ancestors(op, self.kernel):
+            for anc in op.ancestors():
                 if anc not in need:
                     work.append(anc)
             operands = op.operands if op.name != "tile.for" else op.operands[:3]  # not the carried values

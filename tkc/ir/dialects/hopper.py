@@ -204,10 +204,7 @@ class BarrierOp(Operation):
 
 def enclosing_role(op: Operation) -> Operation | None:
     """The ``hopper.role`` an op is nested in, if any."""
-    p = op.parent.parent_op if op.parent else None
-    while p is not None and p.name != "hopper.role":
-        p = p.parent.parent_op if p.parent else None
-    return p
+    return next((p for p in op.ancestors() if p.name == "hopper.role"), None)
 
 
 @register
