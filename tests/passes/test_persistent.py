@@ -93,3 +93,22 @@ def k(x: f32[N], y: f32[N], persistent: const = True):
     run_kernel(before, a)
     run_kernel(after, b)
     np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_one_dimensional_grid_reads_program_id_1_as_0():
+    """In a 1-D grid, program_id(1) is 0 and num_programs(1) is 1, inside the tile loop too."""
+    src = """@kernel
+def k(x: f32[N, C], y: f32[N, C], persistent: const = True):
+    grid(cdiv(N, 16))
+    i = program_id(0)
+    j = program_id(1) * 16 + (num_programs(1) - 1) * 16
+    y[i*16:(i+1)*16, j:j+16] = x[i*16:(i+1)*16, j:j+16] + 1.0
+"""
+    before = compiled("k.tk", {}, "", src.replace(", persistent: const = True", "")).kernel()
+    after = compiled("k.tk", {}, "persistent", src).kernel()
+    a, b = random_args(before, {"N": 100, "C": 32}, 0), random_args(after, {"N": 100, "C": 32}, 0)
+    a[1][...] = np.nan
+    b[1][...] = np.nan
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[1], b[1])

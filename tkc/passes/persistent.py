@@ -80,7 +80,7 @@ def _persist(kernel: Operation) -> None:
         return
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
-    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (1, GROUP_M)}
+    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, GROUP_M)}
     gm = grid.operands[0]
     gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
     tiles = b.value(tile.MulOp, [gm, gn], I32)
@@ -97,7 +97,7 @@ def _persist(kernel: Operation) -> None:
     t = loop_body.args[0]
     lb = Builder(loop_body, 0, grid.loc)
     if gn is const[1]:
-        pm, pn = t, const[1]
+        pm, pn = t, const[0]  # a 1-D grid's program_id(1) is 0, its num_programs(1) is 1
     else:
         # Grouped order: GROUP_M tile rows at a time, down the rows then across the columns.
         width = lb.value(tile.MulOp, [const[GROUP_M], gn], I32)
