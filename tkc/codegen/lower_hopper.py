@@ -3,9 +3,10 @@
 Owns: shared memory (tiles and mbarriers at their ``allocate-smem`` offsets from the dynamic
 shared base; rings, whose stages ``hopper.stage`` addresses at run time), mbarrier
 init/expect_tx/arrive/wait, fences and ``bar.sync``, TMA loads box by box, wgmma issue
-(descriptors, SS and RS forms) and wait, predicated global loads and stores, reductions
-executed as their ``reduce_plan``, layout conversions and register-to-shared stores, and
-warpgroup roles (the warpgroup test, ``setmaxnreg``, the rebased thread index).
+(descriptors, SS and RS forms) and wait, reductions executed as their ``reduce_plan``,
+layout conversions and register-to-shared stores, and warpgroup roles (the warpgroup test,
+``setmaxnreg``, the rebased thread index).  Global loads and stores are in
+``lower_global.py``; their handlers are listed here with the rest.
 
 Must not: choose a layout, an offset or a plan.  Every address, descriptor, box and shuffle
 comes from the layout on the type (``SharedLayout.offset/descriptor/tma_box``, the register
@@ -24,20 +25,18 @@ import numpy as np
 from tkc.codegen import nvvm
 from tkc.codegen.lower import Barrier, Ring, SmemTile, TensorArg, entry_registers
 from tkc.codegen.lower_elementwise import cast_value
+from tkc.codegen.lower_global import HANDLERS as GLOBAL
 from tkc.codegen.lower_values import (
     BF16,
     HALF,
     Sym,
     as_value,
-    bits_type,
     const_i32,
-    constant,
     from_mem,
     llvm_call,
     mem_type,
     round_to,
     to_mem,
-    widen,
 )
 from tkc.codegen.nvvm import F32, I16, I32, I64
 from tkc.dtypes import DType
@@ -322,83 +321,6 @@ def _wgmma_wait_group(lw: Lowerer, op: Operation) -> None:
     nvvm.call(lw.b, "wgmma.wait_group.sync.aligned", op.pending)
 
 
-# --------------------------------------------------------------------------- global memory
-
-
-def _ld_asm(dt: DType) -> tuple[str, str, ir.IntType]:
-    ty = bits_type(dt)
-    if ty == I32:
-        return "b32", "r", ty
-    return ("b16", "h", I16) if ty == I16 else ("u8", "h", I16)
-
-
-def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple) -> tuple:
-    """(address, in-bounds i1) of the tensor element at tile coordinate ``coord``."""
-    b = lw.b
-    squeeze = set(op.squeeze or [])
-    it = iter(coord)
-    index = None
-    ok = None
-    for axis, off in enumerate(offs):
-        pos = off if axis in squeeze else b.add(off, as_value(next(it)))
-        inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])  # also rejects negatives
-        ok = inb if ok is None else b.and_(ok, inb)
-        term = b.mul(widen(b, pos), tensor.strides[axis])
-        index = term if index is None else b.add(index, term)
-    return b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok
-
-
-def _from_bits(b: ir.IRBuilder, raw: ir.Value, mem: ir.Type) -> ir.Value:
-    """The asm register (b32 or b16) as the element's memory type."""
-    if isinstance(mem, ir.IntType):
-        return b.trunc(raw, mem) if mem.width < raw.type.width else raw
-    return b.bitcast(raw, mem)
-
-
-def _to_bits(b: ir.IRBuilder, v: ir.Value, ty: ir.IntType) -> ir.Value:
-    if isinstance(v.type, ir.IntType):
-        return b.zext(v, ty) if v.type.width < ty.width else v
-    return b.bitcast(v, ty)
-
-
-def _load(lw: Lowerer, op: Operation) -> None:
-    b = lw.b
-    tensor: TensorArg = lw.get(op.tensor)
-    dt = tensor.type.dtype
-    t = op.result.type
-    offs = [lw.get(v) for v in op.offsets]
-    other = constant(dt, 0 if op.other is None else op.other)
-    suffix, cons, ty = _ld_asm(dt)
-    # Predicated so that no out-of-bounds address is touched (the tensor may even be empty).
-    asm = ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-           f"mov.b{ty.width} $0, 0; @p ld.global.{suffix} $0, [$1]; }}")
-    fty = ir.FunctionType(ty, [nvvm.ptr(nvvm.GLOBAL), I32])
-    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
-    out = []
-    for c in coords:
-        addr, ok = _global_element(lw, op, tensor, offs, c)
-        raw = b.asm(fty, asm, f"={cons},l,r", [addr, b.zext(ok, I32)], side_effect=True)
-        out.append(b.select(ok, from_mem(b, _from_bits(b, raw, mem_type(dt)), dt), other))
-    lw.set(op.result, out if isinstance(t, TileType) else out[0])
-
-
-def _store(lw: Lowerer, op: Operation) -> None:
-    b = lw.b
-    tensor: TensorArg = lw.get(op.tensor)
-    dt = tensor.type.dtype
-    t = op.value.type
-    offs = [lw.get(v) for v in op.offsets]
-    suffix, cons, ty = _ld_asm(dt)
-    asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.{suffix} [$0], $1; }}"
-    fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), ty, I32])
-    vals = lw.tile(op, op.value) if isinstance(t, TileType) else [lw.get(op.value)]
-    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
-    for v, c in zip(vals, coords):
-        addr, ok = _global_element(lw, op, tensor, offs, c)
-        bits = _to_bits(b, to_mem(b, v, dt), ty)
-        b.asm(fty, asm, f"l,{cons},r", [addr, bits, b.zext(ok, I32)], side_effect=True)
-
-
 # --------------------------------------------------------------------------- between threads
 
 
@@ -530,8 +452,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.wgmma": _wgmma,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wgmma_wait_group,
-    "hopper.load": _load,
-    "hopper.store": _store,
+    **GLOBAL,
     "hopper.reduce": _reduce,
     "hopper.convert_layout": _convert_layout,
 }

@@ -1,0 +1,134 @@
+"""``hopper.load``/``hopper.store`` codegen: the runs read off a layout, and the vector
+accesses they become in the examples' PTX."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from functools import cache
+
+import numpy as np
+import pytest
+
+from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
+from tkc.codegen.lower_global import vector_runs
+from tkc.ir.layouts import Blocked, Slice, WgmmaAccumulator, choose_blocked
+from tkc.ir.parser import parse_module
+
+from test_lower import _example
+
+
+def _uniform(regs: int, n: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, n) for i in range(0, regs, n))
+
+
+SOFTMAX_LAYOUT = Blocked((16, 512), 8, (1, 32), (4, 1))
+ACC = WgmmaAccumulator(64)
+
+RUNS = [
+    # bf16 runs of 8 columns are 16 B: one run per vec.
+    ("blocked vec=8 bf16", SOFTMAX_LAYOUT, 2, _uniform(64, 8)),
+    # f32: 16 B is 4 elements, so each run of 8 columns is two aligned runs of 4.
+    ("blocked vec=8 f32", SOFTMAX_LAYOUT, 4, _uniform(64, 4)),
+    ("blocked vec=4 bf16", Blocked((16, 256), 4, (1, 32), (4, 1)), 2, _uniform(32, 4)),
+    ("blocked vec=16 bytes", Blocked((4, 512), 16, (1, 32), (4, 1)), 1, _uniform(16, 16)),
+    ("blocked vec=1", Blocked((64, 64), 1, (1, 32), (4, 1)), 2, _uniform(32, 1)),
+    # A row block narrower than the thread grid: columns wrap modulo 8 (replicas) and stay aligned.
+    ("blocked replicated", Blocked((8,), 4, (32,), (4,)), 2, ((0, 4),)),
+    # Runs of 3 columns start at odd columns: only single elements are aligned.
+    ("blocked vec=3", Blocked((96,), 3, (32,), (4,)), 4, _uniform(3, 1)),
+    # The accumulator holds column pairs (2l%4, +1) of two rows per 8 columns.
+    ("accumulator bf16", ACC, 2, _uniform(32, 2)),
+    ("accumulator f32", ACC, 4, _uniform(32, 2)),
+    # Reduced over rows: the column pairs remain; over columns: rows r and r+8, no run.
+    ("slice of accumulator axis=0", Slice(ACC, 0), 2, _uniform(16, 2)),
+    ("slice of accumulator axis=1", Slice(ACC, 1), 2, _uniform(2, 1)),
+    ("keep slice of accumulator axis=1", Slice(ACC, 1, keep=True), 2, _uniform(2, 1)),
+    ("keep slice of accumulator axis=0", Slice(ACC, 0, keep=True), 2, _uniform(16, 2)),
+    # layernorm's weight row: the parent's runs of 8, once per column repeat.
+    ("slice of blocked axis=0", Slice(SOFTMAX_LAYOUT, 0), 2, _uniform(16, 8)),
+    ("slice of blocked axis=1", Slice(SOFTMAX_LAYOUT, 1), 2, _uniform(4, 1)),
+]
+
+
+@pytest.mark.parametrize("layout,elem_bytes,want", [r[1:] for r in RUNS], ids=[r[0] for r in RUNS])
+def test_vector_runs(layout, elem_bytes: int, want: tuple) -> None:
+    assert vector_runs(layout, elem_bytes) == want
+
+
+def test_runs_of_a_chosen_replicated_layout_are_aligned() -> None:
+    lay = choose_blocked((2, 8), 2, 128)  # 16 elements over 128 threads
+    runs = vector_runs(lay, 2)
+    assert sum(n for _, n in runs) == lay.regs
+    t = np.arange(lay.threads)
+    for first, n in runs:
+        col = lay.coords(t, first)[-1]
+        assert (col % n == 0).all()
+
+
+# --------------------------------------------------------------------------- PTX of the examples
+
+
+@cache
+def _ptx(name: str, consts: tuple = ()) -> str:
+    return kernel_to_ptx(_example(name, dict(consts)).kernel())
+
+
+def _accesses(ptx: str) -> Counter:
+    return Counter(re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
+
+
+@pytest.mark.parametrize("name,loads,stores", [
+    # A thread holds 4 rows x 2 runs of 8 bf16 columns of the 16 x 512 block: 8 runs for
+    # each of the two loads of x and for the store of y.
+    ("softmax.tk", 2 * 8, 8),
+    # ... plus the weight and bias rows, 2 runs each.
+    ("layernorm.tk", 2 * 8 + 2 * 2, 8),
+    # 16 x 256 blocks: 4 rows x 1 run; the weight row is 1 run.
+    ("rmsnorm.py", 2 * 4 + 1, 4),
+])
+def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> None:
+    got = _accesses(_ptx(name))
+    assert got["ld.global.v4.b32"] == loads, got
+    assert got["st.global.v4.b32"] == stores, got
+    # The element path stays, for runs at the tensor's edge or strided tensors.
+    assert got["ld.global.b16"] == 8 * loads and got["st.global.b16"] == 8 * stores, got
+
+
+@pytest.mark.parametrize("name,consts,pairs", [
+    ("gemm.tk", (), 32),  # 128 x 128 bf16 over two consumer warpgroups: 64 values a thread
+    ("gemm_fp8.tk", (), 32),
+    ("attn.tk", (("D", 64),), 16),  # the output block keeps its last axis (batch, head squeezed)
+    ("attn.tk", (("D", 128),), 32),
+])
+def test_epilogues_store_bf16_pairs(name: str, consts: tuple, pairs: int) -> None:
+    got = _accesses(_ptx(name, consts))
+    assert got["st.global.b32"] == pairs, got
+
+
+def test_fast_path_checks_stride_offset_and_alignment() -> None:
+    """The run-time test of the vector path reads every stride, the last offset and the
+    base address; without it the vector access would be wrong for a strided tensor."""
+    kernel = _example("softmax.tk", {}).kernel()
+    ll = str(kernel_to_llvm(kernel))
+    assert re.search(r"icmp eq i64 %\"x\.stride1\", 1", ll), "last-axis stride must be tested against 1"
+    assert re.search(r"and i64 %\"x\.stride0\", 7", ll), "the row stride must be a multiple of the run"
+    assert re.search(r"ptrtoint ptr addrspace\(1\) %\"x\" to i64", ll), "the base address must be aligned"
+
+
+SQUEEZED_LAST = """
+tile.kernel @col {threads = 128, smem_bytes = 0, tma_maps = []} {
+^(%x: tensor<bf16[M, N]>, %y: tensor<bf16[M, N]>):
+  %c0 = tile.constant {value = 0} : i32
+  %t = hopper.load %x, %c0, %c0 {box = [256, 1], squeeze = [1]} : tile<256xbf16, reg, COLUMN>
+  hopper.store %y, %t, %c0, %c0 {box = [256, 1], squeeze = [1]}
+  tile.return
+}
+""".replace("COLUMN", "#blocked<256, vec=2, lanes=32, warps=4>")
+
+
+def test_a_squeezed_last_axis_is_accessed_element_by_element() -> None:
+    """A column of a row-major tensor: consecutive values are a row stride apart."""
+    kernel = parse_module(SQUEEZED_LAST).kernel()
+    got = _accesses(kernel_to_ptx(kernel))
+    assert got == Counter({"ld.global.b16": 2, "st.global.b16": 2}), got

@@ -1,0 +1,374 @@
+"""``hopper.load`` and ``hopper.store``: a thread's register values to and from global memory.
+
+Owns: the address and bounds test of each value (docs/hopper.md §3: out-of-bounds values
+read ``other`` and are never written; §4: i32 sizes, i64 strides in elements), and the
+vector accesses that move several values at once.
+
+A *run* is a stretch of values ``i .. i+L-1`` of a thread whose tile coordinates differ only
+in the last axis, by +1 each, starting at a multiple of ``L`` on every thread
+(:func:`vector_runs` reads this off the layout's coordinates; ``L`` is a power of two and
+``L`` elements are at most 16 B).  Each run branches at run time: one
+``ld``/``st.global[.v2|.v4]`` when the tensor is contiguous and aligned for it (the op's
+*fast* flag: last-axis stride 1, the last-axis offset, the other strides and the base
+address multiples of ``L`` elements) and all its elements are in bounds; otherwise the
+element path, one predicated scalar access per in-bounds element (what every value of a
+tile without runs gets).  Both sides touch exactly the run's in-bounds elements, so neither
+the strides nor the alignment of a tensor change what an op reads or writes.  The loads
+merge as the words of the access, unpacked after the branch, so the vector side holds
+nothing that waits for the data.  Every access is side-effecting inline PTX: LLVM neither
+moves a load across a store nor merges or speculates accesses, and no out-of-bounds
+address is touched.
+
+Must not: choose a layout or know a layout formula; runs come from ``layout.coords``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING, NamedTuple
+
+import llvmlite.ir as ir
+import numpy as np
+
+from tkc.codegen import nvvm
+from tkc.codegen.lower import TensorArg
+from tkc.codegen.lower_values import as_value, bits_type, constant, from_mem, mem_type, to_mem, widen
+from tkc.codegen.nvvm import I16, I32, I64
+from tkc.dtypes import DType
+from tkc.ir.core import Operation
+from tkc.ir.layouts import DistributedLayout
+from tkc.ir.types import TileType
+
+if TYPE_CHECKING:
+    from tkc.codegen.lower import Lowerer
+
+#: The widest global access, in bytes (``ld.global.v4.b32``).
+VECTOR_BYTES = 16
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@lru_cache(maxsize=256)
+def vector_runs(layout: DistributedLayout, elem_bytes: int) -> tuple[tuple[int, int], ...]:
+    """``(first value, length)`` of each run of ``layout`` for elements of ``elem_bytes``
+    bytes, covering the values in order (a value in no longer run is a run of 1).
+
+    Greedy from value 0: each run is the longest power of two ``L`` (``L * elem_bytes <=
+    16``) for which, on every thread, values ``i .. i+L-1`` sit at consecutive last-axis
+    coordinates of one row, the first a multiple of ``L`` (so the run is ``L`` elements
+    aligned relative to the tile origin)."""
+    regs, threads = int(layout.regs), int(layout.threads)
+    widest = max(VECTOR_BYTES // elem_bytes, 1)
+    t = np.arange(threads)[:, None]
+    coords = [np.broadcast_to(c, (threads, regs)) for c in layout.coords(t, np.arange(regs)[None, :])]
+    last, others = coords[-1], coords[:-1]
+
+    def is_run(i: int, n: int) -> bool:
+        if i + n > regs:
+            return False
+        head = last[:, i:i + 1]
+        return (bool(np.all(last[:, i:i + n] == head + np.arange(n))) and bool(np.all(head % n == 0))
+                and all(bool(np.all(o[:, i:i + n] == o[:, i:i + 1])) for o in others))
+
+    runs, i = [], 0
+    while i < regs:
+        n = widest
+        while n > 1 and not is_run(i, n):
+            n //= 2
+        runs.append((i, n))
+        i += n
+    return tuple(runs)
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+class _Element(NamedTuple):
+    addr: ir.Value  # global pointer (meaningless where ``ok`` is false)
+    ok: ir.Value  # i1: in bounds on every axis
+
+
+def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple) -> _Element:
+    """The address and bounds test of the tensor element at tile coordinate ``coord``."""
+    b = lw.b
+    squeeze = set(op.squeeze or [])
+    it = iter(coord)
+    index = None
+    ok = None
+    for axis, off in enumerate(offs):
+        pos = off if axis in squeeze else b.add(off, as_value(next(it)))
+        inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])  # also rejects negatives
+        ok = inb if ok is None else b.and_(ok, inb)
+        term = b.mul(widen(b, pos), tensor.strides[axis])
+        index = term if index is None else b.add(index, term)
+    return _Element(b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok)
+
+
+def _elem_bytes(dt: DType) -> int:
+    return bits_type(dt).width // 8
+
+
+def _runs(op: Operation, tensor: TensorArg, t: object) -> tuple[tuple[int, int], ...] | None:
+    """The op's runs, or None when it has no vector access: a scalar, or a tile whose last
+    axis is not the tensor's (the last tensor axis is squeezed)."""
+    if not isinstance(t, TileType) or tensor.type.rank - 1 in (op.squeeze or []):
+        return None
+    runs = vector_runs(t.layout, _elem_bytes(tensor.type.dtype))
+    return runs if any(n > 1 for _, n in runs) else None
+
+
+def _fast(lw: Lowerer, tensor: TensorArg, offs: list, n: int) -> ir.Value:
+    """i1: runs of ``n`` elements of this op are contiguous and ``n``-element aligned in
+    memory: last-axis stride 1, and the last-axis offset, every other stride and the base
+    address multiples of ``n`` elements.  (The run's first coordinate is a multiple of
+    ``n`` by construction, so its address is then too.)"""
+    b = lw.b
+    eb = _elem_bytes(tensor.type.dtype)
+
+    def multiple(x: ir.Value, m: int) -> ir.Value:
+        ty = x.type
+        return b.icmp_unsigned("==", b.and_(x, ir.Constant(ty, m - 1)), ir.Constant(ty, 0))
+
+    conds = [b.icmp_unsigned("==", tensor.strides[-1], ir.Constant(I64, 1)), multiple(offs[-1], n)]
+    conds += [multiple(s, n) for s in tensor.strides[:-1]]
+    conds.append(multiple(b.ptrtoint(tensor.ptr, I64), n * eb))
+    out = conds[0]
+    for c in conds[1:]:
+        out = b.and_(out, c)
+    return out
+
+
+# --------------------------------------------------------------------------- PTX
+
+
+def _ld_asm(dt: DType) -> tuple[str, str, ir.IntType]:
+    """(type suffix, asm constraint, LLVM type) of one element's access."""
+    ty = bits_type(dt)
+    if ty == I32:
+        return "b32", "r", ty
+    return ("b16", "h", I16) if ty == I16 else ("u8", "h", I16)
+
+
+def _words(total_bytes: int) -> tuple[int, str, str, ir.IntType]:
+    """(word count, type suffix, constraint, LLVM type) of a vector access of ``total_bytes``."""
+    if total_bytes >= 4:
+        return total_bytes // 4, "b32", "r", I32
+    return 1, "b16", "h", I16
+
+
+def _vector_operand(regs: list[str]) -> str:
+    return regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+
+
+def _vector_op(w: int) -> str:
+    return "" if w == 1 else f".v{w}"
+
+
+def _pred(b: ir.IRBuilder, ok: ir.Value) -> ir.Value:
+    return b.zext(ok, I32)
+
+
+def _load_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, dt: DType) -> ir.Value:
+    """The element's bits (an int of its memory width), 0 where ``ok`` is false."""
+    suffix, cons, ty = _ld_asm(dt)
+    asm = ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+           f"mov.b{ty.width} $0, 0; @p ld.global.{suffix} $0, [$1]; }}")
+    fty = ir.FunctionType(ty, [nvvm.ptr(nvvm.GLOBAL), I32])
+    raw = b.asm(fty, asm, f"={cons},l,r", [elem.addr, _pred(b, ok)], side_effect=True)
+    width = _elem_bytes(dt) * 8
+    return b.trunc(raw, ir.IntType(width)) if width < ty.width else raw
+
+
+def _pack(b: ir.IRBuilder, bits: list[ir.Value], dt: DType) -> list[ir.Value]:
+    """The words of one vector access holding the element bits ``bits``, little-endian:
+    element k is byte ``k * size`` of the run."""
+    eb = _elem_bytes(dt)
+    w, _, _, ty = _words(len(bits) * eb)
+    per_word = ty.width // 8 // eb
+    words = []
+    for j in range(w):
+        word = None
+        for k in range(per_word):
+            v = bits[j * per_word + k]
+            v = b.zext(v, ty) if v.type.width < ty.width else v
+            v = b.shl(v, ir.Constant(ty, k * eb * 8)) if k else v
+            word = v if word is None else b.or_(word, v)
+        words.append(word)
+    return words
+
+
+def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
+    """The element bits of ``n`` elements packed in ``words`` (inverse of :func:`_pack`)."""
+    eb = _elem_bytes(dt)
+    ty = words[0].type
+    per_word = ty.width // 8 // eb
+    out = []
+    for k in range(n):
+        word = words[k // per_word]
+        shift = k % per_word * eb * 8
+        v = b.lshr(word, ir.Constant(ty, shift)) if shift else word
+        out.append(b.trunc(v, ir.IntType(eb * 8)) if eb * 8 < ty.width else v)
+    return out
+
+
+def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.Value]:
+    """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access."""
+    w, suffix, cons, ty = _words(n * _elem_bytes(dt))
+    asm = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
+    ret = ty if w == 1 else ir.LiteralStructType([ty] * w)
+    raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), asm, ",".join([f"={cons}"] * w + ["l"]), [addr],
+                side_effect=True)
+    return [raw] if w == 1 else [b.extract_value(raw, j) for j in range(w)]
+
+
+def _store_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, bits: ir.Value, dt: DType) -> None:
+    suffix, cons, ty = _ld_asm(dt)
+    asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.{suffix} [$0], $1; }}"
+    fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), ty, I32])
+    v = b.zext(bits, ty) if bits.type.width < ty.width else bits
+    b.asm(fty, asm, f"l,{cons},r", [elem.addr, v, _pred(b, ok)], side_effect=True)
+
+
+def _store_vector(b: ir.IRBuilder, addr: ir.Value, bits: list[ir.Value], dt: DType) -> None:
+    """Store the element bits ``bits`` (consecutive elements from ``addr``, aligned to their
+    size) in one access."""
+    words = _pack(b, bits, dt)
+    w, suffix, cons, ty = _words(len(bits) * _elem_bytes(dt))
+    asm = f"st.global{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
+    fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
+    b.asm(fty, asm, ",".join(["l"] + [cons] * w), [addr, *words], side_effect=True)
+
+
+def _value_of(b: ir.IRBuilder, bits: ir.Value, dt: DType) -> ir.Value:
+    """Register form of an element's memory bits."""
+    mem = mem_type(dt)
+    return from_mem(b, bits if isinstance(mem, ir.IntType) else b.bitcast(bits, mem), dt)
+
+
+def _bits_of(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
+    """Memory bits (an int of the element's width) of a register value."""
+    m = to_mem(b, v, dt)
+    return m if isinstance(m.type, ir.IntType) else b.bitcast(m, ir.IntType(_elem_bytes(dt) * 8))
+
+
+# --------------------------------------------------------------------------- the ops
+
+
+def _either(lw: Lowerer, cond: ir.Value, then: Callable[[], list], otherwise: Callable[[], list],
+            name: str) -> list[ir.Value]:
+    """``then()`` where ``cond`` holds, else ``otherwise()``, as a branch (each side's
+    accesses and address arithmetic run only on its side); the values they return merge
+    pairwise in phis."""
+    b = lw.b
+    yes = lw.fn.append_basic_block(f"{name}.vec")
+    no = lw.fn.append_basic_block(f"{name}.elem")
+    done = lw.fn.append_basic_block(f"{name}.end")
+    b.cbranch(cond, yes, no)
+    ends = []
+    for block, body in ((yes, then), (no, otherwise)):
+        b.position_at_end(block)
+        ends.append((body(), b.block))
+        b.branch(done)
+    b.position_at_end(done)
+    out = []
+    for x, y in zip(ends[0][0], ends[1][0]):
+        phi = b.phi(x.type)
+        phi.add_incoming(x, ends[0][1])
+        phi.add_incoming(y, ends[1][1])
+        out.append(phi)
+    return out
+
+
+class _Access(NamedTuple):
+    """One op's operands: the tensor, its offsets, each value's tile coordinates, and the
+    runs with the fast flag of each run length (None: no vector access)."""
+
+    tensor: TensorArg
+    offs: list
+    coords: list
+    runs: tuple[tuple[int, int], ...] | None
+    fast: dict[int, ir.Value]
+
+    def element(self, lw: Lowerer, op: Operation, i: int) -> _Element:
+        return _global_element(lw, op, self.tensor, self.offs, self.coords[i])
+
+    def vec_ok(self, lw: Lowerer, op: Operation, first: int, n: int) -> ir.Value:
+        """``fast`` and every element of the run in bounds: with the run's first element in
+        bounds (every axis) and its last one below the last-axis size, the ones between are
+        in bounds too (the first coordinate is a multiple of ``n``, so the sum cannot wrap)."""
+        b = lw.b
+        return b.and_(self.fast[n], b.and_(self.element(lw, op, first).ok, self.element(lw, op, first + n - 1).ok))
+
+
+def _access(lw: Lowerer, op: Operation, t: object) -> _Access:
+    tensor: TensorArg = lw.get(op.tensor)
+    offs = [lw.get(v) for v in op.offsets]
+    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
+    runs = _runs(op, tensor, t)
+    fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs or () if n > 1})}
+    return _Access(tensor, offs, coords, runs, fast)
+
+
+def load(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    t = op.result.type
+    acc = _access(lw, op, t)
+    dt = acc.tensor.type.dtype
+    other = constant(dt, 0 if op.other is None else op.other)
+
+    def element(i: int) -> ir.Value:
+        e = acc.element(lw, op, i)
+        return b.select(e.ok, _value_of(b, _load_element(b, e, e.ok, dt), dt), other)
+
+    # A vector run merges the words of its access, not values: the vector side holds only
+    # the load, so nothing waits for the data before the next run's load is issued.
+    def elements(first: int, n: int) -> list[ir.Value]:
+        other_bits = _bits_of(b, other, dt)
+        bits = []
+        for i in range(first, first + n):
+            e = acc.element(lw, op, i)
+            bits.append(b.select(e.ok, _load_element(b, e, e.ok, dt), other_bits))
+        return _pack(b, bits, dt)
+
+    def vector(first: int, n: int) -> list[ir.Value]:
+        return _load_vector(b, acc.element(lw, op, first).addr, dt, n)
+
+    out: list[ir.Value] = []
+    for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
+        if n == 1:
+            out.append(element(first))
+            continue
+        words = _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "ld")
+        out += [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
+    lw.set(op.result, out if isinstance(t, TileType) else out[0])
+
+
+def store(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    t = op.value.type
+    acc = _access(lw, op, t)
+    dt = acc.tensor.type.dtype
+    vals = lw.tile(op, op.value) if isinstance(t, TileType) else [lw.get(op.value)]
+    bits = [_bits_of(b, v, dt) for v in vals]
+
+    def elements(first: int, n: int) -> list:
+        for i in range(first, first + n):
+            e = acc.element(lw, op, i)
+            _store_element(b, e, e.ok, bits[i], dt)
+        return []
+
+    def vector(first: int, n: int) -> list:
+        addr = acc.element(lw, op, first).addr
+        _store_vector(b, addr, bits[first:first + n], dt)
+        return []
+
+    for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
+        if n == 1:
+            elements(first, 1)
+        else:
+            _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "st")
+
+
+HANDLERS = {"hopper.load": load, "hopper.store": store}
