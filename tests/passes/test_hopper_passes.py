@@ -131,9 +131,12 @@ def _src(body: str, params: str = "a: bf16[M, K], b: bf16[K, N], c: f32[M, N]") 
     ("c[0:32, 0:64] = a[0:32, 0:64] @ b[0:64, 0:64]", "64 rows per warpgroup"),
     ("c[0:64, 0:64] = a[0:64, 0:64] @ (b[0:64, 0:64] * b[0:64, 0:64])", "B operand of @ must be a tile loaded"),
     ("c[0:64, 0:64] = a[0:64, 0:64].to(f32).T", "transposing a register tile"),
+    ("c[0:64, 0:64] = (x[0:64, 0:64] * 2.0) @ y[0:64, 0:64]", "computed in registers must be f16 or bf16"),
+    ("c[0:64, 0:64] = x[0:64, 0:64] @ y[0:64, 0:64]", "A operand of @ cannot be copied to shared memory: "
+                                                     "wgmma takes 16- and 8-bit operands, not f32"),
 ])
 def test_unsupported_is_located(body, message):
-    m = compile_source(_src(body), "bad.tk")
+    m = compile_source(_src(body, "a: bf16[M, K], b: bf16[K, N], c: f32[M, N], x: f32[M, K], y: f32[K, N]"), "bad.tk")
     with pytest.raises(TkcUnsupportedError) as e:
         select_layouts(m)
         lower_to_hopper(m)

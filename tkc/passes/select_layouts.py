@@ -122,11 +122,13 @@ class _Selector:
                 load = _def(src)
                 transposed = src is not v
                 if load is None or load.name != "tile.load" or tma_loadable(load) is not None:
-                    if which == "a" and not transposed:
-                        if v.type.dtype.bits != 16:
-                            raise _unsupported(mma, "an A operand computed in registers must be f16 or bf16")
-                        continue  # a register operand: converted to #wgmma_a later
                     why = tma_loadable(load) if load is not None and load.name == "tile.load" else None
+                    if which == "a" and not transposed:
+                        if v.type.dtype.bits == 16:
+                            continue  # a register operand: converted to #wgmma_a later
+                        if why is None:
+                            raise _unsupported(mma, "an A operand computed in registers must be f16 or bf16")
+                        raise _unsupported(mma, f"the A operand of @ cannot be copied to shared memory: {why}")
                     raise _unsupported(mma, f"the {which.upper()} operand of @ must be a tile loaded from a "
                                             f"tensor (or its .T)" + (f": {why}" if why else ""))
                 # A is MxK, B is KxN; the stored tile's contiguous axis decides the major.
