@@ -132,3 +132,17 @@ def test_a_squeezed_last_axis_is_accessed_element_by_element() -> None:
     kernel = parse_module(SQUEEZED_LAST).kernel()
     got = _accesses(kernel_to_ptx(kernel))
     assert got == Counter({"ld.global.b16": 2, "st.global.b16": 2}), got
+
+
+def test_each_dtype_packs_its_runs() -> None:
+    """The elementwise fixture's #blocked<256, vec=2> tiles: runs of 2 of every dtype."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "kernels" / "elementwise.tkir"
+    got = _accesses(kernel_to_ptx(parse_module(path.read_text(), str(path)).kernel()))
+    assert got["ld.global.v2.b32"] == 2, got  # the i32 and f32 loads: 8 B
+    assert got["st.global.v2.b32"] == 1, got  # the i32 store
+    # f16 and bf16 pairs are one b32 (their element paths b16); fp8 and i1 pairs one b16
+    # (their element paths u8), i32 elements b32.
+    assert got["st.global.b32"] == 2 + 2 and got["st.global.b16"] == 2 + 2 * 2, got
+    assert got["st.global.u8"] == 2 * 2, got
