@@ -129,6 +129,7 @@ def _src(body: str, params: str = "a: bf16[M, K], b: bf16[K, N], c: f32[M, N]") 
 
 @pytest.mark.parametrize("body,message", [
     ("c[0:32, 0:64] = a[0:32, 0:64] @ b[0:64, 0:64]", "64 rows per warpgroup"),
+    ("c[0:64, 0:512] = a[0:64, 0:64] @ b[0:64, 0:512]", "8 to 256 columns in steps of 8; this product has 512"),
     ("c[0:64, 0:64] = a[0:64, 0:64] @ (b[0:64, 0:64] * b[0:64, 0:64])", "B operand of @ must be a tile loaded"),
     ("c[0:64, 0:64] = a[0:64, 0:64].to(f32).T", "transposing a register tile"),
     ("c[0:64, 0:64] = (x[0:64, 0:64] * 2.0) @ y[0:64, 0:64]", "computed in registers must be f16 or bf16"),

@@ -98,6 +98,9 @@ class _Selector:
         for op, m in ms:
             if m % 64:
                 raise _unsupported(op, f"wgmma computes 64 rows per warpgroup; this product has {m} rows")
+            if op.acc.type.shape[1] not in hopper.WGMMA_N:
+                raise _unsupported(op, f"wgmma computes 8 to 256 columns in steps of 8; this product has "
+                                       f"{op.acc.type.shape[1]} columns")
             if m != ms[0][1]:
                 raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")

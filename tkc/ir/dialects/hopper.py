@@ -279,6 +279,10 @@ class FenceProxyAsyncOp(Operation):
 
 
 # ---------------------------------------------------------------------- wgmma
+#: The accumulator widths (N of m64nNk*) wgmma has: 8 to 256 in steps of 8 (PTX-FACTS §1).
+WGMMA_N = range(8, 257, 8)
+
+
 @register
 class WgmmaOp(Operation):
     """``acc + A @ B``, issued asynchronously by each warpgroup for its 64 rows."""
@@ -310,7 +314,7 @@ class WgmmaOp(Operation):
         bn, bk = (b.layout.rows, b.layout.cols) if b.layout.major == "k" else (b.layout.cols, b.layout.rows)
         if am != m or bn != n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {m}x{n}")
-        if not 8 <= n <= 256 or n % 8:
+        if n not in WGMMA_N:
             raise self.error(f"wgmma N is 8..256 in steps of 8, got {n}")
         if a.dtype.bits != b.dtype.bits or (a.dtype != b.dtype and a.dtype.bits != 8):
             raise self.error(f"operand dtypes {a.dtype.name} and {b.dtype.name} do not pair")
