@@ -11,7 +11,7 @@ import pytest
 import tkc.compiler
 from tkc.compiler import STAGES, Compiled, compile_kernel
 from tkc.codegen.ptxas import find_ptxas, searched
-from tkc.errors import TkcPassError, TkcUsageError
+from tkc.errors import TkcUsageError
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassOptions
@@ -153,7 +153,7 @@ def test_pass_timing_bypasses_the_cache(tmp_path: Path) -> None:
 def test_dumps_of_a_failing_pass_are_shown(tmp_path: Path) -> None:
     out = io.StringIO()
     opts = PassOptions(dump_after=("all",), stream=out, reproducer_dir=None)
-    with pytest.raises(TkcPassError):
+    with pytest.raises(TkcUsageError, match="lower-to-hopper runs after select-layouts"):
         # lower-to-hopper before select-layouts: the layouts it needs are missing
         compile_kernel(GEMM, stop="hopper", hopper_pipeline="lower-to-hopper", pass_options=opts, cache=False)
     assert "IR Dump After dce (4)" in out.getvalue()

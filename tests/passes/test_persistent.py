@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tkc.errors import TkcPassError
+from tkc.errors import TkcUnsupportedError
 from tkc.frontend import compile_file, compile_source
 from tkc.interpreter import CPU_SMS, launch_grid, random_args, run_kernel
 from tkc.ir.printer import print_module
@@ -75,7 +75,7 @@ def k(x: f32[N], y: f32[N], persistent: const = True):
     i = program_id(0)
     y[i*16:(i+1)*16] = x[i*16:(i+1)*16]
 """
-    with pytest.raises(TkcPassError, match="persistent = True: a persistent kernel walks 1-D or 2-D grids"):
+    with pytest.raises(TkcUnsupportedError, match="persistent = True: a persistent kernel walks 1-D or 2-D grids"):
         compiled("k.tk", {}, "persistent", src)
 
 

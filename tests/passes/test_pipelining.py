@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tkc.errors import TkcPassError
+from tkc.errors import TkcUnsupportedError
 from tkc.frontend import compile_file, compile_source
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -109,7 +109,7 @@ def test_warp_specialize_pin_off():
 
 def test_consumers_pin_must_match_the_rows():
     src = (EXAMPLES / "gemm.tk").read_text().replace("BK: const = 64)", "BK: const = 64, consumers: const = 3)")
-    with pytest.raises(TkcPassError, match=r"consumers = 3: this kernel's products have 128 rows"):
+    with pytest.raises(TkcUnsupportedError, match=r"consumers = 3: this kernel's products have 128 rows"):
         lowered("gemm.tk", {}, SPLIT, src)
 
 

@@ -51,10 +51,11 @@ from dataclasses import dataclass
 
 from tkc.errors import TkcPassError
 from tkc.ir.core import BlockArgument, Module, Operation, Value
+from tkc.ir.dialects import hopper
 from tkc.ir.types import TileType
 
 ALLOC_OPS = ("hopper.smem_alloc", "hopper.mbarrier_alloc")
-MBARRIER_BYTES = 8
+MBARRIER_BYTES = hopper.MBarrierAllocOp.stride
 MBARRIER_ALIGN = 8
 #: The target this pass allocates for; its capacity is ``Target.max_smem_bytes``.
 TARGET = "sm_90a"

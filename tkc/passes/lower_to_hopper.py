@@ -28,7 +28,7 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError
+from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
@@ -60,7 +60,8 @@ class _Lowering:
 
     def run(self) -> None:
         if "threads" not in self.kernel.attributes:
-            raise TkcUnsupportedError("lower-to-hopper runs after select-layouts", self.kernel.loc)
+            raise TkcUsageError("lower-to-hopper runs after select-layouts (the tiles have no layouts yet)",
+                                self.kernel.loc)
         self._drop_views()
         for block in self._blocks(self.kernel):
             self._lower_tma_groups(block)

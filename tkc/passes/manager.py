@@ -4,7 +4,9 @@ The ``PassManager`` owns what happens *around* passes: looking their names up
 in ``pipeline.PASSES``, verifying the IR after each one, dumping the IR before
 or after any or all of them (to a stream, or as numbered ``.tkir`` files that
 ``tkc opt`` reads back), timing them, and turning a failing pass into a
-``TkcPassError`` with a reproducer file.  It holds no pass logic, and it reads
+``TkcPassError`` with a reproducer file.  A pass that refuses the kernel (what it asks for is
+unsupported, too big, or a bad pin) is not a failure: its located error goes to the user as
+it is.  It holds no pass logic, and it reads
 no environment variables: callers merge ``tkc.options.knobs()`` into a
 ``PassOptions`` (see ``PassOptions.with_knobs``).
 """
@@ -19,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from tkc.errors import TkcError, TkcPassError, TkcUsageError, TkcVerifyError
+from tkc.errors import TkcError, TkcPassError, TkcUnsupportedError, TkcUsageError, TkcVerifyError
 from tkc.ir.core import Module
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
@@ -103,6 +105,8 @@ class PassManager:
             t = time.perf_counter()
             try:
                 self.registry[name](module)
+            except (TkcUnsupportedError, TkcUsageError, TkcPassError):
+                raise  # the kernel asks for what the pass cannot do: the message says so, at its line
             except TkcError as e:
                 raise self._failure(name, index, _describe(e), before_text) from e
             except Exception as e:  # a crash in a pass still deserves a reproducer

@@ -41,7 +41,7 @@ from tkc.pins import check_pins
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
 MAX_STAGES = 4
-BARRIER_BYTES = 8
+BARRIER_BYTES = hopper.MBarrierAllocOp.stride
 
 
 def pipeline_loops(module: Module) -> None:

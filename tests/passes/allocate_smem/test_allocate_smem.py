@@ -68,7 +68,9 @@ def test_through_the_pass_manager_the_error_is_located() -> None:
     m = parse_module(kernel([1024, 1024]), "big.tkir")
     with pytest.raises(TkcPassError) as e:
         PassManager("allocate-smem").run(m)
-    assert "pass 'allocate-smem' failed: big.tkir:1:1: kernel 'big' needs 262144 B" in str(e.value)
+    # What the kernel asks for is the message, at the kernel's line; no reproducer: nothing crashed.
+    assert str(e.value).startswith("big.tkir:1:1: error: kernel 'big' needs 262144 B")
+    assert "reproducer" not in str(e.value)
 
 
 def test_hand_placed_offsets_are_kept() -> None:
