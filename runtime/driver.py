@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tkc.errors import TkcLaunchError, TkcUsageError
 
@@ -269,6 +269,17 @@ def _param_pointer(p: Any, i: int) -> int:
                         "not known here")
 
 
+class PreparedLaunch(NamedTuple):
+    """A launch's dims and packed parameter pointers; ``keep`` holds the parameter objects the
+    pointers point into."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    ptrs: ctypes.Array
+    keep: list
+
+
 class Function:
     """A kernel in a loaded module."""
 
@@ -288,6 +299,23 @@ class Function:
         v = ctypes.c_int()
         check(lib().cuFuncGetAttribute(ctypes.byref(v), attr, self.handle), f"cuFuncGetAttribute({attr})")
         return v.value
+
+    def prepare(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int,
+                params: Sequence[Any]) -> PreparedLaunch:
+        """Everything of a launch but the stream, checked and packed once (see
+        :meth:`launch_prepared`): for launches repeated with the same parameters."""
+        g, b = _dim3(grid, "grid"), _dim3(block, "block")
+        ptrs = (ctypes.c_void_p * max(1, len(params)))(*[_param_pointer(p, i) for i, p in enumerate(params)])
+        return PreparedLaunch(g, b, int(shared_bytes), ptrs, list(params))
+
+    def launch_prepared(self, prep: PreparedLaunch, stream: int | None = None) -> None:
+        """``cuLaunchKernelEx`` of a :meth:`prepare`-d launch on ``stream`` (default: torch's
+        current stream): the per-call work is the config and the driver call."""
+        cfg = CUlaunchConfig(*prep.grid, *prep.block, prep.shared, current_stream() if stream is None else int(stream),
+                             None, 0)
+        _make_current(self.module.ctx)
+        check(lib().cuLaunchKernelEx(ctypes.addressof(cfg), self.handle, prep.ptrs, None),
+              f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, shared={prep.shared})")
 
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int = 0,
                stream: int | None = None, params: Sequence[Any] = (),

@@ -158,9 +158,9 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     key = _plan_key(args, grid, torch.cuda.current_device()) if torch.cuda.is_initialized() else None
     plan = compiled.launch_plans.get(key) if key is not None else None
     if plan is not None:
-        out_grid, fn, values = plan
-        if 0 not in out_grid:
-            fn.launch(out_grid, compiled.threads, compiled.smem_bytes or 0, stream, values)
+        out_grid, fn, prepared = plan
+        if fn is not None:
+            fn.launch_prepared(prepared, stream)
         return out_grid
     if "hopper" not in compiled.asm:
         raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
@@ -175,7 +175,7 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     grid = launch_grid(compiled.kernel_op, args, sms=sms) if grid is None else _grid(grid)
     if 0 in grid:
         if key is not None:
-            compiled.launch_plans[key] = (grid, None, [])
+            compiled.launch_plans[key] = (grid, None, None)
         return grid
     values = to_ctypes(param_values(params, args))
 
@@ -185,11 +185,12 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     # tensor has the same address, shape and strides when it is reused.
     maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0]) for i, box, swizzle in maps]
     fn = _function(compiled, device.index)
-    fn.launch(grid, compiled.threads, compiled.smem_bytes or 0, stream, [*values, *maps_enc])
+    prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0, [*values, *maps_enc])
+    fn.launch_prepared(prepared, stream)
     if key is not None:
         if len(compiled.launch_plans) >= _MAX_PLANS:
             compiled.launch_plans.clear()
-        compiled.launch_plans[key] = (grid, fn, [*values, *maps_enc])
+        compiled.launch_plans[key] = (grid, fn, prepared)
     return grid
 
 
