@@ -1,21 +1,14 @@
 """Timing on the GPU the same way for every contender, and writing the results down.
 
-Owns: the timing method (CUDA events around one call, warm-up first, the 256 MB L2 flush
-before every timed call, the median of many calls), the measurement of host overhead per
-call, the device description, and the three outputs of a run: the table printed last, the
-section appended to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is
-being timed.
-
-Why the flush hides host overhead: each timed call is enqueued as flush, start event,
-kernel, end event.  The CPU-side work of the call (argument checks, tensor maps) runs while
-the GPU is still clearing 256 MB, so the kernel is queued before the start event fires and
-the events time the kernel alone (the same method as triton.testing.do_bench).
+Owns: the benchmark timing settings (tkc.runtime.timing's method with a 256 MB L2 flush
+before every timed call), the measurement of host overhead per call, the device
+description, and the three outputs of a run: the table printed last, the section appended
+to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is being timed.
 """
 
 from __future__ import annotations
 
 import datetime
-import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -25,35 +18,15 @@ from typing import Any
 
 import torch
 
+from tkc.runtime import timing
+from tkc.runtime.timing import Timing
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
 
-@dataclass
-class Timing:
-    median_s: float
-    runs: int
-    spread: float  # (p80 - p20) / median: how noisy the runs were
-
-
 def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool = True) -> Timing:
-    """Median GPU time of ``fn`` (which enqueues work on the current stream)."""
-    cache = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
-    for s, e in zip(starts, ends):
-        if flush:
-            cache.zero_()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
-    med = statistics.median(times)
-    lo, hi = times[len(times) // 5], times[(4 * len(times)) // 5]
-    return Timing(med, runs, (hi - lo) / med if med else 0.0)
+    """Median GPU time of ``fn`` with a cold L2 before every run (tkc.runtime.timing)."""
+    return timing.gpu_time(fn, runs, warmup, L2_FLUSH_BYTES if flush else 0)
 
 
 def host_time(fn: Callable[[], Any], calls: int = 200) -> float:

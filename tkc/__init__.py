@@ -9,12 +9,14 @@
     add(x, y, out)                         # on the GPU (CUDA torch tensors)
     add.asm()["ptx"]                       # every stage: tkir, hopper, llvm, ptx, cubin
     tkc.compile_kernel(Path("k.tk"))       # the driver: source -> Compiled (tkc.compiler)
+    tkc.autotune(add, [x, y, out], [{"BN": 256}, {"BN": 512}])   # the fastest configuration
 
 The names below are what a kernel author needs from Python; the dtype and
 ``const`` names exist so editors and readers can resolve annotations.
 """
 
 from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32
+from tkc.autotune import AutotuneResult, autotune
 from tkc.compiler import Compiled, compile_kernel
 from tkc.errors import TkcError
 from tkc.kernel import Kernel, interpret, kernel
@@ -27,6 +29,6 @@ class const:  # noqa: N801 - spelled like the annotation it names
 
 
 __all__ = [
-    "Compiled", "Kernel", "TkcError", "bf16", "compile_kernel", "const", "f8e4m3", "f8e5m2", "f16", "f32", "i1",
-    "i32", "interpret", "kernel", "__version__",
+    "AutotuneResult", "Compiled", "Kernel", "TkcError", "autotune", "bf16", "compile_kernel", "const", "f8e4m3",
+    "f8e5m2", "f16", "f32", "i1", "i32", "interpret", "kernel", "__version__",
 ]

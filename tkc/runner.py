@@ -15,7 +15,6 @@ print (``tkc.cli`` does).
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +153,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
 
     from tkc.compiler import compile_kernel
     from tkc.runtime.launch import launch
+    from tkc.runtime.timing import gpu_time
 
     if not torch.cuda.is_available():
         raise TkcUsageError("torch sees no CUDA GPU; run with --backend interpret or emulate")
@@ -165,16 +165,9 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
     torch.cuda.synchronize()
     host = [dtypes.from_torch_tensor(d.cpu())[0] if isinstance(p.type, TensorType) else d
             for p, d in zip(params, dev)]
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch(compiled, dev, grid=grid)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+    t = gpu_time(lambda: launch(compiled, dev, grid=grid), runs=repeat, warmup=0)
     work[:] = host
-    return statistics.median(times), repeat, tuple(grid)
+    return t.median_s, repeat, tuple(grid)
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray) -> Mismatch:

@@ -236,3 +236,25 @@ def test_repeated_launches_reuse_the_checked_plan(rng) -> None:
     check("gemm relaunch", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
     with pytest.raises(TkcLaunchError, match="dtype"):
         launch(c_kernel, [a.float(), b, c])
+
+
+def test_autotune_picks_a_working_configuration_and_caches_it(rng, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    import tkc
+
+    monkeypatch.setenv("TKC_CACHE_DIR", str(tmp_path))
+    g, seed = rng
+    a, b, c = randn(g, 512, 256), randn(g, 256, 512), poisoned(512, 512)
+    configs = [{"BM": 64, "BN": 64}, {"BN": 128}, {"BN": 512}]  # 512 columns: more than one wgmma takes
+    log = io.StringIO()
+    first = tkc.autotune(EXAMPLES / "gemm.tk", [a, b, c], configs, runs=5, progress=log)
+    assert first.consts in configs[:2] and first.seconds > 0 and not first.cache_hit
+    assert "[3/3] BN=512: skipped: " in log.getvalue() and "256 columns" in log.getvalue()
+    again = tkc.autotune(EXAMPLES / "gemm.tk", [a, b, c], configs, runs=5, progress=log)
+    assert again.cache_hit and again.consts == first.consts
+    c.fill_(float("nan"))
+    launch(compiled("gemm.tk", first.consts), [a, b, c])
+    check("gemm with the tuned constants", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2,
+          rtol=2e-2)

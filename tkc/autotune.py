@@ -1,0 +1,114 @@
+"""``tkc.autotune``: time a kernel under a few constant/pin settings and keep the fastest.
+
+    best = tkc.autotune(gemm, [a, b, c], [{"BN": 128}, {"BN": 256}, {"BN": 128, "stages": 3}])
+    gemm(a, b, c, **best.consts)
+
+Each configuration is compiled (once, through the usual caches), checked to launch, and timed
+with ``tkc.runtime.timing`` on the arguments given (which it overwrites: pass scratch
+outputs).  A configuration the compiler refuses (too much shared memory, an unsupported
+tile) is reported and skipped, not fatal.  Results are kept in the disk cache
+(``TKC_CACHE_DIR``) keyed by the compiler version, the kernel source, the configurations,
+the arguments' shapes, strides and dtypes, and the GPU's name, so a second call with the
+same key times nothing.  Progress goes to stderr, one line per configuration.
+
+Owns: the search over configurations and its cache entry.  Must not: choose configurations
+(the caller lists them), or time differently from the rest of tkc.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tkc.errors import TkcError, TkcUsageError
+
+_ENTRY = "autotune.json"
+
+
+@dataclass
+class AutotuneResult:
+    consts: dict[str, Any]  # the fastest configuration
+    seconds: float  # its median kernel time
+    timings: list[tuple[dict[str, Any], float | None, str]] = field(default_factory=list)  # config, s, why not
+    cache_hit: bool = False
+
+
+def _compile(kernel: Any, consts: Mapping[str, Any]) -> Any:
+    from tkc.compiler import compile_kernel
+    from tkc.kernel import Kernel
+
+    if isinstance(kernel, Kernel):
+        return kernel.specialize(**consts)
+    return compile_kernel(Path(kernel), dict(consts))
+
+
+def _source(kernel: Any) -> str:
+    from tkc.kernel import Kernel
+
+    return kernel.source if isinstance(kernel, Kernel) else Path(kernel).read_text()
+
+
+def _signature(args: Sequence[Any]) -> list:
+    out: list = []
+    for x in args:
+        if hasattr(x, "shape") and hasattr(x, "stride"):
+            out.append([list(x.shape), list(x.stride()), str(x.dtype)])
+        else:
+            out.append(repr(x))
+    return out
+
+
+def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, Any]], *, runs: int = 20,
+             cache: bool = True, progress: TextIO | None = sys.stderr) -> AutotuneResult:
+    """Time ``kernel`` (a ``@tkc.kernel`` or a ``.tk`` path) on ``args`` under each of
+    ``configs`` (constants and pins); return the fastest."""
+    import torch
+
+    from tkc.compiler import compiler_version
+    from tkc.runtime import cache as disk
+    from tkc.runtime.launch import launch
+    from tkc.runtime.timing import gpu_time
+
+    from tkc.kernel import Kernel
+
+    configs = [dict(c) for c in configs]
+    if not configs:
+        raise TkcUsageError("tkc.autotune needs at least one configuration")
+    if not isinstance(kernel, (Kernel, str, Path)):
+        raise TkcUsageError(f"tkc.autotune takes a @tkc.kernel or a .tk path, got {type(kernel).__name__}")
+    if not torch.cuda.is_available():
+        raise TkcUsageError("tkc.autotune times kernels on a GPU; torch sees none")
+    device = torch.cuda.get_device_name(torch.cuda.current_device())
+    key = disk.key(compiler_version(), _source(kernel), {"configs": configs}, "sm_90a",
+                   {"args": _signature(args), "device": device, "runs": runs}) if cache else None
+    if key is not None and (hit := disk.get(key, _ENTRY)) is not None:
+        saved = json.loads(hit)
+        return AutotuneResult(saved["consts"], saved["seconds"], [tuple(t) for t in saved["timings"]], True)
+    name = getattr(kernel, "name", Path(str(kernel)).stem)
+    timings: list[tuple[dict[str, Any], float | None, str]] = []
+    for n, consts in enumerate(configs, 1):
+        label = ", ".join(f"{k}={v}" for k, v in consts.items()) or "defaults"
+        try:
+            compiled = _compile(kernel, consts)
+            seconds = gpu_time(lambda c=compiled: launch(c, args), runs=runs).median_s
+            timings.append((consts, seconds, ""))
+            line = f"{seconds * 1e6:9.1f} us"
+        except TkcError as e:
+            timings.append((consts, None, e.message.splitlines()[0]))
+            line = f"skipped: {e.message.splitlines()[0]}"
+        if progress is not None:
+            print(f"autotune {name} [{n}/{len(configs)}] {label}: {line}", file=progress, flush=True)
+    timed = [t for t in timings if t[1] is not None]
+    if not timed:
+        raise TkcUsageError(f"tkc.autotune: no configuration of {name} compiled and ran:\n"
+                            + "\n".join(f"  {t[0]}: {t[2]}" for t in timings))
+    best = min(timed, key=lambda t: t[1])
+    result = AutotuneResult(best[0], best[1], timings)
+    if key is not None:
+        disk.put(key, _ENTRY, json.dumps({"consts": result.consts, "seconds": result.seconds,
+                                          "timings": [list(t) for t in timings]}).encode())
+    return result
