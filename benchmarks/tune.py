@@ -1,0 +1,69 @@
+"""Sweep each example's tile sizes and pins with tkc.autotune on benchmark-sized inputs.
+
+    python benchmarks/tune.py                # every example; prints each setting's time, best first
+    python benchmarks/tune.py --only softmax,gemm
+
+What the examples' defaults should be comes from here: a default changes when a setting
+wins on the benchmark shapes (benchmarks/run.py) without losing elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from pathlib import Path
+
+import torch
+
+import tkc
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def grid(**axes: list) -> list[dict]:
+    keys = list(axes)
+    return [dict(zip(keys, values)) for values in itertools.product(*axes.values())]
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
+    """example -> [(problem, args, configs, work)], work = flops or bytes for the rate column."""
+    out: dict[str, list] = {}
+    M = N = K = 4096
+    a, b, c = randn(M, K), randn(K, N), randn(M, N)
+    out["gemm"] = [(f"{M}x{N}x{K}", [a, b, c], grid(BN=[128, 256], stages=[3, 4], persistent=[True, False]),
+                    2 * M * N * K)]
+    q, k, v, o = (randn(1, 16, 16384, 128) for _ in range(4))
+    out["attn"] = [("B1 H16 N16384 D128", [q, k, v, o, 1 / math.sqrt(128)],
+                    grid(BN=[64, 128], stages=[2, 3]), 4 * 16 * 16384 * 16384 * 128)]
+    rows = []
+    for m, n in ((16384, 4096), (1024, 65536)):
+        x, y = randn(m, n), randn(m, n)
+        rows.append((f"{m}x{n}", [x, y], grid(BM=[2, 4, 8, 16], BN=[256, 512, 1024]), 4 * m * n))
+    out["softmax"] = rows
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="gemm,attn,softmax")
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    for name, problems in cases().items():
+        if name not in args.only.split(","):
+            continue
+        for problem, kargs, configs, work in problems:
+            res = tkc.autotune(EXAMPLES / f"{name}.tk", kargs, configs, runs=args.runs, cache=False, progress=None)
+            unit, scale = ("TFLOP/s", 1e12) if name in ("gemm", "attn") else ("GB/s", 1e9)
+            print(f"\n{name} {problem}: best {res.consts} at {res.seconds * 1e6:.1f} us")
+            for consts, s, why in sorted(res.timings, key=lambda t: t[1] or math.inf):
+                rate = f"{work / s / scale:8.1f} {unit}" if s else f"skipped: {why}"
+                print(f"  {str(consts):60s} {rate}")
+
+
+if __name__ == "__main__":
+    main()
