@@ -37,7 +37,7 @@ def test_every_stage_to_ptx() -> None:
     c = _ptx(consts={"BK": 32})
     assert list(c.asm) == ["tkir", "hopper", "llvm", "ptx"]
     assert c.name == "gemm" and c.target == "sm_90a" and not c.cache_hit
-    assert "consts = {BM = 128, BN = 128, BK = 32}" in c.asm["tkir"] and "hopper." not in c.asm["tkir"]
+    assert "consts = {BM = 128, BN = 256, BK = 32}" in c.asm["tkir"] and "hopper." not in c.asm["tkir"]
     assert "hopper.wgmma" in c.asm["hopper"]
     assert ".entry gemm(" in c.asm["ptx"] and ".target sm_90a" in c.asm["ptx"]
     assert c.threads == 384 and c.smem_bytes is not None and c.smem_bytes > 0  # producer + 2 consumers

@@ -96,7 +96,7 @@ def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> N
 
 
 @pytest.mark.parametrize("name,consts,pairs", [
-    ("gemm.tk", (), 32),  # 128 x 128 bf16 over two consumer warpgroups: 64 values a thread
+    ("gemm.tk", (), 64),  # 128 x 256 bf16 over two consumer warpgroups: 128 values a thread, in pairs
     ("gemm_fp8.tk", (), 32),
     ("attn.tk", (("D", 64),), 16),  # the output block keeps its last axis (batch, head squeezed)
     ("attn.tk", (("D", 128),), 32),

@@ -76,7 +76,7 @@ def test_select_layouts_computes_the_same(case):
 
 
 def test_gemm_layouts_and_lowering():
-    text = print_module(after("gemm.tk", {}, "select-layouts,lower-to-hopper"))
+    text = print_module(after("gemm.tk", {"BN": 128}, "select-layouts,lower-to-hopper"))
     assert "threads = 256" in text
     assert "tma_maps = [[0, [128, 64], 128], [1, [64, 64], 128]]" in text
     assert re.search(r"hopper.smem_alloc \{offset = -1\} : tile<128x64xbf16, smem, #smem<128x64xbf16, k, sw128>>",

@@ -43,7 +43,7 @@ def role(text: str, name: str) -> str:
 
 
 def test_gemm_ring():
-    text = lowered("gemm.tk", {}, RING)
+    text = lowered("gemm.tk", {"BN": 128}, RING)
     assert re.search(r"hopper.smem_alloc \{offset = -1, stages = 4\} : tile<128x64xbf16", text)
     assert re.search(r"hopper.smem_alloc \{offset = -1, stages = 4\} : tile<64x128xbf16", text)
     assert "hopper.mbarrier_init %empty {count = 2}" in text  # both warpgroups release a stage
