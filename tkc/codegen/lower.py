@@ -298,6 +298,40 @@ def _in_flight(op: Operation) -> list[bool]:
     return [getattr(getattr(v, "owner", None), "name", None) == "hopper.wgmma" for v in vals]
 
 
+def _loop_phis(b: ir.IRBuilder, lb: ir.Value, pre: ir.Block, flat_init: list[ir.Value]
+               ) -> tuple[ir.Instruction, list[ir.Instruction]]:
+    """The induction variable's and the carried values' phis, entered from ``pre``."""
+    iv = b.phi(I32, name="iv")
+    iv.add_incoming(lb, pre)
+    phis = []
+    for v in flat_init:
+        p = b.phi(v.type)
+        p.add_incoming(v, pre)
+        phis.append(p)
+    return iv, phis
+
+
+def _loop_body(lw: Lowerer, op: Operation, iv: ir.Instruction, phis: list[ir.Instruction], types: list[Type],
+               step: ir.Value) -> tuple[list[Lowered], ir.Value]:
+    """Lower the body of ``op`` at the builder's position with its block arguments bound to the
+    phis, and close the back edge: the phis get the yielded values and ``iv + step`` from the
+    block the body ends in.  Returns the yielded values and ``iv + step``."""
+    b = lw.b
+    args = op.body.args
+    lw.set(args[0], iv)
+    rest = list(phis)
+    for a, t in zip(args[1:], types):
+        x, rest = _unflat(t, rest)
+        lw.set(a, x)
+    yielded = lw.block(op.body) or []
+    latch = b.block
+    nxt = b.add(iv, step, name="iv.next")
+    iv.add_incoming(nxt, latch)
+    for p, v in zip(phis, [v for x in yielded for v in _flat(x)]):
+        p.add_incoming(v, latch)
+    return yielded, nxt
+
+
 def _for(lw: Lowerer, op: Operation) -> None:
     g = op.operand_groups()
     b = lw.b
@@ -316,27 +350,10 @@ def _for(lw: Lowerer, op: Operation) -> None:
     exit_ = lw.fn.append_basic_block("for.exit")
     b.branch(header)
     b.position_at_end(header)
-    iv = b.phi(I32, name="iv")
-    iv.add_incoming(lb, pre)
-    phis = []
-    for v in flat_init:
-        p = b.phi(v.type)
-        p.add_incoming(v, pre)
-        phis.append(p)
+    iv, phis = _loop_phis(b, lb, pre, flat_init)
     b.cbranch(b.icmp_signed("<", iv, ub), body, exit_)
     b.position_at_end(body)
-    args = op.body.args
-    lw.set(args[0], iv)
-    rest = list(phis)
-    for a, t in zip(args[1:], types):
-        x, rest = _unflat(t, rest)
-        lw.set(a, x)
-    yielded = lw.block(op.body) or []
-    flat_next = [v for x in yielded for v in _flat(x)]
-    latch = b.block
-    iv.add_incoming(b.add(iv, step, name="iv.next"), latch)
-    for p, v in zip(phis, flat_next):
-        p.add_incoming(v, latch)
+    _loop_body(lw, op, iv, phis, types, step)
     b.branch(header)
     b.position_at_end(exit_)
     rest = list(phis)
@@ -369,26 +386,8 @@ def _for_in_flight(lw: Lowerer, op: Operation, lb: ir.Value, ub: ir.Value, step:
     exit_ = lw.fn.append_basic_block("for.exit")
     b.cbranch(b.icmp_signed("<", lb, ub), body, skip)
     b.position_at_end(body)
-    iv = b.phi(I32, name="iv")
-    iv.add_incoming(lb, pre)
-    phis = []
-    for v in flat_init:
-        p = b.phi(v.type)
-        p.add_incoming(v, pre)
-        phis.append(p)
-    args = op.body.args
-    lw.set(args[0], iv)
-    rest = list(phis)
-    for a, t in zip(args[1:], types):
-        x, rest = _unflat(t, rest)
-        lw.set(a, x)
-    yielded = lw.block(op.body) or []
-    flat_next = [v for x in yielded for v in _flat(x)]
-    latch = b.block
-    nxt = b.add(iv, step, name="iv.next")
-    iv.add_incoming(nxt, latch)
-    for p, v in zip(phis, flat_next):
-        p.add_incoming(v, latch)
+    iv, phis = _loop_phis(b, lb, pre, flat_init)
+    yielded, nxt = _loop_body(lw, op, iv, phis, types, step)
     b.cbranch(b.icmp_signed("<", nxt, ub), body, drain)
     b.position_at_end(drain)
     nvvm.call(b, "wgmma.wait_group.sync.aligned", 0)
