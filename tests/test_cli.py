@@ -328,3 +328,24 @@ def test_internal_error_with_debug_raises(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(tkc.cli, "parse_module", _crash)
     r = tkc_cli("opt", str(GEMM_TKIR), env={"TKC_DEBUG": "1"})
     assert isinstance(r.exception, RuntimeError)
+
+
+# ------------------------------------------------------- @tkc.kernel in a .py file
+def test_compile_and_run_a_python_kernel() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "rmsnorm.py"), "-D", "BN=128", "--emit", "hopper")
+    assert r.exit_code == 0, r.stderr
+    assert "tile.kernel @rmsnorm" in r.stdout and "BN = 128" in r.stdout and "hopper.reduce" in r.stdout
+    r = tkc_cli("run", str(EXAMPLES / "rmsnorm.py"), "--backend", "emulate", "--check", "--dim", "M=20",
+                "--dim", "N=300")
+    assert r.exit_code == 0, r.stderr
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check ")]
+    assert len(checks) == 3 and all(line.endswith(": ok") for line in checks)
+
+
+def test_python_file_errors(tmp_path: Path) -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "rmsnorm.py"), "-D", "Q=1")
+    assert r.exit_code == 1 and "unknown constant 'Q' for the kernels of" in r.stderr
+    plain = tmp_path / "plain.py"
+    plain.write_text("x = 1\n")
+    r = tkc_cli("compile", str(plain))
+    assert r.exit_code == 1 and "defines no @tkc.kernel function" in r.stderr

@@ -157,16 +157,49 @@ def _write_output(path: str, text: str) -> None:
 
 
 def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
-    """A ``.tk`` source through the frontend, or a ``.tkir`` file as tile IR."""
+    """A ``.tk`` source through the frontend, the ``@tkc.kernel`` functions of a ``.py`` file,
+    or a ``.tkir`` file as tile IR."""
     if path.endswith(".tkir") or path == "-":
         if consts:
-            raise TkcUsageError(f"-D sets constants of .tk sources; {path} is already tile IR")
+            raise TkcUsageError(f"-D sets constants of .tk and .py sources; {path} is already tile IR")
         return parse_module(_read_text(path), path)
     if path.endswith(".tk"):
         from tkc.frontend import compile_file
 
         return compile_file(path, consts)
-    raise TkcUsageError(f"{path}: expected a .tk source or a .tkir file")
+    if path.endswith(".py"):
+        return _load_python(path, consts)
+    raise TkcUsageError(f"{path}: expected a .tk or .py source, or a .tkir file")
+
+
+def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
+    """The ``@tkc.kernel`` functions of a Python file, each with the constants it declares
+    (and the pins).  Importing the file runs its top level, as ``python`` would, but not
+    what an ``if __name__ == "__main__":`` guards; kernel bodies never run."""
+    import importlib.util
+
+    from tkc.kernel import Kernel
+    from tkc.pins import PINS
+
+    spec = importlib.util.spec_from_file_location(f"tkc_cli_{Path(path).stem}", path)
+    if spec is None or spec.loader is None:
+        raise TkcUsageError(f"{path}: cannot import it as Python")
+    module_obj = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module_obj)
+    kernels = [v for v in vars(module_obj).values() if isinstance(v, Kernel)]
+    if not kernels:
+        raise TkcUsageError(f"{path} defines no @tkc.kernel function")
+    known = {n for k in kernels for n in k.params} | set(PINS)
+    unknown = sorted(set(consts) - known)
+    if unknown:
+        raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))} for the kernels of {path}")
+    out = Module()
+    for k in kernels:
+        mine = {n: v for n, v in consts.items() if n in k.params or n in PINS}
+        for op in list(k.lower(**mine).ops):
+            op.parent.ops.remove(op)
+            out.body.append(op)
+    return out
 
 
 def _only_kernel(module: Module, name: str | None, path: str) -> Module:

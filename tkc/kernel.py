@@ -60,10 +60,20 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<tkc.kernel {self.name} from {self.file}:{self.first_line}>"
 
+    def lower(self, **consts: Any) -> Module:
+        """A fresh module holding the kernel as the frontend emits it (no pass has run)."""
+        from tkc.frontend.lower import lower_module
+
+        return lower_module(self._tree, consts, python_function=True)
+
+    @property
+    def params(self) -> list[str]:
+        """The kernel's parameter names, in order (tensors, scalars and constants)."""
+        return [p.name for p in self._tree.body[0].params]
+
     def compile(self, pipeline: str | None = None, **consts: Any) -> Module:
         """The kernel's tile IR for these constants, after ``pipeline``
         (default: the default pipeline).  Cached per (pipeline, constants)."""
-        from tkc.frontend.lower import lower_module
         from tkc.ir.verifier import verify
         from tkc.passes.manager import PassManager, PassOptions
         from tkc.passes.pipeline import DEFAULT_PIPELINE
@@ -72,7 +82,7 @@ class Kernel:
         pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
         key = (pipeline, tuple(sorted(consts.items())))
         if key not in self._compiled:
-            module = lower_module(self._tree, consts, python_function=True)
+            module = self.lower(**consts)
             verify(module)
             PassManager(pipeline, PassOptions().with_knobs(knobs())).run(module)
             self._compiled[key] = module
