@@ -218,11 +218,11 @@ def test_define_values() -> None:
 
 
 def test_compile_rejects_other_files(tmp_path: Path) -> None:
-    f = tmp_path / "k.py"
+    f = tmp_path / "k.cu"
     f.write_text("")
     r = tkc_cli("compile", str(f))
     assert r.exit_code == 1
-    assert "expected a .tk source or a .tkir file" in r.stderr
+    assert "expected a .tk or .py source, or a .tkir file" in r.stderr
 
 
 def test_compile_missing_file_is_a_usage_error() -> None:
