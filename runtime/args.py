@@ -56,7 +56,8 @@ def check_layout(name: str, shape: Sequence[int], strides: Sequence[int], elem_b
         for axis, (n, s) in enumerate(zip(shape[:-1], strides[:-1])):
             if n != 1 and (s * elem_bytes) % 16:
                 raise TkcLaunchError(f"{name}: axis {axis} has a stride of {s * elem_bytes} bytes; TMA "
-                                     "needs outer strides that are multiples of 16 bytes")
+                                     "needs outer strides that are multiples of 16 bytes (compile with the "
+                                     "pin tma=False to load it without TMA)")
 
 
 def check_launch(kernel_name: str, params: Sequence[signature.Param], args: Sequence[Any],

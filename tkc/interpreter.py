@@ -245,6 +245,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
     # select-layouts output stays interpretable: a layout change moves no element.
     "hopper.convert_layout": lambda ctx, op, x, *scratch: x,
+    "hopper.to_smem": lambda ctx, op, x: x,
 }
 
 

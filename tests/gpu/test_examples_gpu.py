@@ -258,3 +258,15 @@ def test_autotune_picks_a_working_configuration_and_caches_it(rng, tmp_path: Pat
     launch(compiled("gemm.tk", first.consts), [a, b, c])
     check("gemm with the tuned constants", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2,
           rtol=2e-2)
+
+
+def test_strides_tma_cannot_take_run_with_the_tma_pin_off(rng) -> None:
+    """K = 130: a's rows are 260 bytes apart, which TMA refuses (the error names the pin);
+    with tma=False every thread loads its part and the product is right."""
+    g, seed = rng
+    M, N, K = 200, 136, 130
+    a, b, c = randn(g, M, K), randn(g, K, N), poisoned(M, N)
+    with pytest.raises(TkcLaunchError, match="pin tma=False"):
+        launch(compiled("gemm.tk"), [a, b, c])
+    launch(compiled("gemm.tk", {"tma": False}), [a, b, c])
+    check("gemm tma=False K=130", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)

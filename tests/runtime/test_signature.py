@@ -126,7 +126,8 @@ def test_layout_errors():
     odd = torch.zeros(64, 70, dtype=torch.bfloat16)
     _layout(odd)  # fine without TMA
     with pytest.raises(TkcLaunchError, match=r"^error: x: axis 0 has a stride of 140 bytes; TMA needs outer "
-                                             r"strides that are multiples of 16 bytes$"):
+                                             r"strides that are multiples of 16 bytes \(compile with the pin "
+                                             r"tma=False to load it without TMA\)$"):
         _layout(odd, tma=True)
 
 

@@ -240,6 +240,21 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
+    def _to_smem(self, op: Operation) -> None:
+        """Every thread stores its values into a shared tile; once all have (and their generic
+        stores are ordered before the async proxy wgmma reads through), wgmma may read it.  In a
+        loop, the previous iteration's wgmmas must be done with the tile first."""
+        dst = self._alloc(op.result.type, op.loc)
+        dst.name_hint = (op.x.name_hint or "tile") + "_smem"
+        b = Builder.before(op)  # after the allocation: it shifts the kernel body's indices
+        if self._in_loop(op):
+            b.create(hopper.BarrierOp, attrs={"id": 0})
+        b.create(hopper.SmemStoreOp, [op.x, dst])
+        b.create(hopper.FenceProxyAsyncOp)
+        b.create(hopper.BarrierOp, attrs={"id": 0})
+        replace_all_uses(self.kernel, op.result, dst)
+        op.erase()
+
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
         if op.scratch or register_map(src.layout, dst.layout) is not None:
@@ -259,4 +274,5 @@ _LOWER = {
     "tile.store": _Lowering._store,
     "tile.reduce": _Lowering._reduce,
     "hopper.convert_layout": _Lowering._convert,
+    "hopper.to_smem": _Lowering._to_smem,
 }

@@ -276,6 +276,8 @@ class _Pipeliner:
             if [op for op in loop.walk() if wait.result in op.operands] != [term] \
                     or term.operands.index(wait.result) != k or not _chain_reads(mma.result, g):
                 continue
+            if any(_is_smem(x) and not _ring_stage(x, g) for x in (mma.a, mma.b)):
+                continue  # a shared tile outside the ring is rewritten every iteration: wait for it
             idx = body.ops.index(wait)
             arrive = body.ops[idx + 2] if idx + 2 < len(body.ops) else None
             if arrive is None or arrive.name != "hopper.mbarrier_arrive":
@@ -409,6 +411,15 @@ class _Pipeliner:
             self._recompute(b, x, loop, mapping)
         b.insert(clone(op, mapping))
         return mapping[v]
+
+
+def _is_smem(v: Value) -> bool:
+    return getattr(v.type, "space", None) == "smem"
+
+
+def _ring_stage(v: Value, g: _Group) -> bool:
+    """Whether ``v`` is a stage of one of the group's rings."""
+    return _owner(v) is not None and _owner(v).name == "hopper.stage" and _owner(v).ring in g.dsts
 
 
 def _chain_reads(v: Value, g: _Group) -> bool:

@@ -117,6 +117,7 @@ class _Selector:
     # ----------------------------------------------------------- 2. shared tiles
     def _place_mma_operands(self) -> None:
         placed: dict[Value, SharedLayout] = {}
+        tma = (self.kernel.attributes.get("consts") or {}).get("tma", True)
         for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
             for which in ("a", "b"):
                 v = getattr(mma, which)
@@ -124,16 +125,15 @@ class _Selector:
                 src = view.x if view is not None and view.name == "tile.transpose" else v
                 load = _def(src)
                 transposed = src is not v
-                if load is None or load.name != "tile.load" or tma_loadable(load) is not None:
-                    why = tma_loadable(load) if load is not None and load.name == "tile.load" else None
-                    if which == "a" and not transposed:
-                        if v.type.dtype.bits == 16:
-                            continue  # a register operand: converted to #wgmma_a later
-                        if why is None:
-                            raise _unsupported(mma, "an A operand computed in registers must be f16 or bf16")
-                        raise _unsupported(mma, f"the A operand of @ cannot be copied to shared memory: {why}")
-                    raise _unsupported(mma, f"the {which.upper()} operand of @ must be a tile loaded from a "
-                                            f"tensor (or its .T)" + (f": {why}" if why else ""))
+                loaded = load is not None and load.name == "tile.load"
+                why = (tma_loadable(load) or ("" if tma else "the kernel pins tma = False")) if loaded else ""
+                staged = not loaded or bool(why)
+                if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded:
+                    continue  # computed in registers: converted to #wgmma_a later, no shared memory
+                if staged and src.type.dtype.bits not in (8, 16):
+                    raise _unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
+                                            + (why or f"wgmma takes 16- and 8-bit operands, not "
+                                                      f"{src.type.dtype.name} (cast the tile first)"))
                 # A is MxK, B is KxN; the stored tile's contiguous axis decides the major.
                 k_contiguous = (which == "a") != transposed
                 major = "k" if k_contiguous else "mn"
@@ -145,7 +145,16 @@ class _Selector:
                     layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
                     layout.tma_box()
                 except ValueError as e:
-                    raise _unsupported(load, f"cannot place this tile in shared memory for wgmma: {e}") from None
+                    raise _unsupported(load or mma, f"cannot place this tile in shared memory for wgmma: {e}") \
+                        from None
+                if staged:
+                    # Every thread stores its part of the register tile (hopper.to_smem, expanded by
+                    # lower-to-hopper), and wgmma reads the shared copy.
+                    src = self._stage(src, layout, view if transposed else mma)
+                    if transposed:
+                        view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
+                        self.smem.add(view.result)
+                    continue
                 if src in placed and placed[src] != layout:
                     src = self._clone_load(load, only_user=view if transposed else mma)
                 placed[src] = layout
@@ -166,6 +175,19 @@ class _Selector:
                     u.operands = [copy if x is v else x for x in u.operands]
             elif others:
                 raise _unsupported(others[0], "a transposed shared tile can only feed @")
+
+    def _stage(self, src: Value, layout: SharedLayout, user: Operation) -> Value:
+        """A ``hopper.to_smem`` of ``src`` right after it is defined (so a tile loaded before a
+        loop is stored once), which ``user`` reads instead."""
+        d = _def(src)
+        if d is not None:
+            b = Builder(d.parent, d.parent.ops.index(d) + 1, d.loc)
+        else:
+            b = Builder.before(user)
+        staged = b.value(hopper.ToSmemOp, [src], TileType(src.type.shape, src.type.dtype, "smem", layout))
+        user.operands = [staged if x is src else x for x in user.operands]
+        self.smem.add(staged)
+        return staged
 
     def _clone_load(self, load: Operation, only_user: Operation | None) -> Value:
         """A second copy of ``load`` right after it, typed as the original tile; ``only_user``

@@ -274,6 +274,27 @@ class SmemStoreOp(Operation):
 
 
 @register
+class ToSmemOp(Operation):
+    """A register tile written to a shared tile of its own (what ``select-layouts`` asks for
+    when a ``@`` operand is computed, or loaded without TMA); ``lower-to-hopper`` expands it
+    into the allocation, the per-thread stores, the proxy fence and the barrier."""
+
+    name = "hopper.to_smem"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        x, r = self.x.type, self.result.type
+        _check_reg(self, x, "the operand")
+        if not _smem(r) or r.shape != x.shape or r.dtype != x.dtype:
+            raise self.error(f"writes {x} to a shared tile of its shape and dtype, not {r}")
+        _check_view(self, r, "the result")
+        if (r.layout.rows, r.layout.cols) != r.shape:
+            raise self.error("the shared tile is stored as its own shape (transpose it after, as a view)")
+
+
+@register
 class FenceProxyAsyncOp(Operation):
     name = "hopper.fence_proxy_async"
 
