@@ -349,3 +349,16 @@ def test_python_file_errors(tmp_path: Path) -> None:
     plain.write_text("x = 1\n")
     r = tkc_cli("compile", str(plain))
     assert r.exit_code == 1 and "defines no @tkc.kernel function" in r.stderr
+
+
+def test_a_closed_pipe_is_not_a_compiler_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tkc run ... | head -1`: the reader goes away; tkc stops quietly (exit 141)."""
+    import tkc.cli
+
+    def closed(*args: object, **kwargs: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(tkc.cli, "_tensor_stats", closed)
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=8", "--dim", "N=8", "--dim", "K=8")
+    assert r.exit_code == 141
+    assert "internal compiler error" not in r.stderr

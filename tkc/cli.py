@@ -12,6 +12,7 @@ traceback).  Click's own usage errors keep click's format and exit code 2.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -33,6 +34,7 @@ from tkc.runner import BACKENDS
 
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipe closed early
 
 # -o suffix -> the stage it holds, when --emit is not given (longest suffix first).
 SUFFIX_STAGE = ((".hopper.tkir", "hopper"), (".tkir", "tkir"), (".ll", "llvm"), (".ptx", "ptx"),
@@ -55,6 +57,11 @@ class _TkcGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (``tkc run ... | head -1``): stop quietly, as other tools do.
+            # Later writes to the closed stdout must not fail at interpreter exit either.
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
+            ctx.exit(EXIT_BROKEN_PIPE)
         except TkcError as e:
             if _debug():
                 traceback.print_exception(e)
