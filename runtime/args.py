@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from tkc import signature
-from tkc.errors import TkcLaunchError
+from tkc.errors import TkcLaunchError, TkcTmaStrideError
 from tkc.ir.types import TensorType
 
 __all__ = ["check_launch", "check_devices", "check_layout"]
@@ -55,7 +55,7 @@ def check_layout(name: str, shape: Sequence[int], strides: Sequence[int], elem_b
     if tma:
         for axis, (n, s) in enumerate(zip(shape[:-1], strides[:-1])):
             if n != 1 and (s * elem_bytes) % 16:
-                raise TkcLaunchError(f"{name}: axis {axis} has a stride of {s * elem_bytes} bytes; TMA "
+                raise TkcTmaStrideError(f"{name}: axis {axis} has a stride of {s * elem_bytes} bytes; TMA "
                                      "needs outer strides that are multiples of 16 bytes (compile with the "
                                      "pin tma=False to load it without TMA)")
 

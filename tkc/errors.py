@@ -88,6 +88,11 @@ class TkcLaunchError(TkcError):
     """Arguments given to a kernel call do not match its signature."""
 
 
+class TkcTmaStrideError(TkcLaunchError):
+    """A tensor read through TMA has strides TMA cannot take (the kernel could be compiled
+    with the pin ``tma=False`` instead)."""
+
+
 class TkcUsageError(TkcError):
     """A command-line or API option is wrong or asks for a stage that is missing."""
 

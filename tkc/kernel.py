@@ -121,9 +121,17 @@ class Kernel:
         if not any(getattr(a, "is_cuda", False) for a in args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
                                  "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
+        from tkc.errors import TkcTmaStrideError
         from tkc.runtime.launch import launch
 
-        launch(self.specialize(**consts), args, grid=grid)
+        try:
+            launch(self.specialize(**consts), args, grid=grid)
+        except TkcTmaStrideError:
+            if "tma" in consts:
+                raise  # the caller chose; do not second-guess it
+            # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
+            # operands loaded by every thread instead (slower, any stride).
+            launch(self.specialize(**consts, tma=False), args, grid=grid)
 
 
 def kernel(fn: Callable[..., Any]) -> Kernel:

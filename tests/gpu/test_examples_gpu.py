@@ -270,3 +270,17 @@ def test_strides_tma_cannot_take_run_with_the_tma_pin_off(rng) -> None:
         launch(compiled("gemm.tk"), [a, b, c])
     launch(compiled("gemm.tk", {"tma": False}), [a, b, c])
     check("gemm tma=False K=130", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
+
+
+def test_the_decorator_falls_back_to_per_thread_loads_for_odd_strides(rng) -> None:
+    """A @tkc.kernel call whose tensors TMA cannot read (K = 130) compiles the tma=False
+    variant by itself; a caller who pins tma gets the error instead."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gemm_kernel import gemm
+
+    g, seed = rng
+    a, b, c = randn(g, 200, 130), randn(g, 130, 136), poisoned(200, 136)
+    gemm(a, b, c, BM=64, BN=64, BK=32)
+    check("@tkc.kernel gemm K=130", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
+    with pytest.raises(TkcLaunchError, match="pin tma=False"):
+        gemm(a, b, c, BM=64, BN=64, BK=32, tma=True)
