@@ -12,6 +12,7 @@ import pytest
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
 from tkc.codegen.lower_global import vector_runs
+from tkc.codegen.ptxas import assemble
 from tkc.ir.layouts import Blocked, Slice, WgmmaAccumulator, choose_blocked
 from tkc.ir.parser import parse_module
 
@@ -89,10 +90,37 @@ def _accesses(ptx: str) -> Counter:
 ])
 def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> None:
     got = _accesses(_ptx(name))
-    assert got["ld.global.v4.b32"] == loads, got
-    assert got["st.global.v4.b32"] == stores, got
+    # Each vector access twice: on the whole-tile path, and on the edge path for the runs of
+    # a tile at the tensor's edge that are still in bounds.
+    assert got["ld.global.v4.b32"] == 2 * loads, got
+    assert got["st.global.v4.b32"] == 2 * stores, got
     # The element path stays, for runs at the tensor's edge or strided tensors.
     assert got["ld.global.b16"] == 8 * loads and got["st.global.b16"] == 8 * stores, got
+
+
+@pytest.mark.parametrize("name,loads", [("softmax.tk", 8), ("layernorm.tk", 8), ("rmsnorm.py", 4)])
+def test_a_tile_inside_the_tensor_loads_without_branches(name: str, loads: int) -> None:
+    """The whole-tile path: the x block's vector loads back to back, no branch between
+    them, so they are all in flight together."""
+    lines = [ln.strip() for ln in _ptx(name).splitlines()]
+    straight = 0
+    best = 0
+    for ln in lines:
+        if ln.startswith("ld.global.v4.b32"):
+            straight += 1
+            best = max(best, straight)
+        elif "bra" in ln.split() or ln.startswith("@") or ln.endswith(":"):
+            straight = 0
+    assert best >= loads
+
+
+@pytest.mark.parametrize("name,most", [("softmax.tk", 160), ("layernorm.tk", 170)])
+def test_edge_path_addresses_do_not_hold_registers_across_the_loop(ptxas, name: str, most: int) -> None:
+    """The edge path's per-element addresses are built on its side of the branch; hoisted
+    out of the loop by LLVM they held every register a thread may have (231 and 234 at
+    these tiles), which left room for two programs per SM instead of three."""
+    usage = assemble(_ptx(name), "sm_90a").kernels[name.split(".")[0]]
+    assert usage.spill_stores == 0 and usage.registers <= most, usage
 
 
 @pytest.mark.parametrize("name,consts,pairs", [
@@ -103,7 +131,7 @@ def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> N
 ])
 def test_epilogues_store_bf16_pairs(name: str, consts: tuple, pairs: int) -> None:
     got = _accesses(_ptx(name, consts))
-    assert got["st.global.b32"] == pairs, got
+    assert got["st.global.b32"] == 2 * pairs, got  # the whole-tile path and the edge path
 
 
 def test_fast_path_checks_stride_offset_and_alignment() -> None:
@@ -140,9 +168,10 @@ def test_each_dtype_packs_its_runs() -> None:
 
     path = Path(__file__).parent / "kernels" / "elementwise.tkir"
     got = _accesses(kernel_to_ptx(parse_module(path.read_text(), str(path)).kernel()))
-    assert got["ld.global.v2.b32"] == 2, got  # the i32 and f32 loads: 8 B
-    assert got["st.global.v2.b32"] == 1, got  # the i32 store
+    # Every vector access twice (the whole-tile path and the edge path).
+    assert got["ld.global.v2.b32"] == 2 * 2, got  # the i32 and f32 loads: 8 B
+    assert got["st.global.v2.b32"] == 2 * 1, got  # the i32 store
     # f16 and bf16 pairs are one b32 (their element paths b16); fp8 and i1 pairs one b16
     # (their element paths u8), i32 elements b32.
-    assert got["st.global.b32"] == 2 + 2 and got["st.global.b16"] == 2 + 2 * 2, got
+    assert got["st.global.b32"] == 2 * 2 + 2 and got["st.global.b16"] == 2 * 2 + 2 * 2, got
     assert got["st.global.u8"] == 2 * 2, got

@@ -7,7 +7,11 @@ vector accesses that move several values at once.
 A *run* is a stretch of values ``i .. i+L-1`` of a thread whose tile coordinates differ only
 in the last axis, by +1 each, starting at a multiple of ``L`` on every thread
 (:func:`vector_runs` reads this off the layout's coordinates; ``L`` is a power of two and
-``L`` elements are at most 16 B).  Each run branches at run time: one
+``L`` elements are at most 16 B).  A tile whose whole box is in bounds, with the tensor
+fast for every run length (below), takes one branch to straight-line code: every run one
+vector access, nothing else between them, so the accesses of the whole tile are in flight
+together and no per-run address or bounds test stays live across the loop that holds the
+op.  Otherwise each run branches at run time: one
 ``ld``/``st.global[.v2|.v4]`` when the tensor is contiguous and aligned for it (the op's
 *fast* flag: last-axis stride 1, the last-axis offset, the other strides and the base
 address multiples of ``L`` elements) and all its elements are in bounds; otherwise the
@@ -281,6 +285,19 @@ def _either(lw: Lowerer, cond: ir.Value, then: Callable[[], list], otherwise: Ca
     return out
 
 
+def _box_inside(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list) -> ir.Value:
+    """i1: the op's whole box is in bounds: on every axis ``0 <= off`` and ``off + box <=
+    size``, in i64 so that neither sum can wrap."""
+    b = lw.b
+    out = None
+    for off, extent, size in zip(offs, op.box, tensor.sizes):
+        lo = b.sext(off, I64)
+        ok = b.and_(b.icmp_signed(">=", lo, ir.Constant(I64, 0)),
+                    b.icmp_signed("<=", b.add(lo, ir.Constant(I64, extent)), b.zext(size, I64)))
+        out = ok if out is None else b.and_(out, ok)
+    return out
+
+
 class _Access(NamedTuple):
     """One op's operands: the tensor, its offsets, each value's tile coordinates, and the
     runs with the fast flag of each run length (None: no vector access)."""
@@ -293,6 +310,28 @@ class _Access(NamedTuple):
 
     def element(self, lw: Lowerer, op: Operation, i: int) -> _Element:
         return _global_element(lw, op, self.tensor, self.offs, self.coords[i])
+
+    def all_vector(self, lw: Lowerer, op: Operation) -> ir.Value | None:
+        """i1: every run of the op may take its vector access (the box in bounds and the
+        tensor fast for each run length); None when the op has no runs."""
+        if not self.runs:
+            return None
+        out = _box_inside(lw, op, self.tensor, self.offs)
+        for f in self.fast.values():
+            out = lw.b.and_(out, f)
+        return out
+
+    def kept_local(self, lw: Lowerer) -> _Access:
+        """The same access with the tensor's sizes and strides and the offsets made opaque
+        here: the per-element addresses and bounds tests built from them stay on this
+        side of the branch instead of being hoisted out of the enclosing loop by LLVM, where
+        they would hold dozens of registers for the whole loop (the element path is for the
+        tile's edges only)."""
+        b = lw.b
+        t = self.tensor
+        tensor = TensorArg(t.ptr, tuple(nvvm.opaque(b, x) for x in t.sizes),
+                           tuple(nvvm.opaque(b, x) for x in t.strides), t.type)
+        return self._replace(tensor=tensor, offs=[nvvm.opaque(b, x) for x in self.offs])
 
     def vec_ok(self, lw: Lowerer, op: Operation, first: int, n: int) -> ir.Value:
         """``fast`` and every element of the run in bounds: with the run's first element in
@@ -335,13 +374,27 @@ def load(lw: Lowerer, op: Operation) -> None:
     def vector(first: int, n: int) -> list[ir.Value]:
         return _load_vector(b, acc.element(lw, op, first).addr, dt, n)
 
-    out: list[ir.Value] = []
-    for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
-        if n == 1:
-            out.append(element(first))
-            continue
-        words = _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "ld")
-        out += [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
+    def unpacked(words: list[ir.Value], n: int) -> list[ir.Value]:
+        return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
+
+    def per_run(edge: bool = False) -> list[ir.Value]:
+        nonlocal acc
+        if edge:
+            acc = acc.kept_local(lw)
+        out: list[ir.Value] = []
+        for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
+            if n == 1:
+                out.append(element(first))
+            else:
+                out += unpacked(_either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n),
+                                        partial(elements, first, n), "ld"), n)
+        return out
+
+    def whole_tile() -> list[ir.Value]:
+        return [v for first, n in acc.runs for v in (unpacked(vector(first, n), n) if n > 1 else [element(first)])]
+
+    inside = acc.all_vector(lw, op)
+    out = per_run() if inside is None else _either(lw, inside, whole_tile, partial(per_run, True), "ld.tile")
     lw.set(op.result, out if isinstance(t, TileType) else out[0])
 
 
@@ -364,11 +417,24 @@ def store(lw: Lowerer, op: Operation) -> None:
         _store_vector(b, addr, bits[first:first + n], dt)
         return []
 
-    for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
-        if n == 1:
-            elements(first, 1)
-        else:
-            _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "st")
+    def per_run(edge: bool = False) -> list:
+        nonlocal acc
+        if edge:
+            acc = acc.kept_local(lw)
+        for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
+            if n == 1:
+                elements(first, 1)
+            else:
+                _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "st")
+        return []
+
+    def whole_tile() -> list:
+        for first, n in acc.runs:
+            (vector if n > 1 else elements)(first, n)
+        return []
+
+    inside = acc.all_vector(lw, op)
+    per_run() if inside is None else _either(lw, inside, whole_tile, partial(per_run, True), "st.tile")
 
 
 HANDLERS = {"hopper.load": load, "hopper.store": store}

@@ -343,3 +343,14 @@ def pin(builder: ir.IRBuilder, values: Sequence[ir.Value]) -> list[ir.Value]:
     """
     ftype = ir.FunctionType(F32, [F32])
     return [builder.asm(ftype, "", "=f,0", [v], side_effect=True) for v in values]
+
+
+def opaque(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """``value`` through ``asm sideeffect "", "=r|l,0"``: the same register, but LLVM can no
+    longer see where it came from, so nothing computed from it is hoisted above this point
+    (out of a loop, or out of a branch that is rarely taken)."""
+    width = value.type.width
+    if width not in (32, 64):
+        raise TkcCodegenError(f"opaque takes an i32 or i64, got {value.type}")
+    ftype = ir.FunctionType(value.type, [value.type])
+    return builder.asm(ftype, "", "=r,0" if width == 32 else "=l,0", [value], side_effect=True)
