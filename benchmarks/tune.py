@@ -40,17 +40,20 @@ def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
     q, k, v, o = (randn(1, 16, 16384, 128) for _ in range(4))
     out["attn"] = [("B1 H16 N16384 D128", [q, k, v, o, 1 / math.sqrt(128)],
                     grid(BN=[64, 128], stages=[2, 3]), 4 * 16 * 16384 * 16384 * 128)]
-    rows = []
-    for m, n in ((16384, 4096), (1024, 65536)):
-        x, y = randn(m, n), randn(m, n)
-        rows.append((f"{m}x{n}", [x, y], grid(BM=[2, 4, 8, 16], BN=[256, 512, 1024]), 4 * m * n))
-    out["softmax"] = rows
+    # The norms at the harness's widths; the rate counts one read and one write of x.
+    for op in ("softmax", "layernorm"):
+        rows = []
+        for m, n in ((16384, 4096), (4096, 16384), (1024, 65536)):
+            x, y = randn(m, n), randn(m, n)
+            args = [x, y] if op == "softmax" else [x, randn(n), randn(n), y, 1e-5]
+            rows.append((f"{m}x{n}", args, grid(BM=[16, 32], BN=[128, 256, 512, 1024]), 4 * m * n))
+        out[op] = rows
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="gemm,attn,softmax")
+    ap.add_argument("--only", default="gemm,attn,softmax,layernorm")
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
     for name, problems in cases().items():

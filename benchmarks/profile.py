@@ -1,0 +1,129 @@
+"""Where the time goes: Nsight Compute reports of tkc's kernels and their peers, at the
+benchmark harness's shapes.
+
+    python benchmarks/profile.py --out prof/                 # every case below, one report each
+    python benchmarks/profile.py --out prof/ gemm softmax     # some of them
+    python benchmarks/profile.py --case gemm                  # run one case once (ncu runs this)
+
+Each case is launched a few times to warm up, then once between cudaProfilerStart/Stop, so
+``ncu --profile-from-start off`` profiles exactly the kernels of that one call (a peer may
+launch more than one).  The report of each case is written to ``OUT/<case>.txt``: speed of
+light, occupancy, launch statistics, warp stall reasons, memory and compute workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parent / "examples"
+SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
+            "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis"]
+
+
+def _randn(*shape: int):
+    import torch
+
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def _tkc(example: str, consts: dict, args: list):
+    from tkc.compiler import compile_kernel
+    from tkc.runtime.launch import launch
+
+    compiled = compile_kernel(EXAMPLES / example, consts)
+    return lambda: launch(compiled, args)
+
+
+def _gemm(peer: bool):
+    import torch
+
+    a, b = _randn(4096, 4096), _randn(4096, 4096)
+    c = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    return (lambda: torch.matmul(a, b, out=c)) if peer else _tkc("gemm.tk", {}, [a, b, c])
+
+
+def _attn(peer: bool, causal: bool = False):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (_randn(1, 16, 16384, 128) for _ in range(3))
+    o, scale = torch.empty_like(q), 1 / math.sqrt(128)
+    if not peer:
+        return _tkc("attn.tk", {"D": 128, "causal": causal}, [q, k, v, o, scale])
+
+    def cudnn():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return cudnn
+
+
+def _norm(op: str, N: int, peer: bool):
+    import torch
+
+    M = (1 << 26) // N
+    x, y, w, b = _randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16), _randn(N), _randn(N)
+    if op == "softmax":
+        return (lambda: torch.softmax(x, -1)) if peer else _tkc("softmax.tk", {}, [x, y])
+    if op == "layernorm":
+        return ((lambda: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)) if peer
+                else _tkc("layernorm.tk", {}, [x, w, b, y, 1e-5]))
+    return lambda: y.copy_(x)
+
+
+CASES = {
+    "gemm": lambda: _gemm(False), "gemm-cublas": lambda: _gemm(True),
+    "attn": lambda: _attn(False), "attn-cudnn": lambda: _attn(True),
+    "attn-causal": lambda: _attn(False, True),
+    "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
+    "softmax-64k": lambda: _norm("softmax", 65536, False),
+    "layernorm": lambda: _norm("layernorm", 4096, False),
+    "copy": lambda: _norm("copy", 4096, True),
+}
+
+
+def run_case(name: str) -> None:
+    import torch
+
+    fn = CASES[name]()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def profile(names: list[str], out: Path) -> None:
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none",
+               *[a for s in SECTIONS for a in ("--section", s)],
+               sys.executable, __file__, "--case", name]
+        print("$", " ".join(cmd), flush=True)
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        (out / f"{name}.txt").write_text(res.stdout + res.stderr)
+        print(f"{name}: ncu exit {res.returncode}, {len(res.stdout)} characters", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="*", help=f"cases to profile (default: all of {', '.join(CASES)})")
+    ap.add_argument("--case", choices=CASES, help="run this case once (what ncu launches)")
+    ap.add_argument("--out", type=Path, default=Path("profiles"), help="folder for the reports")
+    args = ap.parse_args()
+    if args.case:
+        run_case(args.case)
+    else:
+        profile(args.cases or list(CASES), args.out)
+
+
+if __name__ == "__main__":
+    main()
