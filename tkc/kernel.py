@@ -15,13 +15,16 @@ or hold GPU state beyond the compiled specializations.
 from __future__ import annotations
 
 import inspect
+import os
 import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from tkc.errors import TkcLaunchError, TkcUsageError
+from tkc.errors import TkcLaunchError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
+from tkc.options import knobs
+from tkc.runtime.launch import launch
 
 
 class Kernel:
@@ -77,7 +80,6 @@ class Kernel:
         from tkc.ir.verifier import verify
         from tkc.passes.manager import PassManager, PassOptions
         from tkc.passes.pipeline import DEFAULT_PIPELINE
-        from tkc.options import knobs
 
         pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
         key = (pipeline, tuple(sorted(consts.items())))
@@ -100,12 +102,14 @@ class Kernel:
         per (target, constants) in this process and kept in the disk cache across
         processes.  Dtypes need no key of their own: the annotations fix them."""
         key = (self.target, tuple(sorted(consts.items())))
-        if key not in self._specialized:
+        compiled = self._specialized.get(key)
+        if compiled is None:
             from tkc.compiler import compile_kernel
 
-            self._specialized[key] = compile_kernel(self._text, consts, target=self.target, file=self.file,
-                                                    first_line=self.first_line, python_function=True)
-        return self._specialized[key]
+            compiled = self._specialized[key] = compile_kernel(self._text, consts, target=self.target,
+                                                               file=self.file, first_line=self.first_line,
+                                                               python_function=True)
+        return compiled
 
     def asm(self, **consts: Any) -> dict[str, Any]:
         """Every stage of the GPU compilation for these constants: ``tkir``, ``hopper``,
@@ -113,17 +117,12 @@ class Kernel:
         return self.specialize(**consts).asm
 
     def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
-        from tkc.options import knobs
-
-        if knobs().interpret:
+        if _interpret_requested():
             interpret(self, *args, grid=grid, **consts)
             return
-        if not any(getattr(a, "is_cuda", False) for a in args):
+        if not _any_cuda(args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
                                  "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
-        from tkc.errors import TkcTmaStrideError
-        from tkc.runtime.launch import launch
-
         try:
             launch(self.specialize(**consts), args, grid=grid)
         except TkcTmaStrideError:
@@ -132,6 +131,20 @@ class Kernel:
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
             launch(self.specialize(**consts, tma=False), args, grid=grid)
+
+
+def _interpret_requested() -> bool:
+    """``TKC_INTERPRET`` is on.  Read on every call, since a program may set it at any time, but
+    the common case, unset, is one lookup: :func:`~tkc.options.knobs` parses every knob, paths
+    included, which costs more than a launch."""
+    return bool(os.environ.get("TKC_INTERPRET")) and knobs().interpret
+
+
+def _any_cuda(args: tuple) -> bool:
+    for a in args:
+        if getattr(a, "is_cuda", False):
+            return True
+    return False
 
 
 def kernel(fn: Callable[..., Any]) -> Kernel:

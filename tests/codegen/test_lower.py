@@ -128,7 +128,7 @@ FIXTURES = {
         "cvt.rzi.s32.f32": 2,
         "max.NaN.f32": 1,
         "min.NaN.f32": 1,
-        "st.global.u8": 4,
+        "st.global.cs.u8": 4,
     },
 }
 

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 #: The widest global access, in bytes (``ld.global.v4.b32``).
 VECTOR_BYTES = 16
+#: Stores are streaming (``st.global.cs``: evict first from L1 and L2).  A kernel does not read
+#: back what it stores, and a norm kernel's second sweep over its input finds more of it in L2
+#: when the output it streams out does not push it out.
+STORE = "st.global.cs"
 
 
 # --------------------------------------------------------------------------- runs
@@ -229,7 +233,7 @@ def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.
 
 def _store_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, bits: ir.Value, dt: DType) -> None:
     suffix, cons, ty = _ld_asm(dt)
-    asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p st.global.{suffix} [$0], $1; }}"
+    asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {STORE}.{suffix} [$0], $1; }}"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), ty, I32])
     v = b.zext(bits, ty) if bits.type.width < ty.width else bits
     b.asm(fty, asm, f"l,{cons},r", [elem.addr, v, _pred(b, ok)], side_effect=True)
@@ -240,7 +244,7 @@ def _store_vector(b: ir.IRBuilder, addr: ir.Value, bits: list[ir.Value], dt: DTy
     size) in one access."""
     words = _pack(b, bits, dt)
     w, suffix, cons, ty = _words(len(bits) * _elem_bytes(dt))
-    asm = f"st.global{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
+    asm = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
     b.asm(fty, asm, ",".join(["l"] + [cons] * w), [addr, *words], side_effect=True)
 
