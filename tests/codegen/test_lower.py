@@ -144,7 +144,9 @@ def test_fixture_ptx(name: str) -> None:
 def test_rs_wgmma_takes_a_from_registers() -> None:
     ptx = _ptx(KERNELS / "wgmma_rs.tkir")
     rs = re.findall(r"wgmma.mma_async\S+ \{[^}]*\}, \{(%r\d+, ){3}%r\d+\}, %rd\d+", ptx)
-    assert len(rs) == 4  # the P @ V steps; the others are SS
+    # The P @ V steps (4 k16 steps); the others are SS.  LLVM may unroll the fixture's inner
+    # loop (2 trips, constant bounds), which doubles them.
+    assert len(rs) in (4, 8)
 
 
 def test_fixtures_cover_every_hopper_op() -> None:
@@ -267,3 +269,14 @@ def test_example_with_rings_and_roles_assembles_clean(name: str, consts: dict, p
     for role in (op for op in kernel.walk() if op.name == "hopper.role"):
         regs = role.attributes["regs"]
         assert re.search(rf"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+{regs};", ptx), regs
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_scores_cost_one_fma_and_one_exp2_each(causal: bool) -> None:
+    """A consumer thread holds 64 scores of a 128 x 128 block: ``s * scale - m`` contracts to
+    one fma each, and P goes to the P @ V operand as 32 ``cvt.rn.bf16x2.f32`` (no per-half
+    shifts and ors)."""
+    ptx = kernel_to_ptx(_example("attn.tk", {"causal": causal}).kernel())
+    assert ptx.count("fma.rn.f32") >= 64
+    assert ptx.count("ex2.approx.ftz.f32") <= 66  # 64 scores and the row's alpha
+    assert ptx.count("cvt.rn.bf16x2.f32") >= 32 and "cvt.u32.u16" not in ptx

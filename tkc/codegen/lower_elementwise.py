@@ -13,6 +13,10 @@ Numerics:
 - Float dtypes are computed in f32 and rounded once to the result dtype, like the
   interpreter (``fptrunc`` is round-to-nearest-even; fp8 rounds with
   ``cvt.rn.satfinite``).  ``div`` is IEEE ``div.rn.f32``, ``sqrt`` is ``sqrt.rn.f32``.
+- f32 ``add``/``sub``/``mul`` may contract (LLVM ``contract``): a product feeding a sum
+  becomes one ``fma.rn.f32``, rounded once where the interpreter rounds twice (as CUDA's
+  default ``-fmad=true`` does).  Attention's ``s * scale - m`` and a norm's ``(x - mean) *
+  rstd * w + b`` are one instruction fewer per element.
 - ``maximum``/``minimum`` are ``llvm.maximum/minimum.f32`` = ``max.NaN.f32``: NaN propagates.
 - i32 ``floordiv``/``rem``/``cdiv`` have Python's floor semantics; division by zero gives 0
   (the interpreter's choice), so masked-off lanes are harmless.
@@ -111,10 +115,15 @@ _INT_BINARY: dict[str, Fn] = {
     "tile.xor": lambda b, x, y: b.xor(x, y),
 }
 
+def _contract(inst: ir.Instruction) -> ir.Instruction:
+    inst.flags.append("contract")
+    return inst
+
+
 _FLOAT_BINARY: dict[str, Fn] = {
-    "tile.add": lambda b, x, y: b.fadd(x, y),
-    "tile.sub": lambda b, x, y: b.fsub(x, y),
-    "tile.mul": lambda b, x, y: b.fmul(x, y),
+    "tile.add": lambda b, x, y: _contract(b.fadd(x, y)),
+    "tile.sub": lambda b, x, y: _contract(b.fsub(x, y)),
+    "tile.mul": lambda b, x, y: _contract(b.fmul(x, y)),
     "tile.div": lambda b, x, y: b.fdiv(x, y),
     "tile.maximum": lambda b, x, y: llvm_call(b, "llvm.maximum.f32", F32, x, y),
     "tile.minimum": lambda b, x, y: llvm_call(b, "llvm.minimum.f32", F32, x, y),

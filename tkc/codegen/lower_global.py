@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import llvmlite.ir as ir
 import numpy as np
 
+from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.lower import TensorArg
-from tkc.codegen.lower_values import as_value, bits_type, constant, from_mem, mem_type, to_mem, widen
+from tkc.codegen.lower_values import as_value, bits_type, constant, from_mem, mem_type, pack_pair, to_mem, widen
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -239,10 +240,15 @@ def _store_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, bits: ir.Value
     b.asm(fty, asm, f"l,{cons},r", [elem.addr, v, _pred(b, ok)], side_effect=True)
 
 
-def _store_vector(b: ir.IRBuilder, addr: ir.Value, bits: list[ir.Value], dt: DType) -> None:
+def _store_vector(b: ir.IRBuilder, addr: ir.Value, bits: list[ir.Value], dt: DType,
+                  vals: list[ir.Value]) -> None:
     """Store the element bits ``bits`` (consecutive elements from ``addr``, aligned to their
-    size) in one access."""
-    words = _pack(b, bits, dt)
+    size; their register values ``vals``) in one access.  bf16/f16 pairs are converted
+    straight from their values into each b32 word (one ``cvt.rn.*x2.f32`` a pair)."""
+    if dt in (dtypes.bf16, dtypes.f16) and len(vals) % 2 == 0:
+        words = [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
+    else:
+        words = _pack(b, bits, dt)
     w, suffix, cons, ty = _words(len(bits) * _elem_bytes(dt))
     asm = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
@@ -418,7 +424,7 @@ def store(lw: Lowerer, op: Operation) -> None:
 
     def vector(first: int, n: int) -> list:
         addr = acc.element(lw, op, first).addr
-        _store_vector(b, addr, bits[first:first + n], dt)
+        _store_vector(b, addr, bits[first:first + n], dt, vals[first:first + n])
         return []
 
     def per_run(edge: bool = False) -> list:

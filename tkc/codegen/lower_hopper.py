@@ -27,18 +27,17 @@ from tkc.codegen.lower import Barrier, Ring, SmemTile, TensorArg, entry_register
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_global import HANDLERS as GLOBAL
 from tkc.codegen.lower_values import (
-    BF16,
-    HALF,
     Sym,
     as_value,
     const_i32,
     from_mem,
     llvm_call,
     mem_type,
+    pack_pair,
     round_to,
     to_mem,
 )
-from tkc.codegen.nvvm import F32, I16, I32, I64
+from tkc.codegen.nvvm import F32, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
@@ -250,11 +249,6 @@ def _select_by(b: ir.IRBuilder, key: ir.Value | None, choices: list[ir.Value]) -
     return out
 
 
-def _pack_pairs(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Value:
-    """Two 16-bit values (f32 register form) as one b32 register, ``lo`` in the low half."""
-    narrow = BF16 if dt.name == "bf16" else HALF
-    half = [b.zext(b.bitcast(b.fptrunc(v, narrow), I16), I32) for v in (lo, hi)]
-    return b.or_(half[0], b.shl(half[1], const_i32(16)))
 
 
 def _reg_a(op: Operation) -> bool:
@@ -298,7 +292,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
         lay = op.a.type.layout
         if a_dt.bits != 16 or lay.k_steps != steps:
             raise TkcCodegenError("a register A operand is f16/bf16 with B's K", op.loc)
-        regs = [_pack_pairs(b, a_val[2 * j], a_val[2 * j + 1], a_dt) for j in range(len(a_val) // 2)]
+        regs = [pack_pair(b, a_val[2 * j], a_val[2 * j + 1], a_dt) for j in range(len(a_val) // 2)]
         a_ops = [[regs[r] for r in lay.step_registers(k)] for k in range(steps)]
         trans_a = 0
     trans_b = int(sb.layout.major == "mn")

@@ -109,6 +109,22 @@ def round_to(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
     return b.fpext(b.fptrunc(x, _narrow_type(dt)), F32)
 
 
+def pack_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Value:
+    """Two bf16/f16 values (their f32 register form) as one b32, ``lo`` in the low half: one
+    ``cvt.rn.{bf16,f16}x2.f32``.  A value that :func:`round_to` just rounded is converted from
+    its unrounded f32 (the same bits: rounding twice is rounding once), which leaves the
+    separate rounding dead."""
+    def source(v: ir.Value) -> ir.Value:
+        if (isinstance(v, ir.CastInstr) and v.opname == "fpext" and isinstance(v.operands[0], ir.CastInstr)
+                and v.operands[0].opname == "fptrunc" and v.operands[0].type == _narrow_type(dt)):
+            return v.operands[0].operands[0]
+        return v
+
+    kind = "bf16x2" if dt == dtypes.bf16 else "f16x2"
+    fty = ir.FunctionType(I32, [F32, F32])
+    return b.asm(fty, f"cvt.rn.{kind}.f32 $0, $1, $2;", "=r,f,f", [source(hi), source(lo)], side_effect=False)
+
+
 def mem_type(dt: DType) -> ir.Type:
     """The LLVM type of one element of ``dt`` in memory (a tensor or a shared tile)."""
     if dt == dtypes.f32:
