@@ -112,6 +112,8 @@ _initialized = False
 def lib() -> ctypes.CDLL:
     """libcuda.so.1 with the prototypes above, loaded on first use."""
     global _lib
+    if _lib is not None:
+        return _lib  # every call after the first: no lock (the name is bound once, fully set up)
     with _lock:
         if _lib is None:
             try:
@@ -180,16 +182,24 @@ def context() -> ctypes.c_void_p:
 def _make_current(ctx: ctypes.c_void_p) -> None:
     cur = ctypes.c_void_p()
     cuda = lib()
-    check(cuda.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
+    check(cuda.cuCtxGetCurrent(cur), "cuCtxGetCurrent")  # ctypes passes ``cur`` by reference
     if cur.value != ctx.value:
         check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
-def current_stream() -> int:
-    """The handle of torch's current CUDA stream (0 is the legacy default stream)."""
+def current_stream(device: int | None = None) -> int:
+    """The handle of torch's current CUDA stream on ``device`` (default: torch's current
+    device); 0 is the legacy default stream."""
     import torch
 
-    return int(torch.cuda.current_stream().cuda_stream)
+    if device is None:
+        device = torch.cuda.current_device()
+    # torch.cuda.current_stream() builds a Stream object (microseconds); the raw handle is
+    # what torch's own compiled kernels launch on, where this torch build has it.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 def _log(buf: ctypes.Array, size: int) -> str:
@@ -271,13 +281,14 @@ def _param_pointer(p: Any, i: int) -> int:
 
 class PreparedLaunch(NamedTuple):
     """A launch's dims and packed parameter pointers; ``keep`` holds the parameter objects the
-    pointers point into."""
+    pointers point into; ``config`` is the launch's ``CUlaunchConfig`` with stream 0, as bytes."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared: int
     ptrs: ctypes.Array
     keep: list
+    config: bytes
 
 
 class Function:
@@ -306,16 +317,21 @@ class Function:
         :meth:`launch_prepared`): for launches repeated with the same parameters."""
         g, b = _dim3(grid, "grid"), _dim3(block, "block")
         ptrs = (ctypes.c_void_p * max(1, len(params)))(*[_param_pointer(p, i) for i, p in enumerate(params)])
-        return PreparedLaunch(g, b, int(shared_bytes), ptrs, list(params))
+        config = bytes(CUlaunchConfig(*g, *b, int(shared_bytes), None, None, 0))
+        return PreparedLaunch(g, b, int(shared_bytes), ptrs, list(params), config)
 
     def launch_prepared(self, prep: PreparedLaunch, stream: int | None = None) -> None:
         """``cuLaunchKernelEx`` of a :meth:`prepare`-d launch on ``stream`` (default: torch's
-        current stream): the per-call work is the config and the driver call."""
-        cfg = CUlaunchConfig(*prep.grid, *prep.block, prep.shared, current_stream() if stream is None else int(stream),
-                             None, 0)
+        current stream): the per-call work is a copy of the config and the driver call."""
+        # A config of its own per call: a shared one could get another thread's stream while
+        # the driver reads it (ctypes lets other threads run during the call).
+        cfg = CUlaunchConfig.from_buffer_copy(prep.config)
+        cfg.hStream = current_stream() if stream is None else int(stream)
         _make_current(self.module.ctx)
-        check(lib().cuLaunchKernelEx(ctypes.addressof(cfg), self.handle, prep.ptrs, None),
-              f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, shared={prep.shared})")
+        result = lib().cuLaunchKernelEx(ctypes.addressof(cfg), self.handle, prep.ptrs, None)
+        if result:  # the message is built only for a failure: formatting it costs a microsecond
+            check(result, f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, "
+                          f"shared={prep.shared})")
 
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int = 0,
                stream: int | None = None, params: Sequence[Any] = (),

@@ -1,0 +1,178 @@
+"""Host (CPU) time of a repeated launch, measured without a GPU: the Python work tkc does per call.
+
+    python benchmarks/launch_overhead.py               # us per call of each path below
+    python benchmarks/launch_overhead.py --profile     # and a cProfile of each
+
+What it times, 10,000 calls per round, best and median of several rounds:
+
+* ``launch``: ``tkc.runtime.launch.launch(compiled, [x, y])``, the 64x256 bf16 softmax of
+  ``overhead_rows()`` in benchmarks/run.py, called again and again with the same tensors;
+* ``kernel call``: a ``@tkc.kernel`` (examples/rmsnorm.py) called the same way, with a scalar.
+
+Only what needs a GPU is replaced: libcuda by a stub library built here with ``cc`` (every
+entry point returns CUDA_SUCCESS at once; ctypes still converts every argument as it would),
+torch's CUDA queries (current device and stream, capability, SM count) by functions that
+answer device 0, and CUDA tensors by CPU tensors that report ``cuda:0``.  Everything else is
+tkc's real code.  The stubs are cheaper than the real ``torch.cuda.current_stream()`` and a
+real ``cuLaunchKernelEx``, so this measures tkc's own share; real GPU launch numbers come from
+``python benchmarks/run.py --only overhead`` on a GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# benchmarks/profile.py would shadow the standard library's profile module, which cProfile imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+_STUB_C = r"""
+#include <stdint.h>
+static void *const CTX = (void *)0x1000;
+static long launches;
+long stub_launches(void) { return launches; }
+int cuInit(unsigned f) { return 0; }
+int cuGetErrorName(int r, const char **s) { *s = "CUDA_ERROR_STUB"; return 0; }
+int cuGetErrorString(int r, const char **s) { *s = "stub driver"; return 0; }
+int cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
+int cuCtxGetCurrent(void **c) { *c = CTX; return 0; }
+int cuCtxSetCurrent(void *c) { return 0; }
+int cuCtxGetDevice(int *d) { *d = 0; return 0; }
+int cuDevicePrimaryCtxRetain(void **c, int d) { *c = CTX; return 0; }
+int cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *opts, void **vals) {
+    *m = (void *)0x2000; return 0; }
+int cuModuleGetFunction(void **f, void *m, const char *name) { *f = (void *)0x3000; return 0; }
+int cuModuleUnload(void *m) { return 0; }
+int cuFuncSetAttribute(void *f, int attr, int v) { return 0; }
+int cuFuncGetAttribute(int *v, int attr, void *f) { *v = 0; return 0; }
+int cuLaunchKernelEx(const void *cfg, void *f, void **params, void **extra) { launches++; return 0; }
+int cuTensorMapEncodeTiled(void *map, int dt, unsigned rank, void *addr, const uint64_t *dims,
+                           const uint64_t *strides, const unsigned *box, const unsigned *estrides,
+                           int interleave, int swizzle, int l2, int oob) { return 0; }
+"""
+
+
+def _stub_driver(tmp: Path) -> ctypes.CDLL:
+    """Build the stub libcuda and install it where ``tkc.runtime.driver.lib()`` keeps its library."""
+    from tkc.runtime import driver
+
+    src, so = tmp / "cuda_stub.c", tmp / "libcuda_stub.so"
+    src.write_text(_STUB_C)
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    cuda = ctypes.CDLL(str(so))
+    for name, argtypes in driver._PROTOTYPES.items():
+        fn = getattr(cuda, name)
+        fn.argtypes, fn.restype = argtypes, driver.CUresult
+    cuda.stub_launches.restype = ctypes.c_long
+    driver._lib = cuda
+    return cuda
+
+
+class _Stream:
+    cuda_stream = 0
+
+
+def _stub_torch_cuda() -> None:
+    """torch's CUDA state as on a host whose CUDA is initialised, on device 0."""
+    cuda = torch.cuda
+    cuda._initialized = True  # the real is_initialized() and _lazy_init() still run
+    torch._C._cuda_getDevice = lambda: 0  # under the real torch.cuda.current_device()
+    torch._C._cuda_getCurrentRawStream = lambda device: 0
+    cuda.is_available = lambda: True
+    cuda.init = lambda: None
+    cuda.current_stream = lambda device=None: _Stream()
+    cuda.get_device_capability = lambda device=None: (9, 0)
+    cuda.get_device_name = lambda device=None: "stub"
+    cuda.get_device_properties = lambda device=None: types.SimpleNamespace(multi_processor_count=132)
+
+
+_CUDA0 = torch.device("cuda", 0)
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that says it is on cuda:0; torch's own getters answer everything else."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self) -> torch.device:
+        return _CUDA0
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+    def get_device(self) -> int:
+        return 0
+
+
+def cuda_like(*shape: int, dtype: torch.dtype = torch.bfloat16) -> FakeCuda:
+    # 64-byte aligned storage, as the CUDA caching allocator gives.
+    return torch.empty(*shape, dtype=dtype).as_subclass(FakeCuda)
+
+
+def per_call_us(fn, calls: int, rounds: int) -> tuple[float, float]:
+    """(best, median) microseconds per call over ``rounds`` rounds of ``calls`` calls."""
+    fn()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter_ns() - t) / calls / 1e3)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=10_000)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of each path")
+    args = ap.parse_args()
+
+    from rmsnorm import rmsnorm
+
+    from tkc.compiler import compile_kernel
+    from tkc.runtime.launch import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cuda = _stub_driver(Path(tmp))
+        _stub_torch_cuda()
+        compiled = compile_kernel(ROOT / "examples" / "softmax.tk", {})
+        x, y = cuda_like(64, 256), cuda_like(64, 256)
+        w = cuda_like(256)
+        cases = {
+            "launch(compiled, [x, y])": lambda: launch(compiled, [x, y]),
+            "rmsnorm(x, w, y, 1e-6)  (@tkc.kernel)": lambda: rmsnorm(x, w, y, 1e-6),
+        }
+        before = cuda.stub_launches()
+        for name, fn in cases.items():
+            best, median = per_call_us(fn, args.calls, args.rounds)
+            print(f"{name:40s} {best:6.2f} us per call (median {median:.2f})")
+        launched = cuda.stub_launches() - before
+        expected = len(cases) * (args.rounds * args.calls + 1)
+        assert launched == expected, f"{launched} launches reached the driver, expected {expected}"
+        for name, fn in cases.items() if args.profile else ():
+            print(f"\n--- {name}, {args.calls} calls")
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [fn() for _ in range(args.calls)])
+            pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
