@@ -190,3 +190,14 @@ def test_ptxas_required_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TkcUsageError, match="no ptxas found; searched:\n  TKC_PTXAS\n  PATH"):
         compile_kernel(GEMM, ptxas=True, cache=False)
     assert "cubin" not in compile_kernel(GEMM, cache=False).asm  # ptxas=None: PTX only
+
+
+def test_importing_tkc_loads_neither_torch_nor_the_driver_layer() -> None:
+    """``import tkc`` (and so ``tkc compile``) needs neither torch nor the CUDA driver layer;
+    a checkout run without an install maps ``tkc.runtime`` only after ``import tkc``."""
+    import subprocess
+    import sys
+
+    code = "import sys, tkc; print(sorted(m for m in ('torch', 'tkc.runtime.launch', 'tkc.runtime.driver') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -14,6 +14,7 @@ or hold GPU state beyond the compiled specializations.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import textwrap
@@ -24,7 +25,15 @@ from tkc.errors import TkcLaunchError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.options import knobs
-from tkc.runtime.launch import launch
+
+
+@functools.cache
+def _launch() -> Callable[..., Any]:
+    """``tkc.runtime.launch.launch``, imported on the first GPU call: importing tkc loads no
+    driver layer, and a bare checkout maps ``tkc.runtime`` only after ``import tkc``."""
+    from tkc.runtime.launch import launch
+
+    return launch
 
 
 class Kernel:
@@ -124,13 +133,13 @@ class Kernel:
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
                                  "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
         try:
-            launch(self.specialize(**consts), args, grid=grid)
+            _launch()(self.specialize(**consts), args, grid=grid)
         except TkcTmaStrideError:
             if "tma" in consts:
                 raise  # the caller chose; do not second-guess it
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
-            launch(self.specialize(**consts, tma=False), args, grid=grid)
+            _launch()(self.specialize(**consts, tma=False), args, grid=grid)
 
 
 def _interpret_requested() -> bool:

@@ -273,7 +273,7 @@ def test_a_repeated_kernel_call_compiles_once_and_reads_no_knobs(monkeypatch: py
     compiles = []
     monkeypatch.delenv("TKC_INTERPRET", raising=False)
     monkeypatch.setattr(tkc.compiler, "compile_kernel", lambda *a, **kw: compiles.append(kw) or compiled)
-    monkeypatch.setattr(kernel_mod, "launch", lambda c, args, grid=None: launched.append(c))
+    monkeypatch.setattr(kernel_mod, "_launch", lambda: lambda c, args, grid=None: launched.append(c))
     monkeypatch.setattr(kernel_mod, "knobs", lambda: pytest.fail("knobs() read on a plain call"))
     k, x = _rmsnorm(), cuda_like(torch.zeros(4, 8, dtype=torch.bfloat16))
     for _ in range(3):
@@ -287,7 +287,7 @@ def test_kernel_calls_follow_tkc_interpret(monkeypatch: pytest.MonkeyPatch, valu
     monkeypatch.setenv("TKC_INTERPRET", value)
     monkeypatch.setattr(kernel_mod, "interpret", lambda *a, **kw: ran.append("interpreter"))
     monkeypatch.setattr(kernel_mod.Kernel, "specialize", lambda self, **consts: None)
-    monkeypatch.setattr(kernel_mod, "launch", lambda c, args, grid=None: ran.append("gpu"))
+    monkeypatch.setattr(kernel_mod, "_launch", lambda: lambda c, args, grid=None: ran.append("gpu"))
     x = cuda_like(torch.zeros(4, 8, dtype=torch.bfloat16))
     _rmsnorm()(x, x, x, 1e-6)
     assert ran == ["interpreter" if interprets else "gpu"]
