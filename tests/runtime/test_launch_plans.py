@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-import sys
 import types
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from tkc.compiler import Compiled
 from tkc.errors import TkcLaunchError
 from tkc.runtime import driver
 from tkc.runtime import launch as launch_mod
+
+from test_launch import _rmsnorm
 
 torch = pytest.importorskip("torch")
 
@@ -257,15 +258,6 @@ def test_the_plan_cache_is_bounded(gpu: types.SimpleNamespace, monkeypatch: pyte
 
 
 # ------------------------------------------------------------- @tkc.kernel
-def _rmsnorm():
-    sys.path.insert(0, str(ROOT / "examples"))
-    try:
-        from rmsnorm import rmsnorm
-    finally:
-        sys.path.pop(0)
-    return rmsnorm
-
-
 def test_a_repeated_kernel_call_compiles_once_and_reads_no_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     import tkc.compiler
 
