@@ -37,9 +37,14 @@ def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
     a, b, c = randn(M, K), randn(K, N), randn(M, N)
     out["gemm"] = [(f"{M}x{N}x{K}", [a, b, c], grid(BN=[128, 256], stages=[3, 4], persistent=[True, False]),
                     2 * M * N * K)]
-    q, k, v, o = (randn(1, 16, 16384, 128) for _ in range(4))
-    out["attn"] = [("B1 H16 N16384 D128", [q, k, v, o, 1 / math.sqrt(128)],
-                    grid(BN=[64, 128], stages=[2, 3]), 4 * 16 * 16384 * 16384 * 128)]
+    out["attn"] = []
+    for D, N in ((128, 16384), (128, 2048), (64, 16384)):
+        B, H = 16384 // N, 2048 // D
+        q, k, v, o = (randn(B, H, N, D) for _ in range(4))
+        for causal in (False, True):
+            out["attn"].append((f"B{B} H{H} N{N} D{D}{' causal' if causal else ''}", [q, k, v, o, 1 / math.sqrt(D)],
+                                grid(D=[D], causal=[causal], BN=[64, 128], pingpong=[True, False]),
+                                4 * B * H * N * N * D // (2 if causal else 1)))
     # The norms at the harness's widths; the rate counts one read and one write of x.
     for op in ("softmax", "layernorm"):
         rows = []

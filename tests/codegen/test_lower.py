@@ -119,6 +119,11 @@ FIXTURES = {
         "fence.proxy.async.shared::cta": 1,
         "mbarrier.try_wait.parity": 2,
     },
+    "turns": {
+        "bar.sync": 2,  # the wait (a register id) and the end (3)
+        "bar.arrive": 2,  # the pass (a register id) and the start (3)
+        "setmaxnreg": 2,
+    },
     "elementwise": {
         "ex2.approx.ftz.f32": 2,
         "lg2.approx.f32": 2,
@@ -280,3 +285,14 @@ def test_attention_scores_cost_one_fma_and_one_exp2_each(causal: bool) -> None:
     assert ptx.count("fma.rn.f32") >= 64
     assert ptx.count("ex2.approx.ftz.f32") <= 66  # 64 scores and the row's alpha
     assert ptx.count("cvt.rn.bf16x2.f32") >= 32 and "cvt.u32.u16" not in ptx
+
+
+def test_turns_are_named_barriers_three_and_four() -> None:
+    """hopper.turn: bar.sync on 3 + g, bar.arrive on 4 - g (256 threads), g the consumer
+    warpgroup; the first pass and the last wait only in one warpgroup."""
+    ptx = kernel_to_ptx(_example("attn.tk", {}).kernel())
+    syncs = re.findall(r"bar\.sync\s+(%r\d+|\d+), 256;", ptx)
+    arrives = re.findall(r"bar\.arrive\s+(%r\d+|\d+), 256;", ptx)
+    assert sorted(s for s in syncs if not s.startswith("%")) == ["3"]  # the end, warpgroup 0
+    assert sorted(a for a in arrives if not a.startswith("%")) == ["3"]  # the start, warpgroup 1
+    assert sum(s.startswith("%") for s in syncs) == 2 and sum(a.startswith("%") for a in arrives) == 2

@@ -6,6 +6,7 @@ by hand are in test_machine_rings.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +324,8 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": False}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 160}, 2**-6),
+    # Two consumers taking turns (ping-pong) over 5 key blocks, the last one partial.
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": False}, {"B": 1, "H": 1, "N": 300}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
@@ -396,6 +399,8 @@ def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant
         # The K/V loops are what the passes are for: make sure the emulator sees what they made.
         assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant != "ring")
         assert ("tile.num_sms" in ops) == (variant == "persistent" and name.startswith("gemm"))
+        # Two consumer warpgroups of attention take turns; GEMM's never do.
+        assert ("hopper.turn" in ops) == (variant != "ring" and name == "attn.tk" and consts["BM"] == 128)
     for seed in range(2):
         assert_same_run(tile, hopper, dims, seed, atol)
 
@@ -414,3 +419,32 @@ def test_rmsnorm_kernel_emulates_like_the_interpreter():
     hopper = mod.rmsnorm.compile(_hopper_pipeline(), **consts)
     for seed in range(2):
         assert_same_run(tile, hopper, {"M": 40, "N": 300}, seed, 2**-10)
+
+
+# ------------------------------------------------------------------ turns (ping-pong)
+def _attention_with_turns(edit_text=None) -> tuple[Module, Module]:
+    tile, hopper = compile_both("attn.tk", {"D": 64, "BM": 128, "BN": 64}, "roles")
+    if edit_text is None:
+        return tile, hopper
+    from tkc.ir.printer import print_module
+
+    return tile, load(edit_text(print_module(hopper)), "attn.tkir")
+
+
+def test_a_missing_first_turn_deadlocks():
+    _, hopper = _attention_with_turns(lambda t: edit(t, re.search(r' *hopper.turn \{kind = "start"\}[^\n]*\n', t)[0], ""))
+    tile, _ = _attention_with_turns()
+    with pytest.raises(DeadlockError, match=r"bar.sync 3 \(the turn of warpgroup 0"):
+        assert_same_run(tile, hopper, {"B": 1, "H": 1, "N": 200}, 0, 2**-6)
+
+
+def test_passing_the_turn_twice_is_caught():
+    def twice(t: str) -> str:
+        line = re.search(r' *hopper.turn \{kind = "pass"\}[^\n]*\n', t)[0]
+        return edit(t, line, line + line)
+
+    tile, _ = _attention_with_turns()
+    _, hopper = _attention_with_turns(twice)
+    with pytest.raises(TkcEmulatorError, match=r"arrives twice on bar.sync"):
+        assert_same_run(tile, hopper, {"B": 1, "H": 1, "N": 200}, 0, 2**-6)
+

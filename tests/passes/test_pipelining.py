@@ -135,3 +135,39 @@ def test_bad_pin_value():
 
     with pytest.raises(TkcUsageError, match="pin stages = 0: expected a positive integer"):
         compile_kernel(EXAMPLES / "gemm.tk", {"stages": 0}, stop="tkir", cache=False)
+
+
+def _turns(loop: str) -> list[str]:
+    return re.findall(r'hopper.turn \{kind = "(\w+)"\}|(hopper.wgmma) %', loop)
+
+
+def test_attention_consumers_take_turns_around_each_wgmma():
+    consumers = role(lowered("attn.tk", {}, SPLIT), "consumers")
+    seq = [kind or op for kind, op in _turns(consumers)]
+    assert seq == ["start", "wait", "hopper.wgmma", "pass", "wait", "hopper.wgmma", "pass", "end"]
+    loop = consumers[consumers.index("= tile.for"):]
+    # The turn is taken after the ring stage is there, and passed before the wgmma is waited for.
+    assert loop.index("hopper.mbarrier_wait") < loop.index('kind = "wait"')
+    assert loop.index('kind = "pass"') < loop.index("hopper.wgmma_wait")
+
+
+def test_gemm_consumers_do_not_take_turns_unless_pinned():
+    assert "hopper.turn" not in lowered("gemm.tk", {}, SPLIT)
+    text = lowered("gemm.tk", {"pingpong": True}, SPLIT)
+    assert [k or o for k, o in _turns(role(text, "consumers"))] == ["start", "wait", "hopper.wgmma", "pass", "end"]
+
+
+def test_pingpong_pin():
+    assert "hopper.turn" not in lowered("attn.tk", {"pingpong": False}, SPLIT)
+    with pytest.raises(TkcUnsupportedError, match="pingpong = true takes turns between two consumer warpgroups"):
+        lowered("attn.tk", {"BM": 64, "pingpong": True}, SPLIT)
+
+
+def test_a_turn_outside_a_two_warpgroup_role_is_refused():
+    from tkc.errors import TkcVerifyError
+
+    text = lowered("gemm.tk", {"BM": 64, "BN": 64}, SPLIT)  # one consumer warpgroup
+    line = re.search(r"\n( *)\S+ = hopper.wgmma_wait", text)
+    bad = text[:line.start()] + f'\n{line[1]}hopper.turn {{kind = "wait"}}' + text[line.start():]
+    with pytest.raises(TkcVerifyError, match="takes turns between the two warpgroups of a role"):
+        verify(parse_module(bad))

@@ -41,6 +41,7 @@ from tkc.codegen.nvvm import F32, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
+from tkc.ir.dialects.hopper import TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 
@@ -207,6 +208,29 @@ def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
 
 def _barrier(lw: Lowerer, op: Operation) -> None:
     nvvm.call(lw.b, "barrier.cta.sync.aligned.all", op.id)
+
+
+def _turn(lw: Lowerer, op: Operation) -> None:
+    """``hopper.turn``: warpgroup ``g`` of the role (uniform in each warp, as ``.aligned``
+    needs) syncs on ``TURN_BARRIER + g`` and arrives on ``TURN_BARRIER + 1 - g``, 256 threads."""
+    b = lw.b
+    g = b.lshr(lw.tid, const_i32(7))
+    kind = op.attributes["kind"]
+
+    def wait(bar: ir.Value) -> None:
+        nvvm.call(b, "barrier.cta.sync.aligned.count", bar, 256)
+
+    def give(bar: ir.Value) -> None:
+        nvvm.call(b, "barrier.cta.arrive.aligned.count", bar, 256)
+
+    if kind == "wait":
+        wait(b.add(g, const_i32(TURN_BARRIER)))
+    elif kind == "pass":
+        give(b.sub(const_i32(TURN_BARRIER + 1), g))
+    elif kind == "start":
+        lw.if_then(b.icmp_unsigned("==", g, const_i32(1)), lambda: give(const_i32(TURN_BARRIER)), "turn.start")
+    else:
+        lw.if_then(b.icmp_unsigned("==", g, const_i32(0)), lambda: wait(const_i32(TURN_BARRIER)), "turn.end")
 
 
 # --------------------------------------------------------------------------- TMA
@@ -438,6 +462,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.role": _role,
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
+    "hopper.turn": _turn,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
     "hopper.mbarrier_wait": _mbarrier_wait,

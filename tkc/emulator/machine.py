@@ -48,7 +48,7 @@ from tkc.errors import TkcEmulatorError, TkcError
 from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
                              _write_back, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
-from tkc.ir.dialects.hopper import ONE_THREAD_OPS
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
 
@@ -174,6 +174,7 @@ class _CTA:
         # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once; and
         # one per role for its internal barriers (count: the role's warpgroups).
         self.bar_sync: dict[Any, MBarrier] = {}
+        self.turn_arrivals: dict[Any, tuple[int, set[int]]] = {}  # per turn barrier: (phase, who arrived)
         self.fault_loc = None
         self.roles = [op for op in kernel.regions[0].block.ops if op.name == "hopper.role"]
         _check_registers(kernel, self.roles, threads)
@@ -234,6 +235,33 @@ class _CTA:
             self.bar_sync[key] = MBarrier(f"bar.sync {bar_id}", self.warpgroups) if role is None else \
                 MBarrier(f"bar.sync {1 + role.first} of role {role.attributes['name']!r}", role.warpgroups)
         return self.bar_sync[key]
+
+    def turn(self, k: int, role: Operation) -> MBarrier:
+        """Named barrier ``TURN_BARRIER + k`` of ``role``'s turns (``hopper.turn``): one arrival
+        per warpgroup, two per phase."""
+        key = ("turn", k, role)
+        if key not in self.bar_sync:
+            self.bar_sync[key] = MBarrier(f"bar.sync {TURN_BARRIER + k} (the turn of warpgroup {k} of role "
+                                          f"{role.attributes['name']!r})", 2)
+            self.turn_arrivals[key] = (0, set())
+        return self.bar_sync[key]
+
+    def arrive_turn(self, k: int, role: Operation, g: int, op: Operation) -> tuple[MBarrier, int]:
+        """Warpgroup ``g`` arrives on turn barrier ``k``; the parity it would wait for.  Two
+        arrivals of one warpgroup in one phase are a broken protocol (the hardware would count
+        256 threads and let the turn pass without the other warpgroup)."""
+        bar = self.turn(k, role)
+        key = ("turn", k, role)
+        phase, who = self.turn_arrivals[key]
+        if phase != bar.phase:
+            phase, who = bar.phase, set()
+        if g in who:
+            raise _fault(op, f"warpgroup {g} arrives twice on {bar.name} before the other warpgroup does")
+        who.add(g)
+        self.turn_arrivals[key] = (phase, who)
+        parity = bar.parity
+        bar.arrive()
+        return bar, parity
 
     def run(self, seed: int) -> None:
         run([(self.name(g), _Warpgroup(self, g).run()) for g in range(self.warpgroups)], seed)
@@ -693,6 +721,17 @@ def _barrier(wg: _Warpgroup, op: Operation) -> Co:
     yield from wg.bar_sync(op, op.id)
 
 
+def _turn(wg: _Warpgroup, op: Operation) -> Co:
+    """``hopper.turn`` (docs/hopper.md): warpgroup ``g`` of the role waits on turn barrier
+    ``g`` and passes on ``1 - g``."""
+    g, role = wg.local, wg.role_op
+    if op.kind == "pass" or op.kind == "start" and g == 1:
+        wg.cta.arrive_turn(1 - g, role, g, op)
+    elif op.kind == "wait" or op.kind == "end" and g == 0:
+        bar, parity = wg.cta.arrive_turn(g, role, g, op)
+        yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
+
+
 def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) -> Co:
     yield Wait(bar, int(parity), _describe(op))
 
@@ -788,6 +827,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "tile.if": _if,
     "hopper.role": _role,
     "hopper.barrier": _barrier,
+    "hopper.turn": _turn,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wait_group,

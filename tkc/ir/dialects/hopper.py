@@ -202,6 +202,37 @@ class BarrierOp(Operation):
                              "whole CTA would wait for the other roles)")
 
 
+#: The named barriers of ``hopper.turn``: warpgroup ``g`` of a two-warpgroup role waits on
+#: ``TURN_BARRIER + g``.  0 is the CTA's, ``1 + first`` a role's internal one (first <= 1).
+TURN_BARRIER = 3
+
+
+@register
+class TurnOp(Operation):
+    """Turns between the two warpgroups of a role (ping-pong): each takes the turn before it
+    issues its wgmmas and passes it on right after, so one warpgroup's tensor-core work runs
+    while the other computes in registers.  Warpgroup ``g`` waits on named barrier
+    ``TURN_BARRIER + g`` and passes on ``TURN_BARRIER + 1 - g`` (256 threads each):
+
+    - ``start``: warpgroup 1 passes (warpgroup 0 has the first turn);
+    - ``wait``: ``bar.sync TURN_BARRIER + g, 256``;
+    - ``pass``: ``bar.arrive TURN_BARRIER + 1 - g, 256``;
+    - ``end``: warpgroup 0 waits once, taking warpgroup 1's last pass, so every barrier is
+      back where it started (a persistent kernel's next tile starts clean).
+    """
+
+    name = "hopper.turn"
+    ATTRS = {"kind": str}
+    KINDS = ("start", "wait", "pass", "end")
+
+    def verify(self) -> None:
+        if self.kind not in self.KINDS:
+            raise self.error(f"kind is one of {', '.join(self.KINDS)}, not {self.kind!r}")
+        role = enclosing_role(self)
+        if role is None or role.attributes.get("warpgroups") != 2:
+            raise self.error("takes turns between the two warpgroups of a role")
+
+
 def enclosing_role(op: Operation) -> Operation | None:
     """The ``hopper.role`` an op is nested in, if any."""
     return next((p for p in op.ancestors() if p.name == "hopper.role"), None)
