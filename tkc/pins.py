@@ -15,8 +15,7 @@ PINS: dict[str, tuple[type, str, str]] = {
     "stages": (int, "stages of every TMA ring (1: no ring)", "pipeline-loops"),
     "warp_specialize": (bool, "a producer warpgroup issues the copies", "specialize-warps"),
     "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
-    "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: attention-like "
-                       "loops)", "specialize-warps"),
+    "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "persistent": (bool, "one program per SM walks the output tiles", "persistent"),
     "tma": (bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
                   "stores it to shared memory, for tensors whose strides TMA cannot take)", "select-layouts"),

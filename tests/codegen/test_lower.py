@@ -290,7 +290,7 @@ def test_attention_scores_cost_one_fma_and_one_exp2_each(causal: bool) -> None:
 def test_turns_are_named_barriers_three_and_four() -> None:
     """hopper.turn: bar.sync on 3 + g, bar.arrive on 4 - g (256 threads), g the consumer
     warpgroup; the first pass and the last wait only in one warpgroup."""
-    ptx = kernel_to_ptx(_example("attn.tk", {}).kernel())
+    ptx = kernel_to_ptx(_example("attn.tk", {"pingpong": True}).kernel())
     syncs = re.findall(r"bar\.sync\s+(%r\d+|\d+), 256;", ptx)
     arrives = re.findall(r"bar\.arrive\s+(%r\d+|\d+), 256;", ptx)
     assert sorted(s for s in syncs if not s.startswith("%")) == ["3"]  # the end, warpgroup 0

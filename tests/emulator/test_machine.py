@@ -325,7 +325,7 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": False}, {"B": 1, "H": 2, "N": 160}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 160}, 2**-6),
     # Two consumers taking turns (ping-pong) over 5 key blocks, the last one partial.
-    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": False}, {"B": 1, "H": 1, "N": 300}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": False, "pingpong": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
@@ -399,8 +399,8 @@ def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant
         # The K/V loops are what the passes are for: make sure the emulator sees what they made.
         assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant != "ring")
         assert ("tile.num_sms" in ops) == (variant == "persistent" and name.startswith("gemm"))
-        # Two consumer warpgroups of attention take turns; GEMM's never do.
-        assert ("hopper.turn" in ops) == (variant != "ring" and name == "attn.tk" and consts["BM"] == 128)
+        # Consumer warpgroups take turns where the pin says so.
+        assert ("hopper.turn" in ops) == (variant != "ring" and consts.get("pingpong", False))
     for seed in range(2):
         assert_same_run(tile, hopper, dims, seed, atol)
 
@@ -423,7 +423,7 @@ def test_rmsnorm_kernel_emulates_like_the_interpreter():
 
 # ------------------------------------------------------------------ turns (ping-pong)
 def _attention_with_turns(edit_text=None) -> tuple[Module, Module]:
-    tile, hopper = compile_both("attn.tk", {"D": 64, "BM": 128, "BN": 64}, "roles")
+    tile, hopper = compile_both("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True}, "roles")
     if edit_text is None:
         return tile, hopper
     from tkc.ir.printer import print_module

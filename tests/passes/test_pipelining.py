@@ -142,7 +142,7 @@ def _turns(loop: str) -> list[str]:
 
 
 def test_attention_consumers_take_turns_around_each_wgmma():
-    consumers = role(lowered("attn.tk", {}, SPLIT), "consumers")
+    consumers = role(lowered("attn.tk", {"pingpong": True}, SPLIT), "consumers")
     seq = [kind or op for kind, op in _turns(consumers)]
     assert seq == ["start", "wait", "hopper.wgmma", "pass", "wait", "hopper.wgmma", "pass", "end"]
     loop = consumers[consumers.index("= tile.for"):]
@@ -158,6 +158,7 @@ def test_gemm_consumers_do_not_take_turns_unless_pinned():
 
 
 def test_pingpong_pin():
+    assert "hopper.turn" not in lowered("attn.tk", {}, SPLIT)  # off by default
     assert "hopper.turn" not in lowered("attn.tk", {"pingpong": False}, SPLIT)
     with pytest.raises(TkcUnsupportedError, match="pingpong = true takes turns between two consumer warpgroups"):
         lowered("attn.tk", {"BM": 64, "pingpong": True}, SPLIT)

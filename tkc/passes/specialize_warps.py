@@ -16,13 +16,13 @@ thing the two roles share is the ring protocol, the producer runs ahead as far a
 ``empty`` barriers let it.  What both roles need and is the same for every thread (sizes,
 program ids, loop bounds) stays before the roles; allocations and barrier initialization too.
 
-With two consumers whose loop issues a product of a register operand between other products
-(attention: ``S = Q K^T``, the softmax in registers, ``O += P V``), the consumers take turns
-(``hopper.turn``, ping-pong as in FlashAttention-3): each waits for its turn before issuing a
-wgmma and passes it right after, so the two warpgroups fall into opposite phases, one on the
-tensor cores while the other computes its softmax, instead of both waiting on the same ring
-stage and then both leaving the tensor cores idle.  The pin ``pingpong`` forces it on (every
-consumer loop with a product) or off.
+The pin ``pingpong = true`` makes two consumers take turns (``hopper.turn``, ping-pong as in
+FlashAttention-3) in every consumer loop with a product: each waits for its turn before
+issuing a wgmma and passes it right after, so the two warpgroups run in opposite phases, one
+on the tensor cores while the other computes in registers.  It is off by default: on an H100,
+attention at D=128 and 16k tokens ran at 574 TFLOP/s with turns against 609 without (the
+warpgroups already overlap; each turn adds a barrier round trip), within 2% either way
+elsewhere (benchmarks/RESULTS.md).
 
 The kernel's constant ``warp_specialize = false`` turns the pass off; ``consumers = N`` must
 match the kernel's warpgroups (64 rows of every product per consumer).  Kernels without a
@@ -59,12 +59,6 @@ def consumer_regs(consumers: int) -> int:
     fits the register file, a multiple of 8, at most 240 (what FlashAttention-3 uses)."""
     free = (REGISTER_FILE - PRODUCER_REGS * 128) // (128 * consumers)
     return min(MAX_CONSUMER_REGS, free - free % 8)
-
-
-def _register_a(op: Operation) -> bool:
-    """A wgmma whose A operand is computed in registers (attention's ``P @ V``)."""
-    t = op.operands[0].type
-    return isinstance(t, TileType) and t.space == "reg"
 
 
 def _owner(v: Value) -> Operation | None:
@@ -191,20 +185,16 @@ class _Specializer:
         self._take_turns(cons_block, warpgroups)
 
     def _take_turns(self, block: Block, warpgroups: int) -> None:
-        """Ping-pong: turns around every wgmma of the consumer loops that qualify (above)."""
-        pin = self.consts.get("pingpong")
-        if pin is False:
+        """Ping-pong, when pinned: turns around every wgmma of the consumer loops."""
+        if not self.consts.get("pingpong"):
             return
         if warpgroups != 2:
-            if pin:
-                raise TkcUnsupportedError(f"pingpong = true takes turns between two consumer warpgroups; "
-                                          f"this kernel has {warpgroups}", self.kernel.loc)
-            return
+            raise TkcUnsupportedError(f"pingpong = true takes turns between two consumer warpgroups; "
+                                      f"this kernel has {warpgroups}", self.kernel.loc)
         for loop in [inner for op in block.ops for inner in op.walk() if inner.name == "tile.for"]:
             body = loop.regions[0].block
             products = [op for op in body.ops if op.name == "hopper.wgmma"]
-            attention_like = len(products) > 1 and any(_register_a(op) for op in products)
-            if not products or not (pin or attention_like):
+            if not products:
                 continue
             for op in products:
                 body.insert(body.ops.index(op), hopper.TurnOp([], [], {"kind": "wait"}, loc=op.loc))
