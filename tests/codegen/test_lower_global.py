@@ -89,9 +89,9 @@ def test_stores_stream(name: str) -> None:
 
 
 @pytest.mark.parametrize("name,loads,stores", [
-    # A thread holds 4 rows x 2 runs of 8 bf16 columns of the 16 x 512 block: 8 runs for
+    # A thread holds 4 rows x 4 runs of 8 bf16 columns of the 16 x 1024 block: 16 runs for
     # each of the two loads of x and for the store of y.
-    ("softmax.tk", 2 * 8, 8),
+    ("softmax.tk", 2 * 16, 16),
     # 16 x 1024 blocks: 4 rows x 4 runs for each load of x and the store of y, plus the
     # weight and bias rows, 4 runs each.
     ("layernorm.tk", 2 * 16 + 2 * 4, 16),
@@ -108,7 +108,7 @@ def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> N
     assert got["ld.global.b16"] == 8 * loads and got["st.global.b16"] == 8 * stores, got
 
 
-@pytest.mark.parametrize("name,loads", [("softmax.tk", 8), ("layernorm.tk", 16), ("rmsnorm.py", 4)])
+@pytest.mark.parametrize("name,loads", [("softmax.tk", 16), ("layernorm.tk", 16), ("rmsnorm.py", 4)])
 def test_a_tile_inside_the_tensor_loads_without_branches(name: str, loads: int) -> None:
     """The whole-tile path: the x block's vector loads back to back, no branch between
     them, so they are all in flight together."""

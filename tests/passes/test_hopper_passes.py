@@ -118,7 +118,7 @@ def test_attention_keeps_p_in_registers():
 def test_softmax_is_blocked():
     text = print_module(after("softmax.tk", {}, "select-layouts,lower-to-hopper"))
     assert "threads = 128" in text
-    assert "#blocked<16x512" in text
+    assert "#blocked<16x1024" in text
     assert "hopper.load %x" in text and "other = -inf" in text
     assert "tma_maps = []" in text
 
