@@ -284,3 +284,19 @@ def test_the_decorator_falls_back_to_per_thread_loads_for_odd_strides(rng) -> No
     check("@tkc.kernel gemm K=130", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
     with pytest.raises(TkcLaunchError, match="pin tma=False"):
         gemm(a, b, c, BM=64, BN=64, BK=32, tma=True)
+
+
+@pytest.mark.parametrize("M,N", [(37, 203), (64, 1000), (5, 9)])
+def test_the_element_path_at_every_edge(rng, M: int, N: int) -> None:
+    """A copy shifted by (3, 5) rows and columns: the first tiles read at negative offsets,
+    no run is 16-byte aligned, so every run goes through the out-of-line element path; the
+    elements before the tensor read the fill value."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from shift_kernel import shifted
+
+    g, seed = rng
+    x, y = randn(g, M, N), poisoned(M, N)
+    shifted(x, y)
+    ref = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
+    ref[3:, 5:] = x[:M - 3, :N - 5]
+    check("shifted copy", y, ref, seed, atol=0, rtol=0)

@@ -11,13 +11,19 @@ in the last axis, by +1 each, starting at a multiple of ``L`` on every thread
 fast for every run length (below), takes one branch to straight-line code: every run one
 vector access, nothing else between them, so the accesses of the whole tile are in flight
 together and no per-run address or bounds test stays live across the loop that holds the
-op.  Otherwise each run branches at run time: one
+op.  Otherwise (a tile at the tensor's edge) each run branches at run time: one
 ``ld``/``st.global[.v2|.v4]`` when the tensor is contiguous and aligned for it (the op's
 *fast* flag: last-axis stride 1, the last-axis offset, the other strides and the base
 address multiples of ``L`` elements) and all its elements are in bounds; otherwise the
 element path, one predicated scalar access per in-bounds element (what every value of a
 tile without runs gets).  Both sides touch exactly the run's in-bounds elements, so neither
-the strides nor the alignment of a tensor change what an op reads or writes.  The loads
+the strides nor the alignment of a tensor change what an op reads or writes.  A run's
+element path, from ``OUT_OF_LINE`` elements on, is a call to one out-of-line function per
+access kind, dtype and run length (``tkc_edge_{ld,st}_<dtype>_<n>``, given the run's first
+address, the last-axis stride and the range of its elements in bounds): edge code is then a
+call a run, not the run's elements inlined, which takes a third off the code ptxas and LLVM
+see for a norm kernel (shorter runs stay inline: their call would cost more code than it
+saves).  The loads
 merge as the words of the access, unpacked after the branch, so the vector side holds
 nothing that waits for the data.  Every access is side-effecting inline PTX: LLVM neither
 moves a load across a store nor merges or speculates accesses, and no out-of-bounds
@@ -38,7 +44,8 @@ import numpy as np
 from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.lower import TensorArg
-from tkc.codegen.lower_values import as_value, bits_type, constant, from_mem, mem_type, pack_pair, to_mem, widen
+from tkc.codegen.lower_values import (as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair, to_mem,
+                                      widen)
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
 
 #: The widest global access, in bytes (``ld.global.v4.b32``).
 VECTOR_BYTES = 16
+#: Runs of this many elements or more take their element path out of line (module docstring).
+OUT_OF_LINE = 4
 #: Stores are streaming (``st.global.cs``: evict first from L1 and L2).  A kernel does not read
 #: back what it stores, and a norm kernel's second sweep over its input finds more of it in L2
 #: when the output it streams out does not push it out.
@@ -113,6 +122,80 @@ def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, c
         term = b.mul(widen(b, pos), tensor.strides[axis])
         index = term if index is None else b.add(index, term)
     return _Element(b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok)
+
+
+def _run_bounds(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple,
+                n: int) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """For the run of ``n`` elements from tile coordinate ``coord`` (along the last axis,
+    which a run never squeezes): the address of its first element, signed along the last
+    axis so that ``e`` strides on reach element ``e`` even where the first lies before the
+    tensor, and ``[lo, hi)``, the elements in bounds (empty where the row is outside)."""
+    b = lw.b
+    squeeze = set(op.squeeze or [])
+    it = iter(coord)
+    last = len(offs) - 1
+    index = row_ok = first = None
+    for axis, off in enumerate(offs):
+        pos = off if axis in squeeze else b.add(off, as_value(next(it)))
+        if axis == last:
+            first = b.sext(pos, I64)
+            term = b.mul(first, tensor.strides[axis])
+        else:
+            inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])
+            row_ok = inb if row_ok is None else b.and_(row_ok, inb)
+            term = b.mul(widen(b, pos), tensor.strides[axis])
+        index = term if index is None else b.add(index, term)
+    base = b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype))
+
+    def clamp(x: ir.Value) -> ir.Value:  # into [0, n], in i64 so that nothing wraps
+        x = b.select(b.icmp_signed("<", x, ir.Constant(I64, 0)), ir.Constant(I64, 0), x)
+        return b.trunc(b.select(b.icmp_signed(">", x, ir.Constant(I64, n)), ir.Constant(I64, n), x), I32)
+
+    lo = clamp(b.neg(first))
+    hi = clamp(b.sub(b.zext(tensor.sizes[last], I64), first))
+    if row_ok is not None:
+        hi = b.select(row_ok, hi, const_i32(0))
+    return base, lo, hi
+
+
+def _edge_fn(lw: Lowerer, kind: str, dt: DType, n: int) -> ir.Function:
+    """The out-of-line element path of a run (module docstring): ``ld`` returns the run's
+    packed words (``other`` where out of bounds), ``st`` writes the in-bounds elements of the
+    element bits it is given."""
+    module = lw.fn.module
+    name = f"tkc_edge_{kind}_{dt.name}_{n}"
+    if name in module.globals:
+        return module.globals[name]
+    eb = _elem_bytes(dt)
+    bits_ty = ir.IntType(eb * 8)
+    w, _, _, word = _words(n * eb)
+    ret = (word if w == 1 else ir.LiteralStructType([word] * w)) if kind == "ld" else ir.VoidType()
+    extra = [bits_ty] if kind == "ld" else [bits_ty] * n
+    fn = ir.Function(module, ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL), I64, I32, I32, *extra]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    base, stride, lo, hi, *rest = fn.args
+    out = []
+    for e in range(n):
+        ok = b.and_(b.icmp_signed("<=", lo, const_i32(e)), b.icmp_signed(">", hi, const_i32(e)))
+        addr = b.gep(base, [b.mul(stride, ir.Constant(I64, e))], source_etype=mem_type(dt))
+        if kind == "ld":
+            out.append(b.select(ok, _load_element(b, _Element(addr, ok), ok, dt), rest[0]))
+        else:
+            _store_element(b, _Element(addr, ok), ok, rest[e], dt)
+    if kind == "st":
+        b.ret_void()
+        return fn
+    words = _pack(b, out, dt)
+    if w == 1:
+        b.ret(words[0])
+    else:
+        agg = ir.Constant(ret, ir.Undefined)
+        for j, x in enumerate(words):
+            agg = b.insert_value(agg, x, j)
+        b.ret(agg)
+    return fn
 
 
 def _elem_bytes(dt: DType) -> int:
@@ -384,6 +467,12 @@ def load(lw: Lowerer, op: Operation) -> None:
     def vector(first: int, n: int) -> list[ir.Value]:
         return _load_vector(b, acc.element(lw, op, first).addr, dt, n)
 
+    def edge_run(first: int, n: int) -> list[ir.Value]:
+        base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coords[first], n)
+        words = b.call(_edge_fn(lw, "ld", dt, n), [base, acc.tensor.strides[-1], lo, hi, _bits_of(b, other, dt)])
+        return [words] if isinstance(words.type, ir.IntType) else \
+            [b.extract_value(words, j) for j in range(len(words.type.elements))]
+
     def unpacked(words: list[ir.Value], n: int) -> list[ir.Value]:
         return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
 
@@ -396,8 +485,8 @@ def load(lw: Lowerer, op: Operation) -> None:
             if n == 1:
                 out.append(element(first))
             else:
-                out += unpacked(_either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n),
-                                        partial(elements, first, n), "ld"), n)
+                slow = partial(edge_run if n >= OUT_OF_LINE else elements, first, n)
+                out += unpacked(_either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), slow, "ld"), n)
         return out
 
     def whole_tile() -> list[ir.Value]:
@@ -427,6 +516,11 @@ def store(lw: Lowerer, op: Operation) -> None:
         _store_vector(b, addr, bits[first:first + n], dt, vals[first:first + n])
         return []
 
+    def edge_run(first: int, n: int) -> list:
+        base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coords[first], n)
+        b.call(_edge_fn(lw, "st", dt, n), [base, acc.tensor.strides[-1], lo, hi, *bits[first:first + n]])
+        return []
+
     def per_run(edge: bool = False) -> list:
         nonlocal acc
         if edge:
@@ -435,7 +529,8 @@ def store(lw: Lowerer, op: Operation) -> None:
             if n == 1:
                 elements(first, 1)
             else:
-                _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), partial(elements, first, n), "st")
+                slow = partial(edge_run if n >= OUT_OF_LINE else elements, first, n)
+                _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), slow, "st")
         return []
 
     def whole_tile() -> list:
