@@ -16,6 +16,8 @@ PINS: dict[str, tuple[type, str, str]] = {
     "warp_specialize": (bool, "a producer warpgroup issues the copies", "specialize-warps"),
     "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
+    "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "
+                          "previous iteration (default: off)", "issue-ahead"),
     "persistent": (bool, "one program per SM walks the output tiles", "persistent"),
     "tma": (bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
                   "stores it to shared memory, for tensors whose strides TMA cannot take)", "select-layouts"),

@@ -326,6 +326,11 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 160}, 2**-6),
     # Two consumers taking turns (ping-pong) over 5 key blocks, the last one partial.
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": False, "pingpong": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
+    # The next block's S = Q K^T issued an iteration early (issue-ahead): several blocks, causal,
+    # and a single block (the steady-state loop runs zero times).
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "issue_ahead": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": True, "issue_ahead": True}, {"B": 1, "H": 2, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "issue_ahead": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
@@ -399,8 +404,12 @@ def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant
         # The K/V loops are what the passes are for: make sure the emulator sees what they made.
         assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant != "ring")
         assert ("tile.num_sms" in ops) == (variant == "persistent" and name.startswith("gemm"))
-        # Consumer warpgroups take turns where the pin says so.
+        # Consumer warpgroups take turns where the pin says so; S is issued ahead (a second
+        # S wgmma before the loop) only where a producer role issues the copies.
         assert ("hopper.turn" in ops) == (variant != "ring" and consts.get("pingpong", False))
+        products = sum(op.name == "hopper.wgmma" for op in hopper.walk())
+        ahead = variant != "ring" and name == "attn.tk" and consts.get("issue_ahead", False)
+        assert products == (4 if ahead else 2 if name == "attn.tk" else 1), products
     for seed in range(2):
         assert_same_run(tile, hopper, dims, seed, atol)
 

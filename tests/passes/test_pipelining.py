@@ -172,3 +172,30 @@ def test_a_turn_outside_a_two_warpgroup_role_is_refused():
     bad = text[:line.start()] + f'\n{line[1]}hopper.turn {{kind = "wait"}}' + text[line.start():]
     with pytest.raises(TkcVerifyError, match="takes turns between the two warpgroups of a role"):
         verify(parse_module(bad))
+
+
+AHEAD = SPLIT + ",issue-ahead"
+
+
+def test_issue_ahead_moves_the_next_score_product_before_the_softmax():
+    consumers = role(lowered("attn.tk", {"issue_ahead": True}, AHEAD), "consumers")
+    # Before the loop: the first block's ring wait and S product, under lb < ub.
+    loop = consumers.index("= tile.for")
+    assert re.search(r"tile.if %\d+ :", consumers[:loop])
+    assert "hopper.mbarrier_wait" in consumers[:loop] and "hopper.wgmma %q_smem" in consumers[:loop]
+    # In the loop: wait for this block's S (carried), issue the next block's, then the softmax.
+    body = consumers[loop:]
+    order = [body.index(t) for t in ("hopper.wgmma_wait %ahead", "hopper.wgmma %q_smem", "hopper.reduce")]
+    assert order == sorted(order)
+    # S issued twice (before the loop, in it), waited twice (in the loop, for the last block
+    # after it); P @ V once in the loop and once for the last block.
+    assert consumers.count("hopper.wgmma %q_smem") == 2
+    assert consumers.count("hopper.wgmma %") == 4 and consumers.count("hopper.wgmma_wait") == 4
+
+
+def test_issue_ahead_leaves_loops_alone_without_the_pin_or_a_producer():
+    assert "%ahead" not in lowered("attn.tk", {}, AHEAD)
+    assert "%ahead" not in lowered("attn.tk", {"issue_ahead": True, "warp_specialize": False}, AHEAD)
+    # GEMM's product reads the carried accumulator: nothing to issue ahead.
+    assert "%ahead" not in lowered("gemm.tk", {"issue_ahead": True}, AHEAD)
+

@@ -15,6 +15,7 @@ from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
+from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.persistent import persistent
@@ -36,6 +37,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
+    "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later: lower-to-blackwell for sm_100a, in its own file.
 }
@@ -45,4 +47,5 @@ PASSES: dict[str, Callable[[Module], None]] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = "persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,cse,dce,allocate-smem"
+HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,cse,dce,"
+                   "allocate-smem")
