@@ -150,6 +150,7 @@ def _interpret_requested() -> bool:
 
 
 def _any_cuda(args: tuple) -> bool:
+    # A plain loop: this runs on every call, and a generator expression costs more.
     for a in args:
         if getattr(a, "is_cuda", False):
             return True

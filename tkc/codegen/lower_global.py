@@ -108,20 +108,34 @@ class _Element(NamedTuple):
     ok: ir.Value  # i1: in bounds on every axis
 
 
-def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple) -> _Element:
-    """The address and bounds test of the tensor element at tile coordinate ``coord``."""
+def _locate(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple,
+            signed_last: bool = False) -> tuple[ir.Value, ir.Value | None, ir.Value]:
+    """The address of the tensor element at tile coordinate ``coord``, whether it is in
+    bounds on every axis but the last (None for a 1-D tensor), and its last-axis position.
+    With ``signed_last`` the last axis's position is taken as signed, so that strides from
+    an element before the tensor still land on the right ones."""
     b = lw.b
     squeeze = set(op.squeeze or [])
     it = iter(coord)
-    index = None
-    ok = None
+    last = len(offs) - 1
+    index = ok = pos = None
     for axis, off in enumerate(offs):
         pos = off if axis in squeeze else b.add(off, as_value(next(it)))
-        inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])  # also rejects negatives
-        ok = inb if ok is None else b.and_(ok, inb)
-        term = b.mul(widen(b, pos), tensor.strides[axis])
+        if axis < last:
+            inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])  # also rejects negatives
+            ok = inb if ok is None else b.and_(ok, inb)
+        wide = b.sext(pos, I64) if signed_last and axis == last else widen(b, pos)
+        term = b.mul(wide, tensor.strides[axis])
         index = term if index is None else b.add(index, term)
-    return _Element(b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok)
+    return b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype)), ok, pos
+
+
+def _global_element(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple) -> _Element:
+    """The address and bounds test of the tensor element at tile coordinate ``coord``."""
+    b = lw.b
+    addr, ok, pos = _locate(lw, op, tensor, offs, coord)
+    inb = b.icmp_unsigned("<", pos, tensor.sizes[-1])
+    return _Element(addr, inb if ok is None else b.and_(ok, inb))
 
 
 def _run_bounds(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord: tuple,
@@ -131,21 +145,9 @@ def _run_bounds(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord
     axis so that ``e`` strides on reach element ``e`` even where the first lies before the
     tensor, and ``[lo, hi)``, the elements in bounds (empty where the row is outside)."""
     b = lw.b
-    squeeze = set(op.squeeze or [])
-    it = iter(coord)
+    base, row_ok, pos = _locate(lw, op, tensor, offs, coord, signed_last=True)
+    first = b.sext(pos, I64)
     last = len(offs) - 1
-    index = row_ok = first = None
-    for axis, off in enumerate(offs):
-        pos = off if axis in squeeze else b.add(off, as_value(next(it)))
-        if axis == last:
-            first = b.sext(pos, I64)
-            term = b.mul(first, tensor.strides[axis])
-        else:
-            inb = b.icmp_unsigned("<", pos, tensor.sizes[axis])
-            row_ok = inb if row_ok is None else b.and_(row_ok, inb)
-            term = b.mul(widen(b, pos), tensor.strides[axis])
-        index = term if index is None else b.add(index, term)
-    base = b.gep(tensor.ptr, [index], source_etype=mem_type(tensor.type.dtype))
 
     def clamp(x: ir.Value) -> ir.Value:  # into [0, n], in i64 so that nothing wraps
         x = b.select(b.icmp_signed("<", x, ir.Constant(I64, 0)), ir.Constant(I64, 0), x)

@@ -273,8 +273,6 @@ def _select_by(b: ir.IRBuilder, key: ir.Value | None, choices: list[ir.Value]) -
     return out
 
 
-
-
 def _reg_a(op: Operation) -> bool:
     return isinstance(op.a.type, TileType) and op.a.type.space == "reg"
 

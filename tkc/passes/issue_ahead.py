@@ -166,9 +166,7 @@ def _rotate(loop: Operation, issue: list[Operation], w: Operation, wait: Operati
         branch.regions.append(Region([blk]))
         branch.regions[-1].parent = branch
     parent.insert(parent.ops.index(loop), branch)
-    root = loop
-    while root.parent is not None and root.parent.parent_op is not None:
-        root = root.parent.parent_op
+    root = list(loop.ancestors())[-1]  # the kernel
     for old, new in zip(loop.results, branch.results):
         replace_all_uses(root, old, new)
     loop.erase()
