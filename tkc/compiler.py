@@ -317,7 +317,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         llvm_module = _kernel_to_llvm()(module.kernel(name), tgt)
         asm["llvm"] = str(llvm_module)
         if STAGES.index(stop) >= STAGES.index("ptx"):
-            asm["ptx"] = emit_ptx(llvm_module, tgt, opt=opt_level)
+            asm["ptx"] = emit_ptx(asm["llvm"], tgt, opt=opt_level)  # the text: printed once
     if ptxas_path is not None:
         from tkc.codegen.ptxas import assemble
 

@@ -38,10 +38,36 @@ def _assembled(path: Path) -> Assembled:
     return assemble(_ptx(path), "sm_90a")
 
 
-def _no_spills(a: Assembled, name: str) -> None:
+_DEPOT = re.compile(r"__local_depot\d+\[(\d+)\]")
+
+
+def local_bytes(ptx: str) -> int:
+    """The local memory a kernel's PTX declares (LLVM's stack objects)."""
+    return sum(map(int, _DEPOT.findall(ptx)))
+
+
+def edge_buffer_bytes(kernel: Operation) -> int:
+    """The most local memory a kernel's edge paths take: each global tile access keeps a
+    thread's values of its tile in local arrays (one per run length, each at most 4-byte
+    aligned), nothing else does."""
+    from tkc.codegen.lower_values import bits_type
+    from tkc.ir.types import TileType
+
+    total = 0
+    for op in kernel.walk():
+        t = op.result.type if op.name == "hopper.load" else op.value.type if op.name == "hopper.store" else None
+        if isinstance(t, TileType):
+            size = int(t.layout.regs) * bits_type(op.tensor.type.dtype).width // 8
+            total += size + 6  # padding: before a 4-byte array, and a second run length
+    return total
+
+
+def _no_spills(a: Assembled, name: str, ptx: str, kernel: Operation) -> None:
     usage = a.kernels[name]
     assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
-    assert usage.stack_frame == 0, usage
+    # The only stack is the edge paths' buffers (LLVM may drop dead ones, ptxas may keep
+    # some in registers): ptxas adds none of its own.
+    assert usage.stack_frame <= local_bytes(ptx) <= edge_buffer_bytes(kernel), (usage, local_bytes(ptx))
     assert not [w for w in a.warnings if "C75" in w], a.warnings  # e.g. C7517: wgmma serialised
 
 
@@ -57,7 +83,7 @@ def test_gemm_ptx_has_the_hopper_pipeline() -> None:
     assert "mbarrier.try_wait.parity" in ptx
     assert re.search(r"wgmma.wait_group.sync.aligned\s+0;", ptx)
     assert ".extern .shared .align 1024 .b8 smem[]" in ptx
-    assert ".local" not in ptx
+    assert local_bytes(ptx) == 128  # the edge path's buffer: 64 bf16 values, 32 b32 words
 
 
 def test_gemm_abi() -> None:
@@ -75,7 +101,7 @@ def test_gemm_abi() -> None:
 
 def test_gemm_assembles_without_spills(ptxas: Path) -> None:
     a = _assembled(GEMM)
-    _no_spills(a, "gemm")
+    _no_spills(a, "gemm", _ptx(GEMM), _kernel(GEMM))
     # 64 accumulator registers per thread plus addressing.
     assert 64 < a.kernels["gemm"].registers <= 168
 
@@ -111,9 +137,9 @@ FIXTURES = {
         "shfl.sync.bfly.b32": 69,
         # warp_xor round trips: 2 bar.sync each (row, column, total).
         "bar.sync": 6,
-        # The element path of its 16 runs of 4 f32, out of line once (tkc_edge_ld_f32_4).
+        # The edge path of its 16 runs of 4 f32: one rolled loop holding a run's 4 element loads.
         "ld.global.b32": 4,
-        "tkc_edge_ld_f32_4,": 16,
+        '.pragma "nounroll"': 1,
     },
     "wgmma_rs": {
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16": 12,
@@ -145,7 +171,7 @@ def test_fixture_ptx(name: str) -> None:
     ptx = _ptx(KERNELS / f"{name}.tkir")
     for text, n in FIXTURES[name].items():
         assert ptx.count(text) >= n, f"{text}: {ptx.count(text)} < {n}"
-    assert ".local" not in ptx
+    assert local_bytes(ptx) <= edge_buffer_bytes(_kernel(KERNELS / f"{name}.tkir"))
 
 
 def test_rs_wgmma_takes_a_from_registers() -> None:
@@ -166,7 +192,8 @@ def test_fixtures_cover_every_hopper_op() -> None:
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_fixture_assembles_without_spills(name: str, ptxas: Path) -> None:
-    _no_spills(_assembled(KERNELS / f"{name}.tkir"), name)
+    path = KERNELS / f"{name}.tkir"
+    _no_spills(_assembled(path), name, _ptx(path), _kernel(path))
 
 
 # --------------------------------------------------------------------------- run-time smem offsets
@@ -260,7 +287,7 @@ def test_example_assembles_without_spills(name: str, consts: dict, ptxas: Path) 
     kernel = _example(name, consts).kernel()
     ptx = kernel_to_ptx(kernel)
     a = assemble(ptx, "sm_90a")
-    _no_spills(a, kernel.attributes["sym_name"])
+    _no_spills(a, kernel.attributes["sym_name"], ptx, kernel)
 
 
 @pytest.mark.parametrize("name,consts", EXAMPLE_CASES,
@@ -271,7 +298,7 @@ def test_example_with_rings_and_roles_assembles_clean(name: str, consts: dict, p
     kernel = _example(name, consts, RINGS_AND_ROLES).kernel()
     ptx = kernel_to_ptx(kernel)
     a = assemble(ptx, "sm_90a")
-    _no_spills(a, kernel.attributes["sym_name"])
+    _no_spills(a, kernel.attributes["sym_name"], ptx, kernel)
     assert a.warnings == (), a.warnings
     for role in (op for op in kernel.walk() if op.name == "hopper.role"):
         regs = role.attributes["regs"]

@@ -88,28 +88,24 @@ def test_stores_stream(name: str) -> None:
     assert stores and all(s.startswith("st.global.cs.") for s in stores), Counter(stores)
 
 
-@pytest.mark.parametrize("name,loads,stores", [
+@pytest.mark.parametrize("name,loads,load_ops,stores", [
     # A thread holds 4 rows x 4 runs of 8 bf16 columns of the 16 x 1024 block: 16 runs for
     # each of the two loads of x and for the store of y.
-    ("softmax.tk", 2 * 16, 16),
+    ("softmax.tk", 2 * 16, 2, 16),
     # 16 x 1024 blocks: 4 rows x 4 runs for each load of x and the store of y, plus the
     # weight and bias rows, 4 runs each.
-    ("layernorm.tk", 2 * 16 + 2 * 4, 16),
+    ("layernorm.tk", 2 * 16 + 2 * 4, 4, 16),
     # 16 x 256 blocks: 4 rows x 1 run; the weight row is 1 run.
-    ("rmsnorm.py", 2 * 4 + 1, 4),
+    ("rmsnorm.py", 2 * 4 + 1, 3, 4),
 ])
-def test_norms_move_16_bytes_per_access(name: str, loads: int, stores: int) -> None:
+def test_norms_move_16_bytes_per_access(name: str, loads: int, load_ops: int, stores: int) -> None:
     got = _accesses(_ptx(name))
-    # Each vector access twice: on the whole-tile path, and on the edge path for the runs of
-    # a tile at the tensor's edge that are still in bounds.
-    assert got["ld.global.v4.b32"] == 2 * loads, got
-    assert got["st.global.v4.b32"] == 2 * stores, got
-    # The element path stays, for runs at the tensor's edge or strided tensors: one call a
-    # run, to one out-of-line function per direction that holds the run's 8 element accesses.
-    ptx = _ptx(name)
-    assert got["ld.global.b16"] == 8 and got["st.global.b16"] == 8, got
-    assert ptx.count("call.uni (retval0), tkc_edge_ld_bf16_8,") == loads
-    assert ptx.count("call.uni tkc_edge_st_bf16_8,") == stores
+    # One vector access a run on the whole-tile path, and one in each op's edge loop (for
+    # the runs of a tile at the tensor's edge that are still whole in bounds).
+    assert got["ld.global.v4.b32"] == loads + load_ops, got
+    assert got["st.global.v4.b32"] == stores + 1, got
+    # The element path of a run, once in each op's edge loop: 8 element accesses.
+    assert got["ld.global.b16"] == 8 * load_ops and got["st.global.b16"] == 8, got
 
 
 @pytest.mark.parametrize("name,loads", [("softmax.tk", 16), ("layernorm.tk", 16), ("rmsnorm.py", 4)])
@@ -145,7 +141,8 @@ def test_edge_path_addresses_do_not_hold_registers_across_the_loop(ptxas, name: 
 ])
 def test_epilogues_store_bf16_pairs(name: str, consts: tuple, pairs: int) -> None:
     got = _accesses(_ptx(name, consts))
-    assert got["st.global.b32"] == 2 * pairs, got  # the whole-tile path and the edge path
+    # One a pair on the whole-tile path, one in the edge loop (whose element path is 2 b16).
+    assert got["st.global.b32"] == pairs + 1 and got["st.global.b16"] == 2, got
 
 
 def test_fast_path_checks_stride_offset_and_alignment() -> None:
@@ -173,7 +170,8 @@ def test_a_squeezed_last_axis_is_accessed_element_by_element() -> None:
     """A column of a row-major tensor: consecutive values are a row stride apart."""
     kernel = parse_module(SQUEEZED_LAST).kernel()
     got = _accesses(kernel_to_ptx(kernel))
-    assert got == Counter({"ld.global.b16": 2, "st.global.b16": 2}), got
+    # Two values a thread on the whole-tile path, one in each op's edge loop.
+    assert got == Counter({"ld.global.b16": 3, "st.global.b16": 3}), got
 
 
 def test_each_dtype_packs_its_runs() -> None:
@@ -182,10 +180,22 @@ def test_each_dtype_packs_its_runs() -> None:
 
     path = Path(__file__).parent / "kernels" / "elementwise.tkir"
     got = _accesses(kernel_to_ptx(parse_module(path.read_text(), str(path)).kernel()))
-    # Every vector access twice (the whole-tile path and the edge path).
+    # Every vector access twice: on the whole-tile path and in the edge loop (one run each).
     assert got["ld.global.v2.b32"] == 2 * 2, got  # the i32 and f32 loads: 8 B
     assert got["st.global.v2.b32"] == 2 * 1, got  # the i32 store
     # f16 and bf16 pairs are one b32 (their element paths b16); fp8 and i1 pairs one b16
     # (their element paths u8), i32 elements b32.
     assert got["st.global.b32"] == 2 * 2 + 2 and got["st.global.b16"] == 2 * 2 + 2 * 2, got
     assert got["st.global.u8"] == 2 * 2, got
+
+
+@pytest.mark.parametrize("name,consts,ops", [
+    ("softmax.tk", (), 3), ("layernorm.tk", (), 5), ("gemm.tk", (), 1), ("attn.tk", (("D", 128),), 1)])
+def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, ops: int) -> None:
+    """The edge path is written once an op, not once a run: each global tile access has one
+    loop marked not to unroll (its runs are all of one length in the examples), and the
+    element accesses appear once a loop."""
+    ptx = _ptx(name, consts)
+    assert ptx.count('.pragma "nounroll"') == ops
+    got = _accesses(ptx)
+    assert got["ld.global.b16"] + got["st.global.b16"] <= 8 * ops, got

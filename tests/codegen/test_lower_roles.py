@@ -21,6 +21,8 @@ from tkc.ir.core import Operation
 from tkc.ir.layouts import SharedLayout
 from tkc.ir.parser import parse_module
 
+from test_lower import _no_spills, local_bytes
+
 ROOT = Path(__file__).resolve().parents[2]
 HOPPER = ROOT / "tests" / "data" / "hopper"
 KERNELS = Path(__file__).parent / "kernels"
@@ -41,11 +43,11 @@ def _assembled(path: Path) -> Assembled:
     return assemble(_ptx(path), "sm_90a")
 
 
-def _clean(a: Assembled, name: str) -> None:
-    """No spills, no stack, and no ptxas remark at all: C7508 (setmaxnreg dropped) and the
-    C75xx wgmma serializations are the ones this guards against."""
-    usage = a.kernels[name]
-    assert (usage.spill_stores, usage.spill_loads, usage.stack_frame) == (0, 0, 0), usage
+def _clean(path: Path, name: str) -> None:
+    """No spills, no stack beyond the edge paths' buffers, and no ptxas remark at all: C7508
+    (setmaxnreg dropped) and the C75xx wgmma serializations are the ones this guards against."""
+    a = _assembled(path)
+    _no_spills(a, name, _ptx(path), _kernel(path))
     assert a.warnings == (), a.warnings
 
 
@@ -78,7 +80,7 @@ def test_ring_ptx(path: Path) -> None:
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16") == 4
     assert ptx.count("cp.async.bulk.tensor.2d") == 6  # prologue and refill, 3 boxes each
     assert ".maxntid" in ptx and ".minnctapersm 1" in ptx  # ptxas knows the entry budget
-    assert ".local" not in ptx
+    assert local_bytes(ptx) == 128  # the epilogue's edge buffer: 64 bf16 values, 32 b32 words
 
 
 def test_ws_roles_ptx() -> None:
@@ -105,7 +107,7 @@ def test_ws_role_tests_and_rebased_tid() -> None:
 @pytest.mark.parametrize("path", [RING, WS], ids=lambda p: p.stem)
 def test_ring_assembles_clean(path: Path, ptxas: Path) -> None:
     a = _assembled(path)
-    _clean(a, "gemm")
+    _clean(path, "gemm")
     # 64 f32 accumulator registers per thread, within the entry budget of 256/384 threads.
     assert 64 < a.kernels["gemm"].registers <= entry_registers(_kernel(path).attributes["threads"])
 
@@ -132,7 +134,7 @@ def test_role_reduce_rebases_warps() -> None:
 
 @pytest.mark.parametrize("name", ["role_reduce", "ring_operands", "stage_index", "wgmma_in_flight"])
 def test_fixture_assembles_clean(name: str, ptxas: Path) -> None:
-    _clean(_assembled(KERNELS / f"{name}.tkir"), name)
+    _clean(KERNELS / f"{name}.tkir", name)
 
 
 def test_ring_operands_ptx() -> None:

@@ -141,9 +141,16 @@ class Lowerer:
 
     def coords(self, op: Operation, layout: object) -> list[tuple[Sym | int, ...]]:
         """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2)."""
+        t, regs = self.coord_parts(op, layout)
+        return [tuple(tc + rc for tc, rc in zip(t, r)) for r in regs]
+
+    def coord_parts(self, op: Operation, layout: object) -> tuple[tuple[Sym | int, ...], list[tuple[int, ...]]]:
+        """The two terms of :meth:`coords`: this thread's coordinates, and per value the
+        constant offset from them (a layout places value ``i`` at ``thread_coords +
+        reg_coords(i)``)."""
         try:
             t = layout.thread_coords(self.thread(layout))
-            return [tuple(tc + int(rc) for tc, rc in zip(t, layout.reg_coords(i))) for i in range(layout.regs)]
+            return t, [tuple(int(rc) for rc in layout.reg_coords(i)) for i in range(layout.regs)]
         except (ValueError, TypeError, AttributeError) as e:
             raise TkcCodegenError(f"'{op.name}': cannot place the values of layout {layout}: {e}",
                                   op.loc) from None

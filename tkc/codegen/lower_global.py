@@ -7,27 +7,29 @@ vector accesses that move several values at once.
 A *run* is a stretch of values ``i .. i+L-1`` of a thread whose tile coordinates differ only
 in the last axis, by +1 each, starting at a multiple of ``L`` on every thread
 (:func:`vector_runs` reads this off the layout's coordinates; ``L`` is a power of two and
-``L`` elements are at most 16 B).  A tile whose whole box is in bounds, with the tensor
-fast for every run length (below), takes one branch to straight-line code: every run one
-vector access, nothing else between them, so the accesses of the whole tile are in flight
-together and no per-run address or bounds test stays live across the loop that holds the
-op.  Otherwise (a tile at the tensor's edge) each run branches at run time: one
-``ld``/``st.global[.v2|.v4]`` when the tensor is contiguous and aligned for it (the op's
-*fast* flag: last-axis stride 1, the last-axis offset, the other strides and the base
-address multiples of ``L`` elements) and all its elements are in bounds; otherwise the
-element path, one predicated scalar access per in-bounds element (what every value of a
-tile without runs gets).  Both sides touch exactly the run's in-bounds elements, so neither
-the strides nor the alignment of a tensor change what an op reads or writes.  A run's
-element path, from ``OUT_OF_LINE`` elements on, is a call to one out-of-line function per
-access kind, dtype and run length (``tkc_edge_{ld,st}_<dtype>_<n>``, given the run's first
-address, the last-axis stride and the range of its elements in bounds): edge code is then a
-call a run, not the run's elements inlined, which takes a third off the code ptxas and LLVM
-see for a norm kernel (shorter runs stay inline: their call would cost more code than it
-saves).  The loads
-merge as the words of the access, unpacked after the branch, so the vector side holds
-nothing that waits for the data.  Every access is side-effecting inline PTX: LLVM neither
-moves a load across a store nor merges or speculates accesses, and no out-of-bounds
-address is touched.
+``L`` elements are at most 16 B); a value in no longer run is a run of 1.  Each tile op
+branches once at run time:
+
+- *whole tile*: the box is in bounds and the tensor *fast* for every run length (last-axis
+  stride 1, the last-axis offset, the other strides and the base address multiples of ``L``
+  elements).  Straight-line code, one access a run (``ld``/``st.global[.v2|.v4]``), nothing
+  between them, so the accesses of the whole tile are in flight together and no address or
+  bounds test stays live across the loop that holds the op.
+- *edge* (a tile at the tensor's edge, or a strided tensor): one rolled loop over the runs
+  of each length, whose body is written once: the run's coordinates (this thread's plus the
+  run's constant offset, from a table or an affine formula), then its vector access where
+  the run is whole in bounds and the tensor fast, else one predicated scalar access per
+  element, touching only the in-bounds ones.  The values pass through a per-thread local
+  array (stored before a store's loop, read after a load's).  Edge code is then a few dozen
+  instructions an op instead of the tile's values unrolled, which halves what LLVM and
+  ptxas see for the examples and their compile time; the local memory is touched only at
+  edges.
+
+Both sides touch exactly the in-bounds elements, so neither the strides nor the alignment
+of a tensor change what an op reads or writes.  The loads merge as the words of the access,
+unpacked after the branch, so the vector side holds nothing that waits for the data.  Every
+access is side-effecting inline PTX: LLVM neither moves a load across a store nor merges or
+speculates accesses, and no out-of-bounds address is touched.
 
 Must not: choose a layout or know a layout formula; runs come from ``layout.coords``.
 """
@@ -35,7 +37,7 @@ Must not: choose a layout or know a layout formula; runs come from ``layout.coor
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
 import llvmlite.ir as ir
@@ -44,8 +46,8 @@ import numpy as np
 from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.lower import TensorArg
-from tkc.codegen.lower_values import (as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair, to_mem,
-                                      widen)
+from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
+                                      to_mem, widen)
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -57,8 +59,6 @@ if TYPE_CHECKING:
 
 #: The widest global access, in bytes (``ld.global.v4.b32``).
 VECTOR_BYTES = 16
-#: Runs of this many elements or more take their element path out of line (module docstring).
-OUT_OF_LINE = 4
 #: Stores are streaming (``st.global.cs``: evict first from L1 and L2).  A kernel does not read
 #: back what it stores, and a norm kernel's second sweep over its input finds more of it in L2
 #: when the output it streams out does not push it out.
@@ -160,46 +160,6 @@ def _run_bounds(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord
     return base, lo, hi
 
 
-def _edge_fn(lw: Lowerer, kind: str, dt: DType, n: int) -> ir.Function:
-    """The out-of-line element path of a run (module docstring): ``ld`` returns the run's
-    packed words (``other`` where out of bounds), ``st`` writes the in-bounds elements of the
-    element bits it is given."""
-    module = lw.fn.module
-    name = f"tkc_edge_{kind}_{dt.name}_{n}"
-    if name in module.globals:
-        return module.globals[name]
-    eb = _elem_bytes(dt)
-    bits_ty = ir.IntType(eb * 8)
-    w, _, _, word = _words(n * eb)
-    ret = (word if w == 1 else ir.LiteralStructType([word] * w)) if kind == "ld" else ir.VoidType()
-    extra = [bits_ty] if kind == "ld" else [bits_ty] * n
-    fn = ir.Function(module, ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL), I64, I32, I32, *extra]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("noinline")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    base, stride, lo, hi, *rest = fn.args
-    out = []
-    for e in range(n):
-        ok = b.and_(b.icmp_signed("<=", lo, const_i32(e)), b.icmp_signed(">", hi, const_i32(e)))
-        addr = b.gep(base, [b.mul(stride, ir.Constant(I64, e))], source_etype=mem_type(dt))
-        if kind == "ld":
-            out.append(b.select(ok, _load_element(b, _Element(addr, ok), ok, dt), rest[0]))
-        else:
-            _store_element(b, _Element(addr, ok), ok, rest[e], dt)
-    if kind == "st":
-        b.ret_void()
-        return fn
-    words = _pack(b, out, dt)
-    if w == 1:
-        b.ret(words[0])
-    else:
-        agg = ir.Constant(ret, ir.Undefined)
-        for j, x in enumerate(words):
-            agg = b.insert_value(agg, x, j)
-        b.ret(agg)
-    return fn
-
-
 def _elem_bytes(dt: DType) -> int:
     return bits_type(dt).width // 8
 
@@ -264,13 +224,13 @@ def _pred(b: ir.IRBuilder, ok: ir.Value) -> ir.Value:
     return b.zext(ok, I32)
 
 
-def _load_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, dt: DType) -> ir.Value:
-    """The element's bits (an int of its memory width), 0 where ``ok`` is false."""
+def _load_element(b: ir.IRBuilder, addr: ir.Value, ok: ir.Value, dt: DType) -> ir.Value:
+    """The bits (an int of its memory width) of the element at ``addr``, 0 where ``ok`` is false."""
     suffix, cons, ty = _ld_asm(dt)
     asm = ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
            f"mov.b{ty.width} $0, 0; @p ld.global.{suffix} $0, [$1]; }}")
     fty = ir.FunctionType(ty, [nvvm.ptr(nvvm.GLOBAL), I32])
-    raw = b.asm(fty, asm, f"={cons},l,r", [elem.addr, _pred(b, ok)], side_effect=True)
+    raw = b.asm(fty, asm, f"={cons},l,r", [addr, _pred(b, ok)], side_effect=True)
     width = _elem_bytes(dt) * 8
     return b.trunc(raw, ir.IntType(width)) if width < ty.width else raw
 
@@ -317,24 +277,27 @@ def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.
     return [raw] if w == 1 else [b.extract_value(raw, j) for j in range(w)]
 
 
-def _store_element(b: ir.IRBuilder, elem: _Element, ok: ir.Value, bits: ir.Value, dt: DType) -> None:
+def _store_element(b: ir.IRBuilder, addr: ir.Value, ok: ir.Value, bits: ir.Value, dt: DType) -> None:
     suffix, cons, ty = _ld_asm(dt)
     asm = f"{{ .reg .pred p; setp.ne.b32 p, $2, 0; @p {STORE}.{suffix} [$0], $1; }}"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), ty, I32])
     v = b.zext(bits, ty) if bits.type.width < ty.width else bits
-    b.asm(fty, asm, f"l,{cons},r", [elem.addr, v, _pred(b, ok)], side_effect=True)
+    b.asm(fty, asm, f"l,{cons},r", [addr, v, _pred(b, ok)], side_effect=True)
 
 
-def _store_vector(b: ir.IRBuilder, addr: ir.Value, bits: list[ir.Value], dt: DType,
-                  vals: list[ir.Value]) -> None:
-    """Store the element bits ``bits`` (consecutive elements from ``addr``, aligned to their
-    size; their register values ``vals``) in one access.  bf16/f16 pairs are converted
-    straight from their values into each b32 word (one ``cvt.rn.*x2.f32`` a pair)."""
+def _store_words(b: ir.IRBuilder, bits: list[ir.Value], dt: DType, vals: list[ir.Value]) -> list[ir.Value]:
+    """The words one vector access stores for the element bits ``bits`` (their register
+    values ``vals``).  bf16/f16 pairs are converted straight from their values into each b32
+    word (one ``cvt.rn.*x2.f32`` a pair)."""
     if dt in (dtypes.bf16, dtypes.f16) and len(vals) % 2 == 0:
-        words = [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
-    else:
-        words = _pack(b, bits, dt)
-    w, suffix, cons, ty = _words(len(bits) * _elem_bytes(dt))
+        return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
+    return _pack(b, bits, dt)
+
+
+def _store_vector(b: ir.IRBuilder, addr: ir.Value, words: list[ir.Value]) -> None:
+    """Store ``words`` (consecutive elements from ``addr``, aligned to their size) in one access."""
+    w, ty = len(words), words[0].type
+    suffix, cons = ("b32", "r") if ty == I32 else ("b16", "h")
     asm = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
     b.asm(fty, asm, ",".join(["l"] + [cons] * w), [addr, *words], side_effect=True)
@@ -393,24 +356,36 @@ def _box_inside(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list) -> ir
     return out
 
 
+def _word_type(dt: DType, n: int) -> tuple[int, ir.IntType]:
+    """(count, type) of the words a run of ``n`` elements moves as: the words of its vector
+    access, or for a single element its bits."""
+    if n == 1:
+        return 1, ir.IntType(_elem_bytes(dt) * 8)
+    w, _, _, ty = _words(n * _elem_bytes(dt))
+    return w, ty
+
+
 class _Access(NamedTuple):
-    """One op's operands: the tensor, its offsets, each value's tile coordinates, and the
-    runs with the fast flag of each run length (None: no vector access)."""
+    """One tile op's operands: the tensor, its offsets, this thread's tile coordinates and
+    each value's constant offset from them, the runs (every value in exactly one; ``(i, 1)``
+    where it has no vector access) and the fast flag of each run length above 1."""
 
     tensor: TensorArg
     offs: list
-    coords: list
-    runs: tuple[tuple[int, int], ...] | None
+    thread: tuple
+    regs: list
+    runs: tuple[tuple[int, int], ...]
     fast: dict[int, ir.Value]
 
-    def element(self, lw: Lowerer, op: Operation, i: int) -> _Element:
-        return _global_element(lw, op, self.tensor, self.offs, self.coords[i])
+    def coord(self, i: int) -> tuple:
+        return tuple(tc + rc for tc, rc in zip(self.thread, self.regs[i]))
 
-    def all_vector(self, lw: Lowerer, op: Operation) -> ir.Value | None:
+    def addr(self, lw: Lowerer, op: Operation, i: int) -> ir.Value:
+        return _locate(lw, op, self.tensor, self.offs, self.coord(i))[0]
+
+    def whole_tile(self, lw: Lowerer, op: Operation) -> ir.Value:
         """i1: every run of the op may take its vector access (the box in bounds and the
-        tensor fast for each run length); None when the op has no runs."""
-        if not self.runs:
-            return None
+        tensor fast for each run length)."""
         out = _box_inside(lw, op, self.tensor, self.offs)
         for f in self.fast.values():
             out = lw.b.and_(out, f)
@@ -418,130 +393,234 @@ class _Access(NamedTuple):
 
     def kept_local(self, lw: Lowerer) -> _Access:
         """The same access with the tensor's sizes and strides and the offsets made opaque
-        here: the per-element addresses and bounds tests built from them stay on this
-        side of the branch instead of being hoisted out of the enclosing loop by LLVM, where
-        they would hold dozens of registers for the whole loop (the element path is for the
-        tile's edges only)."""
+        here: the addresses and bounds tests built from them stay on this side of the
+        branch instead of being hoisted out of the enclosing loop by LLVM, where they would
+        hold registers for the whole loop (the edge path is for the tile's edges only)."""
         b = lw.b
         t = self.tensor
         tensor = TensorArg(t.ptr, tuple(nvvm.opaque(b, x) for x in t.sizes),
                            tuple(nvvm.opaque(b, x) for x in t.strides), t.type)
         return self._replace(tensor=tensor, offs=[nvvm.opaque(b, x) for x in self.offs])
 
-    def vec_ok(self, lw: Lowerer, op: Operation, first: int, n: int) -> ir.Value:
-        """``fast`` and every element of the run in bounds: with the run's first element in
-        bounds (every axis) and its last one below the last-axis size, the ones between are
-        in bounds too (the first coordinate is a multiple of ``n``, so the sum cannot wrap)."""
-        b = lw.b
-        return b.and_(self.fast[n], b.and_(self.element(lw, op, first).ok, self.element(lw, op, first + n - 1).ok))
 
-
-def _access(lw: Lowerer, op: Operation, t: object) -> _Access:
+def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
     tensor: TensorArg = lw.get(op.tensor)
     offs = [lw.get(v) for v in op.offsets]
-    coords = lw.coords(op, t.layout) if isinstance(t, TileType) else [()]
-    runs = _runs(op, tensor, t)
-    fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs or () if n > 1})}
-    return _Access(tensor, offs, coords, runs, fast)
+    thread, regs = lw.coord_parts(op, t.layout)
+    runs = _runs(op, tensor, t) or tuple((i, 1) for i in range(len(regs)))
+    fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
+    return _Access(tensor, offs, thread, regs, runs, fast)
+
+
+# ------------------------------------------------------------------ the edge path: loops over runs
+
+
+def _groups(runs: tuple[tuple[int, int], ...]) -> list[tuple[int, list[int]]]:
+    """The runs as ``(length, first values)`` of maximal stretches of one length."""
+    out: list[tuple[int, list[int]]] = []
+    for first, n in runs:
+        if out and out[-1][0] == n:
+            out[-1][1].append(first)
+        else:
+            out.append((n, [first]))
+    return out
+
+
+def _local_array(lw: Lowerer, ty: ir.Type, count: int) -> tuple[ir.Value, ir.ArrayType]:
+    """A per-thread array of ``count`` ``ty`` (local memory), allocated in the entry block
+    so that it is one fixed slot of the stack frame however often the op runs."""
+    arr_ty = ir.ArrayType(ty, count)
+    entry = lw.fn.entry_basic_block
+    b = ir.IRBuilder(entry)
+    b.position_at_start(entry)
+    return b.alloca(arr_ty), arr_ty
+
+
+def _slot(b: ir.IRBuilder, arr: tuple[ir.Value, ir.ArrayType], index: ir.Value | int) -> ir.Value:
+    index = const_i32(index) if isinstance(index, int) else index
+    return b.gep(arr[0], [const_i32(0), index], inbounds=True)
+
+
+def _per_run(lw: Lowerer, offsets: list[int], k: ir.Value) -> ir.Value:
+    """Run ``k``'s entry of ``offsets`` (one constant per run): the constant itself, an
+    affine expression of ``k``, or a load from a constant table."""
+    b = lw.b
+    if all(o == offsets[0] for o in offsets):
+        return const_i32(offsets[0])
+    step = offsets[1] - offsets[0]
+    if all(o == offsets[0] + j * step for j, o in enumerate(offsets)):
+        return b.add(const_i32(offsets[0]), b.mul(k, const_i32(step)))
+    module = lw.fn.module
+    name = "tkc_offsets_" + "_".join(str(o) for o in offsets) if len(offsets) <= 8 else \
+        f"tkc_offsets_{len(offsets)}_{abs(hash(tuple(offsets))):x}"
+    table = module.globals.get(name)
+    arr_ty = ir.ArrayType(I32, len(offsets))
+    if table is None:
+        table = ir.GlobalVariable(module, arr_ty, name, addrspace=nvvm.CONST)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(arr_ty, [int(o) for o in offsets])
+    return b.load(b.gep(table, [const_i32(0), k], inbounds=True))
+
+
+def _loop(lw: Lowerer, count: int, body: Callable[[ir.Value], None]) -> None:
+    """``body(k)`` for ``k`` in ``[0, count)``, as a loop that stays rolled (opaque trip
+    count, unrolling disabled): the edge path is there to be small, not fast."""
+    b = lw.b
+    limit = nvvm.opaque(b, const_i32(count))
+    pre = b.block
+    head = lw.fn.append_basic_block("edge.loop")
+    done = lw.fn.append_basic_block("edge.done")
+    b.branch(head)
+    b.position_at_end(head)
+    k = b.phi(I32)
+    k.add_incoming(const_i32(0), pre)
+    body(k)
+    nxt = b.add(k, const_i32(1))
+    k.add_incoming(nxt, b.block)
+    nvvm.rolled(b.cbranch(b.icmp_unsigned("<", nxt, limit), head, done))
+    b.position_at_end(done)
+
+
+def _edge_runs(lw: Lowerer, op: Operation, acc: _Access, n: int, firsts: list[int],
+               body: Callable[[ir.Value, ir.Value, ir.Value, ir.Value, ir.Value], None]) -> None:
+    """One loop over the runs of length ``n`` starting at ``firsts``: ``body(k, first
+    address, lo, hi, vector ok)`` for run ``k`` (:func:`_run_bounds`; ``vector ok``: the run
+    is whole in bounds and the tensor fast for it, None for single elements)."""
+    b = lw.b
+
+    def one(k: ir.Value) -> None:
+        coord = tuple(Sym(b, b.add(as_value(tc), _per_run(lw, [acc.regs[f][axis] for f in firsts], k)))
+                      for axis, tc in enumerate(acc.thread))
+        base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, coord, n)
+        ok = None
+        if n > 1:
+            whole = b.and_(b.icmp_unsigned("==", lo, const_i32(0)), b.icmp_unsigned("==", hi, const_i32(n)))
+            ok = b.and_(acc.fast[n], whole)
+        body(k, base, lo, hi, ok)
+
+    _loop(lw, len(firsts), one)
+
+
+def _element_oks(b: ir.IRBuilder, base: ir.Value, stride: ir.Value, lo: ir.Value, hi: ir.Value, n: int,
+                 dt: DType) -> list[tuple[ir.Value, ir.Value]]:
+    """(address, in bounds) of each element of a run (:func:`_run_bounds`)."""
+    out = []
+    for e in range(n):
+        ok = b.and_(b.icmp_signed("<=", lo, const_i32(e)), b.icmp_signed(">", hi, const_i32(e)))
+        out.append((b.gep(base, [b.mul(stride, ir.Constant(I64, e))], source_etype=mem_type(dt)), ok))
+    return out
+
+
+_TRUE = ir.Constant(ir.IntType(1), 1)
+
+
+# ------------------------------------------------------------------ hopper.load / hopper.store
 
 
 def load(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     t = op.result.type
-    acc = _access(lw, op, t)
-    dt = acc.tensor.type.dtype
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
     other = constant(dt, 0 if op.other is None else op.other)
+    if not isinstance(t, TileType):
+        e = _global_element(lw, op, tensor, [lw.get(v) for v in op.offsets], ())
+        lw.set(op.result, b.select(e.ok, _value_of(b, _load_element(b, e.addr, e.ok, dt), dt), other))
+        return
+    acc = _access(lw, op, t)
 
-    def element(i: int) -> ir.Value:
-        e = acc.element(lw, op, i)
-        return b.select(e.ok, _value_of(b, _load_element(b, e, e.ok, dt), dt), other)
+    def values(words: list[ir.Value], n: int) -> list[ir.Value]:
+        return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
 
     # A vector run merges the words of its access, not values: the vector side holds only
     # the load, so nothing waits for the data before the next run's load is issued.
-    def elements(first: int, n: int) -> list[ir.Value]:
-        other_bits = _bits_of(b, other, dt)
-        bits = []
-        for i in range(first, first + n):
-            e = acc.element(lw, op, i)
-            bits.append(b.select(e.ok, _load_element(b, e, e.ok, dt), other_bits))
-        return _pack(b, bits, dt)
-
-    def vector(first: int, n: int) -> list[ir.Value]:
-        return _load_vector(b, acc.element(lw, op, first).addr, dt, n)
-
-    def edge_run(first: int, n: int) -> list[ir.Value]:
-        base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coords[first], n)
-        words = b.call(_edge_fn(lw, "ld", dt, n), [base, acc.tensor.strides[-1], lo, hi, _bits_of(b, other, dt)])
-        return [words] if isinstance(words.type, ir.IntType) else \
-            [b.extract_value(words, j) for j in range(len(words.type.elements))]
-
-    def unpacked(words: list[ir.Value], n: int) -> list[ir.Value]:
-        return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
-
-    def per_run(edge: bool = False) -> list[ir.Value]:
-        nonlocal acc
-        if edge:
-            acc = acc.kept_local(lw)
-        out: list[ir.Value] = []
-        for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
-            if n == 1:
-                out.append(element(first))
-            else:
-                slow = partial(edge_run if n >= OUT_OF_LINE else elements, first, n)
-                out += unpacked(_either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), slow, "ld"), n)
+    def whole_tile() -> list[ir.Value]:
+        out = []
+        for first, n in acc.runs:
+            addr = acc.addr(lw, op, first)
+            out += values(_load_vector(b, addr, dt, n) if n > 1 else [_load_element(b, addr, _TRUE, dt)], n)
         return out
 
-    def whole_tile() -> list[ir.Value]:
-        return [v for first, n in acc.runs for v in (unpacked(vector(first, n), n) if n > 1 else [element(first)])]
+    def edge() -> list[ir.Value]:
+        a = acc.kept_local(lw)
+        other_bits = _bits_of(b, other, dt)
+        out: dict[int, list[ir.Value]] = {}
+        for n, firsts in _groups(a.runs):
+            w, ty = _word_type(dt, n)
+            arr = _local_array(lw, ty, w * len(firsts))
 
-    inside = acc.all_vector(lw, op)
-    out = per_run() if inside is None else _either(lw, inside, whole_tile, partial(per_run, True), "ld.tile")
-    lw.set(op.result, out if isinstance(t, TileType) else out[0])
+            def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
+                def elements() -> list[ir.Value]:
+                    bits = [b.select(e_ok, _load_element(b, addr, e_ok, dt), other_bits)
+                            for addr, e_ok in _element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt)]
+                    return _pack(b, bits, dt) if n > 1 else bits
+
+                words = elements() if ok is None else \
+                    _either(lw, ok, lambda: _load_vector(b, base, dt, n), elements, "ld")
+                for q, x in enumerate(words):
+                    b.store(x, _slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q))))
+
+            _edge_runs(lw, op, a, n, firsts, run)
+            for j, first in enumerate(firsts):
+                out[first] = values([b.load(_slot(b, arr, j * w + q)) for q in range(w)], n)
+        return [v for first, _ in a.runs for v in out[first]]
+
+    lw.set(op.result, _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile"))
 
 
 def store(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     t = op.value.type
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
+    if not isinstance(t, TileType):
+        e = _global_element(lw, op, tensor, [lw.get(v) for v in op.offsets], ())
+        _store_element(b, e.addr, e.ok, _bits_of(b, lw.get(op.value), dt), dt)
+        return
     acc = _access(lw, op, t)
-    dt = acc.tensor.type.dtype
-    vals = lw.tile(op, op.value) if isinstance(t, TileType) else [lw.get(op.value)]
+    vals = lw.tile(op, op.value)
     bits = [_bits_of(b, v, dt) for v in vals]
 
-    def elements(first: int, n: int) -> list:
-        for i in range(first, first + n):
-            e = acc.element(lw, op, i)
-            _store_element(b, e, e.ok, bits[i], dt)
-        return []
-
-    def vector(first: int, n: int) -> list:
-        addr = acc.element(lw, op, first).addr
-        _store_vector(b, addr, bits[first:first + n], dt, vals[first:first + n])
-        return []
-
-    def edge_run(first: int, n: int) -> list:
-        base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coords[first], n)
-        b.call(_edge_fn(lw, "st", dt, n), [base, acc.tensor.strides[-1], lo, hi, *bits[first:first + n]])
-        return []
-
-    def per_run(edge: bool = False) -> list:
-        nonlocal acc
-        if edge:
-            acc = acc.kept_local(lw)
-        for first, n in acc.runs or [(i, 1) for i in range(len(acc.coords))]:
-            if n == 1:
-                elements(first, 1)
-            else:
-                slow = partial(edge_run if n >= OUT_OF_LINE else elements, first, n)
-                _either(lw, acc.vec_ok(lw, op, first, n), partial(vector, first, n), slow, "st")
-        return []
+    def words_of(first: int, n: int) -> list[ir.Value]:
+        return _store_words(b, bits[first:first + n], dt, vals[first:first + n]) if n > 1 else [bits[first]]
 
     def whole_tile() -> list:
         for first, n in acc.runs:
-            (vector if n > 1 else elements)(first, n)
+            addr = acc.addr(lw, op, first)
+            if n > 1:
+                _store_vector(b, addr, words_of(first, n))
+            else:
+                _store_element(b, addr, _TRUE, bits[first], dt)
         return []
 
-    inside = acc.all_vector(lw, op)
-    per_run() if inside is None else _either(lw, inside, whole_tile, partial(per_run, True), "st.tile")
+    def edge() -> list:
+        a = acc.kept_local(lw)
+        for n, firsts in _groups(a.runs):
+            w, ty = _word_type(dt, n)
+            arr = _local_array(lw, ty, w * len(firsts))
+            for j, first in enumerate(firsts):
+                for q, x in enumerate(words_of(first, n)):
+                    b.store(x, _slot(b, arr, j * w + q))
+
+            def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
+                words = [b.load(_slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q)))) for q in range(w)]
+
+                def elements() -> list:
+                    run_bits = _unpack(b, words, dt, n)
+                    for (addr, e_ok), x in zip(_element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt), run_bits):
+                        _store_element(b, addr, e_ok, x, dt)
+                    return []
+
+                if ok is None:
+                    elements()
+                else:
+                    _either(lw, ok, lambda: _store_vector(b, base, words) or [], elements, "st")
+
+            _edge_runs(lw, op, a, n, firsts, run)
+        return []
+
+    _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "st.tile")
 
 
 HANDLERS = {"hopper.load": load, "hopper.store": store}

@@ -354,3 +354,15 @@ def opaque(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
         raise TkcCodegenError(f"opaque takes an i32 or i64, got {value.type}")
     ftype = ir.FunctionType(value.type, [value.type])
     return builder.asm(ftype, "", "=r,0" if width == 32 else "=l,0", [value], side_effect=True)
+
+
+def rolled(branch: ir.Instruction) -> None:
+    """Mark the loop whose latch ends in ``branch`` ``llvm.loop.unroll.disable``: NVPTX lets
+    LLVM unroll loops of unknown trip count by four, which for a loop written to keep code
+    small (the edge path of a global access) undoes its point.  The loop id is a node whose
+    first operand is itself, as LangRef asks, one per loop."""
+    module = branch.function.module
+    disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")])
+    node = ir.MDValue(module, [], name=str(len(module.metadata)))
+    node.operands = (node, disable)
+    branch.set_metadata("llvm.loop", node)
