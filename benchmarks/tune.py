@@ -33,10 +33,13 @@ def randn(*shape: int) -> torch.Tensor:
 def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
     """example -> [(problem, args, configs, work)], work = flops or bytes for the rate column."""
     out: dict[str, list] = {}
-    M = N = K = 4096
-    a, b, c = randn(M, K), randn(K, N), randn(M, N)
-    out["gemm"] = [(f"{M}x{N}x{K}", [a, b, c], grid(BN=[128, 256], stages=[3, 4], persistent=[True, False]),
-                    2 * M * N * K)]
+    out["gemm"] = []
+    for M in (4096, 8192):
+        N = K = M
+        a, b, c = randn(M, K), randn(K, N), randn(M, N)
+        configs = grid(BN=[128, 256], stages=[3, 4], persistent=[True, False], tma_store=[True, False]) \
+            if M == 4096 else grid(BN=[256], stages=[3, 4], persistent=[True], tma_store=[True, False])
+        out["gemm"].append((f"{M}x{N}x{K}", [a, b, c], configs, 2 * M * N * K))
     out["attn"] = []
     for D, N in ((128, 16384), (128, 2048), (64, 16384)):
         B, H = 16384 // N, 2048 // D

@@ -41,7 +41,7 @@ def test_every_stage_to_ptx() -> None:
     assert "hopper.wgmma" in c.asm["hopper"]
     assert ".entry gemm(" in c.asm["ptx"] and ".target sm_90a" in c.asm["ptx"]
     assert c.threads == 384 and c.smem_bytes is not None and c.smem_bytes > 0  # producer + 2 consumers
-    assert [m[0] for m in c.tma_maps] == [0, 1]
+    assert [m[0] for m in c.tma_maps] == [0, 1, 2]  # a, b, and c for the epilogue's TMA store
     assert [name for name, _ in c.params] == ["a", "b", "c"]
 
 

@@ -147,6 +147,13 @@ FIXTURES = {
         "fence.proxy.async.shared::cta": 1,
         "mbarrier.try_wait.parity": 2,
     },
+    "tma_store": {
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16": 8,  # 128 columns, 16 an instruction
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group": 2,  # two 64-column boxes
+        "cp.async.bulk.commit_group": 1,
+        "cp.async.bulk.wait_group.read": 2,
+        "fence.proxy.async.shared::cta": 1,
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

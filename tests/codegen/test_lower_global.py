@@ -80,11 +80,12 @@ def _accesses(ptx: str) -> Counter:
     return Counter(a.replace(".cs.", ".") for a in re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
 
 
-@pytest.mark.parametrize("name", ["softmax.tk", "layernorm.tk", "gemm.tk", "attn.tk"])
-def test_stores_stream(name: str) -> None:
+@pytest.mark.parametrize("name,consts", [("softmax.tk", ()), ("layernorm.tk", ()), ("attn.tk", ()),
+                                         ("gemm.tk", (("tma_store", False),))])
+def test_stores_stream(name: str, consts: tuple) -> None:
     """Every store evicts first (``.cs``): a kernel never reads back what it writes, and
     what it reads stays in L2 instead."""
-    stores = re.findall(r"st\.global[.\w]*", _ptx(name))
+    stores = re.findall(r"st\.global[.\w]*", _ptx(name, consts))
     assert stores and all(s.startswith("st.global.cs.") for s in stores), Counter(stores)
 
 
@@ -134,8 +135,10 @@ def test_edge_path_addresses_do_not_hold_registers_across_the_loop(ptxas, name: 
 
 
 @pytest.mark.parametrize("name,consts,pairs", [
-    ("gemm.tk", (), 64),  # 128 x 256 bf16 over two consumer warpgroups: 128 values a thread, in pairs
-    ("gemm_fp8.tk", (), 32),
+    # 128 x 256 bf16 over two consumer warpgroups: 128 values a thread, in pairs (when the
+    # epilogue is not a TMA store)
+    ("gemm.tk", (("tma_store", False),), 64),
+    ("gemm_fp8.tk", (("tma_store", False),), 32),
     ("attn.tk", (("D", 64),), 16),  # the output block keeps its last axis (batch, head squeezed)
     ("attn.tk", (("D", 128),), 32),
 ])
@@ -190,7 +193,8 @@ def test_each_dtype_packs_its_runs() -> None:
 
 
 @pytest.mark.parametrize("name,consts,ops", [
-    ("softmax.tk", (), 3), ("layernorm.tk", (), 5), ("gemm.tk", (), 1), ("attn.tk", (("D", 128),), 1)])
+    ("softmax.tk", (), 3), ("layernorm.tk", (), 5), ("gemm.tk", (("tma_store", False),), 1),
+    ("attn.tk", (("D", 128),), 1)])
 def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, ops: int) -> None:
     """The edge path is written once an op, not once a run: each global tile access has one
     loop marked not to unroll (its runs are all of one length in the examples), and the
@@ -199,3 +203,15 @@ def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, op
     assert ptx.count('.pragma "nounroll"') == ops
     got = _accesses(ptx)
     assert got["ld.global.b16"] + got["st.global.b16"] <= 8 * ops, got
+
+
+def test_the_gemm_epilogue_is_stmatrix_and_a_tma_store() -> None:
+    """Each consumer thread writes its 128 values with 16 stmatrix.x4 (16 columns each), and
+    thread 0 copies the 128 x 256 tile out in four 64-column TMA boxes: no global store and
+    no edge path at all (TMA clips at the tensor's edges)."""
+    ptx = _ptx("gemm.tk")
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 16
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 4
+    assert ptx.count("cp.async.bulk.commit_group") == 1
+    assert ptx.count("cp.async.bulk.wait_group.read") == 2  # before reusing the tile, and at the end
+    assert "st.global" not in ptx and "__local_depot" not in ptx

@@ -457,3 +457,30 @@ def test_passing_the_turn_twice_is_caught():
     with pytest.raises(TkcEmulatorError, match=r"arrives twice on bar.sync"):
         assert_same_run(tile, hopper, {"B": 1, "H": 1, "N": 200}, 0, 2**-6)
 
+
+
+# --------------------------------------------------------------------------- TMA stores
+
+TMA_STORE = (Path(__file__).resolve().parents[1] / "codegen" / "kernels" / "tma_store.tkir").read_text()
+
+
+def test_tma_store_copies_tiles_out_clipped_at_the_edge() -> None:
+    rng = np.random.default_rng(3)
+    x = round_to(rng.standard_normal((200, 128)), bf16)  # 4 tiles of 64 rows, the last one partial
+    y = np.full_like(x, np.nan)
+    emulate(load(TMA_STORE, "tma_store.tkir"), [x, y], grid=(1,))
+    np.testing.assert_array_equal(y, x)
+
+
+def test_tma_store_tile_rewritten_before_the_copy_read_it_is_a_race() -> None:
+    text = edit(TMA_STORE, "    hopper.tma_store_wait {pending = 0}\n    hopper.smem_store", "    hopper.smem_store")
+    x = np.zeros((128, 128), np.float32)
+    with pytest.raises(RaceError, match=r"'hopper.smem_store'.*writes it while 'hopper.tma_store.*is still reading"):
+        emulate(load(text, "tma_store.tkir"), [x, np.zeros_like(x)], grid=(1,))
+
+
+def test_tma_store_not_waited_for_before_the_end_is_an_error() -> None:
+    text = edit(TMA_STORE, "  }\n  hopper.tma_store_wait {pending = 0}\n", "  }\n")
+    x = np.zeros((64, 128), np.float32)
+    with pytest.raises(TkcEmulatorError, match=r"still reading shared memory when the kernel ends"):
+        emulate(load(text, "tma_store.tkir"), [x, np.zeros_like(x)], grid=(1,))

@@ -78,7 +78,8 @@ def test_select_layouts_computes_the_same(case):
 def test_gemm_layouts_and_lowering():
     text = print_module(after("gemm.tk", {"BN": 128}, "select-layouts,lower-to-hopper"))
     assert "threads = 256" in text
-    assert "tma_maps = [[0, [128, 64], 128], [1, [64, 64], 128]]" in text
+    # A, B, and C's map for the epilogue's TMA store.
+    assert "tma_maps = [[0, [128, 64], 128], [1, [64, 64], 128], [2, [128, 64], 128]]" in text
     assert re.search(r"hopper.smem_alloc \{offset = -1\} : tile<128x64xbf16, smem, #smem<128x64xbf16, k, sw128>>",
                      text)
     assert "#smem<64x128xbf16, mn, sw128>" in text
@@ -90,9 +91,27 @@ def test_gemm_layouts_and_lowering():
     assert text.index("hopper.barrier {id = 0}", text.index("tile.for")) < text.index("hopper.expect_tx")
     assert "hopper.wgmma %" in text and "hopper.wgmma_wait %" in text and "pending = 0" in text
     assert "#wgmma_acc<128, wg=2>" in text
-    assert "hopper.store %c" in text
+    # The epilogue: registers to a shared tile, TMA to c, and a wait before the kernel ends.
+    assert re.search(r"hopper.smem_store %\w+, %c_out[^\n]*\n\s*hopper.tma_store %c, %c_out, %\w+, %\w+ "
+                     r"\{map = 2, box = \[128, 128\]\}", text)
+    assert re.search(r"hopper.tma_store_wait \{pending = 0\}[^\n]*\n\s*tile.return", text)
+    assert "hopper.store" not in text
     assert "tile.load" not in text and "tile.mma" not in text and "tile.store" not in text
 
+
+def test_tma_store_pin_off_stores_thread_by_thread():
+    text = print_module(after("gemm.tk", {"BN": 128, "tma_store": False}, "select-layouts,lower-to-hopper"))
+    assert "tma_maps = [[0, [128, 64], 128], [1, [64, 64], 128]]" in text
+    assert "hopper.store %c" in text and "tma_store" not in text.replace("tma_store = false", "")
+
+
+def test_tma_store_in_a_loop_waits_before_reusing_its_tile():
+    """A persistent GEMM stores once a tile: before writing the shared tile again, the
+    previous tile's copy must have read it."""
+    text = print_module(after("gemm.tk", {"BN": 128}, "persistent,select-layouts,lower-to-hopper"))
+    loop = text[text.index("tile.for"):]
+    assert re.search(r"hopper.tma_store_wait \{pending = 0\}[^\n]*\n\s*hopper.smem_store", loop)
+    assert text.count("hopper.tma_store_wait") == 2  # in the loop, and before the kernel ends
 
 def test_attention_keeps_p_in_registers():
     text = print_module(after("attn.tk", {}, "select-layouts,lower-to-hopper"))

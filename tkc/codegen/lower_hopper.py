@@ -38,11 +38,12 @@ from tkc.codegen.lower_values import (
     to_mem,
 )
 from tkc.codegen.nvvm import F32, I32, I64
+from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import TURN_BARRIER
-from tkc.ir.layouts import SharedLayout, register_map, swizzle
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 
 if TYPE_CHECKING:
@@ -158,8 +159,32 @@ def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt
 def _smem_store(lw: Lowerer, op: Operation) -> None:
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
-    coords = lw.coords(op, op.value.type.layout)
-    _smem_store_values(lw, op, tile, op.dst.type, vals, coords, element_dtype(op.value.type))
+    layout, dt = op.value.type.layout, element_dtype(op.value.type)
+    if _stmatrix_fits(layout, tile.layout, op.dst.type, dt):
+        _stmatrix_store(lw, tile, layout, vals, dt)
+        return
+    _smem_store_values(lw, op, tile, op.dst.type, vals, lw.coords(op, layout), dt)
+
+
+def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType) -> bool:
+    """A 16-bit wgmma accumulator tile into a tile stored as its own shape, rows contiguous
+    (``k``): 8 values of a row at a multiple of 8 columns are one 16-byte chunk, whatever the
+    swizzle, which is what a stmatrix lane address points at."""
+    return (isinstance(layout, WgmmaAccumulator) and layout.n % 16 == 0 and dt in (dtypes.bf16, dtypes.f16)
+            and shared.major == "k" and shared.dtype == dt and t.shape == (shared.rows, shared.cols))
+
+
+def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals: list, dt: DType) -> None:
+    """The epilogue of PTX-FACTS §6: one ``stmatrix.x4`` per 16 columns, each lane giving the
+    address of one 8-value row chunk and four bf16x2/f16x2 words, instead of a shared
+    address per value (which held a register each and spilled a 128 x 256 tile)."""
+    b = lw.b
+    plan = layout.stmatrix_x4()
+    row, col0 = layout.stmatrix_lane(lw.thread(layout))
+    for s in range(layout.n // 16):
+        p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row, col0 + 16 * s))
+        words = [pack_pair(b, vals[int(plan.regs[s, j, 0])], vals[int(plan.regs[s, j, 1])], dt) for j in range(4)]
+        nvvm.call(b, "stmatrix.sync.aligned.m8n8.x4.b16.p3", p, *words)
 
 
 # --------------------------------------------------------------------------- barriers and fences
@@ -258,6 +283,39 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
                       *reversed(offs[:-2])]
             nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", p, bar, lw.tmaps[op.map], *coords,
                       0, 0, 0, 0)
+
+
+def _tma_store(lw: Lowerer, op: Operation) -> None:
+    """docs/hopper.md: every thread fences its shared writes for the async proxy, the
+    threads synchronize, thread 0 copies the tile box by box and commits the bulk group."""
+    b = lw.b
+    tensor: TensorArg = lw.get(op.tensor)
+    src = lw.shared(op, op.src)
+    if tensor.type.rank != 2:
+        raise TkcCodegenError(f"TMA stores 2-D tensors here, not rank {tensor.type.rank}", op.loc)
+    if not 0 <= op.map < len(lw.tmaps):
+        raise TkcCodegenError(f"tensor map {op.map} is not in the kernel's tma_maps", op.loc)
+    box = src.layout.tma_box()
+    row, col = (lw.get(v) for v in op.offsets)
+    nvvm.call(b, "fence.proxy.async.shared_cta")
+    lw.sync()
+
+    def issue() -> None:
+        for j in range(box.count[1]):
+            for i in range(box.count[0]):
+                p = lw.ptr(src, i * box.inner_stride + j * box.outer_stride)
+                nvvm.call(b, "cp.async.bulk.tensor.s2g.tile.2d", p, lw.tmaps[op.map],
+                          b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])), 0, 0)
+        nvvm.call(b, "cp.async.bulk.commit.group")
+
+    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tma_store")
+
+
+def _tma_store_wait(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)),
+               lambda: nvvm.call(b, "cp.async.bulk.wait.group.read", op.pending), "tma_store_wait")
+    lw.sync()
 
 
 # --------------------------------------------------------------------------- wgmma
@@ -463,6 +521,8 @@ HANDLERS: dict[str, Handler] = {
     "hopper.turn": _turn,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
+    "hopper.tma_store": _tma_store,
+    "hopper.tma_store_wait": _tma_store_wait,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.smem_store": _smem_store,
     "hopper.fence_proxy_async": _fence_proxy_async,

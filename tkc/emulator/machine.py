@@ -42,7 +42,7 @@ from tkc.dtypes import round_to
 from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.scheduler import Request, Wait, Yield, run
 from tkc.emulator.smem import ReadLease, SharedMemory
-from tkc.emulator.tma import tma_load
+from tkc.emulator.tma import tma_load, tma_store
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
 from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
@@ -318,6 +318,7 @@ class _Warpgroup:
         self.cta, self.g = cta, g
         self.env: dict[Value, Any] = dict(cta.params)
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
+        self.bulk: list[Any] = []  # read leases of committed TMA stores not yet waited for
         self.role_op: Operation | None = None  # the hopper.role being run, if any
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
@@ -340,6 +341,10 @@ class _Warpgroup:
         if any(not grp.done for grp in self.groups):
             op = next(grp.op for grp in self.groups if not grp.done)
             raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
+        if self.bulk:
+            raise self._remember(TkcEmulatorError(
+                f"{self.role}: a hopper.tma_store is still reading shared memory when the kernel ends "
+                f"(no hopper.tma_store_wait after it)"))
 
     def block(self, block: Block) -> Co:
         """Run ``block``; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
@@ -687,8 +692,9 @@ def _fence_proxy_async(wg: _Warpgroup, op: Operation) -> None:
     wg.cta.smem.fence_proxy_async()
 
 
-def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
-              *offsets: Any) -> None:
+def _tensor_map(wg: _Warpgroup, op: Operation, tensor: np.ndarray, lay: Any) -> list:
+    """The box of the tensor map a TMA op names, checked against the op's tensor and shared
+    layout and against what cuTensorMapEncodeTiled accepts."""
     kernel = wg.cta.kernel
     maps = kernel.tma_maps or []
     if not 0 <= op.map < len(maps):
@@ -697,7 +703,6 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     arg = op.tensor
     if not isinstance(arg, BlockArgument) or arg.block is not kernel.regions[0].block or arg.index != param:
         raise _fault(op, f"tensor map {op.map} describes parameter {param}, not this op's tensor")
-    lay = dst.layout
     want = [1] * (tensor.ndim - 2) + list(reversed(lay.tma_box().dims))
     if list(box) != want or swz != lay.swizzle:
         raise _fault(op, f"tensor map {op.map} has box {list(box)} and swizzle {swz}, but {lay} "
@@ -707,6 +712,13 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     if any(st % 16 for st in strides):
         raise _fault(op, f"a {tensor.shape} tensor has byte strides {strides}; a tensor map needs "
                          f"multiples of 16 (cuTensorMapEncodeTiled rejects it)")
+    return box
+
+
+def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
+              *offsets: Any) -> None:
+    lay = dst.layout
+    box = _tensor_map(wg, op, tensor, lay)
     outer = [int(o) for o in offsets[:-2]]
     if all(0 <= o < s for o, s in zip(outer, tensor.shape)):
         plane = tensor[tuple(outer)]
@@ -714,6 +726,36 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
         plane = np.zeros(tensor.shape[-2:], tensor.dtype)
     rows, cols = (int(o) for o in offsets[-2:])
     tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
+
+
+def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile, *offsets: Any) -> Co:
+    """``hopper.tma_store``: fence, synchronize, and thread 0 copies the tile out.  The copy
+    lands at once, but the tile stays leased to it until a ``hopper.tma_store_wait``: a
+    write to it before then is a race."""
+    wg.cta.smem.fence_proxy_async()
+    yield from wg.bar_sync(op)
+    if not wg.leader:
+        return
+    lay = src.layout
+    box = _tensor_map(wg, op, tensor, lay)
+    if tensor.ndim != 2:
+        raise _fault(op, f"stores into 2-D tensors only, not {tensor.ndim}-D")
+    who = _who(op, wg)
+    rows, cols = (int(o) for o in offsets)
+    tma_store(wg.cta.smem, src.base, lay, tensor, (cols, rows), tuple(reversed(box)), op=who)
+    wg.cta.written.add(id(tensor))
+    wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
+
+
+def _tma_store_wait(wg: _Warpgroup, op: Operation) -> Co:
+    """``cp.async.bulk.wait_group.read pending`` by thread 0, then a barrier of the threads."""
+    if wg.leader:
+        yield Yield(_describe(op))  # the copies run asynchronously until here: others may run
+        done = wg.bulk[: max(len(wg.bulk) - op.pending, 0)]
+        for lease in done:
+            lease.release()
+        wg.bulk = wg.bulk[len(done):]
+    yield from wg.bar_sync(op)
 
 
 # ------------------------------------------------------------------ waits
@@ -828,6 +870,8 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.role": _role,
     "hopper.barrier": _barrier,
     "hopper.turn": _turn,
+    "hopper.tma_store": _tma_store,
+    "hopper.tma_store_wait": _tma_store_wait,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wait_group,

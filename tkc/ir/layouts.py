@@ -398,12 +398,19 @@ class WgmmaAccumulator(_Fragment):
         if self.n % 16:
             raise ValueError(f"stmatrix.x4 stores 16 columns at a time; N = {self.n}")
         t = np.arange(self.threads)
-        lane = t % 32
-        rows = 64 * (t // 128) + 16 * (t // 32 % 4) + 8 * (lane // 8 % 2) + lane % 8
+        rows, col0 = self.stmatrix_lane(t)
         s = np.arange(self.n // 16)
-        cols = 16 * s[:, None] + 8 * (lane // 16)[None, :]
+        cols = 16 * s[:, None] + col0[None, :]
         regs = 8 * s[:, None, None] + 2 * np.arange(4)[None, :, None] + np.arange(2)[None, None, :]
         return StmatrixX4(rows, cols, regs)
+
+    @staticmethod
+    def stmatrix_lane(t: Any) -> tuple[Any, Any]:
+        """Row and first column of the 8 values thread ``t`` addresses in instruction 0 of
+        :meth:`stmatrix_x4` (instruction s: 16 s columns on).  Written with operators that
+        numpy arrays and codegen's symbols share, so both compute the same addresses."""
+        lane = t % 32
+        return t // 32 * 16 + lane // 8 % 2 * 8 + lane % 8, lane // 16 * 8
 
     def __str__(self) -> str:
         return _frag_text("wgmma_acc", self.n, self.warpgroups)

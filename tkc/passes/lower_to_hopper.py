@@ -17,6 +17,11 @@ hand-written Hopper kernel:
 - ``@`` becomes ``hopper.wgmma`` followed at once by ``hopper.wgmma_wait {pending = 0}``
   (overlapping them is the ``pipeline-loops`` pass's job); a ``.T`` of a shared tile
   disappears into the operand's layout.
+- A product's result stored to a 2-D 16-bit tensor goes out as a hand-written Hopper GEMM's
+  epilogue does: ``hopper.smem_store`` into a swizzled shared tile, ``hopper.tma_store``
+  (thread 0, asynchronous, clipped at the tensor's edges), a ``hopper.tma_store_wait``
+  before a loop writes the tile again and one before the kernel ends.  The pins ``tma`` and
+  ``tma_store`` set to false keep the per-thread stores.
 - Register loads and stores become per-thread ``hopper.load``/``hopper.store``; reductions
   ``hopper.reduce`` with their layout's plan (and a scratch tile when warps must trade
   partial results); conversions between layouts that place values on different threads get
@@ -32,7 +37,7 @@ from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.layouts import SharedLayout, reduce_plan, register_map
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, reduce_plan, register_map
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -57,6 +62,7 @@ class _Lowering:
         self.waits: dict[Operation, Value] = {}  # mbarrier_wait -> its barrier
         self.maps: list[list] = []
         self.consts: dict[int, Value] = {}
+        self.stores_pending = False  # a hopper.tma_store exists: the kernel ends with a wait
 
     def run(self) -> None:
         if "threads" not in self.kernel.attributes:
@@ -113,9 +119,10 @@ class _Lowering:
     def _in_loop(op: Operation) -> bool:
         return any(p.name == "tile.for" for p in op.ancestors())
 
-    def _map(self, load: Operation, layout: SharedLayout) -> int:
-        param = self.body.args.index(load.tensor)
-        rank = load.tensor.type.rank
+    def _map(self, access: Operation, layout: SharedLayout) -> int:
+        """The index in ``tma_maps`` of the map for a TMA load or store of ``layout``."""
+        param = self.body.args.index(access.tensor)
+        rank = access.tensor.type.rank
         cols, rows = layout.tma_box().dims
         entry = [param, [1] * (rank - 2) + [rows, cols], layout.swizzle]
         if entry not in self.maps:
@@ -215,8 +222,55 @@ class _Lowering:
         op.erase()
 
     def _store(self, op: Operation) -> None:
+        staging = self._tma_staging(op)
+        if staging is not None:
+            self._tma_store(op, staging)
+            return
         Builder.before(op).create(hopper.StoreOp, list(op.operands), attrs=dict(op.attributes))
         op.erase()
+
+    def _tma_staging(self, op: Operation) -> SharedLayout | None:
+        """The shared layout a product's result goes through to be stored by TMA, or None to
+        store it thread by thread: the value must be a wgmma accumulator's (converted) tile
+        and the tensor 2-D with 16-bit elements, and the pins ``tma`` and ``tma_store`` not
+        false."""
+        consts = self.kernel.attributes.get("consts") or {}
+        if consts.get("tma", True) is False or consts.get("tma_store", True) is False:
+            return None
+        t, v = op.tensor.type, op.value.type
+        if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
+            return None
+        if t.rank != 2 or op.squeeze or v.rank != 2 or t.dtype.bits != 16 or t.dtype != v.dtype:
+            return None
+        rows, cols = v.shape
+        row_bytes = cols * t.dtype.bits // 8
+        if rows % 8 or rows > 256 or row_bytes % 16:
+            return None
+        swizzle = next(s for s in (128, 64, 32, 0) if s == 0 or row_bytes % s == 0)
+        try:
+            return SharedLayout(rows, cols, t.dtype, "k", swizzle)
+        except ValueError:
+            return None
+
+    def _tma_store(self, op: Operation, layout: SharedLayout) -> None:
+        """The epilogue of a hand-written Hopper GEMM: every thread writes its values to a
+        shared tile and thread 0 has TMA copy it out (clipped at the tensor's edges), which
+        runs on while the threads go on to the next tile.  In a loop, the previous
+        iteration's copy must have read the tile before it is written again; the kernel
+        waits for the last copy before it ends."""
+        src = self._alloc(TileType(op.value.type.shape, layout.dtype, "smem", layout), op.loc)
+        src.name_hint = (op.tensor.name_hint or "out") + "_out"
+        b = Builder.before(op)  # after the allocation: it shifts the kernel body's indices
+        if self._in_loop(op):
+            b.create(hopper.TmaStoreWaitOp, attrs={"pending": 0}, loc=op.loc)
+        b.create(hopper.SmemStoreOp, [op.value, src], loc=op.loc)
+        b.create(hopper.TmaStoreOp, [op.tensor, src, *op.offsets],
+                 attrs={"map": self._map(op, layout), "box": list(op.box)}, loc=op.loc)
+        op.erase()
+        if not self.stores_pending:
+            self.stores_pending = True
+            ret = self.body.terminator
+            self.body.insert(self.body.ops.index(ret), hopper.TmaStoreWaitOp([], [], {"pending": 0}, loc=op.loc))
 
     def _reduce(self, op: Operation) -> None:
         layout = op.x.type.layout

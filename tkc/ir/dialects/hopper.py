@@ -252,6 +252,15 @@ class ExpectTxOp(Operation, _OneThread):
             raise self.error("bytes must be a positive multiple of 16")
 
 
+def _check_tma_box(op: Operation, t: TensorType, lay, box: list) -> None:
+    if len(op.offsets) != t.rank or any(o.type != I32 for o in op.offsets):
+        raise op.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
+    if len(box) != t.rank or list(box[-2:]) != [lay.rows, lay.cols] or any(b != 1 for b in box[:-2]):
+        raise op.error(f"box {box} must be 1 on outer axes and {lay.rows} x {lay.cols} on the inner two")
+    if t.dtype != lay.dtype:
+        raise op.error(f"tensor dtype {t.dtype.name} differs from the tile's {lay.dtype.name}")
+
+
 @register
 class TmaLoadOp(Operation, _OneThread):
     """Copy a box of ``tensor`` at element ``offsets`` into the shared tile ``dst`` through
@@ -268,14 +277,42 @@ class TmaLoadOp(Operation, _OneThread):
         if not _smem(self.dst.type):
             raise self.error(f"copies into a shared tile, got {self.dst.type}")
         _check_barrier(self, self.barrier)
-        if len(self.offsets) != t.rank or any(o.type != I32 for o in self.offsets):
-            raise self.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
-        lay = self.dst.type.layout
-        box = self.box
-        if len(box) != t.rank or list(box[-2:]) != [lay.rows, lay.cols] or any(b != 1 for b in box[:-2]):
-            raise self.error(f"box {box} must be 1 on outer axes and {lay.rows} x {lay.cols} on the inner two")
-        if t.dtype != lay.dtype:
-            raise self.error(f"tensor dtype {t.dtype.name} differs from the tile's {lay.dtype.name}")
+        _check_tma_box(self, t, self.dst.type.layout, self.box)
+
+
+@register
+class TmaStoreOp(Operation):
+    """Copy the shared tile ``src`` into ``tensor`` at element ``offsets`` through tensor map
+    ``map`` of the kernel's ``tma_maps`` (out-of-bounds elements are not written), as one
+    bulk group.  Every thread fences its shared writes for the async proxy and the threads
+    running the op synchronize; then thread 0 issues the copies and commits them.  The
+    tile is read asynchronously until a ``hopper.tma_store_wait``."""
+
+    name = "hopper.tma_store"
+    OPERANDS = ("tensor", "src", "*offsets")
+    ATTRS = {"map": int, "box": list}
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        if not isinstance(t, TensorType):
+            raise self.error(f"copies into a tensor, got {t}")
+        if not _smem(self.src.type):
+            raise self.error(f"copies from a shared tile, got {self.src.type}")
+        _check_tma_box(self, t, self.src.type.layout, self.box)
+
+
+@register
+class TmaStoreWaitOp(Operation):
+    """Thread 0 waits until all but the newest ``pending`` of its ``hopper.tma_store`` groups
+    have read their shared tiles (``cp.async.bulk.wait_group.read``); then the threads running
+    the op synchronize, so any of them may write those tiles again."""
+
+    name = "hopper.tma_store_wait"
+    ATTRS = {"pending": int}
+
+    def verify(self) -> None:
+        if not 0 <= self.pending <= 7:
+            raise self.error("pending is 0..7")
 
 
 @register
