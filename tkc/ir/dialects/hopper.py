@@ -252,7 +252,15 @@ class ExpectTxOp(Operation, _OneThread):
             raise self.error("bytes must be a positive multiple of 16")
 
 
-def _check_tma_box(op: Operation, t: TensorType, lay, box: list) -> None:
+def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
+    """A TMA copy's operands: a tensor, a shared tile, one i32 offset per tensor axis, and a
+    box that is 1 on the outer axes and the tile's rows x cols on the inner two."""
+    t = tensor.type
+    if not isinstance(t, TensorType):
+        raise op.error(f"copies {'from' if loading else 'into'} a tensor, got {t}")
+    if not _smem(shared.type):
+        raise op.error(f"copies {'into' if loading else 'from'} a shared tile, got {shared.type}")
+    lay = shared.type.layout
     if len(op.offsets) != t.rank or any(o.type != I32 for o in op.offsets):
         raise op.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
     if len(box) != t.rank or list(box[-2:]) != [lay.rows, lay.cols] or any(b != 1 for b in box[:-2]):
@@ -271,13 +279,8 @@ class TmaLoadOp(Operation, _OneThread):
     ATTRS = {"map": int, "box": list}
 
     def verify(self) -> None:
-        t = self.tensor.type
-        if not isinstance(t, TensorType):
-            raise self.error(f"copies from a tensor, got {t}")
-        if not _smem(self.dst.type):
-            raise self.error(f"copies into a shared tile, got {self.dst.type}")
+        _check_tma(self, self.tensor, self.dst, self.box, loading=True)
         _check_barrier(self, self.barrier)
-        _check_tma_box(self, t, self.dst.type.layout, self.box)
 
 
 @register
@@ -293,12 +296,7 @@ class TmaStoreOp(Operation):
     ATTRS = {"map": int, "box": list}
 
     def verify(self) -> None:
-        t = self.tensor.type
-        if not isinstance(t, TensorType):
-            raise self.error(f"copies into a tensor, got {t}")
-        if not _smem(self.src.type):
-            raise self.error(f"copies from a shared tile, got {self.src.type}")
-        _check_tma_box(self, t, self.src.type.layout, self.box)
+        _check_tma(self, self.tensor, self.src, self.box, loading=False)
 
 
 @register
