@@ -187,19 +187,20 @@ def _make_current(ctx: ctypes.c_void_p) -> None:
         check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def raw_stream(torch: Any, device: int) -> int:
+    """:func:`current_stream` for a caller that has torch and the device at hand (a launch)."""
+    # torch.cuda.current_stream() builds a Stream object (microseconds); the raw handle is
+    # what torch's own compiled kernels launch on, where this torch build has it.
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+
+
 def current_stream(device: int | None = None) -> int:
     """The handle of torch's current CUDA stream on ``device`` (default: torch's current
     device); 0 is the legacy default stream."""
     import torch
 
-    if device is None:
-        device = torch.cuda.current_device()
-    # torch.cuda.current_stream() builds a Stream object (microseconds); the raw handle is
-    # what torch's own compiled kernels launch on, where this torch build has it.
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device)
-    return int(torch.cuda.current_stream(device).cuda_stream)
+    return raw_stream(torch, torch.cuda.current_device() if device is None else device)
 
 
 def _log(buf: ctypes.Array, size: int) -> str:

@@ -155,11 +155,12 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     # only once torch has initialised CUDA, so asking torch for its device costs no set-up.
     plans = compiled.launch_plans
     if plans:
-        device = torch.cuda.current_device()
+        # CUDA is initialised (a plan exists): torch's raw getters, without torch.cuda's checks.
+        device = torch._C._cuda_getDevice()
         plan = plans.get(_plan_key(torch, args, grid, device))
         if plan is not None:
             if plan.fn is not None:
-                plan.fn.launch_prepared(plan.prepared, driver.current_stream(device) if stream is None else stream)
+                plan.fn.launch_prepared(plan.prepared, driver.raw_stream(torch, device) if stream is None else stream)
             return plan.grid
     return _launch_checked(compiled, args, grid, stream)
 

@@ -84,6 +84,7 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: state.device)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: state.device, raising=False)  # under it
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device=None: types.SimpleNamespace(multi_processor_count=132))
