@@ -451,12 +451,12 @@ def _per_run(lw: Lowerer, offsets: list[int], k: ir.Value) -> ir.Value:
     if all(o == offsets[0] + j * step for j, o in enumerate(offsets)):
         return b.add(const_i32(offsets[0]), b.mul(k, const_i32(step)))
     module = lw.fn.module
-    name = "tkc_offsets_" + "_".join(str(o) for o in offsets) if len(offsets) <= 8 else \
-        f"tkc_offsets_{len(offsets)}_{abs(hash(tuple(offsets))):x}"
-    table = module.globals.get(name)
     arr_ty = ir.ArrayType(I32, len(offsets))
+    tables = [g for name, g in module.globals.items() if name.startswith("tkc_offsets_")]
+    table = next((g for g in tables if g.type.pointee == arr_ty  # one table per distinct contents
+                  and [int(c.constant) for c in g.initializer.constant] == list(offsets)), None)
     if table is None:
-        table = ir.GlobalVariable(module, arr_ty, name, addrspace=nvvm.CONST)
+        table = ir.GlobalVariable(module, arr_ty, f"tkc_offsets_{len(tables)}", addrspace=nvvm.CONST)
         table.global_constant = True
         table.linkage = "internal"
         table.initializer = ir.Constant(arr_ty, [int(o) for o in offsets])

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import llvmlite.ir as ir
 import numpy as np
 
+from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.lower import Barrier, Ring, SmemTile, TensorArg, entry_registers
 from tkc.codegen.lower_elementwise import cast_value
@@ -38,7 +39,6 @@ from tkc.codegen.lower_values import (
     to_mem,
 )
 from tkc.codegen.nvvm import F32, I32, I64
-from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation

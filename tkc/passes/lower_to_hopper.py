@@ -37,7 +37,7 @@ from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, reduce_plan, register_map
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, choose_swizzle, reduce_plan, register_map
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -246,9 +246,8 @@ class _Lowering:
         row_bytes = cols * t.dtype.bits // 8
         if rows % 8 or rows > 256 or row_bytes % 16:
             return None
-        swizzle = next(s for s in (128, 64, 32, 0) if s == 0 or row_bytes % s == 0)
         try:
-            return SharedLayout(rows, cols, t.dtype, "k", swizzle)
+            return SharedLayout(rows, cols, t.dtype, "k", choose_swizzle(cols, t.dtype))
         except ValueError:
             return None
 
