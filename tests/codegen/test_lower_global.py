@@ -89,31 +89,37 @@ def test_stores_stream(name: str, consts: tuple) -> None:
     assert stores and all(s.startswith("st.global.cs.") for s in stores), Counter(stores)
 
 
-@pytest.mark.parametrize("name,loads,load_ops,stores", [
-    # A thread holds 4 rows x 4 runs of 8 bf16 columns of the 16 x 1024 block: 16 runs for
-    # each of the two loads of x and for the store of y.
-    ("softmax.tk", 2 * 16, 2, 16),
-    # 16 x 1024 blocks: 4 rows x 4 runs for each load of x and the store of y, plus the
-    # weight and bias rows, 4 runs each.
-    ("layernorm.tk", 2 * 16 + 2 * 4, 4, 16),
+@pytest.mark.parametrize("name,loads,load_ops,stores,store_ops", [
+    # 1 x 4096 blocks over 128 threads: 4 runs of 8 bf16 columns a thread for each access.
+    # The one-block branch loads x once and stores y; the two-sweep branch loads x twice
+    # and stores y.
+    ("softmax.tk", 3 * 4, 3, 2 * 4, 2),
+    # The one-block branch loads x, the weight and the bias; the two-sweep branch loads x,
+    # then x, the weight and the bias again.  4 runs each.
+    ("layernorm.tk", 7 * 4, 7, 2 * 4, 2),
     # 16 x 256 blocks: 4 rows x 1 run; the weight row is 1 run.
-    ("rmsnorm.py", 2 * 4 + 1, 3, 4),
+    ("rmsnorm.py", 2 * 4 + 1, 3, 4, 1),
 ])
-def test_norms_move_16_bytes_per_access(name: str, loads: int, load_ops: int, stores: int) -> None:
+def test_norms_move_16_bytes_per_access(name: str, loads: int, load_ops: int, stores: int,
+                                        store_ops: int) -> None:
     got = _accesses(_ptx(name))
     # One vector access a run on the whole-tile path, and one in each op's edge loop (for
     # the runs of a tile at the tensor's edge that are still whole in bounds).
     assert got["ld.global.v4.b32"] == loads + load_ops, got
-    assert got["st.global.v4.b32"] == stores + 1, got
+    assert got["st.global.v4.b32"] == stores + store_ops, got
     # The element path of a run, once in each op's edge loop: 8 element accesses.
-    assert got["ld.global.b16"] == 8 * load_ops and got["st.global.b16"] == 8, got
+    assert got["ld.global.b16"] == 8 * load_ops and got["st.global.b16"] == 8 * store_ops, got
 
 
-@pytest.mark.parametrize("name,loads", [("softmax.tk", 16), ("layernorm.tk", 16), ("rmsnorm.py", 4)])
-def test_a_tile_inside_the_tensor_loads_without_branches(name: str, loads: int) -> None:
+@pytest.mark.parametrize("name,consts,loads", [
+    ("softmax.tk", (), 4), ("layernorm.tk", (), 4),
+    # 16 x 1024 blocks: 4 rows x 4 runs a thread
+    ("softmax.tk", (("BM", 16), ("BN", 1024)), 16), ("layernorm.tk", (("BM", 16), ("BN", 1024)), 16),
+    ("rmsnorm.py", (), 4)])
+def test_a_tile_inside_the_tensor_loads_without_branches(name: str, consts: tuple, loads: int) -> None:
     """The whole-tile path: the x block's vector loads back to back, no branch between
     them, so they are all in flight together."""
-    lines = [ln.strip() for ln in _ptx(name).splitlines()]
+    lines = [ln.strip() for ln in _ptx(name, consts).splitlines()]
     straight = 0
     best = 0
     for ln in lines:
@@ -193,7 +199,7 @@ def test_each_dtype_packs_its_runs() -> None:
 
 
 @pytest.mark.parametrize("name,consts,ops", [
-    ("softmax.tk", (), 3), ("layernorm.tk", (), 5), ("gemm.tk", (("tma_store", False),), 1),
+    ("softmax.tk", (), 5), ("layernorm.tk", (), 9), ("gemm.tk", (("tma_store", False),), 1),
     ("attn.tk", (("D", 128),), 1)])
 def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, ops: int) -> None:
     """The edge path is written once an op, not once a run: each global tile access has one

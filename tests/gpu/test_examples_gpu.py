@@ -111,20 +111,27 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
     check(f"attn B={B} H={H} N={N} D={D} causal={causal}", o, ref, seed, **BF16)
 
 
-@pytest.mark.parametrize("M,N", [(32, 512), (100, 1000), (5, 40)])
-def test_softmax(rng, M: int, N: int) -> None:
+# The defaults (one row a program, 4096-column blocks) and 16 x 256 blocks; rows of one block
+# and of several, the last one partial.
+NORM_CONSTS = [{}, {"BM": 16, "BN": 256}]
+
+
+@pytest.mark.parametrize("consts", NORM_CONSTS, ids=str)
+@pytest.mark.parametrize("M,N", [(32, 512), (100, 1000), (5, 40), (7, 9000)])
+def test_softmax(rng, M: int, N: int, consts: dict) -> None:
     g, seed = rng
     x, y = randn(g, M, N), poisoned(M, N)
-    launch(compiled("softmax.tk"), [x, y])
+    launch(compiled("softmax.tk", consts), [x, y])
     check(f"softmax {M}x{N}", y, torch.softmax(x.float(), dim=-1), seed, **BF16)
 
 
-@pytest.mark.parametrize("M,N", [(32, 512), (77, 700), (3, 48)])
-def test_layernorm(rng, M: int, N: int) -> None:
+@pytest.mark.parametrize("consts", NORM_CONSTS, ids=str)
+@pytest.mark.parametrize("M,N", [(32, 512), (77, 700), (3, 48), (7, 9000)])
+def test_layernorm(rng, M: int, N: int, consts: dict) -> None:
     g, seed = rng
     x, w, b, y = randn(g, M, N), randn(g, N), randn(g, N), poisoned(M, N)
     eps = 1e-5
-    launch(compiled("layernorm.tk"), [x, w, b, y, eps])
+    launch(compiled("layernorm.tk", consts), [x, w, b, y, eps])
     ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), eps)
     check(f"layernorm {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
 

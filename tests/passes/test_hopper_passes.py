@@ -14,6 +14,7 @@ import pytest
 from tkc.errors import TkcUnsupportedError
 from tkc.frontend import compile_file, compile_source
 from tkc.interpreter import random_args, run_kernel
+from tkc.ir.layouts import Slice, register_map
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
@@ -137,13 +138,34 @@ def test_attention_keeps_p_in_registers():
 def test_softmax_is_blocked():
     text = print_module(after("softmax.tk", {}, "select-layouts,lower-to-hopper"))
     assert "threads = 128" in text
-    assert "#blocked<16x1024" in text
+    assert "#blocked<1x4096, vec=8, lanes=1x32, warps=1x4>" in text  # a row of 16-byte runs
     assert "hopper.load %x" in text and "other = -inf" in text
     assert "tma_maps = []" in text
 
 
 def _src(body: str, params: str = "a: bf16[M, K], b: bf16[K, N], c: f32[M, N]") -> str:
     return f"@kernel\ndef k({params}):\n" + "".join(f"    {line}\n" for line in body.splitlines())
+
+
+def test_a_vector_widened_to_a_row_block_takes_its_slice():
+    """``w[None, :]`` against a 1 x N row block: the vector is loaded as the block's slice, and
+    its expansion gets back to the block's own layout without moving a value."""
+    m = compile_source(_src("grid(1)\ny[0:1, 0:256] = x[0:1, 0:256] * w[0:256][None, :]",
+                            "x: f32[M, N], w: f32[N], y: f32[M, N]"), "row.tk")
+    want = random_args(m.kernel(), {"M": 3, "N": 300}, seed=1)
+    got = [a.copy() for a in want]
+    run_kernel(m.kernel(), want)
+    select_layouts(m)
+    verify(m)
+    loads = [op for op in m.kernel().walk() if op.name == "tile.load"]
+    block = loads[0].result.type.layout
+    assert str(block) == "#blocked<1x256, vec=2, lanes=1x32, warps=1x4>"
+    assert loads[1].result.type.layout == Slice(block, 0)
+    (conv,) = [op for op in m.kernel().walk() if op.name == "hopper.convert_layout"]
+    assert conv.result.type.layout == block
+    assert register_map(conv.x.type.layout, block) == tuple(range(block.regs))
+    run_kernel(m.kernel(), got)
+    np.testing.assert_array_equal(got[2], want[2])
 
 
 @pytest.mark.parametrize("body,message", [

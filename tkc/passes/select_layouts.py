@@ -294,6 +294,8 @@ class _Selector:
             s = lay[op.result]
             if isinstance(s, Slice) and s.keep and s.axis == op.axis:
                 changed |= self._propose(op.x, Slice(s.parent, s.axis))
+            else:  # the new axis has extent 1 in the result's own layout: the operand is its slice
+                changed |= self._propose(op.x, Slice(s, op.axis))
         elif name == "tile.broadcast" and op.result in lay:
             axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
             if len(axes) == 1:
@@ -354,7 +356,12 @@ class _Selector:
             elif isinstance(lay[op.result], Slice) and lay[op.result].keep and lay[op.result].axis == op.axis:
                 self._need(op, 0, Slice(lay[op.result].parent, op.axis))
             else:
-                raise _unsupported(op, f"cannot add an axis to a tile in layout {s}")
+                # The result's layout is not a kept slice (e.g. a [1, N] row block): take the
+                # operand as that layout's slice and the result as its kept form, which holds
+                # the same elements in the same registers, so the conversion back costs nothing.
+                want = lay[op.result]
+                self._need(op, 0, Slice(want, op.axis))
+                self._retype_result(op, Slice(want, op.axis, True))
         elif name == "tile.broadcast":
             axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
             if len(axes) != 1:
