@@ -154,6 +154,13 @@ FIXTURES = {
         "cp.async.bulk.wait_group.read": 2,
         "fence.proxy.async.shared::cta": 1,
     },
+    "tma_store_slices": {
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16": 16,  # 4 slices of 64 columns, 16 an instruction
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group": 4,  # one box a slice
+        "cp.async.bulk.commit_group": 4,
+        "cp.async.bulk.wait_group.read \t1;": 3,
+        "cp.async.bulk.wait_group.read \t0;": 2,
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

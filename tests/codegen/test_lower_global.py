@@ -213,11 +213,14 @@ def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, op
 
 def test_the_gemm_epilogue_is_stmatrix_and_a_tma_store() -> None:
     """Each consumer thread writes its 128 values with 16 stmatrix.x4 (16 columns each), and
-    thread 0 copies the 128 x 256 tile out in four 64-column TMA boxes: no global store and
-    no edge path at all (TMA clips at the tensor's edges)."""
+    thread 0 copies the 128 x 256 tile out in four 64-column slices, one TMA box and one bulk
+    group each: no global store and no edge path at all (TMA clips at the tensor's edges)."""
     ptx = _ptx("gemm.tk")
     assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 16
     assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 4
-    assert ptx.count("cp.async.bulk.commit_group") == 1
-    assert ptx.count("cp.async.bulk.wait_group.read") == 2  # before reusing the tile, and at the end
+    assert ptx.count("cp.async.bulk.commit_group") == 4
+    # Before each slice is written (the first: every copy done; the others: all but the
+    # newest), and once at the end.
+    assert ptx.count("cp.async.bulk.wait_group.read \t0;") == 2
+    assert ptx.count("cp.async.bulk.wait_group.read \t1;") == 3
     assert "st.global" not in ptx and "__local_depot" not in ptx

@@ -482,6 +482,29 @@ def test_tma_store_tile_rewritten_before_the_copy_read_it_is_a_race() -> None:
         emulate(load(text, "tma_store.tkir"), [x, np.zeros_like(x)], grid=(1,))
 
 
+TMA_STORE_SLICES = (Path(__file__).resolve().parents[1] / "codegen" / "kernels" / "tma_store_slices.tkir").read_text()
+
+
+def test_tma_store_slices_copy_a_wide_tile_out() -> None:
+    rng = np.random.default_rng(4)
+    x = round_to(rng.standard_normal((150, 232)), bf16)  # 3 tiles of 64 rows, clipped in rows and columns
+    y = np.full_like(x, np.nan)
+    emulate(load(TMA_STORE_SLICES, "tma_store_slices.tkir"), [x, y], grid=(1,))
+    np.testing.assert_array_equal(y, x)
+
+
+@pytest.mark.parametrize("slice_col", [128, 192])
+def test_tma_store_slice_written_while_its_last_copy_may_still_read_is_a_race(slice_col: int) -> None:
+    """Allowing two copies in flight before a slice reuses a shared tile lets the copy two
+    slices back still read it."""
+    wait = "    hopper.tma_store_wait {pending = 1}\n"
+    store = f"    hopper.smem_store %t, %s{slice_col // 64 % 2} {{col = {slice_col}}}"
+    text = edit(TMA_STORE_SLICES, wait + store, wait.replace("1", "2") + store)
+    x = np.zeros((64, 256), np.float32)
+    with pytest.raises(RaceError, match=r"'hopper.smem_store'.*writes it while 'hopper.tma_store.*is still reading"):
+        emulate(load(text, "tma_store_slices.tkir"), [x, np.zeros_like(x)], grid=(1,))
+
+
 def test_tma_store_not_waited_for_before_the_end_is_an_error() -> None:
     text = edit(TMA_STORE, "  }\n  hopper.tma_store_wait {pending = 0}\n", "  }\n")
     x = np.zeros((64, 128), np.float32)

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from tkc.errors import TkcUnsupportedError
+from tkc.errors import TkcUnsupportedError, TkcVerifyError
 from tkc.frontend import compile_file, compile_source
 from tkc.interpreter import random_args, run_kernel
 from tkc.ir.layouts import Slice, register_map
@@ -98,6 +98,37 @@ def test_gemm_layouts_and_lowering():
     assert re.search(r"hopper.tma_store_wait \{pending = 0\}[^\n]*\n\s*tile.return", text)
     assert "hopper.store" not in text
     assert "tile.load" not in text and "tile.mma" not in text and "tile.store" not in text
+
+
+def test_a_wide_epilogue_goes_out_in_column_slices():
+    """128 x 256: four 64-column slices through two 16 KB shared tiles used in turn (32 KB
+    instead of 64 KB); a slice waits until the copy that last read its tile is done."""
+    text = print_module(after("gemm.tk", {"persistent": False}, "select-layouts,lower-to-hopper"))
+    assert text.count("#smem<128x64xbf16, k, sw128>>") == 3  # the A stage and the two slices
+    epilogue = text[text.index("hopper.smem_store"):]
+    ops = re.findall(r"hopper\.(tma_store_wait \{pending = \d\}|smem_store|tma_store) ", epilogue)
+    # Outside a loop the first two slices have fresh tiles; the third and fourth wait for the
+    # first and second copies; the kernel waits for all before it ends.
+    assert ops == ["smem_store", "tma_store"] * 2 + ["tma_store_wait {pending = 1}", "smem_store", "tma_store"] * 2 + [
+        "tma_store_wait {pending = 0}"]
+    assert re.findall(r"smem_store %\w+, %(c_out\d) \{col = (\d+)\}", epilogue) == [
+        ("c_out0", "0"), ("c_out1", "64"), ("c_out0", "128"), ("c_out1", "192")]
+    assert re.findall(r"tma_store %c, %(c_out\d)", epilogue) == ["c_out0", "c_out1", "c_out0", "c_out1"]
+    assert text.count("box = [128, 64]") >= 4
+
+
+def test_smem_store_column_slice_must_fit():
+    text = """tile.kernel @k {threads = 128, smem_bytes = 8192, tma_maps = []} {
+^(%x: tensor<bf16[M, N]>):
+  %s = hopper.smem_alloc {offset = 0} : tile<64x64xbf16, smem, #smem<64x64xbf16, k, sw128>>
+  %c0 = tile.constant {value = 0} : i32
+  %t = hopper.load %x, %c0, %c0 {box = [64, 128]} : tile<64x128xbf16, reg, #wgmma_acc<128>>
+  hopper.smem_store %t, %s {col = 96}
+  tile.return
+}
+"""
+    with pytest.raises(TkcVerifyError, match=r"does not fit tile<64x64xbf16.* at column 96"):
+        verify(parse_module(text))
 
 
 def test_tma_store_pin_off_stores_thread_by_thread():

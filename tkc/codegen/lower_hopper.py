@@ -160,29 +160,47 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
     layout, dt = op.value.type.layout, element_dtype(op.value.type)
-    if _stmatrix_fits(layout, tile.layout, op.dst.type, dt):
-        _stmatrix_store(lw, tile, layout, vals, dt)
+    col = op.attributes.get("col")
+    width = op.dst.type.shape[-1]
+    if _stmatrix_fits(layout, tile.layout, op.dst.type, dt, col or 0):
+        _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width)
         return
-    _smem_store_values(lw, op, tile, op.dst.type, vals, lw.coords(op, layout), dt)
+    coords = lw.coords(op, layout)
+    if col is not None:  # the value's columns [col, col + width), shifted to the tile's origin
+        keep = _column_window(op, layout, col, width)
+        vals, coords = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
+    _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
 
 
-def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType) -> bool:
-    """A 16-bit wgmma accumulator tile into a tile stored as its own shape, rows contiguous
-    (``k``): 8 values of a row at a multiple of 8 columns are one 16-byte chunk, whatever the
-    swizzle, which is what a stmatrix lane address points at."""
+def _column_window(op: Operation, layout: object, col: int, width: int) -> list[int]:
+    """The values of a wgmma accumulator in columns [col, col + width), known at compile time
+    when the window is made of whole 8-column groups (a thread's own column is below 8)."""
+    if not isinstance(layout, WgmmaAccumulator) or col % 8 or width % 8:
+        raise TkcCodegenError(f"a column slice {col}..{col + width} of a {layout} tile is stored only "
+                              f"from a wgmma accumulator, in whole 8-column groups", op.loc)
+    return [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
+
+
+def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:
+    """A 16-bit wgmma accumulator tile (or its columns from ``col`` on) into a tile stored as
+    its own shape, rows contiguous (``k``): 8 values of a row at a multiple of 8 columns are
+    one 16-byte chunk, whatever the swizzle, which is what a stmatrix lane address points at."""
     return (isinstance(layout, WgmmaAccumulator) and layout.n % 16 == 0 and dt in (dtypes.bf16, dtypes.f16)
-            and shared.major == "k" and shared.dtype == dt and t.shape == (shared.rows, shared.cols))
+            and shared.major == "k" and shared.dtype == dt and t.shape == (shared.rows, shared.cols)
+            and col % 16 == 0 and shared.cols % 16 == 0)
 
 
-def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals: list, dt: DType) -> None:
+def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals: list, dt: DType,
+                    col: int, width: int) -> None:
     """The epilogue of PTX-FACTS §6: one ``stmatrix.x4`` per 16 columns, each lane giving the
     address of one 8-value row chunk and four bf16x2/f16x2 words, instead of a shared
-    address per value (which held a register each and spilled a 128 x 256 tile)."""
+    address per value (which held a register each and spilled a 128 x 256 tile).  Columns
+    ``col`` to ``col + width`` of the accumulator go to columns 0 to ``width`` of the tile."""
     b = lw.b
     plan = layout.stmatrix_x4()
     row, col0 = layout.stmatrix_lane(lw.thread(layout))
-    for s in range(layout.n // 16):
-        p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row, col0 + 16 * s))
+    for s in range(col // 16, (col + width) // 16):
+        p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row, col0 + 16 * s - col))
         words = [pack_pair(b, vals[int(plan.regs[s, j, 0])], vals[int(plan.regs[s, j, 1])], dt) for j in range(4)]
         nvvm.call(b, "stmatrix.sync.aligned.m8n8.x4.b16.p3", p, *words)
 

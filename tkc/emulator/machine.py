@@ -684,8 +684,13 @@ def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
 
 def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile) -> None:
     layout = _reg_layout(op, op.value.type)
-    wg.cta.smem.write_elements(dst.offsets(wg.coords(op, layout)), value, dst.layout.dtype,
-                               writer=_who(op, wg))
+    coords = [np.broadcast_to(c, np.shape(value)) for c in wg.coords(op, layout)]
+    col = op.attributes.get("col")
+    if col is not None:  # only the columns [col, col + width) go to dst, shifted to its origin
+        r, c = coords
+        inside = (c >= col) & (c < col + op.dst.type.shape[1])
+        coords, value = [r[inside], c[inside] - col], np.asarray(value)[inside]
+    wg.cta.smem.write_elements(dst.offsets(coords), value, dst.layout.dtype, writer=_who(op, wg))
 
 
 def _fence_proxy_async(wg: _Warpgroup, op: Operation) -> None:

@@ -254,17 +254,39 @@ class _Lowering:
     def _tma_store(self, op: Operation, layout: SharedLayout) -> None:
         """The epilogue of a hand-written Hopper GEMM: every thread writes its values to a
         shared tile and thread 0 has TMA copy it out (clipped at the tensor's edges), which
-        runs on while the threads go on to the next tile.  In a loop, the previous
-        iteration's copy must have read the tile before it is written again; the kernel
-        waits for the last copy before it ends."""
-        src = self._alloc(TileType(op.value.type.shape, layout.dtype, "smem", layout), op.loc)
-        src.name_hint = (op.tensor.name_hint or "out") + "_out"
-        b = Builder.before(op)  # after the allocation: it shifts the kernel body's indices
-        if self._in_loop(op):
-            b.create(hopper.TmaStoreWaitOp, attrs={"pending": 0}, loc=op.loc)
-        b.create(hopper.SmemStoreOp, [op.value, src], loc=op.loc)
-        b.create(hopper.TmaStoreOp, [op.tensor, src, *op.offsets],
-                 attrs={"map": self._map(op, layout), "box": list(op.box)}, loc=op.loc)
+        runs on while the threads go on.
+
+        A tile wider than two 128-byte TMA boxes goes out one box-wide column slice at a time through
+        two shared slices used in turn (a 128 x 256 bf16 tile: four 64-column slices, 32 KB
+        of shared memory instead of 64 KB, which the TMA ring gets as one more stage).  Before
+        a slice is written, the copy that last read it must be done: at most one copy, the
+        other slice's, may still be reading (``pending = 1``).  The first slice of a tile in
+        a loop waits for every copy (``pending = 0``; the previous tile's are long done), so
+        the rule holds whatever the slice count.  The kernel waits for the last copy before
+        it ends."""
+        rows, cols = op.value.type.shape
+        width = layout.box_cols if layout.swizzle == 128 and cols > 2 * layout.box_cols else cols
+        slices = cols // width
+        if slices > 1:
+            layout = SharedLayout(rows, width, layout.dtype, layout.major, choose_swizzle(width, layout.dtype))
+        bufs = []
+        for i in range(min(slices, 2)):
+            buf = self._alloc(TileType((rows, width), layout.dtype, "smem", layout), op.loc)
+            buf.name_hint = (op.tensor.name_hint or "out") + "_out" + (str(i) if slices > 1 else "")
+            bufs.append(buf)
+        shifts = [self._const(c * width) for c in range(slices)]
+        # After the allocations and constants: they shift the kernel body's indices.
+        b = Builder.before(op)
+        row_off, col_off = op.offsets
+        tma_map = self._map(op, layout)
+        for c in range(slices):
+            if c >= 2 or self._in_loop(op):
+                b.create(hopper.TmaStoreWaitOp, attrs={"pending": 0 if c == 0 else 1}, loc=op.loc)
+            store_attrs = {"col": c * width} if slices > 1 else {}
+            b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
+            col = col_off if c == 0 else b.value(tile.AddOp, [col_off, shifts[c]], I32, loc=op.loc)
+            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], row_off, col],
+                     attrs={"map": tma_map, "box": [rows, width]}, loc=op.loc)
         op.erase()
         if not self.stores_pending:
             self.stores_pending = True

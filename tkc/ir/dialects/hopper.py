@@ -326,17 +326,27 @@ class MBarrierWaitOp(Operation):
 
 @register
 class SmemStoreOp(Operation):
-    """Every thread writes its values of a register tile into the shared tile ``dst``."""
+    """Every thread writes its values of a register tile into the shared tile ``dst``.  With
+    ``col``, ``dst`` is narrower than the value: it takes the value's columns ``col`` to
+    ``col + dst columns`` (an epilogue that goes out in column slices)."""
 
     name = "hopper.smem_store"
     OPERANDS = ("value", "dst")
+    ATTRS = {"col?": int}
 
     def verify(self) -> None:
-        _check_reg(self, self.value.type, "value")
-        if not _smem(self.dst.type):
-            raise self.error(f"stores into a shared tile, got {self.dst.type}")
-        if self.dst.type.shape != self.value.type.shape or self.dst.type.dtype != self.value.type.dtype:
-            raise self.error(f"{self.value.type} does not fit {self.dst.type}")
+        v, d = self.value.type, self.dst.type
+        _check_reg(self, v, "value")
+        if not _smem(d):
+            raise self.error(f"stores into a shared tile, got {d}")
+        col = self.attributes.get("col")
+        if col is None:
+            fits = d.shape == v.shape
+        else:
+            fits = v.rank == d.rank == 2 and d.shape[0] == v.shape[0] and 0 <= col and col + d.shape[1] <= v.shape[1]
+        if not fits or d.dtype != v.dtype:
+            at = "" if col is None else f" at column {col}"
+            raise self.error(f"{v} does not fit {d}{at}")
 
 
 @register
