@@ -63,16 +63,17 @@ def _attn(peer: bool, causal: bool = False):
     return cudnn
 
 
-def _norm(op: str, N: int, peer: bool):
+def _norm(op: str, N: int, peer: bool, consts: dict | None = None):
+    """``consts``: the block width the harness's tkc.autotune picked for this row length."""
     import torch
 
     M = (1 << 26) // N
     x, y, w, b = _randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16), _randn(N), _randn(N)
     if op == "softmax":
-        return (lambda: torch.softmax(x, -1)) if peer else _tkc("softmax.tk", {}, [x, y])
+        return (lambda: torch.softmax(x, -1)) if peer else _tkc("softmax.tk", consts or {}, [x, y])
     if op == "layernorm":
         return ((lambda: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)) if peer
-                else _tkc("layernorm.tk", {}, [x, w, b, y, 1e-5]))
+                else _tkc("layernorm.tk", consts or {}, [x, w, b, y, 1e-5]))
     return lambda: y.copy_(x)
 
 
@@ -81,8 +82,11 @@ CASES = {
     "attn": lambda: _attn(False), "attn-cudnn": lambda: _attn(True),
     "attn-causal": lambda: _attn(False, True),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
-    "softmax-64k": lambda: _norm("softmax", 65536, False),
+    "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 16384}),
     "layernorm": lambda: _norm("layernorm", 4096, False),
+    "layernorm-16k": lambda: _norm("layernorm", 16384, False, {"BN": 4096}),
+    "layernorm-64k": lambda: _norm("layernorm", 65536, False, {"BN": 8192}),
+    "layernorm-64k-torch": lambda: _norm("layernorm", 65536, True),
     "copy": lambda: _norm("copy", 4096, True),
 }
 
