@@ -70,6 +70,14 @@ def swizzle(addr: object, swizzle_bytes: int) -> np.ndarray:
     return a ^ (((a >> 7) & mask) << 4)
 
 
+def core_matrix_misfit(rows: int, cols: int, dtype: DType) -> str | None:
+    """Why a ``rows x cols`` tile of ``dtype`` is not a whole number of the 8-row x 16-byte
+    core matrices that TMA boxes and wgmma descriptors are made of; None when it is."""
+    if rows % 8 or cols * dtype.bits % 128:
+        return f"a {rows}x{cols} tile is not a whole number of 8-row x 16-byte core matrices"
+    return None
+
+
 def choose_swizzle(inner_extent: int, dtype: DType) -> int:
     """The swizzle the select-layouts pass gives a shared tile whose contiguous dim holds
     ``inner_extent`` elements: the widest of 128, 64, 32 B that divides the inner bytes, else

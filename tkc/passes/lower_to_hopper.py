@@ -37,7 +37,14 @@ from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, choose_swizzle, reduce_plan, register_map
+from tkc.ir.layouts import (
+    SharedLayout,
+    WgmmaAccumulator,
+    choose_swizzle,
+    core_matrix_misfit,
+    reduce_plan,
+    register_map,
+)
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -243,8 +250,7 @@ class _Lowering:
         if t.rank != 2 or op.squeeze or v.rank != 2 or t.dtype.bits != 16 or t.dtype != v.dtype:
             return None
         rows, cols = v.shape
-        row_bytes = cols * t.dtype.bits // 8
-        if rows % 8 or rows > 256 or row_bytes % 16:
+        if rows > 256 or core_matrix_misfit(rows, cols, t.dtype):
             return None
         try:
             return SharedLayout(rows, cols, t.dtype, "k", choose_swizzle(cols, t.dtype))

@@ -46,6 +46,7 @@ from tkc.ir.layouts import (
     WgmmaOperandA,
     choose_blocked,
     choose_swizzle,
+    core_matrix_misfit,
 )
 from tkc.ir.types import TileType
 
@@ -77,8 +78,9 @@ def tma_loadable(op: Operation) -> str | None:
         return "its tile is not the tensor's two innermost axes"
     if t.dtype.bits not in (8, 16):
         return f"wgmma takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first)"
-    if tile.shape[0] % 8 or tile.shape[1] * t.dtype.bits % 128:
-        return f"a {tile.shape[0]}x{tile.shape[1]} tile is not a whole number of 8-row x 16-byte core matrices"
+    misfit = core_matrix_misfit(*tile.shape, t.dtype)
+    if misfit:
+        return misfit
     if op.other not in (None, 0, 0.0, False):
         return f"TMA fills out-of-range elements with 0, not {op.other}"
     return None
