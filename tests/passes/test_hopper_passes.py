@@ -113,8 +113,8 @@ def test_a_wide_epilogue_goes_out_in_column_slices():
         "tma_store_wait {pending = 0}"]
     assert re.findall(r"smem_store %\w+, %(c_out\d) \{col = (\d+)\}", epilogue) == [
         ("c_out0", "0"), ("c_out1", "64"), ("c_out0", "128"), ("c_out1", "192")]
-    assert re.findall(r"tma_store %c, %(c_out\d)", epilogue) == ["c_out0", "c_out1", "c_out0", "c_out1"]
-    assert text.count("box = [128, 64]") >= 4
+    assert re.findall(r"tma_store %c, %(c_out\d), [^{]*\{map = \d+, box = \[128, 64\]\}", epilogue) == [
+        "c_out0", "c_out1", "c_out0", "c_out1"]
 
 
 def test_smem_store_column_slice_must_fit():
@@ -129,6 +129,15 @@ def test_smem_store_column_slice_must_fit():
 """
     with pytest.raises(TkcVerifyError, match=r"does not fit tile<64x64xbf16.* at column 96"):
         verify(parse_module(text))
+    # A slice that splits an 8-column group: which registers a thread stores would depend on
+    # the thread.
+    with pytest.raises(TkcVerifyError, match=r"whole 8-column groups, not columns 4..68"):
+        verify(parse_module(text.replace("col = 96", "col = 4")))
+    # A blocked tile: its columns are not known per register at compile time.
+    blocked = text.replace("#wgmma_acc<128>", "#blocked<64x128, vec=2, lanes=1x32, warps=2x2>").replace(
+        "col = 96", "col = 64")
+    with pytest.raises(TkcVerifyError, match=r"from a wgmma accumulator"):
+        verify(parse_module(blocked))
 
 
 def test_tma_store_pin_off_stores_thread_by_thread():

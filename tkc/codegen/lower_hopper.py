@@ -166,19 +166,13 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width)
         return
     coords = lw.coords(op, layout)
-    if col is not None:  # the value's columns [col, col + width), shifted to the tile's origin
-        keep = _column_window(op, layout, col, width)
+    if col is not None:
+        # The value's columns [col, col + width), shifted to the tile's origin; the verifier
+        # made them whole 8-column groups of an accumulator, which each register's own
+        # column offset decides (a thread's column is below 8).
+        keep = [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
         vals, coords = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
     _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
-
-
-def _column_window(op: Operation, layout: object, col: int, width: int) -> list[int]:
-    """The values of a wgmma accumulator in columns [col, col + width), known at compile time
-    when the window is made of whole 8-column groups (a thread's own column is below 8)."""
-    if not isinstance(layout, WgmmaAccumulator) or col % 8 or width % 8:
-        raise TkcCodegenError(f"a column slice {col}..{col + width} of a {layout} tile is stored only "
-                              f"from a wgmma accumulator, in whole 8-column groups", op.loc)
-    return [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:

@@ -273,14 +273,14 @@ class _Lowering:
         rows, cols = op.value.type.shape
         width = layout.box_cols if layout.swizzle == 128 and cols > 2 * layout.box_cols else cols
         slices = cols // width
-        if slices > 1:
-            layout = SharedLayout(rows, width, layout.dtype, layout.major, choose_swizzle(width, layout.dtype))
+        if slices > 1:  # one 128-byte box wide: the same swizzle
+            layout = SharedLayout(rows, width, layout.dtype, layout.major, layout.swizzle)
         bufs = []
         for i in range(min(slices, 2)):
             buf = self._alloc(TileType((rows, width), layout.dtype, "smem", layout), op.loc)
             buf.name_hint = (op.tensor.name_hint or "out") + "_out" + (str(i) if slices > 1 else "")
             bufs.append(buf)
-        shifts = [self._const(c * width) for c in range(slices)]
+        shifts = [None] + [self._const(c * width) for c in range(1, slices)]
         # After the allocations and constants: they shift the kernel body's indices.
         b = Builder.before(op)
         row_off, col_off = op.offsets

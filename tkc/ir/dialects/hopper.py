@@ -328,13 +328,17 @@ class MBarrierWaitOp(Operation):
 class SmemStoreOp(Operation):
     """Every thread writes its values of a register tile into the shared tile ``dst``.  With
     ``col``, ``dst`` is narrower than the value: it takes the value's columns ``col`` to
-    ``col + dst columns`` (an epilogue that goes out in column slices)."""
+    ``col + dst columns`` (an epilogue that goes out in column slices).  The value is then a
+    wgmma accumulator and the slice whole 8-column groups, so which registers a thread
+    stores is known at compile time (its own column is below 8)."""
 
     name = "hopper.smem_store"
     OPERANDS = ("value", "dst")
     ATTRS = {"col?": int}
 
     def verify(self) -> None:
+        from tkc.ir.layouts import WgmmaAccumulator
+
         v, d = self.value.type, self.dst.type
         _check_reg(self, v, "value")
         if not _smem(d):
@@ -347,6 +351,9 @@ class SmemStoreOp(Operation):
         if not fits or d.dtype != v.dtype:
             at = "" if col is None else f" at column {col}"
             raise self.error(f"{v} does not fit {d}{at}")
+        if col is not None and (not isinstance(v.layout, WgmmaAccumulator) or col % 8 or d.shape[1] % 8):
+            raise self.error(f"a column slice is stored from a wgmma accumulator in whole 8-column groups, "
+                             f"not columns {col}..{col + d.shape[1]} of {v}")
 
 
 @register
