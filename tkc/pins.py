@@ -14,6 +14,8 @@ from tkc.errors import Loc, TkcUsageError
 PINS: dict[str, tuple[type, str, str]] = {
     "stages": (int, "stages of every TMA ring (1: no ring)", "pipeline-loops"),
     "warp_specialize": (bool, "a producer warpgroup issues the copies", "specialize-warps"),
+    "warps": (int, "warps per program of a kernel without products, a multiple of 4 (default 4: one "
+                   "warpgroup); wide rows spread over more threads stay in registers", "select-layouts"),
     "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "

@@ -111,9 +111,9 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
     check(f"attn B={B} H={H} N={N} D={D} causal={causal}", o, ref, seed, **BF16)
 
 
-# The defaults (one row a program, 4096-column blocks) and 16 x 256 blocks; rows of one block
-# and of several, the last one partial.
-NORM_CONSTS = [{}, {"BM": 16, "BN": 256}]
+# The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over
+# sixteen warps; rows of one block and of several, the last one partial.
+NORM_CONSTS = [{}, {"BM": 16, "BN": 256}, {"BN": 16384, "warps": 16}]
 
 
 @pytest.mark.parametrize("consts", NORM_CONSTS, ids=str)

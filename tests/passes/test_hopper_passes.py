@@ -183,6 +183,23 @@ def test_softmax_is_blocked():
     assert "tma_maps = []" in text
 
 
+def test_warps_pin_spreads_a_row_over_more_threads():
+    text = print_module(after("softmax.tk", {"BN": 16384, "warps": 16}, "select-layouts,lower-to-hopper"))
+    assert "threads = 512" in text
+    assert "#blocked<1x16384, vec=8, lanes=1x32, warps=1x16>" in text
+
+
+@pytest.mark.parametrize("name,consts,message", [
+    ("softmax.tk", {"warps": 6}, "warps = 6: a program runs whole warpgroups: give a multiple of 4"),
+    ("gemm.tk", {"warps": 8}, "warps = 8: products of 128 rows set the warps (8); leave the pin out"),
+])
+def test_warps_pin_refused(name, consts, message):
+    with pytest.raises(TkcUnsupportedError) as e:
+        after(name, consts, "select-layouts")
+    assert message in str(e.value)
+    assert e.value.loc is not None
+
+
 def _src(body: str, params: str = "a: bf16[M, K], b: bf16[K, N], c: f32[M, N]") -> str:
     return f"@kernel\ndef k({params}):\n" + "".join(f"    {line}\n" for line in body.splitlines())
 

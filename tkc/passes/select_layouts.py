@@ -10,7 +10,7 @@ Decisions, in order:
 
 1. **Warpgroups.**  Every ``@`` runs as wgmma with 64 rows per warpgroup, so a kernel whose
    products have M rows runs ``M / 64`` warpgroups (all products of a kernel must agree);
-   a kernel without products runs one warpgroup.
+   a kernel without products runs one warpgroup, or ``warps / 4`` under the ``warps`` pin.
 2. **Shared tiles.**  A ``@`` operand loaded from a tensor is copied by TMA into shared
    memory and read by wgmma from there: its load gets ``space = smem`` and a
    ``SharedLayout`` whose contiguous axis is the tensor's innermost one, swizzled as wide as
@@ -106,7 +106,12 @@ class _Selector:
             if m != ms[0][1]:
                 raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
-        return ms[0][1] // 64 if ms else 1
+        warps = (self.kernel.attributes.get("consts") or {}).get("warps")
+        if warps is not None and (warps % 4 or ms):
+            why = (f"products of {ms[0][1]} rows set the warps ({ms[0][1] // 16}); leave the pin out"
+                   if ms else "a program runs whole warpgroups: give a multiple of 4")
+            raise _unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
+        return ms[0][1] // 64 if ms else (warps or 4) // 4
 
     def run(self) -> None:
         self._place_mma_operands()
