@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from harness import Row, append_results, device_description, gpu_time, host_time, plot, table  # noqa: E402
+from harness import L2_FLUSH_BYTES, Row, append_results, device_description, gpu_time, host_time, plot, table  # noqa: E402
 
 from tkc import autotune  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -107,9 +107,10 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 row = Row(f"attention forward D={D}{' causal' if causal else ''}", f"B{B} H{H} N{N}", "TFLOP/s")
                 consts = {"D": D, "causal": causal, **({"BN": 64} if D == 256 else {})}
                 # The scheduling pins that are off by default, each on where it wins (tkc.autotune,
-                # cached on disk); the winner is checked and timed like any kernel.
+                # timed as below, cached on disk); the winner is checked and timed like any kernel.
                 best = autotune(EXAMPLES / "attn.tk", [q, k, v, o, scale],
-                                [{**consts, **pins} for pins in ATTN_PINS], progress=None)
+                                [{**consts, **pins} for pins in ATTN_PINS], flush_bytes=L2_FLUSH_BYTES,
+                                progress=None)
                 _, run = tkc_call("attn.tk", best.consts, [q, k, v, o, scale])
                 o.fill_(float("nan"))
                 run()
@@ -138,7 +139,13 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
 
 # ------------------------------------------------------------------- softmax and layernorm
 # One row a program (the examples' default BM=1); a row that fits one block is read once.
-NORM_CONFIGS = [{"BN": bn} for bn in (2048, 4096, 8192, 16384)]
+# Block widths up to the row, spread over 4 to 16 warps so that each thread holds 8 to 256
+# values: at least one 16-byte vector (fewer leaves threads idle), at most what registers
+# take (more spills: a 64k row over 4 warps is 512 a thread).  A 64k-wide block only for softmax: layernorm also holds
+# w and b, and spills at that width whatever the warps (benchmarks/RESULTS.md).
+def norm_configs(op: str, N: int) -> list[dict]:
+    widths = [bn for bn in (2048, 4096, 8192, 16384) + ((65536,) if op == "softmax" else ()) if bn <= N]
+    return [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
 
 
 def norm_rows(quick: bool, runs: int) -> list[Row]:
@@ -164,12 +171,13 @@ def norm_rows(quick: bool, runs: int) -> list[Row]:
                 tri_fn = (lambda: tri.layernorm(x, w, b, y, 1e-5)) if tri else None
             # The block width for this row length, as Triton's kernels pick theirs: tkc.autotune
             # times each (cached on disk), the winner is checked and timed like any kernel.
-            best = autotune(EXAMPLES / f"{op}.tk", args, NORM_CONFIGS, progress=None)
+            best = autotune(EXAMPLES / f"{op}.tk", args, norm_configs(op, N), flush_bytes=L2_FLUSH_BYTES,
+                            progress=None)
             _, run = tkc_call(f"{op}.tk", best.consts, args)
             y.fill_(float("nan"))
             run()
             wrong = close(y, ref(), 3e-2)
-            row.notes = wrong or f"tkc: BN={best.consts['BN']} (tkc.autotune)"
+            row.notes = wrong or f"tkc: BN={best.consts['BN']}, warps={best.consts['warps']} (tkc.autotune)"
             row.values["tkc"] = None if wrong else moved / gpu_time(run, runs).median_s / 1e9
             row.values["torch"] = moved / gpu_time(torch_fn, runs).median_s / 1e9
             if tri_fn is not None:

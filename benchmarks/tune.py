@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import tkc
+from run import norm_configs  # the harness's grid, so a sweep and a benchmark run agree
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -48,13 +49,13 @@ def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
             out["attn"].append((f"B{B} H{H} N{N} D{D}{' causal' if causal else ''}", [q, k, v, o, 1 / math.sqrt(D)],
                                 grid(D=[D], causal=[causal], BN=[128], pingpong=[False], issue_ahead=[True, False]),
                                 4 * B * H * N * N * D // (2 if causal else 1)))
-    # The norms at the harness's widths; the rate counts one read and one write of x.
+    # The norms at the harness's widths and block grid; the rate counts one read and one write of x.
     for op in ("softmax", "layernorm"):
         rows = []
         for m, n in ((16384, 4096), (4096, 16384), (1024, 65536)):
             x, y = randn(m, n), randn(m, n)
             args = [x, y] if op == "softmax" else [x, randn(n), randn(n), y, 1e-5]
-            rows.append((f"{m}x{n}", args, [{"BM": 16, "BN": 1024}] + grid(BM=[1], BN=[2048, 4096, 8192, 16384]), 4 * m * n))
+            rows.append((f"{m}x{n}", args, [{"BM": 16, "BN": 1024}] + norm_configs(op, n), 4 * m * n))
         out[op] = rows
     return out
 

@@ -323,16 +323,45 @@ class Function:
 
     def launch_prepared(self, prep: PreparedLaunch, stream: int | None = None) -> None:
         """``cuLaunchKernelEx`` of a :meth:`prepare`-d launch on ``stream`` (default: torch's
-        current stream): the per-call work is a copy of the config and the driver call."""
-        # A config of its own per call: a shared one could get another thread's stream while
-        # the driver reads it (ctypes lets other threads run during the call).
-        cfg = CUlaunchConfig.from_buffer_copy(prep.config)
-        cfg.hStream = current_stream() if stream is None else int(stream)
-        _make_current(self.module.ctx)
-        result = lib().cuLaunchKernelEx(ctypes.addressof(cfg), self.handle, prep.ptrs, None)
-        if result:  # the message is built only for a failure: formatting it costs a microsecond
-            check(result, f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, "
-                          f"shared={prep.shared})")
+        current stream)."""
+        self.launcher(prep)(current_stream() if stream is None else int(stream))
+
+    def launcher(self, prep: PreparedLaunch) -> Any:
+        """A function ``go(stream)`` that launches ``prep`` on ``stream`` (an int handle):
+        what a repeated launch calls, with everything but the driver calls done here once.
+
+        Per call it checks that the module's context is current (making it so if not), takes
+        the launch config for that stream (built on the first launch on it, then only read,
+        so threads may share it) and calls ``cuLaunchKernelEx`` through unprototyped
+        entry points on ctypes objects made here: at a few microseconds a call, the driver's
+        own time is most of a launch, and ctypes' argument conversion was a fifth of the rest."""
+        cuda = lib()
+        # Fresh function objects of the same library: setting their argtypes to None does not
+        # touch the prototyped ones every other call uses.
+        launch, get_current = cuda._FuncPtr(("cuLaunchKernelEx", cuda)), cuda._FuncPtr(("cuCtxGetCurrent", cuda))
+        launch.restype = get_current.restype = CUresult
+        # Unprototyped, every argument must be a ctypes object (a Python int would go as a
+        # 32-bit int): pointers as c_void_p made once.
+        handle, ptrs, ctx = _p(self.handle.value), _p(ctypes.addressof(prep.ptrs)), self.module.ctx
+        configs: dict[int, tuple[Any, Any]] = {}  # stream -> (the config, its address)
+
+        def go(stream: int) -> None:
+            entry = configs.get(stream)
+            if entry is None:
+                cfg = CUlaunchConfig.from_buffer_copy(prep.config)
+                cfg.hStream = stream
+                if len(configs) >= 16:  # a program cycling through streams: keep the few latest
+                    configs.clear()
+                configs[stream] = entry = (cfg, _p(ctypes.addressof(cfg)))
+            cur = _p()
+            if get_current(ctypes.byref(cur)) or cur.value != ctx.value:
+                _make_current(ctx)
+            result = launch(entry[1], handle, ptrs, None)
+            if result:  # the message is built only for a failure: formatting it costs a microsecond
+                check(result, f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, "
+                              f"shared={prep.shared})")
+
+        return go
 
     def launch(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int = 0,
                stream: int | None = None, params: Sequence[Any] = (),

@@ -159,19 +159,18 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
         device = torch._C._cuda_getDevice()
         plan = plans.get(_plan_key(torch, args, grid, device))
         if plan is not None:
-            if plan.fn is not None:
-                plan.fn.launch_prepared(plan.prepared, driver.raw_stream(torch, device) if stream is None else stream)
+            if plan.go is not None:
+                plan.go(driver.raw_stream(torch, device) if stream is None else int(stream))
             return plan.grid
     return _launch_checked(compiled, args, grid, stream)
 
 
 class _Plan(NamedTuple):
-    """A checked launch, kept for the same arguments: its grid, and the function and packed
-    parameters to launch (None for a grid with a zero extent, which launches nothing)."""
+    """A checked launch, kept for the same arguments: its grid, and ``go(stream)``, which
+    launches it again (None for a grid with a zero extent, which launches nothing)."""
 
     grid: tuple[int, ...]
-    fn: Any
-    prepared: Any
+    go: Any
 
 
 def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int | None) -> tuple[int, ...]:
@@ -194,7 +193,7 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     grid = launch_grid(compiled.kernel_op, args, sms=sms) if grid is None else _grid(grid)
     if 0 in grid:
-        _keep_plan(compiled, key, _Plan(grid, None, None))
+        _keep_plan(compiled, key, _Plan(grid, None))
         return grid
     values = to_ctypes(param_values(params, args))
 
@@ -205,8 +204,9 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0]) for i, box, swizzle in maps]
     fn = _function(compiled, device.index)
     prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0, [*values, *maps_enc])
-    fn.launch_prepared(prepared, stream)
-    _keep_plan(compiled, key, _Plan(grid, fn, prepared))
+    go = fn.launcher(prepared)
+    go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
+    _keep_plan(compiled, key, _Plan(grid, go))
     return grid
 
 

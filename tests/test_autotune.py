@@ -27,3 +27,30 @@ def test_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(TkcUsageError, match="times kernels on a GPU; torch sees none"):
         tkc.autotune(GEMM, [], [{"BN": 128}])
+
+
+def test_needs_positive_rounds() -> None:
+    with pytest.raises(TkcUsageError, match="runs >= 1 and rounds >= 1, got runs=20, rounds=0"):
+        tkc.autotune(GEMM, [], [{}], rounds=0)
+
+
+def test_turns_cancel_a_clock_that_slows_down() -> None:
+    """Three configurations, the second truly fastest, on a GPU that gets 5% slower with every
+    call: timed one after another, the first would win; taking turns, the second does."""
+    from tkc.autotune import interleaved_medians
+
+    true_time = [1.00, 0.96, 1.02]
+    calls = []
+
+    def timer(i: int):
+        def run() -> float:
+            calls.append(i)
+            return true_time[i] * (1 + 0.05 * len(calls))
+        return run
+
+    sequential = [true_time[i] * (1 + 0.05 * (i + 1)) for i in range(3)]
+    assert min(range(3), key=sequential.__getitem__) == 0  # the drift alone would pick config 0
+    medians = interleaved_medians([timer(i) for i in range(3)], rounds=6)
+    assert min(range(3), key=medians.__getitem__) == 1
+    assert sorted(calls) == [0] * 6 + [1] * 6 + [2] * 6
+    assert calls[:6] == [0, 1, 2, 1, 2, 0]  # round r starts at timer r

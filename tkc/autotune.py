@@ -3,13 +3,14 @@
     best = tkc.autotune(gemm, [a, b, c], [{"BN": 128}, {"BN": 256}, {"BN": 128, "stages": 3}])
     gemm(a, b, c, **best.consts)
 
-Each configuration is compiled (once, through the usual caches), checked to launch, and timed
-with ``tkc.runtime.timing`` on the arguments given (which it overwrites: pass scratch
-outputs).  A configuration the compiler refuses (too much shared memory, an unsupported
+Each configuration is compiled (once, through the usual caches) and checked to launch; then
+they are timed in turns with ``tkc.runtime.timing`` on the arguments given (which it
+overwrites: pass scratch outputs).  A configuration the compiler refuses (too much shared memory, an unsupported
 tile) is reported and skipped, not fatal.  Results are kept in the disk cache
 (``TKC_CACHE_DIR``) keyed by the compiler version, the kernel source, the configurations,
 the arguments' shapes, strides and dtypes, and the GPU's name, so a second call with the
-same key times nothing.  Progress goes to stderr, one line per configuration.
+same key times nothing.  Progress goes to stderr: a line per configuration as it compiles,
+then one with every time.
 
 Owns: the search over configurations and its cache entry.  Must not: choose configurations
 (the caller lists them), or time differently from the rest of tkc.
@@ -18,8 +19,9 @@ Owns: the search over configurations and its cache entry.  Must not: choose conf
 from __future__ import annotations
 
 import json
+import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -62,10 +64,35 @@ def _signature(args: Sequence[Any]) -> list:
     return out
 
 
+def _label(consts: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in consts.items()) or "defaults"
+
+
+def interleaved_medians(timers: Sequence[Callable[[], float]], rounds: int) -> list[float]:
+    """Each timer's median over ``rounds`` rounds, every round calling each timer once.
+
+    A GPU under load lowers its clock as it heats (an H100 at its power limit runs 15-25%
+    below its boost clock), so timing the configurations one after another favours whichever
+    ran while the GPU was cool.  Taking turns, with round ``r`` starting at timer ``r``,
+    spreads that drift over all of them alike."""
+    n = len(timers)
+    samples: list[list[float]] = [[] for _ in range(n)]
+    for r in range(rounds):
+        for k in range(n):
+            i = (r + k) % n
+            samples[i].append(timers[i]())
+    return [statistics.median(s) for s in samples]
+
+
 def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, Any]], *, runs: int = 20,
-             cache: bool = True, progress: TextIO | None = sys.stderr) -> AutotuneResult:
+             rounds: int = 5, flush_bytes: int = 0, cache: bool = True,
+             progress: TextIO | None = sys.stderr) -> AutotuneResult:
     """Time ``kernel`` (a ``@tkc.kernel`` or a ``.tk`` path) on ``args`` under each of
-    ``configs`` (constants and pins); return the fastest."""
+    ``configs`` (constants and pins); return the fastest.
+
+    The configurations take turns: ``rounds`` rounds of ``runs`` timed calls each
+    (``interleaved_medians``).  ``flush_bytes``: clear a buffer that large before every timed
+    call, so each starts with a cold L2, as a benchmark that flushes would time it."""
     import torch
 
     from tkc.compiler import compiler_version
@@ -80,28 +107,40 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
         raise TkcUsageError("tkc.autotune needs at least one configuration")
     if not isinstance(kernel, (Kernel, str, Path)):
         raise TkcUsageError(f"tkc.autotune takes a @tkc.kernel or a .tk path, got {type(kernel).__name__}")
+    if runs < 1 or rounds < 1:
+        raise TkcUsageError(f"tkc.autotune needs runs >= 1 and rounds >= 1, got runs={runs}, rounds={rounds}")
     if not torch.cuda.is_available():
         raise TkcUsageError("tkc.autotune times kernels on a GPU; torch sees none")
     device = torch.cuda.get_device_name(torch.cuda.current_device())
     key = disk.key(compiler_version(), _source(kernel), {"configs": configs}, "sm_90a",
-                   {"args": _signature(args), "device": device, "runs": runs}) if cache else None
+                   {"args": _signature(args), "device": device, "runs": runs, "rounds": rounds,
+                    "flush_bytes": flush_bytes}) if cache else None
     if key is not None and (hit := disk.get(key, _ENTRY)) is not None:
         saved = json.loads(hit)
         return AutotuneResult(saved["consts"], saved["seconds"], [tuple(t) for t in saved["timings"]], True)
     name = getattr(kernel, "name", Path(str(kernel)).stem)
     timings: list[tuple[dict[str, Any], float | None, str]] = []
+    runnable: list[tuple[int, Any]] = []  # (index into timings, compiled kernel)
     for n, consts in enumerate(configs, 1):
-        label = ", ".join(f"{k}={v}" for k, v in consts.items()) or "defaults"
+        label = _label(consts)
         try:
             compiled = _compile(kernel, consts)
-            seconds = gpu_time(lambda c=compiled: launch(c, args), runs=runs).median_s
-            timings.append((consts, seconds, ""))
-            line = f"{seconds * 1e6:9.1f} us"
+            launch(compiled, args)  # fails here, not in the middle of the timing rounds
+            runnable.append((len(timings), compiled))
+            timings.append((consts, None, ""))
+            line = "compiled"
         except TkcError as e:
             timings.append((consts, None, e.message.splitlines()[0]))
             line = f"skipped: {e.message.splitlines()[0]}"
         if progress is not None:
             print(f"autotune {name} [{n}/{len(configs)}] {label}: {line}", file=progress, flush=True)
+    timers = [lambda c=c: gpu_time(lambda: launch(c, args), runs=runs, warmup=2, flush_bytes=flush_bytes).median_s
+              for _, c in runnable]
+    for (i, _), seconds in zip(runnable, interleaved_medians(timers, rounds)):
+        timings[i] = (timings[i][0], seconds, "")
+    if progress is not None and runnable:
+        print(f"autotune {name}: " + ", ".join(
+            f"{_label(timings[i][0])} {timings[i][1] * 1e6:.1f} us" for i, _ in runnable), file=progress, flush=True)
     timed = [t for t in timings if t[1] is not None]
     if not timed:
         raise TkcUsageError(f"tkc.autotune: no configuration of {name} compiled and ran:\n"

@@ -7,6 +7,7 @@ that say they are on a CUDA device."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import types
 from pathlib import Path
@@ -56,23 +57,33 @@ class FakeLib:
     def __init__(self) -> None:
         self.launches: list[dict] = []
         self.result = 0  # what cuLaunchKernelEx returns
+        self.current = CTX  # the thread's current context
 
     def cuGetErrorName(self, result: int, name: object) -> int:
         return 1  # no name: the error shows the number
 
     cuGetErrorString = cuGetErrorName
 
-    def cuCtxGetCurrent(self, cur: ctypes.c_void_p) -> int:
-        cur.value = CTX
+    def _FuncPtr(self, spec: tuple[str, object]) -> object:
+        # ctypes.CDLL's way to a second, unprototyped entry point (a partial takes a restype)
+        return functools.partial(getattr(self, spec[0]))
+
+    def cuCtxGetCurrent(self, cur: object) -> int:
+        getattr(cur, "_obj", cur).value = self.current  # a byref(c_void_p) from the launcher, else the c_void_p
+        return 0
+
+    def cuCtxSetCurrent(self, ctx: ctypes.c_void_p) -> int:
+        self.current = ctx.value
         return 0
 
     def cuTensorMapEncodeTiled(self, *args: object) -> int:
         return 0
 
-    def cuLaunchKernelEx(self, cfg: int, handle: object, ptrs: ctypes.Array, extra: None) -> int:
-        c = driver.CUlaunchConfig.from_address(cfg)
+    def cuLaunchKernelEx(self, cfg: ctypes.c_void_p, handle: object, ptrs: ctypes.c_void_p, extra: None) -> int:
+        c = driver.CUlaunchConfig.from_address(cfg.value)
+        first = ctypes.c_void_p.from_address(ptrs.value).value  # the first parameter's address
         self.launches.append({"grid": (c.gridDimX, c.gridDimY, c.gridDimZ), "stream": c.hStream or 0,
-                              "first": ctypes.c_uint64.from_address(ptrs[0]).value})
+                              "first": ctypes.c_uint64.from_address(first).value, "ctx": self.current})
         return self.result
 
 
@@ -132,6 +143,21 @@ def test_a_given_stream_is_used_on_a_repeat(gpu: types.SimpleNamespace) -> None:
     launch_mod.launch(c, args)
     launch_mod.launch(c, args, stream=0x6000)
     assert [x["stream"] for x in gpu.lib.launches] == [0x5000, 0x6000]
+
+
+def test_streams_taking_turns_keep_their_own_configs(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
+    for stream in (0x6000, 0x7000, 0x6000, None, 0x7000):
+        launch_mod.launch(c, args, stream=stream)
+    assert [x["stream"] for x in gpu.lib.launches] == [0x6000, 0x7000, 0x6000, 0x5000, 0x7000]
+
+
+def test_a_repeated_launch_makes_the_modules_context_current(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    gpu.lib.current = 0x9000  # something else made another context current on this thread
+    launch_mod.launch(c, args)
+    assert [x["ctx"] for x in gpu.lib.launches] == [CTX, CTX]
 
 
 def test_other_buffers_are_checked_and_launched_with_their_address(gpu: types.SimpleNamespace) -> None:
