@@ -83,8 +83,14 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------ attention
-# The scheduling pins that are off by default (neither wins on every shape): each is tried.
-ATTN_PINS = [{}, {"issue_ahead": True}, {"pingpong": True}]
+# The schedules tried per head dim (tkc.autotune picks per shape): the scheduling pins that are
+# off by default (neither wins on every shape), and for D = 64, where the softmax outweighs the
+# products, 192 query rows a program (three consumer warpgroups; benchmarks/RESULTS.md).
+ATTN_CONFIGS = {
+    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}],
+    128: [{}, {"issue_ahead": True}, {"pingpong": True}],
+    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}],
+}
 
 
 def attention_rows(quick: bool, runs: int) -> list[Row]:
@@ -105,12 +111,11 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 scale = 1 / math.sqrt(D)
                 flops = 4 * B * H * N * N * D // (2 if causal else 1)
                 row = Row(f"attention forward D={D}{' causal' if causal else ''}", f"B{B} H{H} N{N}", "TFLOP/s")
-                consts = {"D": D, "causal": causal, **({"BN": 64} if D == 256 else {})}
-                # The scheduling pins that are off by default, each on where it wins (tkc.autotune,
-                # timed as below, cached on disk); the winner is checked and timed like any kernel.
+                # The schedule for this shape (tkc.autotune, timed as below, cached on disk); the
+                # winner is checked and timed like any kernel.
                 best = autotune(EXAMPLES / "attn.tk", [q, k, v, o, scale],
-                                [{**consts, **pins} for pins in ATTN_PINS], flush_bytes=L2_FLUSH_BYTES,
-                                progress=None)
+                                [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D]],
+                                flush_bytes=L2_FLUSH_BYTES, progress=None)
                 _, run = tkc_call("attn.tk", best.consts, [q, k, v, o, scale])
                 o.fill_(float("nan"))
                 run()
@@ -118,6 +123,8 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 row.notes = close(o, ref, 2e-2)
                 row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
                 on = [p for p in ("issue_ahead", "pingpong") if best.consts.get(p)]
+                if best.consts.get("BM", 128) != 128:
+                    on.append(f"BM={best.consts['BM']}")
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
                 for name, be in backends.items():

@@ -47,7 +47,8 @@ def cases() -> dict[str, list[tuple[str, list, list[dict], float]]]:
         q, k, v, o = (randn(B, H, N, D) for _ in range(4))
         for causal in (False, True):
             out["attn"].append((f"B{B} H{H} N{N} D{D}{' causal' if causal else ''}", [q, k, v, o, 1 / math.sqrt(D)],
-                                grid(D=[D], causal=[causal], BN=[128], pingpong=[False], issue_ahead=[True, False]),
+                                grid(D=[D], causal=[causal], BM=[128, 192] if D == 64 else [128], BN=[128],
+                                     pingpong=[False], issue_ahead=[True, False]),
                                 4 * B * H * N * N * D // (2 if causal else 1)))
     # The norms at the harness's widths and block grid; the rate counts one read and one write of x.
     for op in ("softmax", "layernorm"):

@@ -111,6 +111,27 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
     check(f"attn B={B} H={H} N={N} D={D} causal={causal}", o, ref, seed, **BF16)
 
 
+# The schedules the benchmark harness may pick: the next S issued ahead, two consumers taking
+# turns, three consumer warpgroups (192 query rows), and D = 256's 64-key blocks.
+ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D": 64, "BM": 192},
+             {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True}]
+
+
+@pytest.mark.parametrize("consts", ATTN_PINS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N", [200, 1000])
+def test_attention_schedules(rng, consts: dict, causal: bool, N: int) -> None:
+    g, seed = rng
+    B, H, D = 2, 2, consts["D"]
+    q, k, v = (randn(g, B, H, N, D) for _ in range(3))
+    o = poisoned(B, H, N, D)
+    scale = 1 / math.sqrt(D)
+    launch(compiled("attn.tk", {**consts, "causal": causal}), [q, k, v, o, scale])
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                           scale=scale)
+    check(f"attn {consts} B={B} H={H} N={N} causal={causal}", o, ref, seed, **BF16)
+
+
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over
 # sixteen warps; rows of one block and of several, the last one partial.
 NORM_CONSTS = [{}, {"BM": 16, "BN": 256}, {"BN": 16384, "warps": 16}]
