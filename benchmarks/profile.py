@@ -48,14 +48,15 @@ def _gemm(peer: bool):
     return (lambda: torch.matmul(a, b, out=c)) if peer else _tkc("gemm.tk", {}, [a, b, c])
 
 
-def _attn(peer: bool, causal: bool = False):
+def _attn(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = None):
+    """``consts``: the schedule the harness's tkc.autotune picked for this shape."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (_randn(1, 16, 16384, 128) for _ in range(3))
-    o, scale = torch.empty_like(q), 1 / math.sqrt(128)
+    q, k, v = (_randn(1, 2048 // D, 16384, D) for _ in range(3))
+    o, scale = torch.empty_like(q), 1 / math.sqrt(D)
     if not peer:
-        return _tkc("attn.tk", {"D": 128, "causal": causal}, [q, k, v, o, scale])
+        return _tkc("attn.tk", {"D": D, "causal": causal, **(consts or {})}, [q, k, v, o, scale])
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -79,13 +80,14 @@ def _norm(op: str, N: int, peer: bool, consts: dict | None = None):
 
 CASES = {
     "gemm": lambda: _gemm(False), "gemm-cublas": lambda: _gemm(True),
-    "attn": lambda: _attn(False), "attn-cudnn": lambda: _attn(True),
-    "attn-causal": lambda: _attn(False, True),
+    "attn": lambda: _attn(False, consts={"issue_ahead": True}), "attn-cudnn": lambda: _attn(True),
+    "attn-causal": lambda: _attn(False, True, consts={"issue_ahead": True}),
+    "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
-    "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 16384}),
+    "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 65536, "warps": 8}),
     "layernorm": lambda: _norm("layernorm", 4096, False),
     "layernorm-16k": lambda: _norm("layernorm", 16384, False, {"BN": 4096}),
-    "layernorm-64k": lambda: _norm("layernorm", 65536, False, {"BN": 8192}),
+    "layernorm-64k": lambda: _norm("layernorm", 65536, False, {"BN": 16384, "warps": 16}),
     "layernorm-64k-torch": lambda: _norm("layernorm", 65536, True),
     "copy": lambda: _norm("copy", 4096, True),
 }
