@@ -84,11 +84,14 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 
 # ------------------------------------------------------------------------------ attention
 # The schedules tried per head dim (tkc.autotune picks per shape): the scheduling pins that are
-# off by default (neither wins on every shape), and for D = 64, where the softmax outweighs the
-# products, 192 query rows a program (three consumer warpgroups; benchmarks/RESULTS.md).
+# off by default (neither wins on every shape); for D = 64, where the softmax outweighs the
+# products, 192 query rows a program (three consumer warpgroups); and, for short sequences,
+# 64-row programs two to an SM, so that one's ring fill and epilogue overlap the other's
+# products (benchmarks/RESULTS.md).
+TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 ATTN_CONFIGS = {
-    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}],
-    128: [{}, {"issue_ahead": True}, {"pingpong": True}],
+    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}, {**TWO_PER_SM, "BN": 128}],
+    128: [{}, {"issue_ahead": True}, {"pingpong": True}, {**TWO_PER_SM, "BN": 64}],
     256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}],
 }
 
@@ -123,8 +126,8 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 row.notes = close(o, ref, 2e-2)
                 row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
                 on = [p for p in ("issue_ahead", "pingpong") if best.consts.get(p)]
-                if best.consts.get("BM", 128) != 128:
-                    on.append(f"BM={best.consts['BM']}")
+                on += [f"{k}={best.consts[k]}" for k, default in (("BM", 128), ("BN", 128), ("ctas_per_sm", 1))
+                       if best.consts.get(k, default) != default and not (D == 256 and k == "BN")]
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
                 for name, be in backends.items():

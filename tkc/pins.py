@@ -16,6 +16,9 @@ PINS: dict[str, tuple[type, str, str]] = {
     "warp_specialize": (bool, "a producer warpgroup issues the copies", "specialize-warps"),
     "warps": (int, "warps per program of a kernel without products, a multiple of 4 (default 4: one "
                    "warpgroup); wide rows spread over more threads stay in registers", "select-layouts"),
+    "ctas_per_sm": (int, "programs resident on one SM at once: registers (.minnctapersm) and shared memory "
+                         "are budgeted for that many, so one program's fill and drain overlap another's work "
+                         "(default 1)", "pipeline-loops, specialize-warps, allocate-smem, codegen"),
     "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "
@@ -39,3 +42,9 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         if not ok:
             raise TkcUsageError(f"pin {name} = {value!r}: expected "
                                 f"{'true or false' if want is bool else 'a positive integer'}", loc)
+
+
+def ctas_per_sm(consts: dict[str, object] | None) -> int:
+    """The ``ctas_per_sm`` pin of a kernel's constants (1 when unpinned)."""
+    value = (consts or {}).get("ctas_per_sm", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1

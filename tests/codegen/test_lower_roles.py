@@ -62,6 +62,34 @@ def _syncs(ptx: str) -> list[str]:
 def test_entry_registers() -> None:
     assert entry_registers(384) == 168  # PTX-FACTS §5
     assert entry_registers(256) == 248 and entry_registers(128) == 248 and entry_registers(1024) == 64
+    assert entry_registers(256, 2) == 128 and entry_registers(384, 2) == 80  # .minnctapersm 2
+
+
+def test_two_programs_per_sm() -> None:
+    """ctas_per_sm = 2: .minnctapersm 2, the consumer budget from half the register file
+    ((32768 - 128 * 40) / 128 = 216), the ring sized for half the SM's shared memory, and
+    ptxas keeping to it without spills."""
+    from tkc.codegen.target import target
+    from tkc.compiler import compile_kernel
+
+    c = compile_kernel(ROOT / "examples" / "attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2},
+                       cache=False)
+    ptx = c.asm["ptx"]
+    assert ".minnctapersm 2" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t216;" in ptx
+    assert c.smem_bytes <= target("sm_90a").smem_per_program(2) == 115712
+    assert c.resources.spill_stores == 0 and c.resources.registers <= 128
+
+
+def test_two_programs_per_sm_refuses_a_wide_accumulator() -> None:
+    from tkc.compiler import compile_kernel
+
+    # Half the shared memory leaves the GEMM one stage (no ring, no producer), and 128
+    # registers a thread at entry: as many as its 128 x 256 accumulator takes alone.
+    with pytest.raises(TkcCodegenError, match=r"ctas_per_sm = 2 leaves 128 registers a thread, and this "
+                                              r"product's accumulator alone takes 128") as e:
+        compile_kernel(ROOT / "examples" / "gemm.tk", {"ctas_per_sm": 2}, stop="llvm", cache=False)
+    assert e.value.loc is not None and e.value.loc.line > 1
 
 
 @pytest.mark.parametrize("path", [RING, WS], ids=lambda p: p.stem)

@@ -332,6 +332,8 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": True, "issue_ahead": True}, {"B": 1, "H": 2, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "issue_ahead": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
+    # Two programs an SM (ctas_per_sm): the ring sized for half the shared memory.
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True}, {"B": 1, "H": 2, "N": 200}, 2**-6),
     # Three consumer warpgroups (192 query rows a program), the last block partial.
     ("attn.tk", {"D": 64, "BM": 192, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),

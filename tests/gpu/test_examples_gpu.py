@@ -114,7 +114,9 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
 # The schedules the benchmark harness may pick: the next S issued ahead, two consumers taking
 # turns, three consumer warpgroups (192 query rows), and D = 256's 64-key blocks.
 ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D": 64, "BM": 192},
-             {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True}]
+             {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True},
+             {"D": 64, "BM": 64, "BN": 128, "ctas_per_sm": 2, "issue_ahead": True},
+             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

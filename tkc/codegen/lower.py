@@ -35,6 +35,7 @@ from tkc.ir.core import Block, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS
 from tkc.ir.layouts import SharedLayout
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
+from tkc.pins import ctas_per_sm
 
 __all__ = ["kernel_to_llvm", "kernel_to_ptx", "entry_registers", "Lowerer", "TensorArg", "SmemTile", "Barrier",
            "Ring"]
@@ -80,12 +81,28 @@ class Ring:
     stride: int
 
 
-def entry_registers(threads: int) -> int:
+def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
     """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``
-    threads declared with ``.maxntid threads`` and ``.minnctapersm 1``: the 64K-register file
-    split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS §5: 168 for 384).
-    ``setmaxnreg`` moves a warpgroup's budget up or down from there."""
-    return min(65536 // threads, 255) // 8 * 8
+    threads declared with ``.maxntid threads`` and ``.minnctapersm ctas_per_sm``: the
+    64K-register file split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS
+    §5: 168 for 384 threads and one CTA).  ``setmaxnreg`` moves a warpgroup's budget up or
+    down from there."""
+    return min(65536 // (threads * ctas_per_sm), 255) // 8 * 8
+
+
+def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
+    """Refuse, at the product, a wgmma accumulator that takes every register its thread has
+    (the role's ``setmaxnreg`` budget, else the entry budget): ptxas would stop with C7602."""
+    for op in kernel.walk():
+        if op.name != "hopper.wgmma":
+            continue
+        role = next((a for a in op.ancestors() if a.name == "hopper.role"), None)
+        budget = role.attributes.get("regs") or entry if role is not None else entry
+        need = getattr(op.result.type.layout, "regs", 0)
+        if need >= budget:
+            why = f"ctas_per_sm = {ctas} leaves" if ctas > 1 else "there are"
+            raise TkcCodegenError(f"{why} {budget} registers a thread, and this product's accumulator alone "
+                                  f"takes {need}: fewer programs per SM, or a narrower tile", op.loc)
 
 
 Handler = Callable[["Lowerer", Operation], None]
@@ -534,7 +551,9 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
     module = ir.Module(name=name)
     # The .ll text names its target, so llc/opt can read it alone (emit_ptx sets the same).
     module.triple, module.data_layout = t.triple, t.data_layout
-    fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=1)
+    ctas = ctas_per_sm(kernel.attributes.get("consts"))
+    _check_accumulators_fit(kernel, entry_registers(threads, ctas), ctas)
+    fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=ctas)
     smem = None
     if smem_bytes:
         # One dynamic shared array; every offset of allocate-smem is from its base (§4).

@@ -45,6 +45,7 @@ from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
+from tkc.pins import ctas_per_sm
 
 if TYPE_CHECKING:
     from tkc.codegen.lower import Handler, Lowerer
@@ -500,11 +501,11 @@ def _role(lw: Lowerer, op: Operation) -> None:
     # index the body sees.  The test is uniform per warpgroup, as setmaxnreg needs.
     tid = b.sub(lw.tid, const_i32(128 * first), name=f"tid.{_label(op)}") if first else lw.tid
     inside = b.icmp_unsigned("<", tid, const_i32(128 * warpgroups))
-    entry = entry_registers(lw.kernel.attributes["threads"])
+    entry = entry_registers(lw.kernel.attributes["threads"], ctas_per_sm(lw.kernel.attributes.get("consts")))
 
     def body() -> None:
         if regs and regs != entry:
-            # The budget ptxas gives the role's code; .maxntid + .minnctapersm 1 on the kernel
+            # The budget ptxas gives the role's code; .maxntid + .minnctapersm on the kernel
             # tell ptxas the entry count, without which it drops setmaxnreg (C7508).
             nvvm.setmaxnreg(b, regs, inc=regs > entry)
         with lw.in_role(op, tid):

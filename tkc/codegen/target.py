@@ -46,6 +46,16 @@ class Target:
     # Dynamic shared memory one block may opt into (cudaFuncAttributeMaxDynamicSharedMemorySize):
     # 227 KB on sm_90 and sm_100; allocate-smem refuses kernels that need more.
     max_smem_bytes: int = 232448
+    # Shared memory of one SM, of which each resident block reserves 1 KB (228 KB, 1 KB).
+    sm_smem_bytes: int = 233472
+    smem_reserved_per_block: int = 1024
+    registers_per_sm: int = 65536
+
+    def smem_per_program(self, ctas_per_sm: int = 1) -> int:
+        """Dynamic shared memory a program may take so that ``ctas_per_sm`` fit on one SM."""
+        if ctas_per_sm <= 1:
+            return self.max_smem_bytes
+        return min(self.max_smem_bytes, self.sm_smem_bytes // ctas_per_sm - self.smem_reserved_per_block)
 
 
 # The minimum PTX version per target (PTX-FACTS §0): sm_90a needs 8.0, sm_100a 8.6.

@@ -53,6 +53,7 @@ from tkc.errors import TkcPassError
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.dialects import hopper
 from tkc.ir.types import TileType
+from tkc.pins import ctas_per_sm
 
 ALLOC_OPS = ("hopper.smem_alloc", "hopper.mbarrier_alloc")
 MBARRIER_BYTES = hopper.MBarrierAllocOp.stride
@@ -245,8 +246,10 @@ def _allocate_kernel(kernel: Operation, capacity: int) -> None:
         barriers = sum(a.size // MBARRIER_BYTES for a in shown if a.is_barrier)  # a ring counts its stages
         if barriers:
             parts.append(f"{barriers} mbarrier{'s' if barriers > 1 else ''} {MBARRIER_BYTES * barriers} B")
+        ctas = ctas_per_sm(kernel.attributes.get("consts"))
+        room = f"{TARGET} has {capacity}" + (f" for each of {ctas} programs on an SM (ctas_per_sm)" if ctas > 1 else "")
         raise TkcPassError(f"kernel '{kernel.attributes.get('sym_name')}' needs {total} B of shared memory, "
-                           f"{TARGET} has {capacity}: " + ", ".join(parts), kernel.loc)
+                           f"{room}: " + ", ".join(parts), kernel.loc)
     for a in allocs:
         a.op.attributes["offset"] = a.offset
     kernel.attributes["smem_bytes"] = total
@@ -264,7 +267,6 @@ def allocate_smem(module: Module) -> None:
     kernel's ``smem_bytes``; raise a located TkcPassError when it does not fit."""
     from tkc.codegen.target import target  # imported here: `tkc opt` without codegen stays light
 
-    capacity = target(TARGET).max_smem_bytes
     for op in module.ops:
         if op.name == "tile.kernel":
-            _allocate_kernel(op, capacity)
+            _allocate_kernel(op, target(TARGET).smem_per_program(ctas_per_sm(op.attributes.get("consts"))))

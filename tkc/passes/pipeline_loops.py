@@ -36,7 +36,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType
-from tkc.pins import check_pins
+from tkc.pins import check_pins, ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -84,7 +84,7 @@ class _Pipeliner:
         check_pins(consts, kernel.loc)
         self.pin = consts.get("stages")
         self.warpgroups = (kernel.attributes.get("threads") or 128) // 128
-        self.capacity = lookup_target("sm_90a").max_smem_bytes
+        self.capacity = lookup_target("sm_90a").smem_per_program(ctas_per_sm(consts))
         self.consts: dict[int, Value] = {}
         self.positions: dict[Operation, Value] = {}
 

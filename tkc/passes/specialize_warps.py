@@ -38,6 +38,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import TileType
+from tkc.pins import ctas_per_sm
 
 PRODUCER_REGS = 40
 MAX_CONSUMER_REGS = 240
@@ -54,10 +55,11 @@ def specialize_warps(module: Module) -> None:
             _Specializer(kernel).run()
 
 
-def consumer_regs(consumers: int) -> int:
+def consumer_regs(consumers: int, ctas_per_sm: int = 1) -> int:
     """The register budget of each consumer thread once the producer holds 40: the most that
-    fits the register file, a multiple of 8, at most 240 (what FlashAttention-3 uses)."""
-    free = (REGISTER_FILE - PRODUCER_REGS * 128) // (128 * consumers)
+    fits the program's share of the register file (``1 / ctas_per_sm`` of it), a multiple of
+    8, at most 240 (what FlashAttention-3 uses)."""
+    free = (REGISTER_FILE // ctas_per_sm - PRODUCER_REGS * 128) // (128 * consumers)
     return min(MAX_CONSUMER_REGS, free - free % 8)
 
 
@@ -174,7 +176,7 @@ class _Specializer:
         cons_block.append(tile.YieldOp([], []))
         ret = body.terminator
         index = body.ops.index(ret)
-        regs = consumer_regs(warpgroups)
+        regs = consumer_regs(warpgroups, ctas_per_sm(self.kernel.attributes.get("consts")))
         for name, first, count, budget, block in (("producer", 0, 1, PRODUCER_REGS, prod_block),
                                                   ("consumers", 1, warpgroups, regs, cons_block)):
             role = hopper.RoleOp([], [], {"name": name, "first": first, "warpgroups": count, "regs": budget},
