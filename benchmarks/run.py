@@ -125,9 +125,9 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
                 row.notes = close(o, ref, 2e-2)
                 row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
-                on = [p for p in ("issue_ahead", "pingpong") if best.consts.get(p)]
-                on += [f"{k}={best.consts[k]}" for k, default in (("BM", 128), ("BN", 128), ("ctas_per_sm", 1))
-                       if best.consts.get(k, default) != default and not (D == 256 and k == "BN")]
+                # What the winning schedule sets beyond the shape: pins on by name, others as k=v.
+                on = [k if v is True else f"{k}={v}" for k, v in best.consts.items()
+                      if k not in ("D", "causal") and v is not False]
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
                 for name, be in backends.items():

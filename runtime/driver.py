@@ -315,16 +315,11 @@ class Function:
     def prepare(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int,
                 params: Sequence[Any]) -> PreparedLaunch:
         """Everything of a launch but the stream, checked and packed once (see
-        :meth:`launch_prepared`): for launches repeated with the same parameters."""
+        :meth:`launcher`): for launches repeated with the same parameters."""
         g, b = _dim3(grid, "grid"), _dim3(block, "block")
         ptrs = (ctypes.c_void_p * max(1, len(params)))(*[_param_pointer(p, i) for i, p in enumerate(params)])
         config = bytes(CUlaunchConfig(*g, *b, int(shared_bytes), None, None, 0))
         return PreparedLaunch(g, b, int(shared_bytes), ptrs, list(params), config)
-
-    def launch_prepared(self, prep: PreparedLaunch, stream: int | None = None) -> None:
-        """``cuLaunchKernelEx`` of a :meth:`prepare`-d launch on ``stream`` (default: torch's
-        current stream)."""
-        self.launcher(prep)(current_stream() if stream is None else int(stream))
 
     def launcher(self, prep: PreparedLaunch) -> Any:
         """A function ``go(stream)`` that launches ``prep`` on ``stream`` (an int handle):

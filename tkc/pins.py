@@ -45,6 +45,8 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
 
 
 def ctas_per_sm(consts: dict[str, object] | None) -> int:
-    """The ``ctas_per_sm`` pin of a kernel's constants (1 when unpinned)."""
+    """The ``ctas_per_sm`` pin of a kernel's constants (1 when unpinned), checked like every
+    pin (IR written by hand reaches the passes and codegen without the frontend's check)."""
     value = (consts or {}).get("ctas_per_sm", 1)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+    check_pins({"ctas_per_sm": value})
+    return value

@@ -49,7 +49,6 @@ class Target:
     # Shared memory of one SM, of which each resident block reserves 1 KB (228 KB, 1 KB).
     sm_smem_bytes: int = 233472
     smem_reserved_per_block: int = 1024
-    registers_per_sm: int = 65536
 
     def smem_per_program(self, ctas_per_sm: int = 1) -> int:
         """Dynamic shared memory a program may take so that ``ctas_per_sm`` fit on one SM."""

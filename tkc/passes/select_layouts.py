@@ -49,6 +49,7 @@ from tkc.ir.layouts import (
     core_matrix_misfit,
 )
 from tkc.ir.types import TileType
+from tkc.pins import check_pins
 
 WARPGROUP = 128
 # Ops whose values are computed again, rather than converted, when a user needs another layout.
@@ -107,11 +108,13 @@ class _Selector:
                 raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
         warps = (self.kernel.attributes.get("consts") or {}).get("warps")
+        if warps is not None:
+            check_pins({"warps": warps}, self.kernel.loc)  # IR written by hand skips the frontend's check
         if warps is not None and (warps % 4 or ms):
             why = (f"products of {ms[0][1]} rows set the warps ({ms[0][1] // 16}); leave the pin out"
                    if ms else "a program runs whole warpgroups: give a multiple of 4")
             raise _unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
-        return ms[0][1] // 64 if ms else (warps or 4) // 4
+        return ms[0][1] // 64 if ms else (warps if warps is not None else 4) // 4
 
     def run(self) -> None:
         self._place_mma_operands()
