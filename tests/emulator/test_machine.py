@@ -337,6 +337,12 @@ DIFFERENTIAL = [
     # Three consumer warpgroups (192 query rows a program), the last block partial.
     ("attn.tk", {"D": 64, "BM": 192, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),
+    # Persistent attention: 18 tiles over 4 programs, a Q tile per output tile.  Two Q stages;
+    # one Q stage (two programs an SM leave room for one); a single K/V block per tile with
+    # S issued ahead.
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}, {"B": 1, "H": 3, "N": 330}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True, "issue_ahead": True}, {"B": 3, "H": 3, "N": 50}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),
@@ -413,7 +419,8 @@ def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant
     elif variant != "serial" and name.startswith(("gemm", "attn")):
         # The K/V loops are what the passes are for: make sure the emulator sees what they made.
         assert "hopper.stage" in ops and ("hopper.role" in ops) == (variant != "ring")
-        assert ("tile.num_sms" in ops) == (variant == "persistent" and name.startswith("gemm"))
+        assert ("tile.num_sms" in ops) == (variant == "persistent" and (name.startswith("gemm")
+                                                                         or consts.get("persistent", False)))
         # Consumer warpgroups take turns where the pin says so; S is issued ahead (a second
         # S wgmma before the loop) only where a producer role issues the copies.
         assert ("hopper.turn" in ops) == (variant != "ring" and consts.get("pingpong", False))

@@ -116,7 +116,10 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
 ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D": 64, "BM": 192},
              {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True},
              {"D": 64, "BM": 64, "BN": 128, "ctas_per_sm": 2, "issue_ahead": True},
-             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True}]
+             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True},
+             {"D": 128, "persistent": True}, {"D": 64, "persistent": True, "issue_ahead": True},
+             {"D": 64, "BM": 192, "persistent": True},
+             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)
@@ -132,6 +135,18 @@ def test_attention_schedules(rng, consts: dict, causal: bool, N: int) -> None:
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                                            scale=scale)
     check(f"attn {consts} B={B} H={H} N={N} causal={causal}", o, ref, seed, **BF16)
+
+
+@pytest.mark.parametrize("consts", [c for c in ATTN_PINS if c.get("persistent")], ids=str)
+def test_persistent_attention_walks_several_tiles_a_program(rng, consts: dict) -> None:
+    """More output tiles than SMs: each program walks several, its rings carried over."""
+    g, seed = rng
+    B, H, N, D = 4, 16, 1000, consts["D"]
+    q, k, v = (randn(g, B, H, N, D) for _ in range(3))
+    o = poisoned(B, H, N, D)
+    launch(compiled("attn.tk", consts), [q, k, v, o, 1 / math.sqrt(D)])
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=1 / math.sqrt(D))
+    check(f"attn {consts} B={B} H={H} N={N}", o, ref, seed, **BF16)
 
 
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over

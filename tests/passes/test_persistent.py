@@ -112,3 +112,28 @@ def k(x: f32[N, C], y: f32[N, C], persistent: const = True):
     run_kernel(before, a)
     run_kernel(after, b)
     np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_gemm_walks_tiles_in_groups_of_rows():
+    text = print_module(compiled("gemm.tk", {}, "persistent"), locs=False)
+    assert "%tile_row = tile.add" in text and "tile.constant {value = 8}" in text
+
+
+def test_attention_walks_the_query_blocks_of_a_head_first():
+    """K and V depend on program_id(1) only: axis 0 goes fastest, as in a launch of one program
+    per tile, so the programs running together share one head's K and V in L2."""
+    text = print_module(compiled("attn.tk", {"persistent": True}, "persistent"), locs=False)
+    assert "%tile_row = tile.rem %t, %" in text and "%tile_col = tile.floordiv %t, %" in text
+
+
+@pytest.mark.parametrize("per_sm", [1, 2])
+def test_programs_fill_every_slot_of_an_sm(per_sm):
+    consts = {"D": 64, "BM": 64, "BN": 64, "persistent": True, "ctas_per_sm": per_sm}
+    before, after = compiled("attn.tk", consts).kernel(), compiled("attn.tk", consts, "persistent").kernel()
+    a, b = random_args(before, {"B": 2, "H": 8, "N": 300}, 0), random_args(after, {"B": 2, "H": 8, "N": 300}, 0)
+    b[3][...] = np.nan
+    tiles = math.prod(launch_grid(before, a))
+    assert launch_grid(after, b) == (min(tiles, CPU_SMS * per_sm),)
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[3], b[3])

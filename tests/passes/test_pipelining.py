@@ -200,3 +200,29 @@ def test_issue_ahead_leaves_loops_alone_without_the_pin_or_a_producer():
     # GEMM's product reads the carried accumulator: nothing to issue ahead.
     assert "%ahead" not in lowered("gemm.tk", {"issue_ahead": True}, AHEAD)
 
+
+
+@pytest.mark.parametrize("D, q_stages", [(128, 1), (64, 2)])
+def test_persistent_attention_rings_q_per_tile(D, q_stages):
+    """A persistent attention program loads a Q tile per output tile: the inner K/V ring takes
+    the shared memory first, Q gets a ring of what is left (two stages at most: the next
+    tile's Q lands during this tile's loop), so a producer can still issue every copy."""
+    text = lowered("attn.tk", {"D": D, "persistent": True}, "persistent," + SPLIT)
+    kv = 3 if D == 128 else 4
+    assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)
+    assert re.search(rf"%k_smem = hopper.smem_alloc \{{offset = -1, stages = {kv}\}}", text)
+    assert "threads = 384" in text
+    producer, consumers = role(text, "producer"), role(text, "consumers")
+    assert "hopper.barrier" not in producer + consumers, "no bar.sync left inside the tile loop"
+    assert "hopper.tma_load %q" in producer and "hopper.tma_load %k" in producer
+    # The consumers wait for the tile's Q, run the K/V loop, then release Q's stage.
+    q_wait = consumers.index("hopper.mbarrier_wait %q_full" if q_stages == 1 else "hopper.stage %q_full")
+    release = consumers.rindex("hopper.mbarrier_arrive")
+    assert q_wait < consumers.index("hopper.wgmma") < release < consumers.index("hopper.store %o")
+
+
+def test_stages_pin_is_for_the_inner_ring():
+    """stages = 2 sizes the K/V ring; the per-tile Q ring still takes what is left."""
+    text = lowered("attn.tk", {"D": 128, "persistent": True, "stages": 2}, "persistent," + RING)
+    assert re.search(r"%k_smem = hopper.smem_alloc \{offset = -1, stages = 2\}", text)
+    assert re.search(r"%q_smem = hopper.smem_alloc \{offset = -1, stages = 2\}", text)

@@ -2,11 +2,18 @@
 
 A kernel launched with one program per output tile pays, for every tile, a CTA launch, a
 pipeline fill and an epilogue nobody overlaps.  A persistent kernel launches
-``min(tiles, SMs)`` programs that loop over the tiles (program ``p`` takes tiles
-``p, p + programs, ...``); with a ring and a producer warpgroup, the producer starts the next
-tile's copies while the consumers finish the current tile's epilogue.  Tiles are visited in
-groups of ``GROUP_M`` tile rows (consecutive tiles share rows of A and sweep columns of B), so
-the programs running at one time reuse each other's data in L2.
+``min(tiles, SMs x ctas_per_sm)`` programs that loop over the tiles (program ``p`` takes
+tiles ``p, p + programs, ...``); with a ring and a producer warpgroup, the producer starts the
+next tile's copies while the consumers finish the current tile's epilogue.  The tile order is
+chosen so that the programs running at one time reuse each other's data in L2:
+
+- when the copies in loops read along both grid axes (a GEMM streams rows of A and columns of
+  B), tiles are visited in groups of ``GROUP_M`` tile rows: consecutive tiles share rows of A
+  and sweep columns of B;
+- when they read along axis 1 only (attention streams K and V of one batch and head, the
+  column of the grid), axis 0 goes fastest, the order a launch of one program per tile has:
+  the programs running at one time share a head's K and V.  (Grouped order would spread them
+  over ``132 / GROUP_M`` heads, whose K and V at 16k tokens do not fit in L2.)
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
@@ -28,6 +35,7 @@ from tkc.ir.core import Block, Module, Operation, Region, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 from tkc.passes.licm import licm
+from tkc.pins import ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 GROUP_M = 8
@@ -78,6 +86,7 @@ def _persist(kernel: Operation) -> None:
         return
     if pin is None and not _gemm_shaped(kernel, grid):
         return
+    streamed = _streamed_axes(kernel)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
     const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, GROUP_M)}
@@ -85,7 +94,11 @@ def _persist(kernel: Operation) -> None:
     gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
     tiles = b.value(tile.MulOp, [gm, gn], I32)
     tiles.name_hint = "tiles"
-    programs = b.value(tile.MinimumOp, [tiles, b.value(tile.NumSmsOp, [], I32)], I32)
+    slots = b.value(tile.NumSmsOp, [], I32)
+    per_sm = ctas_per_sm(kernel.attributes.get("consts"))
+    if per_sm > 1:
+        slots = b.value(tile.MulOp, [slots, b.value(tile.ConstantOp, [], I32, {"value": per_sm})], I32)
+    programs = b.value(tile.MinimumOp, [tiles, slots], I32)
     grid.operands = [programs]
 
     moved = [op for op in body.ops[body.ops.index(grid) + 1:] if not op.has_trait("terminator")]
@@ -98,6 +111,9 @@ def _persist(kernel: Operation) -> None:
     lb = Builder(loop_body, 0, grid.loc)
     if gn is const[1]:
         pm, pn = t, const[0]  # a 1-D grid's program_id(1) is 0, its num_programs(1) is 1
+    elif streamed <= {1}:
+        pm, pn = lb.value(tile.RemOp, [t, gm], I32), lb.value(tile.FloorDivOp, [t, gm], I32)
+        pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     else:
         # Grouped order: GROUP_M tile rows at a time, down the rows then across the columns.
         width = lb.value(tile.MulOp, [const[GROUP_M], gn], I32)
@@ -119,6 +135,29 @@ def _persist(kernel: Operation) -> None:
             _replace(loop, op.result, ids[key])
             op.erase()
     Builder(loop_body, None, grid.loc).create(tile.YieldOp)
+
+
+def _streamed_axes(kernel: Operation) -> set[int]:
+    """The grid axes (``program_id`` axes) the offsets of loads inside loops depend on."""
+    memo: dict[Value, frozenset[int]] = {}
+
+    def axes(v: Value) -> frozenset[int]:
+        if v not in memo:
+            op = getattr(v, "owner", None)
+            memo[v] = frozenset()  # block arguments (loop variables) depend on no program id
+            if op is not None:
+                if op.name == "tile.program_id":
+                    memo[v] = frozenset([op.attributes["axis"]])
+                else:
+                    memo[v] = frozenset().union(*(axes(x) for x in op.operands))
+        return memo[v]
+
+    found: set[int] = set()
+    for op in kernel.walk():
+        if op.name == "tile.load" and any(p.name == "tile.for" for p in op.ancestors()):
+            for x in op.offsets:
+                found |= axes(x)
+    return found
 
 
 def _replace(root: Operation, old: Value, new: Value) -> None:

@@ -41,6 +41,7 @@ from tkc.pins import check_pins, ctas_per_sm
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
 MAX_STAGES = 4
+OUTER_STAGES = 2
 BARRIER_BYTES = hopper.MBarrierAllocOp.stride
 
 
@@ -89,12 +90,18 @@ class _Pipeliner:
         self.positions: dict[Operation, Value] = {}
 
     def run(self) -> None:
-        for loop in [op for op in self.kernel.walk() if op.name == "tile.for"]:
+        # Inner loops first: their rings take the shared memory, an enclosing loop's group
+        # (a persistent kernel's per-tile Q) gets what is left.
+        for loop in reversed([op for op in self.kernel.walk() if op.name == "tile.for"]):
             for wait in [op for op in loop.regions[0].block.ops if op.name == "hopper.mbarrier_wait"]:
                 group = _Group(loop, wait)
                 stages = self._stages(group)
-                if stages >= 2 and self._pipelinable(group):
+                if stages >= (1 if self._encloses_ring(loop) else 2) and self._pipelinable(group):
                     self._pipeline(group, stages)
+
+    @staticmethod
+    def _encloses_ring(loop: Operation) -> bool:
+        return any(op.name == "hopper.stage" for op in loop.walk())
 
     # ----------------------------------------------------------- decisions
     def _smem_bytes(self) -> int:
@@ -107,14 +114,17 @@ class _Pipeliner:
         return total
 
     def _stages(self, g: _Group) -> int:
-        if self.pin is not None:
+        outer = self._encloses_ring(g.loop)
+        if self.pin is not None and not outer:
             return self.pin
         if not g.loads:
             return 1
         group = sum(_owner(d).stride for d in g.dsts)
         others = self._smem_bytes() - group
         room = (self.capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + len(g.loads))) // group
-        return max(1, min(MAX_STAGES, room))
+        # A group around a ring is copied once per run of the inner loop: a second stage lets
+        # the next copy land during the inner loop, a third would have nothing left to hide.
+        return max(1, min(OUTER_STAGES if outer else MAX_STAGES, room))
 
     def _pipelinable(self, g: _Group) -> bool:
         """The group is lower-to-hopper's shape and its tiles are read only by wgmma."""
@@ -171,9 +181,17 @@ class _Pipeliner:
             hopper.MBarrierInitOp, [ring], attrs={"count": count})
         return ring
 
+    def _at(self, b: Builder, ring: Value, stage: Value, ty) -> Value:
+        """Stage ``stage`` of ``ring``; a one-stage ring is its allocation."""
+        return ring if self.stages == 1 else b.value(hopper.StageOp, [ring, stage], ty)
+
     def _pipeline(self, g: _Group, stages: int) -> None:
         self.stages = stages
-        for value in (0, 1, stages - 1, stages):
+        # Copies in flight ahead of the consumer: S - 1, so that the refill at the end of
+        # iteration i takes the stage iteration i - 1 released; one stage (a group around an
+        # inner ring) refills the stage iteration i has just released.
+        ahead = max(stages - 1, 1)
+        for value in (0, 1, ahead, stages):
             self._c(value)  # first: a constant inserted later would shift the builders below
         loop, body = g.loop, g.loop.regions[0].block
         loc = g.wait.loc
@@ -203,7 +221,7 @@ class _Pipeliner:
         self.positions[loop] = i
         # Copies in flight: the prologue issues iterations 0 .. S-2 before the loop...
         pro = Builder.before(loop)
-        npro = pro.value(tile.MinimumOp, [self._c(stages - 1), trip], I32)
+        npro = pro.value(tile.MinimumOp, [self._c(ahead), trip], I32)
         prologue = pro.create(tile.ForOp, [self._c(0), npro, self._c(1)], [], regions=[_region([I32])], loc=loc)
         pb = Builder(prologue.regions[0].block, 0, loc)
         j = prologue.regions[0].block.args[0]
@@ -218,27 +236,28 @@ class _Pipeliner:
             w = Builder.before(first)
             if ring not in waited:
                 waited.add(ring)
-                w.create(hopper.MBarrierWaitOp, [w.value(hopper.StageOp, [ring, stage], MBARRIER), parity],
+                w.create(hopper.MBarrierWaitOp, [self._at(w, ring, stage, MBARRIER), parity],
                          loc=ld.loc)
-            staged = w.value(hopper.StageOp, [dst, stage], dst.type)
+            staged = self._at(w, dst, stage, dst.type)
             for op in body.ops[body.ops.index(first):]:
                 _replace_inside(op, dst, staged)
         # The stage is released once the last wgmma reading it has completed.
         last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, g))
         r = Builder(body, last + 1, loc)
-        r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER)])
+        r.create(hopper.MBarrierArriveOp, [self._at(r, empty, stage, MBARRIER)])
 
-        self._overlap_wgmma(loop, g, local, i, empty, trip, base)
+        if stages >= 2:  # (one stage: iteration i + 1's copy would wait for a release deferred to i + 1)
+            self._overlap_wgmma(loop, g, local, i, empty, trip, base)
 
         # ... and, once its stage is released, iteration i refills the stage of iteration
         # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
         # is released only now, and a warpgroup must not wait for its own release).
         rb0 = Builder.before(body.terminator)
-        nxt = rb0.value(tile.AddOp, [local, self._c(stages - 1)], I32)
+        nxt = rb0.value(tile.AddOp, [local, self._c(ahead)], I32)
         more = rb0.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
         refill = rb0.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
         rb = Builder(refill.regions[0].block, 0, loc)
-        self._issue(rb, g, full, empty, rb.value(tile.AddOp, [i, self._c(stages - 1)], I32),
+        self._issue(rb, g, full, empty, rb.value(tile.AddOp, [i, self._c(ahead)], I32),
                     self._iv_at(rb, loop, nxt))
         rb.create(tile.YieldOp)
         Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
@@ -293,7 +312,7 @@ class _Pipeliner:
             rb = Builder(release.regions[0].block, 0, mma.loc)
             prev = rb.value(tile.SubOp, [i, self._c(1)], I32)
             stage = rb.value(tile.RemOp, [prev, self._c(self.stages)], I32)
-            rb.create(hopper.MBarrierArriveOp, [rb.value(hopper.StageOp, [empty, stage], MBARRIER)])
+            rb.create(hopper.MBarrierArriveOp, [self._at(rb, empty, stage, MBARRIER)])
             rb.create(tile.YieldOp)
             Builder(release.regions[1].block, 0, mma.loc).create(tile.YieldOp)
             # Behind the loop: the accumulator becomes readable, and the last iteration's
@@ -307,7 +326,7 @@ class _Pipeliner:
             lb = Builder(last.regions[0].block, 0, loop.loc)
             end = self._position(lb, base, lb.value(tile.SubOp, [trip, self._c(1)], I32))
             stage = lb.value(tile.RemOp, [end, self._c(self.stages)], I32)
-            lb.create(hopper.MBarrierArriveOp, [lb.value(hopper.StageOp, [empty, stage], MBARRIER)])
+            lb.create(hopper.MBarrierArriveOp, [self._at(lb, empty, stage, MBARRIER)])
             lb.create(tile.YieldOp)
             Builder(last.regions[1].block, 0, loop.loc).create(tile.YieldOp)
             for op in loop.parent.parent_op.walk() if loop.parent.parent_op else []:
@@ -380,18 +399,18 @@ class _Pipeliner:
         warpgroup released the stage, arm it, copy."""
         stage, parity = self._stage_parity(b, i)
         free = b.value(tile.XorOp, [parity, self._c(1)], I32)
-        b.create(hopper.MBarrierWaitOp, [b.value(hopper.StageOp, [empty, stage], MBARRIER), free])
+        b.create(hopper.MBarrierWaitOp, [self._at(b, empty, stage, MBARRIER), free])
         loop = g.loop
         mapping: dict[Value, Value] = {loop.regions[0].block.args[0]: iv}
         armed: dict[Value, Value] = {}
         for ld, ring in zip(g.loads, full):
             if ring not in armed:
-                armed[ring] = f = b.value(hopper.StageOp, [ring, stage], MBARRIER)
+                armed[ring] = f = self._at(b, ring, stage, MBARRIER)
                 nbytes = sum(x.dst.type.layout.size_bytes for x, r in zip(g.loads, full) if r is ring)
                 b.create(hopper.ExpectTxOp, [f], attrs={"bytes": nbytes}, loc=ld.loc)
             f = armed[ring]
             offsets = [self._recompute(b, v, loop, mapping) for v in ld.offsets]
-            dst = b.value(hopper.StageOp, [ld.dst, stage], ld.dst.type)  # (the loads still name the ring)
+            dst = self._at(b, ld.dst, stage, ld.dst.type)  # (the loads still name the ring)
             b.create(hopper.TmaLoadOp, [ld.tensor, dst, f, *offsets], attrs=dict(ld.attributes), loc=ld.loc)
 
     def _recompute(self, b: Builder, v: Value, loop: Operation, mapping: dict[Value, Value]) -> Value:
@@ -426,8 +445,7 @@ def _chain_reads(v: Value, g: _Group) -> bool:
     """Whether the (pending) wgmma result ``v`` or one it accumulates onto reads the group's tiles."""
     op = _owner(v)
     while op is not None and op.name == "hopper.wgmma":
-        if any(_owner(x) is not None and _owner(x).name == "hopper.stage" and _owner(x).ring in g.dsts
-               for x in (op.a, op.b)):
+        if any(x in g.dsts or _ring_stage(x, g) for x in (op.a, op.b)):
             return True
         op = _owner(op.acc)
     return False
