@@ -82,6 +82,7 @@ CASES = {
     "gemm": lambda: _gemm(False), "gemm-cublas": lambda: _gemm(True),
     "attn": lambda: _attn(False, consts={"issue_ahead": True}), "attn-cudnn": lambda: _attn(True),
     "attn-causal": lambda: _attn(False, True, consts={"issue_ahead": True}),
+    "attn-persistent": lambda: _attn(False, consts={"persistent": True, "issue_ahead": True}),
     "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
     "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 65536, "warps": 8}),

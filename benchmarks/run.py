@@ -87,13 +87,22 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 # off by default (neither wins on every shape); for D = 64, where the softmax outweighs the
 # products, 192 query rows a program (three consumer warpgroups); and, for short sequences,
 # 64-row programs two to an SM, so that one's ring fill and epilogue overlap the other's
-# products (benchmarks/RESULTS.md).
+# products; and persistent programs, whose producer loads the next tile's Q, K and V during
+# this tile's epilogue (not causal: there the persistent kernel has no producer yet)
+# (benchmarks/RESULTS.md).
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
+PERSISTENT = {"persistent": True}
 ATTN_CONFIGS = {
-    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}, {**TWO_PER_SM, "BN": 128}],
-    128: [{}, {"issue_ahead": True}, {"pingpong": True}, {**TWO_PER_SM, "BN": 64}],
-    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}],
+    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}, {**TWO_PER_SM, "BN": 128},
+         PERSISTENT, {**PERSISTENT, "BM": 192}],
+    128: [{}, {"issue_ahead": True}, {"pingpong": True}, {**TWO_PER_SM, "BN": 64},
+          PERSISTENT, {**PERSISTENT, "issue_ahead": True}],
+    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}, {**PERSISTENT, "BN": 64}],
 }
+
+
+def attn_configs(D: int, causal: bool) -> list[dict]:
+    return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D] if not (causal and c.get("persistent"))]
 
 
 def attention_rows(quick: bool, runs: int) -> list[Row]:
@@ -117,7 +126,7 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 # The schedule for this shape (tkc.autotune, timed as below, cached on disk); the
                 # winner is checked and timed like any kernel.
                 best = autotune(EXAMPLES / "attn.tk", [q, k, v, o, scale],
-                                [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D]],
+                                attn_configs(D, causal),
                                 flush_bytes=L2_FLUSH_BYTES, progress=None)
                 _, run = tkc_call("attn.tk", best.consts, [q, k, v, o, scale])
                 o.fill_(float("nan"))

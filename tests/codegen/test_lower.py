@@ -267,6 +267,10 @@ EXAMPLE_CASES = [
     ("attn.tk", {"D": 128}),
     ("attn.tk", {"D": 64, "causal": True}),
     ("attn.tk", {"D": 128, "causal": True}),
+    # Persistent: the epilogue's store addresses stay in the epilogue (not hoisted out of the
+    # tile loop, through the K/V loop), and the producer's 24 registers leave the consumers 240.
+    ("attn.tk", {"D": 256, "BN": 64, "persistent": True}),
+    ("attn.tk", {"D": 128, "persistent": True, "issue_ahead": True}),
     ("softmax.tk", {}),
     ("layernorm.tk", {}),
     ("rmsnorm.py", {}),

@@ -67,7 +67,7 @@ def test_entry_registers() -> None:
 
 def test_two_programs_per_sm() -> None:
     """ctas_per_sm = 2: .minnctapersm 2, the consumer budget from half the register file
-    ((32768 - 128 * 40) / 128 = 216), the ring sized for half the SM's shared memory, and
+    ((32768 - 128 * 24) / 128 = 232), the ring sized for half the SM's shared memory, and
     ptxas keeping to it without spills."""
     from tkc.codegen.target import target
     from tkc.compiler import compile_kernel
@@ -76,7 +76,7 @@ def test_two_programs_per_sm() -> None:
                        cache=False)
     ptx = c.asm["ptx"]
     assert ".minnctapersm 2" in ptx
-    assert "setmaxnreg.dec.sync.aligned.u32 \t40;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t216;" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232;" in ptx
     assert c.smem_bytes <= target("sm_90a").smem_per_program(2) == 115712
     assert c.resources.spill_stores == 0 and c.resources.registers <= 128
 

@@ -85,8 +85,8 @@ def test_gemm_roles():
     text = lowered("gemm.tk", {}, SPLIT)
     assert "threads = 384" in text
     producer, consumers = role(text, "producer"), role(text, "consumers")
-    assert 'first = 0, warpgroups = 1, regs = 40' in producer
-    assert 'first = 1, warpgroups = 2, regs = 232' in consumers
+    assert 'first = 0, warpgroups = 1, regs = 24' in producer
+    assert 'first = 1, warpgroups = 2, regs = 240' in consumers
     assert "hopper.tma_load" in producer and "hopper.expect_tx" in producer and "hopper.wgmma" not in producer
     assert "hopper.tma_load" not in consumers and "hopper.expect_tx" not in consumers
     assert "hopper.wgmma" in consumers and "hopper.mbarrier_arrive" in consumers and "hopper.tma_store" in consumers

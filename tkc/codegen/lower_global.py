@@ -409,7 +409,21 @@ def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
     thread, regs = lw.coord_parts(op, t.layout)
     runs = _runs(op, tensor, t) or tuple((i, 1) for i in range(len(regs)))
     fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
-    return _Access(tensor, offs, thread, regs, runs, fast)
+    acc = _Access(tensor, offs, thread, regs, runs, fast)
+    return acc.kept_local(lw) if _beside_a_loop(op) else acc
+
+
+def _beside_a_loop(op: Operation) -> bool:
+    """Whether ``op`` is in a loop that also holds another loop (a persistent kernel's tile
+    loop around attention's K/V loop, with the epilogue's store beside it).  LLVM would hoist
+    the access's addresses, which depend only on the thread and the strides, out of the outer
+    loop: a register each, held through the inner loop where every register counts (32 64-bit
+    offsets of a 128 x 256 tile are 64 registers)."""
+    for loop in op.ancestors():
+        if loop.name == "tile.for" and any(inner is not loop and inner.name == "tile.for"
+                                           and inner not in op.ancestors() for inner in loop.walk()):
+            return True
+    return False
 
 
 # ------------------------------------------------------------------ the edge path: loops over runs

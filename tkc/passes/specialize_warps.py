@@ -6,7 +6,7 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
 
 - the **producer** role (warpgroup 0) keeps the copies (``expect_tx``, ``tma_load``), the
   waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
-  gives registers back (``setmaxnreg`` to 40);
+  gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer);
 - the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
   else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits
   65536 registers, at most 240); its threads count from 0, so every layout stays as it was.
@@ -40,7 +40,7 @@ from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import TileType
 from tkc.pins import ctas_per_sm
 
-PRODUCER_REGS = 40
+PRODUCER_REGS = 24
 MAX_CONSUMER_REGS = 240
 REGISTER_FILE = 65536
 
@@ -56,7 +56,7 @@ def specialize_warps(module: Module) -> None:
 
 
 def consumer_regs(consumers: int, ctas_per_sm: int = 1) -> int:
-    """The register budget of each consumer thread once the producer holds 40: the most that
+    """The register budget of each consumer thread once the producer holds 24: the most that
     fits the program's share of the register file (``1 / ctas_per_sm`` of it), a multiple of
     8, at most 240 (what FlashAttention-3 uses)."""
     free = (REGISTER_FILE // ctas_per_sm - PRODUCER_REGS * 128) // (128 * consumers)
