@@ -343,6 +343,11 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}, {"B": 1, "H": 3, "N": 330}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True, "issue_ahead": True}, {"B": 3, "H": 3, "N": 50}, 2**-6),
+    # Persistent causal: the K/V loop's length changes from tile to tile, the tile loop
+    # carries the ring's count of earlier iterations (in both roles).
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "issue_ahead": True},
+     {"B": 1, "H": 5, "N": 300}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),

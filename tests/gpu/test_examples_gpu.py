@@ -139,15 +139,18 @@ def test_attention_schedules(rng, consts: dict, causal: bool, N: int) -> None:
 
 
 @pytest.mark.parametrize("consts", [c for c in ATTN_PINS if c.get("persistent")], ids=str)
-def test_persistent_attention_walks_several_tiles_a_program(rng, consts: dict) -> None:
-    """More output tiles than SMs: each program walks several, its rings carried over."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_attention_walks_several_tiles_a_program(rng, consts: dict, causal: bool) -> None:
+    """More output tiles than SMs: each program walks several, its rings carried over (causal:
+    by a count of K/V blocks that differs from tile to tile)."""
     g, seed = rng
     B, H, N, D = 4, 16, 1000, consts["D"]
     q, k, v = (randn(g, B, H, N, D) for _ in range(3))
     o = poisoned(B, H, N, D)
-    launch(compiled("attn.tk", consts), [q, k, v, o, 1 / math.sqrt(D)])
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=1 / math.sqrt(D))
-    check(f"attn {consts} B={B} H={H} N={N}", o, ref, seed, **BF16)
+    launch(compiled("attn.tk", {**consts, "causal": causal}), [q, k, v, o, 1 / math.sqrt(D)])
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                           scale=1 / math.sqrt(D))
+    check(f"attn {consts} B={B} H={H} N={N} causal={causal}", o, ref, seed, **BF16)
 
 
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over

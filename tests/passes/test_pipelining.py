@@ -226,3 +226,30 @@ def test_stages_pin_is_for_the_inner_ring():
     text = lowered("attn.tk", {"D": 128, "persistent": True, "stages": 2}, "persistent," + RING)
     assert re.search(r"%k_smem = hopper.smem_alloc \{offset = -1, stages = 2\}", text)
     assert re.search(r"%q_smem = hopper.smem_alloc \{offset = -1, stages = 2\}", text)
+
+
+def test_persistent_causal_attention_carries_the_ring_count():
+    """Causal: the K/V loop's length changes from tile to tile, so the ring's position at a
+    tile's start is a count the tile loop carries (0, then + the tile's K/V blocks), in the
+    consumers and in the producer, which keeps that one carried value."""
+    text = lowered("attn.tk", {"causal": True, "persistent": True}, "persistent," + SPLIT)
+    assert "threads = 384" in text
+    for name in ("producer", "consumers"):
+        body = role(text, name)
+        m = re.search(r"= tile.for %\w+, %tiles, %\w+, %(\w+)(, %\w+)* : i32[^\n]*\{\n\s*\^\(%t\w*: i32, %(\w+): i32", body)
+        assert m, body
+        count = m.group(3)
+        assert re.search(rf"= tile.add %{count}, %", body), "positions start from the carried count"
+
+
+def test_persistent_loop_with_varying_inner_bounds_nested_deeper_stays_serial():
+    """A ring whose loop sits under a branch of the tile loop cannot carry a count there."""
+    src = (EXAMPLES / "attn.tk").read_text().replace(
+        "    for j in range(n_kv):", "    if n_kv > 0:\n      for j in range(n_kv):")
+    lines = src.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("      for j in range(n_kv):"))
+    end = next(i for i, l in enumerate(lines) if l.startswith("    o[b, h"))
+    lines[start + 1:end] = ["  " + l for l in lines[start + 1:end]]
+    text = lowered("attn.tk", {}, "persistent," + SPLIT, "\n".join(lines).replace(
+        "causal: const = False)", "causal: const = True, persistent: const = True)"))
+    assert "hopper.role" not in text

@@ -33,7 +33,7 @@ from tkc import dtypes
 from tkc.codegen.target import target as lookup_target
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
-from tkc.ir.core import Block, Module, Operation, Region, Value, clone, uses
+from tkc.ir.core import Block, Module, Operation, OpResult, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType
 from tkc.pins import check_pins, ctas_per_sm
@@ -145,15 +145,22 @@ class _Pipeliner:
         if not all(u in (g.expect, g.wait, *g.loads) for u in bar_uses):
             return False
         # Ring positions count iterations across enclosing loops (a persistent kernel's tile
-        # loop), which needs every trip count to be the same in every enclosing iteration.
+        # loop): from the trip count when it is the same in every enclosing iteration, else
+        # (causal attention's K/V loop) from a count the enclosing loop carries, which needs
+        # the loop right in the enclosing loop's body.
         outer = self._enclosing(g.loop)
         if any(p.name != "tile.for" for p in outer):
             return False
+        return not self._varying(g.loop) or len(outer) == 1 and g.loop.parent is outer[0].regions[0].block
+
+    def _varying(self, loop: Operation) -> bool:
+        """Whether ``loop``'s bounds may change from one iteration of an enclosing loop to the
+        next (they are computed inside one)."""
         inside = set()
-        for p in outer:
+        for p in self._enclosing(loop):
             inside |= {r for op in p.walk() for r in op.results} | {a for op in p.walk() for r in op.regions
                                                                    for blk in r.blocks for a in blk.args}
-        return not any(v in inside for v in g.loop.operands[:3])
+        return any(v in inside for v in loop.operands[:3])
 
     def _enclosing(self, op: Operation) -> list[Operation]:
         return [p for p in op.ancestors() if p is not self.kernel]
@@ -346,12 +353,26 @@ class _Pipeliner:
 
     def _base(self, loop: Operation, trip: Value) -> Value | None:
         """The ring position of this run's first iteration: the enclosing loop's position
-        times the trip count (None at the kernel's top level: position = iteration)."""
+        times the trip count, or, when the trip count changes from run to run, the count of
+        earlier iterations the enclosing loop carries (None at the kernel's top level:
+        position = iteration)."""
         parent = loop.parent.parent_op
         if parent is self.kernel:
             return None
+        if self._varying(loop):
+            return self._carried_count(parent, trip)
         outer = self._outer_position(parent)
         return Builder.before(loop).value(tile.MulOp, [outer, trip], I32)
+
+    def _carried_count(self, loop: Operation, trip: Value) -> Value:
+        """A value ``loop`` carries: 0, then increased by ``trip`` every iteration."""
+        body = loop.regions[0].block
+        loop.operands.append(self._c(0))
+        done = body.add_arg(I32, "done")
+        loop.results.append(OpResult(I32, loop, len(loop.results), "done"))
+        term = body.terminator
+        term.operands.append(Builder.before(term).value(tile.AddOp, [done, trip], I32))
+        return done
 
     def _outer_position(self, loop: Operation) -> Value:
         """An enclosing loop's own position (iterations of all its runs so far), computed once

@@ -11,7 +11,9 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
   else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits
   65536 registers, at most 240); its threads count from 0, so every layout stays as it was.
 
-The producer's loops are the consumers' loops without their carried values; since the only
+The producer's loops are the consumers' loops without their carried values (but for scalars
+the copies need, such as the count of a ring's earlier iterations a persistent tile loop
+carries when the inner loop's length changes from tile to tile); since the only
 thing the two roles share is the ring protocol, the producer runs ahead as far as the
 ``empty`` barriers let it.  What both roles need and is the same for every thread (sizes,
 program ids, loop bounds) stays before the roles; allocations and barrier initialization too.
@@ -130,30 +132,49 @@ class _Specializer:
                 if ring in empty:
                     seeds.append(op)
         need: set[Operation] = set()
-        work = list(seeds)
+        self.carried: dict[Operation, set[int]] = {}  # loop -> the carried values the producer keeps
+        work: list[Operation | Value] = list(seeds)
         while work:
-            op = work.pop()
+            item = work.pop()
+            if isinstance(item, Value):
+                if not self._need_value(item, work):
+                    return None
+                continue
+            op = item
             if op in need or op.parent is self.body and op.name in _SETUP:
                 continue
             need.add(op)
             for anc in op.ancestors():
                 if anc not in need:
                     work.append(anc)
-            operands = op.operands if op.name != "tile.for" else op.operands[:3]  # not the carried values
-            for v in operands:
-                if v in self.common:
-                    continue
-                d = _owner(v)
-                if d is None:  # a block argument: a loop's induction variable is fine, a carried value is not
-                    block = v.block
-                    loop = block.parent.parent if block.parent else None
-                    if loop is None or loop.name != "tile.for" or block.args.index(v) != 0:
-                        return None
-                    continue
-                if d.name in ("tile.for", "tile.if") or isinstance(v.type, TileType) and v.type.space == "reg":
-                    return None  # a result of the consumers' control flow or of their registers
-                work.append(d)
+            work.extend(op.operands if op.name != "tile.for" else op.operands[:3])  # carried values: if used
         return need
+
+    def _need_value(self, v: Value, work: list) -> bool:
+        """Queue what computing ``v`` takes; False when the producer cannot compute it."""
+        if v in self.common:
+            return True
+        d = _owner(v)
+        if d is not None:
+            if d.name in ("tile.for", "tile.if") or isinstance(v.type, TileType) and v.type.space == "reg":
+                return False  # a result of the consumers' control flow or of their registers
+            work.append(d)
+            return True
+        # A block argument: a loop's induction variable, or a scalar the loop carries (a ring's
+        # count of earlier iterations), kept when its start and its update are the producer's too.
+        block = v.block
+        loop = block.parent.parent if block.parent else None
+        if loop is None or loop.name != "tile.for":
+            return False
+        k = block.args.index(v) - 1
+        if k < 0:
+            return True
+        if isinstance(v.type, TileType):
+            return False
+        if k not in self.carried.setdefault(loop, set()):
+            self.carried[loop].add(k)
+            work.extend([loop.operands[3 + k], block.terminator.operands[k]])
+        return True
 
     # -------------------------------------------------------------- rewrite
     def _split(self, producer: set[Operation], warpgroups: int) -> None:
@@ -212,11 +233,15 @@ class _Specializer:
             into.append(clone(op, mapping))
             return
         if op.name == "tile.for":
-            new = tile.ForOp([mapping.get(v, v) for v in op.operands[:3]], [], loc=op.loc)
             src = op.regions[0].block
-            blk = Block([src.args[0].type], [src.args[0].name_hint])
-            mapping[src.args[0]] = blk.args[0]
-            self._fill(src, keep, blk, mapping)
+            kept = sorted(self.carried.get(op, ()))
+            inits = [op.operands[3 + k] for k in kept]
+            new = tile.ForOp([mapping.get(v, v) for v in [*op.operands[:3], *inits]], [v.type for v in inits],
+                             loc=op.loc)
+            args = [src.args[0], *(src.args[1 + k] for k in kept)]
+            blk = Block([a.type for a in args], [a.name_hint for a in args])
+            mapping.update(zip(args, blk.args))
+            self._fill(src, keep, blk, mapping, [src.terminator.operands[k] for k in kept])
             new.regions.append(Region([blk]))
         elif op.name == "tile.if":
             new = tile.IfOp([mapping.get(op.operands[0], op.operands[0])], [], loc=op.loc)
@@ -230,11 +255,12 @@ class _Specializer:
             r.parent = new
         into.append(new)
 
-    def _fill(self, src: Block, keep: set[Operation], into: Block, mapping: dict[Value, Value]) -> None:
+    def _fill(self, src: Block, keep: set[Operation], into: Block, mapping: dict[Value, Value],
+              yielded: list[Value] = ()) -> None:
         for inner in src.ops:
             if inner in keep and not inner.has_trait("terminator"):
                 self._copy_filtered(inner, keep, into, mapping)
-        into.append(tile.YieldOp([], []))
+        into.append(tile.YieldOp([mapping.get(v, v) for v in yielded], []))
 
     def _strip(self, block: Block, producer: set[Operation]) -> None:
         """Remove from the consumers' ops what only the producer needs: its side-effecting ops,
