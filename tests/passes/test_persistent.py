@@ -5,6 +5,7 @@ CPU_SMS programs walking several tiles each)."""
 from __future__ import annotations
 
 import math
+import re
 import pathlib
 
 import numpy as np
@@ -134,6 +135,21 @@ def test_programs_fill_every_slot_of_an_sm(per_sm):
     b[3][...] = np.nan
     tiles = math.prod(launch_grid(before, a))
     assert launch_grid(after, b) == (min(tiles, CPU_SMS * per_sm),)
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[3], b[3])
+
+
+def test_causal_attention_walks_rows_last_first_heads_fastest():
+    """Causal: the K/V loop's length grows with the query block (program_id(0)); tiles go row
+    by row from the last, so programs taking turns get loops of about the same length."""
+    consts = {"D": 64, "BM": 64, "BN": 64, "persistent": True, "causal": True}
+    text = print_module(compiled("attn.tk", consts, "persistent"), locs=False)
+    assert re.search(r"%tile_row = tile.sub %\w+, %\w+", text) and "%tile_col = tile.rem %t, %" in text
+    before, after = compiled("attn.tk", consts).kernel(), compiled("attn.tk", consts, "persistent").kernel()
+    dims = {"B": 2, "H": 3, "N": 300}
+    a, b = random_args(before, dims, 2), random_args(after, dims, 2)
+    b[3][...] = np.nan
     run_kernel(before, a)
     run_kernel(after, b)
     np.testing.assert_array_equal(a[3], b[3])

@@ -14,6 +14,13 @@ chosen so that the programs running at one time reuse each other's data in L2:
   column of the grid), axis 0 goes fastest, the order a launch of one program per tile has:
   the programs running at one time share a head's K and V.  (Grouped order would spread them
   over ``132 / GROUP_M`` heads, whose K and V at 16k tokens do not fit in L2.)
+- but when a loop's bounds depend on axis 0 (causal attention: query block i reads i + 1
+  key blocks), axis 1 goes fastest and axis 0 from its last index down.  Programs take
+  tiles in turn, so with axis 0 fastest program p would get rows p, p + 132, ... modulo the
+  rows of a head: at 512 tokens (4 query blocks) each program would always get the same
+  row, and the programs given the last rows would do four times the work of the others.
+  Row by row, the programs running at one time have loops of about the same length, the
+  longest first.
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
@@ -86,7 +93,7 @@ def _persist(kernel: Operation) -> None:
         return
     if pin is None and not _gemm_shaped(kernel, grid):
         return
-    streamed = _streamed_axes(kernel)
+    streamed, bounded = _grid_axes(kernel)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
     const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, GROUP_M)}
@@ -111,6 +118,11 @@ def _persist(kernel: Operation) -> None:
     lb = Builder(loop_body, 0, grid.loc)
     if gn is const[1]:
         pm, pn = t, const[0]  # a 1-D grid's program_id(1) is 0, its num_programs(1) is 1
+    elif 0 in bounded:
+        last = lb.value(tile.SubOp, [gm, const[1]], I32)
+        pm = lb.value(tile.SubOp, [last, lb.value(tile.FloorDivOp, [t, gn], I32)], I32)
+        pn = lb.value(tile.RemOp, [t, gn], I32)
+        pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     elif streamed <= {1}:
         pm, pn = lb.value(tile.RemOp, [t, gm], I32), lb.value(tile.FloorDivOp, [t, gm], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
@@ -137,8 +149,9 @@ def _persist(kernel: Operation) -> None:
     Builder(loop_body, None, grid.loc).create(tile.YieldOp)
 
 
-def _streamed_axes(kernel: Operation) -> set[int]:
-    """The grid axes (``program_id`` axes) the offsets of loads inside loops depend on."""
+def _grid_axes(kernel: Operation) -> tuple[set[int], set[int]]:
+    """The grid axes (``program_id`` axes) the offsets of loads inside loops depend on, and
+    those the bounds of loops depend on."""
     memo: dict[Value, frozenset[int]] = {}
 
     def axes(v: Value) -> frozenset[int]:
@@ -152,12 +165,16 @@ def _streamed_axes(kernel: Operation) -> set[int]:
                     memo[v] = frozenset().union(*(axes(x) for x in op.operands))
         return memo[v]
 
-    found: set[int] = set()
+    streamed: set[int] = set()
+    bounded: set[int] = set()
     for op in kernel.walk():
         if op.name == "tile.load" and any(p.name == "tile.for" for p in op.ancestors()):
             for x in op.offsets:
-                found |= axes(x)
-    return found
+                streamed |= axes(x)
+        elif op.name == "tile.for":
+            for x in op.operands[:3]:
+                bounded |= axes(x)
+    return streamed, bounded
 
 
 def _replace(root: Operation, old: Value, new: Value) -> None:
