@@ -48,12 +48,13 @@ def _gemm(peer: bool):
     return (lambda: torch.matmul(a, b, out=c)) if peer else _tkc("gemm.tk", {}, [a, b, c])
 
 
-def _attn(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = None):
-    """``consts``: the schedule the harness's tkc.autotune picked for this shape."""
+def _attn(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = None, N: int = 16384):
+    """``consts``: the schedule the harness's tkc.autotune picked for this shape (the
+    harness's B x N = 16384 tokens, H x D = 2048)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = (_randn(1, 2048 // D, 16384, D) for _ in range(3))
+    q, k, v = (_randn(16384 // N, 2048 // D, N, D) for _ in range(3))
     o, scale = torch.empty_like(q), 1 / math.sqrt(D)
     if not peer:
         return _tkc("attn.tk", {"D": D, "causal": causal, **(consts or {})}, [q, k, v, o, scale])
@@ -83,6 +84,8 @@ CASES = {
     "attn": lambda: _attn(False, consts={"issue_ahead": True}), "attn-cudnn": lambda: _attn(True),
     "attn-causal": lambda: _attn(False, True, consts={"issue_ahead": True}),
     "attn-persistent": lambda: _attn(False, consts={"persistent": True, "issue_ahead": True}),
+    "attn-512": lambda: _attn(False, consts={"persistent": True, "stages": 2}, N=512),
+    "attn-512-cudnn": lambda: _attn(True, N=512),
     "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
     "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 65536, "warps": 8}),

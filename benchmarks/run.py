@@ -88,21 +88,23 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 # products, 192 query rows a program (three consumer warpgroups); and, for short sequences,
 # 64-row programs two to an SM, so that one's ring fill and epilogue overlap the other's
 # products; and persistent programs, whose producer loads the next tile's Q, K and V during
-# this tile's epilogue (not causal: there the persistent kernel has no producer yet)
-# (benchmarks/RESULTS.md).
+# this tile's epilogue (at D=128 with two K/V stages, so that Q gets two as well).  A schedule
+# with ``causal`` set is tried on those rows only: the persistent ones lost on every causal
+# row at D=128 and 256 (benchmarks/RESULTS.md).
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 PERSISTENT = {"persistent": True}
+NOT_CAUSAL = {**PERSISTENT, "causal": False}
 ATTN_CONFIGS = {
     64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}],
     128: [{}, {"issue_ahead": True}, {"pingpong": True}, {**TWO_PER_SM, "BN": 64},
-          PERSISTENT, {**PERSISTENT, "issue_ahead": True}],
-    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}, {**PERSISTENT, "BN": 64}],
+          NOT_CAUSAL, {**NOT_CAUSAL, "stages": 2}],
+    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}, {**NOT_CAUSAL, "BN": 64}],
 }
 
 
 def attn_configs(D: int, causal: bool) -> list[dict]:
-    return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D] if not (causal and c.get("persistent"))]
+    return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D] if c.get("causal", causal) == causal]
 
 
 def attention_rows(quick: bool, runs: int) -> list[Row]:

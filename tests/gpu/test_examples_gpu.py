@@ -118,6 +118,7 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 64, "BM": 64, "BN": 128, "ctas_per_sm": 2, "issue_ahead": True},
              {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True},
              {"D": 128, "persistent": True}, {"D": 128, "persistent": True, "issue_ahead": True},
+             {"D": 128, "persistent": True, "stages": 2},
              {"D": 64, "persistent": True}, {"D": 64, "BM": 192, "persistent": True},
              {"D": 256, "BN": 64, "persistent": True},
              {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}]  # one Q stage
