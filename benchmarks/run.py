@@ -83,23 +83,26 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------ attention
-# The schedules tried per head dim (tkc.autotune picks per shape): the scheduling pins that are
-# off by default (neither wins on every shape); for D = 64, where the softmax outweighs the
-# products, 192 query rows a program (three consumer warpgroups); and, for short sequences,
+# The schedules tried per head dim (tkc.autotune picks per shape; benchmarks/RESULTS.md has the
+# sweeps).  O goes out through a shared tile and TMA by default; on long sequences the 32 KB
+# that takes are worth more as a K/V stage, so the schedules that win there (issue_ahead,
+# pingpong, BM=192: three consumer warpgroups where the softmax outweighs the products at
+# D=64) are also tried storing O thread by thread (``tma_store=False``).  For short sequences:
 # 64-row programs two to an SM, so that one's ring fill and epilogue overlap the other's
-# products; and persistent programs, whose producer loads the next tile's Q, K and V during
-# this tile's epilogue (at D=128 with two K/V stages, so that Q gets two as well).  A schedule
-# with ``causal`` set is tried on those rows only: the persistent ones lost on every causal
-# row at D=128 and 256 (benchmarks/RESULTS.md).
+# products, and persistent programs, whose producer loads the next tile's Q, K and V during
+# this tile's epilogue.  A schedule with ``causal`` set is tried on those rows only: the
+# persistent ones lost on every causal row at D=128 and 256.
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 PERSISTENT = {"persistent": True}
 NOT_CAUSAL = {**PERSISTENT, "causal": False}
+BY_THREAD = {"tma_store": False}
 ATTN_CONFIGS = {
-    64: [{}, {"issue_ahead": True}, {"pingpong": True}, {"BM": 192}, {**TWO_PER_SM, "BN": 128},
-         PERSISTENT, {**PERSISTENT, "BM": 192}],
-    128: [{}, {"issue_ahead": True}, {"pingpong": True}, {**TWO_PER_SM, "BN": 64},
-          NOT_CAUSAL, {**NOT_CAUSAL, "stages": 2}],
-    256: [{"BN": 64}, {"BN": 64, "issue_ahead": True}, {"BN": 64, "pingpong": True}, {**NOT_CAUSAL, "BN": 64}],
+    64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
+         PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD}],
+    128: [{}, {"pingpong": True}, {"pingpong": True, **BY_THREAD}, {"issue_ahead": True, **BY_THREAD},
+          {**TWO_PER_SM, "BN": 64, **BY_THREAD}, NOT_CAUSAL, {**NOT_CAUSAL, "stages": 2}],
+    256: [{"BN": 64}, {"BN": 64, "pingpong": True}, {"BN": 64, "pingpong": True, **BY_THREAD},
+          {**NOT_CAUSAL, "BN": 64}],
 }
 
 

@@ -80,7 +80,7 @@ def _accesses(ptx: str) -> Counter:
     return Counter(a.replace(".cs.", ".") for a in re.findall(r"(?:ld|st)\.global[.\w]*", ptx))
 
 
-@pytest.mark.parametrize("name,consts", [("softmax.tk", ()), ("layernorm.tk", ()), ("attn.tk", ()),
+@pytest.mark.parametrize("name,consts", [("softmax.tk", ()), ("layernorm.tk", ()), ("attn.tk", (("tma_store", False),)),
                                          ("gemm.tk", (("tma_store", False),))])
 def test_stores_stream(name: str, consts: tuple) -> None:
     """Every store evicts first (``.cs``): a kernel never reads back what it writes, and
@@ -145,8 +145,8 @@ def test_edge_path_addresses_do_not_hold_registers_across_the_loop(ptxas, name: 
     # epilogue is not a TMA store)
     ("gemm.tk", (("tma_store", False),), 64),
     ("gemm_fp8.tk", (("tma_store", False),), 32),
-    ("attn.tk", (("D", 64),), 16),  # the output block keeps its last axis (batch, head squeezed)
-    ("attn.tk", (("D", 128),), 32),
+    ("attn.tk", (("D", 64), ("tma_store", False)), 16),  # the output block keeps its last axis (batch, head squeezed)
+    ("attn.tk", (("D", 128), ("tma_store", False)), 32),
 ])
 def test_epilogues_store_bf16_pairs(name: str, consts: tuple, pairs: int) -> None:
     got = _accesses(_ptx(name, consts))
@@ -200,7 +200,7 @@ def test_each_dtype_packs_its_runs() -> None:
 
 @pytest.mark.parametrize("name,consts,ops", [
     ("softmax.tk", (), 5), ("layernorm.tk", (), 9), ("gemm.tk", (("tma_store", False),), 1),
-    ("attn.tk", (("D", 128),), 1)])
+    ("attn.tk", (("D", 128), ("tma_store", False)), 1)])
 def test_the_edge_path_is_one_rolled_loop_an_access(name: str, consts: tuple, ops: int) -> None:
     """The edge path is written once an op, not once a run: each global tile access has one
     loop marked not to unroll (its runs are all of one length in the examples), and the

@@ -121,7 +121,11 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 128, "persistent": True, "stages": 2},
              {"D": 64, "persistent": True}, {"D": 64, "BM": 192, "persistent": True},
              {"D": 256, "BN": 64, "persistent": True},
-             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}]  # one Q stage
+             {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True},  # one Q stage
+             # O stored thread by thread (the default goes through a shared tile and TMA)
+             {"D": 128, "issue_ahead": True, "tma_store": False}, {"D": 64, "BM": 192, "tma_store": False},
+             {"D": 256, "BN": 64, "pingpong": True, "tma_store": False},
+             {"D": 64, "BM": 192, "persistent": True, "tma_store": False}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

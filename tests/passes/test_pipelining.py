@@ -62,8 +62,10 @@ def test_gemm_ring():
 
 
 def test_attention_ring_waits_for_each_tensor_before_its_use():
-    text = lowered("attn.tk", {}, RING)
+    text = lowered("attn.tk", {"tma_store": False}, RING)
     assert text.count("stages = 3") == 5  # k, v tiles; empty, k_full, v_full: D=128 leaves room for 3
+    # Storing O through a shared tile (TMA) takes 32 KB of that room: two stages.
+    assert lowered("attn.tk", {}, RING).count("stages = 2") == 5
     loop = text[text.index("= tile.for", text.index("%m_i =")):]
     k_wait, first_mma = loop.index("hopper.stage %k_full, %stage"), loop.index("hopper.wgmma %")
     v_wait, second_mma = loop.index("hopper.stage %v_full, %stage"), loop.index("hopper.wgmma %", first_mma + 1)
@@ -97,7 +99,7 @@ def test_attention_roles_and_the_q_tile():
     text = lowered("attn.tk", {"D": 64}, SPLIT)
     producer, consumers = role(text, "producer"), role(text, "consumers")
     assert "hopper.tma_load %q" in producer and "hopper.tma_load %k" in producer
-    assert "hopper.reduce" in consumers and "hopper.store %o" in consumers
+    assert "hopper.reduce" in consumers and "hopper.tma_store %o" in consumers
 
 
 def test_warp_specialize_pin_off():
@@ -202,13 +204,12 @@ def test_issue_ahead_leaves_loops_alone_without_the_pin_or_a_producer():
 
 
 
-@pytest.mark.parametrize("D, q_stages", [(128, 1), (64, 2)])
-def test_persistent_attention_rings_q_per_tile(D, q_stages):
+@pytest.mark.parametrize("D, tma_store, kv, q_stages", [(128, False, 3, 1), (128, True, 2, 2), (64, True, 4, 2)])
+def test_persistent_attention_rings_q_per_tile(D, tma_store, kv, q_stages):
     """A persistent attention program loads a Q tile per output tile: the inner K/V ring takes
     the shared memory first, Q gets a ring of what is left (two stages at most: the next
     tile's Q lands during this tile's loop), so a producer can still issue every copy."""
-    text = lowered("attn.tk", {"D": D, "persistent": True}, "persistent," + SPLIT)
-    kv = 3 if D == 128 else 4
+    text = lowered("attn.tk", {"D": D, "persistent": True, "tma_store": tma_store}, "persistent," + SPLIT)
     assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)
     assert re.search(rf"%k_smem = hopper.smem_alloc \{{offset = -1, stages = {kv}\}}", text)
     assert "threads = 384" in text
@@ -218,7 +219,8 @@ def test_persistent_attention_rings_q_per_tile(D, q_stages):
     # The consumers wait for the tile's Q, run the K/V loop, then release Q's stage.
     q_wait = consumers.index("hopper.mbarrier_wait %q_full" if q_stages == 1 else "hopper.stage %q_full")
     release = consumers.rindex("hopper.mbarrier_arrive")
-    assert q_wait < consumers.index("hopper.wgmma") < release < consumers.index("hopper.store %o")
+    store = consumers.index("hopper.tma_store %o" if tma_store else "hopper.store %o")
+    assert q_wait < consumers.index("hopper.wgmma") < release < store
 
 
 def test_stages_pin_is_for_the_inner_ring():

@@ -304,12 +304,13 @@ def _tma_store(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     tensor: TensorArg = lw.get(op.tensor)
     src = lw.shared(op, op.src)
-    if tensor.type.rank != 2:
-        raise TkcCodegenError(f"TMA stores 2-D tensors here, not rank {tensor.type.rank}", op.loc)
+    rank = tensor.type.rank
+    if not 2 <= rank <= 5:
+        raise TkcCodegenError(f"TMA copies tensors of rank 2 to 5, not {rank}", op.loc)
     if not 0 <= op.map < len(lw.tmaps):
         raise TkcCodegenError(f"tensor map {op.map} is not in the kernel's tma_maps", op.loc)
     box = src.layout.tma_box()
-    row, col = (lw.get(v) for v in op.offsets)
+    *outer, row, col = (lw.get(v) for v in op.offsets)
     nvvm.call(b, "fence.proxy.async.shared_cta")
     lw.sync()
 
@@ -317,8 +318,10 @@ def _tma_store(lw: Lowerer, op: Operation) -> None:
         for j in range(box.count[1]):
             for i in range(box.count[0]):
                 p = lw.ptr(src, i * box.inner_stride + j * box.outer_stride)
-                nvvm.call(b, "cp.async.bulk.tensor.s2g.tile.2d", p, lw.tmaps[op.map],
-                          b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])), 0, 0)
+                # Coordinates innermost first: column, row, then the outer axes.
+                nvvm.call(b, f"cp.async.bulk.tensor.s2g.tile.{rank}d", p, lw.tmaps[op.map],
+                          b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])),
+                          *reversed(outer), 0, 0)
         nvvm.call(b, "cp.async.bulk.commit.group")
 
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tma_store")

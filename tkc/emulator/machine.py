@@ -743,11 +743,12 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
         return
     lay = src.layout
     box = _tensor_map(wg, op, tensor, lay)
-    if tensor.ndim != 2:
-        raise _fault(op, f"stores into 2-D tensors only, not {tensor.ndim}-D")
     who = _who(op, wg)
-    rows, cols = (int(o) for o in offsets)
-    tma_store(wg.cta.smem, src.base, lay, tensor, (cols, rows), tuple(reversed(box)), op=who)
+    outer = [int(o) for o in offsets[:-2]]
+    rows, cols = (int(o) for o in offsets[-2:])
+    if all(0 <= o < s for o, s in zip(outer, tensor.shape)):  # else the whole box is outside: nothing written
+        tma_store(wg.cta.smem, src.base, lay, tensor[tuple(outer)], (cols, rows), tuple(reversed(box[-2:])),
+                  op=who)
     wg.cta.written.add(id(tensor))
     wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
 

@@ -238,16 +238,17 @@ class _Lowering:
 
     def _tma_staging(self, op: Operation) -> SharedLayout | None:
         """The shared layout a product's result goes through to be stored by TMA, or None to
-        store it thread by thread: the value must be a wgmma accumulator's (converted) tile
-        and the tensor 2-D with 16-bit elements, and the pins ``tma`` and ``tma_store`` not
-        false."""
+        store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
+        the tensor's elements 16-bit and its axes but the last two squeezed (attention's
+        ``o[b, h, rows, :]``), and the pins ``tma`` and ``tma_store`` not false."""
         consts = self.kernel.attributes.get("consts") or {}
         if consts.get("tma", True) is False or consts.get("tma_store", True) is False:
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
             return None
-        if t.rank != 2 or op.squeeze or v.rank != 2 or t.dtype.bits != 16 or t.dtype != v.dtype:
+        if not 2 <= t.rank <= 5 or list(op.squeeze or []) != list(range(t.rank - 2)) or v.rank != 2 \
+                or t.dtype.bits != 16 or t.dtype != v.dtype:
             return None
         rows, cols = v.shape
         if rows > 256 or core_matrix_misfit(rows, cols, t.dtype):
@@ -283,7 +284,7 @@ class _Lowering:
         shifts = [None] + [self._const(c * width) for c in range(1, slices)]
         # After the allocations and constants: they shift the kernel body's indices.
         b = Builder.before(op)
-        row_off, col_off = op.offsets
+        *outer, row_off, col_off = op.offsets
         tma_map = self._map(op, layout)
         for c in range(slices):
             if c >= 2 or self._in_loop(op):
@@ -291,8 +292,8 @@ class _Lowering:
             store_attrs = {"col": c * width} if slices > 1 else {}
             b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
             col = col_off if c == 0 else b.value(tile.AddOp, [col_off, shifts[c]], I32, loc=op.loc)
-            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], row_off, col],
-                     attrs={"map": tma_map, "box": [rows, width]}, loc=op.loc)
+            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], *outer, row_off, col],
+                     attrs={"map": tma_map, "box": [1] * len(outer) + [rows, width]}, loc=op.loc)
         op.erase()
         if not self.stores_pending:
             self.stores_pending = True
