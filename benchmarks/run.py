@@ -139,9 +139,10 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
                 row.notes = close(o, ref, 2e-2)
                 row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
-                # What the winning schedule sets beyond the shape: pins on by name, others as k=v.
+                # What the winning schedule sets beyond the shape: pins on by name, others as k=v
+                # (tma_store=False included: the same pins win with either epilogue).
                 on = [k if v is True else f"{k}={v}" for k, v in best.consts.items()
-                      if k not in ("D", "causal") and v is not False]
+                      if k not in ("D", "causal")]
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
                 for name, be in backends.items():
