@@ -203,6 +203,11 @@ def test_issue_ahead_leaves_loops_alone_without_the_pin_or_a_producer():
     assert "%ahead" not in lowered("gemm.tk", {"issue_ahead": True}, AHEAD)
 
 
+def test_issue_ahead_refuses_turns():
+    with pytest.raises(TkcUnsupportedError, match=r"issue_ahead = true does not combine with pingpong = true"):
+        lowered("attn.tk", {"issue_ahead": True, "pingpong": True}, AHEAD)
+
+
 
 @pytest.mark.parametrize("D, tma_store, kv, q_stages", [(128, False, 3, 1), (128, True, 2, 2), (64, True, 4, 2)])
 def test_persistent_attention_rings_q_per_tile(D, tma_store, kv, q_stages):

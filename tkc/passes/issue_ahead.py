@@ -24,12 +24,15 @@ Waiting for the next stage one iteration early is safe with a ring of two or mor
 (the producer fills stage j + 1 while the consumers hold stage j), and the next stage is
 released no earlier than before: its release still follows the iteration that reads it.
 
+The pin ``pingpong = true`` too is refused: its turns bracket every product.
+
 Must not: change what any iteration computes.
 """
 
 from __future__ import annotations
 
 from tkc import dtypes
+from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone, replace_all_uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
@@ -40,8 +43,13 @@ I1 = ScalarType(dtypes.i1)
 
 def issue_ahead(module: Module) -> None:
     for kernel in module.ops:
-        if kernel.name != "tile.kernel" or not (kernel.attributes.get("consts") or {}).get("issue_ahead"):
+        consts = kernel.attributes.get("consts") or {}
+        if kernel.name != "tile.kernel" or not consts.get("issue_ahead"):
             continue
+        if consts.get("pingpong"):
+            # Turns bracket every product; issuing the next S early would unpair them.
+            raise TkcUnsupportedError("issue_ahead = true does not combine with pingpong = true: the consumers' "
+                                      "turns bracket every product; pin one of them", kernel.loc)
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             plan = _plan(loop)
             if plan is not None:
