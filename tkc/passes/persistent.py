@@ -15,12 +15,14 @@ chosen so that the programs running at one time reuse each other's data in L2:
   the programs running at one time share a head's K and V.  (Grouped order would spread them
   over ``132 / GROUP_M`` heads, whose K and V at 16k tokens do not fit in L2.)
 - but when a loop's bounds depend on axis 0 (causal attention: query block i reads i + 1
-  key blocks), axis 1 goes fastest and axis 0 from its last index down.  Programs take
-  tiles in turn, so with axis 0 fastest program p would get rows p, p + 132, ... modulo the
-  rows of a head: at 512 tokens (4 query blocks) each program would always get the same
+  key blocks), tiles go in groups of ``G = cdiv(2 x programs, rows)`` columns (about two
+  rounds of tiles), in a group axis 1 fastest and axis 0 from its last index down.  Programs
+  take tiles in turn, so with axis 0 fastest program p would get rows p, p + 132, ... modulo
+  the rows of a head: at 512 tokens (4 query blocks) each program would always get the same
   row, and the programs given the last rows would do four times the work of the others.
   Row by row, the programs running at one time have loops of about the same length, the
-  longest first.
+  longest first; and the group bounds what they stream (at 512 tokens, all 512 heads' K and
+  V row after row would be read from DRAM once a row).
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
@@ -96,7 +98,7 @@ def _persist(kernel: Operation) -> None:
     streamed, bounded = _grid_axes(kernel)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
-    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, GROUP_M)}
+    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, 2, GROUP_M)}
     gm = grid.operands[0]
     gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
     tiles = b.value(tile.MulOp, [gm, gn], I32)
@@ -119,9 +121,16 @@ def _persist(kernel: Operation) -> None:
     if gn is const[1]:
         pm, pn = t, const[0]  # a 1-D grid's program_id(1) is 0, its num_programs(1) is 1
     elif 0 in bounded:
+        # Groups of G = cdiv(2 * programs, rows) columns, about two rounds of tiles; in a
+        # group, rows from the last, columns fastest.
+        g = lb.value(tile.CdivOp, [lb.value(tile.MulOp, [programs, const[2]], I32), gm], I32)
+        width = lb.value(tile.MulOp, [g, gm], I32)
+        first_col = lb.value(tile.MulOp, [lb.value(tile.FloorDivOp, [t, width], I32), g], I32)
+        cols = lb.value(tile.MinimumOp, [lb.value(tile.SubOp, [gn, first_col], I32), g], I32)
+        within = lb.value(tile.RemOp, [t, width], I32)
         last = lb.value(tile.SubOp, [gm, const[1]], I32)
-        pm = lb.value(tile.SubOp, [last, lb.value(tile.FloorDivOp, [t, gn], I32)], I32)
-        pn = lb.value(tile.RemOp, [t, gn], I32)
+        pm = lb.value(tile.SubOp, [last, lb.value(tile.FloorDivOp, [within, cols], I32)], I32)
+        pn = lb.value(tile.AddOp, [first_col, lb.value(tile.RemOp, [within, cols], I32)], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     elif streamed <= {1}:
         pm, pn = lb.value(tile.RemOp, [t, gm], I32), lb.value(tile.FloorDivOp, [t, gm], I32)
