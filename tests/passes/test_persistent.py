@@ -143,14 +143,14 @@ def test_programs_fill_every_slot_of_an_sm(per_sm):
 def test_causal_attention_walks_rows_last_first_heads_fastest():
     """Causal: the K/V loop's length grows with the query block (program_id(0)); tiles go row
     by row from the last, so programs taking turns get loops of about the same length, in
-    groups of cdiv(2 * programs, rows) heads (here 4 programs, 5 query blocks: groups of 2
-    heads, the last of 1)."""
+    groups of cdiv(8 * programs, rows) heads (here 4 programs, 5 query blocks: groups of 7
+    heads, the last of 5)."""
     consts = {"D": 64, "BM": 64, "BN": 64, "persistent": True, "causal": True}
     text = print_module(compiled("attn.tk", consts, "persistent"), locs=False)
     assert re.search(r"%tile_row = tile.sub %\w+, %\w+", text) and re.search(r"%tile_col = tile.add %\w+, %", text)
     assert re.search(r"= tile.cdiv %\w+, %", text[text.index("tile.for"):])
     before, after = compiled("attn.tk", consts).kernel(), compiled("attn.tk", consts, "persistent").kernel()
-    dims = {"B": 1, "H": 5, "N": 300}
+    dims = {"B": 3, "H": 4, "N": 300}
     a, b = random_args(before, dims, 2), random_args(after, dims, 2)
     b[3][...] = np.nan
     run_kernel(before, a)
