@@ -23,6 +23,15 @@ moves the issuing to a producer warpgroup.  The stage count is the kernel's ``st
 constant when it has one (1 keeps the loop as it is), else as many stages as the shared
 memory left over allows, at most 4 (and at least 2: with less room the loop stays serial).
 
+Inner loops go first.  A group in a loop around a ring (a persistent kernel's per-tile Q, in
+the tile loop around the K/V loop) then gets what the inner rings left, at most 2 stages
+(``stages`` does not apply to it), and as little as 1: a one-stage ring, whose refill at the
+end of iteration i waits for the release iteration i has just made, is still a ring a
+producer can issue, where a serial loop's ``bar.sync`` would keep the kernel from having
+one.  Its iterations count across the runs of the inner loop from the tile loop's position
+times the trip count, or, when the trip count changes from tile to tile (causal attention),
+from a count the tile loop carries.
+
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
 wgmma, or place shared memory (``allocate-smem`` does).
 """
