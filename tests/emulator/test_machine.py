@@ -348,6 +348,9 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "issue_ahead": True},
      {"B": 1, "H": 5, "N": 300}, 2**-6),
+    # Persistent with the consumers taking turns: the turns start and end around every tile's loop.
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True},
+     {"B": 2, "H": 3, "N": 300}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),

@@ -15,14 +15,14 @@ chosen so that the programs running at one time reuse each other's data in L2:
   the programs running at one time share a head's K and V.  (Grouped order would spread them
   over ``132 / GROUP_M`` heads, whose K and V at 16k tokens do not fit in L2.)
 - but when a loop's bounds depend on axis 0 (causal attention: query block i reads i + 1
-  key blocks), tiles go in groups of ``G = cdiv(8 x programs, rows)`` columns (about eight
-  rounds of tiles), in a group axis 1 fastest and axis 0 from its last index down.  Programs
-  take tiles in turn, so with axis 0 fastest program p would get rows p, p + 132, ... modulo
-  the rows of a head: at 512 tokens (4 query blocks) each program would always get the same
-  row, and the programs given the last rows would do four times the work of the others.
-  Row by row, the programs running at one time have loops of about the same length, the
-  longest first; and the group bounds what they stream (at 512 tokens, all 512 heads' K and
-  V row after row would be read from DRAM once a row).
+  key blocks), the tiles of a column stay together (its K and V read once), rows from the
+  last, and the programs take them in a snake: in round k program p takes tile
+  ``k * P + p`` when k is even and ``k * P + P - 1 - p`` when it is odd.  Taking them in
+  turn, program p would get rows p, p + 132, ... modulo the rows of a head: at 512 tokens (4
+  query blocks, 132 programs) always the same row, the programs given the last rows four
+  times the work of the others; in the snake, a heavy tile in one round pairs with a light
+  one in the next.  Columns of more than P / 2 rows (a round holds less than two) go row by
+  row instead, columns fastest, in the same snake.
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
@@ -48,11 +48,6 @@ from tkc.pins import ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 GROUP_M = 8
-# Rounds of tiles (one tile a program) in a group of columns when rows differ in length: at 2
-# or 4, programs crossing a group boundary in different phases got unequal work (causal
-# attention at 16k tokens: 445 / 483 / 522 TFLOP/s at 2 / 4 / 8, 515 ungrouped), ungrouped
-# streamed every head's K and V once a row (512 tokens: 203 against 206 at 8, 235 at 4).
-GROUP_ROUNDS = 8
 
 
 def persistent(module: Module) -> None:
@@ -119,24 +114,38 @@ def _persist(kernel: Operation) -> None:
     after = Builder(body, body.ops.index(grid) + 1, grid.loc)
     first = after.value(tile.ProgramIdOp, [], I32, {"axis": 0})
     step = after.value(tile.NumProgramsOp, [], I32, {"axis": 0})
-    loop_body = Block([I32], ["t"])
-    loop = after.create(tile.ForOp, [first, tiles, step], [], regions=[Region([loop_body])], loc=grid.loc)
+    snake = gn is not const[1] and 0 in bounded
+    loop_body = Block([I32], ["k" if snake else "t"])
+    bounds = _snake_count(after, first, step, tiles, const) if snake else [first, tiles, step]
+    loop = after.create(tile.ForOp, bounds, [], regions=[Region([loop_body])], loc=grid.loc)
     t = loop_body.args[0]
     lb = Builder(loop_body, 0, grid.loc)
     if gn is const[1]:
         pm, pn = t, const[0]  # a 1-D grid's program_id(1) is 0, its num_programs(1) is 1
-    elif 0 in bounded:
-        # Groups of G = cdiv(GROUP_ROUNDS * programs, rows) columns; in a group, rows from the
-        # last, columns fastest.
-        rounds = lb.value(tile.ConstantOp, [], I32, {"value": GROUP_ROUNDS})
-        g = lb.value(tile.CdivOp, [lb.value(tile.MulOp, [programs, rounds], I32), gm], I32)
-        width = lb.value(tile.MulOp, [g, gm], I32)
-        first_col = lb.value(tile.MulOp, [lb.value(tile.FloorDivOp, [t, width], I32), g], I32)
-        cols = lb.value(tile.MinimumOp, [lb.value(tile.SubOp, [gn, first_col], I32), g], I32)
-        within = lb.value(tile.RemOp, [t, width], I32)
+    elif snake:
+        # Round k, forward in even rounds and backward in odd ones: tile k * P + p or
+        # k * P + P - 1 - p ...
+        back = lb.value(tile.SubOp, [lb.value(tile.SubOp, [step, const[1]], I32),
+                                     lb.value(tile.AddOp, [first, first], I32)], I32)
+        odd = lb.value(tile.AndOp, [t, const[1]], I32)
+        u = lb.value(tile.AddOp, [lb.value(tile.AddOp, [lb.value(tile.MulOp, [t, step], I32), first], I32),
+                                  lb.value(tile.MulOp, [odd, back], I32)], I32)
+        # ... of the columns one after another, rows from the last (a column's K and V read
+        # once), or, when a column has more than P / 2 rows, rows from the last with the
+        # columns fastest: a round then holds less than two columns, and program p's rows
+        # would drift from round to round (at 16k tokens one program did three times the
+        # work of another).  Chosen at run time, as 0 or 1 times the difference.
         last = lb.value(tile.SubOp, [gm, const[1]], I32)
-        pm = lb.value(tile.SubOp, [last, lb.value(tile.FloorDivOp, [within, cols], I32)], I32)
-        pn = lb.value(tile.AddOp, [first_col, lb.value(tile.RemOp, [within, cols], I32)], I32)
+        col_row = lb.value(tile.RemOp, [u, gm], I32)
+        col_col = lb.value(tile.FloorDivOp, [u, gm], I32)
+        row_row = lb.value(tile.FloorDivOp, [u, gn], I32)
+        row_col = lb.value(tile.RemOp, [u, gn], I32)
+        wide = lb.value(tile.MinimumOp, [lb.value(tile.MaximumOp, [lb.value(tile.SubOp, [
+            lb.value(tile.AddOp, [gm, gm], I32), step], I32), const[0]], I32), const[1]], I32)
+        pm = lb.value(tile.SubOp, [last, lb.value(tile.AddOp, [col_row, lb.value(tile.MulOp, [
+            wide, lb.value(tile.SubOp, [row_row, col_row], I32)], I32)], I32)], I32)
+        pn = lb.value(tile.AddOp, [col_col, lb.value(tile.MulOp, [
+            wide, lb.value(tile.SubOp, [row_col, col_col], I32)], I32)], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     elif streamed <= {1}:
         pm, pn = lb.value(tile.RemOp, [t, gm], I32), lb.value(tile.FloorDivOp, [t, gm], I32)
@@ -162,6 +171,26 @@ def _persist(kernel: Operation) -> None:
             _replace(loop, op.result, ids[key])
             op.erase()
     Builder(loop_body, None, grid.loc).create(tile.YieldOp)
+
+
+def _snake_count(b: Builder, p: Value, programs: Value, tiles: Value, const: dict[int, Value]) -> list[Value]:
+    """Bounds (0, count, 1) of program ``p``'s loop over rounds in the snake order: every
+    program takes one tile a full round; the last, partial round's ``r`` tiles go to programs
+    ``0 .. r - 1`` when it runs forward (an even round), ``P - r .. P - 1`` when backward."""
+    full = b.value(tile.FloorDivOp, [tiles, programs], I32)
+    r = b.value(tile.RemOp, [tiles, programs], I32)
+
+    def one_if_positive(x: Value) -> Value:
+        return b.value(tile.MinimumOp, [b.value(tile.MaximumOp, [x, const[0]], I32), const[1]], I32)
+
+    forward = one_if_positive(b.value(tile.SubOp, [r, p], I32))  # p < r
+    backward = one_if_positive(b.value(tile.SubOp, [b.value(tile.AddOp, [p, r], I32),  # p >= P - r
+                                                    b.value(tile.SubOp, [programs, const[1]], I32)], I32))
+    odd = b.value(tile.AndOp, [full, const[1]], I32)
+    extra = b.value(tile.AddOp, [forward, b.value(tile.MulOp, [odd, b.value(tile.SubOp, [backward, forward], I32)],
+                                                  I32)], I32)
+    count = b.value(tile.AddOp, [full, extra], I32)
+    return [const[0], count, const[1]]
 
 
 def _grid_axes(kernel: Operation) -> tuple[set[int], set[int]]:
