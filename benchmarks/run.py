@@ -90,24 +90,22 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 # D=64) are also tried storing O thread by thread (``tma_store=False``).  For short sequences:
 # 64-row programs two to an SM, so that one's ring fill and epilogue overlap the other's
 # products, and persistent programs, whose producer loads the next tile's Q, K and V during
-# this tile's epilogue.  A schedule with ``causal`` set is tried on those rows only: the
-# persistent ones lost on every causal row at D=128 and 256.
+# this tile's epilogue (at D=128 also with two K/V stages, so that Q gets two).
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 PERSISTENT = {"persistent": True}
-NOT_CAUSAL = {**PERSISTENT, "causal": False}
 BY_THREAD = {"tma_store": False}
 ATTN_CONFIGS = {
     64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD}],
     128: [{}, {"pingpong": True}, {"pingpong": True, **BY_THREAD}, {"issue_ahead": True, **BY_THREAD},
-          {**TWO_PER_SM, "BN": 64, **BY_THREAD}, NOT_CAUSAL, {**NOT_CAUSAL, "stages": 2}],
+          {**TWO_PER_SM, "BN": 64, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2}],
     256: [{"BN": 64}, {"BN": 64, "pingpong": True}, {"BN": 64, "pingpong": True, **BY_THREAD},
-          {**NOT_CAUSAL, "BN": 64}],
+          {**PERSISTENT, "BN": 64}],
 }
 
 
 def attn_configs(D: int, causal: bool) -> list[dict]:
-    return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D] if c.get("causal", causal) == causal]
+    return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D]]
 
 
 def attention_rows(quick: bool, runs: int) -> list[Row]:
