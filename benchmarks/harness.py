@@ -29,6 +29,20 @@ def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool
     return timing.gpu_time(fn, runs, warmup, L2_FLUSH_BYTES if flush else 0)
 
 
+def steady(measure: Callable[[], float], expected_s: float | None, tolerance: float = 0.25) -> tuple[float, str]:
+    """``measure()`` (seconds), checked against ``expected_s``, the same kernel's time taken
+    moments before (by tkc.autotune).  Off by more than ``tolerance`` of it, the kernel is
+    measured twice more and the median of the three kept, with a note that names all three:
+    a GPU that drops its clock for a few seconds would otherwise leave one row far off (a run
+    had attention at 191 TFLOP/s for a schedule tkc.autotune had just timed at about 470)."""
+    first = measure()
+    if expected_s is None or abs(first - expected_s) <= tolerance * expected_s:
+        return first, ""
+    times = [first, measure(), measure()]
+    return sorted(times)[1], (f"retimed: {', '.join(f'{t * 1e6:.1f}' for t in times)} us, "
+                              f"tkc.autotune had {expected_s * 1e6:.1f} us")
+
+
 def host_time(fn: Callable[[], Any], calls: int = 200) -> float:
     """Seconds of CPU time per call of ``fn`` (enqueue only; the GPU keeps up or queues)."""
     fn()
