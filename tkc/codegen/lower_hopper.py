@@ -16,7 +16,7 @@ the type.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import llvmlite.ir as ir
@@ -24,7 +24,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.codegen import nvvm
-from tkc.codegen.lower import Barrier, Ring, SmemTile, TensorArg, entry_registers
+from tkc.codegen.lower import Barrier, Ring, SmemTile, entry_registers
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_global import HANDLERS as GLOBAL
 from tkc.codegen.lower_values import (
@@ -274,54 +274,49 @@ def _turn(lw: Lowerer, op: Operation) -> None:
 # --------------------------------------------------------------------------- TMA
 
 
-def _tma_load(lw: Lowerer, op: Operation) -> None:
-    b = lw.b
-    tensor: TensorArg = lw.get(op.tensor)
-    dst = lw.shared(op, op.dst)
-    rank = tensor.type.rank
+def _tma_rank(lw: Lowerer, op: Operation) -> int:
+    """The rank of a TMA copy's tensor, checked, with the copy's tensor map."""
+    rank = lw.get(op.tensor).type.rank
     if not 2 <= rank <= 5:
         raise TkcCodegenError(f"TMA copies tensors of rank 2 to 5, not {rank}", op.loc)
     if not 0 <= op.map < len(lw.tmaps):
         raise TkcCodegenError(f"tensor map {op.map} is not in the kernel's tma_maps", op.loc)
-    box = dst.layout.tma_box()
-    offs = [lw.get(v) for v in op.offsets]
-    row, col = offs[-2], offs[-1]
-    bar = _bar(lw, op)
+    return rank
+
+
+def _tma_boxes(lw: Lowerer, op: Operation, tile: SmemTile) -> Iterator[tuple[ir.Value, list[ir.Value]]]:
+    """For every TMA box of the shared ``tile`` a copy moves: the box's address in the tile
+    and its coordinates in the tensor, innermost first (column, row, then the outer axes)."""
+    b = lw.b
+    box = tile.layout.tma_box()
+    *outer, row, col = (lw.get(v) for v in op.offsets)
     for j in range(box.count[1]):
         for i in range(box.count[0]):
-            p = b.addrspacecast(lw.ptr(dst, i * box.inner_stride + j * box.outer_stride),
-                                nvvm.ptr(nvvm.SHARED_CLUSTER))
-            # Coordinates innermost first: column, row, then the outer axes.
-            coords = [b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])),
-                      *reversed(offs[:-2])]
-            nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", p, bar, lw.tmaps[op.map], *coords,
-                      0, 0, 0, 0)
+            yield (lw.ptr(tile, i * box.inner_stride + j * box.outer_stride),
+                   [b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])), *reversed(outer)])
+
+
+def _tma_load(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    rank = _tma_rank(lw, op)
+    bar = _bar(lw, op)
+    for p, coords in _tma_boxes(lw, op, lw.shared(op, op.dst)):
+        nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
+                  bar, lw.tmaps[op.map], *coords, 0, 0, 0, 0)
 
 
 def _tma_store(lw: Lowerer, op: Operation) -> None:
     """docs/hopper.md: every thread fences its shared writes for the async proxy, the
     threads synchronize, thread 0 copies the tile box by box and commits the bulk group."""
     b = lw.b
-    tensor: TensorArg = lw.get(op.tensor)
+    rank = _tma_rank(lw, op)
     src = lw.shared(op, op.src)
-    rank = tensor.type.rank
-    if not 2 <= rank <= 5:
-        raise TkcCodegenError(f"TMA copies tensors of rank 2 to 5, not {rank}", op.loc)
-    if not 0 <= op.map < len(lw.tmaps):
-        raise TkcCodegenError(f"tensor map {op.map} is not in the kernel's tma_maps", op.loc)
-    box = src.layout.tma_box()
-    *outer, row, col = (lw.get(v) for v in op.offsets)
     nvvm.call(b, "fence.proxy.async.shared_cta")
     lw.sync()
 
     def issue() -> None:
-        for j in range(box.count[1]):
-            for i in range(box.count[0]):
-                p = lw.ptr(src, i * box.inner_stride + j * box.outer_stride)
-                # Coordinates innermost first: column, row, then the outer axes.
-                nvvm.call(b, f"cp.async.bulk.tensor.s2g.tile.{rank}d", p, lw.tmaps[op.map],
-                          b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])),
-                          *reversed(outer), 0, 0)
+        for p, coords in _tma_boxes(lw, op, src):
+            nvvm.call(b, f"cp.async.bulk.tensor.s2g.tile.{rank}d", p, lw.tmaps[op.map], *coords, 0, 0)
         nvvm.call(b, "cp.async.bulk.commit.group")
 
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tma_store")
