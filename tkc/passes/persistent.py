@@ -133,8 +133,9 @@ def _persist(kernel: Operation) -> None:
         # ... of the columns one after another, rows from the last (a column's K and V read
         # once), or, when a column has more than P / 2 rows, rows from the last with the
         # columns fastest: a round then holds less than two columns, and program p's rows
-        # would drift from round to round (at 16k tokens one program did three times the
-        # work of another).  Chosen at run time, as 0 or 1 times the difference.
+        # would drift from round to round (at 16k tokens, 128 query blocks a head and 132
+        # programs, counting K/V blocks: one program would get three times as many as
+        # another).  Chosen at run time, as 0 or 1 times the difference.
         last = lb.value(tile.SubOp, [gm, const[1]], I32)
         col_row = lb.value(tile.RemOp, [u, gm], I32)
         col_col = lb.value(tile.FloorDivOp, [u, gm], I32)
