@@ -99,6 +99,7 @@ ATTN_CONFIGS = {
     64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD}],
     128: [{}, {"pingpong": True}, {"pingpong": True, **BY_THREAD}, {"issue_ahead": True, **BY_THREAD},
+          {"pingpong": True, "issue_ahead": True, **BY_THREAD},
           {**TWO_PER_SM, "BN": 64, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2}],
     256: [{"BN": 64}, {"BN": 64, "pingpong": True}, {"BN": 64, "pingpong": True, **BY_THREAD},
           {**PERSISTENT, "BN": 64}],

@@ -351,6 +351,14 @@ DIFFERENTIAL = [
     # Persistent with the consumers taking turns: the turns start and end around every tile's loop.
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True},
      {"B": 2, "H": 3, "N": 300}, 2**-6),
+    # Both of FlashAttention-3's overlaps: turns, and S issued ahead with its turn; a single
+    # key block (the steady-state loop runs zero times), causal, persistent causal.
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True, "pingpong": True, "issue_ahead": True},
+     {"B": 1, "H": 2, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True, "issue_ahead": True},
+     {"B": 2, "H": 3, "N": 300}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),

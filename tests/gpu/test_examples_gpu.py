@@ -125,7 +125,10 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              # O stored thread by thread (the default goes through a shared tile and TMA)
              {"D": 128, "issue_ahead": True, "tma_store": False}, {"D": 64, "BM": 192, "tma_store": False},
              {"D": 256, "BN": 64, "pingpong": True, "tma_store": False},
-             {"D": 64, "BM": 192, "persistent": True, "tma_store": False}]
+             {"D": 64, "BM": 192, "persistent": True, "tma_store": False},
+             # both of FlashAttention-3's overlaps: turns, and S issued ahead with its turn
+             {"D": 128, "pingpong": True, "issue_ahead": True}, {"D": 64, "pingpong": True, "issue_ahead": True},
+             {"D": 128, "persistent": True, "pingpong": True, "issue_ahead": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

@@ -203,9 +203,23 @@ def test_issue_ahead_leaves_loops_alone_without_the_pin_or_a_producer():
     assert "%ahead" not in lowered("gemm.tk", {"issue_ahead": True}, AHEAD)
 
 
-def test_issue_ahead_refuses_turns():
-    with pytest.raises(TkcUnsupportedError, match=r"issue_ahead = true does not combine with pingpong = true"):
-        lowered("attn.tk", {"issue_ahead": True, "pingpong": True}, AHEAD)
+def test_issue_ahead_moves_the_turn_around_the_score_product():
+    """With pingpong, S's turn goes where S goes: before the loop for block 0, and in the loop
+    right after the wait for block j's S; P @ V keeps its own turn.  Every S and every P @ V
+    is issued between a turn wait and a pass, and the waits and passes alternate."""
+    consumers = role(lowered("attn.tk", {"issue_ahead": True, "pingpong": True}, AHEAD), "consumers")
+    loop = consumers.index("= tile.for")
+    before, body = consumers[:loop], consumers[loop:]
+    assert re.search(r'hopper.turn \{kind = "wait"\}\s*\n\s*%\S+ = hopper.wgmma %q_smem', before)
+    order = [body.index(t) for t in ("hopper.wgmma_wait %ahead", 'hopper.turn {kind = "wait"}', "hopper.wgmma %q_smem",
+                                     'hopper.turn {kind = "pass"}', "hopper.reduce")]
+    assert order == sorted(order)
+    turns = re.findall(r'hopper.turn \{kind = "(\w+)"\}', consumers)
+    assert turns[0] == "start" and turns[-1] == "end"
+    inner = turns[1:-1]
+    assert inner == ["wait", "pass"] * (len(inner) // 2) and len(inner) == 2 * consumers.count("hopper.wgmma %")
+    for m in re.finditer(r"= hopper.wgmma %", consumers):
+        assert consumers.rfind('hopper.turn {kind = "wait"}', 0, m.start()) > consumers.rfind('hopper.turn {kind = "pass"}', 0, m.start())
 
 
 

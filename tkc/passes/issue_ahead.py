@@ -24,7 +24,13 @@ Waiting for the next stage one iteration early is safe with a ring of two or mor
 (the producer fills stage j + 1 while the consumers hold stage j), and the next stage is
 released no earlier than before: its release still follows the iteration that reads it.
 
-The pin ``pingpong = true`` too is refused: its turns bracket every product.
+With ``pingpong = true`` the consumers' turn around W (``specialize-warps`` brackets every
+product with a turn ``wait`` and ``pass``) moves with it: each warpgroup still takes one turn
+a product, in the same order as the other (S of the first block; then S of block j + 1 and
+P V of block j in each iteration), so the turns stay paired.  The turns then tie the two
+warpgroups' iterations together (neither issues its P V before the other has issued its next
+S), which on an H100 cost more than the overlap gained on most attention shapes
+(benchmarks/RESULTS.md).  A turn anywhere else in the loop leaves it as it is.
 
 Must not: change what any iteration computes.
 """
@@ -32,7 +38,6 @@ Must not: change what any iteration computes.
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone, replace_all_uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
@@ -46,10 +51,6 @@ def issue_ahead(module: Module) -> None:
         consts = kernel.attributes.get("consts") or {}
         if kernel.name != "tile.kernel" or not consts.get("issue_ahead"):
             continue
-        if consts.get("pingpong"):
-            # Turns bracket every product; issuing the next S early would unpair them.
-            raise TkcUnsupportedError("issue_ahead = true does not combine with pingpong = true: the consumers' "
-                                      "turns bracket every product; pin one of them", kernel.loc)
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             plan = _plan(loop)
             if plan is not None:
@@ -69,8 +70,6 @@ def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | Non
     body: Block = loop.regions[0].block
     ops = body.ops
     inner = list(loop.walk())
-    if any(op.name == "hopper.turn" for op in inner):
-        return None  # turns bracket each product; moving one would unpair them
     if any(op.name in ("hopper.tma_load", "hopper.expect_tx") for op in inner) or not any(
             a.name == "hopper.role" for a in loop.ancestors()):
         return None  # the loop issues its own copies: the next stage's may not be under way yet
@@ -86,9 +85,23 @@ def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | Non
             continue  # not reading a ring: nothing ahead to overlap with
         seeds = [op for op in ops[:ops.index(w)] if op.name == "hopper.mbarrier_wait"] + [w]
         issue = _closure(seeds, body, iv, carried)
-        if issue is not None:
-            return [op for op in ops if op in issue], w, users[0]
+        turn = _turn_around(ops, w)
+        if issue is not None and turn is not False:
+            return [op for op in ops if op in issue or op in (turn or ())], w, users[0]
     return None
+
+
+def _turn_around(ops: list[Operation], w: Operation) -> tuple[Operation, Operation] | None | bool:
+    """The turn ``wait`` and ``pass`` right around ``w``; None when the loop has no turns;
+    False when it has turns but not around ``w`` (moving ``w`` alone would unpair them)."""
+    if not any(op.name == "hopper.turn" for o in ops for op in o.walk()):
+        return None
+    i = ops.index(w)
+    before, after = ops[i - 1] if i > 0 else None, ops[i + 1] if i + 1 < len(ops) else None
+    if (before is not None and after is not None and before.name == after.name == "hopper.turn"
+            and before.attributes["kind"] == "wait" and after.attributes["kind"] == "pass"):
+        return before, after
+    return False
 
 
 def _closure(seeds: list[Operation], body: Block, iv: Value, carried: set[Value]) -> set[Operation] | None:
@@ -118,7 +131,7 @@ def _rotate(loop: Operation, issue: list[Operation], w: Operation, wait: Operati
     lb, ub, step, inits = g["lb"], g["ub"], g["step"], list(g["init"])
     iv, carried = body.args[0], list(body.args[1:])
     rest = [op for op in body.ops if op is not wait and op is not w and not op.has_trait("terminator")
-            and not (op in issue and op.name == "hopper.mbarrier_wait")]
+            and not (op in issue and op.name in ("hopper.mbarrier_wait", "hopper.turn"))]
     result_types = [r.type for r in loop.results]
     loc = loop.loc
 
