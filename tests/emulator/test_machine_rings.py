@@ -203,16 +203,27 @@ def test_ring_must_fit_smem_bytes():
 def test_register_budget_over_the_register_file():
     text = edit(WS, "regs = 232", "regs = 240")
     with pytest.raises(TkcEmulatorError, match=r"gemm_ws.tkir:\d+:\d+: error: CTA \(0, 0\): kernel @gemm: roles need "
-                                               r"66560 registers, the SM has 65536 \(roles 'producer' 1 x 128 threads "
-                                               r"x 40 \+ 'consumers' 2 x 128 threads x 240;"):
+                                               r"66560 registers, the CTA holds 64512 \(384 threads x 168 at entry; "
+                                               r"roles 'producer' 1 x 128 threads x 40 \+ 'consumers' 2 x 128 threads "
+                                               r"x 240; .*\): setmaxnreg.inc would wait forever"):
+        run(text)
+
+
+def test_register_budget_over_the_ctas_pool_though_within_the_file():
+    """Budgets are held to what the CTA was launched with, not to the register file: 384
+    threads start at 168 each, 64512 registers.  Producer 24 + two consumers at 240 is exactly
+    that; producer 32 + 2 x 240 is 65536, the whole file, and over the pool."""
+    run(edit(edit(WS, "regs = 40", "regs = 24"), "regs = 232", "regs = 240"), mnk=(64, 64, 64))  # exactly the pool
+    text = edit(edit(WS, "regs = 40", "regs = 32"), "regs = 232", "regs = 240")  # 65536: the file, not the pool
+    with pytest.raises(TkcEmulatorError, match=r"roles need 65536 registers, the CTA holds 64512"):
         run(text)
 
 
 def test_role_without_regs_keeps_the_entry_budget():
     # A producer that never gives its registers back keeps 65536 / 384 -> 168 per thread.
     text = edit(WS, "regs = 40", "regs = 0")
-    with pytest.raises(TkcEmulatorError, match=r"roles need 80896 registers, the SM has 65536 \(roles 'producer' "
-                                               r"1 x 128 threads x 168 .* entry budget 65536 / 384 = 168\)"):
+    with pytest.raises(TkcEmulatorError, match=r"roles need 80896 registers, the CTA holds 64512 \(384 threads x 168 "
+                                               r"at entry; roles 'producer' 1 x 128 threads x 168 .*keeps the entry budget"):
         run(text)
     run(edit(edit(WS, "regs = 40", "regs = 0"), "regs = 232", "regs = 0"), mnk=(64, 64, 64))  # 3 x 168 fits
 

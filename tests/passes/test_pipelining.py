@@ -95,6 +95,25 @@ def test_gemm_roles():
     assert ", reg, #" not in producer, "the producer holds no register tile"
 
 
+@pytest.mark.parametrize("consumers, ctas, regs", [(1, 1, 240), (2, 1, 240), (3, 1, 160), (4, 1, 112),
+                                                 (1, 2, 232), (2, 2, 104)])
+def test_consumer_budgets_fit_what_the_cta_holds(consumers, ctas, regs):
+    """The consumers' budget is what is left of the CTA's launch allocation once the producer
+    holds 24, a multiple of 8: 640 threads (four consumers) start at 96 each, 61440 registers,
+    where the register file's 65536 would give 120 and a setmaxnreg.inc that never returns."""
+    from tkc.passes.specialize_warps import PRODUCER_REGS, consumer_regs
+    from tkc.registers import register_pool
+
+    assert consumer_regs(consumers, ctas) == regs
+    pool = register_pool(128 * (consumers + 1), ctas)
+    assert 128 * (PRODUCER_REGS + consumers * regs) <= pool < 128 * (PRODUCER_REGS + consumers * (regs + 8)) or regs == 240
+
+
+def test_four_consumers_ask_for_what_the_pool_has():
+    text = lowered("gemm.tk", {"BM": 256, "BN": 128}, SPLIT)
+    assert "threads = 640" in text and 'first = 1, warpgroups = 4, regs = 112' in role(text, "consumers")
+
+
 def test_attention_roles_and_the_q_tile():
     text = lowered("attn.tk", {"D": 64}, SPLIT)
     producer, consumers = role(text, "producer"), role(text, "consumers")

@@ -36,6 +36,7 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS
 from tkc.ir.layouts import SharedLayout
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 from tkc.pins import ctas_per_sm
+from tkc.registers import entry_registers
 
 __all__ = ["kernel_to_llvm", "kernel_to_ptx", "entry_registers", "Lowerer", "TensorArg", "SmemTile", "Barrier",
            "Ring"]
@@ -79,15 +80,6 @@ class Ring:
     first: SmemTile | Barrier
     stages: int
     stride: int
-
-
-def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
-    """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``
-    threads declared with ``.maxntid threads`` and ``.minnctapersm ctas_per_sm``: the
-    64K-register file split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS
-    §5: 168 for 384 threads and one CTA).  ``setmaxnreg`` moves a warpgroup's budget up or
-    down from there."""
-    return min(65536 // (threads * ctas_per_sm), 255) // 8 * 8
 
 
 def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:

@@ -51,6 +51,8 @@ from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
+from tkc.pins import ctas_per_sm
+from tkc.registers import entry_registers, register_pool
 
 __all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
 
@@ -277,11 +279,13 @@ def _stages(op: Operation) -> int:
 
 
 def _check_registers(kernel: Operation, roles: list[Operation], threads: int) -> None:
-    """The register file is 64K 32-bit registers per SM, shared by the CTA's warpgroups: each
-    holds the kernel's entry budget (65536 / threads, rounded down to a multiple of 8) until
-    its role's ``setmaxnreg`` moves it, and ``setmaxnreg.inc`` waits forever for registers the
-    others never give back when the roles ask for more than there are."""
-    entry = 65536 // threads // 8 * 8
+    """A CTA holds the registers it was launched with (``tkc.registers``: the entry budget
+    times its threads); each warpgroup keeps the entry budget until its role's ``setmaxnreg``
+    moves it, and ``setmaxnreg.inc`` waits forever for registers the others never give back
+    when the roles ask for more than that pool."""
+    ctas = ctas_per_sm(kernel.attributes.get("consts"))
+    entry = entry_registers(threads, ctas)
+    pool = register_pool(threads, ctas)
     budget = [entry] * (threads // 128)
     asked: dict[int, Operation] = {}
     for r in roles:
@@ -295,14 +299,15 @@ def _check_registers(kernel: Operation, roles: list[Operation], threads: int) ->
                                 f"register budget")
             budget[g] = r.regs
     total = 128 * sum(budget)
-    if total > 65536:
+    if total > pool:
         parts = [f"{r.attributes['name']!r} {r.warpgroups} x 128 threads x {r.regs or entry}" for r in roles]
         rest = len(budget) - len({g for r in roles for g in range(r.first, r.first + r.warpgroups)})
         if rest:
             parts.append(f"{rest} warpgroup{'s' if rest > 1 else ''} in no role x 128 threads x {entry}")
-        raise TkcEmulatorError(f"kernel @{kernel.sym_name}: roles need {total} registers, the SM has 65536 "
-                               f"(roles " + " + ".join(parts) + "; regs = 0 keeps the entry budget "
-                               f"65536 / {threads} = {entry})", roles[0].loc if roles else kernel.loc)
+        raise TkcEmulatorError(f"kernel @{kernel.sym_name}: roles need {total} registers, the CTA holds {pool} "
+                               f"({threads} threads x {entry} at entry; roles " + " + ".join(parts) +
+                               "; regs = 0 keeps the entry budget): setmaxnreg.inc would wait forever",
+                               roles[0].loc if roles else kernel.loc)
 
 
 def _alloc_name(op: Operation) -> str:

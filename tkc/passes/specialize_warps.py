@@ -41,10 +41,10 @@ from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import TileType
 from tkc.pins import ctas_per_sm
+from tkc.registers import register_pool
 
 PRODUCER_REGS = 24
 MAX_CONSUMER_REGS = 240
-REGISTER_FILE = 65536
 
 # Top-level ops every warpgroup runs before the roles: shared memory set-up.
 _SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", "hopper.fence_mbarrier_init",
@@ -59,9 +59,11 @@ def specialize_warps(module: Module) -> None:
 
 def consumer_regs(consumers: int, ctas_per_sm: int = 1) -> int:
     """The register budget of each consumer thread once the producer holds 24: the most that
-    fits the program's share of the register file (``1 / ctas_per_sm`` of it), a multiple of
-    8, at most 240 (what FlashAttention-3 uses)."""
-    free = (REGISTER_FILE // ctas_per_sm - PRODUCER_REGS * 128) // (128 * consumers)
+    fits what the CTA holds from launch (``tkc.registers``: more, and ``setmaxnreg.inc`` waits
+    forever), a multiple of 8, at most 240 (what FlashAttention-3 uses).  240 for two consumers,
+    160 for three, 112 for four."""
+    pool = register_pool(128 * (consumers + 1), ctas_per_sm)
+    free = (pool - PRODUCER_REGS * 128) // (128 * consumers)
     return min(MAX_CONSUMER_REGS, free - free % 8)
 
 

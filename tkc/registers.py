@@ -1,0 +1,28 @@
+"""The SM's register file and a CTA's share of it (PTX-FACTS §5).
+
+A CTA of ``T`` threads declared with ``.maxntid T`` and ``.minnctapersm C`` is launched with
+:func:`entry_registers` registers a thread, and that allocation is its pool for the kernel's
+life: ``setmaxnreg.dec`` gives registers back to it and ``setmaxnreg.inc`` waits until it holds
+what the warpgroup asks for.  Role budgets that add up to more than the pool do not fail; the
+``.inc`` waits forever.  Where ``65536 / (T * C)`` is not a multiple of 8 the pool is smaller
+than the CTA's share of the file (640 threads: 96 a thread, 61440 in all, not 65536), so budgets
+are checked against the pool, never against the file.
+"""
+
+from __future__ import annotations
+
+#: 32-bit registers per SM.
+REGISTER_FILE = 65536
+
+
+def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
+    """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``
+    threads declared with ``.maxntid threads`` and ``.minnctapersm ctas_per_sm``: the register
+    file split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS §5: 168 for 384
+    threads and one CTA).  ``setmaxnreg`` moves a warpgroup's budget up or down from there."""
+    return min(REGISTER_FILE // (threads * ctas_per_sm), 255) // 8 * 8
+
+
+def register_pool(threads: int, ctas_per_sm: int = 1) -> int:
+    """The registers a CTA holds from launch, which its warpgroups' budgets share."""
+    return entry_registers(threads, ctas_per_sm) * threads
