@@ -106,7 +106,9 @@ def test_consumer_budgets_fit_what_the_cta_holds(consumers, ctas, regs):
 
     assert consumer_regs(consumers, ctas) == regs
     pool = register_pool(128 * (consumers + 1), ctas)
-    assert 128 * (PRODUCER_REGS + consumers * regs) <= pool < 128 * (PRODUCER_REGS + consumers * (regs + 8)) or regs == 240
+    assert 128 * (PRODUCER_REGS + consumers * regs) <= pool  # setmaxnreg.inc gets what it asks for
+    if regs < 240:  # not capped: 8 more each would not fit
+        assert 128 * (PRODUCER_REGS + consumers * (regs + 8)) > pool
 
 
 def test_four_consumers_ask_for_what_the_pool_has():

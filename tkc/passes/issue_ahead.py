@@ -86,22 +86,23 @@ def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | Non
         seeds = [op for op in ops[:ops.index(w)] if op.name == "hopper.mbarrier_wait"] + [w]
         issue = _closure(seeds, body, iv, carried)
         turn = _turn_around(ops, w)
-        if issue is not None and turn is not False:
-            return [op for op in ops if op in issue or op in (turn or ())], w, users[0]
+        if issue is not None and turn is not None:
+            return [op for op in ops if op in issue or op in turn], w, users[0]
     return None
 
 
-def _turn_around(ops: list[Operation], w: Operation) -> tuple[Operation, Operation] | None | bool:
-    """The turn ``wait`` and ``pass`` right around ``w``; None when the loop has no turns;
-    False when it has turns but not around ``w`` (moving ``w`` alone would unpair them)."""
+def _turn_around(ops: list[Operation], w: Operation) -> tuple[Operation, ...] | None:
+    """The turn ``wait`` and ``pass`` right around ``w``, to move with it; none when the loop
+    has no turns; None when it has turns but not around ``w`` (moving ``w`` alone would
+    unpair them)."""
     if not any(op.name == "hopper.turn" for o in ops for op in o.walk()):
-        return None
+        return ()
     i = ops.index(w)
     before, after = ops[i - 1] if i > 0 else None, ops[i + 1] if i + 1 < len(ops) else None
     if (before is not None and after is not None and before.name == after.name == "hopper.turn"
             and before.attributes["kind"] == "wait" and after.attributes["kind"] == "pass"):
         return before, after
-    return False
+    return None
 
 
 def _closure(seeds: list[Operation], body: Block, iv: Value, carried: set[Value]) -> set[Operation] | None:

@@ -8,8 +8,9 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
   waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
   gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer);
 - the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
-  else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits
-  65536 registers, at most 240); its threads count from 0, so every layout stays as it was.
+  else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits what
+  the CTA is launched with, ``tkc.registers``, at most 240); its threads count from 0, so
+  every layout stays as it was.
 
 The producer's loops are the consumers' loops without their carried values (but for scalars
 the copies need, such as the count of a ring's earlier iterations a persistent tile loop
