@@ -23,6 +23,9 @@ PINS: dict[str, tuple[type, str, str]] = {
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "
                           "previous iteration (default: off; with pingpong its turn moves with it)", "issue-ahead"),
+    "defer_last": (bool, "a loop's last product is issued in the next iteration, right after its first, and "
+                         "runs during that iteration's register work (default: off; not with issue_ahead)",
+                   "defer-last"),
     "persistent": (bool, "one program per SM (per slot, with ctas_per_sm) walks the output tiles", "persistent"),
     "tma_store": (bool, "a product's result is stored by TMA from a shared tile, which drains while the "
                         "next tile computes (false: each thread stores its values)", "lower-to-hopper"),

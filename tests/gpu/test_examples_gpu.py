@@ -114,8 +114,9 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
     check(f"attn B={B} H={H} N={N} D={D} causal={causal}", o, ref, seed, **BF16)
 
 
-# The schedules the benchmark harness may pick: the next S issued ahead, two consumers taking
-# turns, three consumer warpgroups (192 query rows), and D = 256's 64-key blocks.
+# The schedules the benchmark harness may pick: the next S issued ahead, the last P V deferred,
+# two consumers taking turns, three consumer warpgroups (192 query rows), and D = 256's 64-key
+# blocks.
 ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D": 64, "BM": 192},
              {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True},
              {"D": 64, "BM": 64, "BN": 128, "ctas_per_sm": 2, "issue_ahead": True},
@@ -131,7 +132,13 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 64, "BM": 192, "persistent": True, "tma_store": False},
              # both of FlashAttention-3's overlaps: turns, and S issued ahead with its turn
              {"D": 128, "pingpong": True, "issue_ahead": True}, {"D": 64, "pingpong": True, "issue_ahead": True},
-             {"D": 128, "persistent": True, "pingpong": True, "issue_ahead": True}]
+             {"D": 128, "persistent": True, "pingpong": True, "issue_ahead": True},
+             # P V of block j - 1 in flight through block j's softmax (defer_last), with and
+             # without turns, persistent, two stages (the TMA store's shared tile) and three
+             {"D": 128, "defer_last": True}, {"D": 128, "defer_last": True, "tma_store": False},
+             {"D": 128, "defer_last": True, "pingpong": True, "tma_store": False},
+             {"D": 128, "defer_last": True, "persistent": True, "tma_store": False},
+             {"D": 64, "BM": 192, "defer_last": True}, {"D": 256, "BN": 64, "defer_last": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

@@ -244,6 +244,58 @@ def test_issue_ahead_moves_the_turn_around_the_score_product():
 
 
 
+DEFER = SPLIT + ",defer-last"
+
+
+def test_defer_last_issues_the_previous_pv_right_after_the_next_s():
+    """FlashAttention-3's order: before the loop, block 0 up to its P and rescaled O; in the
+    loop, S of block j and P V of block j - 1 issued back to back, S waited for with P V left
+    in flight, the softmax, then P V waited for and its stage released before O is rescaled;
+    behind the loop the last block's P V."""
+    consumers = role(lowered("attn.tk", {"defer_last": True}, DEFER), "consumers")
+    loop = consumers.index("= tile.for")
+    line = consumers.rindex("\n", 0, loop) + 1
+    end = consumers.index("\n" + " " * (len(consumers[line:loop]) - len(consumers[line:loop].lstrip())) + "}", loop)
+    before, body, after = consumers[:loop], consumers[loop:end], consumers[end:]
+    assert before.count("hopper.wgmma %q_smem") == 1 and "hopper.wgmma %q_smem" not in after
+    assert re.search(r"= hopper.wgmma %\w+, %\w+, %\w+ : tile<128x128xf32", after), "the last block's P V"
+    issued = [m.start() for m in re.finditer(r"= hopper.wgmma %", body)]
+    assert len(issued) == 2 and body.index("= hopper.wgmma %q_smem") == issued[0]
+    between = body[issued[0]:issued[1]]
+    assert "hopper.wgmma_wait" not in between and between.count("\n") == 1, "issued back to back"
+    order = [body.index(t) for t in ("{pending = 1}", "hopper.reduce", "{pending = 0}", "hopper.mbarrier_arrive")]
+    assert order == sorted(order) and order[-1] < body.rindex("tile.yield")
+    # The loop carries P (the P V operand) and the rescaled O instead of O.
+    assert re.search(r"\^\(%j\w*: i32, [^)]*: tile<128x128xbf16, reg, #wgmma_a<128, wg=2>>, "
+                     r"%\w+: tile<128x128xf32, reg, #wgmma_acc<128, wg=2>>\)", body)
+
+
+def test_defer_last_leaves_loops_alone_without_the_pin_a_producer_or_two_products():
+    for consts, passes, name in (({}, DEFER, "attn.tk"), ({"defer_last": True, "warp_specialize": False}, DEFER,
+                                                          "attn.tk"), ({"defer_last": True}, DEFER, "gemm.tk")):
+        text = lowered(name, consts, passes)
+        loop = text[text.index("= tile.for"):]
+        assert "{pending = 1}" not in loop or name == "gemm.tk"
+        assert text.count("= hopper.wgmma %") == (2 if name == "attn.tk" else 1), (consts, name)
+
+
+def test_defer_last_takes_one_turn_for_both_products_under_pingpong():
+    """With pingpong, the loop issues S of block j and P V of block j - 1 in one turn; block 0's
+    S and the last block's P V take a turn each, so both warpgroups take the same turns."""
+    consumers = role(lowered("attn.tk", {"defer_last": True, "pingpong": True}, DEFER), "consumers")
+    turns = re.findall(r'hopper.turn \{kind = "(\w+)"\}', consumers)
+    assert turns[0] == "start" and turns[-1] == "end"
+    inner = turns[1:-1]
+    assert inner == ["wait", "pass"] * 3
+    assert re.search(r'hopper.turn \{kind = "wait"\}\s*\n\s*%\S+ = hopper.wgmma %q_smem[^\n]*\n\s*%\S+ = '
+                     r'hopper.wgmma %[^\n]*\n\s*hopper.turn \{kind = "pass"\}', consumers)
+
+
+def test_defer_last_and_issue_ahead_are_refused_together():
+    with pytest.raises(TkcUnsupportedError, match="defer_last = true and issue_ahead = true"):
+        lowered("attn.tk", {"defer_last": True, "issue_ahead": True}, DEFER)
+
+
 @pytest.mark.parametrize("D, tma_store, kv, q_stages", [(128, False, 3, 1), (128, True, 2, 2), (64, True, 4, 2)])
 def test_persistent_attention_rings_q_per_tile(D, tma_store, kv, q_stages):
     """A persistent attention program loads a Q tile per output tile: the inner K/V ring takes

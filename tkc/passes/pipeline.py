@@ -15,6 +15,7 @@ from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
+from tkc.passes.defer_last import defer_last
 from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_hopper import lower_to_hopper
@@ -38,6 +39,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
     "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
+    "defer-last": defer_last,            # pin defer_last: a loop's last product issued in the next iteration
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later: lower-to-blackwell for sm_100a, in its own file.
 }
@@ -47,5 +49,5 @@ PASSES: dict[str, Callable[[Module], None]] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,cse,dce,"
-                   "allocate-smem")
+HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,defer-last,"
+                   "cse,dce,allocate-smem")

@@ -1,0 +1,302 @@
+"""The ``defer-last`` pass: a loop's last product is issued in the next iteration, right after
+that iteration's first product, so the tensor cores compute it while the warpgroup works in
+registers (FlashAttention-3's ordering: P_(j-1) V_(j-1) runs during the softmax of S_j).
+
+Runs on hopper IR after ``specialize-warps`` (and ``issue-ahead``), under the pin
+``defer_last = true``.  A ``tile.for`` with step 1 in a consumer role (a producer role issues
+the copies) qualifies when its body holds exactly two ``hopper.wgmma``:
+
+- W1, the first, each waited once in the body;
+- W2, the last, reading a ring stage, waited right there (U2) with the wait's result only
+  yielded, as the carried accumulator A; what follows U2 in the body only releases ring
+  stages (``mbarrier_arrive``) and computes stage numbers from the induction variable;
+- A is read in the body after W1 is issued (attention's ``acc * alpha``), and W2 reads no
+  carried value directly (its accumulator is computed from A, its other register operand P
+  from the rest of the body).
+
+W2's register operands (P and ``acc * alpha``) become carried values instead of A, and the
+loop becomes
+
+    if lb < ub:
+        the body for lb up to W2's operands                (W1 issued and waited)
+        for j in [lb + 1, ub): carry (..., P, acc')
+            W1(j) issued; W2(P, V_(j-1), acc') issued       one turn for both under pingpong
+            wait for W1 (pending 1: W2 stays in flight)
+            the body up to its first read of A
+            A = wait for W2; release stage j - 1            (U2 and what followed it)
+            the rest of the body, up to W2's next operands
+        W2 for ub - 1, its wait and release
+    else: the initial values
+
+Waits and releases stay paired with their stages; a stage is released one iteration later
+than before, which a ring of two or more stages absorbs (the producer fills stage j while
+the consumers hold j - 1), so a loop on a ring of one stage is left alone.  With pingpong
+the turn around W2 goes: the prologue keeps W1's turn, each iteration issues W1 and W2 in one
+turn, and the last W2 takes its own, so both warpgroups still take the same number of turns
+in the same order.  The pin cannot be combined with ``issue_ahead``, which moves the same
+loop's first product the other way.
+
+Must not: change what any iteration computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tkc import dtypes
+from tkc.errors import TkcUnsupportedError
+from tkc.ir.core import Block, Module, Operation, Region, Value, clone, replace_all_uses
+from tkc.ir.dialects import tile
+from tkc.ir.types import ScalarType, TileType
+
+I32 = ScalarType(dtypes.i32)
+I1 = ScalarType(dtypes.i1)
+
+
+def defer_last(module: Module) -> None:
+    for kernel in module.ops:
+        consts = kernel.attributes.get("consts") or {}
+        if kernel.name != "tile.kernel" or not consts.get("defer_last"):
+            continue
+        if consts.get("issue_ahead"):
+            raise TkcUnsupportedError("defer_last = true and issue_ahead = true move the same loop's products "
+                                      "in opposite directions; pin one of them", kernel.loc)
+        for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
+            plan = _plan(loop)
+            if plan is not None:
+                _rotate(loop, plan)
+
+
+@dataclass
+class _Plan:
+    """What moves where."""
+
+    w1: Operation  # the first product, and its wait
+    u1: Operation
+    w2: Operation  # the last product, and its wait
+    u2: Operation
+    turns_w1: tuple[Operation, ...]  # W1's turn wait and pass (pingpong), else ()
+    moved: list[Operation]  # W2's ring waits, turn, W2, U2 and the releases after it, in body order
+    recompute: list[Operation]  # the induction-variable ops those read, cloned per iteration served
+    operands: list[Value]  # W2's register operands computed in the body: carried in the new loop
+    k: int  # A's index among the carried values
+    acc: Value  # A, the carried block argument
+    first_use: Operation  # the first top-level op reading A
+
+
+def _const(v: Value) -> object:
+    owner = getattr(v, "owner", None)
+    return owner.attributes.get("value") if owner is not None and owner.name == "tile.constant" else None
+
+
+def _owner(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
+def _plan(loop: Operation) -> _Plan | None:
+    if _const(loop.step) != 1:
+        return None
+    body: Block = loop.regions[0].block
+    ops = body.ops
+    inner = list(loop.walk())[1:]
+    if any(op.name in ("hopper.tma_load", "hopper.expect_tx") for op in inner) or not any(
+            a.name == "hopper.role" for a in loop.ancestors()):
+        return None  # the loop issues its own copies: releasing later could stall them
+    products = [op for op in inner if op.name == "hopper.wgmma"]
+    if len(products) != 2 or any(w.parent is not body for w in products):
+        return None
+    w1, w2 = products
+    iv, carried = body.args[0], list(body.args[1:])
+    users = {w: [o for o in inner if w.result in o.operands] for w in products}
+    if any(len(u) != 1 or u[0].name != "hopper.wgmma_wait" or u[0].parent is not body for u in users.values()):
+        return None
+    u1, u2 = users[w1][0], users[w2][0]
+    term = body.terminator
+    if term is None or [o for o in inner if u2.result in o.operands] != [term] or \
+            list(term.operands).count(u2.result) != 1:
+        return None
+    k = list(term.operands).index(u2.result)
+    acc = carried[k]
+    if not any(_owner(v) is not None and _owner(v).name == "hopper.stage" for v in w2.operands):
+        return None  # not reading a ring: no stage to release later
+    if any((_ring_stages(op) or 2) < 2 for op in inner if op.name == "hopper.stage"):
+        return None  # a one-stage ring cannot hold stage j - 1 while stage j fills
+    turns_w1, turns_w2 = _turns(ops, w1), _turns(ops, w2)
+    if turns_w1 is None or turns_w2 is None:
+        return None
+    i1, iu1, i2, iu2 = (ops.index(op) for op in (w1, u1, w2, u2))
+    if not i1 < iu1 < i2:
+        return None
+
+    defined = {r for op in inner for r in op.results} | set(body.args)
+    iv_only = _iv_only(ops, iv, defined)
+
+    def of_iv(v: Value) -> bool:
+        return v is iv or v not in defined or _owner(v) in iv_only
+
+    # U2 and what follows it: releases of ring stages and the stage numbers they need.
+    after = [op for op in ops[iu2 + 1:] if op is not term]
+    if any(op.regions or not (op in iv_only or op.name == "hopper.mbarrier_arrive" and all(map(of_iv, op.operands)))
+           for op in after):
+        return None
+    if any(_owner(v) in after for v in term.operands):
+        return None
+    # The ring waits between U1 and W2 (W2's operands' stages) move with W2.
+    ring_waits = [op for op in ops[iu1 + 1:i2] if op.name == "hopper.mbarrier_wait" and all(map(of_iv, op.operands))]
+    moved = sorted({*ring_waits, *turns_w2, w2, u2, *after}, key=ops.index)
+
+    # W2's operands: from outside the loop, recomputed from the induction variable, or carried.
+    operands: list[Value] = []
+    for v in w2.operands:
+        if v in carried:
+            return None  # reads A (or another carried value) itself: a chain, pipeline-loops' business
+        if not of_iv(v) and v not in operands:
+            operands.append(v)
+    recompute = _closure([v for op in moved for v in op.operands if v not in operands], iv_only - set(moved), ops)
+
+    # A is first read after W1 is issued.
+    rest = [op for op in ops if op not in moved and op is not term]
+    first_use = next((op for op in rest if any(acc in o.operands for o in op.walk())), None)
+    if first_use is None or rest.index(first_use) < rest.index(w1):
+        return None
+    # Nothing else reads shared memory, which the moved ring waits might guard.
+    for op in rest:
+        if op is w1 or op.name == "hopper.stage":
+            continue
+        if any(isinstance(v.type, TileType) and v.type.space == "smem" for o in op.walk() for v in o.operands):
+            return None
+    return _Plan(w1=w1, u1=u1, w2=w2, u2=u2, turns_w1=turns_w1, moved=moved, recompute=recompute,
+                 operands=operands, k=k, acc=acc, first_use=first_use)
+
+
+def _ring_stages(stage: Operation) -> int | None:
+    ring = _owner(stage.operands[0])
+    return None if ring is None else ring.attributes.get("stages")
+
+
+def _iv_only(ops: list[Operation], iv: Value, defined: set[Value]) -> set[Operation]:
+    """The body's pure top-level ops computed from the induction variable and values defined
+    outside the loop only (stage numbers, phases, ring stages)."""
+    out: set[Operation] = set()
+    for op in ops:
+        if not op.regions and op.has_trait("pure") and \
+                all(v is iv or v not in defined or _owner(v) in out for v in op.operands):
+            out.add(op)
+    return out
+
+
+def _closure(seeds: list[Value], iv_only: set[Operation], ops: list[Operation]) -> list[Operation]:
+    """The induction-variable ops ``seeds`` are computed by, in body order."""
+    need: set[Operation] = set()
+    work = [_owner(v) for v in seeds]
+    while work:
+        op = work.pop()
+        if op is None or op in need or op not in iv_only:
+            continue
+        need.add(op)
+        work += [_owner(v) for v in op.operands]
+    return [op for op in ops if op in need]
+
+
+def _turns(ops: list[Operation], w: Operation) -> tuple[Operation, ...] | None:
+    """The turn ``wait`` and ``pass`` right around ``w``; () when the loop takes no turns;
+    None when it takes turns, but not around ``w``."""
+    if not any(op.name == "hopper.turn" for o in ops for op in o.walk()):
+        return ()
+    i = ops.index(w)
+    before, after = ops[i - 1] if i > 0 else None, ops[i + 1] if i + 1 < len(ops) else None
+    if (before is not None and after is not None and before.name == after.name == "hopper.turn"
+            and before.attributes["kind"] == "wait" and after.attributes["kind"] == "pass"):
+        return before, after
+    return None
+
+
+def _rotate(loop: Operation, p: _Plan) -> None:
+    body: Block = loop.regions[0].block
+    g = loop.operand_groups()
+    lb, ub, step, inits = g["lb"], g["ub"], g["step"], list(g["init"])
+    iv, carried = body.args[0], list(body.args[1:])
+    term = body.terminator
+    rest = [op for op in body.ops if op not in p.moved and op is not term]
+    kept = [i for i in range(len(carried)) if i != p.k]
+    loc = loop.loc
+
+    def scalar(into: Block, cls: type[Operation], operands: list[Value], attrs: dict | None = None) -> Value:
+        return into.append(cls(operands, [I32], attrs, loc=loc)).result
+
+    def emit_moved(into: Block, at: Value, ops: list[Operation], mapping: dict[Value, Value]) -> None:
+        """``ops`` of the moved part for iteration ``at``, after the stage numbers they need;
+        ``mapping`` gives W2's register operands (or W2 itself, for its wait) and gets the
+        clones."""
+        mapping[iv] = at
+        for op in [*p.recompute, *ops]:
+            into.append(clone(op, mapping))
+
+    issue_w2 = [op for op in p.moved if op.name == "hopper.mbarrier_wait"]
+    release = p.moved[p.moved.index(p.u2):]
+    anchor = p.turns_w1[0] if p.turns_w1 else p.w1
+
+    def emit_rest(into: Block, mapping: dict[Value, Value], w2_at: Value | None = None,
+                  w2_regs: list[Value] = ()) -> None:
+        """The body but the moved part, into ``into``; with ``w2_at``, W2 for that iteration
+        (its register operands ``w2_regs``) issued right after W1 in W1's turn, and A read from
+        its wait."""
+        w2_map: dict[Value, Value] = dict(zip(p.operands, w2_regs))
+        for op in rest:
+            if w2_at is not None and op is anchor:
+                emit_moved(into, w2_at, issue_w2, w2_map)
+            if w2_at is not None and op is p.first_use:
+                done = {p.w2.result: w2_map[p.w2.result]}
+                emit_moved(into, w2_at, release, done)
+                mapping[p.acc] = done[p.u2.result]
+            new = into.append(clone(op, mapping))
+            if w2_at is not None and op is p.w1:
+                into.append(clone(p.w2, w2_map))
+            if w2_at is not None and op is p.u1:
+                new.attributes["pending"] = 1  # W2, issued after W1, stays in flight
+
+    # The first iteration, up to W2's operands.
+    then = Block()
+    first: dict[Value, Value] = {iv: lb, **dict(zip(carried, inits))}
+    emit_rest(then, first)
+    one = scalar(then, tile.ConstantOp, [], {"value": 1})
+    start = scalar(then, tile.AddOp, [lb, one])
+    # The steady state: W1(j) with W2(j - 1) behind it.
+    types = [carried[i].type for i in kept] + [v.type for v in p.operands]
+    steady_body = Block([iv.type, *types], [iv.name_hint, *[carried[i].name_hint for i in kept],
+                                            *[v.name_hint for v in p.operands]])
+    j, *args = steady_body.args
+    mapping: dict[Value, Value] = {iv: j, **{carried[i]: a for i, a in zip(kept, args)}}
+    prev = scalar(steady_body, tile.SubOp, [j, one])
+    emit_rest(steady_body, mapping, prev, args[len(kept):])
+    yielded = [mapping.get(v, v) for v in term.operands]
+    steady_body.append(tile.YieldOp([yielded[i] for i in kept] + [mapping.get(v, v) for v in p.operands],
+                                    [], loc=loc))
+    start_values = [first.get(term.operands[i], term.operands[i]) for i in kept] + \
+        [first.get(v, v) for v in p.operands]
+    steady = tile.ForOp([start, ub, step, *start_values], types, loc=loc)
+    steady.regions.append(Region([steady_body]))
+    steady.regions[0].parent = steady
+    then.append(steady)
+    # The last iteration's W2, its wait and releases.
+    last = scalar(then, tile.SubOp, [ub, one])
+    out = dict(zip(p.operands, steady.results[len(kept):]))
+    emit_moved(then, last, p.moved, out)
+    results = list(steady.results[:len(kept)])
+    results.insert(p.k, out[p.u2.result])
+    then.append(tile.YieldOp(results, [], loc=loc))
+    skip = Block()
+    skip.append(tile.YieldOp(inits, [], loc=loc))
+
+    parent = loop.parent
+    cond = tile.CmpOp([lb, ub], [I1], {"pred": "lt"}, loc=loc)
+    parent.insert(parent.ops.index(loop), cond)
+    branch = tile.IfOp([cond.result], [r.type for r in loop.results], loc=loc)
+    for blk in (then, skip):
+        branch.regions.append(Region([blk]))
+        branch.regions[-1].parent = branch
+    parent.insert(parent.ops.index(loop), branch)
+    root = list(loop.ancestors())[-1]  # the kernel
+    for old, new in zip(loop.results, branch.results):
+        replace_all_uses(root, old, new)
+    loop.erase()
