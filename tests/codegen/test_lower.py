@@ -271,6 +271,10 @@ EXAMPLE_CASES = [
     # tile loop, through the K/V loop), and the producer's 24 registers leave the consumers 240.
     ("attn.tk", {"D": 256, "BN": 64, "persistent": True}),
     ("attn.tk", {"D": 128, "persistent": True, "issue_ahead": True, "tma_store": False}),
+    # P V of block j - 1 in flight through block j's softmax: P and the rescaled O carried.
+    ("attn.tk", {"D": 128, "defer_last": True, "tma_store": False}),
+    ("attn.tk", {"D": 128, "defer_last": True, "pingpong": True, "tma_store": False}),
+    ("attn.tk", {"D": 64, "BM": 192, "defer_last": True}),
     ("softmax.tk", {}),
     ("layernorm.tk", {}),
     ("rmsnorm.py", {}),
@@ -332,6 +336,17 @@ def test_attention_scores_cost_one_fma_and_one_exp2_each(causal: bool) -> None:
     assert ptx.count("fma.rn.f32") >= 64
     assert ptx.count("ex2.approx.ftz.f32") <= 66  # 64 scores and the row's alpha
     assert ptx.count("cvt.rn.bf16x2.f32") >= 32 and "cvt.u32.u16" not in ptx
+
+
+def test_a_loop_carried_bf16_tile_crosses_the_back_edge_packed() -> None:
+    """defer_last carries P (64 bf16 values a thread at D=64) from one iteration to the next:
+    it crosses the back edge as 32 packed b32s (one ``cvt.rn.bf16x2.f32`` a pair, from the
+    unrounded scores) and reaches the P @ V operand without converting again, where its f32
+    register form would cost a rounding and a widening per value."""
+    ptx = kernel_to_ptx(_example("attn.tk", {"D": 64, "defer_last": True}).kernel())
+    assert "cvt.rn.bf16.f32" not in ptx and "cvt.f32.bf16" not in ptx
+    # P of the first block and of each later one (32 pairs each), O's 32 values stored (16).
+    assert ptx.count("cvt.rn.bf16x2.f32") == 32 + 32 + 16
 
 
 def test_turns_are_named_barriers_three_and_four() -> None:

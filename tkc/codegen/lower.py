@@ -27,9 +27,11 @@ from typing import Any
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.lower_values import Lowered, Sym, const_i32
+from tkc import dtypes
+from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, unpack_pair
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx, target as lookup_target
+from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError, TkcError
 from tkc.ir.core import Block, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS
@@ -289,15 +291,32 @@ class Lowerer:
 # --------------------------------------------------------------------------- structure
 
 
-def _flat(x: Lowered) -> list[ir.Value]:
-    return list(x) if isinstance(x, list) else [x]
+def _packed(t: Type) -> DType | None:
+    """The dtype of a bf16/f16 register tile, which crosses control-flow edges (loop-carried
+    values, if results) as packed b32 pairs: its f32 register form through a phi would cost a
+    rounding and a widening per value, and twice the registers."""
+    if isinstance(t, TileType) and t.dtype in (dtypes.bf16, dtypes.f16) and t.layout.regs % 2 == 0:
+        return t.dtype
+    return None
 
 
-def _unflat(t: Type, vals: list[ir.Value]) -> tuple[Lowered, list[ir.Value]]:
-    """Take the values of one ``t`` off the front of ``vals``."""
+def _flat(b: ir.IRBuilder, t: Type, x: Lowered) -> list[ir.Value]:
+    """The LLVM values that carry ``x`` (of type ``t``) across a control-flow edge."""
+    if not isinstance(x, list):
+        return [x]
+    dt = _packed(t)
+    return list(x) if dt is None else [pack_pair(b, x[i], x[i + 1], dt) for i in range(0, len(x), 2)]
+
+
+def _unflat(b: ir.IRBuilder, t: Type, vals: list[ir.Value]) -> tuple[Lowered, list[ir.Value]]:
+    """Take the values of one ``t`` off the front of ``vals`` (as :func:`_flat` made them)."""
     if isinstance(t, TileType):
-        n = t.layout.regs
-        return vals[:n], vals[n:]
+        dt = _packed(t)
+        if dt is None:
+            n = t.layout.regs
+            return vals[:n], vals[n:]
+        n = t.layout.regs // 2
+        return [h for w in vals[:n] for h in unpack_pair(b, w, dt)], vals[n:]
     return vals[0], vals[1:]
 
 
@@ -337,13 +356,13 @@ def _loop_body(lw: Lowerer, op: Operation, iv: ir.Instruction, phis: list[ir.Ins
     lw.set(args[0], iv)
     rest = list(phis)
     for a, t in zip(args[1:], types):
-        x, rest = _unflat(t, rest)
+        x, rest = _unflat(b, t, rest)
         lw.set(a, x)
     yielded = lw.block(op.body) or []
     latch = b.block
     nxt = b.add(iv, step, name="iv.next")
     iv.add_incoming(nxt, latch)
-    for p, v in zip(phis, [v for x in yielded for v in _flat(x)]):
+    for p, v in zip(phis, [v for x, t in zip(yielded, types) for v in _flat(b, t, x)]):
         p.add_incoming(v, latch)
     return yielded, nxt
 
@@ -359,7 +378,7 @@ def _for(lw: Lowerer, op: Operation) -> None:
     if any(_in_flight(op)):
         _for_in_flight(lw, op, lb, ub, step, inits, types)
         return
-    flat_init = [v for x in inits for v in _flat(x)]
+    flat_init = [v for x, t in zip(inits, types) for v in _flat(b, t, x)]
     pre = b.block
     header = lw.fn.append_basic_block("for.header")
     body = lw.fn.append_basic_block("for.body")
@@ -374,7 +393,7 @@ def _for(lw: Lowerer, op: Operation) -> None:
     b.position_at_end(exit_)
     rest = list(phis)
     for r, t in zip(op.results, types):
-        x, rest = _unflat(t, rest)
+        x, rest = _unflat(b, t, rest)
         lw.set(r, x)
 
 
@@ -394,7 +413,7 @@ def _for_in_flight(lw: Lowerer, op: Operation, lb: ir.Value, ub: ir.Value, step:
     defined or read by other instructions).  Waiting at the exit edge instead is the same
     wait the IR makes next (that one then finds nothing pending)."""
     b = lw.b
-    flat_init = [v for x in inits for v in _flat(x)]
+    flat_init = [v for x, t in zip(inits, types) for v in _flat(b, t, x)]
     pre = b.block
     body = lw.fn.append_basic_block("for.body")
     drain = lw.fn.append_basic_block("for.drain")
@@ -408,8 +427,8 @@ def _for_in_flight(lw: Lowerer, op: Operation, lb: ir.Value, ub: ir.Value, step:
     b.position_at_end(drain)
     nvvm.call(b, "wgmma.wait_group.sync.aligned", 0)
     out = []
-    for x, flight in zip(yielded, _in_flight(op)):
-        out += nvvm.pin(b, x) if flight else _flat(x)
+    for x, t, flight in zip(yielded, types, _in_flight(op)):
+        out += nvvm.pin(b, x) if flight else _flat(b, t, x)
     b.branch(exit_)
     b.position_at_end(skip)
     b.branch(exit_)
@@ -421,7 +440,7 @@ def _for_in_flight(lw: Lowerer, op: Operation, lb: ir.Value, ub: ir.Value, step:
         p.add_incoming(init, skip)
         merged.append(p)
     for r, t in zip(op.results, types):
-        x, merged = _unflat(t, merged)
+        x, merged = _unflat(b, t, merged)
         lw.set(r, x)
 
 
@@ -437,7 +456,7 @@ def _if(lw: Lowerer, op: Operation) -> None:
     incoming = []
     for region, blk in zip(op.regions, (then, else_)):
         b.position_at_end(blk)
-        vals = [v for x in (lw.block(region.block) or []) for v in _flat(x)]
+        vals = [v for x, t in zip(lw.block(region.block) or [], types) for v in _flat(b, t, x)]
         incoming.append((vals, b.block))
         b.branch(merge)
     b.position_at_end(merge)
@@ -448,7 +467,7 @@ def _if(lw: Lowerer, op: Operation) -> None:
             p.add_incoming(vals[k], blk)
         flat.append(p)
     for r, t in zip(op.results, types):
-        x, flat = _unflat(t, flat)
+        x, flat = _unflat(b, t, flat)
         lw.set(r, x)
 
 

@@ -120,9 +120,37 @@ def pack_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Valu
             return v.operands[0].operands[0]
         return v
 
+    low, high = _unpacked_from(lo, dt), _unpacked_from(hi, dt)
+    if low is not None and high is not None and low[0] is high[0] and (low[1], high[1]) == (0, 1):
+        return low[0]  # the two halves of one b32 (unpack_pair): that b32 again
     kind = "bf16x2" if dt == dtypes.bf16 else "f16x2"
     fty = ir.FunctionType(I32, [F32, F32])
     return b.asm(fty, f"cvt.rn.{kind}.f32 $0, $1, $2;", "=r,f,f", [source(hi), source(lo)], side_effect=False)
+
+
+def unpack_pair(b: ir.IRBuilder, word: ir.Value, dt: DType) -> tuple[ir.Value, ir.Value]:
+    """The two bf16/f16 halves of a b32 (low half first) in their f32 register form: the
+    inverse of :func:`pack_pair`, which gives ``word`` back for them without converting."""
+    nt = _narrow_type(dt)
+    halves = (b.trunc(word, I16), b.trunc(b.lshr(word, const_i32(16)), I16))
+    return tuple(b.fpext(b.bitcast(h, nt), F32) for h in halves)
+
+
+def _unpacked_from(v: ir.Value, dt: DType) -> tuple[ir.Value, int] | None:
+    """(b32, half) when ``v`` is what :func:`unpack_pair` made of that half of that b32."""
+    if not (isinstance(v, ir.CastInstr) and v.opname == "fpext"):
+        return None
+    c = v.operands[0]
+    if not (isinstance(c, ir.CastInstr) and c.opname == "bitcast" and c.type == _narrow_type(dt)):
+        return None
+    t = c.operands[0]
+    if not (isinstance(t, ir.CastInstr) and t.opname == "trunc"):
+        return None
+    w = t.operands[0]
+    if isinstance(w, ir.Instruction) and w.opname == "lshr" and isinstance(w.operands[1], ir.Constant) \
+            and w.operands[1].constant == 16:
+        return w.operands[0], 1
+    return w, 0
 
 
 def mem_type(dt: DType) -> ir.Type:
