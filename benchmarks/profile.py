@@ -87,6 +87,10 @@ CASES = {
     "attn-512": lambda: _attn(False, consts={"persistent": True, "stages": 2}, N=512),
     "attn-512-cudnn": lambda: _attn(True, N=512),
     "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
+    # FlashAttention-3's ordering (P V of block j - 1 in flight through the softmax of block j)
+    # against the same schedule without it.
+    "attn-plain": lambda: _attn(False), "attn-defer": lambda: _attn(False, consts={"defer_last": True}),
+    "attn-d64-plain": lambda: _attn(False, D=64), "attn-d64-defer": lambda: _attn(False, D=64, consts={"defer_last": True}),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
     "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 65536, "warps": 8}),
     "layernorm": lambda: _norm("layernorm", 4096, False),
