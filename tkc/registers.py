@@ -14,6 +14,12 @@ from __future__ import annotations
 #: 32-bit registers per SM.
 REGISTER_FILE = 65536
 
+#: Registers ptxas needs for one wgmma beyond its accumulator, counted against the kernel's
+#: entry budget whatever the warpgroup's ``setmaxnreg`` budget: with 80 at entry (384 threads,
+#: two CTAs an SM) ptxas 13 stopped with C7602 asking for 82 for a 56-register accumulator and
+#: 90 for a 64-register one, and compiled a 48-register one.
+WGMMA_EXTRA_REGISTERS = 26
+
 
 def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
     """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``

@@ -92,6 +92,28 @@ def test_two_programs_per_sm_refuses_a_wide_accumulator() -> None:
     assert e.value.loc is not None and e.value.loc.line > 1
 
 
+@pytest.mark.parametrize("example, consts, need", [("attn.tk", {"D": 64}, 64), ("gemm.tk", {"BN": 112}, 56)])
+def test_two_programs_per_sm_refuse_a_product_ptxas_cannot_fit_in_the_entry_budget(example, consts, need) -> None:
+    """Two 384-thread programs an SM start with 80 registers a thread; the consumers' setmaxnreg
+    budget (104) holds a 64- or 56-register accumulator, but ptxas compiles each wgmma within
+    the 80 (C7602: it asked for 90 and 82): refused at the product, before ptxas."""
+    from tkc.compiler import compile_kernel
+
+    with pytest.raises(TkcCodegenError, match=rf"ctas_per_sm = 2 leaves 80 registers a thread at kernel entry, "
+                                              rf"and ptxas compiles this product within them: its {need}-register "
+                                              rf"accumulator needs {need + 26}") as e:
+        compile_kernel(ROOT / "examples" / example, {**consts, "ctas_per_sm": 2}, stop="llvm", cache=False)
+    assert e.value.loc is not None and e.value.loc.line > 1
+
+
+def test_two_programs_per_sm_take_the_widest_product_ptxas_fits(ptxas: Path) -> None:
+    """A 48-register accumulator (128 x 96) fits ptxas's 80 at entry: it assembles."""
+    from tkc.compiler import compile_kernel
+
+    c = compile_kernel(ROOT / "examples" / "gemm.tk", {"BN": 96, "ctas_per_sm": 2}, cache=False)
+    assert c.asm["cubin"][:4] == b"\x7fELF" and c.resources.spill_stores == 0
+
+
 @pytest.mark.parametrize("path", [RING, WS], ids=lambda p: p.stem)
 def test_ring_ptx(path: Path) -> None:
     ptx = _ptx(path)

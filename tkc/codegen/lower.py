@@ -38,7 +38,7 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS
 from tkc.ir.layouts import SharedLayout
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 from tkc.pins import ctas_per_sm
-from tkc.registers import entry_registers
+from tkc.registers import WGMMA_EXTRA_REGISTERS, entry_registers
 
 __all__ = ["kernel_to_llvm", "kernel_to_ptx", "entry_registers", "Lowerer", "TensorArg", "SmemTile", "Barrier",
            "Ring"]
@@ -86,7 +86,9 @@ class Ring:
 
 def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
     """Refuse, at the product, a wgmma accumulator that takes every register its thread has
-    (the role's ``setmaxnreg`` budget, else the entry budget): ptxas would stop with C7602."""
+    (the role's ``setmaxnreg`` budget, else the entry budget), or that leaves ptxas fewer than
+    it needs for the instruction within the entry budget: ptxas would stop with C7602."""
+    why = f"ctas_per_sm = {ctas} leaves" if ctas > 1 else "there are"
     for op in kernel.walk():
         if op.name != "hopper.wgmma":
             continue
@@ -94,9 +96,12 @@ def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
         budget = role.attributes.get("regs") or entry if role is not None else entry
         need = getattr(op.result.type.layout, "regs", 0)
         if need >= budget:
-            why = f"ctas_per_sm = {ctas} leaves" if ctas > 1 else "there are"
             raise TkcCodegenError(f"{why} {budget} registers a thread, and this product's accumulator alone "
                                   f"takes {need}: fewer programs per SM, or a narrower tile", op.loc)
+        if need + WGMMA_EXTRA_REGISTERS > entry:
+            raise TkcCodegenError(f"{why} {entry} registers a thread at kernel entry, and ptxas compiles this "
+                                  f"product within them: its {need}-register accumulator needs "
+                                  f"{need + WGMMA_EXTRA_REGISTERS}; fewer programs per SM, or a narrower tile", op.loc)
 
 
 Handler = Callable[["Lowerer", Operation], None]
