@@ -43,22 +43,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tkc import dtypes
 from tkc.errors import TkcUnsupportedError
-from tkc.ir.core import Block, Module, Operation, Region, Value, clone, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import tile
-from tkc.ir.types import ScalarType, TileType
-
-I32 = ScalarType(dtypes.i32)
-I1 = ScalarType(dtypes.i1)
+from tkc.ir.types import TileType
+from tkc.passes.rotate import I32, const_value, pinned_kernels, replace_guarded, turn_around
 
 
 def defer_last(module: Module) -> None:
-    for kernel in module.ops:
-        consts = kernel.attributes.get("consts") or {}
-        if kernel.name != "tile.kernel" or not consts.get("defer_last"):
-            continue
-        if consts.get("issue_ahead"):
+    for kernel in pinned_kernels(module, "defer_last"):
+        if kernel.attributes["consts"].get("issue_ahead"):
             raise TkcUnsupportedError("defer_last = true and issue_ahead = true move the same loop's products "
                                       "in opposite directions; pin one of them", kernel.loc)
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
@@ -84,17 +78,12 @@ class _Plan:
     first_use: Operation  # the first top-level op reading A
 
 
-def _const(v: Value) -> object:
-    owner = getattr(v, "owner", None)
-    return owner.attributes.get("value") if owner is not None and owner.name == "tile.constant" else None
-
-
 def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
 def _plan(loop: Operation) -> _Plan | None:
-    if _const(loop.step) != 1:
+    if const_value(loop.step) != 1:
         return None
     body: Block = loop.regions[0].block
     ops = body.ops
@@ -121,7 +110,7 @@ def _plan(loop: Operation) -> _Plan | None:
         return None  # not reading a ring: no stage to release later
     if any((_ring_stages(op) or 2) < 2 for op in inner if op.name == "hopper.stage"):
         return None  # a one-stage ring cannot hold stage j - 1 while stage j fills
-    turns_w1, turns_w2 = _turns(ops, w1), _turns(ops, w2)
+    turns_w1, turns_w2 = turn_around(ops, w1), turn_around(ops, w2)
     if turns_w1 is None or turns_w2 is None:
         return None
     i1, iu1, i2, iu2 = (ops.index(op) for op in (w1, u1, w2, u2))
@@ -198,19 +187,6 @@ def _closure(seeds: list[Value], iv_only: set[Operation], ops: list[Operation]) 
     return [op for op in ops if op in need]
 
 
-def _turns(ops: list[Operation], w: Operation) -> tuple[Operation, ...] | None:
-    """The turn ``wait`` and ``pass`` right around ``w``; () when the loop takes no turns;
-    None when it takes turns, but not around ``w``."""
-    if not any(op.name == "hopper.turn" for o in ops for op in o.walk()):
-        return ()
-    i = ops.index(w)
-    before, after = ops[i - 1] if i > 0 else None, ops[i + 1] if i + 1 < len(ops) else None
-    if (before is not None and after is not None and before.name == after.name == "hopper.turn"
-            and before.attributes["kind"] == "wait" and after.attributes["kind"] == "pass"):
-        return before, after
-    return None
-
-
 def _rotate(loop: Operation, p: _Plan) -> None:
     body: Block = loop.regions[0].block
     g = loop.operand_groups()
@@ -285,18 +261,4 @@ def _rotate(loop: Operation, p: _Plan) -> None:
     results = list(steady.results[:len(kept)])
     results.insert(p.k, out[p.u2.result])
     then.append(tile.YieldOp(results, [], loc=loc))
-    skip = Block()
-    skip.append(tile.YieldOp(inits, [], loc=loc))
-
-    parent = loop.parent
-    cond = tile.CmpOp([lb, ub], [I1], {"pred": "lt"}, loc=loc)
-    parent.insert(parent.ops.index(loop), cond)
-    branch = tile.IfOp([cond.result], [r.type for r in loop.results], loc=loc)
-    for blk in (then, skip):
-        branch.regions.append(Region([blk]))
-        branch.regions[-1].parent = branch
-    parent.insert(parent.ops.index(loop), branch)
-    root = list(loop.ancestors())[-1]  # the kernel
-    for old, new in zip(loop.results, branch.results):
-        replace_all_uses(root, old, new)
-    loop.erase()
+    replace_guarded(loop, then)

@@ -37,35 +37,24 @@ Must not: change what any iteration computes.
 
 from __future__ import annotations
 
-from tkc import dtypes
-from tkc.ir.core import Block, Module, Operation, Region, Value, clone, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
-
-I32 = ScalarType(dtypes.i32)
-I1 = ScalarType(dtypes.i1)
+from tkc.passes.rotate import I32, const_value, pinned_kernels, replace_guarded, turn_around
 
 
 def issue_ahead(module: Module) -> None:
-    for kernel in module.ops:
-        consts = kernel.attributes.get("consts") or {}
-        if kernel.name != "tile.kernel" or not consts.get("issue_ahead"):
-            continue
+    for kernel in pinned_kernels(module, "issue_ahead"):
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             plan = _plan(loop)
             if plan is not None:
                 _rotate(loop, *plan)
 
 
-def _const(v: Value) -> object:
-    owner = getattr(v, "owner", None)
-    return owner.attributes.get("value") if owner is not None and owner.name == "tile.constant" else None
-
-
 def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | None:
     """(the ops that issue W, in body order: W, its ring waits and what they compute from the
     induction variable; W; W's wait), or None when the loop does not qualify."""
-    if _const(loop.step) != 1:
+    if const_value(loop.step) != 1:
         return None
     body: Block = loop.regions[0].block
     ops = body.ops
@@ -85,23 +74,9 @@ def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | Non
             continue  # not reading a ring: nothing ahead to overlap with
         seeds = [op for op in ops[:ops.index(w)] if op.name == "hopper.mbarrier_wait"] + [w]
         issue = _closure(seeds, body, iv, carried)
-        turn = _turn_around(ops, w)
+        turn = turn_around(ops, w)
         if issue is not None and turn is not None:
             return [op for op in ops if op in issue or op in turn], w, users[0]
-    return None
-
-
-def _turn_around(ops: list[Operation], w: Operation) -> tuple[Operation, ...] | None:
-    """The turn ``wait`` and ``pass`` right around ``w``, to move with it; none when the loop
-    has no turns; None when it has turns but not around ``w`` (moving ``w`` alone would
-    unpair them)."""
-    if not any(op.name == "hopper.turn" for o in ops for op in o.walk()):
-        return ()
-    i = ops.index(w)
-    before, after = ops[i - 1] if i > 0 else None, ops[i + 1] if i + 1 < len(ops) else None
-    if (before is not None and after is not None and before.name == after.name == "hopper.turn"
-            and before.attributes["kind"] == "wait" and after.attributes["kind"] == "pass"):
-        return before, after
     return None
 
 
@@ -177,18 +152,4 @@ def _rotate(loop: Operation, issue: list[Operation], w: Operation, wait: Operati
     # The last iteration: its product was issued by the one before (or before the loop).
     s_last = wait_for(then, steady.results[-1])
     then.append(tile.YieldOp(emit_rest(then, last, list(steady.results[:-1]), s_last), [], loc=loc))
-    skip = Block()
-    skip.append(tile.YieldOp(inits, [], loc=loc))
-
-    parent = loop.parent
-    cond = tile.CmpOp([lb, ub], [I1], {"pred": "lt"}, loc=loc)
-    parent.insert(parent.ops.index(loop), cond)
-    branch = tile.IfOp([cond.result], result_types, loc=loc)
-    for blk in (then, skip):
-        branch.regions.append(Region([blk]))
-        branch.regions[-1].parent = branch
-    parent.insert(parent.ops.index(loop), branch)
-    root = list(loop.ancestors())[-1]  # the kernel
-    for old, new in zip(loop.results, branch.results):
-        replace_all_uses(root, old, new)
-    loop.erase()
+    replace_guarded(loop, then)
