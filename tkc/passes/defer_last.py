@@ -6,8 +6,8 @@ Runs on hopper IR after ``specialize-warps`` (and ``issue-ahead``), under the pi
 ``defer_last = true``.  A ``tile.for`` with step 1 in a consumer role (a producer role issues
 the copies) qualifies when its body holds exactly two ``hopper.wgmma``:
 
-- W1, the first, each waited once in the body;
-- W2, the last, reading a ring stage, waited right there (U2) with the wait's result only
+- W1, the first, waited for once in the body (U1);
+- W2, the last, reading a ring stage, waited for right there (U2) with the wait's result only
   yielded, as the carried accumulator A; what follows U2 in the body only releases ring
   stages (``mbarrier_arrive``) and computes stage numbers from the induction variable;
 - A is read in the body after W1 is issued (attention's ``acc * alpha``), and W2 reads no
@@ -28,9 +28,11 @@ loop becomes
         W2 for ub - 1, its wait and release
     else: the initial values
 
-Waits and releases stay paired with their stages; a stage is released one iteration later
-than before, which a ring of two or more stages absorbs (the producer fills stage j while
-the consumers hold j - 1), so a loop on a ring of one stage is left alone.  With pingpong
+Waits and releases stay paired with their stages.  A stage is released one iteration later
+than before: a ring of two stages still works (the producer fills stage j while the consumers
+hold j - 1) but then runs one stage less ahead, which on an H100 ate the whole gain (attention
+at D=128 gained 10% with three stages, nothing with two; benchmarks/RESULTS.md), and a loop on
+a ring of one stage is left alone.  With pingpong
 the turn around W2 goes: the prologue keeps W1's turn, each iteration issues W1 and W2 in one
 turn, and the last W2 takes its own, so both warpgroups still take the same number of turns
 in the same order.  The pin cannot be combined with ``issue_ahead``, which moves the same
