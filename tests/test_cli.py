@@ -362,3 +362,21 @@ def test_a_closed_pipe_is_not_a_compiler_error(monkeypatch: pytest.MonkeyPatch) 
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=8", "--dim", "N=8", "--dim", "K=8")
     assert r.exit_code == 141
     assert "internal compiler error" not in r.stderr
+
+
+def test_a_pass_error_shows_the_source_line_and_a_caret() -> None:
+    """Errors raised by passes and codegen point into the .tk file through the IR's locations,
+    which carry no text: the line is read from the file."""
+    r = tkc_cli("compile", str(EXAMPLES / "attn.tk"), "-D", "defer_last=true", "-D", "issue_ahead=true",
+                "-o", "a.ptx")
+    assert r.exit_code == 1
+    lines = r.stderr.splitlines()
+    assert lines[0].endswith("attn.tk:7:1: error: defer_last = true and issue_ahead = true move the same loop's "
+                             "products in opposite directions; pin one of them")
+    assert lines[1].startswith("def attn(q: bf16[B, H, N, D]") and lines[2] == "^"
+
+
+def test_a_location_in_a_missing_file_prints_no_snippet(tmp_path: Path) -> None:
+    from tkc.errors import Loc, TkcError
+
+    assert str(TkcError("bad", Loc(str(tmp_path / "gone.tk"), 2, 3))) == f"{tmp_path / 'gone.tk'}:2:3: error: bad"

@@ -8,6 +8,7 @@ diagnostics; the CLI prints ``str(err)`` and exits non-zero.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,15 @@ class Loc:
         return f"{self.file}:{self.line}:{self.col}"
 
     def snippet(self) -> str:
-        """The source line and a caret under the column, or '' when unknown."""
-        if not self.source:
-            return ""
-        lines = self.source.splitlines()
+        """The source line and a caret under the column, or '' when unknown.  A location that
+        came back through textual IR (a pass or codegen error) has no text: its file is read."""
+        source = self.source
+        if source is None:
+            try:
+                source = Path(self.file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError, ValueError):
+                return ""
+        lines = source.splitlines()
         if not 1 <= self.line <= len(lines):
             return ""
         text = lines[self.line - 1].rstrip("\n")
