@@ -367,3 +367,16 @@ def test_the_element_path_at_every_edge(rng, M: int, N: int) -> None:
     ref = torch.full((M, N), 7.0, dtype=torch.bfloat16, device="cuda")
     ref[3:, 5:] = x[:M - 3, :N - 5]
     check("shifted copy", y, ref, seed, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("flag", [0, 1])
+def test_a_bf16_tile_through_an_if(rng, flag: int) -> None:
+    """The tile crosses the if's merge as packed b32 pairs, on either path; exact (doubling
+    a bf16 is exact)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from branch_kernel import maybe_double
+
+    g, seed = rng
+    x, y = randn(g, 100, 70), poisoned(100, 70)
+    maybe_double(x, y, flag)
+    check(f"maybe_double flag={flag}", y, x * (2 if flag else 1), seed, atol=0, rtol=0)
