@@ -18,6 +18,7 @@ import argparse
 import math
 import sys
 import time
+from typing import TextIO
 from pathlib import Path
 
 import torch
@@ -116,7 +117,7 @@ def attn_configs(D: int, causal: bool) -> list[dict]:
     return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D]]
 
 
-def attention_rows(quick: bool, runs: int) -> list[Row]:
+def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash (FA2)": SDPBackend.FLASH_ATTENTION,
@@ -138,7 +139,7 @@ def attention_rows(quick: bool, runs: int) -> list[Row]:
                 # winner is checked and timed like any kernel.
                 best = autotune(EXAMPLES / "attn.tk", [q, k, v, o, scale],
                                 attn_configs(D, causal),
-                                flush_bytes=L2_FLUSH_BYTES, progress=None)
+                                flush_bytes=L2_FLUSH_BYTES, progress=progress)
                 _, run = tkc_call("attn.tk", best.consts, [q, k, v, o, scale])
                 o.fill_(float("nan"))
                 run()
@@ -184,7 +185,7 @@ def norm_configs(op: str, N: int) -> list[dict]:
     return [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
 
 
-def norm_rows(quick: bool, runs: int) -> list[Row]:
+def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
     widths = [4096, 65536] if quick else [4096, 16384, 65536]
     total = 1 << 26  # elements per problem: 128 MB of bf16 in, 128 MB out
     rows = []
@@ -208,7 +209,7 @@ def norm_rows(quick: bool, runs: int) -> list[Row]:
             # The block width for this row length, as Triton's kernels pick theirs: tkc.autotune
             # times each (cached on disk), the winner is checked and timed like any kernel.
             best = autotune(EXAMPLES / f"{op}.tk", args, norm_configs(op, N), flush_bytes=L2_FLUSH_BYTES,
-                            progress=None)
+                            progress=progress)
             _, run = tkc_call(f"{op}.tk", best.consts, args)
             y.fill_(float("nan"))
             run()
@@ -256,7 +257,11 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section, no plots")
     ap.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="the file the section goes to")
     ap.add_argument("--plots", type=Path, default=HERE, help="folder for the PNG plots")
+    ap.add_argument("--progress", action="store_true",
+                    help="tkc.autotune's lines on stderr: each schedule as it compiles, then the timings (a row "
+                         "that stalls names its schedules)")
     args = ap.parse_args()
+    progress = sys.stderr if args.progress else None
     if not torch.cuda.is_available():
         sys.exit("benchmarks need a CUDA GPU")
     runs = args.runs or (20 if args.quick else 50)
@@ -266,9 +271,9 @@ def main() -> None:
     if "gemm" in groups:
         rows += gemm_rows(args.quick, runs)
     if "attn" in groups:
-        rows += attention_rows(args.quick, runs)
+        rows += attention_rows(args.quick, runs, progress)
     if "norm" in groups:
-        rows += norm_rows(args.quick, runs)
+        rows += norm_rows(args.quick, runs, progress)
     if "overhead" in groups:
         rows += overhead_rows()
     text = table(rows)
