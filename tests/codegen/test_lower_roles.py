@@ -13,7 +13,8 @@ from pathlib import Path
 import llvmlite.ir as ir
 import pytest
 
-from tkc.codegen.lower import entry_registers, kernel_to_llvm, kernel_to_ptx
+from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
+from tkc.registers import entry_registers
 from tkc.codegen.ptxas import Assembled, assemble
 from tkc.dtypes import bf16
 from tkc.errors import TkcCodegenError

@@ -27,8 +27,7 @@ from typing import Any
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc import dtypes
-from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, unpack_pair
+from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, packs_in_pairs, unpack_pair
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx, target as lookup_target
 from tkc.dtypes import DType
@@ -40,7 +39,7 @@ from tkc.ir.types import ScalarType, TensorType, TileType, Type
 from tkc.pins import ctas_per_sm
 from tkc.registers import WGMMA_EXTRA_REGISTERS, entry_registers
 
-__all__ = ["kernel_to_llvm", "kernel_to_ptx", "entry_registers", "Lowerer", "TensorArg", "SmemTile", "Barrier",
+__all__ = ["kernel_to_llvm", "kernel_to_ptx", "Lowerer", "TensorArg", "SmemTile", "Barrier",
            "Ring"]
 
 
@@ -300,7 +299,7 @@ def _packed(t: Type) -> DType | None:
     """The dtype of a bf16/f16 register tile, which crosses control-flow edges (loop-carried
     values, if results) as packed b32 pairs: its f32 register form through a phi would cost a
     rounding and a widening per value, and twice the registers."""
-    if isinstance(t, TileType) and t.dtype in (dtypes.bf16, dtypes.f16) and t.layout.regs % 2 == 0:
+    if isinstance(t, TileType) and packs_in_pairs(t.dtype) and t.layout.regs % 2 == 0:
         return t.dtype
     return None
 

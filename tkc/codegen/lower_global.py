@@ -43,11 +43,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import llvmlite.ir as ir
 import numpy as np
 
-from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.lower import TensorArg
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
-                                      to_mem, widen)
+                                      packs_in_pairs, to_mem, widen)
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -289,7 +288,7 @@ def _store_words(b: ir.IRBuilder, bits: list[ir.Value], dt: DType, vals: list[ir
     """The words one vector access stores for the element bits ``bits`` (their register
     values ``vals``).  bf16/f16 pairs are converted straight from their values into each b32
     word (one ``cvt.rn.*x2.f32`` a pair)."""
-    if dt in (dtypes.bf16, dtypes.f16) and len(vals) % 2 == 0:
+    if packs_in_pairs(dt) and len(vals) % 2 == 0:
         return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
     return _pack(b, bits, dt)
 

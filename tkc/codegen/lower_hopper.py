@@ -24,7 +24,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.codegen import nvvm
-from tkc.codegen.lower import Barrier, Ring, SmemTile, entry_registers
+from tkc.codegen.lower import Barrier, Ring, SmemTile
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_global import HANDLERS as GLOBAL
 from tkc.codegen.lower_values import (
@@ -38,7 +38,7 @@ from tkc.codegen.lower_values import (
     round_to,
     to_mem,
 )
-from tkc.codegen.nvvm import F32, I32, I64
+from tkc.codegen.nvvm import F32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
@@ -46,6 +46,7 @@ from tkc.ir.dialects.hopper import TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 from tkc.pins import ctas_per_sm
+from tkc.registers import entry_registers
 
 if TYPE_CHECKING:
     from tkc.codegen.lower import Handler, Lowerer

@@ -109,6 +109,11 @@ def round_to(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
     return b.fpext(b.fptrunc(x, _narrow_type(dt)), F32)
 
 
+def packs_in_pairs(dt: DType) -> bool:
+    """Whether two values of ``dt`` travel as one b32 (:func:`pack_pair`): bf16 and f16."""
+    return dt in (dtypes.bf16, dtypes.f16)
+
+
 def pack_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Value:
     """Two bf16/f16 values (their f32 register form) as one b32, ``lo`` in the low half: one
     ``cvt.rn.{bf16,f16}x2.f32``.  A value that :func:`round_to` just rounded is converted from

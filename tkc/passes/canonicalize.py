@@ -72,14 +72,6 @@ def _attached(op: Operation, root: Operation) -> bool:
 
 
 # ------------------------------------------------------------------ helpers
-def _const(v: Value) -> Scalar | None:
-    """The value of a ``tile.constant`` (scalar or splat tile), rounded to its
-    dtype the way the interpreter materializes it; None if not a constant."""
-    if not isinstance(v, OpResult) or v.owner.name != "tile.constant":
-        return None
-    return _scalar(v.owner.attributes["value"], element_dtype(v.type))
-
-
 def _scalar(x: object, dt: DType) -> Scalar:
     """``x`` rounded to ``dt``, as a plain Python bool, int or float."""
     return dtypes.round_to(x, dt).item()
@@ -101,7 +93,7 @@ def _replace_by_constant(op: Operation, value: Scalar, root: Operation) -> None:
 def _is(v: Value, want: float, signed_zero: bool = False) -> bool:
     """Whether ``v`` is a constant equal to ``want`` (and, for floats with
     ``signed_zero``, of the same sign, since x + 0.0 is not x when x is -0.0)."""
-    c = _const(v)
+    c = tile.constant_value(v)
     if c is None or isinstance(c, bool) or c != want:
         return False
     return not (signed_zero and isinstance(c, float) and math.copysign(1, c) != math.copysign(1, want))
@@ -123,7 +115,7 @@ def _target_defined(op: Operation, vals: list[Scalar]) -> bool:
 def fold_elementwise(op: Operation, root: Operation) -> bool:
     """An elementwise op (or a compare or cast) whose operands are all
     constants becomes the constant the interpreter computes for it."""
-    vals = [_const(v) for v in op.operands]
+    vals = [tile.constant_value(v) for v in op.operands]
     if any(v is None for v in vals) or _target_defined(op, vals):
         return False
     args = [dtypes.round_to(x, element_dtype(v.type)) for x, v in zip(vals, op.operands)]
@@ -135,7 +127,7 @@ def fold_shape_of_constant(op: Operation, root: Operation) -> bool:
     """splat / broadcast / expand_dims / transpose of a constant, and max/min
     reductions of one, are a constant of the result type.  (A sum is not
     folded: its rounding depends on the interpreter's summation order.)"""
-    c = _const(op.operands[0])
+    c = tile.constant_value(op.operands[0])
     if c is None or (op.name == "tile.reduce" and op.attributes["kind"] == "sum"):
         return False
     _replace_by_constant(op, c, root)
@@ -202,7 +194,7 @@ def fold_double_transpose(op: Operation, root: Operation) -> bool:
 
 def fold_select(op: Operation, root: Operation) -> bool:
     """select with a constant condition, or with equal branches."""
-    c = _const(op.cond)
+    c = tile.constant_value(op.cond)
     if c is not None:
         _replace(op, [op.a if c else op.b], root)
         return True
@@ -242,7 +234,7 @@ def _use_count(root: Operation, v: Value) -> int:
 def fold_constant_if(op: Operation, root: Operation) -> bool:
     """``tile.if`` on a constant: the taken branch's ops move before the if,
     and its results become the yielded values."""
-    c = _const(op.cond)
+    c = tile.constant_value(op.cond)
     if c is None:
         return False
     block = op.regions[0 if c else 1].block
@@ -259,7 +251,7 @@ def fold_constant_if(op: Operation, root: Operation) -> bool:
 
 def fold_zero_trip_for(op: Operation, root: Operation) -> bool:
     """A ``tile.for`` whose constant bounds give no iteration yields its inits."""
-    lb, ub, step = _const(op.lb), _const(op.ub), _const(op.step)
+    lb, ub, step = tile.constant_value(op.lb), tile.constant_value(op.ub), tile.constant_value(op.step)
     if lb is None or ub is None or step is None or step <= 0 or lb < ub:
         return False
     _replace(op, list(op.init), root)

@@ -49,7 +49,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import tile
 from tkc.ir.types import TileType
-from tkc.passes.rotate import I32, const_value, pinned_kernels, replace_guarded, turn_around
+from tkc.passes.rotate import I32, pinned_kernels, replace_guarded, turn_around
 
 
 def defer_last(module: Module) -> None:
@@ -85,7 +85,7 @@ def _owner(v: Value) -> Operation | None:
 
 
 def _plan(loop: Operation) -> _Plan | None:
-    if const_value(loop.step) != 1:
+    if tile.constant_value(loop.step) != 1:
         return None
     body: Block = loop.regions[0].block
     ops = body.ops

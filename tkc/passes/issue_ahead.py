@@ -40,7 +40,7 @@ from __future__ import annotations
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
-from tkc.passes.rotate import I32, const_value, pinned_kernels, replace_guarded, turn_around
+from tkc.passes.rotate import I32, pinned_kernels, replace_guarded, turn_around
 
 
 def issue_ahead(module: Module) -> None:
@@ -54,7 +54,7 @@ def issue_ahead(module: Module) -> None:
 def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | None:
     """(the ops that issue W, in body order: W, its ring waits and what they compute from the
     induction variable; W; W's wait), or None when the loop does not qualify."""
-    if const_value(loop.step) != 1:
+    if tile.constant_value(loop.step) != 1:
         return None
     body: Block = loop.regions[0].block
     ops = body.ops

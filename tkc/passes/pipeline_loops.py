@@ -60,10 +60,6 @@ def pipeline_loops(module: Module) -> None:
             _Pipeliner(kernel).run()
 
 
-def _const(op: Operation | None) -> object:
-    return op.value if op is not None and op.name == "tile.constant" else None
-
-
 def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
@@ -400,19 +396,19 @@ class _Pipeliner:
 
     def _iteration(self, b: Builder, loop: Operation, iv: Value) -> Value:
         """(iv - lb) / step, folded when lb = 0 and step = 1."""
-        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        lb, step = tile.constant_value(loop.lb), tile.constant_value(loop.step)
         i = iv if lb == 0 else b.value(tile.SubOp, [iv, loop.lb], I32)
         return i if step == 1 else b.value(tile.FloorDivOp, [i, loop.step], I32)
 
     def _iv_at(self, b: Builder, loop: Operation, i: Value) -> Value:
         """The induction variable of iteration ``i``: lb + i * step."""
-        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        lb, step = tile.constant_value(loop.lb), tile.constant_value(loop.step)
         x = i if step == 1 else b.value(tile.MulOp, [i, loop.step], I32)
         return x if lb == 0 else b.value(tile.AddOp, [x, loop.lb], I32)
 
     def _trip_count(self, loop: Operation) -> Value:
         b = Builder.before(loop)
-        lb, step = _const(_owner(loop.lb)), _const(_owner(loop.step))
+        lb, step = tile.constant_value(loop.lb), tile.constant_value(loop.step)
         span = loop.ub if lb == 0 else b.value(tile.SubOp, [loop.ub, loop.lb], I32)
         span = span if step == 1 else b.value(tile.CdivOp, [span, loop.step], I32)
         # A loop whose upper bound is below its lower bound runs zero times.

@@ -1,6 +1,6 @@
 """What the passes that rotate a consumer loop's products (``issue-ahead``, ``defer-last``)
-share: the kernels that pin them, reading a constant step, finding the pingpong turn around a product, and putting the
-rotated loop in place behind a ``lb < ub`` guard.
+share: the kernels that pin them, finding the pingpong turn around a product, and putting
+the rotated loop in place behind a ``lb < ub`` guard.
 
 Must not: decide what moves (each pass owns its plan).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tkc import dtypes
-from tkc.ir.core import Block, Module, Operation, Region, Value, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, Region, replace_all_uses
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 
@@ -23,12 +23,6 @@ def pinned_kernels(module: Module, pin: str) -> Iterator[Operation]:
     for kernel in module.ops:
         if kernel.name == "tile.kernel" and (kernel.attributes.get("consts") or {}).get(pin):
             yield kernel
-
-
-def const_value(v: Value) -> object:
-    """The value of ``v`` when a ``tile.constant`` defines it, else None."""
-    owner = getattr(v, "owner", None)
-    return owner.attributes.get("value") if owner is not None and owner.name == "tile.constant" else None
 
 
 def turn_around(ops: list[Operation], w: Operation) -> tuple[Operation, ...] | None:

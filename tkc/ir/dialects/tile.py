@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
+from tkc.ir.types import ScalarType, TensorType, TileType, Type, element_dtype, shape_of
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -225,6 +225,15 @@ class ConstantOp(Operation):
             raise self.error("an i1 constant takes true or false")
         if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
             raise self.error("an integer constant takes an integer value")
+
+
+def constant_value(v: object) -> int | float | bool | None:
+    """The value of ``v`` when a ``tile.constant`` defines it (a scalar, or a tile's every
+    element), rounded to its dtype as the interpreter materializes it; else None."""
+    owner = getattr(v, "owner", None)
+    if owner is None or owner.name != "tile.constant":
+        return None
+    return dtypes.round_to(owner.attributes["value"], element_dtype(v.type)).item()
 
 
 @register
