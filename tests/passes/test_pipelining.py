@@ -87,7 +87,7 @@ def test_gemm_roles():
     text = lowered("gemm.tk", {}, SPLIT)
     assert "threads = 384" in text
     producer, consumers = role(text, "producer"), role(text, "consumers")
-    assert 'first = 0, warpgroups = 1, regs = 24' in producer
+    assert 'first = 0, warpgroups = 1, regs = 24, warps = 1' in producer  # its first warp issues the copies
     assert 'first = 1, warpgroups = 2, regs = 240' in consumers
     assert "hopper.tma_load" in producer and "hopper.expect_tx" in producer and "hopper.wgmma" not in producer
     assert "hopper.tma_load" not in consumers and "hopper.expect_tx" not in consumers

@@ -502,13 +502,21 @@ def _role(lw: Lowerer, op: Operation) -> None:
     inside = b.icmp_unsigned("<", tid, const_i32(128 * warpgroups))
     entry = entry_registers(lw.kernel.attributes["threads"], ctas_per_sm(lw.kernel.attributes.get("consts")))
 
+    def run() -> None:
+        with lw.in_role(op, tid):
+            lw.block(op.body)
+
     def body() -> None:
         if regs and regs != entry:
             # The budget ptxas gives the role's code; .maxntid + .minnctapersm on the kernel
             # tell ptxas the entry count, without which it drops setmaxnreg (C7508).
             nvvm.setmaxnreg(b, regs, inc=regs > entry)
-        with lw.in_role(op, tid):
-            lw.block(op.body)
+        warps = op.attributes.get("warps")
+        if warps is not None and warps < 4 * warpgroups:
+            # After setmaxnreg, which every warp of a warpgroup executes; uniform per warp.
+            lw.if_then(b.icmp_unsigned("<", tid, const_i32(32 * warps)), run, f"role.{_label(op)}.warps")
+        else:
+            run()
 
     lw.if_then(inside, body, f"role.{_label(op)}")
 

@@ -6,7 +6,9 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
 
 - the **producer** role (warpgroup 0) keeps the copies (``expect_tx``, ``tma_load``), the
   waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
-  gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer);
+  gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer); its first
+  warp alone runs them (``warps = 1``: thread 0 issues every copy, and a warp that only spun
+  on the waits could fall two phases behind a ring, whose waits test a phase's parity);
 - the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
   else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits what
   the CTA is launched with, ``tkc.registers``, at most 240); its threads count from 0, so
@@ -201,10 +203,14 @@ class _Specializer:
         ret = body.terminator
         index = body.ops.index(ret)
         regs = consumer_regs(warpgroups, ctas_per_sm(self.kernel.attributes.get("consts")))
-        for name, first, count, budget, block in (("producer", 0, 1, PRODUCER_REGS, prod_block),
-                                                  ("consumers", 1, warpgroups, regs, cons_block)):
-            role = hopper.RoleOp([], [], {"name": name, "first": first, "warpgroups": count, "regs": budget},
-                                 [Region([block])], loc=self.kernel.loc)
+        # The producer's copies are issued by one thread, so one warp runs its loops: the
+        # other three would only spin on the same parity waits, and one left behind by the
+        # ring's turns (two phases of a stage while it is not scheduled) would wait forever.
+        for name, first, count, budget, block, warps in (
+                ("producer", 0, 1, PRODUCER_REGS, prod_block, {"warps": 1}),
+                ("consumers", 1, warpgroups, regs, cons_block, {})):
+            role = hopper.RoleOp([], [], {"name": name, "first": first, "warpgroups": count, "regs": budget,
+                                          **warps}, [Region([block])], loc=self.kernel.loc)
             body.insert(index, role)
             index += 1
         self.kernel.attributes["threads"] = 128 * (warpgroups + 1)

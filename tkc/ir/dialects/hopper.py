@@ -135,10 +135,13 @@ class RoleOp(Operation):
     """Warpgroups ``[first, first + warpgroups)`` run the region, the others skip it.  Inside,
     thread ids are counted from the role's first thread (so layouts see threads from 0), and
     ``regs`` (when nonzero) is the per-thread register budget the role asks for with
-    ``setmaxnreg`` on entry."""
+    ``setmaxnreg`` on entry.  ``warps`` (when given) narrows the region to the role's first
+    ``warps`` warps once every warpgroup has set its budget: a role that only issues copies and
+    waits for ring stages (a producer) needs no more than one, and an idle warp spinning on
+    the same parity waits could fall two phases behind a ring and wait forever."""
 
     name = "hopper.role"
-    ATTRS = {"name": str, "first": int, "warpgroups": int, "regs": int}
+    ATTRS = {"name": str, "first": int, "warpgroups": int, "regs": int, "warps?": int}
     REGIONS = 1
 
     @property
@@ -161,6 +164,26 @@ class RoleOp(Operation):
         if isinstance(threads, int) and 128 * (self.first + self.warpgroups) > threads:
             raise self.error(f"warpgroups [{self.first}, {self.first + self.warpgroups}) exceed the kernel's "
                              f"{threads} threads")
+        if self.warps is not None:
+            if not 1 <= self.warps <= 4 * self.warpgroups:
+                raise self.error(f"warps = {self.warps}: a role of {self.warpgroups} warpgroup(s) has "
+                                 f"1 to {4 * self.warpgroups} warps")
+            for op in self.body.ops:
+                for inner in op.walk():
+                    if not _runs_on_few_warps(inner):
+                        raise inner.error(f"in role {self.attributes['name']!r} with warps = {self.warps}: "
+                                          f"'{inner.name}' needs every thread of the role")
+
+
+# What a role narrowed to a few warps (``warps``) may run: scalar arithmetic and control flow
+# (the same in every thread), ring stages, waits, and what thread 0 alone issues (copies).
+_FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait")
+
+
+def _runs_on_few_warps(op: Operation) -> bool:
+    if isinstance(op, _OneThread) or op.name in _FEW_WARPS:
+        return True
+    return op.name.startswith("tile.") and bool(op.results) and all(isinstance(r.type, ScalarType) for r in op.results)
 
 
 def _check_barrier(op: Operation, v) -> None:
