@@ -86,16 +86,14 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
 
 # ------------------------------------------------------------------------------ attention
 # The schedules tried per head dim (tkc.autotune picks per shape; benchmarks/RESULTS.md has the
-# sweeps).  O goes out through a shared tile and TMA by default; on long sequences the 32 KB
-# that takes are worth more as a K/V stage, so the schedules that win there (issue_ahead,
-# pingpong, BM=192: three consumer warpgroups where the softmax outweighs the products at
-# D=64) are also tried storing O thread by thread (``tma_store=False``).  defer_last (P V of
-# block j - 1 in flight through block j's softmax) releases each K/V stage an iteration later,
-# so it is tried where the ring keeps three stages or more: D=128 storing O thread by thread,
-# D=64; at D=256 (two stages) it lost everywhere.  For short sequences: 64-row programs two to
-# an SM, so that one's ring fill and epilogue overlap the other's products, and persistent
-# programs, whose producer loads the next tile's Q, K and V during this tile's epilogue (at
-# D=128 also with two K/V stages, so that Q gets two).
+# sweeps).  defer_last (P V of block j - 1 in flight through block j's softmax) won on long
+# sequences at every head dim.  O goes out through a shared tile and TMA by default; on long
+# sequences the 32 KB that takes can be worth more as a K/V stage, so the schedules that win
+# there are also tried storing O thread by thread (``tma_store=False``); BM=192 (three consumer
+# warpgroups) where the softmax outweighs the products at D=64.  For short sequences:
+# persistent programs, whose producer loads the next tile's Q, K and V during this tile's
+# epilogue (at D=128 also with two K/V stages, so that Q gets two), and at D=64 64-row programs
+# two to an SM, so that one's ring fill and epilogue overlap the other's products.
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 PERSISTENT = {"persistent": True}
 BY_THREAD = {"tma_store": False}
@@ -104,12 +102,12 @@ ATTN_CONFIGS = {
     64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD},
          {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}],
-    128: [{}, {"pingpong": True}, {"pingpong": True, **BY_THREAD}, {"issue_ahead": True, **BY_THREAD},
-          {"pingpong": True, "issue_ahead": True, **BY_THREAD},
-          {**TWO_PER_SM, "BN": 64, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2},
-          {**DEFER, **BY_THREAD}, {**DEFER, "pingpong": True, **BY_THREAD}, {**DEFER, **PERSISTENT, **BY_THREAD}],
+    128: [{}, {"issue_ahead": True, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2},
+          DEFER, {**DEFER, "pingpong": True}, {**DEFER, **BY_THREAD}, {**DEFER, "pingpong": True, **BY_THREAD},
+          {**DEFER, **PERSISTENT}, {**DEFER, **PERSISTENT, **BY_THREAD}],
     256: [{"BN": 64}, {"BN": 64, "pingpong": True}, {"BN": 64, "pingpong": True, **BY_THREAD},
-          {**PERSISTENT, "BN": 64}],
+          {**PERSISTENT, "BN": 64}, {**DEFER, "BN": 64}, {**DEFER, "BN": 64, "pingpong": True},
+          {**DEFER, **PERSISTENT, "BN": 64}],
 }
 
 

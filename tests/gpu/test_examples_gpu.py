@@ -138,7 +138,11 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 128, "defer_last": True}, {"D": 128, "defer_last": True, "tma_store": False},
              {"D": 128, "defer_last": True, "pingpong": True, "tma_store": False},
              {"D": 128, "defer_last": True, "persistent": True, "tma_store": False},
-             {"D": 64, "BM": 192, "defer_last": True}, {"D": 256, "BN": 64, "defer_last": True}]
+             {"D": 64, "BM": 192, "defer_last": True}, {"D": 256, "BN": 64, "defer_last": True},
+             {"D": 128, "defer_last": True, "pingpong": True}, {"D": 128, "defer_last": True, "persistent": True},
+             {"D": 64, "BM": 192, "defer_last": True, "persistent": True},
+             {"D": 256, "BN": 64, "defer_last": True, "pingpong": True},
+             {"D": 256, "BN": 64, "defer_last": True, "persistent": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)
@@ -169,6 +173,47 @@ def test_persistent_attention_walks_several_tiles_a_program(rng, consts: dict, c
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                                            scale=1 / math.sqrt(D))
     check(f"attn {consts} B={B} H={H} N={N} causal={causal}", o, ref, seed, **BF16)
+
+
+STALL_SCRIPT = """
+import sys
+sys.path[:0] = sys.argv[2:4]  # the checkout, then tests/: conftest maps tkc.runtime as for the tests
+import conftest, torch, tkc
+from pathlib import Path
+from tkc.compiler import compile_kernel
+from tkc.runtime.launch import launch
+B, H, N, D = 32, 32, 512, 64
+pins = {"D": D, "BM": 192, "persistent": True, "defer_last": True}
+q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+o, o2 = torch.empty_like(q), torch.empty_like(q)
+causal = compile_kernel(Path(sys.argv[1]), {**pins, "causal": True})
+plain = compile_kernel(Path(sys.argv[1]), {**pins, "causal": False})
+flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+for i in range(1500):
+    flush.zero_()
+    launch(causal, [q, k, v, o, 0.125])
+    if i % 3 == 0:
+        launch(plain, [q, k, v, o2, 0.125])
+torch.cuda.synchronize()
+ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125)
+print("max error", (o.float() - ref.float()).abs().max().item())
+"""
+
+
+def test_persistent_attention_does_not_stall_over_many_launches(tmp_path: Path) -> None:
+    """Persistent causal attention with three consumers, launched 1500 times between L2
+    flushes and launches of its non-causal twin, in a process of its own: its producer's
+    three idle warps once fell two phases behind a ring and waited forever, within 250
+    launches on an H100 (the producer now runs on one warp)."""
+    import subprocess
+
+    try:
+        r = subprocess.run([sys.executable, "-c", STALL_SCRIPT, str(EXAMPLES / "attn.tk"), str(ROOT),
+                            str(ROOT / "tests")], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("1500 launches of persistent causal attention (D=64, BM=192) did not finish in 180 s: stalled")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert float(r.stdout.split()[-1]) < 2e-2, r.stdout
 
 
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over

@@ -63,13 +63,20 @@ def test_gemm_ring():
 
 def test_attention_ring_waits_for_each_tensor_before_its_use():
     text = lowered("attn.tk", {"tma_store": False}, RING)
-    assert text.count("stages = 3") == 5  # k, v tiles; empty, k_full, v_full: D=128 leaves room for 3
+    # k, v tiles; k_empty, v_empty, k_full, v_full: D=128 leaves room for 3
+    assert text.count("stages = 3") == 6
     # Storing O through a shared tile (TMA) takes 32 KB of that room: two stages.
-    assert lowered("attn.tk", {}, RING).count("stages = 2") == 5
+    assert lowered("attn.tk", {}, RING).count("stages = 2") == 6
     loop = text[text.index("= tile.for", text.index("%m_i =")):]
     k_wait, first_mma = loop.index("hopper.stage %k_full, %stage"), loop.index("hopper.wgmma %")
     v_wait, second_mma = loop.index("hopper.stage %v_full, %stage"), loop.index("hopper.wgmma %", first_mma + 1)
     assert k_wait < first_mma < v_wait < second_mma
+    # K's stage is released once S has been waited for, V's once P V has: each on its own ring,
+    # so the refill of K need not wait for P V.
+    waits = [m.start() for m in re.finditer(r"hopper.wgmma_wait %", loop)]
+    k_free, v_free = loop.index("hopper.stage %k_empty, %stage"), loop.index("hopper.stage %v_empty, %stage")
+    assert waits[0] < k_free < v_wait and waits[1] < v_free
+    assert "hopper.mbarrier_init %k_empty {count = 2}" in text and "hopper.mbarrier_init %v_empty {count = 2}" in text
 
 
 @pytest.mark.parametrize("stages,expect", [(2, 2), (3, 3), (1, None)])
@@ -250,8 +257,8 @@ DEFER = SPLIT + ",defer-last"
 def test_defer_last_issues_the_previous_pv_right_after_the_next_s():
     """FlashAttention-3's order: before the loop, block 0 up to its P and rescaled O; in the
     loop, S of block j and P V of block j - 1 issued back to back, S waited for with P V left
-    in flight, the softmax, then P V waited for and its stage released before O is rescaled;
-    behind the loop the last block's P V."""
+    in flight (K's stage released), the softmax, then P V waited for and V's stage released
+    before O is rescaled; behind the loop the last block's P V."""
     consumers = role(lowered("attn.tk", {"defer_last": True}, DEFER), "consumers")
     loop = consumers.index("= tile.for")
     line = consumers.rindex("\n", 0, loop) + 1
@@ -263,7 +270,8 @@ def test_defer_last_issues_the_previous_pv_right_after_the_next_s():
     assert len(issued) == 2 and body.index("= hopper.wgmma %q_smem") == issued[0]
     between = body[issued[0]:issued[1]]
     assert "hopper.wgmma_wait" not in between and between.count("\n") == 1, "issued back to back"
-    order = [body.index(t) for t in ("{pending = 1}", "hopper.reduce", "{pending = 0}", "hopper.mbarrier_arrive")]
+    order = [body.index(t) for t in ("{pending = 1}", "hopper.stage %k_empty", "hopper.reduce", "{pending = 0}",
+                                     "hopper.stage %v_empty")]
     assert order == sorted(order) and order[-1] < body.rindex("tile.yield")
     # The loop carries P (the P V operand) and the rescaled O instead of O.
     assert re.search(r"\^\(%j\w*: i32, [^)]*: tile<128x128xbf16, reg, #wgmma_a<128, wg=2>>, "

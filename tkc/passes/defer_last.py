@@ -28,11 +28,12 @@ loop becomes
         W2 for ub - 1, its wait and release
     else: the initial values
 
-Waits and releases stay paired with their stages.  A stage is released one iteration later
-than before: a ring of two stages still works (the producer fills stage j while the consumers
-hold j - 1) but then runs one stage less ahead, which on an H100 ate the whole gain (attention
-at D=128 gained 10% with three stages, nothing with two; benchmarks/RESULTS.md), and a loop on
-a ring of one stage is left alone.  With pingpong
+Waits and releases stay paired with their stages.  W2's stage is released one iteration
+later than before (W1's, on a ring of its own, right after W1's wait): a ring of two stages
+still works (the producer fills stage j while the consumers hold j - 1) but then runs one
+stage less ahead, which on an H100 ate the whole gain while K and V still shared one
+``empty`` ring (attention at D=128 gained 10% with three stages, nothing with two;
+benchmarks/RESULTS.md), and a loop on a ring of one stage is left alone.  With pingpong
 the turn around W2 goes: the prologue keeps W1's turn, each iteration issues W1 and W2 in one
 turn, and the last W2 takes its own, so both warpgroups still take the same number of turns
 in the same order.  The pin cannot be combined with ``issue_ahead``, which moves the same

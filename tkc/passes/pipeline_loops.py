@@ -9,10 +9,11 @@ when iteration i is done with the tiles.  This pass gives every tile of the grou
 - a prologue issues the copies of the first S - 1 iterations;
 - iteration i waits for its own tiles (``full``: one ring per first reader, waited right
   before it, so attention starts ``q @ k.T`` while V is still landing), computes, releases
-  its stage (``mbarrier_arrive`` on ``empty`` once the wgmmas reading it have completed),
-  and refills: the copies of iteration i + S - 1 go to the stage of iteration i - 1 once
-  every warpgroup has released it;
-- a loop that only accumulates wgmma results (a GEMM's K loop) keeps one wgmma in flight:
+  its stage (``mbarrier_arrive`` on an ``empty`` ring once the wgmmas reading its tiles have
+  completed: each ``full`` ring has an ``empty`` of its own, so attention's K stage is free
+  once S is, while P V still reads V), and refills: the copies of iteration i + S - 1 go to
+  the stage of iteration i - 1, each once every warpgroup has released its ring's stage;
+- a loop that only accumulates wgmma results (a GEMM's K loop, one ring) keeps one wgmma in flight:
   iteration i waits for the wgmma of i - 1 (``wgmma_wait_group 1``) and releases its stage,
   and the accumulator is waited for behind the loop;
 - stage and parity come from the iteration number (``i % S``, ``(i / S) & 1``), so the
@@ -219,7 +220,13 @@ class _Pipeliner:
                 names = [x.tensor.name_hint or "tile" for x, f in zip(g.loads, first_use) if f is first]
                 rings[id(first)] = self._ring(init, 1, ld.loc, "_".join(names) + "_full")
             full.append(rings[id(first)])
-        empty = self._ring(init, self.warpgroups, loc, "empty")
+        # Each full ring's stage is released on an "empty" ring of its own, once the wgmmas
+        # reading its tiles have completed: attention's K stage right after S, its V stage
+        # after P V, so the producer refills K while P V still reads V.
+        distinct = list(dict.fromkeys(full))
+        empties = {ring: self._ring(init, self.warpgroups, loc, "empty" if len(distinct) == 1 else
+                                    ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
+        empty = [empties[ring] for ring in full]
         for d in g.dsts:
             _owner(d).attributes["stages"] = stages
 
@@ -253,13 +260,18 @@ class _Pipeliner:
             staged = self._at(w, dst, stage, dst.type)
             for op in body.ops[body.ops.index(first):]:
                 _replace_inside(op, dst, staged)
-        # The stage is released once the last wgmma reading it has completed.
-        last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, g))
-        r = Builder(body, last + 1, loc)
-        r.create(hopper.MBarrierArriveOp, [self._at(r, empty, stage, MBARRIER)])
+        # Each ring's stage is released once the last wgmma reading its tiles has completed.
+        releases = []
+        for ring, free in empties.items():
+            dsts = [d for d, r in zip(g.dsts, full) if r is ring]
+            releases.append((max(body.ops.index(op) for op in body.ops if self._reads_stage(op, dsts)), free))
+        for last, free in sorted(releases, key=lambda x: x[0], reverse=True):
+            r = Builder(body, last + 1, loc)
+            r.create(hopper.MBarrierArriveOp, [self._at(r, free, stage, MBARRIER)])
 
-        if stages >= 2:  # (one stage: iteration i + 1's copy would wait for a release deferred to i + 1)
-            self._overlap_wgmma(loop, g, local, i, empty, trip, base)
+        # (One stage: iteration i + 1's copy would wait for a release deferred to i + 1.)
+        if stages >= 2 and len(empties) == 1:
+            self._overlap_wgmma(loop, g, local, i, empty[0], trip, base)
 
         # ... and, once its stage is released, iteration i refills the stage of iteration
         # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
@@ -305,9 +317,9 @@ class _Pipeliner:
                 continue
             wait = waits[0]
             if [op for op in loop.walk() if wait.result in op.operands] != [term] \
-                    or term.operands.index(wait.result) != k or not _chain_reads(mma.result, g):
+                    or term.operands.index(wait.result) != k or not _chain_reads(mma.result, g.dsts):
                 continue
-            if any(_is_smem(x) and not _ring_stage(x, g) for x in (mma.a, mma.b)):
+            if any(_is_smem(x) and not _ring_stage(x, g.dsts) for x in (mma.a, mma.b)):
                 continue  # a shared tile outside the ring is rewritten every iteration: wait for it
             idx = body.ops.index(wait)
             arrive = body.ops[idx + 2] if idx + 2 < len(body.ops) else None
@@ -351,10 +363,10 @@ class _Pipeliner:
         return any(v in inner.operands for inner in op.walk())
 
     @staticmethod
-    def _reads_stage(op: Operation, g: _Group) -> bool:
+    def _reads_stage(op: Operation, dsts: list[Value]) -> bool:
         """Whether ``op`` (a top-level op of the loop body) waits for a wgmma that reads one of
-        the group's (staged) tiles."""
-        return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, g) for inner in op.walk())
+        the (staged) tiles ``dsts``."""
+        return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, dsts) for inner in op.walk())
 
     def _base(self, loop: Operation, trip: Value) -> Value | None:
         """The ring position of this run's first iteration: the enclosing loop's position
@@ -420,16 +432,19 @@ class _Pipeliner:
         rnd = b.value(tile.FloorDivOp, [i, s], I32)
         return stage, b.value(tile.AndOp, [rnd, self._c(1)], I32)
 
-    def _issue(self, b: Builder, g: _Group, full: list[Value], empty: Value, i: Value, iv: Value) -> None:
-        """The copies of iteration ``i`` (induction variable ``iv``): wait until every
-        warpgroup released the stage, arm it, copy."""
+    def _issue(self, b: Builder, g: _Group, full: list[Value], empty: list[Value], i: Value, iv: Value) -> None:
+        """The copies of iteration ``i`` (induction variable ``iv``): per load, wait until every
+        warpgroup released its ring's stage, arm the ring, copy."""
         stage, parity = self._stage_parity(b, i)
         free = b.value(tile.XorOp, [parity, self._c(1)], I32)
-        b.create(hopper.MBarrierWaitOp, [self._at(b, empty, stage, MBARRIER), free])
+        released: set[Value] = set()
         loop = g.loop
         mapping: dict[Value, Value] = {loop.regions[0].block.args[0]: iv}
         armed: dict[Value, Value] = {}
-        for ld, ring in zip(g.loads, full):
+        for ld, ring, ring_empty in zip(g.loads, full, empty):
+            if ring_empty not in released:
+                released.add(ring_empty)
+                b.create(hopper.MBarrierWaitOp, [self._at(b, ring_empty, stage, MBARRIER), free])
             if ring not in armed:
                 armed[ring] = f = self._at(b, ring, stage, MBARRIER)
                 nbytes = sum(x.dst.type.layout.size_bytes for x, r in zip(g.loads, full) if r is ring)
@@ -462,16 +477,16 @@ def _is_smem(v: Value) -> bool:
     return getattr(v.type, "space", None) == "smem"
 
 
-def _ring_stage(v: Value, g: _Group) -> bool:
-    """Whether ``v`` is a stage of one of the group's rings."""
-    return _owner(v) is not None and _owner(v).name == "hopper.stage" and _owner(v).ring in g.dsts
+def _ring_stage(v: Value, dsts: list[Value]) -> bool:
+    """Whether ``v`` is a stage of one of the rings ``dsts``."""
+    return _owner(v) is not None and _owner(v).name == "hopper.stage" and _owner(v).ring in dsts
 
 
-def _chain_reads(v: Value, g: _Group) -> bool:
-    """Whether the (pending) wgmma result ``v`` or one it accumulates onto reads the group's tiles."""
+def _chain_reads(v: Value, dsts: list[Value]) -> bool:
+    """Whether the (pending) wgmma result ``v`` or one it accumulates onto reads the tiles ``dsts``."""
     op = _owner(v)
     while op is not None and op.name == "hopper.wgmma":
-        if any(x in g.dsts or _ring_stage(x, g) for x in (op.a, op.b)):
+        if any(x in dsts or _ring_stage(x, dsts) for x in (op.a, op.b)):
             return True
         op = _owner(op.acc)
     return False
