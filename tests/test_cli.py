@@ -277,6 +277,34 @@ def test_run_check_catches_unwritten_outputs(monkeypatch: pytest.MonkeyPatch) ->
         in r.stdout
 
 
+def test_run_checks_a_smaller_grid_on_the_tiles_it_covers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--grid smaller than the kernel's: both sides leave the same elements unwritten (poisoned
+    alike), so the check passes; an executor that writes nothing still fails it."""
+    args = ("run", str(EXAMPLES / "attn.tk"), "--backend", "emulate", "--check", "-D", "D=64", "--dim", "B=1",
+            "--dim", "H=2", "--dim", "N=300", "--grid", "1,1")
+    r = tkc_cli(*args)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert "check o against the interpreter: max abs error 0, 0 of 38400 outside tolerance: ok" in r.stdout
+    import tkc.emulator
+
+    monkeypatch.setattr(tkc.emulator, "emulate", lambda *a, **k: None)
+    r = tkc_cli(*args)
+    assert r.exit_code == 1 and "check o against the interpreter: max abs error inf, 8192 of 38400" in r.stdout
+
+
+@pytest.mark.parametrize("programs", ["1", "3"])
+def test_run_grid_of_a_persistent_kernel_counts_programs(programs: str) -> None:
+    """A persistent kernel's programs walk every tile whatever their number: checked against
+    the interpreter's whole grid."""
+    r = tkc_cli("run", str(EXAMPLES / "attn.tk"), "--backend", "emulate", "--check", "-D", "D=64", "-D", "BM=64",
+                "-D", "BN=64", "-D", "causal=true", "-D", "persistent=true", "--dim", "B=2", "--dim", "H=2",
+                "--dim", "N=200", "--grid", programs)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert f"grid ({programs},)" in r.stdout
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check o ")]
+    assert checks and checks[0].endswith("outside tolerance: ok"), r.stdout
+
+
 def test_run_interprets_and_prints_stats() -> None:
     pytest.importorskip("tkc.interpreter")
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "-D", "BM=64", "-D", "BN=64",

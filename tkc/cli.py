@@ -329,7 +329,8 @@ def _print_resources(compiled: Any) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several.")
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
-              help="Launch grid (default: the kernel's grid(...)).")
+              help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
+                   "programs that walk its tiles.")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], seed: int, kernel: str | None, grid: tuple | None) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""

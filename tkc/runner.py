@@ -94,11 +94,17 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     name = kernel.attributes["sym_name"]
     # A given grid applies to every executor; otherwise each takes its kernel's own, which
     # differ once passes change the grid (a persistent kernel launches one program per SM).
+    # A persistent kernel's grid counts programs, each walking tiles until all are done: the
+    # interpreter, which runs one program per tile, then checks against every tile.
     user_grid = tuple(grid) if grid else None
+    executed = kernel
     reference = copy.deepcopy(args) if check and backend != "interpret" else None
     work = copy.deepcopy(args)
     if reference is not None:
+        # Both sides poisoned: an element neither writes (outside a --grid smaller than the
+        # kernel's) matches, one only the reference writes does not.
         _poison_outputs(kernel, work)
+        _poison_outputs(kernel, reference)
     if backend == "interpret":
         grid = user_grid or launch_grid(kernel, args)
         seconds = _timed(lambda: run_kernel(kernel, work, grid=grid))
@@ -106,17 +112,17 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         from tkc.compiler import compile_kernel
         from tkc.emulator import emulate
 
-        hopper = compile_kernel(kernel, stop="hopper", cache=False).kernel_op
+        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False).kernel_op
         grid = user_grid or launch_grid(hopper, args)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
-        seconds, repeat, grid = _run_gpu(kernel, work, user_grid, repeat)
+        seconds, repeat, grid, executed = _run_gpu(kernel, work, user_grid, repeat)
     params = kernel.regions[0].block.args
     outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
                if isinstance(p.type, TensorType)]
     result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat)
     if reference is not None:
-        run_kernel(kernel, reference, grid=user_grid)
+        run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
         result.checked = [_compare(n, t, out, np.asarray(ref)) for (n, t, out), ref, p in
                           zip(outputs, [r for r, p in zip(reference, params) if isinstance(p.type, TensorType)],
                               [p for p in params if isinstance(p.type, TensorType)])]
@@ -142,10 +148,17 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
+def walks_tiles(kernel: Operation) -> bool:
+    """Whether ``kernel`` is persistent: its grid is sized by the SM count, and each program
+    walks output tiles, so any number of programs computes every tile."""
+    return any(op.name == "tile.num_sms" for op in kernel.walk())
+
+
 def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int
-             ) -> tuple[float, int, tuple[int, ...]]:
+             ) -> tuple[float, int, tuple[int, ...], Operation]:
     """Launch on the GPU (the grid the runtime computes for this device unless given); the
-    median time of ``repeat`` timed launches after the one whose results are kept."""
+    median time of ``repeat`` timed launches after the one whose results are kept, and the
+    compiled kernel."""
     try:
         import torch
     except ImportError:
@@ -167,7 +180,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
             for p, d in zip(params, dev)]
     t = gpu_time(lambda: launch(compiled, dev, grid=grid), runs=repeat, warmup=0)
     work[:] = host
-    return t.median_s, repeat, tuple(grid)
+    return t.median_s, repeat, tuple(grid), compiled.kernel_op
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray) -> Mismatch:
