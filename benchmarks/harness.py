@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from tkc.autotune import interleaved_medians
 from tkc.runtime import timing
 from tkc.runtime.timing import Timing
 
@@ -29,18 +30,18 @@ def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool
     return timing.gpu_time(fn, runs, warmup, L2_FLUSH_BYTES if flush else 0)
 
 
-def steady(measure: Callable[[], float], expected_s: float | None, tolerance: float = 0.25) -> tuple[float, str]:
-    """``measure()`` (seconds), checked against ``expected_s``, the same kernel's time taken
-    moments before (by tkc.autotune).  Off by more than ``tolerance`` of it, the kernel is
-    measured twice more and the median of the three kept, with a note that names all three:
-    a GPU that drops its clock for a few seconds would otherwise leave one row far off (a run
-    had attention at 191 TFLOP/s for a schedule tkc.autotune had just timed at about 470)."""
-    first = measure()
-    if expected_s is None or abs(first - expected_s) <= tolerance * expected_s:
-        return first, ""
-    times = [first, measure(), measure()]
-    return sorted(times)[1], (f"retimed: {', '.join(f'{t * 1e6:.1f}' for t in times)} us, "
-                              f"tkc.autotune had {expected_s * 1e6:.1f} us")
+def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 3) -> dict[str, float]:
+    """Seconds per call of each contender, timed in turns: ``rounds`` rounds, each timing every
+    contender once over ``runs / rounds`` calls (at least 10; ``gpu_time``), round ``r``
+    starting with contender ``r``; each contender's median round.  A power-limited GPU moves
+    its clock by 10% and more within a run, and timing one contender after the other would
+    put that drift into their ratio (a run read cuBLAS at 684 TFLOP/s and tkc at 531 in one
+    row, 694 and 691 minutes later); in turns, a slow stretch costs every contender alike and
+    the median drops it."""
+    per_round = max(runs // rounds, 10)
+    names = list(contenders)
+    timers = [lambda fn=contenders[n]: gpu_time(fn, per_round).median_s for n in names]
+    return dict(zip(names, interleaved_medians(timers, rounds)))
 
 
 def host_time(fn: Callable[[], Any], calls: int = 200) -> float:

@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from harness import (L2_FLUSH_BYTES, Row, append_results, device_description, gpu_time, host_time, plot,  # noqa: E402
-                     steady, table)
+from harness import (L2_FLUSH_BYTES, Row, append_results, device_description, host_time,  # noqa: E402
+                     in_turns, plot, table)
 
 from tkc import autotune  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -75,10 +75,13 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
         _, run = tkc_call("gemm.tk", {}, [a, b, c])
         run()
         row.notes = close(c, a.float() @ b.float(), 2e-2)
-        row.values["tkc"] = None if row.notes else flops / gpu_time(run, runs).median_s / 1e12
-        row.values["torch (cuBLAS)"] = flops / gpu_time(lambda: torch.matmul(a, b, out=c), runs).median_s / 1e12
+        contenders = {"tkc": run, "torch (cuBLAS)": lambda: torch.matmul(a, b, out=c)}
         if tri is not None:
-            row.values["triton"] = flops / gpu_time(lambda: tri.gemm(a, b, c), runs).median_s / 1e12
+            contenders["triton"] = lambda: tri.gemm(a, b, c)
+        if row.notes:
+            del contenders["tkc"]
+            row.values["tkc"] = None
+        row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
         rows.append(row)
         print(f"  gemm {row.problem}: {row.values}", flush=True)
     return rows
@@ -143,27 +146,25 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
                 run()
                 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
                 row.notes = close(o, ref, 2e-2)
-                unsteady, row.values["tkc"] = "", None
-                if not row.notes:
-                    seconds, unsteady = steady(lambda: gpu_time(run, runs).median_s, best.seconds)
-                    row.values["tkc"] = flops / seconds / 1e12
+                contenders = {} if row.notes else {"tkc": run}
+                row.values["tkc"] = None
                 # What the winning schedule sets beyond the shape: pins on by name, others as k=v
                 # (tma_store=False included: the same pins win with either epilogue).
                 on = [k if v is True else f"{k}={v}" for k, v in best.consts.items()
                       if k not in ("D", "causal")]
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
-                if unsteady:
-                    row.notes = (row.notes + "; " if row.notes else "") + unsteady
                 for name, be in backends.items():
-                    try:
+                    def sdpa(be=be):
                         with sdpa_kernel([be]):
-                            fn = lambda: torch.nn.functional.scaled_dot_product_attention(
-                                q, k, v, is_causal=causal, scale=scale)
-                            fn()
-                            row.values[name] = flops / gpu_time(fn, runs).median_s / 1e12
+                            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+                    row.values[name] = None
+                    try:
+                        sdpa()
+                        contenders[name] = sdpa
                     except RuntimeError:  # this backend does not take these inputs
-                        row.values[name] = None
+                        pass
+                row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
                 pub = FA3_PUBLISHED.get((D, causal, N))
                 if pub:
                     row.notes = (row.notes + "; " if row.notes else "") + f"FA3 published on H100: {pub} TFLOP/s"
@@ -191,7 +192,6 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
         M = total // N
         x, y = randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         moved = 2 * x.numel() * x.element_size()  # read once, write once: what any kernel must move
-        copy_bw = moved / gpu_time(lambda: y.copy_(x), runs).median_s / 1e9
         for op in ("softmax", "layernorm"):
             row = Row(f"{op} bf16 (GB/s of one read + one write)", f"{M}x{N}", "GB/s")
             w, b = randn(N), randn(N)
@@ -214,14 +214,12 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             wrong = close(y, ref(), 3e-2)
             row.notes = wrong or f"tkc: BN={best.consts['BN']}, warps={best.consts['warps']} (tkc.autotune)"
             row.values["tkc"] = None
-            if not wrong:
-                seconds, unsteady = steady(lambda: gpu_time(run, runs).median_s, best.seconds)
-                row.values["tkc"] = moved / seconds / 1e9
-                row.notes += f"; {unsteady}" if unsteady else ""
-            row.values["torch"] = moved / gpu_time(torch_fn, runs).median_s / 1e9
+            contenders = {} if wrong else {"tkc": run}
+            contenders["torch"] = torch_fn
             if tri_fn is not None:
-                row.values["triton"] = moved / gpu_time(tri_fn, runs).median_s / 1e9
-            row.values["copy"] = copy_bw
+                contenders["triton"] = tri_fn
+            contenders["copy"] = lambda: y.copy_(x)  # the bandwidth floor, in the same turns
+            row.values.update({k: moved / s / 1e9 for k, s in in_turns(contenders, runs).items()})
             rows.append(row)
             print(f"  {op} {row.problem}: {row.values}", flush=True)
     return rows
@@ -251,7 +249,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and timed runs")
     ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups")
-    ap.add_argument("--runs", type=int, default=None, help="timed runs per contender (median)")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per contender, in three rounds taken in turns with the others")
     ap.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section, no plots")
     ap.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="the file the section goes to")
     ap.add_argument("--plots", type=Path, default=HERE, help="folder for the PNG plots")

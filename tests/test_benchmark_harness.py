@@ -1,39 +1,41 @@
-"""The benchmark harness's own logic that runs without a GPU: retiming a measurement that
-disagrees with tkc.autotune's."""
+"""The benchmark harness's own logic that runs without a GPU: contenders timed in turns."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from harness import steady  # noqa: E402
+import harness  # noqa: E402
 
 
-def _measures(*seconds: float):
-    it = iter(seconds)
-    calls = []
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, list[float]]) -> list[tuple[str, int]]:
+    """``gpu_time`` replaced: each contender (a function returning its name) answers its next
+    time from ``seconds``; the calls are recorded as (name, runs)."""
+    calls: list[tuple[str, int]] = []
 
-    def measure() -> float:
-        calls.append(1)
-        return next(it)
-    return measure, calls
-
-
-def test_a_measurement_close_to_autotune_is_kept():
-    measure, calls = _measures(1.1e-3)
-    assert steady(measure, 1.0e-3) == (1.1e-3, "") and len(calls) == 1
-    measure, calls = _measures(2.0e-3)
-    assert steady(measure, None) == (2.0e-3, "") and len(calls) == 1
+    def gpu_time(fn, runs=50, warmup=5, flush=True):
+        name = fn()
+        calls.append((name, runs))
+        return SimpleNamespace(median_s=seconds[name].pop(0))
+    monkeypatch.setattr(harness, "gpu_time", gpu_time)
+    return calls
 
 
-def test_a_far_measurement_is_retimed_and_named():
-    # A clock drop: 2.5x slower once, then back to what autotune saw.
-    measure, calls = _measures(2.5e-3, 1.02e-3, 0.99e-3)
-    seconds, note = steady(measure, 1.0e-3)
-    assert len(calls) == 3 and seconds == 1.02e-3
-    assert note == "retimed: 2500.0, 1020.0, 990.0 us, tkc.autotune had 1000.0 us"
-    # Faster than autotune by as much is retimed too; the median stands even if all disagree.
-    measure, calls = _measures(0.5e-3, 0.6e-3, 0.55e-3)
-    assert steady(measure, 1.0e-3)[0] == 0.55e-3
+def test_contenders_take_turns_and_keep_their_median_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tkc's second round ran while the clock dropped (2.5 ms); the median drops it.
+    calls = fake_gpu(monkeypatch, {"tkc": [1.0e-3, 2.5e-3, 1.1e-3], "peer": [1.2e-3, 1.3e-3, 1.25e-3]})
+    got = harness.in_turns({"tkc": lambda: "tkc", "peer": lambda: "peer"}, runs=50)
+    assert got == {"tkc": 1.1e-3, "peer": 1.25e-3}
+    # Three rounds of 16 runs; round r starts with contender r.
+    assert calls == [("tkc", 16), ("peer", 16), ("peer", 16), ("tkc", 16), ("tkc", 16), ("peer", 16)]
+
+
+def test_a_round_takes_at_least_ten_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_gpu(monkeypatch, {"copy": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert harness.in_turns({"copy": lambda: "copy"}, runs=20, rounds=5) == {"copy": 3.0}
+    assert [r for _, r in calls] == [10] * 5
