@@ -127,6 +127,20 @@ def test_missing_arrive_deadlocks_naming_barriers_and_roles():
         assert f"role 'warpgroup {g} (consumers)' blocked at" in line and "mbarrier '%full[0]' in phase 1" in line
 
 
+def test_a_producer_on_four_warps_can_leave_a_warp_two_phases_behind():
+    """Only thread 0 issues the producer's copies; on all four warps, warps 1..3 spin on the
+    empty waits with nothing tying them to the ring, and one unscheduled while a stage's
+    barrier completes two phases waits forever (on an H100: persistent attention stalled)."""
+    text = edit(WS, "regs = 40, warps = 1", "regs = 40")
+    with pytest.raises(TkcEmulatorError, match=r"gemm_ws.tkir:\d+:\d+: error: CTA \(0, 0\): 'hopper.mbarrier_wait' "
+                                               r"at gemm_ws.tkir:\d+:\d+: warpgroup 0, role 'producer': "
+                                               r"'%empty\[0\]' completed 2 phases after this warpgroup "
+                                               r"passed the wait, before its four warps meet again: a warp still "
+                                               r"spinning here would see its parity again and wait forever"):
+        run(text)
+    run(text, mnk=(64, 64, 4 * 64))  # each stage's barrier completes one phase: no warp can miss it
+
+
 def test_empty_count_too_high_deadlocks():
     text = edit(WS, "hopper.mbarrier_init %empty {count = 2}", "hopper.mbarrier_init %empty {count = 3}")
     with pytest.raises(DeadlockError, match=r"'warpgroup 0 \(producer\)' blocked at .*'%empty\[0\]' in phase 0 "

@@ -17,7 +17,12 @@ is its own coroutine, a producer role and its consumer roles only meet on mbarri
 seeded interleavings exercise the ring protocol: a stage refilled while a wgmma still reads
 it, or before anyone read it, is a race of shared memory's read leases and lost-write
 check; a wait for the wrong phase is mbarrier's ``PhaseError``; a missing arrival is the
-scheduler's deadlock report naming every blocked warpgroup and its barrier.
+scheduler's deadlock report naming every blocked warpgroup and its barrier.  One coroutine
+per warpgroup hides that its four warps pass an mbarrier wait each on its own: a warp may
+still spin on a wait the warpgroup has passed, until they next meet (a ``bar.sync``, or the
+completion of a wgmma committed after the wait, which needs all four).  A barrier that
+completes two phases in that window is an error (``_Warpgroup.left_behind``): that warp would
+see its parity again and wait forever, as a producer on four warps did on an H100.
 
 It must not define what an op computes or where anything lives: elementwise ops, casts,
 constants and scalar arithmetic go through ``tkc.interpreter.evaluate`` (the one home of op
@@ -266,7 +271,10 @@ class _CTA:
         return bar, parity
 
     def run(self, seed: int) -> None:
-        run([(self.name(g), _Warpgroup(self, g).run()) for g in range(self.warpgroups)], seed)
+        warpgroups = [_Warpgroup(self, g) for g in range(self.warpgroups)]
+        run([(self.name(wg.g), wg.run()) for wg in warpgroups], seed)
+        for wg in warpgroups:
+            wg.left_behind(None, lambda entry: True)
 
     def name(self, g: int) -> str:
         """Warpgroup ``g`` in the scheduler's messages, with the roles it runs."""
@@ -325,6 +333,10 @@ class _Warpgroup:
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
         self.bulk: list[Any] = []  # read leases of committed TMA stores not yet waited for
         self.role_op: Operation | None = None  # the hopper.role being run, if any
+        # Waits this warpgroup's warps have not met since: (barrier, phases completed when it
+        # passed, the wait, wgmma groups committed by then, who waited).  See ``left_behind``.
+        self.unmet: list[tuple[MBarrier, int, Operation, int, str]] = []
+        self.committed = self.completed = 0  # wgmma groups committed / completed, in order
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
     # warpgroup's index and ``threads`` the thread count that layouts see.
@@ -439,6 +451,34 @@ class _Warpgroup:
         return out
 
     # ---------------------------------------------------------- barriers
+    def passed(self, op: Operation, bar: MBarrier) -> None:
+        """This warpgroup passed the mbarrier wait ``op``.  Its four warps spin on the wait
+        each on its own; unless the role runs on one warp (``warps = 1``), remember the wait
+        until they next meet."""
+        if self.role_op is None or (self.role_op.warps or 4) > 1:
+            self.unmet.append((bar, bar.phase, op, self.committed, self.role))
+
+    def left_behind(self, at: Operation | None, met: Callable[[tuple], bool]) -> None:
+        """The warps meet at ``at`` (None: never again; the CTA has run to its end, and a warp
+        exits only once past all its waits) for the waits ``met`` selects: a wait whose barrier
+        completed two phases or more since the warpgroup passed it is an error.  A warp still
+        spinning on it (its warps wait each on its own, and nothing held it to the others)
+        tests the parity it waits for against a barrier two phases on, sees its parity again
+        and waits forever: the CTA never exits."""
+        keep = []
+        for entry in self.unmet:
+            bar, phase, wait, _, role = entry
+            if not met(entry):
+                keep.append(entry)
+            elif bar.phase - phase >= 2:
+                where = f"meet at {_describe(at)}" if at is not None else "meet again"
+                who = "" if at is not None else f"{role}: "  # (inside the run the scheduler names the role)
+                raise _fault(wait, f"{who}{bar.name!r} completed {bar.phase - phase} phases after this "
+                                   f"warpgroup passed the wait, before its four warps {where}: a warp still "
+                                   f"spinning here would see its parity again and wait forever (a role that "
+                                   f"only waits and issues copies runs on one warp: warps = 1)")
+        self.unmet = keep
+
     def bar_sync(self, op: Operation, bar_id: int | None = None) -> Co:
         """``bar.sync id``: arrive on the barrier, then wait for its phase to complete.  With no
         ``bar_id`` (the internal barrier of a reduction or conversion): barrier 0 over the CTA,
@@ -450,6 +490,7 @@ class _Warpgroup:
         parity = bar.parity
         bar.arrive()
         yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
+        self.left_behind(op, lambda entry: True)  # every warp arrived
 
     @property
     def role(self) -> str:
@@ -783,10 +824,12 @@ def _turn(wg: _Warpgroup, op: Operation) -> Co:
     elif op.kind == "wait" or op.kind == "end" and g == 0:
         bar, parity = wg.cta.arrive_turn(g, role, g, op)
         yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
+        wg.left_behind(op, lambda entry: True)  # a bar.sync: every warp of both warpgroups
 
 
 def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) -> Co:
     yield Wait(bar, int(parity), _describe(op))
+    wg.passed(op, bar)
 
 
 # ------------------------------------------------------------------ wgmma
@@ -825,6 +868,7 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
                     dtype_b=lb.dtype, trans_a=trans_a, trans_b=lb.major == "mn", op=who)
     group = _Group(op, leases)
     wg.groups.append(group)
+    wg.committed += 1
     return _Pending(out, op, group)
 
 
@@ -839,6 +883,10 @@ def _wait_group(wg: _Warpgroup, op: Operation) -> Co:
         for lease in grp.leases:
             lease.release()
     wg.groups = [grp for grp in wg.groups if not grp.done]
+    # A wgmma completes only once all four warps have issued it: those committed after a wait
+    # bring every warp past that wait.
+    wg.completed += len(finished)
+    wg.left_behind(op, lambda entry: entry[3] < wg.completed)
 
 
 def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
