@@ -104,7 +104,7 @@ DEFER = {"defer_last": True}
 ATTN_CONFIGS = {
     64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD},
-         {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}],
+         {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}, {**PERSISTENT, **DEFER}],
     128: [{}, {"issue_ahead": True, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2},
           DEFER, {**DEFER, "pingpong": True}, {**DEFER, **BY_THREAD}, {**DEFER, "pingpong": True, **BY_THREAD},
           {**DEFER, **PERSISTENT}, {**DEFER, **PERSISTENT, **BY_THREAD}],
