@@ -31,6 +31,10 @@ PINS: dict[str, tuple[type, str, str]] = {
                         "next tile computes (false: each thread stores its values)", "lower-to-hopper"),
     "tma": (bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
                   "stores it to shared memory, for tensors whose strides TMA cannot take)", "select-layouts"),
+    "wait_timeout_ms": (int, "a debugging aid: every mbarrier wait that has not passed after this many "
+                             "milliseconds prints its source line, CTA, thread, barrier and parity, and stops "
+                             "the kernel (a hang becomes a launch error; default: off, and on it serializes "
+                             "wgmmas around the check)", "codegen"),
 }
 
 

@@ -359,3 +359,20 @@ def test_turns_are_named_barriers_three_and_four() -> None:
     assert sorted(s for s in syncs if not s.startswith("%")) == ["3"]  # the end, warpgroup 0
     assert sorted(a for a in arrives if not a.startswith("%")) == ["3"]  # the start, warpgroup 1
     assert sum(s.startswith("%") for s in syncs) == 2 and sum(a.startswith("%") for a in arrives) == 2
+
+
+def test_wait_timeout_pin_makes_every_wait_name_itself_and_trap() -> None:
+    """``wait_timeout_ms``: each mbarrier wait reads the global timer, and past the limit prints
+    (lane 0 of each warp) a line naming the wait's source position, then traps; without the
+    pin the waits are the bare spin."""
+    module = _example("attn.tk", {"D": 64, "wait_timeout_ms": 250})
+    ptx = kernel_to_ptx(module.kernel())
+    waits = ptx.count("mbarrier.try_wait.parity")
+    assert waits and ptx.count("call.uni (retval0), vprintf") == waits and ptx.count("trap;") == waits
+    assert "%globaltimer" in ptx
+    text = bytes(int(x) for x in re.findall(r"\.b8 printf_\$_format\[\d+\] = \{([\d, ]+)\}", ptx)[0].split(", "))
+    assert re.match(rb"tkc: .*attn\.tk:\d+:\d+: mbarrier wait timed out after 250 ms \(wait_timeout_ms\): CTA "
+                    rb"\(%d, %d, %d\) thread %d waits for parity %d of the barrier at shared address %u\n\0?$",
+                    text), text
+    plain = kernel_to_ptx(_example("attn.tk", {"D": 64}).kernel())
+    assert "vprintf" not in plain and "trap;" not in plain and "%globaltimer" not in plain

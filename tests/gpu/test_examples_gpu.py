@@ -9,6 +9,7 @@ comparison.  Failure messages give the seed, the worst error and where it is.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -214,6 +215,51 @@ def test_persistent_attention_does_not_stall_over_many_launches(tmp_path: Path) 
         pytest.fail("1500 launches of persistent causal attention (D=64, BM=192) did not finish in 180 s: stalled")
     assert r.returncode == 0, r.stderr[-2000:]
     assert float(r.stdout.split()[-1]) < 2e-2, r.stdout
+
+
+TIMEOUT_SCRIPT = """
+import sys
+sys.path[:0] = sys.argv[2:4]
+import conftest, torch, tkc
+from tkc.compiler import compile_kernel
+from tkc.ir.parser import parse_module
+from tkc.runtime.launch import launch
+text = open(sys.argv[1]).read().replace("hopper.mbarrier_arrive %e\\n", "")  # the consumers never release
+text = text.replace("consts = {BM = 128", "consts = {wait_timeout_ms = 300, BM = 128")
+k = compile_kernel(parse_module(text, "gemm_ws.tkir"), pipeline="", hopper_pipeline="", cache=False)
+a = torch.randn(256, 512, device="cuda").to(torch.bfloat16)
+b = torch.randn(512, 512, device="cuda").to(torch.bfloat16)
+c = torch.empty(256, 512, device="cuda", dtype=torch.bfloat16)
+try:
+    launch(k, [a, b, c])
+    torch.cuda.synchronize()
+except Exception as e:
+    print("launch failed:", type(e).__name__, str(e).splitlines()[0], flush=True)
+    sys.exit(3)
+print("no error", flush=True)
+"""
+
+
+def test_a_wait_that_times_out_names_itself(tmp_path: Path) -> None:
+    """The pin wait_timeout_ms on a kernel that deadlocks (the hand-written warp-specialized GEMM
+    with its consumers' releases removed): each waiting warp prints the wait's source line and
+    the kernel stops, so the launch fails instead of hanging."""
+    import subprocess
+
+    data = ROOT / "tests" / "data" / "hopper" / "gemm_ws.tkir"
+    try:
+        r = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT, str(data), str(ROOT), str(ROOT / "tests")],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the deadlocked kernel still hangs with wait_timeout_ms = 300")
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = data.read_text().splitlines()
+    refill = next(i for i, line in enumerate(lines, 1) if "hopper.mbarrier_wait %e2" in line)  # the producer's
+    full = next(i for i, line in enumerate(lines, 1) if "hopper.mbarrier_wait %f," in line)  # the consumers'
+    for line in (refill, full):
+        assert re.search(rf"tkc: gemm_ws.tkir:{line}:\d+: mbarrier wait timed out after 300 ms \(wait_timeout_ms\): "
+                         rf"CTA \(\d+, \d+, 0\) thread \d+ waits for parity \d of the barrier at shared address "
+                         rf"\d+\n", r.stdout), r.stdout[-2000:]
 
 
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over

@@ -236,12 +236,36 @@ def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
     # try_wait.parity returns after a bounded time even when the phase is not done: spin.
     b = lw.b
     bar, parity = _bar(lw, op), lw.get(op.parity)
+    timeout_ms = (lw.kernel.attributes.get("consts") or {}).get("wait_timeout_ms")
+    start = nvvm.call(b, "read.ptx.sreg.globaltimer") if timeout_ms else None
     spin = lw.fn.append_basic_block("mbar.wait")
     done = lw.fn.append_basic_block("mbar.done")
     b.branch(spin)
     b.position_at_end(spin)
     ok = nvvm.call(b, "mbarrier.try.wait.parity.scope.cta.space.cta", bar, parity)
-    b.cbranch(ok, done, spin)
+    if not timeout_ms:
+        b.cbranch(ok, done, spin)
+        b.position_at_end(done)
+        return
+    # The pin wait_timeout_ms: a wait that has not passed after that long names itself and
+    # stops the kernel, so a hang becomes a launch error with the wait's source line.
+    check = lw.fn.append_basic_block("mbar.check")
+    timed_out = lw.fn.append_basic_block("mbar.timeout")
+    b.cbranch(ok, done, check)
+    b.position_at_end(check)
+    waited = b.sub(nvvm.call(b, "read.ptx.sreg.globaltimer"), start)
+    b.cbranch(b.icmp_unsigned(">", waited, ir.Constant(I64, timeout_ms * 1_000_000)), timed_out, spin)
+    b.position_at_end(timed_out)
+    tid = nvvm.sreg(b, "tid.x", "wait.tid")
+    with b.if_then(b.icmp_unsigned("==", b.and_(tid, const_i32(31)), const_i32(0))):  # a line per warp
+        where = str(op.loc).replace("%", "%%") if op.loc is not None else "<unknown>"
+        nvvm.printf(b, f"tkc: {where}: mbarrier wait timed out after {timeout_ms} ms (wait_timeout_ms): "
+                       f"CTA (%d, %d, %d) thread %d waits for parity %d of the barrier at shared address %u\n",
+                    nvvm.sreg(b, "ctaid.x", "wait.cx"), nvvm.sreg(b, "ctaid.y", "wait.cy"),
+                    nvvm.sreg(b, "ctaid.z", "wait.cz"), tid, b.zext(parity, nvvm.I32) if parity.type != nvvm.I32
+                    else parity, b.ptrtoint(bar, nvvm.I32))  # (the barrier's word is opaque: not read)
+    nvvm.trap(b)
+    b.branch(done)
     b.position_at_end(done)
 
 

@@ -170,6 +170,7 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
             t[f"read.ptx.sreg.{reg}.{axis}"] = (I32, ())
     for reg in ("laneid", "warpid", "nsmid", "cluster.ctarank", "cluster.nctarank"):
         t[f"read.ptx.sreg.{reg}"] = (I32, ())
+    t["read.ptx.sreg.globaltimer"] = (I64, ())  # nanoseconds
     # mbarrier and fences (§4).
     t["mbarrier.init.shared"] = (VOID, (p3, I32))
     t["mbarrier.arrive.scope.cta.space.cta"] = (I64, (p3, I32))
@@ -248,6 +249,32 @@ def setmaxnreg(builder: ir.IRBuilder, regs: int, inc: bool) -> ir.Instruction:
     if not isinstance(regs, int) or regs % 8 or not 24 <= regs <= 256:
         raise TkcCodegenError(f"setmaxnreg {regs!r}: expected a multiple of 8 in [24, 256]")
     return call(builder, f"setmaxnreg.{'inc' if inc else 'dec'}.sync.aligned.u32", regs)
+
+
+# --------------------------------------------------------------------------- printf and trap
+
+
+def printf(builder: ir.IRBuilder, text: str, *values: ir.Value) -> None:
+    """CUDA's device printf (``vprintf``, which the driver provides): ``text`` a C format
+    (a constant in global memory), ``values`` packed into a local buffer as printf expects."""
+    module = builder.module
+    data = bytearray(text.encode() + b"\0")
+    ty = ir.ArrayType(I8, len(data))
+    fmt = ir.GlobalVariable(module, ty, module.get_unique_name("printf.format"), addrspace=GLOBAL)
+    fmt.global_constant, fmt.linkage, fmt.initializer = True, "internal", ir.Constant(ty, data)
+    vprintf = module.globals.get("vprintf") or ir.Function(module, ir.FunctionType(I32, [ptr(), ptr()]), "vprintf")
+    packed = ir.LiteralStructType([v.type for v in values])
+    buf = builder.alloca(packed)
+    for i, v in enumerate(values):
+        builder.store(v, builder.gep(buf, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+    builder.call(vprintf, [builder.addrspacecast(fmt, ptr()), buf])
+
+
+def trap(builder: ir.IRBuilder) -> None:
+    """``trap``: the kernel stops and the launch fails."""
+    fn = builder.module.globals.get("llvm.trap") or ir.Function(builder.module, ir.FunctionType(VOID, []),
+                                                                "llvm.trap")
+    builder.call(fn, [])
 
 
 # --------------------------------------------------------------------------- wgmma (inline asm)
