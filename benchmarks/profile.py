@@ -86,8 +86,11 @@ CASES = {
     "attn-cudnn": lambda: _attn(True),
     "attn-causal": lambda: _attn(False, True, consts={"defer_last": True, "tma_store": False}),
     "attn-persistent": lambda: _attn(False, consts={"persistent": True, "issue_ahead": True}),
-    "attn-512": lambda: _attn(False, consts={"persistent": True, "stages": 2}, N=512),
+    "attn-512": lambda: _attn(False, consts={"persistent": True}, N=512),
     "attn-512-cudnn": lambda: _attn(True, N=512),
+    # The row furthest below cuDNN: D=64, causal, 512 tokens (the harness's best schedule there).
+    "attn-d64-causal-512": lambda: _attn(False, True, D=64, consts={"persistent": True, "defer_last": True}, N=512),
+    "attn-d64-causal-512-cudnn": lambda: _attn(True, True, D=64, N=512),
     "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
     # FlashAttention-3's ordering (P V of block j - 1 in flight through the softmax of block j)
     # against the same schedule without it.
