@@ -176,10 +176,26 @@ def test_persistent_attention_walks_several_tiles_a_program(rng, consts: dict, c
     check(f"attn {consts} B={B} H={H} N={N} causal={causal}", o, ref, seed, **BF16)
 
 
-STALL_SCRIPT = """
+# Scripts that may hang or trap the GPU run in a process of their own (``in_own_process``):
+# sys.argv[1] is their input, then the checkout and tests/ (conftest maps tkc.runtime as for
+# the tests).
+PRELUDE = """
 import sys
-sys.path[:0] = sys.argv[2:4]  # the checkout, then tests/: conftest maps tkc.runtime as for the tests
+sys.path[:0] = sys.argv[2:4]
 import conftest, torch, tkc
+"""
+
+
+def in_own_process(script: str, arg: Path, cwd: Path, timeout: float):
+    """Run ``PRELUDE + script`` with ``arg`` in a fresh Python; the CompletedProcess (raises
+    subprocess.TimeoutExpired past ``timeout`` seconds)."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", PRELUDE + script, str(arg), str(ROOT), str(ROOT / "tests")],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+STALL_SCRIPT = """
 from pathlib import Path
 from tkc.compiler import compile_kernel
 from tkc.runtime.launch import launch
@@ -209,8 +225,7 @@ def test_persistent_attention_does_not_stall_over_many_launches(tmp_path: Path) 
     import subprocess
 
     try:
-        r = subprocess.run([sys.executable, "-c", STALL_SCRIPT, str(EXAMPLES / "attn.tk"), str(ROOT),
-                            str(ROOT / "tests")], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        r = in_own_process(STALL_SCRIPT, EXAMPLES / "attn.tk", tmp_path, timeout=180)
     except subprocess.TimeoutExpired:
         pytest.fail("1500 launches of persistent causal attention (D=64, BM=192) did not finish in 180 s: stalled")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -218,9 +233,6 @@ def test_persistent_attention_does_not_stall_over_many_launches(tmp_path: Path) 
 
 
 TIMEOUT_SCRIPT = """
-import sys
-sys.path[:0] = sys.argv[2:4]
-import conftest, torch, tkc
 from tkc.compiler import compile_kernel
 from tkc.ir.parser import parse_module
 from tkc.runtime.launch import launch
@@ -248,8 +260,7 @@ def test_a_wait_that_times_out_names_itself(tmp_path: Path) -> None:
 
     data = ROOT / "tests" / "data" / "hopper" / "gemm_ws.tkir"
     try:
-        r = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT, str(data), str(ROOT), str(ROOT / "tests")],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        r = in_own_process(TIMEOUT_SCRIPT, data, tmp_path, timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("the deadlocked kernel still hangs with wait_timeout_ms = 300")
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]

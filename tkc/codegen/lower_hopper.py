@@ -262,8 +262,8 @@ def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
         nvvm.printf(b, f"tkc: {where}: mbarrier wait timed out after {timeout_ms} ms (wait_timeout_ms): "
                        f"CTA (%d, %d, %d) thread %d waits for parity %d of the barrier at shared address %u\n",
                     nvvm.sreg(b, "ctaid.x", "wait.cx"), nvvm.sreg(b, "ctaid.y", "wait.cy"),
-                    nvvm.sreg(b, "ctaid.z", "wait.cz"), tid, b.zext(parity, nvvm.I32) if parity.type != nvvm.I32
-                    else parity, b.ptrtoint(bar, nvvm.I32))  # (the barrier's word is opaque: not read)
+                    nvvm.sreg(b, "ctaid.z", "wait.cz"), tid, parity,
+                    b.ptrtoint(bar, nvvm.I32))  # (the barrier's word is opaque to loads: not printed)
     nvvm.trap(b)
     b.branch(done)
     b.position_at_end(done)

@@ -38,7 +38,7 @@ import functools
 import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -110,6 +110,16 @@ class _Pending:
     value: np.ndarray
     op: Operation
     group: _Group
+
+
+class _Unmet(NamedTuple):
+    """A wait a warpgroup passed whose four warps have not met since."""
+
+    barrier: MBarrier
+    phase: int  # the barrier's completed phases when the warpgroup passed
+    wait: Operation
+    committed: int  # the warpgroup's wgmma groups committed by then
+    role: str
 
 
 @dataclass
@@ -274,7 +284,7 @@ class _CTA:
         warpgroups = [_Warpgroup(self, g) for g in range(self.warpgroups)]
         run([(self.name(wg.g), wg.run()) for wg in warpgroups], seed)
         for wg in warpgroups:
-            wg.left_behind(None, lambda entry: True)
+            wg.left_behind(None, lambda w: True)
 
     def name(self, g: int) -> str:
         """Warpgroup ``g`` in the scheduler's messages, with the roles it runs."""
@@ -333,9 +343,7 @@ class _Warpgroup:
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
         self.bulk: list[Any] = []  # read leases of committed TMA stores not yet waited for
         self.role_op: Operation | None = None  # the hopper.role being run, if any
-        # Waits this warpgroup's warps have not met since: (barrier, phases completed when it
-        # passed, the wait, wgmma groups committed by then, who waited).  See ``left_behind``.
-        self.unmet: list[tuple[MBarrier, int, Operation, int, str]] = []
+        self.unmet: list[_Unmet] = []  # waits this warpgroup's warps have not met since (left_behind)
         self.committed = self.completed = 0  # wgmma groups committed / completed, in order
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
@@ -456,9 +464,9 @@ class _Warpgroup:
         each on its own; unless the role runs on one warp (``warps = 1``), remember the wait
         until they next meet."""
         if self.role_op is None or (self.role_op.warps or 4) > 1:
-            self.unmet.append((bar, bar.phase, op, self.committed, self.role))
+            self.unmet.append(_Unmet(bar, bar.phase, op, self.committed, self.role))
 
-    def left_behind(self, at: Operation | None, met: Callable[[tuple], bool]) -> None:
+    def left_behind(self, at: Operation | None, met: Callable[[_Unmet], bool]) -> None:
         """The warps meet at ``at`` (None: never again; the CTA has run to its end, and a warp
         exits only once past all its waits) for the waits ``met`` selects: a wait whose barrier
         completed two phases or more since the warpgroup passed it is an error.  A warp still
@@ -466,17 +474,17 @@ class _Warpgroup:
         tests the parity it waits for against a barrier two phases on, sees its parity again
         and waits forever: the CTA never exits."""
         keep = []
-        for entry in self.unmet:
-            bar, phase, wait, _, role = entry
-            if not met(entry):
-                keep.append(entry)
-            elif bar.phase - phase >= 2:
+        for w in self.unmet:
+            bar = w.barrier
+            if not met(w):
+                keep.append(w)
+            elif bar.phase - w.phase >= 2:
                 where = f"meet at {_describe(at)}" if at is not None else "meet again"
-                who = "" if at is not None else f"{role}: "  # (inside the run the scheduler names the role)
-                raise _fault(wait, f"{who}{bar.name!r} completed {bar.phase - phase} phases after this "
-                                   f"warpgroup passed the wait, before its four warps {where}: a warp still "
-                                   f"spinning here would see its parity again and wait forever (a role that "
-                                   f"only waits and issues copies runs on one warp: warps = 1)")
+                who = "" if at is not None else f"{w.role}: "  # (inside the run the scheduler names the role)
+                raise _fault(w.wait, f"{who}{bar.name!r} completed {bar.phase - w.phase} phases after this "
+                                     f"warpgroup passed the wait, before its four warps {where}: a warp still "
+                                     f"spinning here would see its parity again and wait forever (a role that "
+                                     f"only waits and issues copies runs on one warp: warps = 1)")
         self.unmet = keep
 
     def bar_sync(self, op: Operation, bar_id: int | None = None) -> Co:
@@ -490,7 +498,7 @@ class _Warpgroup:
         parity = bar.parity
         bar.arrive()
         yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
-        self.left_behind(op, lambda entry: True)  # every warp arrived
+        self.left_behind(op, lambda w: True)  # every warp arrived
 
     @property
     def role(self) -> str:
@@ -824,7 +832,7 @@ def _turn(wg: _Warpgroup, op: Operation) -> Co:
     elif op.kind == "wait" or op.kind == "end" and g == 0:
         bar, parity = wg.cta.arrive_turn(g, role, g, op)
         yield Wait(bar, parity, f"{bar.name} of {_describe(op)}")
-        wg.left_behind(op, lambda entry: True)  # a bar.sync: every warp of both warpgroups
+        wg.left_behind(op, lambda w: True)  # a bar.sync: every warp of both warpgroups
 
 
 def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) -> Co:
@@ -886,7 +894,7 @@ def _wait_group(wg: _Warpgroup, op: Operation) -> Co:
     # A wgmma completes only once all four warps have issued it: those committed after a wait
     # bring every warp past that wait.
     wg.completed += len(finished)
-    wg.left_behind(op, lambda entry: entry[3] < wg.completed)
+    wg.left_behind(op, lambda w: w.committed < wg.completed)
 
 
 def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:

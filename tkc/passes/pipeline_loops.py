@@ -226,7 +226,6 @@ class _Pipeliner:
         distinct = list(dict.fromkeys(full))
         empties = {ring: self._ring(init, self.warpgroups, loc, "empty" if len(distinct) == 1 else
                                     ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
-        empty = [empties[ring] for ring in full]
         for d in g.dsts:
             _owner(d).attributes["stages"] = stages
 
@@ -244,7 +243,7 @@ class _Pipeliner:
         prologue = pro.create(tile.ForOp, [self._c(0), npro, self._c(1)], [], regions=[_region([I32])], loc=loc)
         pb = Builder(prologue.regions[0].block, 0, loc)
         j = prologue.regions[0].block.args[0]
-        self._issue(pb, g, full, empty, self._position(pb, base, j), self._iv_at(pb, loop, j))
+        self._issue(pb, g, full, empties, self._position(pb, base, j), self._iv_at(pb, loop, j))
         pb.create(tile.YieldOp)
         stage, parity = self._stage_parity(b, i)
         stage.name_hint, parity.name_hint = "stage", "phase"
@@ -271,7 +270,7 @@ class _Pipeliner:
 
         # (One stage: iteration i + 1's copy would wait for a release deferred to i + 1.)
         if stages >= 2 and len(empties) == 1:
-            self._overlap_wgmma(loop, g, local, i, empty[0], trip, base)
+            self._overlap_wgmma(loop, g, local, i, empties[full[0]], trip, base)
 
         # ... and, once its stage is released, iteration i refills the stage of iteration
         # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
@@ -281,7 +280,7 @@ class _Pipeliner:
         more = rb0.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
         refill = rb0.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
         rb = Builder(refill.regions[0].block, 0, loc)
-        self._issue(rb, g, full, empty, rb.value(tile.AddOp, [i, self._c(ahead)], I32),
+        self._issue(rb, g, full, empties, rb.value(tile.AddOp, [i, self._c(ahead)], I32),
                     self._iv_at(rb, loop, nxt))
         rb.create(tile.YieldOp)
         Builder(refill.regions[1].block, 0, loc).create(tile.YieldOp)
@@ -432,20 +431,18 @@ class _Pipeliner:
         rnd = b.value(tile.FloorDivOp, [i, s], I32)
         return stage, b.value(tile.AndOp, [rnd, self._c(1)], I32)
 
-    def _issue(self, b: Builder, g: _Group, full: list[Value], empty: list[Value], i: Value, iv: Value) -> None:
+    def _issue(self, b: Builder, g: _Group, full: list[Value], empties: dict[Value, Value], i: Value,
+               iv: Value) -> None:
         """The copies of iteration ``i`` (induction variable ``iv``): per load, wait until every
         warpgroup released its ring's stage, arm the ring, copy."""
         stage, parity = self._stage_parity(b, i)
         free = b.value(tile.XorOp, [parity, self._c(1)], I32)
-        released: set[Value] = set()
         loop = g.loop
         mapping: dict[Value, Value] = {loop.regions[0].block.args[0]: iv}
         armed: dict[Value, Value] = {}
-        for ld, ring, ring_empty in zip(g.loads, full, empty):
-            if ring_empty not in released:
-                released.add(ring_empty)
-                b.create(hopper.MBarrierWaitOp, [self._at(b, ring_empty, stage, MBARRIER), free])
+        for ld, ring in zip(g.loads, full):
             if ring not in armed:
+                b.create(hopper.MBarrierWaitOp, [self._at(b, empties[ring], stage, MBARRIER), free])
                 armed[ring] = f = self._at(b, ring, stage, MBARRIER)
                 nbytes = sum(x.dst.type.layout.size_bytes for x, r in zip(g.loads, full) if r is ring)
                 b.create(hopper.ExpectTxOp, [f], attrs={"bytes": nbytes}, loc=ld.loc)
