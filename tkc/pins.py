@@ -27,6 +27,9 @@ PINS: dict[str, tuple[type, str, str]] = {
                          "runs during that iteration's register work (default: off; not with issue_ahead)",
                    "defer-last"),
     "persistent": (bool, "one program per SM (per slot, with ctas_per_sm) walks the output tiles", "persistent"),
+    "cluster": (int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs of a "
+                     "cluster take tiles of one column, and each copy they share (a GEMM's B tiles) is read "
+                     "once and multicast into all of them (default 1)", "persistent, multicast"),
     "tma_store": (bool, "a product's result is stored by TMA from a shared tile, which drains while the "
                         "next tile computes (false: each thread stores its values)", "lower-to-hopper"),
     "tma": (bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
@@ -49,6 +52,15 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         if not ok:
             raise TkcUsageError(f"pin {name} = {value!r}: expected "
                                 f"{'true or false' if want is bool else 'a positive integer'}", loc)
+
+
+def cluster_size(consts: dict[str, object] | None, loc: Loc | None = None) -> int:
+    """The ``cluster`` pin of a kernel's constants (1 when unpinned), checked."""
+    value = (consts or {}).get("cluster", 1)
+    check_pins({"cluster": value}, loc)
+    if value not in (1, 2, 4):
+        raise TkcUsageError(f"pin cluster = {value}: a cluster has 1, 2 or 4 programs", loc)
+    return value
 
 
 def ctas_per_sm(consts: dict[str, object] | None) -> int:

@@ -568,7 +568,9 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
     module.triple, module.data_layout = t.triple, t.data_layout
     ctas = ctas_per_sm(kernel.attributes.get("consts"))
     _check_accumulators_fit(kernel, entry_registers(threads, ctas), ctas)
-    fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=ctas)
+    cluster = kernel.attributes.get("cluster") or 1
+    fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=ctas,
+                     cluster_dim=(cluster, 1, 1) if cluster > 1 else None)
     smem = None
     if smem_bytes:
         # One dynamic shared array; every offset of allocate-smem is from its base (§4).

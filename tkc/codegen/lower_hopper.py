@@ -223,9 +223,33 @@ def _mbarrier_arrive(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     bar = _bar(lw, op)
     first = b.icmp_unsigned("==", b.and_(lw.tid, const_i32(127)), const_i32(0))
+    if op.attributes.get("cluster"):
+        lw.if_then(first, lambda: _arrive_cluster(lw, bar), "arrive")
+        return
     fty = ir.FunctionType(ir.VoidType(), [bar.type])
     lw.if_then(first, lambda: b.asm(fty, "mbarrier.arrive.release.cta.shared::cta.b64 _, [$0];", "l,~{memory}",
                                     [bar], side_effect=True), "arrive")
+
+
+def _arrive_cluster(lw: Lowerer, bar: ir.Value) -> None:
+    """One arrival on the barrier at ``bar``'s offset in every CTA of the cluster (PTX-FACTS
+    §4: ``mapa`` to the peer's shared::cluster address, then a cluster-scope release arrive,
+    so this warpgroup's reads of the stage happen before any CTA's producer refills it)."""
+    b = lw.b
+    addr = b.ptrtoint(bar, nvvm.I32)
+    fty = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32])
+    for rank in range(lw.kernel.attributes["cluster"]):
+        b.asm(fty, "{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, $0, $1;\n"
+                   "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}",
+              "r,r,~{memory}", [addr, const_i32(rank)], side_effect=True)
+
+
+def _cluster_barrier(lw: Lowerer, op: Operation) -> None:
+    # Every thread: arrive with release (its barrier inits, its copies and arrivals before),
+    # wait with acquire.  Kernel level only, where all threads have converged (.aligned).
+    fty = ir.FunctionType(ir.VoidType(), [])
+    lw.b.asm(fty, "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;",
+             "~{memory}", [], side_effect=True)
 
 
 def _expect_tx(lw: Lowerer, op: Operation) -> None:
@@ -325,9 +349,31 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     rank = _tma_rank(lw, op)
     bar = _bar(lw, op)
-    for p, coords in _tma_boxes(lw, op, lw.shared(op, op.dst)):
-        nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
-                  bar, lw.tmaps[op.map], *coords, 0, 0, 0, 0)
+    boxes = list(_tma_boxes(lw, op, lw.shared(op, op.dst)))
+    n = op.attributes.get("multicast") or 1
+    if n == 1:
+        for p, coords in boxes:
+            nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
+                      bar, lw.tmaps[op.map], *coords, 0, 0, 0, 0)
+        return
+    # Multicast: the CTA of rank r copies boxes r, r + n, ... into the same offsets of every
+    # CTA of the cluster (mask: all n), completing bytes on each one's barrier.  Inline PTX
+    # with the CTA-relative (shared::cta) addresses of the tile and barrier, which is what
+    # the copy places at the same offsets in each destination CTA.
+    me = nvvm.sreg(b, "cluster.ctarank", "tma.rank")
+    coords_ptx = ", ".join(f"${4 + i}" for i in range(rank))
+    fty = ir.FunctionType(ir.VoidType(), [nvvm.I32, I64, nvvm.I32, ir.IntType(16), *[nvvm.I32] * rank])
+    text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            f".multicast::cluster [$0], [$1, {{{coords_ptx}}}], [$2], $3;")
+    tmap = b.ptrtoint(lw.tmaps[op.map], I64)
+    bar32 = b.ptrtoint(bar, nvvm.I32)
+    for r in range(min(n, len(boxes))):
+        def issue(r: int = r) -> None:
+            for p, coords in boxes[r::n]:
+                b.asm(fty, text, "r,l,r,h," + ",".join(["r"] * rank) + ",~{memory}",
+                      [b.ptrtoint(p, nvvm.I32), tmap, bar32, ir.Constant(ir.IntType(16), (1 << n) - 1), *coords],
+                      side_effect=True)
+        lw.if_then(b.icmp_unsigned("==", me, const_i32(r)), issue, "tma_mc")
 
 
 def _tma_store(lw: Lowerer, op: Operation) -> None:
@@ -391,7 +437,10 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     def start4(tile: SmemTile) -> ir.Value:
         key = id(tile.at)
         if key not in starts:
-            starts[key] = b.zext(b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4)), I64)
+            # The start field holds 14 bits: a CTA of a cluster has its rank in the high bits
+            # of its shared addresses, which would otherwise carry into the LBO field.
+            addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
+            starts[key] = b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
         return starts[key]
 
     def desc(tile: SmemTile, k: int, mn: int) -> ir.Value:
@@ -562,6 +611,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.role": _role,
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
+    "hopper.cluster_barrier": _cluster_barrier,
     "hopper.turn": _turn,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,

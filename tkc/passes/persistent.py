@@ -44,7 +44,7 @@ from tkc.ir.core import Block, Module, Operation, Region, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 from tkc.passes.licm import licm
-from tkc.pins import ctas_per_sm
+from tkc.pins import cluster_size, ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 GROUP_M = 8
@@ -96,24 +96,44 @@ def _persist(kernel: Operation) -> None:
     if pin is None and not _gemm_shaped(kernel, grid):
         return
     streamed, bounded = _grid_axes(kernel)
+    cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
+    if cluster > 1 and not (len(grid.operands) == 2 and streamed >= {0, 1} and 0 not in bounded):
+        raise TkcUnsupportedError(f"cluster = {cluster}: a cluster's programs share the copies of a GEMM-shaped "
+                                  f"kernel (a 2-D grid whose loops read along both axes, with bounds that do not "
+                                  f"depend on axis 0)", grid.loc)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
-    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (0, 1, GROUP_M)}
+    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in {0, 1, GROUP_M, cluster}}
     gm = grid.operands[0]
     gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
-    tiles = b.value(tile.MulOp, [gm, gn], I32)
+    # With a cluster, the tile walk goes over cluster rows (``cluster`` tile rows each) and
+    # the grid is a whole number of clusters.
+    rows = gm if cluster == 1 else b.value(tile.CdivOp, [gm, const[cluster]], I32)
+    tiles = b.value(tile.MulOp, [rows, gn], I32)
     tiles.name_hint = "tiles"
     slots = b.value(tile.NumSmsOp, [], I32)
     per_sm = ctas_per_sm(kernel.attributes.get("consts"))
     if per_sm > 1:
         slots = b.value(tile.MulOp, [slots, b.value(tile.ConstantOp, [], I32, {"value": per_sm})], I32)
-    programs = b.value(tile.MinimumOp, [tiles, slots], I32)
+    if cluster == 1:
+        programs = b.value(tile.MinimumOp, [tiles, slots], I32)
+    else:
+        clusters = b.value(tile.MinimumOp, [tiles, b.value(tile.FloorDivOp, [slots, const[cluster]], I32)], I32)
+        programs = b.value(tile.MulOp, [clusters, const[cluster]], I32)
     grid.operands = [programs]
 
     moved = [op for op in body.ops[body.ops.index(grid) + 1:] if not op.has_trait("terminator")]
     after = Builder(body, body.ops.index(grid) + 1, grid.loc)
     first = after.value(tile.ProgramIdOp, [], I32, {"axis": 0})
     step = after.value(tile.NumProgramsOp, [], I32, {"axis": 0})
+    rank = None
+    if cluster > 1:
+        # Programs 2c and 2c + 1 (a cluster: consecutive CTAs along x) walk the same cluster
+        # tiles; each takes its row of the cluster's rows.
+        rank = after.value(tile.RemOp, [first, const[cluster]], I32)
+        rank.name_hint = "cluster_rank"
+        first = after.value(tile.FloorDivOp, [first, const[cluster]], I32)
+        step = after.value(tile.FloorDivOp, [step, const[cluster]], I32)
     snake = gn is not const[1] and 0 in bounded
     loop_body = Block([I32], ["k" if snake else "t"])
     bounds = _snake_count(after, first, step, tiles, const) if snake else [first, tiles, step]
@@ -152,14 +172,23 @@ def _persist(kernel: Operation) -> None:
         pm, pn = lb.value(tile.RemOp, [t, gm], I32), lb.value(tile.FloorDivOp, [t, gm], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     else:
-        # Grouped order: GROUP_M tile rows at a time, down the rows then across the columns.
-        width = lb.value(tile.MulOp, [const[GROUP_M], gn], I32)
+        # Grouped order: GROUP_M tile rows at a time, down the rows then across the columns
+        # (with a cluster: GROUP_M / cluster cluster rows).
+        group_rows = const.get(GROUP_M // cluster) or lb.value(tile.ConstantOp, [], I32, {"value": GROUP_M // cluster})
+        width = lb.value(tile.MulOp, [group_rows, gn], I32)
         group = lb.value(tile.FloorDivOp, [t, width], I32)
-        first_row = lb.value(tile.MulOp, [group, const[GROUP_M]], I32)
-        rows = lb.value(tile.MinimumOp, [lb.value(tile.SubOp, [gm, first_row], I32), const[GROUP_M]], I32)
+        first_row = lb.value(tile.MulOp, [group, group_rows], I32)
+        in_group = lb.value(tile.MinimumOp, [lb.value(tile.SubOp, [rows, first_row], I32), group_rows], I32)
         within = lb.value(tile.RemOp, [t, width], I32)
-        pm = lb.value(tile.AddOp, [first_row, lb.value(tile.RemOp, [within, rows], I32)], I32)
-        pn = lb.value(tile.FloorDivOp, [within, rows], I32)
+        pm = lb.value(tile.AddOp, [first_row, lb.value(tile.RemOp, [within, in_group], I32)], I32)
+        pn = lb.value(tile.FloorDivOp, [within, in_group], I32)
+        if rank is not None:
+            # The cluster's last row may lie past the grid (an odd number of tile rows): that
+            # program computes the row above again and stores the same values, so that it
+            # still takes its part in the copies the cluster shares.
+            pm = lb.value(tile.MinimumOp, [lb.value(tile.AddOp, [lb.value(tile.MulOp, [pm, const[cluster]], I32),
+                                                                 rank], I32),
+                                           lb.value(tile.SubOp, [gm, const[1]], I32)], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     ids = {("tile.program_id", 0): pm, ("tile.program_id", 1): pn,
            ("tile.num_programs", 0): gm, ("tile.num_programs", 1): gn}

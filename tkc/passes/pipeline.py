@@ -19,6 +19,7 @@ from tkc.passes.defer_last import defer_last
 from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_hopper import lower_to_hopper
+from tkc.passes.multicast import multicast
 from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.select_layouts import select_layouts
@@ -40,6 +41,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
     "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
     "defer-last": defer_last,            # pin defer_last: a loop's last product issued in the next iteration
+    "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later: lower-to-blackwell for sm_100a, in its own file.
 }
@@ -50,4 +52,4 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,defer-last,"
-                   "cse,dce,allocate-smem")
+                   "multicast,cse,dce,allocate-smem")

@@ -121,13 +121,18 @@ class StageOp(Operation):
 @register
 class MBarrierArriveOp(Operation):
     """``mbarrier.arrive``: thread 0 of each warpgroup that runs it arrives once (a consumer
-    warpgroup releasing a ring stage)."""
+    warpgroup releasing a ring stage).  With ``cluster``, it arrives on the barrier at the same
+    offset in every CTA of the kernel's cluster (a stage that the cluster's copies fill
+    together is free once every CTA's consumers have released it)."""
 
     name = "hopper.mbarrier_arrive"
     OPERANDS = ("barrier",)
+    ATTRS = {"cluster?": bool}
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
+        if self.attributes.get("cluster"):
+            _check_cluster(self, "arrives on every CTA of a cluster")
 
 
 @register
@@ -295,15 +300,52 @@ def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
 @register
 class TmaLoadOp(Operation, _OneThread):
     """Copy a box of ``tensor`` at element ``offsets`` into the shared tile ``dst`` through
-    tensor map ``map`` of the kernel's ``tma_maps``; completes dst's bytes on ``barrier``."""
+    tensor map ``map`` of the kernel's ``tma_maps``; completes dst's bytes on ``barrier``.
+
+    With ``multicast`` (the kernel's cluster size), every CTA of the cluster issues the same
+    copy (same offsets) and they share it: the CTA of rank ``r`` copies the tile's TMA boxes
+    ``r, r + multicast, ...`` into ``dst`` of every CTA and completes their bytes on each CTA's
+    ``barrier`` (same offsets), so each CTA still receives the whole tile, read once from L2."""
 
     name = "hopper.tma_load"
     OPERANDS = ("tensor", "dst", "barrier", "*offsets")
-    ATTRS = {"map": int, "box": list}
+    ATTRS = {"map": int, "box": list, "multicast?": int}
 
     def verify(self) -> None:
         _check_tma(self, self.tensor, self.dst, self.box, loading=True)
         _check_barrier(self, self.barrier)
+        mc = self.attributes.get("multicast")
+        if mc is not None and _check_cluster(self, "multicasts to a cluster") != mc:
+            raise self.error(f"multicast = {mc}, but the kernel's cluster has {_cluster_of(self)} CTAs")
+
+
+def _cluster_of(op: Operation) -> int:
+    kernel = next((p for p in op.ancestors() if p.name == "tile.kernel"), None)
+    return (kernel.attributes.get("cluster") or 1) if kernel is not None else 1
+
+
+def _check_cluster(op: Operation, what: str) -> int:
+    """The cluster size of ``op``'s kernel, which must be 2 or more for an op that ``what``."""
+    n = _cluster_of(op)
+    if n < 2:
+        raise op.error(f"{what}, but the kernel has no cluster (its 'cluster' attribute)")
+    return n
+
+
+@register
+class ClusterBarrierOp(Operation):
+    """``barrier.cluster.arrive.release`` + ``wait.acquire``: every thread of every CTA of the
+    kernel's cluster meets here.  Once after the mbarriers are initialized (a peer's copies and
+    arrivals may reach them from then on) and once before the CTAs exit (none may exit while
+    a peer can still write its shared memory or arrive on its barriers)."""
+
+    name = "hopper.cluster_barrier"
+
+    def verify(self) -> None:
+        _check_cluster(self, "synchronizes a cluster")
+        parent = self.parent.parent_op if self.parent else None
+        if parent is None or parent.name != "tile.kernel":
+            raise self.error("a cluster barrier sits directly in the kernel body (every thread reaches it)")
 
 
 @register

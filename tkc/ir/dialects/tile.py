@@ -45,8 +45,9 @@ class KernelOp(Operation):
     ``consts`` are the compile-time constants it was specialized with."""
 
     name = "tile.kernel"
-    # threads / smem_bytes / tma_maps: set by the Hopper passes (docs/hopper.md section 4).
-    ATTRS = {"sym_name": str, "consts?": dict, "threads?": int, "smem_bytes?": int, "tma_maps?": list}
+    # threads / smem_bytes / tma_maps / cluster: set by the Hopper passes (docs/hopper.md section 4).
+    ATTRS = {"sym_name": str, "consts?": dict, "threads?": int, "smem_bytes?": int, "tma_maps?": list,
+             "cluster?": int}
     REGIONS = 1
     TRAITS = frozenset({"isolated"})
 
@@ -64,6 +65,8 @@ class KernelOp(Operation):
         grids = [op for op in self.body.ops if op.name == "tile.grid"]
         if len(grids) > 1:
             raise grids[1].error("a kernel has at most one launch grid")
+        if self.attributes.get("cluster", 1) not in (1, 2, 4):
+            raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has 1, 2 or 4 CTAs")
 
 
 @register
