@@ -58,6 +58,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "cuFuncSetAttribute": [_p, _i32, _i32],
     "cuFuncGetAttribute": [ctypes.POINTER(_i32), _i32, _p],
     "cuLaunchKernelEx": [_p, _p, ctypes.POINTER(_p), ctypes.POINTER(_p)],
+    "cuOccupancyMaxActiveClusters": [ctypes.POINTER(_i32), _p, _p],
     "cuTensorMapEncodeTiled": [_p, _i32, _u32, _p, ctypes.POINTER(ctypes.c_uint64),
                                ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_u32), ctypes.POINTER(_u32),
                                _i32, _i32, _i32, _i32],
@@ -311,6 +312,22 @@ class Function:
         v = ctypes.c_int()
         check(lib().cuFuncGetAttribute(ctypes.byref(v), attr, self.handle), f"cuFuncGetAttribute({attr})")
         return v.value
+
+    def max_active_clusters(self, cluster: int, block: int | Sequence[int], shared_bytes: int) -> int:
+        """How many clusters of ``cluster`` CTAs (along x) of this kernel the device holds at
+        once (``cuOccupancyMaxActiveClusters``): fewer than SMs / ``cluster`` where the SMs of
+        a GPC do not pair up, and a persistent kernel sized by the SM count would leave some
+        clusters for a second wave."""
+        b = _dim3(block, "block")
+        attrs = (CUlaunchAttribute * 1)()
+        attrs[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attrs[0].value.clusterDim = _Dim3(cluster, 1, 1)
+        cfg = CUlaunchConfig(cluster, 1, 1, *b, int(shared_bytes), None, attrs, 1)
+        n = ctypes.c_int()
+        _make_current(self.module.ctx)
+        check(lib().cuOccupancyMaxActiveClusters(ctypes.byref(n), self.handle, ctypes.addressof(cfg)),
+              f"cuOccupancyMaxActiveClusters({self.name}, cluster={cluster})")
+        return n.value
 
     def prepare(self, grid: int | Sequence[int], block: int | Sequence[int], shared_bytes: int,
                 params: Sequence[Any]) -> PreparedLaunch:

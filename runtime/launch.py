@@ -189,9 +189,20 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     arg_checks.check_launch(compiled.name, params, args, tma=tma_names)
     device = torch.device("cuda", torch.cuda.current_device())
     _check_device(compiled.target, device)
-    # A persistent kernel sizes its grid by the SM count (tile.num_sms): this device's.
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    grid = launch_grid(compiled.kernel_op, args, sms=sms) if grid is None else _grid(grid)
+    # A persistent kernel sizes its grid by the SM count (tile.num_sms): this device's, or
+    # for a kernel of clusters, the CTAs of as many clusters as the device holds at once.
+    cluster = compiled.kernel_op.attributes.get("cluster") or 1
+    if grid is None:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        if cluster > 1:
+            fn = _function(compiled, device.index)
+            sms = cluster * fn.max_active_clusters(cluster, compiled.threads, compiled.smem_bytes or 0)
+        grid = launch_grid(compiled.kernel_op, args, sms=sms)
+    else:
+        grid = _grid(grid)
+    if grid[0] % cluster:
+        raise TkcLaunchError(f"kernel '{compiled.name}' runs in clusters of {cluster} CTAs along x: its grid "
+                             f"{grid} must have a multiple of {cluster} there")
     if 0 in grid:
         _keep_plan(compiled, key, _Plan(grid, None))
         return grid

@@ -233,14 +233,15 @@ def _mbarrier_arrive(lw: Lowerer, op: Operation) -> None:
 
 def _arrive_cluster(lw: Lowerer, bar: ir.Value) -> None:
     """One arrival on the barrier at ``bar``'s offset in every CTA of the cluster (PTX-FACTS
-    §4: ``mapa`` to the peer's shared::cluster address, then a cluster-scope release arrive,
-    so this warpgroup's reads of the stage happen before any CTA's producer refills it)."""
+    §4: ``mapa`` to the peer's shared::cluster address, then the arrive, with the default
+    release at CTA scope: the warpgroup's reads of the stage were its wgmmas', complete by
+    the wait before this, and a cluster-scope release costs a fence on every arrival)."""
     b = lw.b
     addr = b.ptrtoint(bar, nvvm.I32)
     fty = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32])
     for rank in range(lw.kernel.attributes["cluster"]):
         b.asm(fty, "{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, $0, $1;\n"
-                   "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}",
+                   "mbarrier.arrive.shared::cluster.b64 _, [r];\n}",
               "r,r,~{memory}", [addr, const_i32(rank)], side_effect=True)
 
 
