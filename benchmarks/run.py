@@ -81,6 +81,13 @@ def gemm_rows(quick: bool, runs: int) -> list[Row]:
         if row.notes:
             del contenders["tkc"]
             row.values["tkc"] = None
+        # The pin cluster = 2 (B multicast to CTA pairs), off by default, timed beside it.
+        _, run2 = tkc_call("gemm.tk", {"cluster": 2}, [a, b, c])
+        run2()
+        if close(c, a.float() @ b.float(), 2e-2):
+            row.notes = (row.notes + "; " if row.notes else "") + "cluster=2 WRONG; not timed"
+        else:
+            contenders["tkc cluster=2"] = run2
         row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
         rows.append(row)
         print(f"  gemm {row.problem}: {row.values}", flush=True)

@@ -161,6 +161,15 @@ FIXTURES = {
         "cp.async.bulk.wait_group.read \t1;": 3,
         "cp.async.bulk.wait_group.read \t0;": 2,
     },
+    "gemm_cluster": {  # examples/gemm.tk with BN=128 and cluster=2, after HOPPER_PIPELINE
+        ".reqnctapercluster 2, 1, 1": 1,
+        "barrier.cluster.arrive.release.aligned": 2,  # after the barriers' init, before the end
+        "barrier.cluster.wait.acquire.aligned": 2,
+        # B's two boxes a stage, one per rank, in the prologue and the steady loop
+        "tile.mbarrier::complete_tx::bytes.multicast::cluster": 4,
+        "mapa.shared::cluster.u32": 4,  # two releases (in the loop and after it) to two CTAs
+        "mbarrier.arrive.shared::cluster.b64": 4,
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

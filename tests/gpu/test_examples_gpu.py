@@ -90,6 +90,24 @@ def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
     check(f"gemm {M}x{N}x{K} {consts}", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("consts", [{"cluster": 2}, {"cluster": 2, "BN": 128}], ids=["default", "BN128"])
+@pytest.mark.parametrize("M,N,K,grid", [(128, 128, 64, None), (300, 200, 136, None), (640, 1000, 520, None),
+                                        (2048, 1024, 1024, (8,))])  # (8,): 4 clusters walk 32 cluster tiles
+def test_gemm_in_clusters(rng, consts: dict, M: int, N: int, K: int, grid) -> None:
+    g, seed = rng
+    a, b, c = randn(g, M, K), randn(g, K, N), poisoned(M, N)
+    launch(compiled("gemm.tk", consts), [a, b, c], grid=grid)
+    check(f"gemm {M}x{N}x{K} {consts} grid {grid}", c, (a.float() @ b.float()).to(torch.bfloat16), seed,
+          atol=3e-2, rtol=2e-2)
+
+
+def test_a_cluster_kernel_refuses_a_grid_of_part_clusters(rng) -> None:
+    g, _ = rng
+    a, b, c = randn(g, 256, 64), randn(g, 64, 256), poisoned(256, 256)
+    with pytest.raises(TkcLaunchError, match="multiple of 2"):
+        launch(compiled("gemm.tk", {"cluster": 2}), [a, b, c], grid=(3,))
+
+
 @pytest.mark.parametrize("M,N,K", [(128, 128, 128), (300, 200, 160), (77, 264, 80)])
 def test_gemm_fp8(rng, M: int, N: int, K: int) -> None:
     g, seed = rng

@@ -159,3 +159,41 @@ def test_causal_attention_programs_take_tiles_in_a_snake(B, H, N):
     run_kernel(after, b)
     np.testing.assert_array_equal(a[3], b[3])
 
+
+
+# ------------------------------------------------------------------ clusters
+@pytest.mark.parametrize("cluster", [2, 4])
+@pytest.mark.parametrize("dims", [{"M": 300, "N": 200, "K": 72},    # 5 tile rows: the last cluster's
+                                  {"M": 1100, "N": 50, "K": 40},    # rows run past the grid
+                                  {"M": 64, "N": 1100, "K": 40}])   # one tile row
+def test_clusters_walk_cluster_tiles_and_compute_the_same(cluster, dims):
+    """Programs c*n .. c*n + n - 1 take tile rows of one cluster tile, the same column; a row
+    past the grid repeats the last one (the same values, stored twice)."""
+    consts = {"BM": 64, "BN": 64, "BK": 32}
+    before = compiled("gemm.tk", consts).kernel()
+    after = compiled("gemm.tk", {**consts, "cluster": cluster}, "persistent").kernel()
+    a, b = random_args(before, dims, 4), random_args(after, dims, 4)
+    b[2][...] = np.nan
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[2], b[2])
+    rows, cols = -(-dims["M"] // 64), -(-dims["N"] // 64)
+    cluster_tiles = -(-rows // cluster) * cols
+    assert launch_grid(after, b, sms=132) == (cluster * min(cluster_tiles, 132 // cluster),)
+
+
+def test_a_cluster_needs_a_gemm_shaped_kernel():
+    src = (EXAMPLES / "attn.tk").read_text().replace("causal: const = False)",
+                                                      "causal: const = False, persistent: const = True, "
+                                                      "cluster: const = 2)")
+    with pytest.raises(TkcUnsupportedError, match="cluster = 2: a cluster's programs share the copies of a "
+                                                  "GEMM-shaped kernel"):
+        compiled("attn.tk", {}, "persistent", src)
+
+
+@pytest.mark.parametrize("value", [3, 8, 0])
+def test_cluster_sizes(value):
+    from tkc.errors import TkcUsageError
+
+    with pytest.raises(TkcUsageError, match="cluster"):
+        compiled("gemm.tk", {"cluster": value}, "persistent")

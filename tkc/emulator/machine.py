@@ -193,6 +193,13 @@ class _CTA:
         self.bar_sync: dict[Any, MBarrier] = {}
         self.turn_arrivals: dict[Any, tuple[int, set[int]]] = {}  # per turn barrier: (phase, who arrived)
         self.fault_loc = None
+        # A cluster's CTAs (``cluster`` consecutive CTAs along x) run together: ``peers`` in
+        # rank order (this one among them), sharing ``cluster_state`` (the cluster barrier and
+        # the multicast copies each rank has issued, to check that they agree).
+        self.rank, self.peers = 0, [self]
+        self.cluster_state: dict[Any, Any] = {}
+        self.issued: dict[Operation, int] = {}  # multicast copies issued, per op
+        self.finished = 0  # warpgroups that have run to the end of the kernel
         self.roles = [op for op in kernel.regions[0].block.ops if op.name == "hopper.role"]
         _check_registers(kernel, self.roles, threads)
         self._place(kernel, smem_bytes)
@@ -242,8 +249,19 @@ class _CTA:
 
     def _mbarrier(self, off: int, name: str) -> MBarrier:
         if off not in self.mbarriers:
-            self.mbarriers[off] = MBarrier(name)
+            self.mbarriers[off] = MBarrier(name if len(self.peers) == 1 else f"{name} of CTA rank {self.rank}")
         return self.mbarriers[off]
+
+    def in_peers(self, bar: MBarrier) -> list[MBarrier]:
+        """The barrier at ``bar``'s offset in every CTA of the cluster, in rank order.  A CTA
+        whose warpgroups have all run to the end has exited: its shared memory is gone."""
+        off = next(o for o, b in self.mbarriers.items() if b is bar)
+        for peer in self.peers:
+            if peer.finished == peer.warpgroups:
+                raise TkcEmulatorError(f"CTA rank {peer.rank} has exited, and CTA rank {self.rank} still reaches "
+                                       f"its barrier {bar.name.removesuffix(f' of CTA rank {self.rank}')!r} (a "
+                                       f"cluster barrier before the end keeps every CTA until its peers are done)")
+        return [peer._mbarrier(off, bar.name.removesuffix(f" of CTA rank {self.rank}")) for peer in self.peers]
 
     def barrier(self, bar_id: int, role: Operation | None = None) -> MBarrier:
         """``bar.sync bar_id`` over the CTA, or over ``role``'s warpgroups (its internal barrier)."""
@@ -280,16 +298,22 @@ class _CTA:
         bar.arrive()
         return bar, parity
 
-    def run(self, seed: int) -> None:
-        warpgroups = [_Warpgroup(self, g) for g in range(self.warpgroups)]
-        run([(self.name(wg.g), wg.run()) for wg in warpgroups], seed)
-        for wg in warpgroups:
-            wg.left_behind(None, lambda w: True)
-
     def name(self, g: int) -> str:
         """Warpgroup ``g`` in the scheduler's messages, with the roles it runs."""
         roles = [r.attributes["name"] for r in self.roles if r.first <= g < r.first + r.warpgroups]
-        return f"warpgroup {g}" + (f" ({', '.join(roles)})" if roles else "")
+        rank = f"CTA rank {self.rank} " if len(self.peers) > 1 else ""
+        return f"{rank}warpgroup {g}" + (f" ({', '.join(roles)})" if roles else "")
+
+
+def _run_cluster(ctas: list[_CTA], seed: int) -> None:
+    """Run the warpgroups of a cluster's CTAs (one CTA without a cluster) interleaved."""
+    for rank, cta in enumerate(ctas):
+        cta.rank, cta.peers = rank, ctas
+        cta.cluster_state = ctas[0].cluster_state
+    warpgroups = [_Warpgroup(cta, g) for cta in ctas for g in range(cta.warpgroups)]
+    run([(wg.cta.name(wg.g), wg.run()) for wg in warpgroups], seed)
+    for wg in warpgroups:
+        wg.left_behind(None, lambda w: True)
 
 
 def _stages(op: Operation) -> int:
@@ -363,6 +387,7 @@ class _Warpgroup:
 
     def run(self) -> Co:
         yield from self.block(self.cta.kernel.regions[0].block)
+        self.cta.finished += 1
         if any(not grp.done for grp in self.groups):
             op = next(grp.op for grp in self.groups if not grp.done)
             raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
@@ -729,7 +754,22 @@ def _mbarrier_init(wg: _Warpgroup, op: Operation, bar: MBarrier | BarrierRing) -
 
 
 def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
-    bar.arrive()  # thread 0 of each warpgroup running it: one arrival per coroutine
+    # Thread 0 of each warpgroup running it: one arrival per coroutine (on every CTA's
+    # barrier at this offset, with ``cluster``).
+    for b in wg.cta.in_peers(bar) if op.attributes.get("cluster") else (bar,):
+        b.arrive()
+
+
+def _cluster_barrier(wg: _Warpgroup, op: Operation) -> Co:
+    """``barrier.cluster`` arrive + wait: every warpgroup of every CTA of the cluster."""
+    state = wg.cta.cluster_state
+    if op not in state:
+        state[op] = MBarrier(f"barrier.cluster of {_describe(op)}", sum(c.warpgroups for c in wg.cta.peers))
+    bar = state[op]
+    parity = bar.parity
+    bar.arrive()
+    yield Wait(bar, parity, f"barrier.cluster of {_describe(op)}")
+    wg.left_behind(op, lambda w: True)
 
 
 def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
@@ -784,7 +824,25 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     else:  # the whole box lies outside the tensor: TMA fills it with zeros
         plane = np.zeros(tensor.shape[-2:], tensor.dtype)
     rows, cols = (int(o) for o in offsets[-2:])
-    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
+    n = op.attributes.get("multicast") or 1
+    if n == 1:
+        tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
+        return
+    # Multicast: this CTA's share of the boxes into every CTA of the cluster.  Its peers
+    # issue the same copy (their k-th issue of this op) at the same coordinates and offsets,
+    # or each CTA would receive a tile put together from different places.
+    cta = wg.cta
+    k = cta.issued.get(op, 0)
+    cta.issued[op] = k + 1
+    mine = (tuple(int(o) for o in offsets), dst.base, bar.name.removesuffix(f" of CTA rank {cta.rank}"))
+    other = cta.cluster_state.setdefault(("multicast", op, k), (cta.rank, mine))
+    if other[1] != mine:
+        raise _fault(op, f"CTA rank {cta.rank} multicasts copy {k} of this op with offsets {list(mine[0])} into "
+                         f"{dst.name} at {mine[1]:#x}, but CTA rank {other[0]} issued it with offsets "
+                         f"{list(other[1][0])} at {other[1][1]:#x}: a multicast copy is the same in every CTA")
+    count = lay.tma_box().count
+    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, [c.smem for c in cta.peers], dst.base,
+             cta.in_peers(bar), op=_who(op, wg), boxes=range(cta.rank, count[0] * count[1], n))
 
 
 def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile, *offsets: Any) -> Co:
@@ -940,6 +998,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.tma_store": _tma_store,
     "hopper.tma_store_wait": _tma_store_wait,
     "hopper.mbarrier_wait": _mbarrier_wait,
+    "hopper.cluster_barrier": _cluster_barrier,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wait_group,
     "hopper.convert_layout": _convert_layout,
@@ -982,15 +1041,26 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
     written: set[int] = set()
     with np.errstate(all="ignore"):
         shape = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
+        cluster = kernel.cluster or 1
+        if shape[0] % cluster:
+            raise TkcEmulatorError(f"kernel @{kernel.sym_name} runs in clusters of {cluster} CTAs along x: its "
+                                   f"grid {shape} must have a multiple of {cluster} there", kernel.loc)
         try:
-            for k, pid in enumerate(itertools.product(*(range(n) for n in shape))):
-                cta = None
+            pids = list(itertools.product(*(range(n) for n in shape)))
+            # Row-major order puts x last; a cluster is ``cluster`` CTAs consecutive in x.
+            pids.sort(key=lambda p: (p[0] // cluster, *p[1:], p[0]))
+            for k in range(0, len(pids), cluster):
+                group = pids[k:k + cluster]
+                ctas: list[_CTA] = []
                 try:
-                    cta = _CTA(kernel, pid, shape, env, written)
-                    cta.run(seed + k)
+                    for pid in group:
+                        ctas.append(_CTA(kernel, pid, shape, env, written))
+                    _run_cluster(ctas, seed + k)
                 except TkcEmulatorError as e:
-                    loc = e.loc or (cta.fault_loc if cta is not None else None)
-                    raise type(e)(f"CTA {pid}: {e.message}", loc) from e
+                    where = next((c for c in ctas if c.fault_loc is not None), ctas[-1] if ctas else None)
+                    loc = e.loc or (where.fault_loc if where is not None else None)
+                    who = f"CTA {group[0]}" if cluster == 1 else f"cluster of CTAs {group}"
+                    raise type(e)(f"{who}: {e.message}", loc) from e
         finally:
             _write_back(params, args, working, written)
 

@@ -48,14 +48,33 @@ def _window(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int],
 
 
 def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int], layout: SharedLayout,
-             smem: SharedMemory, dst_base: int, barrier: MBarrier, *, op: str = "tma_load") -> None:
+             smem: SharedMemory | Sequence[SharedMemory], dst_base: int, barrier: MBarrier | Sequence[MBarrier], *,
+             op: str = "tma_load", boxes: Sequence[int] | None = None) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`` for
-    every box of the tile at ``dst_base``; then ``barrier.complete_tx(layout.size_bytes)``."""
+    every box of the tile at ``dst_base``; then ``barrier.complete_tx(layout.size_bytes)``.
+
+    Multicast (``.multicast::cluster``): ``smem`` and ``barrier`` list one shared memory and
+    barrier per destination CTA, and ``boxes`` the TMA boxes this copy moves (numbered row of
+    boxes by row, as the lowering issues them); each destination gets those boxes at
+    ``dst_base`` and their bytes on its barrier."""
     rows, cols, inb = _window(global_array, coords, box, layout, op)
     tile = np.zeros((layout.rows, layout.cols), global_array.dtype)
     tile[inb] = global_array[rows[inb], cols[inb]]
-    smem.write_tile(dst_base, layout, tile, writer=op, proxy="async")
-    barrier.complete_tx(layout.size_bytes, by=op)
+    mems = [smem] if isinstance(smem, SharedMemory) else list(smem)
+    bars = [barrier] if isinstance(barrier, MBarrier) else list(barrier)
+    if boxes is None:
+        for m, bar in zip(mems, bars):
+            m.write_tile(dst_base, layout, tile, writer=op, proxy="async")
+            bar.complete_tx(layout.size_bytes, by=op)
+        return
+    tb = layout.tma_box()
+    r, c = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
+    number = (r // tb.dims[1]) * tb.count[0] + c // tb.dims[0]
+    mine = np.isin(number, list(boxes))
+    addrs = dst_base + layout.offset(r[mine], c[mine])
+    for m, bar in zip(mems, bars):
+        m.write_elements(addrs, tile[mine], layout.dtype, writer=op, proxy="async")
+        bar.complete_tx(int(mine.sum()) * layout.elem_bytes, by=op)
 
 
 def tma_store(smem: SharedMemory, src_base: int, layout: SharedLayout, global_array: np.ndarray,

@@ -1,0 +1,130 @@
+"""Clusters in the hopper-level machine: the persistent GEMM compiled with ``cluster = 2``
+(``persistent`` pairs the programs, ``multicast`` shares the B copies) runs with its two CTAs
+interleaved, each multicast copy landing in both, against numpy; and each broken piece of the
+cluster protocol is caught.  The broken protocols are textual edits of the compiled kernel;
+where the outcome depends on the interleaving, the seeds show it (the scheduler is seeded)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+from test_machine import edit, gemm_args, gemm_ref, load
+
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.emulator.mbarrier import MBarrierError
+from tkc.emulator.scheduler import DeadlockError
+from tkc.emulator.smem import RaceError
+from tkc.errors import TkcEmulatorError
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+SMALL = {"BN": 128, "cluster": 2}  # two B boxes a stage: rank 0 copies one, rank 1 the other
+
+
+def hopper(consts: dict) -> str:
+    return compile_kernel(EXAMPLES / "gemm.tk", consts, stop="hopper", cache=False).asm["hopper"]
+
+
+@pytest.fixture(scope="module")
+def small() -> str:
+    return hopper(SMALL)
+
+
+def run(text: str, mnk: tuple[int, int, int], seed: int = 0, grid=None) -> tuple[np.ndarray, np.ndarray]:
+    a, b, c = gemm_args(*mnk, seed)
+    emulate(load(text, "gemm.hopper.tkir"), [a, b, c], grid=grid, seed=seed)
+    return c, gemm_ref(a, b)
+
+
+# ------------------------------------------------------------------ correct kernels
+@pytest.mark.parametrize("consts", [SMALL, {"cluster": 2}], ids=["BN128", "BN256"])
+@pytest.mark.parametrize("m, n, k, seed", [
+    (256, 128, 64, 0),    # one cluster tile, one K step
+    (300, 200, 136, 1),   # three tile rows: the cluster's second row repeats the last; K and N tails
+    (640, 264, 520, 2),   # several cluster tiles per cluster, stages refilled, parities flip
+])
+def test_cluster_gemm_matches_numpy(consts, m, n, k, seed):
+    c, want = run(hopper(consts), (m, n, k), seed)
+    np.testing.assert_array_equal(c, want)
+
+
+def test_four_ctas_a_cluster():
+    """Rank r of four copies box r of each B stage (BN = 256: four boxes); 600 rows are five
+    tile rows, the second cluster's last three repeat the fifth."""
+    c, want = run(hopper({"cluster": 4}), (600, 320, 200), 5)
+    np.testing.assert_array_equal(c, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_interleaving_seed_with_fewer_clusters_than_tiles(small, seed):
+    c, want = run(small, (512, 384, 200), seed, grid=(4,))  # 2 clusters walk 6 cluster tiles
+    np.testing.assert_array_equal(c, want)
+
+
+def test_the_pass_multicasts_b_and_not_a(small):
+    loads = [line for line in small.splitlines() if "hopper.tma_load" in line]
+    assert loads and all(("multicast = 2" in line) == ("%b," in line) for line in loads)
+    assert "cluster = 2, smem_bytes" in small
+    assert small.count("hopper.cluster_barrier") == 2
+    assert "{count = 4}" in small  # the empty ring: two consumers in each of two CTAs
+
+
+# ------------------------------------------------------------ broken protocols
+def test_grid_not_whole_clusters(small):
+    with pytest.raises(TkcEmulatorError, match="multiple of 2"):
+        run(small, (256, 128, 64), grid=(3,))
+
+
+def test_releases_that_stay_in_their_cta_deadlock(small):
+    broken = small.replace(" {cluster = true}", "")
+    with pytest.raises(DeadlockError, match="empty"):
+        run(broken, (256, 128, 512))  # 8 K steps through 4 stages: the refills wait
+
+
+def test_empty_ring_counting_one_cta_runs_over_a_stage_in_use(small):
+    """Releases stay in their CTA and the ring counts one CTA's: a producer refills a stage
+    of its peer while the peer's wgmma still reads it."""
+    broken = edit(small.replace(" {cluster = true}", ""), "{count = 4}", "{count = 2}")
+    caught = []
+    for seed in range(8):
+        try:
+            c, want = run(broken, (256, 128, 512), seed)
+        except (RaceError, MBarrierError) as e:
+            caught.append(e)
+    assert caught, "no seed caught a producer refilling a stage its peer still reads"
+    assert any("wgmma" in str(e) or "tx" in str(e) for e in caught)
+
+
+def test_no_cluster_barrier_after_init_reaches_an_uninitialized_barrier(small):
+    first = small.index("hopper.cluster_barrier")
+    broken = small[:first] + "hopper.barrier {id = 0}" + small[first + len("hopper.cluster_barrier"):]
+    caught = []
+    for seed in range(8):
+        try:
+            run(broken, (256, 128, 256), seed)
+        except TkcEmulatorError as e:
+            caught.append(str(e))
+    assert any("init" in m for m in caught), caught
+
+
+def test_exiting_before_the_peer_is_done(small):
+    last = small.rindex("hopper.cluster_barrier")
+    start = small.rindex("\n", 0, last)
+    broken = small[:start] + small[small.index("\n", last):]
+    caught = []
+    for seed in range(8):
+        try:
+            run(broken, (256, 128, 256), seed)
+        except TkcEmulatorError as e:
+            caught.append(str(e))
+    assert any("has exited" in m for m in caught), caught
+
+
+def test_copies_that_differ_across_the_cluster_are_refused(small):
+    """A multicast copy at a coordinate that depends on the CTA's rank (A's rows) would give
+    each CTA a tile put together from two places."""
+    broken = small.replace("{map = 0, box = [128, 64]}", "{map = 0, box = [128, 64], multicast = 2}")
+    with pytest.raises(TkcEmulatorError, match="the same in every CTA"):
+        run(broken, (256, 128, 64))
