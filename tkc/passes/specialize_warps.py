@@ -192,14 +192,14 @@ class _Specializer:
         for op in moved:
             if op in producer:
                 self._copy_filtered(op, producer, prod_block, mapping)
-        prod_block.append(tile.YieldOp([], []))
+        prod_block.append(tile.YieldOp([], [], loc=body.terminator.loc))
         # The consumers: the original ops, without what only the producer needs.
         cons_block = Block()
         for op in moved:
             op.erase()
             cons_block.append(op)
         self._strip(cons_block, producer)
-        cons_block.append(tile.YieldOp([], []))
+        cons_block.append(tile.YieldOp([], [], loc=body.terminator.loc))
         ret = body.terminator
         index = body.ops.index(ret)
         regs = consumer_regs(warpgroups, ctas_per_sm(self.kernel.attributes.get("consts")))
@@ -269,7 +269,8 @@ class _Specializer:
         for inner in src.ops:
             if inner in keep and not inner.has_trait("terminator"):
                 self._copy_filtered(inner, keep, into, mapping)
-        into.append(tile.YieldOp([mapping.get(v, v) for v in yielded], []))
+        end = src.terminator
+        into.append(tile.YieldOp([mapping.get(v, v) for v in yielded], [], loc=end.loc if end is not None else None))
 
     def _strip(self, block: Block, producer: set[Operation]) -> None:
         """Remove from the consumers' ops what only the producer needs: its side-effecting ops,
