@@ -41,3 +41,20 @@ def test_without_a_cluster_nothing_changes():
 def test_refused_without_a_producer():
     with pytest.raises(TkcUnsupportedError, match="producer warpgroup"):
         hopper({"cluster": 2, "warp_specialize": False})
+
+
+def test_refused_where_persistent_did_not_pair_the_programs():
+    with pytest.raises(TkcUnsupportedError, match="grid of whole clusters"):
+        compile_kernel(EXAMPLES / "gemm.tk", {"cluster": 2}, stop="hopper", cache=False,
+                       hopper_pipeline="select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,multicast")
+
+
+@pytest.mark.parametrize("example,consts,message", [
+    ("softmax.tk", {}, "persistent GEMM-shaped kernel's tiles together"),
+    ("attn.tk", {}, "persistent GEMM-shaped kernel's tiles together"),
+    ("attn.tk", {"persistent": True}, "share the copies of a GEMM-shaped kernel"),
+    ("gemm.tk", {"persistent": False}, "pinned persistent = False"),
+])
+def test_kernels_a_cluster_cannot_take(example, consts, message):
+    with pytest.raises(TkcUnsupportedError, match=message):
+        compile_kernel(EXAMPLES / example, {**consts, "cluster": 2}, stop="hopper", cache=False)

@@ -44,6 +44,12 @@ def multicast(module: Module) -> None:
 
 
 def _share(kernel: Operation, n: int) -> None:
+    grid = next((op for op in kernel.regions[0].block.ops if op.name == "tile.grid"), None)
+    size = getattr(grid.operands[0], "owner", None) if grid is not None and len(grid.operands) == 1 else None
+    if size is None or size.name != "tile.mul" or not any(_multiple_of(v, n) for v in size.operands):
+        raise TkcUnsupportedError(f"cluster = {n}: expected the 1-D grid of whole clusters that persistent "
+                                  f"gives a kernel whose programs walk cluster tiles (run persistent first)",
+                                  (grid or kernel).loc)
     same = _SameInCluster(n)
     loads = [op for op in kernel.walk() if op.name == "hopper.tma_load"]
     producers = [op for op in loads if _role_name(op) == "producer"]

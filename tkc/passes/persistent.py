@@ -86,17 +86,23 @@ def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
 
 def _persist(kernel: Operation) -> None:
     pin = (kernel.attributes.get("consts") or {}).get("persistent")
+    cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
+    # A cluster's programs walk the tiles together: only a persistent kernel has them.
+    needs = f"cluster = {cluster}: a cluster's programs walk a persistent GEMM-shaped kernel's tiles together"
     if pin is False:
+        if cluster > 1:
+            raise TkcUnsupportedError(f"{needs}, and this one is pinned persistent = False", kernel.loc)
         return
     grid, why = _why_not(kernel)
     if why is not None:
-        if pin is True:
-            raise TkcUnsupportedError(f"persistent = True: {why}", (grid or kernel).loc)
+        if pin is True or cluster > 1:
+            raise TkcUnsupportedError(f"{'persistent = True' if pin is True else needs}: {why}", (grid or kernel).loc)
         return
     if pin is None and not _gemm_shaped(kernel, grid):
+        if cluster > 1:
+            raise TkcUnsupportedError(f"{needs} (a 2-D grid, products in a loop, no load outside one)", grid.loc)
         return
     streamed, bounded = _grid_axes(kernel)
-    cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
     if cluster > 1 and not (len(grid.operands) == 2 and streamed >= {0, 1} and 0 not in bounded):
         raise TkcUnsupportedError(f"cluster = {cluster}: a cluster's programs share the copies of a GEMM-shaped "
                                   f"kernel (a 2-D grid whose loops read along both axes, with bounds that do not "
