@@ -196,7 +196,12 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         if cluster > 1:
             fn = _function(compiled, device.index)
-            sms = cluster * fn.max_active_clusters(cluster, compiled.threads, compiled.smem_bytes or 0)
+            held = fn.max_active_clusters(cluster, compiled.threads, compiled.smem_bytes or 0)
+            if held < 1:
+                raise TkcLaunchError(f"kernel '{compiled.name}': this device holds no cluster of {cluster} CTAs "
+                                     f"of {compiled.threads} threads and {compiled.smem_bytes or 0} B of shared "
+                                     f"memory (cuOccupancyMaxActiveClusters)")
+            sms = cluster * held
         grid = launch_grid(compiled.kernel_op, args, sms=sms)
     else:
         grid = _grid(grid)

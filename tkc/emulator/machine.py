@@ -1047,7 +1047,8 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
                                    f"grid {shape} must have a multiple of {cluster} there", kernel.loc)
         try:
             pids = list(itertools.product(*(range(n) for n in shape)))
-            # Row-major order puts x last; a cluster is ``cluster`` CTAs consecutive in x.
+            # product() varies x slowest; a cluster is ``cluster`` CTAs consecutive in x, so
+            # go cluster by cluster (the other axes, then x within it).
             pids.sort(key=lambda p: (p[0] // cluster, *p[1:], p[0]))
             for k in range(0, len(pids), cluster):
                 group = pids[k:k + cluster]
