@@ -67,6 +67,7 @@ class _Ctx:
     env: dict[Value, Any]
     written: set[int] = field(default_factory=set)  # id() of tensors stored to
     sms: int = 0  # what tile.num_sms reads (CPU_SMS unless a launch says otherwise)
+    cluster: Any = None  # while a cluster's programs run: (rank, results, parts, occurrences)
 
     def run(self, block: Block) -> list[Any]:
         """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
@@ -220,6 +221,25 @@ def _constant(ctx: _Ctx, op: Operation) -> np.ndarray:
     return np.full(shape_of(t), round_to(op.value, t.dtype), t.dtype.np_storage)
 
 
+class _Suspend(Exception):
+    """A program reached a cluster reduction whose other programs' parts are not all in."""
+
+
+_CLUSTER_COMBINE = {"max": np.maximum, "min": np.minimum, "sum": np.add}
+
+
+def _cluster_reduce(ctx: _Ctx, op: Operation, x: np.ndarray) -> np.ndarray:
+    if getattr(ctx, "cluster", None) is None:
+        raise TkcInterpretError("a cluster reduction outside a launch in clusters", op.loc)
+    rank, results, parts, seen = ctx.cluster
+    k = seen.get(op, 0)
+    seen[op] = k + 1
+    if (op, k) in results:
+        return results[(op, k)]
+    parts.setdefault((op, k), {})[rank] = np.asarray(x, np.float32).copy()
+    raise _Suspend()
+
+
 _HANDLERS: dict[str, Callable[..., Any]] = {
     **{name: _elementwise(fn) for name, fn in {**_BINARY, **_UNARY}.items()},
     "tile.cmp": lambda ctx, op, a, b: _CMP[op.pred](a, b),
@@ -233,6 +253,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
     "tile.reduce": _reduce,
+    "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
     "tile.load": _load,
     "tile.store": _store,
@@ -375,6 +396,9 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     with np.errstate(all="ignore"):
         ctx.grid = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
         try:
+            if any(op.name == "tile.cluster_reduce" for op in kernel.walk()):
+                _run_clusters(ctx, kernel, env)
+                return
             for pid in itertools.product(*(range(g) for g in ctx.grid)):
                 ctx.pid = pid
                 ctx.env = dict(env)
@@ -384,6 +408,55 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
                     raise TkcInterpretError(f"{e.message} (in program {pid})", e.loc) from e
         finally:
             _write_back(params, args, working, ctx.written)
+
+
+def _run_clusters(ctx: _Ctx, kernel: Operation, env: dict[Value, Any]) -> None:
+    """Run a kernel with ``tile.cluster_reduce``: the programs of each cluster (``cluster``
+    consecutive programs along axis 0) run from the start until each reaches the next
+    reduction it has no result for, leaving its part there; once every program of the
+    cluster has left its part of that reduction, the result is known and they run again.
+    A program's work before a reduction is done again on every rerun: the same stores of the
+    same values, since a program computes the same thing from the same inputs."""
+    n = kernel.consts["cluster"]
+    if ctx.grid[0] % n:
+        raise TkcLaunchError(f"kernel @{kernel.sym_name} runs in clusters of {n} programs along axis 0: its "
+                             f"grid {ctx.grid} must have a multiple of {n} there")
+    rest = list(itertools.product(*(range(g) for g in ctx.grid[1:])))
+    for first in range(0, ctx.grid[0], n):
+        for other in rest:
+            pids = [(first + r, *other) for r in range(n)]
+            results: dict[tuple[Operation, int], np.ndarray] = {}
+            while True:
+                parts: dict[tuple[Operation, int], dict[int, np.ndarray]] = {}
+                for rank, pid in enumerate(pids):
+                    ctx.pid, ctx.env = pid, dict(env)
+                    ctx.cluster = (rank, results, parts, {})
+                    try:
+                        ctx.run(kernel.regions[0].block)
+                    except _Suspend:
+                        pass
+                    except TkcInterpretError as e:
+                        raise TkcInterpretError(f"{e.message} (in program {pid})", e.loc) from e
+                if not parts:
+                    break
+                for (op, k), got in parts.items():
+                    if len(got) != n:
+                        missing = sorted(set(range(n)) - set(got))
+                        raise TkcInterpretError(
+                            f"programs {[pids[r] for r in sorted(got)]} reach this cluster reduction (its "
+                            f"{_ordinal(k + 1)} time) while programs {[pids[r] for r in missing]} of their "
+                            f"cluster do not", op.loc)
+                    acc = got[0]
+                    for r in range(1, n):
+                        acc = _CLUSTER_COMBINE[op.kind](acc, got[r]).astype(np.float32)
+                    results[(op, k)] = acc
+            ctx.cluster = None
+
+
+def _ordinal(k: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(k, f"{k}th")
+
+
 
 
 def _write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: dict[int, np.ndarray],

@@ -170,6 +170,12 @@ FIXTURES = {
         "mapa.shared::cluster.u32": 4,  # two releases (in the loop and after it) to two CTAs
         "mbarrier.arrive.shared::cluster.b64": 4,
     },
+    "cluster_reduce": {  # examples/softmax_split.tk with BN=256 (4 CTAs a cluster), after HOPPER_PIPELINE
+        ".reqnctapercluster 4, 1, 1": 1,
+        "st.shared::cluster.f32": 16,  # 4 reductions x 4 ranks, one value a thread
+        "mapa.shared::cluster.u32": 16,
+        "barrier.cluster.wait.acquire.aligned": 5,  # the start, and one after each reduction's stores
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

@@ -384,6 +384,10 @@ DIFFERENTIAL = [
     # Eight warps a program (the warps pin): the row's reductions cross two warpgroups.
     ("softmax.tk", {"BN": 1024, "warps": 8}, {"M": 3, "N": 700}, 2**-12),
     ("layernorm.tk", {"BN": 256, "warps": 8}, {"M": 3, "N": 600}, 2**-10),
+    # A row split over the programs of a cluster: cluster_max / cluster_sum through the
+    # peers' shared memory, one block a program and two sweeps.
+    ("softmax_split.tk", {"BN": 256, "cluster": 4}, {"M": 3, "N": 900}, 2**-12),
+    ("softmax_split.tk", {"BN": 128, "cluster": 2, "warps": 8}, {"M": 2, "N": 700}, 2**-12),
 ]
 
 

@@ -97,6 +97,20 @@ def test_softmax(stage, M, N):
 
 
 @pytest.mark.parametrize("stage", ["frontend", "pipeline"])
+@pytest.mark.parametrize("consts,M,N", [
+    ({"BN": 256, "cluster": 4}, 5, 1000),   # one block a program, the last part partial
+    ({"BN": 256, "cluster": 4}, 3, 500),    # two programs of each cluster have nothing to read
+    ({"BN": 128, "cluster": 2}, 4, 700),    # two sweeps over each program's blocks
+])
+def test_softmax_split_over_a_cluster(stage, consts, M, N):
+    k = kernels("softmax_split.tk", consts)[stage]
+    g, seed = generator()
+    x, y = randn(g, M, N) * 4, poisoned(M, N)
+    run_kernel(k, [x, y])
+    check(y, torch.softmax(x.float(), -1), seed, atol=4e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("stage", ["frontend", "pipeline"])
 @pytest.mark.parametrize("M,N", [(32, 512), (33, 300)])
 def test_layernorm(stage, M, N):
     k = kernels("layernorm.tk", {"BM": 16, "BN": 256})[stage]

@@ -296,13 +296,20 @@ def test_a_wait_that_times_out_names_itself(tmp_path: Path) -> None:
 NORM_CONSTS = [{}, {"BM": 16, "BN": 256}, {"BN": 16384, "warps": 16}]
 
 
-@pytest.mark.parametrize("consts", NORM_CONSTS, ids=str)
-@pytest.mark.parametrize("M,N", [(32, 512), (100, 1000), (5, 40), (7, 9000)])
-def test_softmax(rng, M: int, N: int, consts: dict) -> None:
+# softmax_split.tk: a row over the programs of a cluster (2 or 4), one block a program or two
+# sweeps; 70000 columns are more than 4 x 16384.
+SOFTMAXES = [("softmax.tk", c) for c in NORM_CONSTS] + [
+    ("softmax_split.tk", c) for c in ({"BN": 256, "cluster": 4}, {"BN": 4096, "cluster": 2, "warps": 8},
+                                      {"BN": 16384, "cluster": 4})]
+
+
+@pytest.mark.parametrize("example,consts", SOFTMAXES, ids=str)
+@pytest.mark.parametrize("M,N", [(32, 512), (100, 1000), (5, 40), (7, 9000), (3, 70000)])
+def test_softmax(rng, M: int, N: int, example: str, consts: dict) -> None:
     g, seed = rng
     x, y = randn(g, M, N), poisoned(M, N)
-    launch(compiled("softmax.tk", consts), [x, y])
-    check(f"softmax {M}x{N}", y, torch.softmax(x.float(), dim=-1), seed, **BF16)
+    launch(compiled(example, consts), [x, y])
+    check(f"{example} {M}x{N}", y, torch.softmax(x.float(), dim=-1), seed, **BF16)
 
 
 @pytest.mark.parametrize("consts", NORM_CONSTS, ids=str)

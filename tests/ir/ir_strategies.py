@@ -235,6 +235,12 @@ class _Gen:
         r = t.with_shape(shape) if shape else ScalarType(t.dtype)
         self.emit(T.ReduceOp, [self.get(t)], [r], {"kind": self.pick(list(T.REDUCE_KINDS)), "axis": axis})
 
+    def op_cluster_reduce(self) -> None:
+        t = self.tile_type().with_dtype(f32)
+        # The op combines the programs of a cluster: its kernel carries the pin.
+        self.kernel_op.attributes.setdefault("consts", {})["cluster"] = self.pick([2, 4])
+        self.emit(T.ClusterReduceOp, [self.get(t)], [t], {"kind": self.pick(list(T.REDUCE_KINDS))})
+
     def op_mma(self) -> None:
         m, k, n = (self.pick([1, 2, 16, 64]) for _ in range(3))
         if self.coin(0.25):
@@ -334,6 +340,7 @@ class _Gen:
         if self.coin():
             attrs["consts"] = self.draw(st.dictionaries(ident, attr_values, max_size=4))
         op = T.KernelOp([], [], attrs, [Region([block])], self.draw(locs))
+        self.kernel_op = op
         self.b.block, self.b.index = block, None
         self.scopes = [list(block.args)]
         grid_at = self.draw(st.integers(0, 2)) if self.coin(0.6) or self.require == "tile.grid" else None

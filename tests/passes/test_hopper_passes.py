@@ -33,6 +33,7 @@ CASES = [
     ("softmax.tk", {}, {"M": 20, "N": 700}),
     ("layernorm.tk", {}, {"M": 20, "N": 600}),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}),
+    ("softmax_split.tk", {"BN": 256, "cluster": 4}, {"M": 3, "N": 900}),
 ]
 
 
@@ -286,3 +287,29 @@ def test_operands_staged_through_registers(body, dims):
     got = random_args(m.kernel(), dims, 4)
     emulate(m.kernel(), got, grid=(1,))
     np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-4)
+
+
+def test_cluster_slots_never_share_bytes():
+    """The cluster's other CTAs write a hopper.cluster_reduce's slots, and a CTA's own barriers
+    do not order those writes: two slot tiles whose uses a top-level bar.sync separates (which
+    lets any other two tiles share bytes) still get bytes of their own."""
+    from tkc.ir.parser import parse_module
+    from tkc.passes.allocate_smem import allocate_smem
+
+    lay = "#slice<#blocked<1x256, vec=2, lanes=1x32, warps=1x4>, axis=1>"
+    slot = "tile<8x128xf32, smem, #smem<8x128xf32, k, sw0>>"
+    text = f"""tile.kernel @k {{consts = {{cluster = 2}}, threads = 128, cluster = 2}} {{
+^(%x: tensor<f32[M]>):
+  %s0 = hopper.smem_alloc {{offset = -1}} : {slot}
+  %s1 = hopper.smem_alloc {{offset = -1}} : {slot}
+  %v = tile.constant {{value = 1.0}} : tile<1xf32, reg, {lay}>
+  %a = hopper.cluster_reduce %v, %s0 {{kind = "sum"}} : tile<1xf32, reg, {lay}>
+  hopper.barrier {{id = 0}}
+  %b = hopper.cluster_reduce %a, %s1 {{kind = "sum"}} : tile<1xf32, reg, {lay}>
+  tile.return
+}}
+"""
+    m = parse_module(text, "k.tkir")
+    allocate_smem(m)
+    offsets = sorted(op.attributes["offset"] for op in m.kernel().walk() if op.name == "hopper.smem_alloc")
+    assert offsets == [0, 4096]

@@ -545,6 +545,39 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
 
 
+def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
+    """docs/hopper.md: each value into slot [rank, thread * regs + i] of every CTA's scratch
+    (``mapa`` + ``st.shared::cluster``), ``barrier.cluster``, then the rank rows of this CTA's
+    scratch combined in rank order; in a loop the cluster meets again before the next writes."""
+    b = lw.b
+    vals = lw.tile(op, op.x)
+    scratch = lw.shared(op, op.scratch)
+    lay = scratch.layout
+    n = lw.kernel.attributes["cluster"]
+    regs = op.x.type.layout.regs
+    rank = Sym(b, nvvm.sreg(b, "cluster.ctarank", "cr.rank"))
+    tid = Sym(b, lw.tid)
+    put = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, F32])
+    for i, v in enumerate(vals):
+        addr = b.ptrtoint(_smem_element_ptr(lw, scratch, smem_offset(lay, rank, tid * regs + i)), nvvm.I32)
+        for r in range(n):
+            b.asm(put, "{\n.reg .b32 a;\nmapa.shared::cluster.u32 a, $0, $1;\nst.shared::cluster.f32 [a], $2;\n}",
+                  "r,r,f,~{memory}", [addr, const_i32(r), v], side_effect=True)
+    _cluster_barrier(lw, op)
+    comb = _combine(b, op.kind, dtypes.f32)
+    out = []
+    for i in range(len(vals)):
+        acc = None
+        for r in range(n):
+            p = _smem_element_ptr(lw, scratch, smem_offset(lay, r, tid * regs + i))
+            x = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
+            acc = x if acc is None else comb(acc, x)
+        out.append(acc)
+    if any(a.name == "tile.for" for a in op.ancestors()):
+        _cluster_barrier(lw, op)
+    lw.set(op.result, out)
+
+
 def _convert_layout(lw: Lowerer, op: Operation) -> None:
     x = lw.tile(op, op.x)
     src, dst = op.x.type.layout, op.result.type.layout
@@ -613,6 +646,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
     "hopper.cluster_barrier": _cluster_barrier,
+    "hopper.cluster_reduce": _cluster_reduce,
     "hopper.turn": _turn,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,

@@ -762,14 +762,45 @@ def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
 
 def _cluster_barrier(wg: _Warpgroup, op: Operation) -> Co:
     """``barrier.cluster`` arrive + wait: every warpgroup of every CTA of the cluster."""
+    yield from _cluster_meet(wg, op, op, f"of {_describe(op)}")
+
+
+def _cluster_meet(wg: _Warpgroup, op: Operation, key: Any, what: str) -> Co:
+    """Every warpgroup of every CTA of the cluster arrives, then waits (``barrier.cluster``)."""
     state = wg.cta.cluster_state
-    if op not in state:
-        state[op] = MBarrier(f"barrier.cluster of {_describe(op)}", sum(c.warpgroups for c in wg.cta.peers))
-    bar = state[op]
+    if key not in state:
+        state[key] = MBarrier(f"barrier.cluster {what}", sum(c.warpgroups for c in wg.cta.peers))
+    bar = state[key]
     parity = bar.parity
     bar.arrive()
-    yield Wait(bar, parity, f"barrier.cluster of {_describe(op)}")
+    yield Wait(bar, parity, f"barrier.cluster {what}")
     wg.left_behind(op, lambda w: True)
+
+
+def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemTile) -> Co:
+    """``hopper.cluster_reduce``: this warpgroup's threads store their values into slot row
+    ``rank`` of every CTA's scratch, the cluster meets, and each thread combines the rows of
+    its own scratch in rank order (inside a loop the cluster meets again after the reads)."""
+    cta = wg.cta
+    lay = _reg_layout(op, op.x.type)
+    threads = 128 * wg.local + np.arange(128)
+    cols = (threads[:, None] * lay.regs + np.arange(lay.regs)[None, :])
+    values = np.asarray(x, np.float32)
+    for peer in cta.peers:
+        if peer.finished == peer.warpgroups:
+            raise _fault(op, f"CTA rank {peer.rank} has exited before CTA rank {cta.rank} writes its cluster slots")
+        addrs = scratch.offsets([np.full_like(cols, cta.rank), cols])
+        peer.smem.write_elements(addrs, values, dtypes.f32, writer=_who(op, wg))
+    yield from _cluster_meet(wg, op, (op, "write"), f"of {_describe(op)}")
+    parts = [cta.smem.read_elements(scratch.offsets([np.full_like(cols, r), cols]), dtypes.f32, reader=_who(op, wg))
+             for r in range(len(cta.peers))]
+    combine = {"max": np.maximum, "min": np.minimum, "sum": np.add}[op.kind]
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = combine(acc, p).astype(np.float32)
+    if any(a.name == "tile.for" for a in op.ancestors()):
+        yield from _cluster_meet(wg, op, (op, "read"), f"after the reads of {_describe(op)}")
+    return acc.astype(np.float32)
 
 
 def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
@@ -999,6 +1030,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.tma_store_wait": _tma_store_wait,
     "hopper.mbarrier_wait": _mbarrier_wait,
     "hopper.cluster_barrier": _cluster_barrier,
+    "hopper.cluster_reduce": _cluster_reduce,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wait_group,
     "hopper.convert_layout": _convert_layout,

@@ -101,6 +101,21 @@ def _load(lw, e, args, kwargs):
     return lw.load(a["view"], a["other"])
 
 
+def _cluster_reduce(kind: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"cluster_{kind}()", e, args, kwargs, [("x", REQUIRED)])
+        x = lw.value_of(a["x"], e)
+        if not isinstance(x, Dyn) or not isinstance(x.type, TileType) or x.type.dtype != dtypes.f32:
+            raise TkcTypeError(f"cluster_{kind}() combines an f32 tile across a cluster's programs, "
+                               f"got {x.type if isinstance(x, Dyn) else 'a constant'}", e.loc)
+        cluster = lw.kernel_consts.get("cluster")
+        if not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 2:
+            raise TkcTypeError(f"cluster_{kind}() combines the programs of a cluster: declare or pass the "
+                               f"pin cluster (2 or 4)", e.loc)
+        return Dyn(lw.b.value(T.ClusterReduceOp, [x.value], x.type, {"kind": kind}, loc=e.loc))
+    return impl
+
+
 def _cdiv(lw, e, args, kwargs):
     a = lw.bind("cdiv()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
     return lw.em.binary("cdiv", lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
@@ -110,6 +125,7 @@ BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     "where": _where, "load": _load, "sum": _sum,
+    **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},
     "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),
     "max": _binary_builtin("max"), "min": _binary_builtin("min"),
     **{name: _math(name) for name in MATH_FUNCS},

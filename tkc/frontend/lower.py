@@ -31,7 +31,7 @@ NONE = TupleV(())
 BUILTIN_FUNCS = (
     "program_id", "num_programs", "grid", "cdiv", "zeros", "ones", "full", "arange", "where",
     "maximum", "minimum", "max", "min", "sum", "load", "range", "static_range", "exp", "exp2",
-    "log", "log2", "sqrt", "rsqrt", "tanh", "abs",
+    "log", "log2", "sqrt", "rsqrt", "tanh", "abs", "cluster_max", "cluster_min", "cluster_sum",
 )
 REDUCTIONS = ("sum", "max", "min")
 CONST_ANNOTATIONS = ("const", "constexpr")
@@ -122,6 +122,7 @@ class KernelLowering:
             block.add_arg(t, p.name)
         kernel = T.KernelOp([], [], {"sym_name": fn.name, "consts": dict(consts)},
                             [Region([block])], fn.loc)
+        self.kernel_consts = {**self.consts_in, **consts}  # declared constants and passed pins
         self.b.block = block
         self.b.loc = fn.loc
         for name, v in consts.items():

@@ -37,7 +37,8 @@ tile when one thread writes the new one.  Two shared tiles share bytes only when
 thread has finished with the first before any touches the second) and, when one is reached
 through the async proxy (TMA, wgmma) and the other through the generic proxy, a top-level
 ``hopper.fence_proxy_async`` lies between the first range and that barrier.  An mbarrier
-never shares bytes (PTX needs ``mbarrier.inval`` before its bytes are repurposed).
+never shares bytes (PTX needs ``mbarrier.inval`` before its bytes are repurposed), and nor
+do the slots of a ``hopper.cluster_reduce``, which the cluster's other CTAs write.
 
 Allocations that already have an offset (``>= 0``: hand-placed, the override) keep it; the
 others are placed first-fit, largest first, at the lowest aligned offset that overlaps no
@@ -78,6 +79,8 @@ class _Alloc:
     def name(self) -> str:
         hint = self.op.result.name_hint
         return f"%{hint}" if hint else f"the allocation at {self.op.loc}"
+
+    cluster_wide: bool = False  # written by the cluster's other CTAs (hopper.cluster_reduce slots)
 
     @property
     def is_barrier(self) -> bool:
@@ -124,7 +127,8 @@ class _Positions:
 
 
 def _may_share(a: _Alloc, b: _Alloc, pos: _Positions) -> bool:
-    if a.is_barrier or b.is_barrier:
+    # A CTA's barriers order its own threads, not its peers' writes into its cluster slots.
+    if a.is_barrier or b.is_barrier or a.cluster_wide or b.cluster_wide:
         return False
     return pos.separated(a, b) or pos.separated(b, a)
 
@@ -226,7 +230,8 @@ def _allocate_kernel(kernel: Operation, capacity: int) -> None:
         if op.name == "hopper.mbarrier_alloc":
             barrier_end.update(dict.fromkeys(carriers, end))
         size, align = _size_and_align(op)
-        allocs.append(_Alloc(op, size, align, start, end, proxies, op.attributes.get("offset", -1)))
+        allocs.append(_Alloc(op, size, align, start, end, proxies, op.attributes.get("offset", -1),
+                             any(u.name == "hopper.cluster_reduce" for u in users.get(op.result, ()))))
 
     placed = sorted((a for a in allocs if a.offset >= 0), key=lambda a: pos.pos[a.op])
     for i, a in enumerate(placed):

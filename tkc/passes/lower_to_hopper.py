@@ -46,6 +46,7 @@ from tkc.ir.layouts import (
     register_map,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
+from tkc.pins import cluster_size
 
 I32 = ScalarType(dtypes.i32)
 
@@ -85,6 +86,11 @@ class _Lowering:
         self._init_barriers()
         self._thread_phases(self.body, {}, in_loop=False)
         self.kernel.attributes["tma_maps"] = self.maps
+        if any(op.name == "hopper.cluster_reduce" for op in self.kernel.walk()):
+            # Every CTA of the cluster is running before any writes into another's shared memory.
+            first = next(i for i, op in enumerate(self.body.ops)
+                         if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"))
+            Builder(self.body, first, self.kernel.loc).create(hopper.ClusterBarrierOp)
 
     @staticmethod
     def _blocks(op: Operation) -> list[Block]:
@@ -322,6 +328,19 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
+    def _cluster_reduce(self, op: Operation) -> None:
+        """A slot per rank and per value of every thread, f32, in each CTA's shared memory."""
+        n = cluster_size(self.kernel.attributes.get("consts"), op.loc)
+        self.kernel.attributes["cluster"] = n
+        layout = op.x.type.layout
+        rows, cols = _round_up(n, 8), _round_up(layout.threads * layout.regs, 4)
+        scratch = self._alloc(TileType((rows, cols), dtypes.f32, "smem", SharedLayout(rows, cols, dtypes.f32, "k", 0)),
+                              op.loc)
+        scratch.name_hint = "cluster_slots"
+        new = Builder.before(op).value(hopper.ClusterReduceOp, [op.x, scratch], op.result.type, {"kind": op.kind})
+        replace_all_uses(self.kernel, op.result, new)
+        op.erase()
+
     def _to_smem(self, op: Operation) -> None:
         """Every thread stores its values into a shared tile; once all have (and their generic
         stores are ordered before the async proxy wgmma reads through), wgmma may read it.  In a
@@ -355,6 +374,7 @@ _LOWER = {
     "tile.load": _Lowering._load,
     "tile.store": _Lowering._store,
     "tile.reduce": _Lowering._reduce,
+    "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,
 }

@@ -31,7 +31,7 @@ from __future__ import annotations
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.builder import Builder
-from tkc.ir.dialects import hopper
+from tkc.ir.dialects import hopper, tile
 from tkc.pins import cluster_size
 
 
@@ -39,7 +39,7 @@ def multicast(module: Module) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
             n = cluster_size(kernel.attributes.get("consts"), kernel.loc)
-            if n > 1:
+            if n > 1 and not tile.has_cluster_reductions(kernel):
                 _share(kernel, n)
 
 

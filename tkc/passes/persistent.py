@@ -87,6 +87,8 @@ def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
 def _persist(kernel: Operation) -> None:
     pin = (kernel.attributes.get("consts") or {}).get("persistent")
     cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
+    if tile.has_cluster_reductions(kernel):
+        cluster = 1  # launched in clusters as written: its programs are paired by program_id
     # A cluster's programs walk the tiles together: only a persistent kernel has them.
     needs = f"cluster = {cluster}: a cluster's programs walk a persistent GEMM-shaped kernel's tiles together"
     if pin is False:

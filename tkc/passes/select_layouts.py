@@ -260,7 +260,8 @@ class _Selector:
 
     def _forward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
-        if op.has_trait("elementwise") and op.results and isinstance(op.result.type, TileType):
+        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and \
+                isinstance(op.result.type, TileType):
             src = next((lay[v] for v in op.operands if v in lay), None)
             return self._propose(op.result, src)
         if name == "tile.reduce" and op.x in lay and isinstance(op.result.type, TileType):
@@ -293,7 +294,7 @@ class _Selector:
     def _backward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
         changed = False
-        if op.has_trait("elementwise") and op.results and op.result in lay:
+        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
             for v in op.operands:
                 changed |= self._propose(v, lay[op.result])
         elif name == "tile.reduce" and op.result in lay:
@@ -350,7 +351,7 @@ class _Selector:
 
     def _convert_op(self, op: Operation) -> None:
         lay, name = self.lay, op.name
-        if op.has_trait("elementwise") and op.results and op.result in lay:
+        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
                     self._need(op, i, lay[op.result])

@@ -333,6 +333,33 @@ def _check_cluster(op: Operation, what: str) -> int:
 
 
 @register
+class ClusterReduceOp(Operation):
+    """``tile.cluster_reduce`` on a register tile: every thread stores each of its values
+    into slot ``[rank, thread * regs + i]`` of ``scratch`` in every CTA of the cluster
+    (``mapa`` + ``st.shared::cluster``), the cluster meets (``barrier.cluster``), and every
+    thread combines its values' slots of all ranks in rank order from its own CTA's scratch.
+    Inside a loop the cluster meets again after the reads, before the slots are written anew."""
+
+    name = "hopper.cluster_reduce"
+    OPERANDS = ("x", "scratch")
+    RESULTS = ("result",)
+    ATTRS = {"kind": str}
+
+    def verify(self) -> None:
+        _check_reg(self, self.x.type, "the operand")
+        if self.kind not in ("sum", "max", "min") or self.x.type.dtype.name != "f32":
+            raise self.error("combines f32 tiles by sum, max or min")
+        if self.result.type != self.x.type:
+            raise self.error(f"result must be {self.x.type}, got {self.result.type}")
+        n = _check_cluster(self, "combines across a cluster")
+        st = self.scratch.type
+        lay = self.x.type.layout
+        if not _smem(st) or st.dtype.name != "f32" or st.shape[0] < n or st.shape[1] < lay.threads * lay.regs:
+            raise self.error(f"scratch must be a shared f32 tile of at least {n} x {lay.threads * lay.regs}, "
+                             f"got {st}")
+
+
+@register
 class ClusterBarrierOp(Operation):
     """``barrier.cluster.arrive.release`` + ``wait.acquire``: every thread of every CTA of the
     kernel's cluster meets here.  Once after the mbarriers are initialized (a peer's copies and

@@ -470,6 +470,37 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
 
 
+@register
+class ClusterReduceOp(Operation):
+    """Combine an f32 tile value by value across the programs of a cluster (the pin
+    ``cluster``: programs ``c * n .. c * n + n - 1`` along axis 0): every program gets the
+    max, min or sum (in rank order) of the ``n`` programs' tiles.  Every program of a cluster
+    must reach each of these ops as often as its peers, in the same order."""
+
+    name = "tile.cluster_reduce"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str}
+
+    def verify(self) -> None:
+        if self.kind not in REDUCE_KINDS:
+            raise self.error(f"kind must be one of {', '.join(REDUCE_KINDS)}")
+        if not isinstance(self.x.type, TileType) or self.x.type.dtype != dtypes.f32:
+            raise self.error(f"combines an f32 tile across a cluster, got {self.x.type}")
+        if not _same_elements(self.result.type, self.x.type):
+            raise self.error(f"result must be {self.x.type}, got {self.result.type}")
+        kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
+        consts = (kernel.attributes.get("consts") or {}) if kernel is not None else {}
+        if not isinstance(consts.get("cluster"), int) or consts["cluster"] < 2:
+            raise self.error("combines the programs of a cluster: the kernel needs the pin cluster = 2 or 4")
+
+
+def has_cluster_reductions(kernel: Operation) -> bool:
+    """Whether ``kernel``'s programs combine values across their cluster: such a kernel is
+    launched in clusters as it is written (the pin ``cluster`` then asks for nothing else)."""
+    return any(op.name in ("tile.cluster_reduce", "hopper.cluster_reduce") for op in kernel.walk())
+
+
 MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "f32")
 
 
