@@ -122,3 +122,37 @@ def test_copies_that_differ_across_the_cluster_are_refused(small):
     broken = small.replace("{map = 0, box = [128, 64]}", "{map = 0, box = [128, 64], multicast = 2}")
     with pytest.raises(TkcEmulatorError, match="the same in every CTA"):
         run(broken, (256, 128, 64))
+
+
+# ------------------------------------------------- cluster reductions: split-K
+SPLIT_K = """@kernel
+def splitk(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], cluster: const = 2):
+    grid(2 * cdiv(M, 64), cdiv(N, 64))
+    pm = program_id(0) // 2
+    part = program_id(0) % 2
+    pn = program_id(1)
+    acc = zeros([64, 64], f32)
+    for k in range(part, cdiv(K, 64), 2):
+        acc += a[pm*64:(pm+1)*64, k*64:(k+1)*64] @ b[k*64:(k+1)*64, pn*64:(pn+1)*64]
+    c[pm*64:(pm+1)*64, pn*64:(pn+1)*64] = cluster_sum(acc)
+"""
+
+
+@pytest.mark.parametrize("m, n, k", [(128, 128, 520), (64, 192, 64), (200, 136, 304)])
+def test_split_k_sums_the_two_halves_of_k_across_the_cluster(m, n, k):
+    """A GEMM-shaped kernel whose two programs of a cluster take alternate K blocks: it stays
+    as written (persistent would pair other programs, warp specialization would leave the
+    producer out of the cluster barrier) and its ring still pipelines each half."""
+    text = compile_kernel(SPLIT_K, {}, stop="hopper", cache=False, file="splitk.tk").asm["hopper"]
+    assert "tile.num_sms" not in text and "hopper.role" not in text and "stages = " in text
+    a, b, c = gemm_args(m, n, k, 9)
+    emulate(load(text, "splitk.hopper.tkir"), [a, b, c])
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-4)
+
+
+def test_split_k_refuses_a_pinned_tile_walk():
+    from tkc.errors import TkcUnsupportedError
+
+    with pytest.raises(TkcUnsupportedError, match="cluster reductions combine the programs"):
+        compile_kernel(SPLIT_K, {"persistent": True}, stop="hopper", cache=False, file="splitk.tk")

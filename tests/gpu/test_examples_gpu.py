@@ -101,6 +101,28 @@ def test_gemm_in_clusters(rng, consts: dict, M: int, N: int, K: int, grid) -> No
           atol=3e-2, rtol=2e-2)
 
 
+SPLIT_K = """@kernel
+def splitk(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], cluster: const = 2):
+    grid(2 * cdiv(M, 64), cdiv(N, 64))
+    pm = program_id(0) // 2
+    part = program_id(0) % 2
+    pn = program_id(1)
+    acc = zeros([64, 64], f32)
+    for k in range(part, cdiv(K, 64), 2):
+        acc += a[pm*64:(pm+1)*64, k*64:(k+1)*64] @ b[k*64:(k+1)*64, pn*64:(pn+1)*64]
+    c[pm*64:(pm+1)*64, pn*64:(pn+1)*64] = cluster_sum(acc)
+"""
+
+
+@pytest.mark.parametrize("M,N,K", [(128, 128, 520), (64, 192, 64), (200, 136, 304)])
+def test_split_k_across_a_cluster(rng, M: int, N: int, K: int) -> None:
+    g, seed = rng
+    a, b = randn(g, M, K), randn(g, K, N)
+    c = torch.full((M, N), float("nan"), device="cuda")
+    launch(compile_kernel(SPLIT_K, {}, file="splitk.tk"), [a, b, c])
+    check(f"split-K {M}x{N}x{K}", c, a.float() @ b.float(), seed, atol=1e-3, rtol=1e-3)
+
+
 def test_a_cluster_kernel_refuses_a_grid_of_part_clusters(rng) -> None:
     g, _ = rng
     a, b, c = randn(g, 256, 64), randn(g, 64, 256), poisoned(256, 256)

@@ -88,7 +88,12 @@ def _persist(kernel: Operation) -> None:
     pin = (kernel.attributes.get("consts") or {}).get("persistent")
     cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
     if tile.has_cluster_reductions(kernel):
-        cluster = 1  # launched in clusters as written: its programs are paired by program_id
+        # Its programs are paired by program_id as written: walking tiles would pair others.
+        if pin is True:
+            raise TkcUnsupportedError("persistent = True: this kernel's cluster reductions combine the "
+                                      "programs its program_id(0) pairs, which a tile walk would not keep",
+                                      kernel.loc)
+        return
     # A cluster's programs walk the tiles together: only a persistent kernel has them.
     needs = f"cluster = {cluster}: a cluster's programs walk a persistent GEMM-shaped kernel's tiles together"
     if pin is False:

@@ -31,8 +31,9 @@ elsewhere (benchmarks/RESULTS.md).
 
 The kernel's constant ``warp_specialize = false`` turns the pass off; ``consumers = N`` must
 match the kernel's warpgroups (64 rows of every product per consumer).  Kernels without a
-ring, and kernels that still synchronize the whole CTA inside (a loop ``pipeline-loops`` left
-serial), stay as they are.
+ring, kernels that still synchronize the whole CTA inside (a loop ``pipeline-loops`` left
+serial) and kernels with cluster reductions (each meets every thread of the cluster) stay as
+they are.
 
 Must not: change what any thread computes, or choose layouts or stage counts.
 """
@@ -95,6 +96,8 @@ class _Specializer:
             return  # nothing to overlap
         if any(op.name == "hopper.barrier" and op.parent is not self.body for op in ops):
             return  # a loop still synchronizes every thread: the producer would have to join it
+        if tile.has_cluster_reductions(self.kernel):
+            return  # each cluster reduction meets every thread of the cluster (barrier.cluster)
         self.common = self._common()
         producer = self._producer_ops()
         if producer is None:

@@ -352,6 +352,9 @@ class ClusterReduceOp(Operation):
         if self.result.type != self.x.type:
             raise self.error(f"result must be {self.x.type}, got {self.result.type}")
         n = _check_cluster(self, "combines across a cluster")
+        if enclosing_role(self) is not None:
+            raise self.error("a cluster reduction meets every thread of the cluster (barrier.cluster), so it "
+                             "cannot run inside a role: pin warp_specialize = false")
         st = self.scratch.type
         lay = self.x.type.layout
         if not _smem(st) or st.dtype.name != "f32" or st.shape[0] < n or st.shape[1] < lay.threads * lay.regs:
