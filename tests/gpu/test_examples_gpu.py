@@ -101,17 +101,7 @@ def test_gemm_in_clusters(rng, consts: dict, M: int, N: int, K: int, grid) -> No
           atol=3e-2, rtol=2e-2)
 
 
-SPLIT_K = """@kernel
-def splitk(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], cluster: const = 2):
-    grid(2 * cdiv(M, 64), cdiv(N, 64))
-    pm = program_id(0) // 2
-    part = program_id(0) % 2
-    pn = program_id(1)
-    acc = zeros([64, 64], f32)
-    for k in range(part, cdiv(K, 64), 2):
-        acc += a[pm*64:(pm+1)*64, k*64:(k+1)*64] @ b[k*64:(k+1)*64, pn*64:(pn+1)*64]
-    c[pm*64:(pm+1)*64, pn*64:(pn+1)*64] = cluster_sum(acc)
-"""
+SPLIT_K = (Path(__file__).resolve().parents[1] / "data" / "splitk.tk").read_text()
 
 
 @pytest.mark.parametrize("M,N,K", [(128, 128, 520), (64, 192, 64), (200, 136, 304)])
