@@ -42,7 +42,7 @@ from tkc.codegen.nvvm import F32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
-from tkc.ir.dialects.hopper import TURN_BARRIER
+from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 from tkc.pins import ctas_per_sm
@@ -546,7 +546,7 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
 
 
 def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
-    """docs/hopper.md: each value into slot [rank, thread * regs + i] of every CTA's scratch
+    """docs/hopper.md: each value into slot rank * values + thread * regs + i of every CTA's scratch
     (``mapa`` + ``st.shared::cluster``), ``barrier.cluster``, then the rank rows of this CTA's
     scratch combined in rank order; in a loop the cluster meets again before the next writes."""
     b = lw.b
@@ -557,9 +557,15 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
     regs = op.x.type.layout.regs
     rank = Sym(b, nvvm.sreg(b, "cluster.ctarank", "cr.rank"))
     tid = Sym(b, lw.tid)
+    rows_per_rank = op.x.type.layout.threads * regs // SLOT_ROW  # values a rank, SLOT_ROW to a row
+
+    def slot(r: Sym | int, i: int) -> Sym:
+        v = tid * regs + i
+        return smem_offset(lay, r * rows_per_rank + v // SLOT_ROW, v % SLOT_ROW)
+
     put = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, F32])
     for i, v in enumerate(vals):
-        addr = b.ptrtoint(_smem_element_ptr(lw, scratch, smem_offset(lay, rank, tid * regs + i)), nvvm.I32)
+        addr = b.ptrtoint(_smem_element_ptr(lw, scratch, slot(rank, i)), nvvm.I32)
         for r in range(n):
             b.asm(put, "{\n.reg .b32 a;\nmapa.shared::cluster.u32 a, $0, $1;\nst.shared::cluster.f32 [a], $2;\n}",
                   "r,r,f,~{memory}", [addr, const_i32(r), v], side_effect=True)
@@ -569,7 +575,7 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
     for i in range(len(vals)):
         acc = None
         for r in range(n):
-            p = _smem_element_ptr(lw, scratch, smem_offset(lay, r, tid * regs + i))
+            p = _smem_element_ptr(lw, scratch, slot(r, i))
             x = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
             acc = x if acc is None else comb(acc, x)
         out.append(acc)

@@ -53,7 +53,7 @@ from tkc.errors import TkcEmulatorError, TkcError
 from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
                              _write_back, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
-from tkc.ir.dialects.hopper import ONE_THREAD_OPS, TURN_BARRIER
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
 from tkc.pins import ctas_per_sm
@@ -784,16 +784,20 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
     cta = wg.cta
     lay = _reg_layout(op, op.x.type)
     threads = 128 * wg.local + np.arange(128)
-    cols = (threads[:, None] * lay.regs + np.arange(lay.regs)[None, :])
+    mine = (threads[:, None] * lay.regs + np.arange(lay.regs)[None, :])
+    values_per_rank = lay.threads * lay.regs
+
+    def slots(rank: int) -> np.ndarray:
+        flat = rank * values_per_rank + mine
+        return scratch.offsets([flat // SLOT_ROW, flat % SLOT_ROW])
+
     values = np.asarray(x, np.float32)
     for peer in cta.peers:
         if peer.finished == peer.warpgroups:
             raise _fault(op, f"CTA rank {peer.rank} has exited before CTA rank {cta.rank} writes its cluster slots")
-        addrs = scratch.offsets([np.full_like(cols, cta.rank), cols])
-        peer.smem.write_elements(addrs, values, dtypes.f32, writer=_who(op, wg))
+        peer.smem.write_elements(slots(cta.rank), values, dtypes.f32, writer=_who(op, wg))
     yield from _cluster_meet(wg, op, (op, "write"), f"of {_describe(op)}")
-    parts = [cta.smem.read_elements(scratch.offsets([np.full_like(cols, r), cols]), dtypes.f32, reader=_who(op, wg))
-             for r in range(len(cta.peers))]
+    parts = [cta.smem.read_elements(slots(r), dtypes.f32, reader=_who(op, wg)) for r in range(len(cta.peers))]
     combine = {"max": np.maximum, "min": np.minimum, "sum": np.add}[op.kind]
     acc = parts[0]
     for p in parts[1:]:

@@ -37,6 +37,7 @@ from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import hopper, tile
+from tkc.ir.dialects.hopper import SLOT_ROW
 from tkc.ir.layouts import (
     SharedLayout,
     WgmmaAccumulator,
@@ -329,11 +330,12 @@ class _Lowering:
         op.erase()
 
     def _cluster_reduce(self, op: Operation) -> None:
-        """A slot per rank and per value of every thread, f32, in each CTA's shared memory."""
+        """A slot per rank and per value of every thread, f32, in each CTA's shared memory:
+        value ``v`` of rank ``r`` at flat index ``r * values + v``, 128 to a row."""
         n = cluster_size(self.kernel.attributes.get("consts"), op.loc)
         self.kernel.attributes["cluster"] = n
         layout = op.x.type.layout
-        rows, cols = _round_up(n, 8), _round_up(layout.threads * layout.regs, 4)
+        rows, cols = _round_up(n * layout.threads * layout.regs // SLOT_ROW, 8), SLOT_ROW
         scratch = self._alloc(TileType((rows, cols), dtypes.f32, "smem", SharedLayout(rows, cols, dtypes.f32, "k", 0)),
                               op.loc)
         scratch.name_hint = "cluster_slots"

@@ -332,10 +332,15 @@ def _check_cluster(op: Operation, what: str) -> int:
     return n
 
 
+#: Slots of a ``hopper.cluster_reduce`` a row of its scratch tile.
+SLOT_ROW = 128
+
+
 @register
 class ClusterReduceOp(Operation):
     """``tile.cluster_reduce`` on a register tile: every thread stores each of its values
-    into slot ``[rank, thread * regs + i]`` of ``scratch`` in every CTA of the cluster
+    into slot ``rank * values + thread * regs + i`` (``SLOT_ROW`` slots a row; ``values`` is
+    threads x regs) of ``scratch`` in every CTA of the cluster
     (``mapa`` + ``st.shared::cluster``), the cluster meets (``barrier.cluster``), and every
     thread combines its values' slots of all ranks in rank order from its own CTA's scratch.
     Inside a loop the cluster meets again after the reads, before the slots are written anew."""
@@ -357,9 +362,10 @@ class ClusterReduceOp(Operation):
                              "cannot run inside a role: pin warp_specialize = false")
         st = self.scratch.type
         lay = self.x.type.layout
-        if not _smem(st) or st.dtype.name != "f32" or st.shape[0] < n or st.shape[1] < lay.threads * lay.regs:
-            raise self.error(f"scratch must be a shared f32 tile of at least {n} x {lay.threads * lay.regs}, "
-                             f"got {st}")
+        need = n * lay.threads * lay.regs
+        if not _smem(st) or st.dtype.name != "f32" or st.shape[1] != SLOT_ROW or st.shape[0] * SLOT_ROW < need:
+            raise self.error(f"scratch must be a shared f32 tile of {SLOT_ROW} columns and at least "
+                             f"{-(-need // SLOT_ROW)} rows, got {st}")
 
 
 @register
