@@ -147,3 +147,31 @@ def test_split_k_refuses_a_pinned_tile_walk():
 
     with pytest.raises(TkcUnsupportedError, match="cluster reductions combine the programs"):
         compile_kernel(SPLIT_K, {"persistent": True}, stop="hopper", cache=False, file="splitk.tk")
+
+
+LOOP_REDUCE = """@kernel
+def loopred(x: f32[M, 64], y: f32[M, 64], cluster: const = 4):
+    grid(M)
+    p = program_id(0)
+    t = x[p:p+1, 0:64]
+    for i in range(3):
+        t = cluster_sum(t * 0.5) - t
+    y[p:p+1, 0:64] = t
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cluster_reductions_in_a_loop_match_the_interpreter(seed):
+    """Each iteration's reduction reuses its slots: the cluster meets again after the reads, or
+    a fast CTA's next writes would land on slots a peer has not read yet (one reduction a
+    loop, so no other reduction's barrier stands in for that meeting)."""
+    from tkc.interpreter import random_args, run_kernel
+
+    text = compile_kernel(LOOP_REDUCE, {}, stop="hopper", cache=False, file="loopred.tk").asm["hopper"]
+    tile_kernel = compile_kernel(LOOP_REDUCE, {}, stop="tkir", cache=False, file="loopred.tk").kernel_op
+    kernel = load(text, "loopred.hopper.tkir").kernel()
+    x, y = random_args(kernel, {"M": 8}, seed)
+    want = np.full_like(y, np.nan)
+    run_kernel(tile_kernel, [x, want])
+    emulate(kernel, [x, y], seed=seed)
+    np.testing.assert_array_equal(y, want)
