@@ -149,15 +149,7 @@ def test_split_k_refuses_a_pinned_tile_walk():
         compile_kernel(SPLIT_K, {"persistent": True}, stop="hopper", cache=False, file="splitk.tk")
 
 
-LOOP_REDUCE = """@kernel
-def loopred(x: f32[M, 64], y: f32[M, 64], cluster: const = 4):
-    grid(M)
-    p = program_id(0)
-    t = x[p:p+1, 0:64]
-    for i in range(3):
-        t = cluster_sum(t * 0.5) - t
-    y[p:p+1, 0:64] = t
-"""
+LOOP_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "loopred.tk").read_text()
 
 
 @pytest.mark.parametrize("seed", range(4))

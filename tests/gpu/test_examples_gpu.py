@@ -113,29 +113,21 @@ def test_split_k_across_a_cluster(rng, M: int, N: int, K: int) -> None:
     check(f"split-K {M}x{N}x{K}", c, a.float() @ b.float(), seed, atol=1e-3, rtol=1e-3)
 
 
-LOOP_REDUCE = """@kernel
-def loopred(x: f32[M, 64], y: f32[M, 64], cluster: const = 4):
-    grid(M)
-    p = program_id(0)
-    t = x[p:p+1, 0:64]
-    for i in range(5):
-        t = cluster_sum(t * 0.5) - t
-    y[p:p+1, 0:64] = t
-"""
+LOOP_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "loopred.tk").read_text()
 
 
 def test_a_cluster_reduction_in_a_loop(rng) -> None:
-    """One reduction a loop iteration: its slots are rewritten every iteration, after the
+    """tests/data/loopred.tk, five steps: its slots are rewritten every iteration, after the
     cluster has met again past the reads."""
     from tkc.interpreter import run_kernel
 
     g, seed = rng
     x = torch.randn(64, 64, generator=g, device="cuda")
     y = torch.full_like(x, float("nan"))
-    compiled_kernel = compile_kernel(LOOP_REDUCE, {}, file="loopred.tk")
+    compiled_kernel = compile_kernel(LOOP_REDUCE, {"steps": 5}, file="loopred.tk")
     launch(compiled_kernel, [x, y])
     want = torch.full((64, 64), float("nan"))
-    run_kernel(compile_kernel(LOOP_REDUCE, {}, file="loopred.tk", stop="tkir").kernel_op, [x.cpu(), want])
+    run_kernel(compile_kernel(LOOP_REDUCE, {"steps": 5}, file="loopred.tk", stop="tkir").kernel_op, [x.cpu(), want])
     check("loop of cluster reductions", y, want.cuda(), seed, atol=1e-5, rtol=1e-5)
 
 
