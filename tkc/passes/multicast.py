@@ -111,7 +111,7 @@ def _empty_ring(load: Operation) -> Operation:
                               "(an empty ring, from pipeline-loops)", load.loc)
 
 
-def _same_path(op: Operation, same: "_SameInCluster") -> bool:
+def _same_path(op: Operation, same: _SameInCluster) -> bool:
     """Whether every CTA of the cluster reaches ``op`` as often as the others: the loops and
     branches around it have the same bounds and conditions in all of them."""
     for p in op.ancestors():
