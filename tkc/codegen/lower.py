@@ -583,6 +583,11 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
     n_maps = len(kernel.attributes.get("tma_maps") or [])
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:])
     _bind_params(lw, kernel, fn.args)
+    if lw.tmaps:
+        # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for
+        # them now, so the fetch overlaps the barriers' setup instead of the first copy.
+        first = lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
+        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", t) for t in lw.tmaps], "prefetch")
     lw.block(kernel.body)
     lw.b.ret_void()
     return module
