@@ -163,8 +163,8 @@ FIXTURES = {
     },
     "gemm_cluster": {  # examples/gemm.tk with BN=128 and cluster=2, after HOPPER_PIPELINE
         ".reqnctapercluster 2, 1, 1": 1,
-        "barrier.cluster.arrive.release.aligned": 2,  # after the barriers' init, before the end
-        "barrier.cluster.wait.acquire.aligned": 2,
+        "barrier.cluster.arrive.aligned": 2,  # after the barriers' init, before the end
+        "barrier.cluster.wait.aligned": 2,
         # B's two boxes a stage, one per rank, in the prologue and the steady loop
         "tile.mbarrier::complete_tx::bytes.multicast::cluster": 4,
         "mapa.shared::cluster.u32": 4,  # two releases (in the loop and after it) to two CTAs
@@ -174,7 +174,7 @@ FIXTURES = {
         ".reqnctapercluster 4, 1, 1": 1,
         "st.shared::cluster.f32": 16,  # 4 reductions x 4 ranks, one value a thread
         "mapa.shared::cluster.u32": 16,
-        "barrier.cluster.wait.acquire.aligned": 5,  # the start, and one after each reduction's stores
+        "barrier.cluster.wait.aligned": 5,  # the start, and one after each reduction's stores
     },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)

@@ -246,11 +246,10 @@ def _arrive_cluster(lw: Lowerer, bar: ir.Value) -> None:
 
 
 def _cluster_barrier(lw: Lowerer, op: Operation) -> None:
-    # Every thread: arrive with release (its barrier inits, its copies and arrivals before),
-    # wait with acquire.  Kernel level only, where all threads have converged (.aligned).
-    fty = ir.FunctionType(ir.VoidType(), [])
-    lw.b.asm(fty, "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;",
-             "~{memory}", [], side_effect=True)
+    # Every thread: arrive (release: its barrier inits, copies and arrivals before it), then
+    # wait (acquire).  Kernel level only, where all threads have converged (.aligned).
+    nvvm.call(lw.b, "barrier.cluster.arrive.aligned")
+    nvvm.call(lw.b, "barrier.cluster.wait.aligned")
 
 
 def _expect_tx(lw: Lowerer, op: Operation) -> None:

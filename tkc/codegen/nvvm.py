@@ -181,6 +181,11 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     t["barrier.cta.sync.aligned.all"] = (VOID, (I32,))
     t["barrier.cta.sync.aligned.count"] = (VOID, (I32, I32))
     t["barrier.cta.arrive.aligned.count"] = (VOID, (I32, I32))
+    # barrier.cluster: arrive (release by default) and wait (acquire by default).  Intrinsics,
+    # not inline PTX: LLVM knows them convergent and never duplicates one into both arms of a
+    # branch, which for an .aligned barrier would leave a warp split across two copies of it.
+    t["barrier.cluster.arrive.aligned"] = (VOID, ())
+    t["barrier.cluster.wait.aligned"] = (VOID, ())
     t["elect.sync"] = (ir.LiteralStructType([I32, I1]), (I32,))
     # setmaxnreg: an immediate multiple of 8 in [24, 256] (§5).
     t["setmaxnreg.inc.sync.aligned.u32"] = (VOID, (I32,))
