@@ -51,6 +51,7 @@ from tkc import dtypes, signature
 from tkc.dtypes import DType, round_to
 from tkc.errors import TkcError, TkcInterpretError, TkcLaunchError
 from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
+from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType, shape_of
 
 __all__ = ["evaluate", "interpret_module", "launch_grid", "random_args", "run_kernel"]
@@ -225,11 +226,18 @@ class _Suspend(Exception):
     """A program reached a cluster reduction whose other programs' parts are not all in."""
 
 
-_CLUSTER_COMBINE = {"max": np.maximum, "min": np.minimum, "sum": np.add}
+def combine_ranks(kind: str, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """A cluster reduction's result from its ranks' f32 parts: combined in rank order, each
+    step rounded to f32 (what every thread does with the slots on the GPU)."""
+    fn = {"max": np.maximum, "min": np.minimum, "sum": np.add}[kind]
+    acc = np.asarray(parts[0], np.float32)
+    for p in parts[1:]:
+        acc = fn(acc, p).astype(np.float32)
+    return acc
 
 
 def _cluster_reduce(ctx: _Ctx, op: Operation, x: np.ndarray) -> np.ndarray:
-    if getattr(ctx, "cluster", None) is None:
+    if ctx.cluster is None:
         raise TkcInterpretError("a cluster reduction outside a launch in clusters", op.loc)
     rank, results, parts, seen = ctx.cluster
     k = seen.get(op, 0)
@@ -396,7 +404,7 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     with np.errstate(all="ignore"):
         ctx.grid = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
         try:
-            if any(op.name == "tile.cluster_reduce" for op in kernel.walk()):
+            if tile.has_cluster_reductions(kernel):
                 _run_clusters(ctx, kernel, env)
                 return
             for pid in itertools.product(*(range(g) for g in ctx.grid)):
@@ -446,17 +454,12 @@ def _run_clusters(ctx: _Ctx, kernel: Operation, env: dict[Value, Any]) -> None:
                             f"programs {[pids[r] for r in sorted(got)]} reach this cluster reduction (its "
                             f"{_ordinal(k + 1)} time) while programs {[pids[r] for r in missing]} of their "
                             f"cluster do not", op.loc)
-                    acc = got[0]
-                    for r in range(1, n):
-                        acc = _CLUSTER_COMBINE[op.kind](acc, got[r]).astype(np.float32)
-                    results[(op, k)] = acc
+                    results[(op, k)] = combine_ranks(op.kind, [got[r] for r in range(n)])
             ctx.cluster = None
 
 
 def _ordinal(k: int) -> str:
     return {1: "first", 2: "second", 3: "third"}.get(k, f"{k}th")
-
-
 
 
 def _write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: dict[int, np.ndarray],

@@ -54,11 +54,15 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
                                 f"{'true or false' if want is bool else 'a positive integer'}", loc)
 
 
+#: The CTAs a cluster may have (portable sizes that divide the 132 SMs' pairs evenly).
+CLUSTER_SIZES = (1, 2, 4)
+
+
 def cluster_size(consts: dict[str, object] | None, loc: Loc | None = None) -> int:
     """The ``cluster`` pin of a kernel's constants (1 when unpinned), checked."""
     value = (consts or {}).get("cluster", 1)
     check_pins({"cluster": value}, loc)
-    if value not in (1, 2, 4):
+    if value not in CLUSTER_SIZES:
         raise TkcUsageError(f"pin cluster = {value}: a cluster has 1, 2 or 4 programs", loc)
     return value
 

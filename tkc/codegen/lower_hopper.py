@@ -578,7 +578,7 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
             x = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
             acc = x if acc is None else comb(acc, x)
         out.append(acc)
-    if any(a.name == "tile.for" for a in op.ancestors()):
+    if op.meets_after_reads:
         _cluster_barrier(lw, op)
     lw.set(op.result, out)
 

@@ -51,7 +51,7 @@ from tkc.emulator.tma import tma_load, tma_store
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
 from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
-                             _write_back, evaluate, random_args)
+                             _write_back, combine_ranks, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
@@ -188,6 +188,7 @@ class _CTA:
         smem_bytes = kernel.smem_bytes or 0
         self.smem = SharedMemory(max(smem_bytes, 1))
         self.mbarriers: dict[int, MBarrier] = {}
+        self.bar_names: dict[int, str] = {}  # offset -> the allocation's name, without a CTA rank
         # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once; and
         # one per role for its internal barriers (count: the role's warpgroups).
         self.bar_sync: dict[Any, MBarrier] = {}
@@ -249,19 +250,27 @@ class _CTA:
 
     def _mbarrier(self, off: int, name: str) -> MBarrier:
         if off not in self.mbarriers:
+            self.bar_names[off] = name
             self.mbarriers[off] = MBarrier(name if len(self.peers) == 1 else f"{name} of CTA rank {self.rank}")
         return self.mbarriers[off]
 
+    def offset_of(self, bar: MBarrier) -> int:
+        return next(o for o, b in self.mbarriers.items() if b is bar)
+
     def in_peers(self, bar: MBarrier) -> list[MBarrier]:
-        """The barrier at ``bar``'s offset in every CTA of the cluster, in rank order.  A CTA
-        whose warpgroups have all run to the end has exited: its shared memory is gone."""
-        off = next(o for o, b in self.mbarriers.items() if b is bar)
+        """The barrier at ``bar``'s offset in every CTA of the cluster, in rank order."""
+        off = self.offset_of(bar)
+        self.peers_running(f"its barrier {self.bar_names[off]!r}")
+        return [peer._mbarrier(off, self.bar_names[off]) for peer in self.peers]
+
+    def peers_running(self, what: str) -> None:
+        """A CTA whose warpgroups have all run to the end has exited: its shared memory is gone,
+        and reaching ``what`` in it is an error."""
         for peer in self.peers:
             if peer.finished == peer.warpgroups:
                 raise TkcEmulatorError(f"CTA rank {peer.rank} has exited, and CTA rank {self.rank} still reaches "
-                                       f"its barrier {bar.name.removesuffix(f' of CTA rank {self.rank}')!r} (a "
-                                       f"cluster barrier before the end keeps every CTA until its peers are done)")
-        return [peer._mbarrier(off, bar.name.removesuffix(f" of CTA rank {self.rank}")) for peer in self.peers]
+                                       f"{what} (a cluster barrier before the end keeps every CTA until its "
+                                       f"peers are done)")
 
     def barrier(self, bar_id: int, role: Operation | None = None) -> MBarrier:
         """``bar.sync bar_id`` over the CTA, or over ``role``'s warpgroups (its internal barrier)."""
@@ -791,20 +800,14 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
         flat = rank * values_per_rank + mine
         return scratch.offsets([flat // SLOT_ROW, flat % SLOT_ROW])
 
-    values = np.asarray(x, np.float32)
+    cta.peers_running("its cluster slots")
     for peer in cta.peers:
-        if peer.finished == peer.warpgroups:
-            raise _fault(op, f"CTA rank {peer.rank} has exited before CTA rank {cta.rank} writes its cluster slots")
-        peer.smem.write_elements(slots(cta.rank), values, dtypes.f32, writer=_who(op, wg))
+        peer.smem.write_elements(slots(cta.rank), np.asarray(x, np.float32), dtypes.f32, writer=_who(op, wg))
     yield from _cluster_meet(wg, op, (op, "write"), f"of {_describe(op)}")
     parts = [cta.smem.read_elements(slots(r), dtypes.f32, reader=_who(op, wg)) for r in range(len(cta.peers))]
-    combine = {"max": np.maximum, "min": np.minimum, "sum": np.add}[op.kind]
-    acc = parts[0]
-    for p in parts[1:]:
-        acc = combine(acc, p).astype(np.float32)
-    if any(a.name == "tile.for" for a in op.ancestors()):
+    if op.meets_after_reads:
         yield from _cluster_meet(wg, op, (op, "read"), f"after the reads of {_describe(op)}")
-    return acc.astype(np.float32)
+    return combine_ranks(op.kind, parts)
 
 
 def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
@@ -869,7 +872,7 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     cta = wg.cta
     k = cta.issued.get(op, 0)
     cta.issued[op] = k + 1
-    mine = (tuple(int(o) for o in offsets), dst.base, bar.name.removesuffix(f" of CTA rank {cta.rank}"))
+    mine = (tuple(int(o) for o in offsets), dst.base, cta.offset_of(bar))
     other = cta.cluster_state.setdefault(("multicast", op, k), (cta.rank, mine))
     if other[1] != mine:
         raise _fault(op, f"CTA rank {cta.rank} multicasts copy {k} of this op with offsets {list(mine[0])} into "

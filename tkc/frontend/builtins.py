@@ -12,6 +12,7 @@ from tkc.frontend.emit import check_const, check_tile_dims
 from tkc.frontend.values import REQUIRED, Const, DTypeName, Dyn, View
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType
+from tkc.pins import CLUSTER_SIZES
 
 MATH_FUNCS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "abs")
 
@@ -108,8 +109,7 @@ def _cluster_reduce(kind: str) -> Callable:
         if not isinstance(x, Dyn) or not isinstance(x.type, TileType) or x.type.dtype != dtypes.f32:
             raise TkcTypeError(f"cluster_{kind}() combines an f32 tile across a cluster's programs, "
                                f"got {x.type if isinstance(x, Dyn) else 'a constant'}", e.loc)
-        cluster = lw.kernel_consts.get("cluster")
-        if not isinstance(cluster, int) or isinstance(cluster, bool) or cluster < 2:
+        if lw.kernel_consts.get("cluster") not in CLUSTER_SIZES[1:]:
             raise TkcTypeError(f"cluster_{kind}() combines the programs of a cluster: declare or pass the "
                                f"pin cluster (2 or 4)", e.loc)
         return Dyn(lw.b.value(T.ClusterReduceOp, [x.value], x.type, {"kind": kind}, loc=e.loc))

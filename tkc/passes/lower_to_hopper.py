@@ -87,7 +87,7 @@ class _Lowering:
         self._init_barriers()
         self._thread_phases(self.body, {}, in_loop=False)
         self.kernel.attributes["tma_maps"] = self.maps
-        if any(op.name == "hopper.cluster_reduce" for op in self.kernel.walk()):
+        if tile.has_cluster_reductions(self.kernel):
             # Every CTA of the cluster is running before any writes into another's shared memory.
             first = next(i for i, op in enumerate(self.body.ops)
                          if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"))

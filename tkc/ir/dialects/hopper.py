@@ -350,6 +350,11 @@ class ClusterReduceOp(Operation):
     RESULTS = ("result",)
     ATTRS = {"kind": str}
 
+    @property
+    def meets_after_reads(self) -> bool:
+        """In a loop, the next iteration's writes must wait until every CTA has read."""
+        return any(p.name == "tile.for" for p in self.ancestors())
+
     def verify(self) -> None:
         _check_reg(self, self.x.type, "the operand")
         if self.kind not in ("sum", "max", "min") or self.x.type.dtype.name != "f32":

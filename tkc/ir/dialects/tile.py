@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
+from tkc.pins import CLUSTER_SIZES
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, element_dtype, shape_of
 
 I32 = ScalarType(dtypes.i32)
@@ -65,8 +66,9 @@ class KernelOp(Operation):
         grids = [op for op in self.body.ops if op.name == "tile.grid"]
         if len(grids) > 1:
             raise grids[1].error("a kernel has at most one launch grid")
-        if self.attributes.get("cluster", 1) not in (1, 2, 4):
-            raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has 1, 2 or 4 CTAs")
+        if self.attributes.get("cluster", 1) not in CLUSTER_SIZES:
+            raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has "
+                             f"{', '.join(map(str, CLUSTER_SIZES))} CTAs")
 
 
 @register
@@ -491,7 +493,7 @@ class ClusterReduceOp(Operation):
             raise self.error(f"result must be {self.x.type}, got {self.result.type}")
         kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
         consts = (kernel.attributes.get("consts") or {}) if kernel is not None else {}
-        if not isinstance(consts.get("cluster"), int) or consts["cluster"] < 2:
+        if consts.get("cluster") not in CLUSTER_SIZES[1:]:
             raise self.error("combines the programs of a cluster: the kernel needs the pin cluster = 2 or 4")
 
 
