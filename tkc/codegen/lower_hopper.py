@@ -351,29 +351,20 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
     bar = _bar(lw, op)
     boxes = list(_tma_boxes(lw, op, lw.shared(op, op.dst)))
     n = op.attributes.get("multicast") or 1
-    if n == 1:
-        for p, coords in boxes:
+
+    def issue(share: list, mask: int) -> None:
+        for p, coords in share:
             nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
-                      bar, lw.tmaps[op.map], *coords, 0, 0, 0, 0)
+                      bar, lw.tmaps[op.map], *coords, mask, 0, 1 if mask else 0, 0)
+
+    if n == 1:
+        issue(boxes, 0)
         return
-    # Multicast: the CTA of rank r copies boxes r, r + n, ... into the same offsets of every
-    # CTA of the cluster (mask: all n), completing bytes on each one's barrier.  Inline PTX
-    # with the CTA-relative (shared::cta) addresses of the tile and barrier, which is what
-    # the copy places at the same offsets in each destination CTA.
+    # Multicast: the CTA of rank r copies boxes r, r + n, ... to the same offsets in every CTA
+    # of the cluster (mask: all n), completing their bytes on each one's barrier.
     me = nvvm.sreg(b, "cluster.ctarank", "tma.rank")
-    coords_ptx = ", ".join(f"${4 + i}" for i in range(rank))
-    fty = ir.FunctionType(ir.VoidType(), [nvvm.I32, I64, nvvm.I32, ir.IntType(16), *[nvvm.I32] * rank])
-    text = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-            f".multicast::cluster [$0], [$1, {{{coords_ptx}}}], [$2], $3;")
-    tmap = b.ptrtoint(lw.tmaps[op.map], I64)
-    bar32 = b.ptrtoint(bar, nvvm.I32)
     for r in range(min(n, len(boxes))):
-        def issue(r: int = r) -> None:
-            for p, coords in boxes[r::n]:
-                b.asm(fty, text, "r,l,r,h," + ",".join(["r"] * rank) + ",~{memory}",
-                      [b.ptrtoint(p, nvvm.I32), tmap, bar32, ir.Constant(ir.IntType(16), (1 << n) - 1), *coords],
-                      side_effect=True)
-        lw.if_then(b.icmp_unsigned("==", me, const_i32(r)), issue, "tma_mc")
+        lw.if_then(b.icmp_unsigned("==", me, const_i32(r)), lambda r=r: issue(boxes[r::n], (1 << n) - 1), "tma_mc")
 
 
 def _tma_store(lw: Lowerer, op: Operation) -> None:
