@@ -56,7 +56,7 @@ def k(x: f32[M, 16], y: f32[M, 16], cluster: const = 2):
 
 @pytest.mark.parametrize("src,message", [
     ("def k(x: f32[M, 16], y: f32[M, 16]):\n    grid(M)\n    y[0:1, 0:16] = cluster_sum(x[0:1, 0:16])\n",
-     "needs|pin cluster"),
+     "declare or pass the pin cluster"),
     ("def k(x: bf16[M, 16], y: bf16[M, 16], cluster: const = 2):\n    grid(M)\n"
      "    y[0:1, 0:16] = cluster_sum(x[0:1, 0:16])\n", "combines an f32 tile"),
     ("def k(x: f32[M, 16], y: f32[M, 16], cluster: const = 2):\n    grid(M)\n    s = cluster_max(1.0)\n",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
+from tkc.ir.dialects.tile import REDUCE_KINDS
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
 I32 = ScalarType(dtypes.i32)
@@ -357,7 +358,7 @@ class ClusterReduceOp(Operation):
 
     def verify(self) -> None:
         _check_reg(self, self.x.type, "the operand")
-        if self.kind not in ("sum", "max", "min") or self.x.type.dtype.name != "f32":
+        if self.kind not in REDUCE_KINDS or self.x.type.dtype.name != "f32":
             raise self.error("combines f32 tiles by sum, max or min")
         if self.result.type != self.x.type:
             raise self.error(f"result must be {self.x.type}, got {self.result.type}")
@@ -375,7 +376,7 @@ class ClusterReduceOp(Operation):
 
 @register
 class ClusterBarrierOp(Operation):
-    """``barrier.cluster.arrive.release`` + ``wait.acquire``: every thread of every CTA of the
+    """``barrier.cluster.arrive`` + ``wait`` (release, then acquire): every thread of every CTA of the
     kernel's cluster meets here.  Once after the mbarriers are initialized (a peer's copies and
     arrivals may reach them from then on) and once before the CTAs exit (none may exit while
     a peer can still write its shared memory or arrive on its barriers)."""
@@ -613,7 +614,7 @@ class ReduceOp(Operation):
 
         x, r = self.x.type, self.result.type
         _check_reg(self, x, "the operand")
-        if self.kind not in ("sum", "max", "min"):
+        if self.kind not in REDUCE_KINDS:
             raise self.error("kind must be sum, max or min")
         try:
             plan = reduce_plan(x.layout, self.axis)
