@@ -186,9 +186,15 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
 # values: at least one 16-byte vector (fewer leaves threads idle), at most what registers
 # take (more spills: a 64k row over 4 warps is 512 a thread).  A 64k-wide block only for softmax: layernorm also holds
 # w and b, and spills at that width whatever the warps (benchmarks/RESULTS.md).
-def norm_configs(op: str, N: int) -> list[dict]:
+# Where a row takes several blocks, each also with the blocks fetched into L2 one and two
+# iterations ahead (the pin prefetch): for LayerNorm only by default, since it made two-sweep
+# softmax slower on an H100 (benchmarks/norm_sweep.py).
+def norm_configs(op: str, N: int, prefetch: tuple[int, ...] | None = None) -> list[dict]:
     widths = [bn for bn in (2048, 4096, 8192, 16384) + ((65536,) if op == "softmax" else ()) if bn <= N]
-    return [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
+    base = [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
+    if prefetch is None:
+        prefetch = (1, 2) if op == "layernorm" else ()
+    return base + [{**c, "prefetch": d} for c in base if c["BN"] < N for d in prefetch]
 
 
 def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
@@ -219,7 +225,8 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             y.fill_(float("nan"))
             run()
             wrong = close(y, ref(), 3e-2)
-            row.notes = wrong or f"tkc: BN={best.consts['BN']}, warps={best.consts['warps']} (tkc.autotune)"
+            picked = ", ".join(f"{k}={v}" for k, v in best.consts.items())
+            row.notes = wrong or f"tkc: {picked} (tkc.autotune)"
             row.values["tkc"] = None
             contenders = {} if wrong else {"tkc": run}
             contenders["torch"] = torch_fn

@@ -115,7 +115,7 @@ def test_dumps_replay_on_a_hit(tmp_path: Path) -> None:
     _cached(tmp_path, stream=out1)
     hit = _cached(tmp_path, stream=out2)
     assert hit.cache_hit
-    assert "IR Dump After allocate-smem (11)" in out1.getvalue()
+    assert "IR Dump After allocate-smem (12)" in out1.getvalue()
     assert out2.getvalue() == out1.getvalue()
 
 
@@ -127,11 +127,11 @@ def test_dump_files_replay_on_a_hit_numbered_across_both_pipelines(tmp_path: Pat
     assert names == ["00-input.tkir", "01-canonicalize.tkir", "02-licm.tkir", "03-cse.tkir", "04-dce.tkir",
                      "05-persistent.tkir", "06-select-layouts.tkir", "07-lower-to-hopper.tkir",
                      "08-pipeline-loops.tkir", "09-specialize-warps.tkir", "10-issue-ahead.tkir",
-                     "11-defer-last.tkir", "12-multicast.tkir", "13-cse.tkir", "14-dce.tkir",
-                     "15-allocate-smem.tkir"]
+                     "11-defer-last.tkir", "12-multicast.tkir", "13-prefetch-loads.tkir", "14-cse.tkir",
+                     "15-dce.tkir", "16-allocate-smem.tkir"]
     for name in names:
         assert (tmp_path / "d2" / name).read_text() == (tmp_path / "d1" / name).read_text()
-    parse_module((tmp_path / "d1" / "15-allocate-smem.tkir").read_text())  # dumps read back
+    parse_module((tmp_path / "d1" / "16-allocate-smem.tkir").read_text())  # dumps read back
 
 
 def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:

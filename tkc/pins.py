@@ -34,6 +34,8 @@ PINS: dict[str, tuple[type, str, str]] = {
                         "next tile computes (false: each thread stores its values)", "lower-to-hopper"),
     "tma": (bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
                   "stores it to shared memory, for tensors whose strides TMA cannot take)", "select-layouts"),
+    "prefetch": (int, "loads in a loop fetch the box they read that many iterations ahead into L2 (thread 0, one "
+                      "bulk request a row; default 0: none)", "prefetch-loads"),
     "wait_timeout_ms": (int, "a debugging aid: every mbarrier wait that has not passed after this many "
                              "milliseconds prints its source line, CTA, thread, barrier and parity, and stops "
                              "the kernel (a hang becomes a launch error; default: off, and on it serializes "
@@ -47,11 +49,17 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         if name not in PINS:
             continue
         want = PINS[name][0]
+        least = 0 if name in _ZERO_MEANS_OFF else 1
         ok = isinstance(value, bool) if want is bool else (
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+            isinstance(value, int) and not isinstance(value, bool) and value >= least)
         if not ok:
             raise TkcUsageError(f"pin {name} = {value!r}: expected "
-                                f"{'true or false' if want is bool else 'a positive integer'}", loc)
+                                f"{'true or false' if want is bool else 'a positive integer' if least else 'an integer >= 0'}",
+                                loc)
+
+
+#: Count pins whose 0 turns their pass off.
+_ZERO_MEANS_OFF = frozenset({"prefetch"})
 
 
 #: The CTAs a cluster may have (portable sizes that divide the 132 SMs' pairs evenly).

@@ -176,6 +176,9 @@ FIXTURES = {
         "mapa.shared::cluster.u32": 16,
         "barrier.cluster.wait.aligned": 5,  # the start, and one after each reduction's stores
     },
+    "prefetch": {
+        "cp.async.bulk.prefetch.L2.global": 1,  # thread 0, the box's one row
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

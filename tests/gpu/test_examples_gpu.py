@@ -322,8 +322,10 @@ def test_a_wait_that_times_out_names_itself(tmp_path: Path) -> None:
 
 
 # The defaults (one row a program, 4096-column blocks), 16 x 256 blocks, and a 16k-wide row over
-# sixteen warps; rows of one block and of several, the last one partial.
-NORM_CONSTS = [{}, {"BM": 16, "BN": 256}, {"BN": 16384, "warps": 16}]
+# sixteen warps; rows of one block and of several, the last one partial.  With the pin prefetch,
+# blocks fetched into L2 one and two iterations ahead (16-row boxes: a request a row).
+NORM_CONSTS = [{}, {"BM": 16, "BN": 256}, {"BN": 16384, "warps": 16}, {"BN": 256, "prefetch": 2},
+               {"BM": 16, "BN": 256, "prefetch": 1}]
 
 
 # softmax_split.tk: a row over the programs of a cluster (2 or 4), one block a program or two

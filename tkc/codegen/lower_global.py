@@ -636,4 +636,30 @@ def store(lw: Lowerer, op: Operation) -> None:
     _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "st.tile")
 
 
-HANDLERS = {"hopper.load": load, "hopper.store": store}
+def prefetch(lw: Lowerer, op: Operation) -> None:
+    """Thread 0 (docs/hopper.md §3): one ``cp.async.bulk.prefetch.L2`` for each row of the box
+    whose in-bounds part, its ends moved inward to 16-byte boundaries, is not empty; nothing
+    where the last axis is strided (a hint need not cover every layout)."""
+    b = lw.b
+    tensor: TensorArg = lw.get(op.tensor)
+    offs = [lw.get(v) for v in op.offsets]
+    eb = _elem_bytes(tensor.type.dtype)
+    squeeze = set(op.squeeze or [])  # never the last axis (the verifier checks)
+    *outer, n = [extent for axis, extent in enumerate(op.box) if axis not in squeeze]
+    contiguous = b.icmp_unsigned("==", tensor.strides[-1], ir.Constant(I64, 1))
+    fty = ir.FunctionType(ir.VoidType(), [I64, I32])
+    for row in np.ndindex(*outer):
+        coord = (*(int(c) for c in row), 0)
+        base, lo, hi = _run_bounds(lw, op, tensor, offs, coord, n)
+        addr = b.ptrtoint(base, I64)
+        start = b.add(addr, b.mul(b.zext(lo, I64), ir.Constant(I64, eb)))
+        end = b.add(addr, b.mul(b.zext(hi, I64), ir.Constant(I64, eb)))
+        start = b.and_(b.add(start, ir.Constant(I64, 15)), ir.Constant(I64, ~15))
+        end = b.and_(end, ir.Constant(I64, ~15))
+        some = b.and_(contiguous, b.icmp_signed(">", end, start))
+        size = b.trunc(b.select(some, b.sub(end, start), ir.Constant(I64, 0)), I32)
+        with b.if_then(some):
+            b.asm(fty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", [start, size], side_effect=True)
+
+
+HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch}

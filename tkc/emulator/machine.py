@@ -1020,6 +1020,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.stage": _stage,
     "hopper.mbarrier_arrive": _mbarrier_arrive,
     "hopper.fence_mbarrier_init": lambda wg, op: None,
+    # A hint to L2: it moves no value the emulator models.
+    "hopper.prefetch": lambda wg, op, *operands: None,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
     "hopper.smem_store": _smem_store,

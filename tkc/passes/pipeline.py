@@ -22,6 +22,7 @@ from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.multicast import multicast
 from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
+from tkc.passes.prefetch_loads import prefetch_loads
 from tkc.passes.select_layouts import select_layouts
 from tkc.passes.specialize_warps import specialize_warps
 
@@ -42,6 +43,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
     "defer-last": defer_last,            # pin defer_last: a loop's last product issued in the next iteration
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
+    "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- later: lower-to-blackwell for sm_100a, in its own file.
 }
@@ -52,4 +54,4 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,defer-last,"
-                   "multicast,cse,dce,allocate-smem")
+                   "multicast,prefetch-loads,cse,dce,allocate-smem")

@@ -598,6 +598,32 @@ class StoreOp(_GlobalAccess):
         self._check(self.tensor.type, self.offsets, self.value.type)
 
 
+@register
+class PrefetchOp(Operation, _OneThread):
+    """A hint: the in-bounds part of each row of ``box`` at element ``offsets`` (a row: the
+    box's extent along the tensor's last axis, the other coordinates fixed) is fetched into
+    L2, one ``cp.async.bulk.prefetch.L2`` per row, its ends moved inward to 16-byte
+    boundaries.  Rows of a tensor whose last axis is strided are not fetched.  Nothing a
+    kernel computes depends on it; ``prefetch-loads`` places it an iteration or more ahead of
+    a ``hopper.load`` in a loop."""
+
+    name = "hopper.prefetch"
+    OPERANDS = ("tensor", "*offsets")
+    ATTRS = {"box": list, "squeeze?": list}
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        if not isinstance(t, TensorType):
+            raise self.error(f"expects a tensor, got {t}")
+        if len(self.offsets) != t.rank or any(o.type != I32 for o in self.offsets):
+            raise self.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
+        squeeze = self.squeeze or []
+        if len(self.box) != t.rank or any(b < 1 for b in self.box) or any(self.box[i] != 1 for i in squeeze) \
+                or t.rank - 1 in squeeze:
+            raise self.error(f"the box {self.box} must have one positive extent per axis of {t}, 1 on "
+                             f"squeezed axes, and rows along the last axis (not squeezed)")
+
+
 # ------------------------------------------------------------ between threads
 @register
 class ReduceOp(Operation):
@@ -653,5 +679,5 @@ class ConvertLayoutOp(Operation):
             raise self.error("takes at most one shared scratch tile")
 
 
-ONE_THREAD_OPS = frozenset(c.name for c in (MBarrierInitOp, FenceMBarrierInitOp, ExpectTxOp, TmaLoadOp))
+ONE_THREAD_OPS = frozenset(c.name for c in (MBarrierInitOp, FenceMBarrierInitOp, ExpectTxOp, TmaLoadOp, PrefetchOp))
 ONE_THREAD_PER_WARPGROUP_OPS = frozenset({MBarrierArriveOp.name})

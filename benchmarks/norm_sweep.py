@@ -1,0 +1,87 @@
+"""Softmax and LayerNorm over long rows: every block width, warp count and L2 prefetch
+distance (the pin ``prefetch``) the harness could pick, side by side with the copy bandwidth.
+
+    python benchmarks/norm_sweep.py                        # rows of 16k and 64k, prefetch 0/1/2/4
+    python benchmarks/norm_sweep.py --widths 4096,65536 --prefetch 0,2 --ops layernorm
+
+Each kernel is compiled ahead (in parallel, into the disk cache), checked against torch with
+its output poisoned, then timed in turns with the copy (``harness.in_turns``: L2 flushed,
+median round).  Prints GB/s of one read + one write and the share of copy, best first per row.
+Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from harness import in_turns  # noqa: E402
+from run import EXAMPLES, close, norm_configs, randn  # noqa: E402
+
+from tkc.compiler import compile_kernel  # noqa: E402
+from tkc.runtime.launch import launch  # noqa: E402
+
+
+def _compile(job: tuple[str, dict]) -> None:
+    compile_kernel(EXAMPLES / job[0], job[1])
+
+
+def configs(op: str, N: int, distances: list[int]) -> list[dict]:
+    """The harness's block widths and warps, each also with every nonzero prefetch distance
+    where the row takes more than one block (a one-block row has no loop to prefetch in)."""
+    return norm_configs(op, N, prefetch=tuple(d for d in distances if d))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--widths", default="16384,65536")
+    ap.add_argument("--ops", default="softmax,layernorm")
+    ap.add_argument("--prefetch", default="0,1,2,4", help="distances to try (0: none)")
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    widths = [int(n) for n in args.widths.split(",")]
+    ops = args.ops.split(",")
+    distances = [int(d) for d in args.prefetch.split(",")]
+    jobs = [(f"{op}.tk", c) for N in widths for op in ops for c in configs(op, N, distances)]
+    with concurrent.futures.ProcessPoolExecutor() as pool:
+        list(pool.map(_compile, jobs))
+    total = 1 << 26
+    for N in widths:
+        M = total // N
+        x, y = randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        w, b = randn(N), randn(N)
+        moved = 2 * x.numel() * x.element_size()
+        for op in ops:
+            if op == "softmax":
+                kargs, ref = [x, y], torch.softmax(x.float(), -1)
+            else:
+                kargs, ref = [x, w, b, y, 1e-5], torch.nn.functional.layer_norm(x.float(), (N,), w.float(),
+                                                                                 b.float(), 1e-5)
+            contenders = {"copy": lambda: y.copy_(x)}
+            for c in configs(op, N, distances):
+                compiled = compile_kernel(EXAMPLES / f"{op}.tk", c)
+                y.fill_(float("nan"))
+                launch(compiled, kargs)
+                wrong = close(y, ref, 3e-2)
+                name = " ".join(f"{k}={v}" for k, v in c.items())
+                if wrong:
+                    print(f"{op} {M}x{N} {name}: {wrong}", flush=True)
+                    continue
+                contenders[name] = lambda compiled=compiled: launch(compiled, kargs)
+            times = in_turns(contenders, args.runs)
+            gbs = {k: moved / s / 1e9 for k, s in times.items()}
+            print(f"\n{op} {M}x{N}: copy {gbs['copy']:.0f} GB/s", flush=True)
+            for k, v in sorted(gbs.items(), key=lambda kv: -kv[1]):
+                if k != "copy":
+                    print(f"  {k:40s} {v:7.0f} GB/s  {v / gbs['copy']:.3f}x copy", flush=True)
+
+
+if __name__ == "__main__":
+    main()
