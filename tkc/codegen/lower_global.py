@@ -656,9 +656,8 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
         end = b.add(addr, b.mul(b.zext(hi, I64), ir.Constant(I64, eb)))
         start = b.and_(b.add(start, ir.Constant(I64, 15)), ir.Constant(I64, ~15))
         end = b.and_(end, ir.Constant(I64, ~15))
-        some = b.and_(contiguous, b.icmp_signed(">", end, start))
-        size = b.trunc(b.select(some, b.sub(end, start), ir.Constant(I64, 0)), I32)
-        with b.if_then(some):
+        with b.if_then(b.and_(contiguous, b.icmp_signed(">", end, start))):
+            size = b.trunc(b.sub(end, start), I32)
             b.asm(fty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", [start, size], side_effect=True)
 
 
