@@ -53,9 +53,8 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         ok = isinstance(value, bool) if want is bool else (
             isinstance(value, int) and not isinstance(value, bool) and value >= least)
         if not ok:
-            raise TkcUsageError(f"pin {name} = {value!r}: expected "
-                                f"{'true or false' if want is bool else 'a positive integer' if least else 'an integer >= 0'}",
-                                loc)
+            expected = "true or false" if want is bool else "a positive integer" if least else "an integer >= 0"
+            raise TkcUsageError(f"pin {name} = {value!r}: expected {expected}", loc)
 
 
 #: Count pins whose 0 turns their pass off.

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.builder import Builder
-from tkc.ir.core import Block, Module, Operation, Region, Value, clone
+from tkc.ir.core import Block, Module, Operation, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
+from tkc.passes.rotate import pinned_kernels
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -43,12 +44,8 @@ MIN_ROW_BYTES = 128
 
 
 def prefetch_loads(module: Module) -> None:
-    for kernel in module.ops:
-        if kernel.name != "tile.kernel":
-            continue
-        distance = (kernel.attributes.get("consts") or {}).get("prefetch", 0)
-        if not distance:
-            continue
+    for kernel in pinned_kernels(module, "prefetch"):
+        distance = kernel.attributes["consts"]["prefetch"]
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             step = tile.constant_value(loop.step)
             if not isinstance(step, int) or step < 1:
@@ -128,11 +125,7 @@ def _prefetch(loop: Operation, plans: list[tuple[Operation, list[Operation]]], s
         then.append(tile.YieldOp([], [], loc=loc))
         skip = Block()
         skip.append(tile.YieldOp([], [], loc=loc))
-        branch = tile.IfOp([runs], [], loc=loc)
-        for blk in (then, skip):
-            branch.regions.append(Region([blk]))
-            branch.regions[-1].parent = branch
-        b.insert(branch)
+        b.insert(tile.IfOp.of(runs, then, skip, loc=loc))
 
     guarded(Builder(body, 0, loc), iv, distance)
     before_loop = Builder.before(loop)

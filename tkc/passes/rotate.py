@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tkc import dtypes
-from tkc.ir.core import Block, Module, Operation, Region, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, replace_all_uses
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 
@@ -49,10 +49,7 @@ def replace_guarded(loop: Operation, then: Block) -> None:
     parent = loop.parent
     cond = tile.CmpOp([g["lb"], g["ub"]], [I1], {"pred": "lt"}, loc=loc)
     parent.insert(parent.ops.index(loop), cond)
-    branch = tile.IfOp([cond.result], [r.type for r in loop.results], loc=loc)
-    for blk in (then, skip):
-        branch.regions.append(Region([blk]))
-        branch.regions[-1].parent = branch
+    branch = tile.IfOp.of(cond.result, then, skip, [r.type for r in loop.results], loc=loc)
     parent.insert(parent.ops.index(loop), branch)
     root = list(loop.ancestors())[-1]  # the kernel
     for old, new in zip(loop.results, branch.results):

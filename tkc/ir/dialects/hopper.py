@@ -564,11 +564,14 @@ class WgmmaWaitGroupOp(Operation):
 
 # --------------------------------------------------------- registers <-> global
 class _GlobalAccess(Operation):
-    def _check(self, tensor: Type, offsets: list, tile: Type) -> None:
+    def _check_tensor(self, tensor: Type, offsets: list) -> None:
         if not isinstance(tensor, TensorType):
             raise self.error(f"expects a tensor, got {tensor}")
         if len(offsets) != tensor.rank or any(o.type != I32 for o in offsets):
             raise self.error(f"needs {tensor.rank} i32 offsets, one per axis of {tensor}")
+
+    def _check(self, tensor: Type, offsets: list, tile: Type) -> None:
+        self._check_tensor(tensor, offsets)
         _check_reg(self, tile, "the tile")
         squeeze = self.squeeze or []
         shape = tuple(b for i, b in enumerate(self.box) if i not in squeeze)
@@ -599,7 +602,7 @@ class StoreOp(_GlobalAccess):
 
 
 @register
-class PrefetchOp(Operation, _OneThread):
+class PrefetchOp(_GlobalAccess, _OneThread):
     """A hint: the in-bounds part of each row of ``box`` at element ``offsets`` (a row: the
     box's extent along the tensor's last axis, the other coordinates fixed) is fetched into
     L2, one ``cp.async.bulk.prefetch.L2`` per row, its ends moved inward to 16-byte
@@ -613,10 +616,7 @@ class PrefetchOp(Operation, _OneThread):
 
     def verify(self) -> None:
         t = self.tensor.type
-        if not isinstance(t, TensorType):
-            raise self.error(f"expects a tensor, got {t}")
-        if len(self.offsets) != t.rank or any(o.type != I32 for o in self.offsets):
-            raise self.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
+        self._check_tensor(t, self.offsets)
         squeeze = self.squeeze or []
         if len(self.box) != t.rank or any(b < 1 for b in self.box) or any(self.box[i] != 1 for i in squeeze) \
                 or t.rank - 1 in squeeze:

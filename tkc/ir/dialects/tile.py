@@ -9,7 +9,7 @@ tensor sizes are runtime values read with ``tile.dim``.
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.ir.core import Operation, register
+from tkc.ir.core import Operation, Region, register
 from tkc.pins import CLUSTER_SIZES
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, element_dtype, shape_of
 
@@ -152,6 +152,15 @@ class IfOp(Operation):
     OPERANDS = ("cond",)
     RESULTS = ("*results",)
     REGIONS = 2
+
+    @classmethod
+    def of(cls, cond, then, otherwise, result_types=(), loc=None) -> IfOp:
+        """``if cond: then else: otherwise`` (two blocks, each ending in its ``tile.yield``)."""
+        op = cls([cond], list(result_types), **({} if loc is None else {"loc": loc}))
+        for blk in (then, otherwise):
+            op.regions.append(Region([blk]))
+            op.regions[-1].parent = op
+        return op
 
     def verify(self) -> None:
         if self.cond.type != I1:
