@@ -1,8 +1,10 @@
 """Softmax and LayerNorm over long rows: every block width, warp count and L2 prefetch
-distance (the pin ``prefetch``) the harness could pick, side by side with the copy bandwidth.
+distance (the pin ``prefetch``) the harness could pick, and optionally programs an SM (the pin
+``ctas_per_sm``), side by side with the copy bandwidth.
 
     python benchmarks/norm_sweep.py                        # rows of 16k and 64k, prefetch 0/1/2/4
     python benchmarks/norm_sweep.py --widths 4096,65536 --prefetch 0,2 --ops layernorm
+    python benchmarks/norm_sweep.py --ctas 1,2,3,4          # each also with 2-4 programs an SM
 
 Each kernel is compiled ahead (in parallel, into the disk cache), checked against torch with
 its output poisoned, then timed in turns with the copy (``harness.in_turns``: L2 flushed,
@@ -33,10 +35,14 @@ def _compile(job: tuple[str, dict]) -> None:
     compile_kernel(EXAMPLES / job[0], job[1])
 
 
-def configs(op: str, N: int, distances: list[int]) -> list[dict]:
+def configs(op: str, N: int, distances: list[int], ctas: list[int]) -> list[dict]:
     """The harness's block widths and warps, each also with every nonzero prefetch distance
-    where the row takes more than one block (a one-block row has no loop to prefetch in)."""
-    return norm_configs(op, N, prefetch=tuple(d for d in distances if d))
+    where the row takes more than one block (a one-block row has no loop to prefetch in), and
+    each of those with every ``ctas_per_sm`` above 1 (registers capped so that many programs
+    share an SM; the harness itself tries 3 on its 4-warp configurations)."""
+    base = norm_configs(op, N, prefetch=tuple(d for d in distances if d))
+    more = [{**c, "ctas_per_sm": n} for c in base if "ctas_per_sm" not in c for n in ctas if n > 1]
+    return base + [c for c in more if c not in base]
 
 
 def main() -> None:
@@ -44,12 +50,14 @@ def main() -> None:
     ap.add_argument("--widths", default="16384,65536")
     ap.add_argument("--ops", default="softmax,layernorm")
     ap.add_argument("--prefetch", default="0,1,2,4", help="distances to try (0: none)")
+    ap.add_argument("--ctas", default="1", help="ctas_per_sm values to try (1: the default)")
     ap.add_argument("--runs", type=int, default=30)
     args = ap.parse_args()
     widths = [int(n) for n in args.widths.split(",")]
     ops = args.ops.split(",")
     distances = [int(d) for d in args.prefetch.split(",")]
-    jobs = [(f"{op}.tk", c) for N in widths for op in ops for c in configs(op, N, distances)]
+    ctas = [int(n) for n in args.ctas.split(",")]
+    jobs = [(f"{op}.tk", c) for N in widths for op in ops for c in configs(op, N, distances, ctas)]
     with concurrent.futures.ProcessPoolExecutor() as pool:
         list(pool.map(_compile, jobs))
     total = 1 << 26
@@ -65,7 +73,7 @@ def main() -> None:
                 kargs, ref = [x, w, b, y, 1e-5], torch.nn.functional.layer_norm(x.float(), (N,), w.float(),
                                                                                  b.float(), 1e-5)
             contenders = {"copy": lambda: y.copy_(x)}
-            for c in configs(op, N, distances):
+            for c in configs(op, N, distances, ctas):
                 compiled = compile_kernel(EXAMPLES / f"{op}.tk", c)
                 y.fill_(float("nan"))
                 launch(compiled, kargs)

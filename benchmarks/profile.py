@@ -95,12 +95,13 @@ CASES = {
     # FlashAttention-3's ordering (P V of block j - 1 in flight through the softmax of block j)
     # against the same schedule without it.
     "attn-plain": lambda: _attn(False), "attn-defer": lambda: _attn(False, consts={"defer_last": True}),
-    "attn-d64-plain": lambda: _attn(False, D=64), "attn-d64-defer": lambda: _attn(False, D=64, consts={"defer_last": True}),
+    "attn-d64-plain": lambda: _attn(False, D=64),
+    "attn-d64-defer": lambda: _attn(False, D=64, consts={"defer_last": True}),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
     "softmax-64k": lambda: _norm("softmax", 65536, False, {"BN": 65536, "warps": 8}),
     "layernorm": lambda: _norm("layernorm", 4096, False),
-    "layernorm-16k": lambda: _norm("layernorm", 16384, False, {"BN": 4096}),
-    "layernorm-64k": lambda: _norm("layernorm", 65536, False, {"BN": 16384, "warps": 16}),
+    "layernorm-16k": lambda: _norm("layernorm", 16384, False, {"BN": 8192, "warps": 4, "ctas_per_sm": 3}),
+    "layernorm-64k": lambda: _norm("layernorm", 65536, False, {"BN": 16384, "warps": 16, "prefetch": 1}),
     "layernorm-64k-torch": lambda: _norm("layernorm", 65536, True),
     "copy": lambda: _norm("copy", 4096, True),
 }

@@ -188,13 +188,17 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
 # w and b, and spills at that width whatever the warps (benchmarks/RESULTS.md).
 # Where a row takes several blocks, each also with the blocks fetched into L2 one and two
 # iterations ahead (the pin prefetch): for LayerNorm only by default, since it made two-sweep
-# softmax slower on an H100 (benchmarks/norm_sweep.py).
+# softmax slower on an H100 (benchmarks/norm_sweep.py).  Each 4-warp configuration also with
+# three programs an SM (the pin ctas_per_sm: registers capped at 168 a thread where ptxas would
+# take up to 255 and leave room for two): LayerNorm over 16k columns in 8k blocks went from 0.90x
+# to 0.94x of copy that way; other warp counts and 2 or 4 programs gained nothing (RESULTS.md).
 def norm_configs(op: str, N: int, prefetch: tuple[int, ...] | None = None) -> list[dict]:
     widths = [bn for bn in (2048, 4096, 8192, 16384) + ((65536,) if op == "softmax" else ()) if bn <= N]
     base = [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
     if prefetch is None:
         prefetch = (1, 2) if op == "layernorm" else ()
-    return base + [{**c, "prefetch": d} for c in base if c["BN"] < N for d in prefetch]
+    base += [{**c, "prefetch": d} for c in base if c["BN"] < N for d in prefetch]
+    return base + [{**c, "ctas_per_sm": 3} for c in base if c["warps"] == 4]
 
 
 def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
@@ -263,7 +267,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and timed runs")
     ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups")
-    ap.add_argument("--runs", type=int, default=None, help="timed runs per contender, in three rounds taken in turns with the others")
+    ap.add_argument("--runs", type=int, default=None,
+                    help="timed runs per contender, in three rounds taken in turns with the others")
     ap.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section, no plots")
     ap.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="the file the section goes to")
     ap.add_argument("--plots", type=Path, default=HERE, help="folder for the PNG plots")
