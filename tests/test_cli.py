@@ -78,7 +78,8 @@ def test_opt_on_bad_ir_points_at_the_line(tmp_path: Path) -> None:
 def test_opt_unknown_pass() -> None:
     r = tkc_cli("opt", str(GEMM_TKIR), "-p", "cse,fold")
     assert r.exit_code == 1
-    assert "unknown pass 'fold'; known passes: allocate-smem, canonicalize, cse, dce, defer-last, issue-ahead, licm" in r.stderr
+    assert ("unknown pass 'fold'; known passes: allocate-smem, canonicalize, cse, dce, defer-last, issue-ahead, "
+            "licm") in r.stderr
 
 
 def test_opt_dump_flags_and_timing(tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ def test_compile_cubin_and_resource_usage() -> None:
     assert Path("gemm.cubin").read_bytes()[:4] == b"\x7fELF"
     line = r.stderr.splitlines()[0]
     assert line.startswith("gemm: ") and " registers, 0 B spill stores, 0 B spill loads, " in line
-    assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 384 threads)" in line
+    assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 384 threads, 1 program an SM)" in line
 
 
 def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:

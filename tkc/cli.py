@@ -281,7 +281,7 @@ def compile_command(file: str, output: str, emit: str | None, pipeline: str, hop
 
     compiled = compile_kernel(module, target=target, pipeline=pipeline, hopper_pipeline=hopper_pipeline,
                               stop="cubin" if resource_usage else emit,
-                              ptxas=True if emit == "cubin" or resource_usage else False,
+                              ptxas=True if emit == "cubin" or resource_usage else None,
                               pass_options=opts, cache=False, file=file)
     if resource_usage:
         _print_resources(compiled)
@@ -307,7 +307,9 @@ def _print_resources(compiled: Any) -> None:
     else:
         click.echo(f"{r.kernel}: {r.registers} registers, {r.spill_stores} B spill stores, {r.spill_loads} B "
                    f"spill loads, {compiled.smem_bytes} B dynamic shared memory + {r.smem} B static, "
-                   f"{r.stack_frame} B stack frame ({compiled.target}, {compiled.threads} threads)", err=True)
+                   f"{r.stack_frame} B stack frame ({compiled.target}, {compiled.threads} threads, "
+                   f"{compiled.programs_per_sm} program{'' if compiled.programs_per_sm == 1 else 's'} an SM)",
+                   err=True)
     for w in compiled.ptxas_warnings:
         click.echo(f"ptxas: {w}", err=True)
 

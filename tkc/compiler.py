@@ -90,6 +90,18 @@ class Compiled:
         return self.kernel_op.attributes.get("smem_bytes")
 
     @property
+    def programs_per_sm(self) -> int | None:
+        """CTAs of this kernel one SM holds at once, from ptxas's registers and the shared
+        memory (None when ptxas did not run)."""
+        if self.resources is None or self.threads is None:
+            return None
+        from tkc.codegen.occupancy import resident
+        from tkc.codegen.target import target
+
+        smem = (self.smem_bytes or 0) + self.resources.smem
+        return resident(self.resources.registers, self.threads, smem, target(self.target))
+
+    @property
     def tma_maps(self) -> list:
         return list(self.kernel_op.attributes.get("tma_maps") or [])
 
@@ -260,7 +272,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     ``kernel`` picks one of several kernels.  ``pipeline`` replaces the tile pipeline
     (``DEFAULT_PIPELINE``) and ``hopper_pipeline`` ``HOPPER_PIPELINE`` (``""`` for input
     that is already hopper IR).  ``ptxas``: True runs it (an error when there is none),
-    False never, None when one is found; it only runs when ``stop`` is ``"cubin"``.
+    False never, None when one is found; it runs when ``stop`` is ``"cubin"`` or ``"ptx"`` (where
+    it decides, for a kernel without products, how many programs an SM the PTX asks for).
     ``pass_options`` control dumps and timing (default: the ``TKC_DUMP_*`` knobs).
     ``cache`` reads and writes the disk cache (``TKC_CACHE_DIR``, or ``cache_dir``); pass
     timing always compiles afresh, since a cache hit times nothing.
@@ -281,7 +294,9 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
     if past_tkir and hopper_pipeline is None:
         hopper_pipeline = _hopper_pipeline()
-    ptxas_path = _resolve_ptxas(ptxas) if stop == "cubin" else None
+    # ptxas runs for a cubin, and for PTX when one is found (not refused): a kernel without
+    # products gets its programs an SM from what ptxas makes of it (tkc.codegen.occupancy).
+    ptxas_path = _resolve_ptxas(ptxas) if stop == "cubin" or (stop == "ptx" and ptxas is not False) else None
     text = _source_text(source)
 
     key = None
@@ -319,10 +334,20 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         if STAGES.index(stop) >= STAGES.index("ptx"):
             asm["ptx"] = emit_ptx(asm["llvm"], tgt, opt=opt_level)  # the text: printed once
     if ptxas_path is not None:
+        from tkc.codegen import occupancy
         from tkc.codegen.ptxas import assemble
 
         assembled = assemble(asm["ptx"], tgt)  # finds the same ptxas as _resolve_ptxas
-        asm["cubin"] = assembled.cubin
+        op = module.kernel(name)
+        if occupancy.applies(op):
+            raised = occupancy.one_more_program(asm["ptx"], name, op.attributes.get("threads") or 128,
+                                                op.attributes.get("smem_bytes") or 0, assembled,
+                                                lookup_target(tgt), lambda ptx: assemble(ptx, tgt))
+            if raised is not None:
+                ctas, asm["ptx"], assembled = raised
+                asm["llvm"] = occupancy.with_min_ctas(asm["llvm"], ctas, "llvm")
+        if stop == "cubin":
+            asm["cubin"] = assembled.cubin
         result.resources = assembled.kernels.get(name)
         result.ptxas_warnings = tuple(assembled.warnings)
     result._kernel_op = module.kernel(name)  # a pass may have replaced the op

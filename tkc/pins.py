@@ -18,7 +18,8 @@ PINS: dict[str, tuple[type, str, str]] = {
                    "warpgroup); wide rows spread over more threads stay in registers", "select-layouts"),
     "ctas_per_sm": (int, "programs resident on one SM at once: registers (.minnctapersm) and shared memory "
                          "are budgeted for that many, so one program's fill and drain overlap another's work "
-                         "(default 1)", "pipeline-loops, specialize-warps, allocate-smem, codegen"),
+                         "(default 1; a kernel without products: one more than ptxas first fits, where that "
+                         "does not spill)", "pipeline-loops, specialize-warps, allocate-smem, codegen"),
     "consumers": (int, "consumer warpgroups (must be the products' rows / 64)", "specialize-warps"),
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "

@@ -1,0 +1,98 @@
+"""Programs an SM: how many of a kernel's CTAs one SM holds, and the register cap that fits
+one more where ptxas left room for fewer.
+
+A kernel without products (softmax, LayerNorm) keeps its rows in registers, and ptxas, given
+``.maxntid T`` and ``.minnctapersm 1``, takes up to 255 registers a thread: a 4-warp LayerNorm
+program over 4096 columns takes 128 and four share an SM, at 8192 columns 255 and two share it.
+Fewer programs an SM means fewer bytes in flight for a kernel that waits on DRAM, and capping the
+registers so that one more program fits (``.minnctapersm k + 1``) moved LayerNorm from 0.91x to
+0.98x of copy bandwidth at 4096 columns and from 0.90x to 0.94x at 16384 on an H100
+(benchmarks/RESULTS.md), as long as ptxas met the cap without spilling.  It is not free
+everywhere: two-sweep rows, which re-read each row through L2, lost 4-6% in two of the eight
+configurations measured (more rows in flight than L2 keeps); the row length is a runtime size,
+so one compiled kernel serves both kinds of row, and the pin ``ctas_per_sm = 1`` restores
+ptxas's own choice.
+
+:func:`one_more_program` is that choice, made once ptxas has assembled the kernel as LLVM wrote
+it: it applies to kernels whose ``ctas_per_sm`` is not pinned and that have no products, TMA
+copies, warp roles or cluster exchanges (those budget registers and shared memory for
+``ctas_per_sm`` in the passes themselves); it asks ptxas once more with the directive raised and
+keeps the result only when nothing spills and the SM really holds one more program.
+
+Must not: choose anything for kernels the passes budgeted, or keep a cubin that spills.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tkc.codegen.target import Target
+from tkc.errors import TkcCodegenError
+from tkc.ir.core import Operation
+from tkc.registers import REGISTER_FILE
+
+#: Ops whose kernels budget registers and shared memory per ``ctas_per_sm`` in the passes.
+BUDGETED_OPS = frozenset({"hopper.wgmma", "hopper.tma_load", "hopper.role", "hopper.cluster_reduce",
+                          "hopper.cluster_barrier"})
+#: What one SM holds (sm_90): warps, CTAs, registers per sub-partition (four of them), and the
+#: unit ptxas's register count is allocated in, per warp.
+MAX_WARPS = 64
+MAX_CTAS = 32
+SUBPARTITIONS = 4
+REGISTER_UNIT = 256
+
+
+def resident(registers: int, threads: int, smem_bytes: int, target: Target) -> int:
+    """CTAs of ``threads`` threads using ``registers`` a thread and ``smem_bytes`` of shared
+    memory (dynamic and static) that one SM holds at once."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(registers, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    # A CTA's warps are dealt over the four sub-partitions, each with a quarter of the file.
+    by_registers = SUBPARTITIONS * (REGISTER_FILE // SUBPARTITIONS // per_warp) // warps
+    by_smem = target.sm_smem_bytes // (smem_bytes + target.smem_reserved_per_block)
+    return max(min(by_registers, MAX_WARPS // warps, MAX_CTAS, by_smem), 0)
+
+
+def applies(kernel: Operation) -> bool:
+    """Whether the programs an SM are left to :func:`one_more_program`: ``ctas_per_sm`` not
+    pinned, and no op whose pass budgets for it."""
+    consts = kernel.attributes.get("consts") or {}
+    return "ctas_per_sm" not in consts and not any(op.name in BUDGETED_OPS for op in kernel.walk())
+
+
+_PTX_DIRECTIVE = re.compile(r"^(\s*\.minnctapersm\s+)\d+(\s*)$", re.MULTILINE)
+_LLVM_ATTRIBUTE = re.compile(r'("nvvm\.minctasm"=")\d+(")')
+
+
+def with_min_ctas(text: str, ctas: int, stage: str = "ptx") -> str:
+    """``text`` (one kernel's PTX, or its LLVM IR with ``stage="llvm"``) with its minimum CTAs
+    an SM (``.minnctapersm``, ``"nvvm.minctasm"``) set to ``ctas``."""
+    rx = _PTX_DIRECTIVE if stage == "ptx" else _LLVM_ATTRIBUTE
+    found = rx.findall(text)
+    if len(found) != 1:
+        raise TkcCodegenError(f"expected the kernel's {stage} to set its minimum CTAs an SM once, "
+                              f"found {len(found)}")
+    return rx.sub(lambda m: f"{m.group(1)}{ctas}{m.group(2)}", text)
+
+
+def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: Any, target: Target,
+                     assemble: Callable[[str], Any]) -> tuple[int, str, Any] | None:
+    """The programs an SM, the PTX and ptxas's result with ``.minnctapersm`` raised to one more
+    program than ``first`` (ptxas's result for ``ptx``) fits, or None when no more fit (threads,
+    CTAs or shared memory), ptxas spills at that cap, or the SM still holds no more programs."""
+    usage = first.kernels.get(name)
+    if usage is None or usage.spill_stores or usage.spill_loads:
+        return None  # a kernel that spills already would spill more under a lower cap
+    smem = smem_bytes + usage.smem
+    now = resident(usage.registers, threads, smem, target)
+    want = now + 1
+    if now < 1 or resident(1, threads, smem, target) < want:
+        return None
+    raised = with_min_ctas(ptx, want)
+    second = assemble(raised)
+    got = second.kernels.get(name)
+    if got is None or got.spill_stores or got.spill_loads or resident(got.registers, threads, smem, target) < want:
+        return None
+    return want, raised, second
