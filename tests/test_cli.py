@@ -178,6 +178,17 @@ def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.Mo
     assert not Path("gemm.cubin").exists()
 
 
+def test_compile_ptx_without_ptxas_keeps_one_program_an_sm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With a ptxas, a kernel without products gets its programs an SM from ptxas's answer
+    # (tests/codegen/test_occupancy.py); without one, its PTX is still written, as LLVM made it.
+    import tkc.codegen.ptxas as ptxas_mod
+
+    monkeypatch.setattr(ptxas_mod, "find_ptxas", lambda env=None: None)
+    r = tkc_cli("compile", str(EXAMPLES / "layernorm.tk"), "-o", "layernorm.ptx")
+    assert r.exit_code == 0, r.stderr
+    assert ".minnctapersm 1\n" in Path("layernorm.ptx").read_text()
+
+
 def test_compile_tk_with_defines() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BM=64", "-D", "BK=32", "--no-locs")
     assert r.exit_code == 0, r.stderr

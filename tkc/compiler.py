@@ -333,24 +333,26 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         asm["llvm"] = str(llvm_module)
         if STAGES.index(stop) >= STAGES.index("ptx"):
             asm["ptx"] = emit_ptx(asm["llvm"], tgt, opt=opt_level)  # the text: printed once
+    op = module.kernel(name)
     if ptxas_path is not None:
         from tkc.codegen import occupancy
         from tkc.codegen.ptxas import assemble
 
-        assembled = assemble(asm["ptx"], tgt)  # finds the same ptxas as _resolve_ptxas
-        op = module.kernel(name)
-        if occupancy.applies(op):
+        tune = occupancy.applies(op)  # at the ptx stage, ptxas runs only for this choice
+        assembled = assemble(asm["ptx"], tgt) if stop == "cubin" or tune else None  # same ptxas as found
+        if assembled is not None and tune:
             raised = occupancy.one_more_program(asm["ptx"], name, op.attributes.get("threads") or 128,
                                                 op.attributes.get("smem_bytes") or 0, assembled,
                                                 lookup_target(tgt), lambda ptx: assemble(ptx, tgt))
             if raised is not None:
                 ctas, asm["ptx"], assembled = raised
                 asm["llvm"] = occupancy.with_min_ctas(asm["llvm"], ctas, "llvm")
-        if stop == "cubin":
-            asm["cubin"] = assembled.cubin
-        result.resources = assembled.kernels.get(name)
-        result.ptxas_warnings = tuple(assembled.warnings)
-    result._kernel_op = module.kernel(name)  # a pass may have replaced the op
+        if assembled is not None:
+            if stop == "cubin":
+                asm["cubin"] = assembled.cubin
+            result.resources = assembled.kernels.get(name)
+            result.ptxas_warnings = tuple(assembled.warnings)
+    result._kernel_op = op  # a pass may have replaced the op
 
     if key is not None:
         from tkc.runtime import cache as disk

@@ -126,6 +126,8 @@ def test_layernorm_compiles_to_one_more_program(ptxas):
 def test_kernels_left_as_ptxas_first_makes_them(ptxas):
     gemm = compile_kernel(EXAMPLES / "gemm.tk", {}, cache=False)
     assert ".minnctapersm 1\n" in gemm.asm["ptx"] and gemm.programs_per_sm == 1
+    # Its PTX alone needs no ptxas: nothing is chosen from ptxas's answer.
+    assert compile_kernel(EXAMPLES / "gemm.tk", {}, stop="ptx", cache=False).resources is None
     # A 64k-column softmax row in 256 threads spills at 255 registers: no lower cap is tried.
     wide = compile_kernel(EXAMPLES / "softmax.tk", {"BN": 65536, "warps": 8}, cache=False)
     assert ".minnctapersm 1\n" in wide.asm["ptx"] and wide.resources.spill_stores > 0
