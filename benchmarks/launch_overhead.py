@@ -42,6 +42,7 @@ import cProfile  # noqa: E402
 import pstats  # noqa: E402
 
 _STUB_C = r"""
+#include <stddef.h>
 #include <stdint.h>
 static void *const CTX = (void *)0x1000;
 static long launches;
@@ -62,6 +63,7 @@ int cuFuncSetAttribute(void *f, int attr, int v) { return 0; }
 int cuFuncGetAttribute(int *v, int attr, void *f) { *v = 0; return 0; }
 int cuLaunchKernelEx(const void *cfg, void *f, void **params, void **extra) { launches++; return 0; }
 int cuOccupancyMaxActiveClusters(int *n, void *f, const void *cfg) { *n = 132; return 0; }
+int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *f, int threads, size_t smem) { *n = 1; return 0; }
 int cuTensorMapEncodeTiled(void *map, int dt, unsigned rank, void *addr, const uint64_t *dims,
                            const uint64_t *strides, const unsigned *box, const unsigned *estrides,
                            int interleave, int swizzle, int l2, int oob) { return 0; }

@@ -59,6 +59,7 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "cuFuncGetAttribute": [ctypes.POINTER(_i32), _i32, _p],
     "cuLaunchKernelEx": [_p, _p, ctypes.POINTER(_p), ctypes.POINTER(_p)],
     "cuOccupancyMaxActiveClusters": [ctypes.POINTER(_i32), _p, _p],
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor": [ctypes.POINTER(_i32), _p, _i32, ctypes.c_size_t],
     "cuTensorMapEncodeTiled": [_p, _i32, _u32, _p, ctypes.POINTER(ctypes.c_uint64),
                                ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_u32), ctypes.POINTER(_u32),
                                _i32, _i32, _i32, _i32],
@@ -312,6 +313,16 @@ class Function:
         v = ctypes.c_int()
         check(lib().cuFuncGetAttribute(ctypes.byref(v), attr, self.handle), f"cuFuncGetAttribute({attr})")
         return v.value
+
+    def max_active_blocks(self, threads: int, shared_bytes: int) -> int:
+        """How many CTAs of ``threads`` threads with ``shared_bytes`` of dynamic shared memory
+        one SM holds at once (``cuOccupancyMaxActiveBlocksPerMultiprocessor``)."""
+        n = ctypes.c_int()
+        _make_current(self.module.ctx)
+        check(lib().cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.handle, int(threads),
+                                                                 int(shared_bytes)),
+              f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name}, {threads} threads)")
+        return n.value
 
     def max_active_clusters(self, cluster: int, block: int | Sequence[int], shared_bytes: int) -> int:
         """How many clusters of ``cluster`` CTAs (along x) of this kernel the device holds at

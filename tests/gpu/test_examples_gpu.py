@@ -355,6 +355,20 @@ def test_layernorm(rng, M: int, N: int, consts: dict) -> None:
     check(f"layernorm {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("example,consts", [
+    ("layernorm.tk", {}), ("layernorm.tk", {"ctas_per_sm": 1}), ("layernorm.tk", {"BN": 8192}),
+    ("layernorm.tk", {"BN": 16384, "warps": 16}), ("softmax.tk", {}), ("softmax.tk", {"BN": 65536, "warps": 8}),
+    ("gemm.tk", {}), ("attn.tk", {"D": 64})], ids=str)
+def test_programs_an_sm_agree_with_the_driver(example: str, consts: dict) -> None:
+    """The residency the compiler chose programs an SM by (tkc.codegen.occupancy) is what the
+    driver's occupancy calculator says for the loaded kernel."""
+    from tkc.runtime.launch import _function
+
+    kernel = compiled(example, consts)
+    fn = _function(kernel, torch.cuda.current_device())
+    assert kernel.programs_per_sm == fn.max_active_blocks(kernel.threads, kernel.smem_bytes or 0)
+
+
 def _rmsnorm():
     sys.path.insert(0, str(EXAMPLES))
     try:
