@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from harness import in_turns  # noqa: E402
-from run import EXAMPLES, close, norm_configs, randn  # noqa: E402
+from run import EXAMPLES, close, norm_call, norm_configs, randn  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
@@ -67,11 +67,8 @@ def main() -> None:
         w, b = randn(N), randn(N)
         moved = 2 * x.numel() * x.element_size()
         for op in ops:
-            if op == "softmax":
-                kargs, ref = [x, y], torch.softmax(x.float(), -1)
-            else:
-                kargs, ref = [x, w, b, y, 1e-5], torch.nn.functional.layer_norm(x.float(), (N,), w.float(),
-                                                                                 b.float(), 1e-5)
+            kargs, reference = norm_call(op, x, w, b, y)
+            ref = reference()
             contenders = {"copy": lambda: y.copy_(x)}
             for c in configs(op, N, distances, ctas):
                 compiled = compile_kernel(EXAMPLES / f"{op}.tk", c)

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from harness import in_turns  # noqa: E402
-from run import EXAMPLES, close, randn  # noqa: E402
+from run import EXAMPLES, close, norm_call, randn  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
@@ -43,11 +43,8 @@ def main() -> None:
         M = (1 << 26) // N
         x, y = randn(M, N), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         w, b = randn(N), randn(N)
-        if op == "softmax":
-            kargs, ref = [x, y], torch.softmax(x.float(), -1)
-        else:
-            kargs, ref = [x, w, b, y, 1e-5], torch.nn.functional.layer_norm(x.float(), (N,), w.float(),
-                                                                             b.float(), 1e-5)
+        kargs, reference = norm_call(op, x, w, b, y)
+        ref = reference()
         contenders = {"copy": lambda: y.copy_(x)}
         for label, consts in (("chosen", cfg), ("ctas_per_sm=1", {**cfg, "ctas_per_sm": 1})):
             kernel = compile_kernel(EXAMPLES / f"{op}.tk", consts)

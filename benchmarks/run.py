@@ -192,6 +192,15 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
 # three programs an SM (the pin ctas_per_sm: registers capped at 168 a thread where ptxas would
 # take up to 255 and leave room for two): LayerNorm over 16k columns in 8k blocks went from 0.90x
 # to 0.94x of copy that way; other warp counts and 2 or 4 programs gained nothing (RESULTS.md).
+def norm_call(op: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
+    """softmax.tk's or layernorm.tk's arguments for rows ``x`` into ``y`` (``w`` and ``b``: the
+    LayerNorm's weight and bias), and the fp32 torch reference, computed when called."""
+    if op == "softmax":
+        return [x, y], lambda: torch.softmax(x.float(), -1)
+    return [x, w, b, y, 1e-5], lambda: torch.nn.functional.layer_norm(
+        x.float(), (x.shape[-1],), w.float(), b.float(), 1e-5)
+
+
 def norm_configs(op: str, N: int, prefetch: tuple[int, ...] | None = None) -> list[dict]:
     widths = [bn for bn in (2048, 4096, 8192, 16384) + ((65536,) if op == "softmax" else ()) if bn <= N]
     base = [{"BN": bn, "warps": w} for bn in widths for w in (4, 8, 16) if 8 <= bn // (32 * w) <= 256]
@@ -212,13 +221,11 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
         for op in ("softmax", "layernorm"):
             row = Row(f"{op} bf16 (GB/s of one read + one write)", f"{M}x{N}", "GB/s")
             w, b = randn(N), randn(N)
+            args, ref = norm_call(op, x, w, b, y)
             if op == "softmax":
-                args, ref = [x, y], lambda: torch.softmax(x.float(), -1)
                 torch_fn = lambda: torch.softmax(x, -1)
                 tri_fn = (lambda: tri.softmax(x, y)) if tri else None
             else:
-                args, ref = [x, w, b, y, 1e-5], lambda: torch.nn.functional.layer_norm(
-                    x.float(), (N,), w.float(), b.float(), 1e-5)
                 torch_fn = lambda: torch.nn.functional.layer_norm(x, (N,), w, b, 1e-5)
                 tri_fn = (lambda: tri.layernorm(x, w, b, y, 1e-5)) if tri else None
             # The block width for this row length, as Triton's kernels pick theirs: tkc.autotune
