@@ -199,6 +199,7 @@ def test_importing_tkc_loads_neither_torch_nor_the_driver_layer() -> None:
     import subprocess
     import sys
 
-    code = "import sys, tkc; print(sorted(m for m in ('torch', 'tkc.runtime.launch', 'tkc.runtime.driver') if m in sys.modules))"
+    code = ("import sys, tkc; "
+            "print(sorted(m for m in ('torch', 'tkc.runtime.launch', 'tkc.runtime.driver') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

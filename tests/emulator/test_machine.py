@@ -333,7 +333,8 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "issue_ahead": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "causal": False}, {"B": 2, "H": 1, "N": 72}, 2**-6),
     # Two programs an SM (ctas_per_sm): the ring sized for half the shared memory.
-    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True}, {"B": 1, "H": 2, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "issue_ahead": True},
+     {"B": 1, "H": 2, "N": 200}, 2**-6),
     # Three consumer warpgroups (192 query rows a program), the last block partial.
     ("attn.tk", {"D": 64, "BM": 192, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True}, {"B": 1, "H": 1, "N": 330}, 2**-6),
@@ -341,8 +342,10 @@ DIFFERENTIAL = [
     # one Q stage (two programs an SM leave room for one); a single K/V block per tile with
     # S issued ahead.
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
-    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True}, {"B": 1, "H": 3, "N": 330}, 2**-6),
-    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True, "issue_ahead": True}, {"B": 3, "H": 3, "N": 50}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "persistent": True},
+     {"B": 1, "H": 3, "N": 330}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "persistent": True, "issue_ahead": True},
+     {"B": 3, "H": 3, "N": 50}, 2**-6),
     # Persistent causal: the K/V loop's length changes from tile to tile, the tile loop
     # carries the ring's count of earlier iterations (in both roles).
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "causal": True, "persistent": True}, {"B": 2, "H": 3, "N": 160}, 2**-6),
@@ -353,11 +356,14 @@ DIFFERENTIAL = [
      {"B": 2, "H": 3, "N": 300}, 2**-6),
     # Both of FlashAttention-3's overlaps: turns, and S issued ahead with its turn; a single
     # key block (the steady-state loop runs zero times), causal, persistent causal.
-    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
-    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True},
+     {"B": 1, "H": 1, "N": 300}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "issue_ahead": True},
+     {"B": 2, "H": 1, "N": 50}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True, "pingpong": True, "issue_ahead": True},
      {"B": 1, "H": 2, "N": 200}, 2**-6),
-    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True, "issue_ahead": True},
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True,
+                 "issue_ahead": True},
      {"B": 2, "H": 3, "N": 300}, 2**-6),
     # P V of block j - 1 issued right after S of block j, in flight through the softmax
     # (defer-last): several blocks, a single block (the steady-state loop runs zero times),
@@ -367,14 +373,16 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 64, "BN": 64, "defer_last": True}, {"B": 2, "H": 1, "N": 50}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True, "defer_last": True, "stages": 2},
      {"B": 1, "H": 2, "N": 200}, 2**-6),
-    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "defer_last": True}, {"B": 1, "H": 1, "N": 300}, 2**-6),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "pingpong": True, "defer_last": True},
+     {"B": 1, "H": 1, "N": 300}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 128, "BN": 64, "causal": True, "pingpong": True, "defer_last": True},
      {"B": 1, "H": 2, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "defer_last": True},
      {"B": 1, "H": 5, "N": 300}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "persistent": True, "pingpong": True,
                  "defer_last": True}, {"B": 2, "H": 3, "N": 300}, 2**-6),
-    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "defer_last": True}, {"B": 1, "H": 2, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "defer_last": True},
+     {"B": 1, "H": 2, "N": 200}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),
@@ -496,7 +504,8 @@ def _attention_with_turns(edit_text=None) -> tuple[Module, Module]:
 
 
 def test_a_missing_first_turn_deadlocks():
-    _, hopper = _attention_with_turns(lambda t: edit(t, re.search(r' *hopper.turn \{kind = "start"\}[^\n]*\n', t)[0], ""))
+    start = r' *hopper.turn \{kind = "start"\}[^\n]*\n'
+    _, hopper = _attention_with_turns(lambda t: edit(t, re.search(start, t)[0], ""))
     tile, _ = _attention_with_turns()
     with pytest.raises(DeadlockError, match=r"bar.sync 3 \(the turn of warpgroup 0"):
         assert_same_run(tile, hopper, {"B": 1, "H": 1, "N": 200}, 0, 2**-6)

@@ -236,8 +236,9 @@ def test_register_budget_over_the_ctas_pool_though_within_the_file():
 def test_role_without_regs_keeps_the_entry_budget():
     # A producer that never gives its registers back keeps 65536 / 384 -> 168 per thread.
     text = edit(WS, "regs = 40", "regs = 0")
-    with pytest.raises(TkcEmulatorError, match=r"roles need 80896 registers, the CTA holds 64512 \(384 threads x 168 "
-                                               r"at entry; roles 'producer' 1 x 128 threads x 168 .*keeps the entry budget"):
+    want = (r"roles need 80896 registers, the CTA holds 64512 \(384 threads x 168 at entry; roles 'producer' "
+            r"1 x 128 threads x 168 .*keeps the entry budget")
+    with pytest.raises(TkcEmulatorError, match=want):
         run(text)
     run(edit(edit(WS, "regs = 40", "regs = 0"), "regs = 232", "regs = 0"), mnk=(64, 64, 64))  # 3 x 168 fits
 

@@ -247,7 +247,8 @@ def test_issue_ahead_moves_the_turn_around_the_score_product():
     inner = turns[1:-1]
     assert inner == ["wait", "pass"] * (len(inner) // 2) and len(inner) == 2 * consumers.count("hopper.wgmma %")
     for m in re.finditer(r"= hopper.wgmma %", consumers):
-        assert consumers.rfind('hopper.turn {kind = "wait"}', 0, m.start()) > consumers.rfind('hopper.turn {kind = "pass"}', 0, m.start())
+        last_wait = consumers.rfind('hopper.turn {kind = "wait"}', 0, m.start())
+        assert last_wait > consumers.rfind('hopper.turn {kind = "pass"}', 0, m.start())
 
 
 
@@ -349,9 +350,9 @@ def test_persistent_loop_with_varying_inner_bounds_nested_deeper_stays_serial():
     src = (EXAMPLES / "attn.tk").read_text().replace(
         "    for j in range(n_kv):", "    if n_kv > 0:\n      for j in range(n_kv):")
     lines = src.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("      for j in range(n_kv):"))
-    end = next(i for i, l in enumerate(lines) if l.startswith("    o[b, h"))
-    lines[start + 1:end] = ["  " + l for l in lines[start + 1:end]]
+    start = next(i for i, line in enumerate(lines) if line.startswith("      for j in range(n_kv):"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("    o[b, h"))
+    lines[start + 1:end] = ["  " + line for line in lines[start + 1:end]]
     text = lowered("attn.tk", {}, "persistent," + SPLIT, "\n".join(lines).replace(
         "causal: const = False)", "causal: const = True, persistent: const = True)"))
     assert "hopper.role" not in text
