@@ -188,10 +188,12 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
 # w and b, and spills at that width whatever the warps (benchmarks/RESULTS.md).
 # Where a row takes several blocks, each also with the blocks fetched into L2 one and two
 # iterations ahead (the pin prefetch): for LayerNorm only by default, since it made two-sweep
-# softmax slower on an H100 (benchmarks/norm_sweep.py).  Each 4-warp configuration also with
-# three programs an SM (the pin ctas_per_sm: registers capped at 168 a thread where ptxas would
-# take up to 255 and leave room for two): LayerNorm over 16k columns in 8k blocks went from 0.90x
-# to 0.94x of copy that way; other warp counts and 2 or 4 programs gained nothing (RESULTS.md).
+# softmax slower on an H100 (benchmarks/norm_sweep.py).  Each 4-warp configuration also with the
+# pin ctas_per_sm=3: added when ptxas alone fit two 8k-block LayerNorm programs an SM (0.90x ->
+# 0.94x of copy at 16k columns, RESULTS.md).  The compiler now makes that choice itself (one more
+# program than ptxas fits, tkc/codegen/occupancy.py; the same cubin for that configuration), so
+# the pinned variants stay as the alternative: for several configurations they give fewer
+# programs an SM than the compiler's choice, which two-sweep rows sometimes prefer.
 def norm_call(op: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
     """softmax.tk's or layernorm.tk's arguments for rows ``x`` into ``y`` (``w`` and ``b``: the
     LayerNorm's weight and bias), and the fp32 torch reference, computed when called."""

@@ -341,7 +341,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         tune = occupancy.applies(op)  # at the ptx stage, ptxas runs only for this choice
         assembled = assemble(asm["ptx"], tgt) if stop == "cubin" or tune else None  # same ptxas as found
         if assembled is not None and tune:
-            raised = occupancy.one_more_program(asm["ptx"], name, op.attributes.get("threads") or 128,
+            raised = occupancy.one_more_program(asm["ptx"], name, op.attributes["threads"],
                                                 op.attributes.get("smem_bytes") or 0, assembled,
                                                 lookup_target(tgt), lambda ptx: assemble(ptx, tgt))
             if raised is not None:

@@ -5,11 +5,11 @@ A kernel without products (softmax, LayerNorm) keeps its rows in registers, and 
 ``.maxntid T`` and ``.minnctapersm 1``, takes up to 255 registers a thread: a 4-warp LayerNorm
 program over 4096 columns takes 128 and four share an SM, at 8192 columns 255 and two share it.
 Fewer programs an SM means fewer bytes in flight for a kernel that waits on DRAM, and capping the
-registers so that one more program fits (``.minnctapersm k + 1``) moved LayerNorm from 0.91x to
-0.98x of copy bandwidth at 4096 columns and from 0.90x to 0.94x at 16384 on an H100
-(benchmarks/RESULTS.md), as long as ptxas met the cap without spilling.  It is not free
-everywhere: two-sweep rows, which re-read each row through L2, lost 4-6% in two of the eight
-configurations measured (more rows in flight than L2 keeps); the row length is a runtime size,
+registers so that one more program fits (``.minnctapersm k + 1``) moved LayerNorm from 0.92x to
+0.98x of copy bandwidth at 4096 columns and, in 8k-column blocks, from 0.84x to 0.93x at 16384
+on an H100 (benchmarks/RESULTS.md), as long as ptxas met the cap without spilling.  It is not
+free everywhere: two two-sweep configurations, which re-read each row through L2, lost 6.3% and
+3.7% of the eight measured (more rows in flight than L2 keeps); the row length is a runtime size,
 so one compiled kernel serves both kinds of row, and the pin ``ctas_per_sm = 1`` restores
 ptxas's own choice.
 
