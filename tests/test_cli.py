@@ -125,7 +125,7 @@ def test_compile_emits_every_text_stage(output: str, emit: str | None, marker: s
 def test_compile_to_stdout_and_no_cubin_there() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "ptx")
     assert r.exit_code == 0, r.stderr
-    assert ".version 8.0" in r.stdout and ".target sm_90a" in r.stdout
+    assert ".version 8.1" in r.stdout and ".target sm_90a" in r.stdout
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "cubin")
     assert r.exit_code == 1
     assert r.stderr == "error: --emit cubin writes a binary file; name it with -o FILE.cubin\n"

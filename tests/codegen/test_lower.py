@@ -172,9 +172,12 @@ FIXTURES = {
     },
     "cluster_reduce": {  # examples/softmax_split.tk with BN=256 (4 CTAs a cluster), after HOPPER_PIPELINE
         ".reqnctapercluster 4, 1, 1": 1,
-        "st.shared::cluster.f32": 16,  # 4 reductions x 4 ranks, one value a thread
-        "mapa.shared::cluster.u32": 16,
-        "barrier.cluster.wait.aligned": 5,  # the start, and one after each reduction's stores
+        # 4 reductions x 4 ranks, one value a thread, each completing its bytes on the rank's barrier
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32": 16,
+        "mapa.shared::cluster.u32": 32,  # the slot's and the barrier's address in the rank
+        "mbarrier.arrive.expect_tx.shared::cta.b64": 4,  # thread 0 arms each reduction's barrier
+        "mbarrier.try_wait.parity": 4,
+        "barrier.cluster.wait.aligned": 1,  # only at the start, after the barriers' init
     },
     "prefetch": {
         "cp.async.bulk.prefetch.L2.global": 1,  # thread 0, the box's one row

@@ -18,7 +18,7 @@ define ptx_kernel void @k() "nvvm.maxntid"="128" {
 
 def test_known_targets() -> None:
     t = target("sm_90a")
-    assert (t.cpu, t.ptx_feature, t.ptx_version, t.arch) == ("sm_90a", "+ptx80", "8.0", "sm_90a")
+    assert (t.cpu, t.ptx_feature, t.ptx_version, t.arch) == ("sm_90a", "+ptx81", "8.1", "sm_90a")
     assert t.triple == "nvptx64-nvidia-cuda" and t.data_layout == DATA_LAYOUT
     assert target("sm_100a").ptx_feature == "+ptx86"  # PTX-FACTS §0: sm_100a needs 8.6
     assert target(t) is t
@@ -44,7 +44,7 @@ def test_data_layout_matches_llvm(name: str) -> None:
     assert str(target_mod._machine(TARGETS[name], 3).target_data) == DATA_LAYOUT
 
 
-@pytest.mark.parametrize(("name", "version"), [("sm_90a", "8.0"), ("sm_100a", "8.6")])
+@pytest.mark.parametrize(("name", "version"), [("sm_90a", "8.1"), ("sm_100a", "8.6")])
 def test_emit_ptx_header(name: str, version: str) -> None:
     ptx = emit_ptx(EMPTY_KERNEL, name)
     assert f".version {version}" in ptx and f".target {name}" in ptx

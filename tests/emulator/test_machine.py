@@ -396,6 +396,8 @@ DIFFERENTIAL = [
     # peers' shared memory, one block a program and two sweeps.
     ("softmax_split.tk", {"BN": 256, "cluster": 4}, {"M": 3, "N": 900}, 2**-12),
     ("softmax_split.tk", {"BN": 128, "cluster": 2, "warps": 8}, {"M": 2, "N": 700}, 2**-12),
+    ("layernorm_split.tk", {"BN": 256, "cluster": 4}, {"M": 3, "N": 900}, 2**-10),
+    ("layernorm_split.tk", {"BN": 128, "cluster": 2, "warps": 8}, {"M": 2, "N": 700}, 2**-10),
 ]
 
 

@@ -154,9 +154,9 @@ LOOP_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "loopred.tk").read
 
 @pytest.mark.parametrize("seed", range(4))
 def test_cluster_reductions_in_a_loop_match_the_interpreter(seed):
-    """Each iteration's reduction reuses its slots: the cluster meets again after the reads, or
-    a fast CTA's next writes would land on slots a peer has not read yet (one reduction a
-    loop, so no other reduction's barrier stands in for that meeting)."""
+    """Consecutive iterations' reductions alternate between two buffers and barriers: a fast
+    CTA's next values land in the other buffer, never on slots a peer has not read yet (one
+    reduction a loop, so no other reduction's barrier stands in)."""
     from tkc.interpreter import random_args, run_kernel
 
     text = compile_kernel(LOOP_REDUCE, {}, stop="hopper", cache=False, file="loopred.tk").asm["hopper"]
@@ -167,3 +167,19 @@ def test_cluster_reductions_in_a_loop_match_the_interpreter(seed):
     run_kernel(tile_kernel, [x, want])
     emulate(kernel, [x, y], seed=seed)
     np.testing.assert_array_equal(y, want)
+
+
+def test_a_loop_reduction_that_keeps_one_buffer_is_a_phase_error():
+    """With the phase pinned to 0, every iteration's exchange waits for parity 0 of the same
+    barrier: the second wait finds the barrier a phase on (the GPU would pass on the first
+    exchange's completion and read slots the peers are rewriting)."""
+    from tkc.emulator.mbarrier import PhaseError
+    from tkc.interpreter import random_args
+
+    text = compile_kernel(LOOP_REDUCE, {}, stop="hopper", cache=False, file="loopred.tk").asm["hopper"]
+    broken = text.replace("%phase_1 {kind", "%0 {kind")
+    assert broken != text
+    kernel = load(broken, "loopred.hopper.tkir").kernel()
+    x, y = random_args(kernel, {"M": 8}, 0)
+    with pytest.raises(PhaseError, match="wrong phase"):
+        emulate(kernel, [x, y], seed=0)

@@ -111,6 +111,21 @@ def test_softmax_split_over_a_cluster(stage, consts, M, N):
 
 
 @pytest.mark.parametrize("stage", ["frontend", "pipeline"])
+@pytest.mark.parametrize("consts,M,N", [
+    ({"BN": 256, "cluster": 4}, 5, 1000),   # one block a program, the last part partial
+    ({"BN": 256, "cluster": 4}, 3, 500),    # two programs of each cluster have nothing to read
+    ({"BN": 128, "cluster": 2}, 4, 700),    # two sweeps over each program's blocks
+])
+def test_layernorm_split_over_a_cluster(stage, consts, M, N):
+    k = kernels("layernorm_split.tk", consts)[stage]
+    g, seed = generator()
+    x, w, b, y = randn(g, M, N), randn(g, N), randn(g, N), poisoned(M, N)
+    run_kernel(k, [x, w, b, y, 1e-5])
+    ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), 1e-5)
+    check(y, ref, seed, atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("stage", ["frontend", "pipeline"])
 @pytest.mark.parametrize("M,N", [(32, 512), (33, 300)])
 def test_layernorm(stage, M, N):
     k = kernels("layernorm.tk", {"BM": 16, "BN": 256})[stage]

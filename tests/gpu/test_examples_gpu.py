@@ -356,6 +356,22 @@ def test_layernorm(rng, M: int, N: int, consts: dict) -> None:
     check(f"layernorm {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
 
 
+# layernorm_split.tk, as softmax_split.tk: one block a program (4 x 16384 over three programs an
+# SM, as the harness times it), two sweeps, and 70000 columns over 4 x 16384.
+LAYERNORM_SPLITS = [{"BN": 256, "cluster": 4}, {"BN": 4096, "cluster": 2, "warps": 8},
+                    {"BN": 16384, "cluster": 4}, {"BN": 16384, "cluster": 4, "warps": 8, "ctas_per_sm": 2}]
+
+
+@pytest.mark.parametrize("consts", LAYERNORM_SPLITS, ids=str)
+@pytest.mark.parametrize("M,N", [(32, 512), (5, 40), (7, 9000), (3, 65536), (3, 70000)])
+def test_layernorm_split(rng, M: int, N: int, consts: dict) -> None:
+    g, seed = rng
+    x, w, b, y = randn(g, M, N), randn(g, N), randn(g, N), poisoned(M, N)
+    launch(compiled("layernorm_split.tk", consts), [x, w, b, y, 1e-5])
+    ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), 1e-5)
+    check(f"layernorm_split {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("example,consts", [
     ("layernorm.tk", {}), ("layernorm.tk", {"ctas_per_sm": 1}), ("layernorm.tk", {"BN": 8192}),
     ("layernorm.tk", {"BN": 16384, "warps": 16}), ("softmax.tk", {}), ("softmax.tk", {"BN": 65536, "warps": 8}),

@@ -302,10 +302,13 @@ def test_cluster_slots_never_share_bytes():
 ^(%x: tensor<f32[M]>):
   %s0 = hopper.smem_alloc {{offset = -1}} : {slot}
   %s1 = hopper.smem_alloc {{offset = -1}} : {slot}
+  %f0 = hopper.mbarrier_alloc {{offset = -1}} : mbarrier
+  %f1 = hopper.mbarrier_alloc {{offset = -1}} : mbarrier
+  %p = tile.constant {{value = 0}} : i32
   %v = tile.constant {{value = 1.0}} : tile<1xf32, reg, {lay}>
-  %a = hopper.cluster_reduce %v, %s0 {{kind = "sum"}} : tile<1xf32, reg, {lay}>
+  %a = hopper.cluster_reduce %v, %s0, %f0, %p {{kind = "sum"}} : tile<1xf32, reg, {lay}>
   hopper.barrier {{id = 0}}
-  %b = hopper.cluster_reduce %a, %s1 {{kind = "sum"}} : tile<1xf32, reg, {lay}>
+  %b = hopper.cluster_reduce %a, %s1, %f1, %p {{kind = "sum"}} : tile<1xf32, reg, {lay}>
   tile.return
 }}
 """

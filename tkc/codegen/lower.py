@@ -75,8 +75,8 @@ class Barrier:
 @dataclass(frozen=True)
 class Ring:
     """``stages`` shared tiles or mbarriers ``stride`` bytes apart, ``first`` being stage 0
-    (docs/hopper.md "Rings and roles"); only ``hopper.stage`` and ``hopper.mbarrier_init``
-    take one."""
+    (docs/hopper.md "Rings and roles"); only ``hopper.stage``, ``hopper.mbarrier_init`` and
+    ``hopper.cluster_reduce`` (its pair of barriers) take one."""
 
     first: SmemTile | Barrier
     stages: int

@@ -257,9 +257,13 @@ def _expect_tx(lw: Lowerer, op: Operation) -> None:
 
 
 def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
-    # try_wait.parity returns after a bounded time even when the phase is not done: spin.
+    _wait_parity(lw, op, _bar(lw, op), lw.get(op.parity))
+
+
+def _wait_parity(lw: Lowerer, op: Operation, bar: ir.Value, parity: ir.Value) -> None:
+    """Spin until the phase of parity ``parity`` of the mbarrier at ``bar`` has completed
+    (try_wait.parity returns after a bounded time even when the phase is not done)."""
     b = lw.b
-    bar, parity = _bar(lw, op), lw.get(op.parity)
     timeout_ms = (lw.kernel.attributes.get("consts") or {}).get("wait_timeout_ms")
     start = nvvm.call(b, "read.ptx.sreg.globaltimer") if timeout_ms else None
     spin = lw.fn.append_basic_block("mbar.wait")
@@ -536,9 +540,10 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
 
 
 def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
-    """docs/hopper.md: each value into slot rank * values + thread * regs + i of every CTA's scratch
-    (``mapa`` + ``st.shared::cluster``), ``barrier.cluster``, then the rank rows of this CTA's
-    scratch combined in rank order; in a loop the cluster meets again before the next writes."""
+    """docs/hopper.md: thread 0 arms this exchange's barrier for every rank's values; every
+    thread stores each value into slot rank * values + thread * regs + i of this exchange's
+    buffer in every CTA (``mapa`` + ``st.async``, completing 4 bytes on that CTA's barrier),
+    waits for the barrier's parity, then combines the rank rows of its own buffer in rank order."""
     b = lw.b
     vals = lw.tile(op, op.x)
     scratch = lw.shared(op, op.scratch)
@@ -547,19 +552,35 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
     regs = op.x.type.layout.regs
     rank = Sym(b, nvvm.sreg(b, "cluster.ctarank", "cr.rank"))
     tid = Sym(b, lw.tid)
-    rows_per_rank = op.x.type.layout.threads * regs // SLOT_ROW  # values a rank, SLOT_ROW to a row
+    rows_per_rank = op.values() // SLOT_ROW  # a multiple of 128 values: whole rows
+    phase = Sym(b, lw.get(op.phase))
+    bars = lw.env[op.barrier]
+    if op.copies == 1:
+        buffer, bar = 0, lw.ptr(bars)
+    else:  # buffer and barrier phase % 2: a ring of two
+        which = phase % 2
+        buffer = which * op.buffer_rows()
+        bar = lw.ptr(bars.first, as_value(which * bars.stride))
+    parity = as_value(phase // 2)
 
     def slot(r: Sym | int, i: int) -> Sym:
         v = tid * regs + i
-        return smem_offset(lay, r * rows_per_rank + v // SLOT_ROW, v % SLOT_ROW)
+        return smem_offset(lay, buffer + r * rows_per_rank + v // SLOT_ROW, v % SLOT_ROW)
 
-    put = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, F32])
+    bar_addr = b.ptrtoint(bar, nvvm.I32)
+    nbytes = n * op.values() * 4
+    arm = ir.FunctionType(ir.VoidType(), [nvvm.I32])
+    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)),
+               lambda: b.asm(arm, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}",
+                             [bar_addr], side_effect=True), "cluster.arm")
+    put = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, nvvm.I32, F32])
     for i, v in enumerate(vals):
         addr = b.ptrtoint(_smem_element_ptr(lw, scratch, slot(rank, i)), nvvm.I32)
         for r in range(n):
-            b.asm(put, "{\n.reg .b32 a;\nmapa.shared::cluster.u32 a, $0, $1;\nst.shared::cluster.f32 [a], $2;\n}",
-                  "r,r,f,~{memory}", [addr, const_i32(r), v], side_effect=True)
-    _cluster_barrier(lw, op)
+            b.asm(put, "{\n.reg .b32 a, m;\nmapa.shared::cluster.u32 a, $0, $1;\nmapa.shared::cluster.u32 m, $2, $1;\n"
+                       "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [a], $3, [m];\n}",
+                  "r,r,r,f,~{memory}", [addr, const_i32(r), bar_addr, v], side_effect=True)
+    _wait_parity(lw, op, bar, parity)
     comb = _combine(b, op.kind, dtypes.f32)
     out = []
     for i in range(len(vals)):
@@ -569,8 +590,6 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
             x = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
             acc = x if acc is None else comb(acc, x)
         out.append(acc)
-    if op.meets_after_reads:
-        _cluster_barrier(lw, op)
     lw.set(op.result, out)
 
 

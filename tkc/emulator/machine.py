@@ -449,7 +449,8 @@ class _Warpgroup:
             if isinstance(x, _Pending) and not _may_take_pending(op, i):
                 raise _fault(op, f"reads {_describe(x.op)}'s result before hopper.wgmma_wait: the "
                                  f"accumulator registers are still being written")
-            if _is_ring(x) and (op.name, i) not in (("hopper.stage", 0), ("hopper.mbarrier_init", 0)):
+            if _is_ring(x) and (op.name, i) not in (("hopper.stage", 0), ("hopper.mbarrier_init", 0),
+                                                    ("hopper.cluster_reduce", 2)):
                 raise _fault(op, f"takes the ring {x.name} itself; a ring is used through hopper.stage")
         return vals
 
@@ -786,27 +787,37 @@ def _cluster_meet(wg: _Warpgroup, op: Operation, key: Any, what: str) -> Co:
     wg.left_behind(op, lambda w: True)
 
 
-def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemTile) -> Co:
-    """``hopper.cluster_reduce``: this warpgroup's threads store their values into slot row
-    ``rank`` of every CTA's scratch, the cluster meets, and each thread combines the rows of
-    its own scratch in rank order (inside a loop the cluster meets again after the reads)."""
+def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemTile, bars: Any,
+                    phase: Any) -> Co:
+    """``hopper.cluster_reduce``: thread 0 arms this exchange's barrier (buffer and barrier
+    ``phase % copies``) for every rank's values; this warpgroup's threads store their values
+    into slot row ``rank`` of that buffer in every CTA, completing their bytes on that CTA's
+    barrier; then they wait for parity ``phase // 2`` and combine the rows of their own buffer
+    in rank order."""
     cta = wg.cta
     lay = _reg_layout(op, op.x.type)
+    phase = int(phase)
+    if not 0 <= phase < 4:
+        raise _fault(op, f"phase {phase} is outside [0, 4)")
+    which = phase % op.copies
+    bar = bars.stages[which] if isinstance(bars, BarrierRing) else bars
+    first_row = which * op.buffer_rows()
     threads = 128 * wg.local + np.arange(128)
     mine = (threads[:, None] * lay.regs + np.arange(lay.regs)[None, :])
-    values_per_rank = lay.threads * lay.regs
 
     def slots(rank: int) -> np.ndarray:
-        flat = rank * values_per_rank + mine
-        return scratch.offsets([flat // SLOT_ROW, flat % SLOT_ROW])
+        flat = rank * op.values() + mine
+        return scratch.offsets([first_row + flat // SLOT_ROW, flat % SLOT_ROW])
 
-    cta.peers_running("its cluster slots")
-    for peer in cta.peers:
+    if wg.leader:
+        bar.arrive_expect_tx(len(cta.peers) * op.values() * 4)
+    for peer, peer_bar in zip(cta.peers, cta.in_peers(bar)):
         peer.smem.write_elements(slots(cta.rank), np.asarray(x, np.float32), dtypes.f32, writer=_who(op, wg))
-    yield from _cluster_meet(wg, op, (op, "write"), f"of {_describe(op)}")
+        peer_bar.complete_tx(mine.size * 4, by=_who(op, wg))
+    # No lagging-warp record (``passed``): this barrier's next phase needs every thread's
+    # stores of the next exchange, which a warp still spinning here has not made.
+    yield Wait(bar, phase // 2, _describe(op))
     parts = [cta.smem.read_elements(slots(r), dtypes.f32, reader=_who(op, wg)) for r in range(len(cta.peers))]
-    if op.meets_after_reads:
-        yield from _cluster_meet(wg, op, (op, "read"), f"after the reads of {_describe(op)}")
     return combine_ranks(op.kind, parts)
 
 

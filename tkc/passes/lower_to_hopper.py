@@ -88,10 +88,9 @@ class _Lowering:
         self._thread_phases(self.body, {}, in_loop=False)
         self.kernel.attributes["tma_maps"] = self.maps
         if tile.has_cluster_reductions(self.kernel):
-            # Every CTA of the cluster is running before any writes into another's shared memory.
-            first = next(i for i, op in enumerate(self.body.ops)
-                         if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"))
-            Builder(self.body, first, self.kernel.loc).create(hopper.ClusterBarrierOp)
+            # Every CTA of the cluster is running, and its barriers initialized, before any
+            # stores into another's shared memory.
+            self.top.create(hopper.ClusterBarrierOp)
 
     @staticmethod
     def _blocks(op: Operation) -> list[Block]:
@@ -196,6 +195,14 @@ class _Lowering:
                 bar = self.waits[op]
                 if bar not in cur:
                     cur[bar] = self._const(0)
+                if op.name == "hopper.cluster_reduce":
+                    # Its phase counts exchanges mod 4: buffer phase % 2, parity phase // 2.
+                    op.operands[3] = cur[bar]
+                    if in_loop:
+                        b = Builder(block, block.ops.index(op) + 1, op.loc)
+                        step = b.value(tile.AddOp, [cur[bar], self._const(1)], I32)
+                        cur[bar] = b.value(tile.AndOp, [step, self._const(3)], I32)
+                    continue
                 op.operands[1] = cur[bar]
                 if in_loop:
                     b = Builder(block, block.ops.index(op) + 1, op.loc)
@@ -330,16 +337,24 @@ class _Lowering:
         op.erase()
 
     def _cluster_reduce(self, op: Operation) -> None:
-        """A slot per rank and per value of every thread, f32, in each CTA's shared memory:
-        value ``v`` of rank ``r`` at flat index ``r * values + v``, 128 to a row."""
+        """A buffer of slots per exchange in flight (two in a loop, where the next exchange
+        may begin before this one's reads) and an mbarrier for each, armed by this CTA and
+        completed by the bytes every rank stores into it (hopper.ClusterReduceOp)."""
         n = cluster_size(self.kernel.attributes.get("consts"), op.loc)
         self.kernel.attributes["cluster"] = n
         layout = op.x.type.layout
-        rows, cols = _round_up(n * layout.threads * layout.regs // SLOT_ROW, 8), SLOT_ROW
+        copies = 2 if self._in_loop(op) else 1
+        rows, cols = copies * _round_up(n * layout.threads * layout.regs // SLOT_ROW, 8), SLOT_ROW
         scratch = self._alloc(TileType((rows, cols), dtypes.f32, "smem", SharedLayout(rows, cols, dtypes.f32, "k", 0)),
                               op.loc)
         scratch.name_hint = "cluster_slots"
-        new = Builder.before(op).value(hopper.ClusterReduceOp, [op.x, scratch], op.result.type, {"kind": op.kind})
+        attrs = {"offset": -1} if copies == 1 else {"offset": -1, "stages": copies}
+        bar = self.top.value(hopper.MBarrierAllocOp, [], MBARRIER, attrs, loc=op.loc)
+        bar.name_hint = "cluster_slots_full"
+        self.barriers.append(bar)
+        new = Builder.before(op).value(hopper.ClusterReduceOp, [op.x, scratch, bar, bar], op.result.type,
+                                       {"kind": op.kind})  # phase set by _thread_phases
+        self.waits[new.owner] = bar
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 

@@ -339,22 +339,42 @@ SLOT_ROW = 128
 
 @register
 class ClusterReduceOp(Operation):
-    """``tile.cluster_reduce`` on a register tile: every thread stores each of its values
-    into slot ``rank * values + thread * regs + i`` (``SLOT_ROW`` slots a row; ``values`` is
-    threads x regs) of ``scratch`` in every CTA of the cluster
-    (``mapa`` + ``st.shared::cluster``), the cluster meets (``barrier.cluster``), and every
-    thread combines its values' slots of all ranks in rank order from its own CTA's scratch.
-    Inside a loop the cluster meets again after the reads, before the slots are written anew."""
+    """``tile.cluster_reduce`` on a register tile, through shared memory and an mbarrier in
+    every CTA of the cluster, without ``barrier.cluster``.
+
+    ``scratch`` holds ``copies`` buffers one after the other (``copies`` is ``barrier``'s
+    stages: 2 inside a loop, else 1), each a slot per rank and per value of every thread, f32,
+    value ``v`` of rank ``r`` at flat index ``r * values + v`` (``SLOT_ROW`` to a row; ``values``
+    is threads x regs).  ``phase`` (an i32 in [0, 4), threaded through loops by lower-to-hopper)
+    picks buffer and barrier ``phase % copies`` and the parity ``phase // 2`` to wait for.
+    Thread 0 arms its own barrier for every rank's values (``mbarrier.arrive.expect_tx``), every
+    thread stores each of its values into its slot of that buffer in every CTA of the cluster,
+    completing the bytes on that CTA's barrier (``st.async ... mbarrier::complete_tx``), waits
+    for the parity, then combines its values' slots of all ranks in rank order.
+
+    Two buffers keep the exchanges of a loop apart: a peer can be at most one exchange ahead
+    (it needs this CTA's values of each exchange to finish it), so its next values go to the
+    other buffer and barrier, and the one after that only once this CTA has sent its own,
+    after its reads.  Every CTA has received all bytes bound for its shared memory when its
+    last wait passes, so none exits while a peer's stores into it are in flight."""
 
     name = "hopper.cluster_reduce"
-    OPERANDS = ("x", "scratch")
+    OPERANDS = ("x", "scratch", "barrier", "phase")
     RESULTS = ("result",)
     ATTRS = {"kind": str}
 
     @property
-    def meets_after_reads(self) -> bool:
-        """In a loop, the next iteration's writes must wait until every CTA has read."""
-        return any(p.name == "tile.for" for p in self.ancestors())
+    def copies(self) -> int:
+        return stages_of(self.barrier)
+
+    def values(self) -> int:
+        """Slots one rank fills: the values of every thread."""
+        lay = self.x.type.layout
+        return lay.threads * lay.regs
+
+    def buffer_rows(self) -> int:
+        """Rows of ``scratch`` one buffer takes (buffer ``i`` starts at row ``i * buffer_rows``)."""
+        return self.scratch.type.shape[0] // self.copies
 
     def verify(self) -> None:
         _check_reg(self, self.x.type, "the operand")
@@ -364,22 +384,30 @@ class ClusterReduceOp(Operation):
             raise self.error(f"result must be {self.x.type}, got {self.result.type}")
         n = _check_cluster(self, "combines across a cluster")
         if enclosing_role(self) is not None:
-            raise self.error("a cluster reduction meets every thread of the cluster (barrier.cluster), so it "
-                             "cannot run inside a role: pin warp_specialize = false")
+            raise self.error("a cluster reduction waits for every CTA of the cluster, so it cannot run "
+                             "inside a role: pin warp_specialize = false")
+        _check_barrier(self, self.barrier)
+        if self.copies != (2 if any(p.name == "tile.for" for p in self.ancestors()) else 1):
+            raise self.error(f"takes a ring of two barriers inside a loop and one barrier elsewhere, got "
+                             f"{self.copies} stage(s)")
+        if self.phase.type != I32:
+            raise self.error("phase is an i32 in [0, 4)")
         st = self.scratch.type
-        lay = self.x.type.layout
-        need = n * lay.threads * lay.regs
-        if not _smem(st) or st.dtype.name != "f32" or st.shape[1] != SLOT_ROW or st.shape[0] * SLOT_ROW < need:
-            raise self.error(f"scratch must be a shared f32 tile of {SLOT_ROW} columns and at least "
-                             f"{-(-need // SLOT_ROW)} rows, got {st}")
+        need = -(-n * self.values() // SLOT_ROW)
+        if not _smem(st) or st.dtype.name != "f32" or st.shape[1] != SLOT_ROW or st.shape[0] % self.copies \
+                or self.buffer_rows() < need:
+            raise self.error(f"scratch must be a shared f32 tile of {SLOT_ROW} columns holding {self.copies} "
+                             f"buffer(s) of at least {need} rows ({n} ranks' values), got {st}")
 
 
 @register
 class ClusterBarrierOp(Operation):
     """``barrier.cluster.arrive`` + ``wait`` (release, then acquire): every thread of every CTA of the
     kernel's cluster meets here.  Once after the mbarriers are initialized (a peer's copies and
-    arrivals may reach them from then on) and once before the CTAs exit (none may exit while
-    a peer can still write its shared memory or arrive on its barriers)."""
+    arrivals may reach them from then on) and, where peers arrive on each other's barriers
+    (multicast), once before the CTAs exit (none may exit while a peer can still write its
+    shared memory or arrive on its barriers; a cluster reduction needs none, its last wait
+    passing only once every byte bound for the CTA has landed)."""
 
     name = "hopper.cluster_barrier"
 
