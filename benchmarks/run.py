@@ -7,7 +7,8 @@
 Rows (bf16 unless named): GEMM against torch.matmul (cuBLAS) and a Triton GEMM; attention
 forward against every SDPA backend torch has (cuDNN, flash, memory-efficient), with
 FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against torch, Triton
-and the device-to-device copy bandwidth; cold compile time and host time per launch.  Every
+and the device-to-device copy bandwidth (tkc's kernel for a row of 16k columns or more is the
+faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold compile time and host time per launch.  Every
 tkc result is checked against torch before it is timed; a wrong result is reported, not
 timed.  Timing method: benchmarks/harness.py.
 """
@@ -212,6 +213,31 @@ def norm_configs(op: str, N: int, prefetch: tuple[int, ...] | None = None) -> li
     return base + [{**c, "ctas_per_sm": 3} for c in base if c["warps"] == 4]
 
 
+def split_configs(N: int) -> list[dict]:
+    """softmax_split.tk's and layernorm_split.tk's configurations for rows of ``N`` columns:
+    the row over 2 or 4 programs of a cluster, one block each, 4 or 8 warps, alone or three
+    to an SM.  Rows under 16k columns fill the GPU without a cluster (a row a program)."""
+    if N < 16384:
+        return []
+    return [{"BN": N // c, "cluster": c, "warps": w, **ctas} for c in (2, 4) for w in (4, 8)
+            for ctas in ({}, {"ctas_per_sm": 3}) if 8 <= N // c // (32 * w) <= 256]
+
+
+def best_norm_kernel(op: str, N: int, args: list, runs: int, progress: TextIO | None) -> tuple[str, dict]:
+    """The example and constants tkc runs a norm row with: ``op``.tk's best configuration
+    (tkc.autotune), or ``op``_split.tk's where it is faster, the two winners timed in turns."""
+    best = autotune(EXAMPLES / f"{op}.tk", args, norm_configs(op, N), flush_bytes=L2_FLUSH_BYTES,
+                    progress=progress)
+    configs = split_configs(N)
+    if not configs:
+        return f"{op}.tk", best.consts
+    split = autotune(EXAMPLES / f"{op}_split.tk", args, configs, flush_bytes=L2_FLUSH_BYTES, progress=progress)
+    picks = {f"{op}.tk": best.consts, f"{op}_split.tk": split.consts}
+    times = in_turns({ex: tkc_call(ex, consts, args)[1] for ex, consts in picks.items()}, runs)
+    example = min(times, key=times.get)
+    return example, picks[example]
+
+
 def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
     widths = [4096, 65536] if quick else [4096, 16384, 65536]
     total = 1 << 26  # elements per problem: 128 MB of bf16 in, 128 MB out
@@ -232,14 +258,13 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
                 tri_fn = (lambda: tri.layernorm(x, w, b, y, 1e-5)) if tri else None
             # The block width for this row length, as Triton's kernels pick theirs: tkc.autotune
             # times each (cached on disk), the winner is checked and timed like any kernel.
-            best = autotune(EXAMPLES / f"{op}.tk", args, norm_configs(op, N), flush_bytes=L2_FLUSH_BYTES,
-                            progress=progress)
-            _, run = tkc_call(f"{op}.tk", best.consts, args)
+            example, consts = best_norm_kernel(op, N, args, runs, progress)
+            _, run = tkc_call(example, consts, args)
             y.fill_(float("nan"))
             run()
             wrong = close(y, ref(), 3e-2)
-            picked = ", ".join(f"{k}={v}" for k, v in best.consts.items())
-            row.notes = wrong or f"tkc: {picked} (tkc.autotune)"
+            picked = ", ".join(f"{k}={v}" for k, v in consts.items())
+            row.notes = wrong or f"tkc: {'' if example == f'{op}.tk' else example + ' '}{picked} (tkc.autotune)"
             row.values["tkc"] = None
             contenders = {} if wrong else {"tkc": run}
             contenders["torch"] = torch_fn
