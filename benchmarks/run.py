@@ -8,9 +8,9 @@ Rows (bf16 unless named): GEMM against torch.matmul (cuBLAS) and a Triton GEMM; 
 forward against every SDPA backend torch has (cuDNN, flash, memory-efficient), with
 FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against torch, Triton
 and the device-to-device copy bandwidth (tkc's kernel for a row of 16k columns or more is the
-faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold compile time and host time per launch.  Every
-tkc result is checked against torch before it is timed; a wrong result is reported, not
-timed.  Timing method: benchmarks/harness.py.
+faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold
+compile time and host time per launch.  Every tkc result is checked against torch before it
+is timed; a wrong result is reported, not timed.  Timing method: benchmarks/harness.py.
 """
 
 from __future__ import annotations
