@@ -194,7 +194,9 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
 # 0.94x of copy at 16k columns, RESULTS.md).  The compiler now makes that choice itself (one more
 # program than ptxas fits, tkc/codegen/occupancy.py; the same cubin for that configuration), so
 # the pinned variants stay as the alternative: for several configurations they give fewer
-# programs an SM than the compiler's choice, which two-sweep rows sometimes prefer.
+# programs an SM than the compiler's choice, which two-sweep rows sometimes prefer.  Rows of 16k
+# columns or more also try the row split over 2 or 4 programs of a cluster (split_configs):
+# softmax's 64k row runs split at 0.94x copy against 0.83x in one program.
 def norm_call(op: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor):
     """softmax.tk's or layernorm.tk's arguments for rows ``x`` into ``y`` (``w`` and ``b``: the
     LayerNorm's weight and bias), and the fp32 torch reference, computed when called."""
