@@ -2,7 +2,7 @@
 choice (the pin ``ctas_per_sm = 1``), for softmax and LayerNorm configurations side by side with
 the copy bandwidth.
 
-    python benchmarks/occupancy_compare.py            # the eight configurations of RESULTS.md
+    python benchmarks/occupancy_compare.py            # the configurations of RESULTS.md
     python benchmarks/occupancy_compare.py --runs 90
 
 Each configuration is compiled both ways, each output checked against torch with the output
@@ -28,11 +28,14 @@ from run import EXAMPLES, close, norm_call, randn  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
 
-#: (op, row length, configuration): one-block and two-sweep rows at 4k, 16k and 64k columns.
+#: (op, row length, configuration): one-block and two-sweep rows at 4k, 16k and 64k columns,
+#: and rows split over a cluster (the "cluster" constant: softmax_split.tk, layernorm_split.tk).
 CASES = [("softmax", 4096, {"BN": 4096, "warps": 4}), ("layernorm", 4096, {"BN": 4096, "warps": 4}),
          ("softmax", 4096, {"BN": 4096, "warps": 8}), ("layernorm", 4096, {"BN": 4096, "warps": 8}),
          ("layernorm", 16384, {"BN": 8192, "warps": 4}), ("softmax", 16384, {"BN": 16384, "warps": 8}),
-         ("softmax", 16384, {"BN": 8192, "warps": 4}), ("layernorm", 65536, {"BN": 8192, "warps": 4, "prefetch": 1})]
+         ("softmax", 16384, {"BN": 8192, "warps": 4}), ("layernorm", 65536, {"BN": 8192, "warps": 4, "prefetch": 1}),
+         ("softmax", 65536, {"BN": 16384, "cluster": 4}), ("softmax", 65536, {"BN": 16384, "cluster": 4, "warps": 8}),
+         ("softmax", 16384, {"BN": 8192, "cluster": 2}), ("layernorm", 16384, {"BN": 8192, "cluster": 2})]
 
 
 def main() -> None:
@@ -47,7 +50,7 @@ def main() -> None:
         ref = reference()
         contenders = {"copy": lambda: y.copy_(x)}
         for label, consts in (("chosen", cfg), ("ctas_per_sm=1", {**cfg, "ctas_per_sm": 1})):
-            kernel = compile_kernel(EXAMPLES / f"{op}.tk", consts)
+            kernel = compile_kernel(EXAMPLES / (f"{op}_split.tk" if "cluster" in cfg else f"{op}.tk"), consts)
             y.fill_(float("nan"))
             launch(kernel, kargs)
             wrong = close(y, ref, 3e-2)

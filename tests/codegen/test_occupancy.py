@@ -66,7 +66,8 @@ def test_applies_to_kernels_without_products_only():
     assert occupancy.applies(_hopper("softmax.tk", BN=1024))
     assert not occupancy.applies(_hopper("layernorm.tk", ctas_per_sm=1))  # pinned: left alone
     assert not occupancy.applies(_hopper("gemm.tk"))
-    assert not occupancy.applies(_hopper("softmax_split.tk", BN=1024, cluster=2))
+    assert occupancy.applies(_hopper("softmax_split.tk", BN=1024, cluster=2))  # a row over a cluster
+    assert not occupancy.applies(_hopper("softmax_split.tk", BN=1024, cluster=2, ctas_per_sm=3))
 
 
 def _result(registers: int, spills: int = 0) -> Assembled:

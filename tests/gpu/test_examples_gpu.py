@@ -375,7 +375,8 @@ def test_layernorm_split(rng, M: int, N: int, consts: dict) -> None:
 @pytest.mark.parametrize("example,consts", [
     ("layernorm.tk", {}), ("layernorm.tk", {"ctas_per_sm": 1}), ("layernorm.tk", {"BN": 8192}),
     ("layernorm.tk", {"BN": 16384, "warps": 16}), ("softmax.tk", {}), ("softmax.tk", {"BN": 65536, "warps": 8}),
-    ("gemm.tk", {}), ("attn.tk", {"D": 64})], ids=str)
+    ("gemm.tk", {}), ("attn.tk", {"D": 64}), ("softmax_split.tk", {"BN": 16384, "cluster": 4}),
+    ("layernorm_split.tk", {"BN": 8192, "cluster": 2})], ids=str)
 def test_programs_an_sm_agree_with_the_driver(example: str, consts: dict) -> None:
     """The residency the compiler chose programs an SM by (tkc.codegen.occupancy) is what the
     driver's occupancy calculator says for the loaded kernel."""

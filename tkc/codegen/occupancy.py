@@ -15,9 +15,12 @@ ptxas's own choice.
 
 :func:`one_more_program` is that choice, made once ptxas has assembled the kernel as LLVM wrote
 it: it applies to kernels whose ``ctas_per_sm`` is not pinned and that have no products, TMA
-copies, warp roles or cluster exchanges (those budget registers and shared memory for
-``ctas_per_sm`` in the passes themselves); it asks ptxas once more with the directive raised and
-keeps the result only when nothing spills and the SM really holds one more program.
+copies or warp roles (those budget registers and shared memory for ``ctas_per_sm`` in the
+passes themselves); it asks ptxas once more with the directive raised and keeps the result only
+when nothing spills and the SM really holds one more program.  Rows split over a cluster
+(``cluster_sum``, ``cluster_max``) take it too: softmax_split.tk's 16k-column part of a 64k row
+went from two programs an SM to three and from 0.85x to 0.94x of copy bandwidth with the pin
+``ctas_per_sm = 3`` on an H100 (benchmarks/RESULTS.md), the same cap this choice makes.
 
 Must not: choose anything for kernels the passes budgeted, or keep a cubin that spills.
 """
@@ -34,8 +37,7 @@ from tkc.ir.core import Operation
 from tkc.registers import REGISTER_FILE
 
 #: Ops whose kernels budget registers and shared memory per ``ctas_per_sm`` in the passes.
-BUDGETED_OPS = frozenset({"hopper.wgmma", "hopper.tma_load", "hopper.role", "hopper.cluster_reduce",
-                          "hopper.cluster_barrier"})
+BUDGETED_OPS = frozenset({"hopper.wgmma", "hopper.tma_load", "hopper.role"})
 #: What one SM holds (sm_90): warps, CTAs, registers per sub-partition (four of them), and the
 #: unit ptxas's register count is allocated in, per warp.
 MAX_WARPS = 64
