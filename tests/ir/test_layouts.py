@@ -24,6 +24,7 @@ from tkc.ir.layouts import (
     choose_blocked,
     choose_swizzle,
     descriptor_address,
+    first_holders,
     reduce_plan,
 )
 from tkc.ir.parser import parse_module
@@ -690,3 +691,35 @@ def test_register_map() -> None:
     # A blocked tile of the same shape puts elements on other threads.
     assert register_map(acc, choose_blocked((128, 128), 4, 256)) is None
     assert register_map(acc, WgmmaAccumulator(64, 2)) is None  # another shape
+
+
+# ------------------------------------------------------------------ first holders
+@pytest.mark.parametrize("layout", [
+    Blocked((1, 16384), 8, (1, 32), (1, 4)), Blocked((16, 256), 4, (1, 32), (4, 1)),
+    Blocked((1, 64), 1, (1, 32), (1, 4)), WgmmaAccumulator(64, 1),
+    Slice(Blocked((1, 16384), 8, (1, 32), (1, 8)), 1), Slice(Blocked((16, 256), 4, (1, 32), (4, 1)), 1),
+    Slice(Blocked((16, 256), 4, (1, 32), (4, 1)), 0), Slice(Blocked((64, 64), 2, (4, 8), (2, 2)), 1),
+], ids=str)
+def test_first_holders_pick_each_element_exactly_once(layout):
+    """Every element has exactly one first holder, and it is the lowest (thread, value) that
+    holds it: what lets an exchange send each element once and count its bytes."""
+    holders = first_holders(layout)
+    assert holders is not None and len(holders) == layout.regs
+    t = np.arange(layout.threads)[:, None]
+    coords = np.stack([np.broadcast_to(c, (layout.threads, layout.regs))
+                       for c in layout.coords(t, np.arange(layout.regs)[None, :])])
+    sends = np.array([[(thread & m) == bits for m, bits in holders] for thread in range(layout.threads)])
+    sent = [tuple(coords[:, thread, i]) for thread, i in zip(*np.nonzero(sends))]
+    assert sorted(sent) == sorted(set(map(tuple, coords.reshape(len(layout.shape), -1).T)))
+    first = {}
+    for thread in range(layout.threads):
+        for i in range(layout.regs):
+            first.setdefault(tuple(coords[:, thread, i]), (thread, i))
+    assert sorted(first.values()) == sorted(zip(*map(list, np.nonzero(sends))))
+
+
+def test_first_holders_of_a_row_statistic_are_thread_zero():
+    stat = Slice(Blocked((1, 16384), 8, (1, 32), (1, 4)), 1)
+    assert first_holders(stat) == ((127, 0),)
+    assert first_holders(Blocked((1, 64), 1, (1, 32), (1, 4))) == ((64, 0),)  # threads 64-127 repeat
+    assert set(first_holders(WgmmaAccumulator(64, 1))) == {(0, 0)}  # no replicas: every thread

@@ -43,7 +43,7 @@ from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, register_map, swizzle
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 from tkc.pins import ctas_per_sm
 from tkc.registers import entry_registers
@@ -540,54 +540,70 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
 
 
 def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
-    """docs/hopper.md: thread 0 arms this exchange's barrier for every rank's values; every
-    thread stores each value into slot rank * values + thread * regs + i of this exchange's
-    buffer in every CTA (``mapa`` + ``st.async``, completing 4 bytes on that CTA's barrier),
-    waits for the barrier's parity, then combines the rank rows of its own buffer in rank order."""
+    """docs/hopper.md: thread 0 arms this exchange's barrier for every rank's elements; the
+    first holder of each element stores it into slot rank * elements + e of this exchange's
+    buffer in every CTA (``mapa`` + ``st.async``, completing 4 bytes on that CTA's barrier);
+    every thread waits for the barrier's parity, then combines its elements' slots over the
+    ranks in rank order."""
     b = lw.b
     vals = lw.tile(op, op.x)
     scratch = lw.shared(op, op.scratch)
     lay = scratch.layout
     n = lw.kernel.attributes["cluster"]
-    regs = op.x.type.layout.regs
+    layout = op.x.type.layout
+    elements = op.elements()
     rank = Sym(b, nvvm.sreg(b, "cluster.ctarank", "cr.rank"))
-    tid = Sym(b, lw.tid)
-    rows_per_rank = op.values() // SLOT_ROW  # a multiple of 128 values: whole rows
     phase = Sym(b, lw.get(op.phase))
     bars = lw.env[op.barrier]
     if op.copies == 1:
-        buffer, bar = 0, lw.ptr(bars)
+        first_row, bar = 0, lw.ptr(bars)
     else:  # buffer and barrier phase % 2: a ring of two
         which = phase % 2
-        buffer = which * op.buffer_rows()
+        first_row = which * op.buffer_rows()
         bar = lw.ptr(bars.first, as_value(which * bars.stride))
     parity = as_value(phase // 2)
+    flat = []  # each value's element, row-major
+    for coords in lw.coords(op, layout):
+        e: Sym | int = 0
+        for c, extent in zip(coords, op.x.type.shape):
+            e = e * extent + c
+        flat.append(e)
 
-    def slot(r: Sym | int, i: int) -> Sym:
-        v = tid * regs + i
-        return smem_offset(lay, buffer + r * rows_per_rank + v // SLOT_ROW, v % SLOT_ROW)
+    def slot(r: Sym | int, e: Sym | int) -> Sym | int:
+        f = r * elements + e
+        return smem_offset(lay, first_row + f // SLOT_ROW, f % SLOT_ROW)
 
     bar_addr = b.ptrtoint(bar, nvvm.I32)
-    nbytes = n * op.values() * 4
     arm = ir.FunctionType(ir.VoidType(), [nvvm.I32])
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)),
-               lambda: b.asm(arm, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {nbytes};", "r,~{memory}",
-                             [bar_addr], side_effect=True), "cluster.arm")
+               lambda: b.asm(arm, f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], {n * elements * 4};",
+                             "r,~{memory}", [bar_addr], side_effect=True), "cluster.arm")
     put = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, nvvm.I32, F32])
-    for i, v in enumerate(vals):
-        addr = b.ptrtoint(_smem_element_ptr(lw, scratch, slot(rank, i)), nvvm.I32)
+
+    def send(i: int) -> None:
+        addr = b.ptrtoint(_smem_element_ptr(lw, scratch, slot(rank, flat[i])), nvvm.I32)
         for r in range(n):
             b.asm(put, "{\n.reg .b32 a, m;\nmapa.shared::cluster.u32 a, $0, $1;\nmapa.shared::cluster.u32 m, $2, $1;\n"
                        "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [a], $3, [m];\n}",
-                  "r,r,r,f,~{memory}", [addr, const_i32(r), bar_addr, v], side_effect=True)
+                  "r,r,r,f,~{memory}", [addr, const_i32(r), bar_addr, vals[i]], side_effect=True)
+
+    holders: dict[tuple[int, int], list[int]] = {}
+    for i, (mask, bits) in enumerate(first_holders(layout)):
+        holders.setdefault((mask, bits), []).append(i)
+    for (mask, bits), regs in holders.items():
+        if mask == 0:
+            for i in regs:
+                send(i)
+            continue
+        mine = b.icmp_unsigned("==", b.and_(lw.tid, const_i32(mask)), const_i32(bits))
+        lw.if_then(mine, lambda regs=regs: [send(i) for i in regs], "cluster.send")
     _wait_parity(lw, op, bar, parity)
     comb = _combine(b, op.kind, dtypes.f32)
     out = []
-    for i in range(len(vals)):
+    for e in flat:
         acc = None
         for r in range(n):
-            p = _smem_element_ptr(lw, scratch, slot(r, i))
-            x = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
+            x = from_mem(b, b.load(_smem_element_ptr(lw, scratch, slot(r, e)), typ=mem_type(lay.dtype)), lay.dtype)
             acc = x if acc is None else comb(acc, x)
         out.append(acc)
     lw.set(op.result, out)

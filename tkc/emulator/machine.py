@@ -54,7 +54,7 @@ from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eva
                              _write_back, combine_ranks, evaluate, random_args)
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, reduce_plan, register_map
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TensorType, TileType
 from tkc.pins import ctas_per_sm
 from tkc.registers import entry_registers, register_pool
@@ -790,10 +790,10 @@ def _cluster_meet(wg: _Warpgroup, op: Operation, key: Any, what: str) -> Co:
 def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemTile, bars: Any,
                     phase: Any) -> Co:
     """``hopper.cluster_reduce``: thread 0 arms this exchange's barrier (buffer and barrier
-    ``phase % copies``) for every rank's values; this warpgroup's threads store their values
-    into slot row ``rank`` of that buffer in every CTA, completing their bytes on that CTA's
-    barrier; then they wait for parity ``phase // 2`` and combine the rows of their own buffer
-    in rank order."""
+    ``phase % copies``) for every rank's elements; this warpgroup's first holders of elements
+    (``layouts.first_holders``) store them into slot ``rank * elements + e`` of that buffer in
+    every CTA, completing their bytes on that CTA's barrier; then every thread waits for parity
+    ``phase // 2`` and combines its elements' slots of its own buffer in rank order."""
     cta = wg.cta
     lay = _reg_layout(op, op.x.type)
     phase = int(phase)
@@ -803,21 +803,29 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
     bar = bars.stages[which] if isinstance(bars, BarrierRing) else bars
     first_row = which * op.buffer_rows()
     threads = 128 * wg.local + np.arange(128)
-    mine = (threads[:, None] * lay.regs + np.arange(lay.regs)[None, :])
+    flat = np.zeros((128, lay.regs), dtype=np.int64)
+    for c, extent in zip(wg.coords(op, lay), op.x.type.shape):
+        flat = flat * extent + np.broadcast_to(c, flat.shape)
+    masks = np.array(first_holders(lay), dtype=np.int64).reshape(-1, 2)
+    sends = (threads[:, None] & masks[None, :, 0]) == masks[None, :, 1]
 
-    def slots(rank: int) -> np.ndarray:
-        flat = rank * op.values() + mine
-        return scratch.offsets([first_row + flat // SLOT_ROW, flat % SLOT_ROW])
+    def slots(rank: int, which: np.ndarray) -> np.ndarray:
+        f = rank * op.elements() + flat[which]
+        return scratch.offsets([first_row + f // SLOT_ROW, f % SLOT_ROW])
 
     if wg.leader:
-        bar.arrive_expect_tx(len(cta.peers) * op.values() * 4)
-    for peer, peer_bar in zip(cta.peers, cta.in_peers(bar)):
-        peer.smem.write_elements(slots(cta.rank), np.asarray(x, np.float32), dtypes.f32, writer=_who(op, wg))
-        peer_bar.complete_tx(mine.size * 4, by=_who(op, wg))
-    # No lagging-warp record (``passed``): this barrier's next phase needs every thread's
-    # stores of the next exchange, which a warp still spinning here has not made.
+        bar.arrive_expect_tx(len(cta.peers) * op.elements() * 4)
+    values = np.asarray(x, np.float32)
+    if sends.any():  # a warpgroup that sends nothing reaches no peer (which may have exited)
+        for peer, peer_bar in zip(cta.peers, cta.in_peers(bar)):
+            peer.smem.write_elements(slots(cta.rank, sends), values[sends], dtypes.f32, writer=_who(op, wg))
+            peer_bar.complete_tx(int(sends.sum()) * 4, by=_who(op, wg))
+    # No lagging-warp record (``passed``): this barrier's next phase needs the next exchange's
+    # stores of every CTA, which needs this CTA's, made only after its threads read this one.
     yield Wait(bar, phase // 2, _describe(op))
-    parts = [cta.smem.read_elements(slots(r), dtypes.f32, reader=_who(op, wg)) for r in range(len(cta.peers))]
+    every = np.ones_like(sends)
+    parts = [cta.smem.read_elements(slots(r, every), dtypes.f32, reader=_who(op, wg)).reshape(sends.shape)
+             for r in range(len(cta.peers))]
     return combine_ranks(op.kind, parts)
 
 

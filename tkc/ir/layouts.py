@@ -706,6 +706,38 @@ def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, .
 
 
 # --------------------------------------------------------------------------- reductions
+def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:
+    """For each value index ``i`` of ``layout``, ``(mask, bits)``: thread ``t`` holds the first
+    copy of its value ``i``'s element (no lower thread, and no lower value of ``t``, holds that
+    element) exactly when ``t & mask == bits``.  A layout without replicas gives ``(0, 0)``
+    everywhere; a row statistic replicated over the 128 threads that reduced it gives
+    ``(127, 0)``: thread 0 alone.  None when some value's first holders are not such a set.
+    What an exchange that sends each element once (``hopper.cluster_reduce``) is built on."""
+    threads, regs = layout.threads, layout.regs
+    t = np.arange(threads)[:, None]
+    coords = layout.coords(t, np.arange(regs)[None, :])
+    flat = np.zeros((threads, regs), dtype=np.int64)
+    for c, n in zip(coords, layout.shape):
+        flat = flat * n + np.broadcast_to(c, (threads, regs))
+    order = flat.reshape(-1)  # (thread, value) pairs in thread-major order
+    _, first = np.unique(order, return_index=True)
+    is_first = np.zeros(threads * regs, dtype=bool)
+    is_first[first] = True
+    is_first = is_first.reshape(threads, regs)
+    out = []
+    for i in range(regs):
+        holders = np.flatnonzero(is_first[:, i])
+        if holders.size == 0:
+            out.append((threads - 1, threads))  # never: every element comes first elsewhere
+            continue
+        mask = (threads - 1) & ~(np.bitwise_or.reduce(holders ^ holders[0]))
+        bits = int(holders[0]) & mask
+        if holders.size != np.count_nonzero((np.arange(threads) & mask) == bits):
+            return None
+        out.append((int(mask), bits))
+    return tuple(out)
+
+
 class ReducePlan(NamedTuple):
     """How to reduce a register tile along one axis (docs/hopper.md §2): combine each of
     ``groups`` in thread, in order, into result slot g; then for each lane mask m,

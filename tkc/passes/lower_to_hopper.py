@@ -32,6 +32,8 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 
 from __future__ import annotations
 
+import math
+
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
@@ -337,14 +339,15 @@ class _Lowering:
         op.erase()
 
     def _cluster_reduce(self, op: Operation) -> None:
-        """A buffer of slots per exchange in flight (two in a loop, where the next exchange
-        may begin before this one's reads) and an mbarrier for each, armed by this CTA and
-        completed by the bytes every rank stores into it (hopper.ClusterReduceOp)."""
+        """A buffer of slots (an f32 per rank and element) per exchange in flight (two in a
+        loop, where the next exchange may begin before this one's reads) and an mbarrier for
+        each, armed by this CTA and completed by the bytes every rank stores into it
+        (hopper.ClusterReduceOp)."""
         n = cluster_size(self.kernel.attributes.get("consts"), op.loc)
         self.kernel.attributes["cluster"] = n
-        layout = op.x.type.layout
         copies = 2 if self._in_loop(op) else 1
-        rows, cols = copies * _round_up(n * layout.threads * layout.regs // SLOT_ROW, 8), SLOT_ROW
+        elements = math.prod(op.x.type.shape)
+        rows, cols = copies * _round_up(-(-n * elements // SLOT_ROW), 8), SLOT_ROW
         scratch = self._alloc(TileType((rows, cols), dtypes.f32, "smem", SharedLayout(rows, cols, dtypes.f32, "k", 0)),
                               op.loc)
         scratch.name_hint = "cluster_slots"

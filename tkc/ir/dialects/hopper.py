@@ -9,9 +9,12 @@ a layout (select-layouts does) or an offset (allocate-smem does).
 
 from __future__ import annotations
 
+import math
+
 from tkc import dtypes
 from tkc.ir.core import Operation, register
 from tkc.ir.dialects.tile import REDUCE_KINDS
+from tkc.ir.layouts import first_holders
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
 I32 = ScalarType(dtypes.i32)
@@ -343,14 +346,16 @@ class ClusterReduceOp(Operation):
     every CTA of the cluster, without ``barrier.cluster``.
 
     ``scratch`` holds ``copies`` buffers one after the other (``copies`` is ``barrier``'s
-    stages: 2 inside a loop, else 1), each a slot per rank and per value of every thread, f32,
-    value ``v`` of rank ``r`` at flat index ``r * values + v`` (``SLOT_ROW`` to a row; ``values``
-    is threads x regs).  ``phase`` (an i32 in [0, 4), threaded through loops by lower-to-hopper)
-    picks buffer and barrier ``phase % copies`` and the parity ``phase // 2`` to wait for.
-    Thread 0 arms its own barrier for every rank's values (``mbarrier.arrive.expect_tx``), every
-    thread stores each of its values into its slot of that buffer in every CTA of the cluster,
-    completing the bytes on that CTA's barrier (``st.async ... mbarrier::complete_tx``), waits
-    for the parity, then combines its values' slots of all ranks in rank order.
+    stages: 2 inside a loop, else 1), each an f32 slot per rank and per element of the tile,
+    element ``e`` (row-major) of rank ``r`` at flat index ``r * elements + e``, ``SLOT_ROW`` to
+    a row.  ``phase`` (an i32 in [0, 4), threaded through loops by lower-to-hopper) picks
+    buffer and barrier ``phase % copies`` and the parity ``phase // 2`` to wait for.  Thread 0
+    arms its own barrier for every rank's elements (``mbarrier.arrive.expect_tx``); the thread
+    holding the first copy of an element (``layouts.first_holders``: a row statistic every
+    thread of the CTA holds is sent by thread 0 alone) stores it into its slot of that buffer in
+    every CTA of the cluster, completing the bytes on that CTA's barrier (``st.async ...
+    mbarrier::complete_tx``); every thread waits for the parity, then combines the slots of its
+    values' elements over all ranks in rank order.
 
     Two buffers keep the exchanges of a loop apart: a peer can be at most one exchange ahead
     (it needs this CTA's values of each exchange to finish it), so its next values go to the
@@ -367,10 +372,9 @@ class ClusterReduceOp(Operation):
     def copies(self) -> int:
         return stages_of(self.barrier)
 
-    def values(self) -> int:
-        """Slots one rank fills: the values of every thread."""
-        lay = self.x.type.layout
-        return lay.threads * lay.regs
+    def elements(self) -> int:
+        """Slots one rank fills: an element of the tile each."""
+        return math.prod(self.x.type.shape)
 
     def buffer_rows(self) -> int:
         """Rows of ``scratch`` one buffer takes (buffer ``i`` starts at row ``i * buffer_rows``)."""
@@ -393,7 +397,10 @@ class ClusterReduceOp(Operation):
         if self.phase.type != I32:
             raise self.error("phase is an i32 in [0, 4)")
         st = self.scratch.type
-        need = -(-n * self.values() // SLOT_ROW)
+        if first_holders(self.x.type.layout) is None:
+            raise self.error(f"the first holders of {self.x.type.layout}'s elements are not a set of "
+                             f"thread-index bits: no thread can tell it sends an element")
+        need = -(-n * self.elements() // SLOT_ROW)
         if not _smem(st) or st.dtype.name != "f32" or st.shape[1] != SLOT_ROW or st.shape[0] % self.copies \
                 or self.buffer_rows() < need:
             raise self.error(f"scratch must be a shared f32 tile of {SLOT_ROW} columns holding {self.copies} "
