@@ -96,12 +96,16 @@ def test_softmax(stage, M, N):
     check(y, torch.softmax(x.float(), -1), seed, atol=4e-3, rtol=1e-2)
 
 
-@pytest.mark.parametrize("stage", ["frontend", "pipeline"])
-@pytest.mark.parametrize("consts,M,N", [
+# Rows split over a cluster (softmax_split.tk, layernorm_split.tk).
+SPLITS = [
     ({"BN": 256, "cluster": 4}, 5, 1000),   # one block a program, the last part partial
     ({"BN": 256, "cluster": 4}, 3, 500),    # two programs of each cluster have nothing to read
     ({"BN": 128, "cluster": 2}, 4, 700),    # two sweeps over each program's blocks
-])
+]
+
+
+@pytest.mark.parametrize("stage", ["frontend", "pipeline"])
+@pytest.mark.parametrize("consts,M,N", SPLITS)
 def test_softmax_split_over_a_cluster(stage, consts, M, N):
     k = kernels("softmax_split.tk", consts)[stage]
     g, seed = generator()
@@ -111,11 +115,7 @@ def test_softmax_split_over_a_cluster(stage, consts, M, N):
 
 
 @pytest.mark.parametrize("stage", ["frontend", "pipeline"])
-@pytest.mark.parametrize("consts,M,N", [
-    ({"BN": 256, "cluster": 4}, 5, 1000),   # one block a program, the last part partial
-    ({"BN": 256, "cluster": 4}, 3, 500),    # two programs of each cluster have nothing to read
-    ({"BN": 128, "cluster": 2}, 4, 700),    # two sweeps over each program's blocks
-])
+@pytest.mark.parametrize("consts,M,N", SPLITS)
 def test_layernorm_split_over_a_cluster(stage, consts, M, N):
     k = kernels("layernorm_split.tk", consts)[stage]
     g, seed = generator()
