@@ -699,6 +699,7 @@ def test_register_map() -> None:
     Blocked((1, 64), 1, (1, 32), (1, 4)), WgmmaAccumulator(64, 1),
     Slice(Blocked((1, 16384), 8, (1, 32), (1, 8)), 1), Slice(Blocked((16, 256), 4, (1, 32), (4, 1)), 1),
     Slice(Blocked((16, 256), 4, (1, 32), (4, 1)), 0), Slice(Blocked((64, 64), 2, (4, 8), (2, 2)), 1),
+    Slice(Blocked((1, 3072), 8, (1, 32), (1, 12)), 1),  # 384 threads: not a power of two
 ], ids=str)
 def test_first_holders_pick_each_element_exactly_once(layout):
     """Every element has exactly one first holder, and it is the lowest (thread, value) that
@@ -723,3 +724,4 @@ def test_first_holders_of_a_row_statistic_are_thread_zero():
     assert first_holders(stat) == ((127, 0),)
     assert first_holders(Blocked((1, 64), 1, (1, 32), (1, 4))) == ((64, 0),)  # threads 64-127 repeat
     assert set(first_holders(WgmmaAccumulator(64, 1))) == {(0, 0)}  # no replicas: every thread
+    assert first_holders(Slice(Blocked((1, 3072), 8, (1, 32), (1, 12)), 1)) == ((511, 0),)

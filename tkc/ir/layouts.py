@@ -724,13 +724,14 @@ def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | No
     is_first = np.zeros(threads * regs, dtype=bool)
     is_first[first] = True
     is_first = is_first.reshape(threads, regs)
+    every_bit = (1 << (threads - 1).bit_length()) - 1  # 384 threads: bits 0-8
     out = []
     for i in range(regs):
         holders = np.flatnonzero(is_first[:, i])
         if holders.size == 0:
-            out.append((threads - 1, threads))  # never: every element comes first elsewhere
+            out.append((every_bit, every_bit + 1))  # never: every element comes first elsewhere
             continue
-        mask = (threads - 1) & ~(np.bitwise_or.reduce(holders ^ holders[0]))
+        mask = every_bit & ~int(np.bitwise_or.reduce(holders ^ holders[0]))
         bits = int(holders[0]) & mask
         if holders.size != np.count_nonzero((np.arange(threads) & mask) == bits):
             return None
