@@ -316,3 +316,18 @@ def test_cluster_slots_never_share_bytes():
     allocate_smem(m)
     offsets = sorted(op.attributes["offset"] for op in m.kernel().walk() if op.name == "hopper.smem_alloc")
     assert offsets == [0, 4096]
+
+
+@pytest.mark.parametrize("cols, meets", [(64, True), (128, False)])
+def test_a_loop_reduction_meets_after_its_reads_when_some_threads_send_nothing(cols, meets):
+    """Inside a loop, an exchange whose elements go out from a few threads (64 columns over 128
+    threads: threads 64-127 hold copies) is followed by a bar.sync, so that those threads' next
+    stores come after every thread's reads; one where every thread sends its own needs none."""
+    from tkc.compiler import compile_kernel
+
+    src = (pathlib.Path(__file__).resolve().parents[1] / "data" / "loopred.tk").read_text().replace("64", str(cols))
+    kernel = compile_kernel(src, {}, stop="hopper", cache=False, file="loopred.tk").kernel_op
+    loop = next(op for op in kernel.walk() if op.name == "tile.for")
+    names = [op.name for op in loop.regions[0].block.ops]
+    after = names[names.index("hopper.cluster_reduce") + 1:]
+    assert ("hopper.barrier" in after) == meets

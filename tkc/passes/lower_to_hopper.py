@@ -45,6 +45,7 @@ from tkc.ir.layouts import (
     WgmmaAccumulator,
     choose_swizzle,
     core_matrix_misfit,
+    first_holders,
     reduce_plan,
     register_map,
 )
@@ -355,8 +356,14 @@ class _Lowering:
         bar = self.top.value(hopper.MBarrierAllocOp, [], MBARRIER, attrs, loc=op.loc)
         bar.name_hint = "cluster_slots_full"
         self.barriers.append(bar)
-        new = Builder.before(op).value(hopper.ClusterReduceOp, [op.x, scratch, bar, bar], op.result.type,
-                                       {"kind": op.kind})  # phase set by _thread_phases
+        b = Builder.before(op)
+        new = b.value(hopper.ClusterReduceOp, [op.x, scratch, bar, bar], op.result.type,
+                      {"kind": op.kind})  # phase set by _thread_phases
+        if copies == 2 and any(mask for mask, _ in first_holders(op.x.type.layout) or ()):
+            # Some threads send nothing (a replicated element goes out from one): the CTA meets
+            # after its reads, so that its next exchange's stores, which let a peer start the
+            # one after into this buffer, follow every thread's reads.
+            b.create(hopper.BarrierOp, attrs={"id": 0})
         self.waits[new.owner] = bar
         replace_all_uses(self.kernel, op.result, new)
         op.erase()

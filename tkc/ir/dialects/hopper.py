@@ -359,9 +359,11 @@ class ClusterReduceOp(Operation):
 
     Two buffers keep the exchanges of a loop apart: a peer can be at most one exchange ahead
     (it needs this CTA's values of each exchange to finish it), so its next values go to the
-    other buffer and barrier, and the one after that only once this CTA has sent its own,
-    after its reads.  Every CTA has received all bytes bound for its shared memory when its
-    last wait passes, so none exits while a peer's stores into it are in flight."""
+    other buffer and barrier, and the one after that only once this CTA has sent its own; in a
+    loop lower-to-hopper follows the op with a ``hopper.barrier``, so that those sends (from a
+    few threads) come after every thread's reads.  Every CTA has received all bytes bound for
+    its shared memory when its last wait passes, so none exits while a peer's stores into it
+    are in flight."""
 
     name = "hopper.cluster_reduce"
     OPERANDS = ("x", "scratch", "barrier", "phase")
