@@ -706,6 +706,7 @@ def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, .
 
 
 # --------------------------------------------------------------------------- reductions
+@lru_cache(maxsize=256)
 def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:
     """For each value index ``i`` of ``layout``, ``(mask, bits)``: thread ``t`` holds the first
     copy of its value ``i``'s element (no lower thread, and no lower value of ``t``, holds that
