@@ -183,3 +183,23 @@ def test_a_loop_reduction_that_keeps_one_buffer_is_a_phase_error():
     x, y = random_args(kernel, {"M": 8}, 0)
     with pytest.raises(PhaseError, match="wrong phase"):
         emulate(kernel, [x, y], seed=0)
+
+
+NESTED_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "nestedred.tk").read_text()
+
+
+@pytest.mark.parametrize("consts", [{}, {"cluster": 4, "outer": 2, "inner": 5}, {"warps": 8}], ids=str)
+@pytest.mark.parametrize("seed", range(3))
+def test_cluster_reductions_in_nested_loops_and_branches_match_the_interpreter(consts, seed):
+    """Three reductions, two under the arms of a branch in an inner loop and one in the outer
+    loop: each one's exchange count is threaded through both loops and both arms."""
+    from tkc.interpreter import random_args, run_kernel
+
+    text = compile_kernel(NESTED_REDUCE, consts, stop="hopper", cache=False, file="nestedred.tk").asm["hopper"]
+    tile_kernel = compile_kernel(NESTED_REDUCE, consts, stop="tkir", cache=False, file="nestedred.tk").kernel_op
+    kernel = load(text, "nestedred.hopper.tkir").kernel()
+    x, y = random_args(kernel, {"M": 8}, seed)
+    want = np.full_like(y, np.nan)
+    run_kernel(tile_kernel, [x, want])
+    emulate(kernel, [x, y], seed=seed)
+    np.testing.assert_array_equal(y, want)

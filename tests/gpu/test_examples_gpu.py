@@ -134,6 +134,24 @@ def test_a_cluster_reduction_in_a_loop(rng, cols: int, steps: int) -> None:
     check(f"loop of cluster reductions, {cols} columns, {steps} steps", y, want.cuda(), seed, atol=1e-5, rtol=1e-4)
 
 
+NESTED_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "nestedred.tk").read_text()
+
+
+@pytest.mark.parametrize("consts", [{}, {"cluster": 4, "outer": 2, "inner": 5}], ids=str)
+def test_cluster_reductions_in_nested_loops_and_branches(rng, consts: dict) -> None:
+    """tests/data/nestedred.tk against the interpreter: the exchange counts of three reductions
+    threaded through two loops and a branch."""
+    from tkc.interpreter import run_kernel
+
+    g, seed = rng
+    x = torch.randn(16, 64, generator=g, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    launch(compile_kernel(NESTED_REDUCE, consts, file="nestedred.tk"), [x, y])
+    want = torch.full((16, 64), float("nan"))
+    run_kernel(compile_kernel(NESTED_REDUCE, consts, file="nestedred.tk", stop="tkir").kernel_op, [x.cpu(), want])
+    check(f"nested cluster reductions {consts}", y, want.cuda(), seed, atol=1e-5, rtol=1e-4)
+
+
 def test_a_cluster_kernel_refuses_a_grid_of_part_clusters(rng) -> None:
     g, _ = rng
     a, b, c = randn(g, 256, 64), randn(g, 64, 256), poisoned(256, 256)
