@@ -397,3 +397,15 @@ def test_wait_timeout_pin_makes_every_wait_name_itself_and_trap() -> None:
                     text), text
     plain = kernel_to_ptx(_example("attn.tk", {"D": 64}).kernel())
     assert "vprintf" not in plain and "trap;" not in plain and "%globaltimer" not in plain
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.tk")))
+def test_every_example_assembles_without_spills(example: str, ptxas: Path) -> None:
+    """What the README promises of the examples as written (their default constants)."""
+    from tkc.compiler import compile_kernel
+
+    usage = compile_kernel(EXAMPLES / example, {}, cache=False).resources
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
