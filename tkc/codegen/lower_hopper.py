@@ -591,12 +591,15 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
     for i, (mask, bits) in enumerate(first_holders(layout)):
         holders.setdefault((mask, bits), []).append(i)
     for (mask, bits), regs in holders.items():
-        if mask == 0:
+        def send_all(regs: list[int] = regs) -> None:
             for i in regs:
                 send(i)
-            continue
-        mine = b.icmp_unsigned("==", b.and_(lw.tid, const_i32(mask)), const_i32(bits))
-        lw.if_then(mine, lambda regs=regs: [send(i) for i in regs], "cluster.send")
+
+        if mask == 0:  # every thread holds the first copy of these values
+            send_all()
+        else:
+            mine = b.icmp_unsigned("==", b.and_(lw.tid, const_i32(mask)), const_i32(bits))
+            lw.if_then(mine, send_all, "cluster.send")
     _wait_parity(lw, op, bar, parity)
     comb = _combine(b, op.kind, dtypes.f32)
     out = []
