@@ -809,8 +809,8 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
     masks = np.array(first_holders(lay), dtype=np.int64).reshape(-1, 2)
     sends = (threads[:, None] & masks[None, :, 0]) == masks[None, :, 1]
 
-    def slots(rank: int, which: np.ndarray) -> np.ndarray:
-        f = rank * op.elements() + flat[which]
+    def slots(rank: int, picked: np.ndarray) -> np.ndarray:
+        f = rank * op.elements() + flat[picked]
         return scratch.offsets([first_row + f // SLOT_ROW, f % SLOT_ROW])
 
     if wg.leader:
@@ -820,8 +820,9 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
         for peer, peer_bar in zip(cta.peers, cta.in_peers(bar)):
             peer.smem.write_elements(slots(cta.rank, sends), values[sends], dtypes.f32, writer=_who(op, wg))
             peer_bar.complete_tx(int(sends.sum()) * 4, by=_who(op, wg))
-    # No lagging-warp record (``passed``): this barrier's next phase needs the next exchange's
-    # stores of every CTA, which needs this CTA's, made only after its threads read this one.
+    # No lagging-warp record (``passed``): this barrier's next phase needs this CTA's stores of
+    # the exchange after next, made only once every one of its threads has passed this wait
+    # (each sender's own order, or the bar.sync after the op where only some threads send).
     yield Wait(bar, phase // 2, _describe(op))
     every = np.ones_like(sends)
     parts = [cta.smem.read_elements(slots(r, every), dtypes.f32, reader=_who(op, wg)).reshape(sends.shape)
