@@ -157,11 +157,17 @@ def test_cluster_reductions_in_a_loop_match_the_interpreter(seed):
     """Consecutive iterations' reductions alternate between two buffers and barriers: a fast
     CTA's next values land in the other buffer, never on slots a peer has not read yet (one
     reduction a loop, so no other reduction's barrier stands in)."""
+    _emulates_like_the_interpreter(LOOP_REDUCE, {}, "loopred.tk", seed)
+
+
+def _emulates_like_the_interpreter(source: str, consts: dict, file: str, seed: int) -> None:
+    """The kernel after HOPPER_PIPELINE, emulated over 8 rows with interleaving ``seed``, writes
+    exactly what the interpreter computes from its tile IR."""
     from tkc.interpreter import random_args, run_kernel
 
-    text = compile_kernel(LOOP_REDUCE, {}, stop="hopper", cache=False, file="loopred.tk").asm["hopper"]
-    tile_kernel = compile_kernel(LOOP_REDUCE, {}, stop="tkir", cache=False, file="loopred.tk").kernel_op
-    kernel = load(text, "loopred.hopper.tkir").kernel()
+    text = compile_kernel(source, consts, stop="hopper", cache=False, file=file).asm["hopper"]
+    tile_kernel = compile_kernel(source, consts, stop="tkir", cache=False, file=file).kernel_op
+    kernel = load(text, file.replace(".tk", ".hopper.tkir")).kernel()
     x, y = random_args(kernel, {"M": 8}, seed)
     want = np.full_like(y, np.nan)
     run_kernel(tile_kernel, [x, want])
@@ -193,13 +199,4 @@ NESTED_REDUCE = (Path(__file__).resolve().parents[1] / "data" / "nestedred.tk").
 def test_cluster_reductions_in_nested_loops_and_branches_match_the_interpreter(consts, seed):
     """Three reductions, two under the arms of a branch in an inner loop and one in the outer
     loop: each one's exchange count is threaded through both loops and both arms."""
-    from tkc.interpreter import random_args, run_kernel
-
-    text = compile_kernel(NESTED_REDUCE, consts, stop="hopper", cache=False, file="nestedred.tk").asm["hopper"]
-    tile_kernel = compile_kernel(NESTED_REDUCE, consts, stop="tkir", cache=False, file="nestedred.tk").kernel_op
-    kernel = load(text, "nestedred.hopper.tkir").kernel()
-    x, y = random_args(kernel, {"M": 8}, seed)
-    want = np.full_like(y, np.nan)
-    run_kernel(tile_kernel, [x, want])
-    emulate(kernel, [x, y], seed=seed)
-    np.testing.assert_array_equal(y, want)
+    _emulates_like_the_interpreter(NESTED_REDUCE, consts, "nestedred.tk", seed)
