@@ -32,3 +32,18 @@ def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
 def register_pool(threads: int, ctas_per_sm: int = 1) -> int:
     """The registers a CTA holds from launch, which its warpgroups' budgets share."""
     return entry_registers(threads, ctas_per_sm) * threads
+
+
+#: Sub-partitions of an SM, each with a quarter of the register file, and the unit (registers
+#: a warp) in which a warp's registers are allocated (sm_90).
+SUBPARTITIONS = 4
+REGISTER_UNIT = 256
+
+
+def ctas_by_registers(registers: int, threads: int) -> int:
+    """CTAs of ``threads`` threads at ``registers`` a thread that the register file holds at
+    once: each warp takes ``registers * 32`` rounded up to ``REGISTER_UNIT``, and a CTA's warps
+    are dealt over the four sub-partitions.  The inverse of :func:`entry_registers`'s split."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(registers, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    return SUBPARTITIONS * (REGISTER_FILE // SUBPARTITIONS // per_warp) // warps

@@ -19,8 +19,8 @@ copies or warp roles (those budget registers and shared memory for ``ctas_per_sm
 passes themselves); it asks ptxas once more with the directive raised and keeps the result only
 when nothing spills and the SM really holds one more program.  Rows split over a cluster
 (``cluster_sum``, ``cluster_max``) take it too: softmax_split.tk's 16k-column part of a 64k row
-went from two programs an SM to three and from 0.85x to 0.94x of copy bandwidth with the pin
-``ctas_per_sm = 3`` on an H100 (benchmarks/RESULTS.md), the same cap this choice makes.
+went from two programs an SM to three and from 0.85x to 0.93x of copy bandwidth on an H100
+(``benchmarks/occupancy_compare.py``, benchmarks/RESULTS.md).
 
 Must not: choose anything for kernels the passes budgeted, or keep a cubin that spills.
 """
@@ -34,27 +34,21 @@ from typing import Any
 from tkc.codegen.target import Target
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
-from tkc.registers import REGISTER_FILE
+from tkc.registers import ctas_by_registers
 
 #: Ops whose kernels budget registers and shared memory per ``ctas_per_sm`` in the passes.
 BUDGETED_OPS = frozenset({"hopper.wgmma", "hopper.tma_load", "hopper.role"})
-#: What one SM holds (sm_90): warps, CTAs, registers per sub-partition (four of them), and the
-#: unit ptxas's register count is allocated in, per warp.
+#: What one SM holds (sm_90) besides registers and shared memory: warps and CTAs.
 MAX_WARPS = 64
 MAX_CTAS = 32
-SUBPARTITIONS = 4
-REGISTER_UNIT = 256
 
 
 def resident(registers: int, threads: int, smem_bytes: int, target: Target) -> int:
     """CTAs of ``threads`` threads using ``registers`` a thread and ``smem_bytes`` of shared
     memory (dynamic and static) that one SM holds at once."""
     warps = -(-threads // 32)
-    per_warp = -(-max(registers, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    # A CTA's warps are dealt over the four sub-partitions, each with a quarter of the file.
-    by_registers = SUBPARTITIONS * (REGISTER_FILE // SUBPARTITIONS // per_warp) // warps
-    by_smem = target.sm_smem_bytes // (smem_bytes + target.smem_reserved_per_block)
-    return max(min(by_registers, MAX_WARPS // warps, MAX_CTAS, by_smem), 0)
+    return max(min(ctas_by_registers(registers, threads), MAX_WARPS // warps, MAX_CTAS,
+                   target.programs_by_smem(smem_bytes)), 0)
 
 
 def applies(kernel: Operation) -> bool:

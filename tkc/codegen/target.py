@@ -56,6 +56,11 @@ class Target:
             return self.max_smem_bytes
         return min(self.max_smem_bytes, self.sm_smem_bytes // ctas_per_sm - self.smem_reserved_per_block)
 
+    def programs_by_smem(self, smem_bytes: int) -> int:
+        """Programs taking ``smem_bytes`` of shared memory (dynamic and static) one SM holds at
+        once: the inverse of :meth:`smem_per_program`."""
+        return self.sm_smem_bytes // (smem_bytes + self.smem_reserved_per_block)
+
 
 # The PTX version per target: the minimum (PTX-FACTS §0: sm_90a needs 8.0, sm_100a 8.6), but
 # 8.1 on sm_90a, where cluster reductions store with st.async (PTX ISA 8.1).

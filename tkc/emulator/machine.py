@@ -772,18 +772,13 @@ def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
 
 def _cluster_barrier(wg: _Warpgroup, op: Operation) -> Co:
     """``barrier.cluster`` arrive + wait: every warpgroup of every CTA of the cluster."""
-    yield from _cluster_meet(wg, op, op, f"of {_describe(op)}")
-
-
-def _cluster_meet(wg: _Warpgroup, op: Operation, key: Any, what: str) -> Co:
-    """Every warpgroup of every CTA of the cluster arrives, then waits (``barrier.cluster``)."""
     state = wg.cta.cluster_state
-    if key not in state:
-        state[key] = MBarrier(f"barrier.cluster {what}", sum(c.warpgroups for c in wg.cta.peers))
-    bar = state[key]
+    if op not in state:
+        state[op] = MBarrier(f"barrier.cluster of {_describe(op)}", sum(c.warpgroups for c in wg.cta.peers))
+    bar = state[op]
     parity = bar.parity
     bar.arrive()
-    yield Wait(bar, parity, f"barrier.cluster {what}")
+    yield Wait(bar, parity, f"barrier.cluster of {_describe(op)}")
     wg.left_behind(op, lambda w: True)
 
 

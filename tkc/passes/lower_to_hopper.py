@@ -33,6 +33,7 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
@@ -61,6 +62,16 @@ def lower_to_hopper(module: Module) -> None:
             _Lowering(kernel).run()
 
 
+class _Waits(NamedTuple):
+    """How an op waits on ``barrier``: operand ``operand`` takes its phase, counted through
+    loops modulo ``period`` (2: the parity of an mbarrier wait; 4: a cluster reduction's count
+    of exchanges, which alternate between two barriers)."""
+
+    barrier: Value
+    operand: int
+    period: int
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -71,7 +82,7 @@ class _Lowering:
         self.body: Block = kernel.regions[0].block
         self.top = Builder(self.body, 0, kernel.loc)  # allocations go first, in creation order
         self.barriers: list[Value] = []
-        self.waits: dict[Operation, Value] = {}  # mbarrier_wait -> its barrier
+        self.waits: dict[Operation, _Waits] = {}  # an op that waits on a barrier -> how
         self.maps: list[list] = []
         self.consts: dict[int, Value] = {}
         self.stores_pending = False  # a hopper.tma_store exists: the kernel ends with a wait
@@ -166,7 +177,7 @@ class _Lowering:
                      attrs={"map": self._map(ld, layout), "box": list(ld.box)}, loc=ld.loc)
             replace_all_uses(self.kernel, ld.result, dst)
         wait = b.create(hopper.MBarrierWaitOp, [bar, bar], loc=last.loc)  # parity set by _thread_phases
-        self.waits[wait] = bar
+        self.waits[wait] = _Waits(bar, 1, 2)
         for ld in loads:
             ld.erase()
 
@@ -183,8 +194,8 @@ class _Lowering:
         """Barriers waited on anywhere inside ``op``'s regions, in first-wait order."""
         out: list[Value] = []
         for inner in op.walk():
-            if inner in self.waits and self.waits[inner] not in out:
-                out.append(self.waits[inner])
+            if inner in self.waits and self.waits[inner].barrier not in out:
+                out.append(self.waits[inner].barrier)
         return out
 
     def _const(self, value: int) -> Value:
@@ -195,21 +206,17 @@ class _Lowering:
     def _thread_phases(self, block: Block, cur: dict[Value, Value], in_loop: bool) -> dict[Value, Value]:
         for op in list(block.ops):
             if op in self.waits:
-                bar = self.waits[op]
+                bar, operand, period = self.waits[op]
                 if bar not in cur:
                     cur[bar] = self._const(0)
-                if op.name == "hopper.cluster_reduce":
-                    # Its phase counts exchanges mod 4: buffer phase % 2, parity phase // 2.
-                    op.operands[3] = cur[bar]
-                    if in_loop:
-                        b = Builder(block, block.ops.index(op) + 1, op.loc)
-                        step = b.value(tile.AddOp, [cur[bar], self._const(1)], I32)
-                        cur[bar] = b.value(tile.AndOp, [step, self._const(3)], I32)
-                    continue
-                op.operands[1] = cur[bar]
+                op.operands[operand] = cur[bar]
                 if in_loop:
                     b = Builder(block, block.ops.index(op) + 1, op.loc)
-                    cur[bar] = b.value(tile.XorOp, [cur[bar], self._const(1)], I32)
+                    if period == 2:  # a parity
+                        cur[bar] = b.value(tile.XorOp, [cur[bar], self._const(1)], I32)
+                    else:
+                        step = b.value(tile.AddOp, [cur[bar], self._const(1)], I32)
+                        cur[bar] = b.value(tile.AndOp, [step, self._const(period - 1)], I32)
             elif op.name in ("tile.for", "tile.if") and (bars := self._waited(op)):
                 for bar in bars:
                     cur.setdefault(bar, self._const(0))
@@ -364,7 +371,7 @@ class _Lowering:
             # after its reads, so that its next exchange's stores, which let a peer start the
             # one after into this buffer, follow every thread's reads.
             b.create(hopper.BarrierOp, attrs={"id": 0})
-        self.waits[new.owner] = bar
+        self.waits[new.owner] = _Waits(bar, 3, 4)  # buffer phase % 2, parity phase // 2
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
