@@ -27,6 +27,7 @@ from typing import Any
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
+from tkc.codegen.deferred import Deferred, Scope, deferred_loads
 from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, packs_in_pairs, unpack_pair
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx, target as lookup_target
@@ -133,6 +134,10 @@ class Lowerer:
         self.tid: ir.Value = nvvm.sreg(self.b, "tid.x", "tid")
         self.role: Operation | None = None
         self.handlers = _handlers()
+        # The loads a store emits run by run, and where deferred values are being emitted
+        # (tkc/codegen/deferred.py).
+        self.deferred: frozenset[Operation] = deferred_loads(kernel)
+        self.deferred_scope: Scope | None = None
 
     # ------------------------------------------------------------------ values
     def get(self, v: Value) -> Any:
@@ -144,6 +149,10 @@ class Lowerer:
     def tile(self, op: Operation, v: Value) -> list:
         """The values of register tile ``v`` (a scalar is an error at ``op``)."""
         x = self.env[v]
+        if isinstance(x, Deferred):
+            # deferred_loads lets a deferred value reach only ops that take one.
+            raise TkcCodegenError(f"'{op.name}': {v.type} is deferred to its store and cannot be "
+                                  f"used here", op.loc)
         if not isinstance(x, list):
             raise TkcCodegenError(f"'{op.name}': expected a register tile, got {v.type}", op.loc)
         return x

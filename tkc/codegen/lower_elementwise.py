@@ -40,6 +40,7 @@ import llvmlite.ir as ir
 
 from tkc import dtypes
 from tkc.codegen import nvvm
+from tkc.codegen.deferred import Deferred, Mapped, Picked
 from tkc.codegen.lower_values import (
     BF16,
     HALF,
@@ -64,13 +65,16 @@ Fn = Callable[..., ir.Value]
 
 def _map(lw: Lowerer, op: Operation, fn: Fn, *xs: Lowered) -> None:
     """Apply ``fn`` value by value; scalar operands are shared by every value of a tile."""
-    n = next((len(x) for x in xs if isinstance(x, list)), None)
+    n = next((len(x) for x in xs if isinstance(x, (list, Deferred))), None)
     if n is None:
         lw.set(op.result, fn(*xs))
         return
-    cols = [x if isinstance(x, list) else [x] * n for x in xs]
-    if any(len(c) != n for c in cols):
+    if any(len(x) != n for x in xs if isinstance(x, (list, Deferred))):
         raise TkcCodegenError(f"'{op.name}': operands hold different numbers of values", op.loc)
+    if any(isinstance(x, Deferred) for x in xs):
+        lw.set(op.result, Mapped(fn, xs, n))  # emitted value by value by its store
+        return
+    cols = [x if isinstance(x, list) else [x] * n for x in xs]
     lw.set(op.result, [fn(*vals) for vals in zip(*cols)])
 
 
@@ -262,20 +266,23 @@ def _expand_dims(lw: Lowerer, op: Operation) -> None:
     if len(x) != lw.regs(op, op.result.type):
         raise TkcCodegenError(f"'{op.name}': {op.x.type} -> {op.result.type} is not a slice "
                               f"becoming its keep form", op.loc)
-    lw.set(op.result, list(x))
+    lw.set(op.result, x if isinstance(x, Deferred) else list(x))
 
 
 def _broadcast(lw: Lowerer, op: Operation) -> None:
     src, dst = op.x.type.layout, op.result.type.layout
-    x = lw.tile(op, op.x)
+    x = lw.get(op.x)
+    if not isinstance(x, Deferred):
+        x = lw.tile(op, op.x)
     n = lw.regs(op, op.result.type)
     if src == dst:
-        lw.set(op.result, list(x))
+        lw.set(op.result, x if isinstance(x, Deferred) else list(x))
         return
     if getattr(src, "parent", None) != dst or not hasattr(src, "slot_of"):
         raise TkcCodegenError(f"'{op.name}': broadcast goes from a keep slice to its parent, "
                               f"not {src} -> {dst}", op.loc)
-    lw.set(op.result, [x[int(src.slot_of(i))] for i in range(n)])
+    index = [int(src.slot_of(i)) for i in range(n)]
+    lw.set(op.result, Picked(x, index) if isinstance(x, Deferred) else [x[j] for j in index])
 
 
 HANDLERS: dict[str, Handler] = {

@@ -31,12 +31,16 @@ unpacked after the branch, so the vector side holds nothing that waits for the d
 access is side-effecting inline PTX: LLVM neither moves a load across a store nor merges or
 speculates accesses, and no out-of-bounds address is touched.
 
+A store whose value comes from deferred loads (tkc/codegen/deferred.py) takes their boxes
+into its own branch: its whole side issues their runs a few runs ahead of its own accesses,
+its edge side runs their edge loops and reads their values back run by run.
+
 Must not: choose a layout or know a layout formula; runs come from ``layout.coords``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -44,6 +48,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from tkc.codegen import nvvm
+from tkc.codegen.deferred import LOOKAHEAD, Deferred, emitting
 from tkc.codegen.lower import TensorArg
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
                                       packs_in_pairs, to_mem, widen)
@@ -56,8 +61,6 @@ from tkc.ir.types import TileType
 if TYPE_CHECKING:
     from tkc.codegen.lower import Lowerer
 
-#: The widest global access, in bytes (``ld.global.v4.b32``).
-VECTOR_BYTES = 16
 #: Stores are streaming (``st.global.cs``: evict first from L1 and L2).  A kernel does not read
 #: back what it stores, and a norm kernel's second sweep over its input finds more of it in L2
 #: when the output it streams out does not push it out.
@@ -77,7 +80,7 @@ def vector_runs(layout: DistributedLayout, elem_bytes: int) -> tuple[tuple[int, 
     coordinates of one row, the first a multiple of ``L`` (so the run is ``L`` elements
     aligned relative to the tile origin)."""
     regs, threads = int(layout.regs), int(layout.threads)
-    widest = max(VECTOR_BYTES // elem_bytes, 1)
+    widest = max(nvvm.VECTOR_BYTES // elem_bytes, 1)
     t = np.arange(threads)[:, None]
     coords = [np.broadcast_to(c, (threads, regs)) for c in layout.coords(t, np.arange(regs)[None, :])]
     last, others = coords[-1], coords[:-1]
@@ -536,15 +539,56 @@ def load(lw: Lowerer, op: Operation) -> None:
     t = op.result.type
     tensor: TensorArg = lw.get(op.tensor)
     dt = tensor.type.dtype
-    other = constant(dt, 0 if op.other is None else op.other)
     if not isinstance(t, TileType):
+        other = constant(dt, 0 if op.other is None else op.other)
         e = _global_element(lw, op, tensor, [lw.get(v) for v in op.offsets], ())
         lw.set(op.result, b.select(e.ok, _value_of(b, _load_element(b, e.addr, e.ok, dt), dt), other))
-        return
+    elif op in lw.deferred:
+        lw.set(op.result, _DeferredLoad(op, lw.regs(op, t), dt))
+    else:
+        lw.set(op.result, _load_tile(lw, op))
+
+
+def _run_values(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
+    """The register values of a run from the words its access moved."""
+    return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
+
+
+def _load_edge_runs(lw: Lowerer, op: Operation, a: _Access, n: int, firsts: list[int]
+                    ) -> tuple[ir.Value, ir.ArrayType]:
+    """The edge side of a load for its runs of length ``n`` starting at ``firsts``: one loop
+    that leaves run ``j``'s words in slots ``j * w ..`` of the local array it returns."""
+    b = lw.b
+    dt = a.tensor.type.dtype
+    other_bits = _bits_of(b, constant(dt, 0 if op.other is None else op.other), dt)
+    w, ty = _word_type(dt, n)
+    arr = _local_array(lw, ty, w * len(firsts))
+
+    def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
+        def elements() -> list[ir.Value]:
+            bits = [b.select(e_ok, _load_element(b, addr, e_ok, dt), other_bits)
+                    for addr, e_ok in _element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt)]
+            return _pack(b, bits, dt) if n > 1 else bits
+
+        words = elements() if ok is None else \
+            _either(lw, ok, lambda: _load_vector(b, base, dt, n), elements, "ld")
+        for q, x in enumerate(words):
+            b.store(x, _slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q))))
+
+    _edge_runs(lw, op, a, n, firsts, run)
+    return arr
+
+
+def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
+    """The values of a register-tile ``hopper.load``, loaded here."""
+    b = lw.b
+    t = op.result.type
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
     acc = _access(lw, op, t)
 
     def values(words: list[ir.Value], n: int) -> list[ir.Value]:
-        return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
+        return _run_values(b, words, dt, n)
 
     # A vector run merges the words of its access, not values: the vector side holds only
     # the load, so nothing waits for the data before the next run's load is issued.
@@ -557,29 +601,73 @@ def load(lw: Lowerer, op: Operation) -> None:
 
     def edge() -> list[ir.Value]:
         a = acc.kept_local(lw)
-        other_bits = _bits_of(b, other, dt)
         out: dict[int, list[ir.Value]] = {}
         for n, firsts in _groups(a.runs):
-            w, ty = _word_type(dt, n)
-            arr = _local_array(lw, ty, w * len(firsts))
-
-            def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
-                def elements() -> list[ir.Value]:
-                    bits = [b.select(e_ok, _load_element(b, addr, e_ok, dt), other_bits)
-                            for addr, e_ok in _element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt)]
-                    return _pack(b, bits, dt) if n > 1 else bits
-
-                words = elements() if ok is None else \
-                    _either(lw, ok, lambda: _load_vector(b, base, dt, n), elements, "ld")
-                for q, x in enumerate(words):
-                    b.store(x, _slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q))))
-
-            _edge_runs(lw, op, a, n, firsts, run)
+            arr = _load_edge_runs(lw, op, a, n, firsts)
+            w = _word_type(dt, n)[0]
             for j, first in enumerate(firsts):
                 out[first] = values([b.load(_slot(b, arr, j * w + q)) for q in range(w)], n)
         return [v for first, _ in a.runs for v in out[first]]
 
-    lw.set(op.result, _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile"))
+    return _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+
+
+class _DeferredLoad(Deferred):
+    """A deferred ``hopper.load`` (tkc/codegen/deferred.py).  On the whole side of its
+    store, each run is loaded with its vector access where it is first issued or needed; on
+    the edge side, the load's edge loops fill local arrays where its first value is needed,
+    and each run is read back where used."""
+
+    def __init__(self, op: Operation, n: int, dt: DType) -> None:
+        self.op, self.n, self.dt = op, n, dt
+        self.acc: _Access | None = None
+        self.run_of: dict[int, tuple[int, int]] = {}
+
+    def prepare(self, lw: Lowerer) -> None:
+        """Build the access before the store's branch, which tests its box."""
+        self.acc = _access(lw, self.op, self.op.result.type)
+        self.run_of = {i: (first, n) for first, n in self.acc.runs for i in range(first, first + n)}
+
+    def _run(self, lw: Lowerer, i: int) -> list[ir.Value]:
+        first, n = self.run_of[i]
+        memo = lw.deferred_scope.values
+        if (self, first) not in memo:
+            b = lw.b
+            addr = self.acc.addr(lw, self.op, first)
+            words = _load_vector(b, addr, self.dt, n) if n > 1 else [_load_element(b, addr, _TRUE, self.dt)]
+            memo[self, first] = words
+        return memo[self, first]
+
+    def issue(self, lw: Lowerer, i: int) -> None:
+        if lw.deferred_scope.whole:
+            self._run(lw, i)
+
+    def _edge_words(self, lw: Lowerer, first: int) -> list[ir.Value]:
+        """The words of the run at ``first`` on the edge side: every run is loaded into local
+        arrays where the first is needed (the load's edge loops), each read back where used."""
+        b = lw.b
+        memo = lw.deferred_scope.values
+        if (self, None) not in memo:
+            a = self.acc.kept_local(lw)
+            slots = {}
+            for n, firsts in _groups(a.runs):
+                arr = _load_edge_runs(lw, self.op, a, n, firsts)
+                w = _word_type(self.dt, n)[0]
+                slots.update({f: (arr, j * w, w) for j, f in enumerate(firsts)})
+            memo[self, None] = slots
+        arr, at, w = memo[self, None][first]
+        return [b.load(_slot(b, arr, at + q)) for q in range(w)]
+
+    def at(self, lw: Lowerer, i: int) -> ir.Value:
+        memo = lw.deferred_scope.values
+        first, n = self.run_of[i]
+        if (self, first, n) not in memo:
+            words = self._run(lw, i) if lw.deferred_scope.whole else self._edge_words(lw, first)
+            memo[self, first, n] = _run_values(lw.b, words, self.dt, n)
+        return memo[self, first, n][i - first]
+
+    def loads(self) -> Iterator[Deferred]:
+        yield self
 
 
 def store(lw: Lowerer, op: Operation) -> None:
@@ -592,48 +680,99 @@ def store(lw: Lowerer, op: Operation) -> None:
         _store_element(b, e.addr, e.ok, _bits_of(b, lw.get(op.value), dt), dt)
         return
     acc = _access(lw, op, t)
+    value = lw.get(op.value)
+    if isinstance(value, Deferred):
+        _store_deferred(lw, op, acc, value, dt)
+        return
     vals = lw.tile(op, op.value)
     bits = [_bits_of(b, v, dt) for v in vals]
+
+    def whole_tile() -> list:
+        for first, n in acc.runs:
+            _store_run(lw, op, acc, first, n, vals[first:first + n], bits[first:first + n], dt)
+        return []
 
     def words_of(first: int, n: int) -> list[ir.Value]:
         return _store_words(b, bits[first:first + n], dt, vals[first:first + n]) if n > 1 else [bits[first]]
 
-    def whole_tile() -> list:
-        for first, n in acc.runs:
-            addr = acc.addr(lw, op, first)
-            if n > 1:
-                _store_vector(b, addr, words_of(first, n))
+    _either(lw, acc.whole_tile(lw, op), whole_tile, lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
+
+
+def _store_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, vals: list[ir.Value],
+               bits: list[ir.Value], dt: DType) -> None:
+    """The whole side's access for the run of ``n`` values at ``first`` (``vals``, ``bits``)."""
+    b = lw.b
+    addr = acc.addr(lw, op, first)
+    if n > 1:
+        _store_vector(b, addr, _store_words(b, bits, dt, vals))
+    else:
+        _store_element(b, addr, _TRUE, bits[0], dt)
+
+
+def _store_edge(lw: Lowerer, op: Operation, acc: _Access, words_of: Callable[[int, int], list[ir.Value]],
+                dt: DType) -> list:
+    """The edge side of a store: the words of each run (``words_of(first, n)``) through a
+    local array, then a loop over the runs."""
+    b = lw.b
+    a = acc.kept_local(lw)
+    for n, firsts in _groups(a.runs):
+        w, ty = _word_type(dt, n)
+        arr = _local_array(lw, ty, w * len(firsts))
+        for j, first in enumerate(firsts):
+            for q, x in enumerate(words_of(first, n)):
+                b.store(x, _slot(b, arr, j * w + q))
+
+        def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
+            words = [b.load(_slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q)))) for q in range(w)]
+
+            def elements() -> list:
+                run_bits = _unpack(b, words, dt, n)
+                for (addr, e_ok), x in zip(_element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt), run_bits):
+                    _store_element(b, addr, e_ok, x, dt)
+                return []
+
+            if ok is None:
+                elements()
             else:
-                _store_element(b, addr, _TRUE, bits[first], dt)
+                _either(lw, ok, lambda: _store_vector(b, base, words) or [], elements, "st")
+
+        _edge_runs(lw, op, a, n, firsts, run)
+    return []
+
+
+def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, dt: DType) -> None:
+    """A store whose value is deferred (tkc/codegen/deferred.py).  Whole side, taken when the
+    store's box and every deferred load's box are whole: run by run, the deferred loads of the
+    run LOOKAHEAD runs ahead, then this run's values and its access.  Edge side: the deferred
+    loads' edge loops into local arrays, then run by run the values into the store's local
+    array, then the store's edge loop: on either side a few runs of the loads are live."""
+    b = lw.b
+    loads = list(value.loads())
+    whole = acc.whole_tile(lw, op)
+    for ld in loads:
+        ld.prepare(lw)
+        whole = b.and_(whole, ld.acc.whole_tile(lw, ld.op))
+
+    def by_runs() -> list:
+        with emitting(lw, whole=True):
+            for k, (first, n) in enumerate(acc.runs):
+                for ahead, m in acc.runs[k:k + LOOKAHEAD + 1]:
+                    for i in range(ahead, ahead + m):
+                        value.issue(lw, i)
+                vals = [value.at(lw, i) for i in range(first, first + n)]
+                _store_run(lw, op, acc, first, n, vals, [_bits_of(b, v, dt) for v in vals], dt)
         return []
+
+    def words_of(first: int, n: int) -> list[ir.Value]:
+        vals = [value.at(lw, i) for i in range(first, first + n)]
+        bits = [_bits_of(b, v, dt) for v in vals]
+        return _store_words(b, bits, dt, vals) if n > 1 else bits
 
     def edge() -> list:
-        a = acc.kept_local(lw)
-        for n, firsts in _groups(a.runs):
-            w, ty = _word_type(dt, n)
-            arr = _local_array(lw, ty, w * len(firsts))
-            for j, first in enumerate(firsts):
-                for q, x in enumerate(words_of(first, n)):
-                    b.store(x, _slot(b, arr, j * w + q))
+        with emitting(lw, whole=False):
+            return _store_edge(lw, op, acc, words_of, dt)
 
-            def run(k: ir.Value, base: ir.Value, lo: ir.Value, hi: ir.Value, ok: ir.Value | None) -> None:
-                words = [b.load(_slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q)))) for q in range(w)]
-
-                def elements() -> list:
-                    run_bits = _unpack(b, words, dt, n)
-                    for (addr, e_ok), x in zip(_element_oks(b, base, a.tensor.strides[-1], lo, hi, n, dt), run_bits):
-                        _store_element(b, addr, e_ok, x, dt)
-                    return []
-
-                if ok is None:
-                    elements()
-                else:
-                    _either(lw, ok, lambda: _store_vector(b, base, words) or [], elements, "st")
-
-            _edge_runs(lw, op, a, n, firsts, run)
-        return []
-
-    _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "st.tile")
+    _either(lw, whole, by_runs, edge, "st.tile")
 
 
 def prefetch(lw: Lowerer, op: Operation) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.codegen import nvvm
+from tkc.codegen.deferred import Deferred, Picked
 from tkc.codegen.lower import Barrier, Ring, SmemTile
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_global import HANDLERS as GLOBAL
@@ -613,15 +614,16 @@ def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
 
 
 def _convert_layout(lw: Lowerer, op: Operation) -> None:
-    x = lw.tile(op, op.x)
     src, dst = op.x.type.layout, op.result.type.layout
     if not op.scratch:
         m = register_map(src, dst)
         if m is None:
             raise TkcCodegenError(f"converting {src} to {dst} moves values between threads: "
                                   f"it needs a scratch tile", op.loc)
-        lw.set(op.result, [x[j] for j in m])
+        x = lw.get(op.x)
+        lw.set(op.result, Picked(x, list(m)) if isinstance(x, Deferred) else [lw.tile(op, op.x)[j] for j in m])
         return
+    x = lw.tile(op, op.x)
     scratch = lw.shared(op, op.scratch[0])
     st = op.scratch[0].type
     dt = element_dtype(op.x.type)

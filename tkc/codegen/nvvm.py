@@ -28,6 +28,9 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
 F32 = ir.FloatType()
 VOID = ir.VoidType()
 
+#: The widest global access, in bytes (``ld.global.v4.b32``).
+VECTOR_BYTES = 16
+
 # NVPTX address spaces (PTX-FACTS §8 "Address spaces").
 GENERIC, GLOBAL, SHARED, CONST, LOCAL, TMEM, SHARED_CLUSTER = 0, 1, 3, 4, 5, 6, 7
 

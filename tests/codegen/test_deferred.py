@@ -1,0 +1,136 @@
+"""Deferred loads (tkc/codegen/deferred.py): which loads a store emits run by run, the order
+of the whole side's accesses, and the registers it saves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tkc.codegen.deferred import LOOKAHEAD, deferred_loads
+from tkc.codegen.lower import kernel_to_ptx
+from tkc.codegen.ptxas import assemble
+from tkc.frontend import compile_source
+from tkc.passes.manager import PassManager
+from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
+
+from test_lower import _example
+
+
+def _deferred_tensors(kernel) -> list[str]:
+    """The parameter names of the deferred loads' tensors, in program order."""
+    deferred = deferred_loads(kernel)
+    return [op.tensor.name_hint for op in kernel.walk() if op in deferred]
+
+
+@pytest.mark.parametrize("name,consts,want", [
+    # One-block branch: w and bias; two-sweep branch: w and bias again.  x stays eager.
+    ("layernorm.tk", {}, ["w", "bias", "w", "bias"]),
+    ("layernorm_split.tk", {}, ["w", "bias", "w", "bias"]),
+    ("rmsnorm.py", {"BM": 1, "BN": 4096}, ["w"]),
+    # 16 x 256 blocks: a thread's part of the weight row is one 16-byte run, which the store's
+    # lookahead would issue before its first access anyway.
+    ("rmsnorm.py", {}, []),
+    # Nothing is broadcast into a store: softmax's row statistics are reductions, not loads.
+    ("softmax.tk", {}, []),
+    ("softmax_split.tk", {}, []),
+    ("attn.tk", {"D": 64, "tma_store": False}, []),
+    ("gemm.tk", {"tma_store": False}, []),
+])
+def test_the_examples_defer_their_weight_rows(name: str, consts: dict, want: list) -> None:
+    assert _deferred_tensors(_example(name, consts).kernel()) == want
+
+
+def _kernel(src: str, columns: int = 4096):
+    m = compile_source(src.replace("C", str(columns)), "t.tk", {})
+    PassManager(DEFAULT_PIPELINE).run(m)
+    PassManager(HOPPER_PIPELINE).run(m)
+    return m.kernel()
+
+
+HEAD = "@kernel\ndef k(x: bf16[M, N], w: bf16[N], y: bf16[M, N], s: f32[M]):\n    grid(M)\n"
+ROW = "    xt = x[r:r+1, 0:C].to(f32)\n    wt = w[0:C].to(f32)\n"
+
+
+@pytest.mark.parametrize("body,want", [
+    # Broadcast into the store and used nowhere else: deferred.
+    ("    y[r:r+1, 0:C] = (xt * wt[None, :]).to(bf16)\n", ["w"]),
+    # Also reduced: the whole row is needed before the store.
+    ("    y[r:r+1, 0:C] = (xt * wt[None, :]).to(bf16)\n    s[r:r+1] = wt[None, :].sum(1)\n", []),
+    # Feeds two stores: each would load it again.
+    ("    y[r:r+1, 0:C] = (xt * wt[None, :]).to(bf16)\n    y[r+1:r+2, 0:C] = (xt + wt[None, :]).to(bf16)\n", []),
+    # The kernel writes w: reading it later could see the kernel's own store.
+    ("    y[r:r+1, 0:C] = (xt * wt[None, :]).to(bf16)\n    w[0:C] = wt.to(bf16)\n", []),
+    # The store is inside a loop, the load outside: the load is not repeated per iteration.
+    ("    for j in range(2):\n        y[r+j:r+j+1, 0:C] = (xt * wt[None, :]).to(bf16)\n", []),
+])
+def test_which_loads_are_deferred(body: str, want: list) -> None:
+    src = HEAD + "    r = program_id(0)\n" + ROW + body
+    assert _deferred_tensors(_kernel(src)) == want
+
+
+def test_a_row_the_lookahead_covers_stays_eager() -> None:
+    """256 columns over 128 threads: 16 B of w a thread, one run."""
+    src = HEAD + "    r = program_id(0)\n" + ROW + "    y[r:r+1, 0:C] = (xt * wt[None, :]).to(bf16)\n"
+    assert _deferred_tensors(_kernel(src, 256)) == []
+
+
+def test_a_load_of_the_stored_tiles_shape_stays_eager() -> None:
+    """x has the stored tile's shape: its loads stay all in flight together."""
+    src = HEAD + "    r = program_id(0)\n    y[r:r+1, 0:C] = (x[r:r+1, 0:C].to(f32) * 2.0).to(bf16)\n"
+    assert _deferred_tensors(_kernel(src)) == []
+
+
+def _whole_side_accesses(ptx: str) -> list[list[str]]:
+    """Per basic block holding a vector store: its global vector accesses in order, as
+    'ld'/'st'."""
+    out, cur = [], []
+    for ln in ptx.splitlines():
+        ln = ln.strip()
+        if ln.endswith(":") or "bra" in ln.split():
+            if "st" in cur:
+                out.append(cur)
+            cur = []
+        elif re.match(r"(ld|st)\.global(\.cs)?\.v4", ln):
+            cur.append(ln[:2])
+    return out
+
+
+def test_the_store_issues_the_weight_rows_a_few_runs_ahead() -> None:
+    """layernorm.tk's 1 x 4096 block over 128 threads: 4 runs a thread.  The whole side
+    loads w's and bias's runs 0..LOOKAHEAD, then stores run 0, loads the next run's two
+    and stores, ..., and stores the last runs with nothing more to load."""
+    runs = 4
+    want = []
+    issued = 0
+    for k in range(runs):
+        while issued < min(runs, k + LOOKAHEAD + 1):
+            want += ["ld", "ld"]
+            issued += 1
+        want.append("st")
+    blocks = _whole_side_accesses(kernel_to_ptx(_example("layernorm.tk", {}).kernel()))
+    assert want in blocks, blocks
+
+
+@pytest.mark.parametrize("name,consts,before,most", [
+    # Registers (at .minnctapersm 1) with the whole rows of w and bias loaded before the
+    # first multiply, from the same ptxas, and the most they may take now (88, 88, 152).
+    ("layernorm.tk", {}, 128, 96),
+    ("layernorm.tk", {"BN": 16384, "warps": 16}, 127, 96),
+    ("layernorm_split.tk", {"BN": 16384, "cluster": 4, "warps": 8}, 254, 168),
+])
+def test_deferred_weight_rows_free_registers(ptxas: Path, name: str, consts: dict, before: int, most: int) -> None:
+    kernel = _example(name, consts).kernel()
+    usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels[kernel.attributes["sym_name"]]
+    assert usage.spill_stores == 0 and usage.registers <= most < before, usage
+
+
+def test_the_edge_side_reads_the_weight_rows_back_run_by_run(ptxas: Path) -> None:
+    """layernorm_split.tk at 16k columns over 4 warps: x alone is 128 registers a thread.
+    The edge side's deferred loads wait in local arrays and are read back run by run, so it
+    needs no more registers than the whole side: no spills (452 B of spills when the edge
+    side loaded w and bias whole)."""
+    kernel = _example("layernorm_split.tk", {"BN": 16384, "cluster": 4}).kernel()
+    usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels["layernorm_split"]
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage

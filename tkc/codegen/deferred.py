@@ -1,0 +1,203 @@
+"""Loads of row and column vectors emitted where a store uses them, run by run.
+
+A store's value is often the end of a chain that reads a vector only to write the tile:
+LayerNorm's ``(x - mean) * rstd * w + b``, RMSNorm's ``x * rms * w``.  Lowered op by op,
+all of ``w`` and ``b`` are loaded (and widened to f32) before the first multiply and stay
+live beside ``x`` until the store: a 16k-column block over four warps holds 128 registers
+of ``x`` and 128 more of ``w`` and ``b``, so ptxas spills or the SM holds fewer programs.
+
+Such loads are *deferred* instead: the load's handler records the load, and every
+elementwise or register shape op fed by a deferred value records how to compute its value
+``i`` (:class:`Deferred`).  The store then emits, run by run of its own vector accesses,
+the deferred loads of the run :data:`LOOKAHEAD` runs ahead, this run's arithmetic and this
+run's store (``lower_global.store``), so only a few runs of ``w`` and ``b`` are live at a
+time.
+
+Which loads (:func:`deferred_loads`): a register-tile ``hopper.load``
+
+- holding more of a thread's values than the first ``LOOKAHEAD + 1`` runs of the store load
+  anyway (at most 16 B a run): a row of 256 bf16 over 32 lanes is 16 B a thread, issued
+  whole before the first store either way, and left where the program put it;
+- whose tile has fewer axes than the stored tile: a vector broadcast along the tile's other
+  axes, which every program reads again and which is therefore likely in L2, where a short
+  lookahead hides its latency.  Loads of the stored tile's own shape stay where the program
+  put them, all in flight together: the kernel's bandwidth is theirs;
+- whose every use, transitively, is an op of :data:`THROUGH` in the same block, ending in
+  the value of exactly one ``hopper.store``;
+- of a tensor the kernel never writes, so reading it later, after some of the kernel's own
+  stores, reads the same values.  (Tensors a kernel reads and tensors it writes must not
+  overlap, as for every tkc kernel: programs run in no fixed order.)
+
+Must not: change what any op computes or which elements it touches; only where the
+instructions of a deferred load and of the ops it feeds are emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import llvmlite.ir as ir
+
+from tkc.codegen import nvvm
+from tkc.ir.core import Operation, uses
+from tkc.ir.types import TileType
+
+if TYPE_CHECKING:
+    from tkc.codegen.lower import Lowerer
+
+#: Runs of the store ahead of the one being stored whose deferred loads are already issued:
+#: their latency (an L2 hit) overlaps the arithmetic and stores of the runs before them.
+LOOKAHEAD = 2
+
+#: Ops a deferred value passes through: elementwise ops (``lower_elementwise._map``) and the
+#: register shape ops that only pick values (a ``convert_layout`` with no scratch tile).
+THROUGH = frozenset({
+    "tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv", "tile.rem", "tile.cdiv",
+    "tile.maximum", "tile.minimum", "tile.and", "tile.or", "tile.xor", "tile.neg", "tile.abs",
+    "tile.not", "tile.exp", "tile.exp2", "tile.log", "tile.log2", "tile.sqrt", "tile.rsqrt",
+    "tile.tanh", "tile.cmp", "tile.select", "tile.cast", "tile.expand_dims", "tile.broadcast",
+    "hopper.convert_layout",
+})
+
+#: Ops that write a tensor.
+_WRITES = frozenset({"hopper.store", "hopper.tma_store"})
+
+
+def deferred_loads(kernel: Operation) -> frozenset[Operation]:
+    """The ``hopper.load`` ops of ``kernel`` that its store emits run by run (module doc)."""
+    users = uses(kernel)
+    written = {op.tensor for op in kernel.walk() if op.name in _WRITES}
+    out = set()
+    for op in kernel.walk():
+        if op.name != "hopper.load" or not isinstance(op.result.type, TileType) or op.tensor in written:
+            continue
+        t = op.result.type
+        if int(t.layout.regs) * op.tensor.type.dtype.bits <= 8 * nvvm.VECTOR_BYTES * (LOOKAHEAD + 1):
+            continue  # the first store's lookahead would issue all of it anyway
+        store = _sole_store(op, users)
+        if store is not None and len(store.value.type.shape) > len(t.shape):
+            out.add(op)
+    return frozenset(out)
+
+
+def _sole_store(load: Operation, users: dict) -> Operation | None:
+    """The one ``hopper.store`` that every use of ``load`` leads to through :data:`THROUGH`
+    ops of its block, or None."""
+    stores: set[Operation] = set()
+    seen: set[Operation] = set()
+    todo = [load.result]
+    while todo:
+        v = todo.pop()
+        for u in users.get(v, []):
+            if u.parent is not load.parent:
+                return None
+            if u.name == "hopper.store" and u.value is v and v is not u.tensor and v not in u.offsets:
+                stores.add(u)
+            elif u.name in THROUGH and not (u.name == "hopper.convert_layout" and u.scratch):
+                if u not in seen:
+                    seen.add(u)
+                    todo.append(u.result)
+            else:
+                return None
+    return stores.pop() if len(stores) == 1 else None
+
+
+# --------------------------------------------------------------------------- deferred values
+
+
+class Scope:
+    """Where deferred values are being emitted: one side of a store's branch.  Values
+    emitted on one side are reused on that side only (``values``); ``whole``: the side
+    where every deferred load's box is whole, which loads run by run."""
+
+    def __init__(self, whole: bool) -> None:
+        self.whole = whole
+        self.values: dict[tuple[Any, Any], Any] = {}
+
+
+@contextmanager
+def emitting(lw: Lowerer, whole: bool) -> Iterator[Scope]:
+    """Emit deferred values in a fresh :class:`Scope` (one side of a store's branch)."""
+    saved = lw.deferred_scope
+    lw.deferred_scope = scope = Scope(whole)
+    try:
+        yield scope
+    finally:
+        lw.deferred_scope = saved
+
+
+class Deferred:
+    """A register tile of ``n`` values per thread, emitted value by value where used."""
+
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+    def at(self, lw: Lowerer, i: int) -> ir.Value:
+        """Value ``i``, emitted here unless this scope has it already."""
+        raise NotImplementedError
+
+    def issue(self, lw: Lowerer, i: int) -> None:
+        """Emit the loads value ``i`` needs (on the whole side), not yet the arithmetic."""
+        raise NotImplementedError
+
+    def loads(self) -> Iterator[Deferred]:
+        """The deferred loads this value is computed from (each once)."""
+        raise NotImplementedError
+
+    def values(self, lw: Lowerer) -> list[ir.Value]:
+        return [self.at(lw, i) for i in range(self.n)]
+
+
+def value_at(lw: Lowerer, x: Any, i: int) -> Any:
+    """Value ``i`` of an operand: a deferred tile's, a register tile's, or a scalar itself."""
+    if isinstance(x, Deferred):
+        return x.at(lw, i)
+    return x[i] if isinstance(x, list) else x
+
+
+class Mapped(Deferred):
+    """``fn`` applied value by value to operands of which at least one is deferred."""
+
+    def __init__(self, fn: Callable[..., ir.Value], xs: tuple, n: int) -> None:
+        self.fn, self.xs, self.n = fn, xs, n
+
+    def at(self, lw: Lowerer, i: int) -> ir.Value:
+        memo = lw.deferred_scope.values
+        key = (self, i)
+        if key not in memo:
+            memo[key] = self.fn(*(value_at(lw, x, i) for x in self.xs))
+        return memo[key]
+
+    def issue(self, lw: Lowerer, i: int) -> None:
+        for x in self.xs:
+            if isinstance(x, Deferred):
+                x.issue(lw, i)
+
+    def loads(self) -> Iterator[Deferred]:
+        seen: set[int] = set()
+        for x in self.xs:
+            if isinstance(x, Deferred):
+                for ld in x.loads():
+                    if id(ld) not in seen:
+                        seen.add(id(ld))
+                        yield ld
+
+
+class Picked(Deferred):
+    """Value ``i`` is value ``index[i]`` of ``src`` (a broadcast, a register-only layout change)."""
+
+    def __init__(self, src: Deferred, index: list[int]) -> None:
+        self.src, self.index, self.n = src, index, len(index)
+
+    def at(self, lw: Lowerer, i: int) -> ir.Value:
+        return self.src.at(lw, self.index[i])
+
+    def issue(self, lw: Lowerer, i: int) -> None:
+        self.src.issue(lw, self.index[i])
+
+    def loads(self) -> Iterator[Deferred]:
+        return self.src.loads()
