@@ -39,3 +39,20 @@ def test_a_round_takes_at_least_ten_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     calls = fake_gpu(monkeypatch, {"copy": [1.0, 2.0, 3.0, 4.0, 5.0]})
     assert harness.in_turns({"copy": lambda: "copy"}, runs=20, rounds=5) == {"copy": 3.0}
     assert [r for _, r in calls] == [10] * 5
+
+
+def test_the_layernorm_breakdown_variants_compile(tmp_path: Path) -> None:
+    """benchmarks/norm_breakdown.py takes the bias, then the weight, out of layernorm_split.tk's
+    output expression: each variant still compiles, and computes less."""
+    pytest.importorskip("torch")
+    import norm_breakdown
+
+    from tkc.frontend import compile_source
+
+    paths = norm_breakdown.variants(tmp_path)
+    assert list(paths) == ["layernorm_split.tk", "without bias", "without weight and bias"]
+    texts = [p.read_text() for p in paths.values()]
+    assert [t.count("wt[None, :]") for t in texts] == [1, 1, 0]
+    assert [t.count("bt[None, :]") for t in texts] == [1, 0, 0]
+    for path in paths.values():
+        compile_source(path.read_text(), str(path), {"BN": 4096, "cluster": 4})  # parses and type-checks
