@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tkc.codegen.deferred import LOOKAHEAD, deferred_loads
+from tkc.codegen.deferred import LOOKAHEAD, deferred_loads, packed_loads, store_cones
 from tkc.codegen.lower import kernel_to_ptx
 from tkc.codegen.ptxas import assemble
 from tkc.frontend import compile_source
+from tkc.ir.core import uses
 from tkc.passes.manager import PassManager
 from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
 
@@ -115,10 +116,11 @@ def test_the_store_issues_the_weight_rows_a_few_runs_ahead() -> None:
 
 @pytest.mark.parametrize("name,consts,before,most", [
     # Registers (at .minnctapersm 1) with the whole rows of w and bias loaded before the
-    # first multiply, from the same ptxas, and the most they may take now (88, 88, 152).
+    # first multiply, from the same ptxas, and the most they may take now (80, 80, 167 with
+    # x packed too).
     ("layernorm.tk", {}, 128, 96),
     ("layernorm.tk", {"BN": 16384, "warps": 16}, 127, 96),
-    ("layernorm_split.tk", {"BN": 16384, "cluster": 4, "warps": 8}, 254, 168),
+    ("layernorm_split.tk", {"BN": 16384, "cluster": 4, "warps": 8}, 254, 192),
 ])
 def test_deferred_weight_rows_free_registers(ptxas: Path, name: str, consts: dict, before: int, most: int) -> None:
     kernel = _example(name, consts).kernel()
@@ -134,3 +136,49 @@ def test_the_edge_side_reads_the_weight_rows_back_run_by_run(ptxas: Path) -> Non
     kernel = _example("layernorm_split.tk", {"BN": 16384, "cluster": 4}).kernel()
     usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels["layernorm_split"]
     assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
+
+
+# --------------------------------------------------------------------------- packed tiles
+
+
+def _packed_loads(kernel) -> list[str]:
+    """The tensor names of the packed loads, in program order."""
+    packed = packed_loads(kernel, store_cones(kernel), deferred_loads(kernel))
+    return [op.tensor.name_hint for op in kernel.walk() if op in packed]
+
+
+@pytest.mark.parametrize("name,consts,want", [
+    # The one-block branch's x feeds the statistics and the output; the two-sweep branch's
+    # second read of x feeds only the output (a store's cone).  The first sweep's x feeds
+    # only the statistics: unpacked once.
+    ("layernorm.tk", {}, ["x", "x"]),
+    ("layernorm_split.tk", {}, ["x", "x"]),
+    # Softmax's x in one block feeds the max and the exponentials, which the sum and the store
+    # both read: no use of it is in the store's cone.  The second sweep's x feeds the output
+    # alone.
+    ("softmax.tk", {}, ["x"]),
+    ("softmax_split.tk", {}, ["x"]),
+])
+def test_which_tiles_stay_packed(name: str, consts: dict, want: list) -> None:
+    assert _packed_loads(_example(name, consts).kernel()) == want
+
+
+def test_store_cones_end_in_one_store() -> None:
+    """The cone of layernorm.tk's one-block output: the ops from x - mean to the cast."""
+    kernel = _example("layernorm.tk", {}).kernel()
+    cones = store_cones(kernel)
+    names = sorted(op.name for op in cones)
+    assert "hopper.reduce" not in names and "tile.sub" in names and "tile.cast" in names
+    users = uses(kernel)
+    for op in cones:  # every use is another cone op or a store's value
+        assert all(u in cones or (u.name == "hopper.store" and u.value is op.result)
+                   for u in users.get(op.result, [])), op
+
+
+def test_a_packed_row_block_fits_four_programs_an_sm(ptxas: Path) -> None:
+    """layernorm_split.tk at 16k columns over 4 warps, registers capped for four programs an
+    SM (128): x packed two values a register fits without spilling (594 B of spills when each
+    value held an f32 register)."""
+    kernel = _example("layernorm_split.tk", {"BN": 16384, "cluster": 4, "ctas_per_sm": 4}).kernel()
+    usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels["layernorm_split"]
+    assert usage.registers <= 128 and usage.spill_stores == 0 and usage.spill_loads == 0, usage

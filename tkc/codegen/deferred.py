@@ -1,4 +1,4 @@
-"""Loads of row and column vectors emitted where a store uses them, run by run.
+"""Register tiles emitted where they are used: a store's inputs run by run, 16-bit rows kept packed.
 
 A store's value is often the end of a chain that reads a vector only to write the tile:
 LayerNorm's ``(x - mean) * rstd * w + b``, RMSNorm's ``x * rms * w``.  Lowered op by op,
@@ -28,8 +28,23 @@ Which loads (:func:`deferred_loads`): a register-tile ``hopper.load``
   stores, reads the same values.  (Tensors a kernel reads and tensors it writes must not
   overlap, as for every tkc kernel: programs run in no fixed order.)
 
+The ops between such loads and the store are the store's *cone* (:func:`store_cones`: ops of
+:data:`THROUGH` whose every use leads to that one store).  A cone op is emitted by the store,
+value by value, whenever one of its operands is deferred or packed.
+
+*Packed* tiles (:func:`packed_loads`, :class:`Packed`): a 16-bit float tile that stays live
+until a store because one of its uses is in that store's cone (LayerNorm's ``x``, read for
+both statistics and again for the output) is kept as the 32-bit words its load moved, two
+values a register, and unpacked again by each op that uses it (each reduction, and the store
+run by run).  ptxas then holds a 16k-column, 4-warp LayerNorm block (128 values a thread) in
+128 registers where it spilled 594 B before.  A tile whose uses all come before the store
+(softmax's ``x``, whose exponentials the store reads) is unpacked once, as before: packing it
+only adds the unpacking of each use.  (Its second read in a two-sweep softmax feeds only the
+output, and is packed.)
+
 Must not: change what any op computes or which elements it touches; only where the
-instructions of a deferred load and of the ops it feeds are emitted.
+instructions of a deferred load, of a packed tile's unpacking and of the cone ops they feed
+are emitted.
 """
 
 from __future__ import annotations
@@ -80,6 +95,36 @@ def deferred_loads(kernel: Operation) -> frozenset[Operation]:
         if store is not None and len(store.value.type.shape) > len(t.shape):
             out.add(op)
     return frozenset(out)
+
+
+def packed_loads(kernel: Operation, cones: frozenset[Operation],
+                 deferred: frozenset[Operation]) -> frozenset[Operation]:
+    """The 16-bit float ``hopper.load`` ops (not ``deferred``) whose tiles stay packed
+    (:class:`Packed`): those whose values, as they are or widened to f32, feed an op of a
+    store's cone, and so stay live until that store (LayerNorm's ``x``, used by both
+    statistics and the output)."""
+    users = uses(kernel)
+    out = set()
+    for op in kernel.walk():
+        if op.name != "hopper.load" or op in deferred or not isinstance(op.result.type, TileType) \
+                or op.result.type.dtype.name not in ("bf16", "f16"):
+            continue
+        values = [op.result] + [u.result for u in users.get(op.result, []) if _widens(u)]
+        if any(u in cones for v in values for u in users.get(v, [])):
+            out.add(op)
+    return frozenset(out)
+
+
+def _widens(op: Operation) -> bool:
+    """A ``tile.cast`` of a 16-bit float tile to f32 (the same values in registers)."""
+    return op.name == "tile.cast" and op.result.type.dtype.name == "f32"
+
+
+def store_cones(kernel: Operation) -> frozenset[Operation]:
+    """The :data:`THROUGH` ops of ``kernel`` whose every use leads to one ``hopper.store``
+    (the ops a store may compute run by run)."""
+    users = uses(kernel)
+    return frozenset(op for op in kernel.walk() if op.name in THROUGH and _sole_store(op, users) is not None)
 
 
 def _sole_store(load: Operation, users: dict) -> Operation | None:
@@ -152,9 +197,37 @@ class Deferred:
         return [self.at(lw, i) for i in range(self.n)]
 
 
+class Packed:
+    """A register tile of 16-bit floats held as the 32-bit words its load moved, unpacked
+    again by each op that uses it: two values a register between the uses instead of one."""
+
+    def __init__(self, runs: list[tuple[int, int, list[ir.Value]]],
+                 unpack: Callable[[ir.IRBuilder, list[ir.Value], int], list[ir.Value]], n: int) -> None:
+        self.runs, self.unpack, self.n = runs, unpack, n
+        self.run_of = {i: k for k, (first, m, _) in enumerate(runs) for i in range(first, first + m)}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _run(self, lw: Lowerer, k: int) -> list[ir.Value]:
+        first, m, words = self.runs[k]
+        return self.unpack(lw.b, [nvvm.opaque(lw.b, w) for w in words], m)
+
+    def values(self, lw: Lowerer) -> list[ir.Value]:
+        """Every value, unpacked here."""
+        return [v for k in range(len(self.runs)) for v in self._run(lw, k)]
+
+    def at(self, lw: Lowerer, i: int) -> ir.Value:
+        k = self.run_of[i]
+        memo = lw.deferred_scope.values
+        if (self, k) not in memo:
+            memo[self, k] = self._run(lw, k)
+        return memo[self, k][i - self.runs[k][0]]
+
+
 def value_at(lw: Lowerer, x: Any, i: int) -> Any:
     """Value ``i`` of an operand: a deferred tile's, a register tile's, or a scalar itself."""
-    if isinstance(x, Deferred):
+    if isinstance(x, (Deferred, Packed)):
         return x.at(lw, i)
     return x[i] if isinstance(x, list) else x
 

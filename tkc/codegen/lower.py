@@ -27,7 +27,7 @@ from typing import Any
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.deferred import Deferred, Scope, deferred_loads
+from tkc.codegen.deferred import Deferred, Packed, Scope, deferred_loads, packed_loads, store_cones
 from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, packs_in_pairs, unpack_pair
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx, target as lookup_target
@@ -137,18 +137,22 @@ class Lowerer:
         # The loads a store emits run by run, and where deferred values are being emitted
         # (tkc/codegen/deferred.py).
         self.deferred: frozenset[Operation] = deferred_loads(kernel)
+        self.cones: frozenset[Operation] = store_cones(kernel)
+        self.packed: frozenset[Operation] = packed_loads(kernel, self.cones, self.deferred)
         self.deferred_scope: Scope | None = None
 
     # ------------------------------------------------------------------ values
-    def get(self, v: Value) -> Any:
-        return self.env[v]
+    def get(self, v: Value, packed: bool = False) -> Any:
+        """The lowered value of ``v``; a :class:`Packed` tile unpacked here unless ``packed``."""
+        x = self.env[v]
+        return x.values(self) if isinstance(x, Packed) and not packed else x
 
     def set(self, v: Value, x: Any) -> None:
         self.env[v] = x
 
     def tile(self, op: Operation, v: Value) -> list:
         """The values of register tile ``v`` (a scalar is an error at ``op``)."""
-        x = self.env[v]
+        x = self.get(v)
         if isinstance(x, Deferred):
             # deferred_loads lets a deferred value reach only ops that take one.
             raise TkcCodegenError(f"'{op.name}': {v.type} is deferred to its store and cannot be "
@@ -268,7 +272,7 @@ class Lowerer:
         while i < len(ops):
             op = ops[i]
             if op.name == "tile.yield":
-                return [self.env[v] for v in op.operands]
+                return [self.get(v) for v in op.operands]
             if op.name == "tile.return":
                 return None
             if op.name in ONE_THREAD_OPS:

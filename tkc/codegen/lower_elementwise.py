@@ -40,7 +40,7 @@ import llvmlite.ir as ir
 
 from tkc import dtypes
 from tkc.codegen import nvvm
-from tkc.codegen.deferred import Deferred, Mapped, Picked
+from tkc.codegen.deferred import Deferred, Mapped, Packed, Picked
 from tkc.codegen.lower_values import (
     BF16,
     HALF,
@@ -65,15 +65,16 @@ Fn = Callable[..., ir.Value]
 
 def _map(lw: Lowerer, op: Operation, fn: Fn, *xs: Lowered) -> None:
     """Apply ``fn`` value by value; scalar operands are shared by every value of a tile."""
-    n = next((len(x) for x in xs if isinstance(x, (list, Deferred))), None)
+    n = next((len(x) for x in xs if isinstance(x, (list, Deferred, Packed))), None)
     if n is None:
         lw.set(op.result, fn(*xs))
         return
-    if any(len(x) != n for x in xs if isinstance(x, (list, Deferred))):
+    if any(len(x) != n for x in xs if isinstance(x, (list, Deferred, Packed))):
         raise TkcCodegenError(f"'{op.name}': operands hold different numbers of values", op.loc)
-    if any(isinstance(x, Deferred) for x in xs):
+    if any(isinstance(x, Deferred) for x in xs) or (op in lw.cones and any(isinstance(x, Packed) for x in xs)):
         lw.set(op.result, Mapped(fn, xs, n))  # emitted value by value by its store
         return
+    xs = tuple(x.values(lw) if isinstance(x, Packed) else x for x in xs)
     cols = [x if isinstance(x, list) else [x] * n for x in xs]
     lw.set(op.result, [fn(*vals) for vals in zip(*cols)])
 
@@ -145,7 +146,7 @@ def _binary(lw: Lowerer, op: Operation) -> None:
         fn = None if f is None else (lambda x, y: f(b, x, y))
     if fn is None:
         raise TkcCodegenError(f"'{op.name}' on {dt.name} is not lowered", op.loc)
-    _map(lw, op, fn, lw.get(op.lhs), lw.get(op.rhs))
+    _map(lw, op, fn, lw.get(op.lhs, packed=True), lw.get(op.rhs, packed=True))
 
 
 # --------------------------------------------------------------------------- unary
@@ -174,7 +175,7 @@ _FLOAT_UNARY: dict[str, Fn] = {
 def _unary(lw: Lowerer, op: Operation) -> None:
     dt = element_dtype(op.result.type)
     b = lw.b
-    x = lw.get(op.x)
+    x = lw.get(op.x, packed=True)
     if dt.is_float:
         f = _FLOAT_UNARY[op.name] if op.name in _FLOAT_UNARY else None
         fn = None if f is None else (lambda v: round_to(b, f(b, v), dt))
@@ -209,7 +210,7 @@ def _cmp(lw: Lowerer, op: Operation) -> None:
         fn = lambda x, y: b.icmp_signed(_ICMP[op.pred], x, y)  # noqa: E731
     else:
         fn = lambda x, y: b.icmp_unsigned(_ICMP[op.pred], x, y)  # noqa: E731  (false < true)
-    _map(lw, op, fn, lw.get(op.lhs), lw.get(op.rhs))
+    _map(lw, op, fn, lw.get(op.lhs, packed=True), lw.get(op.rhs, packed=True))
 
 
 def _select(lw: Lowerer, op: Operation) -> None:
@@ -238,7 +239,11 @@ def cast_value(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value
 
 def _cast(lw: Lowerer, op: Operation) -> None:
     src, dst = element_dtype(op.x.type), element_dtype(op.result.type)
-    _map(lw, op, lambda v: cast_value(lw.b, v, src, dst), lw.get(op.x))
+    x = lw.get(op.x, packed=True)
+    if isinstance(x, Packed) and src in (dtypes.bf16, dtypes.f16) and dst == dtypes.f32:
+        lw.set(op.result, x)  # the register form of a 16-bit float is its f32 value already
+        return
+    _map(lw, op, lambda v: cast_value(lw.b, v, src, dst), x)
 
 
 # --------------------------------------------------------------------------- constants and shapes

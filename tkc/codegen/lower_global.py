@@ -48,7 +48,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from tkc.codegen import nvvm
-from tkc.codegen.deferred import LOOKAHEAD, Deferred, emitting
+from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
 from tkc.codegen.lower import TensorArg
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
                                       packs_in_pairs, to_mem, widen)
@@ -545,8 +545,43 @@ def load(lw: Lowerer, op: Operation) -> None:
         lw.set(op.result, b.select(e.ok, _value_of(b, _load_element(b, e.addr, e.ok, dt), dt), other))
     elif op in lw.deferred:
         lw.set(op.result, _DeferredLoad(op, lw.regs(op, t), dt))
+    elif op in lw.packed and all(n > 1 for _, n in _access_runs(op, tensor, t)):
+        lw.set(op.result, _load_packed(lw, op))
     else:
         lw.set(op.result, _load_tile(lw, op))
+
+
+def _access_runs(op: Operation, tensor: TensorArg, t: TileType) -> tuple[tuple[int, int], ...]:
+    return _runs(op, tensor, t) or tuple((i, 1) for i in range(int(t.layout.regs)))
+
+
+def _load_packed(lw: Lowerer, op: Operation) -> Packed:
+    """A 16-bit float tile loaded here and kept as its words (:class:`Packed`)."""
+    b = lw.b
+    t = op.result.type
+    dt = lw.get(op.tensor).type.dtype
+    acc = _access(lw, op, t)
+
+    def whole_tile() -> list[ir.Value]:
+        return [x for first, n in acc.runs for x in _load_vector(b, acc.addr(lw, op, first), dt, n)]
+
+    def edge() -> list[ir.Value]:
+        a = acc.kept_local(lw)
+        out: dict[int, list[ir.Value]] = {}
+        for n, firsts in _groups(a.runs):
+            arr = _load_edge_runs(lw, op, a, n, firsts)
+            w = _word_type(dt, n)[0]
+            for j, first in enumerate(firsts):
+                out[first] = [b.load(_slot(b, arr, j * w + q)) for q in range(w)]
+        return [x for first, _ in a.runs for x in out[first]]
+
+    words = _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+    runs, k = [], 0
+    for first, n in acc.runs:
+        w = _word_type(dt, n)[0]
+        runs.append((first, n, words[k:k + w]))
+        k += w
+    return Packed(runs, lambda b, ws, n: _run_values(b, ws, dt, n), lw.regs(op, t))
 
 
 def _run_values(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
