@@ -127,16 +127,16 @@ def store_cones(kernel: Operation) -> frozenset[Operation]:
     return frozenset(op for op in kernel.walk() if op.name in THROUGH and _sole_store(op, users) is not None)
 
 
-def _sole_store(load: Operation, users: dict) -> Operation | None:
-    """The one ``hopper.store`` that every use of ``load`` leads to through :data:`THROUGH`
+def _sole_store(op: Operation, users: dict) -> Operation | None:
+    """The one ``hopper.store`` that every use of ``op`` leads to through :data:`THROUGH`
     ops of its block, or None."""
     stores: set[Operation] = set()
     seen: set[Operation] = set()
-    todo = [load.result]
+    todo = [op.result]
     while todo:
         v = todo.pop()
         for u in users.get(v, []):
-            if u.parent is not load.parent:
+            if u.parent is not op.parent:
                 return None
             if u.name == "hopper.store" and u.value is v and v is not u.tensor and v not in u.offsets:
                 stores.add(u)

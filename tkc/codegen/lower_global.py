@@ -567,13 +567,8 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
 
     def edge() -> list[ir.Value]:
         a = acc.kept_local(lw)
-        out: dict[int, list[ir.Value]] = {}
-        for n, firsts in _groups(a.runs):
-            arr = _load_edge_runs(lw, op, a, n, firsts)
-            w = _word_type(dt, n)[0]
-            for j, first in enumerate(firsts):
-                out[first] = [b.load(_slot(b, arr, j * w + q)) for q in range(w)]
-        return [x for first, _ in a.runs for x in out[first]]
+        slots = _edge_slots(lw, op, a)
+        return [x for first, _ in a.runs for x in _read_slots(b, slots[first])]
 
     words = _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
     runs, k = [], 0
@@ -614,6 +609,23 @@ def _load_edge_runs(lw: Lowerer, op: Operation, a: _Access, n: int, firsts: list
     return arr
 
 
+def _edge_slots(lw: Lowerer, op: Operation, a: _Access) -> dict[int, tuple[ir.Value, int, int]]:
+    """The edge side of a load up to its local arrays: each run length's loop, and per run
+    (by its first value) where its words wait: (array, first slot, words)."""
+    slots = {}
+    for n, firsts in _groups(a.runs):
+        arr = _load_edge_runs(lw, op, a, n, firsts)
+        w = _word_type(a.tensor.type.dtype, n)[0]
+        slots.update({first: (arr, j * w, w) for j, first in enumerate(firsts)})
+    return slots
+
+
+def _read_slots(b: ir.IRBuilder, slot: tuple[ir.Value, int, int]) -> list[ir.Value]:
+    """A run's words back from its local array (:func:`_edge_slots`)."""
+    arr, at, w = slot
+    return [b.load(_slot(b, arr, at + q)) for q in range(w)]
+
+
 def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
     """The values of a register-tile ``hopper.load``, loaded here."""
     b = lw.b
@@ -636,13 +648,8 @@ def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
 
     def edge() -> list[ir.Value]:
         a = acc.kept_local(lw)
-        out: dict[int, list[ir.Value]] = {}
-        for n, firsts in _groups(a.runs):
-            arr = _load_edge_runs(lw, op, a, n, firsts)
-            w = _word_type(dt, n)[0]
-            for j, first in enumerate(firsts):
-                out[first] = values([b.load(_slot(b, arr, j * w + q)) for q in range(w)], n)
-        return [v for first, _ in a.runs for v in out[first]]
+        slots = _edge_slots(lw, op, a)
+        return [v for first, n in a.runs for v in values(_read_slots(b, slots[first]), n)]
 
     return _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
 
@@ -680,18 +687,10 @@ class _DeferredLoad(Deferred):
     def _edge_words(self, lw: Lowerer, first: int) -> list[ir.Value]:
         """The words of the run at ``first`` on the edge side: every run is loaded into local
         arrays where the first is needed (the load's edge loops), each read back where used."""
-        b = lw.b
         memo = lw.deferred_scope.values
         if (self, None) not in memo:
-            a = self.acc.kept_local(lw)
-            slots = {}
-            for n, firsts in _groups(a.runs):
-                arr = _load_edge_runs(lw, self.op, a, n, firsts)
-                w = _word_type(self.dt, n)[0]
-                slots.update({f: (arr, j * w, w) for j, f in enumerate(firsts)})
-            memo[self, None] = slots
-        arr, at, w = memo[self, None][first]
-        return [b.load(_slot(b, arr, at + q)) for q in range(w)]
+            memo[self, None] = _edge_slots(lw, self.op, self.acc.kept_local(lw))
+        return _read_slots(lw.b, memo[self, None][first])
 
     def at(self, lw: Lowerer, i: int) -> ir.Value:
         memo = lw.deferred_scope.values
