@@ -214,7 +214,7 @@ class Packed:
 
     def _run(self, lw: Lowerer, k: int) -> list[ir.Value]:
         first, m, words = self.runs[k]
-        return self.unpack(lw.b, [nvvm.opaque(lw.b, w) for w in words], m)
+        return self.unpack(lw.b, nvvm.opaque_all(lw.b, words), m)
 
     def values(self, lw: Lowerer) -> list[ir.Value]:
         """Every value, unpacked here."""

@@ -391,6 +391,20 @@ def opaque(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
     return builder.asm(ftype, "", "=r,0" if width == 32 else "=l,0", [value], side_effect=True)
 
 
+def opaque_all(builder: ir.IRBuilder, values: list[ir.Value]) -> list[ir.Value]:
+    """:func:`opaque` for several i32 values at once (one empty asm statement, each output
+    tied to its input)."""
+    if len(values) == 1:
+        return [opaque(builder, values[0])]
+    if any(v.type.width != 32 for v in values):
+        raise TkcCodegenError("opaque_all takes i32 values")
+    n = len(values)
+    ftype = ir.FunctionType(ir.LiteralStructType([values[0].type] * n), [v.type for v in values])
+    cons = ",".join(["=r"] * n + [str(i) for i in range(n)])
+    out = builder.asm(ftype, "", cons, values, side_effect=True)
+    return [builder.extract_value(out, i) for i in range(n)]
+
+
 def rolled(branch: ir.Instruction) -> None:
     """Mark the loop whose latch ends in ``branch`` ``llvm.loop.unroll.disable``: NVPTX lets
     LLVM unroll loops of unknown trip count by four, which for a loop written to keep code
