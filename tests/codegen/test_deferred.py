@@ -114,18 +114,17 @@ def test_the_store_issues_the_weight_rows_a_few_runs_ahead() -> None:
     assert want in blocks, blocks
 
 
-@pytest.mark.parametrize("name,consts,before,most", [
-    # Registers (at .minnctapersm 1) with the whole rows of w and bias loaded before the
-    # first multiply, from the same ptxas, and the most they may take now (80, 80, 167 with
-    # x packed too).
-    ("layernorm.tk", {}, 128, 96),
-    ("layernorm.tk", {"BN": 16384, "warps": 16}, 127, 96),
-    ("layernorm_split.tk", {"BN": 16384, "cluster": 4, "warps": 8}, 254, 192),
+@pytest.mark.parametrize("name,consts,most", [
+    # ptxas at .minnctapersm 1.  With the whole rows of w and bias loaded before the first
+    # multiply these took 128, 127 and 254 registers; deferred, with x packed, 80, 80 and 167.
+    ("layernorm.tk", {}, 96),
+    ("layernorm.tk", {"BN": 16384, "warps": 16}, 96),
+    ("layernorm_split.tk", {"BN": 16384, "cluster": 4, "warps": 8}, 192),
 ])
-def test_deferred_weight_rows_free_registers(ptxas: Path, name: str, consts: dict, before: int, most: int) -> None:
+def test_deferred_weight_rows_free_registers(ptxas: Path, name: str, consts: dict, most: int) -> None:
     kernel = _example(name, consts).kernel()
     usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels[kernel.attributes["sym_name"]]
-    assert usage.spill_stores == 0 and usage.registers <= most < before, usage
+    assert usage.spill_stores == 0 and usage.registers <= most, usage
 
 
 def test_the_edge_side_reads_the_weight_rows_back_run_by_run(ptxas: Path) -> None:
