@@ -134,8 +134,8 @@ class Lowerer:
         self.tid: ir.Value = nvvm.sreg(self.b, "tid.x", "tid")
         self.role: Operation | None = None
         self.handlers = _handlers()
-        # The loads a store emits run by run, and where deferred values are being emitted
-        # (tkc/codegen/deferred.py).
+        # The loads a store emits run by run, the ops stores compute run by run, the rows
+        # kept packed, and where deferred values are being emitted (tkc/codegen/deferred.py).
         self.deferred: frozenset[Operation] = deferred_loads(kernel)
         self.cones: frozenset[Operation] = store_cones(kernel)
         self.packed: frozenset[Operation] = packed_loads(kernel, self.cones, self.deferred)
