@@ -36,8 +36,10 @@ value by value, whenever one of its operands is deferred or packed.
 until a store because one of its uses is in that store's cone (LayerNorm's ``x``, read for
 both statistics and again for the output) is kept as the 32-bit words its load moved, two
 values a register, and unpacked again by each op that uses it (each reduction, and the store
-run by run).  ptxas then holds a 16k-column, 4-warp LayerNorm block (128 values a thread) in
-128 registers where it spilled 594 B before.  A tile whose uses all come before the store
+run by run); each run's words pass through one empty asm statement first, so that LLVM does
+not merge the unpackings back into one long-lived f32 value.  ptxas then fits a 16k-column,
+4-warp LayerNorm block (128 values a thread) in the 128 registers of four programs an SM, where
+it spilled 594 B before.  A tile whose uses all come before the store
 (softmax's ``x``, whose exponentials the store reads) is unpacked once, as before: packing it
 only adds the unpacking of each use.  (Its second read in a two-sweep softmax feeds only the
 output, and is packed.)  Packing softmax's one-block ``x`` anyway and computing ``exp(x - m)``
