@@ -378,9 +378,11 @@ def test_layernorm(rng, M: int, N: int, consts: dict) -> None:
 
 
 # layernorm_split.tk, as softmax_split.tk: one block a program (4 x 16384 over three programs an
-# SM, as the harness times it), two sweeps, and 70000 columns over 4 x 16384.
+# SM, as the harness times it; over four, which only the packed row fits), two sweeps, and 70000
+# columns over 4 x 16384.
 LAYERNORM_SPLITS = [{"BN": 256, "cluster": 4}, {"BN": 4096, "cluster": 2, "warps": 8},
-                    {"BN": 16384, "cluster": 4}, {"BN": 16384, "cluster": 4, "warps": 8, "ctas_per_sm": 2}]
+                    {"BN": 16384, "cluster": 4}, {"BN": 16384, "cluster": 4, "warps": 8, "ctas_per_sm": 2},
+                    {"BN": 16384, "cluster": 4, "ctas_per_sm": 4}]
 
 
 @pytest.mark.parametrize("consts", LAYERNORM_SPLITS, ids=str)
@@ -417,13 +419,16 @@ def _rmsnorm():
     return rmsnorm
 
 
-@pytest.mark.parametrize("M,N", [(16, 256), (100, 700), (7, 40)])
-def test_rmsnorm_through_the_decorator(rng, monkeypatch: pytest.MonkeyPatch, M: int, N: int) -> None:
+# The default 16 x 256 blocks, and one-row 4096-column blocks, whose weight row the store loads
+# run by run (tkc/codegen/deferred.py).
+@pytest.mark.parametrize("consts", [{}, {"BM": 1, "BN": 4096}], ids=str)
+@pytest.mark.parametrize("M,N", [(16, 256), (100, 700), (7, 40), (5, 9000)])
+def test_rmsnorm_through_the_decorator(rng, monkeypatch: pytest.MonkeyPatch, M: int, N: int, consts: dict) -> None:
     monkeypatch.delenv("TKC_INTERPRET", raising=False)
     mod = _rmsnorm()
     g, seed = rng
     x, w, y = randn(g, M, N), randn(g, N), poisoned(M, N)
-    mod.rmsnorm(x, w, y, 1e-6)
+    mod.rmsnorm(x, w, y, 1e-6, **consts)
     check(f"rmsnorm {M}x{N}", y, mod.reference(x, w, 1e-6), seed, atol=5e-2, rtol=2e-2)
     assert {"tkir", "hopper", "llvm", "ptx"} <= set(mod.rmsnorm.asm())
 
