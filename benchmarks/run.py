@@ -218,13 +218,14 @@ def norm_configs(op: str, N: int, prefetch: tuple[int, ...] | None = None) -> li
 
 def split_configs(N: int) -> list[dict]:
     """softmax_split.tk's and layernorm_split.tk's configurations for rows of ``N`` columns:
-    the row over 2 or 4 programs of a cluster, one block each, 4 or 8 warps, as many programs
-    an SM as the compiler chooses or three or four (LayerNorm's 16k-column, 4-warp block fits
-    four with its row packed).  Rows under 16k columns fill the GPU without a cluster (a row
-    a program)."""
+    the row over 2 or 4 programs of a cluster, one block each, 4, 8 or 16 warps, as many
+    programs an SM as the compiler chooses or three or four (LayerNorm's 16k-column, 4-warp
+    block fits four with its row packed; its 64k row ran fastest as 2 x 32768 over 16 warps on
+    an H100, benchmarks/RESULTS.md).  Rows under 16k columns fill the GPU without a cluster (a
+    row a program)."""
     if N < 16384:
         return []
-    return [{"BN": N // c, "cluster": c, "warps": w, **ctas} for c in (2, 4) for w in (4, 8)
+    return [{"BN": N // c, "cluster": c, "warps": w, **ctas} for c in (2, 4) for w in (4, 8, 16)
             for ctas in ({}, {"ctas_per_sm": 3}, {"ctas_per_sm": 4}) if 8 <= N // c // (32 * w) <= 256]
 
 
