@@ -167,6 +167,20 @@ def test_compile_cubin_and_resource_usage() -> None:
     assert "B dynamic shared memory + 0 B static" in line and "(sm_90a, 384 threads, 1 program an SM)" in line
 
 
+def test_resource_usage_names_the_loads_stores_emit_and_the_packed_rows() -> None:
+    from tkc.codegen.ptxas import find_ptxas
+
+    if find_ptxas() is None:
+        pytest.skip("no ptxas found")
+    r = tkc_cli("compile", str(EXAMPLES / "layernorm.tk"), "-o", "ln.cubin", "--resource-usage")
+    assert r.exit_code == 0, r.stderr
+    assert "layernorm: loaded by their stores, run by run: w, bias; kept packed until their stores: x" \
+        in r.stderr.splitlines()
+    # GEMM's epilogue is a TMA store of its accumulator: nothing deferred, nothing packed.
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "gemm.cubin", "--resource-usage")
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
 def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:
     import tkc.codegen.ptxas as ptxas_mod
 

@@ -312,6 +312,25 @@ def _print_resources(compiled: Any) -> None:
                    err=True)
     for w in compiled.ptxas_warnings:
         click.echo(f"ptxas: {w}", err=True)
+    _print_store_plan(compiled)
+
+
+def _print_store_plan(compiled: Any) -> None:
+    """Which loads the kernel's stores emit run by run and which rows stay packed
+    (tkc/codegen/deferred.py): choices codegen makes that no IR dump shows."""
+    from tkc.codegen.deferred import deferred_loads, packed_loads, store_cones
+
+    kernel = compiled.kernel_op
+    deferred = deferred_loads(kernel)
+    packed = packed_loads(kernel, store_cones(kernel), deferred)
+
+    def tensors(ops: frozenset) -> str:
+        return ", ".join(dict.fromkeys(op.tensor.name_hint or "?" for op in kernel.walk() if op in ops))
+
+    parts = ([f"loaded by their stores, run by run: {tensors(deferred)}"] if deferred else []) + \
+            ([f"kept packed until their stores: {tensors(packed)}"] if packed else [])
+    if parts:
+        click.echo(f"{compiled.name}: " + "; ".join(parts), err=True)
 
 
 @cli.command("run")

@@ -104,15 +104,18 @@ def deferred_loads(kernel: Operation) -> frozenset[Operation]:
 
 def packed_loads(kernel: Operation, cones: frozenset[Operation],
                  deferred: frozenset[Operation]) -> frozenset[Operation]:
-    """The 16-bit float ``hopper.load`` ops (not ``deferred``) whose tiles stay packed
-    (:class:`Packed`): those whose values, as they are or widened to f32, feed an op of a
-    store's cone, and so stay live until that store (LayerNorm's ``x``, used by both
-    statistics and the output)."""
+    """The 16-bit float ``hopper.load`` ops (not ``deferred``, every run a vector access) whose
+    tiles stay packed (:class:`Packed`): those whose values, as they are or widened to f32,
+    feed an op of a store's cone, and so stay live until that store (LayerNorm's ``x``, used by
+    both statistics and the output)."""
+    # Imported here: lower_global imports this module for its value classes.
+    from tkc.codegen.lower_global import vectorized
+
     users = uses(kernel)
     out = set()
     for op in kernel.walk():
         if op.name != "hopper.load" or op in deferred or not isinstance(op.result.type, TileType) \
-                or op.result.type.dtype.name not in ("bf16", "f16"):
+                or op.result.type.dtype.name not in ("bf16", "f16") or not vectorized(op):
             continue
         values = [op.result] + [u.result for u in users.get(op.result, []) if _widens(u)]
         if any(u in cones for v in values for u in users.get(v, [])):

@@ -56,7 +56,7 @@ from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
 from tkc.ir.layouts import DistributedLayout
-from tkc.ir.types import TileType
+from tkc.ir.types import TensorType, TileType
 
 if TYPE_CHECKING:
     from tkc.codegen.lower import Lowerer
@@ -166,12 +166,13 @@ def _elem_bytes(dt: DType) -> int:
     return bits_type(dt).width // 8
 
 
-def _runs(op: Operation, tensor: TensorArg, t: object) -> tuple[tuple[int, int], ...] | None:
-    """The op's runs, or None when it has no vector access: a scalar, or a tile whose last
-    axis is not the tensor's (the last tensor axis is squeezed)."""
-    if not isinstance(t, TileType) or tensor.type.rank - 1 in (op.squeeze or []):
+def _runs(op: Operation, tensor: TensorType, t: object) -> tuple[tuple[int, int], ...] | None:
+    """The op's runs (``tensor``: the type of its tensor operand), or None when it has no vector
+    access: a scalar, or a tile whose last axis is not the tensor's (the last tensor axis is
+    squeezed)."""
+    if not isinstance(t, TileType) or tensor.rank - 1 in (op.squeeze or []):
         return None
-    runs = vector_runs(t.layout, _elem_bytes(tensor.type.dtype))
+    runs = vector_runs(t.layout, _elem_bytes(tensor.dtype))
     return runs if any(n > 1 for _, n in runs) else None
 
 
@@ -409,7 +410,7 @@ def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
     tensor: TensorArg = lw.get(op.tensor)
     offs = [lw.get(v) for v in op.offsets]
     thread, regs = lw.coord_parts(op, t.layout)
-    runs = _runs(op, tensor, t) or tuple((i, 1) for i in range(len(regs)))
+    runs = _runs(op, tensor.type, t) or tuple((i, 1) for i in range(len(regs)))
     fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
     acc = _Access(tensor, offs, thread, regs, runs, fast)
     return acc.kept_local(lw) if _beside_a_loop(op) else acc
@@ -545,14 +546,17 @@ def load(lw: Lowerer, op: Operation) -> None:
         lw.set(op.result, b.select(e.ok, _value_of(b, _load_element(b, e.addr, e.ok, dt), dt), other))
     elif op in lw.deferred:
         lw.set(op.result, _DeferredLoad(op, lw.regs(op, t), dt))
-    elif op in lw.packed and all(n > 1 for _, n in _access_runs(op, tensor, t)):
+    elif op in lw.packed:
         lw.set(op.result, _load_packed(lw, op))
     else:
         lw.set(op.result, _load_tile(lw, op))
 
 
-def _access_runs(op: Operation, tensor: TensorArg, t: TileType) -> tuple[tuple[int, int], ...]:
-    return _runs(op, tensor, t) or tuple((i, 1) for i in range(int(t.layout.regs)))
+def vectorized(op: Operation) -> bool:
+    """Whether every run of register-tile access ``op`` is a vector access (whose words a
+    packed tile keeps)."""
+    runs = _runs(op, op.tensor.type, op.result.type if op.name == "hopper.load" else op.value.type)
+    return runs is not None and all(n > 1 for _, n in runs)
 
 
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:
