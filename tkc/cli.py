@@ -318,17 +318,16 @@ def _print_resources(compiled: Any) -> None:
 def _print_store_plan(compiled: Any) -> None:
     """Which loads the kernel's stores emit run by run and which rows stay packed
     (tkc/codegen/deferred.py): choices codegen makes that no IR dump shows."""
-    from tkc.codegen.deferred import deferred_loads, packed_loads, store_cones
+    from tkc.codegen.deferred import store_plan
 
     kernel = compiled.kernel_op
-    deferred = deferred_loads(kernel)
-    packed = packed_loads(kernel, store_cones(kernel), deferred)
+    plan = store_plan(kernel)
 
     def tensors(ops: frozenset) -> str:
         return ", ".join(dict.fromkeys(op.tensor.name_hint or "?" for op in kernel.walk() if op in ops))
 
-    parts = ([f"loaded by their stores, run by run: {tensors(deferred)}"] if deferred else []) + \
-            ([f"kept packed until their stores: {tensors(packed)}"] if packed else [])
+    parts = ([f"loaded by their stores, run by run: {tensors(plan.deferred)}"] if plan.deferred else []) + \
+            ([f"kept packed until their stores: {tensors(plan.packed)}"] if plan.packed else [])
     if parts:
         click.echo(f"{compiled.name}: " + "; ".join(parts), err=True)
 

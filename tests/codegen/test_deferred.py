@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tkc.codegen.deferred import LOOKAHEAD, deferred_loads, packed_loads, store_cones
+from tkc.codegen.deferred import LOOKAHEAD, store_plan
 from tkc.codegen.lower import kernel_to_ptx
 from tkc.codegen.ptxas import assemble
 from tkc.frontend import compile_source
@@ -21,7 +21,7 @@ from test_lower import _example
 
 def _deferred_tensors(kernel) -> list[str]:
     """The parameter names of the deferred loads' tensors, in program order."""
-    deferred = deferred_loads(kernel)
+    deferred = store_plan(kernel).deferred
     return [op.tensor.name_hint for op in kernel.walk() if op in deferred]
 
 
@@ -142,7 +142,7 @@ def test_the_edge_side_reads_the_weight_rows_back_run_by_run(ptxas: Path) -> Non
 
 def _packed_loads(kernel) -> list[str]:
     """The tensor names of the packed loads, in program order."""
-    packed = packed_loads(kernel, store_cones(kernel), deferred_loads(kernel))
+    packed = store_plan(kernel).packed
     return [op.tensor.name_hint for op in kernel.walk() if op in packed]
 
 
@@ -165,7 +165,7 @@ def test_which_tiles_stay_packed(name: str, consts: dict, want: list) -> None:
 def test_store_cones_end_in_one_store() -> None:
     """The cone of layernorm.tk's one-block output: the ops from x - mean to the cast."""
     kernel = _example("layernorm.tk", {}).kernel()
-    cones = store_cones(kernel)
+    cones = store_plan(kernel).cones
     names = sorted(op.name for op in cones)
     assert "hopper.reduce" not in names and "tile.sub" in names and "tile.cast" in names
     users = uses(kernel)

@@ -13,7 +13,7 @@ the deferred loads of the run :data:`LOOKAHEAD` runs ahead, this run's arithmeti
 run's store (``lower_global.store``), so only a few runs of ``w`` and ``b`` are live at a
 time.
 
-Which loads (:func:`deferred_loads`): a register-tile ``hopper.load``
+Which loads (:func:`store_plan`): a register-tile ``hopper.load``
 
 - holding more of a thread's values than the first ``LOOKAHEAD + 1`` runs of the store load
   anyway (at most 16 B a run): a row of 256 bf16 over 32 lanes is 16 B a thread, issued
@@ -22,17 +22,18 @@ Which loads (:func:`deferred_loads`): a register-tile ``hopper.load``
   axes, which every program reads again and which is therefore likely in L2, where a short
   lookahead hides its latency.  Loads of the stored tile's own shape stay where the program
   put them, all in flight together: the kernel's bandwidth is theirs;
-- whose every use, transitively, is an op of :data:`THROUGH` in the same block, ending in
-  the value of exactly one ``hopper.store``;
+- whose every use, transitively, is an elementwise op or a register shape op that only picks
+  values (:func:`_through`) in the same block, ending in the value of exactly one
+  ``hopper.store``;
 - of a tensor the kernel never writes, so reading it later, after some of the kernel's own
   stores, reads the same values.  (Tensors a kernel reads and tensors it writes must not
   overlap, as for every tkc kernel: programs run in no fixed order.)
 
-The ops between such loads and the store are the store's *cone* (:func:`store_cones`: ops of
-:data:`THROUGH` whose every use leads to that one store).  A cone op is emitted by the store,
+The ops between such loads and the store are the store's *cone* (``StorePlan.cones``: such
+ops whose every use leads to that one store).  A cone op is emitted by the store,
 value by value, whenever one of its operands is deferred or packed.
 
-*Packed* tiles (:func:`packed_loads`, :class:`Packed`): a 16-bit float tile that stays live
+*Packed* tiles (``StorePlan.packed``, :class:`Packed`): a 16-bit float tile that stays live
 until a store because one of its uses is in that store's cone (LayerNorm's ``x``, read for
 both statistics and again for the output) is kept as the 32-bit words its load moved, two
 values a register, and unpacked again by each op that uses it (each reduction, and the store
@@ -56,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import llvmlite.ir as ir
 
@@ -71,73 +72,69 @@ if TYPE_CHECKING:
 #: their latency (an L2 hit) overlaps the arithmetic and stores of the runs before them.
 LOOKAHEAD = 2
 
-#: Ops a deferred value passes through: elementwise ops (``lower_elementwise._map``) and the
-#: register shape ops that only pick values (a ``convert_layout`` with no scratch tile).
-THROUGH = frozenset({
-    "tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv", "tile.rem", "tile.cdiv",
-    "tile.maximum", "tile.minimum", "tile.and", "tile.or", "tile.xor", "tile.neg", "tile.abs",
-    "tile.not", "tile.exp", "tile.exp2", "tile.log", "tile.log2", "tile.sqrt", "tile.rsqrt",
-    "tile.tanh", "tile.cmp", "tile.select", "tile.cast", "tile.expand_dims", "tile.broadcast",
-    "hopper.convert_layout",
-})
+#: Register shape ops a deferred value passes through besides the elementwise ops (the
+#: ``elementwise`` trait, ``lower_elementwise._map``): they only pick values (a
+#: ``convert_layout`` only when it has no scratch tile).
+_PICKING = frozenset({"tile.expand_dims", "tile.broadcast", "hopper.convert_layout"})
+
+
+def _through(op: Operation) -> bool:
+    """Whether a deferred value passes through ``op`` value by value."""
+    return op.has_trait("elementwise") or (op.name in _PICKING and not (op.name == "hopper.convert_layout"
+                                                                         and op.scratch))
+
 
 #: Ops that write a tensor.
 _WRITES = frozenset({"hopper.store", "hopper.tma_store"})
 
 
-def deferred_loads(kernel: Operation) -> frozenset[Operation]:
-    """The ``hopper.load`` ops of ``kernel`` that its store emits run by run (module doc)."""
-    users = uses(kernel)
-    written = {op.tensor for op in kernel.walk() if op.name in _WRITES}
-    out = set()
-    for op in kernel.walk():
-        if op.name != "hopper.load" or not isinstance(op.result.type, TileType) or op.tensor in written:
-            continue
-        t = op.result.type
-        if int(t.layout.regs) * op.tensor.type.dtype.bits <= 8 * nvvm.VECTOR_BYTES * (LOOKAHEAD + 1):
-            continue  # the first store's lookahead would issue all of it anyway
-        store = _sole_store(op, users)
-        if store is not None and len(store.value.type.shape) > len(t.shape):
-            out.add(op)
-    return frozenset(out)
+class StorePlan(NamedTuple):
+    """What a kernel's stores emit where they use it (module doc): the deferred loads, the
+    stores' cones, and the loads kept packed."""
+
+    deferred: frozenset[Operation]
+    cones: frozenset[Operation]
+    packed: frozenset[Operation]
 
 
-def packed_loads(kernel: Operation, cones: frozenset[Operation],
-                 deferred: frozenset[Operation]) -> frozenset[Operation]:
-    """The 16-bit float ``hopper.load`` ops (not ``deferred``, every run a vector access) whose
-    tiles stay packed (:class:`Packed`): those whose values, as they are or widened to f32,
-    feed an op of a store's cone, and so stay live until that store (LayerNorm's ``x``, used by
-    both statistics and the output)."""
+def store_plan(kernel: Operation) -> StorePlan:
+    """The :class:`StorePlan` of ``kernel`` (a hopper-level ``tile.kernel``)."""
     # Imported here: lower_global imports this module for its value classes.
     from tkc.codegen.lower_global import vectorized
 
     users = uses(kernel)
-    out = set()
-    for op in kernel.walk():
-        if op.name != "hopper.load" or op in deferred or not isinstance(op.result.type, TileType) \
-                or op.result.type.dtype.name not in ("bf16", "f16") or not vectorized(op):
-            continue
-        values = [op.result] + [u.result for u in users.get(op.result, []) if _widens(u)]
-        if any(u in cones for v in values for u in users.get(v, [])):
-            out.add(op)
-    return frozenset(out)
+    written = {op.tensor for op in kernel.walk() if op.name in _WRITES}
+    loads = [op for op in kernel.walk() if op.name == "hopper.load" and isinstance(op.result.type, TileType)]
+    deferred = frozenset(op for op in loads if op.tensor not in written and _worth_deferring(op)
+                         and _broadcast_into(op, _sole_store(op, users)))
+    cones = frozenset(op for op in kernel.walk() if _through(op) and _sole_store(op, users) is not None)
+    packed = frozenset(op for op in loads if op not in deferred and op.result.type.dtype.name in ("bf16", "f16")
+                       and vectorized(op) and _live_until_a_store(op, users, cones))
+    return StorePlan(deferred, cones, packed)
 
 
-def _widens(op: Operation) -> bool:
-    """A ``tile.cast`` of a 16-bit float tile to f32 (the same values in registers)."""
-    return op.name == "tile.cast" and op.result.type.dtype.name == "f32"
+def _worth_deferring(load: Operation) -> bool:
+    """More of a thread's values than the first store's lookahead would issue anyway."""
+    t = load.result.type
+    return int(t.layout.regs) * load.tensor.type.dtype.bits > 8 * nvvm.VECTOR_BYTES * (LOOKAHEAD + 1)
 
 
-def store_cones(kernel: Operation) -> frozenset[Operation]:
-    """The :data:`THROUGH` ops of ``kernel`` whose every use leads to one ``hopper.store``
-    (the ops a store may compute run by run)."""
-    users = uses(kernel)
-    return frozenset(op for op in kernel.walk() if op.name in THROUGH and _sole_store(op, users) is not None)
+def _broadcast_into(load: Operation, store: Operation | None) -> bool:
+    """``store`` exists and writes a tile of more axes than ``load`` reads."""
+    return store is not None and len(store.value.type.shape) > len(load.result.type.shape)
+
+
+def _live_until_a_store(load: Operation, users: dict, cones: frozenset[Operation]) -> bool:
+    """Whether ``load``'s values, as they are or widened to f32 (the same values in
+    registers), feed an op of a store's cone."""
+    values = [load.result] + [u.result for u in users.get(load.result, [])
+                              if u.name == "tile.cast" and u.result.type.dtype.name == "f32"]
+    return any(u in cones for v in values for u in users.get(v, []))
 
 
 def _sole_store(op: Operation, users: dict) -> Operation | None:
-    """The one ``hopper.store`` that every use of ``op`` leads to through :data:`THROUGH`
-    ops of its block, or None."""
+    """The one ``hopper.store`` that every use of ``op`` leads to through ops a deferred
+    value passes through (:func:`_through`) in its block, or None."""
     stores: set[Operation] = set()
     seen: set[Operation] = set()
     todo = [op.result]
@@ -148,7 +145,7 @@ def _sole_store(op: Operation, users: dict) -> Operation | None:
                 return None
             if u.name == "hopper.store" and u.value is v and v is not u.tensor and v not in u.offsets:
                 stores.add(u)
-            elif u.name in THROUGH and not (u.name == "hopper.convert_layout" and u.scratch):
+            elif _through(u):
                 if u not in seen:
                     seen.add(u)
                     todo.append(u.result)
@@ -171,12 +168,12 @@ class Scope:
 
 
 @contextmanager
-def emitting(lw: Lowerer, whole: bool) -> Iterator[Scope]:
+def emitting(lw: Lowerer, whole: bool) -> Iterator[None]:
     """Emit deferred values in a fresh :class:`Scope` (one side of a store's branch)."""
     saved = lw.deferred_scope
-    lw.deferred_scope = scope = Scope(whole)
+    lw.deferred_scope = Scope(whole)
     try:
-        yield scope
+        yield
     finally:
         lw.deferred_scope = saved
 
@@ -259,12 +256,12 @@ class Mapped(Deferred):
                 x.issue(lw, i)
 
     def loads(self) -> Iterator[Deferred]:
-        seen: set[int] = set()
+        seen: set[Deferred] = set()
         for x in self.xs:
             if isinstance(x, Deferred):
                 for ld in x.loads():
-                    if id(ld) not in seen:
-                        seen.add(id(ld))
+                    if ld not in seen:
+                        seen.add(ld)
                         yield ld
 
 

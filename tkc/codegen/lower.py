@@ -27,7 +27,7 @@ from typing import Any
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.deferred import Deferred, Packed, Scope, deferred_loads, packed_loads, store_cones
+from tkc.codegen.deferred import Deferred, Packed, Scope, store_plan
 from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, packs_in_pairs, unpack_pair
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx, target as lookup_target
@@ -136,9 +136,7 @@ class Lowerer:
         self.handlers = _handlers()
         # The loads a store emits run by run, the ops stores compute run by run, the rows
         # kept packed, and where deferred values are being emitted (tkc/codegen/deferred.py).
-        self.deferred: frozenset[Operation] = deferred_loads(kernel)
-        self.cones: frozenset[Operation] = store_cones(kernel)
-        self.packed: frozenset[Operation] = packed_loads(kernel, self.cones, self.deferred)
+        self.plan = store_plan(kernel)
         self.deferred_scope: Scope | None = None
 
     # ------------------------------------------------------------------ values
@@ -150,11 +148,14 @@ class Lowerer:
     def set(self, v: Value, x: Any) -> None:
         self.env[v] = x
 
-    def tile(self, op: Operation, v: Value) -> list:
-        """The values of register tile ``v`` (a scalar is an error at ``op``)."""
+    def tile(self, op: Operation, v: Value, deferred: bool = False) -> list | Deferred:
+        """The values of register tile ``v`` (a scalar is an error at ``op``); with
+        ``deferred``, a deferred tile as it is (for the ops that pass one through)."""
         x = self.get(v)
+        if isinstance(x, Deferred) and deferred:
+            return x
         if isinstance(x, Deferred):
-            # deferred_loads lets a deferred value reach only ops that take one.
+            # store_plan lets a deferred value reach only ops that take one.
             raise TkcCodegenError(f"'{op.name}': {v.type} is deferred to its store and cannot be "
                                   f"used here", op.loc)
         if not isinstance(x, list):

@@ -71,7 +71,7 @@ def _map(lw: Lowerer, op: Operation, fn: Fn, *xs: Lowered) -> None:
         return
     if any(len(x) != n for x in xs if isinstance(x, (list, Deferred, Packed))):
         raise TkcCodegenError(f"'{op.name}': operands hold different numbers of values", op.loc)
-    if any(isinstance(x, Deferred) for x in xs) or (op in lw.cones and any(isinstance(x, Packed) for x in xs)):
+    if any(isinstance(x, Deferred) for x in xs) or (op in lw.plan.cones and any(isinstance(x, Packed) for x in xs)):
         lw.set(op.result, Mapped(fn, xs, n))  # emitted value by value by its store
         return
     xs = tuple(x.values(lw) if isinstance(x, Packed) else x for x in xs)
@@ -276,9 +276,7 @@ def _expand_dims(lw: Lowerer, op: Operation) -> None:
 
 def _broadcast(lw: Lowerer, op: Operation) -> None:
     src, dst = op.x.type.layout, op.result.type.layout
-    x = lw.get(op.x)
-    if not isinstance(x, Deferred):
-        x = lw.tile(op, op.x)
+    x = lw.tile(op, op.x, deferred=True)
     n = lw.regs(op, op.result.type)
     if src == dst:
         lw.set(op.result, x if isinstance(x, Deferred) else list(x))

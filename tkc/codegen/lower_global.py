@@ -544,18 +544,18 @@ def load(lw: Lowerer, op: Operation) -> None:
         other = constant(dt, 0 if op.other is None else op.other)
         e = _global_element(lw, op, tensor, [lw.get(v) for v in op.offsets], ())
         lw.set(op.result, b.select(e.ok, _value_of(b, _load_element(b, e.addr, e.ok, dt), dt), other))
-    elif op in lw.deferred:
+    elif op in lw.plan.deferred:
         lw.set(op.result, _DeferredLoad(op, lw.regs(op, t), dt))
-    elif op in lw.packed:
+    elif op in lw.plan.packed:
         lw.set(op.result, _load_packed(lw, op))
     else:
         lw.set(op.result, _load_tile(lw, op))
 
 
-def vectorized(op: Operation) -> bool:
-    """Whether every run of register-tile access ``op`` is a vector access (whose words a
-    packed tile keeps)."""
-    runs = _runs(op, op.tensor.type, op.result.type if op.name == "hopper.load" else op.value.type)
+def vectorized(load: Operation) -> bool:
+    """Whether every run of register-tile ``load`` is a vector access (whose words a packed
+    tile keeps)."""
+    runs = _runs(load, load.tensor.type, load.result.type)
     return runs is not None and all(n > 1 for _, n in runs)
 
 
@@ -567,7 +567,7 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
     acc = _access(lw, op, t)
 
     def whole_tile() -> list[ir.Value]:
-        return [x for first, n in acc.runs for x in _load_vector(b, acc.addr(lw, op, first), dt, n)]
+        return [x for first, n in acc.runs for x in _load_run(lw, op, acc, first, n, dt)]
 
     def edge() -> list[ir.Value]:
         a = acc.kept_local(lw)
@@ -581,6 +581,12 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
         runs.append((first, n, words[k:k + w]))
         k += w
     return Packed(runs, lambda b, ws, n: _run_values(b, ws, dt, n), lw.regs(op, t))
+
+
+def _load_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, dt: DType) -> list[ir.Value]:
+    """The whole side's access for the run of ``n`` values at ``first``: its words."""
+    addr = acc.addr(lw, op, first)
+    return _load_vector(lw.b, addr, dt, n) if n > 1 else [_load_element(lw.b, addr, _TRUE, dt)]
 
 
 def _run_values(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
@@ -644,11 +650,7 @@ def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
     # A vector run merges the words of its access, not values: the vector side holds only
     # the load, so nothing waits for the data before the next run's load is issued.
     def whole_tile() -> list[ir.Value]:
-        out = []
-        for first, n in acc.runs:
-            addr = acc.addr(lw, op, first)
-            out += values(_load_vector(b, addr, dt, n) if n > 1 else [_load_element(b, addr, _TRUE, dt)], n)
-        return out
+        return [v for first, n in acc.runs for v in values(_load_run(lw, op, acc, first, n, dt), n)]
 
     def edge() -> list[ir.Value]:
         a = acc.kept_local(lw)
@@ -678,10 +680,7 @@ class _DeferredLoad(Deferred):
         first, n = self.run_of[i]
         memo = lw.deferred_scope.values
         if (self, first) not in memo:
-            b = lw.b
-            addr = self.acc.addr(lw, self.op, first)
-            words = _load_vector(b, addr, self.dt, n) if n > 1 else [_load_element(b, addr, _TRUE, self.dt)]
-            memo[self, first] = words
+            memo[self, first] = _load_run(lw, self.op, self.acc, first, n, self.dt)
         return memo[self, first]
 
     def issue(self, lw: Lowerer, i: int) -> None:
@@ -731,7 +730,7 @@ def store(lw: Lowerer, op: Operation) -> None:
         return []
 
     def words_of(first: int, n: int) -> list[ir.Value]:
-        return _store_words(b, bits[first:first + n], dt, vals[first:first + n]) if n > 1 else [bits[first]]
+        return _run_words(b, vals[first:first + n], bits[first:first + n], dt)
 
     _either(lw, acc.whole_tile(lw, op), whole_tile, lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
 
@@ -742,9 +741,15 @@ def _store_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, val
     b = lw.b
     addr = acc.addr(lw, op, first)
     if n > 1:
-        _store_vector(b, addr, _store_words(b, bits, dt, vals))
+        _store_vector(b, addr, _run_words(b, vals, bits, dt))
     else:
         _store_element(b, addr, _TRUE, bits[0], dt)
+
+
+def _run_words(b: ir.IRBuilder, vals: list[ir.Value], bits: list[ir.Value], dt: DType) -> list[ir.Value]:
+    """The words a run of values (``vals``, their ``bits``) is stored as: its vector access's,
+    or a single element's bits."""
+    return _store_words(b, bits, dt, vals) if len(vals) > 1 else bits
 
 
 def _store_edge(lw: Lowerer, op: Operation, acc: _Access, words_of: Callable[[int, int], list[ir.Value]],
@@ -803,8 +808,7 @@ def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, d
 
     def words_of(first: int, n: int) -> list[ir.Value]:
         vals = [value.at(lw, i) for i in range(first, first + n)]
-        bits = [_bits_of(b, v, dt) for v in vals]
-        return _store_words(b, bits, dt, vals) if n > 1 else bits
+        return _run_words(b, vals, [_bits_of(b, v, dt) for v in vals], dt)
 
     def edge() -> list:
         with emitting(lw, whole=False):

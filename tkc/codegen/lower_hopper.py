@@ -620,8 +620,8 @@ def _convert_layout(lw: Lowerer, op: Operation) -> None:
         if m is None:
             raise TkcCodegenError(f"converting {src} to {dst} moves values between threads: "
                                   f"it needs a scratch tile", op.loc)
-        x = lw.get(op.x)
-        lw.set(op.result, Picked(x, list(m)) if isinstance(x, Deferred) else [lw.tile(op, op.x)[j] for j in m])
+        x = lw.tile(op, op.x, deferred=True)
+        lw.set(op.result, Picked(x, list(m)) if isinstance(x, Deferred) else [x[j] for j in m])
         return
     x = lw.tile(op, op.x)
     scratch = lw.shared(op, op.scratch[0])
