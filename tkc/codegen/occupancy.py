@@ -3,7 +3,9 @@ one more where ptxas left room for fewer.
 
 A kernel without products (softmax, LayerNorm) keeps its rows in registers, and ptxas, given
 ``.maxntid T`` and ``.minnctapersm 1``, takes up to 255 registers a thread: a 4-warp LayerNorm
-program over 4096 columns takes 128 and four share an SM, at 8192 columns 255 and two share it.
+program over 4096 columns took 128 and four shared an SM, at 8192 columns 255 and two (before
+its weight rows were deferred to its store and its row kept packed, tkc/codegen/deferred.py:
+now 80 and 167).
 Fewer programs an SM means fewer bytes in flight for a kernel that waits on DRAM, and capping the
 registers so that one more program fits (``.minnctapersm k + 1``) moved LayerNorm from 0.92x to
 0.98x of copy bandwidth at 4096 columns and, in 8k-column blocks, from 0.84x to 0.93x at 16384
