@@ -56,3 +56,33 @@ def test_the_layernorm_breakdown_variants_compile(tmp_path: Path) -> None:
     assert [t.count("bt[None, :]") for t in texts] == [1, 0, 0]
     for path in paths.values():
         compile_source(path.read_text(), str(path), {"BN": 4096, "cluster": 4})  # parses and type-checks
+
+
+def test_the_gemm_epilogue_bound_cuts_only_the_epilogue() -> None:
+    """benchmarks/gemm_epilogue_bound.py's cut copies of gemm.tk: without partial read waits,
+    then with one stmatrix and one TMA store left; every wgmma and every ring wait stays, and
+    each copy still assembles."""
+    import gemm_epilogue_bound as bound
+
+    from tkc.codegen.ptxas import assemble, find_ptxas
+    from tkc.compiler import compile_kernel
+
+    compiled = compile_kernel(Path(__file__).resolve().parents[1] / "examples" / "gemm.tk", {}, stop="ptx")
+    cut = bound.variants(compiled)
+    assert list(cut) == ["as compiled", "no read waits", "one slice"]
+    texts = {name: c.asm["ptx"] for name, c in cut.items()}
+    full, no_wait, one = texts.values()
+
+    def count(pattern: str, text: str) -> int:
+        return sum(1 for line in text.split("\n") if line.strip().startswith(pattern))
+
+    assert count("cp.async.bulk.wait_group.read", full) > count("cp.async.bulk.wait_group.read", no_wait)
+    assert count("stmatrix", full) == count("stmatrix", no_wait) > 1
+    assert count("stmatrix", one) == 1
+    assert count("cp.async.bulk.tensor.2d.global.shared::cta", one) == 1
+    for pattern in ("wgmma.mma_async", "mbarrier.try_wait", "cp.async.bulk.tensor.2d.shared::cluster"):
+        assert count(pattern, one) == count(pattern, full) > 0
+    assert all("cubin" not in c.asm for name, c in cut.items() if name != "as compiled")
+    if find_ptxas() is not None:
+        for text in (no_wait, one):
+            assemble(text, "sm_90a")
