@@ -86,6 +86,21 @@ def test_gemm_ptx_has_the_hopper_pipeline() -> None:
     assert local_bytes(ptx) == 128  # the edge path's buffer: 64 bf16 values, 32 b32 words
 
 
+def test_warpgroups_of_two_slices_alternate_their_accumulators() -> None:
+    """BM = 256 on two warpgroups: each issues two m64n128k16 a K step (eight a 64-wide K
+    tile), slice 0 and slice 1 in turn, on A descriptors 64 rows (8 KB of a 128-byte
+    swizzled tile) apart, and stores its two slices with eight stmatrix each per 32-column
+    slice of the epilogue."""
+    kernel = _example("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2, "persistent": False}).kernel()
+    ptx = kernel_to_ptx(kernel)
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 \{%r(\d+),[^}]*\}, %rd(\d+)",
+                        ptx)
+    assert len(wgmmas) == 8
+    first_regs = [int(r) for r, _ in wgmmas]
+    assert len(set(first_regs[0::2])) == 1 and len(set(first_regs[1::2])) == 1 and first_regs[0] != first_regs[1]
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4") == 4 * 2 * 2  # 4 column slices x 2 row slices x 2 instr.
+
+
 def test_gemm_abi() -> None:
     mod = kernel_to_llvm(_kernel(GEMM))
     text = str(mod)
@@ -296,6 +311,10 @@ EXAMPLE_CASES = [
     ("attn.tk", {"D": 128, "defer_last": True, "tma_store": False}),
     ("attn.tk", {"D": 128, "defer_last": True, "pingpong": True, "tma_store": False}),
     ("attn.tk", {"D": 64, "BM": 192, "defer_last": True}),
+    # Warpgroups of 128 rows: two accumulators a warpgroup.  (Attention's 128 query rows on
+    # one warpgroup compile too, but hold S, P and O for 128 rows: ptxas runs out of
+    # registers to keep the wgmmas in flight and serializes them, C7517.)
+    ("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2}),
     ("softmax.tk", {}),
     ("layernorm.tk", {}),
     ("rmsnorm.py", {}),

@@ -40,7 +40,8 @@ def run(text: str, mnk: tuple[int, int, int], seed: int = 0, grid=None) -> tuple
 
 
 # ------------------------------------------------------------------ correct kernels
-@pytest.mark.parametrize("consts", [SMALL, {"cluster": 2}], ids=["BN128", "BN256"])
+@pytest.mark.parametrize("consts", [SMALL, {"cluster": 2}, {"BM": 256, "BN": 128, "consumers": 2, "cluster": 2}],
+                         ids=["BN128", "BN256", "BM256-consumers2"])
 @pytest.mark.parametrize("m, n, k, seed", [
     (256, 128, 64, 0),    # one cluster tile, one K step
     (300, 200, 136, 1),   # three tile rows: the cluster's second row repeats the last; K and N tails

@@ -79,9 +79,11 @@ def compiled(name: str, consts: dict | None = None) -> Compiled:
 
 # ------------------------------------------------------------------ examples
 # 256x128: four consumer warpgroups, whose setmaxnreg budget must fit the 61440 registers a
-# 640-thread CTA is launched with (asking for the register file's share hangs the kernel).
-@pytest.mark.parametrize("consts", [{}, {"BM": 64, "BN": 64, "BK": 32}, {"BM": 256, "BN": 128}],
-                         ids=["default", "64x64x32", "256x128"])
+# 640-thread CTA is launched with (asking for the register file's share hangs the kernel);
+# with consumers=2, two warpgroups of two 64-row wgmma slices each; 128x128 on one.
+@pytest.mark.parametrize("consts", [{}, {"BM": 64, "BN": 64, "BK": 32}, {"BM": 256, "BN": 128},
+                                    {"BM": 256, "BN": 128, "consumers": 2}, {"BM": 128, "BN": 128, "consumers": 1}],
+                         ids=["default", "64x64x32", "256x128", "256x128-consumers2", "128x128-consumers1"])
 @pytest.mark.parametrize("M,N,K", [(128, 128, 64), (300, 200, 136), (77, 264, 72)])
 def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
     g, seed = rng
@@ -90,7 +92,9 @@ def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
     check(f"gemm {M}x{N}x{K} {consts}", c, (a.float() @ b.float()).to(torch.bfloat16), seed, atol=3e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("consts", [{"cluster": 2}, {"cluster": 2, "BN": 128}], ids=["default", "BN128"])
+@pytest.mark.parametrize("consts", [{"cluster": 2}, {"cluster": 2, "BN": 128},
+                                    {"cluster": 2, "BM": 256, "BN": 128, "consumers": 2}],
+                         ids=["default", "BN128", "256x128-consumers2"])
 @pytest.mark.parametrize("M,N,K,grid", [(128, 128, 64, None), (300, 200, 136, None), (640, 1000, 520, None),
                                         (2048, 1024, 1024, (8,))])  # (8,): 4 clusters walk 32 cluster tiles
 def test_gemm_in_clusters(rng, consts: dict, M: int, N: int, K: int, grid) -> None:
@@ -213,7 +217,9 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 64, "BM": 192, "defer_last": True, "persistent": True},
              {"D": 64, "defer_last": True, "persistent": True},
              {"D": 256, "BN": 64, "defer_last": True, "pingpong": True},
-             {"D": 256, "BN": 64, "defer_last": True, "persistent": True}]
+             {"D": 256, "BN": 64, "defer_last": True, "persistent": True},
+             # 128 query rows on one warpgroup (two 64-row slices, P fed back from registers)
+             {"D": 64, "BN": 64, "consumers": 1}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

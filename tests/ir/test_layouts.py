@@ -207,6 +207,32 @@ def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
         assert tuple(int(x) for x in acc.coords(165, 2)) == (64 + acc_formula(37, 2)[0], acc_formula(37, 2)[1])
 
 
+@pytest.mark.parametrize("n", [8, 64, 128])
+@pytest.mark.parametrize("wg", [1, 2])
+def test_two_slices_a_warpgroup_are_two_m64_fragments(n: int, wg: int) -> None:
+    """With ``slices=2`` warpgroup g holds rows [128g, 128g + 128): values [0, n/2) are the §1
+    fragment of its first 64 rows, values [n/2, n) the same fragment 64 rows lower, so each
+    half is what one m64 wgmma writes."""
+    acc = WgmmaAccumulator(n, wg, 2)
+    assert acc.shape == (128 * wg, n) and acc.regs == n and acc.slice_regs == n // 2 and acc.threads == 128 * wg
+    t, i = grid(acc.threads, acc.regs)
+    r, c = acc.coords(t, i)
+    seen = np.zeros(acc.shape, dtype=int)
+    np.add.at(seen, (r, c), 1)
+    assert np.all(seen == 1)
+    t2, i2 = acc.owner(r, c)
+    assert np.array_equal(t2, t) and np.array_equal(i2, i)
+    for tt in (0, 37, 127, 128 * wg - 1):
+        g, local = divmod(tt, 128)
+        for ii in (0, n // 2 - 1):
+            for m in (0, 1):
+                row, col = acc_formula(local, ii)
+                assert tuple(int(x) for x in acc.coords(tt, m * (n // 2) + ii)) == (128 * g + 64 * m + row, col)
+    assert str(acc) == f"#wgmma_acc<{n}{', wg=2' if wg == 2 else ''}, slices=2>"
+    with pytest.raises(ValueError, match="1 or 2 slices"):
+        WgmmaAccumulator(n, wg, 3)
+
+
 def test_fragment_ranges_are_checked() -> None:
     with pytest.raises(ValueError):
         WgmmaAccumulator(64).coords(128, 0)
@@ -239,26 +265,48 @@ def test_operand_a_is_k_steps_of_the_64x16_fragment(k: int) -> None:
     assert np.array_equal(np.stack(a.owner(r, c)), np.stack([t, i]))
 
 
-def test_stmatrix_epilogue_stores_every_accumulator_value_in_place() -> None:
+def test_operand_a_of_two_slices_gives_each_slice_its_k_steps() -> None:
+    """``#wgmma_a<K, slices=2>``: slice m's K-step s is the four b32 registers holding rows
+    64 m .. 64 m + 63 of that step, the ones an accumulator of two slices converts into."""
+    a = WgmmaOperandA(32, 1, 2)
+    assert a.shape == (128, 32) and a.regs == 32
+    for m in range(2):
+        for s in range(a.k_steps):
+            vals = np.array([2 * j + h for j in a.step_registers(s, m) for h in (0, 1)])
+            rs, cs = a.coords(np.arange(128)[:, None], vals[None, :])
+            step_r, step_c = WgmmaOperandA(16).coords(np.arange(128)[:, None], np.arange(8)[None, :])
+            assert np.array_equal(rs, 64 * m + step_r) and np.array_equal(cs, 16 * s + step_c)
+    with pytest.raises(ValueError, match="slice 2 out of range"):
+        a.step_registers(0, 2)
+
+
+@pytest.mark.parametrize("acc", [WgmmaAccumulator(64, 2), WgmmaAccumulator(32, 2, 2), WgmmaAccumulator(64, 1, 2)],
+                         ids=str)
+def test_stmatrix_epilogue_stores_every_accumulator_value_in_place(acc: WgmmaAccumulator) -> None:
     """Simulate stmatrix.x4 per PTX-FACTS §6: lane t addresses row t%8 of matrix t/8; register j
-    of lane t holds matrix j, row t/4, elements 2(t%4) and +1."""
-    acc = WgmmaAccumulator(64, 2)
+    of lane t holds matrix j, row t/4, elements 2(t%4) and +1.  Slice m's instructions address
+    64 m rows lower."""
     plan = acc.stmatrix_x4()
-    stored = np.full(acc.shape, -1)
+    stored = np.zeros(acc.shape, dtype=int)
+    lane_rows, _ = acc.stmatrix_lane(np.arange(acc.threads))
+    assert np.array_equal(lane_rows, plan.rows)
     for warp in range(acc.threads // 32):
         lanes = 32 * warp + np.arange(32)
-        for s in range(acc.n // 16):
-            for j in range(4):
-                for r8 in range(8):
-                    addr_lane = lanes[8 * j + r8]
-                    row, col0 = plan.rows[addr_lane], plan.cols[s, addr_lane]
-                    for e in range(8):
-                        src = lanes[4 * r8 + e // 2]
-                        reg = plan.regs[s, j, e % 2]
-                        assert tuple(int(x) for x in acc.coords(src, reg)) == (row, col0 + e)
-                        stored[row, col0 + e] = 1
+        for m in range(acc.slices):
+            for s in range(acc.n // 16):
+                for j in range(4):
+                    for r8 in range(8):
+                        addr_lane = lanes[8 * j + r8]
+                        row, col0 = plan.rows[addr_lane] + 64 * m, plan.cols[s, addr_lane]
+                        for e in range(8):
+                            src = lanes[4 * r8 + e // 2]
+                            reg = plan.regs[m, s, j, e % 2]
+                            assert tuple(int(x) for x in acc.coords(src, reg)) == (row, col0 + e)
+                            stored[row, col0 + e] += 1
     assert np.all(stored == 1)
-    assert plan.regs[1].tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]  # P[4..7] = d[8..15]
+    assert plan.regs[0, 1].tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]  # P[4..7] = d[8..15]
+    if acc.slices == 2:
+        assert plan.regs[1, 0, 0].tolist() == [acc.slice_regs, acc.slice_regs + 1]
 
 
 # --------------------------------------------------------------------------- blocked layouts
@@ -631,6 +679,9 @@ LAYOUTS = [
     *BLOCKED,
     *SLICES,
     Slice(Slice(WgmmaAccumulator(64, 2), 1, keep=True), 0),
+    WgmmaAccumulator(128, 2, 2),
+    WgmmaOperandA(64, 1, 2),
+    Slice(WgmmaAccumulator(128, 1, 2), 1),
 ]
 
 
@@ -658,7 +709,8 @@ def test_layout_text_forms() -> None:
 
 
 @pytest.mark.parametrize("bad", ["#smem<64x64xbf16, k, sw16>", "#smem<64x64xbf17, k, sw128>", "#smem<64x64>",
-                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>",
+                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>", "#wgmma_acc<64, slices=3>",
+                                 "#wgmma_acc<64, slices=2, wg=2>",
                                  "#blocked<12x12, vec=1, lanes=32x1, warps=4x1>",
                                  "#blocked<16x512, vec=8, lanes=2x32, warps=4x1>",
                                  "#blocked<16x512, vec=8, lanes=1x32>",

@@ -34,6 +34,8 @@ CASES = [
     ("layernorm.tk", {}, {"M": 20, "N": 600}),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}),
     ("softmax_split.tk", {"BN": 256, "cluster": 4}, {"M": 3, "N": 900}),
+    ("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2}, {"M": 300, "N": 136, "K": 96}),
+    ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "consumers": 1}, {"B": 1, "H": 1, "N": 100}),
 ]
 
 
@@ -116,6 +118,30 @@ def test_a_wide_epilogue_goes_out_in_column_slices():
         ("c_out0", "0"), ("c_out1", "64"), ("c_out0", "128"), ("c_out1", "192")]
     assert re.findall(r"tma_store %c, %(c_out\d), [^{]*\{map = \d+, box = \[128, 64\]\}", epilogue) == [
         "c_out0", "c_out1", "c_out0", "c_out1"]
+
+
+def test_a_tall_epilogue_goes_out_in_narrower_slices():
+    """256 x 128 (two 128-row warpgroups): four 32-column slices with the 64-byte swizzle,
+    through two 16 KB tiles: 32 KB like 128 x 256's, so the ring keeps four stages."""
+    text = print_module(after("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2, "persistent": False},
+                              "select-layouts,lower-to-hopper"))
+    assert "#wgmma_acc<128, wg=2, slices=2>" in text and "threads = 256" in text
+    epilogue = text[text.index("hopper.smem_store"):]
+    assert re.findall(r"smem_store %\w+, %(c_out\d) \{col = (\d+)\}", epilogue) == [
+        ("c_out0", "0"), ("c_out1", "32"), ("c_out0", "64"), ("c_out1", "96")]
+    assert text.count("#smem<256x32xbf16, k, sw64>>") == 2
+    assert re.findall(r"box = \[256, 32\]", epilogue) == ["box = [256, 32]"] * 4
+
+
+@pytest.mark.parametrize("consts,message", [
+    ({"BM": 256, "BN": 128, "consumers": 3}, "consumers = 3: this kernel's products have 256 rows, 64 or 128 a "
+                                             "warpgroup, so it runs 4 or 2"),
+    ({"BM": 192, "BN": 128, "consumers": 2}, "products have 192 rows, 64 or 128 a warpgroup, so it runs 3 "),
+])
+def test_consumers_must_give_each_warpgroup_64_or_128_rows(consts, message):
+    with pytest.raises(TkcUnsupportedError, match=re.escape(message)) as info:
+        after("gemm.tk", consts, "select-layouts")
+    assert info.value.loc is not None and info.value.loc.line == 10
 
 
 def test_smem_store_column_slice_must_fit():

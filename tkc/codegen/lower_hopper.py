@@ -196,10 +196,12 @@ def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals:
     b = lw.b
     plan = layout.stmatrix_x4()
     row, col0 = layout.stmatrix_lane(lw.thread(layout))
-    for s in range(col // 16, (col + width) // 16):
-        p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row, col0 + 16 * s - col))
-        words = [pack_pair(b, vals[int(plan.regs[s, j, 0])], vals[int(plan.regs[s, j, 1])], dt) for j in range(4)]
-        nvvm.call(b, "stmatrix.sync.aligned.m8n8.x4.b16.p3", p, *words)
+    for m in range(layout.slices):
+        for s in range(col // 16, (col + width) // 16):
+            p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row + 64 * m if m else row, col0 + 16 * s - col))
+            words = [pack_pair(b, vals[int(plan.regs[m, s, j, 0])], vals[int(plan.regs[m, s, j, 1])], dt)
+                     for j in range(4)]
+            nvvm.call(b, "stmatrix.sync.aligned.m8n8.x4.b16.p3", p, *words)
 
 
 # --------------------------------------------------------------------------- barriers and fences
@@ -417,13 +419,14 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     acc = lw.tile(op, op.acc)
     acc_layout = op.acc.type.layout
-    groups = acc_layout.warpgroups
+    groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs
     sb = lw.shared(op, op.b)
     a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)
     if a_dt.name not in _WGMMA_TYPE or b_dt.name not in _WGMMA_TYPE:
         raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
     steps = sb.layout.k_steps
-    wg = b.lshr(lw.tid, const_i32(7)) if groups > 1 else None  # warpgroup g owns rows [64g, 64g + 64)
+    # Warpgroup g owns rows [64 S g, 64 S (g + 1)) of S slices; slice m is one m64 wgmma.
+    wg = b.lshr(lw.tid, const_i32(7)) if groups > 1 else None
     # Descriptors are compile-time constants relative to the dynamic shared base (1024-B
     # aligned by declaration), plus the run-time address >> 4 in the start field (PTX-FACTS
     # §2): the base's, moved by a ring stage's offset, which is a multiple of the tile's
@@ -447,22 +450,27 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
-        a_ops: list = [_select_by(b, wg, [desc(a_val, k, 64 * g) for g in range(groups)]) for k in range(steps)]
+        a_ops: list = [[_select_by(b, wg, [desc(a_val, k, 64 * (slices * g + m)) for g in range(groups)])
+                        for m in range(slices)] for k in range(steps)]
         trans_a = int(a_val.layout.major == "mn")
     else:
         lay = op.a.type.layout
         if a_dt.bits != 16 or lay.k_steps != steps:
             raise TkcCodegenError("a register A operand is f16/bf16 with B's K", op.loc)
         regs = [pack_pair(b, a_val[2 * j], a_val[2 * j + 1], a_dt) for j in range(len(a_val) // 2)]
-        a_ops = [[regs[r] for r in lay.step_registers(k)] for k in range(steps)]
+        a_ops = [[[regs[r] for r in lay.step_registers(k, m)] for m in range(slices)] for k in range(steps)]
         trans_a = 0
     trans_b = int(sb.layout.major == "mn")
     nvvm.call(b, "wgmma.fence.sync.aligned")
+    # The slices' accumulators are independent: alternating them per K step lets each
+    # wgmma run while the other slice's previous one finishes.
+    parts = [list(acc[m * per:(m + 1) * per]) for m in range(slices)]
     for k in range(steps):
-        acc = nvvm.wgmma(b, acc, a_ops[k], b_descs[k], a_type=_WGMMA_TYPE[a_dt.name],
-                         b_type=_WGMMA_TYPE[b_dt.name], trans_a=trans_a, trans_b=trans_b)
+        for m in range(slices):
+            parts[m] = nvvm.wgmma(b, parts[m], a_ops[k][m], b_descs[k], a_type=_WGMMA_TYPE[a_dt.name],
+                                  b_type=_WGMMA_TYPE[b_dt.name], trans_a=trans_a, trans_b=trans_b)
     nvvm.call(b, "wgmma.commit_group.sync.aligned")
-    lw.set(op.result, acc)
+    lw.set(op.result, [v for part in parts for v in part])
 
 
 def _wgmma_wait(lw: Lowerer, op: Operation) -> None:

@@ -976,15 +976,17 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
     if steps != lb.k_steps:
         raise _fault(op, f"A has {steps} K steps, B {lb.k_steps}")
     out = np.array(acc, np.float32)  # a new value: SSA operands are never changed in place
+    slices, per = acc_layout.slices, acc_layout.slice_regs
     for s in range(steps):
-        if isinstance(a, SmemTile):
-            a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * wg.local)
-            trans_a = a.layout.major == "mn"
-        else:
-            regs = [2 * r + h for r in a_layout.step_registers(s) for h in (0, 1)]
-            a_in, trans_a = np.ascontiguousarray(a[:, regs]), False
-        wgmma(out, smem, a_in, lb.descriptor(b.base, s, 0), n=n, k=k_per, dtype=op.a.type.dtype,
-                    dtype_b=lb.dtype, trans_a=trans_a, trans_b=lb.major == "mn", op=who)
+        for m in range(slices):  # slice m of this warpgroup: rows 64 (slices g + m) on, its own registers
+            if isinstance(a, SmemTile):
+                a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * (slices * wg.local + m))
+                trans_a = a.layout.major == "mn"
+            else:
+                regs = [2 * r + h for r in a_layout.step_registers(s, m) for h in (0, 1)]
+                a_in, trans_a = np.ascontiguousarray(a[:, regs]), False
+            wgmma(out[:, m * per:(m + 1) * per], smem, a_in, lb.descriptor(b.base, s, 0), n=n, k=k_per,
+                  dtype=op.a.type.dtype, dtype_b=lb.dtype, trans_a=trans_a, trans_b=lb.major == "mn", op=who)
     group = _Group(op, leases)
     wg.groups.append(group)
     wg.committed += 1

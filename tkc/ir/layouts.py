@@ -13,7 +13,8 @@ no second copy of any formula here (DESIGN.md principle 5).
   thread part written with plain integer arithmetic so that codegen can evaluate it on
   ``%tid`` symbols and the emulator on numpy arrays.
   - ``WgmmaAccumulator`` (``#wgmma_acc<N>``) and ``WgmmaOperandA`` (``#wgmma_a<K>``): register
-    fragments of 64 rows per warpgroup (PTX-FACTS §1), plus the stmatrix epilogue (§6).
+    fragments of 64 rows (one wgmma's) per warpgroup, or two such slices (PTX-FACTS §1), plus
+    the stmatrix epilogue (§6).
   - ``Blocked`` (``#blocked<...>``): runs of contiguous columns per thread, for tiles no
     wgmma produces; ``choose_blocked`` states the rule select-layouts applies.
   - ``Slice`` (``#slice<parent, axis=A>``): ``parent`` reduced along an axis.
@@ -326,39 +327,44 @@ def _mod(x: Any, k: int) -> Any:
     return 0 if k == 1 else x % k
 
 
-def _acc_owner(row: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _acc_owner(row: np.ndarray, col: np.ndarray, n: int, slices: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of the §1 formula (see ``_Fragment``)."""
-    g, w, r16 = row // 64, row // 16 % 4, row % 16
+    g, s, w, r16 = row // (64 * slices), row // 64 % slices, row // 16 % 4, row % 16
     thread = 128 * g + 32 * w + 4 * (r16 % 8) + col % 8 // 2
-    reg = 4 * (col // 8) + 2 * (r16 // 8) + col % 2
+    reg = s * (n // 2) + 4 * (col // 8) + 2 * (r16 // 8) + col % 2
     return thread, reg
 
 
-def _frag_text(cls_name: str, n: int, warpgroups: int) -> str:
-    return f"#{cls_name}<{n}" + (f", wg={warpgroups}>" if warpgroups != 1 else ">")
+def _frag_text(cls_name: str, n: int, warpgroups: int, slices: int) -> str:
+    return (f"#{cls_name}<{n}" + (f", wg={warpgroups}" if warpgroups != 1 else "")
+            + (f", slices={slices}" if slices != 1 else "") + ">")
 
 
 class StmatrixX4(NamedTuple):
     """The accumulator-to-shared epilogue with ``stmatrix.x4`` (PTX-FACTS §6), one instruction
-    per 16 columns.  Instruction s: thread t's lane address is element (``rows[t]``,
-    ``cols[s, t]``), the first of 8 contiguous 16-bit values; its b32 register j packs
-    accumulator registers ``regs[s, j, 0]`` (low half) and ``regs[s, j, 1]`` (high half)."""
+    per 16 columns of each 64-row slice.  Instruction (m, s), slice m and columns 16s on:
+    thread t's lane address is element (``rows[t] + 64 m``, ``cols[s, t]``), the first of 8
+    contiguous 16-bit values; its b32 register j packs accumulator registers
+    ``regs[m, s, j, 0]`` (low half) and ``regs[m, s, j, 1]`` (high half)."""
 
-    rows: np.ndarray  # (threads,)
+    rows: np.ndarray  # (threads,): the row in slice 0
     cols: np.ndarray  # (n // 16, threads)
-    regs: np.ndarray  # (n // 16, 4, 2)
+    regs: np.ndarray  # (slices, n // 16, 4, 2)
 
 
 @dataclass(frozen=True)
 class _Fragment(_Distributed):
-    """A 64 x n register fragment per warpgroup, laid out by PTX-FACTS §1 (CUTLASS
-    CLayout_64xN) extended to warpgroup g = t // 128 owning rows [64g, 64g + 64):
-    w = t/32 % 4, l = t%32, row = 64g + 16w + l/4 + 8((i>>1)&1), col = 8(i>>2) + 2(l%4) + (i&1).
+    """``slices`` 64 x n register fragments per warpgroup, each laid out by PTX-FACTS §1
+    (CUTLASS CLayout_64xN), warpgroup g = t // 128 owning rows [64 S g, 64 S (g + 1)) for S
+    slices: w = t/32 % 4, l = t%32, value i in slice m = i // (n/2), j = i % (n/2):
+    row = 64 S g + 64 m + 16w + l/4 + 8((j>>1)&1), col = 8(j>>2) + 2(l%4) + (j&1).
     Value i of a thread is its register i for f32; packed 16-bit values share b32 register
-    i // 2 (i even = low half)."""
+    i // 2 (i even = low half).  Each slice is what one m64 wgmma reads or writes, so a
+    warpgroup of two slices issues two wgmmas a K step into independent accumulators."""
 
     n: int
     warpgroups: int = 1
+    slices: int = 1
 
     _granule = 8  # columns come in multiples of this (not a field: no annotation)
 
@@ -367,61 +373,79 @@ class _Fragment(_Distributed):
             raise ValueError(f"columns must be a positive multiple of {self._granule}, got {self.n}")
         if self.warpgroups < 1:
             raise ValueError(f"warpgroups must be at least 1, got {self.warpgroups}")
+        if self.slices not in (1, 2):
+            raise ValueError(f"a warpgroup holds 1 or 2 slices of 64 rows, got {self.slices}")
 
     @property
     def shape(self) -> tuple[int, int]:
-        return 64 * self.warpgroups, self.n
+        return 64 * self.slices * self.warpgroups, self.n
 
     @property
     def threads(self) -> int:
         return 128 * self.warpgroups
 
     @property
-    def regs(self) -> int:
-        """Values (f32 registers) per thread."""
+    def slice_regs(self) -> int:
+        """Values (f32 registers) per thread of one 64-row slice."""
         return self.n // 2
 
+    @property
+    def regs(self) -> int:
+        """Values (f32 registers) per thread."""
+        return self.slices * self.slice_regs
+
     def thread_coords(self, t: Any) -> tuple[Any, Any]:
-        # 64g + 16(w%4) = 16 * (t // 32): the warpgroup is the high bits of the warp index.
-        return t // 32 * 16 + t % 32 // 4, t % 4 * 2
+        if self.slices == 1:
+            # 64g + 16(w%4) = 16 * (t // 32): the warpgroup is the high bits of the warp index.
+            return t // 32 * 16 + t % 32 // 4, t % 4 * 2
+        return t // 128 * (64 * self.slices) + t // 32 % 4 * 16 + t % 32 // 4, t % 4 * 2
 
     def reg_coords(self, i: int) -> tuple[int, int]:
-        return 8 * ((i >> 1) & 1), 8 * (i >> 2) + (i & 1)
+        m, j = divmod(i, self.slice_regs)
+        return 64 * m + 8 * ((j >> 1) & 1), 8 * (j >> 2) + (j & 1)
+
+    def slice_rows(self, t: Any) -> Any:
+        """The first row of warpgroup ``t // 128``'s slice 0 (slice m: 64 m more)."""
+        return t // 128 * (64 * self.slices)
 
     def owner(self, row: object, col: object) -> tuple[np.ndarray, np.ndarray]:
         r, c = _ints(row), _ints(col)
         _check_range("row", r, self.shape[0])
         _check_range("col", c, self.n)
-        return _acc_owner(r, c)
+        return _acc_owner(r, c, self.n, self.slices)
 
 
 @dataclass(frozen=True)
 class WgmmaAccumulator(_Fragment):
-    """A wgmma m64nN accumulator (``#wgmma_acc<N>``, ``#wgmma_acc<N, wg=2>`` for 128 x N)."""
+    """A wgmma m64nN accumulator (``#wgmma_acc<N>``; ``#wgmma_acc<N, wg=2>`` for 128 x N over
+    two warpgroups; ``#wgmma_acc<N, wg=2, slices=2>`` for 256 x N, 128 rows a warpgroup)."""
 
     def stmatrix_x4(self) -> StmatrixX4:
-        """PTX-FACTS §6: pack P[2q+h] = (d[4q+2h], d[4q+2h+1]); instruction s stores P[4s..4s+3],
-        cols 16s..16s+15 of each warp's 16 rows; lane t addresses row 8((t/8)&1) + t%8 of the
-        warp's rows, col block 2s + t/16."""
+        """PTX-FACTS §6: pack P[2q+h] = (d[4q+2h], d[4q+2h+1]); instruction s of a slice stores
+        P[4s..4s+3], cols 16s..16s+15 of each warp's 16 rows of the slice; lane t addresses
+        row 8((t/8)&1) + t%8 of those rows, col block 2s + t/16."""
         if self.n % 16:
             raise ValueError(f"stmatrix.x4 stores 16 columns at a time; N = {self.n}")
         t = np.arange(self.threads)
         rows, col0 = self.stmatrix_lane(t)
         s = np.arange(self.n // 16)
         cols = 16 * s[:, None] + col0[None, :]
-        regs = 8 * s[:, None, None] + 2 * np.arange(4)[None, :, None] + np.arange(2)[None, None, :]
+        m = np.arange(self.slices)
+        regs = (self.slice_regs * m[:, None, None, None] + 8 * s[None, :, None, None]
+                + 2 * np.arange(4)[None, None, :, None] + np.arange(2)[None, None, None, :])
         return StmatrixX4(rows, cols, regs)
 
-    @staticmethod
-    def stmatrix_lane(t: Any) -> tuple[Any, Any]:
-        """Row and first column of the 8 values thread ``t`` addresses in instruction 0 of
-        :meth:`stmatrix_x4` (instruction s: 16 s columns on).  Written with operators that
-        numpy arrays and codegen's symbols share, so both compute the same addresses."""
+    def stmatrix_lane(self, t: Any) -> tuple[Any, Any]:
+        """Row (in slice 0) and first column of the 8 values thread ``t`` addresses in
+        instruction (0, 0) of :meth:`stmatrix_x4` (instruction (m, s): 64 m rows and 16 s
+        columns on).  Written with operators that numpy arrays and codegen's symbols share,
+        so both compute the same addresses."""
         lane = t % 32
-        return t // 32 * 16 + lane // 8 % 2 * 8 + lane % 8, lane // 16 * 8
+        warp_rows = t // 32 * 16 if self.slices == 1 else self.slice_rows(t) + t // 32 % 4 * 16
+        return warp_rows + lane // 8 % 2 * 8 + lane % 8, lane // 16 * 8
 
     def __str__(self) -> str:
-        return _frag_text("wgmma_acc", self.n, self.warpgroups)
+        return _frag_text("wgmma_acc", self.n, self.warpgroups, self.slices)
 
 
 @dataclass(frozen=True)
@@ -437,14 +461,17 @@ class WgmmaOperandA(_Fragment):
     def k_steps(self) -> int:
         return self.n // 16
 
-    def step_registers(self, k_step: int) -> range:
-        """The four b32 registers {a0, a1, a2, a3} of K-step ``k_step``."""
+    def step_registers(self, k_step: int, slice_: int = 0) -> range:
+        """The four b32 registers {a0, a1, a2, a3} of K-step ``k_step`` of 64-row slice ``slice_``."""
         if not 0 <= k_step < self.k_steps:
             raise ValueError(f"k_step {k_step} out of range [0, {self.k_steps})")
-        return range(4 * k_step, 4 * k_step + 4)
+        if not 0 <= slice_ < self.slices:
+            raise ValueError(f"slice {slice_} out of range [0, {self.slices})")
+        first = self.slice_regs // 2 * slice_ + 4 * k_step
+        return range(first, first + 4)
 
     def __str__(self) -> str:
-        return _frag_text("wgmma_a", self.n, self.warpgroups)
+        return _frag_text("wgmma_a", self.n, self.warpgroups, self.slices)
 
 
 def _fit(what: str, extent: int, grid: int) -> None:
@@ -808,11 +835,11 @@ def _parse_smem(text: str) -> SharedLayout:
     return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)))
 
 
-def _frag_args(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"\s*(\d+)\s*(?:,\s*wg\s*=\s*(\d+)\s*)?", text)
+def _frag_args(text: str) -> tuple[int, int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*(?:,\s*wg\s*=\s*(\d+)\s*)?(?:,\s*slices\s*=\s*(\d+)\s*)?", text)
     if m is None:
-        raise ValueError("expected '<n>' or '<n>, wg=<warpgroups>'")
-    return int(m.group(1)), int(m.group(2) or 1)
+        raise ValueError("expected '<n>', optionally followed by ', wg=<warpgroups>' and ', slices=<1 or 2>'")
+    return int(m.group(1)), int(m.group(2) or 1), int(m.group(3) or 1)
 
 
 def _parse_blocked(text: str) -> Blocked:

@@ -54,6 +54,9 @@ from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.pins import cluster_size
 
 I32 = ScalarType(dtypes.i32)
+#: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
+#: 128 x 128 bf16 tile or two 64-column slices of a 128 x 256 one take.
+EPILOGUE_BYTES = 32 * 1024
 
 
 def lower_to_hopper(module: Module) -> None:
@@ -294,12 +297,20 @@ class _Lowering:
         other slice's, may still be reading (``pending = 1``).  The first slice of a tile in
         a loop waits for every copy (``pending = 0``; the previous tile's are long done), so
         the rule holds whatever the slice count.  The kernel waits for the last copy before
-        it ends."""
+        it ends.
+
+        A tall tile whose whole staging would take more than 32 KB (256 x 128 bf16: 64 KB) goes
+        out in slices narrower still, two of which take 32 KB (four 32-column slices, 64-byte
+        swizzle), so that the ring keeps its four stages there too."""
         rows, cols = op.value.type.shape
         width = layout.box_cols if layout.swizzle == 128 and cols > 2 * layout.box_cols else cols
+        eb = layout.dtype.bits // 8
+        if rows * cols * eb > EPILOGUE_BYTES:
+            while 2 * rows * width * eb > EPILOGUE_BYTES and width % 32 == 0:
+                width //= 2
         slices = cols // width
-        if slices > 1:  # one 128-byte box wide: the same swizzle
-            layout = SharedLayout(rows, width, layout.dtype, layout.major, layout.swizzle)
+        if slices > 1:
+            layout = SharedLayout(rows, width, layout.dtype, layout.major, choose_swizzle(width, layout.dtype))
         bufs = []
         for i in range(min(slices, 2)):
             buf = self._alloc(TileType((rows, width), layout.dtype, "smem", layout), op.loc)

@@ -8,9 +8,13 @@ element), which is how this pass is tested differentially.
 
 Decisions, in order:
 
-1. **Warpgroups.**  Every ``@`` runs as wgmma with 64 rows per warpgroup, so a kernel whose
-   products have M rows runs ``M / 64`` warpgroups (all products of a kernel must agree);
-   a kernel without products runs one warpgroup, or ``warps / 4`` under the ``warps`` pin.
+1. **Warpgroups.**  Every ``@`` runs as wgmma, 64 rows per instruction, so a kernel whose
+   products have M rows runs ``M / 64`` warpgroups (all products of a kernel must agree), or
+   ``M / 128`` under the pin ``consumers = M / 128``: each warpgroup then holds two 64-row
+   slices and issues two wgmmas a K step into independent accumulators (one warpgroup's
+   wgmmas into one accumulator wait for each other; two slices keep the tensor cores busy
+   from one warpgroup).  A kernel without products runs one warpgroup, or ``warps / 4``
+   under the ``warps`` pin.
 2. **Shared tiles.**  A ``@`` operand loaded from a tensor is copied by TMA into shared
    memory and read by wgmma from there: its load gets ``space = smem`` and a
    ``SharedLayout`` whose contiguous axis is the tensor's innermost one, swizzled as wide as
@@ -90,13 +94,14 @@ def tma_loadable(op: Operation) -> str | None:
 class _Selector:
     def __init__(self, kernel: Operation):
         self.kernel = kernel
-        self.warpgroups = self._warpgroups()
+        self.warpgroups, self.slices = self._warpgroups()
         self.threads = WARPGROUP * self.warpgroups
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
 
     # ------------------------------------------------------------ 1. warpgroups
-    def _warpgroups(self) -> int:
+    def _warpgroups(self) -> tuple[int, int]:
+        """Warpgroups, and the 64-row slices of a product each holds."""
         ms = [(op, op.acc.type.shape[0]) for op in self.kernel.walk() if op.name == "tile.mma"]
         for op, m in ms:
             if m % 64:
@@ -107,14 +112,26 @@ class _Selector:
             if m != ms[0][1]:
                 raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
-        warps = (self.kernel.attributes.get("consts") or {}).get("warps")
+        consts = self.kernel.attributes.get("consts") or {}
+        warps = consts.get("warps")
         if warps is not None:
             check_pins({"warps": warps}, self.kernel.loc)  # IR written by hand skips the frontend's check
         if warps is not None and (warps % 4 or ms):
             why = (f"products of {ms[0][1]} rows set the warps ({ms[0][1] // 16}); leave the pin out"
                    if ms else "a program runs whole warpgroups: give a multiple of 4")
             raise _unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
-        return ms[0][1] // 64 if ms else (warps if warps is not None else 4) // 4
+        if not ms:
+            return (warps if warps is not None else 4) // 4, 1
+        m, consumers = ms[0][1], consts.get("consumers")
+        if consumers is None:
+            return m // 64, 1
+        check_pins({"consumers": consumers}, self.kernel.loc)
+        for slices in (1, 2):
+            if m == 64 * slices * consumers:
+                return consumers, slices
+        choices = " or ".join(str(m // r) for r in (64, 128) if m % r == 0)
+        raise _unsupported(ms[0][0], f"consumers = {consumers}: this kernel's products have {m} rows, 64 or 128 "
+                                     f"a warpgroup, so it runs {choices} (change the tile rows instead)")
 
     def run(self) -> None:
         self._place_mma_operands()
@@ -232,7 +249,7 @@ class _Selector:
         for op in self.kernel.walk():
             if op.name == "tile.mma":
                 n = op.acc.type.shape[1]
-                self._propose(op.result, WgmmaAccumulator(n, self.warpgroups))
+                self._propose(op.result, WgmmaAccumulator(n, self.warpgroups, self.slices))
         self._fixpoint()
         for rank in (2, 1):
             for v in values:
@@ -382,7 +399,7 @@ class _Selector:
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
                 k = op.a.type.shape[1]
-                self._need(op, 0, WgmmaOperandA(k, self.warpgroups))
+                self._need(op, 0, WgmmaOperandA(k, self.warpgroups, self.slices))
         elif name == "tile.for":
             body = op.regions[0].block
             for i, (arg, res) in enumerate(zip(body.args[1:], op.results)):

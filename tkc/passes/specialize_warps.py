@@ -30,7 +30,8 @@ warpgroups already overlap; each turn adds a barrier round trip), within 2% eith
 elsewhere (benchmarks/RESULTS.md).
 
 The kernel's constant ``warp_specialize = false`` turns the pass off; ``consumers = N`` must
-match the kernel's warpgroups (64 rows of every product per consumer).  Kernels without a
+match the kernel's warpgroups (64 or 128 rows of every product per consumer, which
+``select-layouts`` chose from the same pin).  Kernels without a
 ring, kernels that still synchronize the whole CTA inside (a loop ``pipeline-loops`` left
 serial) and kernels with cluster reductions (each meets every thread of the cluster) stay as
 they are.
@@ -88,8 +89,8 @@ class _Specializer:
         pin = self.consts.get("consumers")
         if pin is not None and pin != warpgroups:
             raise TkcUnsupportedError(
-                f"consumers = {pin!r}: this kernel's products have {64 * warpgroups} rows, one 64-row "
-                f"consumer warpgroup each, so it runs {warpgroups} consumers (change the tile rows instead)",
+                f"consumers = {pin!r}: this kernel computes in {warpgroups} warpgroups, so it runs "
+                f"{warpgroups} consumers (change the tile rows instead)",
                 self.kernel.loc)
         ops = list(self.kernel.walk())
         if not any(op.name == "hopper.mbarrier_alloc" and op.attributes.get("stages", 1) > 1 for op in ops):
