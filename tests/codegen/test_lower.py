@@ -101,6 +101,21 @@ def test_warpgroups_of_two_slices_alternate_their_accumulators() -> None:
     assert ptx.count("stmatrix.sync.aligned.m8n8.x4") == 4 * 2 * 2  # 4 column slices x 2 row slices x 2 instr.
 
 
+@pytest.mark.parametrize("consts", [{"D": 64}, {"D": 64, "BM": 256, "BN": 64, "consumers": 2}], ids=str)
+def test_a_product_from_zeros_starts_with_scale_d_zero(consts: dict) -> None:
+    """Attention's S = Q K^T starts from zeros every K/V block: its first K step of each slice
+    is issued with scale-d = 0 (D = A B) and no register is zeroed for it; P V, which adds to
+    O, keeps scale-d = 1 throughout."""
+    ptx = kernel_to_ptx(_example("attn.tk", consts).kernel())
+    slices = 2 if consts.get("consumers") else 1
+    ss = re.findall(r"wgmma\.mma_async[^{]*\{[^}]*\}, %rd\d+, %rd\d+, ([01]), 1, 1, 0, 0;", ptx)
+    assert ss.count("0") == slices and ss.count("1") == (64 // 16 - 1) * slices
+    for fenced in re.findall(r"wgmma\.fence\.sync\.aligned;(.*?)wgmma\.commit_group", ptx, re.S):
+        assert "mov.b32" not in fenced  # no register written among the wgmmas (zeroing S took 64 a block)
+    pv = re.findall(r"wgmma\.mma_async[^{]*\{[^}]*\}, \{[^}]*\}, %rd\d+, ([01]), 1, 1, 1;", ptx)
+    assert pv and set(pv) == {"1"}
+
+
 def test_gemm_abi() -> None:
     mod = kernel_to_llvm(_kernel(GEMM))
     text = str(mod)
@@ -311,10 +326,11 @@ EXAMPLE_CASES = [
     ("attn.tk", {"D": 128, "defer_last": True, "tma_store": False}),
     ("attn.tk", {"D": 128, "defer_last": True, "pingpong": True, "tma_store": False}),
     ("attn.tk", {"D": 64, "BM": 192, "defer_last": True}),
-    # Warpgroups of 128 rows: two accumulators a warpgroup.  (Attention's 128 query rows on
-    # one warpgroup compile too, but hold S, P and O for 128 rows: ptxas runs out of
-    # registers to keep the wgmmas in flight and serializes them, C7517.)
+    # Warpgroups of 128 rows: two accumulators a warpgroup (S starts each K/V block from
+    # scale-d = 0, so no register is written between the two slices' wgmmas).
     ("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2}),
+    ("attn.tk", {"D": 64, "BM": 256, "BN": 64, "consumers": 2}),
+    ("attn.tk", {"D": 64, "BN": 64, "consumers": 1, "defer_last": True}),
     ("softmax.tk", {}),
     ("layernorm.tk", {}),
     ("rmsnorm.py", {}),

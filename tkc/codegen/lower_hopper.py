@@ -415,9 +415,20 @@ def _reg_a(op: Operation) -> bool:
     return isinstance(op.a.type, TileType) and op.a.type.space == "reg"
 
 
+def _zero_constant(v: object) -> bool:
+    """Whether ``v`` is a ``tile.constant`` of zeros (a product that starts from nothing)."""
+    owner = getattr(v, "owner", None)
+    return owner is not None and owner.name == "tile.constant" and owner.attributes.get("value") == 0
+
+
 def _wgmma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
-    acc = lw.tile(op, op.acc)
+    # A product from zeros (attention's S, every K/V block) issues its first K step with
+    # scale-d = 0 (D = A B) on undefined registers, as CUTLASS's ScaleOut::Zero does: zeroing
+    # them would take a mov each, after the wgmma fence, where ptxas must then fence again
+    # before the next slice's wgmma (C7517).
+    fresh = _zero_constant(op.acc)
+    acc = [ir.Constant(F32, ir.Undefined)] * op.acc.type.layout.regs if fresh else lw.tile(op, op.acc)
     acc_layout = op.acc.type.layout
     groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs
     sb = lw.shared(op, op.b)
@@ -468,7 +479,8 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     for k in range(steps):
         for m in range(slices):
             parts[m] = nvvm.wgmma(b, parts[m], a_ops[k][m], b_descs[k], a_type=_WGMMA_TYPE[a_dt.name],
-                                  b_type=_WGMMA_TYPE[b_dt.name], trans_a=trans_a, trans_b=trans_b)
+                                  b_type=_WGMMA_TYPE[b_dt.name], scale_d=not (fresh and k == 0),
+                                  trans_a=trans_a, trans_b=trans_b)
     nvvm.call(b, "wgmma.commit_group.sync.aligned")
     lw.set(op.result, [v for part in parts for v in part])
 
