@@ -189,11 +189,8 @@ def acc_formula(t: int, i: int) -> tuple[int, int]:
     return 16 * w + lane // 4 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * (lane % 4) + (i & 1)
 
 
-@pytest.mark.parametrize("n", ACC_NS)
-@pytest.mark.parametrize("wg", [1, 2])
-def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
-    acc = WgmmaAccumulator(n, wg)
-    assert acc.regs == n // 2 and acc.shape == (64 * wg, n)
+def assert_covers_once_and_owner_inverts(acc: WgmmaAccumulator) -> None:
+    """Every element held by exactly one (thread, value), and ``owner`` finds it."""
     t, i = grid(acc.threads, acc.regs)
     r, c = acc.coords(t, i)
     seen = np.zeros(acc.shape, dtype=int)
@@ -201,6 +198,14 @@ def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
     assert np.all(seen == 1)
     t2, i2 = acc.owner(r, c)
     assert np.array_equal(t2, t) and np.array_equal(i2, i)
+
+
+@pytest.mark.parametrize("n", ACC_NS)
+@pytest.mark.parametrize("wg", [1, 2])
+def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
+    acc = WgmmaAccumulator(n, wg)
+    assert acc.regs == n // 2 and acc.shape == (64 * wg, n)
+    assert_covers_once_and_owner_inverts(acc)
     for tt, ii in [(0, 0), (5, 3), (37, 2), (127, n // 2 - 1)]:
         assert tuple(int(x) for x in acc.coords(tt, ii)) == acc_formula(tt, ii)
     if wg == 2:
@@ -215,13 +220,7 @@ def test_two_slices_a_warpgroup_are_two_m64_fragments(n: int, wg: int) -> None:
     half is what one m64 wgmma writes."""
     acc = WgmmaAccumulator(n, wg, 2)
     assert acc.shape == (128 * wg, n) and acc.regs == n and acc.slice_regs == n // 2 and acc.threads == 128 * wg
-    t, i = grid(acc.threads, acc.regs)
-    r, c = acc.coords(t, i)
-    seen = np.zeros(acc.shape, dtype=int)
-    np.add.at(seen, (r, c), 1)
-    assert np.all(seen == 1)
-    t2, i2 = acc.owner(r, c)
-    assert np.array_equal(t2, t) and np.array_equal(i2, i)
+    assert_covers_once_and_owner_inverts(acc)
     for tt in (0, 37, 127, 128 * wg - 1):
         g, local = divmod(tt, 128)
         for ii in (0, n // 2 - 1):
