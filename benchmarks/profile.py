@@ -40,12 +40,12 @@ def _tkc(example: str, consts: dict, args: list):
     return lambda: launch(compiled, args)
 
 
-def _gemm(peer: bool):
+def _gemm(peer: bool, consts: dict | None = None):
     import torch
 
     a, b = _randn(4096, 4096), _randn(4096, 4096)
     c = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    return (lambda: torch.matmul(a, b, out=c)) if peer else _tkc("gemm.tk", {}, [a, b, c])
+    return (lambda: torch.matmul(a, b, out=c)) if peer else _tkc("gemm.tk", consts or {}, [a, b, c])
 
 
 def _attn(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = None, N: int = 16384):
@@ -81,6 +81,10 @@ def _norm(op: str, N: int, peer: bool, consts: dict | None = None):
 
 CASES = {
     "gemm": lambda: _gemm(False), "gemm-cublas": lambda: _gemm(True),
+    # cuBLAS's tile shape on two 128-row warpgroups, and one 128-row warpgroup alone (what each
+    # warpgroup of a tile ping-pong would run).
+    "gemm-256x128": lambda: _gemm(False, {"BM": 256, "BN": 128, "consumers": 2}),
+    "gemm-one-warpgroup": lambda: _gemm(False, {"BM": 128, "BN": 128, "consumers": 1}),
     # The schedules the harness's tkc.autotune picked at D=128 over 16k tokens.
     "attn": lambda: _attn(False, consts={"defer_last": True, "pingpong": True, "tma_store": False}),
     "attn-cudnn": lambda: _attn(True),
