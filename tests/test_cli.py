@@ -434,3 +434,16 @@ def test_a_location_in_a_missing_file_prints_no_snippet(tmp_path: Path) -> None:
     from tkc.errors import Loc, TkcError
 
     assert str(TkcError("bad", Loc(str(tmp_path / "gone.tk"), 2, 3))) == f"{tmp_path / 'gone.tk'}:2:3: error: bad"
+
+
+def test_pins_lists_every_pin_with_its_values_and_readers() -> None:
+    from tkc.pins import PINS
+
+    r = tkc_cli("pins")
+    assert r.exit_code == 0, r.output
+    heads = [line for line in r.stdout.splitlines() if line.startswith("-D ")]
+    assert [h.split("=")[0][3:] for h in heads] == list(PINS)
+    for head, (kind, _what, readers) in zip(heads, PINS.values()):
+        assert head.endswith(f"(read by {readers})")
+        assert ("=true|false " in head) == (kind is bool)
+    assert "rows / 128" in r.stdout  # the descriptions come along, wrapped

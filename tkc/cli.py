@@ -244,6 +244,23 @@ def opt(file: str, passes: str, output: str, dump_ir_before: tuple[str, ...],
     _write_output(output, print_module(module, locs=not no_locs))
 
 
+@cli.command("pins")
+def pins_command() -> None:
+    """List the pins: the compile-time choices a kernel may fix with -D instead of leaving
+    them to the passes."""
+    import shutil
+    import textwrap
+
+    from tkc.pins import PINS
+
+    width = min(shutil.get_terminal_size((100, 24)).columns, 100)
+    for name, (kind, what, readers) in PINS.items():
+        value = "true|false" if kind is bool else "N"
+        click.echo(f"-D {name}={value}    (read by {readers})")
+        click.echo(textwrap.fill(what[0].upper() + what[1:] + ".", width, initial_indent="    ",
+                                 subsequent_indent="    "))
+
+
 @cli.command("compile")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")
