@@ -20,8 +20,9 @@ PINS: dict[str, tuple[type, str, str]] = {
                          "are budgeted for that many, so one program's fill and drain overlap another's work "
                          "(default 1; a kernel without products: one more than ptxas first fits, where that "
                          "does not spill)", "pipeline-loops, specialize-warps, allocate-smem, codegen"),
-    "consumers": (int, "warpgroups computing the products: their rows / 64 (the default), or rows / 128, "
-                       "each warpgroup then issuing two 64-row wgmmas a K step into independent accumulators",
+    "consumers": (int, "warpgroups computing the products: their rows / 64 (the default), or rows / (64 S) for "
+                       "S = 2 to 4, each warpgroup then issuing S 64-row wgmmas a K step into independent "
+                       "accumulators",
                   "select-layouts, specialize-warps"),
     "pingpong": (bool, "two consumer warpgroups take turns issuing wgmmas (default: off)", "specialize-warps"),
     "issue_ahead": (bool, "a loop's first product is issued an iteration early, during the rest of the "

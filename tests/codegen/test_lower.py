@@ -329,6 +329,7 @@ EXAMPLE_CASES = [
     # Warpgroups of 128 rows: two accumulators a warpgroup (S starts each K/V block from
     # scale-d = 0, so no register is written between the two slices' wgmmas).
     ("gemm.tk", {"BM": 256, "BN": 128, "consumers": 2}),
+    ("gemm.tk", {"BM": 192, "BN": 128, "consumers": 1}),
     ("attn.tk", {"D": 64, "BM": 256, "BN": 64, "consumers": 2}),
     ("attn.tk", {"D": 64, "BN": 64, "consumers": 1, "defer_last": True}),
     ("softmax.tk", {}),

@@ -383,11 +383,12 @@ DIFFERENTIAL = [
                  "defer_last": True}, {"B": 2, "H": 3, "N": 300}, 2**-6),
     ("attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2, "defer_last": True},
      {"B": 1, "H": 2, "N": 200}, 2**-6),
-    # Warpgroups of 128 rows (two 64-row wgmma slices each, the pin consumers = rows / 128):
-    # a 256-row GEMM tile on two warpgroups, a 128-row one on one warpgroup;
+    # Warpgroups of 128 or 192 rows (two or three 64-row wgmma slices each, the pin consumers):
+    # a 256-row GEMM tile on two warpgroups, 128- and 192-row ones on one warpgroup;
     # attention's 128 query rows on one warpgroup, P fed back as a two-slice A operand.
     ("gemm.tk", {"BM": 256, "BN": 64, "BK": 32, "consumers": 2}, {"M": 300, "N": 72, "K": 80}, 2**-6),
     ("gemm.tk", {"BM": 128, "BN": 64, "BK": 32, "consumers": 1}, {"M": 150, "N": 72, "K": 80}, 2**-6),
+    ("gemm.tk", {"BM": 192, "BN": 64, "BK": 32, "consumers": 1}, {"M": 200, "N": 72, "K": 80}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "consumers": 1}, {"B": 1, "H": 2, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "consumers": 1, "defer_last": True}, {"B": 1, "H": 1, "N": 300},
      2**-6),

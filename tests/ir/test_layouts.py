@@ -214,22 +214,24 @@ def test_accumulator_covers_its_tile_once(n: int, wg: int) -> None:
 
 @pytest.mark.parametrize("n", [8, 64, 128])
 @pytest.mark.parametrize("wg", [1, 2])
-def test_two_slices_a_warpgroup_are_two_m64_fragments(n: int, wg: int) -> None:
-    """With ``slices=2`` warpgroup g holds rows [128g, 128g + 128): values [0, n/2) are the §1
-    fragment of its first 64 rows, values [n/2, n) the same fragment 64 rows lower, so each
-    half is what one m64 wgmma writes."""
-    acc = WgmmaAccumulator(n, wg, 2)
-    assert acc.shape == (128 * wg, n) and acc.regs == n and acc.slice_regs == n // 2 and acc.threads == 128 * wg
+@pytest.mark.parametrize("slices", [2, 3, 4])
+def test_slices_of_a_warpgroup_are_m64_fragments(n: int, wg: int, slices: int) -> None:
+    """With ``slices=S`` warpgroup g holds rows [64 S g, 64 S (g + 1)): values [m n/2, (m + 1) n/2)
+    are the §1 fragment of its rows 64 m on, so each part is what one m64 wgmma writes."""
+    acc = WgmmaAccumulator(n, wg, slices)
+    rows = 64 * slices
+    assert acc.shape == (rows * wg, n) and acc.regs == slices * n // 2 and acc.slice_regs == n // 2
+    assert acc.threads == 128 * wg
     assert_covers_once_and_owner_inverts(acc)
     for tt in (0, 37, 127, 128 * wg - 1):
         g, local = divmod(tt, 128)
         for ii in (0, n // 2 - 1):
-            for m in (0, 1):
+            for m in range(slices):
                 row, col = acc_formula(local, ii)
-                assert tuple(int(x) for x in acc.coords(tt, m * (n // 2) + ii)) == (128 * g + 64 * m + row, col)
-    assert str(acc) == f"#wgmma_acc<{n}{', wg=2' if wg == 2 else ''}, slices=2>"
-    with pytest.raises(ValueError, match="1 or 2 slices"):
-        WgmmaAccumulator(n, wg, 3)
+                assert tuple(int(x) for x in acc.coords(tt, m * (n // 2) + ii)) == (rows * g + 64 * m + row, col)
+    assert str(acc) == f"#wgmma_acc<{n}{', wg=2' if wg == 2 else ''}, slices={slices}>"
+    with pytest.raises(ValueError, match="1 to 4 slices"):
+        WgmmaAccumulator(n, wg, 5)
 
 
 def test_fragment_ranges_are_checked() -> None:
@@ -279,7 +281,8 @@ def test_operand_a_of_two_slices_gives_each_slice_its_k_steps() -> None:
         a.step_registers(0, 2)
 
 
-@pytest.mark.parametrize("acc", [WgmmaAccumulator(64, 2), WgmmaAccumulator(32, 2, 2), WgmmaAccumulator(64, 1, 2)],
+@pytest.mark.parametrize("acc", [WgmmaAccumulator(64, 2), WgmmaAccumulator(32, 2, 2), WgmmaAccumulator(64, 1, 2),
+                                 WgmmaAccumulator(32, 1, 3)],
                          ids=str)
 def test_stmatrix_epilogue_stores_every_accumulator_value_in_place(acc: WgmmaAccumulator) -> None:
     """Simulate stmatrix.x4 per PTX-FACTS §6: lane t addresses row t%8 of matrix t/8; register j
@@ -304,8 +307,8 @@ def test_stmatrix_epilogue_stores_every_accumulator_value_in_place(acc: WgmmaAcc
                             stored[row, col0 + e] += 1
     assert np.all(stored == 1)
     assert plan.regs[0, 1].tolist() == [[8, 9], [10, 11], [12, 13], [14, 15]]  # P[4..7] = d[8..15]
-    if acc.slices == 2:
-        assert plan.regs[1, 0, 0].tolist() == [acc.slice_regs, acc.slice_regs + 1]
+    for m in range(1, acc.slices):
+        assert plan.regs[m, 0, 0].tolist() == [m * acc.slice_regs, m * acc.slice_regs + 1]
 
 
 # --------------------------------------------------------------------------- blocked layouts
@@ -708,7 +711,7 @@ def test_layout_text_forms() -> None:
 
 
 @pytest.mark.parametrize("bad", ["#smem<64x64xbf16, k, sw16>", "#smem<64x64xbf17, k, sw128>", "#smem<64x64>",
-                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>", "#wgmma_acc<64, slices=3>",
+                                 "#wgmma_acc<12>", "#wgmma_acc<64, wg=0>", "#wgmma_acc<64, slices=5>",
                                  "#wgmma_acc<64, slices=2, wg=2>",
                                  "#blocked<12x12, vec=1, lanes=32x1, warps=4x1>",
                                  "#blocked<16x512, vec=8, lanes=2x32, warps=4x1>",

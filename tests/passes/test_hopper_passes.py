@@ -134,11 +134,12 @@ def test_a_tall_epilogue_goes_out_in_narrower_slices():
 
 
 @pytest.mark.parametrize("consts,message", [
-    ({"BM": 256, "BN": 128, "consumers": 3}, "consumers = 3: this kernel's products have 256 rows, 64 or 128 a "
-                                             "warpgroup, so it runs 4 or 2"),
-    ({"BM": 192, "BN": 128, "consumers": 2}, "products have 192 rows, 64 or 128 a warpgroup, so it runs 3 "),
+    ({"BM": 256, "BN": 128, "consumers": 3}, "consumers = 3: this kernel's products have 256 rows, 64 to 256 a "
+                                             "warpgroup in steps of 64, so it runs 4 or 2 or 1"),
+    ({"BM": 192, "BN": 128, "consumers": 2}, "products have 192 rows, 64 to 256 a warpgroup in steps of 64, so it "
+                                             "runs 3 or 1 "),
 ])
-def test_consumers_must_give_each_warpgroup_64_or_128_rows(consts, message):
+def test_consumers_must_give_each_warpgroup_64_to_256_rows(consts, message):
     with pytest.raises(TkcUnsupportedError, match=re.escape(message)) as info:
         after("gemm.tk", consts, "select-layouts")
     assert info.value.loc is not None and info.value.loc.line == 10

@@ -327,6 +327,10 @@ def _mod(x: Any, k: int) -> Any:
     return 0 if k == 1 else x % k
 
 
+#: 64-row wgmma slices a warpgroup may hold (its rows: at most 256, one TMA box of A).
+MAX_SLICES = 4
+
+
 def _acc_owner(row: np.ndarray, col: np.ndarray, n: int, slices: int) -> tuple[np.ndarray, np.ndarray]:
     """The inverse of the §1 formula (see ``_Fragment``)."""
     g, s, w, r16 = row // (64 * slices), row // 64 % slices, row // 16 % 4, row % 16
@@ -360,7 +364,8 @@ class _Fragment(_Distributed):
     row = 64 S g + 64 m + 16w + l/4 + 8((j>>1)&1), col = 8(j>>2) + 2(l%4) + (j&1).
     Value i of a thread is its register i for f32; packed 16-bit values share b32 register
     i // 2 (i even = low half).  Each slice is what one m64 wgmma reads or writes, so a
-    warpgroup of two slices issues two wgmmas a K step into independent accumulators."""
+    warpgroup of S slices issues S wgmmas a K step into independent accumulators (at most
+    ``MAX_SLICES``: 256 rows, the most one TMA box of A holds)."""
 
     n: int
     warpgroups: int = 1
@@ -373,8 +378,8 @@ class _Fragment(_Distributed):
             raise ValueError(f"columns must be a positive multiple of {self._granule}, got {self.n}")
         if self.warpgroups < 1:
             raise ValueError(f"warpgroups must be at least 1, got {self.warpgroups}")
-        if self.slices not in (1, 2):
-            raise ValueError(f"a warpgroup holds 1 or 2 slices of 64 rows, got {self.slices}")
+        if not 1 <= self.slices <= MAX_SLICES:
+            raise ValueError(f"a warpgroup holds 1 to {MAX_SLICES} slices of 64 rows, got {self.slices}")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -838,7 +843,7 @@ def _parse_smem(text: str) -> SharedLayout:
 def _frag_args(text: str) -> tuple[int, int, int]:
     m = re.fullmatch(r"\s*(\d+)\s*(?:,\s*wg\s*=\s*(\d+)\s*)?(?:,\s*slices\s*=\s*(\d+)\s*)?", text)
     if m is None:
-        raise ValueError("expected '<n>', optionally followed by ', wg=<warpgroups>' and ', slices=<1 or 2>'")
+        raise ValueError("expected '<n>', optionally followed by ', wg=<warpgroups>' and ', slices=<1 to 4>'")
     return int(m.group(1)), int(m.group(2) or 1), int(m.group(3) or 1)
 
 

@@ -30,7 +30,7 @@ warpgroups already overlap; each turn adds a barrier round trip), within 2% eith
 elsewhere (benchmarks/RESULTS.md).
 
 The kernel's constant ``warp_specialize = false`` turns the pass off; ``consumers = N`` must
-match the kernel's warpgroups (64 or 128 rows of every product per consumer, which
+match the kernel's warpgroups (64 to 256 rows of every product per consumer, which
 ``select-layouts`` chose from the same pin).  Kernels without a
 ring, kernels that still synchronize the whole CTA inside (a loop ``pipeline-loops`` left
 serial) and kernels with cluster reductions (each meets every thread of the cluster) stay as
