@@ -44,6 +44,7 @@ from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
+from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
 from tkc.pins import ctas_per_sm
@@ -198,7 +199,7 @@ def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals:
     row, col0 = layout.stmatrix_lane(lw.thread(layout))
     for m in range(layout.slices):
         for s in range(col // 16, (col + width) // 16):
-            p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row + 64 * m if m else row, col0 + 16 * s - col))
+            p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row + 64 * m, col0 + 16 * s - col))
             words = [pack_pair(b, vals[int(plan.regs[m, s, j, 0])], vals[int(plan.regs[m, s, j, 1])], dt)
                      for j in range(4)]
             nvvm.call(b, "stmatrix.sync.aligned.m8n8.x4.b16.p3", p, *words)
@@ -415,19 +416,13 @@ def _reg_a(op: Operation) -> bool:
     return isinstance(op.a.type, TileType) and op.a.type.space == "reg"
 
 
-def _zero_constant(v: object) -> bool:
-    """Whether ``v`` is a ``tile.constant`` of zeros (a product that starts from nothing)."""
-    owner = getattr(v, "owner", None)
-    return owner is not None and owner.name == "tile.constant" and owner.attributes.get("value") == 0
-
-
 def _wgmma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     # A product from zeros (attention's S, every K/V block) issues its first K step with
     # scale-d = 0 (D = A B) on undefined registers, as CUTLASS's ScaleOut::Zero does: zeroing
     # them would take a mov each, after the wgmma fence, where ptxas must then fence again
     # before the next slice's wgmma (C7517).
-    fresh = _zero_constant(op.acc)
+    fresh = constant_value(op.acc) == 0
     acc = [ir.Constant(F32, ir.Undefined)] * op.acc.type.layout.regs if fresh else lw.tile(op, op.acc)
     acc_layout = op.acc.type.layout
     groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs

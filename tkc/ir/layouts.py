@@ -13,8 +13,8 @@ no second copy of any formula here (DESIGN.md principle 5).
   thread part written with plain integer arithmetic so that codegen can evaluate it on
   ``%tid`` symbols and the emulator on numpy arrays.
   - ``WgmmaAccumulator`` (``#wgmma_acc<N>``) and ``WgmmaOperandA`` (``#wgmma_a<K>``): register
-    fragments of 64 rows (one wgmma's) per warpgroup, or two such slices (PTX-FACTS §1), plus
-    the stmatrix epilogue (§6).
+    fragments of 64 rows (one wgmma's) per warpgroup, or two to four such slices (PTX-FACTS
+    §1), plus the stmatrix epilogue (§6).
   - ``Blocked`` (``#blocked<...>``): runs of contiguous columns per thread, for tiles no
     wgmma produces; ``choose_blocked`` states the rule select-layouts applies.
   - ``Slice`` (``#slice<parent, axis=A>``): ``parent`` reduced along an axis.
@@ -399,19 +399,19 @@ class _Fragment(_Distributed):
         """Values (f32 registers) per thread."""
         return self.slices * self.slice_regs
 
-    def thread_coords(self, t: Any) -> tuple[Any, Any]:
+    def warp_rows(self, t: Any) -> Any:
+        """The first of the 16 rows of slice 0 that thread ``t``'s warp holds."""
         if self.slices == 1:
             # 64g + 16(w%4) = 16 * (t // 32): the warpgroup is the high bits of the warp index.
-            return t // 32 * 16 + t % 32 // 4, t % 4 * 2
-        return t // 128 * (64 * self.slices) + t // 32 % 4 * 16 + t % 32 // 4, t % 4 * 2
+            return t // 32 * 16
+        return t // 128 * (64 * self.slices) + t // 32 % 4 * 16
+
+    def thread_coords(self, t: Any) -> tuple[Any, Any]:
+        return self.warp_rows(t) + t % 32 // 4, t % 4 * 2
 
     def reg_coords(self, i: int) -> tuple[int, int]:
         m, j = divmod(i, self.slice_regs)
         return 64 * m + 8 * ((j >> 1) & 1), 8 * (j >> 2) + (j & 1)
-
-    def slice_rows(self, t: Any) -> Any:
-        """The first row of warpgroup ``t // 128``'s slice 0 (slice m: 64 m more)."""
-        return t // 128 * (64 * self.slices)
 
     def owner(self, row: object, col: object) -> tuple[np.ndarray, np.ndarray]:
         r, c = _ints(row), _ints(col)
@@ -446,8 +446,7 @@ class WgmmaAccumulator(_Fragment):
         columns on).  Written with operators that numpy arrays and codegen's symbols share,
         so both compute the same addresses."""
         lane = t % 32
-        warp_rows = t // 32 * 16 if self.slices == 1 else self.slice_rows(t) + t // 32 % 4 * 16
-        return warp_rows + lane // 8 % 2 * 8 + lane % 8, lane // 16 * 8
+        return self.warp_rows(t) + lane // 8 % 2 * 8 + lane % 8, lane // 16 * 8
 
     def __str__(self) -> str:
         return _frag_text("wgmma_acc", self.n, self.warpgroups, self.slices)
