@@ -80,12 +80,12 @@ def compiled(name: str, consts: dict | None = None) -> Compiled:
 # ------------------------------------------------------------------ examples
 # 256x128: four consumer warpgroups, whose setmaxnreg budget must fit the 61440 registers a
 # 640-thread CTA is launched with (asking for the register file's share hangs the kernel);
-# with consumers=2, two warpgroups of two 64-row wgmma slices each; 128x128 and 192x128 on one.
+# with consumers=2, two warpgroups of two 64-row wgmma slices each; 128x128, 192x128 and 256x64 on one.
 @pytest.mark.parametrize("consts", [{}, {"BM": 64, "BN": 64, "BK": 32}, {"BM": 256, "BN": 128},
                                     {"BM": 256, "BN": 128, "consumers": 2}, {"BM": 128, "BN": 128, "consumers": 1},
-                                    {"BM": 192, "BN": 128, "consumers": 1}],
+                                    {"BM": 192, "BN": 128, "consumers": 1}, {"BM": 256, "BN": 64, "consumers": 1}],
                          ids=["default", "64x64x32", "256x128", "256x128-consumers2", "128x128-consumers1",
-                              "192x128-consumers1"])
+                              "192x128-consumers1", "256x64-consumers1"])
 @pytest.mark.parametrize("M,N,K", [(128, 128, 64), (300, 200, 136), (77, 264, 72)])
 def test_gemm(rng, consts: dict, M: int, N: int, K: int) -> None:
     g, seed = rng
