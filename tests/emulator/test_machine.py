@@ -392,6 +392,10 @@ DIFFERENTIAL = [
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "causal": True, "consumers": 1}, {"B": 1, "H": 2, "N": 200}, 2**-6),
     ("attn.tk", {"D": 64, "BM": 128, "BN": 64, "consumers": 1, "defer_last": True}, {"B": 1, "H": 1, "N": 300},
      2**-6),
+    # D = 256 with 80-row K and V blocks: O staged in Q's bytes (no room for a tile of its own
+    # beside two stages of K and V).
+    ("attn.tk", {"D": 256, "BN": 80, "defer_last": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 256, "BN": 80, "causal": True, "pingpong": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),

@@ -191,8 +191,8 @@ def test_attention(rng, causal: bool, D: int, N: int) -> None:
 
 
 # The schedules the benchmark harness may pick: the next S issued ahead, the last P V deferred,
-# two consumers taking turns, three consumer warpgroups (192 query rows), and D = 256's 64-key
-# blocks.
+# two consumers taking turns, three consumer warpgroups (192 query rows), and D = 256's 64- and
+# 80-key blocks.
 ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D": 64, "BM": 192},
              {"D": 256, "BN": 64}, {"D": 256, "BN": 64, "pingpong": True},
              {"D": 64, "BM": 64, "BN": 128, "ctas_per_sm": 2, "issue_ahead": True},
@@ -221,7 +221,10 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 256, "BN": 64, "defer_last": True, "pingpong": True},
              {"D": 256, "BN": 64, "defer_last": True, "persistent": True},
              # 128 query rows on one warpgroup (two 64-row slices, P fed back from registers)
-             {"D": 64, "BN": 64, "consumers": 1}]
+             {"D": 64, "BN": 64, "consumers": 1},
+             # D = 256 with 80-key blocks: O staged through Q's shared tile
+             {"D": 256, "BN": 80}, {"D": 256, "BN": 80, "defer_last": True},
+             {"D": 256, "BN": 80, "defer_last": True, "pingpong": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)

@@ -356,3 +356,23 @@ def test_persistent_loop_with_varying_inner_bounds_nested_deeper_stays_serial():
     text = lowered("attn.tk", {}, "persistent," + SPLIT, "\n".join(lines).replace(
         "causal: const = False)", "causal: const = True, persistent: const = True)"))
     assert "hopper.role" not in text
+
+
+def test_attention_d256_stages_o_in_q_when_its_own_tile_would_cost_the_ring():
+    # Q 64 KB and two stages of 80-row K and V blocks take 224 KB: a 32 KB staging tile of
+    # O's own would leave K and V one stage.  O goes out through Q's bytes instead, after a
+    # wait that brings both consumer warpgroups past their last product.
+    text = lowered("attn.tk", {"D": 256, "BN": 80}, SPLIT)
+    assert "%o_out" not in text
+    assert text.count("stages = 2") == 6  # k, v tiles; k_empty, v_empty, k_full, v_full
+    assert re.search(r"hopper.tma_store_wait \{pending = 0\}\n\s*hopper.smem_store %\S+, %q_smem\n"
+                     r"\s*hopper.tma_store %o, %q_smem", text)
+    consumers = text[text.index('hopper.role {name = "consumers"'):]
+    assert consumers.index("hopper.wgmma_wait") < consumers.index("hopper.tma_store_wait")
+    # Where the bytes are to spare, O keeps a tile of its own (the reuse measured slower).
+    assert "%o_out" in lowered("attn.tk", {"D": 256, "BN": 64}, SPLIT)
+    assert "%o_out" in lowered("attn.tk", {"D": 128}, SPLIT)
+    # A persistent program loads Q in its tile loop, into a ring the producer refills: never
+    # O's staging, however short the room (here K and V get no ring at all).
+    text = lowered("attn.tk", {"D": 256, "BN": 80, "persistent": True}, "persistent," + SPLIT)
+    assert "tma_store %o, %o_out0" in text and "tma_store %o, %q_smem" not in text

@@ -38,7 +38,7 @@ from typing import NamedTuple
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
-from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.hopper import SLOT_ROW
 from tkc.ir.layouts import (
@@ -51,12 +51,16 @@ from tkc.ir.layouts import (
     register_map,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
-from tkc.pins import cluster_size
+from tkc.codegen.target import target as lookup_target
+from tkc.pins import cluster_size, ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 #: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
 #: 128 x 128 bf16 tile or two 64-column slices of a 128 x 256 one take.
 EPILOGUE_BYTES = 32 * 1024
+#: What the barriers of a kernel's rings take at most, set aside when judging whether an
+#: epilogue's staging leaves room for them (a few rings of a few stages, 8 B a barrier).
+RING_BARRIER_BYTES = 256
 
 
 def lower_to_hopper(module: Module) -> None:
@@ -301,18 +305,31 @@ class _Lowering:
 
         A tall tile whose whole staging would take more than 32 KB (256 x 128 bf16: 64 KB) goes
         out in slices narrower still, two of which take 32 KB (four 32-column slices, 64-byte
-        swizzle), so that the ring keeps its four stages there too."""
+        swizzle), so that the ring keeps its four stages there too.
+
+        When those bytes would leave a loop's copies no room for a second stage (attention at
+        D = 256 with 80-row K and V blocks: Q 64 KB and two stages of K and V 160 KB), a tile
+        the kernel TMA-loads once, outside every loop, and then only reads with products that
+        all come before the store (attention's Q, when a program computes one tile) stages
+        the epilogue instead, whole, after a wait that brings every warpgroup past its last
+        product (``_reused_staging``).  Only then: where the bytes are to spare, the reuse
+        measured 1-3% slower on an H100 (benchmarks/RESULTS.md)."""
         rows, cols = op.value.type.shape
         width = layout.box_cols if layout.swizzle == 128 and cols > 2 * layout.box_cols else cols
         eb = layout.dtype.bits // 8
         if rows * cols * eb > EPILOGUE_BYTES:
             while 2 * rows * width * eb > EPILOGUE_BYTES and width % 32 == 0:
                 width //= 2
+        reused = None
+        if not self._leaves_two_stages(min(cols // width, 2) * rows * width * eb):
+            reused = self._reused_staging(op, layout)
+            if reused is not None:
+                width = cols
         slices = cols // width
         if slices > 1:
             layout = SharedLayout(rows, width, layout.dtype, layout.major, choose_swizzle(width, layout.dtype))
-        bufs = []
-        for i in range(min(slices, 2)):
+        bufs = [] if reused is None else [reused]
+        for i in range(min(slices, 2) if reused is None else 0):
             buf = self._alloc(TileType((rows, width), layout.dtype, "smem", layout), op.loc)
             buf.name_hint = (op.tensor.name_hint or "out") + "_out" + (str(i) if slices > 1 else "")
             bufs.append(buf)
@@ -322,7 +339,7 @@ class _Lowering:
         *outer, row_off, col_off = op.offsets
         tma_map = self._map(op, layout)
         for c in range(slices):
-            if c >= 2 or self._in_loop(op):
+            if c >= 2 or self._in_loop(op) or reused is not None:
                 b.create(hopper.TmaStoreWaitOp, attrs={"pending": 0 if c == 0 else 1}, loc=op.loc)
             store_attrs = {"col": c * width} if slices > 1 else {}
             b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
@@ -334,6 +351,53 @@ class _Lowering:
             self.stores_pending = True
             ret = self.body.terminator
             self.body.insert(self.body.ops.index(ret), hopper.TmaStoreWaitOp([], [], {"pending": 0}, loc=op.loc))
+
+    def _leaves_two_stages(self, staging: int) -> bool:
+        """Whether ``staging`` more bytes of shared memory leave every tile copied in a loop
+        room for two stages (what ``pipeline-loops`` needs to make it a ring)."""
+        consts = self.kernel.attributes.get("consts") or {}
+        capacity = lookup_target("sm_90a").smem_per_program(ctas_per_sm(consts))
+        in_loops = {ld.operands[1] for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)}
+        need = staging + RING_BARRIER_BYTES
+        for op in self.body.ops:
+            if op.name == "hopper.smem_alloc":
+                need += op.stride * (2 if op.result in in_loops else 1)
+        return need <= capacity
+
+    def _reused_staging(self, op: Operation, layout: SharedLayout) -> Value | None:
+        """A shared tile of the staging's type that ``op``'s epilogue may write instead of new
+        bytes, or None.  It must be one allocation (not a ring) that one ``hopper.tma_load``
+        outside every loop fills and that only products (``hopper.wgmma`` A or B) read
+        besides, every use in a top-level op before the store's, which is in no loop itself:
+        then nothing writes the tile again once it is loaded, and the ``tma_store_wait`` the
+        store gets first (a wait for no copy, then every thread of the role meets) comes after
+        each warpgroup has waited for its last product.  (A persistent kernel loads its tiles
+        in the tile loop, into rings the producer refills: never reused.)"""
+        if self._in_loop(op):
+            return None
+        want = TileType(op.value.type.shape, layout.dtype, "smem", layout)
+        top = next((a for a in [op, *op.ancestors()] if a.parent is self.body), None)
+        if top is None:
+            return None
+        before = set(self.body.ops[:self.body.ops.index(top)])
+        users = uses(self.kernel)
+
+        def at_top(u: Operation) -> Operation | None:
+            return next((a for a in [u, *u.ancestors()] if a.parent is self.body), None)
+
+        for alloc in self.body.ops:
+            if alloc.name != "hopper.smem_alloc" or alloc.attributes.get("stages", 1) != 1 \
+                    or alloc.result.type != want:
+                continue
+            mine = users.get(alloc.result, [])
+            loads = [u for u in mine if u.name == "hopper.tma_load"]
+            if (len(loads) == 1 and loads[0].operands[1] is alloc.result and not self._in_loop(loads[0])
+                    and all(u.name == "hopper.tma_load" or (u.name == "hopper.wgmma"
+                                                            and alloc.result not in u.operands[2:])
+                            for u in mine)
+                    and all(at_top(u) in before for u in mine)):
+                return alloc.result
+        return None
 
     def _reduce(self, op: Operation) -> None:
         layout = op.x.type.layout
