@@ -112,9 +112,9 @@ def gemm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
 # warpgroups) where the softmax outweighs the products at D=64.  For short sequences:
 # persistent programs, whose producer loads the next tile's Q, K and V during this tile's
 # epilogue (at D=128 also with two K/V stages, so that Q gets two), and at D=64 64-row programs
-# two to an SM, so that one's ring fill and epilogue overlap the other's products.  At D=256,
-# 64- and 80-row K/V blocks (80, FlashAttention-3's choice there, fits two stages only with O
-# staged in Q's shared tile, which lower-to-hopper then does).
+# two to an SM, so that one's ring fill and epilogue overlap the other's products.  Wider K/V
+# blocks where two stages of them fit only with O staged in Q's shared tile (lower-to-hopper
+# does that then): 192 rows at D=128, 80 at D=256 (FlashAttention-3's choice there).
 TWO_PER_SM = {"BM": 64, "ctas_per_sm": 2, "issue_ahead": True}
 PERSISTENT = {"persistent": True}
 BY_THREAD = {"tma_store": False}
@@ -125,7 +125,7 @@ ATTN_CONFIGS = {
          {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}, {**PERSISTENT, **DEFER}],
     128: [{}, {"issue_ahead": True, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2},
           DEFER, {**DEFER, "pingpong": True}, {**DEFER, **BY_THREAD}, {**DEFER, "pingpong": True, **BY_THREAD},
-          {**DEFER, **PERSISTENT}, {**DEFER, **PERSISTENT, **BY_THREAD}],
+          {**DEFER, **PERSISTENT}, {**DEFER, **PERSISTENT, **BY_THREAD}, {**DEFER, "BN": 192}],
     256: [{"BN": 64}, {"BN": 64, "pingpong": True}, {"BN": 64, "pingpong": True, **BY_THREAD},
           {**PERSISTENT, "BN": 64}, {**DEFER, "BN": 64}, {**DEFER, "BN": 64, "pingpong": True},
           {**DEFER, **PERSISTENT, "BN": 64}, {**DEFER, "BN": 80}, {**DEFER, "BN": 80, "pingpong": True}],

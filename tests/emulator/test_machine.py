@@ -396,6 +396,7 @@ DIFFERENTIAL = [
     # beside two stages of K and V).
     ("attn.tk", {"D": 256, "BN": 80, "defer_last": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
     ("attn.tk", {"D": 256, "BN": 80, "causal": True, "pingpong": True}, {"B": 1, "H": 1, "N": 200}, 2**-6),
+    ("attn.tk", {"D": 128, "BN": 176, "defer_last": True}, {"B": 1, "H": 1, "N": 400}, 2**-6),
     ("softmax.tk", {}, {"M": 20, "N": 700}, 2**-12),
     ("layernorm.tk", {}, {"M": 20, "N": 600}, 2**-10),
     ("layernorm.tk", {"BM": 64, "BN": 64}, {"M": 70, "N": 100}, 2**-10),

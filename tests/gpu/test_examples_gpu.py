@@ -222,9 +222,10 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 256, "BN": 64, "defer_last": True, "persistent": True},
              # 128 query rows on one warpgroup (two 64-row slices, P fed back from registers)
              {"D": 64, "BN": 64, "consumers": 1},
-             # D = 256 with 80-key blocks: O staged through Q's shared tile
+             # 80-key blocks at D = 256 and 192-key ones at D = 128: O staged through Q's shared tile
              {"D": 256, "BN": 80}, {"D": 256, "BN": 80, "defer_last": True},
-             {"D": 256, "BN": 80, "defer_last": True, "pingpong": True}]
+             {"D": 256, "BN": 80, "defer_last": True, "pingpong": True}, {"D": 128, "BN": 192, "defer_last": True},
+             {"D": 128, "BN": 176, "pingpong": True}]
 
 
 @pytest.mark.parametrize("consts", ATTN_PINS, ids=str)
