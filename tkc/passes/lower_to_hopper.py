@@ -376,15 +376,16 @@ class _Lowering:
         if self._in_loop(op):
             return None
         want = TileType(op.value.type.shape, layout.dtype, "smem", layout)
-        top = next((a for a in [op, *op.ancestors()] if a.parent is self.body), None)
+
+        def at_top(u: Operation) -> Operation | None:
+            """The op of the kernel body that is or holds ``u``."""
+            return next((a for a in [u, *u.ancestors()] if a.parent is self.body), None)
+
+        top = at_top(op)
         if top is None:
             return None
         before = set(self.body.ops[:self.body.ops.index(top)])
         users = uses(self.kernel)
-
-        def at_top(u: Operation) -> Operation | None:
-            return next((a for a in [u, *u.ancestors()] if a.parent is self.body), None)
-
         for alloc in self.body.ops:
             if alloc.name != "hopper.smem_alloc" or alloc.attributes.get("stages", 1) != 1 \
                     or alloc.result.type != want:
