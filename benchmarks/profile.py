@@ -96,6 +96,13 @@ CASES = {
     "attn-d64-causal-512": lambda: _attn(False, True, D=64, consts={"persistent": True, "defer_last": True}, N=512),
     "attn-d64-causal-512-cudnn": lambda: _attn(True, True, D=64, N=512),
     "attn-d64": lambda: _attn(False, D=64, consts={"BM": 192}), "attn-d64-cudnn": lambda: _attn(True, D=64),
+    # Wider K/V blocks with O staged in Q's tile: 192 keys at D=128, 80 at D=256 (16k tokens),
+    # and a row under 1.1x cuDNN (D=128, 4k tokens, the harness's pick there).
+    "attn-bn192": lambda: _attn(False, consts={"defer_last": True, "BN": 192}),
+    "attn-d256-bn80": lambda: _attn(False, D=256, consts={"defer_last": True, "BN": 80}),
+    "attn-d256-cudnn": lambda: _attn(True, D=256),
+    "attn-4k": lambda: _attn(False, consts={"defer_last": True, "pingpong": True}, N=4096),
+    "attn-4k-cudnn": lambda: _attn(True, N=4096),
     # FlashAttention-3's ordering (P V of block j - 1 in flight through the softmax of block j)
     # against the same schedule without it.
     "attn-plain": lambda: _attn(False), "attn-defer": lambda: _attn(False, consts={"defer_last": True}),
