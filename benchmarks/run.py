@@ -122,7 +122,8 @@ DEFER = {"defer_last": True}
 ATTN_CONFIGS = {
     64: [{}, {"pingpong": True, **BY_THREAD}, {"BM": 192, **BY_THREAD}, {**TWO_PER_SM, "BN": 128},
          PERSISTENT, {**PERSISTENT, "BM": 192}, {**PERSISTENT, "BM": 192, **BY_THREAD},
-         {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}, {**PERSISTENT, **DEFER}],
+         {"BM": 192, **DEFER}, {**PERSISTENT, "BM": 192, **DEFER}, {**PERSISTENT, **DEFER},
+         {"BM": 192, **DEFER, **BY_THREAD}],
     128: [{}, {"issue_ahead": True, **BY_THREAD}, PERSISTENT, {**PERSISTENT, "stages": 2},
           DEFER, {**DEFER, "pingpong": True}, {**DEFER, **BY_THREAD}, {**DEFER, "pingpong": True, **BY_THREAD},
           {**DEFER, **PERSISTENT}, {**DEFER, **PERSISTENT, **BY_THREAD}, {**DEFER, "BN": 192}],

@@ -217,6 +217,7 @@ ATTN_PINS = [{"D": 128, "issue_ahead": True}, {"D": 64, "pingpong": True}, {"D":
              {"D": 64, "BM": 192, "defer_last": True}, {"D": 256, "BN": 64, "defer_last": True},
              {"D": 128, "defer_last": True, "pingpong": True}, {"D": 128, "defer_last": True, "persistent": True},
              {"D": 64, "BM": 192, "defer_last": True, "persistent": True},
+             {"D": 64, "BM": 192, "defer_last": True, "tma_store": False},
              {"D": 64, "defer_last": True, "persistent": True},
              {"D": 256, "BN": 64, "defer_last": True, "pingpong": True},
              {"D": 256, "BN": 64, "defer_last": True, "persistent": True},
