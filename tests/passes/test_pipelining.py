@@ -305,12 +305,17 @@ def test_defer_last_and_issue_ahead_are_refused_together():
         lowered("attn.tk", {"defer_last": True, "issue_ahead": True}, DEFER)
 
 
-@pytest.mark.parametrize("D, tma_store, kv, q_stages", [(128, False, 3, 1), (128, True, 2, 2), (64, True, 4, 2)])
-def test_persistent_attention_rings_q_per_tile(D, tma_store, kv, q_stages):
+@pytest.mark.parametrize("consts, kv, q_stages", [({"D": 128, "tma_store": False}, 2, 2), ({"D": 128}, 2, 2),
+                                                 ({"D": 128, "BN": 96}, 2, 2), ({"D": 64}, 4, 2),
+                                                 ({"D": 256, "BN": 64}, 2, 1)])
+def test_persistent_attention_rings_q_per_tile(consts, kv, q_stages):
     """A persistent attention program loads a Q tile per output tile: the inner K/V ring takes
-    the shared memory first, Q gets a ring of what is left (two stages at most: the next
-    tile's Q lands during this tile's loop), so a producer can still issue every copy."""
-    text = lowered("attn.tk", {"D": D, "persistent": True, "tma_store": tma_store}, "persistent," + SPLIT)
+    the shared memory first, but leaves Q its second stage (the next tile's Q lands during
+    this tile's loop) before taking a third (D=128 with per-thread O stores or 96-key blocks:
+    K/V 2 and Q 2, not K/V 3 and Q 1); Q gets a ring of what is left, one stage at D=256, so a
+    producer can still issue every copy."""
+    text = lowered("attn.tk", {"persistent": True, **consts}, "persistent," + SPLIT)
+    tma_store = consts.get("tma_store", True)
     assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)
     assert re.search(rf"%k_smem = hopper.smem_alloc \{{offset = -1, stages = {kv}\}}", text)
     assert "threads = 384" in text

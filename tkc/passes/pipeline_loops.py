@@ -24,9 +24,10 @@ moves the issuing to a producer warpgroup.  The stage count is the kernel's ``st
 constant when it has one (1 keeps the loop as it is), else as many stages as the shared
 memory left over allows, at most 4 (and at least 2: with less room the loop stays serial).
 
-Inner loops go first.  A group in a loop around a ring (a persistent kernel's per-tile Q, in
-the tile loop around the K/V loop) then gets what the inner rings left, at most 2 stages
-(``stages`` does not apply to it), and as little as 1: a one-stage ring, whose refill at the
+Inner loops go first, but an inner ring takes a third stage only where the groups in the
+loops around it keep room for their second.  A group in a loop around a ring (a persistent
+kernel's per-tile Q, in the tile loop around the K/V loop) then gets what the inner rings
+left, at most 2 stages (``stages`` does not apply to it), and as little as 1: a one-stage ring, whose refill at the
 end of iteration i waits for the release iteration i has just made, is still a ring a
 producer can issue, where a serial loop's ``bar.sync`` would keep the kernel from having
 one.  Its iterations count across the runs of the inner loop from the tile loop's position
@@ -127,10 +128,26 @@ class _Pipeliner:
             return 1
         group = sum(_owner(d).stride for d in g.dsts)
         others = self._smem_bytes() - group
-        room = (self.capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + len(g.loads))) // group
+        free = self.capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + len(g.loads))
+        room = free // group
         # A group around a ring is copied once per run of the inner loop: a second stage lets
         # the next copy land during the inner loop, a third would have nothing left to hide.
-        return max(1, min(OUTER_STAGES if outer else MAX_STAGES, room))
+        if outer:
+            return max(1, min(OUTER_STAGES, room))
+        # An inner ring with two stages leaves the group around it its second stage before
+        # taking a third: a persistent program's next Q then lands during this tile's loop
+        # (attention at D=128 with 96-key blocks, 512-2k tokens: 8-16% faster than Q in one
+        # stage and K/V in three; benchmarks/RESULTS.md).
+        spare = (free - (OUTER_STAGES - 1) * self._around_bytes(g.loop)) // group
+        return max(1, min(MAX_STAGES, spare if spare >= 2 else room))
+
+    def _around_bytes(self, loop: Operation) -> int:
+        """The bytes one stage of the TMA groups in the loops around ``loop`` takes."""
+        total = 0
+        for outer in [p for p in self._enclosing(loop) if p.name == "tile.for"]:
+            for wait in [op for op in outer.regions[0].block.ops if op.name == "hopper.mbarrier_wait"]:
+                total += sum(_owner(d).stride for d in _Group(outer, wait).dsts)
+        return total
 
     def _pipelinable(self, g: _Group) -> bool:
         """The group is lower-to-hopper's shape and its tiles are read only by wgmma."""
