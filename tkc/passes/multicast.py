@@ -159,6 +159,5 @@ def _pid0(v: Value) -> bool:
 
 
 def _multiple_of(v: Value, n: int) -> bool:
-    owner = getattr(v, "owner", None)
-    value = owner.attributes.get("value") if owner is not None and owner.name == "tile.constant" else None
-    return isinstance(value, int) and value > 0 and value % n == 0
+    value = tile.constant_value(v)
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % n == 0
