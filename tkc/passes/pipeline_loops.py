@@ -27,10 +27,10 @@ memory left over allows, at most 4 (and at least 2: with less room the loop stay
 Inner loops go first, but an inner ring takes a third stage only where the groups in the
 loops around it keep room for their second.  A group in a loop around a ring (a persistent
 kernel's per-tile Q, in the tile loop around the K/V loop) then gets what the inner rings
-left, at most 2 stages (``stages`` does not apply to it), and as little as 1: a one-stage ring, whose refill at the
-end of iteration i waits for the release iteration i has just made, is still a ring a
-producer can issue, where a serial loop's ``bar.sync`` would keep the kernel from having
-one.  Its iterations count across the runs of the inner loop from the tile loop's position
+left, at most 2 stages (``stages`` does not apply to it), and as little as 1: a one-stage
+ring, whose refill at the end of iteration i waits for the release iteration i has just
+made, is still a ring a producer can issue, where a serial loop's ``bar.sync`` would keep the
+kernel from having one.  Its iterations count across the runs of the inner loop from the tile loop's position
 times the trip count, or, when the trip count changes from tile to tile (causal attention),
 from a count the tile loop carries.
 
@@ -136,7 +136,7 @@ class _Pipeliner:
             return max(1, min(OUTER_STAGES, room))
         # An inner ring with two stages leaves the group around it its second stage before
         # taking a third: a persistent program's next Q then lands during this tile's loop
-        # (attention at D=128 with 96-key blocks, 512-2k tokens: 8-16% faster than Q in one
+        # (attention at D=128 with 96-key blocks, 512-2k tokens: 6-16% faster than Q in one
         # stage and K/V in three; benchmarks/RESULTS.md).
         spare = (free - (OUTER_STAGES - 1) * self._around_bytes(g.loop)) // group
         return max(1, min(MAX_STAGES, spare if spare >= 2 else room))
