@@ -422,9 +422,9 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     # scale-d = 0 (D = A B) on undefined registers, as CUTLASS's ScaleOut::Zero does: zeroing
     # them would take a mov each, after the wgmma fence, where ptxas must then fence again
     # before the next slice's wgmma (C7517).
-    fresh = constant_value(op.acc) == 0
-    acc = [ir.Constant(F32, ir.Undefined)] * op.acc.type.layout.regs if fresh else lw.tile(op, op.acc)
     acc_layout = op.acc.type.layout
+    fresh = constant_value(op.acc) == 0
+    acc = [ir.Constant(F32, ir.Undefined)] * acc_layout.regs if fresh else lw.tile(op, op.acc)
     groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs
     sb = lw.shared(op, op.b)
     a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)

@@ -36,6 +36,7 @@ import math
 from typing import NamedTuple
 
 from tkc import dtypes
+from tkc.codegen.target import target as lookup_target
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses, uses
@@ -51,16 +52,13 @@ from tkc.ir.layouts import (
     register_map,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
-from tkc.codegen.target import target as lookup_target
+from tkc.passes.pipeline_loops import ring_room
 from tkc.pins import cluster_size, ctas_per_sm
 
 I32 = ScalarType(dtypes.i32)
 #: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
 #: 128 x 128 bf16 tile or two 64-column slices of a 128 x 256 one take.
 EPILOGUE_BYTES = 32 * 1024
-#: What the barriers of a kernel's rings take at most, set aside when judging whether an
-#: epilogue's staging leaves room for them (a few rings of a few stages, 8 B a barrier).
-RING_BARRIER_BYTES = 256
 
 
 def lower_to_hopper(module: Module) -> None:
@@ -353,16 +351,22 @@ class _Lowering:
             self.body.insert(self.body.ops.index(ret), hopper.TmaStoreWaitOp([], [], {"pending": 0}, loc=op.loc))
 
     def _leaves_two_stages(self, staging: int) -> bool:
-        """Whether ``staging`` more bytes of shared memory leave every tile copied in a loop
-        room for two stages (what ``pipeline-loops`` needs to make it a ring)."""
+        """Whether ``staging`` more bytes of shared memory leave the tiles copied in loops room
+        for two stages (``pipeline-loops``' rule, ``ring_room``, all such tiles as one ring)."""
         consts = self.kernel.attributes.get("consts") or {}
         capacity = lookup_target("sm_90a").smem_per_program(ctas_per_sm(consts))
-        in_loops = {ld.operands[1] for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)}
-        need = staging + RING_BARRIER_BYTES
+        looped = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)]
+        ring = {ld.operands[1] for ld in looped}
+        others, group = staging, 0
         for op in self.body.ops:
             if op.name == "hopper.smem_alloc":
-                need += op.stride * (2 if op.result in in_loops else 1)
-        return need <= capacity
+                if op.result in ring:
+                    group += op.stride
+                else:
+                    others += op.stride
+            elif op.name == "hopper.mbarrier_alloc":
+                others += op.stride
+        return not ring or ring_room(capacity, others, len(looped)) >= 2 * group
 
     def _reused_staging(self, op: Operation, layout: SharedLayout) -> Value | None:
         """A shared tile of the staging's type that ``op``'s epilogue may write instead of new

@@ -62,6 +62,12 @@ def pipeline_loops(module: Module) -> None:
             _Pipeliner(kernel).run()
 
 
+def ring_room(capacity: int, others: int, loads: int) -> int:
+    """The bytes of shared memory a ring of ``loads`` copies a stage may take beside
+    ``others`` bytes, the barriers of its full and empty rings (at ``MAX_STAGES``) set aside."""
+    return capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + loads)
+
+
 def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
@@ -128,7 +134,7 @@ class _Pipeliner:
             return 1
         group = sum(_owner(d).stride for d in g.dsts)
         others = self._smem_bytes() - group
-        free = self.capacity - others - 2 * BARRIER_BYTES * MAX_STAGES * (1 + len(g.loads))
+        free = ring_room(self.capacity, others, len(g.loads))
         room = free // group
         # A group around a ring is copied once per run of the inner loop: a second stage lets
         # the next copy land during the inner loop, a third would have nothing left to hide.
