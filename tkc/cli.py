@@ -261,6 +261,35 @@ def pins_command() -> None:
                                  subsequent_indent="    "))
 
 
+@cli.command("ops")
+@click.option("--dialect", type=click.Choice(["tile", "hopper"]), default="tile", show_default=True,
+              help="Which ops: the tile language's (what kernels are written in) or the hopper dialect's.")
+def ops_command(dialect: str) -> None:
+    """List every op: for the tile language, how each is written, what it takes and does, and an example."""
+    from tkc.ir.core import OPS
+    from tkc.ir.dialects import elementwise as E
+    from tkc.ir.dialects import hopper  # noqa: F401  (registers the hopper ops)
+
+    if dialect == "tile":
+        click.echo("Elementwise (scalars and tiles; operands of one dtype, broadcast like numpy):")
+        for cls in E.ELEMENTWISE_OPS:
+            kinds = "/".join(k for k in ("float", "int", "bool") if k in cls.KINDS)
+            written = ", ".join(cls.SURFACE)
+            click.echo(f"  {cls.name:<14} {written:<12} {kinds:<15} {cls.SUMMARY}")
+            click.echo(f"  {'':<14} {'':<12} {'':<15} e.g. {cls.EXAMPLE}")
+        click.echo("Reductions over one axis (axis=, keepdim=; also methods: x.sum(1)):")
+        for kind, what in (("sum", "sum (floats accumulate in f32 or better)"), ("mean", "sum / extent, floats only"),
+                           ("max", "largest, NaN propagating"), ("min", "smallest, NaN propagating")):
+            click.echo(f"  tile.reduce    {kind:<12} {'float/int':<15} {what}")
+    names = sorted(n for n in OPS if n.startswith(dialect + ".") and not (
+        dialect == "tile" and issubclass(OPS[n], E.ElementwiseOp)))
+    click.echo("Other ops:" if dialect == "tile" else "Ops of the hopper dialect:")
+    for name in names:
+        doc = (OPS[name].__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        doc = " ".join(doc.split())
+        click.echo(f"  {name:<26} {doc[:100] + ('...' if len(doc) > 100 else '')}")
+
+
 @cli.command("compile")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")

@@ -31,6 +31,14 @@ Numerics (decisions the op docstrings leave open):
   the divisor's sign); ``cdiv(a, b)`` is ``ceil(a / b) == -(-a // b)``.
   Integer division by zero is unspecified on the GPU; here it gives 0, so
   lanes masked off by a later ``select`` are harmless.
+* Shifts read their count as unsigned: ``x << n`` is 0 and ``x >> n`` (arithmetic) the
+  sign for a count of 32 or more, or a negative one (PTX clamps the count the same way).
+* ``pow``, ``sigmoid`` and ``fma`` compute in float64 and round once (numpy's float32
+  ``pow`` is off by an ulp; ``fma`` thus rounds once, up to double-rounding ties).  ``erf``
+  is Python's ``math.erf`` element by element (numpy has none): the one op here that loops
+  in Python.  A ``mean`` is the float64 sum divided by the extent, rounded once.
+* What each elementwise op computes is declared once, on its class
+  (``tkc/ir/dialects/elementwise.py``); this module only applies it.
 * ``mma`` is ``a @ b`` as a float32 matmul plus ``acc`` in float32.
 * ``reduce`` sums floats in float64 and rounds once to the result dtype: the
   best answer any order of f32 additions can approach, independent of numpy's
@@ -113,25 +121,6 @@ def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
     return lambda ctx, op, *xs: _rounded(fn(*xs), op)
 
 
-def _cdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.negative(np.floor_divide(np.negative(a), b))
-
-
-def _rsqrt(x: np.ndarray) -> np.ndarray:
-    return np.float32(1) / np.sqrt(x)
-
-
-_BINARY = {
-    "tile.add": np.add, "tile.sub": np.subtract, "tile.mul": np.multiply,
-    "tile.div": np.true_divide, "tile.floordiv": np.floor_divide, "tile.rem": np.remainder,
-    "tile.cdiv": _cdiv, "tile.maximum": np.maximum, "tile.minimum": np.minimum,
-    "tile.and": np.bitwise_and, "tile.or": np.bitwise_or, "tile.xor": np.bitwise_xor,
-}
-_UNARY = {
-    "tile.neg": np.negative, "tile.abs": np.abs, "tile.not": np.invert,  # invert on bool is `not`
-    "tile.exp": np.exp, "tile.exp2": np.exp2, "tile.log": np.log, "tile.log2": np.log2,
-    "tile.sqrt": np.sqrt, "tile.rsqrt": _rsqrt, "tile.tanh": np.tanh,
-}
 _CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
         "eq": np.equal, "ne": np.not_equal}
 
@@ -206,10 +195,11 @@ def _store(ctx: _Ctx, op: Operation, tensor: np.ndarray, value: Any, *offsets: A
 
 
 def _reduce(ctx: _Ctx, op: Operation, x: np.ndarray) -> np.ndarray:
-    if op.kind == "sum":
+    if op.kind in ("sum", "mean"):
         # float64 for floats (see the module docstring); int64 then wrap for i32.
         acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
-        return _rounded(np.sum(x, axis=op.axis, dtype=acc), op)
+        total = np.sum(x, axis=op.axis, dtype=acc)
+        return _rounded(total / x.shape[op.axis] if op.kind == "mean" else total, op)
     return _rounded((np.max if op.kind == "max" else np.min)(x, axis=op.axis), op)
 
 
@@ -249,7 +239,8 @@ def _cluster_reduce(ctx: _Ctx, op: Operation, x: np.ndarray) -> np.ndarray:
 
 
 _HANDLERS: dict[str, Callable[..., Any]] = {
-    **{name: _elementwise(fn) for name, fn in {**_BINARY, **_UNARY}.items()},
+    # What each elementwise op computes is declared on its class (tkc/ir/dialects/elementwise.py).
+    **{cls.name: _elementwise(cls.compute) for cls in tile.ELEMENTWISE_OPS},
     "tile.cmp": lambda ctx, op, a, b: _CMP[op.pred](a, b),
     "tile.select": lambda ctx, op, c, a, b: np.where(c, a, b),
     "tile.cast": lambda ctx, op, x: _rounded(x, op),

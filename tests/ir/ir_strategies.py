@@ -31,17 +31,18 @@ I32 = ScalarType(i32)
 I1 = ScalarType(i1)
 DIMS = [1, 2, 4, 16, 64]
 
-BINARY = {  # op class -> dtypes it takes
-    T.AddOp: FLOAT_DTYPES + [i32], T.SubOp: FLOAT_DTYPES + [i32], T.MulOp: FLOAT_DTYPES + [i32],
-    T.DivOp: FLOAT_DTYPES, T.FloorDivOp: [i32], T.RemOp: [i32], T.CdivOp: [i32],
-    T.MaximumOp: FLOAT_DTYPES + [i32], T.MinimumOp: FLOAT_DTYPES + [i32],
-    T.AndOp: [i32, i1], T.OrOp: [i32, i1], T.XorOp: [i32, i1],
-}
-UNARY = {
-    T.NegOp: FLOAT_DTYPES + [i32], T.AbsOp: FLOAT_DTYPES + [i32], T.NotOp: [i32, i1],
-    T.ExpOp: FLOAT_DTYPES, T.Exp2Op: FLOAT_DTYPES, T.LogOp: FLOAT_DTYPES, T.Log2Op: FLOAT_DTYPES,
-    T.SqrtOp: FLOAT_DTYPES, T.RsqrtOp: FLOAT_DTYPES, T.TanhOp: FLOAT_DTYPES,
-}
+_BY_KIND = {"float": FLOAT_DTYPES, "int": [i32], "bool": [i1]}
+
+
+def _takes(cls: type[T.ElementwiseOp]) -> list:
+    """The dtypes an elementwise op takes, from its declaration."""
+    return [dt for kind in ("float", "int", "bool") if kind in cls.KINDS for dt in _BY_KIND[kind]]
+
+
+# op class -> dtypes it takes, by number of operands
+BINARY = {c: _takes(c) for c in T.ELEMENTWISE_OPS if len(c.OPERANDS) == 2}
+UNARY = {c: _takes(c) for c in T.ELEMENTWISE_OPS if len(c.OPERANDS) == 1}
+TERNARY = {c: _takes(c) for c in T.ELEMENTWISE_OPS if len(c.OPERANDS) == 3}
 
 # ------------------------------------------------------------ leaf strategies
 ODD_FILES = [
@@ -192,6 +193,11 @@ class _Gen:
         t = self.value_type(UNARY[cls])
         self.emit(cls, [self.get(t)], [t])
 
+    def op_ternary(self, cls: type[Operation] | None = None) -> None:
+        cls = cls or self.pick(list(TERNARY))
+        t = self.value_type(TERNARY[cls])
+        self.emit(cls, [self.get(t), self.get(t), self.get(t)], [t])
+
     def op_cmp(self) -> None:
         t = self.value_type()
         r = ScalarType(i1) if isinstance(t, ScalarType) else t.with_dtype(i1)
@@ -233,7 +239,8 @@ class _Gen:
         axis = self.draw(st.integers(0, t.rank - 1))
         shape = t.shape[:axis] + t.shape[axis + 1:]
         r = t.with_shape(shape) if shape else ScalarType(t.dtype)
-        self.emit(T.ReduceOp, [self.get(t)], [r], {"kind": self.pick(list(T.REDUCE_KINDS)), "axis": axis})
+        kinds = T.TILE_REDUCE_KINDS if t.dtype.is_float else T.REDUCE_KINDS  # a mean takes floats
+        self.emit(T.ReduceOp, [self.get(t)], [r], {"kind": self.pick(list(kinds)), "axis": axis})
 
     def op_cluster_reduce(self) -> None:
         t = self.tile_type().with_dtype(f32)
@@ -311,8 +318,8 @@ class _Gen:
         regions = [self._region([], types), self._region([], types)]
         self.emit(T.IfOp, [cond], types, regions=regions)
 
-    OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_cmp", "op_select",
-                "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
+    OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
+                "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
                 "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
@@ -361,6 +368,8 @@ class _Gen:
             self.op_binary(cls)
         elif cls in UNARY:
             self.op_unary(cls)
+        elif cls in TERNARY:
+            self.op_ternary(cls)
         elif cls in (T.ProgramIdOp, T.NumProgramsOp):
             self.op_ids(cls)
         elif name == "tile.yield":

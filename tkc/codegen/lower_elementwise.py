@@ -55,6 +55,7 @@ from tkc.codegen.nvvm import F32, I32
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
+from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType, element_dtype
 
 if TYPE_CHECKING:
@@ -106,50 +107,39 @@ def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.sub(zero, _floordiv(b, b.sub(zero, x), y))
 
 
-_INT_BINARY: dict[str, Fn] = {
-    "tile.add": lambda b, x, y: b.add(x, y),
-    "tile.sub": lambda b, x, y: b.sub(x, y),
-    "tile.mul": lambda b, x, y: b.mul(x, y),
-    "tile.floordiv": _floordiv,
-    "tile.rem": _rem,
-    "tile.cdiv": _cdiv,
-    "tile.maximum": lambda b, x, y: b.select(b.icmp_signed(">", x, y), x, y),
-    "tile.minimum": lambda b, x, y: b.select(b.icmp_signed("<", x, y), x, y),
-    "tile.and": lambda b, x, y: b.and_(x, y),
-    "tile.or": lambda b, x, y: b.or_(x, y),
-    "tile.xor": lambda b, x, y: b.xor(x, y),
+def _shl(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:
+    # LLVM's shl by 32 or more is poison; the op's count is unsigned and shifts every bit out.
+    return b.select(b.icmp_unsigned("<", n, const_i32(32)), b.shl(x, n), const_i32(0))
+
+
+def _shr(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:
+    return b.ashr(x, b.select(b.icmp_unsigned("<", n, const_i32(32)), n, const_i32(31)))
+
+
+#: The lowering of each elementwise op on i32 (and i1) values, by op class.
+INT: dict[type, Fn] = {
+    T.AddOp: lambda b, x, y: b.add(x, y),
+    T.SubOp: lambda b, x, y: b.sub(x, y),
+    T.MulOp: lambda b, x, y: b.mul(x, y),
+    T.FloorDivOp: _floordiv,
+    T.RemOp: _rem,
+    T.CdivOp: _cdiv,
+    T.MaximumOp: lambda b, x, y: b.select(b.icmp_signed(">", x, y), x, y),
+    T.MinimumOp: lambda b, x, y: b.select(b.icmp_signed("<", x, y), x, y),
+    T.AndOp: lambda b, x, y: b.and_(x, y),
+    T.OrOp: lambda b, x, y: b.or_(x, y),
+    T.XorOp: lambda b, x, y: b.xor(x, y),
+    T.ShlOp: _shl,
+    T.ShrOp: _shr,
+    T.NotOp: lambda b, x: b.not_(x),  # bitwise for i32, logical for i1
+    T.NegOp: lambda b, x: b.neg(x),
+    T.AbsOp: lambda b, x: b.select(b.icmp_signed("<", x, const_i32(0)), b.neg(x), x),
 }
+
 
 def _contract(inst: ir.Instruction) -> ir.Instruction:
     inst.flags.append("contract")
     return inst
-
-
-_FLOAT_BINARY: dict[str, Fn] = {
-    "tile.add": lambda b, x, y: _contract(b.fadd(x, y)),
-    "tile.sub": lambda b, x, y: _contract(b.fsub(x, y)),
-    "tile.mul": lambda b, x, y: _contract(b.fmul(x, y)),
-    "tile.div": lambda b, x, y: b.fdiv(x, y),
-    "tile.maximum": lambda b, x, y: llvm_call(b, "llvm.maximum.f32", F32, x, y),
-    "tile.minimum": lambda b, x, y: llvm_call(b, "llvm.minimum.f32", F32, x, y),
-}
-
-
-def _binary(lw: Lowerer, op: Operation) -> None:
-    dt = element_dtype(op.result.type)
-    b = lw.b
-    if dt.is_float:
-        f = _FLOAT_BINARY.get(op.name)
-        fn = None if f is None else (lambda x, y: round_to(b, f(b, x, y), dt))
-    else:
-        f = _INT_BINARY.get(op.name)
-        fn = None if f is None else (lambda x, y: f(b, x, y))
-    if fn is None:
-        raise TkcCodegenError(f"'{op.name}' on {dt.name} is not lowered", op.loc)
-    _map(lw, op, fn, lw.get(op.lhs, packed=True), lw.get(op.rhs, packed=True))
-
-
-# --------------------------------------------------------------------------- unary
 
 
 def _nvvm1(name: str) -> Fn:
@@ -159,37 +149,42 @@ def _nvvm1(name: str) -> Fn:
 _LOG2E = math.log2(math.e)
 _LN2 = math.log(2.0)
 
-_FLOAT_UNARY: dict[str, Fn] = {
-    "tile.neg": lambda b, x: b.fneg(x),
-    "tile.abs": lambda b, x: llvm_call(b, "llvm.fabs.f32", F32, x),
-    "tile.exp": lambda b, x: nvvm.call(b, "ex2.approx.ftz.f", b.fmul(x, ir.Constant(F32, _LOG2E))),
-    "tile.exp2": _nvvm1("ex2.approx.ftz.f"),
-    "tile.log": lambda b, x: b.fmul(nvvm.call(b, "lg2.approx.f", x), ir.Constant(F32, _LN2)),
-    "tile.log2": _nvvm1("lg2.approx.f"),
-    "tile.sqrt": lambda b, x: llvm_call(b, "llvm.sqrt.f32", F32, x),
-    "tile.rsqrt": _nvvm1("rsqrt.approx.f"),
-    "tile.tanh": _nvvm1("tanh.approx.f32"),
+#: The lowering of each elementwise op on float values (f32 registers; the result is rounded to
+#: the op's dtype after), by op class.  An op missing here is decomposed by the ``decompose``
+#: pass before codegen (sigmoid, erf, log1p, expm1, pow).
+FLOAT: dict[type, Fn] = {
+    T.AddOp: lambda b, x, y: _contract(b.fadd(x, y)),
+    T.SubOp: lambda b, x, y: _contract(b.fsub(x, y)),
+    T.MulOp: lambda b, x, y: _contract(b.fmul(x, y)),
+    T.DivOp: lambda b, x, y: b.fdiv(x, y),
+    T.MaximumOp: lambda b, x, y: llvm_call(b, "llvm.maximum.f32", F32, x, y),
+    T.MinimumOp: lambda b, x, y: llvm_call(b, "llvm.minimum.f32", F32, x, y),
+    T.FmaOp: lambda b, x, y, z: llvm_call(b, "llvm.fma.f32", F32, x, y, z),
+    T.NegOp: lambda b, x: b.fneg(x),
+    T.AbsOp: lambda b, x: llvm_call(b, "llvm.fabs.f32", F32, x),
+    T.ExpOp: lambda b, x: nvvm.call(b, "ex2.approx.ftz.f", b.fmul(x, ir.Constant(F32, _LOG2E))),
+    T.Exp2Op: _nvvm1("ex2.approx.ftz.f"),
+    T.LogOp: lambda b, x: b.fmul(nvvm.call(b, "lg2.approx.f", x), ir.Constant(F32, _LN2)),
+    T.Log2Op: _nvvm1("lg2.approx.f"),
+    T.SqrtOp: lambda b, x: llvm_call(b, "llvm.sqrt.f32", F32, x),
+    T.RsqrtOp: _nvvm1("rsqrt.approx.f"),
+    T.TanhOp: _nvvm1("tanh.approx.f32"),
+    T.SinOp: _nvvm1("sin.approx.f"),
+    T.CosOp: _nvvm1("cos.approx.f"),
+    T.FloorOp: lambda b, x: llvm_call(b, "llvm.floor.f32", F32, x),
+    T.CeilOp: lambda b, x: llvm_call(b, "llvm.ceil.f32", F32, x),
 }
 
 
-def _unary(lw: Lowerer, op: Operation) -> None:
+def _elementwise(lw: Lowerer, op: Operation) -> None:
     dt = element_dtype(op.result.type)
     b = lw.b
-    x = lw.get(op.x, packed=True)
-    if dt.is_float:
-        f = _FLOAT_UNARY[op.name] if op.name in _FLOAT_UNARY else None
-        fn = None if f is None else (lambda v: round_to(b, f(b, v), dt))
-    elif op.name == "tile.not":
-        fn = lambda v: b.not_(v)  # noqa: E731  (bitwise for i32, logical for i1)
-    elif op.name == "tile.neg" and dt.is_int:
-        fn = lambda v: b.neg(v)  # noqa: E731
-    elif op.name == "tile.abs" and dt.is_int:
-        fn = lambda v: b.select(b.icmp_signed("<", v, const_i32(0)), b.neg(v), v)  # noqa: E731
-    else:
-        fn = None
-    if fn is None:
-        raise TkcCodegenError(f"'{op.name}' on {dt.name} is not lowered", op.loc)
-    _map(lw, op, fn, x)
+    f = (FLOAT if dt.is_float else INT).get(type(op))
+    if f is None:
+        raise TkcCodegenError(f"'{op.name}' on {dt.name} has no lowering (is the decompose pass in the "
+                              f"pipeline?)", op.loc)
+    fn = (lambda *xs: round_to(b, f(b, *xs), dt)) if dt.is_float else (lambda *xs: f(b, *xs))
+    _map(lw, op, fn, *[lw.get(v, packed=True) for v in op.operands])
 
 
 # --------------------------------------------------------------------------- compare, select, cast
@@ -289,11 +284,7 @@ def _broadcast(lw: Lowerer, op: Operation) -> None:
 
 
 HANDLERS: dict[str, Handler] = {
-    **{name: _binary for name in ("tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv",
-                                  "tile.rem", "tile.cdiv", "tile.maximum", "tile.minimum", "tile.and",
-                                  "tile.or", "tile.xor")},
-    **{name: _unary for name in ("tile.neg", "tile.abs", "tile.not", "tile.exp", "tile.exp2", "tile.log",
-                                 "tile.log2", "tile.sqrt", "tile.rsqrt", "tile.tanh")},
+    **{cls.name: _elementwise for cls in (*FLOAT, *INT)},
     "tile.cmp": _cmp,
     "tile.select": _select,
     "tile.cast": _cast,
@@ -303,5 +294,3 @@ HANDLERS: dict[str, Handler] = {
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
 }
-
-

@@ -215,6 +215,8 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     t["lg2.approx.f"] = (F32, (F32,))
     t["rsqrt.approx.f"] = (F32, (F32,))
     t["tanh.approx.f32"] = (F32, (F32,))
+    t["sin.approx.f"] = (F32, (F32,))
+    t["cos.approx.f"] = (F32, (F32,))
     # wgmma bookkeeping; mma_async itself is inline asm (wgmma() below).
     t["wgmma.fence.sync.aligned"] = (VOID, ())
     t["wgmma.commit_group.sync.aligned"] = (VOID, ())

@@ -10,11 +10,13 @@ from tkc import dtypes
 from tkc.errors import TkcTypeError
 from tkc.frontend.emit import check_const, check_tile_dims
 from tkc.frontend.values import REQUIRED, Const, DTypeName, Dyn, View
+from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType
 from tkc.pins import CLUSTER_SIZES
 
-MATH_FUNCS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "abs")
+#: One-operand elementwise functions, also methods (``x.exp()``): from the op declarations.
+MATH_FUNCS = tuple(n for n, c in E.FUNCTIONS.items() if len(c.OPERANDS) == 1)
 
 
 def _program_id(lw, e, args, kwargs, op=T.ProgramIdOp, what="program_id()"):
@@ -37,14 +39,25 @@ def _binary_builtin(op: str) -> Callable:
             return lw._reduce(op, a["x"], a, e)
         a = lw.bind(f"{op}()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
         x, y = lw.value_of(a["a"], e), lw.value_of(a["b"], e)
-        name = {"maximum": "max", "minimum": "min"}.get(op, op)
-        return lw.em.binary(name, x, y, e.loc)
+        return lw.em.binary(op, x, y, e.loc)
     return impl
 
 
-def _sum(lw, e, args, kwargs):
-    a = lw.bind("sum()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED), ("keepdim", Const(False))])
-    return lw._reduce("sum", a["x"], a, e)
+def _reduction(kind: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"{kind}()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED), ("keepdim", Const(False))])
+        return lw._reduce(kind, a["x"], a, e)
+    return impl
+
+
+def _function(name: str) -> Callable:
+    """An elementwise function of three or more operands (``fma(a, b, c)``)."""
+    params = [(p, REQUIRED) for p in E.FUNCTIONS[name].OPERANDS]
+
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"{name}()", e, args, kwargs, params)
+        return lw.em.call(name, [lw.value_of(a[p], e) for p, _ in params], e.loc)
+    return impl
 
 
 def _math(name: str) -> Callable:
@@ -124,9 +137,10 @@ def _cdiv(lw, e, args, kwargs):
 BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
-    "where": _where, "load": _load, "sum": _sum,
+    "where": _where, "load": _load, "sum": _reduction("sum"), "mean": _reduction("mean"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},
     "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),
     "max": _binary_builtin("max"), "min": _binary_builtin("min"),
     **{name: _math(name) for name in MATH_FUNCS},
+    **{name: _function(name) for name, c in E.FUNCTIONS.items() if len(c.OPERANDS) > 2},
 }

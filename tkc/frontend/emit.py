@@ -17,33 +17,24 @@ from tkc.errors import Loc, TkcTypeError
 from tkc.frontend.values import Affine, Const, Dyn
 from tkc.ir.builder import Builder
 from tkc.ir.core import Value
+from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TileType, Type, shape_of
 
-BINARY_OPS = {
-    "+": T.AddOp, "-": T.SubOp, "*": T.MulOp, "/": T.DivOp, "//": T.FloorDivOp, "%": T.RemOp,
-    "&": T.AndOp, "|": T.OrOp, "^": T.XorOp, "max": T.MaximumOp, "min": T.MinimumOp,
-    "cdiv": T.CdivOp,
+#: What each operator symbol or two-operand function name builds (the declarations'
+#: ``SURFACE``); ``max``/``min`` of two values are ``maximum``/``minimum``.
+BINARY_OPS: dict[str, type[E.ElementwiseOp]] = {
+    **E.BINARY_OPERATORS, **{n: c for n, c in E.FUNCTIONS.items() if len(c.OPERANDS) == 2},
+    "max": E.MaximumOp, "min": E.MinimumOp,
+}
+UNARY_OPS: dict[str, type[E.ElementwiseOp]] = {
+    **E.UNARY_OPERATORS, **{n: c for n, c in E.FUNCTIONS.items() if len(c.OPERANDS) == 1},
 }
 CMP_PREDS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
-UNARY_OPS = {
-    "exp": T.ExpOp, "exp2": T.Exp2Op, "log": T.LogOp, "log2": T.Log2Op, "sqrt": T.SqrtOp,
-    "rsqrt": T.RsqrtOp, "tanh": T.TanhOp, "abs": T.AbsOp, "neg": T.NegOp, "not": T.NotOp,
-}
-
-_PY_BINARY = {
-    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "&": operator.and_,
-    "|": operator.or_, "^": operator.xor, "max": max, "min": min,
-    "cdiv": lambda a, b: -(-a // b),
-}
 _PY_CMP = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
            "==": operator.eq, "!=": operator.ne}
-_PY_UNARY = {
-    "exp": math.exp, "exp2": lambda x: 2.0 ** x, "log": math.log, "log2": math.log2,
-    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh, "abs": abs,
-    "neg": operator.neg, "not": operator.not_,
-}
+#: How the user wrote a one-operand op, in messages.
+_UNARY_WORDS = {"-": "unary -", "~": "'~'", "not": "'not'"}
 
 
 _MAX_CONST_BITS = 4096  # integer constants fold in Python; beyond this they are surely a mistake
@@ -181,25 +172,47 @@ class Emitter:
 
     # ---------------------------------------------------------- arithmetic
     def binary(self, op: str, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn | Const:
+        """``a op b`` for an operator symbol or a two-operand function name."""
         if isinstance(a, Const) and isinstance(b, Const):
             return self._fold(op, a, b, loc)
         if op == "**":
             return self._power(a, b, loc)
         what = f"'{op}'"
         x, y = self.unify(a, b, what, loc)
-        dt = x.type.dtype
-        if op == "/" and not dt.is_float:
-            raise TkcTypeError(f"'/' on {dt.name} values; use // for integer division "
-                               f"or cast with .to(f32)", loc)
-        if op in ("//", "%", "cdiv") and not dt.is_int:
-            raise TkcTypeError(f"'{op}' needs integer operands, got {dt.name}", loc)
-        if op in ("&", "|", "^") and dt.is_float:
-            raise TkcTypeError(f"'{op}' needs bool or integer operands, got {dt.name}", loc)
-        if op in ("+", "-", "*", "max", "min") and dt.is_bool:
-            raise TkcTypeError(f"{what} on bool values; use & and | for logic", loc)
-        v = self.b.value(BINARY_OPS[op], [x.value, y.value], x.type, loc=loc)
+        cls = BINARY_OPS[op]
+        if E.kind_of(x.type) not in cls.KINDS:
+            raise TkcTypeError(cls.refusal(what, x.type), loc)
+        v = self.b.value(cls, [x.value, y.value], x.type, loc=loc)
         self._track_affine(op, a, b, v)
         return Dyn(v)
+
+    def call(self, name: str, args: list[Dyn | Const], loc: Loc) -> Dyn | Const:
+        """An elementwise function of three or more operands (``fma``), operands unified."""
+        cls = E.FUNCTIONS[name]
+        if all(isinstance(x, Const) for x in args):
+            return self._fold_call(name, cls, [x.value for x in args], loc)
+        like = next(x for x in args if isinstance(x, Dyn))
+        if E.kind_of(like.type) not in cls.KINDS:
+            raise TkcTypeError(cls.refusal(f"{name}()", like.type), loc)
+        for x in args:
+            if isinstance(x, Dyn) and x.type.dtype != like.type.dtype:
+                raise TkcTypeError(f"dtype mismatch in {name}(): {like.type.dtype.name} and {x.type.dtype.name}; "
+                                   f"cast one side with .to(...)", loc)
+        dyn = [self.materialize(x, like.type, loc) if isinstance(x, Const) else x for x in args]
+        joined: Type = dyn[0].type
+        for x in dyn[1:]:
+            shape = self.broadcast_shape(joined, x.type, f"{name}()", loc)
+            joined = TileType(shape, like.type.dtype) if shape else joined
+        if isinstance(joined, TileType):
+            dyn = [self.broadcast_to(x, joined.shape, loc) for x in dyn]
+        return Dyn(self.b.value(cls, [x.value for x in dyn], joined, loc=loc))
+
+    def _fold_call(self, name: str, cls: type[E.ElementwiseOp], values: list, loc: Loc) -> Const:
+        try:
+            r = cls.fold(*values)
+        except (ValueError, OverflowError, ZeroDivisionError, TypeError) as e:
+            raise TkcTypeError(f"{name}({', '.join(map(repr, values))}) fails: {e}", loc) from None
+        return Const(r)
 
     def _track_affine(self, op: str, a: Dyn | Const, b: Dyn | Const, v: Value) -> None:
         if v.type != T.I32:
@@ -221,7 +234,7 @@ class Emitter:
         try:
             if op in _PY_CMP:
                 return Const(_PY_CMP[op](a.value, b.value))
-            r = _PY_BINARY[op](a.value, b.value)
+            r = BINARY_OPS[op].fold(a.value, b.value)
         except ZeroDivisionError:
             raise TkcTypeError(f"division by zero in constant expression '{op}'", loc) from None
         except OverflowError:
@@ -234,44 +247,40 @@ class Emitter:
             raise TkcTypeError("constant expression has no real value", loc)
         if isinstance(r, int) and r.bit_length() > _MAX_CONST_BITS:
             raise TkcTypeError(f"constant expression '{op}' is too large", loc)
-        if isinstance(a.value, bool) and isinstance(b.value, bool) and op in "&|^":
-            r = bool(r)
         return Const(r)
 
     def _power(self, a: Dyn | Const, b: Dyn | Const, loc: Loc) -> Dyn:
-        if not isinstance(b, Const) or isinstance(b.value, bool) or not isinstance(b.value, int) \
-                or not 1 <= b.value <= 16:
-            raise TkcTypeError("'**' needs a constant integer exponent from 1 to 16", loc)
-        if not a.type.dtype.is_float and not a.type.dtype.is_int:
-            raise TkcTypeError(f"'**' needs float or integer operands, got {a.type.dtype.name}", loc)
-        result, base, n = None, a, b.value
-        while n:  # square-and-multiply keeps the op count logarithmic
-            if n & 1:
-                result = base if result is None else self.binary("*", result, base, loc)
-            n >>= 1
-            if n:
-                base = self.binary("*", base, base, loc)
-        return result
+        if isinstance(b, Const) and type(b.value) is int and 1 <= b.value <= 16:
+            if not a.type.dtype.is_float and not a.type.dtype.is_int:
+                raise TkcTypeError(f"'**' needs float or integer operands, got {a.type.dtype.name}", loc)
+            result, base, n = None, a, b.value
+            while n:  # square-and-multiply keeps the op count logarithmic (and is exact for i32)
+                if n & 1:
+                    result = base if result is None else self.binary("*", result, base, loc)
+                n >>= 1
+                if n:
+                    base = self.binary("*", base, base, loc)
+            return result
+        if any(isinstance(x, Dyn) and not x.type.dtype.is_float for x in (a, b)) or \
+                any(isinstance(x, Const) and isinstance(x.value, bool) for x in (a, b)):
+            raise TkcTypeError("'**' needs a constant integer exponent from 1 to 16, or float operands", loc)
+        x, y = self.unify(a, b, "'**'", loc)
+        return Dyn(self.b.value(E.PowOp, [x.value, y.value], x.type, loc=loc))
 
     def unary(self, op: str, x: Dyn | Const, loc: Loc) -> Dyn | Const:
+        """A one-operand op: an operator symbol ('-', '~', 'not') or a function name."""
+        cls = UNARY_OPS[op]
         if isinstance(x, Const):
-            if op == "not" and not isinstance(x.value, bool):  # '~' on a number: bitwise, like Python
-                if isinstance(x.value, float):
-                    raise TkcTypeError(f"'~' needs bool or integer operands, got the constant {x.value!r}", loc)
-                return Const(~x.value)
+            if cls is E.NotOp and isinstance(x.value, float):
+                raise TkcTypeError(f"'~' needs bool or integer operands, got the constant {x.value!r}", loc)
             try:
-                return Const(_PY_UNARY[op](x.value))
+                return Const(cls.fold(x.value))
             except (ValueError, OverflowError, ZeroDivisionError) as e:
                 raise TkcTypeError(f"{op}({x.value}) fails: {e}", loc) from None
-        dt = x.type.dtype
-        if op in ("neg", "abs") and dt.is_bool:
-            raise TkcTypeError(f"{'unary -' if op == 'neg' else op} of a bool value; use ~ for logical not", loc)
-        if op == "not" and dt.is_float:
-            raise TkcTypeError(f"'not'/'~' needs bool or integer operands, got {dt.name}", loc)
-        if op not in ("neg", "abs", "not") and not dt.is_float:
-            raise TkcTypeError(f"{op} takes a float operand, got {x.type}; cast with .to(f32)", loc)
-        v = self.b.value(UNARY_OPS[op], [x.value], x.type, loc=loc)
-        if op == "neg" and (fa := self.affine_of(x)) is not None:
+        if E.kind_of(x.type) not in cls.KINDS:
+            raise TkcTypeError(cls.refusal(_UNARY_WORDS.get(op, op), x.type), loc)
+        v = self.b.value(cls, [x.value], x.type, loc=loc)
+        if cls is E.NegOp and (fa := self.affine_of(x)) is not None:
             self.affine[v] = fa.scale(-1)
         return Dyn(v)
 
@@ -343,6 +352,8 @@ class Emitter:
         axis %= t.rank
         if t.dtype.is_bool:
             raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        if kind == "mean" and not t.dtype.is_float:
+            raise TkcTypeError(f"mean() takes a float tile, got {t}; cast it with .to(f32)", loc)
         shape = t.shape[:axis] + t.shape[axis + 1:]
         rt = t.with_shape(shape) if shape else ScalarType(t.dtype)
         r = Dyn(self.b.value(T.ReduceOp, [x.value], rt, {"kind": kind, "axis": axis}, loc=loc))

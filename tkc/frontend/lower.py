@@ -28,12 +28,8 @@ from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
 NONE = TupleV(())
 
-BUILTIN_FUNCS = (
-    "program_id", "num_programs", "grid", "cdiv", "zeros", "ones", "full", "arange", "where",
-    "maximum", "minimum", "max", "min", "sum", "load", "range", "static_range", "exp", "exp2",
-    "log", "log2", "sqrt", "rsqrt", "tanh", "abs", "cluster_max", "cluster_min", "cluster_sum",
-)
-REDUCTIONS = ("sum", "max", "min")
+BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
+REDUCTIONS = ("sum", "mean", "max", "min")
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
@@ -538,7 +534,7 @@ class KernelLowering:
                 return x
             if e.op == "not":
                 self._need_bool(x, "'not'", e.loc)
-            return self.em.unary({"-": "neg", "not": "not", "~": "not"}[e.op], x, e.loc)
+            return self.em.unary(e.op, x, e.loc)
         if isinstance(e, ast.Compare):
             a = self.value_of(self.expr(e.left), e.left)
             b = self.value_of(self.expr(e.right), e.right)
@@ -655,7 +651,7 @@ class KernelLowering:
                 return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
         if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
             return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
-        if e.attr in ("to", "sum", "max", "min", *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+        if e.attr in ("to", *REDUCTIONS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
             return Method(obj, e.attr)
         raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
 

@@ -34,7 +34,6 @@ _REFUSED = {
         "assert", "del", "yield", "async", "await", "raise")},
     "WALRUS": f"the ':=' operator {_NOT_SUPPORTED}",
     "LBRACE": f"dict and set literals {_ARE_NOT_SUPPORTED}",
-    "SHIFT": f"shift operators ('<<', '>>') {_ARE_NOT_SUPPORTED}",
     "IMAG_NUMBER": f"complex numbers {_ARE_NOT_SUPPORTED}",
     "ELLIPSIS": f"'...' {_NOT_SUPPORTED}",
 }

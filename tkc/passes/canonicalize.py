@@ -8,7 +8,8 @@ the interpreter (``tkc/interpreter.py``) runs it: a constant fold asks the
 interpreter (``evaluate``) what the op computes, so an op's meaning has one
 home.  Left alone: libm functions (numpy's vector and scalar paths may differ
 in the last bit), float sums (summation order), and answers the target chooses
-for itself (integer division by zero, max/min of NaN or of two zeros).
+for itself (integer division by zero, max/min of NaN or of two zeros), each
+as its op's declaration says (``FOLDS``, ``target_defined``).
 New ops take the location of the op they replace.
 
 Ops that become unused (the constants a fold consumed, say) are left for
@@ -32,7 +33,6 @@ from tkc.ir.types import element_dtype
 Scalar = int | float | bool
 Pattern = Callable[[Operation, Operation], bool]
 
-_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 # No pattern set should need more rounds than this; more means two patterns
 # undo each other, which is a bug in this file.
 _MAX_ROUNDS = 1000
@@ -100,23 +100,11 @@ def _is(v: Value, want: float, signed_zero: bool = False) -> bool:
 
 
 # --------------------------------------------------------- constant folding
-def _target_defined(op: Operation, vals: list[Scalar]) -> bool:
-    """Whether folding would bake in an answer the target chooses for itself:
-    integer division by zero (and INT_MIN // -1), and max/min of NaN or of two
-    zeros (NaN-propagating or not, which zero wins).  Those stay unfolded."""
-    if op.name in ("tile.floordiv", "tile.rem", "tile.cdiv") and not isinstance(vals[1], float):
-        return vals[1] == 0 or (op.name == "tile.floordiv" and vals[0] == _I32_MIN and vals[1] == -1)
-    if op.name in ("tile.maximum", "tile.minimum") and isinstance(vals[0], float):
-        a, b = vals
-        return math.isnan(a) or math.isnan(b) or (a == 0 and b == 0)
-    return False
-
-
 def fold_elementwise(op: Operation, root: Operation) -> bool:
     """An elementwise op (or a compare or cast) whose operands are all
     constants becomes the constant the interpreter computes for it."""
     vals = [tile.constant_value(v) for v in op.operands]
-    if any(v is None for v in vals) or _target_defined(op, vals):
+    if any(v is None for v in vals) or (isinstance(op, tile.ElementwiseOp) and op.target_defined(vals)):
         return False
     args = [dtypes.round_to(x, element_dtype(v.type)) for x, v in zip(vals, op.operands)]
     _replace_by_constant(op, evaluate(op, args).item(), root)
@@ -259,14 +247,10 @@ def fold_zero_trip_for(op: Operation, root: Operation) -> bool:
 
 
 # ------------------------------------------------------------ the table
-# exp, exp2, log, log2, tanh and rsqrt are not folded: numpy's vectorized and
-# scalar paths may differ in the last bit, so a fold on one element might not
-# equal the interpreter's answer on a whole tile.
-_ELEMENTWISE = [
-    "tile.add", "tile.sub", "tile.mul", "tile.div", "tile.floordiv", "tile.rem", "tile.cdiv",
-    "tile.maximum", "tile.minimum", "tile.and", "tile.or", "tile.xor",
-    "tile.neg", "tile.abs", "tile.not", "tile.sqrt", "tile.cmp", "tile.cast",
-]
+# An elementwise op folds where its declaration allows (``FOLDS``: not exp, log, tanh... whose
+# numpy scalar and vector paths may differ in the last bit, so a fold on one element might not
+# equal the interpreter's answer on a whole tile).
+_ELEMENTWISE = [cls.name for cls in tile.ELEMENTWISE_OPS if cls.FOLDS] + ["tile.cmp", "tile.cast"]
 
 #: Op name -> the patterns tried on it, in order.
 PATTERNS: dict[str, list[Pattern]] = {name: [fold_elementwise] for name in _ELEMENTWISE}

@@ -15,6 +15,7 @@ from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
+from tkc.passes.decompose import decompose
 from tkc.passes.defer_last import defer_last
 from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
@@ -34,6 +35,8 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "licm": licm,                  # hoist loop-invariant pure ops out of tile.for
     "cse": cse,                    # merge identical pure ops
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
+    # --- on the way to a target: ops it does not render become simpler ones
+    "decompose": decompose,              # sigmoid, erf, log1p, expm1, x ** y, mean -> simpler tile ops
     # --- sm_90a, in the order they run (docs/hopper.md)
     "persistent": persistent,            # GEMM-shaped kernels: one program per SM walks the tiles
     "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
@@ -53,5 +56,5 @@ PASSES: dict[str, Callable[[Module], None]] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = ("persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,defer-last,"
-                   "multicast,prefetch-loads,cse,dce,allocate-smem")
+HOPPER_PIPELINE = ("decompose,persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,"
+                   "defer-last,multicast,prefetch-loads,cse,dce,allocate-smem")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.core import Operation, Region, register
+from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
+from tkc.ir.dialects.elementwise import ELEMENTWISE_OPS  # noqa: F401
 from tkc.pins import CLUSTER_SIZES
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, element_dtype, shape_of
 
@@ -28,15 +30,6 @@ def _same_elements(a: Type, b: Type) -> bool:
     if isinstance(a, TileType) and isinstance(b, TileType):
         return a.shape == b.shape and a.dtype == b.dtype
     return a == b
-
-
-def _same_types(op: Operation) -> Type:
-    ts = [v.type for v in op.operands] + [r.type for r in op.results]
-    if not _is_value_type(ts[0]):
-        raise op.error(f"expects scalars or tiles, got {ts[0]}")
-    if any(t != ts[0] for t in ts):
-        raise op.error("operands and result must have one type, got " + ", ".join(map(str, ts)))
-    return ts[0]
 
 
 # ------------------------------------------------------------------ structure
@@ -266,72 +259,7 @@ class ArangeOp(Operation):
 
 
 # -------------------------------------------------------------- elementwise
-class _Binary(Operation):
-    OPERANDS = ("lhs", "rhs")
-    RESULTS = ("result",)
-    TRAITS = frozenset({"pure", "elementwise"})
-    kinds = "float int"  # which element kinds the op accepts
-
-    def verify(self) -> None:
-        t = _same_types(self)
-        _check_kind(self, t, self.kinds)
-
-
-def _check_kind(op: Operation, t: Type, kinds: str) -> None:
-    dt = t.dtype
-    ok = (dt.is_float and "float" in kinds) or (dt.is_int and "int" in kinds) or (
-        dt.is_bool and "bool" in kinds)
-    if not ok:
-        raise op.error(f"does not take {dt.name} operands")
-
-
-def _binary(op_name: str, kinds: str = "float int", commutative: bool = False) -> type:
-    traits = {"pure", "elementwise"} | ({"commutative"} if commutative else set())
-    cls = type(op_name.split(".")[1].title() + "Op", (_Binary,),
-               {"name": op_name, "kinds": kinds, "TRAITS": frozenset(traits)})
-    return register(cls)
-
-
-AddOp = _binary("tile.add", commutative=True)
-SubOp = _binary("tile.sub")
-MulOp = _binary("tile.mul", commutative=True)
-DivOp = _binary("tile.div", "float")
-FloorDivOp = _binary("tile.floordiv", "int")
-RemOp = _binary("tile.rem", "int")
-CdivOp = _binary("tile.cdiv", "int")
-MaximumOp = _binary("tile.maximum", commutative=True)
-MinimumOp = _binary("tile.minimum", commutative=True)
-AndOp = _binary("tile.and", "int bool", commutative=True)
-OrOp = _binary("tile.or", "int bool", commutative=True)
-XorOp = _binary("tile.xor", "int bool", commutative=True)
-
-
-class _Unary(Operation):
-    OPERANDS = ("x",)
-    RESULTS = ("result",)
-    TRAITS = frozenset({"pure", "elementwise"})
-    kinds = "float"
-
-    def verify(self) -> None:
-        t = _same_types(self)
-        _check_kind(self, t, self.kinds)
-
-
-def _unary(op_name: str, kinds: str = "float") -> type:
-    cls = type(op_name.split(".")[1].title() + "Op", (_Unary,), {"name": op_name, "kinds": kinds})
-    return register(cls)
-
-
-NegOp = _unary("tile.neg", "float int")
-AbsOp = _unary("tile.abs", "float int")
-NotOp = _unary("tile.not", "int bool")
-ExpOp = _unary("tile.exp")
-Exp2Op = _unary("tile.exp2")
-LogOp = _unary("tile.log")
-Log2Op = _unary("tile.log2")
-SqrtOp = _unary("tile.sqrt")
-RsqrtOp = _unary("tile.rsqrt")
-TanhOp = _unary("tile.tanh")
+# Math and logic ops, one class each, live in tkc/ir/dialects/elementwise.py.
 
 CMP_PREDICATES = ("lt", "le", "gt", "ge", "eq", "ne")
 
@@ -455,13 +383,16 @@ class TransposeOp(Operation):
 
 
 REDUCE_KINDS = ("sum", "max", "min")
+#: What ``tile.reduce`` computes: the kinds every level has, and ``mean`` (a float sum over the
+#: axis divided by its extent), which the ``decompose`` pass rewrites into a sum.
+TILE_REDUCE_KINDS = (*REDUCE_KINDS, "mean")
 
 
 @register
 class ReduceOp(Operation):
     """Reduce one axis (dropped from the shape; a 1-D tile reduces to a
-    scalar).  Float sums accumulate at least as precisely as f32 and round
-    once to the dtype."""
+    scalar).  Float sums and means accumulate at least as precisely as f32 and
+    round once to the dtype; a mean takes float tiles only."""
 
     name = "tile.reduce"
     OPERANDS = ("x",)
@@ -471,8 +402,10 @@ class ReduceOp(Operation):
 
     def verify(self) -> None:
         a, r = self.x.type, self.result.type
-        if self.kind not in REDUCE_KINDS:
-            raise self.error(f"kind must be one of {', '.join(REDUCE_KINDS)}")
+        if self.kind not in TILE_REDUCE_KINDS:
+            raise self.error(f"kind must be one of {', '.join(TILE_REDUCE_KINDS)}")
+        if self.kind == "mean" and isinstance(a, TileType) and not a.dtype.is_float:
+            raise self.error(f"a mean takes a float tile, got {a}")
         if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
             raise self.error(f"axis {self.axis} is not an axis of {a}")
         shape = a.shape[: self.axis] + a.shape[self.axis + 1:]

@@ -1,0 +1,512 @@
+"""The ``tile`` dialect's elementwise ops, each declared once.
+
+An elementwise op is one class here, and the class is everything tkc knows about the op
+apart from its PTX: the names it has in tile code (``SURFACE``: a function such as ``exp``,
+also callable as a method ``x.exp()``, or an operator such as ``+``), the element kinds it
+takes (``KINDS``, the type rule the verifier and the frontend both apply), what it computes
+(``compute``: numpy on storage-form arrays, which the interpreter, constant folding and the
+emulator all call), how the frontend folds Python constants (``fold``), whether
+``canonicalize`` may fold it (``FOLDS``), and a one-line summary with an example (``tkc
+ops``).  Codegen registers a lowering per class (``tkc/codegen/lower_elementwise.py``); an
+op a target cannot render directly says how it ``decompose``\\s into simpler ones, and the
+``decompose`` pass does that before layouts are chosen.
+
+Must not: know any target, layout or pass.  Numerics the summaries leave open are in
+``tkc/interpreter.py``'s docstring (float ops compute in float32 and round once to the
+result dtype; i32 arithmetic wraps).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from tkc.ir.core import Operation, register
+from tkc.ir.types import ScalarType, TileType, Type
+
+if TYPE_CHECKING:
+    from tkc.ir.builder import Builder
+    from tkc.ir.core import Value
+
+__all__ = [
+    "ElementwiseOp", "ELEMENTWISE_OPS", "FUNCTIONS", "BINARY_OPERATORS", "UNARY_OPERATORS", "kind_of",
+    "AddOp", "SubOp", "MulOp", "DivOp", "FloorDivOp", "RemOp", "CdivOp", "MaximumOp", "MinimumOp",
+    "AndOp", "OrOp", "XorOp", "ShlOp", "ShrOp", "PowOp", "FmaOp",
+    "NegOp", "AbsOp", "NotOp", "ExpOp", "Exp2Op", "LogOp", "Log2Op", "SqrtOp", "RsqrtOp", "TanhOp",
+    "SigmoidOp", "ErfOp", "SinOp", "CosOp", "Log1pOp", "Expm1Op", "FloorOp", "CeilOp",
+]
+
+_I32_MIN = -(2**31)
+
+
+def kind_of(t: Type) -> str:
+    """'float', 'int' or 'bool': the element kind of a scalar or tile type."""
+    dt = t.dtype
+    return "float" if dt.is_float else "bool" if dt.is_bool else "int"
+
+
+class ElementwiseOp(Operation):
+    """Operands and result of one scalar or tile type; the result computed value by value."""
+
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+    #: The op's names in tile code: identifiers are functions (and methods), others operators.
+    SURFACE: ClassVar[tuple[str, ...]] = ()
+    #: The element kinds it takes: a subset of {"float", "int", "bool"}.
+    KINDS: ClassVar[frozenset[str]] = frozenset({"float"})
+    SUMMARY: ClassVar[str] = ""
+    EXAMPLE: ClassVar[str] = ""
+    #: Whether canonicalize may replace it, on constant operands, by what ``compute`` gives.
+    #: False where numpy's scalar and vector paths may differ in the last bit (exp, log...).
+    FOLDS: ClassVar[bool] = True
+    #: What to tell a user who passed the wrong kind (None: said from ``KINDS``).
+    HINT: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------ semantics
+    @staticmethod
+    def compute(*xs: np.ndarray) -> np.ndarray:
+        """The result from storage-form operands (float32 for every float dtype), before it is
+        rounded to the result dtype (the caller rounds once)."""
+        raise NotImplementedError
+
+    @classmethod
+    def fold(cls, *xs: int | float | bool) -> int | float | bool:
+        """The value of the op on Python constants (the frontend folds ``exp(1.0)``): by
+        default ``compute`` in float64."""
+        with np.errstate(all="ignore"):
+            return float(cls.compute(*(np.float64(x) for x in xs)))
+
+    @classmethod
+    def target_defined(cls, values: list[Any]) -> bool:
+        """Whether these constant operands give a result the target chooses (integer division
+        by zero, which zero max(-0.0, 0.0) is): canonicalize leaves such ops alone."""
+        return False
+
+    def decompose(self, b: Builder) -> Value | None:
+        """The op rebuilt from simpler ones of its own type at ``b`` (its result), or None when
+        every target renders it directly.  The ``decompose`` pass calls it on f32 operands (a
+        narrower float op is widened around it, so that it rounds once, as ``compute``)."""
+        return None
+
+    @classmethod
+    def decomposes(cls) -> bool:
+        """Whether the op has a decomposition (for targets that do not render it)."""
+        return cls.decompose is not ElementwiseOp.decompose
+
+    # ------------------------------------------------------------ typing
+    @classmethod
+    def refusal(cls, what: str, t: Type) -> str:
+        """Why ``what`` (how the user wrote the op) does not take operands of type ``t``."""
+        kind = kind_of(t)
+        dt = t.dtype.name
+        if cls.HINT is not None:
+            return cls.HINT.format(what=what, type=t, dtype=dt)
+        if kind == "bool":
+            if len(cls.OPERANDS) == 1:
+                return f"{what} of a bool value; use ~ for logical not"
+            return f"{what} on bool values; use & and | for logic"
+        if cls.KINDS == {"float"}:
+            if len(cls.OPERANDS) == 1:
+                return f"{what} takes a float operand, got {t}; cast with .to(f32)"
+            return f"{what} takes float operands, got {dt}; cast with .to(f32)"
+        if cls.KINDS == {"int"}:
+            return f"{what} needs integer operands, got {dt}"
+        return f"{what} needs bool or integer operands, got {dt}"
+
+    def verify(self) -> None:
+        ts = [v.type for v in self.operands] + [r.type for r in self.results]
+        if not isinstance(ts[0], (ScalarType, TileType)):
+            raise self.error(f"expects scalars or tiles, got {ts[0]}")
+        if any(t != ts[0] for t in ts):
+            raise self.error("operands and result must have one type, got " + ", ".join(map(str, ts)))
+        if kind_of(ts[0]) not in self.KINDS:
+            raise self.error(f"does not take {ts[0].dtype.name} operands")
+
+
+class _Unary(ElementwiseOp):
+    OPERANDS = ("x",)
+
+
+class _Binary(ElementwiseOp):
+    OPERANDS = ("lhs", "rhs")
+
+
+_INT = frozenset({"int"})
+_NUMBERS = frozenset({"float", "int"})
+_BITS = frozenset({"int", "bool"})
+
+
+def _same_type(b: Builder, cls: type[Operation], *xs: Value) -> Value:
+    return b.value(cls, list(xs), xs[0].type)
+
+
+def _const(b: Builder, like: Value, value: float) -> Value:
+    from tkc.ir.dialects.tile import ConstantOp  # the dialect's one constant op
+
+    return b.value(ConstantOp, [], like.type, {"value": value})
+
+
+def _poly(b: Builder, x: Value, coefficients: list[float]) -> Value:
+    """c0 + x (c1 + x (c2 + ...)) by Horner's rule (coefficients lowest first)."""
+    acc = _const(b, x, coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        acc = _same_type(b, AddOp, _same_type(b, MulOp, acc, x), _const(b, x, c))
+    return acc
+
+
+def _where(b: Builder, cond: Value, a: Value, c: Value) -> Value:
+    from tkc.ir.dialects.tile import SelectOp
+
+    return b.value(SelectOp, [cond, a, c], a.type)
+
+
+def _cmp(b: Builder, pred: str, x: Value, y: Value) -> Value:
+    from tkc.ir.dialects.tile import CmpOp
+
+    return b.value(CmpOp, [x, y], x.type.with_dtype(_i1()) if isinstance(x.type, TileType) else ScalarType(_i1()),
+                   {"pred": pred})
+
+
+def _i1():
+    from tkc import dtypes
+
+    return dtypes.i1
+
+
+# ----------------------------------------------------------------- binary
+def _op(name: str, base: type[ElementwiseOp], surface: tuple[str, ...], kinds: frozenset[str], summary: str,
+        example: str, compute: Callable[..., Any], fold: Callable[..., Any] | None = None,
+        commutative: bool = False, folds: bool = True, hint: str | None = None) -> type[ElementwiseOp]:
+    """Declare and register a plain elementwise op (one whose class needs no methods of its own)."""
+    traits = base.TRAITS | ({"commutative"} if commutative else set())
+    body: dict[str, Any] = {"name": name, "SURFACE": surface, "KINDS": kinds, "SUMMARY": summary,
+                            "EXAMPLE": example, "FOLDS": folds, "HINT": hint, "TRAITS": frozenset(traits),
+                            "compute": staticmethod(compute)}
+    if fold is not None:
+        body["fold"] = classmethod(lambda cls, *xs: fold(*xs))
+    cls_name = "".join(p.title() for p in name.split(".")[1].split("_")) + "Op"
+    return register(type(cls_name, (base,), body))
+
+
+AddOp = _op("tile.add", _Binary, ("+",), _NUMBERS, "sum", "y = a + b", np.add, operator.add, commutative=True)
+SubOp = _op("tile.sub", _Binary, ("-",), _NUMBERS, "difference", "y = a - b", np.subtract, operator.sub)
+MulOp = _op("tile.mul", _Binary, ("*",), _NUMBERS, "product", "y = a * b", np.multiply, operator.mul,
+            commutative=True)
+DivOp = _op("tile.div", _Binary, ("/",), frozenset({"float"}), "IEEE division (div.rn.f32)", "y = a / b",
+            np.true_divide, operator.truediv,
+            hint="{what} on {dtype} values; use // for integer division or cast with .to(f32)")
+
+
+def _cdiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.negative(np.floor_divide(np.negative(a), b))
+
+
+class _IntDivision(_Binary):
+    KINDS = _INT
+
+    @classmethod
+    def target_defined(cls, values: list[Any]) -> bool:
+        # Integer division by zero (and INT_MIN // -1) is the target's choice.
+        if isinstance(values[1], float):
+            return False
+        return values[1] == 0 or (cls.name == "tile.floordiv" and values[0] == _I32_MIN and values[1] == -1)
+
+
+FloorDivOp = _op("tile.floordiv", _IntDivision, ("//",), _INT, "floor division (Python's: -7 // 2 == -4)",
+                 "q = a // b", np.floor_divide, operator.floordiv)
+RemOp = _op("tile.rem", _IntDivision, ("%",), _INT, "remainder with the divisor's sign (Python's)",
+            "r = a % b", np.remainder, operator.mod)
+CdivOp = _op("tile.cdiv", _IntDivision, ("cdiv",), _INT, "ceiling division, -(-a // b)", "n = cdiv(N, BN)",
+             _cdiv, lambda a, b: -(-a // b))
+
+
+class _MinMax(_Binary):
+    KINDS = _NUMBERS
+
+    @classmethod
+    def target_defined(cls, values: list[Any]) -> bool:
+        if not isinstance(values[0], float):
+            return False
+        a, b = values  # NaN propagation, and which zero of two wins, stay the target's
+        return math.isnan(a) or math.isnan(b) or (a == 0 and b == 0)
+
+
+MaximumOp = _op("tile.maximum", _MinMax, ("maximum",), _NUMBERS, "larger of two, NaN propagating",
+                "m = maximum(m, s)", np.maximum, max, commutative=True)
+MinimumOp = _op("tile.minimum", _MinMax, ("minimum",), _NUMBERS, "smaller of two, NaN propagating",
+                "m = minimum(a, b)", np.minimum, min, commutative=True)
+
+
+def _bool_op(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda a, b: bool(fn(a, b)) if isinstance(a, bool) and isinstance(b, bool) else fn(a, b)
+
+
+AndOp = _op("tile.and", _Binary, ("&",), _BITS, "bitwise and (logical on bool)", "m = (i < n) & (j < n)",
+            np.bitwise_and, _bool_op(operator.and_), commutative=True)
+OrOp = _op("tile.or", _Binary, ("|",), _BITS, "bitwise or (logical on bool)", "y = a | b",
+           np.bitwise_or, _bool_op(operator.or_), commutative=True)
+XorOp = _op("tile.xor", _Binary, ("^",), _BITS, "bitwise exclusive or", "y = a ^ b",
+            np.bitwise_xor, _bool_op(operator.xor), commutative=True)
+
+
+def _shl(x: np.ndarray, n: np.ndarray) -> np.ndarray:
+    n = np.asarray(n).astype(np.uint32)  # the count is unsigned: a negative one is >= 32
+    return np.where(n < 32, np.left_shift(x, (n & 31).astype(x.dtype)), np.zeros_like(x))
+
+
+def _shr(x: np.ndarray, n: np.ndarray) -> np.ndarray:
+    n = np.asarray(n).astype(np.uint32)
+    return np.right_shift(x, np.minimum(n, 31).astype(x.dtype))  # 32 or more: every bit is the sign
+
+
+ShlOp = _op("tile.shl", _Binary, ("<<",), _INT,
+            "shift left; a count of 32 or more (unsigned) gives 0", "h = x << 5", _shl, operator.lshift)
+ShrOp = _op("tile.shr", _Binary, (">>",), _INT,
+            "arithmetic shift right; a count of 32 or more (unsigned) gives the sign", "q = x >> 1",
+            _shr, operator.rshift)
+
+
+class PowOp(_Binary):
+    """``x ** y`` on floats: NaN for a negative base and a non-integer exponent, like torch.
+    A constant integer exponent from 1 to 16 is multiplied out by the frontend instead."""
+
+    name = "tile.pow"
+    SURFACE = ("**",)
+    SUMMARY = "power of floats (x ** y; exp2(y log2 |x|) on the GPU, about 2**-21 relative)"
+    EXAMPLE = "y = x ** 0.75"
+    FOLDS = False
+
+    @staticmethod
+    def compute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.power(x, y, dtype=np.float64)  # then rounded once: numpy's f32 pow is off by an ulp
+
+    @classmethod
+    def fold(cls, x: float, y: float) -> int | float | complex:
+        return operator.pow(x, y)  # constants follow Python: 2 ** 3 is the integer 8
+
+    def decompose(self, b: Builder) -> Value:
+        from tkc.ir.dialects.tile import constant_value
+
+        x, y = self.lhs, self.rhs
+        c = constant_value(y)
+        if c == 1.0:
+            return x
+        if c == 2.0:  # exactly what np.power gives: x * x rounded once
+            return _same_type(b, MulOp, x, x)
+        if c == 0.5:
+            return b.value(SqrtOp, [x], x.type)
+        one, zero = _const(b, x, 1.0), _const(b, x, 0.0)
+        if c == -1.0:
+            return _same_type(b, DivOp, one, x)
+        magnitude = b.value(Exp2Op, [_same_type(b, MulOp, y, b.value(Log2Op, [b.value(AbsOp, [x], x.type)],
+                                                                             x.type))], x.type)
+        # The sign of a negative base: -1 for an odd integer exponent, NaN for a fractional one.
+        whole = _cmp(b, "eq", b.value(FloorOp, [y], y.type), y)
+        half = _same_type(b, MulOp, y, _const(b, x, 0.5))
+        odd = _same_type(b, AndOp, whole, _cmp(b, "ne", b.value(FloorOp, [half], y.type), half))
+        sign = _where(b, whole, _where(b, odd, _const(b, x, -1.0), one), _const(b, x, math.nan))
+        r = _where(b, _cmp(b, "lt", x, zero), _same_type(b, MulOp, magnitude, sign), magnitude)
+        # x ** 0 == 1 and 1 ** y == 1 for every x and y, NaN included.
+        return _where(b, _same_type(b, OrOp, _cmp(b, "eq", y, zero), _cmp(b, "eq", x, one)), one, r)
+
+
+register(PowOp)
+
+
+class FmaOp(ElementwiseOp):
+    """``a * b + c`` rounded once."""
+
+    name = "tile.fma"
+    OPERANDS = ("a", "b", "c")
+    SURFACE = ("fma",)
+    SUMMARY = "fused multiply-add, a * b + c rounded once (fma.rn.f32)"
+    EXAMPLE = "y = fma(x, w, b)"
+
+    @staticmethod
+    def compute(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        # Exact product of two f32 values in float64, one rounding of the sum there, then the
+        # caller's rounding to the dtype: differs from a true fma only in double-rounding ties.
+        return np.add(np.multiply(a, b, dtype=np.float64), c, dtype=np.float64)
+
+    @classmethod
+    def fold(cls, a: float, b: float, c: float) -> float:
+        return float(a) * float(b) + float(c)
+
+
+register(FmaOp)
+
+
+# ------------------------------------------------------------------ unary
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return np.float32(1) / np.sqrt(x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))  # then rounded once
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; math's is exact to a double
+
+
+NegOp = _op("tile.neg", _Unary, ("-",), _NUMBERS, "negation", "y = -x", np.negative, operator.neg,
+            hint=None)
+AbsOp = _op("tile.abs", _Unary, ("abs",), _NUMBERS, "absolute value", "y = abs(x)", np.abs, abs)
+NotOp = _op("tile.not", _Unary, ("~", "not"), _BITS, "bitwise not (logical on bool)", "keep = ~masked",
+            np.invert, lambda x: (not x) if isinstance(x, bool) else ~x,
+            hint="'not'/'~' needs bool or integer operands, got {dtype}")
+ExpOp = _op("tile.exp", _Unary, ("exp",), frozenset({"float"}), "e ** x (ex2.approx of x log2 e)",
+            "p = exp(s - m)", np.exp, math.exp, folds=False)
+Exp2Op = _op("tile.exp2", _Unary, ("exp2",), frozenset({"float"}), "2 ** x (ex2.approx)", "p = exp2(s)",
+             np.exp2, lambda x: 2.0 ** x, folds=False)
+LogOp = _op("tile.log", _Unary, ("log",), frozenset({"float"}), "natural logarithm (lg2.approx times ln 2)",
+            "lse = m + log(l)", np.log, math.log, folds=False)
+Log2Op = _op("tile.log2", _Unary, ("log2",), frozenset({"float"}), "base-2 logarithm (lg2.approx)",
+             "y = log2(x)", np.log2, math.log2, folds=False)
+SqrtOp = _op("tile.sqrt", _Unary, ("sqrt",), frozenset({"float"}), "square root, correctly rounded",
+             "y = sqrt(x)", np.sqrt, math.sqrt)
+RsqrtOp = _op("tile.rsqrt", _Unary, ("rsqrt",), frozenset({"float"}), "1 / sqrt(x) (rsqrt.approx)",
+              "r = rsqrt(var + eps)", _rsqrt, lambda x: 1.0 / math.sqrt(x), folds=False)
+TanhOp = _op("tile.tanh", _Unary, ("tanh",), frozenset({"float"}),
+             "hyperbolic tangent (tanh.approx, 2**-11 relative)", "y = tanh(x)", np.tanh, math.tanh, folds=False)
+SinOp = _op("tile.sin", _Unary, ("sin",), frozenset({"float"}),
+            "sine (sin.approx: 2**-20.5 absolute on [-pi, pi], less precise far from 0)", "y = sin(t)",
+            np.sin, math.sin, folds=False)
+CosOp = _op("tile.cos", _Unary, ("cos",), frozenset({"float"}),
+            "cosine (cos.approx: 2**-20.5 absolute on [-pi, pi], less precise far from 0)", "y = cos(t)",
+            np.cos, math.cos, folds=False)
+FloorOp = _op("tile.floor", _Unary, ("floor",), frozenset({"float"}), "largest integer not above x (a float)",
+              "k = floor(x)", np.floor)
+CeilOp = _op("tile.ceil", _Unary, ("ceil",), frozenset({"float"}), "smallest integer not below x (a float)",
+             "k = ceil(x)", np.ceil)
+
+
+class SigmoidOp(_Unary):
+    name = "tile.sigmoid"
+    SURFACE = ("sigmoid",)
+    SUMMARY = "logistic function 1 / (1 + exp(-x))"
+    EXAMPLE = "g = x * sigmoid(x)"
+    FOLDS = False
+
+    compute = staticmethod(_sigmoid)
+
+    def decompose(self, b: Builder) -> Value:
+        x = self.x
+        e = b.value(ExpOp, [b.value(NegOp, [x], x.type)], x.type)
+        one = _const(b, x, 1.0)
+        return _same_type(b, DivOp, one, _same_type(b, AddOp, one, e))
+
+
+register(SigmoidOp)
+
+# erf(x) = 2/sqrt(pi) (x - x^3/3 + x^5/10 - ...) below 1/2 (the series' terms fall under 2**-30
+# by x^15); above, 1 - erfc with Numerical Recipes' erfc (fractional error under 1.2e-7).
+_ERF_SERIES = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(8)]
+_ERFC_POLY = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+              1.48851587, -0.82215223, 0.17087277]
+
+
+class ErfOp(_Unary):
+    name = "tile.erf"
+    SURFACE = ("erf",)
+    SUMMARY = "error function (a polynomial below 1/2, 1 - erfc above: about 2**-22 absolute)"
+    EXAMPLE = "g = 0.5 * x * (1.0 + erf(x * 0.7071067811865476))"
+    FOLDS = False
+
+    compute = staticmethod(_erf)
+
+    @classmethod
+    def fold(cls, x: float) -> float:
+        return math.erf(x)
+
+    def decompose(self, b: Builder) -> Value:
+        x = self.x
+        z = b.value(AbsOp, [x], x.type)
+        small = _same_type(b, MulOp, x, _poly(b, _same_type(b, MulOp, x, x), _ERF_SERIES))
+        t = _same_type(b, DivOp, _const(b, x, 1.0), _same_type(b, AddOp, _const(b, x, 1.0),
+                                                              _same_type(b, MulOp, z, _const(b, x, 0.5))))
+        exponent = _same_type(b, SubOp, _poly(b, t, _ERFC_POLY), _same_type(b, MulOp, z, z))
+        erfc = _same_type(b, MulOp, t, b.value(ExpOp, [exponent], x.type))
+        large = _same_type(b, SubOp, _const(b, x, 1.0), erfc)
+        signed = _where(b, _cmp(b, "lt", x, _const(b, x, 0.0)), b.value(NegOp, [large], x.type), large)
+        return _where(b, _cmp(b, "lt", z, _const(b, x, 0.5)), small, signed)
+
+
+register(ErfOp)
+
+# log1p(x) = 2 atanh(s), s = x / (2 + x): s^2 <= 1/9 for x in [-1/2, 1], where eight terms of the
+# odd series leave under 2**-26; elsewhere log(1 + x) is at least log 2 in size.
+_ATANH_SERIES = [2.0 / (2 * n + 1) for n in range(8)]
+
+
+class Log1pOp(_Unary):
+    name = "tile.log1p"
+    SURFACE = ("log1p",)
+    SUMMARY = "log(1 + x), precise near 0 (a series on [-1/2, 1], lg2.approx elsewhere)"
+    EXAMPLE = "y = log1p(exp(-abs(x)))"
+    FOLDS = False
+
+    compute = staticmethod(np.log1p)
+
+    @classmethod
+    def fold(cls, x: float) -> float:
+        return math.log1p(x)
+
+    def decompose(self, b: Builder) -> Value:
+        x = self.x
+        s = _same_type(b, DivOp, x, _same_type(b, AddOp, _const(b, x, 2.0), x))
+        near = _same_type(b, MulOp, s, _poly(b, _same_type(b, MulOp, s, s), _ATANH_SERIES))
+        far = b.value(LogOp, [_same_type(b, AddOp, _const(b, x, 1.0), x)], x.type)
+        inside = _same_type(b, AndOp, _cmp(b, "ge", x, _const(b, x, -0.5)), _cmp(b, "le", x, _const(b, x, 1.0)))
+        return _where(b, inside, near, far)
+
+
+register(Log1pOp)
+
+# expm1(x) = x + x^2/2! + ... for |x| < 1/2 (ten terms leave under 2**-32); exp(x) - 1 beyond.
+_EXPM1_SERIES = [1.0 / math.factorial(n + 1) for n in range(10)]
+
+
+class Expm1Op(_Unary):
+    name = "tile.expm1"
+    SURFACE = ("expm1",)
+    SUMMARY = "exp(x) - 1, precise near 0 (a series below 1/2 in size, ex2.approx beyond)"
+    EXAMPLE = "y = expm1(x)"
+    FOLDS = False
+
+    compute = staticmethod(np.expm1)
+
+    @classmethod
+    def fold(cls, x: float) -> float:
+        return math.expm1(x)
+
+    def decompose(self, b: Builder) -> Value:
+        x = self.x
+        near = _same_type(b, MulOp, x, _poly(b, x, _EXPM1_SERIES))
+        far = _same_type(b, SubOp, b.value(ExpOp, [x], x.type), _const(b, x, 1.0))
+        return _where(b, _cmp(b, "lt", b.value(AbsOp, [x], x.type), _const(b, x, 0.5)), near, far)
+
+
+register(Expm1Op)
+
+
+# ------------------------------------------------------------- the tables
+#: Every elementwise op class, in declaration order.
+ELEMENTWISE_OPS: tuple[type[ElementwiseOp], ...] = tuple(
+    c for c in (AddOp, SubOp, MulOp, DivOp, FloorDivOp, RemOp, CdivOp, MaximumOp, MinimumOp, AndOp, OrOp, XorOp,
+                ShlOp, ShrOp, PowOp, FmaOp, NegOp, AbsOp, NotOp, ExpOp, Exp2Op, LogOp, Log2Op, SqrtOp, RsqrtOp,
+                TanhOp, SinOp, CosOp, FloorOp, CeilOp, SigmoidOp, ErfOp, Log1pOp, Expm1Op))
+
+
+def _surface(pick: Callable[[type[ElementwiseOp], str], bool]) -> dict[str, type[ElementwiseOp]]:
+    return {s: c for c in ELEMENTWISE_OPS for s in c.SURFACE if pick(c, s)}
+
+
+#: Function names (``exp(x)``, ``fma(a, b, c)``; unary ones are methods too: ``x.exp()``).
+FUNCTIONS = _surface(lambda c, s: s.isidentifier() and s != "not")
+#: Operators by their symbol, by arity.
+BINARY_OPERATORS = _surface(lambda c, s: not s.isidentifier() and len(c.OPERANDS) == 2)
+UNARY_OPERATORS = _surface(lambda c, s: (not s.isidentifier() or s == "not") and len(c.OPERANDS) == 1)

@@ -1,0 +1,69 @@
+"""The ``decompose`` pass: ops a target does not render directly become simpler tile ops.
+
+Each op says how it decomposes (``ElementwiseOp.decompose`` in
+``tkc/ir/dialects/elementwise.py``: ``sigmoid`` into ``exp`` and a division, ``erf`` into
+polynomials, ``x ** y`` into ``exp2``/``log2`` with the sign rules); this pass only asks, for
+every op of the kernel that the target does not list as native, and puts the answer in its
+place.  ``mean`` reductions become an f32 sum divided by the extent.  It runs first on the way
+to a target, before layouts are chosen, so the new ops get layouts like any other; the
+interpreter runs the ops themselves, so ``interpret(before) == emulate(after)`` checks each
+decomposition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from tkc import dtypes
+from tkc.ir.builder import Builder
+from tkc.ir.core import Module, Operation, replace_all_uses
+from tkc.ir.dialects import tile
+from tkc.ir.types import ScalarType, TileType
+
+
+def decompose(module: Module, native: Collection[str] = ()) -> None:
+    """Replace every decomposable op not named in ``native`` (op names the target renders)."""
+    for kernel in module.ops:
+        for op in list(kernel.walk()):
+            if op.name in native:
+                continue
+            if isinstance(op, tile.ElementwiseOp) and op.decomposes():
+                new = _elementwise(op)
+            elif op.name == "tile.reduce" and op.kind == "mean":
+                new = _mean(op, Builder.before(op))
+            else:
+                continue
+            if new is not None:
+                replace_all_uses(kernel, op.result, new)
+                op.erase()
+
+
+def _elementwise(op: tile.ElementwiseOp):
+    """``op``'s decomposition, computed in f32 when ``op`` is on a narrower float (one rounding
+    at the end, as the op itself rounds)."""
+    t = op.result.type
+    if not t.dtype.is_float or t.dtype == dtypes.f32:
+        return op.decompose(Builder.before(op))
+    b = Builder.before(op)
+    wide = [b.value(tile.CastOp, [v], _f32(v.type)) for v in op.operands]
+    twin = b.create(type(op), wide, [_f32(t)], dict(op.attributes))
+    new = twin.decompose(Builder.before(twin))
+    twin.erase()
+    return Builder.before(op).value(tile.CastOp, [new], t)
+
+
+def _f32(t):
+    return t.with_dtype(dtypes.f32) if isinstance(t, TileType) else ScalarType(dtypes.f32)
+
+
+def _mean(op: Operation, b: Builder):
+    """``mean(x, axis)`` as ``sum(x.to(f32), axis) / n``, cast back to x's dtype."""
+    x, t = op.x, op.result.type
+    f32 = dtypes.f32
+    if x.type.dtype != f32:
+        x = b.value(tile.CastOp, [x], x.type.with_dtype(f32))
+    wide = _f32(t)
+    total = b.value(tile.ReduceOp, [x], wide, {"kind": "sum", "axis": op.axis})
+    n = b.value(tile.ConstantOp, [], wide, {"value": float(op.x.type.shape[op.axis])})
+    mean = b.value(tile.DivOp, [total, n], wide)
+    return mean if wide == t else b.value(tile.CastOp, [mean], t)
