@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -299,7 +300,7 @@ def test_run_check_catches_unwritten_outputs(monkeypatch: pytest.MonkeyPatch) ->
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--backend", "emulate", "--check", "-D", "BM=64",
                 "-D", "BN=64", "--dim", "M=70", "--dim", "N=64", "--dim", "K=16")
     assert r.exit_code == 1
-    assert "check c against the interpreter: max abs error inf, 4480 of 4480 outside tolerance: MISMATCH" \
+    assert "check c, emulator against interpreter: max abs error inf, 4480 of 4480 outside tolerance: MISMATCH" \
         in r.stdout
 
 
@@ -310,12 +311,12 @@ def test_run_checks_a_smaller_grid_on_the_tiles_it_covers(monkeypatch: pytest.Mo
             "--dim", "H=2", "--dim", "N=300", "--grid", "1,1")
     r = tkc_cli(*args)
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert "check o against the interpreter: max abs error 0, 0 of 38400 outside tolerance: ok" in r.stdout
+    assert "check o, emulator against interpreter: max abs error 0, 0 of 38400 outside tolerance: ok" in r.stdout
     import tkc.emulator
 
     monkeypatch.setattr(tkc.emulator, "emulate", lambda *a, **k: None)
     r = tkc_cli(*args)
-    assert r.exit_code == 1 and "check o against the interpreter: max abs error inf, 8192 of 38400" in r.stdout
+    assert r.exit_code == 1 and "check o, emulator against interpreter: max abs error inf, 8192 of 38400" in r.stdout
 
 
 @pytest.mark.parametrize("programs", ["1", "3"])
@@ -327,7 +328,7 @@ def test_run_grid_of_a_persistent_kernel_counts_programs(programs: str) -> None:
                 "--dim", "N=200", "--grid", programs)
     assert r.exit_code == 0, r.stdout + r.stderr
     assert f"grid ({programs},)" in r.stdout
-    checks = [line for line in r.stdout.splitlines() if line.startswith("  check o ")]
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check o, ")]
     assert checks and checks[0].endswith("outside tolerance: ok"), r.stdout
 
 
@@ -338,8 +339,9 @@ def test_run_interprets_and_prints_stats() -> None:
     assert r.exit_code == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("kernel gemm: grid (2, 2), seed 3, interpret: interpreted in ")
-    assert lines[1].startswith("  a: bf16[100x40] mean ")
-    assert lines[3].startswith("  c: bf16[100x72] mean ") and lines[3].endswith("NaN 0")
+    assert lines[1] == "  dims: M=100 (--dim), K=40 (--dim), N=72 (--dim)"
+    assert lines[2].startswith("  a: bf16[100x40] mean ")
+    assert lines[4].startswith("  c: bf16[100x72] mean ") and lines[4].endswith("NaN 0")
 
 
 def test_run_with_env_interpret_and_grid() -> None:
@@ -350,14 +352,145 @@ def test_run_with_env_interpret_and_grid() -> None:
     assert "grid (1, 1)" in r.stdout
 
 
-def test_run_lists_missing_dims() -> None:
+def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=64")
-    assert r.exit_code == 1
-    assert "missing tensor sizes; pass --dim K=SIZE --dim N=SIZE" in r.stderr
+    assert r.exit_code == 0, r.stderr
+    assert "  dims: M=64 (--dim), K=96 (default), N=384 (default)" in r.stdout.splitlines()
     r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=1", "--dim", "N=1",
                 "--dim", "K=1", "--dim", "Q=3")
     assert r.exit_code == 1
     assert "the kernel has no dim Q; its dims: M, K, N" in r.stderr
+
+
+EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES)
+def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
+        example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tkc run EXAMPLE --check`` on a machine without a GPU: every dim gets a default size,
+    and the emulator runs and is checked against the interpreter, tensor by tensor."""
+    from tkc import runner
+
+    monkeypatch.setattr(runner, "gpu_unavailable", lambda: "torch sees no CUDA GPU")
+    r = tkc_cli("run", str(EXAMPLES / example), "--check")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "emulate (torch sees no CUDA GPU; --check compares it with the interpreter): emulated in" in lines[0]
+    assert lines[1].startswith("  dims: ") and lines[1].endswith("(default)")
+    tensors = [line for line in lines if line.startswith("  ") and "mean" in line]
+    checks = [line for line in lines if line.startswith("  check ")]
+    assert len(checks) == len(tensors) >= 2
+    assert all(", emulator against interpreter: " in c and c.endswith("outside tolerance: ok") for c in checks)
+
+
+def test_run_check_fails_when_the_emulator_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tkc.emulator
+
+    real = tkc.emulator.emulate
+
+    def off(kernel: object, args: list, **kw: object) -> None:
+        real(kernel, args, **kw)
+        args[1] += 0.25
+
+    monkeypatch.setattr(tkc.emulator, "emulate", off)
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--interpret", "--check", "--dim", "M=2")
+    assert r.exit_code == 1
+    assert "  check x, emulator against interpreter: max abs error 0, 0 of 12288 outside tolerance: ok" in r.stdout
+    assert "  check y, emulator against interpreter: max abs error 0.25, 12288 of 12288 outside tolerance: " \
+           "MISMATCH" in r.stdout
+
+
+def test_run_too_large_a_dim_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=3000000000")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: --dim M=3000000000: the kernel's tensors would take 5.2 TiB "
+                               "(5,760,000,147,456 bytes) with M=3000000000, K=96, N=384; tkc run allocates at most ")
+    assert len(r.stderr.splitlines()) == 1
+    from tkc import runner
+
+    monkeypatch.setattr(runner, "input_budget", lambda: 1 << 62)
+    r = tkc_cli("run", str(EXAMPLES / "gemm.tk"), "--interpret", "--dim", "M=3000000000", "--dim", "K=1",
+                "--dim", "N=1")
+    assert r.exit_code == 1
+    assert r.stderr == "error: --dim M=3000000000: a kernel reads its dims as i32, at most 2147483647\n"
+
+
+@pytest.mark.parametrize("example, define, message", [
+    ("attn.tk", "causal=2", "-D causal=2: constant 'causal' of kernel 'attn' takes true or false (its default is "
+                            "false)"),
+    ("attn.tk", "causal=1", "-D causal=1: constant 'causal' of kernel 'attn' takes true or false"),
+    ("attn.tk", "BM=true", "-D BM=true: constant 'BM' of kernel 'attn' takes a number (its default is 128)"),
+    ("rmsnorm.py", "BN=false", "-D BN=false: constant 'BN' of kernel 'rmsnorm' takes a number (its default is "
+                               "256)"),
+])
+@pytest.mark.parametrize("command", ["run", "compile"])
+def test_a_constant_takes_values_of_its_default_kind(command: str, example: str, define: str, message: str) -> None:
+    r = tkc_cli(command, str(EXAMPLES / example), "-D", define)
+    assert r.exit_code == 1
+    assert r.stderr.startswith(f"error: {message}") and len(r.stderr.splitlines()) == 1
+
+
+def test_run_scalars_are_printed_and_can_be_set() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "rmsnorm.py"), "--interpret", "--dim", "M=5", "--dim", "N=64")
+    assert r.exit_code == 0, r.stderr
+    assert re.fullmatch(r"  scalars: eps=[01]\.\d+ \(random\)", r.stdout.splitlines()[2])
+    r = tkc_cli("run", str(EXAMPLES / "rmsnorm.py"), "--interpret", "--dim", "M=5", "--dim", "N=64",
+                "--scalar", "eps=1e-5")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.splitlines()[2] == "  scalars: eps=1e-05 (--scalar)"
+
+
+@pytest.mark.parametrize("scalar, code, message", [
+    ("eps", 2, "Invalid value for '--scalar': 'eps' is not NAME=VALUE with an int, a float, true or false"),
+    ("eps=abc", 2, "Invalid value for '--scalar': 'eps=abc' is not NAME=VALUE"),
+    ("epz=1", 1, "error: --scalar epz: the kernel has no scalar 'epz'; its scalars: eps"),
+    ("eps=true", 1, "error: --scalar eps=true: 'eps' is an f32 scalar; give a number"),
+    ("eps=1e39", 1, "error: --scalar eps=1e+39: out of f32's range (at most 3.403e+38 in magnitude)"),
+])
+def test_run_bad_scalars(scalar: str, code: int, message: str) -> None:
+    r = tkc_cli("run", str(EXAMPLES / "rmsnorm.py"), "--interpret", "--scalar", scalar)
+    assert r.exit_code == code
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+INT_KERNEL = """
+@kernel
+def shift(x: i32[N], y: i32[N], n: i32, B: const = 32):
+    grid(cdiv(N, B))
+    i = program_id(0)
+    y[i*B:(i+1)*B] = x[i*B:(i+1)*B] + n
+"""
+
+
+def test_run_int_range_and_int_scalars(tmp_path: Path) -> None:
+    (tmp_path / "shift.tk").write_text(INT_KERNEL)
+    r = tkc_cli("run", "shift.tk", "--check", "--int-range", "100,101", "--scalar", "n=-100")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[1:4] == ["  dims: N=48 (default)", "  scalars: n=-100 (--scalar)",
+                          "  integer tensors: uniform in [100, 101] (--int-range)"]
+    assert lines[5].startswith("  y: i32[48] mean 0.") and "abs-max 1," in lines[5]
+    assert lines[-1].startswith("  check y, emulator against interpreter: max abs error 0, 0 of 48 ")
+    r = tkc_cli("run", "shift.tk", "--interpret")
+    assert "  integer tensors: uniform in [-8, 8] (default)" in r.stdout.splitlines()
+    r = tkc_cli("run", "shift.tk", "--interpret", "--scalar", "n=3000000000")
+    assert r.exit_code == 1
+    assert "--scalar n=3000000000: 'n' is an i32 scalar; give an integer in [-2147483648, 2147483647]" in r.stderr
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--interpret", "--int-range", "0,1")
+    assert "  integer tensors: none (--int-range 0,1 unused)" in r.stdout.splitlines()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x", "'x' is not LO,HI (two integers, e.g. -8,8)"),
+    ("1,2,3", "'1,2,3' is not LO,HI"),
+    ("5,2", "'5,2': need LO <= HI, both in i32 [-2147483648, 2147483647]"),
+    ("0,2147483648", "'0,2147483648': need LO <= HI, both in i32"),
+])
+def test_run_bad_int_range_is_a_usage_error(text: str, message: str) -> None:
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--interpret", f"--int-range={text}")
+    assert r.exit_code == 2
+    assert f"Invalid value for '--int-range': {message}" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_run_bad_grid_is_a_usage_error() -> None:

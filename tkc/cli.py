@@ -12,6 +12,7 @@ traceback).  Click's own usage errors keep click's format and exit code 2.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import traceback
@@ -22,7 +23,7 @@ import click
 import numpy as np
 
 import tkc
-from tkc import options
+from tkc import dtypes, options
 from tkc.errors import TkcError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
@@ -30,7 +31,7 @@ from tkc.ir.printer import print_module
 from tkc.ir.types import TensorType
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.passes.pipeline import DEFAULT_PIPELINE
-from tkc.runner import BACKENDS
+from tkc.runner import BACKENDS, UNTILED_DIM
 
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -40,6 +41,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipe closed 
 SUFFIX_STAGE = ((".hopper.tkir", "hopper"), (".tkir", "tkir"), (".ll", "llvm"), (".ptx", "ptx"),
                 (".cubin", "cubin"))
 STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")  # tkc.compiler.STAGES, without importing it early
+INT_RANGE = (-8, 8)  # what ``tkc run`` draws i32 tensors from unless --int-range says otherwise
 
 
 def _debug() -> bool:
@@ -111,6 +113,34 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, items: tuple[str, ..
     return out
 
 
+def _parse_scalars(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
+    out: dict[str, int | float | bool] = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        try:
+            if not eq or not name.isidentifier():
+                raise ValueError
+            out[name] = _parse_value(text.strip())
+        except ValueError:
+            raise click.BadParameter(f"'{item}' is not NAME=VALUE with an int, a float, true or false",
+                                     ctx, param) from None
+    return out
+
+
+def _parse_int_range(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[int, int]:
+    if text is None:
+        return INT_RANGE
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        lo, hi = (int(p) for p in parts)
+    except ValueError:
+        raise click.BadParameter(f"'{text}' is not LO,HI (two integers, e.g. -8,8)", ctx, param) from None
+    if not dtypes.i32.min <= lo <= hi <= dtypes.i32.max:
+        raise click.BadParameter(f"'{text}': need LO <= HI, both in i32 [{dtypes.i32.min}, {dtypes.i32.max}]",
+                                 ctx, param)
+    return lo, hi
+
+
 def _parse_grid(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple | None:
     if text is None:
         return None
@@ -172,7 +202,10 @@ def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
         return parse_module(_read_text(path), path)
     if path.endswith(".tk"):
         from tkc.frontend import compile_file
+        from tkc.frontend.parser import parse
 
+        if consts:
+            _check_const_kinds(parse(_read_text(path), path).body, consts)
         return compile_file(path, consts)
     if path.endswith(".py"):
         return _load_python(path, consts)
@@ -200,6 +233,10 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
     unknown = sorted(set(consts) - known)
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))} for the kernels of {path}")
+    if consts:
+        from tkc.frontend.parser import parse
+
+        _check_const_kinds([f for k in kernels for f in parse(k.source, k.file).body], consts)
     out = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in k.params or n in PINS}
@@ -207,6 +244,26 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
             op.parent.ops.remove(op)
             out.body.append(op)
     return out
+
+
+def _check_const_kinds(statements: list[Any], consts: dict[str, int | float | bool]) -> None:
+    """A constant declared with a true/false default takes true or false from -D, and one with
+    a number default a number (the frontend would read ``-D causal=2`` as true)."""
+    from tkc.frontend import ast
+
+    for fn in statements:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        for p in fn.params:
+            if p.name not in consts or not isinstance(p.default, (ast.Bool, ast.Num)):
+                continue
+            value, want_bool = consts[p.name], isinstance(p.default, ast.Bool)
+            if isinstance(value, bool) != want_bool:
+                shown = str(value).lower() if isinstance(value, bool) else value
+                default = str(p.default.value).lower() if want_bool else p.default.value
+                kind = "true or false" if want_bool else "a number"
+                raise TkcUsageError(f"-D {p.name}={shown}: constant '{p.name}' of kernel '{fn.name}' takes "
+                                    f"{kind} (its default is {default})")
 
 
 def _only_kernel(module: Module, name: str | None, path: str) -> Module:
@@ -385,20 +442,29 @@ def _print_store_plan(compiled: Any) -> None:
                    "kernel.  Default: gpu when torch sees one, else interpret (TKC_INTERPRET=1: interpret).")
 @click.option("--interpret", "interpret_flag", is_flag=True, help="Same as --backend interpret.")
 @click.option("--check", is_flag=True,
-              help="Also run the interpreter on the same inputs and compare every tensor; exit 1 on a mismatch.")
+              help="Also run the interpreter on the same inputs and compare every tensor; exit 1 on a mismatch.  "
+                   "The interpreter is the reference: a check of it (the default without a GPU) runs the "
+                   "emulator.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="gpu: time this many launches and print the median.")
 @click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
               help="Set a compile-time constant (int, float, true/false).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", callback=_parse_dims,
-              help="The size of a symbolic tensor dim (each one is needed).")
+              help=f"The size of a symbolic tensor dim.  Default: one tile and a tail ({UNTILED_DIM} where no "
+                   "tile spans the dim).")
+@click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE", callback=_parse_scalars,
+              help="The value of a runtime scalar argument (default: random; f32 in [0.5, 1.5], i32 in [1, 8]).")
+@click.option("--int-range", callback=_parse_int_range, metavar="LO,HI",
+              help=f"The range integer tensors are drawn from, both ends included (default: "
+                   f"{INT_RANGE[0]},{INT_RANGE[1]}).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several.")
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
                    "programs that walk its tiles.")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
-                dims: dict[str, int], seed: int, kernel: str | None, grid: tuple | None) -> None:
+                dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
+                kernel: str | None, grid: tuple | None) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
     from tkc import runner
 
@@ -415,41 +481,120 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
         what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
-    _check_dims(k, dims)
+    sizes = _dim_sizes(k, dims)
 
     from tkc.interpreter import random_args
 
-    result = runner.run(k, random_args(k, dims, seed), chosen, grid=grid, check=check, repeat=repeat, seed=seed)
+    args = random_args(k, sizes, seed, int_range)
+    given = _set_scalars(k, args, scalars)
+    result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed)
+    ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",
-           "gpu": f"median kernel time of {result.repeats} launches"}[chosen]
-    unit = f"{result.seconds * 1e6:.1f} us" if chosen == "gpu" else f"{result.seconds * 1e3:.1f} ms"
-    because = f" ({why})" if why else ""
-    click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {chosen}{because}: {how} {unit}")
+           "gpu": f"median kernel time of {result.repeats} launches"}[ran]
+    unit = f"{result.seconds * 1e6:.1f} us" if ran == "gpu" else f"{result.seconds * 1e3:.1f} ms"
+    reasons = ([why] if why else []) + (["--check compares it with the interpreter"] if ran != chosen else [])
+    because = f" ({'; '.join(reasons)})" if reasons else ""
+    click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {ran}{because}: {how} {unit}")
+    for line in _input_lines(k, sizes, dims, args, given, int_range):
+        click.echo("  " + line)
     for name, t, value in result.outputs:
         click.echo("  " + _tensor_stats(name, t, value))
     if result.checked is not None:
+        pair = f"{runner.EXECUTORS[ran]} against interpreter"
         for m in result.checked:
             verdict = "ok" if m.bad == 0 else "MISMATCH"
-            click.echo(f"  check {m.name} against the interpreter: max abs error {m.max_abs_error:.4g}, "
+            click.echo(f"  check {m.name}, {pair}: max abs error {m.max_abs_error:.4g}, "
                        f"{m.bad} of {m.total} outside tolerance: {verdict}")
         if not result.ok:
             raise SystemExit(1)
-    elif check:
-        click.echo("  check: the interpreter is the reference; nothing to compare")
 
 
-def _check_dims(kernel: Operation, dims: dict[str, int]) -> None:
-    """Every symbolic dim of the kernel's tensors has a size, and no other."""
-    names: list[str] = []
-    for a in kernel.regions[0].block.args:
-        if isinstance(a.type, TensorType):
-            names += [d for d in a.type.dims if isinstance(d, str) and d not in names]
-    missing = [n for n in names if n not in dims]
-    if missing:
-        raise TkcUsageError("missing tensor sizes; pass " + " ".join(f"--dim {n}=SIZE" for n in missing))
+def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:
+    """The size of every symbolic dim of the kernel's tensors: ``dims``, else the default;
+    none the kernel lacks, and none that makes the inputs too big to allocate."""
+    from tkc import runner
+
+    names = runner.dim_names(kernel)
     extra = [n for n in dims if n not in names]
     if extra:
         raise TkcUsageError(f"the kernel has no dim {', '.join(extra)}; its dims: {', '.join(names) or 'none'}")
+    sizes = {**runner.default_dims(kernel), **dims}
+    sizes = {n: sizes[n] for n in names}
+    given = [f"--dim {n}={dims[n]}" for n in names if n in dims] or ["the default dims"]
+    need, budget = runner.input_bytes(kernel, sizes), runner.input_budget()
+    if need > budget:
+        shown = ", ".join(f"{n}={s}" for n, s in sizes.items())
+        raise TkcUsageError(f"{' '.join(given)}: the kernel's tensors would take {_size(need)} ({need:,} bytes) with "
+                            f"{shown}; tkc run allocates at most {_size(budget)} here (a quarter of this "
+                            f"machine's memory, at most {_size(runner.MAX_INPUT_BYTES)})")
+    for n, s in sizes.items():
+        if s > dtypes.i32.max:
+            raise TkcUsageError(f"--dim {n}={s}: a kernel reads its dims as i32, at most {dtypes.i32.max}")
+    return sizes
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _set_scalars(kernel: Operation, args: list[Any], scalars: dict[str, int | float | bool]) -> set[str]:
+    """Put each --scalar value in ``args`` after checking it fits its parameter; the names set."""
+    from tkc.errors import TkcLaunchError
+    from tkc.signature import check_scalar
+
+    params = {_name(a): (i, a.type.dtype) for i, a in enumerate(kernel.regions[0].block.args)
+              if not isinstance(a.type, TensorType)}
+    for name, value in scalars.items():
+        if name not in params:
+            raise TkcUsageError(f"--scalar {name}: the kernel has no scalar '{name}'; its scalars: "
+                                f"{', '.join(map(str, params)) or 'none'}")
+        i, dt = params[name]
+        want = "true or false" if dt.is_bool else f"an integer in [{dt.min}, {dt.max}]" if dt.is_int else "a number"
+        try:
+            check_scalar(name, dt, value)
+        except TkcLaunchError:
+            raise TkcUsageError(f"--scalar {name}={_show(value)}: '{name}' is an {dt.name} scalar; give {want}"
+                                ) from None
+        if dt.is_float and math.isfinite(value) and abs(value) > dt.max:
+            raise TkcUsageError(f"--scalar {name}={_show(value)}: out of {dt.name}'s range "
+                                f"(at most {dt.max:.4g} in magnitude)")
+        args[i] = value
+    return set(scalars)
+
+
+def _name(param: Any) -> str:
+    return param.name_hint or f"arg{param.index}"  # as tkc.runner names outputs
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _input_lines(kernel: Operation, sizes: dict[str, int], dims: dict[str, int], args: list[Any],
+                 given: set[str], int_range: tuple[int, int]) -> list[str]:
+    """What the random inputs were drawn with: each dim's size, each scalar's value and the
+    integers' range, and whether the user or a default chose it."""
+    params = kernel.regions[0].block.args
+    lines = []
+    if sizes:
+        lines.append("dims: " + ", ".join(f"{n}={s} ({'--dim' if n in dims else 'default'})"
+                                          for n, s in sizes.items()))
+    shown = [f"{_name(p)}={_show(a)} ({'--scalar' if _name(p) in given else 'random'})"
+             for p, a in zip(params, args) if not isinstance(p.type, TensorType)]
+    if shown:
+        lines.append("scalars: " + ", ".join(shown))
+    lo, hi = int_range
+    if any(isinstance(p.type, TensorType) and p.type.dtype.is_int for p in params):
+        origin = "default" if int_range == INT_RANGE else "--int-range"
+        lines.append(f"integer tensors: uniform in [{lo}, {hi}] ({origin})")
+    elif int_range != INT_RANGE:
+        lines.append(f"integer tensors: none (--int-range {lo},{hi} unused)")
+    return lines
 
 
 def _tensor_stats(name: str, t: TensorType, value: np.ndarray) -> str:

@@ -386,7 +386,7 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
         elif id(x) in working:  # the same tensor passed twice stays one tensor
             env[p] = working[id(x)]
         elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
-                dtypes.f32, dtypes.i32, dtypes.i1):
+                dtypes.f32, dtypes.i32, dtypes.i1) and x.flags.writeable:
             env[p] = working[id(x)] = x  # already exactly the storage form: run in place
         else:
             st = dtypes.from_torch_tensor(x)[0] if _is_torch(x) else x
@@ -455,13 +455,17 @@ def _ordinal(k: int) -> str:
 
 def _write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: dict[int, np.ndarray],
                 written: set[int]) -> None:
-    """Copy the working arrays of stored-to tensors back into the caller's tensors."""
+    """Copy the working arrays of stored-to tensors back into the caller's tensors.  A
+    read-only numpy array never runs in place, so storing to it ends here, as a launch error."""
     done: set[int] = set()
     for p, x in zip(params, args):
         w = working.get(id(x))
         if w is None or w is x or id(w) not in written or id(x) in done:
             continue
         done.add(id(x))
+        if isinstance(x, np.ndarray) and not x.flags.writeable:
+            raise TkcLaunchError(f"{_pname(p)}: the kernel stores to it, but the numpy array is read-only "
+                                 "(pass a writeable array, e.g. a copy)")
         if _is_torch(x):
             import torch
 
@@ -472,13 +476,14 @@ def _write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: d
 
 
 # ----------------------------------------------------------- random inputs
-def random_args(kernel: Operation | Module, dims: dict[str, int], seed: int = 0) -> list[Any]:
+def random_args(kernel: Operation | Module, dims: dict[str, int], seed: int = 0,
+                int_range: tuple[int, int] = (-8, 8)) -> list[Any]:
     """Fresh random arguments for every parameter of ``kernel``.
 
     Float tensors are N(0, 1) rounded to their dtype, i32 tensors integers in
-    [-8, 8], bool tensors fair coins (outputs too: the interpreter cannot tell
-    them apart).  Float scalars are uniform in [0.5, 1.5], i32 scalars in
-    [1, 8].  Symbolic tensor dims come from ``dims``.
+    ``int_range`` (both ends included), bool tensors fair coins (outputs too: the
+    interpreter cannot tell them apart).  Float scalars are uniform in [0.5, 1.5],
+    i32 scalars in [1, 8].  Symbolic tensor dims come from ``dims``.
     """
     kernel = _as_kernel(kernel)
     params = kernel.regions[0].block.args
@@ -492,17 +497,21 @@ def random_args(kernel: Operation | Module, dims: dict[str, int], seed: int = 0)
         dt = p.type.dtype
         if isinstance(p.type, TensorType):
             shape = tuple(d if isinstance(d, int) else dims[d] for d in p.type.dims)
-            out.append(_random(rng, dt, shape))
+            out.append(_random(rng, dt, shape, int_range))
         else:
-            out.append(_random(rng, dt, ()).item())
+            out.append(_random(rng, dt, (), int_range).item())
     return out
 
 
-def _random(rng: np.random.Generator, dt: DType, shape: tuple[int, ...]) -> np.ndarray:
+def _random(rng: np.random.Generator, dt: DType, shape: tuple[int, ...], int_range: tuple[int, int]
+            ) -> np.ndarray:
     if dt.is_bool:
         return rng.random(shape) < 0.5
     if dt.is_int:
-        return (rng.integers(-8, 9, shape) if shape else rng.integers(1, 9, shape)).astype(np.int32)
+        lo, hi = int_range if shape else (1, 8)
+        if not dt.min <= lo <= hi <= dt.max:
+            raise TkcLaunchError(f"random_args: integer range [{lo}, {hi}] is empty or does not fit in {dt.name}")
+        return rng.integers(lo, hi + 1, shape, dtype=np.int64).astype(np.int32)
     return round_to(rng.standard_normal(shape) if shape else rng.uniform(0.5, 1.5), dt)
 
 

@@ -7,14 +7,17 @@
 
 ``check`` runs the interpreter on the same inputs as well and compares every tensor, so
 ``tkc run --check`` answers "does the compiled kernel compute what the program says?" on
-any machine.  Owns: turning random arguments into each executor's form, timing, and the
-comparison.  Must not: compile (``tkc.compiler``), launch by itself (``tkc.runtime``), or
-print (``tkc.cli`` does).
+any machine: a check of the interpreter runs the emulator instead, since the interpreter
+is the reference.  Owns: the inputs' default sizes and their memory, turning random
+arguments into each executor's form, timing, and the comparison.  Must not: compile
+(``tkc.compiler``), launch by itself (``tkc.runtime``), or print (``tkc.cli`` does).
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +30,13 @@ from tkc.ir.core import Operation
 from tkc.ir.types import TensorType
 
 BACKENDS = ("interpret", "emulate", "gpu")
+#: What each backend runs, as the check names the two it compared.
+EXECUTORS = {"interpret": "interpreter", "emulate": "emulator", "gpu": "GPU"}
+#: The size of a dim no tile spans (a batch, heads, rows taken one a program): a few programs.
+UNTILED_DIM = 3
+#: The most host memory the inputs of one run may take, whatever the machine (the run keeps
+#: two or three copies of them, and the comparison a few float64 ones of each output).
+MAX_INPUT_BYTES = 16 << 30
 
 
 def gpu_unavailable() -> str | None:
@@ -54,6 +64,56 @@ def tolerance(dt: dtypes.DType) -> tuple[float, float]:
     if dt.is_float:
         return {8: (2**-3, 2**-3), 16: (2**-6, 2**-6), 32: (1e-4, 1e-4)}[dt.bits]
     return (0.0, 0.0)
+
+
+def dim_names(kernel: Operation) -> list[str]:
+    """The symbolic dims of the kernel's tensors, in the order of first use."""
+    names: list[str] = []
+    for a in kernel.regions[0].block.args:
+        if isinstance(a.type, TensorType):
+            names += [d for d in a.type.dims if isinstance(d, str) and d not in names]
+    return names
+
+
+def default_dims(kernel: Operation) -> dict[str, int]:
+    """A size for every symbolic dim, small and not a multiple of any tile along it: one tile
+    (the largest box a load or store spans along the dim) and a tail, so a run has several
+    programs and partial tiles.  A multiple of 16 where one fits, since TMA takes rows of
+    16-byte multiples only; ``UNTILED_DIM`` for a dim no box spans."""
+    boxes: dict[str, set[int]] = {d: set() for d in dim_names(kernel)}
+    for op in kernel.walk():
+        if op.name in ("tile.load", "tile.store") and isinstance(op.operands[0].type, TensorType):
+            for d, b in zip(op.operands[0].type.dims, op.attributes["box"]):
+                if isinstance(d, str) and b > 1:
+                    boxes[d].add(b)
+    return {d: _tile_and_tail(b) for d, b in boxes.items()}
+
+
+def _tile_and_tail(boxes: set[int]) -> int:
+    if not boxes:
+        return UNTILED_DIM
+    tile = max(boxes)
+    tails = [tile >> k for k in range(1, tile.bit_length())]  # half a tile, a quarter, ..., 1
+    sizes = [tile + t for t in tails if all((tile + t) % b for b in boxes)]
+    return next((s for s in sizes if s % 16 == 0), sizes[0] if sizes else tile + 1)
+
+
+def input_bytes(kernel: Operation, dims: dict[str, int]) -> int:
+    """The host memory of one set of the kernel's tensors with these dim sizes (storage form:
+    float32 for every float dtype)."""
+    tensors = [a.type for a in kernel.regions[0].block.args if isinstance(a.type, TensorType)]
+    return sum(math.prod(d if isinstance(d, int) else dims[d] for d in t.dims) * t.dtype.np_storage.itemsize
+               for t in tensors)
+
+
+def input_budget() -> int:
+    """The most bytes ``input_bytes`` may be here: a quarter of the machine's memory, at most
+    ``MAX_INPUT_BYTES``."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return MAX_INPUT_BYTES
+    return min(MAX_INPUT_BYTES, memory // 4)
 
 
 @dataclass
@@ -84,13 +144,16 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         check: bool = False, repeat: int = 1, seed: int = 0) -> RunResult:
     """Run the (tile IR) ``kernel`` on ``args`` (storage-form numpy arrays and scalars, as
     ``tkc.interpreter.random_args`` makes them) with ``backend``; outputs are returned, the
-    arguments are not modified."""
+    arguments are not modified.  ``check``: compare with the interpreter, which then checks
+    the emulator when ``backend`` is the interpreter itself (``RunResult.backend`` says so)."""
     from tkc.interpreter import launch_grid, run_kernel
 
     if backend not in BACKENDS:
         raise TkcUsageError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
     if repeat < 1:
         raise TkcUsageError("repeat must be at least 1")
+    if check and backend == "interpret":
+        backend = "emulate"
     name = kernel.attributes["sym_name"]
     # A given grid applies to every executor; otherwise each takes its kernel's own, which
     # differ once passes change the grid (a persistent kernel launches one program per SM).
@@ -98,7 +161,7 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     # interpreter, which runs one program per tile, then checks against every tile.
     user_grid = tuple(grid) if grid else None
     executed = kernel
-    reference = copy.deepcopy(args) if check and backend != "interpret" else None
+    reference = copy.deepcopy(args) if check else None
     work = copy.deepcopy(args)
     if reference is not None:
         # Both sides poisoned: an element neither writes (outside a --grid smaller than the

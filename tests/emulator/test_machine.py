@@ -587,3 +587,19 @@ def test_tma_store_not_waited_for_before_the_end_is_an_error() -> None:
     x = np.zeros((64, 128), np.float32)
     with pytest.raises(TkcEmulatorError, match=r"still reading shared memory when the kernel ends"):
         emulate(load(text, "tma_store.tkir"), [x, np.zeros_like(x)], grid=(1,))
+
+
+def test_read_only_output_is_a_launch_error() -> None:
+    """As in the interpreter: storing to a read-only numpy array names the parameter."""
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcLaunchError
+    from tkc.frontend import compile_source
+
+    source = ("@kernel\ndef copy(x: f32[N], z: f32[N], B: const = 16):\n    grid(cdiv(N, B))\n"
+              "    i = program_id(0)\n    z[i*B:(i+1)*B] = x[i*B:(i+1)*B]\n")
+    kernel = compile_kernel(compile_source(source), stop="hopper", cache=False).kernel_op
+    x, z = np.arange(20, dtype=np.float32), np.zeros(20, np.float32)
+    z.flags.writeable = False
+    with pytest.raises(TkcLaunchError, match="z: the kernel stores to it, but the numpy array is read-only"):
+        emulate(kernel, [x, z])
+    assert not z.any()

@@ -519,6 +519,21 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
 
 
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py")))
+def test_tkc_run_check_with_no_flags_checks_the_gpu(example: str) -> None:
+    """`tkc run EXAMPLE --check` with a GPU: default dims, the GPU against the interpreter."""
+    from click.testing import CliRunner
+
+    from tkc.cli import cli
+
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / example), "--check"])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "gpu: median kernel time of 1 launches" in lines[0] and lines[1].endswith("(default)"), r.stdout
+    checks = [line for line in lines if line.startswith("  check ")]
+    assert checks and all(", GPU against interpreter: " in c and c.endswith(": ok") for c in checks), r.stdout
+
+
 def test_repeated_launches_reuse_the_checked_plan(rng) -> None:
     """A second launch with the same buffers skips the Python-side work, computes with the
     buffers' new contents, and a launch with other buffers is checked again."""

@@ -192,6 +192,16 @@ def test_random_args():
     assert launch_grid(kernel, args) == (3, 2 * n)
 
 
+def test_random_args_int_range():
+    kernel = compile_ir(SIG_IR)
+    b = random_args(kernel, {"M": 500, "N": 5}, int_range=(100, 101))[1]
+    assert set(np.unique(b)) == {100, 101}
+    assert random_args(kernel, {"M": 7, "N": 5}, int_range=(-(2**31), 2**31 - 1))[1].dtype == np.int32
+    for bad in ((3, 2), (0, 2**31)):
+        with pytest.raises(TkcLaunchError, match=r"integer range \[.*\] is empty or does not fit in i32"):
+            random_args(kernel, {"M": 7, "N": 5}, int_range=bad)
+
+
 def test_random_args_missing_dims():
     kernel = compile_ir(SIG_IR)
     with pytest.raises(TkcLaunchError, match=r"no size given for dim\(s\) M, N"):
@@ -203,3 +213,35 @@ def test_interpret_module():
     a, b, c = interpret_module(module, "gemm", dims={"M": 20, "N": 30, "K": 40})
     ref = round_to(a.astype(np.float64) @ b.astype(np.float64), bf16)
     np.testing.assert_allclose(c, ref, rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------ read-only arrays
+COPY_TK = """
+@kernel
+def copy(x: f32[N], y: bf16[N], z: f32[N], B: const = 16):
+    grid(cdiv(N, B))
+    i = program_id(0)
+    t = x[i*B:(i+1)*B]
+    y[i*B:(i+1)*B] = t.to(bf16)
+    z[i*B:(i+1)*B] = t
+"""
+
+
+@pytest.mark.parametrize("out", ["y", "z"])  # bf16: written back; f32: would run in place
+def test_read_only_output_is_a_launch_error(out: str):
+    """A kernel storing to a read-only numpy array fails as a launch error naming the
+    parameter, not with numpy's ValueError, and leaves the array as it was."""
+    import tkc
+    from tkc.frontend import compile_source
+
+    kernel = compile_source(COPY_TK).kernel()
+    args = {n: np.zeros(20, np.float32) for n in "xyz"}
+    args["x"][:] = np.arange(20)
+    args[out].flags.writeable = False
+    with pytest.raises(TkcLaunchError, match=f"{out}: the kernel stores to it, but the numpy array is read-only"):
+        tkc.interpret(kernel, *args.values())
+    assert not args[out].any()
+    args["x"].flags.writeable = False  # a read-only input is fine
+    args[out] = np.zeros(20, np.float32)
+    tkc.interpret(kernel, *args.values())
+    assert np.array_equal(args["y"], args["x"]) and np.array_equal(args["z"], args["x"])

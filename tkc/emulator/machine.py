@@ -1075,7 +1075,7 @@ def _bind(params: Sequence[BlockArgument], args: Sequence[Any]) -> tuple[dict[Va
         elif id(x) in working:
             env[p] = working[id(x)]
         elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
-                dtypes.f32, dtypes.i32, dtypes.i1):
+                dtypes.f32, dtypes.i32, dtypes.i1) and x.flags.writeable:
             env[p] = working[id(x)] = x
         else:
             st = dtypes.from_torch_tensor(x)[0] if _is_torch(x) else x

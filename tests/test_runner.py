@@ -1,0 +1,77 @@
+"""``tkc.runner``: the default sizes of a kernel's dims, the memory its inputs take, and a
+check that always compares two executors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tkc import runner
+from tkc.frontend import compile_file
+from tkc.interpreter import random_args
+from tkc.ir.core import Operation
+from tkc.passes.manager import PassManager
+from tkc.passes.pipeline import DEFAULT_PIPELINE
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def kernel_of(name: str) -> Operation:
+    module = compile_file(str(EXAMPLES / name))
+    PassManager(DEFAULT_PIPELINE).run(module)
+    return module.kernel()
+
+
+@pytest.mark.parametrize("boxes, size", [
+    ({128}, 192),       # one tile and half a tile
+    ({128, 64}, 160),   # 192 would be three 64-tiles
+    ({4096}, 6144),
+    ({16}, 24),         # no multiple of 16 is a tail of a 16-tile
+    ({2}, 3),
+    (set(), runner.UNTILED_DIM),
+])
+def test_a_tile_and_a_tail(boxes: set[int], size: int) -> None:
+    assert runner._tile_and_tail(boxes) == size
+
+
+@pytest.mark.parametrize("example, dims", [
+    ("attn.tk", {"B": 3, "H": 3, "N": 192}),
+    ("gemm.tk", {"M": 192, "K": 96, "N": 384}),
+    ("softmax.tk", {"M": 3, "N": 6144}),
+])
+def test_default_dims_are_a_tile_and_a_tail(example: str, dims: dict[str, int]) -> None:
+    assert runner.default_dims(kernel_of(example)) == dims
+
+
+def test_input_bytes_counts_the_storage_form() -> None:
+    k = kernel_of("gemm.tk")  # bf16 tensors live in float32 arrays
+    assert runner.input_bytes(k, {"M": 192, "K": 96, "N": 384}) == 4 * (192 * 96 + 96 * 384 + 192 * 384)
+    assert 0 < runner.input_budget() <= runner.MAX_INPUT_BYTES
+
+
+def test_a_check_of_the_interpreter_runs_the_emulator() -> None:
+    k = kernel_of("softmax.tk")
+    args = random_args(k, {"M": 2, "N": 6144})
+    result = runner.run(k, args, "interpret", check=True)
+    assert result.backend == "emulate" and result.ok
+    assert [m.name for m in result.checked] == ["x", "y"]
+
+
+def test_a_check_fails_when_the_emulator_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check compares two executors: an emulator whose output is off by 0.25 fails it."""
+    import tkc.emulator
+
+    real = tkc.emulator.emulate
+
+    def off(kernel: Operation, args: list, **kw: object) -> None:
+        real(kernel, args, **kw)
+        args[1] += np.float32(0.25)
+
+    monkeypatch.setattr(tkc.emulator, "emulate", off)
+    k = kernel_of("softmax.tk")
+    result = runner.run(k, random_args(k, {"M": 2, "N": 6144}), "interpret", check=True)
+    assert not result.ok
+    y = result.checked[1]
+    assert y.name == "y" and y.bad == y.total == 2 * 6144
