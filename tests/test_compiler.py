@@ -203,3 +203,13 @@ def test_importing_tkc_loads_neither_torch_nor_the_driver_layer() -> None:
             "print(sorted(m for m in ('torch', 'tkc.runtime.launch', 'tkc.runtime.driver') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_constant_takes_values_of_its_default_kind_from_python() -> None:
+    from pathlib import Path
+
+    from tkc.errors import TkcUsageError
+
+    attn = Path(__file__).resolve().parents[1] / "examples" / "attn.tk"
+    with pytest.raises(TkcUsageError, match=r"causal=2: constant 'causal' of kernel 'attn' takes true or false"):
+        compile_kernel(attn, {"causal": 2}, stop="tkir", cache=False)

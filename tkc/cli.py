@@ -202,10 +202,7 @@ def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
         return parse_module(_read_text(path), path)
     if path.endswith(".tk"):
         from tkc.frontend import compile_file
-        from tkc.frontend.parser import parse
 
-        if consts:
-            _check_const_kinds(parse(_read_text(path), path).body, consts)
         return compile_file(path, consts)
     if path.endswith(".py"):
         return _load_python(path, consts)
@@ -233,10 +230,6 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
     unknown = sorted(set(consts) - known)
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))} for the kernels of {path}")
-    if consts:
-        from tkc.frontend.parser import parse
-
-        _check_const_kinds([f for k in kernels for f in parse(k.source, k.file).body], consts)
     out = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in k.params or n in PINS}
@@ -244,26 +237,6 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
             op.parent.ops.remove(op)
             out.body.append(op)
     return out
-
-
-def _check_const_kinds(statements: list[Any], consts: dict[str, int | float | bool]) -> None:
-    """A constant declared with a true/false default takes true or false from -D, and one with
-    a number default a number (the frontend would read ``-D causal=2`` as true)."""
-    from tkc.frontend import ast
-
-    for fn in statements:
-        if not isinstance(fn, ast.FunctionDef):
-            continue
-        for p in fn.params:
-            if p.name not in consts or not isinstance(p.default, (ast.Bool, ast.Num)):
-                continue
-            value, want_bool = consts[p.name], isinstance(p.default, ast.Bool)
-            if isinstance(value, bool) != want_bool:
-                shown = str(value).lower() if isinstance(value, bool) else value
-                default = str(p.default.value).lower() if want_bool else p.default.value
-                kind = "true or false" if want_bool else "a number"
-                raise TkcUsageError(f"-D {p.name}={shown}: constant '{p.name}' of kernel '{fn.name}' takes "
-                                    f"{kind} (its default is {default})")
 
 
 def _only_kernel(module: Module, name: str | None, path: str) -> Module:

@@ -159,6 +159,7 @@ class KernelLowering:
             if self._is_const_annotation(p.annotation):
                 if p.name in self.consts_in:
                     v = self.consts_in[p.name]
+                    self._check_kind_of_default(p, v)
                 elif p.default is not None:
                     d = self.expr(p.default, Scope())
                     if not isinstance(d, Const):
@@ -181,6 +182,20 @@ class KernelLowering:
                                    f"declare it '{p.name}: const = ...' to make it a constant", p.default.loc)
             params.append((p, self._param_type(p, consts)))
         return consts, params
+
+    def _check_kind_of_default(self, p: ast.Param, value: object) -> None:
+        """A constant whose default is true/false takes true or false, and one whose default is a
+        number takes a number (``causal=2`` would otherwise read as true)."""
+        if p.default is None:
+            return
+        d = self.expr(p.default, Scope())
+        if not isinstance(d, Const) or isinstance(d.value, bool) == isinstance(value, bool):
+            return
+        kind = "true or false" if isinstance(d.value, bool) else "a number"
+        shown = str(value).lower() if isinstance(value, bool) else value
+        raise TkcUsageError(f"{p.name}={shown}: constant '{p.name}' of kernel '{self.fn.name}' takes {kind} "
+                            f"(its default is {str(d.value).lower() if isinstance(d.value, bool) else d.value})",
+                            p.loc)
 
     @staticmethod
     def _is_const_annotation(a: ast.Expr) -> bool:
