@@ -177,7 +177,7 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     """:func:`launch` with every check, kept as a plan for the same arguments next time."""
     import torch
 
-    from tkc.interpreter import launch_grid
+    from tkc.grid import launch_grid
     from tkc.runtime import args as arg_checks
 
     if "hopper" not in compiled.asm:

@@ -115,7 +115,7 @@ def test_dumps_replay_on_a_hit(tmp_path: Path) -> None:
     _cached(tmp_path, stream=out1)
     hit = _cached(tmp_path, stream=out2)
     assert hit.cache_hit
-    assert "IR Dump After allocate-smem (12)" in out1.getvalue()
+    assert "IR Dump After allocate-smem (13)" in out1.getvalue()
     assert out2.getvalue() == out1.getvalue()
 
 
@@ -125,13 +125,13 @@ def test_dump_files_replay_on_a_hit_numbered_across_both_pipelines(tmp_path: Pat
     assert hit.cache_hit
     names = sorted(p.name for p in (tmp_path / "d1").iterdir())
     assert names == ["00-input.tkir", "01-canonicalize.tkir", "02-licm.tkir", "03-cse.tkir", "04-dce.tkir",
-                     "05-persistent.tkir", "06-select-layouts.tkir", "07-lower-to-hopper.tkir",
-                     "08-pipeline-loops.tkir", "09-specialize-warps.tkir", "10-issue-ahead.tkir",
-                     "11-defer-last.tkir", "12-multicast.tkir", "13-prefetch-loads.tkir", "14-cse.tkir",
-                     "15-dce.tkir", "16-allocate-smem.tkir"]
+                     "05-decompose.tkir", "06-persistent.tkir", "07-select-layouts.tkir",
+                     "08-lower-to-hopper.tkir", "09-pipeline-loops.tkir", "10-specialize-warps.tkir",
+                     "11-issue-ahead.tkir", "12-defer-last.tkir", "13-multicast.tkir", "14-prefetch-loads.tkir",
+                     "15-cse.tkir", "16-dce.tkir", "17-allocate-smem.tkir"]
     for name in names:
         assert (tmp_path / "d2" / name).read_text() == (tmp_path / "d1" / name).read_text()
-    parse_module((tmp_path / "d1" / "16-allocate-smem.tkir").read_text())  # dumps read back
+    parse_module((tmp_path / "d1" / "17-allocate-smem.tkir").read_text())  # dumps read back
 
 
 def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:
     out = io.StringIO()
     c = compile_kernel(GEMM, stop="ptx", cache_dir=tmp_path / "cache",
                        pass_options=PassOptions(dump_after=("lower-to-hopper",), stream=out))
-    assert not c.cache_hit and "IR Dump After lower-to-hopper (3)" in out.getvalue()
+    assert not c.cache_hit and "IR Dump After lower-to-hopper (4)" in out.getvalue()
 
 
 def test_pass_timing_bypasses_the_cache(tmp_path: Path) -> None:

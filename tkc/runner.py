@@ -146,7 +146,8 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     ``tkc.interpreter.random_args`` makes them) with ``backend``; outputs are returned, the
     arguments are not modified.  ``check``: compare with the interpreter, which then checks
     the emulator when ``backend`` is the interpreter itself (``RunResult.backend`` says so)."""
-    from tkc.interpreter import launch_grid, run_kernel
+    from tkc.grid import launch_grid
+    from tkc.interpreter import run_kernel
 
     if backend not in BACKENDS:
         raise TkcUsageError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")

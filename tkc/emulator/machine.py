@@ -25,7 +25,7 @@ completes two phases in that window is an error (``_Warpgroup.left_behind``): th
 see its parity again and wait forever, as a producer on four warps did on an H100.
 
 It must not define what an op computes or where anything lives: elementwise ops, casts,
-constants and scalar arithmetic go through ``tkc.interpreter.evaluate`` (the one home of op
+constants and scalar arithmetic go through ``tkc.semantics.evaluate`` (the one home of op
 meaning), every coordinate, address, descriptor and reduction plan comes from
 ``tkc.ir.layouts``, and the bytes, barriers, copies and matrix instructions are the machine
 model's (``smem``, ``mbarrier``, ``tma``, ``wgmma``, ``scheduler``).  Every fault is a
@@ -50,12 +50,13 @@ from tkc.emulator.smem import ReadLease, SharedMemory
 from tkc.emulator.tma import tma_load, tma_store
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
-from tkc.interpreter import (CPU_SMS, _as_kernel, _check_args, _check_grid, _eval_grid, _is_torch, _scalar,
-                             _write_back, combine_ranks, evaluate, random_args)
+from tkc.grid import as_kernel, check_grid, eval_grid
+from tkc.interpreter import bind_arguments, random_args, write_back
+from tkc.semantics import CPU_SMS, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
-from tkc.ir.types import ScalarType, TensorType, TileType
+from tkc.ir.types import ScalarType, TileType
 from tkc.pins import ctas_per_sm
 from tkc.registers import entry_registers, register_pool
 
@@ -1065,40 +1066,21 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
 
 
 # ------------------------------------------------------------------ launching
-def _bind(params: Sequence[BlockArgument], args: Sequence[Any]) -> tuple[dict[Value, Any], dict[int, np.ndarray]]:
-    """Parameter values in storage form, as ``tkc.interpreter.run_kernel`` binds them."""
-    env: dict[Value, Any] = {}
-    working: dict[int, np.ndarray] = {}
-    for p, x in zip(params, args):
-        if not isinstance(p.type, TensorType):
-            env[p] = _scalar(p, p.type.dtype, x)
-        elif id(x) in working:
-            env[p] = working[id(x)]
-        elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
-                dtypes.f32, dtypes.i32, dtypes.i1) and x.flags.writeable:
-            env[p] = working[id(x)] = x
-        else:
-            st = dtypes.from_torch_tensor(x)[0] if _is_torch(x) else x
-            env[p] = working[id(x)] = round_to(st, p.type.dtype)
-    return env, working
-
-
 def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, seed: int = 0) -> None:
     """Run a hopper-level ``kernel`` (after allocate-smem) over ``grid`` (default: its
     ``tile.grid``), writing outputs in place into the tensors of ``args``.
 
-    Arguments follow ``tkc.interpreter.run_kernel``: numpy arrays in storage form or torch CPU
-    tensors, rounded to their dtype on entry; scalars as python or numpy numbers.  ``seed``
-    picks the interleaving of warpgroups inside each CTA (CTA ``k`` in row-major order runs
+    Arguments are bound as the interpreter binds them (``tkc.interpreter.bind_arguments``):
+    numpy arrays in storage form or torch CPU tensors, rounded to their dtype on entry; scalars
+    as python or numpy numbers.  ``seed`` picks the interleaving of warpgroups inside each CTA (CTA ``k`` in row-major order runs
     with ``seed + k``).
     """
-    kernel = _as_kernel(kernel)
-    _check_args(kernel, args)
+    kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args
-    env, working = _bind(params, args)
+    env, working = bind_arguments(kernel, args)
     written: set[int] = set()
     with np.errstate(all="ignore"):
-        shape = _eval_grid(kernel, dict(env)) if grid is None else _check_grid(grid)
+        shape = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid)
         cluster = kernel.cluster or 1
         if shape[0] % cluster:
             raise TkcEmulatorError(f"kernel @{kernel.sym_name} runs in clusters of {cluster} CTAs along x: its "
@@ -1121,7 +1103,7 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
                     who = f"CTA {group[0]}" if cluster == 1 else f"cluster of CTAs {group}"
                     raise type(e)(f"{who}: {e.message}", loc) from e
         finally:
-            _write_back(params, args, working, written)
+            write_back(params, args, working, written)
 
 
 def emulate_module(module: Module, kernel_name: str | None = None, args: Sequence[Any] | None = None,

@@ -27,7 +27,7 @@ from tkc.dtypes import DType
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, OpResult, Value, replace_all_uses
 from tkc.ir.dialects import tile
-from tkc.interpreter import evaluate
+from tkc.semantics import evaluate
 from tkc.ir.types import element_dtype
 
 Scalar = int | float | bool

@@ -185,7 +185,7 @@ class NumProgramsOp(ProgramIdOp):
 class NumSmsOp(Operation):
     """The number of streaming multiprocessors of the device running the kernel (what a
     persistent kernel sizes its grid by).  The interpreter and the emulator pretend to have
-    ``tkc.interpreter.CPU_SMS``."""
+    ``tkc.semantics.CPU_SMS``."""
 
     name = "tile.num_sms"
     RESULTS = ("result",)

@@ -1,0 +1,114 @@
+"""The launch grid of a kernel: the extents of its ``tile.grid`` for given arguments.
+
+Every executor asks this one function how many programs a launch runs: the interpreter, the
+emulator and the GPU runtime.  The grid's extents are computed by running only the ops they
+depend on (tensor sizes, scalar arguments, constants, ``num_sms``) with the ops' meaning
+(``tkc.semantics``); tensor contents are never read, so the tensors may live on a GPU.
+
+Must not: run a program, touch a device, or convert a tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tkc import signature
+from tkc.dtypes import DType, round_to
+from tkc.errors import TkcInterpretError, TkcLaunchError
+from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
+from tkc.ir.types import TensorType
+from tkc.semantics import Program
+
+__all__ = ["as_kernel", "check_args", "check_grid", "eval_grid", "launch_grid", "param_name", "scalar_value"]
+
+
+def as_kernel(kernel: Operation | Module) -> Operation:
+    """The ``tile.kernel`` op of ``kernel`` (a module's one kernel), or a TkcLaunchError."""
+    if isinstance(kernel, Module):
+        kernel = kernel.kernel()
+    if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
+        raise TkcLaunchError(f"expected a 'tile.kernel' op, got {kernel!r}")
+    return kernel
+
+
+def param_name(arg: BlockArgument) -> str:
+    """How errors name a parameter: its source name, else its position."""
+    return arg.name_hint or f"argument {arg.index}"
+
+
+def scalar_value(p: BlockArgument, dt: DType, x: Any) -> np.ndarray:
+    """A scalar argument as a 0-d array of ``dt``, or a TkcLaunchError."""
+    return round_to(signature.check_scalar(param_name(p), dt, x), dt)
+
+
+def check_args(kernel: Operation, args: Sequence[Any]) -> None:
+    """The arguments fit the kernel's signature (:func:`tkc.signature.bind`), or a TkcLaunchError."""
+    signature.bind(kernel.sym_name, signature.kernel_params(kernel), args)
+
+
+def _grid_op(kernel: Operation) -> Operation:
+    for op in kernel.regions[0].block.ops:
+        if op.name == "tile.grid":
+            return op
+    raise TkcInterpretError(f"kernel @{kernel.sym_name} has no grid(...) statement; pass grid=",
+                            kernel.loc)
+
+
+def eval_grid(kernel: Operation, env: dict[Value, Any], sms: int = 0) -> tuple[int, ...]:
+    """Evaluate only the ops the grid extents depend on (in program order):
+    other ops before ``tile.grid`` may read tensors, which need not exist here."""
+    grid_op = _grid_op(kernel)
+    needed: set[Operation] = set()
+    stack = list(grid_op.operands)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, OpResult) and v.owner not in needed:
+            if v.owner.regions or v.owner.name in ("tile.load", "tile.store"):
+                raise TkcInterpretError("grid extents must be computed from tensor sizes, scalar "
+                                        "arguments and constants", v.owner.loc)
+            needed.add(v.owner)
+            stack.extend(v.owner.operands)
+    ctx = Program(None, (), env, sms=sms)
+    block = Block()  # a scratch block holding the slice; ops keep their real parent
+    block.ops = [op for op in kernel.regions[0].block.ops if op in needed]
+    ctx.run(block)
+    grid = tuple(int(env[v]) for v in grid_op.operands)
+    if any(g < 0 for g in grid):
+        raise TkcInterpretError(f"grid extents are negative: {grid}", grid_op.loc)
+    return grid
+
+
+class _Shape:
+    """Stands in for a tensor while computing the grid: only its shape is read."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(shape)
+
+
+def launch_grid(kernel: Operation | Module, args: Sequence[Any], sms: int = 0) -> tuple[int, ...]:
+    """The grid a launch of ``kernel`` with ``args`` uses: the extents of its
+    ``tile.grid`` op.  Tensor contents are never read (they may live on a GPU).
+    ``sms``: the device's SM count, for grids sized by ``tile.num_sms`` (default
+    ``CPU_SMS``)."""
+    kernel = as_kernel(kernel)
+    check_args(kernel, args)
+    env: dict[Value, Any] = {}
+    for p, x in zip(kernel.regions[0].block.args, args):
+        env[p] = _Shape(x.shape) if isinstance(p.type, TensorType) else scalar_value(p, p.type.dtype, x)
+    with np.errstate(all="ignore"):
+        return eval_grid(kernel, env, sms)
+
+
+def check_grid(grid: Any) -> tuple[int, ...]:
+    if isinstance(grid, (int, np.integer)):
+        grid = (grid,)
+    ok = isinstance(grid, (tuple, list)) and 1 <= len(grid) <= 3 and all(
+        isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 0 for g in grid)
+    if not ok:
+        raise TkcLaunchError(f"grid must be 1 to 3 non-negative integers, got {grid!r}")
+    return tuple(int(g) for g in grid)
+
+

@@ -1,0 +1,278 @@
+"""What every ``tile`` op computes, on numpy: the meaning of tile IR.
+
+The one home of the ops' semantics: the interpreter runs kernels with it (``tkc/interpreter.py``
+launches programs over a grid), the launch grid is evaluated with it (``tkc/grid.py``),
+``canonicalize`` folds constants through :func:`evaluate`, and the emulator computes scalar and
+value-by-value ops through :func:`evaluate`.  What an elementwise op computes is declared on its
+class (``tkc/ir/dialects/elementwise.py``); this module applies it, and holds the meaning of
+every other op (memory, reductions, ``mma``, loops, branches, ids).
+
+It favours being obviously right over being fast, while staying vectorized (one numpy op per
+IR op, never a Python loop over elements).  It must not know how values round -- every
+rounding goes through :func:`tkc.dtypes.round_to` -- and it must not depend on torch.
+
+Numerics (decisions the op docstrings leave open):
+
+* Values are numpy arrays in their dtype's storage form (``DType.np_storage``):
+  float32 for every float dtype, int32 for ``i32``, bool for ``i1``.  Scalars
+  are 0-d arrays.
+* Float ops compute in float32 and round the result once to the result dtype.
+  For f16/bf16/fp8 this models math done in f32 registers and converted back
+  (what generated code does); it can differ by double rounding from a native
+  bf16 instruction.  ``div`` is IEEE f32 division and ``rsqrt`` is
+  ``1 / sqrt(x)`` in f32, both at least as accurate as the GPU's approximate
+  instructions.  Overflow, 0/0, ``exp(-inf) = 0`` and ``log(0) = -inf`` are
+  ordinary results: numpy's floating-point warnings are silenced.
+* ``maximum``/``minimum`` and the ``max``/``min`` reductions propagate NaN,
+  like numpy and torch (PTX ``max.NaN.f32``, not plain ``max.f32``); which
+  zero ``maximum(-0.0, +0.0)`` returns is unspecified.
+* ``i32`` arithmetic wraps modulo 2**32.  ``floordiv`` and ``rem`` use floor
+  semantics like Python (``-7 // 2 == -4``, ``-7 % 2 == 1``: the remainder has
+  the divisor's sign); ``cdiv(a, b)`` is ``ceil(a / b) == -(-a // b)``.
+  Integer division by zero is unspecified on the GPU; here it gives 0, so
+  lanes masked off by a later ``select`` are harmless.
+* Shifts read their count as unsigned: ``x << n`` is 0 and ``x >> n`` (arithmetic) the
+  sign for a count of 32 or more, or a negative one (PTX clamps the count the same way).
+* ``pow``, ``sigmoid`` and ``fma`` compute in float64 and round once (numpy's float32
+  ``pow`` is off by an ulp; ``fma`` thus rounds once, up to double-rounding ties).  ``erf``
+  is Python's ``math.erf`` element by element (numpy has none): the one op here that loops
+  in Python.  A ``mean`` is the float64 sum divided by the extent, rounded once.
+* What each elementwise op computes is declared once, on its class
+  (``tkc/ir/dialects/elementwise.py``); this module only applies it.
+* ``mma`` is ``a @ b`` as a float32 matmul plus ``acc`` in float32.
+* ``reduce`` sums floats in float64 and rounds once to the result dtype: the
+  best answer any order of f32 additions can approach, independent of numpy's
+  summation order.  Integer sums wrap; ``max``/``min`` are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tkc.dtypes import round_to
+from tkc.errors import TkcError, TkcInterpretError
+from tkc.ir.core import Block, Operation, Value
+from tkc.ir.dialects import tile
+from tkc.ir.types import shape_of
+
+__all__ = ["CPU_SMS", "Program", "Suspended", "combine_ranks", "evaluate"]
+
+
+# --------------------------------------------------------------- execution
+@dataclass
+class Program:
+    """One program's state: its ids, the grid, and the value of every SSA
+    value computed so far (SSA, so one flat dict serves nested regions)."""
+
+    pid: tuple[int, ...] | None  # None while evaluating the launch grid
+    grid: tuple[int, ...]
+    env: dict[Value, Any]
+    written: set[int] = field(default_factory=set)  # id() of tensors stored to
+    sms: int = 0  # what tile.num_sms reads (CPU_SMS unless a launch says otherwise)
+    cluster: Any = None  # while a cluster's programs run: (rank, results, parts, occurrences)
+
+    def run(self, block: Block) -> list[Any]:
+        """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
+        env = self.env
+        for op in block.ops:
+            if op.name == "tile.yield":
+                return [env[v] for v in op.operands]
+            if op.name == "tile.return":
+                return []
+            handler = _HANDLERS.get(op.name)
+            if handler is None:
+                raise TkcInterpretError(f"the interpreter cannot run op '{op.name}'", op.loc)
+            try:
+                out = handler(self, op, *[env[v] for v in op.operands])
+            except TkcError:
+                raise
+            except (ValueError, TypeError, IndexError, KeyError) as e:
+                # Malformed (unverified) IR usually surfaces as a numpy error; point at the op.
+                raise TkcInterpretError(f"'{op.name}' failed: {e}", op.loc) from e
+            if isinstance(out, list):
+                env.update(zip(op.results, out))
+            elif op.results:
+                env[op.results[0]] = _checked(np.asarray(out), op)
+        return []
+
+
+def _checked(x: np.ndarray, op: Operation) -> np.ndarray:
+    # A cheap self-check: a handler that disagrees with the result type is an
+    # interpreter bug (or IR that skipped the verifier), not a kernel bug.
+    t = op.results[0].type
+    if x.shape != shape_of(t) or x.dtype != t.dtype.np_storage:
+        raise TkcInterpretError(
+            f"'{op.name}' produced {x.dtype}{list(x.shape)} for result type {t}", op.loc)
+    return x
+
+
+def _rounded(x: Any, op: Operation) -> np.ndarray:
+    return round_to(x, op.results[0].type.dtype)
+
+
+def _elementwise(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
+    return lambda ctx, op, *xs: _rounded(fn(*xs), op)
+
+
+_CMP = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+        "eq": np.equal, "ne": np.not_equal}
+
+
+# ------------------------------------------------------------- structure
+def _for(ctx: Program, op: Operation, lb: Any, ub: Any, step: Any, *init: Any) -> list[Any]:
+    if int(step) <= 0:
+        raise TkcInterpretError(f"loop step must be positive, got {int(step)}", op.loc)
+    body = op.regions[0].block
+    carried = list(init)
+    for i in range(int(lb), int(ub), int(step)):
+        ctx.env[body.args[0]] = np.asarray(i, np.int32)
+        ctx.env.update(zip(body.args[1:], carried))
+        carried = ctx.run(body)
+    return carried
+
+
+def _if(ctx: Program, op: Operation, cond: Any) -> list[Any]:
+    return ctx.run(op.regions[0 if bool(cond) else 1].block)
+
+
+def _program_id(ctx: Program, op: Operation) -> np.ndarray:
+    if ctx.pid is None:
+        raise TkcInterpretError("the launch grid cannot depend on program ids", op.loc)
+    return np.asarray(ctx.pid[op.axis] if op.axis < len(ctx.pid) else 0, np.int32)
+
+
+#: The SM count the interpreter and the emulator pretend to have: small, so that a persistent
+#: kernel's programs each walk several output tiles in the tests.
+CPU_SMS = 4
+
+
+def _num_sms(ctx: Program, op: Operation) -> np.ndarray:
+    return np.asarray(ctx.sms or CPU_SMS, np.int32)
+
+
+def _num_programs(ctx: Program, op: Operation) -> np.ndarray:
+    if ctx.pid is None:
+        raise TkcInterpretError("the launch grid cannot depend on num_programs", op.loc)
+    return np.asarray(ctx.grid[op.axis] if op.axis < len(ctx.grid) else 1, np.int32)
+
+
+# ------------------------------------------------------------------ memory
+def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int]):
+    """(tensor slices, box slices) of the in-bounds part of a box, or None if
+    no element of the box lies inside the tensor."""
+    src, dst = [], []
+    for size, off, ext in zip(shape, offsets, box):
+        off = int(off)  # python int: off + ext must not wrap like i32
+        lo, hi = max(off, 0), min(off + ext, size)
+        if lo >= hi:
+            return None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - off, hi - off))
+    return tuple(src), tuple(dst)
+
+
+def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
+    dt = op.operands[0].type.dtype
+    out = np.full(op.box, round_to(0 if op.other is None else op.other, dt), dt.np_storage)
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        out[sl[1]] = tensor[sl[0]]  # a copy: later stores must not change a loaded tile
+    return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
+
+
+def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        tensor[sl[0]] = np.reshape(value, op.box)[sl[1]]
+    ctx.written.add(id(tensor))
+
+
+def _reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    if op.kind in ("sum", "mean"):
+        # float64 for floats (see the module docstring); int64 then wrap for i32.
+        acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
+        total = np.sum(x, axis=op.axis, dtype=acc)
+        return _rounded(total / x.shape[op.axis] if op.kind == "mean" else total, op)
+    return _rounded((np.max if op.kind == "max" else np.min)(x, axis=op.axis), op)
+
+
+def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
+
+
+def _constant(ctx: Program, op: Operation) -> np.ndarray:
+    t = op.results[0].type
+    return np.full(shape_of(t), round_to(op.value, t.dtype), t.dtype.np_storage)
+
+
+class Suspended(Exception):
+    """A program reached a cluster reduction whose other programs' parts are not all in."""
+
+
+def combine_ranks(kind: str, parts: Sequence[np.ndarray]) -> np.ndarray:
+    """A cluster reduction's result from its ranks' f32 parts: combined in rank order, each
+    step rounded to f32 (what every thread does with the slots on the GPU)."""
+    fn = {"max": np.maximum, "min": np.minimum, "sum": np.add}[kind]
+    acc = np.asarray(parts[0], np.float32)
+    for p in parts[1:]:
+        acc = fn(acc, p).astype(np.float32)
+    return acc
+
+
+def _cluster_reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    if ctx.cluster is None:
+        raise TkcInterpretError("a cluster reduction outside a launch in clusters", op.loc)
+    rank, results, parts, seen = ctx.cluster
+    k = seen.get(op, 0)
+    seen[op] = k + 1
+    if (op, k) in results:
+        return results[(op, k)]
+    parts.setdefault((op, k), {})[rank] = np.asarray(x, np.float32).copy()
+    raise Suspended()
+
+
+_HANDLERS: dict[str, Callable[..., Any]] = {
+    # What each elementwise op computes is declared on its class (tkc/ir/dialects/elementwise.py).
+    **{cls.name: _elementwise(cls.compute) for cls in tile.ELEMENTWISE_OPS},
+    "tile.cmp": lambda ctx, op, a, b: _CMP[op.pred](a, b),
+    "tile.select": lambda ctx, op, c, a, b: np.where(c, a, b),
+    "tile.cast": lambda ctx, op, x: _rounded(x, op),
+    "tile.constant": _constant,
+    "tile.arange": lambda ctx, op: np.arange(op.start, op.start + op.results[0].type.shape[0],
+                                             dtype=np.int32),
+    "tile.splat": lambda ctx, op, x: np.full(shape_of(op.results[0].type), x, x.dtype),
+    "tile.broadcast": lambda ctx, op, x: np.broadcast_to(x, op.results[0].type.shape),
+    "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
+    "tile.transpose": lambda ctx, op, x: np.transpose(x),
+    "tile.reduce": _reduce,
+    "tile.cluster_reduce": _cluster_reduce,
+    "tile.mma": _mma,
+    "tile.load": _load,
+    "tile.store": _store,
+    "tile.dim": lambda ctx, op, t: np.asarray(t.shape[op.axis], np.int32),
+    "tile.program_id": _program_id,
+    "tile.num_programs": _num_programs,
+    "tile.num_sms": _num_sms,
+    "tile.for": _for,
+    "tile.if": _if,
+    "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
+    # select-layouts output stays interpretable: a layout change moves no element.
+    "hopper.convert_layout": lambda ctx, op, x, *scratch: x,
+    "hopper.to_smem": lambda ctx, op, x: x,
+}
+
+
+def evaluate(op: Operation, operands: Sequence[np.ndarray]) -> np.ndarray:
+    """What a pure, region-free op computes from ``operands`` (storage-form
+    arrays; 0-d arrays stand for splat tiles, since elementwise ops do not
+    depend on the shape).  Passes fold constants through this, so a fold is
+    exactly what running the op would give -- there is no second copy of an
+    op's meaning."""
+    with np.errstate(all="ignore"):
+        return np.asarray(_HANDLERS[op.name](None, op, *operands))
+
+
