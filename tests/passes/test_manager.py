@@ -124,15 +124,15 @@ def test_timing_table() -> None:
 
 
 # ---------------------------------------------------------- failing passes
-def _explode(module: Module) -> None:
+def _explode(module: Module, *_: object) -> None:
     raise ValueError("boom")
 
 
-def _located_error(module: Module) -> None:
+def _located_error(module: Module, *_: object) -> None:
     raise TkcTypeError("cannot handle this op", Loc("k.tk", 3, 9))
 
 
-def _break_ssa(module: Module) -> None:
+def _break_ssa(module: Module, *_: object) -> None:
     body = module.kernel().regions[0].block
     body.ops.remove(next(op for op in body.ops if op.name == "tile.dim"))
 

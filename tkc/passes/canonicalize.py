@@ -38,7 +38,7 @@ _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _MAX_ROUNDS = 1000
 
 
-def canonicalize(module: Module) -> None:
+def canonicalize(module: Module, *_: object) -> None:
     """Apply every pattern to every op until nothing changes."""
     for kernel in module.ops:
         for _ in range(_MAX_ROUNDS):
