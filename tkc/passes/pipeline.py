@@ -30,7 +30,8 @@ from tkc.target import Target
 
 #: A pass: it mutates the module in place, reading the kernel's pins and the target it
 #: compiles for (never naming an architecture), and raises a TkcError when the input is
-#: outside what it handles.
+#: outside what it handles.  The target-independent cleanups take both as ``*_`` and read
+#: neither.
 PassFn = Callable[[Module, Options, Target], None]
 
 #: Every pass by its pipeline name.
