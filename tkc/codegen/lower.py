@@ -366,7 +366,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for
         # them now, so the fetch overlaps the barriers' setup instead of the first copy.
         first = lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
-        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", t) for t in lw.tmaps], "prefetch")
+        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", m) for m in lw.tmaps], "prefetch")
     lw.block(kernel.body)
     lw.b.ret_void()
     return module
