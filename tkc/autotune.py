@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tkc.errors import TkcError, TkcUsageError
+from tkc.target import DEFAULT_TARGET
 
 _ENTRY = "autotune.json"
 
@@ -39,13 +40,13 @@ class AutotuneResult:
     cache_hit: bool = False
 
 
-def _compile(kernel: Any, consts: Mapping[str, Any]) -> Any:
+def _compile(kernel: Any, consts: Mapping[str, Any], target: str) -> Any:
     from tkc.compiler import compile_kernel
     from tkc.kernel import Kernel
 
     if isinstance(kernel, Kernel):
-        return kernel.specialize(**consts)
-    return compile_kernel(Path(kernel), dict(consts))
+        return kernel.specialize(**consts)  # for kernel.target
+    return compile_kernel(Path(kernel), dict(consts), target=target)
 
 
 def _source(kernel: Any) -> str:
@@ -112,7 +113,8 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
     if not torch.cuda.is_available():
         raise TkcUsageError("tkc.autotune times kernels on a GPU; torch sees none")
     device = torch.cuda.get_device_name(torch.cuda.current_device())
-    key = disk.key(compiler_version(), _source(kernel), {"configs": configs}, "sm_90a",
+    target = getattr(kernel, "target", DEFAULT_TARGET.name)  # a @tkc.kernel's own, else the default
+    key = disk.key(compiler_version(), _source(kernel), {"configs": configs}, target,
                    {"args": _signature(args), "device": device, "runs": runs, "rounds": rounds,
                     "flush_bytes": flush_bytes}) if cache else None
     if key is not None and (hit := disk.get(key, _ENTRY)) is not None:
@@ -124,7 +126,7 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
     for n, consts in enumerate(configs, 1):
         label = _label(consts)
         try:
-            compiled = _compile(kernel, consts)
+            compiled = _compile(kernel, consts, target)
             launch(compiled, args)  # fails here, not in the middle of the timing rounds
             runnable.append((len(timings), compiled))
             timings.append((consts, None, ""))

@@ -3,7 +3,9 @@
 Owns: the order of the stages (frontend → tile pipeline → ``HOPPER_PIPELINE`` → codegen
 → ptxas), the names of their texts (``Compiled.asm`` keys, :data:`STAGES`), the
 :class:`Compiled` record and its cache entry, the cache key (compiler version, source,
-constants, target, options), and IR dumps: they are captured while the passes run, stored
+constants, target, options), building the kernel's :class:`tkc.pins.Options` once (from its
+``consts``) and handing them with the :class:`tkc.target.Target` to the passes and codegen, and
+IR dumps: they are captured while the passes run, stored
 in the cache entry and replayed on a cache hit, so ``TKC_DUMP_IR`` shows the same thing
 whether or not the kernel was compiled this time.
 
@@ -33,7 +35,9 @@ from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager, PassOptions
+from tkc.pins import PINS, Options
 from tkc.signature import Param, kernel_params
+from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
 
 __all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
 
@@ -96,10 +100,9 @@ class Compiled:
         if self.resources is None or self.threads is None:
             return None
         from tkc.codegen.occupancy import resident
-        from tkc.codegen.target import target
 
         smem = (self.smem_bytes or 0) + self.resources.smem
-        return resident(self.resources.registers, self.threads, smem, target(self.target))
+        return resident(self.resources.registers, self.threads, smem, lookup_target(self.target))
 
     @property
     def tma_maps(self) -> list:
@@ -111,7 +114,7 @@ class Compiled:
         return kernel_params(self.kernel_op)
 
     @classmethod
-    def from_asm(cls, asm: Mapping[str, Any], target: str = "sm_90a", name: str | None = None,
+    def from_asm(cls, asm: Mapping[str, Any], target: str = DEFAULT_TARGET.name, name: str | None = None,
                  resources: Any = None) -> Compiled:
         """A Compiled from stage texts alone, e.g. files written by ``tkc compile``: the
         ``hopper`` text (the kernel's attributes and parameters) and a ``cubin`` or ``ptx``."""
@@ -196,14 +199,16 @@ def _replay(stream: str, files: list[tuple[str, str]] | list[list[str]], opts: P
             raise TkcUsageError(f"cannot write IR dumps to {opts.dump_dir}: {e.strerror}") from None
 
 
-def _run_passes(module: Module, pipeline: str, opts: PassOptions, dumps: _Dumps) -> None:
-    """Run ``pipeline`` with its dumps captured into ``dumps`` and shown right away (also
-    when a pass fails).  Dump files of a later pipeline continue the numbering."""
+def _run_passes(module: Module, pipeline: str, opts: PassOptions, dumps: _Dumps, options: Options,
+                target: Target) -> None:
+    """Run ``pipeline`` with ``options`` for ``target``, its dumps captured into ``dumps`` and
+    shown right away (also when a pass fails).  Dump files of a later pipeline continue the
+    numbering."""
     buf = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="tkc-dumps-") as tmp:
         run_opts = dataclasses.replace(opts, stream=buf, dump_dir=Path(tmp) if opts.dump_dir else None)
         try:
-            PassManager(pipeline, run_opts).run(module)
+            PassManager(pipeline, run_opts).run(module, options, target)
         finally:
             new: list[tuple[str, str]] = []
             for p in sorted(Path(tmp).iterdir()):
@@ -260,8 +265,9 @@ def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
 
 
 def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str, Any] | None = None, *,
-                   target: str = "sm_90a", pipeline: str | None = None, hopper_pipeline: str | None = None,
-                   kernel: str | None = None, stop: str = "cubin", ptxas: bool | None = None,
+                   target: str | Target = DEFAULT_TARGET, pipeline: str | None = None,
+                   hopper_pipeline: str | None = None, kernel: str | None = None, stop: str = "cubin",
+                   ptxas: bool | None = None,
                    opt_level: int = 3, pass_options: PassOptions | None = None, cache: bool = True,
                    cache_dir: str | Path | None = None, file: str | None = None, first_line: int = 1,
                    python_function: bool = False) -> Compiled:
@@ -283,9 +289,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     if stop not in STAGES:
         raise TkcUsageError(f"unknown stage {stop!r}; stages: {', '.join(STAGES)}")
     past_tkir = STAGES.index(stop) > 0
-    from tkc.codegen.target import target as lookup_target
-
-    tgt = lookup_target(target).name
+    tgt_value = lookup_target(target)
+    tgt = tgt_value.name
     if past_tkir and tgt in _MISSING_BACKEND:
         raise TkcUsageError(f"target {tgt}: {_MISSING_BACKEND[tgt]}")
     consts = dict(consts or {})
@@ -303,7 +308,11 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     if cache and not opts.timing:
         from tkc.runtime import cache as disk
 
+        # The pins with their declared defaults (checked once the frontend has the kernel's
+        # location for an error) and every fact of the target.
+        requested = {**dataclasses.asdict(Options()), **{n: v for n, v in consts.items() if n in PINS}}
         key = disk.key(compiler_version(), text, consts, tgt, {
+            "options": requested, "target": dataclasses.asdict(tgt_value),
             "pipeline": pipeline, "hopper_pipeline": hopper_pipeline, "kernel": kernel, "stop": stop,
             "opt_level": opt_level, "ptxas": _ptxas_identity(str(ptxas_path), ptxas_path.stat().st_mtime)
             if ptxas_path else None, "file": file, "first_line": first_line, "python_function": python_function,
@@ -318,32 +327,34 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
 
     dumps = _Dumps()
     module = _frontend(source, text, consts, file, first_line, python_function)
-    name = _one_kernel(module, kernel, file).attributes["sym_name"]
-    _run_passes(module, pipeline, opts, dumps)
+    chosen = _one_kernel(module, kernel, file)
+    name = chosen.attributes["sym_name"]
+    options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
+    _run_passes(module, pipeline, opts, dumps, options, tgt_value)
     asm: dict[str, Any] = {"tkir": print_module(module, locs=opts.locs)}
     result = Compiled(name, tgt, asm, cache_key=key, _dumps=dumps.as_json())
     if past_tkir:
-        _run_passes(module, hopper_pipeline or "", opts, dumps)
+        _run_passes(module, hopper_pipeline or "", opts, dumps, options, tgt_value)
         asm["hopper"] = print_module(module, locs=opts.locs)
         result._dumps = dumps.as_json()
     if STAGES.index(stop) >= STAGES.index("llvm"):
         from tkc.codegen.target import emit_ptx
 
-        llvm_module = _kernel_to_llvm()(module.kernel(name), tgt)
+        llvm_module = _kernel_to_llvm()(module.kernel(name), tgt_value, options)
         asm["llvm"] = str(llvm_module)
         if STAGES.index(stop) >= STAGES.index("ptx"):
-            asm["ptx"] = emit_ptx(asm["llvm"], tgt, opt=opt_level)  # the text: printed once
+            asm["ptx"] = emit_ptx(asm["llvm"], tgt_value, opt=opt_level)  # the text: printed once
     op = module.kernel(name)
     if ptxas_path is not None:
         from tkc.codegen import occupancy
         from tkc.codegen.ptxas import assemble
 
-        tune = occupancy.applies(op)  # at the ptx stage, ptxas runs only for this choice
-        assembled = assemble(asm["ptx"], tgt) if stop == "cubin" or tune else None  # same ptxas as found
+        tune = occupancy.applies(op, options)  # at the ptx stage, ptxas runs only for this choice
+        assembled = assemble(asm["ptx"], tgt_value) if stop == "cubin" or tune else None  # same ptxas as found
         if assembled is not None and tune:
             raised = occupancy.one_more_program(asm["ptx"], name, op.attributes["threads"],
                                                 op.attributes.get("smem_bytes") or 0, assembled,
-                                                lookup_target(tgt), lambda ptx: assemble(ptx, tgt))
+                                                tgt_value, lambda ptx: assemble(ptx, tgt_value))
             if raised is not None:
                 ctas, asm["ptx"], assembled = raised
                 asm["llvm"] = occupancy.with_min_ctas(asm["llvm"], ctas, "llvm")

@@ -1,4 +1,4 @@
-"""The SM's register file and a CTA's share of it (PTX-FACTS §5).
+"""The SM's register file and a CTA's share of it (PTX-FACTS §5), on a :class:`Target`.
 
 A CTA of ``T`` threads declared with ``.maxntid T`` and ``.minnctapersm C`` is launched with
 :func:`entry_registers` registers a thread, and that allocation is its pool for the kernel's
@@ -11,8 +11,7 @@ are checked against the pool, never against the file.
 
 from __future__ import annotations
 
-#: 32-bit registers per SM.
-REGISTER_FILE = 65536
+from tkc.target import Target
 
 #: Registers ptxas needs for one wgmma beyond its accumulator, counted against the kernel's
 #: entry budget whatever the warpgroup's ``setmaxnreg`` budget: with 80 at entry (384 threads,
@@ -21,29 +20,26 @@ REGISTER_FILE = 65536
 WGMMA_EXTRA_REGISTERS = 26
 
 
-def entry_registers(threads: int, ctas_per_sm: int = 1) -> int:
+def entry_registers(threads: int, ctas_per_sm: int, target: Target) -> int:
     """The per-thread register budget ptxas assumes at kernel entry for a CTA of ``threads``
     threads declared with ``.maxntid threads`` and ``.minnctapersm ctas_per_sm``: the register
-    file split evenly, at most 255, rounded down to a multiple of 8 (PTX-FACTS §5: 168 for 384
-    threads and one CTA).  ``setmaxnreg`` moves a warpgroup's budget up or down from there."""
-    return min(REGISTER_FILE // (threads * ctas_per_sm), 255) // 8 * 8
+    file split evenly, at most the target's 255, rounded down to a multiple of 8 (PTX-FACTS §5:
+    168 for 384 threads and one CTA).  ``setmaxnreg`` moves a warpgroup's budget up or down from
+    there."""
+    return min(target.register_file // (threads * ctas_per_sm), target.max_registers) // 8 * 8
 
 
-def register_pool(threads: int, ctas_per_sm: int = 1) -> int:
+def register_pool(threads: int, ctas_per_sm: int, target: Target) -> int:
     """The registers a CTA holds from launch, which its warpgroups' budgets share."""
-    return entry_registers(threads, ctas_per_sm) * threads
+    return entry_registers(threads, ctas_per_sm, target) * threads
 
 
-#: Sub-partitions of an SM, each with a quarter of the register file, and the unit (registers
-#: a warp) in which a warp's registers are allocated (sm_90).
-SUBPARTITIONS = 4
-REGISTER_UNIT = 256
-
-
-def ctas_by_registers(registers: int, threads: int) -> int:
+def ctas_by_registers(registers: int, threads: int, target: Target) -> int:
     """CTAs of ``threads`` threads at ``registers`` a thread that the register file holds at
-    once: each warp takes ``registers * 32`` rounded up to ``REGISTER_UNIT``, and a CTA's warps
-    are dealt over the four sub-partitions.  The inverse of :func:`entry_registers`'s split."""
-    warps = -(-threads // 32)
-    per_warp = -(-max(registers, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    return SUBPARTITIONS * (REGISTER_FILE // SUBPARTITIONS // per_warp) // warps
+    once: each warp takes ``registers`` a lane rounded up to the target's allocation unit, and a
+    CTA's warps are dealt over the SM's sub-partitions (four, each a quarter of the file).  The
+    inverse of :func:`entry_registers`'s split."""
+    lanes, unit, parts = target.warp_size, target.register_unit, target.subpartitions
+    warps = -(-threads // lanes)
+    per_warp = -(-max(registers, 1) * lanes // unit) * unit
+    return parts * (target.register_file // parts // per_warp) // warps

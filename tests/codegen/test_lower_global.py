@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
-from tkc.codegen.lower_global import vector_runs
+from tkc.codegen.runs import vector_runs
 from tkc.codegen.ptxas import assemble
 from tkc.ir.layouts import Blocked, Slice, WgmmaAccumulator, choose_blocked
 from tkc.ir.parser import parse_module

@@ -15,6 +15,7 @@ import pytest
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
 from tkc.registers import entry_registers
+from tkc.target import DEFAULT_TARGET as SM90
 from tkc.codegen.ptxas import Assembled, assemble
 from tkc.dtypes import bf16
 from tkc.errors import TkcCodegenError
@@ -61,16 +62,17 @@ def _syncs(ptx: str) -> list[str]:
 
 
 def test_entry_registers() -> None:
-    assert entry_registers(384) == 168  # PTX-FACTS §5
-    assert entry_registers(256) == 248 and entry_registers(128) == 248 and entry_registers(1024) == 64
-    assert entry_registers(256, 2) == 128 and entry_registers(384, 2) == 80  # .minnctapersm 2
+    assert entry_registers(384, 1, SM90) == 168  # PTX-FACTS §5
+    assert entry_registers(256, 1, SM90) == 248 and entry_registers(128, 1, SM90) == 248
+    assert entry_registers(1024, 1, SM90) == 64
+    assert entry_registers(256, 2, SM90) == 128 and entry_registers(384, 2, SM90) == 80  # .minnctapersm 2
 
 
 def test_two_programs_per_sm() -> None:
     """ctas_per_sm = 2: .minnctapersm 2, the consumer budget from half the register file
     ((32768 - 128 * 24) / 128 = 232), the ring sized for half the SM's shared memory, and
     ptxas keeping to it without spills."""
-    from tkc.codegen.target import target
+    from tkc.target import target
     from tkc.compiler import compile_kernel
 
     c = compile_kernel(ROOT / "examples" / "attn.tk", {"D": 128, "BM": 64, "BN": 64, "ctas_per_sm": 2},
@@ -160,7 +162,7 @@ def test_ring_assembles_clean(path: Path, ptxas: Path) -> None:
     a = _assembled(path)
     _clean(path, "gemm")
     # 64 f32 accumulator registers per thread, within the entry budget of 256/384 threads.
-    assert 64 < a.kernels["gemm"].registers <= entry_registers(_kernel(path).attributes["threads"])
+    assert 64 < a.kernels["gemm"].registers <= entry_registers(_kernel(path).attributes["threads"], 1, SM90)
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -9,9 +9,10 @@ import pytest
 
 from tkc.codegen import occupancy
 from tkc.codegen.ptxas import Assembled, ResourceUsage
-from tkc.codegen.target import target
+from tkc.target import target
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcCodegenError
+from tkc.pins import Options
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SM90 = target("sm_90a")
@@ -57,17 +58,18 @@ def test_with_min_ctas_wants_exactly_one_directive(text):
         occupancy.with_min_ctas(text, 2)
 
 
-def _hopper(example: str, **consts):
-    return compile_kernel(EXAMPLES / example, consts, stop="hopper", cache=False).kernel_op
+def _applies(example: str, **consts) -> bool:
+    kernel = compile_kernel(EXAMPLES / example, consts, stop="hopper", cache=False).kernel_op
+    return occupancy.applies(kernel, Options.from_consts(kernel.attributes["consts"]))
 
 
 def test_applies_to_kernels_without_products_only():
-    assert occupancy.applies(_hopper("layernorm.tk"))
-    assert occupancy.applies(_hopper("softmax.tk", BN=1024))
-    assert not occupancy.applies(_hopper("layernorm.tk", ctas_per_sm=1))  # pinned: left alone
-    assert not occupancy.applies(_hopper("gemm.tk"))
-    assert occupancy.applies(_hopper("softmax_split.tk", BN=1024, cluster=2))  # a row over a cluster
-    assert not occupancy.applies(_hopper("softmax_split.tk", BN=1024, cluster=2, ctas_per_sm=3))
+    assert _applies("layernorm.tk")
+    assert _applies("softmax.tk", BN=1024)
+    assert not _applies("layernorm.tk", ctas_per_sm=1)  # pinned: left alone
+    assert not _applies("gemm.tk")
+    assert _applies("softmax_split.tk", BN=1024, cluster=2)  # a row over a cluster
+    assert not _applies("softmax_split.tk", BN=1024, cluster=2, ctas_per_sm=3)
 
 
 def _result(registers: int, spills: int = 0) -> Assembled:

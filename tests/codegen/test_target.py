@@ -6,8 +6,9 @@ import llvmlite.ir as ir
 import pytest
 
 from tkc.codegen import target as target_mod
-from tkc.codegen.target import DATA_LAYOUT, TARGETS, Target, emit_ptx, target
+from tkc.codegen.target import emit_ptx
 from tkc.errors import TkcCodegenError, TkcUsageError
+from tkc.target import DATA_LAYOUT, TARGETS, Target, target
 
 EMPTY_KERNEL = """
 define ptx_kernel void @k() "nvvm.maxntid"="128" {

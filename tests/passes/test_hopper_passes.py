@@ -22,6 +22,8 @@ from tkc.passes.manager import PassManager
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.pipeline import DEFAULT_PIPELINE
 from tkc.passes.select_layouts import select_layouts
+from tkc.pins import Options
+from tkc.target import DEFAULT_TARGET
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -240,7 +242,7 @@ def test_a_vector_widened_to_a_row_block_takes_its_slice():
     want = random_args(m.kernel(), {"M": 3, "N": 300}, seed=1)
     got = [a.copy() for a in want]
     run_kernel(m.kernel(), want)
-    select_layouts(m)
+    select_layouts(m, Options(), DEFAULT_TARGET)
     verify(m)
     loads = [op for op in m.kernel().walk() if op.name == "tile.load"]
     block = loads[0].result.type.layout
@@ -265,8 +267,8 @@ def test_a_vector_widened_to_a_row_block_takes_its_slice():
 def test_unsupported_is_located(body, message):
     m = compile_source(_src(body, "a: bf16[M, K], b: bf16[K, N], c: f32[M, N], x: f32[M, K], y: f32[K, N]"), "bad.tk")
     with pytest.raises(TkcUnsupportedError) as e:
-        select_layouts(m)
-        lower_to_hopper(m)
+        select_layouts(m, Options(), DEFAULT_TARGET)
+        lower_to_hopper(m, Options(), DEFAULT_TARGET)
     assert message in str(e.value)
     assert e.value.loc is not None and e.value.loc.line >= 3
 
@@ -340,7 +342,7 @@ def test_cluster_slots_never_share_bytes():
 }}
 """
     m = parse_module(text, "k.tkir")
-    allocate_smem(m)
+    allocate_smem(m, Options(), DEFAULT_TARGET)
     offsets = sorted(op.attributes["offset"] for op in m.kernel().walk() if op.name == "hopper.smem_alloc")
     assert offsets == [0, 4096]
 

@@ -124,15 +124,15 @@ def test_timing_table() -> None:
 
 
 # ---------------------------------------------------------- failing passes
-def _explode(module: Module) -> None:
+def _explode(module: Module, *_: object) -> None:
     raise ValueError("boom")
 
 
-def _located_error(module: Module) -> None:
+def _located_error(module: Module, *_: object) -> None:
     raise TkcTypeError("cannot handle this op", Loc("k.tk", 3, 9))
 
 
-def _break_ssa(module: Module) -> None:
+def _break_ssa(module: Module, *_: object) -> None:
     body = module.kernel().regions[0].block
     body.ops.remove(next(op for op in body.ops if op.name == "tile.dim"))
 
@@ -194,3 +194,35 @@ def test_no_reproducer_when_disabled(in_tmp: Path, monkeypatch: pytest.MonkeyPat
     assert info.value.reproducer is None
     assert "reproducer" not in str(info.value)
     assert not (in_tmp / "tkc-reproducers").exists()
+
+
+# ------------------------------------------------------------ options and target
+def test_every_pass_gets_the_kernels_options_and_the_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkc.pins import Options
+    from tkc.target import DEFAULT_TARGET, TARGETS
+
+    seen = []
+    monkeypatch.setitem(PASSES, "record", lambda module, options, target: seen.append((options, target)))
+    m = gemm()
+    m.kernel().attributes["consts"] = {**m.kernel().attributes.get("consts", {}), "stages": 2}
+    PassManager("record,cse,record").run(m)
+    assert seen == [(Options(stages=2), DEFAULT_TARGET)] * 2
+    seen.clear()
+    PassManager("record").run(gemm(), Options(pingpong=True), TARGETS["sm_100a"])
+    assert seen == [(Options(pingpong=True), TARGETS["sm_100a"])]
+
+
+def test_a_bad_pin_is_refused_before_the_first_pass() -> None:
+    m = gemm()
+    m.kernel().attributes["consts"] = {"cluster": 3}
+    with pytest.raises(TkcUsageError, match="pin cluster = 3: a cluster has 1, 2 or 4 programs") as e:
+        PassManager("cse").run(m)
+    assert e.value.loc is not None
+
+
+def test_kernels_pinned_differently_run_one_at_a_time() -> None:
+    text = GEMM.read_text()
+    m = parse_module(text + text.replace("@gemm", "@gemm2"), "two.tkir")
+    m.kernel("gemm2").attributes["consts"] = {"stages": 3}
+    with pytest.raises(TkcUsageError, match="the kernels gemm, gemm2 pin different options"):
+        PassManager("cse").run(m)

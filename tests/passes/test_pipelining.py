@@ -110,9 +110,10 @@ def test_consumer_budgets_fit_what_the_cta_holds(consumers, ctas, regs):
     where the register file's 65536 would give 120 and a setmaxnreg.inc that never returns."""
     from tkc.passes.specialize_warps import PRODUCER_REGS, consumer_regs
     from tkc.registers import register_pool
+    from tkc.target import DEFAULT_TARGET
 
-    assert consumer_regs(consumers, ctas) == regs
-    pool = register_pool(128 * (consumers + 1), ctas)
+    assert consumer_regs(consumers, ctas, DEFAULT_TARGET) == regs
+    pool = register_pool(128 * (consumers + 1), ctas, DEFAULT_TARGET)
     assert 128 * (PRODUCER_REGS + consumers * regs) <= pool  # setmaxnreg.inc gets what it asks for
     if regs < 240:  # not capped: 8 more each would not fit
         assert 128 * (PRODUCER_REGS + consumers * (regs + 8)) > pool

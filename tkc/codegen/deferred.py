@@ -62,11 +62,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
+from tkc.codegen.runs import vectorized
 from tkc.ir.core import Operation, uses
 from tkc.ir.types import TileType
 
-if TYPE_CHECKING:
-    from tkc.codegen.lower import Lowerer
+if TYPE_CHECKING:  # the lowering state sits above the values it holds
+    from tkc.codegen.lowerer import Lowerer
 
 #: Runs of the store ahead of the one being stored whose deferred loads are already issued:
 #: their latency (an L2 hit) overlaps the arithmetic and stores of the runs before them.
@@ -99,9 +100,6 @@ class StorePlan(NamedTuple):
 
 def store_plan(kernel: Operation) -> StorePlan:
     """The :class:`StorePlan` of ``kernel`` (a hopper-level ``tile.kernel``)."""
-    # Imported here: lower_global imports this module for its value classes.
-    from tkc.codegen.lower_global import vectorized
-
     users = uses(kernel)
     written = {op.tensor for op in kernel.walk() if op.name in _WRITES}
     loads = [op for op in kernel.walk() if op.name == "hopper.load" and isinstance(op.result.type, TileType)]

@@ -5,8 +5,11 @@ so ptxas knows the entry register budget that ``setmaxnreg`` moves from, the dyn
 array), the per-thread lowering of the ops of docs/hopper.md §3, the thread index and
 barriers as a warpgroup role sees them, and the structure around them (``tile.for`` as an
 SSA loop whose phis carry every value of every tile, ``tile.if`` as branches with phis).
-Elementwise ops are in ``lower_elementwise.py``, the ``hopper.*`` ops in ``lower_hopper.py``,
-value representation and thread symbols in ``lower_values.py``.
+Elementwise ops are in ``lower_elementwise.py``, global loads and stores in ``lower_global.py``,
+the ``hopper.*`` ops in ``lower_hopper.py``, the state they all share (:class:`Lowerer`) in
+``lowerer.py``, value representation and thread symbols in ``lower_values.py``; this module
+sits above them all and none of them imports it.  The kernel's pins (:class:`tkc.pins.Options`)
+and :class:`tkc.target.Target` come in as arguments.
 
 Must not: choose a layout, a shared offset, a tile shape or a pipeline depth.  Codegen never
 chooses a layout; it reads the one on the type (``thread_coords`` on a run-time thread
@@ -19,69 +22,28 @@ approximate PTX instruction are listed in ``lower_elementwise.py``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.deferred import Deferred, Packed, Scope, store_plan
-from tkc.codegen.lower_values import Lowered, Sym, const_i32, pack_pair, packs_in_pairs, unpack_pair
+from tkc.codegen.deferred import store_plan
+from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
+from tkc.codegen.lower_hopper import HANDLERS as HOPPER
+from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
+from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
-from tkc.codegen.target import emit_ptx, target as lookup_target
+from tkc.codegen.target import emit_ptx
 from tkc.dtypes import DType
-from tkc.errors import TkcCodegenError, TkcError
-from tkc.ir.core import Block, Operation, Value
-from tkc.ir.dialects.hopper import ONE_THREAD_OPS
-from tkc.ir.layouts import SharedLayout
+from tkc.errors import TkcCodegenError
+from tkc.ir.core import Operation
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
-from tkc.pins import ctas_per_sm
+from tkc.pins import Options
 from tkc.registers import WGMMA_EXTRA_REGISTERS, entry_registers
+from tkc.target import DEFAULT_TARGET, TARGETS, Target, target as lookup_target
 
-__all__ = ["kernel_to_llvm", "kernel_to_ptx", "Lowerer", "TensorArg", "SmemTile", "Barrier",
-           "Ring"]
-
-
-@dataclass(frozen=True)
-class TensorArg:
-    """A tensor parameter: its global address, one i32 size and one i64 stride (elements) per axis."""
-
-    ptr: ir.Value
-    sizes: tuple[ir.Value, ...]
-    strides: tuple[ir.Value, ...]
-    type: TensorType
-
-
-@dataclass(frozen=True)
-class SmemTile:
-    """A shared tile: byte ``offset`` from the dynamic shared base, laid out by ``layout``,
-    plus ``at`` bytes known only at run time (a ring stage picked by a run-time index)."""
-
-    offset: int
-    layout: SharedLayout
-    at: ir.Value | None = None
-
-
-@dataclass(frozen=True)
-class Barrier:
-    """An mbarrier at byte ``offset`` from the dynamic shared base, plus ``at`` run-time bytes
-    (a ring stage)."""
-
-    offset: int
-    at: ir.Value | None = None
-
-
-@dataclass(frozen=True)
-class Ring:
-    """``stages`` shared tiles or mbarriers ``stride`` bytes apart, ``first`` being stage 0
-    (docs/hopper.md "Rings and roles"); only ``hopper.stage``, ``hopper.mbarrier_init`` and
-    ``hopper.cluster_reduce`` (its pair of barriers) take one."""
-
-    first: SmemTile | Barrier
-    stages: int
-    stride: int
+__all__ = ["kernel_to_llvm", "kernel_to_ptx"]
 
 
 def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
@@ -102,208 +64,6 @@ def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
             raise TkcCodegenError(f"{why} {entry} registers a thread at kernel entry, and ptxas compiles this "
                                   f"product within them: its {need}-register accumulator needs "
                                   f"{need + WGMMA_EXTRA_REGISTERS}; fewer programs per SM, or a narrower tile", op.loc)
-
-
-Handler = Callable[["Lowerer", Operation], None]
-
-
-def _handlers() -> dict[str, Handler]:
-    # Imported here: the handler modules import this one for its value classes.
-    from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
-    from tkc.codegen.lower_hopper import HANDLERS as HOPPER
-
-    return {**ELEMENTWISE, **HOPPER, **STRUCTURE}
-
-
-class Lowerer:
-    """The state of lowering one kernel: the builder, the value of every IR value so far
-    (an LLVM value, a list of them for a register tile, or a :class:`TensorArg`,
-    :class:`SmemTile`, :class:`Barrier`), the thread index and the kernel's resources."""
-
-    def __init__(self, kernel: Operation, fn: ir.Function, threads: int,
-                 smem: ir.GlobalVariable | None, tmaps: Sequence[ir.Argument]) -> None:
-        self.kernel = kernel
-        self.fn = fn
-        self.threads = threads
-        self.smem = smem
-        self.tmaps = list(tmaps)
-        self.env: dict[Value, Any] = {}
-        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
-        # Inside a hopper.role, ``tid`` counts from the role's first thread and ``threads`` is
-        # the role's size: layouts, thread-0 ops and warp ids all see the role as a CTA.
-        self.tid: ir.Value = nvvm.sreg(self.b, "tid.x", "tid")
-        self.role: Operation | None = None
-        self.handlers = _handlers()
-        # The loads a store emits run by run, the ops stores compute run by run, the rows
-        # kept packed, and where deferred values are being emitted (tkc/codegen/deferred.py).
-        self.plan = store_plan(kernel)
-        self.deferred_scope: Scope | None = None
-
-    # ------------------------------------------------------------------ values
-    def get(self, v: Value, packed: bool = False) -> Any:
-        """The lowered value of ``v``; a :class:`Packed` tile unpacked here unless ``packed``."""
-        x = self.env[v]
-        return x.values(self) if isinstance(x, Packed) and not packed else x
-
-    def set(self, v: Value, x: Any) -> None:
-        self.env[v] = x
-
-    def tile(self, op: Operation, v: Value, deferred: bool = False) -> list | Deferred:
-        """The values of register tile ``v`` (a scalar is an error at ``op``); with
-        ``deferred``, a deferred tile as it is (for the ops that pass one through)."""
-        x = self.get(v)
-        if isinstance(x, Deferred) and deferred:
-            return x
-        if isinstance(x, Deferred):
-            # store_plan lets a deferred value reach only ops that take one.
-            raise TkcCodegenError(f"'{op.name}': {v.type} is deferred to its store and cannot be "
-                                  f"used here", op.loc)
-        if not isinstance(x, list):
-            raise TkcCodegenError(f"'{op.name}': expected a register tile, got {v.type}", op.loc)
-        return x
-
-    def thread(self, layout: object) -> Sym:
-        """The thread index as a symbol over the threads ``layout`` spans (replicated beyond them)."""
-        span = int(getattr(layout, "threads", self.threads))
-        t = Sym(self.b, self.tid)
-        return t if span >= self.threads else t % span
-
-    def coords(self, op: Operation, layout: object) -> list[tuple[Sym | int, ...]]:
-        """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2)."""
-        t, regs = self.coord_parts(op, layout)
-        return [tuple(tc + rc for tc, rc in zip(t, r)) for r in regs]
-
-    def coord_parts(self, op: Operation, layout: object) -> tuple[tuple[Sym | int, ...], list[tuple[int, ...]]]:
-        """The two terms of :meth:`coords`: this thread's coordinates, and per value the
-        constant offset from them (a layout places value ``i`` at ``thread_coords +
-        reg_coords(i)``)."""
-        try:
-            t = layout.thread_coords(self.thread(layout))
-            return t, [tuple(int(rc) for rc in layout.reg_coords(i)) for i in range(layout.regs)]
-        except (ValueError, TypeError, AttributeError) as e:
-            raise TkcCodegenError(f"'{op.name}': cannot place the values of layout {layout}: {e}",
-                                  op.loc) from None
-
-    def regs(self, op: Operation, t: Type) -> int:
-        if not isinstance(t, TileType) or t.space != "reg" or t.layout is None:
-            raise TkcCodegenError(f"'{op.name}': {t} has no register layout", op.loc)
-        return int(t.layout.regs)
-
-    def shared(self, op: Operation, v: Value) -> SmemTile:
-        """The shared tile ``v`` (a whole ring is an error: it is used through ``hopper.stage``)."""
-        x = self.env[v]
-        if not isinstance(x, SmemTile):
-            raise TkcCodegenError(f"'{op.name}': expected a shared tile, got {self._what(x)}", op.loc)
-        return x
-
-    def barrier(self, op: Operation, v: Value) -> Barrier:
-        """The mbarrier ``v`` (a whole ring is an error: it is used through ``hopper.stage``)."""
-        x = self.env[v]
-        if not isinstance(x, Barrier):
-            raise TkcCodegenError(f"'{op.name}': expected an mbarrier, got {self._what(x)}", op.loc)
-        return x
-
-    @staticmethod
-    def _what(x: Any) -> str:
-        if isinstance(x, Ring):
-            return f"a ring of {x.stages} stages (pick one with hopper.stage)"
-        return type(x).__name__
-
-    def offset(self, x: SmemTile | Barrier, extra: int | ir.Value = 0) -> int | ir.Value:
-        """Byte offset from the dynamic shared base of ``extra`` bytes into ``x``: a constant
-        unless ``x`` is a ring stage or ``extra`` is known only at run time."""
-        static = x.offset + (extra if isinstance(extra, int) else 0)
-        dynamic = [v for v in (x.at, None if isinstance(extra, int) else extra) if v is not None]
-        if not dynamic:
-            return static
-        out = dynamic[0] if static == 0 else self.b.add(dynamic[0], const_i32(static))
-        return out if len(dynamic) == 1 else self.b.add(out, dynamic[1])
-
-    def ptr(self, x: SmemTile | Barrier, extra: int | ir.Value = 0) -> ir.Value:
-        """A shared pointer ``extra`` bytes into tile or barrier ``x``."""
-        return self.smem_ptr(self.offset(x, extra))
-
-    def smem_ptr(self, offset: int | ir.Value) -> ir.Value:
-        """``offset`` bytes into the dynamic shared array (addrspace 3)."""
-        if self.smem is None:
-            raise TkcCodegenError("the kernel uses shared memory but has no smem_bytes", self.kernel.loc)
-        off = const_i32(offset) if isinstance(offset, int) else offset
-        return self.b.gep(self.smem, [off], source_etype=I8)
-
-    def smem_addr(self, offset: int | ir.Value) -> ir.Value:
-        """The 32-bit shared address of ``offset`` (what descriptors and address math use)."""
-        return self.b.trunc(self.b.ptrtoint(self.smem_ptr(offset), I64), I32)
-
-    # ----------------------------------------------------------------- roles
-    @contextmanager
-    def in_role(self, role: Operation, tid: ir.Value) -> Iterator[None]:
-        """Lower the ops of ``role`` with ``tid`` (rebased to the role's first thread) as the
-        thread index and the role's threads as the CTA."""
-        saved = self.tid, self.threads, self.role
-        self.tid, self.threads, self.role = tid, 128 * role.attributes["warpgroups"], role
-        try:
-            yield
-        finally:
-            self.tid, self.threads, self.role = saved
-
-    def sync(self) -> None:
-        """``bar.sync`` over the threads that run this code: the CTA (barrier 0) outside roles,
-        named barrier ``1 + first`` over the role's threads inside one (docs/hopper.md), so a
-        role never waits for warpgroups that skip its region."""
-        if self.role is None:
-            nvvm.call(self.b, "barrier.cta.sync.aligned.all", 0)
-        else:
-            nvvm.call(self.b, "barrier.cta.sync.aligned.count", 1 + self.role.attributes["first"], self.threads)
-
-    def if_then(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
-        """Run ``body``'s code only where ``cond`` holds (no values flow out)."""
-        then = self.fn.append_basic_block(f"{name}.then")
-        done = self.fn.append_basic_block(f"{name}.end")
-        self.b.cbranch(cond, then, done)
-        self.b.position_at_end(then)
-        body()
-        self.b.branch(done)
-        self.b.position_at_end(done)
-
-    # -------------------------------------------------------------------- ops
-    def block(self, block: Block) -> list[Lowered] | None:
-        """Lower a block's ops; returns the lowered ``tile.yield`` operands (None otherwise)."""
-        ops = block.ops
-        i = 0
-        while i < len(ops):
-            op = ops[i]
-            if op.name == "tile.yield":
-                return [self.get(v) for v in op.operands]
-            if op.name == "tile.return":
-                return None
-            if op.name in ONE_THREAD_OPS:
-                # A run of thread-0 ops shares one branch (docs/hopper.md §3: thread 0 executes them;
-                # inside a role, the role's first thread, as self.tid is rebased there).
-                j = i
-                while j < len(ops) and ops[j].name in ONE_THREAD_OPS:
-                    j += 1
-                run = ops[i:j]
-                is0 = self.b.icmp_unsigned("==", self.tid, const_i32(0))
-                self.if_then(is0, lambda run=run: [self.op(o) for o in run], "thread0")
-                i = j
-                continue
-            self.op(op)
-            i += 1
-        return None
-
-    def op(self, op: Operation) -> None:
-        handler = self.handlers.get(op.name)
-        if handler is None:
-            raise TkcCodegenError(f"codegen does not lower '{op.name}' (is this hopper-level IR after "
-                                  f"allocate-smem?)", op.loc)
-        try:
-            handler(self, op)
-        except TkcError as e:
-            if e.loc is None or e.loc.line == 0:
-                raise type(e)(e.message, op.loc) from None
-            raise
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            raise TkcCodegenError(f"'{op.name}': {e}", op.loc) from None
 
 
 # --------------------------------------------------------------------------- structure
@@ -529,8 +289,6 @@ def _param_types(kernel: Operation) -> list[ir.Type | nvvm.TensorMap]:
 
 
 def _bind_params(lw: Lowerer, kernel: Operation, args: Sequence[ir.Argument]) -> None:
-    from tkc.codegen.lower_values import round_to
-
     it = iter(args)
     for a in kernel.body.args:
         t = a.type
@@ -564,24 +322,30 @@ def _kernel_attr(kernel: Operation, name: str) -> Any:
     return v
 
 
-def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
+def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
+                   options: Options | None = None) -> ir.Module:
     """A hopper-level ``tile.kernel`` (after allocate-smem) as an LLVM module holding one
-    ``ptx_kernel`` named after it, with the parameters of docs/hopper.md §4."""
+    ``ptx_kernel`` named after it, with the parameters of docs/hopper.md §4, for ``target``
+    with the pins ``options`` (default: the kernel's own, from its ``consts``)."""
     if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
         raise TkcCodegenError(f"expected a 'tile.kernel' op, got {kernel!r}")
     t = lookup_target(target)
-    if t.name != "sm_90a":
-        raise TkcCodegenError(f"hopper-level IR is lowered for sm_90a only, not {t.name}", kernel.loc)
+    if t.dialect != "hopper":
+        hoppers = ", ".join(n for n, x in TARGETS.items() if x.dialect == "hopper")
+        raise TkcCodegenError(f"hopper-level IR is lowered for {hoppers} only, not {t.name}", kernel.loc)
+    if options is None:
+        options = Options.from_consts(kernel.attributes.get("consts"), kernel.loc, t)
     name = kernel.attributes["sym_name"]
     threads = _kernel_attr(kernel, "threads")
     smem_bytes = _kernel_attr(kernel, "smem_bytes")
-    if not isinstance(threads, int) or threads <= 0 or threads % 128 or threads > 1024:
-        raise TkcCodegenError(f"threads = {threads!r}: expected a multiple of 128 up to 1024", kernel.loc)
+    if not isinstance(threads, int) or threads <= 0 or threads % t.warpgroup or threads > t.max_threads:
+        raise TkcCodegenError(f"threads = {threads!r}: expected a multiple of {t.warpgroup} up to {t.max_threads}",
+                              kernel.loc)
     module = ir.Module(name=name)
     # The .ll text names its target, so llc/opt can read it alone (emit_ptx sets the same).
     module.triple, module.data_layout = t.triple, t.data_layout
-    ctas = ctas_per_sm(kernel.attributes.get("consts"))
-    _check_accumulators_fit(kernel, entry_registers(threads, ctas), ctas)
+    ctas = options.programs_per_sm
+    _check_accumulators_fit(kernel, entry_registers(threads, ctas, t), ctas)
     cluster = kernel.attributes.get("cluster") or 1
     fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=ctas,
                      cluster_dim=(cluster, 1, 1) if cluster > 1 else None)
@@ -595,19 +359,20 @@ def kernel_to_llvm(kernel: Operation, target: str = "sm_90a") -> ir.Module:
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:])
+    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], {**ELEMENTWISE, **HOPPER, **STRUCTURE},
+                 store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:
         # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for
         # them now, so the fetch overlaps the barriers' setup instead of the first copy.
         first = lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
-        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", t) for t in lw.tmaps], "prefetch")
+        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", m) for m in lw.tmaps], "prefetch")
     lw.block(kernel.body)
     lw.b.ret_void()
     return module
 
 
-def kernel_to_ptx(kernel: Operation, target: str = "sm_90a") -> str:
+def kernel_to_ptx(kernel: Operation, target: str | Target = DEFAULT_TARGET, options: Options | None = None) -> str:
     """PTX for a hopper-level kernel: :func:`kernel_to_llvm` through ``emit_ptx``."""
-    return emit_ptx(kernel_to_llvm(kernel, target), target)
+    return emit_ptx(kernel_to_llvm(kernel, target, options), target)
 

@@ -59,7 +59,7 @@ from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType, element_dtype
 
 if TYPE_CHECKING:
-    from tkc.codegen.lower import Handler, Lowerer
+    from tkc.codegen.lowerer import Handler, Lowerer
 
 Fn = Callable[..., ir.Value]
 

@@ -6,7 +6,7 @@ vector accesses that move several values at once.
 
 A *run* is a stretch of values ``i .. i+L-1`` of a thread whose tile coordinates differ only
 in the last axis, by +1 each, starting at a multiple of ``L`` on every thread
-(:func:`vector_runs` reads this off the layout's coordinates; ``L`` is a power of two and
+(:func:`tkc.codegen.runs.vector_runs` reads this off the layout's coordinates; ``L`` is a power of two and
 ``L`` elements are at most 16 B); a value in no longer run is a run of 1.  Each tile op
 branches once at run time:
 
@@ -41,65 +41,26 @@ Must not: choose a layout or know a layout formula; runs come from ``layout.coor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import lru_cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import llvmlite.ir as ir
 import numpy as np
 
 from tkc.codegen import nvvm
 from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
-from tkc.codegen.lower import TensorArg
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
                                       packs_in_pairs, to_mem, widen)
+from tkc.codegen.lowerer import Lowerer, TensorArg
+from tkc.codegen.runs import elem_bytes, runs_of
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
-from tkc.ir.layouts import DistributedLayout
-from tkc.ir.types import TensorType, TileType
-
-if TYPE_CHECKING:
-    from tkc.codegen.lower import Lowerer
+from tkc.ir.types import TileType
 
 #: Stores are streaming (``st.global.cs``: evict first from L1 and L2).  A kernel does not read
 #: back what it stores, and a norm kernel's second sweep over its input finds more of it in L2
 #: when the output it streams out does not push it out.
 STORE = "st.global.cs"
-
-
-# --------------------------------------------------------------------------- runs
-
-
-@lru_cache(maxsize=256)
-def vector_runs(layout: DistributedLayout, elem_bytes: int) -> tuple[tuple[int, int], ...]:
-    """``(first value, length)`` of each run of ``layout`` for elements of ``elem_bytes``
-    bytes, covering the values in order (a value in no longer run is a run of 1).
-
-    Greedy from value 0: each run is the longest power of two ``L`` (``L * elem_bytes <=
-    16``) for which, on every thread, values ``i .. i+L-1`` sit at consecutive last-axis
-    coordinates of one row, the first a multiple of ``L`` (so the run is ``L`` elements
-    aligned relative to the tile origin)."""
-    regs, threads = int(layout.regs), int(layout.threads)
-    widest = max(nvvm.VECTOR_BYTES // elem_bytes, 1)
-    t = np.arange(threads)[:, None]
-    coords = [np.broadcast_to(c, (threads, regs)) for c in layout.coords(t, np.arange(regs)[None, :])]
-    last, others = coords[-1], coords[:-1]
-
-    def is_run(i: int, n: int) -> bool:
-        if i + n > regs:
-            return False
-        head = last[:, i:i + 1]
-        return (bool(np.all(last[:, i:i + n] == head + np.arange(n))) and bool(np.all(head % n == 0))
-                and all(bool(np.all(o[:, i:i + n] == o[:, i:i + 1])) for o in others))
-
-    runs, i = [], 0
-    while i < regs:
-        n = widest
-        while n > 1 and not is_run(i, n):
-            n //= 2
-        runs.append((i, n))
-        i += n
-    return tuple(runs)
 
 
 # --------------------------------------------------------------------------- addresses
@@ -162,27 +123,13 @@ def _run_bounds(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list, coord
     return base, lo, hi
 
 
-def _elem_bytes(dt: DType) -> int:
-    return bits_type(dt).width // 8
-
-
-def _runs(op: Operation, tensor: TensorType, t: object) -> tuple[tuple[int, int], ...] | None:
-    """The op's runs (``tensor``: the type of its tensor operand), or None when it has no vector
-    access: a scalar, or a tile whose last axis is not the tensor's (the last tensor axis is
-    squeezed)."""
-    if not isinstance(t, TileType) or tensor.rank - 1 in (op.squeeze or []):
-        return None
-    runs = vector_runs(t.layout, _elem_bytes(tensor.dtype))
-    return runs if any(n > 1 for _, n in runs) else None
-
-
 def _fast(lw: Lowerer, tensor: TensorArg, offs: list, n: int) -> ir.Value:
     """i1: runs of ``n`` elements of this op are contiguous and ``n``-element aligned in
     memory: last-axis stride 1, and the last-axis offset, every other stride and the base
     address multiples of ``n`` elements.  (The run's first coordinate is a multiple of
     ``n`` by construction, so its address is then too.)"""
     b = lw.b
-    eb = _elem_bytes(tensor.type.dtype)
+    eb = elem_bytes(tensor.type.dtype)
 
     def multiple(x: ir.Value, m: int) -> ir.Value:
         ty = x.type
@@ -234,14 +181,14 @@ def _load_element(b: ir.IRBuilder, addr: ir.Value, ok: ir.Value, dt: DType) -> i
            f"mov.b{ty.width} $0, 0; @p ld.global.{suffix} $0, [$1]; }}")
     fty = ir.FunctionType(ty, [nvvm.ptr(nvvm.GLOBAL), I32])
     raw = b.asm(fty, asm, f"={cons},l,r", [addr, _pred(b, ok)], side_effect=True)
-    width = _elem_bytes(dt) * 8
+    width = elem_bytes(dt) * 8
     return b.trunc(raw, ir.IntType(width)) if width < ty.width else raw
 
 
 def _pack(b: ir.IRBuilder, bits: list[ir.Value], dt: DType) -> list[ir.Value]:
     """The words of one vector access holding the element bits ``bits``, little-endian:
     element k is byte ``k * size`` of the run."""
-    eb = _elem_bytes(dt)
+    eb = elem_bytes(dt)
     w, _, _, ty = _words(len(bits) * eb)
     per_word = ty.width // 8 // eb
     words = []
@@ -258,7 +205,7 @@ def _pack(b: ir.IRBuilder, bits: list[ir.Value], dt: DType) -> list[ir.Value]:
 
 def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
     """The element bits of ``n`` elements packed in ``words`` (inverse of :func:`_pack`)."""
-    eb = _elem_bytes(dt)
+    eb = elem_bytes(dt)
     ty = words[0].type
     per_word = ty.width // 8 // eb
     out = []
@@ -272,7 +219,7 @@ def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[i
 
 def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.Value]:
     """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access."""
-    w, suffix, cons, ty = _words(n * _elem_bytes(dt))
+    w, suffix, cons, ty = _words(n * elem_bytes(dt))
     asm = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
     ret = ty if w == 1 else ir.LiteralStructType([ty] * w)
     raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), asm, ",".join([f"={cons}"] * w + ["l"]), [addr],
@@ -315,7 +262,7 @@ def _value_of(b: ir.IRBuilder, bits: ir.Value, dt: DType) -> ir.Value:
 def _bits_of(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
     """Memory bits (an int of the element's width) of a register value."""
     m = to_mem(b, v, dt)
-    return m if isinstance(m.type, ir.IntType) else b.bitcast(m, ir.IntType(_elem_bytes(dt) * 8))
+    return m if isinstance(m.type, ir.IntType) else b.bitcast(m, ir.IntType(elem_bytes(dt) * 8))
 
 
 # --------------------------------------------------------------------------- the ops
@@ -363,8 +310,8 @@ def _word_type(dt: DType, n: int) -> tuple[int, ir.IntType]:
     """(count, type) of the words a run of ``n`` elements moves as: the words of its vector
     access, or for a single element its bits."""
     if n == 1:
-        return 1, ir.IntType(_elem_bytes(dt) * 8)
-    w, _, _, ty = _words(n * _elem_bytes(dt))
+        return 1, ir.IntType(elem_bytes(dt) * 8)
+    w, _, _, ty = _words(n * elem_bytes(dt))
     return w, ty
 
 
@@ -410,7 +357,7 @@ def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
     tensor: TensorArg = lw.get(op.tensor)
     offs = [lw.get(v) for v in op.offsets]
     thread, regs = lw.coord_parts(op, t.layout)
-    runs = _runs(op, tensor.type, t) or tuple((i, 1) for i in range(len(regs)))
+    runs = runs_of(op, tensor.type, t) or tuple((i, 1) for i in range(len(regs)))
     fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
     acc = _Access(tensor, offs, thread, regs, runs, fast)
     return acc.kept_local(lw) if _beside_a_loop(op) else acc
@@ -550,13 +497,6 @@ def load(lw: Lowerer, op: Operation) -> None:
         lw.set(op.result, _load_packed(lw, op))
     else:
         lw.set(op.result, _load_tile(lw, op))
-
-
-def vectorized(load: Operation) -> bool:
-    """Whether every run of register-tile ``load`` is a vector access (whose words a packed
-    tile keeps)."""
-    runs = _runs(load, load.tensor.type, load.result.type)
-    return runs is not None and all(n > 1 for _, n in runs)
 
 
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:
@@ -824,7 +764,7 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     tensor: TensorArg = lw.get(op.tensor)
     offs = [lw.get(v) for v in op.offsets]
-    eb = _elem_bytes(tensor.type.dtype)
+    eb = elem_bytes(tensor.type.dtype)
     squeeze = set(op.squeeze or [])  # never the last axis (the verifier checks)
     *outer, n = [extent for axis, extent in enumerate(op.box) if axis not in squeeze]
     contiguous = b.icmp_unsigned("==", tensor.strides[-1], ir.Constant(I64, 1))

@@ -17,7 +17,6 @@ the type.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import llvmlite.ir as ir
 import numpy as np
@@ -25,7 +24,6 @@ import numpy as np
 from tkc import dtypes
 from tkc.codegen import nvvm
 from tkc.codegen.deferred import Deferred, Picked
-from tkc.codegen.lower import Barrier, Ring, SmemTile
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_global import HANDLERS as GLOBAL
 from tkc.codegen.lower_values import (
@@ -39,6 +37,7 @@ from tkc.codegen.lower_values import (
     round_to,
     to_mem,
 )
+from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
 from tkc.codegen.nvvm import F32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
@@ -47,11 +46,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle
 from tkc.ir.types import TileType, element_dtype
-from tkc.pins import ctas_per_sm
 from tkc.registers import entry_registers
-
-if TYPE_CHECKING:
-    from tkc.codegen.lower import Handler, Lowerer
 
 
 # --------------------------------------------------------------------------- shared memory
@@ -268,7 +263,7 @@ def _wait_parity(lw: Lowerer, op: Operation, bar: ir.Value, parity: ir.Value) ->
     """Spin until the phase of parity ``parity`` of the mbarrier at ``bar`` has completed
     (try_wait.parity returns after a bounded time even when the phase is not done)."""
     b = lw.b
-    timeout_ms = (lw.kernel.attributes.get("consts") or {}).get("wait_timeout_ms")
+    timeout_ms = lw.options.wait_timeout_ms
     start = nvvm.call(b, "read.ptx.sreg.globaltimer") if timeout_ms else None
     spin = lw.fn.append_basic_block("mbar.wait")
     done = lw.fn.append_basic_block("mbar.done")
@@ -656,9 +651,10 @@ def _role(lw: Lowerer, op: Operation) -> None:
     first, warpgroups, regs = op.attributes["first"], op.attributes["warpgroups"], op.attributes["regs"]
     # tid - 128 * first < 128 * warpgroups (unsigned): the role's warpgroups, and the rebased
     # index the body sees.  The test is uniform per warpgroup, as setmaxnreg needs.
-    tid = b.sub(lw.tid, const_i32(128 * first), name=f"tid.{_label(op)}") if first else lw.tid
-    inside = b.icmp_unsigned("<", tid, const_i32(128 * warpgroups))
-    entry = entry_registers(lw.kernel.attributes["threads"], ctas_per_sm(lw.kernel.attributes.get("consts")))
+    wg = lw.target.warpgroup
+    tid = b.sub(lw.tid, const_i32(wg * first), name=f"tid.{_label(op)}") if first else lw.tid
+    inside = b.icmp_unsigned("<", tid, const_i32(wg * warpgroups))
+    entry = entry_registers(lw.kernel.attributes["threads"], lw.options.programs_per_sm, lw.target)
 
     def run() -> None:
         with lw.in_role(op, tid):

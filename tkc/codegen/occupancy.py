@@ -33,31 +33,28 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tkc.codegen.target import Target
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
+from tkc.pins import Options
 from tkc.registers import ctas_by_registers
+from tkc.target import Target
 
 #: Ops whose kernels budget registers and shared memory per ``ctas_per_sm`` in the passes.
 BUDGETED_OPS = frozenset({"hopper.wgmma", "hopper.tma_load", "hopper.role"})
-#: What one SM holds (sm_90) besides registers and shared memory: warps and CTAs.
-MAX_WARPS = 64
-MAX_CTAS = 32
 
 
 def resident(registers: int, threads: int, smem_bytes: int, target: Target) -> int:
     """CTAs of ``threads`` threads using ``registers`` a thread and ``smem_bytes`` of shared
     memory (dynamic and static) that one SM holds at once."""
-    warps = -(-threads // 32)
-    return max(min(ctas_by_registers(registers, threads), MAX_WARPS // warps, MAX_CTAS,
-                   target.programs_by_smem(smem_bytes)), 0)
+    warps = -(-threads // target.warp_size)
+    return max(min(ctas_by_registers(registers, threads, target), target.max_warps_per_sm // warps,
+                   target.max_ctas_per_sm, target.programs_by_smem(smem_bytes)), 0)
 
 
-def applies(kernel: Operation) -> bool:
+def applies(kernel: Operation, options: Options) -> bool:
     """Whether the programs an SM are left to :func:`one_more_program`: ``ctas_per_sm`` not
     pinned, and no op whose pass budgets for it."""
-    consts = kernel.attributes.get("consts") or {}
-    return "ctas_per_sm" not in consts and not any(op.name in BUDGETED_OPS for op in kernel.walk())
+    return options.ctas_per_sm is None and not any(op.name in BUDGETED_OPS for op in kernel.walk())
 
 
 _PTX_DIRECTIVE = re.compile(r"^(\s*\.minnctapersm\s+)\d+(\s*)$", re.MULTILINE)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkc import options
-from tkc.codegen.target import Target, target
+from tkc.target import DEFAULT_TARGET, Target, target
 from tkc.errors import TkcCodegenError, TkcUsageError
 
 CUDA_DEFAULT = Path("/usr/local/cuda/bin")
@@ -197,7 +197,7 @@ def _ptxas_error(log: str, ptx: str, limit: int = 12) -> str:
     return "\n".join(out)
 
 
-def assemble(ptx: str, arch: str | Target = "sm_90a", verbose: bool = True,
+def assemble(ptx: str, arch: str | Target = DEFAULT_TARGET, verbose: bool = True,
              env: Mapping[str, str] | None = None, timeout: float = 600) -> Assembled:
     """Run ``ptxas -arch=ARCH [-v]`` on ``ptx`` and return the cubin and its resource report."""
     t = target(arch)

@@ -1,8 +1,8 @@
-"""GPU targets, and LLVM IR → PTX through llvmlite's NVPTX backend.
+"""LLVM IR → PTX through llvmlite's NVPTX backend, for a :class:`tkc.target.Target`.
 
-Owns: the table of targets tkc can emit for (``TARGETS``), the one LLVM
-target-machine recipe (PTX-FACTS §8 "Target machine recipe"), and the
-translation of LLVM's parse/verify failures into tkc errors.
+Owns: the one LLVM target-machine recipe (PTX-FACTS §8 "Target machine recipe"), and the
+translation of LLVM's parse/verify failures into tkc errors.  The targets themselves (what
+LLVM calls each one, its PTX version, its forbidden intrinsics) are ``tkc.target.TARGETS``.
 
 Must not: build IR (that is ``tkc.codegen.nvvm`` and the lowering), run ptxas
 (``tkc.codegen.ptxas``), or choose anything about a kernel.  A bad
@@ -16,71 +16,12 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import llvmlite.ir as ir
 
 from tkc.errors import TkcCodegenError, TkcUsageError
-
-TRIPLE = "nvptx64-nvidia-cuda"
-# What LLVM 22's NVPTX target machine reports for nvptx64 (the same for every
-# sm_*); tests check it against the target machine.
-DATA_LAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
-
-
-@dataclass(frozen=True)
-class Target:
-    """One GPU target: what LLVM needs to emit PTX and what ptxas needs to assemble it."""
-
-    name: str  # what users type: "sm_90a"
-    cpu: str  # LLVM NVPTX cpu
-    ptx_feature: str  # LLVM feature string choosing the PTX ISA version
-    ptx_version: str  # the `.version` it produces
-    arch: str  # ptxas -arch=
-    # Intrinsic name prefixes LLVM cannot lower for this cpu: using one is a
-    # fatal LLVM error (PTX-FACTS §0 and §8), so emit_ptx refuses them first.
-    forbidden_intrinsics: tuple[str, ...] = ()
-    triple: str = TRIPLE
-    data_layout: str = DATA_LAYOUT
-    # Dynamic shared memory one block may opt into (cudaFuncAttributeMaxDynamicSharedMemorySize):
-    # 227 KB on sm_90 and sm_100; allocate-smem refuses kernels that need more.
-    max_smem_bytes: int = 232448
-    # Shared memory of one SM, of which each resident block reserves 1 KB (228 KB, 1 KB).
-    sm_smem_bytes: int = 233472
-    smem_reserved_per_block: int = 1024
-
-    def smem_per_program(self, ctas_per_sm: int = 1) -> int:
-        """Dynamic shared memory a program may take so that ``ctas_per_sm`` fit on one SM."""
-        if ctas_per_sm <= 1:
-            return self.max_smem_bytes
-        return min(self.max_smem_bytes, self.sm_smem_bytes // ctas_per_sm - self.smem_reserved_per_block)
-
-    def programs_by_smem(self, smem_bytes: int) -> int:
-        """Programs taking ``smem_bytes`` of shared memory (dynamic and static) one SM holds at
-        once: the inverse of :meth:`smem_per_program`."""
-        return self.sm_smem_bytes // (smem_bytes + self.smem_reserved_per_block)
-
-
-# The PTX version per target: the minimum (PTX-FACTS §0: sm_90a needs 8.0, sm_100a 8.6), but
-# 8.1 on sm_90a, where cluster reductions store with st.async (PTX ISA 8.1).
-TARGETS: dict[str, Target] = {
-    "sm_90a": Target("sm_90a", "sm_90a", "+ptx81", "8.1", "sm_90a",
-                     forbidden_intrinsics=("llvm.nvvm.tcgen05.",)),
-    "sm_100a": Target("sm_100a", "sm_100a", "+ptx86", "8.6", "sm_100a",
-                      forbidden_intrinsics=("llvm.nvvm.wgmma.",)),
-}
-
-
-def target(name: str | Target) -> Target:
-    """The target called ``name``; a TkcUsageError listing the valid names otherwise."""
-    if isinstance(name, Target):
-        return name
-    found = TARGETS.get(name) if isinstance(name, str) else None
-    if found is None:
-        raise TkcUsageError(f"unknown target {name!r}; valid targets: {', '.join(TARGETS)}")
-    return found
-
+from tkc.target import DEFAULT_TARGET, Target, target
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -102,7 +43,7 @@ def _machine(t: Target, opt: int) -> llvm.TargetMachine:
         return _machines[key]
 
 
-def emit_ptx(llvm_ir: str | ir.Module, tgt: str | Target = "sm_90a", opt: int = 3) -> str:
+def emit_ptx(llvm_ir: str | ir.Module, tgt: str | Target = DEFAULT_TARGET, opt: int = 3) -> str:
     """PTX text for an LLVM module (text or ``llvmlite.ir.Module``).
 
     Runs LLVM's default optimisation pipeline at level ``opt`` (0..3), then

@@ -57,8 +57,9 @@ from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TileType
-from tkc.pins import ctas_per_sm
+from tkc.pins import Options
 from tkc.registers import entry_registers, register_pool
+from tkc.target import DEFAULT_TARGET
 
 __all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
 
@@ -335,9 +336,9 @@ def _check_registers(kernel: Operation, roles: list[Operation], threads: int) ->
     times its threads); each warpgroup keeps the entry budget until its role's ``setmaxnreg``
     moves it, and ``setmaxnreg.inc`` waits forever for registers the others never give back
     when the roles ask for more than that pool."""
-    ctas = ctas_per_sm(kernel.attributes.get("consts"))
-    entry = entry_registers(threads, ctas)
-    pool = register_pool(threads, ctas)
+    ctas = Options.from_consts(kernel.attributes.get("consts"), kernel.loc).programs_per_sm
+    entry = entry_registers(threads, ctas, DEFAULT_TARGET)  # the hopper IR's target
+    pool = register_pool(threads, ctas, DEFAULT_TARGET)
     budget = [entry] * (threads // 128)
     asked: dict[int, Operation] = {}
     for r in roles:
@@ -1072,8 +1073,8 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
 
     Arguments are bound as the interpreter binds them (``tkc.interpreter.bind_arguments``):
     numpy arrays in storage form or torch CPU tensors, rounded to their dtype on entry; scalars
-    as python or numpy numbers.  ``seed`` picks the interleaving of warpgroups inside each CTA (CTA ``k`` in row-major order runs
-    with ``seed + k``).
+    as python or numpy numbers.  ``seed`` picks the interleaving of warpgroups inside each CTA
+    (CTA ``k`` in row-major order runs with ``seed + k``).
     """
     kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args

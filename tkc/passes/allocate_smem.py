@@ -54,13 +54,12 @@ from tkc.errors import TkcPassError
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.dialects import hopper
 from tkc.ir.types import TileType
-from tkc.pins import ctas_per_sm
+from tkc.pins import Options
+from tkc.target import Target
 
 ALLOC_OPS = ("hopper.smem_alloc", "hopper.mbarrier_alloc")
 MBARRIER_BYTES = hopper.MBarrierAllocOp.stride
 MBARRIER_ALIGN = 8
-#: The target this pass allocates for; its capacity is ``Target.max_smem_bytes``.
-TARGET = "sm_90a"
 # Operand slots read or written through the async proxy: (op name, operand index).
 _ASYNC_OPERANDS = {("hopper.tma_load", 1), ("hopper.wgmma", 0), ("hopper.wgmma", 1)}
 
@@ -212,7 +211,8 @@ def _describe(a: _Alloc) -> str:
     return f"{a.name} {a.size} B ({ring}{a.op.result.type})"
 
 
-def _allocate_kernel(kernel: Operation, capacity: int) -> None:
+def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> None:
+    capacity = target.smem_per_program(options.programs_per_sm)
     pos = _Positions(kernel)
     users: dict[Value, list[Operation]] = {}
     alloc_ops: list[Operation] = []
@@ -251,8 +251,9 @@ def _allocate_kernel(kernel: Operation, capacity: int) -> None:
         barriers = sum(a.size // MBARRIER_BYTES for a in shown if a.is_barrier)  # a ring counts its stages
         if barriers:
             parts.append(f"{barriers} mbarrier{'s' if barriers > 1 else ''} {MBARRIER_BYTES * barriers} B")
-        ctas = ctas_per_sm(kernel.attributes.get("consts"))
-        room = f"{TARGET} has {capacity}" + (f" for each of {ctas} programs on an SM (ctas_per_sm)" if ctas > 1 else "")
+        ctas = options.programs_per_sm
+        room = f"{target.name} has {capacity}" + (f" for each of {ctas} programs on an SM (ctas_per_sm)"
+                                                  if ctas > 1 else "")
         raise TkcPassError(f"kernel '{kernel.attributes.get('sym_name')}' needs {total} B of shared memory, "
                            f"{room}: " + ", ".join(parts), kernel.loc)
     for a in allocs:
@@ -267,11 +268,10 @@ def _first_fit(a: _Alloc, busy: list[_Alloc]) -> int:
     return next(c for c in candidates if not any(b.overlaps_in_space(c, a.size) for b in busy))
 
 
-def allocate_smem(module: Module) -> None:
+def allocate_smem(module: Module, options: Options, target: Target) -> None:
     """Give every shared tile and mbarrier of every kernel its byte offset and set the
-    kernel's ``smem_bytes``; raise a located TkcPassError when it does not fit."""
-    from tkc.codegen.target import target  # imported here: `tkc opt` without codegen stays light
-
+    kernel's ``smem_bytes``; raise a located TkcPassError when it does not fit in what
+    ``target`` gives each of ``options.programs_per_sm`` programs."""
     for op in module.ops:
         if op.name == "tile.kernel":
-            _allocate_kernel(op, target(TARGET).smem_per_program(ctas_per_sm(op.attributes.get("consts"))))
+            _allocate_kernel(op, options, target)

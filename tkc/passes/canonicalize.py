@@ -38,7 +38,7 @@ Pattern = Callable[[Operation, Operation], bool]
 _MAX_ROUNDS = 1000
 
 
-def canonicalize(module: Module) -> None:
+def canonicalize(module: Module, *_: object) -> None:
     """Apply every pattern to every op until nothing changes."""
     for kernel in module.ops:
         for _ in range(_MAX_ROUNDS):

@@ -19,7 +19,7 @@ from typing import Any
 from tkc.ir.core import Block, Module, Operation, replace_all_uses
 
 
-def cse(module: Module) -> None:
+def cse(module: Module, *_: object) -> None:
     """Replace every pure op that repeats an earlier, visible one."""
     for top in module.ops:
         for region in top.regions:

@@ -19,7 +19,7 @@ from tkc.ir.core import Block, Module, Operation, Value, replace_all_uses
 _STRUCTURED = ("tile.for", "tile.if")
 
 
-def dce(module: Module) -> None:
+def dce(module: Module, *_: object) -> None:
     """Erase dead ops and dead loop/branch results, to a fixpoint."""
     changed = True
     while changed:

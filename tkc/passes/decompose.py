@@ -12,20 +12,20 @@ decomposition.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from tkc import dtypes
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, replace_all_uses
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TileType
+from tkc.pins import Options
+from tkc.target import Target
 
 
-def decompose(module: Module, native: Collection[str] = ()) -> None:
-    """Replace every decomposable op not named in ``native`` (op names the target renders)."""
+def decompose(module: Module, options: Options, target: Target) -> None:
+    """Replace every decomposable op the target does not render (``target.native_ops``)."""
     for kernel in module.ops:
         for op in list(kernel.walk()):
-            if op.name in native:
+            if op.name in target.native_ops:
                 continue
             if isinstance(op, tile.ElementwiseOp) and op.decomposes():
                 new = _elementwise(op)

@@ -51,11 +51,13 @@ from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import tile
 from tkc.ir.types import TileType
 from tkc.passes.rotate import I32, pinned_kernels, replace_guarded, turn_around
+from tkc.pins import Options
+from tkc.target import Target
 
 
-def defer_last(module: Module) -> None:
-    for kernel in pinned_kernels(module, "defer_last"):
-        if kernel.attributes["consts"].get("issue_ahead"):
+def defer_last(module: Module, options: Options, target: Target) -> None:
+    for kernel in pinned_kernels(module, options.defer_last):
+        if options.issue_ahead:
             raise TkcUnsupportedError("defer_last = true and issue_ahead = true move the same loop's products "
                                       "in opposite directions; pin one of them", kernel.loc)
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:

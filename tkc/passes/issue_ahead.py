@@ -41,10 +41,12 @@ from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
 from tkc.passes.rotate import I32, pinned_kernels, replace_guarded, turn_around
+from tkc.pins import Options
+from tkc.target import Target
 
 
-def issue_ahead(module: Module) -> None:
-    for kernel in pinned_kernels(module, "issue_ahead"):
+def issue_ahead(module: Module, options: Options, target: Target) -> None:
+    for kernel in pinned_kernels(module, options.issue_ahead):
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             plan = _plan(loop)
             if plan is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from tkc.ir.core import Module, Operation, Value
 
 
-def licm(module: Module) -> None:
+def licm(module: Module, *_: object) -> None:
     """Hoist loop-invariant pure ops out of every ``tile.for``."""
     changed = True
     while changed:

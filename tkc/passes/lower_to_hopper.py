@@ -1,7 +1,7 @@
 """The ``lower-to-hopper`` pass: tile IR with layouts -> hopper IR (docs/hopper.md).
 
 Runs after ``select-layouts``, which decided where every tile lives.  This pass turns each
-memory or cross-thread operation into the sm_90a ops that do it, so the dump reads like a
+memory or cross-thread operation into the hopper ops that do it, so the dump reads like a
 hand-written Hopper kernel:
 
 - **Shared-tile loads** become TMA copies.  Loads that follow each other in one block (only
@@ -36,7 +36,6 @@ import math
 from typing import NamedTuple
 
 from tkc import dtypes
-from tkc.codegen.target import target as lookup_target
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses, uses
@@ -53,7 +52,8 @@ from tkc.ir.layouts import (
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.passes.pipeline_loops import ring_room
-from tkc.pins import cluster_size, ctas_per_sm
+from tkc.pins import Options
+from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 #: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
@@ -61,10 +61,10 @@ I32 = ScalarType(dtypes.i32)
 EPILOGUE_BYTES = 32 * 1024
 
 
-def lower_to_hopper(module: Module) -> None:
+def lower_to_hopper(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _Lowering(kernel).run()
+            _Lowering(kernel, options, target).run()
 
 
 class _Waits(NamedTuple):
@@ -82,8 +82,9 @@ def _round_up(x: int, m: int) -> int:
 
 
 class _Lowering:
-    def __init__(self, kernel: Operation):
+    def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
+        self.options, self.target = options, target
         self.body: Block = kernel.regions[0].block
         self.top = Builder(self.body, 0, kernel.loc)  # allocations go first, in creation order
         self.barriers: list[Value] = []
@@ -270,8 +271,7 @@ class _Lowering:
         store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
         the tensor's elements 16-bit and its axes but the last two squeezed (attention's
         ``o[b, h, rows, :]``), and the pins ``tma`` and ``tma_store`` not false."""
-        consts = self.kernel.attributes.get("consts") or {}
-        if consts.get("tma", True) is False or consts.get("tma_store", True) is False:
+        if not (self.options.tma and self.options.tma_store):
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
@@ -353,8 +353,7 @@ class _Lowering:
     def _leaves_two_stages(self, staging: int) -> bool:
         """Whether ``staging`` more bytes of shared memory leave the tiles copied in loops room
         for two stages (``pipeline-loops``' rule, ``ring_room``, all such tiles as one ring)."""
-        consts = self.kernel.attributes.get("consts") or {}
-        capacity = lookup_target("sm_90a").smem_per_program(ctas_per_sm(consts))
+        capacity = self.target.smem_per_program(self.options.programs_per_sm)
         looped = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)]
         ring = {ld.operands[1] for ld in looped}
         others, group = staging, 0
@@ -409,11 +408,11 @@ class _Lowering:
         try:
             plan = reduce_plan(layout, op.axis)
         except ValueError as e:
-            raise TkcUnsupportedError(f"sm_90a: {e}", op.loc) from None
+            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
         scratch = []
         if plan.warp_xor:
             kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
-            rows, cols = _round_up(layout.threads // 32, 8), _round_up(kept, 4)
+            rows, cols = _round_up(layout.threads // self.target.warp_size, 8), _round_up(kept, 4)
             # Partials travel as they are combined: f32 for floats (sums of 16-bit floats
             # accumulate in f32), i32 for integers (an f32 would round sums above 2^24).
             dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
@@ -431,7 +430,7 @@ class _Lowering:
         loop, where the next exchange may begin before this one's reads) and an mbarrier for
         each, armed by this CTA and completed by the bytes every rank stores into it
         (hopper.ClusterReduceOp)."""
-        n = cluster_size(self.kernel.attributes.get("consts"), op.loc)
+        n = self.options.cluster
         self.kernel.attributes["cluster"] = n
         copies = 2 if self._in_loop(op) else 1
         elements = math.prod(op.x.type.shape)
@@ -479,7 +478,8 @@ class _Lowering:
                 raise ValueError("only 2-D tiles trade values through shared memory")
             lay = SharedLayout(src.shape[0], src.shape[1], src.dtype, "k", 0)
         except ValueError as e:
-            raise TkcUnsupportedError(f"sm_90a: cannot convert {src} to {dst.layout}: {e}", op.loc) from None
+            raise TkcUnsupportedError(f"{self.target.name}: cannot convert {src} to {dst.layout}: {e}",
+                                      op.loc) from None
         op.operands.append(self._alloc(TileType(src.shape, src.dtype, "smem", lay), op.loc))
 
 

@@ -6,8 +6,10 @@ or after any or all of them (to a stream, or as numbered ``.tkir`` files that
 ``tkc opt`` reads back), timing them, and turning a failing pass into a
 ``TkcPassError`` with a reproducer file.  A pass that refuses the kernel (what it asks for is
 unsupported, too big, or a bad pin) is not a failure: its located error goes to the user as
-it is.  It holds no pass logic, and it reads
-no environment variables: callers merge ``tkc.options.knobs()`` into a
+it is.  Every pass is called as ``pass(module, options, target)``: the kernel's pins
+(:class:`tkc.pins.Options`, built from its ``consts`` once, before the first pass, unless the
+caller gives them) and the :class:`tkc.target.Target` compiled for.  It holds no pass logic,
+and it reads no environment variables: callers merge ``tkc.options.knobs()`` into a
 ``PassOptions`` (see ``PassOptions.with_knobs``).
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -26,9 +28,9 @@ from tkc.ir.core import Module
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
 from tkc.options import Knobs
-from tkc.passes.pipeline import PASSES
-
-PassFn = Callable[[Module], None]
+from tkc.passes.pipeline import PASSES, PassFn
+from tkc.pins import Options
+from tkc.target import DEFAULT_TARGET, Target
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,10 @@ class PassManager:
                 raise TkcUsageError(f"unknown {what} '{n}'; known passes: {known}")
 
     # ------------------------------------------------------------------ run
-    def run(self, module: Module) -> None:
-        """Verify ``module``, then run each pass on it in place, verifying
-        after each.  A failure raises TkcPassError naming the pass, the reason
-        and the reproducer file."""
+    def run(self, module: Module, options: Options | None = None, target: Target = DEFAULT_TARGET) -> None:
+        """Verify ``module``, then run each pass on it in place with ``options`` (default: the
+        pins of the module's kernels) and ``target``, verifying after each.  A failure raises
+        TkcPassError naming the pass, the reason and the reproducer file."""
         opts = self.options
         stream = opts.stream or sys.stderr
         dumper = _Dumper(opts, stream)
@@ -96,6 +98,8 @@ class PassManager:
         t = time.perf_counter()
         verify(module)  # a broken input is not the first pass's fault
         verify_time = time.perf_counter() - t
+        if options is None:
+            options = module_options(module, target)
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
@@ -104,7 +108,7 @@ class PassManager:
                 dumper.dump(module, "Before", name, index)
             t = time.perf_counter()
             try:
-                self.registry[name](module)
+                self.registry[name](module, options, target)
             except (TkcUnsupportedError, TkcUsageError, TkcPassError):
                 raise  # the kernel asks for what the pass cannot do: the message says so, at its line
             except TkcError as e:
@@ -140,6 +144,20 @@ class PassManager:
         err.pass_name = name
         err.reproducer = path
         return err
+
+
+def module_options(module: Module, target: Target = DEFAULT_TARGET) -> Options:
+    """The pins of ``module``'s kernels, checked: one :class:`Options` for all of them (kernels
+    pinned differently are compiled one at a time)."""
+    found: dict[Options, str] = {}
+    for op in module.ops:
+        if op.name == "tile.kernel":
+            found.setdefault(Options.from_consts(op.attributes.get("consts"), op.loc, target),
+                             str(op.attributes.get("sym_name")))
+    if len(found) > 1:
+        raise TkcUsageError(f"the kernels {', '.join(found.values())} pin different options; run the passes "
+                            f"on one kernel at a time")
+    return next(iter(found), Options())
 
 
 def _selected(names: Sequence[str], pass_name: str) -> bool:

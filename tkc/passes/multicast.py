@@ -32,15 +32,16 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.builder import Builder
 from tkc.ir.dialects import hopper, tile
-from tkc.pins import cluster_size
+from tkc.pins import Options
+from tkc.target import Target
 
 
-def multicast(module: Module) -> None:
+def multicast(module: Module, options: Options, target: Target) -> None:
+    if options.cluster == 1:
+        return
     for kernel in module.ops:
-        if kernel.name == "tile.kernel":
-            n = cluster_size(kernel.attributes.get("consts"), kernel.loc)
-            if n > 1 and not tile.has_cluster_reductions(kernel):
-                _share(kernel, n)
+        if kernel.name == "tile.kernel" and not tile.has_cluster_reductions(kernel):
+            _share(kernel, options.cluster)
 
 
 def _share(kernel: Operation, n: int) -> None:

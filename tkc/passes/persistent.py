@@ -44,19 +44,20 @@ from tkc.ir.core import Block, Module, Operation, Region, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 from tkc.passes.licm import licm
-from tkc.pins import cluster_size, ctas_per_sm
+from tkc.pins import Options
+from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 GROUP_M = 8
 
 
-def persistent(module: Module) -> None:
+def persistent(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _persist(kernel)
+            _persist(kernel, options)
     # What does not depend on the tile (sizes, loop bounds, constants) goes back out of the
     # tile loop: the ring's positions need loop bounds that are the same for every tile.
-    licm(module)
+    licm(module, options, target)
 
 
 def _why_not(kernel: Operation) -> tuple[Operation | None, str | None]:
@@ -84,9 +85,8 @@ def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
     return len(grid.operands) == 2 and mma_in_loop and not load_outside and grid.parent is body
 
 
-def _persist(kernel: Operation) -> None:
-    pin = (kernel.attributes.get("consts") or {}).get("persistent")
-    cluster = cluster_size(kernel.attributes.get("consts"), kernel.loc)
+def _persist(kernel: Operation, options: Options) -> None:
+    pin, cluster = options.persistent, options.cluster
     if tile.has_cluster_reductions(kernel):
         # Its programs are paired by program_id as written: walking tiles would pair others.
         if pin is True:
@@ -125,7 +125,7 @@ def _persist(kernel: Operation) -> None:
     tiles = b.value(tile.MulOp, [rows, gn], I32)
     tiles.name_hint = "tiles"
     slots = b.value(tile.NumSmsOp, [], I32)
-    per_sm = ctas_per_sm(kernel.attributes.get("consts"))
+    per_sm = options.programs_per_sm
     if per_sm > 1:
         slots = b.value(tile.MulOp, [slots, b.value(tile.ConstantOp, [], I32, {"value": per_sm})], I32)
     if cluster == 1:

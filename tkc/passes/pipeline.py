@@ -26,10 +26,17 @@ from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.prefetch_loads import prefetch_loads
 from tkc.passes.select_layouts import select_layouts
 from tkc.passes.specialize_warps import specialize_warps
+from tkc.pins import Options
+from tkc.target import Target
 
-#: Every pass by its pipeline name.  A pass mutates the module in place and
-#: raises a TkcError when the input is outside what it handles.
-PASSES: dict[str, Callable[[Module], None]] = {
+#: A pass: it mutates the module in place, reading the kernel's pins and the target it
+#: compiles for (never naming an architecture), and raises a TkcError when the input is
+#: outside what it handles.  The target-independent cleanups take both as ``*_`` and read
+#: neither.
+PassFn = Callable[[Module, Options, Target], None]
+
+#: Every pass by its pipeline name.
+PASSES: dict[str, PassFn] = {
     # --- target-independent cleanups on tile IR
     "canonicalize": canonicalize,  # fold constants, simplify identities, acc += a @ b
     "licm": licm,                  # hoist loop-invariant pure ops out of tile.for
@@ -37,7 +44,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
     # --- on the way to a target: ops it does not render become simpler ones
     "decompose": decompose,              # sigmoid, erf, log1p, expm1, x ** y, mean -> simpler tile ops
-    # --- sm_90a, in the order they run (docs/hopper.md)
+    # --- to hopper IR (a Target with warpgroup MMA and TMA), in the order they run (docs/hopper.md)
     "persistent": persistent,            # GEMM-shaped kernels: one program per SM walks the tiles
     "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
@@ -48,7 +55,7 @@ PASSES: dict[str, Callable[[Module], None]] = {
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
-    # --- later: lower-to-blackwell for sm_100a, in its own file.
+    # --- later: lower-to-blackwell for tcgen05 targets, in its own file.
 }
 
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the

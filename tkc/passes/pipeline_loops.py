@@ -41,13 +41,13 @@ wgmma, or place shared memory (``allocate-smem`` does).
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.codegen.target import target as lookup_target
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType
-from tkc.pins import check_pins, ctas_per_sm
+from tkc.pins import Options
+from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -56,10 +56,10 @@ OUTER_STAGES = 2
 BARRIER_BYTES = hopper.MBarrierAllocOp.stride
 
 
-def pipeline_loops(module: Module) -> None:
+def pipeline_loops(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _Pipeliner(kernel).run()
+            _Pipeliner(kernel, options, target).run()
 
 
 def ring_room(capacity: int, others: int, loads: int) -> int:
@@ -91,14 +91,12 @@ class _Group:
 
 
 class _Pipeliner:
-    def __init__(self, kernel: Operation):
+    def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
         self.body = kernel.regions[0].block
-        consts = kernel.attributes.get("consts") or {}
-        check_pins(consts, kernel.loc)
-        self.pin = consts.get("stages")
-        self.warpgroups = (kernel.attributes.get("threads") or 128) // 128
-        self.capacity = lookup_target("sm_90a").smem_per_program(ctas_per_sm(consts))
+        self.pin = options.stages
+        self.warpgroups = (kernel.attributes.get("threads") or target.warpgroup) // target.warpgroup
+        self.capacity = target.smem_per_program(options.programs_per_sm)
         self.consts: dict[int, Value] = {}
         self.positions: dict[Operation, Value] = {}
 

@@ -34,6 +34,8 @@ from tkc.ir.core import Block, Module, Operation, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType
 from tkc.passes.rotate import pinned_kernels
+from tkc.pins import Options
+from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
@@ -43,9 +45,9 @@ MAX_ROWS = 16
 MIN_ROW_BYTES = 128
 
 
-def prefetch_loads(module: Module) -> None:
-    for kernel in pinned_kernels(module, "prefetch"):
-        distance = kernel.attributes["consts"]["prefetch"]
+def prefetch_loads(module: Module, options: Options, target: Target) -> None:
+    distance = options.prefetch
+    for kernel in pinned_kernels(module, distance > 0):
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             step = tile.constant_value(loop.step)
             if not isinstance(step, int) or step < 1:

@@ -18,10 +18,10 @@ I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
 
 
-def pinned_kernels(module: Module, pin: str) -> Iterator[Operation]:
-    """The module's kernels whose constants set ``pin``."""
+def pinned_kernels(module: Module, pinned: bool) -> Iterator[Operation]:
+    """The module's kernels where the pass's pin is set (``pinned``), else none."""
     for kernel in module.ops:
-        if kernel.name == "tile.kernel" and (kernel.attributes.get("consts") or {}).get(pin):
+        if pinned and kernel.name == "tile.kernel":
             yield kernel
 
 

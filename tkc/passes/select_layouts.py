@@ -55,35 +55,31 @@ from tkc.ir.layouts import (
     core_matrix_misfit,
 )
 from tkc.ir.types import TileType
-from tkc.pins import check_pins
+from tkc.pins import Options
+from tkc.target import Target
 
-WARPGROUP = 128
 # Ops whose values are computed again, rather than converted, when a user needs another layout.
 _REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
 
 
-def select_layouts(module: Module) -> None:
+def select_layouts(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _Selector(kernel).run()
-
-
-def _unsupported(op: Operation, message: str) -> TkcUnsupportedError:
-    return TkcUnsupportedError(f"sm_90a: {message}", op.loc)
+            _Selector(kernel, options, target).run()
 
 
 def _def(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
-def tma_loadable(op: Operation) -> str | None:
+def tma_loadable(op: Operation, target: Target) -> str | None:
     """Why ``op`` (a ``tile.load``) cannot be a TMA copy into a shared tile, or None if it can:
     its tile must be the tensor's two innermost axes, 8- or 16-bit, rows a multiple of 8,
     rows at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill)."""
     t, tile = op.tensor.type, op.result.type
     if t.rank < 2 or list(op.squeeze or []) != list(range(t.rank - 2)) or tile.rank != 2:
         return "its tile is not the tensor's two innermost axes"
-    if t.dtype.bits not in (8, 16):
+    if t.dtype.bits not in target.mma_operand_bits:
         return f"wgmma takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first)"
     misfit = core_matrix_misfit(*tile.shape, t.dtype)
     if misfit:
@@ -94,47 +90,48 @@ def tma_loadable(op: Operation) -> str | None:
 
 
 class _Selector:
-    def __init__(self, kernel: Operation):
+    def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
+        self.options, self.target = options, target
         self.warpgroups, self.slices = self._warpgroups()
-        self.threads = WARPGROUP * self.warpgroups
+        self.threads = target.warpgroup * self.warpgroups
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
+
+    def _unsupported(self, op: Operation, message: str) -> TkcUnsupportedError:
+        return TkcUnsupportedError(f"{self.target.name}: {message}", op.loc)
 
     # ------------------------------------------------------------ 1. warpgroups
     def _warpgroups(self) -> tuple[int, int]:
         """Warpgroups, and the 64-row slices of a product each holds."""
+        rows = self.target.mma_rows
         ms = [(op, op.acc.type.shape[0]) for op in self.kernel.walk() if op.name == "tile.mma"]
         for op, m in ms:
-            if m % 64:
-                raise _unsupported(op, f"wgmma computes 64 rows per warpgroup; this product has {m} rows")
+            if m % rows:
+                raise self._unsupported(op, f"wgmma computes {rows} rows per warpgroup; this product has {m} rows")
             if op.acc.type.shape[1] not in hopper.WGMMA_N:
-                raise _unsupported(op, f"wgmma computes 8 to 256 columns in steps of 8; this product has "
+                raise self._unsupported(op, f"wgmma computes 8 to 256 columns in steps of 8; this product has "
                                        f"{op.acc.type.shape[1]} columns")
             if m != ms[0][1]:
-                raise _unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
+                raise self._unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
-        consts = self.kernel.attributes.get("consts") or {}
-        warps = consts.get("warps")
-        if warps is not None:
-            check_pins({"warps": warps}, self.kernel.loc)  # IR written by hand skips the frontend's check
+        warps = self.options.warps
         if warps is not None and (warps % 4 or ms):
             why = (f"products of {ms[0][1]} rows set the warps ({ms[0][1] // 16}); leave the pin out"
                    if ms else "a program runs whole warpgroups: give a multiple of 4")
-            raise _unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
+            raise self._unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
         if not ms:
             return (warps if warps is not None else 4) // 4, 1
-        m, consumers = ms[0][1], consts.get("consumers")
+        m, consumers = ms[0][1], self.options.consumers
         if consumers is None:
-            return m // 64, 1
-        check_pins({"consumers": consumers}, self.kernel.loc)
+            return m // rows, 1
         for slices in range(1, MAX_SLICES + 1):
-            if m == 64 * slices * consumers:
+            if m == rows * slices * consumers:
                 return consumers, slices
-        choices = " or ".join(str(m // (64 * s)) for s in range(1, MAX_SLICES + 1) if m % (64 * s) == 0)
-        raise _unsupported(ms[0][0], f"consumers = {consumers}: this kernel's products have {m} rows, 64 to "
-                                     f"{64 * MAX_SLICES} a warpgroup in steps of 64, so it runs {choices} "
-                                     f"(change the tile rows instead)")
+        choices = " or ".join(str(m // (rows * s)) for s in range(1, MAX_SLICES + 1) if m % (rows * s) == 0)
+        raise self._unsupported(ms[0][0], f"consumers = {consumers}: this kernel's products have {m} rows, {rows} "
+                                          f"to {rows * MAX_SLICES} a warpgroup in steps of {rows}, so it runs "
+                                          f"{choices} (change the tile rows instead)")
 
     def run(self) -> None:
         self._place_mma_operands()
@@ -147,7 +144,7 @@ class _Selector:
     # ----------------------------------------------------------- 2. shared tiles
     def _place_mma_operands(self) -> None:
         placed: dict[Value, SharedLayout] = {}
-        tma = (self.kernel.attributes.get("consts") or {}).get("tma", True)
+        tma = self.options.tma and self.target.tma
         for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
             for which in ("a", "b"):
                 v = getattr(mma, which)
@@ -156,12 +153,13 @@ class _Selector:
                 load = _def(src)
                 transposed = src is not v
                 loaded = load is not None and load.name == "tile.load"
-                why = (tma_loadable(load) or ("" if tma else "the kernel pins tma = False")) if loaded else ""
+                why = ((tma_loadable(load, self.target) or ("" if tma else "the kernel pins tma = False"))
+                       if loaded else "")
                 staged = not loaded or bool(why)
                 if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded:
                     continue  # computed in registers: converted to #wgmma_a later, no shared memory
-                if staged and src.type.dtype.bits not in (8, 16):
-                    raise _unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
+                if staged and src.type.dtype.bits not in self.target.mma_operand_bits:
+                    raise self._unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
                                             + (why or f"wgmma takes 16- and 8-bit operands, not "
                                                       f"{src.type.dtype.name} (cast the tile first)"))
                 # A is MxK, B is KxN; the stored tile's contiguous axis decides the major.
@@ -169,13 +167,13 @@ class _Selector:
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
                 if major == "mn" and src.type.dtype.bits != 16:
-                    raise _unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
+                    raise self._unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
                                             f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}")
                 try:
                     layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
                     layout.tma_box()
                 except ValueError as e:
-                    raise _unsupported(load or mma, f"cannot place this tile in shared memory for wgmma: {e}") \
+                    raise self._unsupported(load or mma, f"cannot place this tile in shared memory for wgmma: {e}") \
                         from None
                 if staged:
                     # Every thread stores its part of the register tile (hopper.to_smem, expanded by
@@ -204,7 +202,7 @@ class _Selector:
                 for u in others:
                     u.operands = [copy if x is v else x for x in u.operands]
             elif others:
-                raise _unsupported(others[0], "a transposed shared tile can only feed @")
+                raise self._unsupported(others[0], "a transposed shared tile can only feed @")
 
     def _stage(self, src: Value, layout: SharedLayout, user: Operation) -> Value:
         """A ``hopper.to_smem`` of ``src`` right after it is defined (so a tile loaded before a
@@ -268,7 +266,7 @@ class _Selector:
         try:
             self._propose(v, choose_blocked(v.type.shape, max(1, elem // 8), self.threads))
         except ValueError as e:
-            raise _unsupported(d or self.kernel, str(e)) from None
+            raise self._unsupported(d or self.kernel, str(e)) from None
 
     def _fixpoint(self) -> None:
         changed = True
@@ -357,7 +355,7 @@ class _Selector:
         if v in self.smem or self.lay.get(v) == layout:
             return
         if v not in self.lay:
-            raise _unsupported(op, f"no register layout for operand {index} ({v.type})")
+            raise self._unsupported(op, f"no register layout for operand {index} ({v.type})")
         d = _def(v)
         if d is not None and d.name in _REMATERIALIZED:
             # Cheaper to compute again in the wanted layout than to move between threads.
@@ -396,7 +394,7 @@ class _Selector:
         elif name == "tile.broadcast":
             axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
             if len(axes) != 1:
-                raise _unsupported(op, "broadcasts one axis at a time")
+                raise self._unsupported(op, "broadcasts one axis at a time")
             self._need(op, 0, Slice(lay[op.result], axes[0], True))
         elif name == "tile.mma":
             self._need(op, 2, lay[op.result])
@@ -417,7 +415,7 @@ class _Selector:
                     for r in op.regions:
                         self._need(r.blocks[0].terminator, i, lay[res])
         elif name == "tile.transpose" and op.result not in self.smem:
-            raise _unsupported(op, "transposing a register tile is not supported; transpose a loaded "
+            raise self._unsupported(op, "transposing a register tile is not supported; transpose a loaded "
                                    "tile that feeds @ instead")
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:

@@ -45,8 +45,9 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import TileType
-from tkc.pins import ctas_per_sm
+from tkc.pins import Options
 from tkc.registers import register_pool
+from tkc.target import Target
 
 PRODUCER_REGS = 24
 MAX_CONSUMER_REGS = 240
@@ -56,19 +57,20 @@ _SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", 
           "hopper.barrier", "tile.grid")
 
 
-def specialize_warps(module: Module) -> None:
+def specialize_warps(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _Specializer(kernel).run()
+            _Specializer(kernel, options, target).run()
 
 
-def consumer_regs(consumers: int, ctas_per_sm: int = 1) -> int:
+def consumer_regs(consumers: int, ctas_per_sm: int, target: Target) -> int:
     """The register budget of each consumer thread once the producer holds 24: the most that
     fits what the CTA holds from launch (``tkc.registers``: more, and ``setmaxnreg.inc`` waits
     forever), a multiple of 8, at most 240 (what FlashAttention-3 uses).  240 for two consumers,
     160 for three, 112 for four."""
-    pool = register_pool(128 * (consumers + 1), ctas_per_sm)
-    free = (pool - PRODUCER_REGS * 128) // (128 * consumers)
+    wg = target.warpgroup
+    pool = register_pool(wg * (consumers + 1), ctas_per_sm, target)
+    free = (pool - PRODUCER_REGS * wg) // (wg * consumers)
     return min(MAX_CONSUMER_REGS, free - free % 8)
 
 
@@ -77,16 +79,17 @@ def _owner(v: Value) -> Operation | None:
 
 
 class _Specializer:
-    def __init__(self, kernel: Operation):
+    def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
         self.body: Block = kernel.regions[0].block
-        self.consts = kernel.attributes.get("consts") or {}
+        self.options, self.target = options, target
 
     def run(self) -> None:
-        if self.consts.get("warp_specialize", True) is False:
+        if not self.options.warp_specialize:
             return
-        warpgroups = (self.kernel.attributes.get("threads") or 128) // 128
-        pin = self.consts.get("consumers")
+        wg = self.target.warpgroup
+        warpgroups = (self.kernel.attributes.get("threads") or wg) // wg
+        pin = self.options.consumers
         if pin is not None and pin != warpgroups:
             raise TkcUnsupportedError(
                 f"consumers = {pin!r}: this kernel computes in {warpgroups} warpgroups, so it runs "
@@ -206,7 +209,7 @@ class _Specializer:
         cons_block.append(tile.YieldOp([], [], loc=body.terminator.loc))
         ret = body.terminator
         index = body.ops.index(ret)
-        regs = consumer_regs(warpgroups, ctas_per_sm(self.kernel.attributes.get("consts")))
+        regs = consumer_regs(warpgroups, self.options.programs_per_sm, self.target)
         # The producer's copies are issued by one thread, so one warp runs its loops: the
         # other three would only spin on the same parity waits, and one left behind by the
         # ring's turns (two phases of a stage while it is not scheduled) would wait forever.
@@ -217,12 +220,12 @@ class _Specializer:
                                           **warps}, [Region([block])], loc=self.kernel.loc)
             body.insert(index, role)
             index += 1
-        self.kernel.attributes["threads"] = 128 * (warpgroups + 1)
+        self.kernel.attributes["threads"] = self.target.warpgroup * (warpgroups + 1)
         self._take_turns(cons_block, warpgroups)
 
     def _take_turns(self, block: Block, warpgroups: int) -> None:
         """Ping-pong, when pinned: turns around every wgmma of the consumer loops."""
-        if not self.consts.get("pingpong"):
+        if not self.options.pingpong:
             return
         if warpgroups != 2:
             raise TkcUnsupportedError(f"pingpong = true takes turns between two consumer warpgroups; "

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tkc.codegen.target import TARGETS
+from tkc.pins import Options
+from tkc.target import DEFAULT_TARGET, TARGETS
 from tkc.errors import TkcPassError
 from tkc.ir.parser import parse_module
 from tkc.ir.verifier import verify
@@ -48,7 +49,7 @@ def test_too_much_shared_memory_names_the_tiles_largest_first() -> None:
     # 128 B per row: 8 + 128 + 64 + 32 KB and two barriers > 227 KB.
     m = parse_module(kernel([64, 1024, 512, 256], barriers=2), "big.tkir")
     with pytest.raises(TkcPassError) as e:
-        allocate_smem(m)
+        allocate_smem(m, Options(), DEFAULT_TARGET)
     msg = e.value.message
     assert msg.startswith("kernel 'big' needs 237584 B of shared memory, sm_90a has 232448: ")
     assert msg.index("%t1 131072 B (tile<1024x64xbf16") < msg.index("%t2 65536 B") < msg.index("%t3 32768 B") \
@@ -60,7 +61,7 @@ def test_too_much_shared_memory_names_the_tiles_largest_first() -> None:
 
 def test_exactly_full_fits() -> None:
     m = parse_module(kernel([1024, 512, 256, 24]), "big.tkir")  # 128 + 64 + 32 + 3 KB = 227 KB
-    allocate_smem(m)
+    allocate_smem(m, Options(), DEFAULT_TARGET)
     assert m.kernel().attributes["smem_bytes"] == 232448
 
 
@@ -75,7 +76,7 @@ def test_through_the_pass_manager_the_error_is_located() -> None:
 
 def test_hand_placed_offsets_are_kept() -> None:
     m = parse_module(kernel([64, 64, 64], offsets=[8192, -1, -1]), "big.tkir")
-    allocate_smem(m)
+    allocate_smem(m, Options(), DEFAULT_TARGET)
     verify(m)
     offsets = [op.attributes["offset"] for op in m.walk() if op.name == "hopper.smem_alloc"]
     assert offsets == [8192, 0, 16384]
@@ -85,13 +86,13 @@ def test_hand_placed_offsets_are_kept() -> None:
 def test_hand_placed_offsets_that_collide_are_an_error() -> None:
     m = parse_module(kernel([64, 128], offsets=[0, 1024 * 4]), "big.tkir")
     with pytest.raises(TkcPassError, match=r"%t1 \(offset 4096, 16384 B\) overlaps %t0 \(offset 0, 8192 B\)"):
-        allocate_smem(m)
+        allocate_smem(m, Options(), DEFAULT_TARGET)
 
 
 def test_the_hand_written_gemm_is_a_fixed_point() -> None:
     text = GEMM.read_text()
     m = parse_module(text, str(GEMM))
-    allocate_smem(m)
+    allocate_smem(m, Options(), DEFAULT_TARGET)
     assert m.kernel().attributes["smem_bytes"] == 32776
     offsets = [op.attributes["offset"] for op in m.walk() if op.name.endswith("_alloc")]
     assert offsets == [0, 16384, 32768]
@@ -105,7 +106,7 @@ def test_the_hand_written_rings_are_placed_as_written(name: str) -> None:
     written = [int(x) for x in re.findall(r"_alloc \{offset = (\d+)", text)]
     unplaced = re.sub(r"(_alloc \{offset = )\d+", r"\g<1>-1", text).replace(", smem_bytes = 131136", "")
     m = parse_module(unplaced, name)
-    allocate_smem(m)
+    allocate_smem(m, Options(), DEFAULT_TARGET)
     verify(m)
     offsets = [op.attributes["offset"] for op in m.walk() if op.name.endswith("_alloc")]
     assert offsets == written == [0, 65536, 131072, 131104]
@@ -123,4 +124,4 @@ def test_a_ring_too_large_names_its_stages() -> None:
 """
     with pytest.raises(TkcPassError, match=r"needs 262208 B of shared memory, sm_90a has 232448: %r 262144 B "
                                            r"\(8 stages of tile<256x64xbf16, .*\), 8 mbarriers 64 B"):
-        allocate_smem(parse_module(text, "rings.tkir"))
+        allocate_smem(parse_module(text, "rings.tkir"), Options(), DEFAULT_TARGET)

@@ -1,0 +1,57 @@
+"""Options: the pins declared once (type, default, description, readers), checked once, hashable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tkc.errors import Loc, TkcUsageError
+from tkc.pins import PINS, Options
+from tkc.target import DEFAULT_TARGET
+
+
+def test_every_pin_is_a_typed_field_with_its_default() -> None:
+    fields = dataclasses.fields(Options)
+    assert list(PINS) == [f.name for f in fields]
+    for f in fields:
+        kind = PINS[f.name][0]
+        assert f.default is None or type(f.default) is kind, f.name
+    o = Options()
+    assert (o.stages, o.warp_specialize, o.ctas_per_sm, o.cluster, o.tma, o.prefetch) == (None, True, None, 1, True, 0)
+    assert o.programs_per_sm == 1 and Options(ctas_per_sm=3).programs_per_sm == 3
+
+
+def test_options_are_frozen_and_hashable() -> None:
+    o = Options(stages=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.stages = 4  # type: ignore[misc]
+    assert hash(o) == hash(Options(stages=3)) and o != Options()
+    assert len({Options(), Options(), Options(pingpong=True)}) == 2
+
+
+def test_from_consts_keeps_the_pins_only() -> None:
+    o = Options.from_consts({"BM": 128, "stages": 2, "pingpong": True, "ctas_per_sm": 2})
+    assert o == Options(stages=2, pingpong=True, ctas_per_sm=2)
+    assert Options.from_consts(None) == Options.from_consts({}) == Options()
+
+
+@pytest.mark.parametrize("consts,message", [
+    ({"stages": 0}, "pin stages = 0: expected a positive integer"),
+    ({"pingpong": 1}, "pin pingpong = 1: expected true or false"),
+    ({"prefetch": -1}, "pin prefetch = -1: expected an integer >= 0"),
+    ({"warps": True}, "pin warps = True: expected a positive integer"),
+    ({"cluster": 3}, "pin cluster = 3: a cluster has 1, 2 or 4 programs"),
+])
+def test_from_consts_checks_every_value_at_the_kernel(consts: dict, message: str) -> None:
+    loc = Loc("k.tk", 3, 1)
+    with pytest.raises(TkcUsageError, match=message) as e:
+        Options.from_consts(consts, loc)
+    assert e.value.loc == loc
+
+
+def test_cluster_sizes_are_the_targets() -> None:
+    wide = dataclasses.replace(DEFAULT_TARGET, cluster_sizes=(1, 2, 4, 8))
+    assert Options.from_consts({"cluster": 8}, target=wide).cluster == 8
+    with pytest.raises(TkcUsageError, match="a cluster has 1, 2, 4 or 8 programs"):
+        Options.from_consts({"cluster": 16}, target=wide)
