@@ -66,7 +66,7 @@ class Target:
     cluster_sizes: tuple[int, ...] = (1, 2, 4)  # CTAs a cluster may have (portable, dividing the SMs' pairs)
     # Tile ops that have a decomposition (``ElementwiseOp.decompose``, a ``mean``) but that this
     # target's codegen renders directly, so the ``decompose`` pass leaves them (none on sm_90a).
-    native_ops: frozenset[str] = frozenset()
+    native_ops: tuple[str, ...] = ()
 
     def smem_per_program(self, ctas_per_sm: int = 1) -> int:
         """Dynamic shared memory a program may take so that ``ctas_per_sm`` fit on one SM."""

@@ -25,14 +25,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.types import ScalarType, TileType, Type
+from tkc.ir.types import ScalarType, TileType, Type, element_dtype, shape_of
 
 if TYPE_CHECKING:
     from tkc.ir.builder import Builder
     from tkc.ir.core import Value
 
 __all__ = [
+    "ConstantOp", "constant_value", "CmpOp", "CMP_PREDICATES", "SelectOp",
     "ElementwiseOp", "ELEMENTWISE_OPS", "FUNCTIONS", "BINARY_OPERATORS", "UNARY_OPERATORS", "kind_of",
     "AddOp", "SubOp", "MulOp", "DivOp", "FloorDivOp", "RemOp", "CdivOp", "MaximumOp", "MinimumOp",
     "AndOp", "OrOp", "XorOp", "ShlOp", "ShrOp", "PowOp", "FmaOp",
@@ -127,6 +129,80 @@ class ElementwiseOp(Operation):
             raise self.error(f"does not take {ts[0].dtype.name} operands")
 
 
+def is_value_type(t: Type) -> bool:
+    """A scalar or a tile: what elementwise ops take."""
+    return isinstance(t, (ScalarType, TileType))
+
+
+# --------------------------------------------------- constants, compare, select
+@register
+class ConstantOp(Operation):
+    """A scalar constant, or a tile with every element equal to ``value``."""
+
+    name = "tile.constant"
+    RESULTS = ("result",)
+    ATTRS = {"value": (int, float, bool)}
+    TRAITS = frozenset({"pure", "constant"})
+
+    def verify(self) -> None:
+        t = self.result.type
+        if not is_value_type(t):
+            raise self.error(f"result must be a scalar or tile, got {t}")
+        v = self.value
+        if t.dtype.is_bool and not isinstance(v, bool):
+            raise self.error("an i1 constant takes true or false")
+        if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise self.error("an integer constant takes an integer value")
+
+
+def constant_value(v: object) -> int | float | bool | None:
+    """The value of ``v`` when a ``tile.constant`` defines it (a scalar, or a tile's every
+    element), rounded to its dtype as the interpreter materializes it; else None."""
+    owner = getattr(v, "owner", None)
+    if owner is None or owner.name != "tile.constant":
+        return None
+    return dtypes.round_to(owner.attributes["value"], element_dtype(v.type)).item()
+
+
+CMP_PREDICATES = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+@register
+class CmpOp(Operation):
+    name = "tile.cmp"
+    OPERANDS = ("lhs", "rhs")
+    RESULTS = ("result",)
+    ATTRS = {"pred": str}
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        a, b, r = self.lhs.type, self.rhs.type, self.result.type
+        if a != b or not is_value_type(a):
+            raise self.error(f"operands must have one scalar or tile type, got {a}, {b}")
+        if self.pred not in CMP_PREDICATES:
+            raise self.error(f"predicate must be one of {', '.join(CMP_PREDICATES)}")
+        if shape_of(r) != shape_of(a) or r.dtype != dtypes.i1 or type(r) is not type(a):
+            raise self.error(f"result must be i1 of the operands' shape, got {r}")
+
+
+@register
+class SelectOp(Operation):
+    """``where(cond, a, b)``: cond is i1 of the same shape (or a scalar)."""
+
+    name = "tile.select"
+    OPERANDS = ("cond", "a", "b")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        c, a, b, r = self.cond.type, self.a.type, self.b.type, self.result.type
+        if not (a == b == r) or not is_value_type(a):
+            raise self.error(f"branches and result must have one type, got {a}, {b} -> {r}")
+        if not is_value_type(c) or c.dtype != dtypes.i1 or (shape_of(c) != shape_of(a) and shape_of(c) != ()):
+            raise self.error(f"condition must be i1 of the result's shape, got {c}")
+
+
+
 class _Unary(ElementwiseOp):
     OPERANDS = ("x",)
 
@@ -145,8 +221,6 @@ def _same_type(b: Builder, cls: type[Operation], *xs: Value) -> Value:
 
 
 def _const(b: Builder, like: Value, value: float) -> Value:
-    from tkc.ir.dialects.tile import ConstantOp  # the dialect's one constant op
-
     return b.value(ConstantOp, [], like.type, {"value": value})
 
 
@@ -159,22 +233,13 @@ def _poly(b: Builder, x: Value, coefficients: list[float]) -> Value:
 
 
 def _where(b: Builder, cond: Value, a: Value, c: Value) -> Value:
-    from tkc.ir.dialects.tile import SelectOp
-
     return b.value(SelectOp, [cond, a, c], a.type)
 
 
 def _cmp(b: Builder, pred: str, x: Value, y: Value) -> Value:
-    from tkc.ir.dialects.tile import CmpOp
-
-    return b.value(CmpOp, [x, y], x.type.with_dtype(_i1()) if isinstance(x.type, TileType) else ScalarType(_i1()),
+    i1 = dtypes.i1
+    return b.value(CmpOp, [x, y], x.type.with_dtype(i1) if isinstance(x.type, TileType) else ScalarType(i1),
                    {"pred": pred})
-
-
-def _i1():
-    from tkc import dtypes
-
-    return dtypes.i1
 
 
 # ----------------------------------------------------------------- binary
@@ -289,8 +354,6 @@ class PowOp(_Binary):
         return operator.pow(x, y)  # constants follow Python: 2 ** 3 is the integer 8
 
     def decompose(self, b: Builder) -> Value:
-        from tkc.ir.dialects.tile import constant_value
-
         x, y = self.lhs, self.rhs
         c = constant_value(y)
         if c == 1.0:

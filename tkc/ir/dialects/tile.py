@@ -11,16 +11,12 @@ from __future__ import annotations
 from tkc import dtypes
 from tkc.ir.core import Operation, Region, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
-from tkc.ir.dialects.elementwise import ELEMENTWISE_OPS  # noqa: F401
+from tkc.ir.dialects.elementwise import ELEMENTWISE_OPS, is_value_type  # noqa: F401
 from tkc.pins import CLUSTER_SIZES
-from tkc.ir.types import ScalarType, TensorType, TileType, Type, element_dtype, shape_of
+from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
-
-
-def _is_value_type(t: Type) -> bool:
-    return isinstance(t, (ScalarType, TileType))
 
 
 def _same_elements(a: Type, b: Type) -> bool:
@@ -215,35 +211,6 @@ class DimOp(Operation):
 
 
 @register
-class ConstantOp(Operation):
-    """A scalar constant, or a tile with every element equal to ``value``."""
-
-    name = "tile.constant"
-    RESULTS = ("result",)
-    ATTRS = {"value": (int, float, bool)}
-    TRAITS = frozenset({"pure", "constant"})
-
-    def verify(self) -> None:
-        t = self.result.type
-        if not _is_value_type(t):
-            raise self.error(f"result must be a scalar or tile, got {t}")
-        v = self.value
-        if t.dtype.is_bool and not isinstance(v, bool):
-            raise self.error("an i1 constant takes true or false")
-        if t.dtype.is_int and (isinstance(v, bool) or not isinstance(v, int)):
-            raise self.error("an integer constant takes an integer value")
-
-
-def constant_value(v: object) -> int | float | bool | None:
-    """The value of ``v`` when a ``tile.constant`` defines it (a scalar, or a tile's every
-    element), rounded to its dtype as the interpreter materializes it; else None."""
-    owner = getattr(v, "owner", None)
-    if owner is None or owner.name != "tile.constant":
-        return None
-    return dtypes.round_to(owner.attributes["value"], element_dtype(v.type)).item()
-
-
-@register
 class ArangeOp(Operation):
     """The 1-D i32 tile [start, start + n)."""
 
@@ -261,44 +228,6 @@ class ArangeOp(Operation):
 # -------------------------------------------------------------- elementwise
 # Math and logic ops, one class each, live in tkc/ir/dialects/elementwise.py.
 
-CMP_PREDICATES = ("lt", "le", "gt", "ge", "eq", "ne")
-
-
-@register
-class CmpOp(Operation):
-    name = "tile.cmp"
-    OPERANDS = ("lhs", "rhs")
-    RESULTS = ("result",)
-    ATTRS = {"pred": str}
-    TRAITS = frozenset({"pure", "elementwise"})
-
-    def verify(self) -> None:
-        a, b, r = self.lhs.type, self.rhs.type, self.result.type
-        if a != b or not _is_value_type(a):
-            raise self.error(f"operands must have one scalar or tile type, got {a}, {b}")
-        if self.pred not in CMP_PREDICATES:
-            raise self.error(f"predicate must be one of {', '.join(CMP_PREDICATES)}")
-        if shape_of(r) != shape_of(a) or r.dtype != dtypes.i1 or type(r) is not type(a):
-            raise self.error(f"result must be i1 of the operands' shape, got {r}")
-
-
-@register
-class SelectOp(Operation):
-    """``where(cond, a, b)``: cond is i1 of the same shape (or a scalar)."""
-
-    name = "tile.select"
-    OPERANDS = ("cond", "a", "b")
-    RESULTS = ("result",)
-    TRAITS = frozenset({"pure", "elementwise"})
-
-    def verify(self) -> None:
-        c, a, b, r = self.cond.type, self.a.type, self.b.type, self.result.type
-        if not (a == b == r) or not _is_value_type(a):
-            raise self.error(f"branches and result must have one type, got {a}, {b} -> {r}")
-        if not _is_value_type(c) or c.dtype != dtypes.i1 or (shape_of(c) != shape_of(a) and shape_of(c) != ()):
-            raise self.error(f"condition must be i1 of the result's shape, got {c}")
-
-
 @register
 class CastOp(Operation):
     """Convert elements to another dtype (round-to-nearest-even for floats,
@@ -311,7 +240,7 @@ class CastOp(Operation):
 
     def verify(self) -> None:
         a, r = self.x.type, self.result.type
-        if not _is_value_type(a) or type(a) is not type(r) or shape_of(a) != shape_of(r):
+        if not is_value_type(a) or type(a) is not type(r) or shape_of(a) != shape_of(r):
             raise self.error(f"casts keep the shape: {a} -> {r}")
 
 
