@@ -68,10 +68,6 @@ class Compiled:
     cache_hit: bool = False
     _dumps: dict[str, Any] = field(default_factory=dict, repr=False)
     _kernel_op: Operation | None = field(default=None, repr=False)
-    # Per-device loaded modules, filled by tkc.runtime.launch (never saved).
-    loaded: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
-    # Checked arguments -> (grid, function, driver parameters), filled by tkc.runtime.launch.
-    launch_plans: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def kernel_op(self) -> Operation:
