@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 import weakref
 from collections.abc import Sequence
+from threading import get_ident
 from typing import Any, NamedTuple
 
 from tkc import signature
@@ -186,13 +186,24 @@ def _function(compiled: Any, device_index: int) -> Any:
     return fn
 
 
+_torch: Any = None  # torch, bound by the first launch: importing this module imports no torch
+
+
+def _import_torch() -> Any:
+    global _torch
+    import torch
+
+    _torch = torch
+    return torch
+
+
 def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None) -> tuple[int, ...]:
     """Launch ``compiled`` (a :class:`tkc.compiler.Compiled` at the hopper stage or later) on
     ``args``, torch CUDA tensors and Python scalars in the kernel's parameter order, on
     torch's current device and stream (or ``stream``).  Every argument is checked before
     the driver is called.  ``grid`` defaults to the kernel's own ``grid(...)``; a grid with
     a zero extent launches nothing.  Returns the grid."""
-    import torch
+    torch = _torch or _import_torch()  # a global: an import statement costs a tenth of a microsecond
 
     # Arguments like an earlier launch's (tensors of the same shapes, strides, dtypes and
     # devices; the same scalars, device and grid): that launch checked them, computed the grid
@@ -205,50 +216,48 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     if state is not None and state.plans:
         # CUDA is initialised (a plan exists): torch's raw getters, without torch.cuda's checks.
         device = torch._C._cuda_getDevice()
-        found = _plan_key(torch, args, grid, device)
-        if found is not None:
-            plan = state.plans.get(found[0])
-            if plan is not None and plan.run(found[1], driver.raw_stream(torch, device) if stream is None
-                                             else int(stream)):
-                return plan.grid
+        addresses: list[int] = []
+        plan = state.plans.get(_plan_key(torch, args, grid, device, addresses))
+        if plan is not None and (addresses == plan.addresses or plan.rebase(addresses)):
+            go = plan.go
+            if go is not None:
+                go(driver.raw_stream(torch, device) if stream is None else int(stream))
+            return plan.grid
     return _launch_checked(compiled, args, grid, stream)
 
 
 class _Plan:
     """A checked launch, kept for later launches whose arguments differ from its own at most
-    in the tensors' addresses.  ``addresses`` are those it last launched with, in tensor order;
+    in the tensors' addresses.  ``addresses`` are those its parameters hold, in tensor order;
     ``slots`` the ``u64`` parameter each address goes to; ``maps`` each TMA operand's
     (tensor position, map, name); ``aligned`` the tensors whose address must be 16-byte aligned
     (all but empty ones, as :func:`tkc.runtime.args.check_layout` says); ``go(stream)``
     launches the parameters (None for a grid with a zero extent, which launches nothing).
 
-    The parameters are shared: ``lock`` keeps a thread's addresses in them from its own
-    re-basing until the driver has copied them (at the return of ``cuLaunchKernelEx``)."""
+    :meth:`rebase` rewrites the parameters in place, so a plan belongs to the thread that made
+    it (the thread is part of the plan's key): no other thread's addresses can reach the driver
+    between one thread's rebasing and its launch."""
 
-    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "lock")
+    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned")
 
     def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: Sequence[Any] = (),
                  maps: Sequence[tuple[int, Any, str]] = (), aligned: Sequence[int] = ()):
         self.grid, self.go, self.addresses = grid, go, addresses
         self.slots, self.maps, self.aligned = slots, maps, aligned
-        self.lock = threading.Lock()
 
-    def run(self, addresses: list[int], stream: int) -> bool:
-        """Launch on tensors at ``addresses`` on ``stream``.  False, launching nothing, when
-        one of them is not 16-byte aligned: the caller's full checks say which and why."""
-        with self.lock:
-            if addresses != self.addresses:
-                for i in self.aligned:
-                    if addresses[i] % 16:
-                        return False
-                for slot, address in zip(self.slots, addresses):
-                    slot.value = address
-                for i, tm, name in self.maps:
-                    if tm.base != addresses[i]:
-                        tm.encode(addresses[i], name)
-                self.addresses = addresses
-            if self.go is not None:
-                self.go(stream)
+    def rebase(self, addresses: list[int]) -> bool:
+        """Put the tensors at ``addresses`` into the parameters and tensor maps.  False,
+        changing nothing, when one of them is not 16-byte aligned: the caller's full checks
+        say which and why."""
+        for i in self.aligned:
+            if addresses[i] % 16:
+                return False
+        for slot, address in zip(self.slots, addresses):
+            slot.value = address
+        for i, tm, name in self.maps:
+            if tm.base != addresses[i]:
+                tm.encode(addresses[i], name)
+        self.addresses = addresses
         return True
 
 
@@ -261,7 +270,8 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
 
     if "hopper" not in compiled.asm:
         raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
-    found = _plan_key(torch, args, grid, torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    addresses: list[int] = []
+    key = _plan_key(torch, args, grid, torch.cuda.current_device(), addresses) if torch.cuda.is_initialized() else None
     params = compiled.params
     maps = tma_operands(params, compiled.tma_maps)
     tma_names = {params[i][0] for i, _, _ in maps}
@@ -290,7 +300,7 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     tensors = [i for i, (_, t) in enumerate(params) if isinstance(t, TensorType)]
     aligned = [n for n, i in enumerate(tensors) if 0 not in args[i].shape]
     if 0 in grid:
-        _keep_plan(compiled, found, lambda addresses: _Plan(grid, None, addresses, aligned=aligned))
+        _keep_plan(compiled, key, _Plan(grid, None, addresses, aligned=aligned))
         return grid
     values = to_ctypes(param_values(params, args))
 
@@ -304,39 +314,38 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
     slots = [values[j] for j in address_slots(params)]
     named = [(tensors.index(i), tm, params[i][0]) for (i, _, _), tm in zip(maps, maps_enc)]
-    _keep_plan(compiled, found, lambda addresses: _Plan(grid, go, addresses, slots, named, aligned))
+    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned))
     return grid
 
 
 _MAX_PLANS = 64  # per kernel; a program cycling through more shapes just pays full price
 
 
-def _keep_plan(compiled: Any, found: tuple[tuple, list[int]] | None, make: Any) -> None:
-    """Keep ``make(addresses)`` under the key ``found`` holds (nothing when it is None)."""
-    if found is None:
+def _keep_plan(compiled: Any, key: tuple | None, plan: _Plan) -> None:
+    if key is None:
         return
     plans = launch_state(compiled).plans
     if len(plans) >= _MAX_PLANS:
         plans.clear()
-    key, addresses = found
-    plans[key] = make(addresses)
+    plans[key] = plan
 
 
-def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int) -> tuple[tuple, list[int]] | None:
-    """What makes two launches on ``device`` interchangeable but for the tensors' addresses
-    (everything the checks, the grid and the parameters depend on but for the alignment of
-    those addresses), and the addresses.  None for arguments the plan cache does not handle
-    (anything but torch tensors and Python numbers).
+def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses: list[int]) -> tuple | None:
+    """What makes two launches on ``device`` from this thread interchangeable but for the
+    tensors' addresses (everything the checks, the grid and the parameters depend on but the
+    alignment of those addresses), with the addresses appended to ``addresses``.  None for
+    arguments the plan cache does not handle (anything but torch tensors and Python numbers).
 
     The key is flat, one tuple for the whole launch (nested tuples per argument cost an
     allocation each, on every launch); it still tells argument lists apart, since each
     argument's run of items starts with what says how long the run is: a tensor's with its
     shape (a torch.Size), a number's with its type."""
-    parts: list[Any] = [device, None if grid is None else repr(grid)]  # repr: (1.0,) == (1,), but is refused
-    addresses: list[int] = []
+    # repr(grid): (1.0,) == (1,), but is refused
+    parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
+    address = addresses.append
     for x in args:
         if isinstance(x, torch.Tensor):
-            addresses.append(x.data_ptr())
+            address(x.data_ptr())
             parts += (x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):
             # 0.0 == -0.0, but the kernel gets a float's bits: the sign tells them apart.
@@ -345,4 +354,4 @@ def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int) -> tuple[
             parts += (type(x), x)
         else:
             return None
-    return tuple(parts), addresses
+    return tuple(parts)

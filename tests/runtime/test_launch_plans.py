@@ -338,28 +338,46 @@ def test_an_explicit_grid_is_part_of_the_plan(gpu: types.SimpleNamespace) -> Non
     assert len(gpu.lib.launches) == 1 and gpu.checks == 3
 
 
+def key(args: list, grid: object = None, device: int = 0, addresses: list | None = None) -> tuple | None:
+    return launch_mod._plan_key(torch, args, grid, device, [] if addresses is None else addresses)
+
+
 def test_scalars_that_compare_equal_but_encode_differently_get_their_own_plans() -> None:
     x = torch.zeros(4, dtype=torch.bfloat16)
-
-    def key(*args: object) -> tuple:
-        return launch_mod._plan_key(torch, *args)[0]
-
-    assert key([x, 0.0], None, 0) != key([x, -0.0], None, 0)
-    assert key([x, 1], None, 0) != key([x, True], None, 0)
-    assert key([x, 1], None, 0) != key([x, 1.0], None, 0)
-    assert key([x, 1.5], None, 0) == key([x, 1.5], None, 0)
-    assert key([x], None, 0) != key([x], None, 1)
-    assert launch_mod._plan_key(torch, [x, x.float().numpy()], None, 0) is None  # not cached: checked every time
+    assert key([x, 0.0]) != key([x, -0.0])
+    assert key([x, 1]) != key([x, True])
+    assert key([x, 1]) != key([x, 1.0])
+    assert key([x, 1.5]) == key([x, 1.5])
+    assert key([x]) != key([x], device=1)
+    assert key([x, x.float().numpy()]) is None  # not cached: checked every time
 
 
 def test_a_plan_key_holds_no_address() -> None:
     x, y = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)
-    (kx, ax), (ky, ay) = launch_mod._plan_key(torch, [x, 2], None, 0), launch_mod._plan_key(torch, [y, 2], None, 0)
-    assert kx == ky and ax == [x.data_ptr()] and ay == [y.data_ptr()]
+    ax, ay = [], []
+    assert key([x, 2], addresses=ax) == key([y, 2], addresses=ay)
+    assert ax == [x.data_ptr()] and ay == [y.data_ptr()]
     for other in (x.T, x[:, :4], x.float(), x.view(2, 16)):
-        assert launch_mod._plan_key(torch, [other, 2], None, 0)[0] != kx
-    assert launch_mod._plan_key(torch, [x, 3], None, 0)[0] != kx
-    assert launch_mod._plan_key(torch, [x, 2], (4,), 0)[0] != kx
+        assert key([other, 2]) != key([x, 2])
+    assert key([x, 3]) != key([x, 2]) and key([x, 2], grid=(4,)) != key([x, 2])
+
+
+def test_each_thread_has_its_own_plans(gpu: types.SimpleNamespace) -> None:
+    """A plan's parameters are rewritten in place for new addresses: threads never share one."""
+    import threading
+
+    c, args = gemm(), gemm_args()
+    x = torch.zeros(4, dtype=torch.bfloat16)
+    keys = [key([x])]
+    other = threading.Thread(target=lambda: keys.append(key([x])))
+    other.start()
+    other.join()
+    assert keys[0] != keys[1]
+    launch_mod.launch(c, args)
+    other = threading.Thread(target=lambda: launch_mod.launch(c, args))
+    other.start()
+    other.join()
+    assert len(plans(c)) == 2 and gpu.checks == 2
 
 
 def test_the_plan_cache_is_bounded(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
