@@ -64,7 +64,7 @@ def variants(compiled: Compiled) -> dict[str, Compiled]:
 
     def with_ptx(text: str) -> Compiled:
         asm = {k: v for k, v in compiled.asm.items() if k != "cubin"}
-        return dataclasses.replace(compiled, asm={**asm, "ptx": text}, loaded={}, launch_plans={})
+        return dataclasses.replace(compiled, asm={**asm, "ptx": text})
 
     return {"as compiled": compiled, "no read waits": with_ptx(without_read_waits(ptx)),
             "one slice": with_ptx(one_slice(ptx))}

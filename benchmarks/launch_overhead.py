@@ -1,21 +1,28 @@
-"""Host (CPU) time of a repeated launch, measured without a GPU: the Python work tkc does per call.
+"""Host (CPU) time of a launch: the Python work tkc does per call, beside torch's own launch.
 
-    python benchmarks/launch_overhead.py               # us per call of each path below
-    python benchmarks/launch_overhead.py --profile     # and a cProfile of each
+    python benchmarks/launch_overhead.py               # on a CUDA GPU host: real launches
+    python benchmarks/launch_overhead.py --stub        # a stub driver (what runs without a GPU)
+    python benchmarks/launch_overhead.py --profile     # and a cProfile of each tkc path
 
-What it times, 10,000 calls per round, best and median of several rounds:
+Each row is the best and median microseconds per call over several rounds of many calls:
 
-* ``launch``: ``tkc.runtime.launch.launch(compiled, [x, y])``, the 64x256 bf16 softmax of
+* ``softmax``: ``tkc.runtime.launch.launch(compiled, [x, y])``, the 64x256 bf16 softmax of
   ``overhead_rows()`` in benchmarks/run.py, called again and again with the same tensors;
-* ``kernel call``: a ``@tkc.kernel`` (examples/rmsnorm.py) called the same way, with a scalar.
+* ``rmsnorm``: a ``@tkc.kernel`` (examples/rmsnorm.py) called the same way, with a scalar;
+* ``gemm``: examples/gemm.tk at 256x256x256, first with the same three tensors at every call,
+  then with a new output tensor at every call (``c = torch.empty(...); launch(gemm, [a, b, c])``,
+  as a PyTorch program calls a kernel): a launch with new tensors of a shape seen before must
+  cost about what a repeated one does.  On a GPU, torch's own launch of the same product is the
+  peer of each: ``torch.matmul(a, b, out=c)`` and ``torch.matmul(a, b)``, which allocates.
 
-Only what needs a GPU is replaced: libcuda by a stub library built here with ``cc`` (every
-entry point returns CUDA_SUCCESS at once; ctypes still converts every argument as it would),
-torch's CUDA queries (current device and stream, capability, SM count) by functions that
-answer device 0, and CUDA tensors by CPU tensors that report ``cuda:0``.  Everything else is
-tkc's real code.  The stubs are cheaper than the real ``torch.cuda.current_stream()`` and a
-real ``cuLaunchKernelEx``, so this measures tkc's own share; real GPU launch numbers come from
-``python benchmarks/run.py --only overhead`` on a GPU host.
+On a GPU host each round is a few hundred calls, so the GPU keeps up or queues and the time
+is the host's.  Without a GPU (or with ``--stub``) only what needs a GPU is replaced: libcuda
+by a stub library built here with ``cc`` (every entry point returns CUDA_SUCCESS at once;
+ctypes still converts every argument as it would), torch's CUDA queries (current device and
+stream, capability, SM count) by functions that answer device 0, and CUDA tensors by CPU
+tensors that report ``cuda:0``.  Everything else is tkc's real code.  The stubs are cheaper
+than the real ``torch.cuda.current_stream()`` and a real ``cuLaunchKernelEx``, so that mode
+measures tkc's own share, and has no torch peer.
 """
 
 from __future__ import annotations
@@ -129,24 +136,45 @@ def cuda_like(*shape: int, dtype: torch.dtype = torch.bfloat16) -> FakeCuda:
     return torch.empty(*shape, dtype=dtype).as_subclass(FakeCuda)
 
 
-def per_call_us(fn, calls: int, rounds: int) -> tuple[float, float]:
-    """(best, median) microseconds per call over ``rounds`` rounds of ``calls`` calls."""
+def per_call_us(fn, calls: int, rounds: int, sync=None) -> tuple[float, float]:
+    """(best, median) microseconds per call over ``rounds`` rounds of ``calls`` calls; ``sync``
+    (the GPU's) runs before each round, outside the timing."""
     fn()
     times = []
     for _ in range(rounds):
+        if sync is not None:
+            sync()
         t = time.perf_counter_ns()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter_ns() - t) / calls / 1e3)
+    if sync is not None:
+        sync()
     return min(times), statistics.median(times)
+
+
+def new_output_each_call(launch_on, alloc):
+    """A call that launches on a new output, as ``c = alloc(); launch_on(c)`` in a loop does:
+    the last call's output lives until the new one exists, so addresses change at every call."""
+    last = [alloc()]
+
+    def call() -> None:
+        last[0] = alloc()
+        launch_on(last[0])
+
+    return call
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calls", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--profile", action="store_true", help="print a cProfile of each path")
+    ap.add_argument("--calls", type=int, default=None, help="calls per round (default 10,000 stubbed, 200 on a GPU)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 7 stubbed, 30 on a GPU)")
+    ap.add_argument("--stub", action="store_true", help="the stub driver even where torch sees a GPU")
+    ap.add_argument("--profile", action="store_true", help="print a cProfile of each tkc path")
     args = ap.parse_args()
+    gpu = torch.cuda.is_available() and not args.stub
+    calls = args.calls or (200 if gpu else 10_000)
+    rounds = args.rounds or (30 if gpu else 7)
 
     from rmsnorm import rmsnorm
 
@@ -154,26 +182,54 @@ def main() -> None:
     from tkc.runtime.launch import launch
 
     with tempfile.TemporaryDirectory() as tmp:
-        cuda = _stub_driver(Path(tmp))
-        _stub_torch_cuda()
-        compiled = compile_kernel(ROOT / "examples" / "softmax.tk", {})
-        x, y = cuda_like(64, 256), cuda_like(64, 256)
-        w = cuda_like(256)
-        cases = {
-            "launch(compiled, [x, y])": lambda: launch(compiled, [x, y]),
-            "rmsnorm(x, w, y, 1e-6)  (@tkc.kernel)": lambda: rmsnorm(x, w, y, 1e-6),
+        if gpu:
+            cuda, sync = None, torch.cuda.synchronize
+
+            def tensor(*shape: int) -> torch.Tensor:
+                return torch.empty(*shape, dtype=torch.bfloat16, device="cuda")
+
+            print(f"real launches on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        else:
+            cuda, sync, tensor = _stub_driver(Path(tmp)), None, cuda_like
+            _stub_torch_cuda()
+            print("stub driver (no GPU work): tkc's own host time")
+        softmax = compile_kernel(ROOT / "examples" / "softmax.tk", {})
+        gemm = compile_kernel(ROOT / "examples" / "gemm.tk", {})
+        x, y, w = tensor(64, 256), tensor(64, 256), tensor(256)
+        if gpu:
+            x.normal_()
+            w.fill_(1)
+        n = 256
+        a, b, c = tensor(n, n), tensor(n, n), tensor(n, n)
+        tkc_cases = {
+            "softmax 64x256, same tensors": lambda: launch(softmax, [x, y]),
+            "rmsnorm (@tkc.kernel), same tensors": lambda: rmsnorm(x, w, y, 1e-6),
+            f"gemm {n}^3, same tensors": lambda: launch(gemm, [a, b, c]),
+            f"gemm {n}^3, new output tensor each call": new_output_each_call(lambda out: launch(gemm, [a, b, out]),
+                                                                          lambda: tensor(n, n)),
         }
-        before = cuda.stub_launches()
-        for name, fn in cases.items():
-            best, median = per_call_us(fn, args.calls, args.rounds)
-            print(f"{name:40s} {best:6.2f} us per call (median {median:.2f})")
-        launched = cuda.stub_launches() - before
-        expected = len(cases) * (args.rounds * args.calls + 1)
-        assert launched == expected, f"{launched} launches reached the driver, expected {expected}"
-        for name, fn in cases.items() if args.profile else ():
-            print(f"\n--- {name}, {args.calls} calls")
+        torch_cases = {
+            f"gemm {n}^3, same tensors": ("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c)),
+            f"gemm {n}^3, new output tensor each call": ("torch.matmul(a, b)", lambda: torch.matmul(a, b)),
+        } if gpu else {}
+        before = cuda.stub_launches() if cuda is not None else 0
+        print(f"us per call: best of {rounds} rounds of {calls} calls (median)")
+        for name, fn in tkc_cases.items():
+            best, median = per_call_us(fn, calls, rounds, sync)
+            line = f"  {name:42s} tkc {best:7.2f} ({median:.2f})"
+            if name in torch_cases:
+                peer, torch_fn = torch_cases[name]
+                best, median = per_call_us(torch_fn, calls, rounds, sync)
+                line += f"   torch {best:7.2f} ({median:.2f})  {peer}"
+            print(line)
+        if cuda is not None:
+            launched = cuda.stub_launches() - before
+            expected = len(tkc_cases) * (rounds * calls + 1)
+            assert launched == expected, f"{launched} launches reached the driver, expected {expected}"
+        for name, fn in tkc_cases.items() if args.profile else ():
+            print(f"\n--- {name}, {calls} calls")
             prof = cProfile.Profile()
-            prof.runcall(lambda: [fn() for _ in range(args.calls)])
+            prof.runcall(lambda: [fn() for _ in range(calls)])
             pstats.Stats(prof).sort_stats("tottime").print_stats(20)
 
 

@@ -33,7 +33,7 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 
 __all__ = [
     "CUlaunchAttribute", "CUlaunchConfig", "Function", "Module", "check", "context", "lib",
-    "current_stream",
+    "current_stream", "unprototyped",
 ]
 
 CUresult = ctypes.c_int
@@ -132,6 +132,17 @@ def lib() -> ctypes.CDLL:
                 fn.restype = CUresult
             _lib = cuda
         return _lib
+
+
+def unprototyped(name: str) -> Any:
+    """The driver entry point ``name`` without argument conversion, for calls repeated on every
+    launch: every argument must be a ctypes object (a Python int would go as a 32-bit int),
+    made once by the caller, which saves ctypes' per-argument conversion.  A fresh function
+    object of the same library, so the prototyped one every other call uses is untouched."""
+    cuda = lib()
+    fn = cuda._FuncPtr((name, cuda))
+    fn.restype = CUresult
+    return fn
 
 
 def _error_text(result: int) -> str:
@@ -358,13 +369,7 @@ class Function:
         so threads may share it) and calls ``cuLaunchKernelEx`` through unprototyped
         entry points on ctypes objects made here: at a few microseconds a call, the driver's
         own time is most of a launch, and ctypes' argument conversion was a fifth of the rest."""
-        cuda = lib()
-        # Fresh function objects of the same library: setting their argtypes to None does not
-        # touch the prototyped ones every other call uses.
-        launch, get_current = cuda._FuncPtr(("cuLaunchKernelEx", cuda)), cuda._FuncPtr(("cuCtxGetCurrent", cuda))
-        launch.restype = get_current.restype = CUresult
-        # Unprototyped, every argument must be a ctypes object (a Python int would go as a
-        # 32-bit int): pointers as c_void_p made once.
+        launch, get_current = unprototyped("cuLaunchKernelEx"), unprototyped("cuCtxGetCurrent")
         handle, ptrs, ctx = _p(self.handle.value), _p(ctypes.addressof(prep.ptrs)), self.module.ctx
         configs: dict[int, tuple[Any, Any]] = {}  # stream -> (the config, its address)
 

@@ -3,8 +3,11 @@
 Owns: the order of a launch (check every argument, evaluate the grid, build the
 parameter list of docs/hopper.md §4, load the image once per device, set dynamic shared
 memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
-(:func:`param_values`, pure Python), the tensor maps of the kernel's ``tma_maps``, and
-the check that the device is the one the kernel was compiled for.
+(:func:`param_values`, pure Python), the tensor maps of the kernel's ``tma_maps``, the
+check that the device is the one the kernel was compiled for, and what is kept of a
+kernel between launches (:class:`LaunchState`: its loaded function per device and its
+checked launch plans, which a launch with tensors of the same shapes at other addresses
+reuses), beside the ``Compiled``, which stays a plain result of compilation.
 
 Must not: compile anything (``tkc.compiler``), choose a box or a swizzle (they come from
 the kernel's ``tma_maps``, which the passes set), copy or convert tensors (a wrong one is
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from collections.abc import Sequence
+from threading import get_ident
 from typing import Any, NamedTuple
 
 from tkc import signature
@@ -23,7 +28,8 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
-__all__ = ["TensorArg", "launch", "param_values", "to_ctypes", "tma_operands", "swizzle_enum"]
+__all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_state", "param_values", "to_ctypes",
+           "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 # Compute capability each target runs on: sm_90a code runs on 9.0 only (the "a" features).
@@ -95,6 +101,19 @@ def param_values(params: Sequence[signature.Param], args: Sequence[Any]) -> list
     return out
 
 
+def address_slots(params: Sequence[signature.Param]) -> list[int]:
+    """Where each tensor's address is in :func:`param_values`' list, in parameter order: a
+    tensor takes one entry for its address and two per axis, a scalar one."""
+    out, at = [], 0
+    for _, t in params:
+        if isinstance(t, TensorType):
+            out.append(at)
+            at += 1 + 2 * t.rank
+        else:
+            at += 1
+    return out
+
+
 _CTYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "f32": ctypes.c_float}
 
 
@@ -121,10 +140,37 @@ def _check_device(target: str, device: Any) -> None:
                              f"{device} ({torch.cuda.get_device_name(device)}) is {have[0]}.{have[1]}")
 
 
+class LaunchState:
+    """What the runtime keeps of one :class:`~tkc.compiler.Compiled` between launches (never
+    saved with it): the kernel's driver function per device (its image loaded once) and the
+    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``."""
+
+    __slots__ = ("functions", "plans")
+
+    def __init__(self) -> None:
+        self.functions: dict[int, driver.Function] = {}
+        self.plans: dict[tuple, _Plan] = {}
+
+
+# id(compiled) -> its LaunchState, dropped when the Compiled is collected.  Keyed by identity,
+# not by the cache key: a copy with other PTX (dataclasses.replace) is another kernel.
+_states: dict[int, LaunchState] = {}
+
+
+def launch_state(compiled: Any) -> LaunchState:
+    """The runtime's state of ``compiled``, made on first use."""
+    state = _states.get(id(compiled))
+    if state is None:
+        state = _states.setdefault(id(compiled), LaunchState())
+        weakref.finalize(compiled, _states.pop, id(compiled), None)
+    return state
+
+
 def _function(compiled: Any, device_index: int) -> Any:
     """The kernel's driver function on this device: its image loaded once (the cubin when
     there is one, else the PTX, which the driver JIT-compiles), dynamic smem allowed."""
-    fn = compiled.loaded.get(device_index)
+    functions = launch_state(compiled).functions
+    fn = functions.get(device_index)
     if fn is None:
         if "cubin" in compiled.asm:
             module = driver.Module.load(compiled.asm["cubin"], "cubin")
@@ -136,8 +182,19 @@ def _function(compiled: Any, device_index: int) -> Any:
         fn = module.function(compiled.name)
         if compiled.smem_bytes:
             fn.set_max_dynamic_shared(compiled.smem_bytes)
-        compiled.loaded[device_index] = fn
+        functions[device_index] = fn
     return fn
+
+
+_torch: Any = None  # torch, bound by the first launch: importing this module imports no torch
+
+
+def _import_torch() -> Any:
+    global _torch
+    import torch
+
+    _torch = torch
+    return torch
 
 
 def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None) -> tuple[int, ...]:
@@ -146,35 +203,66 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     torch's current device and stream (or ``stream``).  Every argument is checked before
     the driver is called.  ``grid`` defaults to the kernel's own ``grid(...)``; a grid with
     a zero extent launches nothing.  Returns the grid."""
-    import torch
+    torch = _torch or _import_torch()  # a global: an import statement costs a tenth of a microsecond
 
-    # The same arguments as an earlier launch (same tensors by address, shape, strides, dtype
-    # and device; same scalars; same device and grid): that launch checked them, computed the
-    # grid and encoded the tensor maps, so only the driver call is left.  A benchmark or a
-    # training step that reuses its buffers pays for the Python-side work once.  A plan exists
-    # only once torch has initialised CUDA, so asking torch for its device costs no set-up.
-    plans = compiled.launch_plans
-    if plans:
+    # Arguments like an earlier launch's (tensors of the same shapes, strides, dtypes and
+    # devices; the same scalars, device and grid): that launch checked them, computed the grid
+    # and built the parameters, so what is left is to check that the tensors' addresses are
+    # aligned, put them into the parameters and tensor maps, and call the driver.  A program
+    # that allocates its outputs afresh at every call (``c = torch.empty(...)``) pays for the
+    # Python-side work once per shape.  A plan exists only once torch has initialised CUDA, so
+    # asking torch for its device costs no set-up.
+    state = _states.get(id(compiled))
+    if state is not None and state.plans:
         # CUDA is initialised (a plan exists): torch's raw getters, without torch.cuda's checks.
         device = torch._C._cuda_getDevice()
-        plan = plans.get(_plan_key(torch, args, grid, device))
-        if plan is not None:
-            if plan.go is not None:
-                plan.go(driver.raw_stream(torch, device) if stream is None else int(stream))
+        addresses: list[int] = []
+        plan = state.plans.get(_plan_key(torch, args, grid, device, addresses))
+        if plan is not None and (addresses == plan.addresses or plan.rebase(addresses)):
+            go = plan.go
+            if go is not None:
+                go(driver.raw_stream(torch, device) if stream is None else int(stream))
             return plan.grid
     return _launch_checked(compiled, args, grid, stream)
 
 
-class _Plan(NamedTuple):
-    """A checked launch, kept for the same arguments: its grid, and ``go(stream)``, which
-    launches it again (None for a grid with a zero extent, which launches nothing)."""
+class _Plan:
+    """A checked launch, kept for later launches whose arguments differ from its own at most
+    in the tensors' addresses.  ``addresses`` are those its parameters hold, in tensor order;
+    ``slots`` the ``u64`` parameter each address goes to; ``maps`` each TMA operand's
+    (tensor position, map, name); ``aligned`` the tensors whose address must be 16-byte aligned
+    (all but empty ones, as :func:`tkc.runtime.args.check_layout` says); ``go(stream)``
+    launches the parameters (None for a grid with a zero extent, which launches nothing).
 
-    grid: tuple[int, ...]
-    go: Any
+    :meth:`rebase` rewrites the parameters in place, so a plan belongs to the thread that made
+    it (the thread is part of the plan's key): no other thread's addresses can reach the driver
+    between one thread's rebasing and its launch."""
+
+    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned")
+
+    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: Sequence[Any] = (),
+                 maps: Sequence[tuple[int, Any, str]] = (), aligned: Sequence[int] = ()):
+        self.grid, self.go, self.addresses = grid, go, addresses
+        self.slots, self.maps, self.aligned = slots, maps, aligned
+
+    def rebase(self, addresses: list[int]) -> bool:
+        """Put the tensors at ``addresses`` into the parameters and tensor maps.  False,
+        changing nothing, when one of them is not 16-byte aligned: the caller's full checks
+        say which and why."""
+        for i in self.aligned:
+            if addresses[i] % 16:
+                return False
+        for slot, address in zip(self.slots, addresses):
+            slot.value = address
+        for i, tm, name in self.maps:
+            if tm.base != addresses[i]:
+                tm.encode(addresses[i], name)
+        self.addresses = addresses
+        return True
 
 
 def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int | None) -> tuple[int, ...]:
-    """:func:`launch` with every check, kept as a plan for the same arguments next time."""
+    """:func:`launch` with every check, kept as a plan for arguments like these next time."""
     import torch
 
     from tkc.grid import launch_grid
@@ -182,7 +270,8 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
 
     if "hopper" not in compiled.asm:
         raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
-    key = _plan_key(torch, args, grid, torch.cuda.current_device()) if torch.cuda.is_initialized() else None
+    addresses: list[int] = []
+    key = _plan_key(torch, args, grid, torch.cuda.current_device(), addresses) if torch.cuda.is_initialized() else None
     params = compiled.params
     maps = tma_operands(params, compiled.tma_maps)
     tma_names = {params[i][0] for i, _, _ in maps}
@@ -208,48 +297,56 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     if grid[0] % cluster:
         raise TkcLaunchError(f"kernel '{compiled.name}' runs in clusters of {cluster} CTAs along x: its grid "
                              f"{grid} must have a multiple of {cluster} there")
+    tensors = [i for i, (_, t) in enumerate(params) if isinstance(t, TensorType)]
+    aligned = [n for n, i in enumerate(tensors) if 0 not in args[i].shape]
     if 0 in grid:
-        _keep_plan(compiled, key, _Plan(grid, None))
+        _keep_plan(compiled, key, _Plan(grid, None, addresses, aligned=aligned))
         return grid
     values = to_ctypes(param_values(params, args))
 
     from tkc.runtime.tensormap import encode_tiled
 
-    # A map holds the tensor's address, not the tensor: the plan stays valid for whatever
-    # tensor has the same address, shape and strides when it is reused.
-    maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0]) for i, box, swizzle in maps]
+    # The maps do not keep their tensors alive: a later launch re-bases them on its own.
+    maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0], keep=False) for i, box, swizzle in maps]
     fn = _function(compiled, device.index)
     prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0, [*values, *maps_enc])
     go = fn.launcher(prepared)
     go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
-    _keep_plan(compiled, key, _Plan(grid, go))
+    slots = [values[j] for j in address_slots(params)]
+    named = [(tensors.index(i), tm, params[i][0]) for (i, _, _), tm in zip(maps, maps_enc)]
+    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned))
     return grid
 
 
-_MAX_PLANS = 64  # per kernel; a program cycling through more buffers just pays full price
+_MAX_PLANS = 64  # per kernel; a program cycling through more shapes just pays full price
 
 
 def _keep_plan(compiled: Any, key: tuple | None, plan: _Plan) -> None:
     if key is None:
         return
-    if len(compiled.launch_plans) >= _MAX_PLANS:
-        compiled.launch_plans.clear()
-    compiled.launch_plans[key] = plan
+    plans = launch_state(compiled).plans
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
 
 
-def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int) -> tuple | None:
-    """What makes two launches on ``device`` interchangeable: everything the checks, the grid
-    and the parameters depend on.  None for arguments the plan cache does not handle
-    (anything but torch tensors and Python numbers).
+def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses: list[int]) -> tuple | None:
+    """What makes two launches on ``device`` from this thread interchangeable but for the
+    tensors' addresses (everything the checks, the grid and the parameters depend on but the
+    alignment of those addresses), with the addresses appended to ``addresses``.  None for
+    arguments the plan cache does not handle (anything but torch tensors and Python numbers).
 
     The key is flat, one tuple for the whole launch (nested tuples per argument cost an
     allocation each, on every launch); it still tells argument lists apart, since each
     argument's run of items starts with what says how long the run is: a tensor's with its
-    address (an int), a number's with its type."""
-    parts: list[Any] = [device, None if grid is None else repr(grid)]  # repr: (1.0,) == (1,), but is refused
+    shape (a torch.Size), a number's with its type."""
+    # repr(grid): (1.0,) == (1,), but is refused
+    parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
+    address = addresses.append
     for x in args:
         if isinstance(x, torch.Tensor):
-            parts += (x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+            address(x.data_ptr())
+            parts += (x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):
             # 0.0 == -0.0, but the kernel gets a float's bits: the sign tells them apart.
             parts += (type(x), x, math.copysign(1.0, x))

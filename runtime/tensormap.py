@@ -124,23 +124,53 @@ def tiled_params(shape: tuple[int, ...], strides: tuple[int, ...], dtype: Any, d
 class TensorMap:
     """A 128-byte ``CUtensorMap`` in host memory, aligned to 128 bytes (the driver needs 64;
     CUDA 13 declares 128).  Pass it in a launch's ``params``; it must stay alive until the
-    launch call returns (the driver copies it into the kernel's parameter space)."""
+    launch call returns (the driver copies it into the kernel's parameter space).
+
+    ``params`` is the layout the map was validated for; :meth:`encode` writes it, at
+    ``params.global_address`` or, for a launch that reuses the layout over another tensor of
+    the same shape, strides and dtype, at that tensor's address (``base`` says which)."""
 
     def __init__(self, params: TiledParams, keepalive: Any = None):
         self.params = params
+        self.base = params.global_address
         self._buf = ctypes.create_string_buffer(128 + 127)
         self.address = (ctypes.addressof(self._buf) + 127) & ~127
         self._keepalive = keepalive  # the tensor: its memory must outlive every launch using the map
+        self._call: tuple | None = None  # the driver's entry point and arguments, made on first use
 
     @property
     def raw(self) -> bytes:
         return ctypes.string_at(self.address, 128)
 
+    def encode(self, address: int | None = None, name: str = "tensor") -> None:
+        """``cuTensorMapEncodeTiled`` of ``params`` into this map, based at ``address``
+        (default ``params.global_address``), which the caller has checked is 16-byte aligned.
+        Every argument but the address is made once, as the ctypes objects an unprototyped
+        call takes, so re-basing a map for another launch costs one bare driver call."""
+        from tkc.runtime import driver
+
+        p = self.params
+        if self._call is None:
+            u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint, ctypes.c_int
+            self._call = (driver.unprototyped("cuTensorMapEncodeTiled"),
+                          (ctypes.c_void_p(self.address), i32(p.data_type), u32(p.rank)),
+                          ((u64 * p.rank)(*p.global_dim), (u64 * max(1, p.rank - 1))(*p.global_strides),
+                           (u32 * p.rank)(*p.box_dim), (u32 * p.rank)(*p.element_strides), i32(p.interleave),
+                           i32(p.swizzle), i32(p.l2_promotion), i32(p.oob_fill)))
+        encode, head, tail = self._call
+        base = p.global_address if address is None else address
+        r = encode(*head, ctypes.c_void_p(base), *tail)
+        if r:
+            driver.check(r, f"cuTensorMapEncodeTiled({name}: {p._replace(global_address=base)})")
+        self.base = base
+
 
 def encode_tiled(tensor: Any, box: tuple[int, ...], swizzle: int, dtype: Any = None, *, oob_fill: int = 0,
-                 l2_promotion: int = 2, name: str = "tensor") -> TensorMap:
+                 l2_promotion: int = 2, name: str = "tensor", keep: bool = True) -> TensorMap:
     """A tiled tensor map over a CUDA torch tensor.  ``dtype`` (a torch dtype or tkc DType,
-    default the tensor's) may reinterpret elements of the same size."""
+    default the tensor's) may reinterpret elements of the same size.  The map keeps the
+    tensor alive unless ``keep`` is False (a launch plan, which re-bases the map on the
+    tensors of each launch and must not hold on to those of the first)."""
     from tkc.runtime import driver
 
     if not getattr(tensor, "is_cuda", False):
@@ -151,11 +181,6 @@ def encode_tiled(tensor: Any, box: tuple[int, ...], swizzle: int, dtype: Any = N
     p = tiled_params(tuple(tensor.shape), tuple(tensor.stride()), dtype, tensor.data_ptr(), box, swizzle,
                      oob_fill=oob_fill, l2_promotion=l2_promotion, name=name)
     driver.context()
-    tm = TensorMap(p, tensor)
-    u64 = ctypes.c_uint64
-    r = driver.lib().cuTensorMapEncodeTiled(
-        tm.address, p.data_type, p.rank, p.global_address, (u64 * p.rank)(*p.global_dim),
-        (u64 * max(1, p.rank - 1))(*p.global_strides), (ctypes.c_uint * p.rank)(*p.box_dim),
-        (ctypes.c_uint * p.rank)(*p.element_strides), p.interleave, p.swizzle, p.l2_promotion, p.oob_fill)
-    driver.check(r, f"cuTensorMapEncodeTiled({name}: {p})")
+    tm = TensorMap(p, tensor if keep else None)
+    tm.encode(name=name)
     return tm

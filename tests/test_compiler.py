@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +49,45 @@ def test_stop_at_tile_ir_needs_no_backend() -> None:
     assert list(c.asm) == ["tkir"] and c.threads is None and c.tma_maps == []
 
 
+def test_each_stop_runs_the_stages_up_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver runs its declared stages in order, as far as asked, and names each text after
+    its stage."""
+    ran = []
+    stages = [(name, lambda b, name=name, run=run: ran.append(name) or run(b)) for name, run in tkc.compiler._STAGES]
+    monkeypatch.setattr(tkc.compiler, "_STAGES", tuple(stages))
+    assert STAGES == ("tkir", "hopper", "llvm", "ptx", "cubin")
+    for stop in STAGES[:-1]:
+        ran.clear()
+        c = compile_kernel(GEMM, stop=stop, ptxas=False, cache=False)
+        assert ran == list(STAGES[: STAGES.index(stop) + 1]) == list(c.asm)
+    ran.clear()
+    c = compile_kernel(GEMM, stop="cubin", ptxas=False, cache=False)
+    assert ran == list(STAGES) and "cubin" not in c.asm  # the cubin stage adds nothing without ptxas
+
+
+def test_a_kernel_functions_tile_ir_comes_from_the_one_compile_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``@tkc.kernel``'s ``compile`` (the interpreter's tile IR) is compile_kernel's tile stage,
+    once per (pipeline, constants), with the source locations of the function's file."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from rmsnorm import rmsnorm
+    finally:
+        sys.path.pop(0)
+    calls = []
+    real = tkc.compiler.compile_kernel
+    monkeypatch.setattr(tkc.compiler, "compile_kernel", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    module = rmsnorm.compile(BN=64)
+    assert rmsnorm.compile(BN=64) is module and len(calls) == 1 and calls[0]["stop"] == "tkir"
+    want = real(rmsnorm._text, {"BN": 64}, stop="tkir", cache=False, file=rmsnorm.file,
+                first_line=rmsnorm.first_line, python_function=True).asm["tkir"]
+    assert print_module(module) == want
+    assert module.kernel("rmsnorm").loc.file.endswith("rmsnorm.py")
+    rmsnorm.compile("canonicalize", BN=64)
+    assert len(calls) == 2 and calls[1]["pipeline"] == "canonicalize"
+
+
 def test_targets_without_a_backend_and_unknown_stages() -> None:
     with pytest.raises(TkcUsageError, match="target sm_100a: tkc has no Blackwell lowering yet"):
         compile_kernel(GEMM, target="sm_100a", stop="ptx", cache=False)
@@ -76,12 +114,6 @@ def test_from_asm_reads_the_launch_facts_from_hopper_ir() -> None:
     assert c.tma_maps == [[0, [128, 64], 128], [1, [64, 64], 128]]
     with pytest.raises(TkcUsageError, match="needs its hopper IR"):
         Compiled.from_asm({"ptx": ""})
-
-
-def test_missing_codegen_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tkc.codegen.lower", None)
-    with pytest.raises(TkcUsageError, match="needs tkc.codegen.lower"):
-        _ptx()
 
 
 # ------------------------------------------------------------------ the cache

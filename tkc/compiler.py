@@ -1,13 +1,15 @@
 """The compiler driver: one kernel from source to PTX and cubin, through the disk cache.
 
-Owns: the order of the stages (frontend → tile pipeline → ``HOPPER_PIPELINE`` → codegen
-→ ptxas), the names of their texts (``Compiled.asm`` keys, :data:`STAGES`), the
-:class:`Compiled` record and its cache entry, the cache key (compiler version, source,
-constants, target, options), building the kernel's :class:`tkc.pins.Options` once (from its
-``consts``) and handing them with the :class:`tkc.target.Target` to the passes and codegen, and
-IR dumps: they are captured while the passes run, stored
-in the cache entry and replayed on a cache hit, so ``TKC_DUMP_IR`` shows the same thing
-whether or not the kernel was compiled this time.
+Owns: the stages, declared in order as data (``_STAGES``: frontend → tile pipeline →
+``HOPPER_PIPELINE`` → codegen → NVPTX → ptxas) with the names of their texts
+(``Compiled.asm`` keys, :data:`STAGES`), the :class:`Compiled` record (a plain result:
+what the runtime keeps between launches lives in ``tkc.runtime.launch``) and its cache
+entry, the cache key (compiler version, source, constants, target, options), building the
+kernel's :class:`tkc.pins.Options` once (from its ``consts``) and handing them with the
+:class:`tkc.target.Target` to the passes and codegen, and IR dumps:
+they are captured while the passes run, stored in the cache entry and replayed on a cache
+hit, so ``TKC_DUMP_IR`` shows the same thing whether or not the kernel was compiled this
+time.
 
 Must not: hold pass or codegen logic (``tkc.passes``, ``tkc.codegen``), read
 ``os.environ`` (knobs come through ``tkc.options``), or touch the GPU
@@ -24,7 +26,7 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +43,6 @@ from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
 
 __all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
 
-#: Every stage's output, in pipeline order: tile IR after the tile pipeline, hopper IR
-#: after HOPPER_PIPELINE, LLVM IR, PTX text, and the cubin (bytes) from ptxas.
-STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")
 #: Targets tkc can compile past tile IR, and what each other target is missing.
 _MISSING_BACKEND = {
     "sm_100a": "tkc has no Blackwell lowering yet (lower-to-blackwell and tcgen05 codegen); "
@@ -72,10 +71,6 @@ class Compiled:
     cache_hit: bool = False
     _dumps: dict[str, Any] = field(default_factory=dict, repr=False)
     _kernel_op: Operation | None = field(default=None, repr=False)
-    # Per-device loaded modules, filled by tkc.runtime.launch (never saved).
-    loaded: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
-    # Checked arguments -> (grid, function, driver parameters), filled by tkc.runtime.launch.
-    launch_plans: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def kernel_op(self) -> Operation:
@@ -264,6 +259,92 @@ def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
     return chosen[0]
 
 
+# ------------------------------------------------------------------ stages
+@dataclass
+class _Build:
+    """One kernel on its way through the stages: what every stage reads (the request) and
+    what the stages before it made (the module, edited in place by the passes; the texts)."""
+
+    module: Module
+    name: str
+    target: Target
+    options: Options
+    pipeline: str
+    hopper_pipeline: str
+    opt_level: int
+    ptxas: Path | None  # the ptxas to run, or None: no cubin, no occupancy choice
+    opts: PassOptions
+    dumps: _Dumps
+    asm: dict[str, Any] = field(default_factory=dict)
+    assembled: Any = None  # ptxas's result for asm["ptx"] (tkc.codegen.ptxas.Assembled), once it ran
+
+
+def _tile_ir(b: _Build) -> str:
+    """The tile pipeline (``DEFAULT_PIPELINE`` unless replaced) on the frontend's module."""
+    _run_passes(b.module, b.pipeline, b.opts, b.dumps, b.options, b.target)
+    return print_module(b.module, locs=b.opts.locs)
+
+
+def _hopper_ir(b: _Build) -> str:
+    """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR."""
+    _run_passes(b.module, b.hopper_pipeline, b.opts, b.dumps, b.options, b.target)
+    return print_module(b.module, locs=b.opts.locs)
+
+
+def _llvm_ir(b: _Build) -> str:
+    """Codegen: the hopper kernel as LLVM IR (llvmlite)."""
+    from tkc.codegen.lower import kernel_to_llvm
+
+    return str(kernel_to_llvm(b.module.kernel(b.name), b.target, b.options))
+
+
+def _ptx(b: _Build) -> str:
+    """LLVM's NVPTX backend.  For a kernel whose programs an SM no pass budgets for
+    (:func:`tkc.codegen.occupancy.applies`), ptxas then says whether one more fits; if so the
+    PTX, and the LLVM IR beside it, ask for it (``.minnctapersm``)."""
+    from tkc.codegen import occupancy
+    from tkc.codegen.ptxas import assemble
+    from tkc.codegen.target import emit_ptx
+
+    ptx = emit_ptx(b.asm["llvm"], b.target, opt=b.opt_level)  # the text: printed once
+    op = b.module.kernel(b.name)
+    if b.ptxas is None or not occupancy.applies(op, b.options):
+        return ptx
+    b.assembled = assemble(ptx, b.target)  # the same ptxas as found
+    raised = occupancy.one_more_program(ptx, b.name, op.attributes["threads"], op.attributes.get("smem_bytes") or 0,
+                                        b.assembled, b.target, lambda text: assemble(text, b.target))
+    if raised is not None:
+        ctas, ptx, b.assembled = raised
+        b.asm["llvm"] = occupancy.with_min_ctas(b.asm["llvm"], ctas, "llvm")
+    return ptx
+
+
+def _cubin(b: _Build) -> bytes | None:
+    """ptxas on the PTX (its result from the ptx stage when that ran it); None without ptxas."""
+    if b.ptxas is None:
+        return None
+    if b.assembled is None:
+        from tkc.codegen.ptxas import assemble
+
+        b.assembled = assemble(b.asm["ptx"], b.target)
+    return b.assembled.cubin
+
+
+#: The driver, as data: each stage in order, with the ``Compiled.asm`` text it adds.  A
+#: compilation runs the stages up to the one asked for; a stage that returns None adds nothing
+#: (no ptxas, no cubin).
+_STAGES: tuple[tuple[str, Callable[[_Build], Any]], ...] = (
+    ("tkir", _tile_ir),      # frontend's tile IR -> tile pipeline
+    ("hopper", _hopper_ir),  # -> HOPPER_PIPELINE -> hopper IR
+    ("llvm", _llvm_ir),      # -> codegen -> LLVM IR
+    ("ptx", _ptx),           # -> NVPTX -> PTX (and ptxas's choice of programs an SM)
+    ("cubin", _cubin),       # -> ptxas -> cubin
+)
+#: Every stage's output, in pipeline order: tile IR after the tile pipeline, hopper IR
+#: after HOPPER_PIPELINE, LLVM IR, PTX text, and the cubin (bytes) from ptxas.
+STAGES = tuple(name for name, _ in _STAGES)
+
+
 def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str, Any] | None = None, *,
                    target: str | Target = DEFAULT_TARGET, pipeline: str | None = None,
                    hopper_pipeline: str | None = None, kernel: str | None = None, stop: str = "cubin",
@@ -284,7 +365,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     ``cache`` reads and writes the disk cache (``TKC_CACHE_DIR``, or ``cache_dir``); pass
     timing always compiles afresh, since a cache hit times nothing.
     """
-    from tkc.passes.pipeline import DEFAULT_PIPELINE
+    from tkc.codegen.target import target as lookup_target
+    from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
 
     if stop not in STAGES:
         raise TkcUsageError(f"unknown stage {stop!r}; stages: {', '.join(STAGES)}")
@@ -298,7 +380,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
     if past_tkir and hopper_pipeline is None:
-        hopper_pipeline = _hopper_pipeline()
+        hopper_pipeline = HOPPER_PIPELINE
     # ptxas runs for a cubin, and for PTX when one is found (not refused): a kernel without
     # products gets its programs an SM from what ptxas makes of it (tkc.codegen.occupancy).
     ptxas_path = _resolve_ptxas(ptxas) if stop == "cubin" or (stop == "ptx" and ptxas is not False) else None
@@ -325,51 +407,27 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
                 _replay(hit._dumps.get("stream", ""), hit._dumps.get("files", []), opts)
                 return hit
 
-    dumps = _Dumps()
     module = _frontend(source, text, consts, file, first_line, python_function)
     chosen = _one_kernel(module, kernel, file)
     name = chosen.attributes["sym_name"]
     options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
-    _run_passes(module, pipeline, opts, dumps, options, tgt_value)
-    asm: dict[str, Any] = {"tkir": print_module(module, locs=opts.locs)}
-    result = Compiled(name, tgt, asm, cache_key=key, _dumps=dumps.as_json())
-    if past_tkir:
-        _run_passes(module, hopper_pipeline or "", opts, dumps, options, tgt_value)
-        asm["hopper"] = print_module(module, locs=opts.locs)
-        result._dumps = dumps.as_json()
-    if STAGES.index(stop) >= STAGES.index("llvm"):
-        from tkc.codegen.target import emit_ptx
-
-        llvm_module = _kernel_to_llvm()(module.kernel(name), tgt_value, options)
-        asm["llvm"] = str(llvm_module)
-        if STAGES.index(stop) >= STAGES.index("ptx"):
-            asm["ptx"] = emit_ptx(asm["llvm"], tgt_value, opt=opt_level)  # the text: printed once
-    op = module.kernel(name)
-    if ptxas_path is not None:
-        from tkc.codegen import occupancy
-        from tkc.codegen.ptxas import assemble
-
-        tune = occupancy.applies(op, options)  # at the ptx stage, ptxas runs only for this choice
-        assembled = assemble(asm["ptx"], tgt_value) if stop == "cubin" or tune else None  # same ptxas as found
-        if assembled is not None and tune:
-            raised = occupancy.one_more_program(asm["ptx"], name, op.attributes["threads"],
-                                                op.attributes.get("smem_bytes") or 0, assembled,
-                                                tgt_value, lambda ptx: assemble(ptx, tgt_value))
-            if raised is not None:
-                ctas, asm["ptx"], assembled = raised
-                asm["llvm"] = occupancy.with_min_ctas(asm["llvm"], ctas, "llvm")
-        if assembled is not None:
-            if stop == "cubin":
-                asm["cubin"] = assembled.cubin
-            result.resources = assembled.kernels.get(name)
-            result.ptxas_warnings = tuple(assembled.warnings)
-    result._kernel_op = op  # a pass may have replaced the op
+    b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
+               _Dumps())
+    for stage, run in _STAGES[: STAGES.index(stop) + 1]:
+        out = run(b)
+        if out is not None:
+            b.asm[stage] = out
+    result = Compiled(name, tgt, b.asm, cache_key=key, _dumps=b.dumps.as_json(),
+                      _kernel_op=module.kernel(name))  # the op a pass left (one may have replaced it)
+    if b.assembled is not None:
+        result.resources = b.assembled.kernels.get(name)
+        result.ptxas_warnings = tuple(b.assembled.warnings)
 
     if key is not None:
         from tkc.runtime import cache as disk
 
         # The cubin first: the JSON entry is what marks the whole entry as present.
-        if "cubin" not in asm or disk.put(key, _CUBIN, asm["cubin"], cache_dir):
+        if "cubin" not in b.asm or disk.put(key, _CUBIN, b.asm["cubin"], cache_dir):
             disk.put(key, _ENTRY, result._entry(), cache_dir)
     return result
 
@@ -380,24 +438,3 @@ def _resolve_ptxas(wanted: bool | None) -> Path | None:
     from tkc.codegen.ptxas import find_ptxas, require_ptxas
 
     return require_ptxas() if wanted else find_ptxas()
-
-
-def _hopper_pipeline() -> str:
-    from tkc.passes import pipeline
-
-    found = getattr(pipeline, "HOPPER_PIPELINE", None)
-    if found is None:
-        raise TkcUsageError("compiling past tile IR needs HOPPER_PIPELINE in tkc.passes.pipeline "
-                            "(select-layouts, lower-to-hopper, allocate-smem), which this tkc does not have")
-    return found
-
-
-def _kernel_to_llvm() -> Any:
-    try:
-        from tkc.codegen.lower import kernel_to_llvm
-    except ModuleNotFoundError as e:
-        if e.name != "tkc.codegen.lower":
-            raise
-        raise TkcUsageError("compiling to LLVM IR needs tkc.codegen.lower (hopper IR to LLVM), which this "
-                            "tkc does not have") from None
-    return kernel_to_llvm

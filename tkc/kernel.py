@@ -2,9 +2,9 @@
 
 The decorator reads the function's source and parses it with the same grammar
 as ``.tk`` files; the body is never executed as Python.  Each distinct set of
-compile-time constants is compiled once and kept: to tile IR for the
-interpreter (:meth:`Kernel.compile`), and through ``tkc.compiler`` to PTX/cubin
-for the GPU (:meth:`Kernel.specialize`, backed by the disk cache).  A call runs
+compile-time constants is compiled once and kept, through ``tkc.compiler``: to tile
+IR for the interpreter (:meth:`Kernel.compile`), and to PTX/cubin for the GPU
+(:meth:`Kernel.specialize`, backed by the disk cache).  A call runs
 the kernel in the reference interpreter when asked to (``TKC_INTERPRET=1`` or
 ``tkc.interpret``), else on the GPU through ``tkc.runtime.launch``.
 
@@ -84,20 +84,18 @@ class Kernel:
         return [p.name for p in self._tree.body[0].params]
 
     def compile(self, pipeline: str | None = None, **consts: Any) -> Module:
-        """The kernel's tile IR for these constants, after ``pipeline``
-        (default: the default pipeline).  Cached per (pipeline, constants)."""
-        from tkc.ir.verifier import verify
-        from tkc.passes.manager import PassManager, PassOptions
-        from tkc.passes.pipeline import DEFAULT_PIPELINE
-
-        pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+        """The kernel's tile IR for these constants, after ``pipeline`` (default: the default
+        pipeline), through :func:`tkc.compiler.compile_kernel`'s tile stage.  Cached per
+        (pipeline, constants) in this process; the module keeps its source locations."""
         key = (pipeline, tuple(sorted(consts.items())))
-        if key not in self._compiled:
-            module = self.lower(**consts)
-            verify(module)
-            PassManager(pipeline, PassOptions().with_knobs(knobs())).run(module)
-            self._compiled[key] = module
-        return self._compiled[key]
+        module = self._compiled.get(key)
+        if module is None:
+            from tkc.compiler import compile_kernel
+
+            compiled = compile_kernel(self._text, consts, pipeline=pipeline, stop="tkir", cache=False,
+                                      file=self.file, first_line=self.first_line, python_function=True)
+            module = self._compiled[key] = Module([compiled.kernel_op])
+        return module
 
     def ir(self, pipeline: str | None = None, locs: bool = False, **consts: Any) -> str:
         return print_module(self.compile(pipeline, **consts), locs=locs)

@@ -1,7 +1,9 @@
-"""The plan cache of repeated launches, without a GPU: a launch with the same arguments skips
-the checks and goes straight to the driver; any change the checks depend on (data pointer,
-shape, strides, dtype, device, scalar value) is checked again, and refused with the same error
-as a first launch.  torch's CUDA queries and the driver are stubbed; tensors are CPU tensors
+"""The plan cache of repeated launches, without a GPU: a launch with arguments like an earlier
+one's (tensors of the same shapes, strides, dtypes and devices, at any aligned address; the same
+scalars, device and grid) skips the checks, puts the tensors' addresses into the parameters and
+tensor maps and goes straight to the driver; any change the checks depend on (shape, strides,
+dtype, device, scalar value, an address's alignment) is checked again, and refused with the same
+error as a first launch.  torch's CUDA queries and the driver are stubbed; tensors are CPU tensors
 that say they are on a CUDA device."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import ctypes
 import functools
 import importlib
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -52,10 +55,15 @@ def cuda_like(t: torch.Tensor, index: int = 0) -> FakeCuda:
 
 class FakeLib:
     """The driver entry points a launch uses, under their driver names; each launch is recorded
-    with its grid, its stream and the value of its first parameter (the first tensor's address)."""
+    with its grid, its stream, the value of its first parameter (the first tensor's address) and
+    the values of the ``u64`` parameters at ``slots`` and of the ``f32`` ones at ``f32_slots``;
+    each tensor map encoded, with the address it is based at."""
 
     def __init__(self) -> None:
         self.launches: list[dict] = []
+        self.encoded: list[int] = []  # each cuTensorMapEncodeTiled's global address
+        self.slots: tuple[int, ...] = ()
+        self.f32_slots: tuple[int, ...] = ()
         self.result = 0  # what cuLaunchKernelEx returns
         self.current = CTX  # the thread's current context
 
@@ -77,13 +85,17 @@ class FakeLib:
         return 0
 
     def cuTensorMapEncodeTiled(self, *args: object) -> int:
+        address = args[3]
+        self.encoded.append(getattr(address, "value", address) or 0)
         return 0
 
     def cuLaunchKernelEx(self, cfg: ctypes.c_void_p, handle: object, ptrs: ctypes.c_void_p, extra: None) -> int:
         c = driver.CUlaunchConfig.from_address(cfg.value)
-        first = ctypes.c_void_p.from_address(ptrs.value).value  # the first parameter's address
+        pointers = (ctypes.c_void_p * (max((*self.slots, *self.f32_slots), default=0) + 1)).from_address(ptrs.value)
         self.launches.append({"grid": (c.gridDimX, c.gridDimY, c.gridDimZ), "stream": c.hStream or 0,
-                              "first": ctypes.c_uint64.from_address(first).value, "ctx": self.current})
+                              "first": ctypes.c_uint64.from_address(pointers[0]).value, "ctx": self.current,
+                              "slots": [ctypes.c_uint64.from_address(pointers[j]).value for j in self.slots],
+                              "f32": [ctypes.c_float.from_address(pointers[j]).value for j in self.f32_slots]})
         return self.result
 
 
@@ -120,8 +132,12 @@ def gemm() -> Compiled:
     c = Compiled.from_asm({"hopper": HOPPER_GEMM.read_text(), "ptx": "unused"})
     module = types.SimpleNamespace(ctx=ctypes.c_void_p(CTX))
     for index in (0, 1):
-        c.loaded[index] = driver.Function(ctypes.c_void_p(0x3000), "gemm", module)
+        launch_mod.launch_state(c).functions[index] = driver.Function(ctypes.c_void_p(0x3000), "gemm", module)
     return c
+
+
+def plans(c: Compiled) -> dict:
+    return launch_mod.launch_state(c).plans
 
 
 def gemm_args(m: int = 128, n: int = 128, k: int = 64) -> list[FakeCuda]:
@@ -133,7 +149,7 @@ def test_a_repeated_launch_skips_the_checks(gpu: types.SimpleNamespace) -> None:
     c, args = gemm(), gemm_args()
     assert launch_mod.launch(c, args) == (1, 1)
     assert launch_mod.launch(c, args) == (1, 1)
-    assert gpu.checks == 1 and len(c.launch_plans) == 1
+    assert gpu.checks == 1 and len(plans(c)) == 1
     assert [x["first"] for x in gpu.lib.launches] == [args[0].data_ptr()] * 2
     assert [x["stream"] for x in gpu.lib.launches] == [0x5000] * 2  # torch's current stream, both times
 
@@ -160,13 +176,60 @@ def test_a_repeated_launch_makes_the_modules_context_current(gpu: types.SimpleNa
     assert [x["ctx"] for x in gpu.lib.launches] == [CTX, CTX]
 
 
-def test_other_buffers_are_checked_and_launched_with_their_address(gpu: types.SimpleNamespace) -> None:
+def test_other_buffers_of_the_same_shape_are_launched_with_their_address(gpu: types.SimpleNamespace) -> None:
     c, args = gemm(), gemm_args()
     launch_mod.launch(c, args)
     other = [args[0].clone().as_subclass(FakeCuda), *args[1:]]
     launch_mod.launch(c, other)
-    assert gpu.checks == 2
+    assert gpu.checks == 1
     assert [x["first"] for x in gpu.lib.launches] == [args[0].data_ptr(), other[0].data_ptr()]
+    # a's tensor map, first at a's address, is based again at the other tensor's (b's is not)
+    assert gpu.lib.encoded == [args[0].data_ptr(), args[1].data_ptr(), other[0].data_ptr()]
+
+
+def test_a_new_output_tensor_at_each_call_reuses_the_plan(gpu: types.SimpleNamespace) -> None:
+    """``c = torch.empty(...); gemm(a, b, c)``: every tensor's address reaches its parameter,
+    and each launch gets the addresses it was called with, after others were launched."""
+    gpu.lib.slots = (0, 5, 10)  # a, b and c's addresses among the gemm's parameters
+    c, (a, b, _) = gemm(), gemm_args()
+    outs = [cuda_like(torch.zeros(128, 128, dtype=torch.bfloat16)) for _ in range(3)]
+    for out in [*outs, outs[0], outs[0], outs[2]]:
+        assert launch_mod.launch(c, [a, b, out]) == (1, 1)
+    assert gpu.checks == 1 and len(plans(c)) == 1
+    want = [[a.data_ptr(), b.data_ptr(), out.data_ptr()] for out in [*outs, outs[0], outs[0], outs[2]]]
+    assert [x["slots"] for x in gpu.lib.launches] == want
+    # a and b take TMA; c does not: their maps were encoded once, at their addresses
+    assert gpu.lib.encoded == [a.data_ptr(), b.data_ptr()]
+    # and with a new a each time, a's map follows it
+    others = [cuda_like(torch.zeros(128, 64, dtype=torch.bfloat16)) for _ in range(2)]
+    for x in [*others, a]:
+        launch_mod.launch(c, [x, b, outs[0]])
+    assert gpu.lib.encoded[2:] == [x.data_ptr() for x in [*others, a]]
+    assert [x["slots"][0] for x in gpu.lib.launches[-3:]] == [x.data_ptr() for x in [*others, a]]
+    assert gpu.checks == 1
+
+
+def test_a_plan_keeps_no_tensor_alive(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    launch_mod.launch(c, args)
+    refs = [weakref.ref(x) for x in args]
+    del args
+    assert [r() for r in refs] == [None, None, None]
+    assert len(plans(c)) == 1
+
+
+def test_new_tensors_of_other_strides_are_checked_again(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    padded = torch.zeros(128, 72, dtype=torch.bfloat16)
+    args[0] = cuda_like(padded[:, :64])  # 144-byte rows: TMA-able, but another layout
+    launch_mod.launch(c, args)
+    assert gpu.checks == 2 and len(plans(c)) == 2
+    args[0] = cuda_like(torch.zeros(128, 68, dtype=torch.bfloat16)[:, :64])  # 136-byte rows: not TMA-able
+    with pytest.raises(TkcLaunchError, match="a: axis 0 has a stride of 136 bytes; TMA"):
+        launch_mod.launch(c, args)
+    assert len(gpu.lib.launches) == 2
 
 
 def test_a_failed_repeated_launch_names_the_launch(gpu: types.SimpleNamespace) -> None:
@@ -233,13 +296,23 @@ def test_a_changed_dtype_at_the_same_address_is_refused(gpu: types.SimpleNamespa
 
 
 def test_a_misaligned_view_is_refused(gpu: types.SimpleNamespace) -> None:
+    gpu.lib.slots = (0, 5, 10)
     c, args = gemm(), gemm_args()
     base = torch.zeros(128 * 64 + 8, dtype=torch.bfloat16)
     args[0] = cuda_like(base.as_strided((128, 64), (64, 1)))
     launch_mod.launch(c, args)
+    aligned = args[0]
     args[0] = cuda_like(base.as_strided((128, 64), (64, 1), 1))  # 2 bytes further
     with pytest.raises(TkcLaunchError, match="a: the data pointer .* is not 16-byte aligned"):
         launch_mod.launch(c, args)
+    out = torch.zeros(128 * 128 + 8, dtype=torch.bfloat16)
+    args[0], args[2] = aligned, cuda_like(out.as_strided((128, 128), (128, 1), 4))  # c: 8 bytes further
+    with pytest.raises(TkcLaunchError, match="c: the data pointer .* is not 16-byte aligned"):
+        launch_mod.launch(c, args)
+    assert len(gpu.lib.launches) == 1 and len(plans(c)) == 1
+    args[2] = cuda_like(out.as_strided((128, 128), (128, 1), 8))  # 16 bytes further: fine
+    launch_mod.launch(c, args)
+    assert gpu.lib.launches[-1]["slots"] == [aligned.data_ptr(), args[1].data_ptr(), args[2].data_ptr()]
 
 
 def test_another_device_is_refused(gpu: types.SimpleNamespace) -> None:
@@ -265,15 +338,46 @@ def test_an_explicit_grid_is_part_of_the_plan(gpu: types.SimpleNamespace) -> Non
     assert len(gpu.lib.launches) == 1 and gpu.checks == 3
 
 
+def key(args: list, grid: object = None, device: int = 0, addresses: list | None = None) -> tuple | None:
+    return launch_mod._plan_key(torch, args, grid, device, [] if addresses is None else addresses)
+
+
 def test_scalars_that_compare_equal_but_encode_differently_get_their_own_plans() -> None:
     x = torch.zeros(4, dtype=torch.bfloat16)
-    key = launch_mod._plan_key
-    assert key(torch, [x, 0.0], None, 0) != key(torch, [x, -0.0], None, 0)
-    assert key(torch, [x, 1], None, 0) != key(torch, [x, True], None, 0)
-    assert key(torch, [x, 1], None, 0) != key(torch, [x, 1.0], None, 0)
-    assert key(torch, [x, 1.5], None, 0) == key(torch, [x, 1.5], None, 0)
-    assert key(torch, [x], None, 0) != key(torch, [x], None, 1)
-    assert key(torch, [x, x.float().numpy()], None, 0) is None  # not cached: checked every time
+    assert key([x, 0.0]) != key([x, -0.0])
+    assert key([x, 1]) != key([x, True])
+    assert key([x, 1]) != key([x, 1.0])
+    assert key([x, 1.5]) == key([x, 1.5])
+    assert key([x]) != key([x], device=1)
+    assert key([x, x.float().numpy()]) is None  # not cached: checked every time
+
+
+def test_a_plan_key_holds_no_address() -> None:
+    x, y = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)
+    ax, ay = [], []
+    assert key([x, 2], addresses=ax) == key([y, 2], addresses=ay)
+    assert ax == [x.data_ptr()] and ay == [y.data_ptr()]
+    for other in (x.T, x[:, :4], x.float(), x.view(2, 16)):
+        assert key([other, 2]) != key([x, 2])
+    assert key([x, 3]) != key([x, 2]) and key([x, 2], grid=(4,)) != key([x, 2])
+
+
+def test_each_thread_has_its_own_plans(gpu: types.SimpleNamespace) -> None:
+    """A plan's parameters are rewritten in place for new addresses: threads never share one."""
+    import threading
+
+    c, args = gemm(), gemm_args()
+    x = torch.zeros(4, dtype=torch.bfloat16)
+    keys = [key([x])]
+    other = threading.Thread(target=lambda: keys.append(key([x])))
+    other.start()
+    other.join()
+    assert keys[0] != keys[1]
+    launch_mod.launch(c, args)
+    other = threading.Thread(target=lambda: launch_mod.launch(c, args))
+    other.start()
+    other.join()
+    assert len(plans(c)) == 2 and gpu.checks == 2
 
 
 def test_the_plan_cache_is_bounded(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -281,7 +385,46 @@ def test_the_plan_cache_is_bounded(gpu: types.SimpleNamespace, monkeypatch: pyte
     c = gemm()
     for m in (128, 256, 384):
         launch_mod.launch(c, gemm_args(m=m))
-    assert len(c.launch_plans) == 1
+    assert len(plans(c)) == 1
+
+
+def test_runtime_state_lives_beside_the_compiled_kernel(gpu: types.SimpleNamespace) -> None:
+    """A Compiled holds no launch state; the runtime's goes when the Compiled does."""
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    assert not hasattr(c, "launch_plans") and not hasattr(c, "loaded")
+    assert id(c) in launch_mod._states
+    key = id(c)
+    del c
+    import gc
+
+    gc.collect()
+    assert key not in launch_mod._states
+
+
+def rmsnorm_hopper() -> Compiled:
+    """examples/rmsnorm.py's kernel (a scalar eps) to hopper IR, its function loaded on device 0."""
+    from tkc.compiler import compile_kernel
+
+    k = _rmsnorm()
+    c = compile_kernel(k._text, {}, stop="hopper", cache=False, file=k.file, first_line=k.first_line,
+                       python_function=True)
+    module = types.SimpleNamespace(ctx=ctypes.c_void_p(CTX))
+    launch_mod.launch_state(c).functions[0] = driver.Function(ctypes.c_void_p(0x3000), "rmsnorm", module)
+    return c
+
+
+def test_another_scalar_is_checked_again_and_reaches_the_kernel(gpu: types.SimpleNamespace) -> None:
+    c = rmsnorm_hopper()
+    gpu.lib.f32_slots = (13,)  # eps, after x (5 entries), w (3) and y (5)
+    x, w = cuda_like(torch.zeros(32, 256, dtype=torch.bfloat16)), cuda_like(torch.zeros(256, dtype=torch.bfloat16))
+    outs = [cuda_like(torch.zeros(32, 256, dtype=torch.bfloat16)) for _ in range(3)]
+    for y, eps in zip(outs, (1e-6, 1e-5, 1e-6)):
+        launch_mod.launch(c, [x, w, y, eps])
+    assert gpu.checks == 2 and len(plans(c)) == 2
+    assert [x["f32"][0] for x in gpu.lib.launches] == pytest.approx([1e-6, 1e-5, 1e-6])
+    with pytest.raises(TkcLaunchError, match="eps"):
+        launch_mod.launch(c, [x, w, outs[0], "1e-6"])
 
 
 # ------------------------------------------------------------- @tkc.kernel

@@ -97,3 +97,32 @@ def test_tensor_map_storage_is_aligned():
     maps = [TensorMap(p) for _ in range(8)]
     assert all(m.address % 128 == 0 for m in maps)
     assert len(maps[0].raw) == 128
+
+
+def test_a_map_is_encoded_again_at_another_address_with_the_same_arguments(monkeypatch):
+    """:meth:`TensorMap.encode` hands the driver the validated layout, based at the address
+    given (a launch re-bases a map on each new tensor), through one entry point made once."""
+    import ctypes
+
+    from tkc.runtime import driver
+
+    calls = []
+
+    class Lib:
+        def _FuncPtr(self, spec):  # noqa: N802 - ctypes' name
+            assert spec[0] == "cuTensorMapEncodeTiled"
+            return lambda *args: calls.append(args) or 0
+
+    monkeypatch.setattr(driver, "_lib", Lib())
+    p = tiled_params((300, 136), (136, 1), bf16, BASE, (64, 128), 3)
+    tm = TensorMap(p)
+    tm.encode()
+    tm.encode(BASE + 0x1000)
+
+    def plain(args):
+        return [list(a) if isinstance(a, ctypes.Array) else a.value for a in args]
+
+    first, second = (plain(args) for args in calls)
+    assert first == [tm.address, 9, 2, BASE, [136, 300], [272], [64, 128], [1, 1], 0, 3, 2, 0]
+    assert second == [*first[:3], BASE + 0x1000, *first[4:]] and tm.base == BASE + 0x1000
+    assert all(a is b for a, b in zip(calls[0][4:8], calls[1][4:8]))  # the arrays, made once
