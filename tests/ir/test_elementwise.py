@@ -254,3 +254,62 @@ def test_ops_decomposed_before_codegen_keep_their_location():
     assert not any(isinstance(op, T.SigmoidOp) for op in hopper.walk())
     exps = [op for op in hopper.walk() if op.name == "tile.exp"]
     assert exps and all(op.loc.line == 7 for op in exps)
+
+
+# ------------------------------------------------------------------ on the GPU
+# The GPU's approximate instructions (ex2/lg2/sin/cos.approx) against torch's float64 answer.
+GPU_TOL = {"sin": (0, 2e-6), "cos": (0, 2e-6), "pow": (4e-5, 1e-30), "pow_negative_base": (4e-5, 1e-30),
+           "pow_fraction_of_negative": (4e-5, 1e-30), "pow_scalar_base": (4e-5, 1e-30)}
+
+
+def _gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    return launch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,expr,ranges,ref,tol,ptx", FLOAT_CASES, ids=[c[0] for c in FLOAT_CASES])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_float_op_on_gpu(name, expr, ranges, ref, tol, ptx, dtype):
+    launch = _gpu()
+    dt = dtypes.from_name(dtype)
+    args = _inputs(ranges, dt, seed=3)
+    c = compile_kernel(_source(expr, len(ranges), dtype), cache=False)
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    xs = [torch.from_numpy(a).to("cuda", tdt) for a in args]
+    y = torch.full((M, N), float("nan"), device="cuda", dtype=tdt)
+    launch(c, [*xs, y])
+    torch.cuda.synchronize()
+    want = ref(*map(_t, args)).numpy()
+    rtol, atol = GPU_TOL.get(name, (2e-6, 1e-6))
+    if dtype == "bf16":
+        rtol, atol = max(rtol, 2.0 ** -7), max(atol, 2.0 ** -7 * 1e-3)
+    np.testing.assert_allclose(y.float().cpu().numpy(), want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_shifts_and_mean_on_gpu():
+    launch = _gpu()
+    rng = np.random.default_rng(4)
+    a = rng.integers(-(2**31), 2**31, size=(M, N)).astype(np.int32)
+    n = rng.integers(-3, 40, size=(M, N)).astype(np.int32)
+    c = compile_kernel(_source("(a << b) ^ (a >> b)", 2, "i32"), cache=False)
+    y = torch.zeros((M, N), dtype=torch.int32, device="cuda")
+    launch(c, [torch.from_numpy(a).cuda(), torch.from_numpy(n).cuda(), y])
+    want, _ = _run(_source("(a << b) ^ (a >> b)", 2, "i32"), [a, n], dtypes.i32)
+    np.testing.assert_array_equal(y.cpu().numpy(), want)
+
+    src = """@kernel
+def op(x: bf16[M, N], y: bf16[M]):
+    grid(cdiv(M, 64))
+    p = program_id(0) * 64
+    y[p:p+64] = x[p:p+64, 0:64].mean(1)
+"""
+    x = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    out = torch.full((M,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch(compile_kernel(src, cache=False), [x, out])
+    ref = x[:, :64].double().mean(1)
+    torch.testing.assert_close(out.double(), ref, rtol=2.0 ** -7, atol=1e-3)
