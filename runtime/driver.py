@@ -282,12 +282,11 @@ def _dim3(v: int | Sequence[int], what: str) -> tuple[int, int, int]:
 
 def _param_pointer(p: Any, i: int) -> int:
     """The address the driver reads parameter ``i`` from."""
-    from tkc.runtime.tensormap import TensorMap
-
-    if isinstance(p, TensorMap):
-        return p.address
     if isinstance(p, ctypes._SimpleCData):
         return ctypes.addressof(p)
+    address = getattr(p, "address", None)  # a tkc.runtime.tensormap.TensorMap: its 128-B host map
+    if isinstance(address, int):
+        return address
     raise TkcUsageError(f"kernel parameter {i}: expected a ctypes value (c_void_p for a pointer, c_int32, "
                         f"c_float ...) or a TensorMap, got {type(p).__name__}: the parameter's width is "
                         "not known here")

@@ -33,7 +33,6 @@ __all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_state"
 
 _I32_MAX = 2**31 - 1
 # Compute capability each target runs on: sm_90a code runs on 9.0 only (the "a" features).
-_CAPABILITY = {"sm_90a": (9, 0), "sm_100a": (10, 0)}
 
 
 class TensorArg(NamedTuple):
@@ -133,9 +132,11 @@ def _grid(grid: Any) -> tuple[int, ...]:
 def _check_device(target: str, device: Any) -> None:
     import torch
 
-    want = _CAPABILITY.get(target)
+    from tkc.target import target as lookup_target
+
+    want = lookup_target(target).capability
     have = torch.cuda.get_device_capability(device)
-    if want is not None and tuple(have) != want:
+    if tuple(have) != want:
         raise TkcLaunchError(f"the kernel is compiled for {target} (compute capability {want[0]}.{want[1]}) but "
                              f"{device} ({torch.cuda.get_device_name(device)}) is {have[0]}.{have[1]}")
 

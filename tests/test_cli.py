@@ -136,7 +136,7 @@ def test_compile_sm_100a_is_refused_in_one_line() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a", "--emit", "ptx")
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr == ("error: target sm_100a: tkc has no Blackwell lowering yet (lower-to-blackwell and "
-                        "tcgen05 codegen); only --emit tkir works for sm_100a\n")
+                        "its codegen); only --emit tkir works for sm_100a\n")
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a")  # tile IR has no target
     assert r.exit_code == 0, r.stderr
 

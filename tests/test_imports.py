@@ -20,9 +20,6 @@ PACKAGES = {"tkc": ROOT / "tkc", "tkc.runtime": ROOT / "runtime"}
 #: Circles that remain, each named by the sorted modules of its group, with why.  Every other
 #: circle is a defect to fix by moving what both sides share into a module below them.
 ALLOWED: dict[tuple[str, ...], str] = {
-    ("tkc.runtime.driver", "tkc.runtime.tensormap"):
-        "driver's _param_pointer asks isinstance(p, TensorMap) through a local import, and "
-        "tensormap encodes through the driver; left for the runtime's own rework (issue 23, item 3)",
 }
 
 

@@ -32,6 +32,7 @@ from tkc.ir.types import TensorType
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.passes.pipeline import DEFAULT_PIPELINE
 from tkc.runner import BACKENDS, UNTILED_DIM
+from tkc.target import DEFAULT_TARGET, TARGETS
 
 EXIT_ERROR = 1
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -333,7 +334,7 @@ def ops_command(dialect: str) -> None:
 @click.option("--kernel", metavar="NAME", help="Keep only this kernel.")
 @click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
               help="Set a compile-time constant (int, float, true/false).")
-@click.option("--target", type=click.Choice(["sm_90a", "sm_100a"]), default="sm_90a", show_default=True,
+@click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
               help="The GPU the backend stages compile for.")
 @click.option("--resource-usage", is_flag=True,
               help="Run ptxas and print registers, spills and shared memory per kernel to stderr.")

@@ -43,11 +43,8 @@ from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
 
 __all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
 
-#: Targets tkc can compile past tile IR, and what each other target is missing.
-_MISSING_BACKEND = {
-    "sm_100a": "tkc has no Blackwell lowering yet (lower-to-blackwell and tcgen05 codegen); "
-               "only --emit tkir works for sm_100a",
-}
+#: The dialects tkc lowers to and emits code from; a target of another stops at tile IR.
+_LOWERED_DIALECTS = ("hopper",)
 _ENTRY = "compiled.json"
 _CUBIN = "kernel.cubin"
 
@@ -373,8 +370,9 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     past_tkir = STAGES.index(stop) > 0
     tgt_value = lookup_target(target)
     tgt = tgt_value.name
-    if past_tkir and tgt in _MISSING_BACKEND:
-        raise TkcUsageError(f"target {tgt}: {_MISSING_BACKEND[tgt]}")
+    if past_tkir and tgt_value.dialect not in _LOWERED_DIALECTS:
+        raise TkcUsageError(f"target {tgt}: tkc has no {tgt_value.dialect.capitalize()} lowering yet (lower-to-{tgt_value.dialect} "
+                            f"and its codegen); only --emit tkir works for {tgt}")
     consts = dict(consts or {})
     file = file or (str(source) if isinstance(source, Path) else "<string>")
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())

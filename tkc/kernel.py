@@ -25,6 +25,7 @@ from tkc.errors import TkcLaunchError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.options import knobs
+from tkc.target import DEFAULT_TARGET
 
 
 @functools.cache
@@ -47,7 +48,7 @@ class Kernel:
     """
 
     #: The GPU target of calls and ``asm``; assign another to a kernel to change it.
-    target = "sm_90a"
+    target = DEFAULT_TARGET.name
 
     def __init__(self, fn: Callable[..., Any]):
         try:

@@ -67,6 +67,8 @@ class Target:
     # Tile ops that have a decomposition (``ElementwiseOp.decompose``, a ``mean``) but that this
     # target's codegen renders directly, so the ``decompose`` pass leaves them (none on sm_90a).
     native_ops: tuple[str, ...] = ()
+    # The compute capability its code runs on ("a" targets: that one exactly).
+    capability: tuple[int, int] = (9, 0)
 
     def smem_per_program(self, ctas_per_sm: int = 1) -> int:
         """Dynamic shared memory a program may take so that ``ctas_per_sm`` fit on one SM."""
@@ -83,9 +85,9 @@ class Target:
 # The PTX version per target: the minimum (PTX-FACTS §0: sm_90a needs 8.0, sm_100a 8.6), but
 # 8.1 on sm_90a, where cluster reductions store with st.async (PTX ISA 8.1).
 TARGETS: dict[str, Target] = {
-    "sm_90a": Target("sm_90a", "sm_90a", "+ptx81", "8.1", "sm_90a",
+    "sm_90a": Target("sm_90a", "sm_90a", "+ptx81", "8.1", "sm_90a", capability=(9, 0),
                      forbidden_intrinsics=("llvm.nvvm.tcgen05.",)),
-    "sm_100a": Target("sm_100a", "sm_100a", "+ptx86", "8.6", "sm_100a",
+    "sm_100a": Target("sm_100a", "sm_100a", "+ptx86", "8.6", "sm_100a", capability=(10, 0),
                       forbidden_intrinsics=("llvm.nvvm.wgmma.",), dialect="blackwell"),
 }
 
