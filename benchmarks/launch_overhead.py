@@ -13,7 +13,8 @@ Each row is the best and median microseconds per call over several rounds of man
   then with a new output tensor at every call (``c = torch.empty(...); launch(gemm, [a, b, c])``,
   as a PyTorch program calls a kernel): a launch with new tensors of a shape seen before must
   cost about what a repeated one does.  On a GPU, torch's own launch of the same product is the
-  peer of each: ``torch.matmul(a, b, out=c)`` and ``torch.matmul(a, b)``, which allocates.
+  peer of each: ``torch.matmul(a, b, out=c)``; for the new output, the same Python allocation
+  then ``torch.matmul(a, b, out=out)``, and ``torch.matmul(a, b)``, which allocates in C++.
 
 On a GPU host each round is a few hundred calls, so the GPU keeps up or queues and the time
 is the host's.  Without a GPU (or with ``--stub``) only what needs a GPU is replaced: libcuda
@@ -71,6 +72,7 @@ int cuFuncGetAttribute(int *v, int attr, void *f) { *v = 0; return 0; }
 int cuLaunchKernelEx(const void *cfg, void *f, void **params, void **extra) { launches++; return 0; }
 int cuOccupancyMaxActiveClusters(int *n, void *f, const void *cfg) { *n = 132; return 0; }
 int cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *f, int threads, size_t smem) { *n = 1; return 0; }
+int cuTensorMapReplaceAddress(void *map, void *addr) { return 0; }
 int cuTensorMapEncodeTiled(void *map, int dt, unsigned rank, void *addr, const uint64_t *dims,
                            const uint64_t *strides, const unsigned *box, const unsigned *estrides,
                            int interleave, int swizzle, int l2, int oob) { return 0; }
@@ -208,20 +210,21 @@ def main() -> None:
             f"gemm {n}^3, new output tensor each call": new_output_each_call(lambda out: launch(gemm, [a, b, out]),
                                                                           lambda: tensor(n, n)),
         }
-        torch_cases = {
-            f"gemm {n}^3, same tensors": ("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c)),
-            f"gemm {n}^3, new output tensor each call": ("torch.matmul(a, b)", lambda: torch.matmul(a, b)),
+        torch_cases = {  # per tkc row, torch's launches of the same product
+            f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
+            f"gemm {n}^3, new output tensor each call": [
+                ("out = torch.empty(...); torch.matmul(a, b, out=out)",
+                 new_output_each_call(lambda out: torch.matmul(a, b, out=out), lambda: tensor(n, n))),
+                ("torch.matmul(a, b) (allocates in C++)", lambda: torch.matmul(a, b))],
         } if gpu else {}
         before = cuda.stub_launches() if cuda is not None else 0
         print(f"us per call: best of {rounds} rounds of {calls} calls (median)")
         for name, fn in tkc_cases.items():
             best, median = per_call_us(fn, calls, rounds, sync)
-            line = f"  {name:42s} tkc {best:7.2f} ({median:.2f})"
-            if name in torch_cases:
-                peer, torch_fn = torch_cases[name]
+            print(f"  {name:42s} tkc {best:7.2f} ({median:.2f})")
+            for peer, torch_fn in torch_cases.get(name, []):
                 best, median = per_call_us(torch_fn, calls, rounds, sync)
-                line += f"   torch {best:7.2f} ({median:.2f})  {peer}"
-            print(line)
+                print(f"  {'':42s} torch {best:7.2f} ({median:.2f})  {peer}")
         if cuda is not None:
             launched = cuda.stub_launches() - before
             expected = len(tkc_cases) * (rounds * calls + 1)

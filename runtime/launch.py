@@ -257,7 +257,7 @@ class _Plan:
             slot.value = address
         for i, tm, name in self.maps:
             if tm.base != addresses[i]:
-                tm.encode(addresses[i], name)
+                tm.rebase(addresses[i], name)
         self.addresses = addresses
         return True
 

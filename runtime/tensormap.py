@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from tkc.dtypes import DType
 from tkc.errors import TkcLaunchError
+from tkc.runtime import driver  # touches no GPU until a function of it is called
 
 __all__ = ["DATA_TYPE", "SWIZZLE_BYTES", "TensorMap", "TiledParams", "data_type", "encode_tiled", "tiled_params"]
 
@@ -137,6 +138,7 @@ class TensorMap:
         self.address = (ctypes.addressof(self._buf) + 127) & ~127
         self._keepalive = keepalive  # the tensor: its memory must outlive every launch using the map
         self._call: tuple | None = None  # the driver's entry point and arguments, made on first use
+        self._replace: tuple | None = None  # cuTensorMapReplaceAddress and this map, made on first use
 
     @property
     def raw(self) -> bytes:
@@ -147,8 +149,6 @@ class TensorMap:
         (default ``params.global_address``), which the caller has checked is 16-byte aligned.
         Every argument but the address is made once, as the ctypes objects an unprototyped
         call takes, so re-basing a map for another launch costs one bare driver call."""
-        from tkc.runtime import driver
-
         p = self.params
         if self._call is None:
             u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint, ctypes.c_int
@@ -164,6 +164,24 @@ class TensorMap:
             driver.check(r, f"cuTensorMapEncodeTiled({name}: {p._replace(global_address=base)})")
         self.base = base
 
+    def rebase(self, address: int, name: str = "tensor") -> None:
+        """The same map over another tensor of its layout at ``address`` (16-byte aligned, as the
+        caller has checked): ``cuTensorMapReplaceAddress``, one two-argument driver call, where
+        the driver has it, else the whole map encoded again."""
+        if self._replace is None:
+            try:
+                self._replace = (driver.unprototyped("cuTensorMapReplaceAddress"), ctypes.c_void_p(self.address))
+            except AttributeError:  # a driver older than the entry point
+                self._replace = ()
+        if not self._replace:
+            self.encode(address, name)
+            return
+        replace, me = self._replace
+        r = replace(me, ctypes.c_void_p(address))
+        if r:
+            driver.check(r, f"cuTensorMapReplaceAddress({name}: {address:#x})")
+        self.base = address
+
 
 def encode_tiled(tensor: Any, box: tuple[int, ...], swizzle: int, dtype: Any = None, *, oob_fill: int = 0,
                  l2_promotion: int = 2, name: str = "tensor", keep: bool = True) -> TensorMap:
@@ -171,8 +189,6 @@ def encode_tiled(tensor: Any, box: tuple[int, ...], swizzle: int, dtype: Any = N
     default the tensor's) may reinterpret elements of the same size.  The map keeps the
     tensor alive unless ``keep`` is False (a launch plan, which re-bases the map on the
     tensors of each launch and must not hold on to those of the first)."""
-    from tkc.runtime import driver
-
     if not getattr(tensor, "is_cuda", False):
         raise TkcLaunchError(f"{name}: a TMA tensor map needs a CUDA tensor, got one on {tensor.device}")
     dtype = tensor.dtype if dtype is None else dtype

@@ -61,7 +61,8 @@ class FakeLib:
 
     def __init__(self) -> None:
         self.launches: list[dict] = []
-        self.encoded: list[int] = []  # each cuTensorMapEncodeTiled's global address
+        self.encoded: list[int] = []  # each cuTensorMapEncodeTiled's (or ReplaceAddress's) global address
+        self.replaced = 0  # how many of those only replaced the address
         self.slots: tuple[int, ...] = ()
         self.f32_slots: tuple[int, ...] = ()
         self.result = 0  # what cuLaunchKernelEx returns
@@ -87,6 +88,12 @@ class FakeLib:
     def cuTensorMapEncodeTiled(self, *args: object) -> int:
         address = args[3]
         self.encoded.append(getattr(address, "value", address) or 0)
+        return 0
+
+    def cuTensorMapReplaceAddress(self, tensor_map: object, address: object) -> int:
+        # a map re-based on a new tensor: recorded as an encoding at that address
+        self.encoded.append(getattr(address, "value", address) or 0)
+        self.replaced += 1
         return 0
 
     def cuLaunchKernelEx(self, cfg: ctypes.c_void_p, handle: object, ptrs: ctypes.c_void_p, extra: None) -> int:
@@ -185,6 +192,7 @@ def test_other_buffers_of_the_same_shape_are_launched_with_their_address(gpu: ty
     assert [x["first"] for x in gpu.lib.launches] == [args[0].data_ptr(), other[0].data_ptr()]
     # a's tensor map, first at a's address, is based again at the other tensor's (b's is not)
     assert gpu.lib.encoded == [args[0].data_ptr(), args[1].data_ptr(), other[0].data_ptr()]
+    assert gpu.lib.replaced == 1  # by cuTensorMapReplaceAddress, not a whole new encoding
 
 
 def test_a_new_output_tensor_at_each_call_reuses_the_plan(gpu: types.SimpleNamespace) -> None:
