@@ -371,7 +371,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     tgt_value = lookup_target(target)
     tgt = tgt_value.name
     if past_tkir and tgt_value.dialect not in _LOWERED_DIALECTS:
-        raise TkcUsageError(f"target {tgt}: tkc has no {tgt_value.dialect.capitalize()} lowering yet (lower-to-{tgt_value.dialect} "
+        dialect = tgt_value.dialect
+        raise TkcUsageError(f"target {tgt}: tkc has no {dialect.capitalize()} lowering yet (lower-to-{dialect} "
                             f"and its codegen); only --emit tkir works for {tgt}")
     consts = dict(consts or {})
     file = file or (str(source) if isinstance(source, Path) else "<string>")

@@ -481,10 +481,6 @@ class ErfOp(_Unary):
 
     compute = staticmethod(_erf)
 
-    @classmethod
-    def fold(cls, x: float) -> float:
-        return math.erf(x)
-
     def decompose(self, b: Builder) -> Value:
         x = self.x
         z = b.value(AbsOp, [x], x.type)
@@ -514,10 +510,6 @@ class Log1pOp(_Unary):
 
     compute = staticmethod(np.log1p)
 
-    @classmethod
-    def fold(cls, x: float) -> float:
-        return math.log1p(x)
-
     def decompose(self, b: Builder) -> Value:
         x = self.x
         s = _same_type(b, DivOp, x, _same_type(b, AddOp, _const(b, x, 2.0), x))
@@ -541,10 +533,6 @@ class Expm1Op(_Unary):
     FOLDS = False
 
     compute = staticmethod(np.expm1)
-
-    @classmethod
-    def fold(cls, x: float) -> float:
-        return math.expm1(x)
 
     def decompose(self, b: Builder) -> Value:
         x = self.x
