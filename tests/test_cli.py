@@ -582,3 +582,20 @@ def test_pins_lists_every_pin_with_its_values_and_readers() -> None:
         assert head.endswith(f"(read by {readers})")
         assert ("=true|false " in head) == (kind is bool)
     assert "rows / (64 S)" in r.stdout  # the descriptions come along, wrapped
+
+
+def test_ops_lists_every_op_with_how_it_is_written() -> None:
+    from tkc.ir.core import OPS
+    from tkc.ir.dialects import elementwise as E
+
+    r = tkc_cli("ops")
+    assert r.exit_code == 0, r.stderr
+    for cls in E.ELEMENTWISE_OPS:
+        line = next(x for x in r.stdout.splitlines() if x.split()[:1] == [cls.name])
+        assert cls.SUMMARY in line and cls.SURFACE[0] in line
+    assert "e.g. y = fma(x, w, b)" in r.stdout and "tile.reduce    mean" in r.stdout
+    for name in OPS:
+        if name.startswith("tile."):
+            assert f"  {name} " in r.stdout, name
+    r = tkc_cli("ops", "--dialect", "hopper")
+    assert r.exit_code == 0 and all(f"  {n} " in r.stdout for n in OPS if n.startswith("hopper."))

@@ -169,6 +169,9 @@ CMP_PREDICATES = ("lt", "le", "gt", "ge", "eq", "ne")
 
 @register
 class CmpOp(Operation):
+    """``a < b`` (``pred``: lt, le, gt, ge, eq, ne) value by value: a bool of the operands' shape; NaN compares
+    unequal to everything."""
+
     name = "tile.cmp"
     OPERANDS = ("lhs", "rhs")
     RESULTS = ("result",)

@@ -88,6 +88,8 @@ def stages_of(v) -> int:
 
 @register
 class MBarrierAllocOp(Operation):
+    """An mbarrier (or a ring of ``stages`` of them) at a byte ``offset`` of shared memory."""
+
     name = "hopper.mbarrier_alloc"
     RESULTS = ("result",)
     ATTRS = {"offset": int, "stages?": int}
@@ -216,6 +218,9 @@ class MBarrierInitOp(Operation, _OneThread):
 
 @register
 class FenceMBarrierInitOp(Operation, _OneThread):
+    """``fence.mbarrier_init.release.cluster``: barriers just initialized are seen by the async proxy and the
+    cluster's other CTAs."""
+
     name = "hopper.fence_mbarrier_init"
 
 
@@ -459,6 +464,8 @@ class TmaStoreWaitOp(Operation):
 
 @register
 class MBarrierWaitOp(Operation):
+    """``mbarrier.try_wait.parity`` in a loop: wait until the barrier's phase of ``parity`` has completed."""
+
     name = "hopper.mbarrier_wait"
     OPERANDS = ("barrier", "parity")
 
@@ -523,6 +530,9 @@ class ToSmemOp(Operation):
 
 @register
 class FenceProxyAsyncOp(Operation):
+    """``fence.proxy.async.shared::cta``: this thread's generic writes to shared memory are seen by the async
+    proxy (a TMA store or wgmma reading them next)."""
+
     name = "hopper.fence_proxy_async"
 
 
@@ -618,6 +628,9 @@ class _GlobalAccess(Operation):
 
 @register
 class LoadOp(_GlobalAccess):
+    """Each thread loads its values of a register tile from a box of a global tensor (out-of-bounds values read
+    as ``other``)."""
+
     name = "hopper.load"
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
@@ -630,6 +643,9 @@ class LoadOp(_GlobalAccess):
 
 @register
 class StoreOp(_GlobalAccess):
+    """Each thread stores its values of a register tile into a box of a global tensor (out-of-bounds values are
+    not written)."""
+
     name = "hopper.store"
     OPERANDS = ("tensor", "value", "*offsets")
     ATTRS = {"box": list, "squeeze?": list}

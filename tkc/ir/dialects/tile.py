@@ -62,6 +62,8 @@ class KernelOp(Operation):
 
 @register
 class ReturnOp(Operation):
+    """Ends a kernel body."""
+
     name = "tile.return"
     TRAITS = frozenset({"terminator"})
 
@@ -73,6 +75,8 @@ class ReturnOp(Operation):
 
 @register
 class YieldOp(Operation):
+    """Ends a loop body, a branch or a role: the values it carries out."""
+
     name = "tile.yield"
     OPERANDS = ("*values",)
     TRAITS = frozenset({"terminator"})
@@ -162,6 +166,8 @@ class IfOp(Operation):
 # ---------------------------------------------------------- scalars and ids
 @register
 class ProgramIdOp(Operation):
+    """``program_id(axis)``: this program's index along a grid axis."""
+
     name = "tile.program_id"
     RESULTS = ("result",)
     ATTRS = {"axis": int}
@@ -174,6 +180,8 @@ class ProgramIdOp(Operation):
 
 @register
 class NumProgramsOp(ProgramIdOp):
+    """``num_programs(axis)``: the grid's extent along an axis."""
+
     name = "tile.num_programs"
 
 
@@ -300,6 +308,8 @@ class ExpandDimsOp(Operation):
 
 @register
 class TransposeOp(Operation):
+    """``x.T``: a 2-D tile transposed."""
+
     name = "tile.transpose"
     OPERANDS = ("x",)
     RESULTS = ("result",)
