@@ -26,21 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from tkc import dtypes
-from tkc.ir.core import Operation, register
+from tkc.ir.core import OPS, Operation, register
 from tkc.ir.types import ScalarType, TileType, Type, element_dtype, shape_of
 
 if TYPE_CHECKING:
     from tkc.ir.builder import Builder
     from tkc.ir.core import Value
 
-__all__ = [
-    "ConstantOp", "constant_value", "CmpOp", "CMP_PREDICATES", "SelectOp",
-    "ElementwiseOp", "ELEMENTWISE_OPS", "FUNCTIONS", "BINARY_OPERATORS", "UNARY_OPERATORS", "kind_of",
-    "AddOp", "SubOp", "MulOp", "DivOp", "FloorDivOp", "RemOp", "CdivOp", "MaximumOp", "MinimumOp",
-    "AndOp", "OrOp", "XorOp", "ShlOp", "ShrOp", "PowOp", "FmaOp",
-    "NegOp", "AbsOp", "NotOp", "ExpOp", "Exp2Op", "LogOp", "Log2Op", "SqrtOp", "RsqrtOp", "TanhOp",
-    "SigmoidOp", "ErfOp", "SinOp", "CosOp", "Log1pOp", "Expm1Op", "FloorOp", "CeilOp",
-]
 
 _I32_MIN = -(2**31)
 
@@ -548,11 +540,9 @@ register(Expm1Op)
 
 
 # ------------------------------------------------------------- the tables
-#: Every elementwise op class, in declaration order.
+#: Every elementwise op class, in declaration order (the order they were registered).
 ELEMENTWISE_OPS: tuple[type[ElementwiseOp], ...] = tuple(
-    c for c in (AddOp, SubOp, MulOp, DivOp, FloorDivOp, RemOp, CdivOp, MaximumOp, MinimumOp, AndOp, OrOp, XorOp,
-                ShlOp, ShrOp, PowOp, FmaOp, NegOp, AbsOp, NotOp, ExpOp, Exp2Op, LogOp, Log2Op, SqrtOp, RsqrtOp,
-                TanhOp, SinOp, CosOp, FloorOp, CeilOp, SigmoidOp, ErfOp, Log1pOp, Expm1Op))
+    c for c in OPS.values() if isinstance(c, type) and issubclass(c, ElementwiseOp))
 
 
 def _surface(pick: Callable[[type[ElementwiseOp], str], bool]) -> dict[str, type[ElementwiseOp]]:
@@ -564,3 +554,8 @@ FUNCTIONS = _surface(lambda c, s: s.isidentifier() and s != "not")
 #: Operators by their symbol, by arity.
 BINARY_OPERATORS = _surface(lambda c, s: not s.isidentifier() and len(c.OPERANDS) == 2)
 UNARY_OPERATORS = _surface(lambda c, s: (not s.isidentifier() or s == "not") and len(c.OPERANDS) == 1)
+
+#: What the ``tile`` dialect re-exports: the op classes and tables here.
+__all__ = ["ConstantOp", "constant_value", "CmpOp", "CMP_PREDICATES", "SelectOp", "ElementwiseOp", "ELEMENTWISE_OPS",
+           "FUNCTIONS", "BINARY_OPERATORS", "UNARY_OPERATORS", "kind_of",
+           *(n for n, v in list(globals().items()) if v in ELEMENTWISE_OPS)]
