@@ -220,9 +220,16 @@ def test_a_bad_pin_is_refused_before_the_first_pass() -> None:
     assert e.value.loc is not None
 
 
-def test_kernels_pinned_differently_run_one_at_a_time() -> None:
+def test_kernels_pinned_differently_get_their_own_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkc.pins import Options
+
     text = GEMM.read_text()
-    m = parse_module(text + text.replace("@gemm", "@gemm2"), "two.tkir")
+    m = parse_module(text + text.replace("@gemm", "@gemm2") + text.replace("@gemm", "@gemm3"), "three.tkir")
     m.kernel("gemm2").attributes["consts"] = {"stages": 3}
-    with pytest.raises(TkcUsageError, match="the kernels gemm, gemm2 pin different options"):
-        PassManager("cse").run(m)
+    seen = []
+    monkeypatch.setitem(PASSES, "record", lambda module, options, target: seen.append(
+        ([k.attributes["sym_name"] for k in module.ops], options)))
+    PassManager("record,cse").run(m)
+    assert sorted(seen) == sorted([(["gemm", "gemm3"], Options()), (["gemm2"], Options(stages=3))])
+    assert [k.attributes["sym_name"] for k in m.ops] == ["gemm", "gemm2", "gemm3"]  # back in their places
+    assert all(k.parent is m.body for k in m.ops)

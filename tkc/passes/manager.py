@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from tkc.errors import TkcError, TkcPassError, TkcUnsupportedError, TkcUsageError, TkcVerifyError
-from tkc.ir.core import Module
+from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
 from tkc.options import Knobs
@@ -98,8 +98,7 @@ class PassManager:
         t = time.perf_counter()
         verify(module)  # a broken input is not the first pass's fault
         verify_time = time.perf_counter() - t
-        if options is None:
-            options = module_options(module, target)
+        groups = [(options, None)] if options is not None else _kernel_groups(module, target)
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
@@ -108,7 +107,8 @@ class PassManager:
                 dumper.dump(module, "Before", name, index)
             t = time.perf_counter()
             try:
-                self.registry[name](module, options, target)
+                for group_options, kernels in groups:
+                    _run_on(self.registry[name], module, kernels, group_options, target)
             except (TkcUnsupportedError, TkcUsageError, TkcPassError):
                 raise  # the kernel asks for what the pass cannot do: the message says so, at its line
             except TkcError as e:
@@ -144,6 +144,41 @@ class PassManager:
         err.pass_name = name
         err.reproducer = path
         return err
+
+
+def _kernel_groups(module: Module, target: Target) -> list[tuple[Options, list[Operation] | None]]:
+    """The module's kernels grouped by their pins (checked): each group's passes run with its
+    own :class:`Options`.  One group (``None``: the whole module) when every kernel pins alike."""
+    groups: dict[Options, list[Operation]] = {}
+    for op in module.ops:
+        if op.name == "tile.kernel":
+            groups.setdefault(Options.from_consts(op.attributes.get("consts"), op.loc, target), []).append(op)
+    if len(groups) <= 1:
+        return [(next(iter(groups), Options()), None)]
+    return list(groups.items())
+
+
+def _run_on(fn: PassFn, module: Module, kernels: list[Operation] | None, options: Options, target: Target) -> None:
+    """``fn`` on ``module``, or on only ``kernels`` of it (moved into a module of their own for
+    the pass and back to their places after, as whatever ops the pass left in their stead)."""
+    if kernels is None:
+        fn(module, options, target)
+        return
+    before = list(module.ops)
+    part = Module()
+    for k in kernels:
+        part.body.append(k)
+    try:
+        fn(part, options, target)
+    finally:
+        left = iter(list(part.ops))
+        module.body.ops[:] = []
+        for op in before:
+            mine = next(left, None) if op in kernels else op
+            if mine is not None:
+                module.body.append(mine)
+        for op in left:  # a pass that made more ops than it was given
+            module.body.append(op)
 
 
 def module_options(module: Module, target: Target = DEFAULT_TARGET) -> Options:
