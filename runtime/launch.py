@@ -32,7 +32,6 @@ __all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_state"
            "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
-# Compute capability each target runs on: sm_90a code runs on 9.0 only (the "a" features).
 
 
 class TensorArg(NamedTuple):

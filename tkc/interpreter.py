@@ -22,14 +22,13 @@ import numpy as np
 from tkc import dtypes, signature
 from tkc.dtypes import DType, round_to
 from tkc.errors import TkcInterpretError, TkcLaunchError
-from tkc.grid import as_kernel, check_args, check_grid, eval_grid, launch_grid, param_name, scalar_value
+from tkc.grid import as_kernel, check_args, check_grid, eval_grid, param_name, scalar_value
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
-from tkc.semantics import CPU_SMS, Program, Suspended, combine_ranks, evaluate
+from tkc.semantics import Program, Suspended, combine_ranks
 
-__all__ = ["CPU_SMS", "bind_arguments", "evaluate", "interpret_module", "launch_grid", "random_args", "run_kernel",
-           "write_back"]
+__all__ = ["bind_arguments", "interpret_module", "random_args", "run_kernel", "write_back"]
 
 
 def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, Any], dict[int, np.ndarray]]:
@@ -55,7 +54,7 @@ def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, 
 
 
 def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None) -> None:
-    """Run ``kernel`` over ``grid`` (default: :func:`launch_grid`), writing its
+    """Run ``kernel`` over ``grid`` (default: :func:`tkc.grid.launch_grid`), writing its
     outputs in place into the tensors in ``args``.
 
     Tensors are numpy arrays in storage form (float32 for every float dtype;

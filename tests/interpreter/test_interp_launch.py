@@ -9,7 +9,8 @@ import pytest
 
 from tkc.dtypes import bf16, f8e5m2, round_to
 from tkc.errors import Loc, TkcInterpretError, TkcLaunchError
-from tkc.interpreter import interpret_module, launch_grid, random_args, run_kernel
+from tkc.grid import launch_grid
+from tkc.interpreter import interpret_module, random_args, run_kernel
 from tkc.ir.core import Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.verifier import verify

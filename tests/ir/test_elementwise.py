@@ -116,13 +116,19 @@ def test_fma_rounds_once():
 
 
 def test_pow_special_values():
-    a = np.array([0.0, 0.0, 0.0, -2.0, -2.0, 1.0, np.nan, 4.0, -8.0, np.inf], np.float32)
-    b = np.array([2.5, -1.5, 0.0, 3.0, 0.5, np.nan, 0.0, -0.5, 1.0 / 3.0, -1.0], np.float32)
+    a = np.array([0.0, 0.0, 0.0, -2.0, -2.0, 1.0, np.nan, 4.0, -8.0, np.inf, -0.0, -0.0, -0.0, -0.0, -np.inf,
+                  -np.inf, -np.inf, -np.inf], np.float32)
+    b = np.array([2.5, -1.5, 0.0, 3.0, 0.5, np.nan, 0.0, -0.5, 1.0 / 3.0, -1.0, -1.0, 3.0, 2.0, 0.5, 0.5, 3.0,
+                  -3.0, -0.5], np.float32)
     x, y = (np.resize(v, (M, N)).astype(np.float32) for v in (a, b))
-    got, emulated = _run(_source("a ** b", 2), [x, y], dtypes.f32)
     want = np.power(x.astype(np.float64), y.astype(np.float64))
-    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
-    np.testing.assert_allclose(emulated, got, rtol=1e-6, equal_nan=True)
+    for expr in ("a ** b", "a ** 0.5"):  # the general decomposition, and sqrt for a constant 1/2
+        w = want if expr == "a ** b" else np.power(x.astype(np.float64), np.full((M, N), 0.5))
+        got, emulated = _run(_source(expr, 2), [x, y], dtypes.f32)
+        for out in (got, emulated):  # signed zeros and infinities exactly, as numpy
+            np.testing.assert_allclose(out, w, rtol=1e-6, equal_nan=True)
+            real = ~np.isnan(w)
+            assert np.array_equal(np.signbit(out[real]), np.signbit(w[real])), expr
 
 
 @pytest.mark.parametrize("expr,ref", [
@@ -184,6 +190,14 @@ def test_float_op_assembles(name, expr, ranges, ref, tol, ptx):
 
 
 @pytest.mark.skipif(not HAS_PTXAS, reason="needs ptxas")
+def test_narrow_float_powers_of_constants_stay_exact():
+    # bf16 operands are widened to f32 around the decomposition; a constant exponent stays a
+    # constant, so x ** 2.0 is one product and x ** 0.5 a square root, as in f32.
+    ptx = compile_kernel(_source("a ** 2.0 + abs(a) ** 0.5", 1, "bf16"), stop="ptx", cache=False).asm["ptx"]
+    assert "lg2.approx" not in ptx and "ex2.approx" not in ptx and "sqrt.rn.f32" in ptx
+
+
+@pytest.mark.skipif(not HAS_PTXAS, reason="needs ptxas")
 def test_shifts_assemble():
     c = compile_kernel(_source("(a << b) + (a >> b)", 2, "i32"), stop="cubin", cache=False)
     assert "shl.b32" in c.asm["ptx"] and "shr.s32" in c.asm["ptx"]
@@ -211,7 +225,7 @@ def test_surface_names_reach_the_frontend():
 @pytest.mark.parametrize("expr,want", [
     ("sigmoid(0.0)", 0.5), ("erf(0.0)", 0.0), ("log1p(0.0)", 0.0), ("floor(-2.5)", -3.0),
     ("ceil(2.25)", 3.0), ("fma(2.0, 3.0, 1.0)", 7.0), ("2.0 ** 0.5", math.sqrt(2.0)), ("1 << 4", 16),
-    ("-9 >> 1", -5), ("2 ** 3", 8),
+    ("-9 >> 1", -5), ("2 ** 3", 8), ("expm1(1e-10)", 1e-10),
 ])
 def test_constants_fold_in_the_frontend(expr, want):
     src = f"""@kernel
@@ -236,6 +250,11 @@ def k(y: f32[N]):
     ("fma(x, x, i)", "dtype mismatch in fma()"),
     ("i ** 0.5", "'**' needs a constant integer exponent from 1 to 16, or float operands"),
     ("mean(i, axis=0)", "mean() takes a float tile, got tile<64xi32>"),
+    ("sigmoid(True) + x", "sigmoid of a bool value"),
+    ("fma(True, x, x)", "fma() on bool values"),
+    ("log1p(-1.0) + x", "log1p(-1.0) fails: no finite value"),
+    ("log1p(-2.0) + x", "log1p(-2.0) fails: math domain error"),
+    ("(1 << (1 << 40)) + i", "constant expression '<<' is too large"),
 ])
 def test_type_errors_name_the_fix(expr, message):
     src = f"""@kernel

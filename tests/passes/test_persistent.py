@@ -13,7 +13,9 @@ import pytest
 
 from tkc.errors import TkcUnsupportedError
 from tkc.frontend import compile_file, compile_source
-from tkc.interpreter import CPU_SMS, launch_grid, random_args, run_kernel
+from tkc.grid import launch_grid
+from tkc.interpreter import random_args, run_kernel
+from tkc.semantics import CPU_SMS
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager
 from tkc.passes.pipeline import DEFAULT_PIPELINE

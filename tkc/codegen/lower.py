@@ -16,7 +16,7 @@ chooses a layout; it reads the one on the type (``thread_coords`` on a run-time 
 symbol plus ``reg_coords``), and every shared offset is the one ``allocate-smem`` wrote.
 Unsupported IR is a :class:`TkcCodegenError` at the op's location, never a traceback.
 
-Numerics follow the interpreter (``tkc/interpreter.py``); the few places that use an
+Numerics follow the ops' semantics (``tkc/semantics.py``); the few places that use an
 approximate PTX instruction are listed in ``lower_elementwise.py``.
 """
 

@@ -1,7 +1,7 @@
 """Elementwise, constant and shape ops on scalars and register tiles, value by value.
 
 Owns: the LLVM arithmetic that gives each ``tile`` elementwise op the interpreter's meaning
-(``tkc/interpreter.py`` is the reference), and the register-only shape ops of docs/hopper.md
+(``tkc/semantics.py`` is the reference), and the register-only shape ops of docs/hopper.md
 §3 (``constant``, ``splat``, ``arange``, ``expand_dims``, ``broadcast``).
 
 Must not: look at a layout except through the protocol (``regs``, coordinates,

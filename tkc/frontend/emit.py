@@ -189,6 +189,8 @@ class Emitter:
     def call(self, name: str, args: list[Dyn | Const], loc: Loc) -> Dyn | Const:
         """An elementwise function of three or more operands (``fma``), operands unified."""
         cls = E.FUNCTIONS[name]
+        if any(isinstance(x, Const) and isinstance(x.value, bool) for x in args) and "bool" not in cls.KINDS:
+            raise TkcTypeError(cls.refusal(f"{name}()", ScalarType(dtypes.i1)), loc)
         if all(isinstance(x, Const) for x in args):
             return self._fold_call(name, cls, [x.value for x in args], loc)
         like = next(x for x in args if isinstance(x, Dyn))
@@ -230,6 +232,9 @@ class Emitter:
     def _fold(self, op: str, a: Const, b: Const, loc: Loc) -> Const:
         if op == "**" and isinstance(a.value, int) and isinstance(b.value, int) and abs(a.value) > 1 \
                 and b.value * (abs(a.value).bit_length() - 1) > _MAX_CONST_BITS:  # 10 ** 10 ** 10 would not finish
+            raise TkcTypeError(f"constant expression '{op}' is too large", loc)
+        if op == "<<" and isinstance(a.value, int) and isinstance(b.value, int) and a.value \
+                and b.value > _MAX_CONST_BITS:  # 1 << (1 << 40) would take all memory
             raise TkcTypeError(f"constant expression '{op}' is too large", loc)
         try:
             if op in _PY_CMP:
@@ -273,6 +278,8 @@ class Emitter:
         if isinstance(x, Const):
             if cls is E.NotOp and isinstance(x.value, float):
                 raise TkcTypeError(f"'~' needs bool or integer operands, got the constant {x.value!r}", loc)
+            if isinstance(x.value, bool) and "bool" not in cls.KINDS:
+                raise TkcTypeError(cls.refusal(_UNARY_WORDS.get(op, op), ScalarType(dtypes.i1)), loc)
             try:
                 return Const(cls.fold(x.value))
             except (ValueError, OverflowError, ZeroDivisionError) as e:

@@ -4,8 +4,8 @@ Each rewrite is a small function ``pattern(op, root) -> bool`` that either
 leaves the IR alone and returns False, or rewrites ``op`` and returns True.
 The driver offers every op to every pattern until a whole round changes
 nothing.  A rewrite never changes what the kernel computes, bit for bit, as
-the interpreter (``tkc/interpreter.py``) runs it: a constant fold asks the
-interpreter (``evaluate``) what the op computes, so an op's meaning has one
+the interpreter runs it: a constant fold asks the ops' semantics
+(``tkc.semantics.evaluate``) what the op computes, so an op's meaning has one
 home.  Left alone: libm functions (numpy's vector and scalar paths may differ
 in the last bit), float sums (summation order), and answers the target chooses
 for itself (integer division by zero, max/min of NaN or of two zeros), each

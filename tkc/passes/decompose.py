@@ -4,7 +4,8 @@ Each op says how it decomposes (``ElementwiseOp.decompose`` in
 ``tkc/ir/dialects/elementwise.py``: ``sigmoid`` into ``exp`` and a division, ``erf`` into
 polynomials, ``x ** y`` into ``exp2``/``log2`` with the sign rules); this pass only asks, for
 every op of the kernel that the target does not list as native, and puts the answer in its
-place.  ``mean`` reductions become an f32 sum divided by the extent.  It runs first on the way
+place.  ``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
+float64: the two agree within the f32 sum's rounding, as a ``sum`` on the GPU does).  It runs first on the way
 to a target, before layouts are chosen, so the new ops get layouts like any other; the
 interpreter runs the ops themselves, so ``interpret(before) == emulate(after)`` checks each
 decomposition.
@@ -45,7 +46,11 @@ def _elementwise(op: tile.ElementwiseOp):
     if not t.dtype.is_float or t.dtype == dtypes.f32:
         return op.decompose(Builder.before(op))
     b = Builder.before(op)
-    wide = [b.value(tile.CastOp, [v], _f32(v.type)) for v in op.operands]
+    # A constant operand becomes an f32 constant (not a cast of one), so that a decomposition
+    # that looks at constants (x ** 2.0) sees it.
+    wide = [b.value(tile.ConstantOp, [], _f32(v.type), {"value": float(c)})
+            if (c := tile.constant_value(v)) is not None else b.value(tile.CastOp, [v], _f32(v.type))
+            for v in op.operands]
     twin = b.create(type(op), wide, [_f32(t)], dict(op.attributes))
     new = twin.decompose(Builder.before(twin))
     twin.erase()

@@ -404,6 +404,9 @@ class _Lowering:
         return None
 
     def _reduce(self, op: Operation) -> None:
+        if op.kind not in hopper.REDUCE_KINDS:  # a mean: the decompose pass makes it a sum
+            raise TkcUnsupportedError(f"a {op.kind} reduction reaches lower-to-hopper: is the decompose pass in "
+                                      f"the pipeline before it?", op.loc)
         layout = op.x.type.layout
         try:
             plan = reduce_plan(layout, op.axis)

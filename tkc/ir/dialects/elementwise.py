@@ -12,7 +12,7 @@ op a target cannot render directly says how it ``decompose``\\s into simpler one
 ``decompose`` pass does that before layouts are chosen.
 
 Must not: know any target, layout or pass.  Numerics the summaries leave open are in
-``tkc/interpreter.py``'s docstring (float ops compute in float32 and round once to the
+``tkc/semantics.py``'s docstring (float ops compute in float32 and round once to the
 result dtype; i32 arithmetic wraps).
 """
 
@@ -70,9 +70,13 @@ class ElementwiseOp(Operation):
     @classmethod
     def fold(cls, *xs: int | float | bool) -> int | float | bool:
         """The value of the op on Python constants (the frontend folds ``exp(1.0)``): by
-        default ``compute`` in float64."""
+        default ``compute`` in float64.  Finite operands with no finite value (``log1p(-1.0)``)
+        are a ValueError, as Python's ``math`` functions say it."""
         with np.errstate(all="ignore"):
-            return float(cls.compute(*(np.float64(x) for x in xs)))
+            r = float(cls.compute(*(np.float64(x) for x in xs)))
+        if not math.isfinite(r) and all(math.isfinite(x) for x in xs):
+            raise ValueError("math domain error" if math.isnan(r) else "no finite value")
+        return r
 
     @classmethod
     def target_defined(cls, values: list[Any]) -> bool:
@@ -336,13 +340,17 @@ class PowOp(_Binary):
 
     name = "tile.pow"
     SURFACE = ("**",)
-    SUMMARY = "power of floats (x ** y; exp2(y log2 |x|) on the GPU, about 2**-21 relative)"
+    SUMMARY = "power of floats (x ** y; exp2(y log2 |x|) on the GPU: relative error about |y log2 x| 2**-22)"
     EXAMPLE = "y = x ** 0.75"
     FOLDS = False
 
     @staticmethod
     def compute(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return np.power(x, y, dtype=np.float64)  # then rounded once: numpy's f32 pow is off by an ulp
+        # C's pow on every element, in float64, then rounded once (numpy's f32 pow is off by an
+        # ulp).  Both operands as arrays: with a scalar exponent numpy takes shortcuts (sqrt for
+        # 0.5) whose -0.0 and -inf differ from pow's.
+        xs, ys = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(y, np.float64))
+        return np.power(xs.reshape(-1), ys.reshape(-1)).reshape(xs.shape)
 
     @classmethod
     def fold(cls, x: float, y: float) -> int | float | complex:
@@ -355,19 +363,29 @@ class PowOp(_Binary):
             return x
         if c == 2.0:  # exactly what np.power gives: x * x rounded once
             return _same_type(b, MulOp, x, x)
-        if c == 0.5:
-            return b.value(SqrtOp, [x], x.type)
         one, zero = _const(b, x, 1.0), _const(b, x, 0.0)
+        if c == 0.5:  # sqrt, but +0 for -0 and +inf for -inf (sqrt gives -0 and NaN)
+            r = b.value(SqrtOp, [x], x.type)
+            r = _where(b, _cmp(b, "eq", x, zero), zero, r)
+            return _where(b, _cmp(b, "eq", x, _const(b, x, -math.inf)), _const(b, x, math.inf), r)
         if c == -1.0:
             return _same_type(b, DivOp, one, x)
         magnitude = b.value(Exp2Op, [_same_type(b, MulOp, y, b.value(Log2Op, [b.value(AbsOp, [x], x.type)],
                                                                              x.type))], x.type)
-        # The sign of a negative base: -1 for an odd integer exponent, NaN for a fractional one.
-        whole = _cmp(b, "eq", b.value(FloorOp, [y], y.type), y)
+        # A base with its sign bit set (-0.0 too) keeps it for an odd integer exponent; a finite
+        # negative base with a fractional exponent has no real power (NaN); -inf and -0.0 with a
+        # fractional one give +inf or +0 (C's pow, numpy's).
+        fraction = _cmp(b, "ne", b.value(FloorOp, [y], y.type), y)
         half = _same_type(b, MulOp, y, _const(b, x, 0.5))
-        odd = _same_type(b, AndOp, whole, _cmp(b, "ne", b.value(FloorOp, [half], y.type), half))
-        sign = _where(b, whole, _where(b, odd, _const(b, x, -1.0), one), _const(b, x, math.nan))
-        r = _where(b, _cmp(b, "lt", x, zero), _same_type(b, MulOp, magnitude, sign), magnitude)
+        odd = _same_type(b, AndOp, _cmp(b, "eq", b.value(FloorOp, [y], y.type), y),
+                         _cmp(b, "ne", b.value(FloorOp, [half], y.type), half))
+        negative = _cmp(b, "lt", x, zero)
+        signed = _same_type(b, OrOp, negative, _same_type(b, AndOp, _cmp(b, "eq", x, zero),
+                                                          _cmp(b, "lt", _same_type(b, DivOp, one, x), zero)))
+        r = _where(b, _same_type(b, AndOp, signed, odd), b.value(NegOp, [magnitude], x.type), magnitude)
+        finite = _cmp(b, "gt", x, _const(b, x, -math.inf))
+        r = _where(b, _same_type(b, AndOp, _same_type(b, AndOp, negative, finite), fraction),
+                   _const(b, x, math.nan), r)
         # x ** 0 == 1 and 1 ** y == 1 for every x and y, NaN included.
         return _where(b, _same_type(b, OrOp, _cmp(b, "eq", y, zero), _cmp(b, "eq", x, one)), one, r)
 
