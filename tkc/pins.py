@@ -116,5 +116,12 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
 _ZERO_MEANS_OFF = frozenset({"prefetch"})
 
 
-#: The CTAs a cluster may have where no target is at hand (the frontend, the IR's verifier).
-CLUSTER_SIZES = DEFAULT_TARGET.cluster_sizes
+#: The most CTAs any cluster has (CUDA's non-portable limit).  Where no target is at hand (the
+#: frontend, the IR's verifier) a cluster is only checked to be a power of two up to this; which
+#: sizes a target allows is ``Target.cluster_sizes``, checked by ``Options.from_consts``.
+MAX_CLUSTER = 16
+
+
+def is_cluster_size(n: object) -> bool:
+    """Whether ``n`` can be the CTAs of a cluster on some target: a power of two up to 16."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CLUSTER and n & (n - 1) == 0

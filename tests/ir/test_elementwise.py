@@ -69,11 +69,14 @@ def _t(x: np.ndarray) -> torch.Tensor:
 # instruction the PTX must hold
 FLOAT_CASES = [
     ("sigmoid", "sigmoid(a)", [(-30, 30)], lambda a: torch.sigmoid(a), (2e-6, 1e-7), "ex2.approx"),
+    ("sigmoid_far", "sigmoid(a)", [(-100, -60)], lambda a: torch.sigmoid(a), (2e-6, 1e-7), "ex2.approx"),
     ("erf", "erf(a)", [(-4, 4)], lambda a: torch.erf(a), (1e-6, 3e-7), "ex2.approx"),
     ("sin", "sin(a)", [(-math.pi, math.pi)], lambda a: torch.sin(a), (0, 0), "sin.approx"),
     ("cos", "cos(a)", [(-math.pi, math.pi)], lambda a: torch.cos(a), (0, 0), "cos.approx"),
     ("log1p", "log1p(a)", [(-0.95, 5)], lambda a: torch.log1p(a), (1e-6, 1e-7), "lg2.approx"),
     ("expm1", "expm1(a)", [(-3, 3)], lambda a: torch.expm1(a), (1e-6, 1e-7), "ex2.approx"),
+    ("expm1_edges", "expm1(a)", [(-0.6, 0.6)], lambda a: torch.expm1(a), (1e-6, 1e-7), "ex2.approx"),
+    ("log1p_edges", "log1p(a)", [(-0.6, 1.2)], lambda a: torch.log1p(a), (1e-6, 1e-7), "lg2.approx"),
     ("fma", "fma(a, b, c)", [(-2, 2)] * 3, lambda a, b, c: a * b + c, (0, 0), "fma.rn.f32"),
     ("floor", "floor(a)", [(-50, 50)], lambda a: torch.floor(a), (0, 0), "cvt.rmi.f32.f32"),
     ("ceil", "a.ceil()", [(-50, 50)], lambda a: torch.ceil(a), (0, 0), "cvt.rpi.f32.f32"),
@@ -84,6 +87,7 @@ FLOAT_CASES = [
      "lg2.approx"),
     ("pow_half", "abs(a) ** 0.5", [(-9, 9)], lambda a: torch.sqrt(a.abs()), (0, 0), "sqrt.rn.f32"),
     ("pow_square", "a ** 2.0", [(-9, 9)], lambda a: a * a, (0, 0), "mul.f32"),
+    ("pow_large", "a ** b", [(2, 8), (20, 40)], lambda a, b: torch.pow(a, b), (1e-5, 1e-30), "lg2.approx"),
     ("pow_scalar_base", "2.0 ** a", [(-9, 9)], lambda a: torch.pow(2.0, a), (4e-6, 1e-30), "ex2.approx"),
 ]
 
@@ -278,6 +282,7 @@ def test_ops_decomposed_before_codegen_keep_their_location():
 # ------------------------------------------------------------------ on the GPU
 # The GPU's approximate instructions (ex2/lg2/sin/cos.approx) against torch's float64 answer.
 GPU_TOL = {"sin": (0, 2e-6), "cos": (0, 2e-6), "pow": (4e-5, 1e-30), "pow_negative_base": (4e-5, 1e-30),
+           "pow_large": (1e-4, 1e-30),
            "pow_fraction_of_negative": (4e-5, 1e-30), "pow_scalar_base": (4e-5, 1e-30)}
 
 
@@ -307,6 +312,16 @@ def test_float_op_on_gpu(name, expr, ranges, ref, tol, ptx, dtype):
     if dtype == "bf16":
         rtol, atol = max(rtol, 2.0 ** -7), max(atol, 2.0 ** -7 * 1e-3)
     np.testing.assert_allclose(y.float().cpu().numpy(), want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_fma_rounds_once_on_gpu():
+    launch = _gpu()
+    x = 1 + 2.0 ** -23
+    a, b, c = (torch.full((M, N), v, device="cuda", dtype=torch.float32) for v in (x, x, -(1 + 2.0 ** -22)))
+    y = torch.full((M, N), float("nan"), device="cuda")
+    launch(compile_kernel(_source("fma(a, b, c)", 3), cache=False), [a, b, c, y])
+    assert bool((y == 2.0 ** -46).all())  # a product rounded first would give 0
 
 
 @pytest.mark.gpu

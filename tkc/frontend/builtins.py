@@ -13,7 +13,7 @@ from tkc.frontend.values import REQUIRED, Const, DTypeName, Dyn, View
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType
-from tkc.pins import CLUSTER_SIZES
+from tkc.pins import is_cluster_size
 
 #: One-operand elementwise functions, also methods (``x.exp()``): from the op declarations.
 MATH_FUNCS = tuple(n for n, c in E.FUNCTIONS.items() if len(c.OPERANDS) == 1)
@@ -122,7 +122,8 @@ def _cluster_reduce(kind: str) -> Callable:
         if not isinstance(x, Dyn) or not isinstance(x.type, TileType) or x.type.dtype != dtypes.f32:
             raise TkcTypeError(f"cluster_{kind}() combines an f32 tile across a cluster's programs, "
                                f"got {x.type if isinstance(x, Dyn) else 'a constant'}", e.loc)
-        if lw.kernel_consts.get("cluster") not in CLUSTER_SIZES[1:]:
+        cluster = lw.kernel_consts.get("cluster")
+        if not is_cluster_size(cluster) or cluster < 2:
             raise TkcTypeError(f"cluster_{kind}() combines the programs of a cluster: declare or pass the "
                                f"pin cluster (2 or 4)", e.loc)
         return Dyn(lw.b.value(T.ClusterReduceOp, [x.value], x.type, {"kind": kind}, loc=e.loc))

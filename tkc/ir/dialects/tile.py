@@ -12,7 +12,7 @@ from tkc import dtypes
 from tkc.ir.core import Operation, Region, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
 from tkc.ir.dialects.elementwise import ELEMENTWISE_OPS, is_value_type  # noqa: F401
-from tkc.pins import CLUSTER_SIZES
+from tkc.pins import MAX_CLUSTER, is_cluster_size
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
 
 I32 = ScalarType(dtypes.i32)
@@ -55,9 +55,9 @@ class KernelOp(Operation):
         grids = [op for op in self.body.ops if op.name == "tile.grid"]
         if len(grids) > 1:
             raise grids[1].error("a kernel has at most one launch grid")
-        if self.attributes.get("cluster", 1) not in CLUSTER_SIZES:
-            raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has "
-                             f"{', '.join(map(str, CLUSTER_SIZES))} CTAs")
+        if not is_cluster_size(self.attributes.get("cluster", 1)):
+            raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has a power of two of CTAs, "
+                             f"at most {MAX_CLUSTER}")
 
 
 @register
@@ -374,7 +374,7 @@ class ClusterReduceOp(Operation):
             raise self.error(f"result must be {self.x.type}, got {self.result.type}")
         kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
         consts = (kernel.attributes.get("consts") or {}) if kernel is not None else {}
-        if consts.get("cluster") not in CLUSTER_SIZES[1:]:
+        if not is_cluster_size(consts.get("cluster")) or consts["cluster"] < 2:
             raise self.error("combines the programs of a cluster: the kernel needs the pin cluster = 2 or 4")
 
 
