@@ -53,6 +53,9 @@ class _Namer:
         self.names: dict[Value, str] = {}
         self.taken: set[str] = set()
         self.counter = 0
+        # The suffix each hint's next search starts from: every smaller one is taken (names
+        # are never freed), so the first free name is found without retrying them all.
+        self.suffix: dict[str, int] = {}
 
     def __call__(self, v: Value) -> str:
         if v in self.names:
@@ -63,9 +66,12 @@ class _Namer:
                 self.counter += 1
             name = str(self.counter)
         else:
-            name, k = hint, 1
+            k = self.suffix.get(hint, 0)
+            name = hint if k == 0 else f"{hint}_{k}"
             while name in self.taken:
-                name, k = f"{hint}_{k}", k + 1
+                k += 1
+                name = f"{hint}_{k}"
+            self.suffix[hint] = k
         self.taken.add(name)
         self.names[v] = name
         return name

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from tkc.ir.core import Block, Module, Operation, replace_all_uses
+from tkc.ir.core import Block, Module, Operation, Value
 
 
 def cse(module: Module, *_: object) -> None:
@@ -24,17 +24,23 @@ def cse(module: Module, *_: object) -> None:
     for top in module.ops:
         for region in top.regions:
             for block in region.blocks:
-                _cse_block(block, top, [])
+                _cse_block(block, top, [], {})
 
 
-def _cse_block(block: Block, root: Operation, scopes: list[dict[Hashable, Operation]]) -> None:
+def _cse_block(block: Block, root: Operation, scopes: list[dict[Hashable, Operation]],
+               merged: dict[Value, Value]) -> None:
     table: dict[Hashable, Operation] = {}
     scopes.append(table)
+    erased = False
     for op in list(block.ops):
+        # A merged op's uses all come after it (SSA): each op's operands are renamed as the walk
+        # reaches it, one pass in all where rewriting every use at each merge was one per merge.
+        if merged and any(v in merged for v in op.operands):
+            op.operands = [merged.get(v, v) for v in op.operands]
         if op.regions:
             for region in op.regions:
                 for inner in region.blocks:
-                    _cse_block(inner, root, scopes)
+                    _cse_block(inner, root, scopes, merged)
             continue
         if not op.has_trait("pure"):
             continue
@@ -45,10 +51,12 @@ def _cse_block(block: Block, root: Operation, scopes: list[dict[Hashable, Operat
         if earlier is None:
             table[key] = op
             continue
-        for old, new in zip(op.results, earlier.results):
-            replace_all_uses(root, old, new)
-        op.erase()
+        merged.update(zip(op.results, earlier.results))
+        op.parent = None  # erased: taken out of the block's list below, in one pass
+        erased = True
     scopes.pop()
+    if erased:
+        block.ops[:] = [op for op in block.ops if op.parent is block]
 
 
 def _key(op: Operation) -> Hashable | None:
