@@ -33,6 +33,9 @@ REDUCTIONS = ("sum", "mean", "max", "min")
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
+#: torch's and numpy's names for the dtypes, for what a user from there writes first.
+_DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
+                  "int32": "i32", "int": "i32", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
 
 
 def _unknown_dtype(name: str, loc: Loc) -> TkcTypeError:
@@ -639,9 +642,18 @@ class KernelLowering:
     def lookup(self, e: ast.Name) -> object:
         v = self._lookup_quiet(e)
         if v is None:
-            known = self.scope.all_names() | set(self.helpers) | set(BUILTIN_FUNCS) | set(DTYPE_NAMES)
-            near = difflib.get_close_matches(e.id, sorted(known), n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
+            # A near miss of one of the kernel's own names is suggested; for anything else the
+            # builtins are listed rather than guessed at ('sinh' is no misspelling of 'sin').
+            mine = self.scope.all_names() | set(self.helpers)
+            near = difflib.get_close_matches(e.id, sorted(mine), n=1)
+            if near:
+                hint = f"; did you mean '{near[0]}'?"
+            else:
+                near = [_DTYPE_ALIASES[e.id]] if e.id in _DTYPE_ALIASES else difflib.get_close_matches(
+                    e.id, sorted({*BUILTIN_FUNCS, *DTYPE_NAMES}), n=1)
+                hint = (f"; did you mean '{near[0]}'?" if near else "") + (
+                    f" (the builtins are {', '.join(sorted(n for n in BUILTIN_FUNCS if n not in NAMESPACES))}; "
+                    f"the dtypes {', '.join(DTYPE_NAMES)}; tkc ops describes each op)")
             raise TkcNameError(f"name '{e.id}' is not defined{hint}", e.loc)
         if isinstance(v, _LoopLocal):
             raise TkcNameError(f"'{e.id}' is assigned only inside {v.where} (line {v.loc.line}); "
