@@ -62,6 +62,11 @@ from tkc.target import Target
 _REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
 
 
+#: The most values a thread's register tile may hold, in units of the target's registers a
+#: thread (the largest the harness uses is one: 256 values, a 64k softmax row on 8 warps).
+REGISTER_TILE_LIMIT = 4
+
+
 def select_layouts(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
@@ -138,8 +143,22 @@ class _Selector:
         self._propagate()
         self._convert()
         for v, layout in self.lay.items():
+            self._check_fits(v, layout)
             v.type = TileType(v.type.shape, v.type.dtype, "reg", layout)
         self.kernel.attributes["threads"] = self.threads
+
+    def _check_fits(self, v: Value, layout: object) -> None:
+        """A register tile of more values a thread than ``REGISTER_TILE_LIMIT`` times the
+        target's registers could only run from local memory, and generating its code would take
+        minutes: it is refused here, where the tile is written."""
+        regs = getattr(layout, "regs", 0)
+        limit = REGISTER_TILE_LIMIT * self.target.max_registers
+        if regs > limit:
+            owner = _def(v)
+            loc = owner.loc if owner is not None else self.kernel.loc
+            raise TkcUnsupportedError(f"this {'x'.join(map(str, v.type.shape))} {v.type.dtype.name} tile would hold "
+                                      f"{regs} values in each of the program's {self.threads} threads' registers (at "
+                                      f"most about {limit}): use smaller tiles, e.g. loop over blocks of it", loc)
 
     # ----------------------------------------------------------- 2. shared tiles
     def _place_mma_operands(self) -> None:
