@@ -719,8 +719,12 @@ def _global_index(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coo
 
 
 def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
-    layout = _reg_layout(op, op.result.type)
     dt = op.tensor.type.dtype
+    if isinstance(op.result.type, ScalarType):  # one element, the same in every thread
+        idx, inb = _global_index(op, tensor, offsets, ())
+        other = round_to(0 if op.other is None else op.other, dt)
+        return np.asarray(tensor[idx] if bool(inb) else other, dt.np_storage)
+    layout = _reg_layout(op, op.result.type)
     idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)

@@ -137,7 +137,7 @@ class _Lowering:
         groups: list[list[Operation]] = []
         current: list[Operation] = []
         for op in block.ops:
-            if op.name == "tile.load" and op.result.type.space == "smem":
+            if op.name == "tile.load" and getattr(op.result.type, "space", None) == "smem":
                 current.append(op)
             elif current and not (op.has_trait("pure") and not op.regions
                                   and not any(isinstance(r.type, TileType) for r in op.results)):

@@ -194,7 +194,9 @@ _FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarr
 def _runs_on_few_warps(op: Operation) -> bool:
     if isinstance(op, _OneThread) or op.name in _FEW_WARPS:
         return True
-    return op.name.startswith("tile.") and bool(op.results) and all(isinstance(r.type, ScalarType) for r in op.results)
+    scalar = bool(op.results) and all(isinstance(r.type, ScalarType) for r in op.results)
+    # A scalar load is one element every thread reads for itself: any warps may run it.
+    return scalar and (op.name.startswith("tile.") or op.name == "hopper.load")
 
 
 def _check_barrier(op: Operation, v) -> None:
@@ -629,7 +631,7 @@ class _GlobalAccess(Operation):
 @register
 class LoadOp(_GlobalAccess):
     """Each thread loads its values of a register tile from a box of a global tensor (out-of-bounds values read
-    as ``other``)."""
+    as ``other``); with a scalar result (a box of ones, every axis squeezed), every thread loads that element."""
 
     name = "hopper.load"
     OPERANDS = ("tensor", "*offsets")
@@ -638,6 +640,12 @@ class LoadOp(_GlobalAccess):
     TRAITS = frozenset({"readonly"})
 
     def verify(self) -> None:
+        if isinstance(self.result.type, ScalarType):
+            self._check_tensor(self.tensor.type, self.offsets)
+            if any(b != 1 for b in self.box) or sorted(self.squeeze or []) != list(range(len(self.box))) \
+                    or self.result.type.dtype != self.tensor.type.dtype:
+                raise self.error(f"a scalar load reads one element of {self.tensor.type}, every axis squeezed")
+            return
         self._check(self.tensor.type, self.offsets, self.result.type)
 
 
