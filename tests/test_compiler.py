@@ -274,8 +274,6 @@ def test_compile_time_grows_linearly_with_kernel_length() -> None:
 
 
 def test_a_register_tile_far_too_large_is_refused_at_once() -> None:
-    import time
-
     from tkc.errors import TkcUnsupportedError
 
     src = """@kernel
@@ -283,8 +281,7 @@ def big(x: f32[M, N], y: f32[M, N]):
     grid(1)
     y[0:4096, 0:4096] = x[0:4096, 0:4096] * 2.0
 """
-    t = time.perf_counter()
     with pytest.raises(TkcUnsupportedError, match=r"4096x4096 f32 tile would hold 131072 values in each of the "
                                                   r"program's 128 threads' registers") as e:
-        compile_kernel(src, stop="ptx", cache=False)
-    assert e.value.loc.line == 4 and time.perf_counter() - t < 10  # code generation took 47 s and more before
+        compile_kernel(src, stop="hopper", cache=False)  # refused by select-layouts, before any code generation
+    assert e.value.loc.line == 4

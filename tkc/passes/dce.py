@@ -44,22 +44,21 @@ def _use_counts(module: Module) -> dict[Value, int]:
 def _sweep(block: Block, counts: dict[Value, int]) -> bool:
     """Erase dead ops of ``block`` (and of nested regions), last to first, so
     an op whose only user just died goes in the same sweep."""
-    dead: set[int] = set()
+    changed = erased = False
     for op in reversed(list(block.ops)):
         if _is_dead(op, counts):
             for inner in op.walk():
                 for v in inner.operands:
                     counts[v] -= 1
-            dead.add(id(op))
-            op.parent = None
+            op.parent = None  # erased: taken out of the block's list below, in one pass
+            changed = erased = True
             continue
         for region in op.regions:
             for inner_block in region.blocks:
-                if _sweep(inner_block, counts):
-                    dead.add(-1)  # something nested changed
-    if any(d != -1 for d in dead):  # one pass over the block, not a search of it per dead op
-        block.ops[:] = [op for op in block.ops if id(op) not in dead]
-    return bool(dead)
+                changed |= _sweep(inner_block, counts)
+    if erased:
+        block.ops[:] = [op for op in block.ops if op.parent is block]
+    return changed
 
 
 def _is_dead(op: Operation, counts: dict[Value, int]) -> bool:

@@ -181,20 +181,6 @@ def _run_on(fn: PassFn, module: Module, kernels: list[Operation] | None, options
             module.body.append(op)
 
 
-def module_options(module: Module, target: Target = DEFAULT_TARGET) -> Options:
-    """The pins of ``module``'s kernels, checked: one :class:`Options` for all of them (kernels
-    pinned differently are compiled one at a time)."""
-    found: dict[Options, str] = {}
-    for op in module.ops:
-        if op.name == "tile.kernel":
-            found.setdefault(Options.from_consts(op.attributes.get("consts"), op.loc, target),
-                             str(op.attributes.get("sym_name")))
-    if len(found) > 1:
-        raise TkcUsageError(f"the kernels {', '.join(found.values())} pin different options; run the passes "
-                            f"on one kernel at a time")
-    return next(iter(found), Options())
-
-
 def _selected(names: Sequence[str], pass_name: str) -> bool:
     return "all" in names or pass_name in names
 

@@ -244,7 +244,8 @@ def _cmp(b: Builder, pred: str, x: Value, y: Value) -> Value:
 # ----------------------------------------------------------------- binary
 def _op(name: str, base: type[ElementwiseOp], surface: tuple[str, ...], kinds: frozenset[str], summary: str,
         example: str, compute: Callable[..., Any], fold: Callable[..., Any] | None = None,
-        commutative: bool = False, folds: bool = True, hint: str | None = None) -> type[ElementwiseOp]:
+        commutative: bool = False, folds: bool = True, hint: str | None = None,
+        cls_name: str | None = None) -> type[ElementwiseOp]:
     """Declare and register a plain elementwise op (one whose class needs no methods of its own)."""
     traits = base.TRAITS | ({"commutative"} if commutative else set())
     body: dict[str, Any] = {"name": name, "SURFACE": surface, "KINDS": kinds, "SUMMARY": summary,
@@ -252,7 +253,7 @@ def _op(name: str, base: type[ElementwiseOp], surface: tuple[str, ...], kinds: f
                             "compute": staticmethod(compute)}
     if fold is not None:
         body["fold"] = classmethod(lambda cls, *xs: fold(*xs))
-    cls_name = "".join(p.title() for p in name.split(".")[1].split("_")) + "Op"
+    cls_name = cls_name or "".join(p.title() for p in name.split(".")[1].split("_")) + "Op"
     return register(type(cls_name, (base,), body))
 
 
@@ -281,7 +282,7 @@ class _IntDivision(_Binary):
 
 
 FloorDivOp = _op("tile.floordiv", _IntDivision, ("//",), _INT, "floor division (Python's: -7 // 2 == -4)",
-                 "q = a // b", np.floor_divide, operator.floordiv)
+                 "q = a // b", np.floor_divide, operator.floordiv, cls_name="FloorDivOp")
 RemOp = _op("tile.rem", _IntDivision, ("%",), _INT, "remainder with the divisor's sign (Python's)",
             "r = a % b", np.remainder, operator.mod)
 CdivOp = _op("tile.cdiv", _IntDivision, ("cdiv",), _INT, "ceiling division, -(-a // b)", "n = cdiv(N, BN)",
