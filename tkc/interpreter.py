@@ -26,9 +26,10 @@ from tkc.grid import as_kernel, check_args, check_grid, eval_grid, param_name, s
 from tkc.ir.core import BlockArgument, Module, Operation, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
+from tkc.races import WriteLog
 from tkc.semantics import Program, Suspended, combine_ranks
 
-__all__ = ["bind_arguments", "interpret_module", "random_args", "run_kernel", "write_back"]
+__all__ = ["bind_arguments", "interpret_module", "random_args", "run_kernel", "tensor_names", "write_back"]
 
 
 def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, Any], dict[int, np.ndarray]]:
@@ -64,7 +65,7 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args
     env, working = bind_arguments(kernel, args)
-    ctx = Program(None, (), env)
+    ctx = Program(None, (), env, log=WriteLog(tensor_names(params, env)))
     with np.errstate(all="ignore"):
         ctx.grid = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid)
         try:
@@ -124,6 +125,11 @@ def _run_clusters(ctx: Program, kernel: Operation, env: dict[Value, Any]) -> Non
 
 def _ordinal(k: int) -> str:
     return {1: "first", 2: "second", 3: "third"}.get(k, f"{k}th")
+
+
+def tensor_names(params: Sequence[BlockArgument], env: dict[Value, Any]) -> dict[int, str]:
+    """``id`` of each working tensor -> its parameter's name, for messages."""
+    return {id(env[p]): param_name(p) for p in params if isinstance(p.type, TensorType)}
 
 
 def write_back(params: Sequence[BlockArgument], args: Sequence[Any], working: dict[int, np.ndarray],

@@ -58,6 +58,7 @@ from tkc.errors import TkcError, TkcInterpretError
 from tkc.ir.core import Block, Operation, Value
 from tkc.ir.dialects import tile
 from tkc.ir.types import shape_of
+from tkc.races import WriteLog
 
 __all__ = ["CPU_SMS", "Program", "Suspended", "combine_ranks", "evaluate"]
 
@@ -74,6 +75,7 @@ class Program:
     written: set[int] = field(default_factory=set)  # id() of tensors stored to
     sms: int = 0  # what tile.num_sms reads (CPU_SMS unless a launch says otherwise)
     cluster: Any = None  # while a cluster's programs run: (rank, results, parts, occurrences)
+    log: WriteLog | None = None  # who wrote which element: write-write races (tkc/races.py)
 
     def run(self, block: Block) -> list[Any]:
         """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
@@ -187,8 +189,75 @@ def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.
 def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
     sl = _box_slices(tensor.shape, offsets, op.box)
     if sl is not None:
+        _log_write(ctx, op, tensor, sl[0], atomic=False)
         tensor[sl[0]] = np.reshape(value, op.box)[sl[1]]
     ctx.written.add(id(tensor))
+
+
+def _log_write(ctx: Program, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
+    if ctx is None or ctx.log is None:
+        return
+    race = ctx.log.write(tensor, index, ctx.pid, op.loc, atomic)
+    if race is not None:
+        raise TkcInterpretError(race.message(ctx.pid, atomic), op.loc)
+
+
+def atomic_update(kind: str, dt: Any, old: np.ndarray, value: np.ndarray,
+                  expected: np.ndarray | None = None) -> np.ndarray:
+    """The new elements of an atomic ``kind`` from the ``old`` ones and ``value`` (storage form).
+
+    ``add`` rounds each sum once to the dtype (i32 wraps).  An f32 ``max``/``min`` is what the
+    GPU does, which has no float atomic max: an integer max (min) of the bits where ``value``'s
+    sign is clear, an unsigned min (max) where it is set -- the float order for every pair of
+    non-NaN values, -0.0 below +0.0; a NaN wins or loses by its sign bit.  ``cas`` compares bits."""
+    if kind == "add":
+        if dt.is_float:
+            return round_to(old.astype(np.float32) + value.astype(np.float32), dt)
+        return (old.astype(np.int64) + value).astype(np.int32)
+    if kind in ("max", "min"):
+        if not dt.is_float:
+            return (np.maximum if kind == "max" else np.minimum)(old, value)
+        ob, vb = old.astype(np.float32).view(np.int32), np.asarray(value, np.float32).view(np.int32)
+        signed, unsigned = (np.maximum, np.minimum) if kind == "max" else (np.minimum, np.maximum)
+        bits = np.where(vb >= 0, signed(ob, vb), unsigned(ob.view(np.uint32), vb.view(np.uint32)).view(np.int32))
+        return bits.astype(np.int32).view(np.float32)
+    if kind == "exch":
+        return np.array(value, dtype=old.dtype)
+    if kind == "cas":
+        st = np.int32 if dt.bits == 32 else np.int16
+        same = old.astype(dt.np_storage).view(st) == np.asarray(expected, dt.np_storage).view(st)
+        return np.where(same, value, old).astype(old.dtype)
+    raise ValueError(f"unknown atomic kind {kind!r}")
+
+
+def _atomic(ctx: Program, op: Operation, tensor: np.ndarray, *rest: Any) -> np.ndarray | None:
+    """``tile.atomic``/``tile.atomic_cas``: exact, in program order.  On one element the old value
+    comes back (0 where the element lies outside the tensor, which is left alone)."""
+    kind = tile.atomic_kind(op)
+    n = 2 if kind == "cas" else 1
+    values, offsets = rest[:n], rest[n:]
+    dt = op.tensor.type.dtype
+    if ctx.cluster is not None:  # a cluster's programs rerun up to each reduction: apply once
+        rank, results, _, seen = ctx.cluster
+        k = seen.get(op, 0)
+        seen[op] = k + 1
+        if (op, k, rank) in results:
+            return results[(op, k, rank)]
+    old = np.zeros((), dt.np_storage)
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        _log_write(ctx, op, tensor, sl[0], atomic=True)
+        cur = tensor[sl[0]]
+        value = np.reshape(np.broadcast_to(values[-1], shape_of(op.value.type)), op.box)[sl[1]]
+        expected = values[0] if kind == "cas" else None
+        if op.results:  # one element
+            old = np.reshape(cur.copy(), ())
+        tensor[sl[0]] = atomic_update(kind, dt, cur, value, expected)
+    ctx.written.add(id(tensor))
+    out = old if op.results else None
+    if ctx.cluster is not None:
+        ctx.cluster[1][(op, ctx.cluster[3][op] - 1, ctx.cluster[0])] = out
+    return out
 
 
 def _reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
@@ -253,6 +322,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.mma": _mma,
     "tile.load": _load,
     "tile.store": _store,
+    "tile.atomic": _atomic,
+    "tile.atomic_cas": _atomic,
     "tile.dim": lambda ctx, op, t: np.asarray(t.shape[op.axis], np.int32),
     "tile.program_id": _program_id,
     "tile.num_programs": _num_programs,

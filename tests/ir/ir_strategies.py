@@ -279,6 +279,37 @@ class _Gen:
             attrs["other"] = self.constant_value(tensor.type.dtype)
         self.emit(T.LoadOp, [tensor, *(self.get(I32) for _ in tensor.type.dims)], [t], attrs)
 
+    def _atomic_target(self, kind: str) -> tuple[Value, dict[str, Any], Type] | None:
+        tensors = [v for v in self.tensors() if v.type.dtype.name in T.ATOMIC_KINDS[kind]]
+        if not tensors:
+            return None
+        tensor = self.pick(tensors)
+        attrs, t = self._box(tensor.type)
+        if kind == "cas" and isinstance(t, TileType):
+            attrs = {"box": [1] * tensor.type.rank, "squeeze": list(range(tensor.type.rank))}
+            t = ScalarType(tensor.type.dtype)
+        return tensor, attrs, t
+
+    def op_atomic(self) -> None:
+        kind = self.pick(["add", "max", "min", "exch"])
+        target = self._atomic_target(kind)
+        if target is None:
+            return
+        tensor, attrs, t = target
+        fetch = isinstance(t, ScalarType) and self.coin()
+        attrs["kind"] = kind
+        attrs["sem"] = self.pick(["relaxed", "acq_rel", "acquire"] if fetch else ["relaxed", "release"])
+        self.emit(T.AtomicOp, [tensor, self.get(t), *(self.get(I32) for _ in tensor.type.dims)],
+                  [t] if fetch else [], attrs)
+
+    def op_atomic_cas(self) -> None:
+        target = self._atomic_target("cas")
+        if target is None:
+            return
+        tensor, attrs, t = target
+        self.emit(T.AtomicCasOp, [tensor, self.get(t), self.get(t), *(self.get(I32) for _ in tensor.type.dims)],
+                  [t], attrs)
+
     def op_store(self) -> None:
         if not self.tensors():
             return
@@ -320,7 +351,7 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
+                "op_mma", "op_arange", "op_load", "op_store", "op_atomic", "op_atomic_cas", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
@@ -340,6 +371,8 @@ class _Gen:
             params.append(TensorType(self.pick(ALL_DTYPES), tuple(dims)))
         if self.require in ("tile.dim", "tile.load", "tile.store"):
             params.append(TensorType(self.pick(ALL_DTYPES), ("M", 64)))
+        if self.require in ("tile.atomic", "tile.atomic_cas"):
+            params.append(TensorType(self.pick([dtypes.f32, dtypes.i32]), ("M", 64)))
         params += [ScalarType(self.pick(ALL_DTYPES)) for _ in range(self.draw(st.integers(0, 2)))]
         params = self.draw(st.permutations(params))
         block = Block(params, [self.draw(hints) for _ in params])

@@ -29,6 +29,7 @@ import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
 from tkc.codegen.deferred import store_plan
+from tkc.codegen.lower_atomic import HANDLERS as ATOMIC
 from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
@@ -359,7 +360,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], {**ELEMENTWISE, **HOPPER, **STRUCTURE},
+    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], {**ELEMENTWISE, **HOPPER, **ATOMIC, **STRUCTURE},
                  store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:

@@ -51,8 +51,10 @@ from tkc.emulator.tma import tma_load, tma_store
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
 from tkc.grid import as_kernel, check_grid, eval_grid
-from tkc.interpreter import bind_arguments, random_args, write_back
-from tkc.semantics import CPU_SMS, combine_ranks, evaluate
+from tkc.interpreter import bind_arguments, random_args, tensor_names, write_back
+from tkc.ir.dialects.tile import atomic_kind
+from tkc.races import WriteLog
+from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
@@ -176,11 +178,13 @@ class _CTA:
     """One CTA: shared memory, barriers and the warpgroup coroutines that share them."""
 
     def __init__(self, kernel: Operation, pid: tuple[int, ...], grid: tuple[int, ...],
-                 params: dict[Value, Any], written: set[int]):
+                 params: dict[Value, Any], written: set[int], log: WriteLog | None = None):
         self.kernel = kernel
         self.pid, self.grid = pid, grid
         self.params = params
         self.written = written
+        self.log = log  # who wrote which element: write-write races between CTAs (tkc/races.py)
+        self.fetched: dict[Operation, np.ndarray] = {}  # the old value of a hopper.atomic_fetch
         threads = kernel.threads
         if not isinstance(threads, int) or threads <= 0 or threads % 128:
             raise TkcEmulatorError(f"kernel @{kernel.sym_name} needs a 'threads' attribute, a positive "
@@ -733,15 +737,78 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
     return np.where(inb, tensor[safe], other).astype(dt.np_storage)
 
 
+def _log_write(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
+    log = wg.cta.log
+    if log is not None:
+        race = log.write(tensor, index, wg.cta.pid, op.loc, atomic)
+        if race is not None:
+            raise _fault(op, race.message(wg.cta.pid, atomic))
+
+
 def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray, *offsets: Any) -> None:
+    if isinstance(op.value.type, ScalarType):  # one element, stored by every thread alike
+        idx, inb = _global_index(op, tensor, offsets, ())
+        if bool(inb):
+            _log_write(wg, op, tensor, idx, atomic=False)
+            tensor[idx] = value
+        wg.cta.written.add(id(tensor))
+        return
     layout = _reg_layout(op, op.value.type)
     idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
     sel = tuple(i[inb] for i in idx)
+    _log_write(wg, op, tensor, sel, atomic=False)
     tensor[sel] = value[inb]
     # Replicated layouts store one element from several threads; they must agree.
     if not np.array_equal(tensor[sel], value[inb], equal_nan=True):
         raise _fault(op, f"threads holding the same element of {layout} store different values ({wg.role})")
     wg.cta.written.add(id(tensor))
+
+
+def _atomic(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *rest: Any) -> np.ndarray | None:
+    """``tile.atomic``/``tile.atomic_cas`` as codegen issues them: a tile's values by the threads
+    holding their first copies, one element by thread 0 (its old value read by nobody)."""
+    kind = atomic_kind(op)
+    n = 2 if kind == "cas" else 1
+    values, offsets = rest[:n], rest[n:]
+    dt = op.tensor.type.dtype
+    wg.cta.written.add(id(tensor))
+    if isinstance(op.value.type, ScalarType):
+        if wg.leader:
+            _atomic_element(wg, op, kind, dt, tensor, values, offsets)
+        return np.zeros((), dt.np_storage) if op.results else None
+    layout = _reg_layout(op, op.value.type)
+    idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
+    t = 128 * wg.local + np.arange(128)[:, None]
+    masks = np.array(first_holders(layout), dtype=np.int64).reshape(-1, 2)
+    inb = inb & ((t & masks[:, 0][None, :]) == masks[:, 1][None, :])
+    sel = tuple(i[inb] for i in idx)
+    _log_write(wg, op, tensor, sel, atomic=True)
+    tensor[sel] = atomic_update(kind, dt, tensor[sel], np.asarray(values[-1])[inb])
+    return None
+
+
+def _atomic_element(wg: _Warpgroup, op: Operation, kind: str, dt: Any, tensor: np.ndarray,
+                    values: Sequence[Any], offsets: Sequence[Any]) -> np.ndarray:
+    """Apply an atomic on one element; its old value (0 outside the tensor, which is left alone)."""
+    idx, inb = _global_index(op, tensor, offsets, ())
+    if not bool(inb):
+        return np.zeros((), dt.np_storage)
+    _log_write(wg, op, tensor, idx, atomic=True)
+    old = np.asarray(tensor[idx], dt.np_storage).copy()
+    expected = values[0] if kind == "cas" else None
+    tensor[idx] = atomic_update(kind, dt, old, np.asarray(values[-1], dt.np_storage), expected)
+    return old
+
+
+def _atomic_fetch(wg: _Warpgroup, op: Operation, tensor: np.ndarray, slot: Any, *args: Any) -> Co:
+    """``hopper.atomic_fetch``: a barrier, thread 0's atomic, a barrier, every thread reads the old value."""
+    n = 2 if op.kind == "cas" else 1
+    yield from wg.bar_sync(op)
+    if wg.leader:
+        wg.cta.fetched[op] = _atomic_element(wg, op, op.kind, op.tensor.type.dtype, tensor, args[:n], args[n:])
+        wg.cta.written.add(id(tensor))
+    yield from wg.bar_sync(op)
+    return wg.cta.fetched[op]
 
 
 # ------------------------------------------------------------------ shared memory
@@ -918,6 +985,9 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
     outer = [int(o) for o in offsets[:-2]]
     rows, cols = (int(o) for o in offsets[-2:])
     if all(0 <= o < s for o, s in zip(outer, tensor.shape)):  # else the whole box is outside: nothing written
+        inside = tuple(slice(max(o, 0), max(min(o + n, size), 0))
+                       for o, n, size in zip((rows, cols), box[-2:], tensor.shape[-2:]))
+        _log_write(wg, op, tensor, (*outer, *inside), atomic=False)
         tma_store(wg.cta.smem, src.base, lay, tensor[tuple(outer)], (cols, rows), tuple(reversed(box[-2:])),
                   op=who)
     wg.cta.written.add(id(tensor))
@@ -1026,6 +1096,8 @@ def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
 
 
 _HANDLERS: dict[str, Callable[..., Any]] = {
+    "tile.atomic": _atomic,
+    "tile.atomic_cas": _atomic,
     "tile.grid": lambda wg, op, *extents: None,
     "tile.dim": lambda wg, op, t: np.asarray(t.shape[op.axis], np.int32),
     "tile.program_id": _program_id,
@@ -1053,6 +1125,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
 }
 
 _CO_HANDLERS: dict[str, Callable[..., Co]] = {
+    "hopper.atomic_fetch": _atomic_fetch,
     "tile.for": _for,
     "tile.if": _if,
     "hopper.role": _role,
@@ -1084,6 +1157,7 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
     params = kernel.regions[0].block.args
     env, working = bind_arguments(kernel, args)
     written: set[int] = set()
+    log = WriteLog(tensor_names(params, env))
     with np.errstate(all="ignore"):
         shape = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid)
         cluster = kernel.cluster or 1
@@ -1100,7 +1174,7 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
                 ctas: list[_CTA] = []
                 try:
                     for pid in group:
-                        ctas.append(_CTA(kernel, pid, shape, env, written))
+                        ctas.append(_CTA(kernel, pid, shape, env, written, log))
                     _run_cluster(ctas, seed + k)
                 except TkcEmulatorError as e:
                     where = next((c for c in ctas if c.fault_loc is not None), ctas[-1] if ctas else None)

@@ -130,6 +130,15 @@ def _cluster_reduce(kind: str) -> Callable:
     return impl
 
 
+def _atomic(kind: str) -> Callable:
+    values = [("expected", REQUIRED), ("value", REQUIRED)] if kind == "cas" else [("value", REQUIRED)]
+
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"atomic_{kind}()", e, args, kwargs, [("view", REQUIRED), *values, ("sem", None)])
+        return lw.atomic(kind, a["view"], [a[n] for n, _ in values], a["sem"], e)
+    return impl
+
+
 def _cdiv(lw, e, args, kwargs):
     a = lw.bind("cdiv()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
     return lw.em.binary("cdiv", lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
@@ -138,6 +147,7 @@ def _cdiv(lw, e, args, kwargs):
 BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
+    **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
     "where": _where, "load": _load, "sum": _reduction("sum"), "mean": _reduction("mean"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},
     "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),

@@ -18,7 +18,7 @@ from tkc.frontend import ast
 from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
 from tkc.frontend.emit import Emitter, check_const, check_tile_dims, const_dtype
 from tkc.frontend.values import (
-    REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, TupleV, View,
+    REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
 )
 from tkc.ir.builder import Builder
 from tkc.pins import PINS, check_pins
@@ -733,6 +733,8 @@ class KernelLowering:
             return f"the builtin '{v.name}'"
         if isinstance(v, Method):
             return f"the method '.{v.name}'"
+        if isinstance(v, Text):
+            return f"the string {v.value!r}"
         if isinstance(v, TupleV):
             return f"a tuple of {len(v.items)}" if v.items else "no value (a helper without 'return')"
         return "this expression"
@@ -835,10 +837,56 @@ class KernelLowering:
 
     def store(self, view: View, v: object, loc: Loc) -> None:
         offsets, box, squeeze = self._box(view)
+        v = self._stored(view, box, squeeze, v, "store", loc)
+        attrs: dict[str, object] = {"box": box}
+        if squeeze:
+            attrs["squeeze"] = squeeze
+        self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
+
+    def atomic(self, kind: str, view: View, values: list[object], sem: object, e: ast.Call) -> object:
+        """``atomic_<kind>(view, *values, sem=...)``: a ``tile.atomic`` (``tile.atomic_cas``), which
+        on one element returns its old value; on a tile, nothing."""
+        what = f"atomic_{kind}()"
+        if not isinstance(view, View):
+            raise TkcTypeError(f"{what} takes a tensor slice or element like x[i] or x[r:r+BM, :], got "
+                               f"{self._kind(view)}", e.loc)
+        offsets, box, squeeze = self._box(view)
+        t = view.tensor.type
+        if t.dtype.name not in T.ATOMIC_KINDS[kind]:
+            raise TkcTypeError(f"{what} takes a tensor of {', '.join(T.ATOMIC_KINDS[kind])}, and "
+                               f"'{view.tensor.name}' is {t.dtype.name}", view.node.loc)
+        one = len(squeeze) == len(box)
+        if sem is not None and not (isinstance(sem, Text) and sem.value in T.ATOMIC_SEMS):
+            raise TkcTypeError(f"{what}: sem is one of {', '.join(map(repr, T.ATOMIC_SEMS))}", e.loc)
+        sem = sem.value if sem is not None else ("acq_rel" if one else "relaxed")
+        if not one and sem in ("acquire", "acq_rel"):
+            raise TkcTypeError(f"{what} into a tile reads nothing back, so sem={sem!r} has nothing to "
+                               f"order; use 'relaxed' or 'release'", e.loc)
+        if kind == "cas" and not one:
+            raise TkcTypeError("atomic_cas() swaps one element: index every axis, like flags[i]", view.node.loc)
+        vals = [self._stored(view, box, squeeze, v, f"combine atomically ({what})", e.loc).value
+                for v in values]
+        attrs: dict[str, object] = {"box": box}
+        if squeeze:
+            attrs["squeeze"] = squeeze
+        if kind != "cas":
+            attrs["kind"] = kind
+        if sem != "relaxed":
+            attrs["sem"] = sem
+        cls = T.AtomicCasOp if kind == "cas" else T.AtomicOp
+        result = [ScalarType(t.dtype)] if one else []
+        op = self.b.create(cls, [view.tensor.value, *vals, *offsets], result, attrs, loc=e.loc)
+        return Dyn(op.results[0]) if one else NONE
+
+    def _stored(self, view: View, box: list[int], squeeze: list[int], v: object, verb: str, loc: Loc) -> Dyn:
+        """``v`` as the value a store (or an atomic) writes into the box: constants made
+        values, scalars and size-1 axes broadcast to the box; a dtype other than the tensor's
+        is an error."""
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         if not isinstance(v, (Const, Dyn)):  # located at the value, not at the tensor
-            raise TkcTypeError(f"expected a value to store into '{view.tensor.name}', got {self._kind(v)}", loc)
+            raise TkcTypeError(f"expected a value to {verb.split(' (')[0]} into '{view.tensor.name}', got "
+                               f"{self._kind(v)}", loc)
         if isinstance(v, Const):
             v = self.em.materialize(v, ScalarType(t.dtype), loc)
         if v.type.dtype != t.dtype:
@@ -852,10 +900,7 @@ class KernelLowering:
             v = self.em.broadcast_to(v, kept, loc)
         elif isinstance(v.type, TileType):
             raise TkcTypeError(f"storing {v.type} into a single element", loc)
-        attrs: dict[str, object] = {"box": box}
-        if squeeze:
-            attrs["squeeze"] = squeeze
-        self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
+        return v
 
     # ---------------------------------------------------------------- calls
     def call(self, e: ast.Call) -> object:
@@ -865,7 +910,8 @@ class KernelLowering:
         for k in e.keywords:
             if k.name in kwargs:
                 raise TkcTypeError(f"keyword '{k.name}' given twice", k.loc)
-            kwargs[k.name] = (self.expr(k.value), k)
+            # A string is a value only as a keyword argument (``sem="acquire"``).
+            kwargs[k.name] = (Text(k.value.value) if isinstance(k.value, ast.Str) else self.expr(k.value), k)
         if isinstance(f, Function):
             return self.inline(f, args, kwargs, e)
         if isinstance(f, Method):

@@ -62,6 +62,14 @@ class View:
 
 
 @dataclass(frozen=True)
+class Text:
+    """A string literal given as a keyword argument (``sem="acquire"``): the only place the
+    language takes one."""
+
+    value: str
+
+
+@dataclass(frozen=True)
 class DTypeName:
     dtype: DType
 

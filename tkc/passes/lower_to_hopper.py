@@ -266,6 +266,25 @@ class _Lowering:
         Builder.before(op).create(hopper.StoreOp, list(op.operands), attrs=dict(op.attributes))
         op.erase()
 
+    def _atomic(self, op: Operation) -> None:
+        """An atomic on one element whose old value is read becomes ``hopper.atomic_fetch``: the
+        value reaches every thread through a shared word (a 128-byte tile, the smallest shared
+        tile).  The others stay as they are: codegen issues them from the threads holding the
+        values."""
+        if not op.results or not uses(self.kernel).get(op.results[0]):
+            return
+        slot_layout = SharedLayout(8, 4, dtypes.i32, "k", 0)
+        slot = self._alloc(TileType((8, 4), dtypes.i32, "smem", slot_layout), op.loc)
+        kind = tile.atomic_kind(op)
+        values = [op.expected, op.value] if kind == "cas" else [op.value]
+        attrs = {"kind": kind, "box": list(op.box), "squeeze": list(op.squeeze or [])}
+        if op.sem:
+            attrs["sem"] = op.sem
+        new = Builder.before(op).value(hopper.AtomicFetchOp, [op.tensor, slot, *values, *op.offsets],
+                                       op.results[0].type, attrs)
+        replace_all_uses(self.kernel, op.results[0], new)
+        op.erase()
+
     def _tma_staging(self, op: Operation) -> SharedLayout | None:
         """The shared layout a product's result goes through to be stored by TMA, or None to
         store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
@@ -490,6 +509,8 @@ _LOWER = {
     "tile.mma": _Lowering._mma,
     "tile.load": _Lowering._load,
     "tile.store": _Lowering._store,
+    "tile.atomic": _Lowering._atomic,
+    "tile.atomic_cas": _Lowering._atomic,
     "tile.reduce": _Lowering._reduce,
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,

@@ -196,12 +196,11 @@ def _persist(kernel: Operation, options: Options) -> None:
         pm = lb.value(tile.AddOp, [first_row, lb.value(tile.RemOp, [within, in_group], I32)], I32)
         pn = lb.value(tile.FloorDivOp, [within, in_group], I32)
         if rank is not None:
-            # The cluster's last row may lie past the grid (an odd number of tile rows): that
-            # program computes the row above again and stores the same values, so that it
-            # still takes its part in the copies the cluster shares.
-            pm = lb.value(tile.MinimumOp, [lb.value(tile.AddOp, [lb.value(tile.MulOp, [pm, const[cluster]], I32),
-                                                                 rank], I32),
-                                           lb.value(tile.SubOp, [gm, const[1]], I32)], I32)
+            # The cluster's last rows may lie past the grid (an odd number of tile rows): such a
+            # program still takes its part in the copies the cluster shares, its own copies
+            # wholly past the tensor (they read zeros) and its stores writing nothing -- not a
+            # repeat of the row above, which would be two programs storing one element.
+            pm = lb.value(tile.AddOp, [lb.value(tile.MulOp, [pm, const[cluster]], I32), rank], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     ids = {("tile.program_id", 0): pm, ("tile.program_id", 1): pn,
            ("tile.num_programs", 0): gm, ("tile.num_programs", 1): gn}

@@ -102,6 +102,8 @@ class _Specializer:
             return  # a loop still synchronizes every thread: the producer would have to join it
         if tile.has_cluster_reductions(self.kernel):
             return  # each cluster reduction meets every thread of the cluster (barrier.cluster)
+        if any(tile.is_atomic(op) and not isinstance(op.value.type, TileType) for op in ops):
+            return  # an atomic on one element is issued once, by thread 0, which a role split would copy
         self.common = self._common()
         producer = self._producer_ops()
         if producer is None:

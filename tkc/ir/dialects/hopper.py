@@ -619,6 +619,12 @@ class _GlobalAccess(Operation):
         if len(offsets) != tensor.rank or any(o.type != I32 for o in offsets):
             raise self.error(f"needs {tensor.rank} i32 offsets, one per axis of {tensor}")
 
+    def _check_scalar(self, t: ScalarType) -> None:
+        self._check_tensor(self.tensor.type, self.offsets)
+        if any(b != 1 for b in self.box) or sorted(self.squeeze or []) != list(range(len(self.box))) \
+                or t.dtype != self.tensor.type.dtype:
+            raise self.error(f"a scalar access touches one element of {self.tensor.type}, every axis squeezed")
+
     def _check(self, tensor: Type, offsets: list, tile: Type) -> None:
         self._check_tensor(tensor, offsets)
         _check_reg(self, tile, "the tile")
@@ -641,10 +647,7 @@ class LoadOp(_GlobalAccess):
 
     def verify(self) -> None:
         if isinstance(self.result.type, ScalarType):
-            self._check_tensor(self.tensor.type, self.offsets)
-            if any(b != 1 for b in self.box) or sorted(self.squeeze or []) != list(range(len(self.box))) \
-                    or self.result.type.dtype != self.tensor.type.dtype:
-                raise self.error(f"a scalar load reads one element of {self.tensor.type}, every axis squeezed")
+            self._check_scalar(self.result.type)
             return
         self._check(self.tensor.type, self.offsets, self.result.type)
 
@@ -659,7 +662,59 @@ class StoreOp(_GlobalAccess):
     ATTRS = {"box": list, "squeeze?": list}
 
     def verify(self) -> None:
+        if isinstance(self.value.type, ScalarType):  # one element, stored by every thread alike
+            self._check_scalar(self.value.type)
+            return
         self._check(self.tensor.type, self.offsets, self.value.type)
+
+
+@register
+class AtomicFetchOp(_GlobalAccess):
+    """An atomic on one element whose old value the program reads (``tile.atomic`` or
+    ``tile.atomic_cas`` with a used result): thread 0 issues it between two barriers of the
+    threads running it and passes the old value through the shared word ``slot``; every
+    thread reads it.  ``args``: the value (``expected`` and the value for ``cas``), then one
+    offset per tensor axis."""
+
+    name = "hopper.atomic_fetch"
+    OPERANDS = ("tensor", "slot", "*args")
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "box": list, "squeeze": list, "sem?": str}
+
+    @property
+    def values(self) -> list:
+        return self.args[:2 if self.kind == "cas" else 1]
+
+    @property
+    def value(self):
+        return self.values[-1]
+
+    @property
+    def expected(self):
+        return self.values[0]
+
+    @property
+    def offsets(self) -> list:
+        return self.args[len(self.values):]
+
+    def verify(self) -> None:
+        from tkc.ir.dialects.tile import ATOMIC_KINDS, ATOMIC_SEMS
+
+        t = self.tensor.type
+        if self.kind not in ATOMIC_KINDS:
+            raise self.error(f"kind must be one of {', '.join(ATOMIC_KINDS)}, got {self.kind!r}")
+        if not isinstance(t, TensorType) or len(self.args) != len(self.values) + t.rank:
+            raise self.error("takes the value(s), then one offset per axis of the tensor")
+        self._check_tensor(t, self.offsets)
+        want = ScalarType(t.dtype)
+        if any(v.type != want for v in self.values) or self.result.type != want:
+            raise self.error(f"the value(s) and the result are {want}")
+        if self.box != [1] * t.rank or sorted(self.squeeze) != list(range(t.rank)):
+            raise self.error("reads one element: a box of ones, every axis squeezed")
+        if (self.sem or "relaxed") not in ATOMIC_SEMS:
+            raise self.error(f"sem must be one of {', '.join(ATOMIC_SEMS)}")
+        if not _smem(self.slot.type) or self.slot.type.layout.size_bytes < 4:
+            raise self.error(f"the slot must be a shared tile of at least 4 bytes, got {self.slot.type}")
 
 
 @register

@@ -468,3 +468,77 @@ class StoreOp(_Access):
 
     def verify(self) -> None:
         self._check_box(self.tensor.type, self.offsets, self.value.type)
+
+
+# ------------------------------------------------------------------ atomics
+#: What each atomic kind takes (element dtypes), where the GPU has an instruction for it.
+ATOMIC_KINDS = {
+    "add": ("f32", "f16", "bf16", "i32"),
+    "max": ("f32", "i32"),
+    "min": ("f32", "i32"),
+    "exch": ("f32", "i32"),
+    "cas": ("f32", "i32"),
+}
+#: Memory orderings of an atomic (PTX's ``.sem``), at GPU scope.
+ATOMIC_SEMS = ("relaxed", "acquire", "release", "acq_rel")
+
+
+class _AtomicAccess(_Access):
+    def _check_atomic(self, kind: str) -> None:
+        t = self.tensor.type
+        self._check_box(t, self.offsets, self.value.type)
+        if t.dtype.name not in ATOMIC_KINDS[kind]:
+            raise self.error(f"atomic {kind} takes {', '.join(ATOMIC_KINDS[kind])} tensors, not {t.dtype.name}")
+        sem = self.sem or "relaxed"
+        if sem not in ATOMIC_SEMS:
+            raise self.error(f"sem must be one of {', '.join(ATOMIC_SEMS)}, got {sem!r}")
+        if self.results:
+            if isinstance(self.value.type, TileType) or len(self.results) != 1 \
+                    or self.results[0].type != ScalarType(t.dtype):
+                raise self.error("only an atomic on one element returns a value: the element's old value")
+        elif sem in ("acquire", "acq_rel"):
+            raise self.error(f"sem = {sem!r} orders what comes after a read: only an atomic that returns "
+                             f"the old value reads")
+
+
+@register
+class AtomicOp(_AtomicAccess):
+    """Combine a tile (or a scalar) into a box of a tensor, element by element, atomically:
+    ``kind`` is ``add``, ``max``, ``min`` or ``exch`` (replace).  Elements outside the tensor
+    are left alone.  On one element (every axis squeezed) it may return the element's old
+    value.  ``sem`` orders the program's other memory accesses around it (default relaxed)."""
+
+    name = "tile.atomic"
+    OPERANDS = ("tensor", "value", "*offsets")
+    RESULTS = ("*results",)
+    ATTRS = {"kind": str, "box": list, "squeeze?": list, "sem?": str}
+
+    def verify(self) -> None:
+        if self.kind not in ATOMIC_KINDS or self.kind == "cas":
+            raise self.error(f"kind must be one of add, max, min, exch, got {self.kind!r}")
+        self._check_atomic(self.kind)
+
+
+@register
+class AtomicCasOp(_AtomicAccess):
+    """Compare and swap one element: where it equals ``expected`` (bit for bit) it becomes
+    ``value``; returns the old element either way."""
+
+    name = "tile.atomic_cas"
+    OPERANDS = ("tensor", "expected", "value", "*offsets")
+    RESULTS = ("*results",)
+    ATTRS = {"box": list, "squeeze?": list, "sem?": str}
+
+    def verify(self) -> None:
+        self._check_atomic("cas")
+        if isinstance(self.value.type, TileType) or self.expected.type != self.value.type:
+            raise self.error("compare-and-swap takes one element and scalar expected and new values of its dtype")
+
+
+def atomic_kind(op: Operation) -> str:
+    """``add``, ``max``, ``min``, ``exch`` or ``cas``: what an atomic op does to its elements."""
+    return "cas" if op.name.endswith("cas") else op.kind
+
+
+def is_atomic(op: Operation) -> bool:
+    return op.name in ("tile.atomic", "tile.atomic_cas", "hopper.atomic")
