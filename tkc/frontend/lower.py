@@ -864,8 +864,8 @@ class KernelLowering:
                                f"order; use 'relaxed' or 'release'", e.loc)
         if kind == "cas" and not one:
             raise TkcTypeError("atomic_cas() swaps one element: index every axis, like flags[i]", view.node.loc)
-        vals = [self._stored(view, box, squeeze, v, f"combine atomically ({what})", e.loc).value
-                for v in values]
+        vals = [self._stored(view, box, squeeze, self.load(v, None) if isinstance(v, View) else v,
+                             f"combine atomically ({what})", e.loc).value for v in values]
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze

@@ -1,0 +1,250 @@
+"""Atomics into global memory and write-write races.
+
+Each kernel runs in the interpreter against a numpy/torch reference, in the emulator against
+the interpreter (floats to the tolerance of another order of additions), through ptxas
+without spills, and on a GPU against the interpreter.  Plain stores of two programs onto one
+element are refused by both executors, naming both programs and the line."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.errors import TkcEmulatorError, TkcError, TkcInterpretError
+from tkc.interpreter import random_args, run_kernel
+from tkc.semantics import atomic_update
+from tkc import dtypes
+
+# Split-K: SPLIT programs per output tile add their partial products into c (f32), tails on
+# every axis.
+SPLITK = """@kernel
+def splitk(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], BM: const = 64, BN: const = 64, BK: const = 64,
+           SPLIT: const = 3):
+    grid(cdiv(M, BM), cdiv(N, BN), SPLIT)
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([BM, BN], f32)
+    for k in range(program_id(2), cdiv(K, BK), SPLIT):
+        acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+    atomic_add(c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN], acc)
+"""
+# Every program takes a ticket: the old counter value comes back to all its threads.
+TICKET = """@kernel
+def ticket(order: i32[N], counter: i32[1]):
+    grid(N)
+    t = atomic_add(counter[0], 1)
+    order[program_id(0)] = t + 0 * t
+"""
+# Row maxima and minima of x over column blocks, one program a block (f32 max through the
+# bits, i32 min); and column sums in bf16 (one red per element).
+EXTREMA = """@kernel
+def extrema(x: f32[M, N], xi: i32[M, N], xb: bf16[M, N], mx: f32[M], mn: i32[M], s: bf16[N],
+            BM: const = 32, BN: const = 64):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    t = load(x[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN], other=-inf)
+    atomic_max(mx[pm*BM:(pm+1)*BM], t.max(1))
+    ti = load(xi[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN], other=1000)
+    atomic_min(mn[pm*BM:(pm+1)*BM], ti.min(1))
+    tb = xb[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN].to(f32)
+    atomic_add(s[pn*BN:(pn+1)*BN], tb.sum(0).to(bf16))
+"""
+# A histogram through indices read from a tensor: one element per program and bin.
+HISTOGRAM = """@kernel
+def histogram(ids: i32[N], w: f32[N], hist: f32[B], count: i32[B]):
+    grid(N)
+    i = program_id(0)
+    k = ids[i]
+    atomic_add(hist[k], w[i])
+    atomic_add(count[k], 1)
+"""
+# The first program to swap its id into owner wins; everyone learns the winner.
+CLAIM = """@kernel
+def claim(owner: i32[1], seen: i32[N], last: f32[1]):
+    grid(N)
+    p = program_id(0)
+    old = atomic_cas(owner[0], -1, p, sem="acq_rel")
+    seen[p] = old
+    atomic_exch(last[0], 1.5)
+"""
+
+CASES = {
+    "splitk": (SPLITK, {"M": 100, "N": 72, "K": 296}),
+    "ticket": (TICKET, {"N": 70}),
+    "extrema": (EXTREMA, {"M": 70, "N": 150}),
+    "histogram": (HISTOGRAM, {"N": 90, "B": 7}),
+    "claim": (CLAIM, {"N": 9}),
+}
+
+
+def _args(name: str, seed: int) -> list:
+    src, dims = CASES[name]
+    k = compile_kernel(src, stop="tkir", cache=False).kernel_op
+    args = random_args(k, dims, seed, (-9, 9))
+    if name == "histogram":
+        args[0] = np.random.default_rng(seed).integers(-1, 8, dims["N"]).astype(np.int32)  # -1 and 7: outside
+    if name == "claim":
+        args[0][...] = -1
+    if name == "extrema":
+        args[3][...] = -np.inf
+        args[4][...] = 1000
+    return args
+
+
+def _interpret(name: str, args: list) -> list:
+    out = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_kernel(compile_kernel(CASES[name][0], stop="tkir", cache=False).kernel_op, out)
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_interpreter_matches_numpy(seed: int) -> None:
+    a, b, c = _args("splitk", seed)
+    got = _interpret("splitk", [a, b, c])[2]
+    np.testing.assert_allclose(got, c + a @ b, rtol=1e-4, atol=1e-3)
+
+    order, counter = _args("ticket", seed)
+    got_order, got_counter = _interpret("ticket", [order, counter])
+    assert sorted(got_order - counter[0]) == list(range(70)) and got_counter[0] == counter[0] + 70
+
+    x, xi, xb, mx, mn, s = _args("extrema", seed)
+    out = _interpret("extrema", [x, xi, xb, mx, mn, s])
+    np.testing.assert_array_equal(out[3], x.max(1))
+    np.testing.assert_array_equal(out[4], np.minimum(xi.min(1), 1000))
+    want_s = dtypes.round_to(s.astype(np.float64) + xb.astype(np.float64).sum(0), dtypes.bf16)
+    np.testing.assert_allclose(out[5], want_s, rtol=2e-2, atol=5e-2)
+
+    ids, w, hist, count = _args("histogram", seed)
+    out = _interpret("histogram", [ids, w, hist, count])
+    inside = (ids >= 0) & (ids < 7)
+    np.testing.assert_allclose(out[2], hist + np.bincount(ids[inside], w[inside], 7), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[3], count + np.bincount(ids[inside], minlength=7))
+
+    owner, seen, last = _args("claim", seed)
+    out = _interpret("claim", [owner, seen, last])
+    assert out[0][0] == 0 and out[1][0] == -1 and (out[1][1:] == 0).all() and out[2][0] == 1.5
+
+
+def test_float_max_and_min_order_the_bits_as_the_gpu_does() -> None:
+    v = np.array([-np.inf, -2.0, -0.0, 0.0, 1e-40, 3.0, np.inf], np.float32)
+    old, new = np.meshgrid(v, v)
+    got_max = atomic_update("max", dtypes.f32, old.copy(), new)
+    got_min = atomic_update("min", dtypes.f32, old.copy(), new)
+    np.testing.assert_array_equal(got_max, np.maximum(old, new))  # -0.0 < +0.0: equal as numbers
+    np.testing.assert_array_equal(got_min, np.minimum(old, new))
+    assert np.signbit(atomic_update("max", dtypes.f32, np.float32(-0.0), np.float32(0.0))) == False  # noqa: E712
+    assert np.signbit(atomic_update("min", dtypes.f32, np.float32(0.0), np.float32(-0.0)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulator_matches_interpreter(name: str, seed: int) -> None:
+    hopper = compile_kernel(CASES[name][0], stop="hopper", cache=False).kernel_op
+    args = _args(name, seed)
+    want = _interpret(name, args)
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    emulate(hopper, got, seed=seed)
+    for w, g in zip(want, got):
+        if name in ("ticket", "claim") and g.dtype == np.int32 and g.size > 1:
+            # which program takes which ticket is up to the order the programs run in
+            assert sorted(g.tolist()) == sorted(w.tolist())
+        else:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4 if name != "extrema" else 5e-2)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("name", list(CASES))
+def test_assembles_without_spills(name: str) -> None:
+    c = compile_kernel(CASES[name][0], stop="cubin", cache=False)
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+def test_a_tile_adds_with_vector_reductions_and_a_fetch_reads_through_shared_memory() -> None:
+    ptx = compile_kernel(SPLITK, stop="ptx", cache=False).asm["ptx"]
+    assert "red.relaxed.gpu.global.add.v2.f32" in ptx
+    ticket = compile_kernel(TICKET, stop="ptx", cache=False).asm["ptx"]
+    assert "atom.acq_rel.gpu.global.add.s32" in ticket and ticket.count("bar.sync") == 2
+    claim = compile_kernel(CLAIM, stop="ptx", cache=False).asm["ptx"]
+    assert "atom.acq_rel.gpu.global.cas.b32" in claim and "atom.acq_rel.gpu.global.exch.b32" in claim
+
+
+# ------------------------------------------------------------------------------ races
+RACY = """@kernel
+def racy(x: f32[M, N], y: f32[M, N], BN: const = 64):
+    grid(cdiv(N, BN), 2)
+    pn = program_id(0)
+    y[0:16, pn*BN:(pn+1)*BN] = x[0:16, pn*BN:(pn+1)*BN]
+"""
+MIXED = """@kernel
+def mixed(x: f32[N], y: f32[N]):
+    grid(2)
+    if program_id(0) == 0:
+        y[0] = x[0]
+    else:
+        atomic_add(y[0], x[1])
+"""
+
+
+@pytest.mark.parametrize("src, line, how", [(RACY, 5, "stores to it"), (MIXED, 7, "updates it atomically")])
+def test_two_programs_writing_one_element_is_a_race(src: str, line: int, how: str) -> None:
+    tile_ir = compile_kernel(src, stop="tkir", cache=False).kernel_op
+    args = random_args(tile_ir, {"M": 20, "N": 100})
+    with pytest.raises(TkcInterpretError, match=r"write-write race on element \[0(, 0)?\] of 'y': program \(0(, 0)?,?\) "
+                                                  r"stores to it \(line \d\) and program \(\d(, \d)?,?\) " + how) as e:
+        run_kernel(tile_ir, [a.copy() for a in args])
+    assert e.value.loc.line == line
+    hopper = compile_kernel(src, stop="hopper", cache=False).kernel_op
+    with pytest.raises(TkcEmulatorError, match="write-write race on element"):
+        emulate(hopper, [a.copy() for a in args])
+
+
+@pytest.mark.parametrize("body, message", [
+    ("atomic_max(h[0:16], x[0:16])", r"atomic_max\(\) takes a tensor of f32, i32, and 'h' is bf16"),
+    ('atomic_add(y[0:16], x[0:16], sem="seq")', r"sem is one of 'relaxed', 'acquire', 'release', 'acq_rel'"),
+    ('atomic_add(y[0:16], x[0:16], sem="acquire")', r"into a tile reads nothing back, so sem='acquire'"),
+    ("atomic_cas(y[0:16], x[0:16], x[0:16])", r"atomic_cas\(\) swaps one element"),
+    ("z = atomic_add(y[0:16], x[0:16])\n    y[0:16] = z", r"expected a value to store into 'y', got no value"),
+    ("atomic_add(x, 1.0)", r"takes a tensor slice or element like x\[i\]"),
+    ("atomic_add(y[0:16], x[0:16].to(bf16))", r"storing tile<16xbf16> into f32 tensor 'y'"),
+])
+def test_misuse_is_a_located_error(body: str, message: str) -> None:
+    src = f"@kernel\ndef k(x: f32[N], y: f32[N], h: bf16[N]):\n    grid(1)\n    {body}\n"
+    with pytest.raises(TkcError, match=message) as e:
+        compile_kernel(src, stop="tkir", cache=False)
+    assert e.value.loc is not None and e.value.loc.line >= 4
+
+
+# ------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_on_gpu_as_in_the_interpreter(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    c = compile_kernel(CASES[name][0], cache=False)
+    args = _args(name, 5)
+    want = _interpret(name, args)
+    params = c.kernel_op.regions[0].block.args
+    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() if isinstance(a, np.ndarray) else a
+            for a, p in zip(args, params)]
+    launch(c, cuda)
+    torch.cuda.synchronize()
+    got = [g.float().cpu().numpy() if g.dtype != torch.int32 else g.cpu().numpy() for g in cuda]
+    if name == "ticket":
+        assert sorted(got[0].tolist()) == sorted(want[0].tolist()) and got[1][0] == want[1][0]
+    elif name == "claim":
+        winner = int(got[0][0])
+        assert 0 <= winner < 9 and got[1][winner] == -1 and (np.delete(got[1], winner) == winner).all()
+        assert got[2][0] == 1.5
+    else:
+        for w, g, p in zip(want, got, params):
+            np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=1e-4, atol=5e-2 if name == "extrema"
+                                       else 1e-3, err_msg=p.name_hint)
