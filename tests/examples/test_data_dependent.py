@@ -1,0 +1,110 @@
+"""The examples that read indices and combine across programs -- cross_entropy.tk (labels read
+by index, the batch mean through an atomic), embedding.tk (rows gathered by ids) and
+splitk_gemm.tk (partial products added atomically) -- against torch in the interpreter, the
+emulator against the interpreter, ptxas without spills, and on a GPU against torch.  Shapes
+have tails on every axis; ids and labels include values outside the table."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.interpreter import run_kernel
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+SMALL = {"cross_entropy.tk": {"BV": 1024}, "embedding.tk": {"BD": 256, "ROWS": 3},
+         "splitk_gemm.tk": {"BM": 64, "BN": 64, "BK": 64, "SPLIT": 3}}
+
+
+def _inputs(name: str, seed: int, device: str = "cpu") -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The example's arguments and torch's answer for its output."""
+    g = torch.Generator().manual_seed(seed)
+    if name == "cross_entropy.tk":
+        B, V = 7, 2500
+        logits = (3 * torch.randn(B, V, generator=g)).to(torch.bfloat16)
+        labels = torch.randint(0, V, (B,), generator=g, dtype=torch.int32)
+        labels[0] = V - 1  # the last column, in the tail block
+        want = F.cross_entropy(logits.float(), labels.long()).reshape(1)
+        return [logits, labels, torch.zeros(1)], want
+    if name == "embedding.tk":
+        N, V, D = 11, 20, 600
+        ids = torch.randint(-1, V + 1, (N,), generator=g, dtype=torch.int32)  # -1 and V: outside
+        table = torch.randn(V, D, generator=g).to(torch.bfloat16)
+        inside = (ids >= 0) & (ids < V)
+        want = torch.where(inside[:, None], F.embedding(ids.clamp(0, V - 1).long(), table), 0)
+        return [ids, table, torch.full((N, D), float("nan")).to(torch.bfloat16)], want
+    M, N, K = 150, 136, 712
+    a = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    b = torch.randn(K, N, generator=g).to(torch.bfloat16)
+    c = torch.randn(M, N, generator=g)
+    return [a, b, c], c + a.float() @ b.float()
+
+
+def _tol(name: str) -> dict:
+    return {"cross_entropy.tk": dict(rtol=1e-4, atol=1e-4), "embedding.tk": dict(rtol=0, atol=0),
+            "splitk_gemm.tk": dict(rtol=1e-4, atol=2e-3)}[name]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_interpreter_matches_torch(name: str, seed: int) -> None:
+    k = compile_kernel(EXAMPLES / name, SMALL[name], stop="tkir", cache=False).kernel_op
+    args, want = _inputs(name, seed)
+    run_kernel(k, args)
+    out = args[2]
+    torch.testing.assert_close(out.float(), want.float(), **_tol(name))
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_emulator_matches_interpreter(name: str) -> None:
+    tile_ir = compile_kernel(EXAMPLES / name, SMALL[name], stop="tkir", cache=False).kernel_op
+    hopper = compile_kernel(EXAMPLES / name, SMALL[name], stop="hopper", cache=False).kernel_op
+    args, _ = _inputs(name, 3)
+    want = [a.clone() for a in args]
+    run_kernel(tile_ir, want)
+    emulate(hopper, args, seed=3)
+    torch.testing.assert_close(args[2].float(), want[2].float(), rtol=1e-5, atol=1e-4)
+
+
+def test_a_constant_row_and_huge_logits() -> None:
+    """exp never sees -inf - (-inf) nor overflows: rows of one value (any label gives log V)
+    and logits near bf16's largest."""
+    k = compile_kernel(EXAMPLES / "cross_entropy.tk", SMALL["cross_entropy.tk"], stop="tkir", cache=False).kernel_op
+    for fill in (0.0, 3.0e38, -3.0e38):
+        logits = torch.full((3, 2100), fill).to(torch.bfloat16)
+        labels = torch.tensor([0, 1000, 2099], dtype=torch.int32)
+        loss = torch.zeros(1)
+        run_kernel(k, [logits, labels, loss])
+        assert np.isclose(loss.item(), np.log(2100), rtol=1e-5), (fill, loss.item())
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("consts", [{}, "small"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_assembles_without_spills(name: str, consts) -> None:
+    c = compile_kernel(EXAMPLES / name, SMALL[name] if consts == "small" else {}, stop="cubin", cache=False)
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("consts", [{}, "small"])
+@pytest.mark.parametrize("name", list(SMALL))
+def test_on_gpu_as_torch(name: str, consts) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    c = compile_kernel(EXAMPLES / name, SMALL[name] if consts == "small" else {})
+    args, want = _inputs(name, 7)
+    cuda = [a.cuda() for a in args]
+    launch(c, cuda)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(cuda[2].float().cpu(), want.float(), **_tol(name))
