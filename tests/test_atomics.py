@@ -196,8 +196,9 @@ def mixed(x: f32[N], y: f32[N]):
 def test_two_programs_writing_one_element_is_a_race(src: str, line: int, how: str) -> None:
     tile_ir = compile_kernel(src, stop="tkir", cache=False).kernel_op
     args = random_args(tile_ir, {"M": 20, "N": 100})
-    with pytest.raises(TkcInterpretError, match=r"write-write race on element \[0(, 0)?\] of 'y': program \(0(, 0)?,?\) "
-                                                  r"stores to it \(line \d\) and program \(\d(, \d)?,?\) " + how) as e:
+    race = (r"write-write race on element \[0(, 0)?\] of 'y': program \(0(, 0)?,?\) stores to it \(line \d\) "
+            r"and program \(\d(, \d)?,?\) " + how)
+    with pytest.raises(TkcInterpretError, match=race) as e:
         run_kernel(tile_ir, [a.copy() for a in args])
     assert e.value.loc.line == line
     hopper = compile_kernel(src, stop="hopper", cache=False).kernel_op

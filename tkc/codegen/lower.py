@@ -360,8 +360,8 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], {**ELEMENTWISE, **HOPPER, **ATOMIC, **STRUCTURE},
-                 store_plan(kernel), options, t)
+    handlers = {**ELEMENTWISE, **HOPPER, **ATOMIC, **STRUCTURE}
+    lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], handlers, store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:
         # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for

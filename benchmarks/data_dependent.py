@@ -1,0 +1,126 @@
+"""The kernels that read indices and combine across programs, beside what a PyTorch user runs.
+
+    python benchmarks/data_dependent.py [--quick] [--no-record]
+
+Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py):
+
+* ``cross_entropy``: examples/cross_entropy.tk on bf16 logits (tokens x vocabulary) with i32
+  labels, the mean into one f32 through an atomic add (zeroed inside the timing); peers
+  ``F.cross_entropy`` on the same bf16 logits (int64 labels), eager and under ``torch.compile``.
+  Reported as time (us) and the logits' bandwidth (GB/s).
+* ``embedding``: examples/embedding.tk; peers ``F.embedding`` and a copy of the same bytes
+  (``out.copy_(table[:N])``: what the gather may at best approach).  GB/s of rows read+written.
+* ``splitk_gemm``: examples/splitk_gemm.tk (f32 output zeroed before, inside the timing) on a
+  small M x N with a long K; peer ``torch.matmul`` of the bf16 operands (cuBLAS picks its own
+  split).  TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import Row, append_results, in_turns, table  # noqa: E402
+
+from tkc.compiler import compile_kernel  # noqa: E402
+from tkc.runtime.launch import launch  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+def cross_entropy_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
+    k = compile_kernel(EXAMPLES / "cross_entropy.tk", {})
+    compiled_ce = torch.compile(lambda x, y: F.cross_entropy(x, y))
+    rows = []
+    for B, V in shapes:
+        logits = torch.randn(B, V, device="cuda", dtype=torch.bfloat16)
+        labels = torch.randint(0, V, (B,), device="cuda", dtype=torch.int32)
+        labels64 = labels.long()
+        loss = torch.zeros(1, device="cuda")
+
+        def ours():
+            loss.zero_()
+            launch(k, [logits, labels, loss])
+
+        ours()
+        want = F.cross_entropy(logits.float(), labels64)
+        torch.cuda.synchronize()
+        err = abs(loss.item() - want.item())
+        assert err < 1e-3 * max(1.0, abs(want.item())), (B, V, loss.item(), want.item())
+        compiled_ce(logits, labels64)  # compile outside the timing
+        t = in_turns({"tkc": ours, "torch eager": lambda: F.cross_entropy(logits, labels64),
+                      "torch.compile": lambda: compiled_ce(logits, labels64)}, runs)
+        nbytes = logits.numel() * 2
+        rows.append(Row("cross_entropy", f"{B}x{V} bf16", "us", {n: s * 1e6 for n, s in t.items()},
+                        notes=f"tkc reads the logits at {nbytes / t['tkc'] / 1e9:.0f} GB/s; "
+                              f"|loss - torch| = {err:.2e}"))
+    return rows
+
+
+def embedding_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
+    k = compile_kernel(EXAMPLES / "embedding.tk", {})
+    rows = []
+    for N, V, D in shapes:
+        table_ = torch.randn(V, D, device="cuda", dtype=torch.bfloat16)
+        ids = torch.randint(0, V, (N,), device="cuda", dtype=torch.int32)
+        ids64 = ids.long()
+        out = torch.empty(N, D, device="cuda", dtype=torch.bfloat16)
+        copy_out = torch.empty(min(N, V), D, device="cuda", dtype=torch.bfloat16)
+        launch(k, [ids, table_, out])
+        torch.cuda.synchronize()
+        assert torch.equal(out, F.embedding(ids64, table_))
+        t = in_turns({"tkc": lambda: launch(k, [ids, table_, out]),
+                      "F.embedding": lambda: F.embedding(ids64, table_),
+                      "copy": lambda: copy_out.copy_(table_[:min(N, V)])}, runs)
+        moved = {"tkc": 2 * N * D * 2, "F.embedding": 2 * N * D * 2, "copy": 2 * min(N, V) * D * 2}
+        rows.append(Row("embedding", f"{N} ids, {V}x{D} bf16", "GB/s",
+                        {n: moved[n] / s / 1e9 for n, s in t.items()}))
+    return rows
+
+
+def splitk_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
+    k = compile_kernel(EXAMPLES / "splitk_gemm.tk", {})
+    rows = []
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(M, N, device="cuda")
+
+        def ours():
+            c.zero_()
+            launch(k, [a, b, c])
+
+        ours()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-3, atol=1e-1)
+        t = in_turns({"tkc": ours, "torch.matmul": lambda: torch.matmul(a, b)}, runs)
+        rows.append(Row("splitk_gemm", f"{M}x{N}x{K} bf16", "TFLOP/s",
+                        {n: 2 * M * N * K / s / 1e12 for n, s in t.items()}))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one small shape per kernel")
+    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    args = ap.parse_args()
+    runs = 30 if args.quick else 60
+    ce = [(4096, 32768)] if args.quick else [(4096, 32768), (32768, 131072), (8192, 262144)]
+    emb = [(8192, 32000, 4096)] if args.quick else [(8192, 32000, 4096), (32768, 128256, 4096), (65536, 50304, 1024)]
+    sk = [(512, 512, 16384)] if args.quick else [(256, 256, 32768), (512, 512, 16384), (1024, 1024, 8192)]
+    rows = cross_entropy_rows(ce, runs) + embedding_rows(emb, runs) + splitk_rows(sk, runs)
+    print(table(rows))
+    if not args.no_record:
+        append_results(ROOT / "benchmarks" / "RESULTS.md", "python benchmarks/data_dependent.py" +
+                       (" --quick" if args.quick else ""), rows)
+
+
+if __name__ == "__main__":
+    main()
