@@ -247,5 +247,7 @@ def test_on_gpu_as_in_the_interpreter(name: str) -> None:
         assert got[2][0] == 1.5
     else:
         for w, g, p in zip(want, got, params):
-            np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=1e-4, atol=5e-2 if name == "extrema"
-                                       else 1e-3, err_msg=p.name_hint)
+            # bf16 sums round at every atomic add, in the GPU's order: a few ulps apart
+            bf16 = p.type.dtype.name == "bf16"
+            np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=3e-2 if bf16 else 1e-4,
+                                       atol=0.2 if bf16 else 1e-3, err_msg=p.name_hint)
