@@ -186,6 +186,28 @@ def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.
     return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
 
 
+def _gather(ctx: Program, op: Operation, tensor: np.ndarray, index: np.ndarray, *offsets: Any) -> np.ndarray:
+    dt = op.tensor.type.dtype
+    other = round_to(0 if op.other is None else op.other, dt)
+    squeeze = set(op.squeeze or [])
+    shape = shape_of(op.results[0].type)
+    kept = [a for a in range(tensor.ndim) if a not in squeeze]
+    grids = np.indices(shape, dtype=np.int64)
+    idx, inb = [], np.ones(shape, bool)
+    for a, off in enumerate(offsets):
+        if a in squeeze:
+            pos = np.full(shape, int(off), np.int64)
+        elif a == op.axis:
+            pos = int(off) + index.astype(np.int64)
+        else:
+            pos = int(off) + grids[kept.index(a)]
+        inb &= (pos >= 0) & (pos < tensor.shape[a])
+        idx.append(np.where(inb, pos, 0))
+    if tensor.size == 0:
+        return np.full(shape, other, dt.np_storage)
+    return np.where(inb, tensor[tuple(np.where(inb, i, 0) for i in idx)], other).astype(dt.np_storage)
+
+
 def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
     sl = _box_slices(tensor.shape, offsets, op.box)
     if sl is not None:
@@ -321,6 +343,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
     "tile.load": _load,
+    "tile.gather": _gather,
     "tile.store": _store,
     "tile.atomic": _atomic,
     "tile.atomic_cas": _atomic,

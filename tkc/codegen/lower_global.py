@@ -499,6 +499,44 @@ def load(lw: Lowerer, op: Operation) -> None:
         lw.set(op.result, _load_tile(lw, op))
 
 
+def gather(lw: Lowerer, op: Operation) -> None:
+    """``tile.gather``: a load whose coordinate along ``op.axis`` is each value's index register.
+    Runs along the last axis (when the gathered axis is another) share their index, so each
+    is one vector access where it lies whole in the tensor (checked run by run: the rows are
+    anywhere), else one predicated access per element."""
+    b = lw.b
+    t = op.result.type
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
+    offs = [lw.get(v) for v in op.offsets]
+    thread, regs = lw.coord_parts(op, t.layout)
+    kept = [a for a in range(tensor.type.rank) if a not in (op.squeeze or [])]
+    at = kept.index(op.axis)
+    index = lw.tile(op, op.index)
+    runs = (runs_of(op, tensor.type, t) if at != len(kept) - 1 else None) or tuple((i, 1) for i in range(len(regs)))
+    fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
+    other_bits = _bits_of(b, constant(dt, 0 if op.other is None else op.other), dt)
+    out: list[ir.Value] = []
+    for first, n in runs:
+        coord = [tc + rc for tc, rc in zip(thread, regs[first])]
+        coord[at] = Sym(b, index[first])
+        base, lo, hi = _run_bounds(lw, op, tensor, offs, tuple(coord), n)
+
+        def elements(base=base, lo=lo, hi=hi, n=n) -> list[ir.Value]:
+            bits = [b.select(e_ok, _load_element(b, addr, e_ok, dt), other_bits)
+                    for addr, e_ok in _element_oks(b, base, tensor.strides[-1], lo, hi, n, dt)]
+            return _pack(b, bits, dt) if n > 1 else bits
+
+        if n > 1:
+            whole = b.and_(fast[n], b.and_(b.icmp_unsigned("==", lo, const_i32(0)),
+                                           b.icmp_unsigned("==", hi, const_i32(n))))
+            words = _either(lw, whole, lambda base=base, n=n: _load_vector(b, base, dt, n), elements, "ld.gather")
+        else:
+            words = elements()
+        out.extend(_run_values(b, words, dt, n))
+    lw.set(op.result, out)
+
+
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:
     """A 16-bit float tile loaded here and kept as its words (:class:`Packed`)."""
     b = lw.b
@@ -782,4 +820,4 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
             b.asm(fty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", [start, size], side_effect=True)
 
 
-HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch}
+HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch, "tile.gather": gather}

@@ -728,13 +728,26 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
         idx, inb = _global_index(op, tensor, offsets, ())
         other = round_to(0 if op.other is None else op.other, dt)
         return np.asarray(tensor[idx] if bool(inb) else other, dt.np_storage)
-    layout = _reg_layout(op, op.result.type)
-    idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
+    return _read(op, tensor, offsets, wg.coords(op, _reg_layout(op, op.result.type)))
+
+
+def _read(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coords: Sequence[np.ndarray]) -> np.ndarray:
+    """The tensor's elements at ``coords`` (one array per kept axis), ``other`` outside it."""
+    dt = op.tensor.type.dtype
+    idx, inb = _global_index(op, tensor, offsets, coords)
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:
         return np.full(inb.shape, other, dt.np_storage)
     return np.where(inb, tensor[safe], other).astype(dt.np_storage)
+
+
+def _gather(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: np.ndarray, *offsets: Any) -> np.ndarray:
+    """``tile.gather``: a load whose coordinate along ``op.axis`` is each value's index register."""
+    coords = list(wg.coords(op, _reg_layout(op, op.result.type)))
+    kept = [a for a in range(tensor.ndim) if a not in (op.squeeze or [])]
+    coords[kept.index(op.axis)] = np.asarray(index, np.int64)
+    return _read(op, tensor, offsets, coords)
 
 
 def _log_write(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
@@ -1096,6 +1109,7 @@ def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
 
 
 _HANDLERS: dict[str, Callable[..., Any]] = {
+    "tile.gather": _gather,
     "tile.atomic": _atomic,
     "tile.atomic_cas": _atomic,
     "tile.grid": lambda wg, op, *extents: None,

@@ -766,8 +766,11 @@ class KernelLowering:
             raise TkcTypeError(f"too many indices for {x.type}", e.loc)
         return out
 
-    def _box(self, view: View) -> tuple[list, list[int], list[int]]:
-        """Offsets, box extents and squeezed axes of a tensor slice."""
+    def _box(self, view: View, what: str | None = None) -> tuple[list, list[int], list[int], tuple | None]:
+        """Offsets, box extents and squeezed axes of a tensor slice, and ``(axis, index tile)``
+        where an axis is indexed by a 1-D i32 tile (a gather; ``what`` names the access
+        where that is refused)."""
+        gather = None
         t = view.tensor.type
         index = list(view.index)
         if len(index) > t.rank:
@@ -807,20 +810,33 @@ class KernelLowering:
                 raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
             else:
                 v = self.value_of(ev(item), item)
+                if isinstance(v, Dyn) and isinstance(v.type, TileType) and v.type.dtype == dtypes.i32 \
+                        and v.type.rank == 1:
+                    if gather is not None:
+                        raise TkcUnsupportedError("one axis of a tensor may be indexed by a tile; index "
+                                                  "the others with scalars or slices", item.loc)
+                    gather = (axis, v)  # rows (or columns...) picked by a tile of indices
+                    offsets.append(Const(0))
+                    box.append(v.type.shape[0])
+                    continue
                 if isinstance(v, Const) and (not isinstance(v.value, int) or isinstance(v.value, bool)) or \
                         isinstance(v, Dyn) and v.type != T.I32:
-                    raise TkcTypeError(f"a tensor index must be an i32 scalar, got {self._kind(v)}", item.loc)
+                    raise TkcTypeError(f"a tensor index must be an i32 scalar or a 1-D i32 tile, got "
+                                       f"{self._kind(v)}", item.loc)
                 offsets.append(v)
                 box.append(1)
                 squeeze.append(axis)
+        if gather is not None and what is not None:
+            raise TkcUnsupportedError(f"{what} through a tile of indices (a scatter) is not supported; "
+                                      f"index the tensor with scalars or slices there", view.node.loc)
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         check_tile_dims(kept, f"tile of '{view.tensor.name}'", view.node.loc)
         values = [self.value_of(o, view.node) for o in offsets]
         values = [self.em.materialize(o, T.I32, view.node.loc) if isinstance(o, Const) else o for o in values]
-        return [v.value for v in values], box, squeeze
+        return [v.value for v in values], box, squeeze, gather
 
     def load(self, view: View, other: object) -> Dyn:
-        offsets, box, squeeze = self._box(view)
+        offsets, box, squeeze, gather = self._box(view)
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         rt = TileType(kept, t.dtype) if kept else ScalarType(t.dtype)
@@ -833,10 +849,21 @@ class KernelLowering:
             if isinstance(other.value, float) and not t.dtype.is_float:
                 raise TkcTypeError(f"other={other.value} does not fit {t.dtype.name}", view.node.loc)
             attrs["other"] = other.value
+        if gather is not None:
+            axis, idx = gather
+            at = [a for a in range(len(box)) if a not in squeeze].index(axis)
+            index = idx
+            for a in range(len(kept)):  # the index along its axis, broadcast over the others
+                if a != at:
+                    index = self.em.expand_dims(index, a, view.node.loc)
+            index = self.em.broadcast_to(index, kept, view.node.loc)
+            attrs["axis"] = axis
+            return Dyn(self.b.value(T.GatherOp, [view.tensor.value, index.value, *offsets], rt, attrs,
+                                    loc=view.node.loc))
         return Dyn(self.b.value(T.LoadOp, [view.tensor.value, *offsets], rt, attrs, loc=view.node.loc))
 
     def store(self, view: View, v: object, loc: Loc) -> None:
-        offsets, box, squeeze = self._box(view)
+        offsets, box, squeeze, _ = self._box(view, "storing")
         v = self._stored(view, box, squeeze, v, "store", loc)
         attrs: dict[str, object] = {"box": box}
         if squeeze:
@@ -850,7 +877,7 @@ class KernelLowering:
         if not isinstance(view, View):
             raise TkcTypeError(f"{what} takes a tensor slice or element like x[i] or x[r:r+BM, :], got "
                                f"{self._kind(view)}", e.loc)
-        offsets, box, squeeze = self._box(view)
+        offsets, box, squeeze, _ = self._box(view, what)
         t = view.tensor.type
         if t.dtype.name not in T.ATOMIC_KINDS[kind]:
             raise TkcTypeError(f"{what} takes a tensor of {', '.join(T.ATOMIC_KINDS[kind])}, and "

@@ -271,6 +271,10 @@ class _Selector:
                 n = op.acc.type.shape[1]
                 self._propose(op.result, WgmmaAccumulator(n, self.warpgroups, self.slices))
         self._fixpoint()
+        for op in self.kernel.walk():
+            if op.name == "tile.gather":  # the gathered tile's own dtype sets the vector width,
+                self._default(op.result)  # not its i32 index's
+                self._fixpoint()
         for rank in (2, 1):
             for v in values:
                 if v not in self.lay and v.type.rank == rank:
@@ -301,6 +305,8 @@ class _Selector:
                 isinstance(op.result.type, TileType):
             src = next((lay[v] for v in op.operands if v in lay), None)
             return self._propose(op.result, src)
+        if name == "tile.gather" and op.index in lay:  # the index comes in the result's layout
+            return self._propose(op.result, lay[op.index])
         if name == "tile.reduce" and op.x in lay and isinstance(op.result.type, TileType):
             return self._propose(op.result, Slice(lay[op.x], op.axis))
         if name == "tile.expand_dims" and op.x in lay:
@@ -334,6 +340,8 @@ class _Selector:
         if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
             for v in op.operands:
                 changed |= self._propose(v, lay[op.result])
+        elif name == "tile.gather" and op.result in lay:
+            changed |= self._propose(op.index, lay[op.result])
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -392,6 +400,8 @@ class _Selector:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
                     self._need(op, i, lay[op.result])
+        elif name == "tile.gather":
+            self._need(op, 1, lay[op.result])
         elif name == "tile.reduce" and isinstance(op.result.type, TileType):
             want = Slice(lay[op.x], op.axis)
             if lay[op.result] != want:

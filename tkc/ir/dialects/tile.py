@@ -459,6 +459,30 @@ class LoadOp(_Access):
 
 
 @register
+class GatherOp(_Access):
+    """Read a tile whose coordinate along tensor axis ``axis`` is picked per element by
+    ``index`` (an i32 tile of the result's shape): element ``e`` reads the tensor at
+    ``offsets[a] + e[a]`` on every other axis and ``offsets[axis] + index[e]`` on ``axis``
+    (``x[idx, c:c+D]``: rows picked by ``idx``).  ``box`` and ``squeeze`` are a load's, with
+    the result's extent on ``axis``.  Elements outside the tensor read ``other`` (0)."""
+
+    name = "tile.gather"
+    OPERANDS = ("tensor", "index", "*offsets")
+    RESULTS = ("result",)
+    ATTRS = {"axis": int, "box": list, "squeeze?": list, "other?": (int, float, bool)}
+    TRAITS = frozenset({"readonly"})
+
+    def verify(self) -> None:
+        self._check_box(self.tensor.type, self.offsets, self.result.type)
+        t, idx = self.result.type, self.index.type
+        if not isinstance(t, TileType) or not isinstance(idx, TileType) or idx.shape != t.shape \
+                or idx.dtype != dtypes.i32:
+            raise self.error(f"the index is an i32 tile of the result's shape {t}, got {idx}")
+        if not 0 <= self.axis < self.tensor.type.rank or self.axis in (self.squeeze or []):
+            raise self.error(f"axis {self.axis} must be a kept axis of {self.tensor.type}")
+
+
+@register
 class StoreOp(_Access):
     """Write a tile into a box of a tensor; elements outside are not written."""
 
