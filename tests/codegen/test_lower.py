@@ -164,6 +164,9 @@ def test_only_sm_90a() -> None:
 
 # name -> what its PTX must contain (instruction text -> count), beyond assembling cleanly.
 FIXTURES = {
+    "gather": {
+        "ld.global.v4.b32": 1,  # a thread's 8 bf16 of one picked row at once, on the whole side
+    },
     "blocked_reduce": {
         # 16 row slots x 4 lane masks + 4 column slots x 1 + the total x 1.
         "shfl.sync.bfly.b32": 69,

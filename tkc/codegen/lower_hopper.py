@@ -44,7 +44,7 @@ from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
 from tkc.ir.dialects.tile import constant_value
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle
+from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle, vector_coords
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -637,9 +637,16 @@ def _convert_layout(lw: Lowerer, op: Operation) -> None:
     scratch = lw.shared(op, op.scratch[0])
     st = op.scratch[0].type
     dt = element_dtype(op.x.type)
-    _smem_store_values(lw, op, scratch, st, x, lw.coords(op, src), dt)
+
+    def coords(layout: object) -> list:
+        cs = lw.coords(op, layout)
+        if st.shape == op.x.type.shape:
+            return cs
+        return [vector_coords(c, op.x.type.shape, scratch.layout) for c in cs]
+
+    _smem_store_values(lw, op, scratch, st, x, coords(src), dt)
     lw.sync()
-    lw.set(op.result, _smem_load_values(lw, scratch, st, lw.coords(op, dst), dt))
+    lw.set(op.result, _smem_load_values(lw, scratch, st, coords(dst), dt))
     lw.sync()
 
 

@@ -57,7 +57,8 @@ from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
+from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map,
+                            vector_coords)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import entry_registers, register_pool
@@ -639,13 +640,18 @@ def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: Smem
                              f"their new values")
         return x[:, list(m)]
     (s,) = scratch
-    if op.x.type.rank != 2:
-        raise _fault(op, "converts 2-D tiles through shared memory")
+    if op.x.type.rank not in (1, 2):
+        raise _fault(op, "converts 1-D and 2-D tiles through shared memory")
+
+    def coords(layout: Any) -> tuple:
+        cs = wg.coords(op, layout)
+        return cs if tuple(s.shape) == op.x.type.shape else vector_coords(cs, op.x.type.shape, s.layout)
+
     smem = wg.cta.smem
     who = _who(op, wg)
-    smem.write_elements(s.offsets(wg.coords(op, src)), x, s.layout.dtype, writer=who)
+    smem.write_elements(s.offsets(coords(src)), x, s.layout.dtype, writer=who)
     yield from wg.bar_sync(op)
-    out = smem.read_elements(s.offsets(wg.coords(op, dst)), s.layout.dtype, reader=who)
+    out = smem.read_elements(s.offsets(coords(dst)), s.layout.dtype, reader=who)
     yield from wg.bar_sync(op)  # the scratch may be rewritten once every warpgroup has read it
     return round_to(out, op.result.type.dtype)
 

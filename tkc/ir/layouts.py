@@ -736,6 +736,25 @@ def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, .
     return tuple(out)
 
 
+# ------------------------------------------------------------- 1-D tiles in shared memory
+def vector_scratch(n: int, dtype: DType) -> SharedLayout:
+    """The shared tile a register tile of ``n`` values that no 2-D shared tile fits (1-D, or a
+    row or column of 2-D) passes through to change layout: its values row-major in rows of one
+    16-byte atom (rows padded to the 8-row repeat)."""
+    cols = 16 // (dtype.bits // 8)
+    rows = -(-n // cols)
+    return SharedLayout(rows + (-rows) % 8, cols, dtype, "k", 0)
+
+
+def vector_coords(coords: tuple, shape: tuple[int, ...], layout: SharedLayout) -> tuple:
+    """(row, col) in :func:`vector_scratch`'s tile of tile coordinate ``coords`` of a tile of
+    ``shape`` (ints, arrays or codegen symbols)."""
+    flat = coords[0]
+    for c, n in zip(coords[1:], shape[1:]):
+        flat = flat * n + c
+    return flat // layout.cols, flat % layout.cols
+
+
 # --------------------------------------------------------------------------- reductions
 @lru_cache(maxsize=256)
 def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:

@@ -42,6 +42,7 @@ from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_u
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.hopper import SLOT_ROW
 from tkc.ir.layouts import (
+    vector_scratch,
     SharedLayout,
     WgmmaAccumulator,
     choose_swizzle,
@@ -496,13 +497,18 @@ class _Lowering:
         if op.scratch or register_map(src.layout, dst.layout) is not None:
             return
         try:
-            if src.rank != 2:
-                raise ValueError("only 2-D tiles trade values through shared memory")
-            lay = SharedLayout(src.shape[0], src.shape[1], src.dtype, "k", 0)
+            if src.rank > 2:
+                raise ValueError("only 1-D and 2-D tiles trade values through shared memory")
+            if src.rank == 2 and not core_matrix_misfit(*src.shape, src.dtype):
+                lay = SharedLayout(src.shape[0], src.shape[1], src.dtype, "k", 0)
+            else:  # its values in order, rows of one atom
+                lay = vector_scratch(math.prod(src.shape), src.dtype)
         except ValueError as e:
-            raise TkcUnsupportedError(f"{self.target.name}: cannot convert {src} to {dst.layout}: {e}",
-                                      op.loc) from None
-        op.operands.append(self._alloc(TileType(src.shape, src.dtype, "smem", lay), op.loc))
+            raise TkcUnsupportedError(f"{self.target.name}: a {src.rank}-D {src.dtype.name} tile of shape "
+                                      f"{list(src.shape)} cannot move between the threads that compute it here "
+                                      f"and those that use it ({e}); a tile of 2 axes with rows a multiple of 8 "
+                                      f"and rows 16 bytes long can", op.loc) from None
+        op.operands.append(self._alloc(TileType((lay.rows, lay.cols), src.dtype, "smem", lay), op.loc))
 
 
 _LOWER = {
