@@ -42,7 +42,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipe closed 
 SUFFIX_STAGE = ((".hopper.tkir", "hopper"), (".tkir", "tkir"), (".ll", "llvm"), (".ptx", "ptx"),
                 (".cubin", "cubin"))
 STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")  # tkc.compiler.STAGES, without importing it early
-INT_RANGE = (-8, 8)  # what ``tkc run`` draws i32 tensors from unless --int-range says otherwise
+INT_RANGE = (-8, 8)  # what ``tkc run`` draws i32/i64 tensors from unless --int-range says otherwise
 
 
 def _debug() -> bool:
@@ -136,8 +136,8 @@ def _parse_int_range(ctx: click.Context, param: click.Parameter, text: str | Non
         lo, hi = (int(p) for p in parts)
     except ValueError:
         raise click.BadParameter(f"'{text}' is not LO,HI (two integers, e.g. -8,8)", ctx, param) from None
-    if not dtypes.i32.min <= lo <= hi <= dtypes.i32.max:
-        raise click.BadParameter(f"'{text}': need LO <= HI, both in i32 [{dtypes.i32.min}, {dtypes.i32.max}]",
+    if not dtypes.i64.min <= lo <= hi <= dtypes.i64.max:
+        raise click.BadParameter(f"'{text}': need LO <= HI, both in i64 [{dtypes.i64.min}, {dtypes.i64.max}]",
                                  ctx, param)
     return lo, hi
 
@@ -427,7 +427,7 @@ def _print_store_plan(compiled: Any) -> None:
               help=f"The size of a symbolic tensor dim.  Default: one tile and a tail ({UNTILED_DIM} where no "
                    "tile spans the dim).")
 @click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE", callback=_parse_scalars,
-              help="The value of a runtime scalar argument (default: random; f32 in [0.5, 1.5], i32 in [1, 8]).")
+              help="The value of a runtime scalar argument (default: random; f32 in [0.5, 1.5], i32/i64 in [1, 8]).")
 @click.option("--int-range", callback=_parse_int_range, metavar="LO,HI",
               help=f"The range integer tensors are drawn from, both ends included (default: "
                    f"{INT_RANGE[0]},{INT_RANGE[1]}).")
