@@ -456,6 +456,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     sizes = _dim_sizes(k, dims)
+    _check_int_range(k, int_range)
 
     from tkc.interpreter import random_args
 
@@ -512,6 +513,16 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def _check_int_range(kernel: Operation, int_range: tuple[int, int]) -> None:
+    """--int-range must fit every integer tensor it fills (i32 ones: the i32 range)."""
+    lo, hi = int_range
+    for a in kernel.regions[0].block.args:
+        dt = a.type.dtype
+        if isinstance(a.type, TensorType) and dt.is_int and not dt.min <= lo <= hi <= dt.max:
+            raise TkcUsageError(f"--int-range {lo},{hi}: '{_name(a)}' is an {dt.name} tensor; give a range "
+                                f"within [{dt.min}, {dt.max}]")
 
 
 def _set_scalars(kernel: Operation, args: list[Any], scalars: dict[str, int | float | bool]) -> set[str]:

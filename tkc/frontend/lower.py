@@ -515,7 +515,8 @@ class KernelLowering:
                                          or v.value < 0):
                 raise TkcTypeError(f"a grid extent must be a non-negative integer, got {v.value!r}", a.loc)
             if isinstance(v, Dyn) and v.type != T.I32:
-                raise TkcTypeError(f"a grid extent must be an i32 scalar, got {v.type}", a.loc)
+                hint = "; cast it with .to(i32)" if v.type == T.I64 else ""
+                raise TkcTypeError(f"a grid extent must be an i32 scalar, got {v.type}{hint}", a.loc)
             if not isinstance(v, (Const, Dyn)):
                 raise TkcTypeError(f"a grid extent must be an integer, got {self._kind(v)}", a.loc)
             extents.append(self.dyn(v, a, T.I32).value)
