@@ -72,7 +72,7 @@ def param_values(params: Sequence[signature.Param], args: Sequence[Any]) -> list
     """The kernel parameters before the tensor maps, as (PTX type, value) in order
     (docs/hopper.md §4): per tensor its address (``u64``), one ``u32`` size per axis and one
     ``u64`` stride (elements) per axis; ``f32`` scalars and other floats as ``f32``; ``i32``
-    and ``i1`` as ``u32``.  Tensors come as :class:`TensorArg` (or anything with
+    and ``i1`` as ``u32``, ``i64`` as ``u64``.  Tensors come as :class:`TensorArg` (or anything with
     ``data_ptr()``, ``shape`` and ``stride()``), scalars as Python numbers."""
     out: list[tuple[str, int | float]] = []
     for (name, t), x in zip(params, args):
@@ -90,6 +90,8 @@ def param_values(params: Sequence[signature.Param], args: Sequence[Any]) -> list
             v = signature.check_scalar(name, t.dtype, x)
             if t.dtype.is_bool:
                 out.append(("u32", int(bool(v))))
+            elif t.dtype.is_int and t.dtype.bits == 64:
+                out.append(("u64", int(v) & 0xFFFFFFFFFFFFFFFF))  # the i64's two's-complement bits
             elif t.dtype.is_int:
                 out.append(("u32", int(v) & 0xFFFFFFFF))  # the i32's two's-complement bits
             else:

@@ -483,11 +483,26 @@ def test_run_int_range_and_int_scalars(tmp_path: Path) -> None:
     assert "  integer tensors: none (--int-range 0,1 unused)" in r.stdout.splitlines()
 
 
+def test_run_i64_tensors_and_scalars_take_wide_values(tmp_path: Path) -> None:
+    (tmp_path / "shift.tk").write_text(INT_KERNEL.replace("i32", "i64"))
+    r = tkc_cli("run", "shift.tk", "--check", "--int-range", f"{2**40},{2**40 + 1}", "--scalar", f"n={2**35}")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[2:4] == [f"  scalars: n={2**35} (--scalar)",
+                          f"  integer tensors: uniform in [{2**40}, {2**40 + 1}] (--int-range)"]
+    assert lines[-1].startswith("  check y, emulator against interpreter: max abs error 0, 0 of 48 ")
+    (tmp_path / "shift32.tk").write_text(INT_KERNEL)
+    r = tkc_cli("run", "shift32.tk", "--interpret", "--int-range", "0,3000000000")
+    assert r.exit_code == 1
+    assert ("--int-range 0,3000000000: 'x' is an i32 tensor; give a range within [-2147483648, 2147483647]"
+            in r.stderr)
+
+
 @pytest.mark.parametrize("text, message", [
     ("x", "'x' is not LO,HI (two integers, e.g. -8,8)"),
     ("1,2,3", "'1,2,3' is not LO,HI"),
-    ("5,2", "'5,2': need LO <= HI, both in i32 [-2147483648, 2147483647]"),
-    ("0,2147483648", "'0,2147483648': need LO <= HI, both in i32"),
+    ("5,2", "'5,2': need LO <= HI, both in i64 [-9223372036854775808, 9223372036854775807]"),
+    ("0,9223372036854775808", "'0,9223372036854775808': need LO <= HI, both in i64"),
 ])
 def test_run_bad_int_range_is_a_usage_error(text: str, message: str) -> None:
     r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--interpret", f"--int-range={text}")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tkc import dtypes
-from tkc.dtypes import BY_NAME, DType, bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, round_to
+from tkc.dtypes import BY_NAME, DType, bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64, round_to
 
 SMALL_FLOATS = [bf16, f16, f8e4m3, f8e5m2]
 FLOATS = [f32, *SMALL_FLOATS]
@@ -96,7 +96,7 @@ def random_f32(n: int) -> np.ndarray:
 
 
 def test_names_and_aliases() -> None:
-    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i1"]
+    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "i1"]
     assert BY_NAME["bool"] is i1
     assert dtypes.from_name("bool") == i1
     assert dtypes.from_name("bf16") is bf16
@@ -120,6 +120,7 @@ def test_kinds_bits_storage() -> None:
         assert d.is_float and not d.is_int and not d.is_bool
         assert d.np_storage == np.float32
     assert i32.is_int and i32.np_storage == np.int32 and i32.bits == 32
+    assert i64.is_int and i64.np_storage == np.int64 and i64.bits == 64
     assert i1.is_bool and i1.np_storage == np.bool_ and i1.bits == 1
     assert [d.bits for d in FLOATS] == [32, 16, 16, 8, 8]
 
@@ -135,6 +136,8 @@ def test_float_limits_match_torch(d: DType) -> None:
 def test_int_limits() -> None:
     ii = torch.iinfo(torch.int32)
     assert (i32.min, i32.max) == (ii.min, ii.max)
+    ll = torch.iinfo(torch.int64)
+    assert (i64.min, i64.max) == (ll.min, ll.max)
     assert (i1.min, i1.max) == (0, 1)
     assert (f8e4m3.max, f8e5m2.max) == (448.0, 57344.0)
 
@@ -142,13 +145,13 @@ def test_int_limits() -> None:
 def test_torch_dtype_mapping() -> None:
     want = {
         f32: torch.float32, f16: torch.float16, bf16: torch.bfloat16, f8e4m3: torch.float8_e4m3fn,
-        f8e5m2: torch.float8_e5m2, i32: torch.int32, i1: torch.bool,
+        f8e5m2: torch.float8_e5m2, i32: torch.int32, i64: torch.int64, i1: torch.bool,
     }
     for d, td in want.items():
         assert d.torch_dtype() is td
         assert dtypes.from_torch(td) is d
     assert dtypes.from_torch(torch.float64) is None
-    assert dtypes.from_torch(torch.int64) is None
+    assert dtypes.from_torch(torch.int16) is None
     assert dtypes.from_torch("not a dtype") is None
 
 
@@ -158,7 +161,8 @@ def test_numpy_mapping() -> None:
     assert dtypes.from_numpy(np.int32) is i32
     assert dtypes.from_numpy(bool) is i1
     assert dtypes.from_numpy(np.float64) is None
-    assert dtypes.from_numpy(np.int64) is None
+    assert dtypes.from_numpy(np.int64) is i64
+    assert dtypes.from_numpy(np.int16) is None
     assert dtypes.from_numpy("not a dtype") is None
 
 
@@ -401,6 +405,37 @@ def test_int_to_i32_wraps() -> None:
     assert round_to(np.array([200], dtype=np.uint8), i32).tolist() == [200]
     r = round_to(np.arange(-5, 5, dtype=np.int32), i32)
     assert r.dtype == np.int32 and r.tolist() == list(range(-5, 5))
+
+
+def test_float_to_i64_truncates_and_saturates() -> None:
+    # cvt.rzi.s64.f32: float64 cannot hold 2**63 - 1, so the top clamps after the cast.
+    x = np.array([-2.7, 2.7, np.nan, np.inf, -np.inf, 1e19, -1e19, 2.0**63, -(2.0**63), 2.0**62, 3e9])
+    want = [-2, 2, 0, 2**63 - 1, -(2**63), 2**63 - 1, -(2**63), 2**63 - 1, -(2**63), 2**62, 3_000_000_000]
+    for src in (np.float64, np.float32):
+        r = round_to(x.astype(src), i64)
+        assert r.dtype == np.int64 and r.tolist() == want
+
+
+def test_int_to_i64_is_exact_and_i64_to_i32_keeps_the_low_bits() -> None:
+    x = np.array([2**40 + 3, -(2**63), 2**63 - 1, -5], dtype=np.int64)
+    assert round_to(x, i64).tolist() == x.tolist()
+    assert round_to(np.array([-7, 2**31 - 1], dtype=np.int32), i64).tolist() == [-7, 2**31 - 1]
+    assert round_to(x, i32).tolist() == [3, 0, -1, -5]
+    assert round_to(np.array([True, False]), i64).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("dt", FLOATS, ids=str)
+def test_i64_to_float_rounds_once_like_torch(dt: DType) -> None:
+    # Past 2**53 a float64 detour would round twice (2**62 + 2**38 + 1 is just above a tie of f32).
+    rng = np.random.default_rng(7)
+    x = rng.integers(-(2**63), 2**63 - 1, 20000, dtype=np.int64, endpoint=True) >> rng.integers(0, 63, 20000)
+    x = np.concatenate([x, [2**62 + 2**38 + 1, 2**53 + 1, -(2**63), 2**63 - 1, 2**24 + 1, 0, -1]])
+    got = round_to(x, dt)
+    if dt.bits == 8:  # torch's fp8 conversion does not saturate: compare where it is in range
+        x = x[np.abs(x.astype(np.float64)) <= dt.max]
+        got = round_to(x, dt)
+    want = torch.from_numpy(x).to(dt.torch_dtype()).float().numpy()
+    assert_same(got, want)
 
 
 def test_to_i1_is_nonzero() -> None:

@@ -104,7 +104,7 @@ def test_assembles_without_spills(name: str) -> None:
     ("y[idx, 0:16] = x[0:16, 0:16]", r"storing through a tile of indices \(a scatter\) is not supported"),
     ("atomic_add(y[idx, 0:16], x[0:16, 0:16])", r"atomic_add\(\) through a tile of indices"),
     ("t = x[idx, idx]", r"one axis of a tensor may be indexed by a tile"),
-    ("t = x[idx.to(f32), 0:16]", r"a tensor index must be an i32 scalar or a 1-D i32 tile"),
+    ("t = x[idx.to(f32), 0:16]", r"a tensor index must be an i32 or i64 scalar or a 1-D i32 tile"),
 ])
 def test_misuse_is_a_located_error(body: str, message: str) -> None:
     src = ("@kernel\ndef k(x: f32[M, N], ids: i32[M], y: f32[M, N]):\n    grid(1)\n    idx = ids[0:16]\n"

@@ -42,7 +42,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a pipe closed 
 SUFFIX_STAGE = ((".hopper.tkir", "hopper"), (".tkir", "tkir"), (".ll", "llvm"), (".ptx", "ptx"),
                 (".cubin", "cubin"))
 STAGES = ("tkir", "hopper", "llvm", "ptx", "cubin")  # tkc.compiler.STAGES, without importing it early
-INT_RANGE = (-8, 8)  # what ``tkc run`` draws i32 tensors from unless --int-range says otherwise
+INT_RANGE = (-8, 8)  # what ``tkc run`` draws i32/i64 tensors from unless --int-range says otherwise
 
 
 def _debug() -> bool:
@@ -136,8 +136,8 @@ def _parse_int_range(ctx: click.Context, param: click.Parameter, text: str | Non
         lo, hi = (int(p) for p in parts)
     except ValueError:
         raise click.BadParameter(f"'{text}' is not LO,HI (two integers, e.g. -8,8)", ctx, param) from None
-    if not dtypes.i32.min <= lo <= hi <= dtypes.i32.max:
-        raise click.BadParameter(f"'{text}': need LO <= HI, both in i32 [{dtypes.i32.min}, {dtypes.i32.max}]",
+    if not dtypes.i64.min <= lo <= hi <= dtypes.i64.max:
+        raise click.BadParameter(f"'{text}': need LO <= HI, both in i64 [{dtypes.i64.min}, {dtypes.i64.max}]",
                                  ctx, param)
     return lo, hi
 
@@ -427,7 +427,7 @@ def _print_store_plan(compiled: Any) -> None:
               help=f"The size of a symbolic tensor dim.  Default: one tile and a tail ({UNTILED_DIM} where no "
                    "tile spans the dim).")
 @click.option("--scalar", "scalars", multiple=True, metavar="NAME=VALUE", callback=_parse_scalars,
-              help="The value of a runtime scalar argument (default: random; f32 in [0.5, 1.5], i32 in [1, 8]).")
+              help="The value of a runtime scalar argument (default: random; f32 in [0.5, 1.5], i32/i64 in [1, 8]).")
 @click.option("--int-range", callback=_parse_int_range, metavar="LO,HI",
               help=f"The range integer tensors are drawn from, both ends included (default: "
                    f"{INT_RANGE[0]},{INT_RANGE[1]}).")
@@ -456,6 +456,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     sizes = _dim_sizes(k, dims)
+    _check_int_range(k, int_range)
 
     from tkc.interpreter import random_args
 
@@ -512,6 +513,16 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+def _check_int_range(kernel: Operation, int_range: tuple[int, int]) -> None:
+    """--int-range must fit every integer tensor it fills (i32 ones: the i32 range)."""
+    lo, hi = int_range
+    for a in kernel.regions[0].block.args:
+        dt = a.type.dtype
+        if isinstance(a.type, TensorType) and dt.is_int and not dt.min <= lo <= hi <= dt.max:
+            raise TkcUsageError(f"--int-range {lo},{hi}: '{_name(a)}' is an {dt.name} tensor; give a range "
+                                f"within [{dt.min}, {dt.max}]")
 
 
 def _set_scalars(kernel: Operation, args: list[Any], scalars: dict[str, int | float | bool]) -> set[str]:

@@ -1,7 +1,7 @@
 """tkc's scalar element types and their exact numerics.
 
 This module owns the element types a kernel can name (``f32``, ``f16``,
-``bf16``, ``f8e4m3``, ``f8e5m2``, ``i32``, ``i1``/``bool``) and is the only place
+``bf16``, ``f8e4m3``, ``f8e5m2``, ``i32``, ``i64``, ``i1``/``bool``) and is the only place
 that knows how a dtype rounds.  The interpreter, constant folding and the test
 oracles all call :func:`round_to`, so "what value does a ``bf16`` hold" has a
 single answer, and that answer is the one the GPU produces:
@@ -15,13 +15,16 @@ single answer, and that answer is the one the GPU produces:
   *saturates* to it, and so does ±inf; NaN stays NaN.  (So an ``f8e5m2`` value
   held by tkc is never infinite, although the format could encode it.)
 * ``f16`` and ``bf16`` are IEEE-style: overflow rounds to ±inf.
-* float → ``i32`` truncates toward zero and saturates, NaN → 0 (PTX
-  ``cvt.rzi.s32.f32``); integer → ``i32`` wraps modulo 2**32; bool → 0/1.
+* float → ``i32``/``i64`` truncates toward zero and saturates, NaN → 0 (PTX
+  ``cvt.rzi.s32.f32``, ``cvt.rzi.s64.f32``); integer → ``i32`` wraps modulo 2**32 (keeps the
+  low 32 bits of an ``i64``), integer → ``i64`` is exact; bool → 0/1.
+* ``i64`` → float rounds once from the exact integer (like ``cvt.rn.f32.s64``): values
+  beyond 2**53 do not pass through a float64 rounding first.
   Anything → ``i1`` is ``x != 0`` (so NaN is true, as in C).
 
 Values are *stored* in numpy arrays of ``DType.np_storage``: float32 for every
 float type (holding values already rounded to the type, which float32 represents
-exactly), int32 for ``i32`` and bool for ``i1``.  numpy has no bf16 or fp8, and
+exactly), int32 for ``i32``, int64 for ``i64`` and bool for ``i1``.  numpy has no bf16 or fp8, and
 float32 storage keeps every interpreter op a plain numpy op followed by
 :func:`round_to`.
 """
@@ -44,6 +47,7 @@ __all__ = [
     "f8e4m3",
     "f8e5m2",
     "i32",
+    "i64",
     "i1",
     "ALL",
     "BY_NAME",
@@ -121,9 +125,10 @@ bf16 = DType("bf16", 16, "float", _F32, -(2 - 2**-7) * 2.0**127, (2 - 2**-7) * 2
 f8e4m3 = DType("f8e4m3", 8, "float", _F32, -448.0, 448.0, "float8_e4m3fn", _FloatFormat(3, -6, True))
 f8e5m2 = DType("f8e5m2", 8, "float", _F32, -57344.0, 57344.0, "float8_e5m2", _FloatFormat(2, -14, True))
 i32 = DType("i32", 32, "int", np.dtype(np.int32), -(2**31), 2**31 - 1, "int32")
+i64 = DType("i64", 64, "int", np.dtype(np.int64), -(2**63), 2**63 - 1, "int64")
 i1 = DType("i1", 1, "bool", np.dtype(np.bool_), 0, 1, "bool")
 
-ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, i32, i1)
+ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, i32, i64, i1)
 
 #: Every spelling of a dtype: IR names plus the kernel language's ``bool``.
 BY_NAME: dict[str, DType] = {dt.name: dt for dt in ALL} | {"bool": i1}
@@ -133,6 +138,7 @@ _BY_NUMPY: dict[np.dtype, DType] = {
     np.dtype(np.float32): f32,
     np.dtype(np.float16): f16,
     np.dtype(np.int32): i32,
+    np.dtype(np.int64): i64,
     np.dtype(np.bool_): i1,
 }
 
@@ -150,7 +156,7 @@ def from_torch(torch_dtype: Any) -> DType | None:
 
 
 def from_numpy(np_dtype: Any) -> DType | None:
-    """The tkc dtype of a numpy dtype (float32, float16, int32, bool), or None.
+    """The tkc dtype of a numpy dtype (float32, float16, int32, int64, bool), or None.
     numpy has no bf16 or fp8, so those never come back from here."""
     try:
         return _BY_NUMPY.get(np.dtype(np_dtype))
@@ -166,9 +172,9 @@ def round_to(x: Any, dt: DType) -> np.ndarray:
     rounded exactly as the hardware rounds (see the module docstring).
 
     Returns float32 for float dtypes (holding values exactly representable in
-    ``dt``), int32 for ``i32`` and bool for ``i1``.  Always a new array.
-    Integer inputs beyond 2**53 are first rounded to float64 on the way to a
-    float type; tkc has no integers that wide.
+    ``dt``), int32 for ``i32``, int64 for ``i64`` and bool for ``i1``.  Always a new array.
+    Integer inputs beyond 2**53 round once to a float type (through a float64 rounded
+    to odd, which a narrower rounding cannot double-round).
     """
     a = np.asarray(x)
     if a.dtype.kind == "c":
@@ -179,7 +185,7 @@ def round_to(x: Any, dt: DType) -> np.ndarray:
     # (e.g. random bit patterns) raise "invalid" on any float cast: none of it deserves a warning.
     with np.errstate(over="ignore", invalid="ignore"):
         if dt.is_int:
-            return _to_i32(a)
+            return _to_int(a, dt)
         return _round_float(a, dt)
 
 
@@ -199,7 +205,7 @@ def _round_float(a: np.ndarray, dt: DType) -> np.ndarray:
     else:
         # float64 (or wider, or integer/bool) input: round once from float64.  Going through float32
         # first would double-round (e.g. 1 + 2**-8 + 2**-30 must become bf16 1 + 2**-7, not 1).
-        a64 = a.astype(np.float64)
+        a64 = _f64_round_to_odd(a) if a.dtype.kind in "iu" and a.dtype.itemsize == 8 else a.astype(np.float64)
         if dt == f32:
             return a64.astype(np.float32)
     return _round_f64(a64, fmt, float(dt.max)).astype(np.float32)
@@ -237,21 +243,34 @@ def _round_f64(a64: np.ndarray, fmt: _FloatFormat, max_finite: float) -> np.ndar
     return np.where(over, np.copysign(max_finite if fmt.saturating else np.inf, r), r)
 
 
-_I32_MIN = float(-(2**31))
-_I32_MAX = float(2**31 - 1)
+def _f64_round_to_odd(a: np.ndarray) -> np.ndarray:
+    """64-bit integers as float64 rounded to odd: exact where float64 holds the value, else the
+    neighbour with an odd last mantissa bit.  Rounding that again to a format of at most 51
+    fraction bits gives the correctly rounded value of the integer (no double rounding)."""
+    hi = (a >> 32).astype(np.float64) * 2.0**32  # exact: 32 significant bits
+    lo = (a & 0xFFFFFFFF).astype(np.float64)  # exact, in [0, 2**32)
+    s = hi + lo  # rounded once, to nearest even
+    bb = s - hi  # TwoSum: the exact error of the sum, a float64 of its own
+    err = (hi - (s - bb)) + (lo - bb)
+    odd = s.view(np.uint64) & np.uint64(1)
+    inexact_even = (err != 0) & (odd == 0)
+    return np.where(inexact_even, np.nextafter(s, np.copysign(np.inf, err)), s)
 
 
-def _to_i32(a: np.ndarray) -> np.ndarray:
+def _to_int(a: np.ndarray, dt: DType) -> np.ndarray:
+    st = dt.np_storage
     if a.dtype.kind == "f":
-        # cvt.rzi.s32.f32: truncate, clamp to the int32 range, NaN -> 0.  float64 holds both bounds
-        # exactly (float32 would turn 2**31 - 1 into 2**31, which overflows the cast).
+        # cvt.rzi.s32.f32 / cvt.rzi.s64.f32: truncate, clamp to the range, NaN -> 0.  float64
+        # holds the i32 bounds exactly; 2**63 - 1 it rounds up to 2**63, so the top is patched
+        # after the cast (float32 would turn 2**31 - 1 into 2**31, which overflows the cast too).
         t = np.trunc(a.astype(np.float64))
-        t = np.where(np.isnan(t), 0.0, np.clip(t, _I32_MIN, _I32_MAX))
-        return t.astype(np.int32)
+        over = t >= 2.0 ** (dt.bits - 1)
+        t = np.where(np.isnan(t) | over, 0.0, np.clip(t, float(dt.min), float(dt.max)))
+        return np.where(over, st.type(dt.max), t.astype(st))
     if a.dtype.kind in "iub":
-        # Integer narrowing keeps the low 32 bits (two's complement wrap), like a truncating cvt.
-        return a.astype(np.int32)
-    raise TypeError(f"cannot convert {a.dtype} values to i32")
+        # Integer narrowing keeps the low bits (two's complement wrap), like a truncating cvt.
+        return a.astype(st)
+    raise TypeError(f"cannot convert {a.dtype} values to {dt.name}")
 
 
 # --------------------------------------------------------------------------- torch interop

@@ -46,7 +46,7 @@ def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, 
         elif id(x) in working:
             env[p] = working[id(x)]
         elif isinstance(x, np.ndarray) and x.dtype == p.type.dtype.np_storage and p.type.dtype in (
-                dtypes.f32, dtypes.i32, dtypes.i1) and x.flags.writeable:
+                dtypes.f32, dtypes.i32, dtypes.i64, dtypes.i1) and x.flags.writeable:
             env[p] = working[id(x)] = x
         else:
             st = dtypes.from_torch_tensor(x)[0] if signature.is_torch(x) else x
@@ -159,10 +159,10 @@ def random_args(kernel: Operation | Module, dims: dict[str, int], seed: int = 0,
                 int_range: tuple[int, int] = (-8, 8)) -> list[Any]:
     """Fresh random arguments for every parameter of ``kernel``.
 
-    Float tensors are N(0, 1) rounded to their dtype, i32 tensors integers in
+    Float tensors are N(0, 1) rounded to their dtype, i32 and i64 tensors integers in
     ``int_range`` (both ends included), bool tensors fair coins (outputs too: the
     interpreter cannot tell them apart).  Float scalars are uniform in [0.5, 1.5],
-    i32 scalars in [1, 8].  Symbolic tensor dims come from ``dims``.
+    i32 and i64 scalars in [1, 8].  Symbolic tensor dims come from ``dims``.
     """
     kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args
@@ -190,7 +190,7 @@ def _random(rng: np.random.Generator, dt: DType, shape: tuple[int, ...], int_ran
         lo, hi = int_range if shape else (1, 8)
         if not dt.min <= lo <= hi <= dt.max:
             raise TkcLaunchError(f"random_args: integer range [{lo}, {hi}] is empty or does not fit in {dt.name}")
-        return rng.integers(lo, hi + 1, shape, dtype=np.int64).astype(np.int32)
+        return rng.integers(lo, hi, shape, dtype=np.int64, endpoint=True).astype(dt.np_storage)
     return round_to(rng.standard_normal(shape) if shape else rng.uniform(0.5, 1.5), dt)
 
 

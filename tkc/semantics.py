@@ -14,7 +14,7 @@ rounding goes through :func:`tkc.dtypes.round_to` -- and it must not depend on t
 Numerics (decisions the op docstrings leave open):
 
 * Values are numpy arrays in their dtype's storage form (``DType.np_storage``):
-  float32 for every float dtype, int32 for ``i32``, bool for ``i1``.  Scalars
+  float32 for every float dtype, int32 for ``i32``, int64 for ``i64``, bool for ``i1``.  Scalars
   are 0-d arrays.
 * Float ops compute in float32 and round the result once to the result dtype.
   For f16/bf16/fp8 this models math done in f32 registers and converted back
@@ -26,13 +26,14 @@ Numerics (decisions the op docstrings leave open):
 * ``maximum``/``minimum`` and the ``max``/``min`` reductions propagate NaN,
   like numpy and torch (PTX ``max.NaN.f32``, not plain ``max.f32``); which
   zero ``maximum(-0.0, +0.0)`` returns is unspecified.
-* ``i32`` arithmetic wraps modulo 2**32.  ``floordiv`` and ``rem`` use floor
+* ``i32`` arithmetic wraps modulo 2**32, ``i64`` modulo 2**64.  ``floordiv`` and ``rem`` use floor
   semantics like Python (``-7 // 2 == -4``, ``-7 % 2 == 1``: the remainder has
   the divisor's sign); ``cdiv(a, b)`` is ``ceil(a / b) == -(-a // b)``.
   Integer division by zero is unspecified on the GPU; here it gives 0, so
   lanes masked off by a later ``select`` are harmless.
 * Shifts read their count as unsigned: ``x << n`` is 0 and ``x >> n`` (arithmetic) the
-  sign for a count of 32 or more, or a negative one (PTX clamps the count the same way).
+  sign for a count of the width (32 for ``i32``, 64 for ``i64``) or more, or a negative one
+  (PTX clamps the count the same way).
 * ``pow``, ``sigmoid`` and ``fma`` compute in float64 and round once (numpy's float32
   ``pow`` is off by an ulp; ``fma`` thus rounds once, up to double-rounding ties).  ``erf``
   is Python's ``math.erf`` element by element (numpy has none): the one op here that loops
@@ -284,7 +285,7 @@ def _atomic(ctx: Program, op: Operation, tensor: np.ndarray, *rest: Any) -> np.n
 
 def _reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
     if op.kind in ("sum", "mean"):
-        # float64 for floats (see the module docstring); int64 then wrap for i32.
+        # float64 for floats (see the module docstring); int64 (wrapping) then wrap for i32.
         acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
         total = np.sum(x, axis=op.axis, dtype=acc)
         return _rounded(total / x.shape[op.axis] if op.kind == "mean" else total, op)

@@ -48,6 +48,19 @@ def test_param_errors() -> None:
         param_values([A], [TensorArg(16, (2**31, 1), (1, 1))])
 
 
+def test_i64_scalars_travel_as_u64() -> None:
+    n64 = ("n", ScalarType(dtypes.i64))
+    ids = ("ids", TensorType(dtypes.i64, ("B",)))
+    values = param_values([ids, n64, n64], [TensorArg(0x7F0000002000, (5,), (1,)), 2**40 + 3, -2])
+    assert values == [("u64", 0x7F0000002000), ("u32", 5), ("u64", 1), ("u64", 2**40 + 3),
+                      ("u64", 2**64 - 2)]
+    assert [type(v) for v in to_ctypes(values)[3:]] == [ctypes.c_uint64, ctypes.c_uint64]
+    with pytest.raises(TkcLaunchError, match="n: 9223372036854775808 does not fit in i64"):
+        param_values([n64], [2**63])
+    with pytest.raises(TkcLaunchError, match="n: expected a scalar of type i64, got float"):
+        param_values([n64], [1.0])
+
+
 def test_tma_operands_reverse_the_box_and_map_the_swizzle() -> None:
     params = [A, ("b", TensorType(dtypes.bf16, ("B", "H", "N", 64)))]
     assert tma_operands(params, [[0, [128, 64], 128], [1, [1, 1, 64, 32], 64]]) == [
@@ -99,6 +112,17 @@ def test_signature_errors_come_first(no_driver: None, args: list, message: str) 
     with pytest.raises(TkcLaunchError) as e:
         launch_mod.launch(gemm(), args)
     assert message in e.value.message
+
+
+@pytest.mark.parametrize("given, want", [(torch.int32, "i64"), (torch.int64, "i32")])
+def test_index_dtype_mismatch_is_refused_before_launch(no_driver: None, given: object, want: str) -> None:
+    from tkc.runtime.args import check_launch
+
+    other = torch.int64 if want == "i64" else torch.int32
+    params = [("ids", TensorType(dtypes.from_torch(other), ("B",))), ("y", TensorType(dtypes.f32, ("B",)))]
+    with pytest.raises(TkcLaunchError) as e:
+        check_launch("emb", params, [torch.zeros(4, dtype=given), torch.zeros(4)])
+    assert e.value.message == f"ids: expected a tensor of dtype {want}, got {given}"
 
 
 def test_tma_tensors_are_named_to_the_layout_checks(no_driver: None, monkeypatch: pytest.MonkeyPatch) -> None:

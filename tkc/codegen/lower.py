@@ -285,7 +285,7 @@ def _param_types(kernel: Operation) -> list[ir.Type | nvvm.TensorMap]:
         elif t.dtype.is_float:
             out.append(F32)  # other float dtypes travel as f32 and are rounded here (§4)
         else:
-            out.append(I32)  # i32, and i1 as 0/1
+            out.append(I64 if t.dtype.bits == 64 else I32)  # i32 (i64), and i1 as 0/1
     return out + [TMAP] * len(kernel.attributes.get("tma_maps") or [])
 
 

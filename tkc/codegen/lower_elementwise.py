@@ -18,7 +18,7 @@ Numerics:
   default ``-fmad=true`` does).  Attention's ``s * scale - m`` and a norm's ``(x - mean) *
   rstd * w + b`` are one instruction fewer per element.
 - ``maximum``/``minimum`` are ``llvm.maximum/minimum.f32`` = ``max.NaN.f32``: NaN propagates.
-- i32 ``floordiv``/``rem``/``cdiv`` have Python's floor semantics; division by zero gives 0
+- i32/i64 ``floordiv``/``rem``/``cdiv`` have Python's floor semantics; division by zero gives 0
   (the interpreter's choice), so masked-off lanes are harmless.
 - Approximate instructions (PTX ISA accuracy, f32 results):
   ``exp(x) = ex2.approx.ftz(x * log2 e)`` and ``exp2 = ex2.approx.ftz``: at most 2 ulp, plus
@@ -46,12 +46,12 @@ from tkc.codegen.lower_values import (
     HALF,
     Lowered,
     as_value,
-    const_i32,
     constant,
+    int_type,
     llvm_call,
     round_to,
 )
-from tkc.codegen.nvvm import F32, I32
+from tkc.codegen.nvvm import F32
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
@@ -83,40 +83,47 @@ def _map(lw: Lowerer, op: Operation, fn: Fn, *xs: Lowered) -> None:
 # --------------------------------------------------------------------------- integers
 
 
+def _zero(x: ir.Value) -> ir.Constant:
+    return ir.Constant(x.type, 0)
+
+
 def _floordiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    zero = const_i32(0)
+    zero = _zero(x)
     is0 = b.icmp_signed("==", y, zero)
-    safe = b.select(is0, const_i32(1), y)  # sdiv by 0 is undefined in LLVM
+    safe = b.select(is0, ir.Constant(x.type, 1), y)  # sdiv by 0 is undefined in LLVM
     q, r = b.sdiv(x, safe), b.srem(x, safe)
     # Truncated -> floored: step down when the remainder is non-zero and its sign differs.
     fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
-    return b.select(is0, zero, b.sub(q, b.zext(fix, I32)))
+    return b.select(is0, zero, b.sub(q, b.zext(fix, x.type)))
 
 
 def _rem(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    zero = const_i32(0)
+    zero = _zero(x)
     is0 = b.icmp_signed("==", y, zero)
-    safe = b.select(is0, const_i32(1), y)
+    safe = b.select(is0, ir.Constant(x.type, 1), y)
     r = b.srem(x, safe)
     fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
     return b.select(is0, zero, b.select(fix, b.add(r, safe), r))
 
 
 def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    zero = const_i32(0)
+    zero = _zero(x)
     return b.sub(zero, _floordiv(b, b.sub(zero, x), y))
 
 
 def _shl(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:
-    # LLVM's shl by 32 or more is poison; the op's count is unsigned and shifts every bit out.
-    return b.select(b.icmp_unsigned("<", n, const_i32(32)), b.shl(x, n), const_i32(0))
+    # LLVM's shl by the width or more is poison; the op's count is unsigned and shifts every bit out.
+    width = ir.Constant(x.type, x.type.width)
+    return b.select(b.icmp_unsigned("<", n, width), b.shl(x, n), _zero(x))
 
 
 def _shr(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:
-    return b.ashr(x, b.select(b.icmp_unsigned("<", n, const_i32(32)), n, const_i32(31)))
+    width = x.type.width
+    return b.ashr(x, b.select(b.icmp_unsigned("<", n, ir.Constant(x.type, width)), n,
+                              ir.Constant(x.type, width - 1)))
 
 
-#: The lowering of each elementwise op on i32 (and i1) values, by op class.
+#: The lowering of each elementwise op on i32, i64 (and i1) values, by op class.
 INT: dict[type, Fn] = {
     T.AddOp: lambda b, x, y: b.add(x, y),
     T.SubOp: lambda b, x, y: b.sub(x, y),
@@ -133,7 +140,7 @@ INT: dict[type, Fn] = {
     T.ShrOp: _shr,
     T.NotOp: lambda b, x: b.not_(x),  # bitwise for i32, logical for i1
     T.NegOp: lambda b, x: b.neg(x),
-    T.AbsOp: lambda b, x: b.select(b.icmp_signed("<", x, const_i32(0)), b.neg(x), x),
+    T.AbsOp: lambda b, x: b.select(b.icmp_signed("<", x, _zero(x)), b.neg(x), x),
 }
 
 
@@ -219,16 +226,19 @@ def cast_value(b: ir.IRBuilder, x: ir.Value, src: DType, dst: DType) -> ir.Value
     if dst.is_bool:
         if src.is_float:
             return b.fcmp_unordered("!=", x, ir.Constant(F32, 0.0))  # NaN is true, as in C
-        return b.icmp_signed("!=", x, const_i32(0))
+        return b.icmp_signed("!=", x, _zero(x))
     if src.is_bool:
-        return b.zext(x, I32) if dst.is_int else b.uitofp(x, F32)
+        return b.zext(x, int_type(dst)) if dst.is_int else b.uitofp(x, F32)
     if dst.is_int:
-        # Truncate toward zero, saturate, NaN -> 0: exactly cvt.rzi.s32.f32.
-        return llvm_call(b, "llvm.fptosi.sat.i32.f32", I32, x)
+        if src.is_int:  # i32 -> i64 sign-extends, i64 -> i32 keeps the low bits
+            return b.sext(x, int_type(dst)) if dst.bits > src.bits else b.trunc(x, int_type(dst))
+        # Truncate toward zero, saturate, NaN -> 0: exactly cvt.rzi.s32.f32 (.s64).
+        return llvm_call(b, f"llvm.fptosi.sat.i{dst.bits}.f32", int_type(dst), x)
     if src.is_int:
         if dst in (dtypes.bf16, dtypes.f16):
             return b.fpext(b.sitofp(x, BF16 if dst == dtypes.bf16 else HALF), F32)  # one rounding
-        return round_to(b, b.sitofp(x, F32), dst)  # exact below 2**24; fp8 saturates long before
+        # sitofp rounds once (cvt.rn.f32.s32/.s64): exact below 2**24; fp8 saturates long before.
+        return round_to(b, b.sitofp(x, F32), dst)
     return round_to(b, x, dst)
 
 

@@ -150,13 +150,18 @@ def _fast(lw: Lowerer, tensor: TensorArg, offs: list, n: int) -> ir.Value:
 def _ld_asm(dt: DType) -> tuple[str, str, ir.IntType]:
     """(type suffix, asm constraint, LLVM type) of one element's access."""
     ty = bits_type(dt)
+    if ty == I64:
+        return "b64", "l", ty
     if ty == I32:
         return "b32", "r", ty
     return ("b16", "h", I16) if ty == I16 else ("u8", "h", I16)
 
 
-def _words(total_bytes: int) -> tuple[int, str, str, ir.IntType]:
-    """(word count, type suffix, constraint, LLVM type) of a vector access of ``total_bytes``."""
+def _words(total_bytes: int, eb: int) -> tuple[int, str, str, ir.IntType]:
+    """(word count, type suffix, constraint, LLVM type) of a vector access of ``total_bytes``
+    (elements of ``eb`` bytes): b32 words, b64 ones for 8-byte elements."""
+    if eb == 8:
+        return total_bytes // 8, "b64", "l", I64
     if total_bytes >= 4:
         return total_bytes // 4, "b32", "r", I32
     return 1, "b16", "h", I16
@@ -189,7 +194,7 @@ def _pack(b: ir.IRBuilder, bits: list[ir.Value], dt: DType) -> list[ir.Value]:
     """The words of one vector access holding the element bits ``bits``, little-endian:
     element k is byte ``k * size`` of the run."""
     eb = elem_bytes(dt)
-    w, _, _, ty = _words(len(bits) * eb)
+    w, _, _, ty = _words(len(bits) * eb, eb)
     per_word = ty.width // 8 // eb
     words = []
     for j in range(w):
@@ -219,7 +224,7 @@ def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[i
 
 def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.Value]:
     """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access."""
-    w, suffix, cons, ty = _words(n * elem_bytes(dt))
+    w, suffix, cons, ty = _words(n * elem_bytes(dt), elem_bytes(dt))
     asm = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
     ret = ty if w == 1 else ir.LiteralStructType([ty] * w)
     raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), asm, ",".join([f"={cons}"] * w + ["l"]), [addr],
@@ -247,7 +252,7 @@ def _store_words(b: ir.IRBuilder, bits: list[ir.Value], dt: DType, vals: list[ir
 def _store_vector(b: ir.IRBuilder, addr: ir.Value, words: list[ir.Value]) -> None:
     """Store ``words`` (consecutive elements from ``addr``, aligned to their size) in one access."""
     w, ty = len(words), words[0].type
-    suffix, cons = ("b32", "r") if ty == I32 else ("b16", "h")
+    suffix, cons = {64: ("b64", "l"), 32: ("b32", "r")}.get(ty.width, ("b16", "h"))
     asm = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
     fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
     b.asm(fty, asm, ",".join(["l"] + [cons] * w), [addr, *words], side_effect=True)
@@ -311,7 +316,7 @@ def _word_type(dt: DType, n: int) -> tuple[int, ir.IntType]:
     access, or for a single element its bits."""
     if n == 1:
         return 1, ir.IntType(elem_bytes(dt) * 8)
-    w, _, _, ty = _words(n * elem_bytes(dt))
+    w, _, _, ty = _words(n * elem_bytes(dt), elem_bytes(dt))
     return w, ty
 
 

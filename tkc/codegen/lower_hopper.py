@@ -501,6 +501,10 @@ def _combine(b: ir.IRBuilder, kind: str, dt: DType) -> Callable[[ir.Value, ir.Va
 
 
 def _shfl(b: ir.IRBuilder, v: ir.Value, mask: int) -> ir.Value:
+    if v.type == nvvm.I64:  # as its two halves: shfl moves 32 bits
+        halves = [b.trunc(v, nvvm.I32), b.trunc(b.lshr(v, ir.Constant(nvvm.I64, 32)), nvvm.I32)]
+        lo, hi = (b.zext(_shfl(b, h, mask), nvvm.I64) for h in halves)
+        return b.or_(lo, b.shl(hi, ir.Constant(nvvm.I64, 32)))
     name = "shfl.sync.bfly.f32" if v.type == F32 else "shfl.sync.bfly.i32"
     return nvvm.call(b, name, -1, v, mask, 31)
 

@@ -2,7 +2,7 @@
 
 Owns: how a tkc dtype lives in an LLVM register (every float dtype as an ``f32`` holding a
 value already rounded to the dtype, like the interpreter's float32 storage; ``i32`` as
-``i32``; ``i1`` as ``i1``), how such a value is rounded to its dtype and converted to and
+``i32``, ``i64`` as ``i64``; ``i1`` as ``i1``), how such a value is rounded to its dtype and converted to and
 from its bytes in memory, and :class:`Sym`, the run-time thread index that a layout's
 ``thread_coords`` is evaluated on.
 
@@ -50,7 +50,12 @@ def reg_type(dt: DType) -> ir.Type:
     """The LLVM type a value of ``dt`` is held in between ops."""
     if dt.is_float:
         return F32
-    return I32 if dt.is_int else I1
+    return int_type(dt) if dt.is_int else I1
+
+
+def int_type(dt: DType) -> ir.IntType:
+    """The LLVM integer type of an integer dtype (``i32`` or ``i64``)."""
+    return I64 if dt.bits == 64 else I32
 
 
 def constant(dt: DType, value: float | int | bool) -> ir.Constant:
@@ -59,7 +64,7 @@ def constant(dt: DType, value: float | int | bool) -> ir.Constant:
     if dt.is_float:
         return ir.Constant(F32, float(v))
     if dt.is_int:
-        return ir.Constant(I32, int(v))
+        return ir.Constant(int_type(dt), int(v))
     return ir.Constant(I1, int(bool(v)))
 
 
@@ -165,7 +170,7 @@ def mem_type(dt: DType) -> ir.Type:
     if dt in (dtypes.bf16, dtypes.f16):
         return _narrow_type(dt)
     if dt.is_int:
-        return I32
+        return int_type(dt)
     return I8  # fp8 bytes, and i1 stored as one byte (0/1) like torch.bool
 
 
@@ -193,7 +198,7 @@ def from_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
 
 def bits_type(dt: DType) -> ir.IntType:
     """The integer type of the same width as :func:`mem_type` (for inline-asm loads/stores)."""
-    return {32: I32, 16: I16}.get(dt.bits, I8) if not dt.is_bool else I8
+    return {64: I64, 32: I32, 16: I16}.get(dt.bits, I8) if not dt.is_bool else I8
 
 
 # --------------------------------------------------------------------------- thread symbols

@@ -2,7 +2,7 @@
 
 This module owns three things:
 
-- **Element bit patterns** (``encode`` / ``decode``): f32, i32, f16, bf16, f8e4m3 (OCP E4M3FN)
+- **Element bit patterns** (``encode`` / ``decode``): f32, i32, i64, f16, bf16, f8e4m3 (OCP E4M3FN)
   and f8e5m2 as their real little-endian bytes, so a wrong swizzle or a wrong element size
   shows up as wrong values, not as a lucky round trip.  Rounding is ``tkc.dtypes.round_to``'s
   job; ``encode`` rounds through it and then only packs bits.
@@ -88,6 +88,8 @@ def encode(values: object, dtype: DType) -> np.ndarray:
     v = dtypes.round_to(values, dtype)
     if dtype.name in ("f32", "i32"):
         words = v.astype("<f4" if dtype.name == "f32" else "<i4").view("<u4")
+    elif dtype.name == "i64":
+        words = v.astype("<i8").view("<u8")
     elif dtype.name == "bf16":
         words = (v.astype(np.float32).view(np.uint32) >> np.uint32(16)).astype("<u2")
     elif dtype.name == "f16":
@@ -109,6 +111,8 @@ def decode(raw: np.ndarray, dtype: DType) -> np.ndarray:
         return raw.view("<f4").reshape(shape).astype(np.float32)
     if dtype.name == "i32":
         return raw.view("<i4").reshape(shape).astype(np.int32)
+    if dtype.name == "i64":
+        return raw.view("<i8").reshape(shape).astype(np.int64)
     if dtype.name == "bf16":
         return (raw.view("<u2").reshape(shape).astype(np.uint32) << np.uint32(16)).view(np.float32)
     if dtype.name == "f16":

@@ -82,8 +82,8 @@ class Emitter:
             if isinstance(value, float):
                 raise TkcTypeError(f"float constant {value} used where {dt.name} is needed", loc)
             value = int(value)
-            if not -(2**31) <= value < 2**31:
-                raise TkcTypeError(f"integer constant {value} does not fit in i32", loc)
+            if not dt.min <= value <= dt.max:
+                raise TkcTypeError(f"integer constant {value} does not fit in {dt.name}", loc)
         else:
             value = float(value)
             if math.isfinite(value) and not dt.min <= value <= dt.max:
@@ -107,9 +107,23 @@ class Emitter:
     def affine_of(self, v: Dyn | Const) -> Affine | None:
         if isinstance(v, Const):
             return Affine((), int(v.value)) if isinstance(v.value, int) else None
-        if v.type != T.I32:
+        if v.type not in (T.I32, T.I64):
             return None
         return self.affine.get(v.value) or Affine.atom(v.value)
+
+    def index(self, x: Dyn | Const, loc: Loc) -> Dyn:
+        """An integer scalar as the i32 that tensor offsets and loop bounds are.  An i64 is
+        clamped to the i32 range first, never wrapped: every tensor axis is shorter than 2**31,
+        so a clamped index is out of bounds exactly when the i64 one is (docs/language.md)."""
+        if isinstance(x, Const):
+            return self.materialize(x, T.I32, loc)
+        if x.type == T.I64:
+            lo = self.constant(dtypes.i32.min, T.I64, loc)
+            hi = self.constant(dtypes.i32.max, T.I64, loc)
+            x = Dyn(self.b.value(E.MaximumOp, [x.value, lo.value], T.I64, loc=loc))
+            x = Dyn(self.b.value(E.MinimumOp, [x.value, hi.value], T.I64, loc=loc))
+            return Dyn(self.b.value(T.CastOp, [x.value], T.I32, loc=loc))
+        return x
 
     # -------------------------------------------------------------- shapes
     def splat(self, x: Dyn, t: TileType, loc: Loc) -> Dyn:
@@ -217,7 +231,7 @@ class Emitter:
         return Const(r)
 
     def _track_affine(self, op: str, a: Dyn | Const, b: Dyn | Const, v: Value) -> None:
-        if v.type != T.I32:
+        if v.type not in (T.I32, T.I64):
             return
         fa, fb = self.affine_of(a), self.affine_of(b)
         if fa is None or fb is None:

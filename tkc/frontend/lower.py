@@ -32,10 +32,11 @@ BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
-DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
+DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool")
 #: torch's and numpy's names for the dtypes, for what a user from there writes first.
 _DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
-                  "int32": "i32", "int": "i32", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+                  "int32": "i32", "int": "i32", "int64": "i64",
+                  "long": "i64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
 
 
 def _unknown_dtype(name: str, loc: Loc) -> TkcTypeError:
@@ -358,9 +359,8 @@ class KernelLowering:
             raise TkcTypeError(f"{kind.name}() takes 1 to 3 arguments, got {len(it.args)}", it.loc)
         bounds = [self.expr(a) for a in it.args]
         for a, n in zip(bounds, it.args):
-            if not (isinstance(a, Const) and isinstance(a.value, int) and not isinstance(a.value, bool)) \
-                    and not (isinstance(a, Dyn) and a.type == T.I32):
-                raise TkcTypeError(f"range bounds are i32 scalars, got {self._kind(a)}", n.loc)
+            if not self._is_index(a):
+                raise TkcTypeError(f"range bounds are i32 or i64 scalars, got {self._kind(a)}", n.loc)
         if len(bounds) == 1:
             bounds = [Const(0), bounds[0], Const(1)]
         elif len(bounds) == 2:
@@ -391,7 +391,7 @@ class KernelLowering:
             self.b.loc = s.loc
             yields = [self._coerce_carried(n, local.get(n), t, s, s.body) for n, t in zip(carried, types)]
             self.b.create(T.YieldOp, yields, loc=s.loc)
-        operands = [self.dyn(x, s, T.I32).value for x in (lb, ub, step)]
+        operands = [self.em.index(self.value_of(x, s), s.loc).value for x in (lb, ub, step)]
         op = self.b.create(T.ForOp, operands + [v.value for v in inits], types,
                            regions=[Region([block])], loc=s.loc)
         self._restore_after_region(before, _assigned_names(s.body) + [s.target.id], "the loop", s.loc)
@@ -515,7 +515,8 @@ class KernelLowering:
                                          or v.value < 0):
                 raise TkcTypeError(f"a grid extent must be a non-negative integer, got {v.value!r}", a.loc)
             if isinstance(v, Dyn) and v.type != T.I32:
-                raise TkcTypeError(f"a grid extent must be an i32 scalar, got {v.type}", a.loc)
+                hint = "; cast it with .to(i32)" if v.type == T.I64 else ""
+                raise TkcTypeError(f"a grid extent must be an i32 scalar, got {v.type}{hint}", a.loc)
             if not isinstance(v, (Const, Dyn)):
                 raise TkcTypeError(f"a grid extent must be an integer, got {self._kind(v)}", a.loc)
             extents.append(self.dyn(v, a, T.I32).value)
@@ -717,6 +718,13 @@ class KernelLowering:
         raise TkcTypeError(f"{what} must be a compile-time integer constant, got {self._kind(v)}", node.loc)
 
     @staticmethod
+    def _is_index(v: object) -> bool:
+        """An integer constant or an i32/i64 scalar: what offsets and loop bounds take."""
+        if isinstance(v, Const):
+            return isinstance(v.value, int) and not isinstance(v.value, bool)
+        return isinstance(v, Dyn) and v.type in (T.I32, T.I64)
+
+    @staticmethod
     def _kind(v: object) -> str:
         if isinstance(v, Const):
             return f"the constant {v.value!r}"
@@ -791,8 +799,7 @@ class KernelLowering:
                     hi = self._dim(view.tensor, axis, view.node.loc)
                 loc = item.loc if item is not None else view.node.loc
                 for v, n in ((lo, "start"), (hi, "stop")):
-                    if not (isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool)) \
-                            and not (isinstance(v, Dyn) and v.type == T.I32):
+                    if not self._is_index(v):
                         raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got {self._kind(v)}",
                                            loc)
                 fa, fb = self.em.affine_of(lo), self.em.affine_of(hi)
@@ -819,9 +826,8 @@ class KernelLowering:
                     offsets.append(Const(0))
                     box.append(v.type.shape[0])
                     continue
-                if isinstance(v, Const) and (not isinstance(v.value, int) or isinstance(v.value, bool)) or \
-                        isinstance(v, Dyn) and v.type != T.I32:
-                    raise TkcTypeError(f"a tensor index must be an i32 scalar or a 1-D i32 tile, got "
+                if not self._is_index(v):
+                    raise TkcTypeError(f"a tensor index must be an i32 or i64 scalar or a 1-D i32 tile, got "
                                        f"{self._kind(v)}", item.loc)
                 offsets.append(v)
                 box.append(1)
@@ -831,8 +837,7 @@ class KernelLowering:
                                       f"index the tensor with scalars or slices there", view.node.loc)
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         check_tile_dims(kept, f"tile of '{view.tensor.name}'", view.node.loc)
-        values = [self.value_of(o, view.node) for o in offsets]
-        values = [self.em.materialize(o, T.I32, view.node.loc) if isinstance(o, Const) else o for o in values]
+        values = [self.em.index(self.value_of(o, view.node), view.node.loc) for o in offsets]
         return [v.value for v in values], box, squeeze, gather
 
     def load(self, view: View, other: object) -> Dyn:

@@ -119,8 +119,8 @@ class SharedLayout:
     swizzle: int = 128
 
     def __post_init__(self) -> None:
-        if self.dtype.bits not in (8, 16, 32):
-            raise ValueError(f"shared tiles hold 8-, 16- or 32-bit elements, not {self.dtype}")
+        if self.dtype.bits not in (8, 16, 32, 64):
+            raise ValueError(f"shared tiles hold 8-, 16-, 32- or 64-bit elements, not {self.dtype}")
         if self.major not in ("k", "mn"):
             raise ValueError(f"major is 'k' or 'mn', not {self.major!r}")
         if self.swizzle not in SWIZZLES:

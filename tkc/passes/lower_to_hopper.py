@@ -437,8 +437,9 @@ class _Lowering:
             kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
             rows, cols = _round_up(layout.threads // self.target.warp_size, 8), _round_up(kept, 4)
             # Partials travel as they are combined: f32 for floats (sums of 16-bit floats
-            # accumulate in f32), i32 for integers (an f32 would round sums above 2^24).
-            dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
+            # accumulate in f32), the integer dtype itself for integers (an f32 would round
+            # sums above 2^24).
+            dt = op.x.type.dtype if op.x.type.dtype.is_int else dtypes.f32
             lay = SharedLayout(rows, cols, dt, "k", 0)
             scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
         b = Builder.before(op)

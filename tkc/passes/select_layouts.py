@@ -153,11 +153,13 @@ class _Selector:
         minutes: it is refused here, where the tile is written."""
         regs = getattr(layout, "regs", 0)
         limit = REGISTER_TILE_LIMIT * self.target.max_registers
-        if regs > limit:
+        words = regs * max(1, v.type.dtype.bits // 32)  # an i64 value takes two registers
+        if words > limit:
             owner = _def(v)
             loc = owner.loc if owner is not None else self.kernel.loc
+            held = f"{regs} values" if words == regs else f"{regs} values ({words} registers)"
             raise TkcUnsupportedError(f"this {'x'.join(map(str, v.type.shape))} {v.type.dtype.name} tile would hold "
-                                      f"{regs} values in each of the program's {self.threads} threads' registers (at "
+                                      f"{held} in each of the program's {self.threads} threads' registers (at "
                                       f"most about {limit}): use smaller tiles, e.g. loop over blocks of it", loc)
 
     # ----------------------------------------------------------- 2. shared tiles

@@ -13,7 +13,7 @@ op a target cannot render directly says how it ``decompose``\\s into simpler one
 
 Must not: know any target, layout or pass.  Numerics the summaries leave open are in
 ``tkc/semantics.py``'s docstring (float ops compute in float32 and round once to the
-result dtype; i32 arithmetic wraps).
+result dtype; i32 and i64 arithmetic wraps).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tkc.ir.core import Value
 
 
-_I32_MIN = -(2**31)
+_INT_MINS = (dtypes.i32.min, dtypes.i64.min)
 
 
 def kind_of(t: Type) -> str:
@@ -278,7 +278,7 @@ class _IntDivision(_Binary):
         # Integer division by zero (and INT_MIN // -1) is the target's choice.
         if isinstance(values[1], float):
             return False
-        return values[1] == 0 or (cls.name == "tile.floordiv" and values[0] == _I32_MIN and values[1] == -1)
+        return values[1] == 0 or (cls.name == "tile.floordiv" and values[0] in _INT_MINS and values[1] == -1)
 
 
 FloorDivOp = _op("tile.floordiv", _IntDivision, ("//",), _INT, "floor division (Python's: -7 // 2 == -4)",
@@ -318,20 +318,27 @@ XorOp = _op("tile.xor", _Binary, ("^",), _BITS, "bitwise exclusive or", "y = a ^
             np.bitwise_xor, _bool_op(operator.xor), commutative=True)
 
 
+def _shift_count(x: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, int]:
+    """The count read as unsigned (a negative one is past the width), and the width in bits."""
+    width = np.asarray(x).dtype.itemsize * 8
+    return np.asarray(n).astype(np.uint32 if width == 32 else np.uint64), width
+
+
 def _shl(x: np.ndarray, n: np.ndarray) -> np.ndarray:
-    n = np.asarray(n).astype(np.uint32)  # the count is unsigned: a negative one is >= 32
-    return np.where(n < 32, np.left_shift(x, (n & 31).astype(x.dtype)), np.zeros_like(x))
+    n, width = _shift_count(x, n)
+    return np.where(n < width, np.left_shift(x, (n & (width - 1)).astype(x.dtype)), np.zeros_like(x))
 
 
 def _shr(x: np.ndarray, n: np.ndarray) -> np.ndarray:
-    n = np.asarray(n).astype(np.uint32)
-    return np.right_shift(x, np.minimum(n, 31).astype(x.dtype))  # 32 or more: every bit is the sign
+    n, width = _shift_count(x, n)
+    return np.right_shift(x, np.minimum(n, width - 1).astype(x.dtype))  # the width or more: every bit is the sign
 
 
 ShlOp = _op("tile.shl", _Binary, ("<<",), _INT,
-            "shift left; a count of 32 or more (unsigned) gives 0", "h = x << 5", _shl, operator.lshift)
+            "shift left; a count of the width (32, 64) or more (unsigned) gives 0", "h = x << 5", _shl,
+            operator.lshift)
 ShrOp = _op("tile.shr", _Binary, (">>",), _INT,
-            "arithmetic shift right; a count of 32 or more (unsigned) gives the sign", "q = x >> 1",
+            "arithmetic shift right; a count of the width (32, 64) or more (unsigned) gives the sign", "q = x >> 1",
             _shr, operator.rshift)
 
 

@@ -16,6 +16,7 @@ from tkc.pins import MAX_CLUSTER, is_cluster_size
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
 
 I32 = ScalarType(dtypes.i32)
+I64 = ScalarType(dtypes.i64)
 I1 = ScalarType(dtypes.i1)
 
 
