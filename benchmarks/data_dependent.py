@@ -4,9 +4,9 @@
 
 Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py):
 
-* ``cross_entropy``: examples/cross_entropy.tk on bf16 logits (tokens x vocabulary) with i32
-  labels, the mean into one f32 through an atomic add (zeroed inside the timing); peers
-  ``F.cross_entropy`` on the same bf16 logits (int64 labels), eager and under ``torch.compile``.
+* ``cross_entropy``: examples/cross_entropy.tk on bf16 logits (tokens x vocabulary) with
+  int64 labels, the mean into one f32 through an atomic add (zeroed inside the timing); peers
+  ``F.cross_entropy`` on the same bf16 logits and labels, eager and under ``torch.compile``.
   Reported as time (us) and the logits' bandwidth (GB/s).
 * ``embedding``: examples/embedding.tk; peers ``F.embedding`` and a copy of the same bytes
   (``out.copy_(table[:N])``: what the gather may at best approach).  GB/s of rows read+written.
@@ -44,13 +44,12 @@ def cross_entropy_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
     rows = []
     for B, V in shapes:
         logits = torch.randn(B, V, device="cuda", dtype=torch.bfloat16)
-        labels = torch.randint(0, V, (B,), device="cuda", dtype=torch.int32)
-        labels64 = labels.long()
+        labels64 = torch.randint(0, V, (B,), device="cuda")
         loss = torch.zeros(1, device="cuda")
 
         def ours():
             loss.zero_()
-            launch(k, [logits, labels, loss])
+            launch(k, [logits, labels64, loss])
 
         ours()
         want = F.cross_entropy(logits.float(), labels64)
