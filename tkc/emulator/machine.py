@@ -58,7 +58,7 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
-from tkc.registers import entry_registers, register_pool
+from tkc.registers import role_budget_problem
 from tkc.target import DEFAULT_TARGET
 
 __all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
@@ -332,35 +332,13 @@ def _stages(op: Operation) -> int:
 
 
 def _check_registers(kernel: Operation, roles: list[Operation], threads: int) -> None:
-    """A CTA holds the registers it was launched with (``tkc.registers``: the entry budget
-    times its threads); each warpgroup keeps the entry budget until its role's ``setmaxnreg``
-    moves it, and ``setmaxnreg.inc`` waits forever for registers the others never give back
-    when the roles ask for more than that pool."""
+    """A CTA holds the registers it was launched with (``tkc.registers``): the roles' budgets
+    must fit that pool, or ``setmaxnreg.inc`` waits forever."""
     ctas = Options.from_consts(kernel.attributes.get("consts"), kernel.loc).programs_per_sm
-    entry = entry_registers(threads, ctas, DEFAULT_TARGET)  # the hopper IR's target
-    pool = register_pool(threads, ctas, DEFAULT_TARGET)
-    budget = [entry] * (threads // 128)
-    asked: dict[int, Operation] = {}
-    for r in roles:
-        for g in range(r.first, min(r.first + r.warpgroups, len(budget))):
-            if not r.regs:
-                continue
-            prev = asked.setdefault(g, r)
-            if prev.regs != r.regs:
-                raise _fault(r, f"warpgroup {g} runs role {prev.attributes['name']!r} with regs = {prev.regs} and "
-                                f"role {r.attributes['name']!r} with regs = {r.regs}: one warpgroup keeps one "
-                                f"register budget")
-            budget[g] = r.regs
-    total = 128 * sum(budget)
-    if total > pool:
-        parts = [f"{r.attributes['name']!r} {r.warpgroups} x 128 threads x {r.regs or entry}" for r in roles]
-        rest = len(budget) - len({g for r in roles for g in range(r.first, r.first + r.warpgroups)})
-        if rest:
-            parts.append(f"{rest} warpgroup{'s' if rest > 1 else ''} in no role x 128 threads x {entry}")
-        raise TkcEmulatorError(f"kernel @{kernel.sym_name}: roles need {total} registers, the CTA holds {pool} "
-                               f"({threads} threads x {entry} at entry; roles " + " + ".join(parts) +
-                               "; regs = 0 keeps the entry budget): setmaxnreg.inc would wait forever",
-                               roles[0].loc if roles else kernel.loc)
+    problem = role_budget_problem(kernel, roles, threads, ctas, DEFAULT_TARGET)  # the hopper IR's target
+    if problem is not None:
+        op, message, one_role = problem
+        raise _fault(op, message) if one_role else TkcEmulatorError(message, op.loc)
 
 
 def _alloc_name(op: Operation) -> str:
