@@ -244,3 +244,37 @@ def test_compile_refuses_the_file_with_its_line_and_a_caret(gemm: str, tmp_path:
     assert r.stderr.startswith(f"{bad}:{line}:3: error: 'hopper.mbarrier_alloc': %empty (a ring of 5000 mbarriers")
     assert f"  {RING.replace('stages = 4', 'stages = 5000')} : mbarrier\n  ^" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "k.cubin").exists()
+
+
+# ---------------------------------------------------------------- register moves
+VEC8 = "#blocked<1x4096, vec=8, lanes=1x32, warps=1x4>"
+VEC4 = "#blocked<1x4096, vec=4, lanes=1x32, warps=1x4>"
+
+
+@pytest.fixture(scope="module")
+def softmax() -> str:
+    return hopper_ir("softmax.tk")
+
+
+def test_a_broadcast_is_a_register_copy(softmax: str) -> None:
+    line = next(s for s in softmax.splitlines() if "= tile.expand_dims" in s)
+    bad = edit(softmax, line, line.replace(VEC8, VEC4))
+    refused(bad, rf"'tile.broadcast': broadcasts #slice<{VEC4}, axis=1, keep> to {VEC8}: the source must be a keep "
+                 rf"slice of the result's layout", at="= tile.broadcast")
+
+
+def test_a_conversion_without_scratch_stays_in_its_threads() -> None:
+    rows = "#blocked<64x64, vec=4, lanes=2x16, warps=4x1>"
+    cols = "#blocked<64x64, vec=4, lanes=4x8, warps=4x1>"
+    text = f"""tile.kernel @k {{threads = 128}} {{
+^(%x: tensor<f32[M, N]>, %y: tensor<f32[M, N]>):
+  %c0 = tile.constant {{value = 0}} : i32
+  %t = hopper.load %x, %c0, %c0 {{box = [64, 64]}} : tile<64x64xf32, reg, {rows}>
+  %u = hopper.convert_layout %t : tile<64x64xf32, reg, {cols}>
+  hopper.store %y, %u, %c0, %c0 {{box = [64, 64]}}
+  tile.return
+}}
+"""
+    refused(text, rf"{re.escape(rows)} -> {re.escape(cols)} needs values from other threads: give it a shared "
+                  r"scratch tile", at="%u = ")
+    verify(parse_module(text.replace(cols, rows)))

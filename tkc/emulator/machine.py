@@ -55,7 +55,8 @@ from tkc.interpreter import bind_arguments, random_args, write_back
 from tkc.semantics import CPU_SMS, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map
+from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
+                            first_holders, reduce_plan, register_map)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
@@ -158,17 +159,6 @@ def _coords(layout: Any, g: int) -> tuple[np.ndarray, ...]:
     t = 128 * g + np.arange(128)[:, None]
     c = layout.coords(t, np.arange(layout.regs)[None, :])
     return tuple(np.broadcast_to(np.asarray(a, np.int64), (128, layout.regs)) for a in c)
-
-
-def _same_coords(a: Any, b: Any, g: int, insert_axis: int | None = None) -> bool:
-    """Whether layouts ``a`` and ``b`` give warpgroup ``g``'s threads the same coordinates for
-    the same value indices (``insert_axis``: ``b`` has an extra size-1 axis there)."""
-    if a.regs != b.regs:
-        return False
-    ca, cb = list(_coords(a, g)), _coords(b, g)
-    if insert_axis is not None:
-        ca.insert(insert_axis, np.zeros_like(cb[insert_axis]))
-    return len(ca) == len(cb) and all(np.array_equal(x, y) for x, y in zip(ca, cb))
 
 
 # ---------------------------------------------------------------------- CTA
@@ -583,25 +573,20 @@ def _num_programs(wg: _Warpgroup, op: Operation) -> np.ndarray:
 # ---------------------------------------------------------- register moves
 def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    if not _same_coords(src, dst, wg.local, insert_axis=op.axis):
+    if not expand_is_free(src, dst, op.axis):
         raise _fault(op, f"{src} -> {dst} moves values between threads; expand_dims must be free")
     return x
 
 
 def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    slot_of = getattr(src, "slot_of", None)
-    if slot_of is None or getattr(src, "parent", None) != dst:
-        raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout")
-    slots = np.array([slot_of(i) for i in range(dst.regs)], np.int64)
-    # A register copy is only right if the slot holds the coordinates the value needs.
+    wg.coords(op, dst)  # the layout spans the threads running it
     axes = [a for a, (s, d) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if s != d]
-    cs, cd = wg.coords(op, src), wg.coords(op, dst)
-    for a in range(len(cd)):
-        want = np.zeros_like(cd[a]) if a in axes else cd[a]
-        if not np.array_equal(cs[a][:, slots], want):
-            raise _fault(op, f"slot_of of {src} does not give the values {dst} needs")
-    return x[:, slots]
+    slots = broadcast_slots(src, dst, axes)
+    if slots is None:
+        raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout "
+                         f"whose slots hold the values the result needs")
+    return x[:, list(slots)]
 
 
 def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:

@@ -816,6 +816,8 @@ def verify_kernel(kernel: Operation) -> None:
     _check_tma_maps(kernel, ops)
     if isinstance(threads, int):
         _check_register_tiles(kernel, ops, threads)
+        for op in ops:
+            _check_register_move(op)
         roles = [op for op in kernel.body.ops if op.name == "hopper.role"]
         if roles:
             from tkc.pins import Options
@@ -959,6 +961,36 @@ def _check_register_tiles(kernel: Operation, ops: list[Operation], threads: int)
             if lay is not None and getattr(lay, "threads", n) != n:
                 who = f"role {role.attributes['name']!r}" if role is not None else "the kernel"
                 raise op.error(f"{_name(v)}: {v.type} spans {lay.threads} threads, but {who} runs it on {n}")
+
+
+def _check_register_move(op: Operation) -> None:
+    """Ops that move register values without leaving their threads do so: ``expand_dims`` and
+    ``broadcast`` are register copies, ``convert_layout`` without scratch finds each new value in
+    its own thread, and a wgmma's A and B take the same K steps (elementwise ops take operands of
+    their result's type, layout included: their own check)."""
+    from tkc.ir.layouts import broadcast_slots, expand_is_free, register_map
+
+    if op.name == "hopper.wgmma":
+        a, b = op.a.type.layout, op.b.type.layout
+        if a.k_steps != b.k_steps:
+            raise op.error(f"A ({a}) takes {a.k_steps} K steps and B ({b}) {b.k_steps}")
+        return
+    if not op.results or not _reg(op.result.type if len(op.results) == 1 else None):
+        return
+    r = op.result.type
+    x = op.operands[0].type if op.operands else None
+    if op.name in ("tile.expand_dims", "tile.broadcast", "hopper.convert_layout") and not _reg(x):
+        return
+    if op.name == "tile.expand_dims" and not expand_is_free(x.layout, r.layout, op.axis):
+        raise op.error(f"{x.layout} -> {r.layout} moves values between threads; expand_dims is a register copy "
+                       f"(convert_layout first)")
+    if op.name == "tile.broadcast":
+        axes = [i for i, (m, n) in enumerate(zip(x.shape, r.shape)) if m != n]
+        if broadcast_slots(x.layout, r.layout, axes) is None:
+            raise op.error(f"broadcasts {x.layout} to {r.layout}: the source must be a keep slice of the result's "
+                           f"layout (#slice<{r.layout}, axis=..., keep>) whose slots hold the values it needs")
+    if op.name == "hopper.convert_layout" and not op.scratch and register_map(x.layout, r.layout) is None:
+        raise op.error(f"{x.layout} -> {r.layout} needs values from other threads: give it a shared scratch tile")
 
 
 def _check_pending(ops: list[Operation]) -> None:
