@@ -105,12 +105,6 @@ def test_a_tile_past_smem_bytes(gemm: str) -> None:
             at="%empty = ")
 
 
-def test_smem_bytes_beyond_what_a_cta_may_have(gemm: str) -> None:
-    bad = edit(gemm, "smem_bytes = 229440", "smem_bytes = 300000")
-    refused(bad, r"'tile.kernel': smem_bytes = 300000: a CTA has 0 to 232448 B of dynamic shared memory on sm_90a",
-            at="tile.kernel @gemm")
-
-
 def test_a_ring_that_cannot_fit_anywhere(gemm: str) -> None:
     bad = edit(gemm, "%b_smem = hopper.smem_alloc {offset = 0, stages = 4}",
                "%b_smem = hopper.smem_alloc {offset = 0, stages = 8}")
@@ -118,106 +112,69 @@ def test_a_ring_that_cannot_fit_anywhere(gemm: str) -> None:
                  r"262144\), past the kernel's smem_bytes = 229440: lower stages to at most 7$", at="%b_smem = ")
 
 
-def test_an_allocation_without_an_offset_once_smem_bytes_is_set(gemm: str) -> None:
-    bad = edit(gemm, "%c_out0 = hopper.smem_alloc {offset = 196608}", "%c_out0 = hopper.smem_alloc {offset = -1}")
-    refused(bad, r"%c_out0 .* has no offset, but the kernel's smem_bytes is set", at="%c_out0 = ")
+INIT = "hopper.mbarrier_init %empty {count = 2}"
+FULL_INIT = "  hopper.mbarrier_init %a_b_full {count = 1}\n"
+WAIT = "hopper.mbarrier_wait %36, %35"
+
+#: (what the edit shows, old text, new text, message regex, text on the line refused).  In the
+#: dump, %0 is the constant 4, %36 stage %32 of the 4-stage ring %empty.
+EDITS = [
+    ("smem_bytes beyond what a CTA may have", "smem_bytes = 229440", "smem_bytes = 300000",
+     r"'tile.kernel': smem_bytes = 300000: a CTA has 0 to 232448 B of dynamic shared memory on sm_90a",
+     "tile.kernel @gemm"),
+    ("no offset once smem_bytes is set", "%c_out0 = hopper.smem_alloc {offset = 196608}",
+     "%c_out0 = hopper.smem_alloc {offset = -1}", r"%c_out0 .* has no offset, but the kernel's smem_bytes is set",
+     "%c_out0 = "),
+    ("an mbarrier on a tile", RING, RING.replace("offset = 229376", "offset = 196608"),
+     r"%c_out0 \(a #smem<128x64xbf16, k, sw128> tile of 16384 B\) at bytes \[196608, 212992\) overlaps %empty "
+     r"\(a ring of 4 mbarriers of 8 B\) at \[196608, 196640\): an mbarrier shares its bytes with nothing; give "
+     r"one of them another offset", "%c_out0 = "),
+    ("two mbarriers on the same bytes", "%a_b_full = hopper.mbarrier_alloc {offset = 229408",
+     "%a_b_full = hopper.mbarrier_alloc {offset = 229400",
+     r"%a_b_full .* at bytes \[229400, 229432\) overlaps %empty .* at \[229376, 229408\)", "%a_b_full = "),
+    ("a tile's alignment", "%c_out0 = hopper.smem_alloc {offset = 196608}",
+     "%c_out0 = hopper.smem_alloc {offset = 196672}", r"offset 196672 is not 1024-B aligned", "%c_out0 = "),
+    ("an mbarrier's alignment", RING, RING.replace("229376", "229380"), r"offset 229380 is not 8-B aligned",
+     "%empty = "),
+    ("no arrivals", INIT, INIT.replace("2", "0"), r"count = 0: an mbarrier counts 1 to 1048575 arrivals a phase",
+     INIT[:-12]),
+    ("too many arrivals", INIT, INIT.replace("2", str(1 << 20)),
+     r"count = 1048576: an mbarrier counts 1 to 1048575 arrivals a phase", INIT[:-12]),
+    ("more bytes than a tx-count holds", "hopper.expect_tx %37 {bytes = 49152}",
+     "hopper.expect_tx %37 {bytes = 1048576}",
+     r"bytes = 1048576: an mbarrier's tx-count holds less than 1048576 bytes", "hopper.expect_tx %37"),
+    ("a constant stage index past the ring", "%36 = hopper.stage %empty, %32", "%36 = hopper.stage %empty, %0",
+     r"'hopper.stage': stage 4 of the 4-stage ring %empty is outside \[0, 4\): index it with 0 to 3", "%36 = "),
+    ("a constant parity of 4", WAIT, WAIT.replace("%35", "%0"), r"parity is an i32 \(0 or 1\)", WAIT[:-5]),
+    ("a ring used without hopper.stage", WAIT, WAIT.replace("%36", "%empty"),
+     r"'hopper.mbarrier_wait': takes the ring %empty \(a ring of 4 mbarriers of 8 B\) itself; use one stage of it "
+     r"through hopper.stage", "hopper.mbarrier_wait %empty"),
+    ("an mbarrier nobody initializes", "  " + INIT + "\n", "",
+     r"'hopper.mbarrier_wait': uses %empty .*, which no hopper.mbarrier_init initializes: add "
+     r"'hopper.mbarrier_init %empty \{count = N\}'", WAIT),
+    ("an mbarrier initialized twice", FULL_INIT,
+     FULL_INIT + FULL_INIT.replace("%a_b_full {count = 1}", "%a_b_full {count = 2} // again"),
+     r"initializes %a_b_full .* again \(it was at k.hopper.tkir:\d+:\d+\)", "// again"),
+    ("a tensor map that does not fit its tile", "[1, [64, 64], 128]", "[1, [64, 64], 64]",
+     r"tensor map 1 has box \[64, 64\] and swizzle 64, but #smem<64x256xbf16, mn, sw128> needs box \[64, 64\] and "
+     r"swizzle 128: make tma_maps\[1\] \[1, \[64, 64\], 128\]", "{map = 1,"),
+    ("a tensor map the kernel does not have", "%40, %37, %38, %26 {map = 1,", "%40, %37, %38, %26 {map = 7,",
+     r"names tensor map 7, but the kernel's tma_maps has 3", "{map = 7,"),
+    ("threads that are not a CTA's", "threads = 384", "threads = 1280",
+     r"threads = 1280: a CTA has a positive multiple of 128 threads, at most 1024", "tile.kernel @gemm"),
+    ("role budgets over the CTA's registers", "regs = 24, warps = 1", "regs = 40, warps = 1",
+     r"'hopper.role': kernel @gemm: roles need 66560 registers, the CTA holds 64512 .* setmaxnreg.inc would wait "
+     r"forever", 'name = "producer"'),
+    ("a layout over more threads than its role", "first = 1, warpgroups = 2, regs = 240",
+     "first = 1, warpgroups = 1, regs = 240",
+     r"tile<128x256xf32, reg, #wgmma_acc<256, wg=2>> spans 256 threads, but role 'consumers' runs it on 128",
+     "#wgmma_acc<256, wg=2>"),
+]
 
 
-def test_an_mbarrier_on_a_tile(gemm: str) -> None:
-    bad = edit(gemm, RING, RING.replace("offset = 229376", "offset = 196608"))
-    refused(bad, r"%c_out0 \(a #smem<128x64xbf16, k, sw128> tile of 16384 B\) at bytes \[196608, 212992\) "
-                 r"overlaps %empty \(a ring of 4 mbarriers of 8 B\) at \[196608, 196640\): an mbarrier shares "
-                 r"its bytes with nothing; give one of them another offset", at="%c_out0 = ")
-
-
-def test_two_mbarriers_on_the_same_bytes(gemm: str) -> None:
-    bad = edit(gemm, "%a_b_full = hopper.mbarrier_alloc {offset = 229408",
-               "%a_b_full = hopper.mbarrier_alloc {offset = 229400")
-    refused(bad, r"%a_b_full .* at bytes \[229400, 229432\) overlaps %empty .* at \[229376, 229408\)",
-            at="%a_b_full = ")
-
-
-@pytest.mark.parametrize("old, new, message", [
-    ("%c_out0 = hopper.smem_alloc {offset = 196608}", "%c_out0 = hopper.smem_alloc {offset = 196672}",
-     r"offset 196672 is not 1024-B aligned"),
-    (RING, RING.replace("229376", "229380"), r"offset 229380 is not 8-B aligned"),
-])
-def test_alignment(gemm: str, old: str, new: str, message: str) -> None:
-    refused(edit(gemm, old, new), message, at=new)
-
-
-# ---------------------------------------------------------------- mbarriers and rings
-@pytest.mark.parametrize("count", [0, 1 << 20])
-def test_arrival_counts(gemm: str, count: int) -> None:
-    line = "hopper.mbarrier_init %empty {count = 2}"
-    refused(edit(gemm, line, line.replace("2", str(count))),
-            rf"count = {count}: an mbarrier counts 1 to 1048575 arrivals a phase", at="hopper.mbarrier_init %empty")
-
-
-def test_expected_bytes_fit_the_tx_count(gemm: str) -> None:
-    bad = edit(gemm, "hopper.expect_tx %37 {bytes = 49152}", "hopper.expect_tx %37 {bytes = 1048576}")
-    refused(bad, r"bytes = 1048576: an mbarrier's tx-count holds less than 1048576 bytes", at="hopper.expect_tx %37")
-
-
-def test_a_constant_stage_index_inside_the_ring(gemm: str) -> None:
-    # %0 is the constant 4: one past the last stage of a 4-stage ring.
-    assert "%0 = tile.constant {value = 4} : i32" in gemm
-    bad = edit(gemm, "%36 = hopper.stage %empty, %32", "%36 = hopper.stage %empty, %0")
-    refused(bad, r"'hopper.stage': stage 4 of the 4-stage ring %empty is outside \[0, 4\): index it with 0 to 3",
-            at="%36 = ")
-
-
-def test_a_constant_parity_is_0_or_1(gemm: str) -> None:
-    bad = edit(gemm, "hopper.mbarrier_wait %36, %35", "hopper.mbarrier_wait %36, %0")
-    refused(bad, r"parity is an i32 \(0 or 1\)", at="hopper.mbarrier_wait %36")
-
-
-def test_a_ring_is_used_through_its_stages(gemm: str) -> None:
-    bad = edit(gemm, "hopper.mbarrier_wait %36, %35", "hopper.mbarrier_wait %empty, %35")
-    refused(bad, r"'hopper.mbarrier_wait': takes the ring %empty \(a ring of 4 mbarriers of 8 B\) itself; use one "
-                 r"stage of it through hopper.stage", at="hopper.mbarrier_wait %empty")
-
-
-def test_an_mbarrier_nobody_initializes(gemm: str) -> None:
-    bad = edit(gemm, "  hopper.mbarrier_init %empty {count = 2}\n", "")
-    refused(bad, r"'hopper.mbarrier_wait': uses %empty .*, which no hopper.mbarrier_init initializes: add "
-                 r"'hopper.mbarrier_init %empty \{count = N\}'", at="hopper.mbarrier_wait %36")
-
-
-def test_an_mbarrier_initialized_twice(gemm: str) -> None:
-    line = "  hopper.mbarrier_init %a_b_full {count = 1}\n"
-    bad = edit(gemm, line, line + line.replace("%a_b_full {count = 1}", "%a_b_full {count = 2} // again"))
-    refused(bad, r"initializes %a_b_full .* again \(it was at k.hopper.tkir:\d+:\d+\)", at="// again")
-
-
-# ---------------------------------------------------------------- TMA, registers, wgmma
-def test_a_tensor_map_that_does_not_match_the_tile(gemm: str) -> None:
-    bad = edit(gemm, "[1, [64, 64], 128]", "[1, [64, 64], 64]")
-    refused(bad, r"tensor map 1 has box \[64, 64\] and swizzle 64, but #smem<64x256xbf16, mn, sw128> needs box "
-                 r"\[64, 64\] and swizzle 128: make tma_maps\[1\] \[1, \[64, 64\], 128\]", at="{map = 1,")
-
-
-def test_a_tensor_map_the_kernel_does_not_have(gemm: str) -> None:
-    line = next(s for s in gemm.splitlines() if "{map = 1," in s)
-    bad = edit(gemm, line, line.replace("map = 1", "map = 7"))
-    refused(bad, r"names tensor map 7, but the kernel's tma_maps has 3", at="{map = 7,")
-
-
-def test_threads_are_whole_warpgroups(gemm: str) -> None:
-    refused(edit(gemm, "threads = 384", "threads = 1280"),
-            r"threads = 1280: a CTA has a positive multiple of 128 threads, at most 1024", at="tile.kernel @gemm")
-
-
-def test_role_budgets_fit_the_cta(gemm: str) -> None:
-    bad = edit(gemm, "regs = 24, warps = 1", "regs = 40, warps = 1")
-    refused(bad, r"'hopper.role': kernel @gemm: roles need 66560 registers, the CTA holds 64512 .* setmaxnreg.inc "
-                 r"would wait forever", at='name = "producer"')
-
-
-def test_layouts_span_the_role_that_runs_them(gemm: str) -> None:
-    bad = edit(gemm, 'first = 1, warpgroups = 2, regs = 240', 'first = 1, warpgroups = 1, regs = 240')
-    refused(bad, r"tile<128x256xf32, reg, #wgmma_acc<256, wg=2>> spans 256 threads, but role 'consumers' runs it "
-                 r"on 128", at="#wgmma_acc<256, wg=2>")
+@pytest.mark.parametrize("what, old, new, message, at", EDITS, ids=[e[0] for e in EDITS])
+def test_an_edit_is_refused_at_its_line(gemm: str, what: str, old: str, new: str, message: str, at: str) -> None:
+    refused(edit(gemm, old, new), message, at)
 
 
 def test_a_wgmma_result_is_read_after_its_wait() -> None:
