@@ -205,12 +205,7 @@ class _CTA:
             if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"):
                 continue
             off = op.offset
-            # A ring takes stages * stride bytes (what allocate-smem reserves for it).
-            n = _stages(op)
-            if n > 1:
-                size = n * op.stride
-            else:
-                size = op.result.type.layout.size_bytes if op.name == "hopper.smem_alloc" else 8
+            size = op.nbytes  # a ring takes stages * stride bytes (what allocate-smem reserves for it)
             if off is None or off < 0:
                 raise _fault(op, "has no offset (run allocate-smem first)")
             if off + size > smem_bytes:
