@@ -11,6 +11,8 @@ are checked against the pool, never against the file.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tkc.target import Target
 
 #: Registers ptxas needs for one wgmma beyond its accumulator, counted against the kernel's
@@ -43,3 +45,36 @@ def ctas_by_registers(registers: int, threads: int, target: Target) -> int:
     warps = -(-threads // lanes)
     per_warp = -(-max(registers, 1) * lanes // unit) * unit
     return parts * (target.register_file // parts // per_warp) // warps
+
+
+def role_budget_problem(kernel: Any, roles: list[Any], threads: int, ctas_per_sm: int,
+                        target: Target) -> tuple[Any, str, bool] | None:
+    """The first role whose register budget cannot be granted, why, and whether the message is
+    about that role alone (else the kernel's roles together); None when all fit.  Each
+    warpgroup keeps the entry budget until its role's ``setmaxnreg`` moves it, one warpgroup
+    keeps one budget, and the budgets together must fit the pool, or ``setmaxnreg.inc`` waits
+    forever for registers the others never give back."""
+    entry = entry_registers(threads, ctas_per_sm, target)
+    pool = register_pool(threads, ctas_per_sm, target)
+    budget = [entry] * (threads // target.warpgroup)
+    asked: dict[int, Any] = {}
+    for r in roles:
+        for g in range(r.first, min(r.first + r.warpgroups, len(budget))):
+            if not r.regs:
+                continue
+            prev = asked.setdefault(g, r)
+            if prev.regs != r.regs:
+                return r, (f"warpgroup {g} runs role {prev.attributes['name']!r} with regs = {prev.regs} and "
+                           f"role {r.attributes['name']!r} with regs = {r.regs}: one warpgroup keeps one "
+                           f"register budget"), True
+            budget[g] = r.regs
+    total = target.warpgroup * sum(budget)
+    if total <= pool:
+        return None
+    parts = [f"{r.attributes['name']!r} {r.warpgroups} x 128 threads x {r.regs or entry}" for r in roles]
+    rest = len(budget) - len({g for r in roles for g in range(r.first, r.first + r.warpgroups)})
+    if rest:
+        parts.append(f"{rest} warpgroup{'s' if rest > 1 else ''} in no role x 128 threads x {entry}")
+    return roles[0], (f"kernel @{kernel.attributes['sym_name']}: roles need {total} registers, the CTA holds "
+                      f"{pool} ({threads} threads x {entry} at entry; roles " + " + ".join(parts) +
+                      "; regs = 0 keeps the entry budget): setmaxnreg.inc would wait forever"), False

@@ -17,7 +17,7 @@ from tkc.emulator.machine import emulate, emulate_module
 from tkc.emulator.mbarrier import PhaseError
 from tkc.emulator.scheduler import DeadlockError
 from tkc.emulator.smem import RaceError
-from tkc.errors import TkcEmulatorError
+from tkc.errors import TkcEmulatorError, TkcVerifyError
 from tkc.ir.core import Module
 from tkc.ir.parser import parse_module
 from tkc.ir.verifier import verify
@@ -27,10 +27,20 @@ KERNELS = Path(__file__).resolve().parent / "kernels"
 GEMM = (DATA / "gemm.tkir").read_text()
 
 
-def load(text: str, name: str = "kernel.tkir") -> Module:
+def load(text: str, name: str = "kernel.tkir", verified: bool = True) -> Module:
+    """``text`` parsed and, unless ``verified`` is False, verified (the emulator's own checks of
+    what the verifier also refuses run on unverified IR)."""
     module = parse_module(text, name)
-    verify(module)
+    if verified:
+        verify(module)
     return module
+
+
+def refused_statically(text: str, name: str) -> None:
+    """The verifier refuses ``text`` before anything runs (tests/ir/test_hopper_verifier.py has
+    its messages); the emulator still checks the same when it runs unverified IR."""
+    with pytest.raises(TkcVerifyError):
+        load(text, name)
 
 
 def edit(text: str, old: str, new: str) -> str:
@@ -102,9 +112,10 @@ def test_explicit_grid_runs_only_those_ctas():
 
 
 # ------------------------------------------------------------ broken protocols
-def run_broken(text: str, seed: int = 0, mnk: tuple[int, int, int] = (200, 136, 256)) -> np.ndarray:
+def run_broken(text: str, seed: int = 0, mnk: tuple[int, int, int] = (200, 136, 256),
+               verified: bool = True) -> np.ndarray:
     a, b, c = gemm_args(*mnk, seed)
-    emulate(load(text, "gemm.tkir"), [a, b, c], seed=seed)
+    emulate(load(text, "gemm.tkir", verified), [a, b, c], seed=seed)
     return c
 
 
@@ -153,9 +164,10 @@ def test_reading_wgmma_result_before_wait():
     text = edit(GEMM, "    %acc_3 = hopper.wgmma_wait",
                 "    %early = tile.cast %d : tile<128x128xbf16, reg, #wgmma_acc<128, wg=2>>\n"
                 "    %acc_3 = hopper.wgmma_wait")
+    refused_statically(text, "gemm.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'tile.cast' \(%early\) at gemm.tkir:\d+:\d+: reads "
                                                r"'hopper.wgmma' \(%d\)") as e:
-        run_broken(text)
+        run_broken(text, verified=False)
     assert e.value.loc is not None and e.value.loc.line == 38  # the cast
 
 
@@ -168,8 +180,9 @@ def test_wgmma_never_waited():
 
 def test_tensor_map_must_match_the_destination():
     text = edit(GEMM, "[1, [64, 64], 128]", "[1, [64, 64], 64]")
+    refused_statically(text, "gemm.tkir")
     with pytest.raises(TkcEmulatorError, match=r"hopper.tma_load.*tensor map 1 has box \[64, 64\] and swizzle 64"):
-        run_broken(text)
+        run_broken(text, verified=False)
 
 
 def test_tensor_strides_must_suit_a_tensor_map():
@@ -179,16 +192,18 @@ def test_tensor_strides_must_suit_a_tensor_map():
 
 def test_allocation_outside_smem_bytes():
     text = edit(GEMM, "smem_bytes = 32776", "smem_bytes = 32768")
+    refused_statically(text, "gemm.tkir")
     with pytest.raises(TkcEmulatorError, match=r"CTA \(0, 0\): 'hopper.mbarrier_alloc' \(%bar\) at gemm.tkir:\d+:\d+: "
                                                r"\[0x8000, 0x8008\) is outside the kernel's smem_bytes"):
-        run_broken(text)
+        run_broken(text, verified=False)
 
 
 def test_layout_must_span_the_kernel_threads():
     text = edit(GEMM, "threads = 256", "threads = 384")
+    refused_statically(text, "gemm.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'tile.constant' \(%acc\).*#wgmma_acc<128, wg=2> spans 256 threads, "
                                                r"the kernel has 384"):
-        run_broken(text)
+        run_broken(text, verified=False)
 
 
 # ------------------------------------------------------------ hand-written kernels
@@ -299,9 +314,10 @@ def test_convert_layout_without_scratch_must_not_move_values():
     text = edit((KERNELS / "convert.tkir").read_text(), "%xa = hopper.convert_layout %xb, %scratch",
                 "%xa = hopper.convert_layout %xb")
     x = np.zeros((100, 60), np.float32)
+    refused_statically(text, "convert.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'hopper.convert_layout' \(%xa\) at convert.tkir:\d+:\d+: "
                                                r"#blocked<128x64.*-> #wgmma_acc<64, wg=2> without a scratch"):
-        emulate(load(text, "convert.tkir"), [x, x.copy(), x.copy()])
+        emulate(load(text, "convert.tkir", verified=False), [x, x.copy(), x.copy()])
 
 
 # ------------------------------------------------ interpret(tile IR) == emulate(hopper IR)

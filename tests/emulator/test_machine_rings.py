@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from test_machine import DATA, KERNELS, edit, gemm_args, gemm_ref, load, nan_like, normal
+from test_machine import DATA, KERNELS, edit, gemm_args, gemm_ref, load, nan_like, normal, refused_statically
 
 from tkc.emulator.machine import emulate
 from tkc.emulator.mbarrier import PhaseError
@@ -30,9 +30,9 @@ WS_PRODUCER_LAST = edit(edit(WS, 'name = "producer", first = 0', 'name = "produc
 GEMMS = {"ring": RING, "ws": WS, "ws-producer-last": WS_PRODUCER_LAST}
 
 
-def run(text: str, seed: int = 0, mnk: tuple[int, int, int] = (200, 136, 448)) -> np.ndarray:
+def run(text: str, seed: int = 0, mnk: tuple[int, int, int] = (200, 136, 448), verified: bool = True) -> np.ndarray:
     a, b, c = gemm_args(*mnk, seed)
-    emulate(load(text, "gemm_ws.tkir"), [a, b, c], seed=seed)
+    emulate(load(text, "gemm_ws.tkir", verified), [a, b, c], seed=seed)
     return c
 
 
@@ -200,27 +200,30 @@ def test_stage_index_outside_the_ring():
 
 def test_ring_used_without_stage():
     text = edit(WS, "      hopper.mbarrier_wait %f, %par\n", "      hopper.mbarrier_wait %full, %par\n")
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'hopper.mbarrier_wait' at gemm_ws.tkir:\d+:\d+: takes the ring "
                                                r"%full itself; a ring is used through hopper.stage"):
-        run(text)
+        run(text, verified=False)
 
 
 def test_ring_must_fit_smem_bytes():
     # The empty ring is 4 barriers (32 B) from 131104: one stage short of the end.
     text = edit(WS, "smem_bytes = 131136", "smem_bytes = 131128")
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'hopper.mbarrier_alloc' \(%empty\) at gemm_ws.tkir:\d+:\d+: "
                                                r"\[0x20020, 0x20040\) is outside the kernel's smem_bytes = 131128"):
-        run(text)
+        run(text, verified=False)
 
 
 # ------------------------------------------------------------------ roles
 def test_register_budget_over_the_register_file():
     text = edit(WS, "regs = 232", "regs = 240")
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"gemm_ws.tkir:\d+:\d+: error: CTA \(0, 0\): kernel @gemm: roles need "
                                                r"66560 registers, the CTA holds 64512 \(384 threads x 168 at entry; "
                                                r"roles 'producer' 1 x 128 threads x 40 \+ 'consumers' 2 x 128 threads "
                                                r"x 240; .*\): setmaxnreg.inc would wait forever"):
-        run(text)
+        run(text, verified=False)
 
 
 def test_register_budget_over_the_ctas_pool_though_within_the_file():
@@ -229,8 +232,9 @@ def test_register_budget_over_the_ctas_pool_though_within_the_file():
     that; producer 32 + 2 x 240 is 65536, the whole file, and over the pool."""
     run(edit(edit(WS, "regs = 40", "regs = 24"), "regs = 232", "regs = 240"), mnk=(64, 64, 64))  # exactly the pool
     text = edit(edit(WS, "regs = 40", "regs = 32"), "regs = 232", "regs = 240")  # 65536: the file, not the pool
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"roles need 65536 registers, the CTA holds 64512"):
-        run(text)
+        run(text, verified=False)
 
 
 def test_role_without_regs_keeps_the_entry_budget():
@@ -238,31 +242,35 @@ def test_role_without_regs_keeps_the_entry_budget():
     text = edit(WS, "regs = 40", "regs = 0")
     want = (r"roles need 80896 registers, the CTA holds 64512 \(384 threads x 168 at entry; roles 'producer' "
             r"1 x 128 threads x 168 .*keeps the entry budget")
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=want):
-        run(text)
+        run(text, verified=False)
     run(edit(edit(WS, "regs = 40", "regs = 0"), "regs = 232", "regs = 0"), mnk=(64, 64, 64))  # 3 x 168 fits
 
 
 def test_one_warpgroup_one_register_budget():
     text = edit(WS, 'name = "consumers", first = 1, warpgroups = 2', 'name = "consumers", first = 0, warpgroups = 3')
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'hopper.role' at gemm_ws.tkir:\d+:\d+: warpgroup 0 runs role "
                                                r"'producer' with regs = 40 and role 'consumers' with regs = 232"):
-        run(text)
+        run(text, verified=False)
 
 
 def test_register_tiles_live_inside_roles():
     acc = "    %acc = tile.constant {value = 0.0} : tile<128x128xf32, reg, #wgmma_acc<128, wg=2>>\n"
     text = edit(edit(WS, acc, ""), '  hopper.role {name = "producer"', acc[2:] + '  hopper.role {name = "producer"')
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'tile.constant' \(%acc\) at gemm_ws.tkir:\d+:\d+: uses register "
                                                r"tiles outside the kernel's roles"):
-        run(text)
+        run(text, verified=False)
 
 
 def test_layouts_span_the_role_not_the_kernel():
     text = edit(WS, 'name = "consumers", first = 1, warpgroups = 2', 'name = "consumers", first = 1, warpgroups = 1')
+    refused_statically(text, "gemm_ws.tkir")
     with pytest.raises(TkcEmulatorError, match=r"'tile.constant' \(%acc\) at gemm_ws.tkir:\d+:\d+: "
                                                r"#wgmma_acc<128, wg=2> spans 256 threads, role 'consumers' has 128"):
-        run(text)
+        run(text, verified=False)
 
 
 def in_role(path: str, first_role_op: str) -> str:

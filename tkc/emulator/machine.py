@@ -57,11 +57,11 @@ from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
-from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map,
-                            vector_coords)
+from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
+                            first_holders, reduce_plan, register_map, vector_coords)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
-from tkc.registers import entry_registers, register_pool
+from tkc.registers import role_budget_problem
 from tkc.target import DEFAULT_TARGET
 
 __all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
@@ -163,17 +163,6 @@ def _coords(layout: Any, g: int) -> tuple[np.ndarray, ...]:
     return tuple(np.broadcast_to(np.asarray(a, np.int64), (128, layout.regs)) for a in c)
 
 
-def _same_coords(a: Any, b: Any, g: int, insert_axis: int | None = None) -> bool:
-    """Whether layouts ``a`` and ``b`` give warpgroup ``g``'s threads the same coordinates for
-    the same value indices (``insert_axis``: ``b`` has an extra size-1 axis there)."""
-    if a.regs != b.regs:
-        return False
-    ca, cb = list(_coords(a, g)), _coords(b, g)
-    if insert_axis is not None:
-        ca.insert(insert_axis, np.zeros_like(cb[insert_axis]))
-    return len(ca) == len(cb) and all(np.array_equal(x, y) for x, y in zip(ca, cb))
-
-
 # ---------------------------------------------------------------------- CTA
 class _CTA:
     """One CTA: shared memory, barriers and the warpgroup coroutines that share them."""
@@ -220,12 +209,7 @@ class _CTA:
             if op.name not in ("hopper.smem_alloc", "hopper.mbarrier_alloc"):
                 continue
             off = op.offset
-            # A ring takes stages * stride bytes (what allocate-smem reserves for it).
-            n = _stages(op)
-            if n > 1:
-                size = n * op.stride
-            else:
-                size = op.result.type.layout.size_bytes if op.name == "hopper.smem_alloc" else 8
+            size = op.nbytes  # a ring takes stages * stride bytes (what allocate-smem reserves for it)
             if off is None or off < 0:
                 raise _fault(op, "has no offset (run allocate-smem first)")
             if off + size > smem_bytes:
@@ -337,35 +321,13 @@ def _stages(op: Operation) -> int:
 
 
 def _check_registers(kernel: Operation, roles: list[Operation], threads: int) -> None:
-    """A CTA holds the registers it was launched with (``tkc.registers``: the entry budget
-    times its threads); each warpgroup keeps the entry budget until its role's ``setmaxnreg``
-    moves it, and ``setmaxnreg.inc`` waits forever for registers the others never give back
-    when the roles ask for more than that pool."""
+    """A CTA holds the registers it was launched with (``tkc.registers``): the roles' budgets
+    must fit that pool, or ``setmaxnreg.inc`` waits forever."""
     ctas = Options.from_consts(kernel.attributes.get("consts"), kernel.loc).programs_per_sm
-    entry = entry_registers(threads, ctas, DEFAULT_TARGET)  # the hopper IR's target
-    pool = register_pool(threads, ctas, DEFAULT_TARGET)
-    budget = [entry] * (threads // 128)
-    asked: dict[int, Operation] = {}
-    for r in roles:
-        for g in range(r.first, min(r.first + r.warpgroups, len(budget))):
-            if not r.regs:
-                continue
-            prev = asked.setdefault(g, r)
-            if prev.regs != r.regs:
-                raise _fault(r, f"warpgroup {g} runs role {prev.attributes['name']!r} with regs = {prev.regs} and "
-                                f"role {r.attributes['name']!r} with regs = {r.regs}: one warpgroup keeps one "
-                                f"register budget")
-            budget[g] = r.regs
-    total = 128 * sum(budget)
-    if total > pool:
-        parts = [f"{r.attributes['name']!r} {r.warpgroups} x 128 threads x {r.regs or entry}" for r in roles]
-        rest = len(budget) - len({g for r in roles for g in range(r.first, r.first + r.warpgroups)})
-        if rest:
-            parts.append(f"{rest} warpgroup{'s' if rest > 1 else ''} in no role x 128 threads x {entry}")
-        raise TkcEmulatorError(f"kernel @{kernel.sym_name}: roles need {total} registers, the CTA holds {pool} "
-                               f"({threads} threads x {entry} at entry; roles " + " + ".join(parts) +
-                               "; regs = 0 keeps the entry budget): setmaxnreg.inc would wait forever",
-                               roles[0].loc if roles else kernel.loc)
+    problem = role_budget_problem(kernel, roles, threads, ctas, DEFAULT_TARGET)  # the hopper IR's target
+    if problem is not None:
+        op, message, one_role = problem
+        raise _fault(op, message) if one_role else TkcEmulatorError(message, op.loc)
 
 
 def _alloc_name(op: Operation) -> str:
@@ -610,25 +572,20 @@ def _num_programs(wg: _Warpgroup, op: Operation) -> np.ndarray:
 # ---------------------------------------------------------- register moves
 def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    if not _same_coords(src, dst, wg.local, insert_axis=op.axis):
+    if not expand_is_free(src, dst, op.axis):
         raise _fault(op, f"{src} -> {dst} moves values between threads; expand_dims must be free")
     return x
 
 
 def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    slot_of = getattr(src, "slot_of", None)
-    if slot_of is None or getattr(src, "parent", None) != dst:
-        raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout")
-    slots = np.array([slot_of(i) for i in range(dst.regs)], np.int64)
-    # A register copy is only right if the slot holds the coordinates the value needs.
+    wg.coords(op, dst)  # the layout spans the threads running it
     axes = [a for a, (s, d) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if s != d]
-    cs, cd = wg.coords(op, src), wg.coords(op, dst)
-    for a in range(len(cd)):
-        want = np.zeros_like(cd[a]) if a in axes else cd[a]
-        if not np.array_equal(cs[a][:, slots], want):
-            raise _fault(op, f"slot_of of {src} does not give the values {dst} needs")
-    return x[:, slots]
+    slots = broadcast_slots(src, dst, axes)
+    if slots is None:
+        raise _fault(op, f"broadcasts {src} to {dst}: the source must be a keep slice of the result's layout "
+                         f"whose slots hold the values the result needs")
+    return x[:, list(slots)]
 
 
 def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple, Protocol
@@ -715,6 +715,41 @@ class Slice(_Distributed):
 
 
 # --------------------------------------------------------------------------- conversions
+@lru_cache(maxsize=256)
+def all_coords(layout: DistributedLayout) -> tuple[np.ndarray, ...]:
+    """Coordinates of every value of every thread: one ``[threads, regs]`` array per axis."""
+    t = np.arange(layout.threads)[:, None]
+    c = layout.coords(t, np.arange(layout.regs)[None, :])
+    return tuple(np.broadcast_to(np.asarray(a, np.int64), (layout.threads, layout.regs)) for a in c)
+
+
+def expand_is_free(src: DistributedLayout, dst: DistributedLayout, axis: int) -> bool:
+    """Whether ``expand_dims`` at ``axis`` from ``src`` to ``dst`` moves no value: every thread
+    holds, value for value, the same coordinates (0 on the new axis)."""
+    if src.threads != dst.threads or src.regs != dst.regs:
+        return False
+    cs, cd = list(all_coords(src)), all_coords(dst)
+    cs.insert(axis, np.zeros_like(cd[axis]))
+    return len(cs) == len(cd) and all(np.array_equal(x, y) for x, y in zip(cs, cd))
+
+
+def broadcast_slots(src: DistributedLayout, dst: DistributedLayout, axes: Sequence[int]) -> tuple[int, ...] | None:
+    """For a broadcast along ``axes`` from the keep slice ``src`` to its parent ``dst``: the slot
+    of ``src`` each value of ``dst`` copies (a register copy); None when ``src`` is not a keep
+    slice of ``dst`` or its slots do not hold the coordinates ``dst``'s values need."""
+    slot_of = getattr(src, "slot_of", None)
+    if slot_of is None or getattr(src, "parent", None) != dst:
+        return None
+    slots = tuple(slot_of(i) for i in range(dst.regs))
+    cs, cd = all_coords(src), all_coords(dst)
+    for a in range(len(cd)):
+        want = np.zeros_like(cd[a]) if a in axes else cd[a]
+        if not np.array_equal(cs[a][:, list(slots)], want):
+            return None
+    return slots
+
+
+@lru_cache(maxsize=256)
 def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, ...] | None:
     """How a tile in layout ``src`` becomes layout ``dst`` without leaving its threads: for each
     value index of ``dst``, the value index of ``src`` that every thread holds at the same

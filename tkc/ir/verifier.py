@@ -4,8 +4,10 @@ Generic checks (from each op's declaration): operand/result counts, required
 and known attributes with the declared python types, region counts,
 terminators at the end of every block and nowhere else, and SSA dominance
 (a value is used only after its definition, in its block or a nested one).
-Then each op's own ``verify``.  The first violation raises TkcVerifyError at
-the op's location.
+Then each op's own ``verify``, and for each kernel the hopper dialect's checks of
+the kernel as a whole (``hopper.verify_kernel``: shared-memory placement, ring
+and mbarrier use, tensor maps, register budgets).  The first violation raises
+TkcVerifyError at the op's location.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ _KEY = re.compile(r"[A-Za-z_][\w.]*")  # an attribute-dict key: the parser's ide
 
 def verify(m: Module) -> None:
     import tkc.ir.dialects  # noqa: F401  (registers the op kinds)
+    from tkc.ir.dialects.hopper import verify_kernel
 
     for op in m.ops:
         if not op.has_trait("isolated"):
             raise op.error("only kernels may appear at the top level of a module")
         _verify_op(op, [set()])
+        if op.name == "tile.kernel":
+            verify_kernel(op)
 
 
 def _verify_op(op: Operation, visible: list[set[Value]]) -> None:

@@ -198,11 +198,7 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
 def _size_and_align(op: Operation) -> tuple[int, int]:
     """Bytes and alignment of an allocation; a ring of S stages takes S strides (the op's
     ``stride``: a tile's size rounded up to its alignment, 8 B for a barrier)."""
-    stages = op.attributes.get("stages", 1)
-    if op.name == "hopper.mbarrier_alloc":
-        return MBARRIER_BYTES * stages, MBARRIER_ALIGN
-    layout = op.result.type.layout
-    return (op.stride * stages if stages > 1 else layout.size_bytes), layout.alignment
+    return op.nbytes, MBARRIER_ALIGN if op.name == "hopper.mbarrier_alloc" else op.result.type.layout.alignment
 
 
 def _describe(a: _Alloc) -> str:

@@ -34,7 +34,8 @@ def kernel(rows: list[int], offsets: list[int] | None = None, barriers: int = 0)
     stored = [i for i, r in enumerate(rows) if r % 64 == 0]
     for i in stored:
         r = rows[i]
-        lines.append(f"  %v{i} = tile.constant {{value = 0.0}} : tile<{r}x64xbf16, reg, #wgmma_acc<64, wg={r // 64}>>")
+        lines.append(f"  %v{i} = tile.constant {{value = 0.0}} : "
+                     f"tile<{r}x64xbf16, reg, #blocked<{r}x64, vec=8, lanes=4x8, warps=4x1>>")
     for i in stored:
         lines.append(f"  hopper.smem_store %v{i}, %t{i}")
     lines += ["  tile.return", "}"]

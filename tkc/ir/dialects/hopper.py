@@ -72,6 +72,12 @@ class SmemAllocOp(Operation):
         lay = self.result.type.layout
         return -(-lay.size_bytes // lay.alignment) * lay.alignment
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the allocation takes: its tile's, or ``stages`` strides for a ring."""
+        n = stages_of(self.result)
+        return n * self.stride if n > 1 else self.result.type.layout.size_bytes
+
 
 def _check_stages(op: Operation) -> None:
     """A ring (``stages`` > 1) is used only through ``hopper.stage``."""
@@ -86,6 +92,27 @@ def stages_of(v) -> int:
     return owner.attributes.get("stages", 1) if owner is not None else 1
 
 
+#: Arrivals an mbarrier counts in a phase, and bytes its tx-count holds, are below 2^20 (PTX ISA, mbarrier).
+MAX_ARRIVALS = 1 << 20
+
+
+def _const_int(v) -> int | None:
+    """The value of an integer ``tile.constant`` defining ``v``, else None."""
+    owner = getattr(v, "owner", None)
+    if owner is None or owner.name != "tile.constant":
+        return None
+    value = owner.attributes.get("value")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _name(v) -> str:
+    """A value in messages: ``%name`` or, without a name, what defines it."""
+    if v.name_hint:
+        return f"%{v.name_hint}"
+    owner = getattr(v, "owner", None)
+    return f"the {owner.name} at {owner.loc}" if owner is not None else "a block argument"
+
+
 @register
 class MBarrierAllocOp(Operation):
     """An mbarrier (or a ring of ``stages`` of them) at a byte ``offset`` of shared memory."""
@@ -94,6 +121,11 @@ class MBarrierAllocOp(Operation):
     RESULTS = ("result",)
     ATTRS = {"offset": int, "stages?": int}
     stride = 8
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the allocation takes: 8 for each stage."""
+        return self.stride * stages_of(self.result)
 
     def verify(self) -> None:
         if self.result.type != MBARRIER:
@@ -120,6 +152,10 @@ class StageOp(Operation):
             raise self.error("takes a ring: a hopper.smem_alloc or hopper.mbarrier_alloc with stages > 1")
         if self.index.type != I32:
             raise self.error("the stage index is an i32")
+        n, k = owner.attributes["stages"], _const_int(self.index)
+        if k is not None and not 0 <= k < n:
+            raise self.error(f"stage {k} of the {n}-stage ring {_name(self.ring)} is outside [0, {n}): "
+                             f"index it with 0 to {n - 1}")
         if self.result.type != self.ring.type:
             raise self.error(f"a stage has its ring's type {self.ring.type}, not {self.result.type}")
 
@@ -214,8 +250,8 @@ class MBarrierInitOp(Operation, _OneThread):
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
-        if self.count < 1:
-            raise self.error("count must be positive")
+        if not 1 <= self.count < MAX_ARRIVALS:
+            raise self.error(f"count = {self.count}: an mbarrier counts 1 to {MAX_ARRIVALS - 1} arrivals a phase")
 
 
 @register
@@ -289,6 +325,9 @@ class ExpectTxOp(Operation, _OneThread):
         _check_barrier(self, self.barrier)
         if self.bytes <= 0 or self.bytes % 16:
             raise self.error("bytes must be a positive multiple of 16")
+        if self.bytes >= MAX_ARRIVALS:
+            raise self.error(f"bytes = {self.bytes}: an mbarrier's tx-count holds less than {MAX_ARRIVALS} bytes "
+                             f"a phase (split the copies over more phases)")
 
 
 def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
@@ -403,7 +442,7 @@ class ClusterReduceOp(Operation):
         if self.copies != (2 if any(p.name == "tile.for" for p in self.ancestors()) else 1):
             raise self.error(f"takes a ring of two barriers inside a loop and one barrier elsewhere, got "
                              f"{self.copies} stage(s)")
-        if self.phase.type != I32:
+        if self.phase.type != I32 or _const_int(self.phase) not in (None, 0, 1, 2, 3):
             raise self.error("phase is an i32 in [0, 4)")
         st = self.scratch.type
         if first_holders(self.x.type.layout) is None:
@@ -473,7 +512,7 @@ class MBarrierWaitOp(Operation):
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
-        if self.parity.type != I32:
+        if self.parity.type != I32 or _const_int(self.parity) not in (None, 0, 1):
             raise self.error("parity is an i32 (0 or 1)")
 
 
@@ -797,3 +836,248 @@ class ConvertLayoutOp(Operation):
 
 ONE_THREAD_OPS = frozenset(c.name for c in (MBarrierInitOp, FenceMBarrierInitOp, ExpectTxOp, TmaLoadOp, PrefetchOp))
 ONE_THREAD_PER_WARPGROUP_OPS = frozenset({MBarrierArriveOp.name})
+
+
+# ------------------------------------------------------------ the kernel as a whole
+#: Operand slots a ring (an allocation with stages > 1) may fill: ``hopper.stage`` takes a
+#: stage of it, ``hopper.mbarrier_init`` initializes every stage, ``hopper.cluster_reduce``
+#: alternates between its two barriers.
+_RING_USES = frozenset({("hopper.stage", 0), ("hopper.mbarrier_init", 0), ("hopper.cluster_reduce", 2)})
+#: Ops that use an mbarrier they do not initialize (operand slot).
+_BARRIER_USES = frozenset({("hopper.mbarrier_wait", 0), ("hopper.mbarrier_arrive", 0), ("hopper.expect_tx", 0),
+                           ("hopper.tma_load", 2), ("hopper.cluster_reduce", 2)})
+
+
+def verify_kernel(kernel: Operation) -> None:
+    """What the emulator checks of a hopper-level kernel before or while running it that holds
+    on every run, checked without running it (docs/hopper.md, "What the verifier checks"): the
+    kernel's threads and shared memory, every allocation inside ``smem_bytes`` and no mbarrier
+    sharing bytes, rings used through ``hopper.stage``, every mbarrier initialized once, TMA
+    copies that match their tensor maps, register tiles where threads run them, no wgmma result
+    read before its wait, and role register budgets that fit the CTA."""
+    from tkc.target import DEFAULT_TARGET
+
+    ops = list(kernel.walk())[1:]
+    if not any(op.name.startswith("hopper.") for op in ops) and not any(
+            k in kernel.attributes for k in ("threads", "smem_bytes")):
+        return  # tile IR: nothing of the hopper level yet
+    target = DEFAULT_TARGET  # the hopper dialect's target (sm_90a)
+    threads = kernel.attributes.get("threads")
+    if threads is not None and not (0 < threads <= target.max_threads and threads % target.warpgroup == 0):
+        raise kernel.error(f"threads = {threads}: a CTA has a positive multiple of {target.warpgroup} threads, "
+                           f"at most {target.max_threads}")
+    _check_placement(kernel, [op for op in ops if op.name in _ALLOCS], target)
+    _check_uses(kernel, ops)
+    _check_tma_maps(kernel, ops)
+    if isinstance(threads, int):
+        _check_register_tiles(kernel, ops, threads)
+        for op in ops:
+            _check_register_move(op)
+        roles = [op for op in kernel.body.ops if op.name == "hopper.role"]
+        if roles:
+            from tkc.pins import Options
+            from tkc.registers import role_budget_problem
+
+            ctas = Options.from_consts(kernel.attributes.get("consts"), kernel.loc).programs_per_sm
+            problem = role_budget_problem(kernel, roles, threads, ctas, target)
+            if problem is not None:
+                op, message, _ = problem
+                raise op.error(message)
+    _check_pending(ops)
+
+
+_ALLOCS = ("hopper.smem_alloc", "hopper.mbarrier_alloc")
+
+
+def _what(op: Operation) -> str:
+    """An allocation in messages: its name and what it holds."""
+    n = stages_of(op.result)
+    if op.name == "hopper.mbarrier_alloc":
+        held = f"a ring of {n} mbarriers of 8 B" if n > 1 else "an mbarrier of 8 B"
+    else:
+        lay = op.result.type.layout
+        held = f"a ring of {n} {lay} tiles, {op.stride} B apart" if n > 1 else f"a {lay} tile of {lay.size_bytes} B"
+    return f"{_name(op.result)} ({held})"
+
+
+def _check_placement(kernel: Operation, allocs: list[Operation], target) -> None:
+    """``smem_bytes`` (set by allocate-smem together with every offset) within what a CTA may
+    have; each allocation's bytes inside it; no mbarrier sharing bytes with anything (tiles
+    may share bytes: allocate-smem reuses them across a barrier)."""
+    smem = kernel.attributes.get("smem_bytes")
+    if smem is None:
+        return  # offsets may still be -1: allocate-smem has not run
+    if not 0 <= smem <= target.max_smem_bytes:
+        raise kernel.error(f"smem_bytes = {smem}: a CTA has 0 to {target.max_smem_bytes} B of dynamic shared "
+                           f"memory on {target.name}")
+    spans = []
+    for op in allocs:
+        off, size = op.offset, op.nbytes
+        if off < 0:
+            raise op.error(f"{_what(op)} has no offset, but the kernel's smem_bytes is set: give it one "
+                           f"(or run allocate-smem on the kernel without smem_bytes)")
+        if off + size > smem:
+            fixes = [f"move it to an offset of at most {smem - size}"] if size <= smem else []
+            fit = (smem - off) // op.stride if stages_of(op.result) > 1 else 0
+            if fit > 1:
+                fixes.append(f"lower stages to at most {fit}")
+            if off + size <= target.max_smem_bytes:
+                fixes.append(f"raise smem_bytes to {off + size}")
+            fix = ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + (fixes[-1] if fixes else "")
+            raise op.error(f"{_what(op)} takes bytes [{off}, {off + size}), past the kernel's smem_bytes = {smem}"
+                           + (f": {fix}" if fix else f" and the {target.max_smem_bytes} B a CTA may have"))
+        spans.append((op, off, off + size))
+    for i, (a, lo, hi) in enumerate(spans):
+        for b, blo, bhi in spans[:i]:
+            if lo < bhi and blo < hi and "hopper.mbarrier_alloc" in (a.name, b.name):
+                raise a.error(f"{_what(a)} at bytes [{lo}, {hi}) overlaps {_what(b)} at [{blo}, {bhi}): an "
+                              f"mbarrier shares its bytes with nothing; give one of them another offset")
+
+
+def _check_uses(kernel: Operation, ops: list[Operation]) -> None:
+    """Rings are used only through ``hopper.stage`` (and initialized whole); every mbarrier an
+    op waits on, arrives on or copies to is initialized by exactly one ``hopper.mbarrier_init``."""
+    inits: dict[Operation, list[Operation]] = {}
+    used: dict[Operation, Operation] = {}
+    for op in ops:
+        for i, v in enumerate(op.operands):
+            owner = getattr(v, "owner", None)
+            if owner is None:
+                continue
+            alloc = owner.ring.owner if owner.name == "hopper.stage" else owner
+            if alloc.name not in _ALLOCS:
+                continue
+            if stages_of(v) > 1 and owner is alloc and (op.name, i) not in _RING_USES:
+                raise op.error(f"takes the ring {_what(alloc)} itself; use one stage of it through hopper.stage")
+            if alloc.name != "hopper.mbarrier_alloc":
+                continue
+            if op.name == "hopper.mbarrier_init":
+                # A ring is initialized whole; a stage of one counts as initializing it (a use
+                # of another stage before its init is the emulator's to find).
+                inits.setdefault(alloc, [])
+                if owner is alloc:
+                    inits[alloc].append(op)
+            elif (op.name, i) in _BARRIER_USES:
+                used.setdefault(alloc, op)
+    for alloc, first in inits.items():
+        if len(first) > 1:
+            raise first[1].error(f"initializes {_what(alloc)} again (it was at {first[0].loc}): an mbarrier "
+                                 f"is initialized once")
+    for alloc, op in used.items():
+        if alloc not in inits:
+            raise op.error(f"uses {_what(alloc)}, which no hopper.mbarrier_init initializes: add "
+                           f"'hopper.mbarrier_init {_name(alloc.result)} {{count = N}}' after its allocation")
+
+
+def _check_tma_maps(kernel: Operation, ops: list[Operation]) -> None:
+    """Each TMA copy names a tensor map of the kernel's ``tma_maps`` that describes its tensor
+    parameter with the box and swizzle of its shared tile's layout."""
+    maps = kernel.attributes.get("tma_maps") or []
+    for op in ops:
+        if op.name not in ("hopper.tma_load", "hopper.tma_store"):
+            continue
+        tile = op.dst if op.name == "hopper.tma_load" else op.src
+        lay = tile.type.layout
+        if not 0 <= op.map < len(maps):
+            raise op.error(f"names tensor map {op.map}, but the kernel's tma_maps has {len(maps)}")
+        entry = maps[op.map]
+        if not (isinstance(entry, list) and len(entry) == 3):
+            raise kernel.error(f"tma_maps[{op.map}] = {entry!r}: an entry is [parameter, box, swizzle]")
+        param, box, swz = entry
+        arg = op.tensor
+        if getattr(arg, "block", None) is not kernel.body or arg.index != param:
+            raise op.error(f"tensor map {op.map} describes parameter {param}, not this copy's tensor "
+                           f"{_name(arg)}")
+        want = [1] * (arg.type.rank - 2) + list(reversed(lay.tma_box().dims))
+        if list(box) != want or swz != lay.swizzle:
+            raise op.error(f"tensor map {op.map} has box {list(box)} and swizzle {swz}, but {lay} needs box "
+                           f"{want} and swizzle {lay.swizzle}: make tma_maps[{op.map}] [{param}, {want}, "
+                           f"{lay.swizzle}]")
+
+
+def _has_registers(op: Operation) -> bool:
+    return any(_reg(v.type) for v in (*op.operands, *op.results))
+
+
+def _check_register_tiles(kernel: Operation, ops: list[Operation], threads: int) -> None:
+    """Register tiles live where threads run them: inside roles once the kernel has roles, and
+    with layouts spanning exactly the threads that run the op (the role's, else the CTA's)."""
+    has_roles = any(op.name == "hopper.role" for op in kernel.body.ops)
+    for op in ops:
+        if not _has_registers(op):
+            continue
+        role = enclosing_role(op)
+        if has_roles and role is None:
+            raise op.error("uses register tiles outside the kernel's roles: once a kernel has roles, each role "
+                           "has its own threads and registers; move the op into the role that uses it")
+        n = role.threads if role is not None else threads
+        for v in (*op.operands, *op.results):
+            lay = v.type.layout if _reg(v.type) else None
+            if lay is not None and getattr(lay, "threads", n) != n:
+                who = f"role {role.attributes['name']!r}" if role is not None else "the kernel"
+                raise op.error(f"{_name(v)}: {v.type} spans {lay.threads} threads, but {who} runs it on {n}")
+
+
+def _check_register_move(op: Operation) -> None:
+    """Ops that move register values without leaving their threads do so: ``expand_dims`` and
+    ``broadcast`` are register copies, ``convert_layout`` without scratch finds each new value in
+    its own thread, and a wgmma's A and B take the same K steps (elementwise ops take operands of
+    their result's type, layout included: their own check)."""
+    from tkc.ir.layouts import broadcast_slots, expand_is_free, register_map
+
+    if op.name == "hopper.wgmma":
+        a, b = op.a.type.layout, op.b.type.layout
+        if a.k_steps != b.k_steps:
+            raise op.error(f"A ({a}) takes {a.k_steps} K steps and B ({b}) {b.k_steps}")
+        return
+    if not op.results or not _reg(op.result.type if len(op.results) == 1 else None):
+        return
+    r = op.result.type
+    x = op.operands[0].type if op.operands else None
+    if op.name in ("tile.expand_dims", "tile.broadcast", "hopper.convert_layout") and not _reg(x):
+        return
+    if op.name == "tile.expand_dims" and not expand_is_free(x.layout, r.layout, op.axis):
+        raise op.error(f"{x.layout} -> {r.layout} moves values between threads; expand_dims is a register copy "
+                       f"(convert_layout first)")
+    if op.name == "tile.broadcast":
+        axes = [i for i, (m, n) in enumerate(zip(x.shape, r.shape)) if m != n]
+        if broadcast_slots(x.layout, r.layout, axes) is None:
+            raise op.error(f"broadcasts {x.layout} to {r.layout}: the source must be a keep slice of the result's "
+                           f"layout (#slice<{r.layout}, axis=..., keep>) whose slots hold the values it needs")
+    if op.name == "hopper.convert_layout" and not op.scratch and register_map(x.layout, r.layout) is None:
+        raise op.error(f"{x.layout} -> {r.layout} needs values from other threads: give it a shared scratch tile")
+
+
+def _check_pending(ops: list[Operation]) -> None:
+    """A ``hopper.wgmma`` result is still being written until a ``hopper.wgmma_wait``: it may
+    only be waited for, accumulated into by another wgmma, or carried through a loop or a
+    branch (that carries it on to the same rule)."""
+    pending = {op.result: op for op in ops if op.name == "hopper.wgmma"}
+    changed = bool(pending)
+    while changed:  # what carries a pending value may hold one
+        changed = False
+        for op in ops:
+            if op.name == "tile.for":
+                body = op.regions[0].block
+                yielded = body.terminator.operands if body.terminator is not None else []
+                for i, r in enumerate(op.results):
+                    src = next((v for v in (op.operands[3 + i], *yielded[i:i + 1]) if v in pending), None)
+                    for carried in (r, body.args[1 + i]):
+                        if src is not None and carried not in pending:
+                            pending[carried] = pending[src]
+                            changed = True
+            elif op.name == "tile.if":
+                for i, r in enumerate(op.results):
+                    for region in op.regions:
+                        term = region.blocks[0].terminator
+                        src = term.operands[i] if term is not None and i < len(term.operands) else None
+                        if src in pending and r not in pending:
+                            pending[r] = pending[src]
+                            changed = True
+    for op in ops:
+        for i, v in enumerate(op.operands):
+            if v in pending and not ((op.name, i) in (("hopper.wgmma", 2), ("hopper.wgmma_wait", 0))
+                                     or op.name == "tile.yield" or (op.name == "tile.for" and i >= 3)):
+                w = pending[v]
+                raise op.error(f"reads {_name(v)}, the result of the hopper.wgmma at {w.loc}, before a "
+                               f"hopper.wgmma_wait: the accumulator is still being written (wait for it first)")
