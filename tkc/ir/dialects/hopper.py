@@ -1044,7 +1044,9 @@ def _check_register_move(op: Operation) -> None:
         if broadcast_slots(x.layout, r.layout, axes) is None:
             raise op.error(f"broadcasts {x.layout} to {r.layout}: the source must be a keep slice of the result's "
                            f"layout (#slice<{r.layout}, axis=..., keep>) whose slots hold the values it needs")
-    if op.name == "hopper.convert_layout" and not op.scratch and register_map(x.layout, r.layout) is None:
+    # Before lower-to-hopper (which sets tma_maps) a conversion has not been given its scratch yet.
+    lowered = any("tma_maps" in p.attributes for p in op.ancestors() if p.name == "tile.kernel")
+    if op.name == "hopper.convert_layout" and lowered and not op.scratch and register_map(x.layout, r.layout) is None:
         raise op.error(f"{x.layout} -> {r.layout} needs values from other threads: give it a shared scratch tile")
 
 

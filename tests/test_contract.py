@@ -1,0 +1,59 @@
+"""One contract between the interpreter and the GPU: every kernel the interpreter runs either
+compiles for sm_90a, and then the emulator of what it compiles to computes what the
+interpreter does, or is refused with a located message in the language's own words.
+
+The corpus (tests/contract/*.tk) holds kernels that once fell between the two: a crash in a
+pass, a refusal in layout words, a compile that never ended.  A file whose first line is
+``# refused: <regex>`` must be refused with that message; every other file and every example
+must compile and agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tkc.compiler import compile_kernel
+from tkc.errors import TkcError
+from tkc.interpreter import random_args, run_kernel
+from tkc.runner import default_dims, run
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = sorted((ROOT / "tests" / "contract").glob("*.tk"))
+EXAMPLES = sorted((ROOT / "examples").glob("*.tk"))
+#: Words of the compiler's insides that a refusal must not show a user.
+INSIDE_WORDS = re.compile(r"pass '|#blocked|#slice|#wgmma|#smem|Traceback|Error:|hopper\.|tile\.")
+#: Examples as the examples' tests size them (the defaults of a few are large for a CPU).
+SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 64, "BK": 32},
+         "gemm_fp8.tk": {"BM": 64, "BN": 64, "BK": 64}, "softmax.tk": {"BN": 256},
+         "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
+         "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
+         "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2}}
+
+
+def _expected_refusal(path: Path) -> str | None:
+    first = path.read_text().splitlines()[0]
+    return first.split(":", 1)[1].strip() if first.startswith("# refused:") else None
+
+
+@pytest.mark.parametrize("path", CORPUS + EXAMPLES, ids=lambda p: p.name)
+def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Path) -> None:
+    consts = SMALL.get(path.name, {})
+    tile_ir = compile_kernel(path, consts, stop="tkir", cache=False).kernel_op
+    dims = default_dims(tile_ir)
+    args = random_args(tile_ir, dims, 0, (0, 8))
+    run_kernel(tile_ir, [a.copy() if hasattr(a, "copy") else a for a in args])  # the interpreter accepts it
+    refusal = _expected_refusal(path)
+    try:
+        compile_kernel(path, consts, stop="cubin" if refusal is None else "hopper", cache=False)
+    except TkcError as e:
+        assert refusal is not None, f"{path.name} is refused: {e}"
+        assert re.search(refusal, e.message), e.message
+        assert e.loc is not None and e.loc.line > 0, f"no location: {e}"
+        assert not INSIDE_WORDS.search(e.message), f"the compiler's insides in a user's message: {e.message}"
+        return
+    assert refusal is None, f"{path.name} compiles, but should be refused with {refusal!r}"
+    result = run(tile_ir, args, "emulate", check=True)
+    bad = [m for m in result.checked if m.bad]
+    assert not bad, f"emulator and interpreter differ: {bad}"
