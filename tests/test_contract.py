@@ -16,6 +16,7 @@ import pytest
 
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcError
+from tkc.frontend import compile_file
 from tkc.interpreter import random_args, run_kernel
 from tkc.runner import default_dims, run
 
@@ -29,7 +30,10 @@ SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 6
          "gemm_fp8.tk": {"BM": 64, "BN": 64, "BK": 64}, "softmax.tk": {"BN": 256},
          "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
          "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
-         "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2}}
+         "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
+         "paged_decode.tk": {"D": 64, "SPLITS": 16}}
+#: Dims the defaults would make too large for a CPU, or that must agree with the int range.
+DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NP": 9, "MAXP": 3}}
 
 
 def _expected_refusal(path: Path) -> str | None:
@@ -37,16 +41,21 @@ def _expected_refusal(path: Path) -> str | None:
     return first.split(":", 1)[1].strip() if first.startswith("# refused:") else None
 
 
-@pytest.mark.parametrize("path", CORPUS + EXAMPLES, ids=lambda p: p.name)
-def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Path) -> None:
+def _kernels(path: Path) -> list[tuple[Path, str]]:
+    return [(path, k.sym_name) for k in compile_file(str(path), SMALL.get(path.name, {})).ops]
+
+
+@pytest.mark.parametrize("path, kernel", [pk for p in CORPUS + EXAMPLES for pk in _kernels(p)],
+                         ids=lambda x: x.name if isinstance(x, Path) else x)
+def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Path, kernel: str) -> None:
     consts = SMALL.get(path.name, {})
-    tile_ir = compile_kernel(path, consts, stop="tkir", cache=False).kernel_op
-    dims = default_dims(tile_ir)
+    tile_ir = compile_kernel(path, consts, stop="tkir", cache=False, kernel=kernel).kernel_op
+    dims = {**default_dims(tile_ir), **DIMS.get(path.name, {})}
     args = random_args(tile_ir, dims, 0, (0, 8))
     run_kernel(tile_ir, [a.copy() if hasattr(a, "copy") else a for a in args])  # the interpreter accepts it
     refusal = _expected_refusal(path)
     try:
-        compile_kernel(path, consts, stop="cubin" if refusal is None else "hopper", cache=False)
+        compile_kernel(path, consts, stop="cubin" if refusal is None else "hopper", cache=False, kernel=kernel)
     except TkcError as e:
         assert refusal is not None, f"{path.name} is refused: {e}"
         assert re.search(refusal, e.message), e.message

@@ -108,3 +108,97 @@ def test_on_gpu_as_torch(name: str, consts) -> None:
     launch(c, cuda)
     torch.cuda.synchronize()
     torch.testing.assert_close(cuda[2].float().cpu(), want.float(), **_tol(name))
+
+
+# ------------------------------------------------------------------ paged_decode.tk
+def _paged(seed: int, D: int = 64, device: str = "cpu"):
+    """Arguments of both kernels and torch's attention of each head over its sequence: GQA with
+    8 query heads a KV head, lengths 0 (nothing to attend: the combine is not asked), 1, a
+    page's worth, and lengths ending inside a page."""
+    g = torch.Generator().manual_seed(seed)
+    B, KVH, G, P, NP, MAXP = 4, 2, 8, 16, 40, 6
+    HQ = KVH * G
+    lens = torch.tensor([1, 16, 37, 90], dtype=torch.int32)
+    q = torch.randn(B, HQ, D, generator=g).bfloat16()
+    kc = torch.randn(NP, P, KVH, D, generator=g).bfloat16()
+    vc = torch.randn(NP, P, KVH, D, generator=g).bfloat16()
+    table = torch.randperm(NP, generator=g)[:B * MAXP].reshape(B, MAXP).int()
+    scale = D ** -0.5
+    want = torch.zeros(B, HQ, D)
+    for b in range(B):
+        n = int(lens[b])
+        pages = table[b, :-(-n // P)].long()
+        K = kc[pages].reshape(-1, KVH, D)[:n].float()
+        V = vc[pages].reshape(-1, KVH, D)[:n].float()
+        for h in range(HQ):
+            want[b, h] = torch.softmax(K[:, h // G] @ q[b, h].float() * scale, 0) @ V[:, h // G]
+    return (q, kc, vc, table, lens, scale), want
+
+
+def _paged_run(run_kernels, D: int = 64, splits: int = 16):
+    (q, kc, vc, table, lens, scale), want = _paged(0, D)
+    B, HQ = q.shape[:2]
+    part_o, part_ml = torch.zeros(B, HQ, splits, D), torch.zeros(B, HQ, splits, 2)
+    out = torch.full((B, HQ, D), float("nan")).bfloat16()
+    run_kernels([q, kc, vc, table, lens, part_o, part_ml, scale], [part_o, part_ml, out])
+    return out, want
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_paged_decode_interpreter_matches_torch(D: int) -> None:
+    consts = {"D": D}
+
+    def run(decode_args, combine_args):
+        for name, args in (("paged_decode", decode_args), ("combine", combine_args)):
+            run_kernel(compile_kernel(EXAMPLES / "paged_decode.tk", consts, stop="tkir", cache=False,
+                                      kernel=name).kernel_op, args)
+
+    out, want = _paged_run(run, D)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_paged_decode_emulator_matches_interpreter() -> None:
+    consts = {"D": 64}
+    (q, kc, vc, table, lens, scale), _ = _paged(1)
+    B, HQ, D = q.shape
+    outs = []
+    for stage in ("tkir", "hopper"):
+        part_o, part_ml = torch.zeros(B, HQ, 16, D), torch.zeros(B, HQ, 16, 2)
+        out = torch.zeros(B, HQ, D).bfloat16()
+        for name, args in (("paged_decode", [q, kc, vc, table, lens, part_o, part_ml, scale]),
+                           ("combine", [part_o, part_ml, out])):
+            k = compile_kernel(EXAMPLES / "paged_decode.tk", consts, stop=stage, cache=False, kernel=name).kernel_op
+            (run_kernel if stage == "tkir" else emulate)(k, args)
+        outs.append((part_o, part_ml, out))
+    for w, g in zip(*outs):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("kernel", ["paged_decode", "combine"])
+def test_paged_decode_assembles_without_spills(kernel: str, D: int) -> None:
+    c = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, stop="cubin", cache=False, kernel=kernel)
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_paged_decode_on_gpu_as_torch(D: int) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    kernels = {name: compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, kernel=name)
+               for name in ("paged_decode", "combine")}
+
+    def run(decode_args, combine_args):
+        cuda = {id(a): a.cuda() for a in decode_args + combine_args if isinstance(a, torch.Tensor)}
+        launch(kernels["paged_decode"], [cuda.get(id(a), a) for a in decode_args])
+        launch(kernels["combine"], [cuda.get(id(a), a) for a in combine_args])
+        torch.cuda.synchronize()
+        combine_args[2].copy_(cuda[id(combine_args[2])].cpu())
+
+    out, want = _paged_run(run, D)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
