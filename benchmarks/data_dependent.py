@@ -10,6 +10,10 @@ Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/ha
   Reported as time (us) and the logits' bandwidth (GB/s).
 * ``embedding``: examples/embedding.tk; peers ``F.embedding`` and a copy of the same bytes
   (``out.copy_(table[:N])``: what the gather may at best approach).  GB/s of rows read+written.
+* ``paged_decode``: examples/paged_decode.tk (both kernels) at batch 64, 64 query heads over 8
+  KV heads, D 128, pages of 16 tokens in a shuffled block table; peer SDPA with ``enable_gqa``
+  on the same K/V gathered into contiguous tensors beforehand (the gather not timed).  GB/s
+  of K and V read (the HBM bandwidth bound).
 * ``splitk_gemm``: examples/splitk_gemm.tk (f32 output zeroed before, inside the timing; SPLIT
   chosen to give about two programs an SM) on a
   small M x N with a long K; peer ``torch.matmul`` of the bf16 operands (cuBLAS picks its own
@@ -114,6 +118,45 @@ def splitk_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
     return rows
 
 
+def paged_decode_rows(lengths: list[int], runs: int, B: int = 64, KVH: int = 8, G: int = 8, D: int = 128,
+                     P: int = 16, splits: int = 16) -> list[Row]:
+    decode = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "P": P, "G": G, "SPLITS": splits},
+                            kernel="paged_decode")
+    combine = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "SPLITS": splits}, kernel="combine")
+    rows = []
+    for L in lengths:
+        HQ, pages = KVH * G, L // P
+        q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(B * pages, P, KVH, D, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        table = torch.randperm(B * pages, device="cuda", dtype=torch.int32).reshape(B, pages)
+        lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+        part_o = torch.empty(B, HQ, splits, D, device="cuda")
+        part_ml = torch.empty(B, HQ, splits, 2, device="cuda")
+        out = torch.empty(B, HQ, D, device="cuda", dtype=torch.bfloat16)
+        scale = D ** -0.5
+
+        def ours():
+            launch(decode, [q, kc, vc, table, lens, part_o, part_ml, scale])
+            launch(combine, [part_o, part_ml, out])
+
+        # The peer's K/V gathered into contiguous [B, KVH, L, D] outside the timing.
+        k = kc[table.long()].reshape(B, L, KVH, D).transpose(1, 2).contiguous()
+        v = vc[table.long()].reshape(B, L, KVH, D).transpose(1, 2).contiguous()
+        qs = q[:, :, None, :]
+
+        def sdpa():
+            return F.scaled_dot_product_attention(qs, k, v, scale=scale, enable_gqa=True)
+
+        ours()
+        torch.testing.assert_close(out.float(), sdpa()[:, :, 0].float(), rtol=2e-2, atol=2e-2)
+        t = in_turns({"tkc": ours, "SDPA (gathered K/V)": sdpa}, runs)
+        nbytes = 2 * B * L * KVH * D * 2
+        rows.append(Row("paged_decode", f"batch {B}, {L} tokens, {HQ}/{KVH} heads, D {D}, pages of {P}", "GB/s",
+                        {n: nbytes / s / 1e9 for n, s in t.items()}))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one small shape per kernel")
@@ -123,7 +166,9 @@ def main() -> None:
     ce = [(4096, 32768)] if args.quick else [(4096, 32768), (32768, 131072), (8192, 262144)]
     emb = [(8192, 32000, 4096)] if args.quick else [(8192, 32000, 4096), (32768, 128256, 4096), (65536, 50304, 1024)]
     sk = [(512, 512, 16384)] if args.quick else [(256, 256, 32768), (512, 512, 16384), (1024, 1024, 8192)]
-    rows = cross_entropy_rows(ce, runs) + embedding_rows(emb, runs) + splitk_rows(sk, runs)
+    pd = [4096] if args.quick else [4096, 16384, 32768]
+    rows = (cross_entropy_rows(ce, runs) + embedding_rows(emb, runs) + splitk_rows(sk, runs)
+            + paged_decode_rows(pd, runs))
     print(table(rows))
     if not args.no_record:
         append_results(ROOT / "benchmarks" / "RESULTS.md", "python benchmarks/data_dependent.py" +

@@ -364,7 +364,8 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_mma", "op_arange", "op_load", "op_gather", "op_store", "op_atomic", "op_atomic_cas", "op_for", "op_if",
+                "op_mma", "op_arange", "op_load", "op_gather", "op_store", "op_atomic", "op_atomic_cas",
+                "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
