@@ -137,7 +137,7 @@ def paged_decode_rows(lengths: list[int], runs: int, B: int = 64, KVH: int = 8, 
         scale = D ** -0.5
 
         def ours():
-            launch(decode, [q, kc, vc, table, lens, part_o, part_ml, scale])
+            launch(decode, [q, kc.view(-1, KVH, D), vc.view(-1, KVH, D), table, lens, part_o, part_ml, scale])
             launch(combine, [part_o, part_ml, out])
 
         # The peer's K/V gathered into contiguous [B, KVH, L, D] outside the timing.

@@ -33,7 +33,7 @@ SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 6
          "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
          "paged_decode.tk": {"D": 64, "SPLITS": 16}}
 #: Dims the defaults would make too large for a CPU, or that must agree with the int range.
-DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NP": 9, "MAXP": 3}}
+DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NT": 144, "MAXP": 9}}
 
 
 def _expected_refusal(path: Path) -> str | None:

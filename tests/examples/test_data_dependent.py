@@ -116,9 +116,9 @@ def _paged(seed: int, D: int = 64, device: str = "cpu"):
     8 query heads a KV head, lengths 0 (nothing to attend: the combine is not asked), 1, a
     page's worth, and lengths ending inside a page."""
     g = torch.Generator().manual_seed(seed)
-    B, KVH, G, P, NP, MAXP = 4, 2, 8, 16, 40, 6
+    B, KVH, G, P, NP, MAXP = 4, 2, 8, 16, 40, 8
     HQ = KVH * G
-    lens = torch.tensor([1, 16, 37, 90], dtype=torch.int32)
+    lens = torch.tensor([1, 16, 37, 123], dtype=torch.int32)
     q = torch.randn(B, HQ, D, generator=g).bfloat16()
     kc = torch.randn(NP, P, KVH, D, generator=g).bfloat16()
     vc = torch.randn(NP, P, KVH, D, generator=g).bfloat16()
@@ -132,7 +132,7 @@ def _paged(seed: int, D: int = 64, device: str = "cpu"):
         V = vc[pages].reshape(-1, KVH, D)[:n].float()
         for h in range(HQ):
             want[b, h] = torch.softmax(K[:, h // G] @ q[b, h].float() * scale, 0) @ V[:, h // G]
-    return (q, kc, vc, table, lens, scale), want
+    return (q, kc.reshape(-1, KVH, D), vc.reshape(-1, KVH, D), table, lens, scale), want
 
 
 def _paged_run(run_kernels, D: int = 64, splits: int = 16):
