@@ -43,6 +43,11 @@ Numerics (decisions the op docstrings leave open):
 * ``reduce`` sums floats in float64 and rounds once to the result dtype: the
   best answer any order of f32 additions can approach, independent of numpy's
   summation order.  Integer sums wrap; ``max``/``min`` are exact.
+* ``scan`` (``cumsum``/``cumprod``) likewise accumulates floats in float64 and rounds each
+  prefix once.  The GPU adds in f32 in its layout's order (in thread, then lanes, then warps:
+  ``scan_plan``), so a prefix of n terms may differ from this by about
+  ``log2(n) * 2**-24 * sum(|x|)`` plus a rounding of the dtype; integer scans are exact
+  (wrapping like the sums).
 """
 
 from __future__ import annotations
@@ -200,6 +205,13 @@ def _reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
     return _rounded((np.max if op.kind == "max" else np.min)(x, axis=op.axis), op)
 
 
+def _scan(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    # float64 for floats (see the module docstring); int64 then wrap for i32.
+    acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
+    fn = np.cumsum if op.kind == "sum" else np.cumprod
+    return _rounded(fn(x, axis=op.axis, dtype=acc), op)
+
+
 def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
     return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
 
@@ -249,6 +261,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
     "tile.reduce": _reduce,
+    "tile.scan": _scan,
     "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
     "tile.load": _load,

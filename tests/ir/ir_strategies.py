@@ -242,6 +242,11 @@ class _Gen:
         kinds = T.TILE_REDUCE_KINDS if t.dtype.is_float else T.REDUCE_KINDS  # a mean takes floats
         self.emit(T.ReduceOp, [self.get(t)], [r], {"kind": self.pick(list(kinds)), "axis": axis})
 
+    def op_scan(self) -> None:
+        t = self.tile_type([d for d in ALL_DTYPES if not d.is_bool])
+        axis = self.draw(st.integers(0, t.rank - 1))
+        self.emit(T.ScanOp, [self.get(t)], [t], {"kind": self.pick(list(T.SCAN_KINDS)), "axis": axis})
+
     def op_cluster_reduce(self) -> None:
         t = self.tile_type().with_dtype(f32)
         # The op combines the programs of a cluster: its kernel carries the pin.
@@ -320,7 +325,7 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
+                "op_scan", "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]

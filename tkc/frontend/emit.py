@@ -367,3 +367,12 @@ class Emitter:
         if keepdim:
             r = self.expand_dims(r, axis, loc) if shape else self.splat(r, t.with_shape((1,)), loc)
         return r
+
+    def scan(self, name: str, kind: str, x: Dyn, axis: int, loc: Loc) -> Dyn:
+        """``cumsum``/``cumprod`` (``name``) of a tile along ``axis``: same shape and dtype."""
+        t = x.type
+        if not -t.rank <= axis < t.rank:
+            raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
+        if t.dtype.is_bool:
+            raise TkcTypeError(f"{name}() of a bool tile; cast it with .to(i32)", loc)
+        return Dyn(self.b.value(T.ScanOp, [x.value], t, {"kind": kind, "axis": axis % t.rank}, loc=loc))

@@ -30,6 +30,7 @@ NONE = TupleV(())
 
 BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
+SCANS = {"cumsum": "sum", "cumprod": "prod"}
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
@@ -678,7 +679,7 @@ class KernelLowering:
                 return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
         if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
             return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
-        if e.attr in ("to", *REDUCTIONS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+        if e.attr in ("to", *REDUCTIONS, *SCANS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
             return Method(obj, e.attr)
         raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
 
@@ -938,6 +939,9 @@ class KernelLowering:
         if m.name in REDUCTIONS:
             a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED), ("keepdim", Const(False))])
             return self._reduce(m.name, obj, a, e)
+        if m.name in SCANS:
+            a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED)])
+            return self.scan(m.name, obj, a, e)
         if m.name in MATH_FUNCS:
             self.bind(f".{m.name}()", e, args, kwargs, [])
             return self.em.unary(m.name, obj, e.loc)
@@ -950,6 +954,11 @@ class KernelLowering:
         if not isinstance(keep, Const) or not isinstance(keep.value, bool):
             raise TkcTypeError("keepdim must be True or False", e.loc)
         return self.em.reduce(kind, x, axis, keep.value, e.loc)
+
+    def scan(self, name: str, x: object, a: dict, e: ast.Call) -> Dyn:
+        x = self._tile(x, f"{name}()", e)
+        axis = self.const_int(a["axis"], f"the {name} axis", e)
+        return self.em.scan(name, SCANS[name], x, axis, e.loc)
 
     def shape_arg(self, v: object, node: ast.Node) -> tuple[int, ...]:
         items = v.items if isinstance(v, TupleV) else (v,)

@@ -20,7 +20,7 @@ no second copy of any formula here (DESIGN.md principle 5).
   - ``Slice`` (``#slice<parent, axis=A>``): ``parent`` reduced along an axis.
 - ``reduce_plan``: how a reduction runs on a register layout (in-thread groups, lane
   shuffles, cross-warp exchanges), derived from the coordinates, for the lowering, the
-  emulator and codegen alike.
+  emulator and codegen alike; ``scan_plan`` the same for a scan (``cumsum``).
 
 Index-mapping methods are vectorized: they take ints or numpy integer arrays (broadcast
 together) and return int64 arrays.  This module never *chooses* a layout: that is the
@@ -30,6 +30,7 @@ pass applies.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -828,6 +829,108 @@ def reduce_plan(layout: DistributedLayout, axis: int) -> ReducePlan:
     warps = layout.threads // 32
     warp_xor = tuple(1 << b for b in range(warps.bit_length()) if (1 << b) < warps and applies(32 << b))
     return ReducePlan(result, groups, shuffle, warp_xor)
+
+
+class ScanPlan(NamedTuple):
+    """How to scan a register tile along one axis (an inclusive prefix sum or product,
+    docs/hopper.md §2).  The axis's positions are numbered by *digits* of increasing stride,
+    each either in thread or a bit of the thread index; ``steps`` are the digits in that order:
+
+    - ``("regs", chains)``: a digit inside each thread; a chain lists the values that differ
+      only in that digit, in its order;
+    - ``("lane", m)``: the digit is thread bit ``m`` below 32, exchanged with ``shfl.bfly``;
+    - ``("warp", m)``: the digit is thread bit ``m`` of 32 or more, exchanged through a shared
+      scratch tile (``[threads, regs]``: each thread writes its values' totals in its row).
+
+    Each value carries its prefix within the block of digits done so far and that block's
+    total; a step combines the blocks that differ in its digit: the upper ones add the totals
+    of the lower ones to their prefixes, and every value's total becomes the blocks' total
+    (both partners of an exchange compute it as ``own op other``, equal since ``+`` and ``*``
+    commute)."""
+
+    steps: tuple[tuple[str, Any], ...]
+
+    @property
+    def warp_xor(self) -> tuple[int, ...]:
+        return tuple(m for kind, m in self.steps if kind == "warp")
+
+
+def _reg_digits(positions: list[int]) -> list[tuple[int, int]]:
+    """``positions`` (distinct offsets along the axis) as mixed-radix digits ``(stride, radix)``
+    of increasing stride, or a ValueError."""
+    base, have = min(positions), set(positions)
+    span, digits = {0}, []
+    while len(span) < len(have):
+        s = min(p - base for p in have if p - base not in span)
+        r = 1
+        while all(base + x + r * s in have for x in span):
+            r += 1
+        digits.append((s, r))
+        span = {x + k * s for x in span for k in range(r)}
+    if {base + x for x in span} != have:
+        raise ValueError("the values of a thread are not a regular grid along the axis")
+    return digits
+
+
+@lru_cache(maxsize=256)  # the verifier, the emulator and codegen all ask, per op
+def scan_plan(layout: DistributedLayout, axis: int) -> ScanPlan:
+    """The plan for scanning ``layout`` along ``axis``, derived from its coordinates: the
+    in-thread digits of every line (values sharing the other coordinates) must be the same,
+    every thread bit must move along the axis by one stride (lower half first) keeping the
+    other coordinates, or move nothing along it (replicas, other lines), and the digits must
+    tile the axis exactly; anything else is a ValueError."""
+    rank = len(layout.shape)
+    if not 0 <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for the rank-{rank} {layout}")
+    cant = f"{layout} cannot be scanned along axis {axis}"
+    regs = [tuple(int(c) for c in layout.reg_coords(i)) for i in range(layout.regs)]
+    lines: dict[tuple[int, ...], dict[int, int]] = {}
+    for i, c in enumerate(regs):
+        line = lines.setdefault(c[:axis] + c[axis + 1:], {})
+        if c[axis] in line:
+            raise ValueError(f"{cant}: a thread holds one element twice")
+        line[c[axis]] = i
+    digits = None
+    for line in lines.values():
+        d = _reg_digits(list(line))
+        if digits is not None and d != digits:
+            raise ValueError(f"{cant}: its lines hold different in-thread runs")
+        digits = d
+    items: list[tuple[int, int, tuple[str, Any]]] = []
+    for k, (s, r) in enumerate(digits or []):
+        others = [[j * s2 for j in range(r2)] for kk, (s2, r2) in enumerate(digits) if kk != k]
+        chains = []
+        for line in lines.values():
+            base = min(line)
+            for combo in itertools.product(*others):
+                x = base + sum(combo)
+                chains.append(tuple(line[x + j * s] for j in range(r)))
+        items.append((s, r, ("regs", tuple(chains))))
+    t = np.arange(layout.threads)
+    here = [np.broadcast_to(c, t.shape) for c in layout.thread_coords(t)]
+    for b in range((layout.threads - 1).bit_length()):
+        m = 1 << b
+        partner = t ^ m
+        inside = partner < layout.threads
+        there = [np.broadcast_to(c, partner[inside].shape) for c in layout.thread_coords(partner[inside])]
+        delta = there[axis] - here[axis][inside]
+        if not delta.any():
+            continue  # replicas, or other lines
+        kept = all(np.array_equal(here[a][inside], there[a]) for a in range(rank) if a != axis)
+        up = (t[inside] & m) == 0
+        s = int(abs(delta[0]))
+        if not inside.all() or not kept or not np.array_equal(delta, np.where(up, s, -s)):
+            raise ValueError(f"{cant} with xor exchanges")
+        items.append((s, 2, ("lane" if m < 32 else "warp", m)))
+    items.sort(key=lambda x: x[0])
+    cover = 1
+    for s, r, _ in items:
+        if s != cover:
+            raise ValueError(f"{cant}: its digits do not tile the axis")
+        cover *= r
+    if cover != layout.shape[axis]:
+        raise ValueError(f"{cant}: its digits span {cover} of {layout.shape[axis]} positions")
+    return ScanPlan(tuple(step for _, _, step in items))
 
 
 # --------------------------------------------------------------------------- parsers

@@ -185,6 +185,14 @@ def fold_shape_of_constant(op: Operation, rw: Rewrites) -> bool:
 
 
 # ------------------------------------------------------------ identities
+def fold_unit_scan(op: Operation, rw: Rewrites) -> bool:
+    """A scan along an axis of extent 1 is its operand."""
+    if op.x.type.shape[op.axis] != 1:
+        return False
+    _replace(op, [op.x], rw)
+    return True
+
+
 def fold_add_zero(op: Operation, rw: Rewrites) -> bool:
     """x + 0 and 0 + x.  For floats only -0.0 is an identity (-0.0 + 0.0 is +0.0)."""
     dt = element_dtype(op.result.type)
@@ -330,3 +338,4 @@ PATTERNS["tile.transpose"] += [fold_double_transpose]
 PATTERNS["tile.select"] = [fold_select]
 PATTERNS["tile.if"] = [fold_constant_if]
 PATTERNS["tile.for"] = [fold_zero_trip_for]
+PATTERNS["tile.scan"] = [fold_unit_scan]

@@ -49,6 +49,7 @@ from tkc.ir.layouts import (
     first_holders,
     reduce_plan,
     register_map,
+    scan_plan,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.passes.pipeline_loops import ring_room
@@ -428,6 +429,24 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
+    def _scan(self, op: Operation) -> None:
+        layout = op.x.type.layout
+        try:
+            plan = scan_plan(layout, op.axis)
+        except ValueError as e:
+            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
+        scratch = []
+        if plan.warp_xor:
+            # Each thread writes its values' block totals in its row; partials as in _reduce.
+            dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
+            rows, cols = _round_up(layout.threads, 8), _round_up(layout.regs, 4)
+            lay = SharedLayout(rows, cols, dt, "k", 0)
+            scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
+        new = Builder.before(op).value(hopper.ScanOp, [op.x, *scratch], op.result.type,
+                                       {"kind": op.kind, "axis": op.axis})
+        replace_all_uses(self.kernel, op.result, new)
+        op.erase()
+
     def _cluster_reduce(self, op: Operation) -> None:
         """A buffer of slots (an f32 per rank and element) per exchange in flight (two in a
         loop, where the next exchange may begin before this one's reads) and an mbarrier for
@@ -491,6 +510,7 @@ _LOWER = {
     "tile.load": _Lowering._load,
     "tile.store": _Lowering._store,
     "tile.reduce": _Lowering._reduce,
+    "tile.scan": _Lowering._scan,
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,

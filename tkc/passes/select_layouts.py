@@ -53,10 +53,14 @@ from tkc.ir.layouts import (
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
+    scan_plan,
 )
 from tkc.ir.types import TileType
 from tkc.pins import Options
 from tkc.target import Target
+
+#: Ops besides the elementwise ones whose result has their operand's layout.
+_LAYOUT_KEEPING = ("tile.cluster_reduce", "tile.scan")
 
 # Ops whose values are computed again, rather than converted, when a user needs another layout.
 _REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
@@ -297,7 +301,7 @@ class _Selector:
 
     def _forward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and \
+        if (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and \
                 isinstance(op.result.type, TileType):
             src = next((lay[v] for v in op.operands if v in lay), None)
             return self._propose(op.result, src)
@@ -331,7 +335,7 @@ class _Selector:
     def _backward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
         changed = False
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
+        if (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for v in op.operands:
                 changed |= self._propose(v, lay[op.result])
         elif name == "tile.reduce" and op.result in lay:
@@ -388,7 +392,9 @@ class _Selector:
 
     def _convert_op(self, op: Operation) -> None:
         lay, name = self.lay, op.name
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
+        if name == "tile.scan":
+            self._scan_layout(op)
+        elif (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
                     self._need(op, i, lay[op.result])
@@ -436,6 +442,22 @@ class _Selector:
         elif name == "tile.transpose" and op.result not in self.smem:
             raise self._unsupported(op, "transposing a register tile is not supported; transpose a loaded "
                                    "tile that feeds @ instead")
+
+    def _scan_layout(self, op: Operation) -> None:
+        """A scan runs in its result's layout when ``scan_plan`` can walk it, else in the
+        ``#blocked`` layout ``choose_blocked`` gives the tile (converted to and from)."""
+        want = self.lay[op.result]
+        try:
+            scan_plan(want, op.axis)
+        except ValueError:
+            t = op.result.type
+            try:
+                want = choose_blocked(t.shape, max(1, t.dtype.bits // 8), self.threads)
+                scan_plan(want, op.axis)
+            except ValueError as e:
+                raise self._unsupported(op, f"cannot scan this {t} along axis {op.axis}: {e}") from None
+            self._retype_result(op, want)
+        self._need(op, 0, want)
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
         """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""

@@ -13,7 +13,7 @@ import math
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS
 from tkc.ir.layouts import first_holders
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
@@ -719,6 +719,40 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
         if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
             raise self.error("a cross-warp reduction takes one shared scratch tile, others none")
+
+
+@register
+class ScanOp(Operation):
+    """``scan_plan(x.layout, axis)`` executed step by step (docs/hopper.md section 2): an
+    inclusive prefix sum or product along ``axis``, in the operand's layout.  A plan with
+    warp steps takes one shared scratch tile of ``threads`` rows and a column per value."""
+
+    name = "hopper.scan"
+    OPERANDS = ("x", "*scratch")
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import scan_plan
+
+        x, r = self.x.type, self.result.type
+        _check_reg(self, x, "the operand")
+        if self.kind not in SCAN_KINDS:
+            raise self.error(f"kind must be one of {', '.join(SCAN_KINDS)}")
+        try:
+            plan = scan_plan(x.layout, self.axis)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        if r != x:
+            raise self.error(f"result must be {x}, got {r}")
+        if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
+            raise self.error("a scan across warps takes one shared scratch tile, others none")
+        if self.scratch:
+            s = self.scratch[0].type
+            if not _smem(s) or s.layout.rows < x.layout.threads or s.layout.cols < x.layout.regs:
+                raise self.error(f"the scratch must be a shared tile of at least {x.layout.threads} rows and "
+                                 f"{x.layout.regs} columns, got {s}")
 
 
 @register

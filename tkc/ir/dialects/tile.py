@@ -353,6 +353,33 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
 
 
+SCAN_KINDS = ("sum", "prod")
+
+
+@register
+class ScanOp(Operation):
+    """``cumsum``/``cumprod``: the inclusive prefix sum or product along one axis (the shape
+    stays).  Float scans accumulate at least as precisely as f32 and round each result once to
+    the dtype; i32 wraps; bool tiles are refused."""
+
+    name = "tile.scan"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if self.kind not in SCAN_KINDS:
+            raise self.error(f"kind must be one of {', '.join(SCAN_KINDS)}")
+        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {a}")
+        if a.dtype.is_bool:
+            raise self.error(f"scans take float or integer tiles, got {a}")
+        if not _same_elements(r, a):
+            raise self.error(f"result must be {a}, got {r}")
+
+
 @register
 class ClusterReduceOp(Operation):
     """Combine an f32 tile value by value across the programs of a cluster (the pin

@@ -1,0 +1,208 @@
+"""Scans along an axis of a register tile (``cumsum``/``cumprod``): the interpreter against
+torch on random inputs with tails, the emulator against the interpreter on compiled kernels
+(blocked tiles along either axis, 1-D tiles, wgmma accumulators), ptxas without spills, and
+on a GPU the same as the interpreter.
+
+The interpreter accumulates in float64 and rounds once; the GPU adds in f32 in its layout's
+order, so a prefix of n terms may differ by about ``log2(n) * 2**-24 * sum(|x|)`` (plus one
+rounding of a narrower dtype): the tolerances below are that bound, not a guess."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tkc import dtypes
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.errors import TkcTypeError
+from tkc.interpreter import random_args, run_kernel
+
+# Each program scans one BM x BN block of x along AX (elements past the tensor read as 0).
+BLOCK = """@kernel
+def scan(x: {dt}[M, N], y: {dt}[M, N], BM: const = 16, BN: const = 64, AX: const = 1):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    i = program_id(0)
+    j = program_id(1)
+    t = x[i*BM:(i+1)*BM, j*BN:(j+1)*BN]
+    y[i*BM:(i+1)*BM, j*BN:(j+1)*BN] = {call}
+"""
+# A 1-D tile; the builtin form.
+ROW = """@kernel
+def scan1(x: f32[N], y: f32[N], BN: const = 2048):
+    grid(cdiv(N, BN))
+    i = program_id(0)
+    y[i*BN:(i+1)*BN] = cumsum(x[i*BN:(i+1)*BN], 0)
+"""
+# The scan of a product's accumulator (chunked linear attention: the running sum of q k^T).
+MMA = """@kernel
+def scanmm(q: bf16[M, K], k: bf16[N, K], y: f32[M, N], BM: const = 64, BN: const = 64, AX: const = 0):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    i = program_id(0)
+    j = program_id(1)
+    s = q[i*BM:(i+1)*BM, 0:64] @ k[j*BN:(j+1)*BN, 0:64].T
+    y[i*BM:(i+1)*BM, j*BN:(j+1)*BN] = s.cumsum(AX)
+"""
+
+
+def _block(dt: str = "f32", call: str = "t.cumsum(AX)") -> str:
+    return BLOCK.format(dt=dt, call=call)
+
+
+CASES = {
+    # name: (source, constants, dims)
+    "rows_16x64": (_block(), {"AX": 1}, {"M": 70, "N": 100}),
+    "cols_16x64": (_block(), {"AX": 0}, {"M": 70, "N": 100}),
+    "rows_64x64": (_block(), {"BM": 64, "AX": 1}, {"M": 70, "N": 100}),
+    "cols_64x64": (_block(), {"BM": 64, "AX": 0}, {"M": 70, "N": 100}),
+    "cols_64x16": (_block(), {"BM": 64, "BN": 16, "AX": 0}, {"M": 70, "N": 40}),
+    "builtin_neg_axis": (_block(call="cumsum(t, -2)"), {}, {"M": 40, "N": 70}),
+    "bf16_rows": (_block("bf16"), {"AX": 1}, {"M": 33, "N": 130}),
+    "f16_cols": (_block("f16"), {"BM": 64, "AX": 0}, {"M": 100, "N": 64}),
+    "i32_cols": (_block("i32"), {"BM": 64, "AX": 0}, {"M": 100, "N": 80}),
+    "i32_rows": (_block("i32"), {"AX": 1}, {"M": 20, "N": 80}),
+    "cumprod_rows": (_block(call="(t * 0.25 + 1.0).cumprod(AX)"), {"AX": 1}, {"M": 20, "N": 100}),
+    "row_2048": (ROW, {}, {"N": 3000}),
+    "mma_cols": (MMA, {"AX": 0}, {"M": 100, "N": 70, "K": 64}),
+    "mma_rows": (MMA, {"AX": 1}, {"M": 100, "N": 70, "K": 64}),
+}
+
+
+def _compile(name: str, stop: str):
+    src, consts, _ = CASES[name]
+    return compile_kernel(src, consts=consts, stop=stop, cache=False)
+
+
+def _blocks(a: torch.Tensor, block: tuple[int, ...]) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """``a`` zero-padded to whole blocks and split as (n0, b0, n1, b1, ...)."""
+    pad = [(-s) % b for s, b in zip(a.shape, block)]
+    flat = [p for q in reversed(pad) for p in (0, q)]
+    a = torch.nn.functional.pad(a, flat)
+    split = [x for s, b in zip(a.shape, block) for x in (s // b, b)]
+    return a.reshape(split), a.shape
+
+
+def _reference(name: str, args: list) -> np.ndarray:
+    """What torch computes for the case, in float64, block by block."""
+    src, consts, _ = CASES[name]
+    x = torch.from_numpy(np.asarray(args[0], np.float64))
+    if name.startswith("mma"):
+        k = torch.from_numpy(np.asarray(args[1], np.float64))
+        x = x @ k.T
+    if name == "row_2048":
+        block, axis = (2048,), 0
+    elif name.startswith("mma"):
+        block, axis = (64, 64), consts["AX"]
+    else:
+        block = (consts.get("BM", 16), consts.get("BN", 64))
+        axis = consts.get("AX", 0) % 2
+    if "cumprod" in name:
+        x = x * 0.25 + 1.0
+    b, padded = _blocks(x, block)
+    fn = torch.cumprod if "cumprod" in name else torch.cumsum
+    out = fn(b, dim=2 * axis + 1).reshape(padded)
+    return out[tuple(slice(0, s) for s in x.shape)].numpy()
+
+
+def _bound(name: str, args: list, want: np.ndarray) -> np.ndarray:
+    """How far an f32 scan in any order may be from the exact prefix, elementwise."""
+    src, consts, _ = CASES[name]
+    n = 2048 if name == "row_2048" else 64
+    out_dt = dtypes.from_name(src.split("y: ")[1].split("[")[0])
+    if out_dt.is_int:
+        return np.zeros_like(want)
+    mag = np.abs(_reference(name, [np.abs(np.asarray(a, np.float64)) for a in args]))
+    ulp = 2.0 ** -{"f32": 23, "bf16": 7, "f16": 10}[out_dt.name]
+    return (math.log2(n) + 2) * 2.0 ** -24 * mag + 2 * ulp * np.abs(want) + 1e-30
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_matches_torch(name: str, seed: int) -> None:
+    kernel = _compile(name, "tkir").kernel_op
+    args = random_args(kernel, CASES[name][2], seed)
+    run_kernel(kernel, args)
+    want = _reference(name, args)
+    got = np.asarray(args[-1], np.float64)
+    assert np.all(np.abs(got - want) <= _bound(name, args, want)), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulator_matches_interpreter(name: str) -> None:
+    tile_ir, hopper = _compile(name, "tkir").kernel_op, _compile(name, "hopper").kernel_op
+    args = random_args(tile_ir, CASES[name][2], 3)
+    want = [a.copy() for a in args]
+    got = [a.copy() for a in args]
+    run_kernel(tile_ir, want)
+    emulate(hopper, got, seed=3)
+    bound = _bound(name, args, np.asarray(want[-1], np.float64))
+    diff = np.abs(np.asarray(got[-1], np.float64) - np.asarray(want[-1], np.float64))
+    assert np.all(diff <= 2 * bound), diff.max()
+
+
+@pytest.mark.parametrize("name", ["cols_64x64", "mma_rows"])
+def test_hopper_ir_round_trips_and_verifies(name: str) -> None:
+    from tkc.ir.parser import parse_module
+    from tkc.ir.printer import print_module
+    from tkc.ir.verifier import verify
+
+    text = print_module(parse_module(_compile(name, "hopper").asm["hopper"]))
+    assert "hopper.scan" in text
+    again = parse_module(text)
+    verify(again)
+    assert print_module(again) == text
+
+
+def test_integer_scans_wrap() -> None:
+    kernel = _compile("i32_rows", "tkir").kernel_op
+    x = np.full((20, 80), 2**30, np.int32)
+    y = np.zeros_like(x)
+    run_kernel(kernel, [x, y])
+    want = (np.cumsum(x.astype(np.int64), axis=1) % 2**32).astype(np.uint32).view(np.int32)
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("src, message", [
+    ("t.to(bool).cumsum(1)", "cumsum() of a bool tile; cast it with .to(i32)"),
+    ("t.cumsum(2)", "axis 2 is out of range"),
+    ("t.cumsum(AXIS)", "must be a compile-time integer constant"),
+    ("cumsum(1.0, 0)", "cumsum() needs a tile"),
+    ("t.cumsum()", "missing the argument 'axis'"),
+])
+def test_errors_name_the_call(src: str, message: str) -> None:
+    text = _block(call=src.replace("AXIS", "j"))
+    with pytest.raises(TkcTypeError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
+        compile_kernel(text, stop="tkir", cache=False)
+    assert e.value.loc is not None and e.value.loc.line == 7
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("name", list(CASES))
+def test_assembles_without_spills(name: str) -> None:
+    c = _compile(name, "cubin")
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_on_gpu_as_in_the_interpreter(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    c = _compile(name, "cubin")
+    args = random_args(c.kernel_op, CASES[name][2], 5)
+    want = [a.copy() for a in args]
+    run_kernel(_compile(name, "tkir").kernel_op, want)
+    params = c.kernel_op.regions[0].block.args
+    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
+    launch(c, cuda)
+    torch.cuda.synchronize()
+    got = cuda[-1].double().cpu().numpy()
+    bound = _bound(name, args, np.asarray(want[-1], np.float64))
+    assert np.all(np.abs(got - np.asarray(want[-1], np.float64)) <= 2 * bound)
