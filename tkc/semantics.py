@@ -43,6 +43,8 @@ Numerics (decisions the op docstrings leave open):
 * ``reduce`` sums floats in float64 and rounds once to the result dtype: the
   best answer any order of f32 additions can approach, independent of numpy's
   summation order.  Integer sums wrap; ``max``/``min`` are exact.
+* ``arg_reduce`` (``argmax``/``argmin``) gives the first index of the extreme on ties, and
+  of the first NaN if there is one (NaN counts as the largest and the smallest, as in torch).
 * ``scan`` (``cumsum``/``cumprod``) likewise accumulates floats in float64 and rounds each
   prefix once.  The GPU adds in f32 in its layout's order (in thread, then lanes, then warps:
   ``scan_plan``), so a prefix of n terms may differ from this by about
@@ -212,6 +214,11 @@ def _scan(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
     return _rounded(fn(x, axis=op.axis, dtype=acc), op)
 
 
+def _arg_reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    # numpy's argmax/argmin pick the first index on ties and the first NaN, like torch.
+    return (np.argmax if op.kind == "argmax" else np.argmin)(x, axis=op.axis).astype(np.int32)
+
+
 def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
     return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
 
@@ -262,6 +269,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
     "tile.reduce": _reduce,
     "tile.scan": _scan,
+    "tile.arg_reduce": _arg_reduce,
     "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
     "tile.load": _load,

@@ -206,3 +206,113 @@ def test_on_gpu_as_in_the_interpreter(name: str) -> None:
     got = cuda[-1].double().cpu().numpy()
     bound = _bound(name, args, np.asarray(want[-1], np.float64))
     assert np.all(np.abs(got - np.asarray(want[-1], np.float64)) <= 2 * bound)
+
+
+# ---------------------------------------------------------------- argmax / argmin
+# Each program stores, across its block, the index along AX of each line's extreme.
+ARG = """@kernel
+def arg(x: {dt}[M, N], y: i32[M, N], BM: const = 16, BN: const = 64, AX: const = 1):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    i = program_id(0)
+    j = program_id(1)
+    t = x[i*BM:(i+1)*BM, j*BN:(j+1)*BN]
+    y[i*BM:(i+1)*BM, j*BN:(j+1)*BN] = {call}
+"""
+# A 1-D tile reduced to one index per program (kept as a 1-element tile).
+ARG1 = """@kernel
+def arg1(x: f32[N], y: i32[B], BN: const = 256):
+    grid(cdiv(N, BN))
+    i = program_id(0)
+    y[i:i+1] = argmin(x[i*BN:(i+1)*BN], 0, keepdim=True)
+"""
+ARG_CASES = {
+    # name: (source, constants, dims, kind, axis)
+    "argmax_rows": (ARG.format(dt="f32", call="t.argmax(AX, keepdim=True)"), {"AX": 1}, {"M": 70, "N": 100},
+                    "argmax", 1),
+    "argmax_cols_64": (ARG.format(dt="f32", call="t.argmax(AX, keepdim=True)"), {"BM": 64, "AX": 0},
+                       {"M": 70, "N": 100}, "argmax", 0),
+    "argmin_rows_bf16": (ARG.format(dt="bf16", call="argmin(t, 1, keepdim=True)"), {}, {"M": 40, "N": 130},
+                         "argmin", 1),
+    "argmin_cols_i32": (ARG.format(dt="i32", call="t.argmin(0, keepdim=True)"), {"BM": 64},
+                        {"M": 100, "N": 64}, "argmin", 0),
+    "argmin_1d": (ARG1, {}, {"N": 1000, "B": 4}, "argmin", 0),
+}
+
+
+def _arg_compile(name: str, stop: str):
+    src, consts, *_ = ARG_CASES[name]
+    return compile_kernel(src, consts=consts, stop=stop, cache=False)
+
+
+def _arg_args(name: str, seed: int) -> list:
+    """Random inputs with ties (values on a coarse grid) and NaNs in some lines."""
+    kernel = _arg_compile(name, "tkir").kernel_op
+    args = random_args(kernel, ARG_CASES[name][2], seed, int_range=(-3, 3))
+    x = args[0]
+    if x.dtype.kind == "f":
+        rng = np.random.default_rng(seed)
+        x[...] = np.round(x * 2) / 2
+        x[rng.random(x.shape) < 0.01] = np.nan
+    return args
+
+
+def _arg_reference(name: str, x: np.ndarray) -> np.ndarray:
+    src, consts, dims, kind, axis = ARG_CASES[name]
+    fn = torch.argmax if kind == "argmax" else torch.argmin
+    t = torch.from_numpy(np.asarray(x, np.float64))
+    if name == "argmin_1d":
+        b, _ = _blocks(t, (256,))
+        return fn(b, dim=1).numpy()
+    block = (consts.get("BM", 16), consts.get("BN", 64))
+    b, padded = _blocks(t, block)
+    idx = fn(b, dim=2 * axis + 1, keepdim=True).expand(b.shape).reshape(padded)
+    return idx[tuple(slice(0, s) for s in t.shape)].numpy()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(ARG_CASES))
+def test_arg_reductions_match_torch(name: str, seed: int) -> None:
+    args = _arg_args(name, seed)
+    run_kernel(_arg_compile(name, "tkir").kernel_op, args)
+    np.testing.assert_array_equal(args[1], _arg_reference(name, args[0]))
+
+
+@pytest.mark.parametrize("name", list(ARG_CASES))
+def test_arg_reductions_emulator_matches_interpreter(name: str) -> None:
+    args = _arg_args(name, 4)
+    want = [a.copy() for a in args]
+    run_kernel(_arg_compile(name, "tkir").kernel_op, want)
+    emulate(_arg_compile(name, "hopper").kernel_op, args, seed=4)
+    np.testing.assert_array_equal(args[1], want[1])
+
+
+def test_argmax_of_bool_is_refused_in_the_language() -> None:
+    with pytest.raises(TkcTypeError, match=r"argmax\(\) of a bool tile; cast it with .to\(i32\)") as e:
+        compile_kernel(ARG.format(dt="f32", call="(t > 0.0).argmax(1, keepdim=True)"), stop="tkir", cache=False)
+    assert e.value.loc is not None and e.value.loc.line == 7
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("name", list(ARG_CASES))
+def test_arg_reductions_assemble_without_spills(name: str) -> None:
+    c = _arg_compile(name, "cubin")
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ARG_CASES))
+def test_arg_reductions_on_gpu_as_in_the_interpreter(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    c = _arg_compile(name, "cubin")
+    args = _arg_args(name, 6)
+    want = [a.copy() for a in args]
+    run_kernel(_arg_compile(name, "tkir").kernel_op, want)
+    params = c.kernel_op.regions[0].block.args
+    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
+    launch(c, cuda)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(cuda[1].cpu().numpy(), want[1])

@@ -247,6 +247,13 @@ class _Gen:
         axis = self.draw(st.integers(0, t.rank - 1))
         self.emit(T.ScanOp, [self.get(t)], [t], {"kind": self.pick(list(T.SCAN_KINDS)), "axis": axis})
 
+    def op_arg_reduce(self) -> None:
+        t = self.tile_type([d for d in ALL_DTYPES if not d.is_bool])
+        axis = self.draw(st.integers(0, t.rank - 1))
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        r = TileType(shape, i32) if shape else I32
+        self.emit(T.ArgReduceOp, [self.get(t)], [r], {"kind": self.pick(list(T.ARG_KINDS)), "axis": axis})
+
     def op_cluster_reduce(self) -> None:
         t = self.tile_type().with_dtype(f32)
         # The op combines the programs of a cluster: its kernel carries the pin.
@@ -325,7 +332,7 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_scan", "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
+                "op_scan", "op_arg_reduce", "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]

@@ -146,6 +146,7 @@ BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     "where": _where, "load": _load, "sum": _reduction("sum"), "mean": _reduction("mean"),
+    "argmax": _reduction("argmax"), "argmin": _reduction("argmin"),
     "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},
     "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),

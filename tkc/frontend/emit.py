@@ -376,3 +376,18 @@ class Emitter:
         if t.dtype.is_bool:
             raise TkcTypeError(f"{name}() of a bool tile; cast it with .to(i32)", loc)
         return Dyn(self.b.value(T.ScanOp, [x.value], t, {"kind": kind, "axis": axis % t.rank}, loc=loc))
+
+    def arg_reduce(self, kind: str, x: Dyn, axis: int, keepdim: bool, loc: Loc) -> Dyn:
+        """``argmax``/``argmin`` (``kind``) of a tile along ``axis``: an i32 index per line."""
+        t = x.type
+        if not -t.rank <= axis < t.rank:
+            raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
+        axis %= t.rank
+        if t.dtype.is_bool:
+            raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        rt = TileType(shape, dtypes.i32) if shape else T.I32
+        r = Dyn(self.b.value(T.ArgReduceOp, [x.value], rt, {"kind": kind, "axis": axis}, loc=loc))
+        if keepdim:
+            r = self.expand_dims(r, axis, loc) if shape else self.splat(r, TileType((1,), dtypes.i32), loc)
+        return r

@@ -31,6 +31,7 @@ NONE = TupleV(())
 BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
 SCANS = {"cumsum": "sum", "cumprod": "prod"}
+ARG_REDUCTIONS = ("argmax", "argmin")
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
@@ -679,7 +680,7 @@ class KernelLowering:
                 return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
         if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
             return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
-        if e.attr in ("to", *REDUCTIONS, *SCANS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+        if e.attr in ("to", *REDUCTIONS, *ARG_REDUCTIONS, *SCANS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
             return Method(obj, e.attr)
         raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
 
@@ -936,7 +937,7 @@ class KernelLowering:
             if not isinstance(a["dtype"], DTypeName):
                 raise TkcTypeError(f".to() takes a dtype like bf16, got {self._kind(a['dtype'])}", e.loc)
             return self.em.cast(obj, a["dtype"].dtype, e.loc)
-        if m.name in REDUCTIONS:
+        if m.name in REDUCTIONS or m.name in ARG_REDUCTIONS:
             a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED), ("keepdim", Const(False))])
             return self._reduce(m.name, obj, a, e)
         if m.name in SCANS:
@@ -953,6 +954,8 @@ class KernelLowering:
         keep = a["keepdim"]
         if not isinstance(keep, Const) or not isinstance(keep.value, bool):
             raise TkcTypeError("keepdim must be True or False", e.loc)
+        if kind in ARG_REDUCTIONS:
+            return self.em.arg_reduce(kind, x, axis, keep.value, e.loc)
         return self.em.reduce(kind, x, axis, keep.value, e.loc)
 
     def scan(self, name: str, x: object, a: dict, e: ast.Call) -> Dyn:

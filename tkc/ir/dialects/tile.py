@@ -353,6 +353,35 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
 
 
+ARG_KINDS = ("argmax", "argmin")
+
+
+@register
+class ArgReduceOp(Operation):
+    """``argmax``/``argmin`` along one axis (dropped, as in ``tile.reduce``): the i32 index of
+    the largest or smallest element, the first one on ties; a NaN counts as both the largest
+    and the smallest (the first NaN wins), as in torch.  Bool tiles are refused."""
+
+    name = "tile.arg_reduce"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if self.kind not in ARG_KINDS:
+            raise self.error(f"kind must be one of {', '.join(ARG_KINDS)}")
+        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {a}")
+        if a.dtype.is_bool:
+            raise self.error(f"takes float or integer tiles, got {a}")
+        shape = a.shape[: self.axis] + a.shape[self.axis + 1:]
+        want = TileType(shape, dtypes.i32) if shape else I32
+        if not _same_elements(r, want):
+            raise self.error(f"result must be {want}, got {r}")
+
+
 SCAN_KINDS = ("sum", "prod")
 
 
