@@ -168,31 +168,33 @@ def _num_programs(ctx: Program, op: Operation) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ memory
-def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int]):
-    """(tensor slices, box slices) of the in-bounds part of a box, or None if
-    no element of the box lies inside the tensor."""
+def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int],
+                steps: Sequence[int] | None = None):
+    """(tensor slices, box slices) of the in-bounds part of a box (element ``j`` along an axis
+    at ``offset + j * step``), or None if no element of the box lies inside the tensor."""
     src, dst = [], []
-    for size, off, ext in zip(shape, offsets, box):
+    for size, off, ext, step in zip(shape, offsets, box, steps or [1] * len(box)):
         off = int(off)  # python int: off + ext must not wrap like i32
-        lo, hi = max(off, 0), min(off + ext, size)
+        lo = max(-(off // step), 0)  # the first j with off + j * step >= 0
+        hi = min(ext, -((off - size) // step))  # past the last j with off + j * step < size
         if lo >= hi:
             return None
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - off, hi - off))
+        src.append(slice(off + lo * step, off + (hi - 1) * step + 1, step))
+        dst.append(slice(lo, hi))
     return tuple(src), tuple(dst)
 
 
 def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
     dt = op.operands[0].type.dtype
     out = np.full(op.box, round_to(0 if op.other is None else op.other, dt), dt.np_storage)
-    sl = _box_slices(tensor.shape, offsets, op.box)
+    sl = _box_slices(tensor.shape, offsets, op.box, op.steps)
     if sl is not None:
         out[sl[1]] = tensor[sl[0]]  # a copy: later stores must not change a loaded tile
     return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
 
 
 def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
-    sl = _box_slices(tensor.shape, offsets, op.box)
+    sl = _box_slices(tensor.shape, offsets, op.box, op.steps)
     if sl is not None:
         tensor[sl[0]] = np.reshape(value, op.box)[sl[1]]
     ctx.written.add(id(tensor))

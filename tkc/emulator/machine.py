@@ -744,11 +744,12 @@ def _global_index(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coo
     """Tensor index of every value (box axes in order; squeezed axes take only the offset) and
     the in-bounds mask."""
     squeeze = set(op.squeeze or [])
+    steps = op.attributes.get("steps") or [1] * len(offsets)
     it = iter(coords)
     idx = []
     for a, off in enumerate(offsets):
         c = 0 if a in squeeze else next(it)
-        idx.append(int(off) + np.asarray(c, np.int64))
+        idx.append(int(off) + steps[a] * np.asarray(c, np.int64))
     shape = np.broadcast_shapes(*(i.shape for i in idx))
     idx = [np.broadcast_to(i, shape) for i in idx]
     inb = np.ones(shape, bool)

@@ -757,7 +757,7 @@ class KernelLowering:
             if isinstance(item, ast.NoneLit):
                 out = self.em.expand_dims(out, axis, item.loc)
                 axis += 1
-            elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None:
+            elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None and item.step is None:
                 axis += 1
             else:
                 raise TkcUnsupportedError("a tile can only be indexed with ':' and None (new axes); "
@@ -766,14 +766,14 @@ class KernelLowering:
             raise TkcTypeError(f"too many indices for {x.type}", e.loc)
         return out
 
-    def _box(self, view: View) -> tuple[list, list[int], list[int]]:
-        """Offsets, box extents and squeezed axes of a tensor slice."""
+    def _box(self, view: View) -> tuple[list, list[int], list[int], list[int]]:
+        """Offsets, box extents, squeezed axes and steps of a tensor slice."""
         t = view.tensor.type
         index = list(view.index)
         if len(index) > t.rank:
             raise TkcTypeError(f"too many indices for tensor '{view.tensor.name}' of rank {t.rank}",
                                view.node.loc)
-        offsets, box, squeeze = [], [], []
+        offsets, box, squeeze, steps = [], [], [], []
 
         def ev(x: ast.Expr) -> object:  # in the scope that wrote the slice
             return self.expr(x, view.scope)
@@ -792,6 +792,13 @@ class KernelLowering:
                             and not (isinstance(v, Dyn) and v.type == T.I32):
                         raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got {self._kind(v)}",
                                            loc)
+                step = 1
+                if item is not None and item.step is not None:
+                    sv = ev(item.step)
+                    if not (isinstance(sv, Const) and type(sv.value) is int) or sv.value < 1:
+                        raise TkcTypeError(f"slice step on axis {axis} must be a positive compile-time integer, "
+                                           f"got {self._kind(sv)}", item.step.loc)
+                    step = sv.value
                 fa, fb = self.em.affine_of(lo), self.em.affine_of(hi)
                 ext = fb - fa
                 if not ext.is_const:
@@ -802,7 +809,8 @@ class KernelLowering:
                 if ext.const < 1:
                     raise TkcTypeError(f"slice on axis {axis} has extent {ext.const}; it must be positive", loc)
                 offsets.append(self.value_of(lo, view.node))
-                box.append(ext.const)
+                box.append(-(-ext.const // step))
+                steps.append(step)
             elif isinstance(item, ast.NoneLit):
                 raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
             else:
@@ -813,20 +821,23 @@ class KernelLowering:
                 offsets.append(v)
                 box.append(1)
                 squeeze.append(axis)
+                steps.append(1)
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         check_tile_dims(kept, f"tile of '{view.tensor.name}'", view.node.loc)
         values = [self.value_of(o, view.node) for o in offsets]
         values = [self.em.materialize(o, T.I32, view.node.loc) if isinstance(o, Const) else o for o in values]
-        return [v.value for v in values], box, squeeze
+        return [v.value for v in values], box, squeeze, steps
 
     def load(self, view: View, other: object) -> Dyn:
-        offsets, box, squeeze = self._box(view)
+        offsets, box, squeeze, steps = self._box(view)
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         rt = TileType(kept, t.dtype) if kept else ScalarType(t.dtype)
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze
+        if any(s != 1 for s in steps):
+            attrs["steps"] = steps
         if other is not None:
             if not isinstance(other, Const):
                 raise TkcTypeError("load(..., other=) takes a compile-time constant", view.node.loc)
@@ -836,7 +847,7 @@ class KernelLowering:
         return Dyn(self.b.value(T.LoadOp, [view.tensor.value, *offsets], rt, attrs, loc=view.node.loc))
 
     def store(self, view: View, v: object, loc: Loc) -> None:
-        offsets, box, squeeze = self._box(view)
+        offsets, box, squeeze, steps = self._box(view)
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         if not isinstance(v, (Const, Dyn)):  # located at the value, not at the tensor
@@ -857,6 +868,8 @@ class KernelLowering:
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze
+        if any(s != 1 for s in steps):
+            attrs["steps"] = steps
         self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
 
     # ---------------------------------------------------------------- calls

@@ -272,7 +272,7 @@ class _Lowering:
         store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
         the tensor's elements 16-bit and its axes but the last two squeezed (attention's
         ``o[b, h, rows, :]``), and the pins ``tma`` and ``tma_store`` not false."""
-        if not (self.options.tma and self.options.tma_store):
+        if not (self.options.tma and self.options.tma_store) or op.steps:
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):

@@ -95,6 +95,8 @@ def tma_loadable(op: Operation, target: Target) -> str | None:
         return misfit
     if op.other not in (None, 0, 0.0, False):
         return f"TMA fills out-of-range elements with 0, not {op.other}"
+    if op.steps:
+        return "a slice with a step is read thread by thread"
     return None
 
 

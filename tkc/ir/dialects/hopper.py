@@ -13,7 +13,7 @@ import math
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps
 from tkc.ir.layouts import first_holders
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
@@ -626,6 +626,7 @@ class _GlobalAccess(Operation):
         shape = tuple(b for i, b in enumerate(self.box) if i not in squeeze)
         if len(self.box) != tensor.rank or shape != tile.shape or tile.dtype != tensor.dtype:
             raise self.error(f"the box {self.box} of {tensor} is not {tile}")
+        check_steps(self, tensor.rank)
 
 
 @register
@@ -636,7 +637,7 @@ class LoadOp(_GlobalAccess):
     name = "hopper.load"
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
-    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool), "steps?": list}
     TRAITS = frozenset({"readonly"})
 
     def verify(self) -> None:
@@ -656,7 +657,7 @@ class StoreOp(_GlobalAccess):
 
     name = "hopper.store"
     OPERANDS = ("tensor", "value", "*offsets")
-    ATTRS = {"box": list, "squeeze?": list}
+    ATTRS = {"box": list, "squeeze?": list, "steps?": list}
 
     def verify(self) -> None:
         self._check(self.tensor.type, self.offsets, self.value.type)

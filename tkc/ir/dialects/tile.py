@@ -468,9 +468,21 @@ class MmaOp(Operation):
 
 
 # ------------------------------------------------------------------- memory
+def check_steps(op: Operation, rank: int) -> None:
+    """``steps`` (of a load or store): a positive element stride per tensor axis, 1 on squeezed
+    axes; element ``j`` of the box along axis ``a`` is tensor element ``offset + j * step``."""
+    steps = op.attributes.get("steps")
+    if steps is None:
+        return
+    squeeze = op.attributes.get("squeeze") or []
+    if len(steps) != rank or any(type(s) is not int or s < 1 for s in steps) or any(steps[a] != 1 for a in squeeze):
+        raise op.error(f"steps {steps} must give a positive stride per tensor axis, 1 on squeezed axes")
+
+
 class _Access(Operation):
     """Shared checks of load/store: one i32 offset per tensor axis; ``box``
-    is the extent per axis, ``squeeze`` the axes dropped from the tile."""
+    is the extent per axis, ``squeeze`` the axes dropped from the tile, ``steps`` (optional)
+    the element stride per axis (``x[0:D:2]``)."""
 
     def _check_box(self, tensor: Type, offsets: list, tile: Type) -> None:
         if not isinstance(tensor, TensorType):
@@ -490,17 +502,18 @@ class _Access(Operation):
             ok = tile == want
         if not ok:
             raise self.error(f"the box {box} of {tensor} is {want}, not {tile}")
+        check_steps(self, tensor.rank)
 
 
 @register
 class LoadOp(_Access):
-    """Read a box of a tensor at element offsets.  Elements outside the tensor
-    read as ``other`` (0 when absent)."""
+    """Read a box of a tensor at element offsets (every ``steps[a]``-th element along axis
+    ``a`` when given).  Elements outside the tensor read as ``other`` (0 when absent)."""
 
     name = "tile.load"
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
-    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool), "steps?": list}
     TRAITS = frozenset({"readonly"})
 
     def verify(self) -> None:
@@ -520,7 +533,7 @@ class StoreOp(_Access):
 
     name = "tile.store"
     OPERANDS = ("tensor", "value", "*offsets")
-    ATTRS = {"box": list, "squeeze?": list}
+    ATTRS = {"box": list, "squeeze?": list, "steps?": list}
 
     def verify(self) -> None:
         self._check_box(self.tensor.type, self.offsets, self.value.type)
