@@ -269,6 +269,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.broadcast": lambda ctx, op, x: np.broadcast_to(x, op.results[0].type.shape),
     "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
+    "tile.reshape": lambda ctx, op, x: np.reshape(x, op.results[0].type.shape),
     "tile.reduce": _reduce,
     "tile.scan": _scan,
     "tile.arg_reduce": _arg_reduce,

@@ -234,6 +234,11 @@ class _Gen:
         t = self.tile_type(rank=2)
         self.emit(T.TransposeOp, [self.get(t)], [t.with_shape(t.shape[::-1])])
 
+    def op_reshape(self) -> None:
+        t = self.tile_type()
+        shape = (t.numel,) if t.rank == 2 or self.coin(0.5) else tuple(reversed(t.shape))
+        self.emit(T.ReshapeOp, [self.get(t)], [t.with_shape(shape)])
+
     def op_reduce(self) -> None:
         t = self.tile_type()
         axis = self.draw(st.integers(0, t.rank - 1))
@@ -332,7 +337,8 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_scan", "op_arg_reduce", "op_mma", "op_arange", "op_load", "op_store", "op_for", "op_if",
+                "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_store", "op_for",
+                "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]

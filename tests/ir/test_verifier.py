@@ -279,6 +279,8 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"axis 0 is not an axis of f32", None),
     ("tile.reduce", kernel('%x = tile.reduce %t4 {axis = 0} : tile<4xf32> // bad'),
      r"missing attribute 'kind'", None),
+    ("tile.reshape", kernel("%x = tile.reshape %t4 : tile<8xf32> // bad"),
+     r"reshapes keep the dtype and the element count: tile<4x4xf32> -> tile<8xf32>", None),
     ("tile.arg_reduce", kernel('%x = tile.arg_reduce %t4 {kind = "argmax", axis = 0} : tile<4xf32> // bad'),
      r"result must be tile<4xi32>, got tile<4xf32>", None),
     ("tile.arg_reduce", kernel('%x = tile.arg_reduce %t4 {kind = "max", axis = 0} : tile<4xi32> // bad'),

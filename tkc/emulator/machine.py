@@ -56,7 +56,7 @@ from tkc.semantics import CPU_SMS, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, WgmmaOperandA, first_holders, reduce_plan, register_map, \
-    scan_plan
+    same_registers, scan_plan
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import entry_registers, register_pool
@@ -611,6 +611,13 @@ def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _reshape(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    if not same_registers(src, dst):
+        raise _fault(op, f"{src} -> {dst} moves values between threads or registers; a reshape must be free")
+    return x
+
+
 def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
     slot_of = getattr(src, "slot_of", None)
@@ -1075,6 +1082,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.num_sms": lambda wg, op: np.asarray(CPU_SMS, np.int32),
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
+    "tile.reshape": _reshape,
     "hopper.load": _load,
     "hopper.store": _store,
     "hopper.smem_alloc": _smem_alloc,

@@ -368,6 +368,16 @@ class Emitter:
             r = self.expand_dims(r, axis, loc) if shape else self.splat(r, t.with_shape((1,)), loc)
         return r
 
+    def reshape(self, x: Dyn, shape: tuple[int, ...], loc: Loc) -> Dyn:
+        """``x.reshape(shape)``: the same elements, row-major, in another shape."""
+        t = x.type
+        if math.prod(shape) != t.numel:
+            raise TkcTypeError(f"cannot reshape {t} ({t.numel} elements) to {list(shape)} "
+                               f"({math.prod(shape)} elements)", loc)
+        if shape == t.shape:
+            return x
+        return Dyn(self.b.value(T.ReshapeOp, [x.value], t.with_shape(shape), loc=loc))
+
     def scan(self, name: str, kind: str, x: Dyn, axis: int, loc: Loc) -> Dyn:
         """``cumsum``/``cumprod`` (``name``) of a tile along ``axis``: same shape and dtype."""
         t = x.type

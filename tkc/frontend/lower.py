@@ -32,6 +32,8 @@ BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
 SCANS = {"cumsum": "sum", "cumprod": "prod"}
 ARG_REDUCTIONS = ("argmax", "argmin")
+#: What ``x.name(...)`` may call on a tile (or a tensor slice, loaded first).
+METHODS = ("to", "reshape", *REDUCTIONS, *ARG_REDUCTIONS, *SCANS, *MATH_FUNCS)
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "bool")
@@ -680,7 +682,7 @@ class KernelLowering:
                 return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
         if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
             return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
-        if e.attr in ("to", *REDUCTIONS, *ARG_REDUCTIONS, *SCANS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+        if e.attr in METHODS and isinstance(obj, (Dyn, View, Const)):
             return Method(obj, e.attr)
         raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
 
@@ -953,6 +955,12 @@ class KernelLowering:
         if m.name in REDUCTIONS or m.name in ARG_REDUCTIONS:
             a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED), ("keepdim", Const(False))])
             return self._reduce(m.name, obj, a, e)
+        if m.name == "reshape":
+            if len(args) > 1 and not kwargs:  # x.reshape(64, 32), as torch and numpy allow
+                args = [TupleV(tuple(args))]
+            a = self.bind(".reshape()", e, args, kwargs, [("shape", REQUIRED)])
+            x = self._tile(obj, ".reshape()", e)
+            return self.em.reshape(x, self.shape_arg(a["shape"], e), e.loc)
         if m.name in SCANS:
             a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED)])
             return self.scan(m.name, obj, a, e)

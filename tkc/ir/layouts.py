@@ -715,6 +715,82 @@ class Slice(_Distributed):
         return f"#slice<{self.parent}, axis={self.axis}" + (", keep>" if self.keep else ">")
 
 
+def _ravel(coords: tuple[Any, ...], shape: tuple[int, ...]) -> Any:
+    """The row-major position of ``coords`` in ``shape`` (ints, arrays or codegen symbols)."""
+    out: Any = 0
+    for c, n in zip(coords, shape):
+        out = _add(_mul(out, n), c)
+    return out
+
+
+def _unravel(pos: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """The coordinates of row-major position ``pos`` in ``shape``."""
+    out = []
+    for k, n in enumerate(shape):
+        c = _div(pos, math.prod(shape[k + 1:]))
+        out.append(_mod(c, n) if k else c)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Reshaped(_Distributed):
+    """``#reshape<parent, RxC>``: the values of ``parent`` in the same registers, seen as a tile
+    of ``shape`` with the same row-major element order (``x.reshape(...)``).  A thread's part
+    and a value's part of the row-major position must add without carrying across the new
+    axes (:func:`reshape_layout` checks), so the split of the distributed-layout protocol
+    survives: ``thread_coords`` unravels the thread's position, ``reg_coords`` the value's."""
+
+    parent: DistributedLayout
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(x) for x in self.shape))
+        if math.prod(self.shape) != math.prod(self.parent.shape):
+            raise ValueError(f"cannot reshape {self.parent} to {_dims_text(self.shape)}: the element counts differ")
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @property
+    def regs(self) -> int:
+        return self.parent.regs
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        return _unravel(_ravel(self.parent.thread_coords(t), self.parent.shape), self.shape)
+
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        return tuple(int(c) for c in _unravel(_ravel(self.parent.reg_coords(i), self.parent.shape), self.shape))
+
+    def __str__(self) -> str:
+        return f"#reshape<{self.parent}, {_dims_text(self.shape)}>"
+
+
+def same_registers(src: DistributedLayout, dst: DistributedLayout) -> bool:
+    """Whether every thread holds, as value ``i`` of ``dst``, the element at the same row-major
+    position as its value ``i`` of ``src`` (a reshape that moves nothing)."""
+    if src.threads != dst.threads or src.regs != dst.regs or math.prod(src.shape) != math.prod(dst.shape):
+        return False
+    t, i = np.arange(src.threads)[:, None], np.arange(src.regs)[None, :]
+    cs, cd = src.coords(t, i), dst.coords(t, i)
+    # Row-major positions are a bijection only inside the shapes: a carry shows as a coordinate past its extent.
+    if any(np.any((c < 0) | (c >= n)) for coords, shape in ((cs, src.shape), (cd, dst.shape))
+           for c, n in zip(coords, shape)):
+        return False
+    return bool(np.array_equal(_ravel(cs, tuple(src.shape)), _ravel(cd, tuple(dst.shape))))
+
+
+def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> Reshaped:
+    """``parent`` as a tile of ``shape`` in the same registers (row-major element order), or a
+    ValueError saying why the thread and value parts of some element's position carry into
+    each other's axes (then the reshape must move values between threads)."""
+    lay = Reshaped(parent, tuple(shape))
+    if not same_registers(parent, lay):
+        raise ValueError(f"the values of {parent} do not stay in their threads' registers as a "
+                         f"{_dims_text(lay.shape)} tile")
+    return lay
+
+
 # --------------------------------------------------------------------------- conversions
 def register_map(src: DistributedLayout, dst: DistributedLayout) -> tuple[int, ...] | None:
     """How a tile in layout ``src`` becomes layout ``dst`` without leaving its threads: for each
@@ -982,7 +1058,20 @@ def _parse_slice(text: str) -> Slice:
     return Slice(parse(m.group(2)), int(axis.group(1)), len(parts) == 3)
 
 
+def _parse_reshape(text: str) -> Reshaped:
+    parts = _split_top(text)
+    m = re.fullmatch(r"#(\w+)<(.*)>", parts[0], re.S) if len(parts) == 2 else None
+    shape = re.fullmatch(r"\d+(?:x\d+)*", parts[1]) if m else None
+    if m is None or shape is None:
+        raise ValueError("expected '#<parent layout>, <R>x<C>'")
+    parse = LAYOUT_PARSERS.get(m.group(1))
+    if parse is None:
+        raise ValueError(f"unknown parent layout '#{m.group(1)}'")
+    return Reshaped(parse(m.group(2)), tuple(int(x) for x in parts[1].split("x")))
+
+
 LAYOUT_PARSERS.update({
+    "reshape": _parse_reshape,
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),

@@ -331,7 +331,7 @@ PATTERNS["tile.mul"] += [fold_mul_one_or_zero]
 PATTERNS["tile.floordiv"] += [fold_div_one]
 PATTERNS["tile.div"] += [fold_div_one]
 PATTERNS["tile.cast"] += [fold_noop_conversion]
-for _name in ("tile.splat", "tile.broadcast", "tile.expand_dims", "tile.transpose", "tile.reduce"):
+for _name in ("tile.splat", "tile.broadcast", "tile.expand_dims", "tile.transpose", "tile.reduce", "tile.reshape"):
     PATTERNS[_name] = [fold_shape_of_constant]
 PATTERNS["tile.broadcast"] += [fold_noop_conversion]
 PATTERNS["tile.transpose"] += [fold_double_transpose]

@@ -53,6 +53,7 @@ from tkc.ir.layouts import (
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
+    reshape_layout,
     scan_plan,
 )
 from tkc.ir.types import TileType
@@ -75,6 +76,14 @@ def select_layouts(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
             _Selector(kernel, options, target).run()
+
+
+def _reshaped(layout: object, shape: tuple[int, ...]) -> object | None:
+    """``layout`` as a tile of ``shape`` in the same registers, or None when it cannot be."""
+    try:
+        return reshape_layout(layout, shape)
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def _def(v: Value) -> Operation | None:
@@ -309,6 +318,8 @@ class _Selector:
             return self._propose(op.result, src)
         if name == "tile.reduce" and op.x in lay and isinstance(op.result.type, TileType):
             return self._propose(op.result, Slice(lay[op.x], op.axis))
+        if name == "tile.reshape" and op.x in lay:
+            return self._propose(op.result, _reshaped(lay[op.x], op.result.type.shape))
         if name == "tile.expand_dims" and op.x in lay:
             s = lay[op.x]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -340,6 +351,8 @@ class _Selector:
         if (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for v in op.operands:
                 changed |= self._propose(v, lay[op.result])
+        elif name == "tile.reshape" and op.result in lay:
+            changed |= self._propose(op.x, _reshaped(lay[op.result], op.x.type.shape))
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -396,6 +409,8 @@ class _Selector:
         lay, name = self.lay, op.name
         if name == "tile.scan":
             self._scan_layout(op)
+        elif name == "tile.reshape":
+            self._reshape_layout(op)
         elif (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
@@ -460,6 +475,29 @@ class _Selector:
                 raise self._unsupported(op, f"cannot scan this {t} along axis {op.axis}: {e}") from None
             self._retype_result(op, want)
         self._need(op, 0, want)
+
+    def _reshape_layout(self, op: Operation) -> None:
+        """A reshape keeps every value in its thread's registers: the result is ``#reshape`` of
+        the operand's layout, or of ``choose_blocked``'s (converted to) when the operand's
+        would carry between the new axes; refused when neither can."""
+        src, shape = self.lay[op.x], op.result.type.shape
+        want = _reshaped(src, shape)
+        if want is None:
+            t = op.x.type
+            try:
+                blocked = choose_blocked(t.shape, max(1, t.dtype.bits // 8), self.threads)
+            except ValueError:
+                blocked = None
+            want = _reshaped(blocked, shape) if blocked is not None else None
+            if want is None:
+                old, new = "x".join(map(str, t.shape)), "x".join(map(str, shape))
+                raise self._unsupported(op, f"cannot reshape this {old} {t.dtype.name} tile to {new} in registers "
+                                        f"(threads would need elements other threads hold); flattening to one "
+                                        f"axis always works, and so do reshapes between power-of-two extents, "
+                                        f"e.g. [64, 32] -> [2048] or [32, 64] -> [64, 32]")
+            self._need(op, 0, blocked)
+        if self.lay[op.result] != want:
+            self._retype_result(op, want)
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
         """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""

@@ -321,6 +321,28 @@ class TransposeOp(Operation):
             raise self.error(f"transposes a 2-D tile: {a} -> {r}")
 
 
+@register
+class ReshapeOp(Operation):
+    """``x.reshape(shape)``: the same elements in row-major order as a tile of another shape.
+    Once tiles have register layouts, each thread must hold its values in the same registers
+    (``tkc.ir.layouts.same_registers``): a reshape moves nothing."""
+
+    name = "tile.reshape"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import same_registers
+
+        a, r = self.x.type, self.result.type
+        if not (isinstance(a, TileType) and isinstance(r, TileType)) or a.dtype != r.dtype or a.numel != r.numel:
+            raise self.error(f"reshapes keep the dtype and the element count: {a} -> {r}")
+        if a.space == "reg" and r.space == "reg" and a.layout is not None and r.layout is not None \
+                and not same_registers(a.layout, r.layout):
+            raise self.error(f"{a.layout} and {r.layout} hold different elements in the same registers")
+
+
 REDUCE_KINDS = ("sum", "max", "min")
 #: What ``tile.reduce`` computes: the kinds every level has, and ``mean`` (a float sum over the
 #: axis divided by its extent), which the ``decompose`` pass rewrites into a sum.
