@@ -6,15 +6,11 @@ would is refused at its line, in the language's words."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
+from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
-from tkc import dtypes
 from tkc.compiler import compile_kernel
-from tkc.emulator.machine import emulate
 from tkc.errors import TkcTypeError, TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
 
@@ -91,14 +87,13 @@ def test_interpreter_matches_numpy(name: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_emulator_matches_interpreter(name: str) -> None:
-    args = random_args(_compile(name, "tkir").kernel_op, CASES[name][2], 2)
-    want = [a.copy() for a in args]
-    run_kernel(_compile(name, "tkir").kernel_op, want)
-    emulate(_compile(name, "hopper").kernel_op, args, seed=2)
+def test_emulator_matches_interpreter_without_spills(name: str) -> None:
+    tile_ir = _compile(name, "tkir").kernel_op
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(name, stop)).kernel_op,
+                                      random_args(tile_ir, CASES[name][2], 2), 2)
     tol = 1e-5 if name == "mma_acc" else 0  # wgmma adds the products in another order
-    for got, w in zip(args[1:], want[1:]):
-        np.testing.assert_allclose(got, w, rtol=tol, atol=tol)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
 
 
 def test_reshapes_move_no_value() -> None:
@@ -107,11 +102,9 @@ def test_reshapes_move_no_value() -> None:
 
 
 def test_a_reshape_that_would_move_values_is_refused_at_its_line() -> None:
-    src = BLOCK.format(dt="f32", call="t.reshape([OR, OC])")
-    with pytest.raises(TkcUnsupportedError, match=r"cannot reshape this 48x64 f32 tile to 64x48 in registers.*"
-                                                  r"flattening to one axis always works") as e:
-        compile_kernel(src, consts={"BR": 48, "BC": 64, "OR": 64, "OC": 48}, stop="hopper", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 6
+    assert_refused(BLOCK.format(dt="f32", call="t.reshape([OR, OC])"), TkcUnsupportedError,
+                   r"cannot reshape this 48x64 f32 tile to 64x48 in registers.*flattening to one axis always works", 6,
+                   consts={"BR": 48, "BC": 64, "OR": 64, "OC": 48}, stop="hopper")
 
 
 @pytest.mark.parametrize("call, message", [
@@ -125,34 +118,13 @@ def test_bad_shapes_are_located(call: str, message: str | None) -> None:
     if message is None:  # fine in the language: checked here so that the cases above are the errors
         compile_kernel(src, stop="tkir", cache=False)
         return
-    with pytest.raises(TkcTypeError, match=message) as e:
-        compile_kernel(src, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 7
-
-
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
-@pytest.mark.parametrize("name", list(CASES))
-def test_assembles_without_spills(name: str) -> None:
-    c = _compile(name, "cubin")
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_refused(src, TkcTypeError, message, 7, stop="tkir")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
-    c = _compile(name, "cubin")
-    args = random_args(c.kernel_op, CASES[name][2], 5)
-    want = [a.copy() for a in args]
-    run_kernel(_compile(name, "tkir").kernel_op, want)
-    params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
+    _, want, got = interpret_and_run_on_gpu(lambda stop: _compile(name, stop), CASES[name][2])
     tol = 1e-3 if name == "mma_acc" else 0
-    for g, w in zip(cuda[1:], want[1:]):
-        np.testing.assert_allclose(g.double().cpu().numpy(), np.asarray(w, np.float64), rtol=tol, atol=tol)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, np.asarray(w, np.float64), rtol=tol, atol=tol)

@@ -10,21 +10,22 @@ rounding of a narrower dtype): the tolerances below are that bound, not a guess.
 from __future__ import annotations
 
 import math
-import shutil
+import re
 
 import numpy as np
 import pytest
 import torch
+from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
 from tkc import dtypes
 from tkc.compiler import compile_kernel
-from tkc.emulator.machine import emulate
 from tkc.errors import TkcTypeError
 from tkc.interpreter import random_args, run_kernel
 
-# Each program scans one BM x BN block of x along AX (elements past the tensor read as 0).
+# Each program scans one BM x BN block of x along AX (elements past the tensor read as 0); the
+# arg reductions below store, across the block, the index along AX of each line's extreme.
 BLOCK = """@kernel
-def scan(x: {dt}[M, N], y: {dt}[M, N], BM: const = 16, BN: const = 64, AX: const = 1):
+def scan(x: {dt}[M, N], y: {out}[M, N], BM: const = 16, BN: const = 64, AX: const = 1):
     grid(cdiv(M, BM), cdiv(N, BN))
     i = program_id(0)
     j = program_id(1)
@@ -49,8 +50,9 @@ def scanmm(q: bf16[M, K], k: bf16[N, K], y: f32[M, N], BM: const = 64, BN: const
 """
 
 
-def _block(dt: str = "f32", call: str = "t.cumsum(AX)") -> str:
-    return BLOCK.format(dt=dt, call=call)
+def _block(dt: str = "f32", call: str = "t.cumsum(AX)", out: str | None = None) -> str:
+    """``BLOCK`` storing ``call``; ``out``: y's dtype (x's by default)."""
+    return BLOCK.format(dt=dt, call=call, out=out or dt)
 
 
 CASES = {
@@ -132,13 +134,10 @@ def test_interpreter_matches_torch(name: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_emulator_matches_interpreter(name: str) -> None:
-    tile_ir, hopper = _compile(name, "tkir").kernel_op, _compile(name, "hopper").kernel_op
+def test_emulator_matches_interpreter_without_spills(name: str) -> None:
+    tile_ir, hopper = _compile(name, "tkir").kernel_op, lowered(lambda stop: _compile(name, stop)).kernel_op
     args = random_args(tile_ir, CASES[name][2], 3)
-    want = [a.copy() for a in args]
-    got = [a.copy() for a in args]
-    run_kernel(tile_ir, want)
-    emulate(hopper, got, seed=3)
+    want, got = interpret_and_emulate(tile_ir, hopper, args, 3)
     bound = _bound(name, args, np.asarray(want[-1], np.float64))
     diff = np.abs(np.asarray(got[-1], np.float64) - np.asarray(want[-1], np.float64))
     assert np.all(diff <= 2 * bound), diff.max()
@@ -174,50 +173,18 @@ def test_integer_scans_wrap() -> None:
     ("t.cumsum()", "missing the argument 'axis'"),
 ])
 def test_errors_name_the_call(src: str, message: str) -> None:
-    text = _block(call=src.replace("AXIS", "j"))
-    with pytest.raises(TkcTypeError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
-        compile_kernel(text, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 7
-
-
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
-@pytest.mark.parametrize("name", list(CASES))
-def test_assembles_without_spills(name: str) -> None:
-    c = _compile(name, "cubin")
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_refused(_block(call=src.replace("AXIS", "j")), TkcTypeError, re.escape(message), 7, stop="tkir")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
-    c = _compile(name, "cubin")
-    args = random_args(c.kernel_op, CASES[name][2], 5)
-    want = [a.copy() for a in args]
-    run_kernel(_compile(name, "tkir").kernel_op, want)
-    params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    got = cuda[-1].double().cpu().numpy()
+    args, want, got = interpret_and_run_on_gpu(lambda stop: _compile(name, stop), CASES[name][2])
     bound = _bound(name, args, np.asarray(want[-1], np.float64))
-    assert np.all(np.abs(got - np.asarray(want[-1], np.float64)) <= 2 * bound)
+    assert np.all(np.abs(got[-1] - np.asarray(want[-1], np.float64)) <= 2 * bound)
 
 
 # ---------------------------------------------------------------- argmax / argmin
-# Each program stores, across its block, the index along AX of each line's extreme.
-ARG = """@kernel
-def arg(x: {dt}[M, N], y: i32[M, N], BM: const = 16, BN: const = 64, AX: const = 1):
-    grid(cdiv(M, BM), cdiv(N, BN))
-    i = program_id(0)
-    j = program_id(1)
-    t = x[i*BM:(i+1)*BM, j*BN:(j+1)*BN]
-    y[i*BM:(i+1)*BM, j*BN:(j+1)*BN] = {call}
-"""
 # A 1-D tile reduced to one index per program (kept as a 1-element tile).
 ARG1 = """@kernel
 def arg1(x: f32[N], y: i32[B], BN: const = 256):
@@ -227,13 +194,13 @@ def arg1(x: f32[N], y: i32[B], BN: const = 256):
 """
 ARG_CASES = {
     # name: (source, constants, dims, kind, axis)
-    "argmax_rows": (ARG.format(dt="f32", call="t.argmax(AX, keepdim=True)"), {"AX": 1}, {"M": 70, "N": 100},
+    "argmax_rows": (_block("f32", "t.argmax(AX, keepdim=True)", "i32"), {"AX": 1}, {"M": 70, "N": 100},
                     "argmax", 1),
-    "argmax_cols_64": (ARG.format(dt="f32", call="t.argmax(AX, keepdim=True)"), {"BM": 64, "AX": 0},
+    "argmax_cols_64": (_block("f32", "t.argmax(AX, keepdim=True)", "i32"), {"BM": 64, "AX": 0},
                        {"M": 70, "N": 100}, "argmax", 0),
-    "argmin_rows_bf16": (ARG.format(dt="bf16", call="argmin(t, 1, keepdim=True)"), {}, {"M": 40, "N": 130},
+    "argmin_rows_bf16": (_block("bf16", "argmin(t, 1, keepdim=True)", "i32"), {}, {"M": 40, "N": 130},
                          "argmin", 1),
-    "argmin_cols_i32": (ARG.format(dt="i32", call="t.argmin(0, keepdim=True)"), {"BM": 64},
+    "argmin_cols_i32": (_block("i32", "t.argmin(0, keepdim=True)", "i32"), {"BM": 64},
                         {"M": 100, "N": 64}, "argmin", 0),
     "argmin_1d": (ARG1, {}, {"N": 1000, "B": 4}, "argmin", 0),
 }
@@ -278,41 +245,19 @@ def test_arg_reductions_match_torch(name: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("name", list(ARG_CASES))
-def test_arg_reductions_emulator_matches_interpreter(name: str) -> None:
-    args = _arg_args(name, 4)
-    want = [a.copy() for a in args]
-    run_kernel(_arg_compile(name, "tkir").kernel_op, want)
-    emulate(_arg_compile(name, "hopper").kernel_op, args, seed=4)
-    np.testing.assert_array_equal(args[1], want[1])
+def test_arg_reductions_emulator_matches_interpreter_without_spills(name: str) -> None:
+    hopper = lowered(lambda stop: _arg_compile(name, stop)).kernel_op
+    want, got = interpret_and_emulate(_arg_compile(name, "tkir").kernel_op, hopper, _arg_args(name, 4), 4)
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_argmax_of_bool_is_refused_in_the_language() -> None:
-    with pytest.raises(TkcTypeError, match=r"argmax\(\) of a bool tile; cast it with .to\(i32\)") as e:
-        compile_kernel(ARG.format(dt="f32", call="(t > 0.0).argmax(1, keepdim=True)"), stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 7
-
-
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
-@pytest.mark.parametrize("name", list(ARG_CASES))
-def test_arg_reductions_assemble_without_spills(name: str) -> None:
-    c = _arg_compile(name, "cubin")
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_refused(_block("f32", "(t > 0.0).argmax(1, keepdim=True)", "i32"), TkcTypeError,
+                   r"argmax\(\) of a bool tile; cast it with .to\(i32\)", 7, stop="tkir")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(ARG_CASES))
 def test_arg_reductions_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
-    c = _arg_compile(name, "cubin")
-    args = _arg_args(name, 6)
-    want = [a.copy() for a in args]
-    run_kernel(_arg_compile(name, "tkir").kernel_op, want)
-    params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    np.testing.assert_array_equal(cuda[1].cpu().numpy(), want[1])
+    _, want, got = interpret_and_run_on_gpu(lambda stop: _arg_compile(name, stop), _arg_args(name, 6))
+    np.testing.assert_array_equal(got[1], want[1])

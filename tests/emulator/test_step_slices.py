@@ -6,15 +6,11 @@ thread by thread (not TMA), so a stepped ``@`` operand goes through registers to
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
+from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
-from tkc import dtypes
 from tkc.compiler import compile_kernel
-from tkc.emulator.machine import emulate
 from tkc.errors import TkcTypeError, TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
 
@@ -124,13 +120,12 @@ def test_interpreter_matches_numpy_slices(name: str, seed: int) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_emulator_matches_interpreter(name: str) -> None:
-    args = random_args(_compile(name, "tkir").kernel_op, CASES[name][2], 2)
-    want = [a.copy() for a in args]
-    run_kernel(_compile(name, "tkir").kernel_op, want)
-    emulate(_compile(name, "hopper").kernel_op, args, seed=2)
+def test_emulator_matches_interpreter_without_spills(name: str) -> None:
+    tile_ir = _compile(name, "tkir").kernel_op
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(name, stop)).kernel_op,
+                                      random_args(tile_ir, CASES[name][2], 2), 2)
     tol = 1e-4 if "mma" in name else 1e-6  # wgmma adds the products in another order
-    np.testing.assert_allclose(args[-1], want[-1], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[-1], want[-1], rtol=tol, atol=tol)
 
 
 def test_a_stepped_load_is_read_by_threads_not_tma() -> None:
@@ -146,40 +141,17 @@ def test_a_stepped_load_is_read_by_threads_not_tma() -> None:
 ])
 def test_bad_steps_are_located(index: str, message: str) -> None:
     src = CASES["rope_f32"][0].replace("ev = x[r:r+BM, 0:D:2]", f"ev = x[r:r+BM, {index}]")
-    with pytest.raises(TkcTypeError, match=message) as e:
-        compile_kernel(src, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 7
+    assert_refused(src, TkcTypeError, message, 7, stop="tkir")
 
 
 def test_a_step_on_a_register_tile_is_refused() -> None:
     src = CASES["rope_f32"][0].replace("ev = x[r:r+BM, 0:D:2]", "ev = x[r:r+BM, 0:D:2][:, ::2]")
-    with pytest.raises(TkcUnsupportedError, match="a tile can only be indexed with ':' and None") as e:
-        compile_kernel(src, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 7
-
-
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
-@pytest.mark.parametrize("name", list(CASES))
-def test_assembles_without_spills(name: str) -> None:
-    c = _compile(name, "cubin")
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_refused(src, TkcUnsupportedError, "a tile can only be indexed with ':' and None", 7, stop="tkir")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
-    c = _compile(name, "cubin")
-    args = random_args(c.kernel_op, CASES[name][2], 5)
-    want = [a.copy() for a in args]
-    run_kernel(_compile(name, "tkir").kernel_op, want)
-    params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
+    _, want, got = interpret_and_run_on_gpu(lambda stop: _compile(name, stop), CASES[name][2])
     tol = 1e-3 if "mma" in name else 1e-5
-    np.testing.assert_allclose(cuda[-1].float().cpu().numpy(), np.asarray(want[-1], np.float32), rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[-1], np.asarray(want[-1], np.float64), rtol=tol, atol=tol)

@@ -33,7 +33,7 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
@@ -404,24 +404,32 @@ class _Lowering:
                 return alloc.result
         return None
 
+    def _plan(self, make: Any, op: Operation) -> Any:
+        """``make(layout, axis)`` (``reduce_plan``, ``scan_plan``) for ``op``'s operand; a layout
+        without a plan is refused at ``op``."""
+        try:
+            return make(op.x.type.layout, op.axis)
+        except ValueError as e:
+            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
+
+    def _partials(self, op: Operation, rows: int, cols: int) -> Value:
+        """A shared scratch tile for partials that travel as they are combined: f32 for floats
+        (sums of 16-bit floats accumulate in f32), i32 for integers (an f32 would round sums
+        above 2^24)."""
+        dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
+        lay = SharedLayout(rows, cols, dt, "k", 0)
+        return self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)
+
     def _reduce(self, op: Operation) -> None:
         if op.kind not in hopper.REDUCE_KINDS:  # a mean: the decompose pass makes it a sum
             raise TkcUnsupportedError(f"a {op.kind} reduction reaches lower-to-hopper: is the decompose pass in "
                                       f"the pipeline before it?", op.loc)
-        layout = op.x.type.layout
-        try:
-            plan = reduce_plan(layout, op.axis)
-        except ValueError as e:
-            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
+        plan = self._plan(reduce_plan, op)
         scratch = []
         if plan.warp_xor:
             kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
-            rows, cols = _round_up(layout.threads // self.target.warp_size, 8), _round_up(kept, 4)
-            # Partials travel as they are combined: f32 for floats (sums of 16-bit floats
-            # accumulate in f32), i32 for integers (an f32 would round sums above 2^24).
-            dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
-            lay = SharedLayout(rows, cols, dt, "k", 0)
-            scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
+            rows = _round_up(op.x.type.layout.threads // self.target.warp_size, 8)
+            scratch = [self._partials(op, rows, _round_up(kept, 4))]
         b = Builder.before(op)
         new = b.value(hopper.ReduceOp, [op.x, *scratch], op.result.type,
                       {"kind": op.kind, "axis": op.axis, "shuffle_xor": list(plan.shuffle_xor),
@@ -431,17 +439,10 @@ class _Lowering:
 
     def _scan(self, op: Operation) -> None:
         layout = op.x.type.layout
-        try:
-            plan = scan_plan(layout, op.axis)
-        except ValueError as e:
-            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
-        scratch = []
-        if plan.warp_xor:
-            # Each thread writes its values' block totals in its row; partials as in _reduce.
-            dt = dtypes.i32 if op.x.type.dtype.is_int else dtypes.f32
-            rows, cols = _round_up(layout.threads, 8), _round_up(layout.regs, 4)
-            lay = SharedLayout(rows, cols, dt, "k", 0)
-            scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
+        plan = self._plan(scan_plan, op)
+        # Each thread writes its values' block totals in its row.
+        scratch = [self._partials(op, _round_up(layout.threads, 8), _round_up(layout.regs, 4))] \
+            if plan.warp_xor else []
         new = Builder.before(op).value(hopper.ScanOp, [op.x, *scratch], op.result.type,
                                        {"kind": op.kind, "axis": op.axis})
         replace_all_uses(self.kernel, op.result, new)

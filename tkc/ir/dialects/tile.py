@@ -375,60 +375,63 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
 
 
+class _AlongAxis(Operation):
+    """An op of one kind of ``_KINDS`` along ``axis`` of a float or integer tile; ``_result``
+    says its result type."""
+
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+    _KINDS: tuple[str, ...] = ()
+
+    def _result(self, a: TileType) -> Type:
+        raise NotImplementedError
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if self.kind not in self._KINDS:
+            raise self.error(f"kind must be one of {', '.join(self._KINDS)}")
+        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {a}")
+        if a.dtype.is_bool:
+            raise self.error(f"takes float or integer tiles, got {a}")
+        want = self._result(a)
+        if not _same_elements(r, want):
+            raise self.error(f"result must be {want}, got {r}")
+
+
 ARG_KINDS = ("argmax", "argmin")
 
 
 @register
-class ArgReduceOp(Operation):
+class ArgReduceOp(_AlongAxis):
     """``argmax``/``argmin`` along one axis (dropped, as in ``tile.reduce``): the i32 index of
     the largest or smallest element, the first one on ties; a NaN counts as both the largest
     and the smallest (the first NaN wins), as in torch.  Bool tiles are refused."""
 
     name = "tile.arg_reduce"
-    OPERANDS = ("x",)
-    RESULTS = ("result",)
-    ATTRS = {"kind": str, "axis": int}
-    TRAITS = frozenset({"pure"})
+    _KINDS = ARG_KINDS
 
-    def verify(self) -> None:
-        a, r = self.x.type, self.result.type
-        if self.kind not in ARG_KINDS:
-            raise self.error(f"kind must be one of {', '.join(ARG_KINDS)}")
-        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
-            raise self.error(f"axis {self.axis} is not an axis of {a}")
-        if a.dtype.is_bool:
-            raise self.error(f"takes float or integer tiles, got {a}")
+    def _result(self, a: TileType) -> Type:
         shape = a.shape[: self.axis] + a.shape[self.axis + 1:]
-        want = TileType(shape, dtypes.i32) if shape else I32
-        if not _same_elements(r, want):
-            raise self.error(f"result must be {want}, got {r}")
+        return TileType(shape, dtypes.i32) if shape else I32
 
 
 SCAN_KINDS = ("sum", "prod")
 
 
 @register
-class ScanOp(Operation):
+class ScanOp(_AlongAxis):
     """``cumsum``/``cumprod``: the inclusive prefix sum or product along one axis (the shape
     stays).  Float scans accumulate at least as precisely as f32 and round each result once to
     the dtype; i32 wraps; bool tiles are refused."""
 
     name = "tile.scan"
-    OPERANDS = ("x",)
-    RESULTS = ("result",)
-    ATTRS = {"kind": str, "axis": int}
-    TRAITS = frozenset({"pure"})
+    _KINDS = SCAN_KINDS
 
-    def verify(self) -> None:
-        a, r = self.x.type, self.result.type
-        if self.kind not in SCAN_KINDS:
-            raise self.error(f"kind must be one of {', '.join(SCAN_KINDS)}")
-        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
-            raise self.error(f"axis {self.axis} is not an axis of {a}")
-        if a.dtype.is_bool:
-            raise self.error(f"scans take float or integer tiles, got {a}")
-        if not _same_elements(r, a):
-            raise self.error(f"result must be {a}, got {r}")
+    def _result(self, a: TileType) -> Type:
+        return a
 
 
 @register
