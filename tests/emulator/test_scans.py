@@ -261,3 +261,32 @@ def test_argmax_of_bool_is_refused_in_the_language() -> None:
 def test_arg_reductions_on_gpu_as_in_the_interpreter(name: str) -> None:
     _, want, got = interpret_and_run_on_gpu(lambda stop: _arg_compile(name, stop), _arg_args(name, 6))
     np.testing.assert_array_equal(got[1], want[1])
+
+
+# A scan of a reduction's result (a #slice layout with replicated lanes) and the argmax of a
+# product's accumulator (#wgmma_acc), in one kernel.
+MIXED = """@kernel
+def mixed(x: f32[M, N], w: bf16[M, N], y: f32[M], z: i32[M], BM: const = 64):
+    grid(cdiv(M, BM))
+    i = program_id(0)
+    t = x[i*BM:(i+1)*BM, 0:64]
+    y[i*BM:(i+1)*BM] = t.sum(1).cumsum(0)
+    acc = w[i*BM:(i+1)*BM, 0:64] @ w[i*BM:(i+1)*BM, 0:64].T
+    z[i*BM:(i+1)*BM] = acc.argmax(1)
+"""
+
+
+def test_scan_of_a_reduction_and_argmax_of_a_product() -> None:
+    def compile_to(stop: str):
+        return compile_kernel(MIXED, stop=stop, cache=False)
+
+    tile_ir = compile_to("tkir").kernel_op
+    args = random_args(tile_ir, {"M": 100, "N": 64}, 0)
+    want, got = interpret_and_emulate(tile_ir, lowered(compile_to).kernel_op, args, 0)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[3], want[3])
+    x = np.asarray(args[0], np.float64)[:, :64]
+    blocks = np.zeros((128, 64))
+    blocks[:100] = x
+    ref = np.cumsum(blocks.sum(1).reshape(2, 64), axis=1).reshape(-1)[:100]
+    np.testing.assert_allclose(want[2], ref, rtol=1e-5, atol=1e-4)
