@@ -290,3 +290,29 @@ def test_scan_of_a_reduction_and_argmax_of_a_product() -> None:
     blocks[:100] = x
     ref = np.cumsum(blocks.sum(1).reshape(2, 64), axis=1).reshape(-1)[:100]
     np.testing.assert_allclose(want[2], ref, rtol=1e-5, atol=1e-4)
+
+
+# Both in the epilogue of a warp-specialized GEMM: two consumer warpgroups (the scan's warp
+# steps cross them) beside a producer.
+GEMM = """@kernel
+def gemm_scan(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], BM: const = 128, BN: const = 64, BK: const = 64):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    i = program_id(0)
+    j = program_id(1)
+    acc = zeros([BM, BN], f32)
+    for k in range(cdiv(K, BK)):
+        acc += a[i*BM:(i+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, j*BN:(j+1)*BN]
+    c[i*BM:(i+1)*BM, j*BN:(j+1)*BN] = acc.cumsum(0) + acc.argmax(1, keepdim=True).to(f32)
+"""
+
+
+def test_in_a_warp_specialized_gemm() -> None:
+    def compile_to(stop: str):
+        return compile_kernel(GEMM, stop=stop, cache=False)
+
+    hopper = lowered(compile_to)
+    assert hopper.asm["hopper"].count("hopper.role") == 2
+    tile_ir = compile_to("tkir").kernel_op
+    args = random_args(tile_ir, {"M": 200, "N": 104, "K": 152}, 0)
+    want, got = interpret_and_emulate(tile_ir, hopper.kernel_op, args, 0)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=2e-4)
