@@ -19,7 +19,7 @@ from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_r
 
 from tkc import dtypes
 from tkc.compiler import compile_kernel
-from tkc.errors import TkcTypeError
+from tkc.errors import TkcTypeError, TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
 
 # Each program scans one BM x BN block of x along AX (elements past the tensor read as 0); the
@@ -249,6 +249,12 @@ def test_arg_reductions_emulator_matches_interpreter_without_spills(name: str) -
     hopper = lowered(lambda stop: _arg_compile(name, stop)).kernel_op
     want, got = interpret_and_emulate(_arg_compile(name, "tkir").kernel_op, hopper, _arg_args(name, 4), 4)
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_an_argmax_left_for_lower_to_hopper_names_the_missing_pass() -> None:
+    assert_refused(_block("f32", "t.argmax(AX, keepdim=True)", "i32"), TkcUnsupportedError,
+                   "an argmax reaches lower-to-hopper: is the decompose pass in the pipeline before it", 7,
+                   stop="hopper", hopper_pipeline="select-layouts,lower-to-hopper")
 
 
 def test_argmax_of_bool_is_refused_in_the_language() -> None:

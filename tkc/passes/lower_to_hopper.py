@@ -437,6 +437,10 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
+    def _arg_reduce(self, op: Operation) -> None:
+        raise TkcUnsupportedError(f"an {op.kind} reaches lower-to-hopper: is the decompose pass in the pipeline "
+                                  f"before it?", op.loc)
+
     def _scan(self, op: Operation) -> None:
         layout = op.x.type.layout
         plan = self._plan(scan_plan, op)
@@ -512,6 +516,7 @@ _LOWER = {
     "tile.store": _Lowering._store,
     "tile.reduce": _Lowering._reduce,
     "tile.scan": _Lowering._scan,
+    "tile.arg_reduce": _Lowering._arg_reduce,
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,
