@@ -322,3 +322,10 @@ def test_in_a_warp_specialized_gemm() -> None:
     args = random_args(tile_ir, {"M": 200, "N": 104, "K": 152}, 0)
     want, got = interpret_and_emulate(tile_ir, hopper.kernel_op, args, 0)
     np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=2e-4)
+
+
+def test_a_scan_over_a_warp_count_that_is_no_power_of_two_is_refused_in_words() -> None:
+    src = GEMM.replace("BM: const = 128", "BM: const = 192").replace(
+        " + acc.argmax(1, keepdim=True).to(f32)", "")
+    assert_refused(src, TkcUnsupportedError, r"cumsum\(\) along axis 0 of this 192x64 f32 tile cannot be computed by "
+                   r"this program's 384 threads: .* power-of-two number of warps", 9, stop="hopper")

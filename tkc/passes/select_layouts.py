@@ -471,8 +471,13 @@ class _Selector:
             try:
                 want = choose_blocked(t.shape, max(1, t.dtype.bits // 8), self.threads)
                 scan_plan(want, op.axis)
-            except ValueError as e:
-                raise self._unsupported(op, f"cannot scan this {t} along axis {op.axis}: {e}") from None
+            except ValueError:
+                name = "cumsum" if op.kind == "sum" else "cumprod"
+                raise self._unsupported(op, f"{name}() along axis {op.axis} of this {'x'.join(map(str, t.shape))} "
+                                        f"{t.dtype.name} tile cannot be computed by this program's {self.threads} "
+                                        f"threads: a scan trades values between threads in power-of-two groups; "
+                                        f"run it on a power-of-two number of warps (products of 64, 128 or 256 "
+                                        f"rows)") from None
             self._retype_result(op, want)
         self._need(op, 0, want)
 
