@@ -312,6 +312,13 @@ def ops_command(dialect: str) -> None:
         for kind, what in (("sum", "sum (floats accumulate in f32 or better)"), ("mean", "sum / extent, floats only"),
                            ("max", "largest, NaN propagating"), ("min", "smallest, NaN propagating")):
             click.echo(f"  tile.reduce    {kind:<12} {'float/int':<15} {what}")
+        for kind, what in (("argmax", "i32 index of the largest, first on ties, NaN first"),
+                           ("argmin", "i32 index of the smallest, first on ties, NaN first")):
+            click.echo(f"  tile.arg_reduce {kind:<11} {'float/int':<15} {what}")
+        click.echo("Scans along one axis (same shape; also methods: x.cumsum(1)):")
+        for kind, what in (("cumsum", "inclusive prefix sum (floats accumulate in f32 or better)"),
+                           ("cumprod", "inclusive prefix product")):
+            click.echo(f"  tile.scan      {kind:<12} {'float/int':<15} {what}")
     names = sorted(n for n in OPS if n.startswith(dialect + ".") and not (
         dialect == "tile" and issubclass(OPS[n], E.ElementwiseOp)))
     click.echo("Other ops:" if dialect == "tile" else "Ops of the hopper dialect:")

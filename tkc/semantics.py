@@ -44,6 +44,13 @@ Numerics (decisions the op docstrings leave open):
 * ``reduce`` sums floats in float64 and rounds once to the result dtype: the
   best answer any order of f32 additions can approach, independent of numpy's
   summation order.  Integer sums wrap; ``max``/``min`` are exact.
+* ``arg_reduce`` (``argmax``/``argmin``) gives the first index of the extreme on ties, and
+  of the first NaN if there is one (NaN counts as the largest and the smallest, as in torch).
+* ``scan`` (``cumsum``/``cumprod``) likewise accumulates floats in float64 and rounds each
+  prefix once.  The GPU adds in f32 in its layout's order (in thread, then lanes, then warps:
+  ``scan_plan``), so a prefix of n terms may differ from this by about
+  ``log2(n) * 2**-24 * sum(|x|)`` plus a rounding of the dtype; integer scans are exact
+  (wrapping like the sums).
 """
 
 from __future__ import annotations
@@ -164,24 +171,26 @@ def _num_programs(ctx: Program, op: Operation) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ memory
-def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int]):
-    """(tensor slices, box slices) of the in-bounds part of a box, or None if
-    no element of the box lies inside the tensor."""
+def _box_slices(shape: Sequence[int], offsets: Sequence[Any], box: Sequence[int],
+                steps: Sequence[int] | None = None):
+    """(tensor slices, box slices) of the in-bounds part of a box (element ``j`` along an axis
+    at ``offset + j * step``), or None if no element of the box lies inside the tensor."""
     src, dst = [], []
-    for size, off, ext in zip(shape, offsets, box):
+    for size, off, ext, step in zip(shape, offsets, box, steps or [1] * len(box)):
         off = int(off)  # python int: off + ext must not wrap like i32
-        lo, hi = max(off, 0), min(off + ext, size)
+        lo = max(-(off // step), 0)  # the first j with off + j * step >= 0
+        hi = min(ext, -((off - size) // step))  # past the last j with off + j * step < size
         if lo >= hi:
             return None
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - off, hi - off))
+        src.append(slice(off + lo * step, off + (hi - 1) * step + 1, step))
+        dst.append(slice(lo, hi))
     return tuple(src), tuple(dst)
 
 
 def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.ndarray:
     dt = op.operands[0].type.dtype
     out = np.full(op.box, round_to(0 if op.other is None else op.other, dt), dt.np_storage)
-    sl = _box_slices(tensor.shape, offsets, op.box)
+    sl = _box_slices(tensor.shape, offsets, op.box, op.steps)
     if sl is not None:
         out[sl[1]] = tensor[sl[0]]  # a copy: later stores must not change a loaded tile
     return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
@@ -210,7 +219,7 @@ def _gather(ctx: Program, op: Operation, tensor: np.ndarray, index: np.ndarray, 
 
 
 def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any) -> None:
-    sl = _box_slices(tensor.shape, offsets, op.box)
+    sl = _box_slices(tensor.shape, offsets, op.box, op.steps)
     if sl is not None:
         _log_write(ctx, op, tensor, sl[0], atomic=False)
         tensor[sl[0]] = np.reshape(value, op.box)[sl[1]]
@@ -292,6 +301,18 @@ def _reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
     return _rounded((np.max if op.kind == "max" else np.min)(x, axis=op.axis), op)
 
 
+def _scan(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    # float64 for floats (see the module docstring); int64 then wrap for i32.
+    acc = np.float64 if op.operands[0].type.dtype.is_float else np.int64
+    fn = np.cumsum if op.kind == "sum" else np.cumprod
+    return _rounded(fn(x, axis=op.axis, dtype=acc), op)
+
+
+def _arg_reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    # numpy's argmax/argmin pick the first index on ties and the first NaN, like torch.
+    return (np.argmax if op.kind == "argmax" else np.argmin)(x, axis=op.axis).astype(np.int32)
+
+
 def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
     return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
 
@@ -340,7 +361,10 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.broadcast": lambda ctx, op, x: np.broadcast_to(x, op.results[0].type.shape),
     "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
+    "tile.reshape": lambda ctx, op, x: np.reshape(x, op.results[0].type.shape),
     "tile.reduce": _reduce,
+    "tile.scan": _scan,
+    "tile.arg_reduce": _arg_reduce,
     "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
     "tile.load": _load,

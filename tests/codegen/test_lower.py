@@ -222,6 +222,12 @@ FIXTURES = {
         "bar.arrive": 2,  # the pass (a register id) and the start (3)
         "setmaxnreg": 2,
     },
+    "scan": {
+        # 8 values a thread: lane 16 for the cumsum; lanes 1, 2, 4, 8 for the cumprod.
+        "shfl.sync.bfly.b32": 8 + 32,
+        "bar.sync": 4,  # two warp steps, a round trip each
+        "mul.rn.f32": 1,
+    },
     "elementwise": {
         "ex2.approx.ftz.f32": 2,
         "lg2.approx.f32": 2,

@@ -443,7 +443,6 @@ def test_parse_from_threads():
     ("y = a is not None\n", 1, 7, "'is not' is not supported"),
     ("y = a in b\n", 1, 7, "the 'in' operator is not supported"),
     ("y = a not in b\n", 1, 7, "the 'not in' operator is not supported"),
-    ("y = x[::2]\n", 1, 9, "a slice step is not supported"),
     ("y = x[...]\n", 1, 7, "'...' is not supported"),
     ("y = 2j\n", 1, 5, "complex numbers are not supported"),
     ("y = f'{x}'\n", 1, 5, "f-strings are not supported"),

@@ -234,6 +234,11 @@ class _Gen:
         t = self.tile_type(rank=2)
         self.emit(T.TransposeOp, [self.get(t)], [t.with_shape(t.shape[::-1])])
 
+    def op_reshape(self) -> None:
+        t = self.tile_type()
+        shape = (t.numel,) if t.rank == 2 or self.coin(0.5) else tuple(reversed(t.shape))
+        self.emit(T.ReshapeOp, [self.get(t)], [t.with_shape(shape)])
+
     def op_reduce(self) -> None:
         t = self.tile_type()
         axis = self.draw(st.integers(0, t.rank - 1))
@@ -241,6 +246,18 @@ class _Gen:
         r = t.with_shape(shape) if shape else ScalarType(t.dtype)
         kinds = T.TILE_REDUCE_KINDS if t.dtype.is_float else T.REDUCE_KINDS  # a mean takes floats
         self.emit(T.ReduceOp, [self.get(t)], [r], {"kind": self.pick(list(kinds)), "axis": axis})
+
+    def op_scan(self) -> None:
+        t = self.tile_type([d for d in ALL_DTYPES if not d.is_bool])
+        axis = self.draw(st.integers(0, t.rank - 1))
+        self.emit(T.ScanOp, [self.get(t)], [t], {"kind": self.pick(list(T.SCAN_KINDS)), "axis": axis})
+
+    def op_arg_reduce(self) -> None:
+        t = self.tile_type([d for d in ALL_DTYPES if not d.is_bool])
+        axis = self.draw(st.integers(0, t.rank - 1))
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        r = TileType(shape, i32) if shape else I32
+        self.emit(T.ArgReduceOp, [self.get(t)], [r], {"kind": self.pick(list(T.ARG_KINDS)), "axis": axis})
 
     def op_cluster_reduce(self) -> None:
         t = self.tile_type().with_dtype(f32)
@@ -364,8 +381,8 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_mma", "op_arange", "op_load", "op_gather", "op_store", "op_atomic", "op_atomic_cas",
-                "op_for", "op_if",
+                "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
+                "op_atomic", "op_atomic_cas", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]

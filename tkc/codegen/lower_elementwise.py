@@ -279,6 +279,15 @@ def _expand_dims(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, x if isinstance(x, Deferred) else list(x))
 
 
+def _reshape(lw: Lowerer, op: Operation) -> None:
+    # select-layouts keeps every value in its register (tile.reshape's verifier checks).
+    x = lw.tile(op, op.x)
+    if len(x) != lw.regs(op, op.result.type):
+        raise TkcCodegenError(f"'{op.name}': {op.x.type} -> {op.result.type} moves values between registers",
+                              op.loc)
+    lw.set(op.result, list(x))
+
+
 def _broadcast(lw: Lowerer, op: Operation) -> None:
     src, dst = op.x.type.layout, op.result.type.layout
     x = lw.tile(op, op.x, deferred=True)
@@ -303,4 +312,5 @@ HANDLERS: dict[str, Handler] = {
     "tile.arange": _arange,
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
+    "tile.reshape": _reshape,
 }

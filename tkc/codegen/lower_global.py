@@ -358,9 +358,32 @@ class _Access(NamedTuple):
         return self._replace(tensor=tensor, offs=[nvvm.opaque(b, x) for x in self.offs])
 
 
+def _stepped(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list) -> tuple[TensorArg, list]:
+    """A box with ``steps`` as a plain box of a strided view of the tensor: along an axis of
+    step ``s``, offset ``o = s q + p`` (``0 <= p < s``) reads view element ``q + j`` for box
+    element ``j``, the view starting at element ``p`` with ``ceil((size - p) / s)`` elements
+    ``s`` strides apart -- so the bounds tests and addresses below need no other change."""
+    steps = op.attributes.get("steps")  # gathers and atomics have none
+    if not steps or all(s == 1 for s in steps):
+        return tensor, offs
+    b = lw.b
+    ptr, sizes, strides, new_offs = tensor.ptr, list(tensor.sizes), list(tensor.strides), list(offs)
+    for a, s in enumerate(steps):
+        if s == 1:
+            continue
+        k = const_i32(s)
+        q, p = b.sdiv(offs[a], k), b.srem(offs[a], k)
+        neg = b.icmp_signed("<", p, const_i32(0))  # floor division: the phase is never negative
+        q, p = b.select(neg, b.sub(q, const_i32(1)), q), b.select(neg, b.add(p, k), p)
+        ptr = b.gep(ptr, [b.mul(b.zext(p, I64), strides[a])], source_etype=mem_type(tensor.type.dtype))
+        sizes[a] = b.udiv(b.add(b.sub(sizes[a], p), const_i32(s - 1)), k)
+        strides[a] = b.mul(strides[a], ir.Constant(I64, s))
+        new_offs[a] = q
+    return TensorArg(ptr, tuple(sizes), tuple(strides), tensor.type), new_offs
+
+
 def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
-    tensor: TensorArg = lw.get(op.tensor)
-    offs = [lw.get(v) for v in op.offsets]
+    tensor, offs = _stepped(lw, op, lw.get(op.tensor), [lw.get(v) for v in op.offsets])
     thread, regs = lw.coord_parts(op, t.layout)
     runs = runs_of(op, tensor.type, t) or tuple((i, 1) for i in range(len(regs)))
     fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}

@@ -554,6 +554,55 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
 
 
+def _scan(lw: Lowerer, op: Operation) -> None:
+    """``scan_plan`` executed literally (``ScanPlan``): per value a prefix and its block's
+    total, float scans in f32 until the end."""
+    from tkc.ir.layouts import scan_plan
+
+    b = lw.b
+    dt = element_dtype(op.x.type)
+    if dt.is_bool:
+        raise TkcCodegenError("scans of i1 tiles are not lowered", op.loc)
+    plan = scan_plan(op.x.type.layout, op.axis)
+    comb = {"sum": b.fadd, "prod": b.fmul} if dt.is_float else {"sum": b.add, "prod": b.mul}
+    comb = comb[op.kind]
+    pre = list(lw.tile(op, op.x))
+    tot = list(pre)
+    for kind, how in plan.steps:
+        if kind == "regs":
+            for chain in how:
+                run = tot[chain[0]]
+                for i in chain[1:]:
+                    pre[i] = comb(run, pre[i])
+                    run = comb(run, tot[i])
+                for i in chain:
+                    tot[i] = run
+            continue
+        if kind == "lane":
+            other = [_shfl(b, v, int(how)) for v in tot]
+        else:
+            # A round trip through shared memory: each thread writes its totals in its row,
+            # bar.sync, reads the partner's row, bar.sync.
+            scratch = lw.shared(op, op.scratch[0])
+            lay = scratch.layout
+            t = Sym(b, lw.tid)
+            for i, v in enumerate(tot):
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, t, i))
+                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), p)
+            lw.sync()
+            other = []
+            for i in range(len(tot)):
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, t ^ int(how), i))
+                other.append(cast_value(b, from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype), lay.dtype, dt))
+            lw.sync()
+        upper = b.icmp_unsigned("!=", b.and_(lw.tid, const_i32(int(how))), const_i32(0))
+        pre = [b.select(upper, comb(o, v), v) for o, v in zip(other, pre)]
+        tot = [comb(v, o) for v, o in zip(tot, other)]
+    if dt.is_float:
+        pre = [round_to(b, v, dt) for v in pre]
+    lw.set(op.result, pre)
+
+
 def _cluster_reduce(lw: Lowerer, op: Operation) -> None:
     """docs/hopper.md: thread 0 arms this exchange's barrier for every rank's elements; the
     first holder of each element stores it into slot rank * elements + e of this exchange's
@@ -718,6 +767,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.wgmma_wait_group": _wgmma_wait_group,
     **GLOBAL,
     "hopper.reduce": _reduce,
+    "hopper.scan": _scan,
     "hopper.convert_layout": _convert_layout,
 }
 

@@ -62,9 +62,10 @@ def elem_bytes(dt: DType) -> int:
 
 def runs_of(op: Operation, tensor: TensorType, t: object) -> tuple[tuple[int, int], ...] | None:
     """The op's runs (``tensor``: the type of its tensor operand), or None when it has no vector
-    access: a scalar, or a tile whose last axis is not the tensor's (the last tensor axis is
-    squeezed)."""
-    if not isinstance(t, TileType) or tensor.rank - 1 in (op.squeeze or []):
+    access: a scalar, a tile whose last axis is not the tensor's (the last tensor axis is
+    squeezed), or one that steps over the last axis (``x[:, 0:D:2]``)."""
+    steps = op.attributes.get("steps") or [1]  # gathers and atomics have none
+    if not isinstance(t, TileType) or tensor.rank - 1 in (op.squeeze or []) or steps[-1] != 1:
         return None
     runs = vector_runs(t.layout, elem_bytes(tensor.dtype))
     return runs if any(n > 1 for _, n in runs) else None

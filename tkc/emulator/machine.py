@@ -58,7 +58,7 @@ from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
 from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
-                            first_holders, reduce_plan, register_map, vector_coords)
+                            first_holders, reduce_plan, register_map, same_registers, scan_plan, vector_coords)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
@@ -577,6 +577,13 @@ def _expand_dims(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _reshape(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    if not same_registers(src, dst):
+        raise _fault(op, f"{src} -> {dst} moves values between threads or registers; a reshape must be free")
+    return x
+
+
 def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
     wg.coords(op, dst)  # the layout spans the threads running it
@@ -642,6 +649,44 @@ def _reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) ->
     return out[0, 0].reshape(())
 
 
+_SCAN_COMBINE = {"sum": np.add, "prod": np.multiply}
+
+
+def _scan(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
+    """``scan_plan`` executed step by step, as the generated code does it (``ScanPlan``): per
+    value a prefix and its block's total, in the storage type (float32 for every float), the
+    result rounded to its dtype once."""
+    plan = scan_plan(_reg_layout(op, op.x.type), op.axis)
+    combine = _SCAN_COMBINE[op.kind]
+    pre, tot = x.copy(), x.copy()
+    thread = 128 * wg.local + np.arange(128)[:, None]
+    for kind, how in plan.steps:
+        if kind == "regs":
+            for chain in how:
+                run = tot[:, chain[0]]
+                for i in chain[1:]:
+                    pre[:, i] = combine(run, pre[:, i])
+                    run = combine(run, tot[:, i])
+                for i in chain:
+                    tot[:, i] = run
+            continue
+        if kind == "lane":  # shfl.bfly: masks below 32 stay inside a warp, so inside this warpgroup
+            other = tot[np.arange(128) ^ how]
+        else:
+            if len(scratch) != 1:
+                raise _fault(op, "crosses warps but has no scratch tile")
+            s, who = scratch[0], _who(op, wg)
+            cols = np.arange(tot.shape[1])[None, :] + np.zeros_like(thread)
+            wg.cta.smem.write_elements(s.offsets((thread + 0 * cols, cols)), tot, s.layout.dtype, writer=who)
+            yield from wg.bar_sync(op)
+            other = wg.cta.smem.read_elements(s.offsets(((thread ^ how) + 0 * cols, cols)), s.layout.dtype,
+                                              reader=who).astype(tot.dtype)
+            yield from wg.bar_sync(op)  # the partner has read this step's totals
+        pre = np.where((thread & how) != 0, combine(other, pre), pre)
+        tot = combine(tot, other)
+    return round_to(pre, op.x.type.dtype)
+
+
 def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[..., np.ndarray],
                    v: np.ndarray, s: SmemTile) -> Co:
     """The cross-warp steps of a reduction through the scratch tile (docs/hopper.md §3): warp
@@ -672,11 +717,12 @@ def _global_index(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coo
     """Tensor index of every value (box axes in order; squeezed axes take only the offset) and
     the in-bounds mask."""
     squeeze = set(op.squeeze or [])
+    steps = op.attributes.get("steps") or [1] * len(offsets)
     it = iter(coords)
     idx = []
     for a, off in enumerate(offsets):
         c = 0 if a in squeeze else next(it)
-        idx.append(int(off) + np.asarray(c, np.int64))
+        idx.append(int(off) + steps[a] * np.asarray(c, np.int64))
     shape = np.broadcast_shapes(*(i.shape for i in idx))
     idx = [np.broadcast_to(i, shape) for i in idx]
     inb = np.ones(shape, bool)
@@ -1084,6 +1130,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.num_sms": lambda wg, op: np.asarray(CPU_SMS, np.int32),
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
+    "tile.reshape": _reshape,
     "hopper.load": _load,
     "hopper.store": _store,
     "hopper.smem_alloc": _smem_alloc,
@@ -1117,6 +1164,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.wgmma_wait_group": _wait_group,
     "hopper.convert_layout": _convert_layout,
     "hopper.reduce": _reduce,
+    "hopper.scan": _scan,
 }
 
 

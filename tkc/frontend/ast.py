@@ -100,10 +100,11 @@ class Attribute(Node):
 
 @dataclass
 class Slice(Node):
-    """``lower:upper`` inside a subscript; either bound may be None."""
+    """``lower:upper`` or ``lower:upper:step`` inside a subscript; any part may be None."""
 
     lower: Expr | None
     upper: Expr | None
+    step: Expr | None = None
 
 
 @dataclass

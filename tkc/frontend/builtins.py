@@ -50,6 +50,13 @@ def _reduction(kind: str) -> Callable:
     return impl
 
 
+def _scan(name: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        a = lw.bind(f"{name}()", e, args, kwargs, [("x", REQUIRED), ("axis", REQUIRED)])
+        return lw.scan(name, a["x"], a, e)
+    return impl
+
+
 def _function(name: str) -> Callable:
     """An elementwise function of three or more operands (``fma(a, b, c)``)."""
     params = [(p, REQUIRED) for p in E.FUNCTIONS[name].OPERANDS]
@@ -149,6 +156,8 @@ BUILTIN_IMPLS: dict[str, Callable] = {
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
     "where": _where, "load": _load, "sum": _reduction("sum"), "mean": _reduction("mean"),
+    "argmax": _reduction("argmax"), "argmin": _reduction("argmin"),
+    "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},
     "maximum": _binary_builtin("maximum"), "minimum": _binary_builtin("minimum"),
     "max": _binary_builtin("max"), "min": _binary_builtin("min"),

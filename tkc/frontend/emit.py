@@ -381,3 +381,37 @@ class Emitter:
         if keepdim:
             r = self.expand_dims(r, axis, loc) if shape else self.splat(r, t.with_shape((1,)), loc)
         return r
+
+    def reshape(self, x: Dyn, shape: tuple[int, ...], loc: Loc) -> Dyn:
+        """``x.reshape(shape)``: the same elements, row-major, in another shape."""
+        t = x.type
+        if math.prod(shape) != t.numel:
+            raise TkcTypeError(f"cannot reshape {t} ({t.numel} elements) to {list(shape)} "
+                               f"({math.prod(shape)} elements)", loc)
+        if shape == t.shape:
+            return x
+        return Dyn(self.b.value(T.ReshapeOp, [x.value], t.with_shape(shape), loc=loc))
+
+    def scan(self, name: str, kind: str, x: Dyn, axis: int, loc: Loc) -> Dyn:
+        """``cumsum``/``cumprod`` (``name``) of a tile along ``axis``: same shape and dtype."""
+        t = x.type
+        if not -t.rank <= axis < t.rank:
+            raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
+        if t.dtype.is_bool:
+            raise TkcTypeError(f"{name}() of a bool tile; cast it with .to(i32)", loc)
+        return Dyn(self.b.value(T.ScanOp, [x.value], t, {"kind": kind, "axis": axis % t.rank}, loc=loc))
+
+    def arg_reduce(self, kind: str, x: Dyn, axis: int, keepdim: bool, loc: Loc) -> Dyn:
+        """``argmax``/``argmin`` (``kind``) of a tile along ``axis``: an i32 index per line."""
+        t = x.type
+        if not -t.rank <= axis < t.rank:
+            raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
+        axis %= t.rank
+        if t.dtype.is_bool:
+            raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        shape = t.shape[:axis] + t.shape[axis + 1:]
+        rt = TileType(shape, dtypes.i32) if shape else T.I32
+        r = Dyn(self.b.value(T.ArgReduceOp, [x.value], rt, {"kind": kind, "axis": axis}, loc=loc))
+        if keepdim:
+            r = self.expand_dims(r, axis, loc) if shape else self.splat(r, TileType((1,), dtypes.i32), loc)
+        return r

@@ -30,6 +30,10 @@ NONE = TupleV(())
 
 BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
+SCANS = {"cumsum": "sum", "cumprod": "prod"}
+ARG_REDUCTIONS = ("argmax", "argmin")
+#: What ``x.name(...)`` may call on a tile (or a tensor slice, loaded first).
+METHODS = ("to", "reshape", *REDUCTIONS, *ARG_REDUCTIONS, *SCANS, *MATH_FUNCS)
 CONST_ANNOTATIONS = ("const", "constexpr")
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool")
@@ -679,7 +683,7 @@ class KernelLowering:
                 return TupleV(tuple(Const(s) for s in getattr(obj.type, "shape", ())))
         if e.attr == "dtype" and isinstance(obj, (Dyn, Tensor, View)):
             return DTypeName(obj.type.dtype if not isinstance(obj, View) else obj.tensor.type.dtype)
-        if e.attr in ("to", *REDUCTIONS, *MATH_FUNCS) and isinstance(obj, (Dyn, View, Const)):
+        if e.attr in METHODS and isinstance(obj, (Dyn, View, Const)):
             return Method(obj, e.attr)
         raise TkcTypeError(f"{self._kind(obj)} has no attribute '{e.attr}'", e.loc)
 
@@ -765,7 +769,7 @@ class KernelLowering:
             if isinstance(item, ast.NoneLit):
                 out = self.em.expand_dims(out, axis, item.loc)
                 axis += 1
-            elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None:
+            elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None and item.step is None:
                 axis += 1
             else:
                 raise TkcUnsupportedError("a tile can only be indexed with ':' and None (new axes); "
@@ -774,9 +778,10 @@ class KernelLowering:
             raise TkcTypeError(f"too many indices for {x.type}", e.loc)
         return out
 
-    def _box(self, view: View, what: str | None = None) -> tuple[list, list[int], list[int], tuple | None]:
-        """Offsets, box extents and squeezed axes of a tensor slice, and ``(axis, index tile)``
-        where an axis is indexed by a 1-D i32 tile (a gather; ``what`` names the access
+    def _box(self, view: View, what: str | None = None
+             ) -> tuple[list, list[int], list[int], list[int], tuple | None]:
+        """Offsets, box extents, squeezed axes and steps of a tensor slice, and ``(axis, index
+        tile)`` where an axis is indexed by a 1-D i32 tile (a gather; ``what`` names the access
         where that is refused)."""
         gather = None
         t = view.tensor.type
@@ -784,7 +789,7 @@ class KernelLowering:
         if len(index) > t.rank:
             raise TkcTypeError(f"too many indices for tensor '{view.tensor.name}' of rank {t.rank}",
                                view.node.loc)
-        offsets, box, squeeze = [], [], []
+        offsets, box, squeeze, steps = [], [], [], []
 
         def ev(x: ast.Expr) -> object:  # in the scope that wrote the slice
             return self.expr(x, view.scope)
@@ -802,6 +807,13 @@ class KernelLowering:
                     if not self._is_index(v):
                         raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got {self._kind(v)}",
                                            loc)
+                step = 1
+                if item is not None and item.step is not None:
+                    sv = ev(item.step)
+                    if not (isinstance(sv, Const) and type(sv.value) is int) or sv.value < 1:
+                        raise TkcTypeError(f"slice step on axis {axis} must be a positive compile-time integer, "
+                                           f"got {self._kind(sv)}", item.step.loc)
+                    step = sv.value
                 fa, fb = self.em.affine_of(lo), self.em.affine_of(hi)
                 ext = fb - fa
                 if not ext.is_const:
@@ -812,7 +824,8 @@ class KernelLowering:
                 if ext.const < 1:
                     raise TkcTypeError(f"slice on axis {axis} has extent {ext.const}; it must be positive", loc)
                 offsets.append(self.value_of(lo, view.node))
-                box.append(ext.const)
+                box.append(-(-ext.const // step))
+                steps.append(step)
             elif isinstance(item, ast.NoneLit):
                 raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
             else:
@@ -825,6 +838,7 @@ class KernelLowering:
                     gather = (axis, v)  # rows (or columns...) picked by a tile of indices
                     offsets.append(Const(0))
                     box.append(v.type.shape[0])
+                    steps.append(1)
                     continue
                 if not self._is_index(v):
                     raise TkcTypeError(f"a tensor index must be an i32 or i64 scalar or a 1-D i32 tile, got "
@@ -832,22 +846,28 @@ class KernelLowering:
                 offsets.append(v)
                 box.append(1)
                 squeeze.append(axis)
+                steps.append(1)
         if gather is not None and what is not None:
             raise TkcUnsupportedError(f"{what} through a tile of indices (a scatter) is not supported; "
                                       f"index the tensor with scalars or slices there", view.node.loc)
+        if gather is not None and any(st != 1 for st in steps):
+            raise TkcUnsupportedError("a slice with a step and a tile of indices in one access are not supported; "
+                                      "gather first, then slice the tensor", view.node.loc)
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         check_tile_dims(kept, f"tile of '{view.tensor.name}'", view.node.loc)
         values = [self.em.index(self.value_of(o, view.node), view.node.loc) for o in offsets]
-        return [v.value for v in values], box, squeeze, gather
+        return [v.value for v in values], box, squeeze, steps, gather
 
     def load(self, view: View, other: object) -> Dyn:
-        offsets, box, squeeze, gather = self._box(view)
+        offsets, box, squeeze, steps, gather = self._box(view)
         t = view.tensor.type
         kept = tuple(b for i, b in enumerate(box) if i not in squeeze)
         rt = TileType(kept, t.dtype) if kept else ScalarType(t.dtype)
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze
+        if any(s != 1 for s in steps):
+            attrs["steps"] = steps
         if other is not None:
             if not isinstance(other, Const):
                 raise TkcTypeError("load(..., other=) takes a compile-time constant", view.node.loc)
@@ -868,11 +888,13 @@ class KernelLowering:
         return Dyn(self.b.value(T.LoadOp, [view.tensor.value, *offsets], rt, attrs, loc=view.node.loc))
 
     def store(self, view: View, v: object, loc: Loc) -> None:
-        offsets, box, squeeze, _ = self._box(view, "storing")
+        offsets, box, squeeze, steps, _ = self._box(view, "storing")
         v = self._stored(view, box, squeeze, v, "store", loc)
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze
+        if any(st != 1 for st in steps):
+            attrs["steps"] = steps
         self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
 
     def atomic(self, kind: str, view: View, values: list[object], sem: object, e: ast.Call) -> object:
@@ -882,7 +904,10 @@ class KernelLowering:
         if not isinstance(view, View):
             raise TkcTypeError(f"{what} takes a tensor slice or element like x[i] or x[r:r+BM, :], got "
                                f"{self._kind(view)}", e.loc)
-        offsets, box, squeeze, _ = self._box(view, what)
+        offsets, box, squeeze, steps, _ = self._box(view, what)
+        if any(st != 1 for st in steps):
+            raise TkcUnsupportedError(f"{what} into a slice with a step is not supported; use a step of 1",
+                                      view.node.loc)
         t = view.tensor.type
         if t.dtype.name not in T.ATOMIC_KINDS[kind]:
             raise TkcTypeError(f"{what} takes a tensor of {', '.join(T.ATOMIC_KINDS[kind])}, and "
@@ -1013,9 +1038,18 @@ class KernelLowering:
             if not isinstance(a["dtype"], DTypeName):
                 raise TkcTypeError(f".to() takes a dtype like bf16, got {self._kind(a['dtype'])}", e.loc)
             return self.em.cast(obj, a["dtype"].dtype, e.loc)
-        if m.name in REDUCTIONS:
+        if m.name in REDUCTIONS or m.name in ARG_REDUCTIONS:
             a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED), ("keepdim", Const(False))])
             return self._reduce(m.name, obj, a, e)
+        if m.name == "reshape":
+            if len(args) > 1 and not kwargs:  # x.reshape(64, 32), as torch and numpy allow
+                args = [TupleV(tuple(args))]
+            a = self.bind(".reshape()", e, args, kwargs, [("shape", REQUIRED)])
+            x = self._tile(obj, ".reshape()", e)
+            return self.em.reshape(x, self.shape_arg(a["shape"], e), e.loc)
+        if m.name in SCANS:
+            a = self.bind(f".{m.name}()", e, args, kwargs, [("axis", REQUIRED)])
+            return self.scan(m.name, obj, a, e)
         if m.name in MATH_FUNCS:
             self.bind(f".{m.name}()", e, args, kwargs, [])
             return self.em.unary(m.name, obj, e.loc)
@@ -1027,7 +1061,14 @@ class KernelLowering:
         keep = a["keepdim"]
         if not isinstance(keep, Const) or not isinstance(keep.value, bool):
             raise TkcTypeError("keepdim must be True or False", e.loc)
+        if kind in ARG_REDUCTIONS:
+            return self.em.arg_reduce(kind, x, axis, keep.value, e.loc)
         return self.em.reduce(kind, x, axis, keep.value, e.loc)
+
+    def scan(self, name: str, x: object, a: dict, e: ast.Call) -> Dyn:
+        x = self._tile(x, f"{name}()", e)
+        axis = self.const_int(a["axis"], f"the {name} axis", e)
+        return self.em.scan(name, SCANS[name], x, axis, e.loc)
 
     def shape_arg(self, v: object, node: ast.Node) -> tuple[int, ...]:
         items = v.items if isinstance(v, TupleV) else (v,)

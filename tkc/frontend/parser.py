@@ -530,6 +530,4 @@ class _ToAst(Transformer_NonRecursive):
 
     def slice(self, meta, c):
         lower, upper, step = c
-        if step is not None:
-            raise TkcUnsupportedError(f"a slice step {_NOT_SUPPORTED}", step.loc)
-        return ast.Slice(lower, upper, loc=self._loc(meta))
+        return ast.Slice(lower, upper, step, loc=self._loc(meta))

@@ -20,7 +20,7 @@ no second copy of any formula here (DESIGN.md principle 5).
   - ``Slice`` (``#slice<parent, axis=A>``): ``parent`` reduced along an axis.
 - ``reduce_plan``: how a reduction runs on a register layout (in-thread groups, lane
   shuffles, cross-warp exchanges), derived from the coordinates, for the lowering, the
-  emulator and codegen alike.
+  emulator and codegen alike; ``scan_plan`` the same for a scan (``cumsum``).
 
 Index-mapping methods are vectorized: they take ints or numpy integer arrays (broadcast
 together) and return int64 arrays.  This module never *chooses* a layout: that is the
@@ -30,6 +30,7 @@ pass applies.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -714,6 +715,82 @@ class Slice(_Distributed):
         return f"#slice<{self.parent}, axis={self.axis}" + (", keep>" if self.keep else ">")
 
 
+def _ravel(coords: tuple[Any, ...], shape: tuple[int, ...]) -> Any:
+    """The row-major position of ``coords`` in ``shape`` (ints, arrays or codegen symbols)."""
+    out: Any = 0
+    for c, n in zip(coords, shape):
+        out = _add(_mul(out, n), c)
+    return out
+
+
+def _unravel(pos: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
+    """The coordinates of row-major position ``pos`` in ``shape``."""
+    out = []
+    for k, n in enumerate(shape):
+        c = _div(pos, math.prod(shape[k + 1:]))
+        out.append(_mod(c, n) if k else c)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Reshaped(_Distributed):
+    """``#reshape<parent, RxC>``: the values of ``parent`` in the same registers, seen as a tile
+    of ``shape`` with the same row-major element order (``x.reshape(...)``).  A thread's part
+    and a value's part of the row-major position must add without carrying across the new
+    axes (:func:`reshape_layout` checks), so the split of the distributed-layout protocol
+    survives: ``thread_coords`` unravels the thread's position, ``reg_coords`` the value's."""
+
+    parent: DistributedLayout
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(x) for x in self.shape))
+        if math.prod(self.shape) != math.prod(self.parent.shape):
+            raise ValueError(f"cannot reshape {self.parent} to {_dims_text(self.shape)}: the element counts differ")
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @property
+    def regs(self) -> int:
+        return self.parent.regs
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        return _unravel(_ravel(self.parent.thread_coords(t), self.parent.shape), self.shape)
+
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        return tuple(int(c) for c in _unravel(_ravel(self.parent.reg_coords(i), self.parent.shape), self.shape))
+
+    def __str__(self) -> str:
+        return f"#reshape<{self.parent}, {_dims_text(self.shape)}>"
+
+
+def same_registers(src: DistributedLayout, dst: DistributedLayout) -> bool:
+    """Whether every thread holds, as value ``i`` of ``dst``, the element at the same row-major
+    position as its value ``i`` of ``src`` (a reshape that moves nothing)."""
+    if src.threads != dst.threads or src.regs != dst.regs or math.prod(src.shape) != math.prod(dst.shape):
+        return False
+    t, i = np.arange(src.threads)[:, None], np.arange(src.regs)[None, :]
+    cs, cd = src.coords(t, i), dst.coords(t, i)
+    # Row-major positions are a bijection only inside the shapes: a carry shows as a coordinate past its extent.
+    if any(np.any((c < 0) | (c >= n)) for coords, shape in ((cs, src.shape), (cd, dst.shape))
+           for c, n in zip(coords, shape)):
+        return False
+    return bool(np.array_equal(_ravel(cs, tuple(src.shape)), _ravel(cd, tuple(dst.shape))))
+
+
+def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> Reshaped:
+    """``parent`` as a tile of ``shape`` in the same registers (row-major element order), or a
+    ValueError saying why the thread and value parts of some element's position carry into
+    each other's axes (then the reshape must move values between threads)."""
+    lay = Reshaped(parent, tuple(shape))
+    if not same_registers(parent, lay):
+        raise ValueError(f"the values of {parent} do not stay in their threads' registers as a "
+                         f"{_dims_text(lay.shape)} tile")
+    return lay
+
+
 # --------------------------------------------------------------------------- conversions
 @lru_cache(maxsize=256)
 def all_coords(layout: DistributedLayout) -> tuple[np.ndarray, ...]:
@@ -884,6 +961,108 @@ def reduce_plan(layout: DistributedLayout, axis: int) -> ReducePlan:
     return ReducePlan(result, groups, shuffle, warp_xor)
 
 
+class ScanPlan(NamedTuple):
+    """How to scan a register tile along one axis (an inclusive prefix sum or product,
+    docs/hopper.md §2).  The axis's positions are numbered by *digits* of increasing stride,
+    each either in thread or a bit of the thread index; ``steps`` are the digits in that order:
+
+    - ``("regs", chains)``: a digit inside each thread; a chain lists the values that differ
+      only in that digit, in its order;
+    - ``("lane", m)``: the digit is thread bit ``m`` below 32, exchanged with ``shfl.bfly``;
+    - ``("warp", m)``: the digit is thread bit ``m`` of 32 or more, exchanged through a shared
+      scratch tile (``[threads, regs]``: each thread writes its values' totals in its row).
+
+    Each value carries its prefix within the block of digits done so far and that block's
+    total; a step combines the blocks that differ in its digit: the upper ones add the totals
+    of the lower ones to their prefixes, and every value's total becomes the blocks' total
+    (both partners of an exchange compute it as ``own op other``, equal since ``+`` and ``*``
+    commute)."""
+
+    steps: tuple[tuple[str, Any], ...]
+
+    @property
+    def warp_xor(self) -> tuple[int, ...]:
+        return tuple(m for kind, m in self.steps if kind == "warp")
+
+
+def _reg_digits(positions: list[int]) -> list[tuple[int, int]]:
+    """``positions`` (distinct offsets along the axis) as mixed-radix digits ``(stride, radix)``
+    of increasing stride, or a ValueError."""
+    base, have = min(positions), set(positions)
+    span, digits = {0}, []
+    while len(span) < len(have):
+        s = min(p - base for p in have if p - base not in span)
+        r = 1
+        while all(base + x + r * s in have for x in span):
+            r += 1
+        digits.append((s, r))
+        span = {x + k * s for x in span for k in range(r)}
+    if {base + x for x in span} != have:
+        raise ValueError("the values of a thread are not a regular grid along the axis")
+    return digits
+
+
+@lru_cache(maxsize=256)  # the verifier, the emulator and codegen all ask, per op
+def scan_plan(layout: DistributedLayout, axis: int) -> ScanPlan:
+    """The plan for scanning ``layout`` along ``axis``, derived from its coordinates: the
+    in-thread digits of every line (values sharing the other coordinates) must be the same,
+    every thread bit must move along the axis by one stride (lower half first) keeping the
+    other coordinates, or move nothing along it (replicas, other lines), and the digits must
+    tile the axis exactly; anything else is a ValueError."""
+    rank = len(layout.shape)
+    if not 0 <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for the rank-{rank} {layout}")
+    cant = f"{layout} cannot be scanned along axis {axis}"
+    regs = [tuple(int(c) for c in layout.reg_coords(i)) for i in range(layout.regs)]
+    lines: dict[tuple[int, ...], dict[int, int]] = {}
+    for i, c in enumerate(regs):
+        line = lines.setdefault(c[:axis] + c[axis + 1:], {})
+        if c[axis] in line:
+            raise ValueError(f"{cant}: a thread holds one element twice")
+        line[c[axis]] = i
+    digits = None
+    for line in lines.values():
+        d = _reg_digits(list(line))
+        if digits is not None and d != digits:
+            raise ValueError(f"{cant}: its lines hold different in-thread runs")
+        digits = d
+    items: list[tuple[int, int, tuple[str, Any]]] = []
+    for k, (s, r) in enumerate(digits or []):
+        others = [[j * s2 for j in range(r2)] for kk, (s2, r2) in enumerate(digits) if kk != k]
+        chains = []
+        for line in lines.values():
+            base = min(line)
+            for combo in itertools.product(*others):
+                x = base + sum(combo)
+                chains.append(tuple(line[x + j * s] for j in range(r)))
+        items.append((s, r, ("regs", tuple(chains))))
+    t = np.arange(layout.threads)
+    here = [np.broadcast_to(c, t.shape) for c in layout.thread_coords(t)]
+    for b in range((layout.threads - 1).bit_length()):
+        m = 1 << b
+        partner = t ^ m
+        inside = partner < layout.threads
+        there = [np.broadcast_to(c, partner[inside].shape) for c in layout.thread_coords(partner[inside])]
+        delta = there[axis] - here[axis][inside]
+        if not delta.any():
+            continue  # replicas, or other lines
+        kept = all(np.array_equal(here[a][inside], there[a]) for a in range(rank) if a != axis)
+        up = (t[inside] & m) == 0
+        s = int(abs(delta[0]))
+        if not inside.all() or not kept or not np.array_equal(delta, np.where(up, s, -s)):
+            raise ValueError(f"{cant} with xor exchanges")
+        items.append((s, 2, ("lane" if m < 32 else "warp", m)))
+    items.sort(key=lambda x: x[0])
+    cover = 1
+    for s, r, _ in items:
+        if s != cover:
+            raise ValueError(f"{cant}: its digits do not tile the axis")
+        cover *= r
+    if cover != layout.shape[axis]:
+        raise ValueError(f"{cant}: its digits span {cover} of {layout.shape[axis]} positions")
+    return ScanPlan(tuple(step for _, _, step in items))
+
+
 # --------------------------------------------------------------------------- parsers
 def _parse_smem(text: str) -> SharedLayout:
     m = re.fullmatch(r"\s*(\d+)x(\d+)x(\w+)\s*,\s*(k|mn)\s*,\s*sw(\d+)\s*", text)
@@ -933,7 +1112,20 @@ def _parse_slice(text: str) -> Slice:
     return Slice(parse(m.group(2)), int(axis.group(1)), len(parts) == 3)
 
 
+def _parse_reshape(text: str) -> Reshaped:
+    parts = _split_top(text)
+    m = re.fullmatch(r"#(\w+)<(.*)>", parts[0], re.S) if len(parts) == 2 else None
+    shape = re.fullmatch(r"\d+(?:x\d+)*", parts[1]) if m else None
+    if m is None or shape is None:
+        raise ValueError("expected '#<parent layout>, <R>x<C>'")
+    parse = LAYOUT_PARSERS.get(m.group(1))
+    if parse is None:
+        raise ValueError(f"unknown parent layout '#{m.group(1)}'")
+    return Reshaped(parse(m.group(2)), tuple(int(x) for x in parts[1].split("x")))
+
+
 LAYOUT_PARSERS.update({
+    "reshape": _parse_reshape,
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),

@@ -185,6 +185,14 @@ def fold_shape_of_constant(op: Operation, rw: Rewrites) -> bool:
 
 
 # ------------------------------------------------------------ identities
+def fold_unit_scan(op: Operation, rw: Rewrites) -> bool:
+    """A scan along an axis of extent 1 is its operand."""
+    if op.x.type.shape[op.axis] != 1:
+        return False
+    _replace(op, [op.x], rw)
+    return True
+
+
 def fold_add_zero(op: Operation, rw: Rewrites) -> bool:
     """x + 0 and 0 + x.  For floats only -0.0 is an identity (-0.0 + 0.0 is +0.0)."""
     dt = element_dtype(op.result.type)
@@ -323,10 +331,11 @@ PATTERNS["tile.mul"] += [fold_mul_one_or_zero]
 PATTERNS["tile.floordiv"] += [fold_div_one]
 PATTERNS["tile.div"] += [fold_div_one]
 PATTERNS["tile.cast"] += [fold_noop_conversion]
-for _name in ("tile.splat", "tile.broadcast", "tile.expand_dims", "tile.transpose", "tile.reduce"):
+for _name in ("tile.splat", "tile.broadcast", "tile.expand_dims", "tile.transpose", "tile.reduce", "tile.reshape"):
     PATTERNS[_name] = [fold_shape_of_constant]
 PATTERNS["tile.broadcast"] += [fold_noop_conversion]
 PATTERNS["tile.transpose"] += [fold_double_transpose]
 PATTERNS["tile.select"] = [fold_select]
 PATTERNS["tile.if"] = [fold_constant_if]
 PATTERNS["tile.for"] = [fold_zero_trip_for]
+PATTERNS["tile.scan"] = [fold_unit_scan]

@@ -4,7 +4,9 @@ Each op says how it decomposes (``ElementwiseOp.decompose`` in
 ``tkc/ir/dialects/elementwise.py``: ``sigmoid`` into ``exp`` and a division, ``erf`` into
 polynomials, ``x ** y`` into ``exp2``/``log2`` with the sign rules); this pass only asks, for
 every op of the kernel that the target does not list as native, and puts the answer in its
-place.  ``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
+place.  ``argmax``/``argmin`` become a max (min) reduction, a compare and a min reduction of
+the indices that hold it (or a NaN).
+``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
 float64: the two agree within the f32 sum's rounding, as a ``sum`` on the GPU does).  It runs first on the way
 to a target, before layouts are chosen, so the new ops get layouts like any other; the
 interpreter runs the ops themselves, so ``interpret(before) == emulate(after)`` checks each
@@ -32,6 +34,8 @@ def decompose(module: Module, options: Options, target: Target) -> None:
                 new = _elementwise(op)
             elif op.name == "tile.reduce" and op.kind == "mean":
                 new = _mean(op, Builder.before(op))
+            elif op.name == "tile.arg_reduce":
+                new = _arg_reduce(op, Builder.before(op))
             else:
                 continue
             if new is not None:
@@ -72,3 +76,37 @@ def _mean(op: Operation, b: Builder):
     n = b.value(tile.ConstantOp, [], wide, {"value": float(op.x.type.shape[op.axis])})
     mean = b.value(tile.DivOp, [total, n], wide)
     return mean if wide == t else b.value(tile.CastOp, [mean], t)
+
+
+def _arg_reduce(op: Operation, b: Builder):
+    """``argmax(x, axis)`` as ``min(where((x == m) | (x != x), index, n), axis)`` with
+    ``m = max(x, axis)`` (NaN-propagating: a row with a NaN has m = NaN, which no element
+    equals, and ``x != x`` picks its NaNs); ``argmin`` the same with ``min``."""
+    x, axis = op.x, op.axis
+    t = x.type
+    n = t.shape[axis]
+    kept = t.shape[:axis] + t.shape[axis + 1:]
+    kind = "max" if op.kind == "argmax" else "min"
+    m = b.value(tile.ReduceOp, [x], t.with_shape(kept) if kept else ScalarType(t.dtype), {"kind": kind, "axis": axis})
+    if kept:
+        m = b.value(tile.ExpandDimsOp, [m], t.with_shape(t.shape[:axis] + (1,) + t.shape[axis + 1:]), {"axis": axis})
+        m = b.value(tile.BroadcastOp, [m], t)
+    else:
+        m = b.value(tile.SplatOp, [m], t)
+    mask = t.with_dtype(dtypes.i1)
+    hit = b.value(tile.CmpOp, [x, m], mask, {"pred": "eq"})
+    if t.dtype.is_float:
+        nan = b.value(tile.CmpOp, [x, x], mask, {"pred": "ne"})
+        hit = b.value(tile.OrOp, [hit, nan], mask)
+    it = t.with_dtype(dtypes.i32)
+    index = b.value(tile.ArangeOp, [], TileType((n,), dtypes.i32), {"start": 0})
+    if t.rank == 2:
+        other = 1 - axis
+        index = b.value(tile.ExpandDimsOp, [index], TileType((1, n) if axis == 1 else (n, 1), dtypes.i32),
+                        {"axis": other})
+        index = b.value(tile.BroadcastOp, [index], it)
+    elif t.rank != 1:
+        return None
+    past = b.value(tile.ConstantOp, [], it, {"value": n})
+    picked = b.value(tile.SelectOp, [hit, index, past], it)
+    return b.value(tile.ReduceOp, [picked], op.result.type, {"kind": "min", "axis": axis})

@@ -33,7 +33,7 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
@@ -50,6 +50,7 @@ from tkc.ir.layouts import (
     first_holders,
     reduce_plan,
     register_map,
+    scan_plan,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.passes.pipeline_loops import ring_room
@@ -291,7 +292,7 @@ class _Lowering:
         store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
         the tensor's elements 16-bit and its axes but the last two squeezed (attention's
         ``o[b, h, rows, :]``), and the pins ``tma`` and ``tma_store`` not false."""
-        if not (self.options.tma and self.options.tma_store):
+        if not (self.options.tma and self.options.tma_store) or op.steps:
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
@@ -423,29 +424,51 @@ class _Lowering:
                 return alloc.result
         return None
 
+    def _plan(self, make: Any, op: Operation) -> Any:
+        """``make(layout, axis)`` (``reduce_plan``, ``scan_plan``) for ``op``'s operand; a layout
+        without a plan is refused at ``op``."""
+        try:
+            return make(op.x.type.layout, op.axis)
+        except ValueError as e:
+            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
+
+    def _partials(self, op: Operation, rows: int, cols: int) -> Value:
+        """A shared scratch tile for partials that travel as they are combined: f32 for floats
+        (sums of 16-bit floats accumulate in f32), the integer dtype itself for integers (an
+        f32 would round sums above 2^24)."""
+        dt = op.x.type.dtype if op.x.type.dtype.is_int else dtypes.f32
+        lay = SharedLayout(rows, cols, dt, "k", 0)
+        return self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)
+
     def _reduce(self, op: Operation) -> None:
         if op.kind not in hopper.REDUCE_KINDS:  # a mean: the decompose pass makes it a sum
             raise TkcUnsupportedError(f"a {op.kind} reduction reaches lower-to-hopper: is the decompose pass in "
                                       f"the pipeline before it?", op.loc)
-        layout = op.x.type.layout
-        try:
-            plan = reduce_plan(layout, op.axis)
-        except ValueError as e:
-            raise TkcUnsupportedError(f"{self.target.name}: {e}", op.loc) from None
+        plan = self._plan(reduce_plan, op)
         scratch = []
         if plan.warp_xor:
             kept = op.result.type.shape[0] if isinstance(op.result.type, TileType) else 1
-            rows, cols = _round_up(layout.threads // self.target.warp_size, 8), _round_up(kept, 4)
-            # Partials travel as they are combined: f32 for floats (sums of 16-bit floats
-            # accumulate in f32), the integer dtype itself for integers (an f32 would round
-            # sums above 2^24).
-            dt = op.x.type.dtype if op.x.type.dtype.is_int else dtypes.f32
-            lay = SharedLayout(rows, cols, dt, "k", 0)
-            scratch = [self._alloc(TileType((rows, cols), dt, "smem", lay), op.loc)]
+            rows = _round_up(op.x.type.layout.threads // self.target.warp_size, 8)
+            scratch = [self._partials(op, rows, _round_up(kept, 4))]
         b = Builder.before(op)
         new = b.value(hopper.ReduceOp, [op.x, *scratch], op.result.type,
                       {"kind": op.kind, "axis": op.axis, "shuffle_xor": list(plan.shuffle_xor),
                        "warp_xor": list(plan.warp_xor)})
+        replace_all_uses(self.kernel, op.result, new)
+        op.erase()
+
+    def _arg_reduce(self, op: Operation) -> None:
+        raise TkcUnsupportedError(f"an {op.kind} reaches lower-to-hopper: is the decompose pass in the pipeline "
+                                  f"before it?", op.loc)
+
+    def _scan(self, op: Operation) -> None:
+        layout = op.x.type.layout
+        plan = self._plan(scan_plan, op)
+        # Each thread writes its values' block totals in its row.
+        scratch = [self._partials(op, _round_up(layout.threads, 8), _round_up(layout.regs, 4))] \
+            if plan.warp_xor else []
+        new = Builder.before(op).value(hopper.ScanOp, [op.x, *scratch], op.result.type,
+                                       {"kind": op.kind, "axis": op.axis})
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
@@ -519,6 +542,8 @@ _LOWER = {
     "tile.atomic": _Lowering._atomic,
     "tile.atomic_cas": _Lowering._atomic,
     "tile.reduce": _Lowering._reduce,
+    "tile.scan": _Lowering._scan,
+    "tile.arg_reduce": _Lowering._arg_reduce,
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,

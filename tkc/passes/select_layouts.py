@@ -53,10 +53,15 @@ from tkc.ir.layouts import (
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
+    reshape_layout,
+    scan_plan,
 )
 from tkc.ir.types import TileType
 from tkc.pins import Options
 from tkc.target import Target
+
+#: Ops besides the elementwise ones whose result has their operand's layout.
+_LAYOUT_KEEPING = ("tile.cluster_reduce", "tile.scan")
 
 # Ops whose values are computed again, rather than converted, when a user needs another layout.
 _REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
@@ -71,6 +76,14 @@ def select_layouts(module: Module, options: Options, target: Target) -> None:
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
             _Selector(kernel, options, target).run()
+
+
+def _reshaped(layout: object, shape: tuple[int, ...]) -> object | None:
+    """``layout`` as a tile of ``shape`` in the same registers, or None when it cannot be."""
+    try:
+        return reshape_layout(layout, shape)
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def _def(v: Value) -> Operation | None:
@@ -91,6 +104,8 @@ def tma_loadable(op: Operation, target: Target) -> str | None:
         return misfit
     if op.other not in (None, 0, 0.0, False):
         return f"TMA fills out-of-range elements with 0, not {op.other}"
+    if op.steps:
+        return "a slice with a step is read thread by thread"
     return None
 
 
@@ -303,7 +318,7 @@ class _Selector:
 
     def _forward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and \
+        if (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and \
                 isinstance(op.result.type, TileType):
             src = next((lay[v] for v in op.operands if v in lay), None)
             return self._propose(op.result, src)
@@ -311,6 +326,8 @@ class _Selector:
             return self._propose(op.result, lay[op.index])
         if name == "tile.reduce" and op.x in lay and isinstance(op.result.type, TileType):
             return self._propose(op.result, Slice(lay[op.x], op.axis))
+        if name == "tile.reshape" and op.x in lay:
+            return self._propose(op.result, _reshaped(lay[op.x], op.result.type.shape))
         if name == "tile.expand_dims" and op.x in lay:
             s = lay[op.x]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -339,11 +356,13 @@ class _Selector:
     def _backward(self, op: Operation) -> bool:
         lay, name = self.lay, op.name
         changed = False
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
+        if (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for v in op.operands:
                 changed |= self._propose(v, lay[op.result])
         elif name == "tile.gather" and op.result in lay:
             changed |= self._propose(op.index, lay[op.result])
+        elif name == "tile.reshape" and op.result in lay:
+            changed |= self._propose(op.x, _reshaped(lay[op.result], op.x.type.shape))
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -398,7 +417,11 @@ class _Selector:
 
     def _convert_op(self, op: Operation) -> None:
         lay, name = self.lay, op.name
-        if (op.has_trait("elementwise") or name == "tile.cluster_reduce") and op.results and op.result in lay:
+        if name == "tile.scan":
+            self._scan_layout(op)
+        elif name == "tile.reshape":
+            self._reshape_layout(op)
+        elif (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
                     self._need(op, i, lay[op.result])
@@ -448,6 +471,50 @@ class _Selector:
         elif name == "tile.transpose" and op.result not in self.smem:
             raise self._unsupported(op, "transposing a register tile is not supported; transpose a loaded "
                                    "tile that feeds @ instead")
+
+    def _scan_layout(self, op: Operation) -> None:
+        """A scan runs in its result's layout when ``scan_plan`` can walk it, else in the
+        ``#blocked`` layout ``choose_blocked`` gives the tile (converted to and from)."""
+        want = self.lay[op.result]
+        try:
+            scan_plan(want, op.axis)
+        except ValueError:
+            t = op.result.type
+            try:
+                want = choose_blocked(t.shape, max(1, t.dtype.bits // 8), self.threads)
+                scan_plan(want, op.axis)
+            except ValueError:
+                name = "cumsum" if op.kind == "sum" else "cumprod"
+                raise self._unsupported(op, f"{name}() along axis {op.axis} of this {'x'.join(map(str, t.shape))} "
+                                        f"{t.dtype.name} tile cannot be computed by this program's {self.threads} "
+                                        f"threads: a scan trades values between threads in power-of-two groups; "
+                                        f"run it on a power-of-two number of warps (products of 64, 128 or 256 "
+                                        f"rows)") from None
+            self._retype_result(op, want)
+        self._need(op, 0, want)
+
+    def _reshape_layout(self, op: Operation) -> None:
+        """A reshape keeps every value in its thread's registers: the result is ``#reshape`` of
+        the operand's layout, or of ``choose_blocked``'s (converted to) when the operand's
+        would carry between the new axes; refused when neither can."""
+        src, shape = self.lay[op.x], op.result.type.shape
+        want = _reshaped(src, shape)
+        if want is None:
+            t = op.x.type
+            try:
+                blocked = choose_blocked(t.shape, max(1, t.dtype.bits // 8), self.threads)
+            except ValueError:
+                blocked = None
+            want = _reshaped(blocked, shape) if blocked is not None else None
+            if want is None:
+                old, new = "x".join(map(str, t.shape)), "x".join(map(str, shape))
+                raise self._unsupported(op, f"cannot reshape this {old} {t.dtype.name} tile to {new} in registers "
+                                        f"(threads would need elements other threads hold); flattening to one "
+                                        f"axis always works, and so do reshapes between power-of-two extents, "
+                                        f"e.g. [64, 32] -> [2048] or [32, 64] -> [64, 32]")
+            self._need(op, 0, blocked)
+        if self.lay[op.result] != want:
+            self._retype_result(op, want)
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
         """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""

@@ -13,7 +13,7 @@ import math
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps
 from tkc.ir.layouts import first_holders
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
@@ -671,6 +671,7 @@ class _GlobalAccess(Operation):
         shape = tuple(b for i, b in enumerate(self.box) if i not in squeeze)
         if len(self.box) != tensor.rank or shape != tile.shape or tile.dtype != tensor.dtype:
             raise self.error(f"the box {self.box} of {tensor} is not {tile}")
+        check_steps(self, tensor.rank)
 
 
 @register
@@ -681,7 +682,7 @@ class LoadOp(_GlobalAccess):
     name = "hopper.load"
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
-    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool), "steps?": list}
     TRAITS = frozenset({"readonly"})
 
     def verify(self) -> None:
@@ -698,7 +699,7 @@ class StoreOp(_GlobalAccess):
 
     name = "hopper.store"
     OPERANDS = ("tensor", "value", "*offsets")
-    ATTRS = {"box": list, "squeeze?": list}
+    ATTRS = {"box": list, "squeeze?": list, "steps?": list}
 
     def verify(self) -> None:
         if isinstance(self.value.type, ScalarType):  # one element, stored by every thread alike
@@ -813,6 +814,40 @@ class ReduceOp(Operation):
             raise self.error(f"result must be {want}, got {r}")
         if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
             raise self.error("a cross-warp reduction takes one shared scratch tile, others none")
+
+
+@register
+class ScanOp(Operation):
+    """``scan_plan(x.layout, axis)`` executed step by step (docs/hopper.md section 2): an
+    inclusive prefix sum or product along ``axis``, in the operand's layout.  A plan with
+    warp steps takes one shared scratch tile of ``threads`` rows and a column per value."""
+
+    name = "hopper.scan"
+    OPERANDS = ("x", "*scratch")
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import scan_plan
+
+        x, r = self.x.type, self.result.type
+        _check_reg(self, x, "the operand")
+        if self.kind not in SCAN_KINDS:
+            raise self.error(f"kind must be one of {', '.join(SCAN_KINDS)}")
+        try:
+            plan = scan_plan(x.layout, self.axis)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        if r != x:
+            raise self.error(f"result must be {x}, got {r}")
+        if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
+            raise self.error("a scan across warps takes one shared scratch tile, others none")
+        if self.scratch:
+            s = self.scratch[0].type
+            if not _smem(s) or s.layout.rows < x.layout.threads or s.layout.cols < x.layout.regs:
+                raise self.error(f"the scratch must be a shared tile of at least {x.layout.threads} rows and "
+                                 f"{x.layout.regs} columns, got {s}")
 
 
 @register

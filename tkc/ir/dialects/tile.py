@@ -322,6 +322,28 @@ class TransposeOp(Operation):
             raise self.error(f"transposes a 2-D tile: {a} -> {r}")
 
 
+@register
+class ReshapeOp(Operation):
+    """``x.reshape(shape)``: the same elements in row-major order as a tile of another shape.
+    Once tiles have register layouts, each thread must hold its values in the same registers
+    (``tkc.ir.layouts.same_registers``): a reshape moves nothing."""
+
+    name = "tile.reshape"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import same_registers
+
+        a, r = self.x.type, self.result.type
+        if not (isinstance(a, TileType) and isinstance(r, TileType)) or a.dtype != r.dtype or a.numel != r.numel:
+            raise self.error(f"reshapes keep the dtype and the element count: {a} -> {r}")
+        if a.space == "reg" and r.space == "reg" and a.layout is not None and r.layout is not None \
+                and not same_registers(a.layout, r.layout):
+            raise self.error(f"{a.layout} and {r.layout} hold different elements in the same registers")
+
+
 REDUCE_KINDS = ("sum", "max", "min")
 #: What ``tile.reduce`` computes: the kinds every level has, and ``mean`` (a float sum over the
 #: axis divided by its extent), which the ``decompose`` pass rewrites into a sum.
@@ -352,6 +374,65 @@ class ReduceOp(Operation):
         want = a.with_shape(shape) if shape else ScalarType(a.dtype)
         if not _same_elements(r, want):
             raise self.error(f"result must be {want}, got {r}")
+
+
+class _AlongAxis(Operation):
+    """An op of one kind of ``_KINDS`` along ``axis`` of a float or integer tile; ``_result``
+    says its result type."""
+
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"kind": str, "axis": int}
+    TRAITS = frozenset({"pure"})
+    _KINDS: tuple[str, ...] = ()
+
+    def _result(self, a: TileType) -> Type:
+        raise NotImplementedError
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if self.kind not in self._KINDS:
+            raise self.error(f"kind must be one of {', '.join(self._KINDS)}")
+        if not isinstance(a, TileType) or not 0 <= self.axis < a.rank:
+            raise self.error(f"axis {self.axis} is not an axis of {a}")
+        if a.dtype.is_bool:
+            raise self.error(f"takes float or integer tiles, got {a}")
+        want = self._result(a)
+        if not _same_elements(r, want):
+            raise self.error(f"result must be {want}, got {r}")
+
+
+ARG_KINDS = ("argmax", "argmin")
+
+
+@register
+class ArgReduceOp(_AlongAxis):
+    """``argmax``/``argmin`` along one axis (dropped, as in ``tile.reduce``): the i32 index of
+    the largest or smallest element, the first one on ties; a NaN counts as both the largest
+    and the smallest (the first NaN wins), as in torch.  Bool tiles are refused."""
+
+    name = "tile.arg_reduce"
+    _KINDS = ARG_KINDS
+
+    def _result(self, a: TileType) -> Type:
+        shape = a.shape[: self.axis] + a.shape[self.axis + 1:]
+        return TileType(shape, dtypes.i32) if shape else I32
+
+
+SCAN_KINDS = ("sum", "prod")
+
+
+@register
+class ScanOp(_AlongAxis):
+    """``cumsum``/``cumprod``: the inclusive prefix sum or product along one axis (the shape
+    stays).  Float scans accumulate at least as precisely as f32 and round each result once to
+    the dtype; i32 wraps; bool tiles are refused."""
+
+    name = "tile.scan"
+    _KINDS = SCAN_KINDS
+
+    def _result(self, a: TileType) -> Type:
+        return a
 
 
 @register
@@ -413,9 +494,21 @@ class MmaOp(Operation):
 
 
 # ------------------------------------------------------------------- memory
+def check_steps(op: Operation, rank: int) -> None:
+    """``steps`` (of a load or store): a positive element stride per tensor axis, 1 on squeezed
+    axes; element ``j`` of the box along axis ``a`` is tensor element ``offset + j * step``."""
+    steps = op.attributes.get("steps")
+    if steps is None:
+        return
+    squeeze = op.attributes.get("squeeze") or []
+    if len(steps) != rank or any(type(s) is not int or s < 1 for s in steps) or any(steps[a] != 1 for a in squeeze):
+        raise op.error(f"steps {steps} must give a positive stride per tensor axis, 1 on squeezed axes")
+
+
 class _Access(Operation):
     """Shared checks of load/store: one i32 offset per tensor axis; ``box``
-    is the extent per axis, ``squeeze`` the axes dropped from the tile."""
+    is the extent per axis, ``squeeze`` the axes dropped from the tile, ``steps`` (optional)
+    the element stride per axis (``x[0:D:2]``)."""
 
     def _check_box(self, tensor: Type, offsets: list, tile: Type) -> None:
         if not isinstance(tensor, TensorType):
@@ -435,17 +528,18 @@ class _Access(Operation):
             ok = tile == want
         if not ok:
             raise self.error(f"the box {box} of {tensor} is {want}, not {tile}")
+        check_steps(self, tensor.rank)
 
 
 @register
 class LoadOp(_Access):
-    """Read a box of a tensor at element offsets.  Elements outside the tensor
-    read as ``other`` (0 when absent)."""
+    """Read a box of a tensor at element offsets (every ``steps[a]``-th element along axis
+    ``a`` when given).  Elements outside the tensor read as ``other`` (0 when absent)."""
 
     name = "tile.load"
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
-    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool)}
+    ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool), "steps?": list}
     TRAITS = frozenset({"readonly"})
 
     def verify(self) -> None:
@@ -489,7 +583,7 @@ class StoreOp(_Access):
 
     name = "tile.store"
     OPERANDS = ("tensor", "value", "*offsets")
-    ATTRS = {"box": list, "squeeze?": list}
+    ATTRS = {"box": list, "squeeze?": list, "steps?": list}
 
     def verify(self) -> None:
         self._check_box(self.tensor.type, self.offsets, self.value.type)
