@@ -365,15 +365,19 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
 
 
-@pytest.mark.parametrize("example", EXAMPLE_FILES)
+#: Files with several kernels: ``tkc run`` takes one at a time (--kernel).
+SEVERAL = {"paged_decode.tk": ["paged_decode", "combine"]}
+
+
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in SEVERAL.get(e, [None])])
 def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
-        example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        example: str, kernel: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tkc run EXAMPLE --check`` on a machine without a GPU: every dim gets a default size,
     and the emulator runs and is checked against the interpreter, tensor by tensor."""
     from tkc import runner
 
     monkeypatch.setattr(runner, "gpu_unavailable", lambda: "torch sees no CUDA GPU")
-    r = tkc_cli("run", str(EXAMPLES / example), "--check")
+    r = tkc_cli("run", str(EXAMPLES / example), "--check", *(["--kernel", kernel] if kernel else []))
     assert r.exit_code == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert "emulate (torch sees no CUDA GPU; --check compares it with the interpreter): emulated in" in lines[0]
