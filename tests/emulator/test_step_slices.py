@@ -153,5 +153,6 @@ def test_a_step_on_a_register_tile_is_refused() -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
     _, want, got = interpret_and_run_on_gpu(lambda stop: _compile(name, stop), CASES[name][2])
-    tol = 1e-3 if "mma" in name else 1e-5
+    # bf16 outputs: the GPU may contract x * c - y * s into an fma, one bf16 ulp off the interpreter
+    tol = 1e-3 if "mma" in name else 1e-2 if "bf16" in name else 1e-5
     np.testing.assert_allclose(got[-1], np.asarray(want[-1], np.float64), rtol=tol, atol=tol)

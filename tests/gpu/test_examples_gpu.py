@@ -520,14 +520,20 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py")))
-def test_tkc_run_check_with_no_flags_checks_the_gpu(example: str) -> None:
+#: Files with several kernels: ``tkc run`` takes one at a time (--kernel).
+SEVERAL = {"paged_decode.tk": ["paged_decode", "combine"]}
+
+
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in sorted(p.name for p in EXAMPLES.iterdir()
+                                                                    if p.suffix in (".tk", ".py"))
+                                             for k in SEVERAL.get(e, [None])])
+def test_tkc_run_check_with_no_flags_checks_the_gpu(example: str, kernel: str | None) -> None:
     """`tkc run EXAMPLE --check` with a GPU: default dims, the GPU against the interpreter."""
     from click.testing import CliRunner
 
     from tkc.cli import cli
 
-    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / example), "--check"])
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / example), "--check", *(["--kernel", kernel] if kernel else [])])
     assert r.exit_code == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert "gpu: median kernel time of 1 launches" in lines[0] and lines[1].endswith("(default)"), r.stdout
