@@ -55,7 +55,7 @@ def constant_rows(g: torch.Generator, count: int, N: int) -> torch.Tensor:
 def norm_rows(g: torch.Generator, N: int) -> torch.Tensor:
     """Rows for LayerNorm and RMSNorm: 40 constant rows, zeros, a row of 1000 plus small
     deviations, one outlier in a row of zeros, magnitudes 1e15, 1e-15 and 1e-30, and a row
-    whose first 16 columns are 1e4 (layernorm.tk's shift for long rows) and the rest small."""
+    whose first 16 columns are 1e4 and the rest small (the sums' shift far from the mean)."""
     extra = [randn(g, N) for _ in range(8)]
     extra[7][:16] = 1e4
     extra[0][:] = 0.0

@@ -69,10 +69,9 @@ def test_softmax_masked_and_extreme_rows(stage: str, name: str, consts: dict, N:
 
 
 # Rows of 3001 columns (about one constant row in eight gave NaN before, whatever the summation
-# order): one block a row (16 rows a program, and one), two sweeps of 1024-column blocks (one row
-# a program, shifted by its first value) and of 512-column ones (16 rows, each shifted by its
-# block 0's mean), and the split kernel's one block a program (at 1500 columns two of four read
-# nothing) and two sweeps.
+# order): one block a row (16 rows a program, and one), two sweeps of 1024- and 512-column
+# blocks (one row a program, and 16), and the split kernel's one block a program (at 1500
+# columns two of four read nothing) and two sweeps.
 LAYERNORMS = [("layernorm.tk", {"BM": 16, "BN": 4096}, 3001), ("layernorm.tk", {"BN": 4096}, 3001),
               ("layernorm.tk", {"BN": 1024}, 3001), ("layernorm.tk", {"BM": 16, "BN": 512}, 3001),
               ("layernorm_split.tk", {"BN": 1024, "cluster": 4}, 3001),
