@@ -409,6 +409,82 @@ def test_layernorm_split(rng, M: int, N: int, consts: dict) -> None:
     check(f"layernorm_split {M}x{N}", y, ref, seed, atol=5e-2, rtol=2e-2)
 
 
+# ------------------------------------------------ rows that once broke the examples
+# tests/examples/hard_rows.py, as the CPU tests (tests/examples/test_hard_rows.py) run them: a
+# softmax row whose first block of columns is -inf gave NaN, and constant LayerNorm rows did.
+sys.path.insert(0, str(ROOT / "tests" / "examples"))
+import hard_rows  # noqa: E402
+
+sys.path.pop(0)
+
+
+@pytest.mark.parametrize("example,consts", SOFTMAXES, ids=str)
+@pytest.mark.parametrize("N", [1000, 9000, 70000])
+def test_softmax_masked_and_extreme_rows(rng, N: int, example: str, consts: dict) -> None:
+    g, seed = rng
+    x = hard_rows.softmax_rows(g, N, consts.get("BN", 4096)).to(torch.bfloat16)
+    y = poisoned(*x.shape)
+    launch(compiled(example, consts), [x, y])
+    torch.cuda.synchronize()
+    hard_rows.check(f"{example} {consts} {N} columns (seed {seed})", y, torch.softmax(x.float(), dim=-1),
+                    atol=4e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize("example,consts", [("layernorm.tk", c) for c in NORM_CONSTS]
+                         + [("layernorm_split.tk", c) for c in LAYERNORM_SPLITS], ids=str)
+@pytest.mark.parametrize("N", [3001, 9000, 70000])
+def test_layernorm_constant_and_extreme_rows(rng, N: int, example: str, consts: dict) -> None:
+    g, seed = rng
+    x = hard_rows.norm_rows(g, N).to(torch.bfloat16)
+    w, b = randn(g, N), randn(g, N)
+    y = poisoned(*x.shape)
+    launch(compiled(example, consts), [x, w, b, y, 1e-5])
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), 1e-5)
+    hard_rows.check(f"{example} {consts} {N} columns (seed {seed})", y, ref, atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("consts", [{}, {"BM": 1, "BN": 4096}], ids=str)
+def test_rmsnorm_constant_and_extreme_rows(rng, monkeypatch: pytest.MonkeyPatch, consts: dict) -> None:
+    monkeypatch.delenv("TKC_INTERPRET", raising=False)
+    mod = _rmsnorm()
+    g, seed = rng
+    N = 3001
+    x = hard_rows.norm_rows(g, N).to(torch.bfloat16)
+    w, y = randn(g, N), poisoned(*x.shape)
+    mod.rmsnorm(x, w, y, 1e-6, **consts)
+    torch.cuda.synchronize()
+    hard_rows.check(f"rmsnorm {consts} (seed {seed})", y, mod.reference(x, w, 1e-6), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("N", [200, 77])
+def test_attention_extreme_heads(rng, causal: bool, D: int, N: int) -> None:
+    g, seed = rng
+    q, k, v, scale = hard_rows.attention_heads(g, N, D)
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    o = poisoned(*q.shape)
+    launch(compiled("attn.tk", {"D": D, "causal": causal}), [q, k, v, o, 1 / math.sqrt(D)])
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                           scale=1 / math.sqrt(D))
+    hard_rows.check(f"attn D={D} N={N} causal={causal} (seed {seed})", o.float() / scale, ref / scale,
+                    atol=2e-2, rtol=2e-2)
+
+
+def test_gemm_extreme_rows(rng) -> None:
+    g, seed = rng
+    M, N, K = 300, 200, 136
+    a, b, scale = hard_rows.gemm_operands(g, M, N, K)
+    a, b = a.to(torch.bfloat16), b.to(torch.bfloat16)
+    c = poisoned(M, N)
+    launch(compiled("gemm.tk"), [a, b, c])
+    torch.cuda.synchronize()
+    ref = (a.float() @ b.float()).to(torch.bfloat16)
+    hard_rows.check(f"gemm {M}x{N}x{K} (seed {seed})", c.float() / scale, ref.float() / scale, atol=3e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("example,consts", [
     ("layernorm.tk", {}), ("layernorm.tk", {"ctas_per_sm": 1}), ("layernorm.tk", {"BN": 8192}),
     ("layernorm.tk", {"BN": 16384, "warps": 16}), ("softmax.tk", {}), ("softmax.tk", {"BN": 65536, "warps": 8}),

@@ -55,15 +55,17 @@ def _layernorm_args(M: int, N: int) -> list:
 @pytest.mark.parametrize("distance", [1, 2, 3])
 def test_every_prefetch_is_a_later_iterations_load(distance):
     # One row of four 256-wide blocks, the last partial: each sweep loads blocks in order (the
-    # second back to front, with w and b), and every load but each loop's first was
-    # prefetched, earlier, exactly once; nothing past either loop's end.
+    # first after block 0 once more, for the mean its sums are shifted by, with the partial
+    # block after its loop; the second back to front, with w and b), and every load in a loop
+    # but its first iteration's was prefetched, earlier, exactly once; nothing past either
+    # loop's end.
     events = _recorded("layernorm.tk", {"BN": 256, "prefetch": distance}, _layernorm_args(1, 1000))
     loads = [(t, o) for kind, t, o in events if kind == "load"]
     prefetches = [(t, o) for kind, t, o in events if kind == "prefetch"]
-    sweeps = [loads[:4], loads[4:]]  # x blocks 0..3; then (x, w, bias) for blocks 3..0
-    assert [o[-1] for _, o in sweeps[0]] == [0, 256, 512, 768]
+    sweeps = [loads[:5], loads[5:]]  # x blocks 0, 0..2 and 3; then (x, w, bias) for blocks 3..0
+    assert [o[-1] for _, o in sweeps[0]] == [0, 0, 256, 512, 768]
     assert [o[-1] for _, o in sweeps[1][::3]] == [768, 512, 256, 0]
-    later = sweeps[0][1:] + sweeps[1][3:]  # all but each loop's first iteration's loads
+    later = sweeps[0][2:4] + sweeps[1][3:]  # the loops' loads but each loop's first iteration's
     assert collections.Counter(prefetches) == collections.Counter(later)
     for i, (kind, t, o) in enumerate(events):
         if kind == "prefetch":
