@@ -440,7 +440,10 @@ def test_layernorm_constant_and_extreme_rows(rng, N: int, example: str, consts: 
     y = poisoned(*x.shape)
     launch(compiled(example, consts), [x, w, b, y, 1e-5])
     torch.cuda.synchronize()
-    ref = torch.nn.functional.layer_norm(x.float(), (N,), w.float(), b.float(), 1e-5)
+    # The reference in float64: torch's own f32 LayerNorm on the GPU is off by whole units on a
+    # row of 1e15 and on long constant rows (its variance is rounding noise), where tkc gives
+    # the bias exactly.
+    ref = torch.nn.functional.layer_norm(x.double(), (N,), w.double(), b.double(), 1e-5)
     hard_rows.check(f"{example} {consts} {N} columns (seed {seed})", y, ref, atol=5e-2, rtol=2e-2)
 
 

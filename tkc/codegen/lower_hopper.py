@@ -539,14 +539,16 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
         warp = Sym(b, lw.tid) // 32  # inside a role: the warp within the role
         for m in plan.warp_xor:
             # A round trip through shared memory: write, bar.sync, read the partner warp, combine.
+            # Partials travel in the scratch's dtype (f32 for floats, as they are combined):
+            # rounding them to a 16-bit dtype here would round every warp's partial.
             for v, k in zip(vals, kept):
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
-                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), p)
+                b.store(to_mem(b, v, lay.dtype), p)
             lw.sync()
             got = []
             for k in kept:
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp ^ int(m), k))
-                got.append(cast_value(b, from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype), lay.dtype, dt))
+                got.append(from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype))
             vals = [comb(v, g) for v, g in zip(vals, got)]
             lw.sync()
     if dt.is_float:
@@ -586,14 +588,16 @@ def _scan(lw: Lowerer, op: Operation) -> None:
             scratch = lw.shared(op, op.scratch[0])
             lay = scratch.layout
             t = Sym(b, lw.tid)
+            # The totals travel in the scratch's dtype, f32 for floats: the running values
+            # are f32 registers until the end, and must not be rounded to a 16-bit dtype here.
             for i, v in enumerate(tot):
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, t, i))
-                b.store(to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), p)
+                b.store(to_mem(b, v, lay.dtype), p)
             lw.sync()
             other = []
             for i in range(len(tot)):
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, t ^ int(how), i))
-                other.append(cast_value(b, from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype), lay.dtype, dt))
+                other.append(from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype))
             lw.sync()
         upper = b.icmp_unsigned("!=", b.and_(lw.tid, const_i32(int(how))), const_i32(0))
         pre = [b.select(upper, comb(o, v), v) for o, v in zip(other, pre)]
