@@ -7,17 +7,15 @@ element are refused by both executors, naming both programs and the line."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
 
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcEmulatorError, TkcError, TkcInterpretError
 from tkc.interpreter import random_args, run_kernel
 from tkc.semantics import atomic_update
+from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
 from tkc import dtypes
 
 # Split-K: SPLIT programs per output tile add their partial products into c (f32), tails on
@@ -158,12 +156,10 @@ def test_emulator_matches_interpreter(name: str, seed: int) -> None:
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4 if name != "extrema" else 5e-2)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("name", list(CASES))
 def test_assembles_without_spills(name: str) -> None:
-    c = compile_kernel(CASES[name][0], stop="cubin", cache=False)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(compile_kernel(CASES[name][0], stop="cubin", cache=False))
 
 
 def test_a_tile_adds_with_vector_reductions_and_a_fetch_reads_through_shared_memory() -> None:
@@ -226,19 +222,11 @@ def test_misuse_is_a_located_error(body: str, message: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
     c = compile_kernel(CASES[name][0], cache=False)
     args = _args(name, 5)
     want = _interpret(name, args)
     params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() if isinstance(a, np.ndarray) else a
-            for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    got = [g.float().cpu().numpy() if g.dtype != torch.int32 else g.cpu().numpy() for g in cuda]
+    got = launch_on_gpu(c, args)
     if name == "ticket":
         assert sorted(got[0].tolist()) == sorted(want[0].tolist()) and got[1][0] == want[1][0]
     elif name == "claim":

@@ -5,13 +5,10 @@ the interpreter; a gather where the language has none is a located error."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
 
-from tkc import dtypes
+from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcError
@@ -92,12 +89,10 @@ def test_runs_of_a_gathered_row_are_vector_loads() -> None:
     assert "ld.global.v4.b32" in ptx  # 8 bf16 of a picked row at once
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("name", list(CASES))
 def test_assembles_without_spills(name: str) -> None:
-    c = compile_kernel(CASES[name][0], stop="cubin", cache=False)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(compile_kernel(CASES[name][0], stop="cubin", cache=False))
 
 
 @pytest.mark.parametrize("body, message", [
@@ -117,16 +112,8 @@ def test_misuse_is_a_located_error(body: str, message: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
     c = compile_kernel(CASES[name][0], cache=False)
     args = _args(name, 5)
     want = [a.copy() for a in args]
     run_kernel(compile_kernel(CASES[name][0], stop="tkir", cache=False).kernel_op, want)
-    params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    np.testing.assert_allclose(cuda[2].float().cpu().numpy(), want[2], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(launch_on_gpu(c, args)[2], want[2], rtol=1e-5, atol=1e-4)

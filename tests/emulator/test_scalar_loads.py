@@ -4,12 +4,10 @@ interpreter and the emulator agree, ptxas takes it, and on a GPU it matches the 
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
-import torch
 
+from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import random_args, run_kernel
@@ -87,33 +85,21 @@ def test_the_gathered_rows_are_the_indexed_ones() -> None:
     np.testing.assert_array_equal(y, want)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("name", list(CASES))
 def test_assembles_without_spills(name: str) -> None:
-    c = compile_kernel(CASES[name][0], stop="cubin", cache=False)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(compile_kernel(CASES[name][0], stop="cubin", cache=False))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc import dtypes
-    from tkc.runtime.launch import launch
-
     src, dims, int_range = CASES[name]
     c = compile_kernel(src, cache=False)
     args = random_args(c.kernel_op, dims, 5, int_range)
     want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     run_kernel(compile_kernel(src, stop="tkir", cache=False).kernel_op, want)
     params = c.kernel_op.regions[0].block.args
-    cuda = [dtypes.to_torch(a, p.type.dtype).cuda() if isinstance(a, np.ndarray) else a
-            for a, p in zip(args, params)]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    for w, g, p in zip(want, cuda, params):
+    for w, g, p in zip(want, launch_on_gpu(c, args), params):
         if isinstance(w, np.ndarray):
-            np.testing.assert_allclose(g.float().cpu().numpy(), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2,
-                                       err_msg=p.name_hint)
+            np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=2e-2, atol=2e-2, err_msg=p.name_hint)
