@@ -226,6 +226,17 @@ def _store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, *offsets
     ctx.written.add(id(tensor))
 
 
+def _masked_store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, mask: Any, *offsets: Any) -> None:
+    sl = _box_slices(tensor.shape, offsets, op.box)
+    if sl is not None:
+        keep = np.reshape(mask, op.box)[sl[1]]
+        region = tensor[sl[0]]  # a view: writing it writes the tensor
+        where = tuple(i + s.start for i, s in zip(np.nonzero(keep), sl[0]))
+        _log_write(ctx, op, tensor, where, atomic=False)
+        region[keep] = np.reshape(value, op.box)[sl[1]][keep]
+    ctx.written.add(id(tensor))
+
+
 def _log_write(ctx: Program, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
     if ctx is None or ctx.log is None:
         return
@@ -370,6 +381,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.load": _load,
     "tile.gather": _gather,
     "tile.store": _store,
+    "tile.masked_store": _masked_store,
     "tile.atomic": _atomic,
     "tile.atomic_cas": _atomic,
     "tile.dim": lambda ctx, op, t: np.asarray(t.shape[op.axis], np.int32),

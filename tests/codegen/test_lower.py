@@ -164,6 +164,9 @@ def test_only_sm_90a() -> None:
 
 # name -> what its PTX must contain (instruction text -> count), beyond assembling cleanly.
 FIXTURES = {
+    "masked_store": {
+        "st.global.cs.b32": 16,  # a thread's 16 values of the 32x64 tile, one predicated store each
+    },
     "gather": {
         "ld.global.v4.b32": 1,  # a thread's 8 bf16 of one picked row at once, on the whole side
     },

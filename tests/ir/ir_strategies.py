@@ -296,6 +296,17 @@ class _Gen:
             attrs["other"] = self.constant_value(tensor.type.dtype)
         self.emit(T.LoadOp, [tensor, *(self.get(I32) for _ in tensor.type.dims)], [t], attrs)
 
+    def op_masked_store(self) -> None:
+        tensors = [v for v in self.tensors() if v.type.rank]
+        if not tensors:
+            return
+        tensor = self.pick(tensors)
+        attrs, t = self._box(tensor.type)
+        if not isinstance(t, TileType):  # every axis squeezed: keep them all instead
+            attrs, t = {"box": [1] * tensor.type.rank}, TileType((1,) * tensor.type.rank, tensor.type.dtype)
+        self.emit(T.MaskedStoreOp, [tensor, self.get(t), self.get(TileType(t.shape, dtypes.i1)),
+                                    *(self.get(I32) for _ in tensor.type.dims)], [], attrs)
+
     def op_gather(self) -> None:
         tensors = [v for v in self.tensors() if v.type.rank]
         if not tensors:
@@ -382,7 +393,7 @@ class _Gen:
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
                 "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
-                "op_atomic", "op_atomic_cas", "op_for", "op_if",
+                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
@@ -400,7 +411,7 @@ class _Gen:
             dims = self.draw(st.lists(st.one_of(st.sampled_from(["M", "N", "K", "B", "H", "Ñ"]),
                                                 st.sampled_from(DIMS + [3, 1000])), max_size=3))
             params.append(TensorType(self.pick(ALL_DTYPES), tuple(dims)))
-        if self.require in ("tile.dim", "tile.load", "tile.store", "tile.gather"):
+        if self.require in ("tile.dim", "tile.load", "tile.store", "tile.gather", "tile.masked_store"):
             params.append(TensorType(self.pick(ALL_DTYPES), ("M", 64)))
         if self.require in ("tile.atomic", "tile.atomic_cas"):
             params.append(TensorType(self.pick([dtypes.f32, dtypes.i32]), ("M", 64)))

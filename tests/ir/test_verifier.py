@@ -342,6 +342,8 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"attribute 'other' must be int or float or bool", None),
     ("tile.load", kernel("%x = tile.load {box = [4, 4]} : tile<4x4xf32> // bad"),
      r"takes at least 1 operands, got 0", None),
+    ("tile.masked_store", kernel("tile.masked_store %t, %t4, %t4, %i, %i {box = [4, 4]} // bad"),
+     r"the mask is an i1 tile of the value's shape", None),
     ("tile.gather", kernel("%x = tile.gather %t, %t4, %i, %i {box = [4, 4], axis = 0} : tile<4x4xf32> // bad"),
      r"the index is an i32 tile of the result's shape", None),
     ("tile.gather", kernel("%x = tile.gather %t, %i4, %i, %i {box = [4, 4], axis = 2} : tile<4x4xf32> // bad"),

@@ -565,6 +565,20 @@ def gather(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, out)
 
 
+def masked_store(lw: Lowerer, op: Operation) -> None:
+    """``tile.masked_store``: one predicated store per value, where it lies in the tensor and
+    its mask value is true (no vector accesses: a mask may cut any run)."""
+    b = lw.b
+    t = op.value.type
+    tensor: TensorArg = lw.get(op.tensor)
+    dt = tensor.type.dtype
+    acc = _access(lw, op, t).kept_local(lw)
+    vals, mask = lw.tile(op, op.value), lw.tile(op, op.mask)
+    for i, (v, m) in enumerate(zip(vals, mask)):
+        e = _global_element(lw, op, acc.tensor, acc.offs, acc.coord(i))
+        _store_element(b, e.addr, b.and_(e.ok, m), _bits_of(b, v, dt), dt)
+
+
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:
     """A 16-bit float tile loaded here and kept as its words (:class:`Packed`)."""
     b = lw.b
@@ -848,4 +862,5 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
             b.asm(fty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", [start, size], side_effect=True)
 
 
-HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch, "tile.gather": gather}
+HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch, "tile.gather": gather,
+            "tile.masked_store": masked_store}

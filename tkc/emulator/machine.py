@@ -786,6 +786,17 @@ def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray,
     wg.cta.written.add(id(tensor))
 
 
+def _masked_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray, mask: np.ndarray,
+                  *offsets: Any) -> None:
+    layout = _reg_layout(op, op.value.type)
+    idx, inb = _global_index(op, tensor, offsets, wg.coords(op, layout))
+    inb = inb & np.asarray(mask, bool)
+    sel = tuple(i[inb] for i in idx)
+    _log_write(wg, op, tensor, sel, atomic=False)
+    tensor[sel] = value[inb]
+    wg.cta.written.add(id(tensor))
+
+
 def _atomic(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *rest: Any) -> np.ndarray | None:
     """``tile.atomic``/``tile.atomic_cas`` as codegen issues them: a tile's values by the threads
     holding their first copies, one element by thread 0 (its old value read by nobody)."""
@@ -1118,6 +1129,7 @@ def _wgmma_wait(wg: _Warpgroup, op: Operation, x: Any) -> Co:
 
 
 _HANDLERS: dict[str, Callable[..., Any]] = {
+    "tile.masked_store": _masked_store,
     "tile.gather": _gather,
     "tile.atomic": _atomic,
     "tile.atomic_cas": _atomic,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from tkc import dtypes
 from tkc.errors import TkcTypeError
 from tkc.frontend.emit import check_const, check_tile_dims
-from tkc.frontend.values import REQUIRED, Const, DTypeName, Dyn, View
+from tkc.frontend.values import NONE, REQUIRED, Const, DTypeName, Dyn, View
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType
@@ -122,6 +122,16 @@ def _load(lw, e, args, kwargs):
     return lw.load(a["view"], a["other"])
 
 
+def _store(lw, e, args, kwargs):
+    a = lw.bind("store()", e, args, kwargs, [("view", REQUIRED), ("value", REQUIRED), ("mask", None)])
+    if not isinstance(a["view"], View):
+        raise TkcTypeError(f"store() takes a tensor slice like y[i*BM:(i+1)*BM, :], got "
+                           f"{lw._kind(a['view'])}", e.loc)
+    value = lw.load(a["value"], None) if isinstance(a["value"], View) else a["value"]
+    lw.store(a["view"], value, e.loc, a["mask"])
+    return NONE
+
+
 def _cluster_reduce(kind: str) -> Callable:
     def impl(lw, e, args, kwargs):
         a = lw.bind(f"cluster_{kind}()", e, args, kwargs, [("x", REQUIRED)])
@@ -155,7 +165,7 @@ BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
-    "where": _where, "load": _load, "sum": _reduction("sum"), "mean": _reduction("mean"),
+    "where": _where, "load": _load, "store": _store, "sum": _reduction("sum"), "mean": _reduction("mean"),
     "argmax": _reduction("argmax"), "argmin": _reduction("argmin"),
     "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},

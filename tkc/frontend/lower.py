@@ -18,7 +18,7 @@ from tkc.frontend import ast
 from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
 from tkc.frontend.emit import Emitter, check_const, check_tile_dims, const_dtype
 from tkc.frontend.values import (
-    REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
+    NONE, REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
 )
 from tkc.ir.builder import Builder
 from tkc.pins import PINS, check_pins
@@ -26,7 +26,6 @@ from tkc.ir.core import Block, Module, Region
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
-NONE = TupleV(())
 
 BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
@@ -887,15 +886,36 @@ class KernelLowering:
                                     loc=view.node.loc))
         return Dyn(self.b.value(T.LoadOp, [view.tensor.value, *offsets], rt, attrs, loc=view.node.loc))
 
-    def store(self, view: View, v: object, loc: Loc) -> None:
+    def store(self, view: View, v: object, loc: Loc, mask: object = None) -> None:
         offsets, box, squeeze, steps, _ = self._box(view, "storing")
         v = self._stored(view, box, squeeze, v, "store", loc)
         attrs: dict[str, object] = {"box": box}
         if squeeze:
             attrs["squeeze"] = squeeze
+        if mask is not None:
+            self._masked_store(view, v, mask, offsets, attrs, steps, loc)
+            return
         if any(st != 1 for st in steps):
             attrs["steps"] = steps
         self.b.create(T.StoreOp, [view.tensor.value, v.value, *offsets], attrs=attrs, loc=view.node.loc)
+
+    def _masked_store(self, view: View, v: Dyn, mask: object, offsets: list, attrs: dict, steps: list,
+                      loc: Loc) -> None:
+        """``store(view, v, mask=m)``: only the elements where the bool tile ``m`` (broadcast to
+        the slice) is true are written."""
+        if not isinstance(v.type, TileType):
+            raise TkcTypeError("store(..., mask=) writes a tile; index a single element with an if instead", loc)
+        if any(st != 1 for st in steps):
+            raise TkcUnsupportedError("store(..., mask=) into a slice with a step is not supported", loc)
+        m = self.value_of(mask, view.node)
+        if isinstance(m, Const) or not m.type.dtype.is_bool or not isinstance(m.type, TileType) \
+                or len(m.type.shape) != len(v.type.shape) \
+                or any(a != b and a != 1 for a, b in zip(m.type.shape, v.type.shape)):
+            raise TkcTypeError(f"store(..., mask=) takes a bool tile of the slice's shape {list(v.type.shape)} "
+                               f"(or size 1 along an axis), got {self._kind(m)}", loc)
+        m = self.em.broadcast_to(m, v.type.shape, loc)
+        self.b.create(T.MaskedStoreOp, [view.tensor.value, v.value, m.value, *offsets], attrs=attrs,
+                      loc=view.node.loc)
 
     def atomic(self, kind: str, view: View, values: list[object], sem: object, e: ast.Call) -> object:
         """``atomic_<kind>(view, *values, sem=...)``: a ``tile.atomic`` (``tile.atomic_cas``), which

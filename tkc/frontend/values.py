@@ -101,6 +101,9 @@ class TupleV:
     items: tuple
 
 
+NONE = TupleV(())  # what a helper without 'return' and a call that returns nothing evaluate to
+
+
 Meaning = Const | Dyn | Tensor | View | DTypeName | Function | Builtin | Method | TupleV
 
 

@@ -361,6 +361,8 @@ class _Selector:
                 changed |= self._propose(v, lay[op.result])
         elif name == "tile.gather" and op.result in lay:
             changed |= self._propose(op.index, lay[op.result])
+        elif name == "tile.masked_store" and op.value in lay:  # the mask comes in the value's layout
+            changed |= self._propose(op.mask, lay[op.value])
         elif name == "tile.reshape" and op.result in lay:
             changed |= self._propose(op.x, _reshaped(lay[op.result], op.x.type.shape))
         elif name == "tile.reduce" and op.result in lay:
@@ -427,6 +429,8 @@ class _Selector:
                     self._need(op, i, lay[op.result])
         elif name == "tile.gather":
             self._need(op, 1, lay[op.result])
+        elif name == "tile.masked_store":
+            self._need(op, 2, lay[op.value])
         elif name == "tile.reduce" and isinstance(op.result.type, TileType):
             want = Slice(lay[op.x], op.axis)
             if lay[op.result] != want:

@@ -589,6 +589,23 @@ class StoreOp(_Access):
         self._check_box(self.tensor.type, self.offsets, self.value.type)
 
 
+@register
+class MaskedStoreOp(_Access):
+    """Write a tile into a box of a tensor where ``mask`` (an i1 tile of its shape) is true;
+    other elements, and elements outside the tensor, are not written."""
+
+    name = "tile.masked_store"
+    OPERANDS = ("tensor", "value", "mask", "*offsets")
+    ATTRS = {"box": list, "squeeze?": list}
+
+    def verify(self) -> None:
+        self._check_box(self.tensor.type, self.offsets, self.value.type)
+        v, m = self.value.type, self.mask.type
+        if not isinstance(v, TileType) or not isinstance(m, TileType) or m.shape != v.shape \
+                or not m.dtype.is_bool:
+            raise self.error(f"the mask is an i1 tile of the value's shape, got {m}")
+
+
 # ------------------------------------------------------------------ atomics
 #: What each atomic kind takes (element dtypes), where the GPU has an instruction for it.
 ATOMIC_KINDS = {
