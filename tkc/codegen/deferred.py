@@ -86,7 +86,8 @@ def _through(op: Operation) -> bool:
 
 
 #: Ops that write a tensor.
-_WRITES = frozenset({"hopper.store", "hopper.tma_store", "tile.masked_store", "tile.atomic", "tile.atomic_cas", "hopper.atomic_fetch"})
+_WRITES = frozenset({"hopper.store", "hopper.tma_store", "tile.masked_store", "tile.atomic", "tile.atomic_cas",
+                     "hopper.atomic_fetch"})
 
 
 class StorePlan(NamedTuple):
