@@ -202,3 +202,66 @@ def test_paged_decode_on_gpu_as_torch(D: int) -> None:
 
     out, want = _paged_run(run, D)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+
+
+# ------------------------------------------------------------------ varlen_attn.tk
+VARLEN_SMALL = {"D": 64, "BM": 64, "BN": 64}
+
+
+def _varlen(seed: int, lengths: list[int], causal: bool, H: int = 2, D: int = 64):
+    """q, k, v packed [H, total, D], cu_seqlens, the output poisoned, and torch's attention of
+    each sequence on its own."""
+    g = torch.Generator().manual_seed(seed)
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    T = int(cu[-1])
+    q, k, v = (torch.randn(H, T, D, generator=g).bfloat16() for _ in range(3))
+    want = torch.zeros(H, T, D)
+    for s in range(len(lengths)):
+        a, b = int(cu[s]), int(cu[s + 1])
+        want[:, a:b] = F.scaled_dot_product_attention(q[None, :, a:b].float(), k[None, :, a:b].float(),
+                                                      v[None, :, a:b].float(), is_causal=causal)[0]
+    o = torch.full((H, T, D), float("nan")).bfloat16()
+    return [q, k, v, o, cu, D ** -0.5, max(lengths)], want
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention_interpreter_matches_torch(causal: bool) -> None:
+    k = compile_kernel(EXAMPLES / "varlen_attn.tk", {**VARLEN_SMALL, "causal": causal}, stop="tkir",
+                       cache=False).kernel_op
+    args, want = _varlen(0, [1, 129, 64, 70, 150], causal)
+    run_kernel(k, args)
+    torch.testing.assert_close(args[3].float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention_emulator_matches_interpreter(causal: bool) -> None:
+    consts = {**VARLEN_SMALL, "causal": causal}
+    args, _ = _varlen(1, [1, 70, 64], causal)
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(EXAMPLES / "varlen_attn.tk", consts, stop="tkir", cache=False).kernel_op, want)
+    emulate(compile_kernel(EXAMPLES / "varlen_attn.tk", consts, stop="hopper", cache=False).kernel_op, args)
+    torch.testing.assert_close(args[3].float(), want[3].float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
+                    reason="needs ptxas")
+@pytest.mark.parametrize("consts", [{}, {"causal": True}, VARLEN_SMALL])
+def test_varlen_attention_assembles_without_spills(consts: dict) -> None:
+    c = compile_kernel(EXAMPLES / "varlen_attn.tk", consts, stop="cubin", cache=False)
+    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_varlen_attention_on_gpu_as_torch(D: int, causal: bool) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    from tkc.runtime.launch import launch
+
+    c = compile_kernel(EXAMPLES / "varlen_attn.tk", {"D": D, "causal": causal})
+    args, want = _varlen(2, [1, 129, 300, 64, 517], causal, D=D)
+    cuda = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    launch(c, cuda)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(cuda[3].float().cpu(), want, rtol=2e-2, atol=2e-2)
