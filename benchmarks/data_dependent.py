@@ -1,6 +1,6 @@
 """The kernels that read indices and combine across programs, beside what a PyTorch user runs.
 
-    python benchmarks/data_dependent.py [--quick] [--no-record]
+    python benchmarks/data_dependent.py [--quick] [--no-record] [--only varlen_attn,...]
 
 Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py):
 
@@ -14,6 +14,9 @@ Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/ha
   KV heads, D 128, pages of 16 tokens in a shuffled block table; peer SDPA with ``enable_gqa``
   on the same K/V gathered into contiguous tensors beforehand (the gather not timed).  GB/s
   of K and V read (the HBM bandwidth bound).
+* ``varlen_attn``: examples/varlen_attn.tk on 16 sequences of 512-4096 tokens, 16 heads, D 128,
+  causal and not, beside attn.tk on 16 equal sequences of the same total tokens and SDPA on the
+  padded batch with a mask (counted by the useful FLOPs).  TFLOP/s.
 * ``splitk_gemm``: examples/splitk_gemm.tk (f32 output zeroed before, inside the timing; SPLIT
   chosen to give about two programs an SM) on a
   small M x N with a long K; peer ``torch.matmul`` of the bf16 operands (cuBLAS picks its own
@@ -157,22 +160,69 @@ def paged_decode_rows(lengths: list[int], runs: int, B: int = 64, KVH: int = 8, 
     return rows
 
 
+def varlen_rows(runs: int, H: int = 16, D: int = 128, seqs: int = 16, causal_modes=(False, True)) -> list[Row]:
+    """Varlen attention on ``seqs`` sequences of 512-4096 tokens (seeded), beside attn.tk on a
+    batch of as many equal sequences of the same total tokens, and SDPA on the padded batch."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(512, 4097, (seqs,), generator=g).tolist()
+    total, L = sum(lengths), sum(lengths) // seqs
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(H, total, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    qb, kb, vb = (torch.randn(seqs, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ob = torch.empty_like(qb)
+    qp, kp, vp = (torch.zeros(seqs, H, max(lengths), D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for s, n in enumerate(lengths):
+        a = int(cu[s])
+        qp[s, :, :n], kp[s, :, :n], vp[s, :, :n] = q[:, a:a + n], k[:, a:a + n], v[:, a:a + n]
+    valid = torch.arange(max(lengths), device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None]
+    scale = D ** -0.5
+    rows = []
+    for causal in causal_modes:
+        var = compile_kernel(EXAMPLES / "varlen_attn.tk", {"D": D, "causal": causal})
+        att = compile_kernel(EXAMPLES / "attn.tk", {"D": D, "causal": causal})
+        mask = valid[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(max(lengths), max(lengths), dtype=torch.bool, device="cuda").tril()
+        launch(var, [q, k, v, o, cu, scale, max(lengths)])
+        s0 = lengths[0]
+        ref = F.scaled_dot_product_attention(q[None, :, :s0], k[None, :, :s0], v[None, :, :s0], is_causal=causal)
+        torch.testing.assert_close(o[:, :s0].float(), ref[0].float(), rtol=2e-2, atol=2e-2)
+        t = in_turns({"tkc varlen": lambda: launch(var, [q, k, v, o, cu, scale, max(lengths)]),
+                      "tkc attn.tk (equal lengths)": lambda: launch(att, [qb, kb, vb, ob, scale]),
+                      "SDPA padded + mask": lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)}, runs)
+        per = 0.5 if causal else 1.0
+        flops = {"tkc varlen": sum(4 * n * n * D * H * per for n in lengths),
+                 "tkc attn.tk (equal lengths)": seqs * 4 * L * L * D * H * per,
+                 "SDPA padded + mask": sum(4 * n * n * D * H * per for n in lengths)}  # useful work only
+        rows.append(Row("varlen_attn", f"{seqs} sequences of 512-4096 ({total} tokens), {H} heads, D {D}"
+                        + (", causal" if causal else ""), "TFLOP/s", {n: flops[n] / s / 1e12 for n, s in t.items()},
+                        notes="attn.tk: the same total tokens as equal sequences; SDPA counted by its useful work"))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one small shape per kernel")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    ap.add_argument("--only", default="cross_entropy,embedding,splitk_gemm,paged_decode,varlen_attn",
+                    help="comma-separated kernels")
     args = ap.parse_args()
+    only = set(args.only.split(","))
     runs = 30 if args.quick else 60
     ce = [(4096, 32768)] if args.quick else [(4096, 32768), (32768, 131072), (8192, 262144)]
     emb = [(8192, 32000, 4096)] if args.quick else [(8192, 32000, 4096), (32768, 128256, 4096), (65536, 50304, 1024)]
     sk = [(512, 512, 16384)] if args.quick else [(256, 256, 32768), (512, 512, 16384), (1024, 1024, 8192)]
     pd = [4096] if args.quick else [4096, 16384, 32768]
-    rows = (cross_entropy_rows(ce, runs) + embedding_rows(emb, runs) + splitk_rows(sk, runs)
-            + paged_decode_rows(pd, runs))
+    groups = {"cross_entropy": lambda: cross_entropy_rows(ce, runs), "embedding": lambda: embedding_rows(emb, runs),
+              "splitk_gemm": lambda: splitk_rows(sk, runs), "paged_decode": lambda: paged_decode_rows(pd, runs),
+              "varlen_attn": lambda: varlen_rows(runs, causal_modes=(False,) if args.quick else (False, True))}
+    rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
     print(table(rows))
     if not args.no_record:
         append_results(ROOT / "benchmarks" / "RESULTS.md", "python benchmarks/data_dependent.py" +
-                       (" --quick" if args.quick else ""), rows)
+                       (" --quick" if args.quick else "") + ("" if len(only) == len(groups) else f" --only {args.only}"),
+                       rows)
 
 
 if __name__ == "__main__":
