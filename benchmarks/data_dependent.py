@@ -220,9 +220,10 @@ def main() -> None:
     rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
     print(table(rows))
     if not args.no_record:
-        append_results(ROOT / "benchmarks" / "RESULTS.md", "python benchmarks/data_dependent.py" +
-                       (" --quick" if args.quick else "") + ("" if len(only) == len(groups) else f" --only {args.only}"),
-                       rows)
+        command = "python benchmarks/data_dependent.py" + (" --quick" if args.quick else "")
+        if len(only) < len(groups):
+            command += f" --only {args.only}"
+        append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
 
 
 if __name__ == "__main__":
