@@ -188,11 +188,11 @@ def varlen_rows(runs: int, H: int = 16, D: int = 128, seqs: int = 16, causal_mod
         s0 = lengths[0]
         ref = F.scaled_dot_product_attention(q[None, :, :s0], k[None, :, :s0], v[None, :, :s0], is_causal=causal)
         torch.testing.assert_close(o[:, :s0].float(), ref[0].float(), rtol=2e-2, atol=2e-2)
-        t = in_turns({"tkc varlen": lambda: launch(var, [q, k, v, o, cu, scale, max(lengths)]),
+        t = in_turns({"tkc": lambda: launch(var, [q, k, v, o, cu, scale, max(lengths)]),
                       "tkc attn.tk (equal lengths)": lambda: launch(att, [qb, kb, vb, ob, scale]),
                       "SDPA padded + mask": lambda: F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)}, runs)
         per = 0.5 if causal else 1.0
-        flops = {"tkc varlen": sum(4 * n * n * D * H * per for n in lengths),
+        flops = {"tkc": sum(4 * n * n * D * H * per for n in lengths),
                  "tkc attn.tk (equal lengths)": seqs * 4 * L * L * D * H * per,
                  "SDPA padded + mask": sum(4 * n * n * D * H * per for n in lengths)}  # useful work only
         rows.append(Row("varlen_attn", f"{seqs} sequences of 512-4096 ({total} tokens), {H} heads, D {D}"
