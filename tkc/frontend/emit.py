@@ -319,9 +319,10 @@ class Emitter:
             raise TkcTypeError(f"where() condition must be bool, got {c.type}", loc)
         x, y = self.unify(a, b, "where()", loc)
         shape = self.broadcast_shape(c.type, x.type, "where()", loc)
-        x, y = self.broadcast_to(x, shape, loc), self.broadcast_to(y, shape, loc)
-        if shape_of(c.type) != shape:
-            c = self.broadcast_to(c, shape, loc)
+        if shape:  # all scalars (``n if c else 0`` on runtime scalars) stay scalars
+            x, y = self.broadcast_to(x, shape, loc), self.broadcast_to(y, shape, loc)
+            if shape_of(c.type) != shape:
+                c = self.broadcast_to(c, shape, loc)
         return Dyn(self.b.value(T.SelectOp, [c.value, x.value, y.value], x.type, loc=loc))
 
     def cast(self, x: Dyn | Const, dt: DType, loc: Loc) -> Dyn:
