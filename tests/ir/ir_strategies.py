@@ -296,25 +296,28 @@ class _Gen:
             attrs["other"] = self.constant_value(tensor.type.dtype)
         self.emit(T.LoadOp, [tensor, *(self.get(I32) for _ in tensor.type.dims)], [t], attrs)
 
-    def op_masked_store(self) -> None:
+    def _tile_box(self) -> tuple[Value, dict[str, Any], TileType] | None:
+        """A tensor of rank 1 or more and a box of it that keeps an axis (a tile, not a scalar)."""
         tensors = [v for v in self.tensors() if v.type.rank]
         if not tensors:
-            return
+            return None
         tensor = self.pick(tensors)
         attrs, t = self._box(tensor.type)
         if not isinstance(t, TileType):  # every axis squeezed: keep them all instead
             attrs, t = {"box": [1] * tensor.type.rank}, TileType((1,) * tensor.type.rank, tensor.type.dtype)
+        return tensor, attrs, t
+
+    def op_masked_store(self) -> None:
+        if (box := self._tile_box()) is None:
+            return
+        tensor, attrs, t = box
         self.emit(T.MaskedStoreOp, [tensor, self.get(t), self.get(TileType(t.shape, dtypes.i1)),
                                     *(self.get(I32) for _ in tensor.type.dims)], [], attrs)
 
     def op_gather(self) -> None:
-        tensors = [v for v in self.tensors() if v.type.rank]
-        if not tensors:
+        if (box := self._tile_box()) is None:
             return
-        tensor = self.pick(tensors)
-        attrs, t = self._box(tensor.type)
-        if not isinstance(t, TileType):  # every axis squeezed: keep them all instead
-            attrs, t = {"box": [1] * tensor.type.rank}, TileType((1,) * tensor.type.rank, tensor.type.dtype)
+        tensor, attrs, t = box
         kept = [a for a in range(tensor.type.rank) if a not in attrs.get("squeeze", [])]
         attrs["axis"] = self.pick(kept)
         index = self.get(TileType(t.shape, dtypes.i32))
