@@ -1,31 +1,78 @@
-"""Checks the tests of single kernels share: ptxas without spills, and a launch on the GPU of
-the same arguments the interpreter ran (numpy arrays in storage form, scalars)."""
+"""What the tests of single kernels share: running a kernel in the interpreter and the emulator
+on copies of one set of arguments, ptxas without spills (checked on the way to the emulator
+where ptxas is found), located refusals, and a launch on a GPU of the interpreter's arguments."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
-#: Marks a test that assembles PTX (ptxas on the PATH or in /usr/local/cuda/bin).
-needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                                 reason="needs ptxas")
+from tkc import dtypes
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.interpreter import random_args, run_kernel
+
+HAVE_PTXAS = shutil.which("ptxas") is not None or shutil.which("/usr/local/cuda/bin/ptxas") is not None
+
+#: Marks a test that assembles PTX.
+needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")
+
+
+def lowered(compile_to: Callable[[str], Any]) -> Any:
+    """The kernel as ``compile_to(stop)`` gives it: a cubin where ptxas is found (its spills
+    asserted to be none), else hopper IR; ``.kernel_op`` is its hopper IR either way."""
+    c = compile_to("cubin" if HAVE_PTXAS else "hopper")
+    if HAVE_PTXAS:
+        assert_no_spills(c)
+    return c
+
+
+def interpret_and_emulate(tile_ir: Any, hopper: Any, args: list, seed: int) -> tuple[list, list]:
+    """(the interpreter's arguments, the emulator's) after running ``tile_ir`` and ``hopper`` on
+    copies of ``args``."""
+    want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_kernel(tile_ir, want)
+    emulate(hopper, got, seed=seed)
+    return want, got
 
 
 def assert_no_spills(compiled: Any) -> None:
-    assert compiled.resources.spill_stores == 0 and compiled.resources.spill_loads == 0, compiled.resources
+    r = compiled.resources
+    assert r.spill_stores == 0 and r.spill_loads == 0, r
 
 
-def launch_on_gpu(compiled: Any, args: list) -> list:
-    """Launch ``compiled`` on CUDA copies of ``args``; the tensors back as numpy arrays (f32 for
-    floats), scalars as they were.  Skips the test without a GPU."""
+def assert_refused(src: str, error: type, message: str, line: int, **compile_args: Any) -> None:
+    """Compiling ``src`` raises ``error`` matching ``message``, located at ``line``."""
+    with pytest.raises(error, match=message) as e:
+        compile_kernel(src, cache=False, **compile_args)
+    assert e.value.loc is not None and e.value.loc.line == line, e.value
+
+
+def interpret_and_run_on_gpu(compile_to: Callable[[str], Any], args: Any) -> tuple[list, list, list]:
+    """(the arguments, the interpreter's after the kernel ``compile_to(stop)`` gives, and
+    :func:`run_on_gpu`'s after its cubin).  ``args``: the arguments, or the dims to draw them
+    from (``random_args`` with seed 5)."""
+    c = compile_to("cubin")
+    if isinstance(args, dict):
+        args = random_args(c.kernel_op, args, 5)
+    want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_kernel(compile_to("tkir").kernel_op, want)
+    return args, want, run_on_gpu(c, args)
+
+
+def run_on_gpu(compiled: Any, args: list) -> list:
+    """``compiled`` launched on GPU copies of ``args`` (numpy arrays in storage form, scalars);
+    the tensors back as numpy arrays, float64 for floats and their own dtype for integers (an
+    i64 past 2^53 stays exact), scalars as they were.  Skips the test without a GPU."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc import dtypes
     from tkc.runtime.launch import launch
 
     params = compiled.kernel_op.regions[0].block.args
@@ -33,5 +80,5 @@ def launch_on_gpu(compiled: Any, args: list) -> list:
             for a, p in zip(args, params)]
     launch(compiled, cuda)
     torch.cuda.synchronize()
-    return [(g.float() if g.dtype.is_floating_point else g).cpu().numpy() if isinstance(g, torch.Tensor) else g
-            for g in cuda]
+    return [(t.double() if t.dtype.is_floating_point else t).cpu().numpy() if isinstance(t, torch.Tensor) else t
+            for t in cuda]

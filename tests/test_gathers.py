@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
+from device_checks import assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcError
@@ -104,9 +104,7 @@ def test_assembles_without_spills(name: str) -> None:
 def test_misuse_is_a_located_error(body: str, message: str) -> None:
     src = ("@kernel\ndef k(x: f32[M, N], ids: i32[M], y: f32[M, N]):\n    grid(1)\n    idx = ids[0:16]\n"
            f"    {body}\n")
-    with pytest.raises(TkcError, match=message) as e:
-        compile_kernel(src, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 5
+    assert_refused(src, TkcError, message, 5, stop="tkir")
 
 
 @pytest.mark.gpu
@@ -116,4 +114,4 @@ def test_on_gpu_as_in_the_interpreter(name: str) -> None:
     args = _args(name, 5)
     want = [a.copy() for a in args]
     run_kernel(compile_kernel(CASES[name][0], stop="tkir", cache=False).kernel_op, want)
-    np.testing.assert_allclose(launch_on_gpu(c, args)[2], want[2], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(run_on_gpu(c, args)[2], want[2], rtol=1e-5, atol=1e-4)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
+from device_checks import assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcError, TkcInterpretError
@@ -71,13 +71,11 @@ def test_assembles_without_spills() -> None:
 ])
 def test_misuse_is_a_located_error(body: str, message: str) -> None:
     src = f"@kernel\ndef k(x: f32[M, N], y: f32[M, N]):\n    grid(1)\n    {body}\n"
-    with pytest.raises(TkcError, match=message) as e:
-        compile_kernel(src, stop="tkir", cache=False)
-    assert e.value.loc is not None and e.value.loc.line == 4
+    assert_refused(src, TkcError, message, 4, stop="tkir")
 
 
 @pytest.mark.gpu
 def test_on_gpu_as_in_the_interpreter() -> None:
     args = _args(3)
-    got = launch_on_gpu(compile_kernel(SEGMENTS, cache=False), args)
+    got = run_on_gpu(compile_kernel(SEGMENTS, cache=False), args)
     np.testing.assert_array_equal(got[2], _want(args[0]))

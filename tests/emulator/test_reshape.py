@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
+from device_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcTypeError, TkcUnsupportedError

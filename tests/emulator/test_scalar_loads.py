@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import assert_no_spills, launch_on_gpu, needs_ptxas
+from device_checks import assert_no_spills, run_on_gpu, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import random_args, run_kernel
@@ -100,6 +100,6 @@ def test_on_gpu_as_in_the_interpreter(name: str) -> None:
     want = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     run_kernel(compile_kernel(src, stop="tkir", cache=False).kernel_op, want)
     params = c.kernel_op.regions[0].block.args
-    for w, g, p in zip(want, launch_on_gpu(c, args), params):
+    for w, g, p in zip(want, run_on_gpu(c, args), params):
         if isinstance(w, np.ndarray):
             np.testing.assert_allclose(g, np.asarray(w, np.float32), rtol=2e-2, atol=2e-2, err_msg=p.name_hint)

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from kernel_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
+from device_checks import assert_refused, interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
 from tkc import dtypes
 from tkc.compiler import compile_kernel
