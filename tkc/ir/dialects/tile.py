@@ -677,4 +677,5 @@ def atomic_kind(op: Operation) -> str:
 
 
 def is_atomic(op: Operation) -> bool:
-    return op.name in ("tile.atomic", "tile.atomic_cas", "hopper.atomic")
+    """Whether ``op`` is an atomic, at tile level or lowered (``hopper.atomic_fetch``)."""
+    return op.name in ("tile.atomic", "tile.atomic_cas", "hopper.atomic_fetch")
