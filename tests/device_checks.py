@@ -4,7 +4,6 @@ where ptxas is found), located refusals, and a launch on a GPU of the interprete
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,9 @@ from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import random_args, run_kernel
 
-HAVE_PTXAS = shutil.which("ptxas") is not None or shutil.which("/usr/local/cuda/bin/ptxas") is not None
+from tkc.codegen.ptxas import find_ptxas  # noqa: E402  (the compiler's own search)
+
+HAVE_PTXAS = find_ptxas() is not None
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")
@@ -57,6 +58,7 @@ def interpret_and_run_on_gpu(compile_to: Callable[[str], Any], args: Any) -> tup
     """(the arguments, the interpreter's after the kernel ``compile_to(stop)`` gives, and
     :func:`run_on_gpu`'s after its cubin).  ``args``: the arguments, or the dims to draw them
     from (``random_args`` with seed 5)."""
+    require_gpu()
     c = compile_to("cubin")
     if isinstance(args, dict):
         args = random_args(c.kernel_op, args, 5)
@@ -65,14 +67,35 @@ def interpret_and_run_on_gpu(compile_to: Callable[[str], Any], args: Any) -> tup
     return args, want, run_on_gpu(c, args)
 
 
+def require_gpu() -> None:
+    """Skip the test without a CUDA GPU (before it compiles a cubin it cannot run)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+
+def launch_tensors(compiled: Any, args: list) -> list:
+    """``compiled`` launched on CUDA copies of ``args`` (torch CPU tensors, scalars); the
+    arguments back, on the CPU.  Skips the test without a GPU."""
+    import torch
+
+    require_gpu()
+    from tkc.runtime.launch import launch
+
+    cuda = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    launch(compiled, cuda)
+    torch.cuda.synchronize()
+    return [a.cpu() if isinstance(a, torch.Tensor) else a for a in cuda]
+
+
 def run_on_gpu(compiled: Any, args: list) -> list:
     """``compiled`` launched on GPU copies of ``args`` (numpy arrays in storage form, scalars);
     the tensors back as numpy arrays, float64 for floats and their own dtype for integers (an
     i64 past 2^53 stays exact), scalars as they were.  Skips the test without a GPU."""
     import torch
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    require_gpu()
     from tkc.runtime.launch import launch
 
     params = compiled.kernel_op.regions[0].block.args

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
+from device_checks import require_gpu, assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
-from tkc.errors import TkcError, TkcInterpretError
+from tkc.errors import TkcEmulatorError, TkcError, TkcInterpretError
 from tkc.interpreter import run_kernel
 
 SEGMENTS = """@kernel
@@ -56,6 +56,8 @@ def test_overlapping_masks_of_two_programs_race() -> None:
     racy = SEGMENTS.replace("mask=(rows + i * BM < end)[:, None]", "mask=(rows + i * BM < end + 1)[:, None]")
     with pytest.raises(TkcInterpretError, match=r"write-write race on element \[7, 0\] of 'y'"):
         run_kernel(compile_kernel(racy, stop="tkir", cache=False).kernel_op, _args(0))
+    with pytest.raises(TkcEmulatorError, match=r"write-write race on element \[7, \d+\] of 'y'"):
+        emulate(compile_kernel(racy, stop="hopper", cache=False).kernel_op, _args(0))
 
 
 @needs_ptxas
@@ -76,6 +78,7 @@ def test_misuse_is_a_located_error(body: str, message: str) -> None:
 
 @pytest.mark.gpu
 def test_on_gpu_as_in_the_interpreter() -> None:
+    require_gpu()
     args = _args(3)
     got = run_on_gpu(compile_kernel(SEGMENTS, cache=False), args)
     np.testing.assert_array_equal(got[2], _want(args[0]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import assert_no_spills, run_on_gpu, needs_ptxas
+from device_checks import require_gpu, assert_no_spills, run_on_gpu, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import random_args, run_kernel
@@ -94,6 +94,7 @@ def test_assembles_without_spills(name: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
+    require_gpu()
     src, dims, int_range = CASES[name]
     c = compile_kernel(src, cache=False)
     args = random_args(c.kernel_op, dims, 5, int_range)

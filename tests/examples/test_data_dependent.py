@@ -7,13 +7,13 @@ have tails on every axis; ids and labels include values outside the table."""
 from __future__ import annotations
 
 import pathlib
-import shutil
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from device_checks import assert_no_spills, launch_tensors, needs_ptxas, require_gpu
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import run_kernel
@@ -85,36 +85,29 @@ def test_a_constant_row_and_huge_logits() -> None:
         assert np.isclose(loss.item(), np.log(2100), rtol=1e-5), (fill, loss.item())
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("consts", [{}, "small"])
 @pytest.mark.parametrize("name", list(SMALL))
 def test_assembles_without_spills(name: str, consts) -> None:
     c = compile_kernel(EXAMPLES / name, SMALL[name] if consts == "small" else {}, stop="cubin", cache=False)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("consts", [{}, "small"])
 @pytest.mark.parametrize("name", list(SMALL))
 def test_on_gpu_as_torch(name: str, consts) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
+    require_gpu()
     c = compile_kernel(EXAMPLES / name, SMALL[name] if consts == "small" else {})
     args, want = _inputs(name, 7)
-    cuda = [a.cuda() for a in args]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    torch.testing.assert_close(cuda[2].float().cpu(), want.float(), **_tol(name))
+    torch.testing.assert_close(launch_tensors(c, args)[2].float(), want.float(), **_tol(name))
 
 
 # ------------------------------------------------------------------ paged_decode.tk
 def _paged(seed: int, D: int = 64, device: str = "cpu"):
     """Arguments of both kernels and torch's attention of each head over its sequence: GQA with
-    8 query heads a KV head, lengths 0 (nothing to attend: the combine is not asked), 1, a
-    page's worth, and lengths ending inside a page."""
+    8 query heads a KV head, lengths 1, a page's worth, and lengths ending inside a page (a
+    sequence of length 0 has nothing to attend to: its output is undefined, as in torch)."""
     g = torch.Generator().manual_seed(seed)
     B, KVH, G, P, NP, MAXP = 4, 2, 8, 16, 40, 8
     HQ = KVH * G
@@ -174,31 +167,24 @@ def test_paged_decode_emulator_matches_interpreter() -> None:
         torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("kernel", ["paged_decode", "combine"])
 def test_paged_decode_assembles_without_spills(kernel: str, D: int) -> None:
     c = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, stop="cubin", cache=False, kernel=kernel)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
 def test_paged_decode_on_gpu_as_torch(D: int) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
+    require_gpu()
     kernels = {name: compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, kernel=name)
                for name in ("paged_decode", "combine")}
 
     def run(decode_args, combine_args):
-        cuda = {id(a): a.cuda() for a in decode_args + combine_args if isinstance(a, torch.Tensor)}
-        launch(kernels["paged_decode"], [cuda.get(id(a), a) for a in decode_args])
-        launch(kernels["combine"], [cuda.get(id(a), a) for a in combine_args])
-        torch.cuda.synchronize()
-        combine_args[2].copy_(cuda[id(combine_args[2])].cpu())
+        part_o, part_ml = launch_tensors(kernels["paged_decode"], decode_args)[5:7]
+        combine_args[2].copy_(launch_tensors(kernels["combine"], [part_o, part_ml, combine_args[2]])[2])
 
     out, want = _paged_run(run, D)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
@@ -243,25 +229,18 @@ def test_varlen_attention_emulator_matches_interpreter(causal: bool) -> None:
     torch.testing.assert_close(args[3].float(), want[3].float(), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                    reason="needs ptxas")
+@needs_ptxas
 @pytest.mark.parametrize("consts", [{}, {"causal": True}, VARLEN_SMALL])
 def test_varlen_attention_assembles_without_spills(consts: dict) -> None:
     c = compile_kernel(EXAMPLES / "varlen_attn.tk", consts, stop="cubin", cache=False)
-    assert c.resources.spill_stores == 0 and c.resources.spill_loads == 0
+    assert_no_spills(c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_varlen_attention_on_gpu_as_torch(D: int, causal: bool) -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
-    from tkc.runtime.launch import launch
-
+    require_gpu()
     c = compile_kernel(EXAMPLES / "varlen_attn.tk", {"D": D, "causal": causal})
     args, want = _varlen(2, [1, 129, 300, 64, 517], causal, D=D)
-    cuda = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
-    launch(c, cuda)
-    torch.cuda.synchronize()
-    torch.testing.assert_close(cuda[3].float().cpu(), want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(launch_tensors(c, args)[3].float(), want, rtol=2e-2, atol=2e-2)
