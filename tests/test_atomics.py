@@ -195,6 +195,27 @@ def mixed(x: f32[N], y: f32[N]):
 """
 
 
+# Both programs add into y[0:16], then program 1 stores there: a race with program 0's atomics
+# although program 1's own were the last.
+AFTER_ATOMICS = """@kernel
+def after_atomics(x: f32[N], y: f32[N]):
+    grid(2)
+    atomic_add(y[0:16], x[0:16])
+    if program_id(0) == 1:
+        y[0:16] = x[0:16]
+"""
+
+
+def test_a_store_after_several_programs_atomics_is_a_race() -> None:
+    tile_ir = compile_kernel(AFTER_ATOMICS, stop="tkir", cache=False).kernel_op
+    args = random_args(tile_ir, {"N": 40})
+    race = r"element \[0\] of 'y': several programs update it atomically \(line 4\) and program \(1,\) stores"
+    with pytest.raises(TkcInterpretError, match=race):
+        run_kernel(tile_ir, [a.copy() for a in args])
+    with pytest.raises(TkcEmulatorError, match=race):
+        emulate(compile_kernel(AFTER_ATOMICS, stop="hopper", cache=False).kernel_op, [a.copy() for a in args])
+
+
 @pytest.mark.parametrize("src, line, how", [(RACY, 5, "stores to it"), (MIXED, 7, "updates it atomically")])
 def test_two_programs_writing_one_element_is_a_race(src: str, line: int, how: str) -> None:
     tile_ir = compile_kernel(src, stop="tkir", cache=False).kernel_op

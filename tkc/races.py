@@ -21,22 +21,28 @@ import numpy as np
 from tkc.errors import Loc
 
 
+#: The atomics' row of an element more than one program updated atomically.
+SEVERAL = -2
+
+
 class Race(NamedTuple):
     """The first element two programs both wrote: where, who, and how."""
 
     tensor: str
     element: tuple[int, ...]
-    other: Any  # the other program's id
+    other: Any  # the other program's id, or "several programs"
     other_atomic: bool
     other_loc: Loc | None
 
     def message(self, me: Any, atomic: bool) -> str:
-        def how(is_atomic: bool) -> str:
-            return "updates it atomically" if is_atomic else "stores to it"
+        def how(is_atomic: bool, many: bool = False) -> str:
+            return ("update" if many else "updates") + " it atomically" if is_atomic else "stores to it"
 
         where = f" (line {self.other_loc.line})" if self.other_loc is not None else ""
-        return (f"write-write race on element {list(self.element)} of '{self.tensor}': program {self.other} "
-                f"{how(self.other_atomic)}{where} and program {me} {how(atomic)} here; programs run in no fixed "
+        many = isinstance(self.other, str)
+        other = self.other if many else f"program {self.other}"
+        return (f"write-write race on element {list(self.element)} of '{self.tensor}': {other} "
+                f"{how(self.other_atomic, many)}{where} and program {me} {how(atomic)} here; programs run in no fixed "
                 f"order, so give each program its own elements, or combine them with atomic_add/atomic_max/"
                 f"atomic_min")
 
@@ -73,16 +79,20 @@ class WriteLog:
         if site == len(self.sites):
             self.sites.append(loc)
         t = self._table(tensor)
-        # Rows: 0/1 the last plain store's program/site, 2/3 the last atomic's.  An atomic
-        # races only with other programs' plain stores; a plain store with every other write.
+        # Rows: 0/1 the last plain store's program/site, 2/3 the atomics' program (SEVERAL once
+        # more than one program's) and the last one's site.  An atomic races only with other
+        # programs' plain stores; a plain store with every other write.
         for row in (0,) if atomic else (0, 2):
             prev = t[row][index]
-            clash = (prev >= 0) & (prev != me)
+            clash = ((prev >= 0) & (prev != me)) | (prev == SEVERAL)
             if np.any(clash):
                 return self._race(tensor, index, clash, row, t)
-        mine = 2 if atomic else 0
-        t[mine][index] = me
-        t[mine + 1][index] = site
+        if atomic:
+            prev = t[2][index]
+            t[2][index] = np.where((prev >= 0) & (prev != me) | (prev == SEVERAL), SEVERAL, me)
+        else:
+            t[0][index] = me
+        t[3 if atomic else 1][index] = site
         return None
 
     def _race(self, tensor: np.ndarray, index: Any, clash: np.ndarray, row: int, t: np.ndarray) -> Race:
@@ -91,5 +101,5 @@ class WriteLog:
         element = tuple(int(i) for i in np.unravel_index(first, tensor.shape))
         other = int(t[row][element])
         site = int(t[row + 1][element])
-        return Race(self.names.get(id(tensor), "a tensor"), element, self.programs[other], row == 2,
-                    self.sites[site])
+        who = "several programs" if other == SEVERAL else self.programs[other]
+        return Race(self.names.get(id(tensor), "a tensor"), element, who, row == 2, self.sites[site])
