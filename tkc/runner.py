@@ -27,6 +27,7 @@ import numpy as np
 from tkc import dtypes, options
 from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
+from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 
 BACKENDS = ("interpret", "emulate", "gpu")
@@ -82,7 +83,8 @@ def default_dims(kernel: Operation) -> dict[str, int]:
     16-byte multiples only; ``UNTILED_DIM`` for a dim no box spans."""
     boxes: dict[str, set[int]] = {d: set() for d in dim_names(kernel)}
     for op in kernel.walk():
-        if op.name in ("tile.load", "tile.store") and isinstance(op.operands[0].type, TensorType):
+        if op.name in ("tile.load", "tile.store", "tile.gather", "tile.masked_store", "tile.atomic") \
+                and isinstance(op.operands[0].type, TensorType):
             for d, b in zip(op.operands[0].type.dims, op.attributes["box"]):
                 if isinstance(d, str) and b > 1:
                     boxes[d].add(b)
@@ -198,7 +200,9 @@ def _poison_outputs(kernel: Operation, args: list[Any]) -> None:
     most negative integer), so an element the executor fails to write cannot match the
     reference by keeping the input's random value."""
     params = kernel.regions[0].block.args
-    stored = {op.operands[0] for op in kernel.walk() if op.name == "tile.store"}
+    # Atomics read what is there, so only tensors written by stores alone are poisoned.
+    stored = {op.operands[0] for op in kernel.walk() if op.name in ("tile.store", "tile.masked_store")}
+    stored -= {op.operands[0] for op in kernel.walk() if tile.is_atomic(op)}
     for i, p in enumerate(params):
         if p in stored:
             a = np.array(args[i], copy=True)

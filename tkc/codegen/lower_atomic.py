@@ -172,8 +172,7 @@ def atomic(lw: Lowerer, op: Operation) -> None:
     dt, addr, ok, operands = _element(lw, op)
     b = lw.b
     first = b.icmp_unsigned("==", lw.tid, const_i32(0))
-    old = []
-    lw.if_then(first, lambda: old.append(_atom(lw, op, kind, dt, addr, ok, operands)), "atomic")
+    lw.if_then(first, lambda: _atom(lw, op, kind, dt, addr, ok, operands), "atomic")
     if op.results:  # read by nobody (lower-to-hopper made the read ones hopper.atomic_fetch)
         lw.set(op.results[0], _value_of(b, ir.Constant(ir.IntType(dt.bits), 0), dt))
 

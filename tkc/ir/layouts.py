@@ -853,6 +853,8 @@ def vector_scratch(n: int, dtype: DType) -> SharedLayout:
     """The shared tile a register tile of ``n`` values that no 2-D shared tile fits (1-D, or a
     row or column of 2-D) passes through to change layout: its values row-major in rows of one
     16-byte atom (rows padded to the 8-row repeat)."""
+    if dtype.bits < 8:
+        raise ValueError(f"shared tiles hold 8-, 16- or 32-bit elements, not {dtype.name}")
     cols = 16 // (dtype.bits // 8)
     rows = -(-n // cols)
     return SharedLayout(rows + (-rows) % 8, cols, dtype, "k", 0)

@@ -273,6 +273,11 @@ class _Lowering:
         value reaches every thread through a shared word (a 128-byte tile, the smallest shared
         tile).  The others stay as they are: codegen issues them from the threads holding the
         values."""
+        t = op.value.type
+        if isinstance(t, TileType) and first_holders(t.layout) is None:
+            raise TkcUnsupportedError(f"{self.target.name}: the threads of this atomic's {t.dtype.name} tile "
+                                      f"hold its values in a pattern that would apply some twice; combine a "
+                                      f"tile loaded or computed in the layout of its own box", op.loc)
         if not op.results or not uses(self.kernel).get(op.results[0]):
             return
         slot_layout = SharedLayout(8, 4, dtypes.i32, "k", 0)
@@ -528,10 +533,12 @@ class _Lowering:
             else:  # its values in order, rows of one atom
                 lay = vector_scratch(math.prod(src.shape), src.dtype)
         except ValueError as e:
+            hint = ("compute the condition where it is used (compare after broadcasting: (s[:, None] > 0), "
+                    "not (s > 0)[:, None])") if src.dtype.is_bool else \
+                "a tile of 2 axes with rows a multiple of 8 and rows 16 bytes long can"
             raise TkcUnsupportedError(f"{self.target.name}: a {src.rank}-D {src.dtype.name} tile of shape "
                                       f"{list(src.shape)} cannot move between the threads that compute it here "
-                                      f"and those that use it ({e}); a tile of 2 axes with rows a multiple of 8 "
-                                      f"and rows 16 bytes long can", op.loc) from None
+                                      f"and those that use it ({e}); {hint}", op.loc) from None
         op.operands.append(self._alloc(TileType((lay.rows, lay.cols), src.dtype, "smem", lay), op.loc))
 
 

@@ -114,6 +114,12 @@ def _persist(kernel: Operation, options: Options) -> None:
         raise TkcUnsupportedError(f"cluster = {cluster}: a cluster's programs share the copies of a GEMM-shaped "
                                   f"kernel (a 2-D grid whose loops read along both axes, with bounds that do not "
                                   f"depend on axis 0)", grid.loc)
+    atomic = next((op for op in kernel.walk() if tile.is_atomic(op)), None)
+    if cluster > 1 and atomic is not None:
+        # A cluster's programs past the last tile row still run the body (for the copies they
+        # share): their stores fall outside the tensors, but an atomic would land.
+        raise TkcUnsupportedError(f"cluster = {cluster} with an atomic: the cluster's programs past the last "
+                                  f"tile row would apply it too; use cluster = 1 here", atomic.loc)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
     const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in {0, 1, GROUP_M, cluster}}
@@ -199,7 +205,8 @@ def _persist(kernel: Operation, options: Options) -> None:
             # The cluster's last rows may lie past the grid (an odd number of tile rows): such a
             # program still takes its part in the copies the cluster shares, its own copies
             # wholly past the tensor (they read zeros) and its stores writing nothing -- not a
-            # repeat of the row above, which would be two programs storing one element.
+            # repeat of the row above, which would be two programs storing one element.  Its
+            # atomics would land, though, so a kernel with atomics is refused (above).
             pm = lb.value(tile.AddOp, [lb.value(tile.MulOp, [pm, const[cluster]], I32), rank], I32)
         pm.name_hint, pn.name_hint = "tile_row", "tile_col"
     ids = {("tile.program_id", 0): pm, ("tile.program_id", 1): pn,

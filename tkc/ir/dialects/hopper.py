@@ -738,12 +738,13 @@ class AtomicFetchOp(_GlobalAccess):
         return self.args[len(self.values):]
 
     def verify(self) -> None:
-        from tkc.ir.dialects.tile import ATOMIC_KINDS, ATOMIC_SEMS
+        from tkc.ir.dialects.tile import check_atomic_kind
 
         t = self.tensor.type
-        if self.kind not in ATOMIC_KINDS:
-            raise self.error(f"kind must be one of {', '.join(ATOMIC_KINDS)}, got {self.kind!r}")
-        if not isinstance(t, TensorType) or len(self.args) != len(self.values) + t.rank:
+        if not isinstance(t, TensorType):
+            raise self.error(f"expects a tensor, got {t}")
+        check_atomic_kind(self, self.kind, t.dtype, self.sem)
+        if len(self.args) != len(self.values) + t.rank:
             raise self.error("takes the value(s), then one offset per axis of the tensor")
         self._check_tensor(t, self.offsets)
         want = ScalarType(t.dtype)
@@ -751,8 +752,6 @@ class AtomicFetchOp(_GlobalAccess):
             raise self.error(f"the value(s) and the result are {want}")
         if self.box != [1] * t.rank or sorted(self.squeeze) != list(range(t.rank)):
             raise self.error("reads one element: a box of ones, every axis squeezed")
-        if (self.sem or "relaxed") not in ATOMIC_SEMS:
-            raise self.error(f"sem must be one of {', '.join(ATOMIC_SEMS)}")
         if not _smem(self.slot.type) or self.slot.type.layout.size_bytes < 4:
             raise self.error(f"the slot must be a shared tile of at least 4 bytes, got {self.slot.type}")
 

@@ -619,15 +619,22 @@ ATOMIC_KINDS = {
 ATOMIC_SEMS = ("relaxed", "acquire", "release", "acq_rel")
 
 
+def check_atomic_kind(op: Operation, kind: str, dtype: dtypes.DType, sem: str | None) -> None:
+    """The kind, the element dtype and the ordering of an atomic (tile or hopper level)."""
+    if kind not in ATOMIC_KINDS:
+        raise op.error(f"kind must be one of {', '.join(ATOMIC_KINDS)}, got {kind!r}")
+    if dtype.name not in ATOMIC_KINDS[kind]:
+        raise op.error(f"atomic {kind} takes {', '.join(ATOMIC_KINDS[kind])} tensors, not {dtype.name}")
+    if (sem or "relaxed") not in ATOMIC_SEMS:
+        raise op.error(f"sem must be one of {', '.join(ATOMIC_SEMS)}, got {sem!r}")
+
+
 class _AtomicAccess(_Access):
     def _check_atomic(self, kind: str) -> None:
         t = self.tensor.type
         self._check_box(t, self.offsets, self.value.type)
-        if t.dtype.name not in ATOMIC_KINDS[kind]:
-            raise self.error(f"atomic {kind} takes {', '.join(ATOMIC_KINDS[kind])} tensors, not {t.dtype.name}")
+        check_atomic_kind(self, kind, t.dtype, self.sem)
         sem = self.sem or "relaxed"
-        if sem not in ATOMIC_SEMS:
-            raise self.error(f"sem must be one of {', '.join(ATOMIC_SEMS)}, got {sem!r}")
         if self.results:
             if isinstance(self.value.type, TileType) or len(self.results) != 1 \
                     or self.results[0].type != ScalarType(t.dtype):
