@@ -11,7 +11,8 @@ Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/ha
 * ``embedding``: examples/embedding.tk; peers ``F.embedding`` and a copy of the same bytes
   (``out.copy_(table[:N])``: what the gather may at best approach).  GB/s of rows read+written.
 * ``paged_decode``: examples/paged_decode.tk (both kernels) at batch 64, 64 query heads over 8
-  KV heads, D 128, pages of 16 tokens in a shuffled block table; peer SDPA with ``enable_gqa``
+  KV heads, D 128, pages of 64 tokens (TMA copies) and of 16 (gathered rows) in a shuffled block
+  table; peer SDPA with ``enable_gqa``
   on the same K/V gathered into contiguous tensors beforehand (the gather not timed).  GB/s
   of K and V read (the HBM bandwidth bound).
 * ``varlen_attn``: examples/varlen_attn.tk on 16 sequences of 512-4096 tokens, 16 heads, D 128,
@@ -215,7 +216,8 @@ def main() -> None:
     sk = [(512, 512, 16384)] if args.quick else [(256, 256, 32768), (512, 512, 16384), (1024, 1024, 8192)]
     pd = [4096] if args.quick else [4096, 16384, 32768]
     groups = {"cross_entropy": lambda: cross_entropy_rows(ce, runs), "embedding": lambda: embedding_rows(emb, runs),
-              "splitk_gemm": lambda: splitk_rows(sk, runs), "paged_decode": lambda: paged_decode_rows(pd, runs),
+              "splitk_gemm": lambda: splitk_rows(sk, runs),
+              "paged_decode": lambda: paged_decode_rows(pd, runs, P=64) + paged_decode_rows(pd, runs, P=16),
               "varlen_attn": lambda: varlen_rows(runs, causal_modes=(False,) if args.quick else (False, True))}
     rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
     print(table(rows))

@@ -104,12 +104,13 @@ def test_on_gpu_as_torch(name: str, consts) -> None:
 
 
 # ------------------------------------------------------------------ paged_decode.tk
-def _paged(seed: int, D: int = 64, device: str = "cpu"):
+def _paged(seed: int, D: int = 64, P: int = 16):
     """Arguments of both kernels and torch's attention of each head over its sequence: GQA with
     8 query heads a KV head, lengths 1, a page's worth, and lengths ending inside a page (a
-    sequence of length 0 has nothing to attend to: its output is undefined, as in torch)."""
+    sequence of length 0 has nothing to attend to: its output is undefined, as in torch).  Pages
+    of 16 tokens are gathered row by row; pages of 64 (a step's tokens) are TMA copies."""
     g = torch.Generator().manual_seed(seed)
-    B, KVH, G, P, NP, MAXP = 4, 2, 8, 16, 40, 8
+    B, KVH, G, NP, MAXP = 4, 2, 8, 40, 8
     HQ = KVH * G
     lens = torch.tensor([1, 16, 37, 123], dtype=torch.int32)
     q = torch.randn(B, HQ, D, generator=g).bfloat16()
@@ -128,8 +129,8 @@ def _paged(seed: int, D: int = 64, device: str = "cpu"):
     return (q, kc.reshape(-1, KVH, D), vc.reshape(-1, KVH, D), table, lens, scale), want
 
 
-def _paged_run(run_kernels, D: int = 64, splits: int = 16):
-    (q, kc, vc, table, lens, scale), want = _paged(0, D)
+def _paged_run(run_kernels, D: int = 64, P: int = 16, splits: int = 16):
+    (q, kc, vc, table, lens, scale), want = _paged(0, D, P)
     B, HQ = q.shape[:2]
     part_o, part_ml = torch.zeros(B, HQ, splits, D), torch.zeros(B, HQ, splits, 2)
     out = torch.full((B, HQ, D), float("nan")).bfloat16()
@@ -137,22 +138,23 @@ def _paged_run(run_kernels, D: int = 64, splits: int = 16):
     return out, want
 
 
-@pytest.mark.parametrize("D", [64, 128])
-def test_paged_decode_interpreter_matches_torch(D: int) -> None:
-    consts = {"D": D}
+@pytest.mark.parametrize("D, P", [(64, 16), (128, 16), (64, 64)])
+def test_paged_decode_interpreter_matches_torch(D: int, P: int) -> None:
+    consts = {"D": D, "P": P}
 
     def run(decode_args, combine_args):
         for name, args in (("paged_decode", decode_args), ("combine", combine_args)):
             run_kernel(compile_kernel(EXAMPLES / "paged_decode.tk", consts, stop="tkir", cache=False,
                                       kernel=name).kernel_op, args)
 
-    out, want = _paged_run(run, D)
+    out, want = _paged_run(run, D, P)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
 
 
-def test_paged_decode_emulator_matches_interpreter() -> None:
-    consts = {"D": 64}
-    (q, kc, vc, table, lens, scale), _ = _paged(1)
+@pytest.mark.parametrize("P", [16, 64])
+def test_paged_decode_emulator_matches_interpreter(P: int) -> None:
+    consts = {"D": 64, "P": P}
+    (q, kc, vc, table, lens, scale), _ = _paged(1, P=P)
     B, HQ, D = q.shape
     outs = []
     for stage in ("tkir", "hopper"):
@@ -169,24 +171,25 @@ def test_paged_decode_emulator_matches_interpreter() -> None:
 
 @needs_ptxas
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernel", ["paged_decode", "combine"])
-def test_paged_decode_assembles_without_spills(kernel: str, D: int) -> None:
-    c = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, stop="cubin", cache=False, kernel=kernel)
+@pytest.mark.parametrize("kernel, P", [("paged_decode", 16), ("paged_decode", 64), ("combine", 16)])
+def test_paged_decode_assembles_without_spills(kernel: str, D: int, P: int) -> None:
+    c = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "P": P}, stop="cubin", cache=False, kernel=kernel)
     assert_no_spills(c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
-def test_paged_decode_on_gpu_as_torch(D: int) -> None:
+@pytest.mark.parametrize("P", [16, 64, 256])
+def test_paged_decode_on_gpu_as_torch(D: int, P: int) -> None:
     require_gpu()
-    kernels = {name: compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D}, kernel=name)
+    kernels = {name: compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "P": P}, kernel=name)
                for name in ("paged_decode", "combine")}
 
     def run(decode_args, combine_args):
         part_o, part_ml = launch_tensors(kernels["paged_decode"], decode_args)[5:7]
         combine_args[2].copy_(launch_tensors(kernels["combine"], [part_o, part_ml, combine_args[2]])[2])
 
-    out, want = _paged_run(run, D)
+    out, want = _paged_run(run, D, P)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
 
 

@@ -42,7 +42,7 @@ from tkc.codegen.nvvm import F32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
-from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER
+from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle, vector_coords
 from tkc.ir.types import TileType, element_dtype
@@ -338,14 +338,18 @@ def _tma_rank(lw: Lowerer, op: Operation) -> int:
 
 def _tma_boxes(lw: Lowerer, op: Operation, tile: SmemTile) -> Iterator[tuple[ir.Value, list[ir.Value]]]:
     """For every TMA box of the shared ``tile`` a copy moves: the box's address in the tile
-    and its coordinates in the tensor, innermost first (column, row, then the outer axes)."""
+    and its coordinates in the tensor, innermost first (the box's column and row move along the
+    last axis and the row axis, ``hopper.tma_row_axis``)."""
     b = lw.b
     box = tile.layout.tma_box()
-    *outer, row, col = (lw.get(v) for v in op.offsets)
+    offsets = [lw.get(v) for v in op.offsets]
+    r = tma_row_axis(op.box)
     for j in range(box.count[1]):
         for i in range(box.count[0]):
-            yield (lw.ptr(tile, i * box.inner_stride + j * box.outer_stride),
-                   [b.add(col, const_i32(i * box.dims[0])), b.add(row, const_i32(j * box.dims[1])), *reversed(outer)])
+            coords = list(offsets)
+            coords[-1] = b.add(offsets[-1], const_i32(i * box.dims[0]))
+            coords[r] = b.add(offsets[r], const_i32(j * box.dims[1]))
+            yield lw.ptr(tile, i * box.inner_stride + j * box.outer_stride), coords[::-1]
 
 
 def _tma_load(lw: Lowerer, op: Operation) -> None:

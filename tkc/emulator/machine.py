@@ -56,7 +56,7 @@ from tkc.ir.dialects.tile import atomic_kind
 from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
-from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, tma_map_box, tma_row_axis
 from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
                             first_holders, reduce_plan, register_map, same_registers, scan_plan, vector_coords)
 from tkc.ir.types import ScalarType, TileType
@@ -961,7 +961,7 @@ def _tensor_map(wg: _Warpgroup, op: Operation, tensor: np.ndarray, lay: Any) -> 
     arg = op.tensor
     if not isinstance(arg, BlockArgument) or arg.block is not kernel.regions[0].block or arg.index != param:
         raise _fault(op, f"tensor map {op.map} describes parameter {param}, not this op's tensor")
-    want = [1] * (tensor.ndim - 2) + list(reversed(lay.tma_box().dims))
+    want = tma_map_box(op.box, lay)
     if list(box) != want or swz != lay.swizzle:
         raise _fault(op, f"tensor map {op.map} has box {list(box)} and swizzle {swz}, but {lay} "
                          f"needs box {want} and swizzle {lay.swizzle}")
@@ -973,19 +973,35 @@ def _tensor_map(wg: _Warpgroup, op: Operation, tensor: np.ndarray, lay: Any) -> 
     return box
 
 
+class _Plane(NamedTuple):
+    """Where a TMA copy's boxes move in its tensor: the row axis and last axis at the copy's
+    other offsets (``index``, slices on those two axes), or None when an offset on another axis
+    is outside the tensor (the whole box is: zeros loaded, nothing stored), and the copy's
+    (column, row) origin and its map's (columns, rows) box."""
+
+    index: tuple | None
+    origin: tuple[int, int]
+    box: tuple[int, int]
+
+
+def _plane(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], box: list) -> _Plane:
+    r, last = tma_row_axis(op.box), tensor.ndim - 1
+    offs = [int(o) for o in offsets]
+    inside = all(0 <= offs[a] < tensor.shape[a] for a in range(tensor.ndim) if a not in (r, last))
+    index = tuple(slice(None) if a in (r, last) else offs[a] for a in range(tensor.ndim)) if inside else None
+    return _Plane(index, (offs[last], offs[r]), (box[last], box[r]))
+
+
 def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
               *offsets: Any) -> None:
     lay = dst.layout
-    box = _tensor_map(wg, op, tensor, lay)
-    outer = [int(o) for o in offsets[:-2]]
-    if all(0 <= o < s for o, s in zip(outer, tensor.shape)):
-        plane = tensor[tuple(outer)]
-    else:  # the whole box lies outside the tensor: TMA fills it with zeros
-        plane = np.zeros(tensor.shape[-2:], tensor.dtype)
-    rows, cols = (int(o) for o in offsets[-2:])
+    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay))
+    r = tma_row_axis(op.box)
+    # The whole box outside the tensor: TMA fills it with zeros.
+    plane = tensor[at.index] if at.index is not None else np.zeros((tensor.shape[r], tensor.shape[-1]), tensor.dtype)
     n = op.attributes.get("multicast") or 1
     if n == 1:
-        tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
+        tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
         return
     # Multicast: this CTA's share of the boxes into every CTA of the cluster.  Its peers
     # issue the same copy (their k-th issue of this op) at the same coordinates and offsets,
@@ -1000,7 +1016,7 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
                          f"{dst.name} at {mine[1]:#x}, but CTA rank {other[0]} issued it with offsets "
                          f"{list(other[1][0])} at {other[1][1]:#x}: a multicast copy is the same in every CTA")
     count = lay.tma_box().count
-    tma_load(plane, (cols, rows), tuple(reversed(box[-2:])), lay, [c.smem for c in cta.peers], dst.base,
+    tma_load(plane, at.origin, at.box, lay, [c.smem for c in cta.peers], dst.base,
              cta.in_peers(bar), op=_who(op, wg), boxes=range(cta.rank, count[0] * count[1], n))
 
 
@@ -1013,16 +1029,15 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
     if not wg.leader:
         return
     lay = src.layout
-    box = _tensor_map(wg, op, tensor, lay)
+    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay))
     who = _who(op, wg)
-    outer = [int(o) for o in offsets[:-2]]
-    rows, cols = (int(o) for o in offsets[-2:])
-    if all(0 <= o < s for o, s in zip(outer, tensor.shape)):  # else the whole box is outside: nothing written
-        inside = tuple(slice(max(o, 0), max(min(o + n, size), 0))
-                       for o, n, size in zip((rows, cols), box[-2:], tensor.shape[-2:]))
-        _log_write(wg, op, tensor, (*outer, *inside), atomic=False)
-        tma_store(wg.cta.smem, src.base, lay, tensor[tuple(outer)], (cols, rows), tuple(reversed(box[-2:])),
-                  op=who)
+    if at.index is not None:  # else the whole box is outside: nothing written
+        r = tma_row_axis(op.box)
+        written = list(at.index)
+        for a, o, n in ((r, at.origin[1], lay.rows), (tensor.ndim - 1, at.origin[0], lay.cols)):  # the whole tile
+            written[a] = slice(max(o, 0), max(min(o + n, tensor.shape[a]), 0))
+        _log_write(wg, op, tensor, tuple(written), atomic=False)
+        tma_store(wg.cta.smem, src.base, lay, tensor[at.index], at.origin, at.box, op=who)
     wg.cta.written.add(id(tensor))
     wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
 

@@ -157,9 +157,7 @@ class _Lowering:
     def _map(self, access: Operation, layout: SharedLayout) -> int:
         """The index in ``tma_maps`` of the map for a TMA load or store of ``layout``."""
         param = self.body.args.index(access.tensor)
-        rank = access.tensor.type.rank
-        cols, rows = layout.tma_box().dims
-        entry = [param, [1] * (rank - 2) + [rows, cols], layout.swizzle]
+        entry = [param, hopper.tma_map_box(list(access.box), layout), layout.swizzle]
         if entry not in self.maps:
             self.maps.append(entry)
         return self.maps.index(entry)
@@ -295,14 +293,15 @@ class _Lowering:
     def _tma_staging(self, op: Operation) -> SharedLayout | None:
         """The shared layout a product's result goes through to be stored by TMA, or None to
         store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
-        the tensor's elements 16-bit and its axes but the last two squeezed (attention's
-        ``o[b, h, rows, :]``), and the pins ``tma`` and ``tma_store`` not false."""
+        the tensor's elements 16-bit and every axis squeezed but the last and one other
+        (attention's ``o[b, h, rows, :]``, or ``o[b, rows, h, :]`` on a [B, N, H, D] tensor), and
+        the pins ``tma`` and ``tma_store`` not false."""
         if not (self.options.tma and self.options.tma_store) or op.steps:
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
             return None
-        if not 2 <= t.rank <= 5 or list(op.squeeze or []) != list(range(t.rank - 2)) or v.rank != 2 \
+        if not 2 <= t.rank <= 5 or t.rank - 1 in (op.squeeze or []) or v.rank != 2 \
                 or t.dtype.bits != 16 or t.dtype != v.dtype:
             return None
         rows, cols = v.shape
@@ -360,7 +359,7 @@ class _Lowering:
         shifts = [None] + [self._const(c * width) for c in range(1, slices)]
         # After the allocations and constants: they shift the kernel body's indices.
         b = Builder.before(op)
-        *outer, row_off, col_off = op.offsets
+        *fixed, col_off = op.offsets
         tma_map = self._map(op, layout)
         for c in range(slices):
             if c >= 2 or self._in_loop(op) or reused is not None:
@@ -368,8 +367,8 @@ class _Lowering:
             store_attrs = {"col": c * width} if slices > 1 else {}
             b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
             col = col_off if c == 0 else b.value(tile.AddOp, [col_off, shifts[c]], I32, loc=op.loc)
-            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], *outer, row_off, col],
-                     attrs={"map": tma_map, "box": [1] * len(outer) + [rows, width]}, loc=op.loc)
+            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], *fixed, col],
+                     attrs={"map": tma_map, "box": [*op.box[:-1], width]}, loc=op.loc)
         op.erase()
         if not self.stores_pending:
             self.stores_pending = True

@@ -45,7 +45,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.types import MBARRIER, ScalarType
+from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.pins import Options
 from tkc.target import Target
 
@@ -472,6 +472,15 @@ class _Pipeliner:
             dst = self._at(b, ld.dst, stage, ld.dst.type)  # (the loads still name the ring)
             b.create(hopper.TmaLoadOp, [ld.tensor, dst, f, *offsets], attrs=dict(ld.attributes), loc=ld.loc)
 
+    def _read_only_element(self, op: Operation) -> bool:
+        """Whether ``op`` reads one element of a tensor the kernel never writes (a block table's
+        ``page = table[b, j]``): it reads the same value whenever it runs, so the copies of a later
+        iteration may read it ahead of the loop body."""
+        if op.name != "hopper.load" or isinstance(op.result.type, TileType):
+            return False
+        users = uses(self.kernel).get(op.tensor, [])
+        return all(u.has_trait("readonly") or u.name == "hopper.tma_load" for u in users)
+
     def _recompute(self, b: Builder, v: Value, loop: Operation, mapping: dict[Value, Value]) -> Value:
         """``v`` as computed in the loop body, for the iteration whose induction variable is in
         ``mapping``: pure ops of the body between the induction variable and ``v`` are cloned."""
@@ -483,7 +492,7 @@ class _Pipeliner:
                 raise TkcUnsupportedError("pipeline-loops: a copy's offsets depend on a loop-carried value",
                                           loop.loc)
             return v  # defined outside the loop: the same in every iteration
-        if not op.has_trait("pure") or op.regions:
+        if (not op.has_trait("pure") or op.regions) and not self._read_only_element(op):
             raise TkcUnsupportedError(f"pipeline-loops: a copy's offset comes from '{op.name}'", op.loc)
         for x in op.operands:
             self._recompute(b, x, loop, mapping)

@@ -92,11 +92,14 @@ def _def(v: Value) -> Operation | None:
 
 def tma_loadable(op: Operation, target: Target) -> str | None:
     """Why ``op`` (a ``tile.load``) cannot be a TMA copy into a shared tile, or None if it can:
-    its tile must be the tensor's two innermost axes, 8- or 16-bit, rows a multiple of 8,
-    rows at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill)."""
+    its tile must be the tensor's last axis and one other (the others squeezed: ``x[b, h, rows, :]``,
+    ``k[rows, h, :]``), of a tensor of at most 5 axes, 8- or 16-bit, rows a multiple of 8, rows
+    at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill)."""
     t, tile = op.tensor.type, op.result.type
-    if t.rank < 2 or list(op.squeeze or []) != list(range(t.rank - 2)) or tile.rank != 2:
-        return "its tile is not the tensor's two innermost axes"
+    if t.rank < 2 or t.rank - 1 in (op.squeeze or []) or tile.rank != 2:
+        return "its tile is not along the tensor's last axis and one other"
+    if t.rank > 5:
+        return f"TMA copies tensors of at most 5 axes, this one has {t.rank}"
     if t.dtype.bits not in target.mma_operand_bits:
         return f"wgmma takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first)"
     misfit = core_matrix_misfit(*tile.shape, t.dtype)

@@ -330,9 +330,26 @@ class ExpectTxOp(Operation, _OneThread):
                              f"a phase (split the copies over more phases)")
 
 
+def tma_row_axis(box: list) -> int:
+    """The tensor axis a TMA copy's rows run along: the one axis but the last whose box is not
+    1 (``k_cache[rows, kvh, :]`` copies rows of axis 0), the second-to-last by default."""
+    kept = [a for a in range(len(box) - 1) if box[a] != 1]
+    return kept[-1] if kept else len(box) - 2
+
+
+def tma_map_box(box: list, layout) -> list[int]:
+    """The box, in tensor order, of the tensor map that copies a tile of ``box`` through the
+    shared ``layout``: the layout's TMA box on the row axis and the last axis, 1 elsewhere."""
+    cols, rows = layout.tma_box().dims
+    out = [1] * len(box)
+    out[tma_row_axis(box)] = rows
+    out[-1] = cols
+    return out
+
+
 def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
     """A TMA copy's operands: a tensor, a shared tile, one i32 offset per tensor axis, and a
-    box that is 1 on the outer axes and the tile's rows x cols on the inner two."""
+    box that is the tile's cols on the last axis, its rows on one other axis and 1 elsewhere."""
     t = tensor.type
     if not isinstance(t, TensorType):
         raise op.error(f"copies {'from' if loading else 'into'} a tensor, got {t}")
@@ -341,8 +358,11 @@ def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
     lay = shared.type.layout
     if len(op.offsets) != t.rank or any(o.type != I32 for o in op.offsets):
         raise op.error(f"needs {t.rank} i32 offsets, one per axis of {t}")
-    if len(box) != t.rank or list(box[-2:]) != [lay.rows, lay.cols] or any(b != 1 for b in box[:-2]):
-        raise op.error(f"box {box} must be 1 on outer axes and {lay.rows} x {lay.cols} on the inner two")
+    want = [1] * t.rank
+    if len(box) == t.rank >= 2:
+        want[tma_row_axis(box)], want[-1] = lay.rows, lay.cols
+    if list(box) != want:
+        raise op.error(f"box {box} must be {lay.cols} on the last axis, {lay.rows} on one other and 1 elsewhere")
     if t.dtype != lay.dtype:
         raise op.error(f"tensor dtype {t.dtype.name} differs from the tile's {lay.dtype.name}")
 
@@ -1022,7 +1042,7 @@ def _check_tma_maps(kernel: Operation, ops: list[Operation]) -> None:
         if getattr(arg, "block", None) is not kernel.body or arg.index != param:
             raise op.error(f"tensor map {op.map} describes parameter {param}, not this copy's tensor "
                            f"{_name(arg)}")
-        want = [1] * (arg.type.rank - 2) + list(reversed(lay.tma_box().dims))
+        want = tma_map_box(op.box, lay)
         if list(box) != want or swz != lay.swizzle:
             raise op.error(f"tensor map {op.map} has box {list(box)} and swizzle {swz}, but {lay} needs box "
                            f"{want} and swizzle {lay.swizzle}: make tma_maps[{op.map}] [{param}, {want}, "
