@@ -138,16 +138,16 @@ def _paged_run(run_kernels, D: int = 64, P: int = 16, splits: int = 16):
     return out, want
 
 
-@pytest.mark.parametrize("D, P", [(64, 16), (128, 16), (64, 64)])
-def test_paged_decode_interpreter_matches_torch(D: int, P: int) -> None:
-    consts = {"D": D, "P": P}
+@pytest.mark.parametrize("D, P, splits", [(64, 16, 16), (128, 16, 16), (64, 64, 16), (64, 64, 4)])
+def test_paged_decode_interpreter_matches_torch(D: int, P: int, splits: int) -> None:
+    consts = {"D": D, "P": P, "SPLITS": splits}
 
     def run(decode_args, combine_args):
         for name, args in (("paged_decode", decode_args), ("combine", combine_args)):
             run_kernel(compile_kernel(EXAMPLES / "paged_decode.tk", consts, stop="tkir", cache=False,
                                       kernel=name).kernel_op, args)
 
-    out, want = _paged_run(run, D, P)
+    out, want = _paged_run(run, D, P, splits)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
 
 
