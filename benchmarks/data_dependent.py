@@ -11,8 +11,8 @@ Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/ha
 * ``embedding``: examples/embedding.tk; peers ``F.embedding`` and a copy of the same bytes
   (``out.copy_(table[:N])``: what the gather may at best approach).  GB/s of rows read+written.
 * ``paged_decode``: examples/paged_decode.tk (both kernels) at batch 64, 64 query heads over 8
-  KV heads, D 128, pages of 64 tokens (TMA copies) and of 16 (gathered rows) in a shuffled block
-  table; peer SDPA with ``enable_gqa``
+  KV heads, D 128, pages of 64 and 16 tokens (TMA copies) and of 8 (gathered rows) in a
+  shuffled block table; peer SDPA with ``enable_gqa``
   on the same K/V gathered into contiguous tensors beforehand (the gather not timed).  GB/s
   of K and V read (the HBM bandwidth bound).
 * ``varlen_attn``: examples/varlen_attn.tk on 16 sequences of 512-4096 tokens, 16 heads, D 128,
@@ -217,7 +217,7 @@ def main() -> None:
     pd = [4096] if args.quick else [4096, 16384, 32768]
     groups = {"cross_entropy": lambda: cross_entropy_rows(ce, runs), "embedding": lambda: embedding_rows(emb, runs),
               "splitk_gemm": lambda: splitk_rows(sk, runs),
-              "paged_decode": lambda: paged_decode_rows(pd, runs, P=64) + paged_decode_rows(pd, runs, P=16),
+              "paged_decode": lambda: [r for P in (64, 16, 8) for r in paged_decode_rows(pd, runs, P=P)],
               "varlen_attn": lambda: varlen_rows(runs, causal_modes=(False,) if args.quick else (False, True))}
     rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
     print(table(rows))

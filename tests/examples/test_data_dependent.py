@@ -108,9 +108,12 @@ def _paged(seed: int, D: int = 64, P: int = 16):
     """Arguments of both kernels and torch's attention of each head over its sequence: GQA with
     8 query heads a KV head, lengths 1, a page's worth, and lengths ending inside a page (a
     sequence of length 0 has nothing to attend to: its output is undefined, as in torch).  Pages
-    of 16 tokens are gathered row by row; pages of 64 (a step's tokens) are TMA copies."""
+    of 16 or 64 tokens are TMA copies (a step a page, or a page of steps); pages of 8 are
+    gathered row by row."""
     g = torch.Generator().manual_seed(seed)
-    B, KVH, G, NP, MAXP = 4, 2, 8, 40, 8
+    B, KVH, G = 4, 2, 8
+    MAXP = max(8, -(-128 // P))
+    NP = max(40, B * MAXP)
     HQ = KVH * G
     lens = torch.tensor([1, 16, 37, 123], dtype=torch.int32)
     q = torch.randn(B, HQ, D, generator=g).bfloat16()
@@ -138,7 +141,7 @@ def _paged_run(run_kernels, D: int = 64, P: int = 16, splits: int = 16):
     return out, want
 
 
-@pytest.mark.parametrize("D, P, splits", [(64, 16, 16), (128, 16, 16), (64, 64, 16), (64, 64, 4)])
+@pytest.mark.parametrize("D, P, splits", [(64, 16, 16), (128, 16, 16), (64, 64, 16), (64, 64, 4), (64, 8, 16)])
 def test_paged_decode_interpreter_matches_torch(D: int, P: int, splits: int) -> None:
     consts = {"D": D, "P": P, "SPLITS": splits}
 
@@ -151,7 +154,7 @@ def test_paged_decode_interpreter_matches_torch(D: int, P: int, splits: int) -> 
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("P", [16, 64])
+@pytest.mark.parametrize("P", [8, 16, 64])
 def test_paged_decode_emulator_matches_interpreter(P: int) -> None:
     consts = {"D": 64, "P": P}
     (q, kc, vc, table, lens, scale), _ = _paged(1, P=P)
@@ -166,12 +169,15 @@ def test_paged_decode_emulator_matches_interpreter(P: int) -> None:
             (run_kernel if stage == "tkir" else emulate)(k, args)
         outs.append((part_o, part_ml, out))
     for w, g in zip(*outs):
-        torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=1e-5)
+        # bf16 out: the two sum the splits in other orders, a rounding boundary apart at most
+        tol = 8e-3 if g.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("kernel, P", [("paged_decode", 16), ("paged_decode", 64), ("combine", 16)])
+@pytest.mark.parametrize("kernel, P", [("paged_decode", 8), ("paged_decode", 16), ("paged_decode", 64),
+                                       ("combine", 16)])
 def test_paged_decode_assembles_without_spills(kernel: str, D: int, P: int) -> None:
     c = compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "P": P}, stop="cubin", cache=False, kernel=kernel)
     assert_no_spills(c)
@@ -179,7 +185,7 @@ def test_paged_decode_assembles_without_spills(kernel: str, D: int, P: int) -> N
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("P", [16, 64, 256])
+@pytest.mark.parametrize("P", [8, 16, 64, 256])
 def test_paged_decode_on_gpu_as_torch(D: int, P: int) -> None:
     require_gpu()
     kernels = {name: compile_kernel(EXAMPLES / "paged_decode.tk", {"D": D, "P": P}, kernel=name)
