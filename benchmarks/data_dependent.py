@@ -19,7 +19,8 @@ Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/ha
   causal and not, beside attn.tk on 16 equal sequences of the same total tokens and SDPA on the
   padded batch with a mask (counted by the useful FLOPs).  TFLOP/s.
 * ``splitk_gemm``: examples/splitk_gemm.tk (f32 output zeroed before, inside the timing; SPLIT
-  chosen to give about two programs an SM) on a
+  chosen to give about two programs an SM; partial tiles added by TMA reductions, and by
+  ``red.global`` from the threads with the pin ``tma_store=False``) on a
   small M x N with a long K; peer ``torch.matmul`` of the bf16 operands (cuBLAS picks its own
   split).  TFLOP/s.
 """
@@ -104,19 +105,23 @@ def splitk_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
         # SPLIT fills the GPU: about two programs an SM, each at least four K blocks.
         tiles = -(-M // 128) * -(-N // 128)
         split = max(1, min(-(-K // 64) // 4, round(2 * sms / tiles)))
-        k = compile_kernel(EXAMPLES / "splitk_gemm.tk", {"SPLIT": split})
+        # The partial tiles go out by TMA reductions; the pin tma_store=False adds them by threads.
+        kernels = {pin: compile_kernel(EXAMPLES / "splitk_gemm.tk", {"SPLIT": split, "tma_store": pin})
+                   for pin in (True, False)}
         a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(M, N, device="cuda")
 
-        def ours():
+        def ours(pin: bool = True):
             c.zero_()
-            launch(k, [a, b, c])
+            launch(kernels[pin], [a, b, c])
 
-        ours()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-3, atol=1e-1)
-        t = in_turns({"tkc": ours, "torch.matmul": lambda: torch.matmul(a, b)}, runs)
+        for pin in (False, True):
+            ours(pin)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-3, atol=1e-1)
+        t = in_turns({"tkc": ours, "tkc, red.global (tma_store=False)": lambda: ours(False),
+                      "torch.matmul": lambda: torch.matmul(a, b)}, runs)
         rows.append(Row("splitk_gemm", f"{M}x{N}x{K} bf16, SPLIT={split}", "TFLOP/s",
                         {n: 2 * M * N * K / s / 1e12 for n, s in t.items()}))
     return rows

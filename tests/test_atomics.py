@@ -166,7 +166,11 @@ def test_assembles_without_spills(name: str) -> None:
 
 def test_a_tile_adds_with_vector_reductions_and_a_fetch_reads_through_shared_memory() -> None:
     ptx = compile_kernel(SPLITK, stop="ptx", cache=False).asm["ptx"]
-    assert "red.relaxed.gpu.global.add.v2.f32" in ptx  # a product's accumulator: pairs of columns
+    # A product's accumulator goes through shared memory and a TMA reduction ...
+    assert "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group" in ptx and "red.relaxed" not in ptx
+    # ... or, with the pin tma_store off, is added by its threads, pairs of columns at a time.
+    ptx = compile_kernel(SPLITK, {"tma_store": False}, stop="ptx", cache=False).asm["ptx"]
+    assert "red.relaxed.gpu.global.add.v2.f32" in ptx and "cp.reduce" not in ptx
     loaded = SPLITK.replace("acc += a[pm*BM", "acc += 0.0 * a[pm*BM").replace(
         "atomic_add(c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN], acc)",
         "atomic_add(c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN], c2[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN])").replace(

@@ -383,9 +383,11 @@ def _tma_store(lw: Lowerer, op: Operation) -> None:
     nvvm.call(b, "fence.proxy.async.shared_cta")
     lw.sync()
 
+    copy = "reduce.add" if op.attributes.get("reduce") == "add" else "s2g"
+
     def issue() -> None:
         for p, coords in _tma_boxes(lw, op, src):
-            nvvm.call(b, f"cp.async.bulk.tensor.s2g.tile.{rank}d", p, lw.tmaps[op.map], *coords, 0, 0)
+            nvvm.call(b, f"cp.async.bulk.tensor.{copy}.tile.{rank}d", p, lw.tmaps[op.map], *coords, 0, 0)
         nvvm.call(b, "cp.async.bulk.commit.group")
 
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tma_store")

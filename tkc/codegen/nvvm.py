@@ -197,6 +197,7 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     for d in range(1, 6):
         t[f"cp.async.bulk.tensor.g2s.tile.{d}d"] = (VOID, (p7, p3, p0, *[I32] * d, I16, I64, I1, I1))
         t[f"cp.async.bulk.tensor.s2g.tile.{d}d"] = (VOID, (p3, p0, *[I32] * d, I64, I1))
+        t[f"cp.async.bulk.tensor.reduce.add.tile.{d}d"] = (VOID, (p3, p0, *[I32] * d, I64, I1))
     t["cp.async.bulk.commit.group"] = (VOID, ())
     t["cp.async.bulk.wait.group"] = (VOID, (I32,))
     t["cp.async.bulk.wait.group.read"] = (VOID, (I32,))

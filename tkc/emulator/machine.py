@@ -1036,8 +1036,9 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
         written = list(at.index)
         for a, o, n in ((r, at.origin[1], lay.rows), (tensor.ndim - 1, at.origin[0], lay.cols)):  # the whole tile
             written[a] = slice(max(o, 0), max(min(o + n, tensor.shape[a]), 0))
-        _log_write(wg, op, tensor, tuple(written), atomic=False)
-        tma_store(wg.cta.smem, src.base, lay, tensor[at.index], at.origin, at.box, op=who)
+        add = op.attributes.get("reduce") == "add"
+        _log_write(wg, op, tensor, tuple(written), atomic=add)
+        tma_store(wg.cta.smem, src.base, lay, tensor[at.index], at.origin, at.box, op=who, add=add)
     wg.cta.written.add(id(tensor))
     wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
 

@@ -24,6 +24,7 @@ from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.smem import SharedMemory
 from tkc.errors import TkcEmulatorError
 from tkc.ir.layouts import SharedLayout
+from tkc.semantics import atomic_update
 
 __all__ = ["tma_load", "tma_store"]
 
@@ -78,9 +79,15 @@ def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int]
 
 
 def tma_store(smem: SharedMemory, src_base: int, layout: SharedLayout, global_array: np.ndarray,
-              coords: Sequence[int], box: Sequence[int], *, op: str = "tma_store") -> None:
+              coords: Sequence[int], box: Sequence[int], *, op: str = "tma_store", add: bool = False) -> None:
     """``cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group``: the tile at ``src_base``
-    goes to ``global_array`` (in place) at ``coords``; out-of-bounds elements are dropped."""
+    goes to ``global_array`` (in place) at ``coords``; out-of-bounds elements are dropped.
+    With ``add`` (``cp.reduce.async.bulk.tensor ... .add``) each element is added to the
+    tensor's as a tile ``atomic_add`` adds it (``semantics.atomic_update``), instead."""
     rows, cols, inb = _window(global_array, coords, box, layout, op)
     tile = smem.read_tile(src_base, layout, reader=op, proxy="async")
-    global_array[rows[inb], cols[inb]] = tile[inb]
+    if add:
+        at = (rows[inb], cols[inb])
+        global_array[at] = atomic_update("add", layout.dtype, global_array[at], tile[inb])
+    else:
+        global_array[rows[inb], cols[inb]] = tile[inb]

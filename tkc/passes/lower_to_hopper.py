@@ -277,6 +277,9 @@ class _Lowering:
                                       f"hold its values in a pattern that would apply some twice; combine a "
                                       f"tile loaded or computed in the layout of its own box", op.loc)
         if not op.results or not uses(self.kernel).get(op.results[0]):
+            staging = self._tma_staging(op) if op.name == "tile.atomic" and op.kind == "add" else None
+            if staging is not None:
+                self._tma_store(op, staging, reduce="add")
             return
         slot_layout = SharedLayout(8, 4, dtypes.i32, "k", 0)
         slot = self._alloc(TileType((8, 4), dtypes.i32, "smem", slot_layout), op.loc)
@@ -291,18 +294,22 @@ class _Lowering:
         op.erase()
 
     def _tma_staging(self, op: Operation) -> SharedLayout | None:
-        """The shared layout a product's result goes through to be stored by TMA, or None to
-        store it thread by thread: the value must be a wgmma accumulator's (converted) tile,
-        the tensor's elements 16-bit and every axis squeezed but the last and one other
-        (attention's ``o[b, h, rows, :]``, or ``o[b, rows, h, :]`` on a [B, N, H, D] tensor), and
-        the pins ``tma`` and ``tma_store`` not false."""
-        if not (self.options.tma and self.options.tma_store) or op.steps:
+        """The shared layout a product's result goes through to be stored (or atomically added,
+        ``tile.atomic`` ``add``) by TMA, or None to store (add) it thread by thread: the value
+        must be a wgmma accumulator's (converted) tile, the tensor's elements 16-bit (f32, f16
+        or bf16 for an add, whose ``sem`` must be relaxed) and every axis squeezed but the last
+        and one other (attention's ``o[b, h, rows, :]``, or ``o[b, rows, h, :]`` on a [B, N, H, D]
+        tensor), and the pins ``tma`` and ``tma_store`` not false."""
+        adding = op.name == "tile.atomic"
+        if not (self.options.tma and self.options.tma_store) or op.attributes.get("steps") \
+                or op.attributes.get("sem", "relaxed") != "relaxed":
             return None
         t, v = op.tensor.type, op.value.type
         if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
             return None
+        dtypes_ok = t.dtype.name in hopper.TMA_REDUCE_ADD_DTYPES if adding else t.dtype.bits == 16
         if not 2 <= t.rank <= 5 or t.rank - 1 in (op.squeeze or []) or v.rank != 2 \
-                or t.dtype.bits != 16 or t.dtype != v.dtype:
+                or not dtypes_ok or t.dtype != v.dtype:
             return None
         rows, cols = v.shape
         if rows > 256 or core_matrix_misfit(rows, cols, t.dtype):
@@ -312,10 +319,11 @@ class _Lowering:
         except ValueError:
             return None
 
-    def _tma_store(self, op: Operation, layout: SharedLayout) -> None:
+    def _tma_store(self, op: Operation, layout: SharedLayout, reduce: str | None = None) -> None:
         """The epilogue of a hand-written Hopper GEMM: every thread writes its values to a
         shared tile and thread 0 has TMA copy it out (clipped at the tensor's edges), which
-        runs on while the threads go on.
+        runs on while the threads go on.  ``reduce = "add"`` (a tile ``atomic_add``) has the
+        copies add the tile into the tensor instead (``cp.reduce.async.bulk.tensor``).
 
         A tile wider than two 128-byte TMA boxes goes out one box-wide column slice at a time through
         two shared slices used in turn (a 128 x 256 bf16 tile: four 64-column slices, 32 KB
@@ -368,7 +376,8 @@ class _Lowering:
             b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
             col = col_off if c == 0 else b.value(tile.AddOp, [col_off, shifts[c]], I32, loc=op.loc)
             b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], *fixed, col],
-                     attrs={"map": tma_map, "box": [*op.box[:-1], width]}, loc=op.loc)
+                     attrs={"map": tma_map, "box": [*op.box[:-1], width], **({"reduce": reduce} if reduce else {})},
+                     loc=op.loc)
         op.erase()
         if not self.stores_pending:
             self.stores_pending = True

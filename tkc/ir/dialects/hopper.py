@@ -330,6 +330,10 @@ class ExpectTxOp(Operation, _OneThread):
                              f"a phase (split the copies over more phases)")
 
 
+#: The element types a TMA copy adds into a tensor (``cp.reduce.async.bulk.tensor .add``).
+TMA_REDUCE_ADD_DTYPES = ("f32", "f16", "bf16")
+
+
 def tma_row_axis(box: list) -> int:
     """The tensor axis a TMA copy's rows run along: the one axis but the last whose box is not
     1 (``k_cache[rows, kvh, :]`` copies rows of axis 0), the second-to-last by default."""
@@ -499,14 +503,21 @@ class TmaStoreOp(Operation):
     ``map`` of the kernel's ``tma_maps`` (out-of-bounds elements are not written), as one
     bulk group.  Every thread fences its shared writes for the async proxy and the threads
     running the op synchronize; then thread 0 issues the copies and commits them.  The
-    tile is read asynchronously until a ``hopper.tma_store_wait``."""
+    tile is read asynchronously until a ``hopper.tma_store_wait``.
+
+    With ``reduce = "add"`` the copy adds the tile into the tensor instead, element by element
+    and atomically (``cp.reduce.async.bulk.tensor``: a tile ``atomic_add`` of f32, f16 or bf16)."""
 
     name = "hopper.tma_store"
     OPERANDS = ("tensor", "src", "*offsets")
-    ATTRS = {"map": int, "box": list}
+    ATTRS = {"map": int, "box": list, "reduce?": str}
 
     def verify(self) -> None:
         _check_tma(self, self.tensor, self.src, self.box, loading=False)
+        red = self.attributes.get("reduce")
+        if red is not None and (red != "add" or self.tensor.type.dtype.name not in TMA_REDUCE_ADD_DTYPES):
+            raise self.error(f"reduce = {red!r}: a TMA reduction adds ('add') f32, f16 or bf16 tiles, "
+                             f"not {self.tensor.type.dtype.name}")
 
 
 @register
