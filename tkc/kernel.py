@@ -212,7 +212,7 @@ def load(path: str | os.PathLike, name: str | None = None) -> Kernel:
     return Kernel.from_file(path, name)
 
 
-def interpret(k: Kernel | Module | Operation, *args: Any, grid: Any = None, **consts: Any) -> None:
+def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, **consts: Any) -> None:
     """Run a kernel in the reference interpreter, writing outputs in place.
 
     ``args`` are numpy arrays or torch tensors (CPU or CUDA: CUDA tensors are
