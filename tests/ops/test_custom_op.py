@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import tkc  # noqa: E402
 import tkc.ops  # noqa: E402
 from tkc.errors import TkcLaunchError, TkcUsageError  # noqa: E402
-from tkc.ops.custom_op import INPUT, MUTATED, OUTPUT, ZEROED, roles  # noqa: E402
+from tkc.ops.kernel_op import INPUT, MUTATED, OUTPUT, ZEROED, roles  # noqa: E402
 
 import op_kernels as k  # noqa: E402
 

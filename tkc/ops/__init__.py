@@ -5,7 +5,7 @@
     y = tkc.ops.rms_norm(x, w, 1e-6)            # also torch.ops.tkc.rms_norm over rows
     op = tkc.ops.custom_op("mylib::my_op", my_kernel)   # any @tkc.kernel or tkc.load(...)
 
-- :mod:`tkc.ops.custom_op`: a kernel as an operator: schema, fake implementation, running.
+- :mod:`tkc.ops.kernel_op`: a kernel as an operator: schema, fake implementation, running.
 - :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
 - :mod:`tkc.ops.matmul`: ``matmul`` through gemm.tk, backward too.
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
@@ -16,7 +16,7 @@ everything with ``TKC_INTERPRET=1``) in the interpreter.  Importing this package
 torch and registers the shipped operators.
 """
 
-from tkc.ops.custom_op import custom_op
+from tkc.ops.kernel_op import custom_op
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.custom_op import custom_op
+from tkc.ops.kernel_op import custom_op
 from tkc.ops.kernels import path
 from tkc.ops.kernels.rmsnorm import rmsnorm
 

@@ -143,9 +143,9 @@ class _KernelOp:
     def mutated(self) -> list[str]:
         return [self.first.params[i][0] for i in self.first.inputs if self.first.roles[i] == MUTATED]
 
-    def _outputs(self, spec: _Spec, values: tuple, fake: bool) -> list[torch.Tensor]:
-        """The operator's outputs, allocated for these inputs (checked against the signature)."""
-        device = next(v.device for v in values if isinstance(v, torch.Tensor))
+    def _outputs(self, spec: _Spec, values: tuple, device: Any, fake: bool) -> list[torch.Tensor]:
+        """The operator's outputs on ``device``, allocated for these inputs (checked against the
+        signature the first time a set of shapes and dtypes comes)."""
         key = None
         if not fake:
             # A plain loop over what decides the shapes: this runs on every call.
@@ -172,23 +172,34 @@ class _KernelOp:
 
     def fake(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
-        return _result(self._outputs(spec, values, fake=True))
+        return _result(self._outputs(spec, values, _device(values), fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
-        call_consts = {n: kwargs.get(n, v) for n, v in self.const_args.items()}
-        spec = self.spec(call_consts)
-        outs = self._outputs(spec, values, fake=False)
+        if self.const_args:
+            call_consts = {n: kwargs.get(n, v) for n, v in self.const_args.items()}
+            spec, consts = self.spec(call_consts), {**self.fixed, **call_consts}
+        else:
+            spec, consts = self.first, self.fixed
+        device = _device(values)
+        outs = self._outputs(spec, values, device, fake=False)
         full: list[Any] = [None] * len(spec.params)
         for i, v in zip(spec.inputs, values):
             full[i] = v
         for i, o in zip(spec.outputs, outs):
             full[i] = o
-        consts = {**self.fixed, **call_consts}
-        if any(getattr(v, "is_cuda", False) for v in full):
+        if device.type == "cuda":
             self.kernel(*full, **consts)  # on the GPU, or the interpreter with TKC_INTERPRET=1
         else:
             interpret(self.kernel, *full, **consts)
         return _result(outs)
+
+
+def _device(values: tuple) -> Any:
+    """The first input tensor's device: where the outputs go and the kernel runs."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    raise AssertionError("an operator of a kernel has an input tensor (checked at registration)")
 
 
 def _result(outs: list[torch.Tensor]) -> Any:
