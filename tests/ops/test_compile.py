@@ -36,3 +36,16 @@ def test_a_block_of_tkc_ops_compiles_to_one_graph_and_trains() -> None:
     torch.testing.assert_close(comp, eager)
     for g_eager, g_comp in zip(eager_grads, comp_grads):
         torch.testing.assert_close(g_comp, g_eager)
+
+
+def test_dynamic_shapes_trace_through_the_fake_implementations() -> None:
+    """With symbolic sizes the signature's dims bind to SymInts: one graph serves every row count."""
+    def f(x: torch.Tensor, w: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+        return tkc.ops.matmul(tkc.ops.rms_norm(x, w), proj)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    w, proj = torch.randn(32).to(torch.bfloat16), torch.randn(32, 16).to(torch.bfloat16)
+    for rows in (5, 9, 17):
+        x = torch.randn(2, rows, 32).to(torch.bfloat16)
+        torch.testing.assert_close(compiled(x, w, proj), f(x, w, proj))
