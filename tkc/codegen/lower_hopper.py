@@ -17,6 +17,7 @@ the type.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import llvmlite.ir as ir
 import numpy as np
@@ -300,6 +301,10 @@ def _barrier(lw: Lowerer, op: Operation) -> None:
     nvvm.call(lw.b, "barrier.cta.sync.aligned.all", op.id)
 
 
+def _sync(lw: Lowerer, op: Operation) -> None:
+    lw.sync()
+
+
 def _turn(lw: Lowerer, op: Operation) -> None:
     """``hopper.turn``: warpgroup ``g`` of the role (uniform in each warp, as ``.aligned``
     needs) syncs on ``TURN_BARRIER + g`` and arrives on ``TURN_BARRIER + 1 - g``, 256 threads."""
@@ -421,7 +426,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     fresh = constant_value(op.acc) == 0
     acc = [ir.Constant(F32, ir.Undefined)] * acc_layout.regs if fresh else lw.tile(op, op.acc)
     groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs
-    sb = lw.shared(op, op.b)
+    sb = replace(lw.shared(op, op.b), layout=op.operand_layout("b"))
     a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)
     if a_dt.name not in _WGMMA_TYPE or b_dt.name not in _WGMMA_TYPE:
         raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
@@ -447,7 +452,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
         return b.add(ir.Constant(I64, tile.layout.descriptor(tile.offset, k, mn)), start4(tile))
 
     b_descs = [desc(sb, k, 0) for k in range(steps)]
-    a_val = lw.get(op.a) if _reg_a(op) else lw.shared(op, op.a)
+    a_val = lw.get(op.a) if _reg_a(op) else replace(lw.shared(op, op.a), layout=op.operand_layout("a"))
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
@@ -756,6 +761,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.role": _role,
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
+    "hopper.sync": _sync,
     "hopper.cluster_barrier": _cluster_barrier,
     "hopper.cluster_reduce": _cluster_reduce,
     "hopper.turn": _turn,
