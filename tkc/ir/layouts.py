@@ -738,8 +738,23 @@ def _unravel(pos: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+class _SameRegisters(_Distributed):
+    """A layout that sees ``parent``'s values in the same registers: its threads, and as many
+    values a thread."""
+
+    parent: DistributedLayout
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @property
+    def regs(self) -> int:
+        return self.parent.regs
+
+
 @dataclass(frozen=True)
-class Reshaped(_Distributed):
+class Reshaped(_SameRegisters):
     """``#reshape<parent, RxC>``: the values of ``parent`` in the same registers, seen as a tile
     of ``shape`` with the same row-major element order (``x.reshape(...)``).  A thread's part
     and a value's part of the row-major position must add without carrying across the new
@@ -754,14 +769,6 @@ class Reshaped(_Distributed):
         if math.prod(self.shape) != math.prod(self.parent.shape):
             raise ValueError(f"cannot reshape {self.parent} to {_dims_text(self.shape)}: the element counts differ")
 
-    @property
-    def threads(self) -> int:
-        return self.parent.threads
-
-    @property
-    def regs(self) -> int:
-        return self.parent.regs
-
     def thread_coords(self, t: Any) -> tuple[Any, ...]:
         return _unravel(_ravel(self.parent.thread_coords(t), self.parent.shape), self.shape)
 
@@ -773,7 +780,7 @@ class Reshaped(_Distributed):
 
 
 @dataclass(frozen=True)
-class Transposed(_Distributed):
+class Transposed(_SameRegisters):
     """``#transpose<parent>``: the values of a 2-D ``parent`` in the same registers, seen as the
     transposed tile (``x.T`` of a register tile moves nothing): value ``i`` of thread ``t`` is
     element ``(c, r)`` where ``parent`` has ``(r, c)``."""
@@ -787,14 +794,6 @@ class Transposed(_Distributed):
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.parent.shape[::-1])
-
-    @property
-    def threads(self) -> int:
-        return self.parent.threads
-
-    @property
-    def regs(self) -> int:
-        return self.parent.regs
 
     def thread_coords(self, t: Any) -> tuple[Any, ...]:
         return tuple(self.parent.thread_coords(t)[::-1])
