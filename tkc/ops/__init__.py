@@ -8,6 +8,7 @@
 - :mod:`tkc.ops.kernel_op`: a kernel as an operator: schema, fake implementation, running.
 - :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
 - :mod:`tkc.ops.matmul`: ``matmul`` through gemm.tk, backward too.
+- :mod:`tkc.ops.attention`: ``attention`` through attn_train.tk, backward too (GQA).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -16,8 +17,9 @@ everything with ``TKC_INTERPRET=1``) in the interpreter.  Importing this package
 torch and registers the shipped operators.
 """
 
+from tkc.ops.attention import attention
 from tkc.ops.kernel_op import custom_op
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 
-__all__ = ["custom_op", "layer_norm", "matmul", "rms_norm", "softmax"]
+__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax"]
