@@ -67,8 +67,9 @@ def roles(kernel: Operation) -> list[str]:
 
 @dataclass(frozen=True)
 class _Spec:
-    """The kernel for one set of constants: its parameters, their roles, the op's inputs and
-    outputs (parameter indices) and where each input sits among the parameters."""
+    """The kernel for one set of constants: every constant's value, the tensor and scalar
+    parameters with their roles, and which of them (indices) are the operator's arguments
+    and which its results."""
 
     consts: dict[str, Any]
     params: list[signature.Param]
