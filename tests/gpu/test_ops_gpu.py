@@ -186,3 +186,21 @@ def test_a_training_step_with_attention_replays_in_a_cuda_graph() -> None:
         eager = [step(static_x.clone()), *(t.grad for t in (*kv, proj))]
         for r, e in zip([static_loss, *static_grads], eager):
             close(r, e, 1e-2)
+
+
+def test_eager_calls_without_gradients_skip_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under no_grad a shipped operator runs its kernel straight away (``kernel_op.call``); with
+    an input that needs a gradient it goes through the operator, which records the backward.
+    Both give the same numbers."""
+    import tkc.ops.rows as rows
+
+    seen = []
+    run = rows._rms_norm.tkc_run
+    monkeypatch.setattr(rows._rms_norm, "tkc_run", lambda *a, **k: seen.append(1) or run(*a, **k))
+    x, w = bf16(100, 256), bf16(256)
+    with torch.no_grad():
+        y = tkc.ops.rms_norm(x, w)
+    assert seen == [1]
+    y2 = tkc.ops.rms_norm(x.clone().requires_grad_(), w)
+    assert seen == [1] and y2.grad_fn is not None
+    torch.testing.assert_close(y, y2.detach(), rtol=0, atol=0)

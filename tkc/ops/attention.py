@@ -18,7 +18,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import custom_op
+from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
 
 __all__ = ["attention"]
@@ -56,7 +56,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         raise TkcUsageError(f"tkc.ops.attention: the head dim is {D}; its kernels take {' or '.join(map(str, TILES))}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     (bm, bn), _ = TILES[D]
-    o, _lse = _fwd(q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=bool(causal))
+    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=bool(causal))
     return o
 
 
@@ -73,8 +73,8 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     q, k, v, o, lse = ctx.saved_tensors
     do = do.contiguous()
     _, (bm, bn) = TILES[ctx.D]
-    delta = _bwd_pre(o, do, D=ctx.D, BM=_PRE_BM)
-    dq, dk, dv = _bwd(q, k, v, do, lse, delta, ctx.scale, D=ctx.D, BM=bm, BN=bn, causal=ctx.causal)
+    delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
+    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, ctx.scale, D=ctx.D, BM=bm, BN=bn, causal=ctx.causal)
     return dq.to(q.dtype), dk, dv, None
 
 

@@ -254,4 +254,22 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     op = torch.library.custom_op(name, impl.run, mutates_args=impl.mutated(), schema=impl.schema())
     op.register_fake(impl.fake)
     op.tkc_kernel = kernel  # what the operator runs, for readers and tests
+    op.tkc_run = impl.run  # the operator's body, for call()
     return op
+
+
+def call(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` for an operator of :func:`custom_op`, straight to its kernel when
+    torch's dispatcher has nothing to do: plain CUDA tensors, no gradient to record, no
+    ``torch.compile`` tracing, no dispatch or function mode (fake tensors, ``opcheck``, export).
+    The dispatcher's custom-op path costs tens of microseconds of Python a call, more than the
+    launch itself; eager inference and the backward passes (which run without grad) skip it."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._is_torch_function_mode_enabled():
+        return op(*args, **kwargs)
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or a.device.type != "cuda"
+                                            or (grad and a.requires_grad)):
+            return op(*args, **kwargs)
+    return op.tkc_run(*args, **kwargs)

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import custom_op
+from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
 
 __all__ = ["matmul"]
@@ -31,7 +31,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     checks.rank("matmul", "b", b, "two dims (a batch of b is not supported)", b.dim() == 2)
     checks.same("matmul", "the inner dims must agree", ("a's last dim", a.shape[-1]), ("b's first", b.shape[0]))
     rows = a.reshape(-1, a.shape[-1]).contiguous()
-    return _matmul(rows, b.contiguous()).view(*a.shape[:-1], b.shape[1])
+    return call(_matmul, rows, b.contiguous()).view(*a.shape[:-1], b.shape[1])
 
 
 def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
@@ -41,8 +41,8 @@ def _setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 def _backward(ctx: Any, g: torch.Tensor) -> tuple:
     a, b = ctx.saved_tensors
     g = g.contiguous()
-    da = _matmul(g, b.t().contiguous()) if ctx.needs_input_grad[0] else None
-    db = _matmul(a.t().contiguous(), g) if ctx.needs_input_grad[1] else None
+    da = call(_matmul, g, b.t().contiguous()) if ctx.needs_input_grad[0] else None
+    db = call(_matmul, a.t().contiguous(), g) if ctx.needs_input_grad[1] else None
     return da, db
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import custom_op
+from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
 from tkc.ops.kernels.rmsnorm import rmsnorm
 
@@ -42,7 +42,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
     checks.dtype("rms_norm", torch.bfloat16, x=x, weight=weight)
     w = _weight("rms_norm", "weight", weight, x)
-    return _rms_norm(_rows("rms_norm", x), w, float(eps)).view(x.shape)
+    return call(_rms_norm, _rows("rms_norm", x), w, float(eps)).view(x.shape)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -55,14 +55,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
     checks.dtype("layer_norm", torch.bfloat16, x=x, weight=weight, bias=bias)
     w, b = _weight("layer_norm", "weight", weight, x), _weight("layer_norm", "bias", bias, x)
-    return _layer_norm(_rows("layer_norm", x), w, b, float(eps)).view(x.shape)
+    return call(_layer_norm, _rows("layer_norm", x), w, b, float(eps)).view(x.shape)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
     the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
     checks.dtype("softmax", torch.bfloat16, x=x)
-    return _softmax(_rows("softmax", x)).view(x.shape)
+    return call(_softmax, _rows("softmax", x)).view(x.shape)
 
 
 # ------------------------------------------------------------------ autograd (torch ops, fp32)
