@@ -92,6 +92,7 @@ def _interpreted(D: int, causal: bool, tiles: dict):
     (1, 2, 2, 200, 64, True, SQUARE),    # H == KVH, dQ as dS^T.T K
     (1, 4, 2, 150, 32, False, SMALL),    # D != BN: dS^T.T K on 64-row blocks
     (1, 2, 1, 130, 64, False, SQUARE),
+    (1, 2, 1, 200, 128, True, {}),       # the default tiles: 64 query rows against 128 keys
 ])
 def test_interpreter_matches_torch(B, H, KVH, N, D, causal, tiles) -> None:
     q, k, v, do = inputs(0, B, H, KVH, N, D)
