@@ -162,7 +162,7 @@ def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, va
 
 def shapes_of(quick: bool, only: set[str]) -> list[tuple[str, int, int, int, int, int]]:
     if quick:
-        return [("long", 8, 16, 16, 2048, 128)]
+        return [("long", 8, 16, 16, 2048, 128), ("long", 8, 32, 32, 2048, 64)]
     out = []
     if "long" in only:
         for D, H in ((128, 16), (64, 32)):
@@ -176,7 +176,7 @@ def shapes_of(quick: bool, only: set[str]) -> list[tuple[str, int, int, int, int
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="one shape, not causal")
+    ap.add_argument("--quick", action="store_true", help="one shape per head dim, not causal")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
