@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from device_checks import RUN_KERNELS
 
 import tkc
 import tkc.cli
@@ -365,10 +366,7 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
 
 
-#: Files with several kernels: ``tkc run`` takes one at a time (--kernel).  attn_train.tk's
-#: backward needs the log-sum-exp its forward wrote: from random ones its P reaches 2^60, where
-#: the order of the sums decides (tests/examples/test_attn_train.py checks it on real inputs).
-SEVERAL = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": ["attn_fwd", "attn_bwd_pre"]}
+SEVERAL = RUN_KERNELS
 
 
 @pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in SEVERAL.get(e, [None])])
