@@ -16,11 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def train_block():
     import cProfile  # noqa: F401  (the standard library's profile, before benchmarks/ is on the path)
 
+    saved = list(sys.path)  # the script moves benchmarks/ to the end of the path: put it back as it was
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import train_block
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path[:] = saved
     return train_block
 
 
