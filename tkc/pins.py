@@ -54,6 +54,9 @@ class Options:
     defer_last: bool = _pin(False, bool, "a loop's last product is issued in the next iteration, right after its "
                                          "first, and runs during that iteration's register work (default: off; "
                                          "not with issue_ahead)", "defer-last")
+    overlap_products: bool = _pin(False, bool, "a product's wait moves down to the first op that needs its result, so "
+                                               "independent products run together and an accumulation runs during "
+                                               "the work after it (default: off)", "overlap-products")
     persistent: bool | None = _pin(None, bool, "one program per SM (per slot, with ctas_per_sm) walks the output "
                                                "tiles", "persistent")
     cluster: int = _pin(1, int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs "

@@ -125,10 +125,16 @@ def test_scores_far_below_zero_give_no_nan(causal: bool) -> None:
 ROLES = {**SMALL, "attn_bwd": {"BM": 64, "BN": 64, "warp_specialize": True}}
 
 
+#: attn_bwd with each product waited for where its result is needed (overlap_products).
+OVERLAP = {**SMALL, "attn_bwd": {"BM": 64, "BN": 64, "overlap_products": True}}
+OVERLAP_ROLES = {**SMALL, "attn_bwd": {**ROLES["attn_bwd"], "overlap_products": True}}
+
+
 @pytest.mark.parametrize("name, D, causal, tiles", [
     ("attn_fwd", 64, True, SMALL), ("attn_bwd_pre", 64, False, SMALL),
     ("attn_bwd", 64, False, SMALL), ("attn_bwd", 64, True, SMALL), ("attn_bwd", 64, True, ROLES),
-    ("attn_bwd", 64, True, SQUARE), ("attn_bwd", 128, False, {}),
+    ("attn_bwd", 64, True, SQUARE), ("attn_bwd", 128, False, {}), ("attn_bwd", 64, True, OVERLAP),
+    ("attn_bwd", 64, False, OVERLAP_ROLES), ("attn_bwd", 128, True, {"attn_bwd": {"overlap_products": True}}),
 ])
 def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: dict) -> None:
     B, H, KVH, N = 1, 4, 2, 80

@@ -21,6 +21,7 @@ from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.multicast import multicast
+from tkc.passes.overlap_products import overlap_products
 from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.prefetch_loads import prefetch_loads
@@ -52,6 +53,7 @@ PASSES: dict[str, PassFn] = {
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
     "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
     "defer-last": defer_last,            # pin defer_last: a loop's last product issued in the next iteration
+    "overlap-products": overlap_products,  # pin overlap_products: each product waited for where it is needed
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
@@ -64,4 +66,4 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,"
-                   "defer-last,multicast,prefetch-loads,cse,dce,allocate-smem")
+                   "defer-last,overlap-products,multicast,prefetch-loads,cse,dce,allocate-smem")
