@@ -1,5 +1,6 @@
 """ThunderKittens' kernel set (issue 27): GEMMs with epilogues written after the `@`
-(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk) and RoPE (rope.tk) against torch in the interpreter, the
+(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk), RoPE (rope.tk) and residual +
+LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk) against torch in the interpreter, the
 emulator against the interpreter, ptxas without spills, and on a GPU against torch.  Shapes
 have tails on every axis."""
 
@@ -84,6 +85,49 @@ def _rope(interleaved: bool, D: int = 64):
     return inputs
 
 
+# ------------------------------------------------------------------ residual + LayerNorm / RMSNorm
+EPS = 1e-5
+ROWS_M = 37  # rows: a tail past two programs of 16
+
+
+def _norm_operands(g: torch.Generator, N: int):
+    x = _bf16(g, ROWS_M, N) + 3.0  # a mean large beside the spread: the variance keeps its digits
+    return x.to(torch.bfloat16), _bf16(g, ROWS_M, N), _bf16(g, N), _bf16(g, N)
+
+
+def _ln_forward(rms: bool, N: int):
+    def inputs(g: torch.Generator):
+        x, res, w, bias = _norm_operands(g, N)
+        h, y, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms)
+        outs = [torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16) for _ in range(2)]
+        stats = [torch.full((ROWS_M,), float("nan")) for _ in range(2)]
+        return [x, res, w, bias, *outs, *stats, EPS], {4: h, 5: y, 6: mean, 7: rstd}
+    return inputs
+
+
+def _ln_backward(rms: bool, N: int):
+    def inputs(g: torch.Generator):
+        x, res, w, bias = _norm_operands(g, N)
+        h, _, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms)
+        dy, dh = _bf16(g, ROWS_M, N), _bf16(g, ROWS_M, N)
+        dx, dw, db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, EPS, rms)
+        out = torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16)
+        return [dy, dh, h, w, mean, rstd, out, torch.zeros(N), torch.zeros(N)], {6: dx, 7: dw, 8: db}
+    return inputs
+
+
+def _norm_cases() -> dict[str, Case]:
+    cases = {}
+    for rms in (False, True):
+        name = "rmsnorm" if rms else "layernorm"
+        for blocks, N, BN in (("one_block", 1000, 1024), ("blocks", 1000, 256)):
+            cases[f"{name}_fwd_{blocks}"] = Case("layernorm_residual.tk", _ln_forward(rms, N),
+                                                 {"BN": BN, "rms": rms}, {"rms": rms}, tol=(1e-2, 1e-2))
+            cases[f"{name}_bwd_{blocks}"] = Case("layernorm_residual_bwd.tk", _ln_backward(rms, N),
+                                                 {"BN": BN, "rms": rms}, {"rms": rms})
+    return cases
+
+
 CASES = {
     "gelu_tanh": Case("gemm_bias_gelu.tk", _bias_gelu("tanh"), GEMM_SMALL),
     "gelu_erf": Case("gemm_bias_gelu.tk", _bias_gelu("none"), {**GEMM_SMALL, "approx_tanh": False},
@@ -96,6 +140,7 @@ CASES = {
     "rope_half_d128": Case("rope.tk", _rope(False, 128), {"BN": 16}, tol=(1e-2, 1e-2)),
     "rope_interleaved_d128": Case("rope.tk", _rope(True, 128), {"BN": 16, "interleaved": True},
                                   {"interleaved": True}, tol=(1e-2, 1e-2)),
+    **_norm_cases(),
 }
 
 

@@ -22,3 +22,29 @@ def rope_tables(N: int, D: int, device: str = "cpu") -> tuple[torch.Tensor, torc
     theta = 10000.0 ** (-torch.arange(0, D, 2, device=device).float() / D)
     angles = torch.arange(N, device=device).float()[:, None] * theta[None, :]
     return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
+
+
+def layernorm_residual(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, eps: float,
+                       rms: bool) -> tuple[torch.Tensor, ...]:
+    """h = x + res in the inputs' dtype; y = LayerNorm(h) (RMSNorm: h * rstd * w) in f32; and
+    the rows' mean (0 for RMSNorm) and rstd: (h, y, mean, rstd)."""
+    h = x + res
+    hf = h.float()
+    mean = torch.zeros(hf.shape[0]) if rms else hf.mean(-1)
+    rstd = torch.rsqrt((hf - mean[:, None]).pow(2).mean(-1) + eps)
+    y = (hf - mean[:, None]) * rstd[:, None] * w.float()
+    return h, (y if rms else y + bias.float()), mean, rstd
+
+
+def layernorm_residual_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+                           bias: torch.Tensor, eps: float, rms: bool) -> tuple[torch.Tensor, ...]:
+    """(dx, dw, dbias) of layernorm_residual by autograd in float64, dh added to dx."""
+    hd = h.double().requires_grad_()
+    wd, bd = w.double().requires_grad_(), bias.double().requires_grad_()
+    if rms:
+        y = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + eps) * wd
+    else:
+        y = torch.nn.functional.layer_norm(hd, hd.shape[-1:], wd, bd, eps)
+    y.backward(dy.double())
+    db = torch.zeros_like(bd) if rms else bd.grad
+    return hd.grad + dh.double(), wd.grad, db
