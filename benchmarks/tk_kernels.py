@@ -163,7 +163,116 @@ def rope_rows(shapes: list[tuple[int, int, int, int]], runs: int) -> list[Row]:
     return rows
 
 
-GROUPS = {"gemm_epilogue": gemm_epilogue_rows, "rope": rope_rows}
+# ------------------------------------------------------------------ residual + LayerNorm / RMSNorm
+def liger_norm(rms: bool, N: int, eps: float, w: torch.Tensor, bias: torch.Tensor) -> torch.nn.Module | None:
+    """liger-kernel's LigerRMSNorm / LigerLayerNorm module with weights ``w`` (and ``bias``),
+    where liger-kernel imports."""
+    try:
+        if rms:
+            from liger_kernel.transformers.rms_norm import LigerRMSNorm
+            m = LigerRMSNorm(N, eps=eps)
+        else:
+            from liger_kernel.transformers.layer_norm import LigerLayerNorm
+            m = LigerLayerNorm(N, eps=eps)
+            m.bias.data.copy_(bias)
+    except Exception:  # not installed, or its Triton does not load here
+        return None
+    m.weight.data.copy_(w)
+    return m.cuda().to(torch.bfloat16)
+
+
+def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
+    from tkc import autotune
+
+    from harness import L2_FLUSH_BYTES
+
+    eps = 1e-5
+    rows = []
+    for M, N in shapes:
+        BN = max(256, 1 << (N - 1).bit_length())
+        x, res, dy, dh = (torch.randn(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        w, bias = (torch.randn(N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        h, y, dx = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mu, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
+        dw, db = torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
+        copy_out = torch.empty_like(x)
+        for rms in (False, True):
+            name = "RMSNorm" if rms else "LayerNorm"
+
+            def norm(hh, w=w, bias=bias, rms=rms):
+                return F.rms_norm(hh, (N,), w, eps) if rms else F.layer_norm(hh, (N,), w, bias, eps)
+
+            def eager(x, res, norm=norm):
+                hh = x + res
+                return hh, norm(hh)
+
+            compiled = torch.compile(eager)
+            lg = liger_norm(rms, N, eps, w, bias)
+            fwd_args = [x, res, w, bias, h, y, mu, rstd, eps]
+            best = autotune(EXAMPLES / "layernorm_residual.tk", fwd_args,
+                            [{"BN": BN, "rms": rms, "warps": n} for n in (4, 8, 16)], flush_bytes=L2_FLUSH_BYTES)
+            fwd = launcher("layernorm_residual.tk", best.consts)
+            bwd_args = [dy, dh, h, w, mu, rstd, dx, dw, db]
+            best_bwd = autotune(EXAMPLES / "layernorm_residual_bwd.tk", bwd_args,
+                                [{"BN": BN, "rms": rms, "ROWS": r, "warps": n} for r in (8, 32) for n in (4, 8)],
+                                flush_bytes=L2_FLUSH_BYTES)
+            bwd = launcher("layernorm_residual_bwd.tk", best_bwd.consts)
+
+            def ours_bwd(bwd=bwd):
+                dw.zero_()
+                db.zero_()
+                bwd(*bwd_args)
+
+            # forward: x, res read; h, y written.  backward: dy, dh, h read; dx written.
+            moved = 4 * M * N * 2
+            xg, resg = x.clone().requires_grad_(), res.clone().requires_grad_()
+            wg, bg = w.clone().requires_grad_(), bias.clone().requires_grad_()
+            for direction in ("forward", "backward"):
+                row = Row("norm", f"residual + {name} {direction}, {M}x{N} bf16", "GB/s")
+                if direction == "forward":
+                    fwd(*fwd_args)
+                    want_h, want_y, _, _ = ref.layernorm_residual(x.float(), res.float(), w, bias, eps, rms)
+                    ok = checked(row, h, want_h, 1e-2) and checked(row, y, want_y, 2e-2)
+                    contenders = {"tkc": lambda fwd=fwd: fwd(*fwd_args), "torch eager": lambda: eager(x, res),
+                                  "torch.compile": lambda: compiled(x, res)}
+                    if lg is not None:
+                        contenders["liger-kernel (torch add + norm)"] = lambda lg=lg: lg(x + res)
+                else:
+                    ours_bwd()
+                    want_dx, want_dw, want_db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, eps, rms)
+                    ok = (checked(row, dx, want_dx, 2e-2) and checked(row, dw, want_dw, 1e-2)
+                          and checked(row, db, want_db, 1e-2))
+
+                    def graph(forward, params):
+                        # autograd's backward of ``forward``, its graph built once outside the timing
+                        hh, yy = forward(xg, resg)
+                        return lambda: torch.autograd.grad([yy, hh], [xg, *params], [dy, dh], retain_graph=True)
+
+                    def with_params(x, res, rms=rms):
+                        hh = x + res
+                        return hh, (F.rms_norm(hh, (N,), wg, eps) if rms else F.layer_norm(hh, (N,), wg, bg, eps))
+
+                    params = [wg] if rms else [wg, bg]
+                    contenders = {"tkc": ours_bwd, "torch eager": graph(with_params, params),
+                                  "torch.compile": graph(torch.compile(with_params), params)}
+                    if lg is not None:
+                        lg.requires_grad_()
+                        contenders["liger-kernel (torch add + norm)"] = graph(
+                            lambda x, res, lg=lg: (x + res, lg(x + res)), list(lg.parameters()))
+                if not ok:
+                    rows.append(row)
+                    continue
+                contenders["copy"] = lambda: copy_out.copy_(x)
+                t = in_turns(contenders, runs)
+                row.values = {n: (2 * M * N * 2 if n == "copy" else moved) / s / 1e9 for n, s in t.items()}
+                picked = (best if direction == "forward" else best_bwd).consts
+                row.notes = f"tkc {', '.join(f'{k}={v}' for k, v in picked.items())} (tkc.autotune)"
+                rows.append(row)
+                print(f"  {row.problem}: {row.values}", flush=True)
+    return rows
+
+
+GROUPS = {"gemm_epilogue": gemm_epilogue_rows, "rope": rope_rows, "norm": norm_rows}
 
 
 def main() -> None:
@@ -181,7 +290,8 @@ def main() -> None:
     runs = 30 if args.quick else 60
     shapes = {"gemm_epilogue": [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 8192, 8192)],
               "rope": [(4, 4096, 32, 128)] if args.quick else [(4, 4096, 32, 128), (1, 16384, 8, 128),
-                                                               (8, 2048, 32, 64)]}
+                                                               (8, 2048, 32, 64)],
+              "norm": [(16384, 4096)] if args.quick else [(4096, 4096), (16384, 4096), (8192, 8192), (16384, 1024)]}
     rows = [r for g in only for r in GROUPS[g](shapes[g], runs)]
     print(table(rows))
     if not args.no_record:
