@@ -3,6 +3,9 @@ PyTorch user runs, each row timed in turns with its peers on one GPU (cold L2, h
 
     python benchmarks/tk_kernels.py [--quick] [--no-record] [--only gemm_epilogue,rope,norm]
 
+Appends the table to benchmarks/RESULTS.md and plots it in benchmarks/plot_tk_kernels.png
+(unless --no-record).
+
 Rows:
 
 * ``gemm_epilogue``: examples/gemm_bias_gelu.tk (tanh and erf GELU), gemm_swiglu.tk (two
@@ -35,7 +38,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness import Row, append_results, in_turns, table  # noqa: E402
+from harness import Row, append_results, in_turns, plot, table  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "examples"))
 import tk_reference as ref  # noqa: E402  (the torch references the tests check against)
@@ -299,6 +302,7 @@ def main() -> None:
         if len(only) < len(GROUPS):
             command += f" --only {args.only}"
         append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
+        plot(rows, only, ROOT / "benchmarks" / "plot_tk_kernels.png")
 
 
 if __name__ == "__main__":
