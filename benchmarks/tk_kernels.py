@@ -16,9 +16,11 @@ Rows:
 * ``rope``: examples/rope.tk (rotate-half and interleaved) on [tokens, heads, D] with cos/sin
   tables [tokens, D/2], beside torch eager, ``torch.compile``, liger-kernel's RoPE (rotate-half,
   [B, H, N, D]) and a copy of the same bytes.  GB/s of x read and y written (tables counted too).
-* ``norm``: examples/layernorm_residual.tk (h = x + residual; y = norm(h)), LayerNorm and
-  RMSNorm, forward and backward, beside torch eager, ``torch.compile``, liger-kernel and a copy.
-  GB/s of the tensors read and written.
+* ``norm``: examples/layernorm_residual.tk (h = x + residual, or dropout(x) + residual at p=0.1;
+  y = norm(h)), LayerNorm and RMSNorm, forward and backward (layernorm_residual_bwd.tk; the
+  peers' backward is autograd's of the same forward), beside torch eager, ``torch.compile``,
+  liger-kernel (torch's add, and dropout, then its norm) and a copy.  GB/s of the tensors read
+  and written (the copy: its own two).
 
 liger-kernel is optional: its column is left out when it does not import.  Needs a CUDA GPU.
 """
@@ -189,36 +191,38 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
 
     from harness import L2_FLUSH_BYTES
 
-    eps = 1e-5
+    eps, seed, R = 1e-5, 1234, 64  # R: rows checked against the dropout reference (Philox in numpy)
     rows = []
     for M, N in shapes:
         BN = max(256, 1 << (N - 1).bit_length())
         x, res, dy, dh = (torch.randn(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         w, bias = (torch.randn(N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        h, y, dx = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        h, y, dx, dres = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         mu, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
         dw, db = torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
         copy_out = torch.empty_like(x)
-        for rms in (False, True):
-            name = "RMSNorm" if rms else "LayerNorm"
+        for rms, p in ((False, 0.0), (True, 0.0), (False, 0.1), (True, 0.1)):
+            dropout = p > 0
+            name = ("dropout + " if dropout else "") + "residual + " + ("RMSNorm" if rms else "LayerNorm")
+            xg, resg = x.clone().requires_grad_(), res.clone().requires_grad_()
+            wg, bg = w.clone().requires_grad_(), bias.clone().requires_grad_()
 
-            def norm(hh, w=w, bias=bias, rms=rms):
-                return F.rms_norm(hh, (N,), w, eps) if rms else F.layer_norm(hh, (N,), w, bias, eps)
+            def forward(x, res, w=w, bias=bias, rms=rms, p=p):
+                hh = (F.dropout(x, p) if p > 0 else x) + res
+                return hh, (F.rms_norm(hh, (N,), w, eps) if rms else F.layer_norm(hh, (N,), w, bias, eps))
 
-            def eager(x, res, norm=norm):
-                hh = x + res
-                return hh, norm(hh)
-
-            compiled = torch.compile(eager)
+            compiled = torch.compile(forward)
             lg = liger_norm(rms, N, eps, w, bias)
-            fwd_args = [x, res, w, bias, h, y, mu, rstd, eps]
+            fwd_args = [x, res, w, bias, h, y, mu, rstd, eps, seed, p]
+            warps = (8, 16) if dropout else (4, 8, 16)  # Philox's rounds need registers
             best = autotune(EXAMPLES / "layernorm_residual.tk", fwd_args,
-                            [{"BN": BN, "rms": rms, "warps": n} for n in (4, 8, 16)], flush_bytes=L2_FLUSH_BYTES)
+                            [{"BN": BN, "rms": rms, "dropout": dropout, "warps": n} for n in warps],
+                            flush_bytes=L2_FLUSH_BYTES)
             fwd = launcher("layernorm_residual.tk", best.consts)
-            bwd_args = [dy, dh, h, w, mu, rstd, dx, dw, db]
+            bwd_args = [dy, dh, h, w, mu, rstd, dx, dres, dw, db, seed, p]
             best_bwd = autotune(EXAMPLES / "layernorm_residual_bwd.tk", bwd_args,
-                                [{"BN": BN, "rms": rms, "ROWS": r, "warps": n} for r in (8, 32) for n in (4, 8)],
-                                flush_bytes=L2_FLUSH_BYTES)
+                                [{"BN": BN, "rms": rms, "dropout": dropout, "ROWS": r, "warps": n}
+                                 for r in (8, 32) for n in (4, 8, 16)], flush_bytes=L2_FLUSH_BYTES)
             bwd = launcher("layernorm_residual_bwd.tk", best_bwd.consts)
 
             def ours_bwd(bwd=bwd):
@@ -226,42 +230,48 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
                 db.zero_()
                 bwd(*bwd_args)
 
-            # forward: x, res read; h, y written.  backward: dy, dh, h read; dx written.
-            moved = 4 * M * N * 2
-            xg, resg = x.clone().requires_grad_(), res.clone().requires_grad_()
-            wg, bg = w.clone().requires_grad_(), bias.clone().requires_grad_()
+            keep = ref.dropout_mask(seed, R, N, p) if dropout else None
             for direction in ("forward", "backward"):
-                row = Row("norm", f"residual + {name} {direction}, {M}x{N} bf16", "GB/s")
+                row = Row("norm", f"{name} {direction}, {M}x{N} bf16" + (f", p={p}" if dropout else ""), "GB/s")
                 if direction == "forward":
+                    # x, res read; h, y written
+                    moved = 4 * M * N * 2
                     fwd(*fwd_args)
-                    want_h, want_y, _, _ = ref.layernorm_residual(x.float(), res.float(), w, bias, eps, rms)
-                    ok = checked(row, h, want_h, 1e-2) and checked(row, y, want_y, 2e-2)
-                    contenders = {"tkc": lambda fwd=fwd: fwd(*fwd_args), "torch eager": lambda: eager(x, res),
-                                  "torch.compile": lambda: compiled(x, res)}
+                    want_h, want_y, _, _ = ref.layernorm_residual(x[:R].float(), res[:R].float(), w, bias, eps, rms,
+                                                                  keep, p)
+                    ok = checked(row, h[:R], want_h, 1e-2) and checked(row, y[:R], want_y, 2e-2)
+                    contenders = {"tkc": lambda fwd=fwd: fwd(*fwd_args),
+                                  "torch eager": lambda forward=forward: forward(x, res),
+                                  "torch.compile": lambda compiled=compiled: compiled(x, res)}
                     if lg is not None:
-                        contenders["liger-kernel (torch add + norm)"] = lambda lg=lg: lg(x + res)
+                        contenders["liger-kernel (torch add + norm)"] = lambda lg=lg, p=p: lg(
+                            (F.dropout(x, p) if p > 0 else x) + res)
                 else:
+                    # dy, dh, h read; dx written (and dres, with dropout)
+                    moved = (5 if dropout else 4) * M * N * 2
                     ours_bwd()
-                    want_dx, want_dw, want_db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, eps, rms)
-                    ok = (checked(row, dx, want_dx, 2e-2) and checked(row, dw, want_dw, 1e-2)
-                          and checked(row, db, want_db, 1e-2))
+                    want_dres, want_dw, want_db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, eps, rms)
+                    want_dx = want_dres if not dropout else ref.dropped(want_dres[:R].to(torch.bfloat16), keep, p)
+                    ok = (checked(row, dx[:R], want_dx[:R], 2e-2) and checked(row, dw, want_dw, 1e-2)
+                          and checked(row, db, want_db, 1e-2)
+                          and (not dropout or checked(row, dres, want_dres, 2e-2)))
 
                     def graph(forward, params):
                         # autograd's backward of ``forward``, its graph built once outside the timing
                         hh, yy = forward(xg, resg)
-                        return lambda: torch.autograd.grad([yy, hh], [xg, *params], [dy, dh], retain_graph=True)
-
-                    def with_params(x, res, rms=rms):
-                        hh = x + res
-                        return hh, (F.rms_norm(hh, (N,), wg, eps) if rms else F.layer_norm(hh, (N,), wg, bg, eps))
+                        return lambda: torch.autograd.grad([yy, hh], [xg, resg, *params], [dy, dh],
+                                                           retain_graph=True)
 
                     params = [wg] if rms else [wg, bg]
-                    contenders = {"tkc": ours_bwd, "torch eager": graph(with_params, params),
-                                  "torch.compile": graph(torch.compile(with_params), params)}
+                    contenders = {"tkc": ours_bwd,
+                                  "torch eager": graph(lambda x, res, f=forward: f(x, res, wg, bg), params),
+                                  "torch.compile": graph(torch.compile(lambda x, res, f=forward: f(x, res, wg, bg)),
+                                                         params)}
                     if lg is not None:
                         lg.requires_grad_()
                         contenders["liger-kernel (torch add + norm)"] = graph(
-                            lambda x, res, lg=lg: (x + res, lg(x + res)), list(lg.parameters()))
+                            lambda x, res, lg=lg, p=p: (hh := (F.dropout(x, p) if p > 0 else x) + res, lg(hh)),
+                            list(lg.parameters()))
                 if not ok:
                     rows.append(row)
                     continue

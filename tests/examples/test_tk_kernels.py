@@ -1,8 +1,8 @@
 """ThunderKittens' kernel set (issue 27): GEMMs with epilogues written after the `@`
 (gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk), RoPE (rope.tk) and residual +
-LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk) against torch in the interpreter, the
-emulator against the interpreter, ptxas without spills, and on a GPU against torch.  Shapes
-have tails on every axis."""
+LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk)
+against torch in the interpreter, the emulator against the interpreter, ptxas without
+spills, and on a GPU against torch.  Shapes have tails on every axis."""
 
 from __future__ import annotations
 
@@ -95,36 +95,50 @@ def _norm_operands(g: torch.Generator, N: int):
     return x.to(torch.bfloat16), _bf16(g, ROWS_M, N), _bf16(g, N), _bf16(g, N)
 
 
-def _ln_forward(rms: bool, N: int):
+SEED, P = -(2 ** 35) - 12345, 0.3  # a seed with both key words set; the dropout probability
+
+
+def _ln_forward(rms: bool, N: int, dropout: bool):
     def inputs(g: torch.Generator):
         x, res, w, bias = _norm_operands(g, N)
-        h, y, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms)
+        keep = ref.dropout_mask(SEED, ROWS_M, N, P) if dropout else None
+        h, y, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms, keep, P)
         outs = [torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16) for _ in range(2)]
         stats = [torch.full((ROWS_M,), float("nan")) for _ in range(2)]
-        return [x, res, w, bias, *outs, *stats, EPS], {4: h, 5: y, 6: mean, 7: rstd}
+        return [x, res, w, bias, *outs, *stats, EPS, SEED, P], {4: h, 5: y, 6: mean, 7: rstd}
     return inputs
 
 
-def _ln_backward(rms: bool, N: int):
+def _ln_backward(rms: bool, N: int, dropout: bool):
     def inputs(g: torch.Generator):
         x, res, w, bias = _norm_operands(g, N)
         h, _, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms)
         dy, dh = _bf16(g, ROWS_M, N), _bf16(g, ROWS_M, N)
-        dx, dw, db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, EPS, rms)
-        out = torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16)
-        return [dy, dh, h, w, mean, rstd, out, torch.zeros(N), torch.zeros(N)], {6: dx, 7: dw, 8: db}
+        dres, dw, db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, EPS, rms)
+        out = [torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16) for _ in range(2)]
+        want = {7: dres, 8: dw, 9: db}
+        if dropout:
+            want[6] = ref.dropped(dres.to(torch.bfloat16), ref.dropout_mask(SEED, ROWS_M, N, P), P)
+        else:
+            want[6] = dres
+            del want[7]
+        return [dy, dh, h, w, mean, rstd, *out, torch.zeros(N), torch.zeros(N), SEED, P], want
     return inputs
 
 
 def _norm_cases() -> dict[str, Case]:
     cases = {}
     for rms in (False, True):
-        name = "rmsnorm" if rms else "layernorm"
-        for blocks, N, BN in (("one_block", 1000, 1024), ("blocks", 1000, 256)):
-            cases[f"{name}_fwd_{blocks}"] = Case("layernorm_residual.tk", _ln_forward(rms, N),
-                                                 {"BN": BN, "rms": rms}, {"rms": rms}, tol=(1e-2, 1e-2))
-            cases[f"{name}_bwd_{blocks}"] = Case("layernorm_residual_bwd.tk", _ln_backward(rms, N),
-                                                 {"BN": BN, "rms": rms}, {"rms": rms})
+        for dropout in (False, True):
+            name = ("rmsnorm" if rms else "layernorm") + ("_dropout" if dropout else "")
+            # dropout's Philox rounds need registers: 16 warps at the default BN of 4096
+            full = {"rms": rms, "dropout": dropout, **({"warps": 16} if dropout else {})}
+            for blocks, N, BN in (("one_block", 1000, 1024), ("blocks", 1000, 256)):
+                small = {"BN": BN, "rms": rms, "dropout": dropout}
+                cases[f"{name}_fwd_{blocks}"] = Case("layernorm_residual.tk", _ln_forward(rms, N, dropout),
+                                                     small, full, tol=(1e-2, 1e-2))
+                cases[f"{name}_bwd_{blocks}"] = Case("layernorm_residual_bwd.tk", _ln_backward(rms, N, dropout),
+                                                     small, full)
     return cases
 
 

@@ -4,6 +4,7 @@ eager peer).  Each computes in the dtype of its inputs: pass float32 for a refer
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -24,13 +25,29 @@ def rope_tables(N: int, D: int, device: str = "cpu") -> tuple[torch.Tensor, torc
     return angles.cos().to(torch.bfloat16), angles.sin().to(torch.bfloat16)
 
 
+def dropout_mask(seed: int, M: int, N: int, p: float) -> torch.Tensor:
+    """Which elements of the first M rows of an N-column tensor layernorm_residual.tk's dropout
+    keeps: Philox's uniform of each element's flat index (the numbers tests/ir/test_philox.py
+    checks)."""
+    from tkc.ir.dialects.philox import uniform
+
+    return torch.from_numpy(uniform(seed, np.arange(M * N, dtype=np.int64).reshape(M, N)) >= np.float32(p))
+
+
+def dropped(x: torch.Tensor, keep: torch.Tensor, p: float) -> torch.Tensor:
+    """x in f32 where ``keep``, scaled by 1/(1-p) (rounded to f32, as the kernels scale), else 0."""
+    scale = float(np.float32(1.0) / (np.float32(1.0) - np.float32(p)))
+    return torch.where(keep.to(x.device), x.float() * scale, 0.0)
+
+
 def layernorm_residual(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, eps: float,
-                       rms: bool) -> tuple[torch.Tensor, ...]:
-    """h = x + res in the inputs' dtype; y = LayerNorm(h) (RMSNorm: h * rstd * w) in f32; and
-    the rows' mean (0 for RMSNorm) and rstd: (h, y, mean, rstd)."""
-    h = x + res
+                       rms: bool, keep: torch.Tensor | None = None, p: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """h = x + res in the inputs' dtype (with ``keep``: dropped(x) + res rounded to x's dtype);
+    y = LayerNorm(h) (RMSNorm: h * rstd * w) in f32; and the rows' mean (0 for RMSNorm) and
+    rstd: (h, y, mean, rstd)."""
+    h = x + res if keep is None else (dropped(x, keep, p) + res.float()).to(x.dtype)
     hf = h.float()
-    mean = torch.zeros(hf.shape[0]) if rms else hf.mean(-1)
+    mean = torch.zeros(hf.shape[0], device=hf.device) if rms else hf.mean(-1)
     rstd = torch.rsqrt((hf - mean[:, None]).pow(2).mean(-1) + eps)
     y = (hf - mean[:, None]) * rstd[:, None] * w.float()
     return h, (y if rms else y + bias.float()), mean, rstd
@@ -38,7 +55,8 @@ def layernorm_residual(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor, bias
 
 def layernorm_residual_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
                            bias: torch.Tensor, eps: float, rms: bool) -> tuple[torch.Tensor, ...]:
-    """(dx, dw, dbias) of layernorm_residual by autograd in float64, dh added to dx."""
+    """(dres, dw, dbias) of layernorm_residual by autograd in float64, dh added to dres (the
+    gradient of x too, without dropout; with it, ``dropped(dres, keep, p)``)."""
     hd = h.double().requires_grad_()
     wd, bd = w.double().requires_grad_(), bias.double().requires_grad_()
     if rms:
