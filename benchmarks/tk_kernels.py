@@ -40,7 +40,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness import Row, append_results, in_turns, plot, table  # noqa: E402
+from harness import Row, append_results, in_turns, plot, run_command, table  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "examples"))
 import tk_reference as ref  # noqa: E402  (the torch references the tests check against)
@@ -308,9 +308,7 @@ def main() -> None:
     rows = [r for g in only for r in GROUPS[g](shapes[g], runs)]
     print(table(rows))
     if not args.no_record:
-        command = "python benchmarks/tk_kernels.py" + (" --quick" if args.quick else "")
-        if len(only) < len(GROUPS):
-            command += f" --only {args.only}"
+        command = run_command("tk_kernels.py", args.quick, args.only, list(GROUPS))
         append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
         plot(rows, only, ROOT / "benchmarks" / "plot_tk_kernels.png")
 
