@@ -9,13 +9,15 @@ Appends the table to benchmarks/RESULTS.md and plots it in benchmarks/plot_tk_ke
 Rows:
 
 * ``gemm_epilogue``: examples/gemm_bias_gelu.tk (tanh and erf GELU), gemm_swiglu.tk (two
-  products, one kernel) and gemm_residual.tk, beside gemm.tk as it ships (the plain GEMM,
-  twice for SwiGLU: the epilogue should cost under 3% of it), torch.matmul followed by the unfused ops, the
-  same under ``torch.compile``, and liger-kernel's fused SwiGLU gate after two matmuls where
+  products, one kernel), gemm_residual.tk and gemm_rope.tk (a Q/K projection with RoPE),
+  beside gemm.tk as it ships (the plain GEMM, twice for SwiGLU: the epilogue should cost
+  under 3% of it), torch.matmul followed by the unfused ops, the same under
+  ``torch.compile``, and liger-kernel's fused SwiGLU gate after two matmuls where
   liger-kernel imports.  TFLOP/s of the products.
-* ``rope``: examples/rope.tk (rotate-half and interleaved) on [tokens, heads, D] with cos/sin
-  tables [tokens, D/2], beside torch eager, ``torch.compile``, liger-kernel's RoPE (rotate-half,
-  [B, H, N, D]) and a copy of the same bytes.  GB/s of x read and y written (tables counted too).
+* ``rope``: examples/rope.tk (rotate-half and interleaved) on x [B, N, H, D] with cos/sin
+  tables [N, D/2], beside torch eager, ``torch.compile``, liger-kernel's RoPE (rotate-half, q
+  and k [B, H, N, D]: twice the bytes) and a copy of x.  GB/s of x read and y written (the
+  tables, read from L2 for every head, not counted).
 * ``norm``: examples/layernorm_residual.tk (h = x + residual, or dropout(x) + residual at p=0.1;
   y = norm(h)), LayerNorm and RMSNorm, forward and backward (layernorm_residual_bwd.tk; the
   peers' backward is autograd's of the same forward), beside torch eager, ``torch.compile``,
@@ -87,6 +89,10 @@ def gemm_epilogue_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Ro
     def residual_eager(a, b, r):
         return a @ b + r
 
+    def rope_eager(a, b, cos, sin):
+        y = a @ b
+        return ref.rope(y.view(1, y.shape[0], -1, 128), cos, sin, False).view(y.shape)
+
     liger_swiglu = liger("swiglu", "LigerSiLUMulFunction")
     rows = []
     for M, N, K in shapes:
@@ -96,12 +102,15 @@ def gemm_epilogue_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Ro
         bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        cos, sin = ref.rope_tables(M, 128, "cuda")
         # (name, example, consts, tkc args, torch reference, extra arguments of the reference, products)
         cases = [("bias + GELU (tanh)", "gemm_bias_gelu.tk", {}, [a, b, bias, c], gelu_eager("tanh"), (a, b, bias), 1),
                  ("bias + GELU (erf)", "gemm_bias_gelu.tk", {"approx_tanh": False, "BN": 128}, [a, b, bias, c],
                   gelu_eager("none"), (a, b, bias), 1),
                  ("SwiGLU", "gemm_swiglu.tk", {}, [a, b, b2, c], swiglu_eager, (a, b, b2), 2),
-                 ("residual", "gemm_residual.tk", {}, [a, b, r, c], residual_eager, (a, b, r), 1)]
+                 ("residual", "gemm_residual.tk", {}, [a, b, r, c], residual_eager, (a, b, r), 1),
+                 ("RoPE (rotate-half, heads of 128)", "gemm_rope.tk", {}, [a, b, cos, sin, c], rope_eager,
+                  (a, b, cos, sin), 1)]
         for name, file, consts, args, eager, ref_args, products in cases:
             row = Row("gemm_epilogue", f"{name}, {M}x{N}x{K} bf16", "TFLOP/s")
             ours = launcher(file, consts)

@@ -1,5 +1,5 @@
 """ThunderKittens' kernel set (issue 27): GEMMs with epilogues written after the `@`
-(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk), RoPE (rope.tk) and residual +
+(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk, gemm_rope.tk), RoPE (rope.tk) and residual +
 LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk)
 against torch in the interpreter, the emulator against the interpreter, ptxas without
 spills, and on a GPU against torch.  Shapes have tails on every axis."""
@@ -75,6 +75,15 @@ def _residual(g: torch.Generator):
 
 
 # ------------------------------------------------------------------ RoPE
+def _gemm_rope(g: torch.Generator):
+    a, w = _gemm_operands(g)  # N = 200: three heads of 64, the last one short (a column tail)
+    cos, sin = ref.rope_tables(M, 64)
+    y = torch.full((M, N), float("nan")).to(torch.bfloat16)
+    want = torch.nn.functional.pad(a.float() @ w.float(), (0, 256 - N)).reshape(1, M, 4, 64)
+    want = ref.rope(want, cos.float(), sin.float(), False).reshape(M, 256)[:, :N]
+    return [a, w, cos, sin, y], {4: want}
+
+
 def _rope(interleaved: bool, D: int = 64):
     def inputs(g: torch.Generator):
         B, N, H = 2, 37, 3  # N: a tail of 5 past two blocks of 16
@@ -148,6 +157,7 @@ CASES = {
                      {"approx_tanh": False, "BN": 128}),
     "swiglu": Case("gemm_swiglu.tk", _swiglu, GEMM_SMALL),
     "residual": Case("gemm_residual.tk", _residual, GEMM_SMALL),
+    "gemm_rope": Case("gemm_rope.tk", _gemm_rope, {"BM": 64, "D": 64, "BK": 32}, {"D": 64}),
     "rope_half": Case("rope.tk", _rope(False), {"D": 64, "BN": 16}, {"D": 64}, tol=(1e-2, 1e-2)),
     "rope_interleaved": Case("rope.tk", _rope(True), {"D": 64, "BN": 16, "interleaved": True},
                              {"D": 64, "interleaved": True}, tol=(1e-2, 1e-2)),
