@@ -39,7 +39,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness import Row, append_results, in_turns, table  # noqa: E402
+from harness import Row, append_results, in_turns, run_command, table  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
@@ -227,10 +227,8 @@ def main() -> None:
     rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
     print(table(rows))
     if not args.no_record:
-        command = "python benchmarks/data_dependent.py" + (" --quick" if args.quick else "")
-        if len(only) < len(groups):
-            command += f" --only {args.only}"
-        append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
+        append_results(ROOT / "benchmarks" / "RESULTS.md",
+                       run_command("data_dependent.py", args.quick, args.only, list(groups)), rows)
 
 
 if __name__ == "__main__":

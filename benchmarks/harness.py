@@ -109,6 +109,13 @@ def table(rows: Sequence[Row], ours: str = "tkc") -> str:
     return "\n".join(lines)
 
 
+def run_command(script: str, quick: bool, only: str, groups: Sequence[str]) -> str:
+    """The command line a benchmark script records with its rows: ``--quick`` and ``--only``
+    as given (``--only`` when it names fewer than all of ``groups``)."""
+    command = f"python benchmarks/{script}" + (" --quick" if quick else "")
+    return command + (f" --only {only}" if len(only.split(",")) < len(groups) else "")
+
+
 def append_results(path: Path, command: str, rows: Sequence[Row], extra: str = "") -> None:
     """Add a dated section (newest first, after the file's introduction) to RESULTS.md."""
     text = path.read_text() if path.exists() else "# GPU results\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import cProfile  # noqa: F401 - before benchmarks/ is on the path: see below
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,3 +115,20 @@ def test_the_attention_backward_benchmark_counts_and_parses_as_documented() -> N
     shapes = attn_train.shapes_of(False, {"long", "short"})
     assert all(B * N == 16384 and H * D == 2048 for g, B, H, KVH, N, D in shapes if g == "long")
     assert {N for g, B, H, KVH, N, D in shapes if g == "short"} == {768, 1024, 1536, 2048, 3072}
+
+
+def test_the_recorded_command_names_only_a_subset_of_groups() -> None:
+    groups = ["gemm_epilogue", "rope", "norm"]
+    assert harness.run_command("tk_kernels.py", False, "gemm_epilogue,rope,norm", groups) == \
+        "python benchmarks/tk_kernels.py"
+    assert harness.run_command("tk_kernels.py", True, "rope", groups) == \
+        "python benchmarks/tk_kernels.py --quick --only rope"
+
+
+def test_tk_kernels_without_a_gpu_says_so_and_refuses_unknown_groups() -> None:
+    script = str(Path(__file__).resolve().parents[1] / "benchmarks" / "tk_kernels.py")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, script, "--quick", "--no-record"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, script, "--only", "rope,fft"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "unknown group(s) fft" in r.stderr

@@ -33,7 +33,11 @@ SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 6
          "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
          "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
          "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64},
-         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64}}
+         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
+         "gemm_bias_gelu.tk": {"BM": 64, "BN": 64, "BK": 32}, "gemm_swiglu.tk": {"BM": 64, "BN": 64, "BK": 32},
+         "gemm_residual.tk": {"BM": 64, "BN": 64, "BK": 32}, "rope.tk": {"D": 64, "BN": 16},
+         "gemm_rope.tk": {"BM": 64, "D": 64, "BK": 32},
+         "layernorm_residual.tk": {"BN": 256}, "layernorm_residual_bwd.tk": {"BN": 256, "ROWS": 2}}
 #: Dims the defaults would make too large for a CPU, or that must agree with the int range.
 DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NT": 144, "MAXP": 9},
         # One block of keys: each dQ element is added to by one program (the random lse and

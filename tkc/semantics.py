@@ -64,7 +64,7 @@ import numpy as np
 from tkc.dtypes import round_to
 from tkc.errors import TkcError, TkcInterpretError
 from tkc.ir.core import Block, Operation, Value
-from tkc.ir.dialects import tile
+from tkc.ir.dialects import philox, tile
 from tkc.ir.types import shape_of
 from tkc.races import WriteLog
 
@@ -366,6 +366,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.select": lambda ctx, op, c, a, b: np.where(c, a, b),
     "tile.cast": lambda ctx, op, x: _rounded(x, op),
     "tile.constant": _constant,
+    "tile.rand": lambda ctx, op, seed, offset: philox.uniform(seed, offset),
     "tile.arange": lambda ctx, op: np.arange(op.start, op.start + op.results[0].type.shape[0],
                                              dtype=np.int32),
     "tile.splat": lambda ctx, op, x: np.full(shape_of(op.results[0].type), x, x.dtype),

@@ -17,11 +17,12 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tkc import dtypes
-from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32
+from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64
 from tkc.errors import UNKNOWN, Loc
 from tkc.ir.builder import Builder
 from tkc.ir.core import OPS, Block, Module, Operation, Region, Value
 from tkc.ir.dialects import tile as T
+from tkc.ir.dialects.philox import RandOp
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 from tkc.ir.verifier import verify
 
@@ -274,6 +275,11 @@ class _Gen:
         acc = TileType((m, n), f32)
         self.emit(T.MmaOp, [self.get(TileType((m, k), da)), self.get(TileType((k, n), db)), self.get(acc)],
                   [acc])
+
+    def op_rand(self) -> None:
+        t = self.value_type([i32, i64])
+        r = ScalarType(f32) if isinstance(t, ScalarType) else t.with_dtype(f32)
+        self.emit(RandOp, [self.get(ScalarType(i64)), self.get(t)], [r])
 
     def op_arange(self) -> None:
         self.emit(T.ArangeOp, [], [TileType((self.pick(DIMS),), i32)], {"start": self.draw(int_values)})

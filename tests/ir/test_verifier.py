@@ -156,6 +156,13 @@ CASES: list[tuple[str, str, str, str | None]] = [
     ("tile.arange", kernel("%x = tile.arange {start = 0} : i32 // bad"), r"result must be a 1-D i32 tile",
      None),
     ("tile.arange", kernel("%x = tile.arange : tile<4xi32> // bad"), r"missing attribute 'start'", None),
+    # ---------------------------------------------------------------- rand
+    ("tile.rand", kernel("%x = tile.rand %i, %i4 : tile<4x4xf32> // bad"), r"seed must be an i64 scalar, got i32",
+     None),
+    ("tile.rand", kernel("%s64 = tile.constant {value = 1} : i64\n%x = tile.rand %s64, %t4 : tile<4x4xf32> // bad"),
+     r"offsets must be an i32 or i64 scalar or tile, got tile<4x4xf32>", None),
+    ("tile.rand", kernel("%s64 = tile.constant {value = 1} : i64\n%x = tile.rand %s64, %i4 : tile<4xf32> // bad"),
+     r"result must be f32 of the offsets' shape", None),
     # ---------------------------------------------------------------- elementwise
     ("tile.add", kernel("%x = tile.add %f, %i : f32 // bad"),
      r"operands and result must have one type, got f32, i32, f32", None),

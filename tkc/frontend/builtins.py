@@ -12,7 +12,8 @@ from tkc.frontend.emit import check_const, check_tile_dims
 from tkc.frontend.values import NONE, REQUIRED, Const, DTypeName, Dyn, View
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
-from tkc.ir.types import TileType
+from tkc.ir.dialects.philox import RandOp
+from tkc.ir.types import ScalarType, TileType
 from tkc.pins import is_cluster_size
 
 #: One-operand elementwise functions, also methods (``x.exp()``): from the op declarations.
@@ -156,13 +157,26 @@ def _atomic(kind: str) -> Callable:
     return impl
 
 
+def _rand(lw, e, args, kwargs):
+    a = lw.bind("rand()", e, args, kwargs, [("seed", REQUIRED), ("offset", REQUIRED)])
+    seed, off = lw.value_of(a["seed"], e), lw.value_of(a["offset"], e)
+    for v, what in ((seed, "seed"), (off, "offset")):
+        t = ScalarType(dtypes.i32) if isinstance(v, Const) and type(v.value) is int else getattr(v, "type", None)
+        if t is None or t.dtype not in (dtypes.i32, dtypes.i64) or (what == "seed" and isinstance(t, TileType)):
+            kind = "an i32 or i64 scalar" if what == "seed" else "i32 or i64 offsets (a scalar or a tile)"
+            raise TkcTypeError(f"rand() takes {kind} as its {what}, got {t if t is not None else lw._kind(v)}", e.loc)
+    off = lw.em.cast(off, dtypes.i32, e.loc) if isinstance(off, Const) else off
+    rt = off.type.with_dtype(dtypes.f32) if isinstance(off.type, TileType) else ScalarType(dtypes.f32)
+    return Dyn(lw.b.value(RandOp, [lw.em.cast(seed, dtypes.i64, e.loc).value, off.value], rt, loc=e.loc))
+
+
 def _cdiv(lw, e, args, kwargs):
     a = lw.bind("cdiv()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
     return lw.em.binary("cdiv", lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
 
 
 BUILTIN_IMPLS: dict[str, Callable] = {
-    "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv,
+    "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv, "rand": _rand,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
     "where": _where, "load": _load, "store": _store, "sum": _reduction("sum"), "mean": _reduction("mean"),

@@ -506,8 +506,11 @@ class ErfOp(_Unary):
         x = self.x
         z = b.value(AbsOp, [x], x.type)
         small = _same_type(b, MulOp, x, _poly(b, _same_type(b, MulOp, x, x), _ERF_SERIES))
-        t = _same_type(b, DivOp, _const(b, x, 1.0), _same_type(b, AddOp, _const(b, x, 1.0),
-                                                              _same_type(b, MulOp, z, _const(b, x, 0.5))))
+        # t = 1 / (1 + z/2) as rsqrt(1 + z/2)^2: no IEEE division, whose slow path ptxas calls
+        # as a subroutine (a GEMM's GELU epilogue spilled around it); 2**-22 relative in t.
+        r = b.value(RsqrtOp, [_same_type(b, AddOp, _const(b, x, 1.0), _same_type(b, MulOp, z, _const(b, x, 0.5)))],
+                    x.type)
+        t = _same_type(b, MulOp, r, r)
         exponent = _same_type(b, SubOp, _poly(b, t, _ERFC_POLY), _same_type(b, MulOp, z, z))
         erfc = _same_type(b, MulOp, t, b.value(ExpOp, [exponent], x.type))
         large = _same_type(b, SubOp, _const(b, x, 1.0), erfc)

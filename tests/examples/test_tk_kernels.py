@@ -1,0 +1,216 @@
+"""ThunderKittens' kernel set (issue 27): GEMMs with epilogues written after the `@`
+(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk, gemm_rope.tk), RoPE (rope.tk) and residual +
+LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk)
+against torch in the interpreter, the emulator against the interpreter, ptxas without
+spills, and on a GPU against torch.  Shapes have tails on every axis."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tk_reference as ref
+from device_checks import assert_no_spills, launch_tensors, needs_ptxas, require_gpu
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.interpreter import run_kernel
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel of one example: its file, its constants (``small``: for the CPU tests;
+    ``full``: as the benchmark runs it), the arguments and torch's answers for a seed, and the
+    tolerance of its outputs (bf16: a few roundings)."""
+
+    file: str
+    inputs: Callable[[torch.Generator], tuple[list, dict[int, torch.Tensor]]]
+    small: dict = field(default_factory=dict)
+    full: dict = field(default_factory=dict)
+    kernel: str | None = None
+    tol: tuple[float, float] = (2e-2, 2e-2)
+
+
+def _bf16(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=g)).to(torch.bfloat16)
+
+
+# ------------------------------------------------------------------ GEMM epilogues
+GEMM_SMALL = {"BM": 64, "BN": 64, "BK": 32}
+M, N, K = 150, 200, 200  # tails on every axis of a 64 x 64 x 32 tile
+
+
+def _gemm_operands(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return _bf16(g, M, K), _bf16(g, K, N, scale=K ** -0.5)
+
+
+def _bias_gelu(approximate: str):
+    def inputs(g: torch.Generator):
+        a, b = _gemm_operands(g)
+        bias = _bf16(g, N)
+        c = torch.full((M, N), float("nan")).to(torch.bfloat16)
+        want = F.gelu(a.float() @ b.float() + bias.float(), approximate=approximate)
+        return [a, b, bias, c], {3: want}
+    return inputs
+
+
+def _swiglu(g: torch.Generator):
+    a, wg = _gemm_operands(g)
+    wu = _bf16(g, K, N, scale=K ** -0.5)
+    c = torch.full((M, N), float("nan")).to(torch.bfloat16)
+    return [a, wg, wu, c], {3: F.silu(a.float() @ wg.float()) * (a.float() @ wu.float())}
+
+
+def _residual(g: torch.Generator):
+    a, b = _gemm_operands(g)
+    r = _bf16(g, M, N)
+    c = torch.full((M, N), float("nan")).to(torch.bfloat16)
+    return [a, b, r, c], {3: a.float() @ b.float() + r.float()}
+
+
+# ------------------------------------------------------------------ RoPE
+def _gemm_rope(g: torch.Generator):
+    a, w = _gemm_operands(g)  # N = 200: three heads of 64, the last one short (a column tail)
+    cos, sin = ref.rope_tables(M, 64)
+    y = torch.full((M, N), float("nan")).to(torch.bfloat16)
+    want = torch.nn.functional.pad(a.float() @ w.float(), (0, 256 - N)).reshape(1, M, 4, 64)
+    want = ref.rope(want, cos.float(), sin.float(), False).reshape(M, 256)[:, :N]
+    return [a, w, cos, sin, y], {4: want}
+
+
+def _rope(interleaved: bool, D: int = 64):
+    def inputs(g: torch.Generator):
+        B, N, H = 2, 37, 3  # N: a tail of 5 past two blocks of 16
+        x = _bf16(g, B, N, H, D)
+        cos, sin = ref.rope_tables(N, D)
+        y = torch.full((B, N, H, D), float("nan")).to(torch.bfloat16)
+        return [x, cos, sin, y], {3: ref.rope(x.float(), cos.float(), sin.float(), interleaved)}
+    return inputs
+
+
+# ------------------------------------------------------------------ residual + LayerNorm / RMSNorm
+EPS = 1e-5
+ROWS_M = 37  # rows: a tail past two programs of 16
+
+
+def _norm_operands(g: torch.Generator, N: int):
+    x = _bf16(g, ROWS_M, N) + 3.0  # a mean large beside the spread: the variance keeps its digits
+    return x.to(torch.bfloat16), _bf16(g, ROWS_M, N), _bf16(g, N), _bf16(g, N)
+
+
+SEED, P = -(2 ** 35) - 12345, 0.3  # a seed with both key words set; the dropout probability
+
+
+def _ln_forward(rms: bool, N: int, dropout: bool):
+    def inputs(g: torch.Generator):
+        x, res, w, bias = _norm_operands(g, N)
+        keep = ref.dropout_mask(SEED, ROWS_M, N, P) if dropout else None
+        h, y, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms, keep, P)
+        outs = [torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16) for _ in range(2)]
+        stats = [torch.full((ROWS_M,), float("nan")) for _ in range(2)]
+        return [x, res, w, bias, *outs, *stats, EPS, SEED, P], {4: h, 5: y, 6: mean, 7: rstd}
+    return inputs
+
+
+def _ln_backward(rms: bool, N: int, dropout: bool):
+    def inputs(g: torch.Generator):
+        x, res, w, bias = _norm_operands(g, N)
+        h, _, mean, rstd = ref.layernorm_residual(x, res, w, bias, EPS, rms)
+        dy, dh = _bf16(g, ROWS_M, N), _bf16(g, ROWS_M, N)
+        dres, dw, db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, EPS, rms)
+        out = [torch.full((ROWS_M, N), float("nan")).to(torch.bfloat16) for _ in range(2)]
+        want = {7: dres, 8: dw, 9: db}
+        if dropout:
+            want[6] = ref.dropped(dres.to(torch.bfloat16), ref.dropout_mask(SEED, ROWS_M, N, P), P)
+        else:
+            want[6] = dres
+            del want[7]
+        return [dy, dh, h, w, mean, rstd, *out, torch.zeros(N), torch.zeros(N), SEED, P], want
+    return inputs
+
+
+def _norm_cases() -> dict[str, Case]:
+    cases = {}
+    for rms in (False, True):
+        for dropout in (False, True):
+            name = ("rmsnorm" if rms else "layernorm") + ("_dropout" if dropout else "")
+            # dropout's Philox rounds need registers: 16 warps at the default BN of 4096
+            full = {"rms": rms, "dropout": dropout, **({"warps": 16} if dropout else {})}
+            for blocks, N, BN in (("one_block", 1000, 1024), ("blocks", 1000, 256)):
+                small = {"BN": BN, "rms": rms, "dropout": dropout}
+                cases[f"{name}_fwd_{blocks}"] = Case("layernorm_residual.tk", _ln_forward(rms, N, dropout),
+                                                     small, full, tol=(1e-2, 1e-2))
+                cases[f"{name}_bwd_{blocks}"] = Case("layernorm_residual_bwd.tk", _ln_backward(rms, N, dropout),
+                                                     small, full)
+    return cases
+
+
+CASES = {
+    "gelu_tanh": Case("gemm_bias_gelu.tk", _bias_gelu("tanh"), GEMM_SMALL),
+    "gelu_erf": Case("gemm_bias_gelu.tk", _bias_gelu("none"), {**GEMM_SMALL, "approx_tanh": False},
+                     {"approx_tanh": False, "BN": 128}),
+    "swiglu": Case("gemm_swiglu.tk", _swiglu, GEMM_SMALL),
+    "residual": Case("gemm_residual.tk", _residual, GEMM_SMALL),
+    "gemm_rope": Case("gemm_rope.tk", _gemm_rope, {"BM": 64, "D": 64, "BK": 32}, {"D": 64}),
+    "rope_half": Case("rope.tk", _rope(False), {"D": 64, "BN": 16}, {"D": 64}, tol=(1e-2, 1e-2)),
+    "rope_interleaved": Case("rope.tk", _rope(True), {"D": 64, "BN": 16, "interleaved": True},
+                             {"D": 64, "interleaved": True}, tol=(1e-2, 1e-2)),
+    "rope_half_d128": Case("rope.tk", _rope(False, 128), {"BN": 16}, tol=(1e-2, 1e-2)),
+    "rope_interleaved_d128": Case("rope.tk", _rope(True, 128), {"BN": 16, "interleaved": True},
+                                  {"interleaved": True}, tol=(1e-2, 1e-2)),
+    **_norm_cases(),
+}
+
+
+def _compile(case: Case, consts: dict, stop: str = "cubin"):
+    return compile_kernel(EXAMPLES / case.file, consts, stop=stop, cache=False, kernel=case.kernel)
+
+
+def _close(got: dict[int, torch.Tensor], want: dict[int, torch.Tensor], tol: tuple[float, float]) -> None:
+    for i, w in want.items():
+        torch.testing.assert_close(got[i].float(), w.float(), rtol=tol[0], atol=tol[1],
+                                   msg=lambda m, i=i: f"argument {i}: {m}")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_matches_torch(name: str, seed: int) -> None:
+    case = CASES[name]
+    args, want = case.inputs(torch.Generator().manual_seed(seed))
+    run_kernel(_compile(case, case.small, "tkir").kernel_op, args)
+    _close(dict(enumerate(args)), want, case.tol)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulator_matches_interpreter(name: str) -> None:
+    case = CASES[name]
+    args, want = case.inputs(torch.Generator().manual_seed(3))
+    expect = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(_compile(case, case.small, "tkir").kernel_op, expect)
+    emulate(_compile(case, case.small, "hopper").kernel_op, args, seed=3)
+    # bf16 outputs: the two sum in other orders, a rounding boundary apart at most
+    _close(dict(enumerate(args)), {i: expect[i] for i in want}, (8e-3, 8e-3))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("size", ["small", "full"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_assembles_without_spills(name: str, size: str) -> None:
+    case = CASES[name]
+    assert_no_spills(_compile(case, getattr(case, size)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", ["small", "full"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_on_gpu_as_torch(name: str, size: str) -> None:
+    require_gpu()
+    case = CASES[name]
+    args, want = case.inputs(torch.Generator().manual_seed(7))
+    _close(dict(enumerate(launch_tensors(_compile(case, getattr(case, size)), args))), want, case.tol)
