@@ -195,20 +195,12 @@ def liger_norm(rms: bool, N: int, eps: float, w: torch.Tensor, bias: torch.Tenso
     return m.cuda().to(torch.bfloat16)
 
 
-def _undonated(fn):
-    """``torch.compile(fn)``, whose backward keeps its saved buffers, so that the benchmark may run
-    the same backward graph again and again (retain_graph=True)."""
+def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
     import torch._functorch.config as functorch_config
 
-    compiled = torch.compile(fn)
-
-    def call(*args):
-        with functorch_config.patch(donated_buffer=False):
-            return compiled(*args)
-    return call
-
-
-def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
+    # The peers' backward graphs run again at every timed call (retain_graph=True), which a
+    # compiled backward that donates its saved buffers refuses; it is compiled at its first call.
+    functorch_config.donated_buffer = False
     from tkc import autotune
 
     from harness import L2_FLUSH_BYTES
@@ -281,7 +273,7 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
                     def graph(forward, params):
                         # autograd's backward of ``forward``, its graph built once outside the timing
                         # and run again at every call (retain_graph: a compiled graph must then not
-                        # donate its saved buffers, torch._functorch.config.donated_buffer below)
+                        # donate its saved buffers, which norm_rows turns off)
                         hh, yy = forward(xg, resg)
                         return lambda: torch.autograd.grad([yy, hh], [xg, resg, *params], [dy, dh],
                                                            retain_graph=True)
@@ -289,7 +281,7 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
                     params = [wg] if rms else [wg, bg]
                     contenders = {"tkc": ours_bwd,
                                   "torch eager": graph(lambda x, res, f=forward: f(x, res, wg, bg), params),
-                                  "torch.compile": graph(_undonated(lambda x, res, f=forward: f(x, res, wg, bg)),
+                                  "torch.compile": graph(torch.compile(lambda x, res, f=forward: f(x, res, wg, bg)),
                                                          params)}
                     if lg is not None:
                         lg.requires_grad_()
