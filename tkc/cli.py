@@ -443,9 +443,11 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
                    "programs that walk its tiles.")
+@click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
+              help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
-                kernel: str | None, grid: tuple | None) -> None:
+                kernel: str | None, grid: tuple | None, target: str) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
     from tkc import runner
 
@@ -469,7 +471,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
 
     args = random_args(k, sizes, seed, int_range)
     given = _set_scalars(k, args, scalars)
-    result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed)
+    result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",
            "gpu": f"median kernel time of {result.repeats} launches"}[ran]
