@@ -100,6 +100,8 @@ def _mma(lw: Lowerer, op: Operation) -> None:
                      f"tcgen05.mma.cta_group::1.kind::{kind} [$0], $1, $2, $3, p;\n\t}}",
                  "r,l,l,r,r,~{memory}", [tmem, da, db, idesc, acc])
 
+    # The role's warps meet, so none still spins on the operands' wait (docs/blackwell.md).
+    lw.sync()
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
 
 

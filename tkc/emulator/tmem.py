@@ -48,12 +48,10 @@ def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
 
 @dataclass
 class _Flight:
-    """MMAs into some columns issued and not yet committed, or committed on (barrier, phase)."""
+    """An MMA issued and not committed yet: the shared tiles it reads."""
 
     op: Operation
     leases: list
-    barrier: MBarrier | None = None
-    phase: int = -1
 
 
 @dataclass
@@ -67,16 +65,19 @@ class TensorMemory:
     relinquished: Operation | None = None
     addresses: dict[Operation, int] = field(default_factory=dict)  # what each alloc op returned
     issued: list[_Flight] = field(default_factory=list)  # not committed yet
-    committed: list[_Flight] = field(default_factory=list)  # the newest commit's MMAs
+    # The commits (barrier, phase) since the newest MMA: each completes when every MMA before
+    # it has, so a reader that has waited for any of them reads a finished accumulator.
+    commits: list[tuple[MBarrier, int]] = field(default_factory=list)
+    last: Operation | None = None  # the newest MMA
 
     def allocate(self, op: Operation, cols: int) -> int:
-        if self.relinquished is not None:
-            raise TkcEmulatorError(f"allocates tensor memory a second time in this CTA: the allocation at "
-                                   f"{self.relinquished.loc} relinquished the CTA's permit (double alloc)")
         used = sum(c for c, _ in self.allocs.values())
         if used + cols > blackwell.TMEM_COLUMNS:
             raise TkcEmulatorError(f"allocates {cols} tensor-memory columns with {used} of "
                                    f"{blackwell.TMEM_COLUMNS} taken (column budget overrun)")
+        if self.relinquished is not None:
+            raise TkcEmulatorError(f"allocates tensor memory a second time in this CTA: the allocation at "
+                                   f"{self.relinquished.loc} relinquished the CTA's permit (double alloc)")
         start = used
         self.allocs[start] = (cols, op)
         self.relinquished = op
@@ -127,7 +128,10 @@ def _describe(op: Operation) -> str:
     return describe(op)
 
 
-def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any) -> None:
+def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any) -> Any:
+    # Every warp of the role meets first: none can still spin on the wait for the operands
+    # when the stage they wait for is released and refilled (docs/blackwell.md).
+    yield from wg.bar_sync(op)
     if not wg.leader:
         return None
     from tkc.emulator.machine import _who
@@ -163,6 +167,7 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any) -> 
     tm.data[:m, cols] = d.astype(np.float32)
     tm.written[cols] = True
     tm.issued.append(_Flight(op, leases))
+    tm.commits, tm.last = [], op
     return None
 
 
@@ -170,14 +175,11 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     if not wg.leader:
         return None
     tm = tmem_of(wg.cta)
-    phase = bar.phase  # the phase this arrival completes (count 1)
     for fl in tm.issued:
         for lease in fl.leases:
             lease.release()
-        fl.barrier, fl.phase = bar, phase
-    if tm.issued:
-        tm.committed = tm.issued
     tm.issued = []
+    tm.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
     bar.arrive()
     return None
 
@@ -192,11 +194,10 @@ def _tmem_load(wg: Any, op: Operation, addr: Any) -> np.ndarray:
         raise TkcEmulatorError(f"reads tensor memory that {_describe(tm.issued[0].op)} is still writing (no "
                                f"tcgen05.commit after it)")
     waiter = wg.cta.name(wg.g)
-    for fl in tm.committed:
-        seen = fl.barrier._observed.get(waiter, -2)
-        if seen < fl.phase:
-            raise TkcEmulatorError(f"reads tensor memory before waiting for the commit of {_describe(fl.op)} "
-                                   f"(phase {fl.phase} of mbarrier {fl.barrier.name!r})")
+    if tm.last is not None and not any(bar._observed.get(waiter, -2) >= phase for bar, phase in tm.commits):
+        bar, phase = tm.commits[-1]
+        raise TkcEmulatorError(f"reads tensor memory before waiting for a commit after {_describe(tm.last)} "
+                               f"(phase {phase} of mbarrier {bar.name!r})")
     warp = np.arange(128)[:, None] // 32 % 4
     if np.any(rows // 32 != warp):
         t = int(np.argwhere(rows // 32 != warp)[0][0])
@@ -219,11 +220,11 @@ def at_exit(cta: Any) -> None:
 
 
 HANDLERS = {
-    blackwell.MmaOp.name: _mma,
     blackwell.CommitOp.name: _commit,
     blackwell.TmemLoadOp.name: _tmem_load,
 }
 CO_HANDLERS = {
+    blackwell.MmaOp.name: _mma,
     blackwell.TmemAllocOp.name: _tmem_alloc,
     blackwell.TmemDeallocOp.name: _tmem_dealloc,
 }

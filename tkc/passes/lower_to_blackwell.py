@@ -28,7 +28,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import blackwell, hopper, tile
-from tkc.ir.types import ScalarType
+from tkc.ir.types import MBARRIER, ScalarType
 from tkc.pins import Options
 from tkc.target import Target
 
@@ -76,6 +76,9 @@ class _Lowering:
         if loop is None or loop.name != "tile.for" or w.acc not in loop.regions[0].block.args[1:]:
             raise _unsupported(w, "a product outside a loop that accumulates it is not lowered to tcgen05 yet")
         body = loop.regions[0].block
+        following = body.ops[body.ops.index(w) + 1:]
+        if not following or following[0].name != "hopper.wgmma_wait_group":
+            raise _unsupported(w, "the K loop must be pipelined (a TMA ring of stages >= 2) to be lowered to tcgen05")
         j = body.args.index(w.acc) - 1
         if not _is_zero(loop.operands[3 + j]) or users.get(w.acc, []) != [w] \
                 or body.terminator.operands[j] is not w.result or users.get(w.result, []) != [body.terminator]:
@@ -97,25 +100,47 @@ class _Lowering:
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
         w.erase()
 
-        # Behind the loop: wait for the last commit, read the accumulator.
+        # Behind the loop: the MMA thread commits onto the accumulator's barrier (one phase a
+        # run of the loop, so the epilogue waits every phase in turn), the role waits for it and
+        # reads the accumulator.  The release of the last stage is the last commit's now.
         release = self._last_release(loop, ring)
-        arrive = next(op for op in release.walk() if op.name == "hopper.mbarrier_arrive")
-        rem = _owner(_owner(arrive.barrier).operands[1])
-        if rem is None or rem.name != "tile.rem":
-            raise _unsupported(release, "the last stage's release is not at a ring position")
-        ab = Builder.before(arrive)
-        ab.loc = arrive.loc
-        turn = ab.value(tile.FloorDivOp, [rem.operands[0], rem.operands[1]], I32)
-        one = ab.value(tile.ConstantOp, [], I32, {"value": 1})
-        parity = ab.value(tile.AndOp, [turn, one], I32)
-        ab.create(hopper.MBarrierWaitOp, [arrive.barrier, parity])
-        arrive.erase()
-        lb = Builder(release.parent, release.parent.ops.index(release) + 1, wait.loc)
-        acc = lb.value(blackwell.TmemLoadOp, [tmem], wait.result.type)
+        full = self._barrier(w)
+        after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, wait.loc)
+        after.create(blackwell.CommitOp, [full])
+        after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
+        acc = after.value(blackwell.TmemLoadOp, [tmem], wait.result.type)
         acc.name_hint = wait.result.name_hint
         replace_all_uses(self.kernel, wait.result, acc)
         wait.erase()
+        release.erase()
         self._one_arrival(ring)
+
+    def _barrier(self, w: Operation) -> Value:
+        """A new mbarrier of one arrival (the accumulator's commit), initialized with the others."""
+        body = self.kernel.regions[0].block
+        init = next((op for op in body.ops if op.name == "hopper.mbarrier_init"), None)
+        if init is None:
+            raise _unsupported(w, "no mbarriers are initialized before the roles")
+        b = Builder.before(init)
+        b.loc = w.loc
+        bar = b.value(hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1})
+        bar.name_hint = "acc_full"
+        b.create(hopper.MBarrierInitOp, [bar], [], {"count": 1})
+        return bar
+
+    def _runs_parity(self, loop: Operation, b: Builder) -> Value:
+        """The parity of the loop's current run: 0 when it runs once, else the position of the
+        iteration of the loop around it (a persistent kernel's tile loop) & 1."""
+        outer = loop.parent.parent_op
+        if outer is None or outer.name in ("hopper.role", "tile.kernel"):
+            return b.value(tile.ConstantOp, [], I32, {"value": 0})
+        container = outer.parent.parent_op if outer.parent else None
+        if outer.name != "tile.for" or container is None or container.name not in ("hopper.role", "tile.kernel"):
+            raise _unsupported(loop, "a K loop nested deeper than one loop (a persistent kernel's tile loop) is not "
+                                     "lowered to tcgen05 yet")
+        iv, (lb, _, step) = outer.regions[0].block.args[0], outer.operands[:3]
+        run = b.value(tile.FloorDivOp, [b.value(tile.SubOp, [iv, lb], I32), step], I32)
+        return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
 
     def _released_ring(self, w: Operation, body) -> tuple[Value, Value]:
         """The empty ring the wgmma's stage is released on (pipeline-loops' ``wgmma_wait_group``

@@ -117,7 +117,8 @@ class TmemDeallocOp(Operation):
 
 @register
 class MmaOp(Operation):
-    """``tcgen05.mma.cta_group::1``, issued by thread 0 of the role: the ``m`` x ``n`` f32
+    """Every thread of the role meets (a role barrier: no warp still spins on the wait for
+    the operands), then ``tcgen05.mma.cta_group::1``, issued by thread 0 of the role: the ``m`` x ``n`` f32
     accumulator at ``tmem`` becomes ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one
     instruction per K step of 32 bytes.  Asynchronous: the result is in tensor memory once a
     later ``blackwell.commit`` of the same thread has arrived on its mbarrier."""
@@ -178,5 +179,3 @@ class TmemLoadOp(Operation):
             raise self.error(f"the result is an f32 #tmem_acc register tile, got {r}")
 
 
-#: Ops one thread of the role executes.
-ONE_THREAD_OPS = frozenset({MmaOp.name, CommitOp.name})
