@@ -140,6 +140,8 @@ def _tmem_load(lw: Lowerer, op: Operation) -> None:
     # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).
     pin = ir.FunctionType(F32, [F32])
     vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
+    written = lw.get(op.written)
+    vals = [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]  # no MMA ran: zeros
     _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
     lw.set(op.result, vals)
 

@@ -184,12 +184,14 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     return None
 
 
-def _tmem_load(wg: Any, op: Operation, addr: Any) -> np.ndarray:
+def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
     from tkc.emulator.machine import _reg_layout
 
     tm = tmem_of(wg.cta)
     layout = _reg_layout(op, op.result.type)
     rows, cols = wg.coords(op, layout)
+    if not bool(written):
+        return np.zeros(rows.shape, np.float32)
     if tm.issued:
         raise TkcEmulatorError(f"reads tensor memory that {_describe(tm.issued[0].op)} is still writing (no "
                                f"tcgen05.commit after it)")

@@ -108,7 +108,8 @@ class _Lowering:
         after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, wait.loc)
         after.create(blackwell.CommitOp, [full])
         after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
-        acc = after.value(blackwell.TmemLoadOp, [tmem], wait.result.type)
+        ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
+        acc = after.value(blackwell.TmemLoadOp, [tmem, ran], wait.result.type)
         acc.name_hint = wait.result.name_hint
         replace_all_uses(self.kernel, wait.result, acc)
         wait.erase()

@@ -164,16 +164,18 @@ class CommitOp(Operation):
 class TmemLoadOp(Operation):
     """``tcgen05.ld.sync.aligned.32x32b`` + ``tcgen05.wait::ld`` by every thread of the role:
     the accumulator at ``tmem`` as a ``#tmem_acc`` register tile (each warp reads its quarter
-    of the lanes, each warpgroup its share of the columns)."""
+    of the lanes, each warpgroup its share of the columns).  Where ``written`` is false (the
+    K loop ran no iteration, so no MMA wrote it) the result is zeros, as a register
+    accumulator that started at zero would be."""
 
     name = "blackwell.tmem_load"
-    OPERANDS = ("tmem",)
+    OPERANDS = ("tmem", "written")
     RESULTS = ("result",)
 
     def verify(self) -> None:
         r = self.result.type
-        if self.tmem.type != I32:
-            raise self.error("takes the tensor-memory address (i32)")
+        if self.tmem.type != I32 or self.written.type != I1:
+            raise self.error("takes the tensor-memory address (i32) and whether an MMA wrote it (i1)")
         if not (isinstance(r, TileType) and r.space == "reg" and isinstance(r.layout, TmemAccumulator)
                 and r.dtype == dtypes.f32 and r.shape == r.layout.shape):
             raise self.error(f"the result is an f32 #tmem_acc register tile, got {r}")
