@@ -248,3 +248,24 @@ def test_an_sm_100a_kernel_is_refused_on_a_hopper_gpu(monkeypatch: pytest.Monkey
 def test_the_lowering_never_runs_for_sm_90a() -> None:
     text = compile_kernel(GEMM, stop="hopper", cache=False).asm["hopper"]
     assert "blackwell." not in text and "hopper.wgmma" in text
+
+
+# ---------------------------------------------------------------- a Blackwell GPU (none here yet)
+def _blackwell_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@pytest.mark.parametrize(("example", "dims"), [
+    ("gemm.tk", {"M": 1000, "N": 776, "K": 520}), ("gemm_fp8.tk", {"M": 1000, "N": 776, "K": 528}),
+    ("splitk_gemm.tk", {"M": 300, "N": 264, "K": 1032})])
+def test_gemm_on_a_blackwell_gpu(example: str, dims: dict) -> None:
+    kernel = tile_kernel(path=ROOT / "examples" / example)
+    args = random_args(kernel, dims, 0)
+    result = run(kernel, args, "gpu", check=True, target=SM100)
+    assert result.ok, result.checked

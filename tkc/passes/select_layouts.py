@@ -164,6 +164,9 @@ class _Selector:
         warpgroups that read it share its columns (``#tmem_acc``), at most 128 a thread: the
         pin ``consumers``, else N / 128 rounded up."""
         rows = self.target.mma_rows
+        if self.options.warps is not None:
+            raise self._unsupported(ms[0][0], f"warps = {self.options.warps}: products set the warps; leave the pin "
+                                              f"out")
         for op, m in ms:
             n = op.acc.type.shape[1]
             if m != rows:
