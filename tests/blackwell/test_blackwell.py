@@ -149,7 +149,7 @@ DIMS = {"M": 130, "N": 264, "K": 72}
 def test_reading_tensor_memory_before_the_commits_barrier() -> None:
     text = lowered()
     broken = edit(text, _epilogue_wait(text), "")
-    with pytest.raises(TkcEmulatorError, match="reads tensor memory before waiting for a commit after"):
+    with pytest.raises(TkcEmulatorError, match="reads tensor memory before waiting for a commit of the MMAs"):
         emulate_text(broken, DIMS)
 
 

@@ -100,9 +100,14 @@ def _mma(lw: Lowerer, op: Operation) -> None:
                      f"tcgen05.mma.cta_group::1.kind::{kind} [$0], $1, $2, $3, p;\n\t}}",
                  "r,l,l,r,r,~{memory}", [tmem, da, db, idesc, acc])
 
-    # The role's warps meet, so none still spins on the operands' wait (docs/blackwell.md).
-    lw.sync()
-    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
+    def warp() -> None:
+        # The first warp waits for the operands; its thread 0 issues after the fence that
+        # orders the MMA behind the role's last barrier (the previous tile's tcgen05.ld).
+        lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, op.ready)), lw.get(op.parity))
+        _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+        lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
+
+    lw.if_then(_first_warp(lw), warp, "mma_warp")
 
 
 def _commit(lw: Lowerer, op: Operation) -> None:

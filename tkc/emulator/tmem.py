@@ -24,6 +24,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.emulator.mbarrier import MBarrier
+from tkc.emulator.scheduler import Wait
 from tkc.errors import TkcEmulatorError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import blackwell
@@ -128,12 +129,12 @@ def _describe(op: Operation) -> str:
     return describe(op)
 
 
-def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any) -> Any:
-    # Every warp of the role meets first: none can still spin on the wait for the operands
-    # when the stage they wait for is released and refilled (docs/blackwell.md).
-    yield from wg.bar_sync(op)
+def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, ready: MBarrier, parity: Any) -> Any:
+    # The first warp waits for the operands and issues; the role's other warps skip the op.
+    # (Not a wait of the warpgroup's four warps: only the issuing warp spins on it.)
     if not wg.leader:
         return None
+    yield Wait(ready, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
     from tkc.emulator.machine import _who
 
     tm = tmem_of(wg.cta)
@@ -196,10 +197,13 @@ def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
         raise TkcEmulatorError(f"reads tensor memory that {_describe(tm.issued[0].op)} is still writing (no "
                                f"tcgen05.commit after it)")
     waiter = wg.cta.name(wg.g)
-    if tm.last is not None and not any(bar._observed.get(waiter, -2) >= phase for bar, phase in tm.commits):
+    if tm.last is None:
+        raise TkcEmulatorError("reads tensor memory before waiting for a commit of the MMAs that write it (none "
+                               "has been issued yet)")
+    if not any(bar._observed.get(waiter, -2) >= phase for bar, phase in tm.commits):
         bar, phase = tm.commits[-1]
-        raise TkcEmulatorError(f"reads tensor memory before waiting for a commit after {_describe(tm.last)} "
-                               f"(phase {phase} of mbarrier {bar.name!r})")
+        raise TkcEmulatorError(f"reads tensor memory before waiting for a commit of the MMAs that write it, after "
+                               f"{_describe(tm.last)} (phase {phase} of mbarrier {bar.name!r})")
     warp = np.arange(128)[:, None] // 32 % 4
     if np.any(rows // 32 != warp):
         t = int(np.argwhere(rows // 32 != warp)[0][0])

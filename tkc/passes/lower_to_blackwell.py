@@ -8,10 +8,11 @@ protocol (docs/blackwell.md):
 
 - the role that computes allocates the accumulator's tensor memory on entry
   (``blackwell.tmem_alloc``, a power of two of columns) and frees it on exit;
-- ``hopper.wgmma`` becomes ``blackwell.mma`` issued by one thread, accumulating from the
-  loop's second iteration on (the zero accumulator the loop carried disappears; ``dce``
-  drops it), followed by ``blackwell.commit`` onto the ring's ``empty`` stage: the stage is
-  released when the tensor core has read it, by one arrival (the ring's count becomes 1);
+- ``hopper.wgmma`` and the role's wait for its tiles become ``blackwell.mma``, where the
+  first warp waits and one thread issues, accumulating from the loop's second iteration on
+  (the zero accumulator the loop carried disappears; ``dce`` drops it), followed by
+  ``blackwell.commit`` onto the ring's ``empty`` stage: the stage is released when the
+  tensor core has read it, by one arrival (the ring's count becomes 1);
 - the warpgroups' ``wgmma_wait_group`` and their arrivals on ``empty`` go; behind the loop,
   the arrival that released the last stage becomes a wait for that same phase (the last
   commit has arrived once every MMA of the loop has completed), and the accumulator is read
@@ -89,12 +90,15 @@ class _Lowering:
         container = hopper.enclosing_role(w) or self.kernel
         tmem = self._allocate(container, w)
 
-        # The MMA and its commit onto the empty stage of its tiles.
+        # The MMA, issued by one warp once its tiles have landed (the role's wait for them
+        # goes: the other warps never look at the ring), and its commit onto their empty stage.
+        ready = self._operands_wait(w, body)
         b = Builder.before(w)
         b.loc = w.loc
         first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
         m, n = w.acc.type.shape
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first], [], {"m": m, "n": n})
+        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
+        ready.erase()
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
         b.create(blackwell.CommitOp, [stage])
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
@@ -142,6 +146,13 @@ class _Lowering:
         iv, (lb, _, step) = outer.regions[0].block.args[0], outer.operands[:3]
         run = b.value(tile.FloorDivOp, [b.value(tile.SubOp, [iv, lb], I32), step], I32)
         return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
+
+    def _operands_wait(self, w: Operation, body) -> Operation:
+        """The wait on the full ring before the product: the only reader of its tiles."""
+        waits = [op for op in body.ops[:body.ops.index(w)] if op.name == "hopper.mbarrier_wait"]
+        if len(waits) != 1:
+            raise _unsupported(w, "the K loop must wait once for its tiles (one TMA ring) to be lowered to tcgen05")
+        return waits[0]
 
     def _released_ring(self, w: Operation, body) -> tuple[Value, Value]:
         """The empty ring the wgmma's stage is released on (pipeline-loops' ``wgmma_wait_group``

@@ -117,19 +117,23 @@ class TmemDeallocOp(Operation):
 
 @register
 class MmaOp(Operation):
-    """Every thread of the role meets (a role barrier: no warp still spins on the wait for
-    the operands), then ``tcgen05.mma.cta_group::1``, issued by thread 0 of the role: the ``m`` x ``n`` f32
-    accumulator at ``tmem`` becomes ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one
-    instruction per K step of 32 bytes.  Asynchronous: the result is in tensor memory once a
-    later ``blackwell.commit`` of the same thread has arrived on its mbarrier."""
+    """The MMA-issuing warp: the first warp of the role waits for the parity ``parity`` of
+    the mbarrier ``ready`` (its operands' copies landed), then its thread 0 issues
+    ``tcgen05.mma.cta_group::1``: the ``m`` x ``n`` f32 accumulator at ``tmem`` becomes
+    ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one instruction per K step of 32
+    bytes.  The role's other warps do nothing here (nor spin on ``ready``).  Asynchronous: the
+    result is in tensor memory once a later ``blackwell.commit`` of that thread has arrived on
+    its mbarrier."""
 
     name = "blackwell.mma"
-    OPERANDS = ("tmem", "a", "b", "accumulate")
+    OPERANDS = ("tmem", "a", "b", "accumulate", "ready", "parity")
     ATTRS = {"m": int, "n": int}
 
     def verify(self) -> None:
-        if self.tmem.type != I32 or self.accumulate.type != I1:
-            raise self.error("takes the tensor-memory address (i32) and the accumulate flag (i1)")
+        if self.tmem.type != I32 or self.accumulate.type != I1 or self.parity.type != I32:
+            raise self.error("takes the tensor-memory address (i32), the accumulate flag (i1), the operands' "
+                             "mbarrier and its parity (i32)")
+        _check_barrier(self, self.ready)
         a, b = self.a.type, self.b.type
         if not (_smem(a) and _smem(b)):
             raise self.error(f"A and B are shared tiles, got {a} and {b}")
