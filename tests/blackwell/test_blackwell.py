@@ -269,3 +269,19 @@ def test_gemm_on_a_blackwell_gpu(example: str, dims: dict) -> None:
     args = random_args(kernel, dims, 0)
     result = run(kernel, args, "gpu", check=True, target=SM100)
     assert result.ok, result.checked
+
+
+@pytest.mark.parametrize("example", ["attn.tk", "varlen_attn.tk"])
+def test_attention_is_refused_at_its_product(example: str) -> None:
+    """P @ V reads A from registers, which tcgen05 takes only from tensor or shared memory:
+    a located error in words, not a traceback."""
+    with pytest.raises(TkcUnsupportedError, match="A computed in registers .* is not lowered to tcgen05 yet") as e:
+        compile_kernel(ROOT / "examples" / example, target=SM100, stop="hopper", cache=False)
+    assert e.value.loc is not None and e.value.loc.file.endswith(example)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("example", ["softmax.tk", "layernorm.tk", "cross_entropy.tk"])
+def test_examples_without_products_compile_for_sm_100a(example: str) -> None:
+    c = compile_kernel(ROOT / "examples" / example, target=SM100, stop="cubin", cache=False, ptxas=True)
+    assert ".target sm_100a" in c.asm["ptx"] and c.resources.spill_stores == 0
