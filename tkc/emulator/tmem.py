@@ -124,9 +124,9 @@ def _tmem_dealloc(wg: Any, op: Operation, addr: Any) -> Any:
 
 
 def _describe(op: Operation) -> str:
-    from tkc.emulator.machine import _describe as describe
-
-    return describe(op)
+    """An op in messages, as the machine names it: its name and where it is."""
+    where = f" at {op.loc}" if op.loc is not None and op.loc.line else ""
+    return f"'{op.name}'{where}"
 
 
 def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, ready: MBarrier, parity: Any) -> Any:
@@ -135,8 +135,6 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, rea
     if not wg.leader:
         return None
     yield Wait(ready, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
-    from tkc.emulator.machine import _who
-
     tm = tmem_of(wg.cta)
     smem = wg.cta.smem
     la, lb = a.layout, b.layout
@@ -146,7 +144,7 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, rea
     if (f["m"], f["n"]) != (m, n):
         raise TkcEmulatorError(f"the instruction descriptor says {f['m']}x{f['n']}, the op {m}x{n}")
     cols = tm.columns(op, int(addr), n)
-    who = _who(op, wg)
+    who = f"{_describe(op)} ({wg.role})"  # the reader in shared-memory race messages
     leases = [smem.begin_read(a.base, la.size_bytes, reader=who), smem.begin_read(b.base, lb.size_bytes, reader=who)]
     d = np.zeros((m, n), np.float64)
     k = la.k_per_step
@@ -186,10 +184,8 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
 
 
 def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
-    from tkc.emulator.machine import _reg_layout
-
     tm = tmem_of(wg.cta)
-    layout = _reg_layout(op, op.result.type)
+    layout = op.result.type.layout  # a #tmem_acc (the op's verifier)
     rows, cols = wg.coords(op, layout)
     if not bool(written):
         return np.zeros(rows.shape, np.float32)
