@@ -338,7 +338,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
     if t.mma != "tcgen05":
         tc = next((op for op in kernel.walk() if op.name.startswith("blackwell.")), None)
         if tc is not None:
-            raise TkcCodegenError(f"'{tc.name}' is a tcgen05 (sm_100a) op; {t.name} has no tensor memory", tc.loc)
+            raise TkcCodegenError(f"'{tc.name}' is a tcgen05 op; {t.name} has no tensor memory", tc.loc)
     if options is None:
         options = Options.from_consts(kernel.attributes.get("consts"), kernel.loc, t)
     name = kernel.attributes["sym_name"]

@@ -46,7 +46,7 @@ def lower_to_blackwell(module: Module, options: Options, target: Target) -> None
 
 
 def _unsupported(op: Operation, message: str) -> TkcUnsupportedError:
-    return TkcUnsupportedError(f"sm_100a (tcgen05): {message}", op.loc)
+    return TkcUnsupportedError(f"tcgen05: {message}", op.loc)
 
 
 def _owner(v: Value) -> Operation | None:
