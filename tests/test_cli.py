@@ -618,3 +618,6 @@ def test_ops_lists_every_op_with_how_it_is_written() -> None:
             assert f"  {name} " in r.stdout, name
     r = tkc_cli("ops", "--dialect", "hopper")
     assert r.exit_code == 0 and all(f"  {n} " in r.stdout for n in OPS if n.startswith("hopper."))
+    r = tkc_cli("ops", "--dialect", "blackwell")
+    assert r.exit_code == 0 and "Ops of the blackwell dialect:" in r.stdout
+    assert all(f"  {n} " in r.stdout for n in OPS if n.startswith("blackwell."))
