@@ -14,7 +14,11 @@ Each row is the best and median microseconds per call over several rounds of man
   as a PyTorch program calls a kernel): a launch with new tensors of a shape seen before must
   cost about what a repeated one does.  On a GPU, torch's own launch of the same product is the
   peer of each: ``torch.matmul(a, b, out=c)``; for the new output, the same Python allocation
-  then ``torch.matmul(a, b, out=out)``, and ``torch.matmul(a, b)``, which allocates in C++.
+  then ``torch.matmul(a, b, out=out)``, and ``torch.matmul(a, b)``, which allocates in C++;
+* ``tkc.ops`` (GPU only: the dispatcher would send the stub's tensors to the CPU interpreter):
+  ``tkc.ops.matmul(a, b)`` and ``tkc.ops.rms_norm(x, w)``, operators that return a new
+  tensor at every call, through torch's dispatcher (``torch.ops.tkc.*``), beside
+  ``torch.matmul(a, b)`` and ``torch.nn.functional.rms_norm``.
 
 On a GPU host each round is a few hundred calls, so the GPU keeps up or queues and the time
 is the host's.  Without a GPU (or with ``--stub``) only what needs a GPU is replaced: libcuda
@@ -210,12 +214,20 @@ def main() -> None:
             f"gemm {n}^3, new output tensor each call": new_output_each_call(lambda out: launch(gemm, [a, b, out]),
                                                                           lambda: tensor(n, n)),
         }
+        if gpu:
+            import tkc.ops
+
+            tkc_cases["tkc.ops.matmul(a, b) (new output)"] = lambda: tkc.ops.matmul(a, b)
+            tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
         torch_cases = {  # per tkc row, torch's launches of the same product
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [
                 ("out = torch.empty(...); torch.matmul(a, b, out=out)",
                  new_output_each_call(lambda out: torch.matmul(a, b, out=out), lambda: tensor(n, n))),
                 ("torch.matmul(a, b) (allocates in C++)", lambda: torch.matmul(a, b))],
+            "tkc.ops.matmul(a, b) (new output)": [("torch.matmul(a, b)", lambda: torch.matmul(a, b))],
+            "tkc.ops.rms_norm(x, w) (new output)": [
+                ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6))],
         } if gpu else {}
         before = cuda.stub_launches() if cuda is not None else 0
         print(f"us per call: best of {rounds} rounds of {calls} calls (median)")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import cProfile  # noqa: F401 - before benchmarks/ is on the path: see below
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+# The benchmarks put their folder first on the path, where benchmarks/profile.py shadows the
+# standard library's profile: cProfile (which torch._dynamo imports, so any later test of
+# torch.compile) is imported above, with the real one.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import harness  # noqa: E402
@@ -94,3 +98,18 @@ def _epilogue_cuts() -> dict:
 
     return bound.variants(compile_kernel(Path(__file__).resolve().parents[1] / "examples" / "gemm.tk", {},
                                          stop="ptx"))
+
+
+def test_the_attention_backward_benchmark_counts_and_parses_as_documented() -> None:
+    """FlashAttention-3's count (a backward is 2.5 forwards of 4 B H N^2 D, half causal), the
+    --variants syntax, and the shapes of the issue (16k tokens, H x D = 2048; B=16, H=16)."""
+    pytest.importorskip("torch")
+    import attn_train
+
+    assert attn_train.flops(2, 16, 1024, 128, False) == 2.5 * 4 * 2 * 16 * 1024 * 1024 * 128
+    assert attn_train.flops(2, 16, 1024, 128, True) == attn_train.flops(2, 16, 1024, 128, False) / 2
+    assert attn_train.parse_variants("BM=32; warp_specialize=true,BM=64") == [
+        {"BM": 32}, {"warp_specialize": True, "BM": 64}]
+    shapes = attn_train.shapes_of(False, {"long", "short"})
+    assert all(B * N == 16384 and H * D == 2048 for g, B, H, KVH, N, D in shapes if g == "long")
+    assert {N for g, B, H, KVH, N, D in shapes if g == "short"} == {768, 1024, 1536, 2048, 3072}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from device_checks import RUN_KERNELS
 
 import tkc
 import tkc.cli
@@ -365,8 +366,7 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
 
 
-#: Files with several kernels: ``tkc run`` takes one at a time (--kernel).
-SEVERAL = {"paged_decode.tk": ["paged_decode", "combine"]}
+SEVERAL = RUN_KERNELS
 
 
 @pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in SEVERAL.get(e, [None])])

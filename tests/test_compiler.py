@@ -250,6 +250,31 @@ def test_a_constant_takes_values_of_its_default_kind_from_python() -> None:
         compile_kernel(attn, {"causal": 2}, stop="tkir", cache=False)
 
 
+DEFAULTS = """@kernel
+def k(x: f32[M, N], y: f32[M, N], D: const = 64, BM: const = 32 if D == 64 else 16, BN: const = BM * 2):
+    grid(cdiv(M, BM))
+    r = program_id(0) * BM
+    y[r:r+BM, 0:BN] = x[r:r+BM, 0:BN]
+"""
+
+
+@pytest.mark.parametrize("given, want", [({}, {"BM": 32, "BN": 64}), ({"D": 128}, {"BM": 16, "BN": 32}),
+                                         ({"BM": 48}, {"BM": 48, "BN": 96}), ({"BN": 16}, {"BM": 32, "BN": 16})])
+def test_a_constant_default_may_use_the_constants_before_it(given: dict, want: dict) -> None:
+    consts = compile_kernel(DEFAULTS, given, stop="tkir", cache=False).kernel_op.attributes["consts"]
+    assert {k: consts[k] for k in want} == want
+
+
+def test_a_constant_default_cannot_use_a_later_constant() -> None:
+    from device_checks import assert_refused
+
+    from tkc.errors import TkcNameError
+
+    src = DEFAULTS.replace("D: const = 64, BM: const = 32 if D == 64 else 16", "BM: const = 32 if D == 64 else 16, "
+                           "D: const = 64")
+    assert_refused(src, TkcNameError, "'D'", 2, stop="tkir")
+
+
 def _straight_line(n: int) -> str:
     lines = ["@kernel", "def k(x: f32[M, N], y: f32[M, N]):", "    grid(cdiv(M, 64))", "    r = program_id(0) * 64",
              "    t = x[r:r+64, 0:64]"]

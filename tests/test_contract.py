@@ -32,9 +32,17 @@ SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 6
          "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
          "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
          "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
-         "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64}}
+         "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64},
+         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64}}
 #: Dims the defaults would make too large for a CPU, or that must agree with the int range.
-DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NT": 144, "MAXP": 9}}
+DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NT": 144, "MAXP": 9},
+        # One block of keys: each dQ element is added to by one program (the random lse and
+        # scale give terms near 2^60, whose sum the order of several programs' adds would move).
+        "attn_train.tk": {"N": 48}}
+#: f32 outputs summed from bf16-rounded terms (dQ = dS K with dS in bf16): an executor whose dS
+#: differs in its last f32 bit before rounding moves a term by a bf16 ulp, so they agree to
+#: bf16's few ulps of the largest value, not f32's.
+SUMS_OF_BF16 = {("attn_train.tk", "dq")}
 
 
 def _expected_refusal(path: Path) -> str | None:
@@ -53,7 +61,8 @@ def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Pat
     tile_ir = compile_kernel(path, consts, stop="tkir", cache=False, kernel=kernel).kernel_op
     dims = {**default_dims(tile_ir), **DIMS.get(path.name, {})}
     args = random_args(tile_ir, dims, 0, (0, 8))
-    run_kernel(tile_ir, [a.copy() if hasattr(a, "copy") else a for a in args])  # the interpreter accepts it
+    want = [a.copy() if hasattr(a, "copy") else a for a in args]
+    run_kernel(tile_ir, want)  # the interpreter accepts it
     refusal = _expected_refusal(path)
     try:
         # A cubin where ptxas is found (and then no spills), else PTX: what CI without ptxas reaches.
@@ -69,5 +78,7 @@ def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Pat
     if HAVE_PTXAS:
         assert_no_spills(c)
     result = run(tile_ir, args, "emulate", check=True)
-    bad = [m for m in result.checked if m.bad]
+    names = [p.name_hint for p in tile_ir.regions[0].block.args]
+    bad = [m for m in result.checked if m.bad and not ((path.name, m.name) in SUMS_OF_BF16 and m.max_abs_error
+                                                       <= 2**-6 * abs(want[names.index(m.name)]).max())]
     assert not bad, f"emulator and interpreter differ: {bad}"

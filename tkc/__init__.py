@@ -8,6 +8,7 @@
     tkc.interpret(add, x, y, out)          # reference interpreter (numpy)
     add(x, y, out)                         # on the GPU (CUDA torch tensors)
     add.asm()["ptx"]                       # every stage: tkir, hopper, llvm, ptx, cubin
+    gemm = tkc.load("gemm.tk")             # a .tk file's kernel, called like a @tkc.kernel
     tkc.compile_kernel(Path("k.tk"))       # the driver: source -> Compiled (tkc.compiler)
     tkc.autotune(add, [x, y, out], [{"BN": 256}, {"BN": 512}])   # the fastest configuration
 
@@ -19,7 +20,7 @@ from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64
 from tkc.autotune import AutotuneResult, autotune
 from tkc.compiler import Compiled, compile_kernel
 from tkc.errors import TkcError
-from tkc.kernel import Kernel, interpret, kernel
+from tkc.kernel import Kernel, interpret, kernel, load
 
 __version__ = "0.1.0"
 
@@ -30,5 +31,5 @@ class const:  # noqa: N801 - spelled like the annotation it names
 
 __all__ = [
     "AutotuneResult", "Compiled", "Kernel", "TkcError", "autotune", "bf16", "compile_kernel", "const", "f8e4m3",
-    "f8e5m2", "f16", "f32", "i1", "i32", "i64", "interpret", "kernel", "__version__",
+    "f8e5m2", "f16", "f32", "i1", "i32", "i64", "interpret", "kernel", "load", "__version__",
 ]

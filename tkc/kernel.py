@@ -1,7 +1,8 @@
 """``@tkc.kernel``: kernels written as Python functions, called with tensors.
 
 The decorator reads the function's source and parses it with the same grammar
-as ``.tk`` files; the body is never executed as Python.  Each distinct set of
+as ``.tk`` files; the body is never executed as Python.  :func:`load` makes the same
+callable kernel of a ``@kernel`` function of a ``.tk`` file.  Each distinct set of
 compile-time constants is compiled once and kept, through ``tkc.compiler``: to tile
 IR for the interpreter (:meth:`Kernel.compile`), and to PTX/cubin for the GPU
 (:meth:`Kernel.specialize`, backed by the disk cache).  A call runs
@@ -69,6 +70,38 @@ class Kernel:
         self._tree = parse("".join(lines), self.file, first_line=first_line)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
+        self._python_function = True  # the source is one function; False: a .tk file's kernel `name`
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, name: str | None = None) -> Kernel:
+        """The ``@kernel`` function ``name`` of a ``.tk`` file (the file's only kernel when
+        ``name`` is None), callable like a ``@tkc.kernel``.  The file is read once, here."""
+        from tkc.frontend import ast
+        from tkc.frontend.lower import _is_kernel_decorator
+        from tkc.frontend.parser import parse
+
+        file = os.fspath(path)
+        try:
+            with open(file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise TkcUsageError(f"cannot read {file}: {e.strerror}") from None
+        tree = parse(text, file)
+        funcs = [s for s in tree.body if isinstance(s, ast.FunctionDef)
+                 and any(_is_kernel_decorator(d) for d in s.decorators)]
+        chosen = [f for f in funcs if name is None or f.name == name]
+        if len(chosen) != 1:
+            names = ", ".join(f.name for f in funcs) or "none"
+            what = f"no kernel '{name}'" if name is not None else "several kernels; name one"
+            raise TkcUsageError(f"{file} has {what} (its kernels: {names})")
+        self = cls.__new__(cls)
+        self.fn, self.name, self.file, self.first_line = None, chosen[0].name, file, 1
+        self.source = self._text = text
+        self._compiled, self._specialized = {}, {}
+        self._tree, self._def = tree, chosen[0]
+        self.__doc__, self.__name__ = None, self.name
+        self._python_function = False
+        return self
 
     def __repr__(self) -> str:
         return f"<tkc.kernel {self.name} from {self.file}:{self.first_line}>"
@@ -77,12 +110,16 @@ class Kernel:
         """A fresh module holding the kernel as the frontend emits it (no pass has run)."""
         from tkc.frontend.lower import lower_module
 
-        return lower_module(self._tree, consts, python_function=True)
+        module = lower_module(self._tree, consts, python_function=self._python_function)
+        for op in list(module.ops):
+            if op.name == "tile.kernel" and op.attributes.get("sym_name") != self.name:
+                op.erase()  # a .tk file's other kernels
+        return module
 
     @property
     def params(self) -> list[str]:
         """The kernel's parameter names, in order (tensors, scalars and constants)."""
-        return [p.name for p in self._tree.body[0].params]
+        return [p.name for p in (self._tree.body[0] if self._python_function else self._def).params]
 
     def compile(self, pipeline: str | None = None, **consts: Any) -> Module:
         """The kernel's tile IR for these constants, after ``pipeline`` (default: the default
@@ -94,7 +131,7 @@ class Kernel:
             from tkc.compiler import compile_kernel
 
             compiled = compile_kernel(self._text, consts, pipeline=pipeline, stop="tkir", cache=False,
-                                      file=self.file, first_line=self.first_line, python_function=True)
+                                      file=self.file, first_line=self.first_line, **self._which())
             module = self._compiled[key] = Module([compiled.kernel_op])
         return module
 
@@ -116,8 +153,14 @@ class Kernel:
 
             compiled = self._specialized[key] = compile_kernel(self._text, consts, target=self.target,
                                                                file=self.file, first_line=self.first_line,
-                                                               python_function=True)
+                                                               **self._which())
         return compiled
+
+    def _which(self) -> dict[str, Any]:
+        """How ``compile_kernel`` finds this kernel in ``self._text``."""
+        if self._python_function:
+            return {"python_function": True}
+        return {"kernel": self.name}
 
     def asm(self, **consts: Any) -> dict[str, Any]:
         """Every stage of the GPU compilation for these constants: ``tkir``, ``hopper``,
@@ -163,7 +206,13 @@ def kernel(fn: Callable[..., Any]) -> Kernel:
     return Kernel(fn)
 
 
-def interpret(k: Kernel | Module | Operation, *args: Any, grid: Any = None, **consts: Any) -> None:
+def load(path: str | os.PathLike, name: str | None = None) -> Kernel:
+    """The kernel ``name`` of a ``.tk`` file (its only kernel by default), called like a
+    ``@tkc.kernel``: ``gemm = tkc.load("gemm.tk"); gemm(a, b, c)``."""
+    return Kernel.from_file(path, name)
+
+
+def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, **consts: Any) -> None:
     """Run a kernel in the reference interpreter, writing outputs in place.
 
     ``args`` are numpy arrays or torch tensors (CPU or CUDA: CUDA tensors are

@@ -223,6 +223,11 @@ FIXTURES = {
     "prefetch": {
         "cp.async.bulk.prefetch.L2.global": 1,  # thread 0, the box's one row
     },
+    "role_sync": {
+        "bar.sync \t0;": 1,  # hopper.sync outside the roles: the CTA
+        "bar.sync \t2, 256;": 2,  # inside the consumers (first 1, two warpgroups): theirs alone
+        "setmaxnreg": 2,
+    },
     "turns": {
         "bar.sync": 2,  # the wait (a register id) and the end (3)
         "bar.arrive": 2,  # the pass (a register id) and the start (3)

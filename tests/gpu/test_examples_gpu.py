@@ -24,6 +24,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
 ]
 
+from device_checks import RUN_KERNELS  # noqa: E402
+
 from tkc.compiler import Compiled, compile_kernel  # noqa: E402
 from tkc.errors import TkcLaunchError  # noqa: E402
 from tkc.runtime.launch import launch, launch_state  # noqa: E402
@@ -599,8 +601,7 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
 
 
-#: Files with several kernels: ``tkc run`` takes one at a time (--kernel).
-SEVERAL = {"paged_decode.tk": ["paged_decode", "combine"]}
+SEVERAL = RUN_KERNELS
 
 
 @pytest.mark.parametrize("example, kernel", [(e, k) for e in sorted(p.name for p in EXAMPLES.iterdir()

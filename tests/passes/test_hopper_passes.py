@@ -258,7 +258,6 @@ def test_a_vector_widened_to_a_row_block_takes_its_slice():
 @pytest.mark.parametrize("body,message", [
     ("c[0:32, 0:64] = a[0:32, 0:64] @ b[0:64, 0:64]", "64 rows per warpgroup"),
     ("c[0:64, 0:512] = a[0:64, 0:64] @ b[0:64, 0:512]", "8 to 256 columns in steps of 8; this product has 512"),
-    ("c[0:64, 0:64] = a[0:64, 0:64].to(f32).T", "transposing a register tile"),
     ("c[0:64, 0:64] = (x[0:64, 0:64] * 2.0) @ y[0:64, 0:64]", "A operand of @ cannot go to shared memory: "
                                                              "wgmma takes 16- and 8-bit operands, not f32"),
     ("c[0:64, 0:64] = x[0:64, 0:64] @ y[0:64, 0:64]", "A operand of @ cannot go to shared memory: "

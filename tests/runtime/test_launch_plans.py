@@ -469,3 +469,34 @@ def test_a_bad_tkc_interpret_is_still_an_error(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("TKC_INTERPRET", "maybe")
     with pytest.raises(TkcUsageError, match="TKC_INTERPRET='maybe': expected 1 or 0"):
         _rmsnorm()(torch.zeros(1))
+
+
+def test_a_repeated_launch_only_launches(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What capturing a launch in a CUDA graph needs: once a shape has been launched, a launch
+    with new tensors of that shape (``c = torch.empty(...)``, as every PyTorch operator makes
+    its output) makes no synchronisation, allocation or query: the driver sees only the
+    current-context check, the tensor maps' new addresses (host memory) and the launch, and
+    torch's device queries and synchronize are not called."""
+    calls: list[str] = []
+
+    def recorded(name: str, fn: object) -> object:
+        def call(*args: object) -> object:
+            calls.append(name)
+            return fn(*args)
+        return call
+
+    for name in [n for n in dir(FakeLib) if n.startswith("cu")]:
+        monkeypatch.setattr(gpu.lib, name, recorded(name, getattr(gpu.lib, name)))
+    c, (a, b, out) = gemm(), gemm_args()
+    launch_mod.launch(c, [a, b, out])
+    calls.clear()
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a repeated launch called torch's CUDA queries or synchronize")
+
+    for name in ("synchronize", "current_device", "get_device_properties", "get_device_capability"):
+        monkeypatch.setattr(torch.cuda, name, refused)
+    new = gemm_args()
+    launch_mod.launch(c, new)
+    assert calls == ["cuTensorMapReplaceAddress", "cuTensorMapReplaceAddress", "cuCtxGetCurrent", "cuLaunchKernelEx"]
+    assert gpu.checks == 1

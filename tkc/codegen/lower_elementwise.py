@@ -288,6 +288,11 @@ def _reshape(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, list(x))
 
 
+def _transpose(lw: Lowerer, op: Operation) -> None:
+    # A register tile's transpose keeps every value in its register (tile.transpose's verifier checks).
+    lw.set(op.result, list(lw.tile(op, op.x)))
+
+
 def _broadcast(lw: Lowerer, op: Operation) -> None:
     src, dst = op.x.type.layout, op.result.type.layout
     x = lw.tile(op, op.x, deferred=True)
@@ -313,4 +318,5 @@ HANDLERS: dict[str, Handler] = {
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
     "tile.reshape": _reshape,
+    "tile.transpose": _transpose,
 }

@@ -388,7 +388,15 @@ def _access(lw: Lowerer, op: Operation, t: TileType) -> _Access:
     runs = runs_of(op, tensor.type, t) or tuple((i, 1) for i in range(len(regs)))
     fast = {n: _fast(lw, tensor, offs, n) for n in sorted({n for _, n in runs if n > 1})}
     acc = _Access(tensor, offs, thread, regs, runs, fast)
-    return acc.kept_local(lw) if _beside_a_loop(op) else acc
+    return acc.kept_local(lw) if _beside_a_loop(op) or _in_a_role_loop(op) else acc
+
+
+def _in_a_role_loop(op: Operation) -> bool:
+    """Whether ``op`` is in a loop of a role (a consumer loop, whose accumulators hold most of
+    the registers): LLVM would hoist its addresses out of the loop, two registers a run held
+    through it (attention backward's lse and delta vectors and its dQ atomic: 64 of them)."""
+    names = [a.name for a in op.ancestors()]
+    return "tile.for" in names and "hopper.role" in names
 
 
 def _beside_a_loop(op: Operation) -> bool:

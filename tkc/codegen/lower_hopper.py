@@ -17,6 +17,7 @@ the type.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import llvmlite.ir as ir
 import numpy as np
@@ -162,7 +163,7 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     col = op.attributes.get("col")
     width = op.dst.type.shape[-1]
     if _stmatrix_fits(layout, tile.layout, op.dst.type, dt, col or 0):
-        _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width)
+        _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width, _under_pressure(op))
         return
     coords = lw.coords(op, layout)
     if col is not None:
@@ -176,22 +177,30 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:
     """A 16-bit wgmma accumulator tile (or its columns from ``col`` on) into a tile stored as
-    its own shape, rows contiguous (``k``): 8 values of a row at a multiple of 8 columns are
-    one 16-byte chunk, whatever the swizzle, which is what a stmatrix lane address points at."""
+    its own shape, rows contiguous (either major: it changes descriptors, not bytes; attention
+    backward's dS^T is an ``mn`` B): 8 values of a row at a multiple of 8 columns are one 16-byte
+    chunk, whatever the swizzle, which is what a stmatrix lane address points at."""
     return (isinstance(layout, WgmmaAccumulator) and layout.n % 16 == 0 and dt in (dtypes.bf16, dtypes.f16)
-            and shared.major == "k" and shared.dtype == dt and t.shape == (shared.rows, shared.cols)
+            and shared.dtype == dt and t.shape == (shared.rows, shared.cols)
             and col % 16 == 0 and shared.cols % 16 == 0)
 
 
 def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals: list, dt: DType,
-                    col: int, width: int) -> None:
+                    col: int, width: int, local: bool = False) -> None:
     """The epilogue of PTX-FACTS §6: one ``stmatrix.x4`` per 16 columns, each lane giving the
     address of one 8-value row chunk and four bf16x2/f16x2 words, instead of a shared
     address per value (which held a register each and spilled a 128 x 256 tile).  Columns
-    ``col`` to ``col + width`` of the accumulator go to columns 0 to ``width`` of the tile."""
+    ``col`` to ``col + width`` of the accumulator go to columns 0 to ``width`` of the tile.
+    ``local``: the lane addresses are computed here, not shared with (or hoisted to) earlier
+    code."""
     b = lw.b
     plan = layout.stmatrix_x4()
-    row, col0 = layout.stmatrix_lane(lw.thread(layout))
+    thread = lw.thread(layout)
+    if local:
+        span = int(layout.threads)
+        thread = Sym(b, nvvm.opaque(b, lw.tid))
+        thread = thread if span >= lw.threads else thread % span
+    row, col0 = layout.stmatrix_lane(thread)
     for m in range(layout.slices):
         for s in range(col // 16, (col + width) // 16):
             p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row + 64 * m, col0 + 16 * s - col))
@@ -298,6 +307,10 @@ def _wait_parity(lw: Lowerer, op: Operation, bar: ir.Value, parity: ir.Value) ->
 
 def _barrier(lw: Lowerer, op: Operation) -> None:
     nvvm.call(lw.b, "barrier.cta.sync.aligned.all", op.id)
+
+
+def _sync(lw: Lowerer, op: Operation) -> None:
+    lw.sync()
 
 
 def _turn(lw: Lowerer, op: Operation) -> None:
@@ -417,6 +430,31 @@ def _reg_a(op: Operation) -> bool:
     return isinstance(op.a.type, TileType) and op.a.type.space == "reg"
 
 
+def _accumulating(loop: Operation) -> bool:
+    """Whether ``loop`` carries two or more wgmma accumulators that its products add into
+    (attention backward's dK and dV, 128 registers a thread)."""
+    if loop.name != "tile.for":
+        return False
+    args = set(loop.regions[0].block.args[1:])
+    return len({op.acc for op in loop.walk() if op.name == "hopper.wgmma" and op.acc in args}) >= 2
+
+
+def _in_a_loop_of_accumulators(op: Operation) -> bool:
+    """Whether ``op`` is in an :func:`_accumulating` loop.  There the descriptors of a shared
+    tile that stays put (no ring stage) are computed at each product rather than hoisted out of
+    the loop by LLVM: a 64-bit register pair per K step and tile, 48 registers for the
+    backward's K, K^T and V at D = 128."""
+    return any(_accumulating(loop) for loop in op.ancestors())
+
+
+def _under_pressure(op: Operation) -> bool:
+    """Whether ``op``'s kernel has an :func:`_accumulating` loop: there a store's thread-derived
+    shared addresses are computed at the store, not shared with code before the loop and held
+    through it."""
+    kernel = next(a for a in op.ancestors() if a.name == "tile.kernel")
+    return any(_accumulating(loop) for loop in kernel.walk())
+
+
 def _wgmma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     # A product from zeros (attention's S, every K/V block) issues its first K step with
@@ -427,7 +465,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     fresh = constant_value(op.acc) == 0
     acc = [ir.Constant(F32, ir.Undefined)] * acc_layout.regs if fresh else lw.tile(op, op.acc)
     groups, slices, per = acc_layout.warpgroups, acc_layout.slices, acc_layout.slice_regs
-    sb = lw.shared(op, op.b)
+    sb = replace(lw.shared(op, op.b), layout=op.operand_layout("b"))
     a_dt, b_dt = element_dtype(op.a.type), element_dtype(op.b.type)
     if a_dt.name not in _WGMMA_TYPE or b_dt.name not in _WGMMA_TYPE:
         raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
@@ -439,6 +477,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     # §2): the base's, moved by a ring stage's offset, which is a multiple of the tile's
     # alignment, so LBO, SBO and the swizzle stay those of the constant part.
     starts: dict[int, ir.Value] = {}
+    local = _in_a_loop_of_accumulators(op)
 
     def start4(tile: SmemTile) -> ir.Value:
         key = id(tile.at)
@@ -446,14 +485,15 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
             # The start field holds 14 bits: a CTA of a cluster has its rank in the high bits
             # of its shared addresses, which would otherwise carry into the LBO field.
             addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
-            starts[key] = b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
+            start = b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
+            starts[key] = nvvm.opaque(b, start) if local and tile.at is None else start
         return starts[key]
 
     def desc(tile: SmemTile, k: int, mn: int) -> ir.Value:
         return b.add(ir.Constant(I64, tile.layout.descriptor(tile.offset, k, mn)), start4(tile))
 
     b_descs = [desc(sb, k, 0) for k in range(steps)]
-    a_val = lw.get(op.a) if _reg_a(op) else lw.shared(op, op.a)
+    a_val = lw.get(op.a) if _reg_a(op) else replace(lw.shared(op, op.a), layout=op.operand_layout("a"))
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
@@ -762,6 +802,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.role": _role,
     "hopper.fence_mbarrier_init": lambda lw, op: nvvm.call(lw.b, "fence.mbarrier_init.release.cluster"),
     "hopper.barrier": _barrier,
+    "hopper.sync": _sync,
     "hopper.cluster_barrier": _cluster_barrier,
     "hopper.cluster_reduce": _cluster_reduce,
     "hopper.turn": _turn,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,7 +59,8 @@ from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, tma_map_box, tma_row_axis
 from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
-                            first_holders, reduce_plan, register_map, same_registers, scan_plan, vector_coords)
+                            first_holders, reduce_plan, register_map, same_registers, scan_plan, transposes,
+                            vector_coords)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
@@ -587,6 +588,13 @@ def _reshape(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _transpose(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
+    src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
+    if not transposes(src, dst):
+        raise _fault(op, f"{src} -> {dst} moves values between threads or registers; a transpose must be free")
+    return x
+
+
 def _broadcast(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     src, dst = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
     wg.coords(op, dst)  # the layout spans the threads running it
@@ -1062,6 +1070,10 @@ def _barrier(wg: _Warpgroup, op: Operation) -> Co:
     yield from wg.bar_sync(op, op.id)
 
 
+def _sync(wg: _Warpgroup, op: Operation) -> Co:
+    yield from wg.bar_sync(op)
+
+
 def _turn(wg: _Warpgroup, op: Operation) -> Co:
     """``hopper.turn`` (docs/hopper.md): warpgroup ``g`` of the role waits on turn barrier
     ``g`` and passes on ``1 - g``."""
@@ -1088,11 +1100,12 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
         raise _fault(op, f"accumulator layout {acc_layout} does not span the {wg.threads} threads running it")
     smem = wg.cta.smem
     who = _who(op, wg)
-    lb = b.layout
+    lb = op.operand_layout("b")
     n = acc_layout.n
     k_per = lb.k_per_step
     leases = [smem.begin_read(b.base, lb.size_bytes, reader=who)]
     if isinstance(a, SmemTile):
+        a = replace(a, layout=op.operand_layout("a"))
         la = a.layout
         leases.append(smem.begin_read(a.base, la.size_bytes, reader=who))
         steps = la.k_steps
@@ -1162,6 +1175,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
     "tile.reshape": _reshape,
+    "tile.transpose": _transpose,
     "hopper.load": _load,
     "hopper.store": _store,
     "hopper.smem_alloc": _smem_alloc,
@@ -1185,6 +1199,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "tile.if": _if,
     "hopper.role": _role,
     "hopper.barrier": _barrier,
+    "hopper.sync": _sync,
     "hopper.turn": _turn,
     "hopper.tma_store": _tma_store,
     "hopper.tma_store_wait": _tma_store_wait,

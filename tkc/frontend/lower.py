@@ -156,6 +156,7 @@ class KernelLowering:
         fn = self.fn
         consts: dict[str, object] = {}
         seen: set[str] = set()
+        before = Scope()  # a constant's default may use the constants declared before it
         for p in fn.params:
             if p.name in seen:
                 raise TkcTypeError(f"duplicate parameter '{p.name}'", p.loc)
@@ -166,9 +167,9 @@ class KernelLowering:
             if self._is_const_annotation(p.annotation):
                 if p.name in self.consts_in:
                     v = self.consts_in[p.name]
-                    self._check_kind_of_default(p, v)
+                    self._check_kind_of_default(p, v, before)
                 elif p.default is not None:
-                    d = self.expr(p.default, Scope())
+                    d = self.expr(p.default, before)
                     if not isinstance(d, Const):
                         raise TkcTypeError(f"the default of constant '{p.name}' must be a number or "
                                            f"bool", p.default.loc)
@@ -180,6 +181,7 @@ class KernelLowering:
                     raise TkcTypeError(f"constant '{p.name}' must be an int, float or bool, got {v!r}",
                                        p.loc)
                 consts[p.name] = v
+                before.names[p.name] = Const(v)
         params: list[tuple[ast.Param, Type]] = []
         for p in fn.params:
             if p.name in consts:
@@ -190,12 +192,12 @@ class KernelLowering:
             params.append((p, self._param_type(p, consts)))
         return consts, params
 
-    def _check_kind_of_default(self, p: ast.Param, value: object) -> None:
+    def _check_kind_of_default(self, p: ast.Param, value: object, before: Scope) -> None:
         """A constant whose default is true/false takes true or false, and one whose default is a
         number takes a number (``causal=2`` would otherwise read as true)."""
         if p.default is None:
             return
-        d = self.expr(p.default, Scope())
+        d = self.expr(p.default, before)
         if not isinstance(d, Const) or isinstance(d.value, bool) == isinstance(value, bool):
             return
         kind = "true or false" if isinstance(d.value, bool) else "a number"

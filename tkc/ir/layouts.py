@@ -34,7 +34,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Any, NamedTuple, Protocol
 
@@ -224,6 +224,12 @@ class SharedLayout:
 
     def __str__(self) -> str:
         return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}>"
+
+
+def read_as(layout: SharedLayout, major: str | None) -> SharedLayout:
+    """``layout`` as a wgmma reading it with ``major`` sees it (None: its own): the same bytes,
+    since the major changes descriptors, not offsets."""
+    return layout if major is None or major == layout.major else replace(layout, major=major)
 
 
 def encode_descriptor(start: int, lbo: int, sbo: int, swizzle_bytes: int) -> int:
@@ -776,8 +782,23 @@ def _unravel(pos: Any, shape: tuple[int, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+class _SameRegisters(_Distributed):
+    """A layout that sees ``parent``'s values in the same registers: its threads, and as many
+    values a thread."""
+
+    parent: DistributedLayout
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @property
+    def regs(self) -> int:
+        return self.parent.regs
+
+
 @dataclass(frozen=True)
-class Reshaped(_Distributed):
+class Reshaped(_SameRegisters):
     """``#reshape<parent, RxC>``: the values of ``parent`` in the same registers, seen as a tile
     of ``shape`` with the same row-major element order (``x.reshape(...)``).  A thread's part
     and a value's part of the row-major position must add without carrying across the new
@@ -792,14 +813,6 @@ class Reshaped(_Distributed):
         if math.prod(self.shape) != math.prod(self.parent.shape):
             raise ValueError(f"cannot reshape {self.parent} to {_dims_text(self.shape)}: the element counts differ")
 
-    @property
-    def threads(self) -> int:
-        return self.parent.threads
-
-    @property
-    def regs(self) -> int:
-        return self.parent.regs
-
     def thread_coords(self, t: Any) -> tuple[Any, ...]:
         return _unravel(_ravel(self.parent.thread_coords(t), self.parent.shape), self.shape)
 
@@ -808,6 +821,46 @@ class Reshaped(_Distributed):
 
     def __str__(self) -> str:
         return f"#reshape<{self.parent}, {_dims_text(self.shape)}>"
+
+
+@dataclass(frozen=True)
+class Transposed(_SameRegisters):
+    """``#transpose<parent>``: the values of a 2-D ``parent`` in the same registers, seen as the
+    transposed tile (``x.T`` of a register tile moves nothing): value ``i`` of thread ``t`` is
+    element ``(c, r)`` where ``parent`` has ``(r, c)``."""
+
+    parent: DistributedLayout
+
+    def __post_init__(self) -> None:
+        if len(self.parent.shape) != 2:
+            raise ValueError(f"only a 2-D layout transposes, not {self.parent}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.parent.shape[::-1])
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        return tuple(self.parent.thread_coords(t)[::-1])
+
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        return tuple(self.parent.reg_coords(i)[::-1])
+
+    def __str__(self) -> str:
+        return f"#transpose<{self.parent}>"
+
+
+def transpose_layout(layout: DistributedLayout) -> DistributedLayout:
+    """The layout of ``x.T`` for ``x`` in ``layout``: the same registers."""
+    return layout.parent if isinstance(layout, Transposed) else Transposed(layout)
+
+
+def transposes(src: DistributedLayout, dst: DistributedLayout) -> bool:
+    """Whether every thread holds, as value ``i`` of ``dst``, the transpose of its value ``i`` of
+    ``src`` (a ``.T`` that moves nothing)."""
+    if src.threads != dst.threads or src.regs != dst.regs or tuple(src.shape[::-1]) != tuple(dst.shape):
+        return False
+    cs, cd = all_coords(src), all_coords(dst)
+    return bool(np.array_equal(cs[0], cd[1]) and np.array_equal(cs[1], cd[0]))
 
 
 def same_registers(src: DistributedLayout, dst: DistributedLayout) -> bool:
@@ -1158,6 +1211,14 @@ def _parse_slice(text: str) -> Slice:
     return Slice(parse(m.group(2)), int(axis.group(1)), len(parts) == 3)
 
 
+def _parse_transpose(text: str) -> Transposed:
+    m = re.fullmatch(r"\s*#(\w+)<(.*)>\s*", text, re.S)
+    parse = LAYOUT_PARSERS.get(m.group(1)) if m else None
+    if parse is None:
+        raise ValueError("expected '#<parent layout>'")
+    return Transposed(parse(m.group(2)))
+
+
 def _parse_reshape(text: str) -> Reshaped:
     parts = _split_top(text)
     m = re.fullmatch(r"#(\w+)<(.*)>", parts[0], re.S) if len(parts) == 2 else None
@@ -1172,6 +1233,7 @@ def _parse_reshape(text: str) -> Reshaped:
 
 LAYOUT_PARSERS.update({
     "reshape": _parse_reshape,
+    "transpose": _parse_transpose,
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),

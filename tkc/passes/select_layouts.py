@@ -21,13 +21,16 @@ Decisions, in order:
    ``SharedLayout`` whose contiguous axis is the tensor's innermost one, swizzled as wide as
    that axis allows (``choose_swizzle``), ``k``- or ``mn``-major by what wgmma sees
    (``kt.T`` as B is K-major; ``b`` as B is MN-major).  A ``.T`` of such a load becomes a
-   transposed view of the same bytes.  A load that something else also reads gets a second,
-   register copy for those readers.  The A operand may instead be computed in registers
+   transposed view of the same bytes.  A load that two products read with opposite majors is
+   one shared tile, placed for the first; the others read it with their own major
+   (``a_major``/``b_major`` on the ``tile.mma``).  A load that something else also reads gets
+   a second, register copy for those readers.  The A operand may instead be computed in registers
    (``p.to(bf16) @ v``): it is converted to ``#wgmma_a``, which costs nothing when it comes
    from an accumulator.
 3. **Register layouts** by propagation to a fixpoint, first proposal wins: ``@`` results
    are ``#wgmma_acc``; elementwise ops pass their operands' layout on (and ask their
-   operands for their own); reductions give ``#slice`` of their operand, ``expand_dims`` the
+   operands for their own); reductions give ``#slice`` of their operand, ``x.T`` of a register
+   tile ``#transpose`` of its operand's (the same registers), ``expand_dims`` the
    ``keep`` form of a slice, ``broadcast`` the slice's parent, and each of these asks its
    operand for what it needs; loops and branches carry layouts through their block arguments
    and results.  What is still free afterwards (a softmax's loads) gets the ``#blocked``
@@ -54,8 +57,10 @@ from tkc.ir.layouts import (
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
+    read_as,
     reshape_layout,
     scan_plan,
+    transpose_layout,
 )
 from tkc.ir.types import TileType
 from tkc.pins import Options
@@ -254,7 +259,11 @@ class _Selector:
                         view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
                         self.smem.add(view.result)
                     continue
-                if src in placed and placed[src] != layout:
+                if src in placed and placed[src] != layout and read_as(placed[src], major) == layout:
+                    # The same bytes, read with the other major: one copy in shared memory.
+                    mma.attributes[f"{which}_major"] = major
+                    layout = placed[src]
+                elif src in placed and placed[src] != layout:
                     src = self._clone_load(load, only_user=view if transposed else mma)
                 placed[src] = layout
                 src.type = TileType(src.type.shape, src.type.dtype, "smem", layout)
@@ -267,7 +276,8 @@ class _Selector:
         # Readers of a shared tile other than wgmma get their own register copy.
         users = uses(self.kernel)
         for v in list(self.smem):
-            others = [u for u in users.get(v, []) if u.name not in ("tile.mma", "tile.transpose")]
+            others = [u for u in users.get(v, []) if u.name != "tile.mma"
+                      and not (u.name == "tile.transpose" and u.result in self.smem)]
             if others and _def(v).name == "tile.load":
                 copy = self._clone_load(_def(v), None)
                 for u in others:
@@ -363,6 +373,8 @@ class _Selector:
             return self._propose(op.result, Slice(lay[op.x], op.axis))
         if name == "tile.reshape" and op.x in lay:
             return self._propose(op.result, _reshaped(lay[op.x], op.result.type.shape))
+        if name == "tile.transpose" and op.x in lay:
+            return self._propose(op.result, transpose_layout(lay[op.x]))
         if name == "tile.expand_dims" and op.x in lay:
             s = lay[op.x]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -400,6 +412,8 @@ class _Selector:
             changed |= self._propose(op.mask, lay[op.value])
         elif name == "tile.reshape" and op.result in lay:
             changed |= self._propose(op.x, _reshaped(lay[op.result], op.x.type.shape))
+        elif name == "tile.transpose" and op.result in lay:
+            changed |= self._propose(op.x, transpose_layout(lay[op.result]))
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -511,8 +525,10 @@ class _Selector:
                     for r in op.regions:
                         self._need(r.blocks[0].terminator, i, lay[res])
         elif name == "tile.transpose" and op.result not in self.smem:
-            raise self._unsupported(op, "transposing a register tile is not supported; transpose a loaded "
-                                   "tile that feeds @ instead")
+            # Every value stays in its register: the result is #transpose of the operand's layout.
+            want = transpose_layout(lay[op.x])
+            if lay[op.result] != want:
+                self._retype_result(op, want)
 
     def _scan_layout(self, op: Operation) -> None:
         """A scan runs in its result's layout when ``scan_plan`` can walk it, else in the

@@ -36,6 +36,10 @@ ring, kernels that still synchronize the whole CTA inside (a loop ``pipeline-loo
 serial) and kernels with cluster reductions (each meets every thread of the cluster) stay as
 they are.
 
+The barriers a consumer loop keeps around a register tile it stores for wgmma
+(``hopper.to_smem``: attention backward's dS) order only the consumers' own stores and reads:
+they become ``hopper.sync``, the consumers' own barrier.
+
 Must not: change what any thread computes, or choose layouts or stage counts.
 """
 
@@ -98,7 +102,7 @@ class _Specializer:
         ops = list(self.kernel.walk())
         if not any(op.name == "hopper.mbarrier_alloc" and op.attributes.get("stages", 1) > 1 for op in ops):
             return  # nothing to overlap
-        if any(op.name == "hopper.barrier" and op.parent is not self.body for op in ops):
+        if any(op.name == "hopper.barrier" and op.parent is not self.body and self._serial(op) for op in ops):
             return  # a loop still synchronizes every thread: the producer would have to join it
         if tile.has_cluster_reductions(self.kernel):
             return  # each cluster reduction meets every thread of the cluster (barrier.cluster)
@@ -111,6 +115,17 @@ class _Specializer:
         self._split(producer, warpgroups)
 
     # -------------------------------------------------------------- analysis
+    @staticmethod
+    def _serial(barrier: Operation) -> bool:
+        """Whether ``barrier`` (in a loop) may order the producer's copies: its loop copies into
+        a tile that is no ring stage (a loop ``pipeline-loops`` left serial).  Otherwise it only
+        orders the consumers' own stores of a register tile for wgmma (``hopper.to_smem``), and
+        becomes their role's barrier."""
+        loop = next((a for a in barrier.ancestors() if a.name == "tile.for"), None)
+        return loop is None or any(op.name == "hopper.tma_load" and (_owner(op.operands[1]) is None
+                                                      or _owner(op.operands[1]).name != "hopper.stage")
+                   for op in loop.walk())
+
     def _common(self) -> set[Value]:
         """Values every warpgroup computes before the roles: kernel parameters, and results of
         top-level set-up ops and of top-level pure scalar ops on common values."""
@@ -208,6 +223,9 @@ class _Specializer:
             op.erase()
             cons_block.append(op)
         self._strip(cons_block, producer)
+        for op in [inner for o in cons_block.ops for inner in o.walk() if inner.name == "hopper.barrier"]:
+            op.parent.insert(op.parent.ops.index(op), hopper.SyncOp([], [], loc=op.loc))
+            op.erase()
         cons_block.append(tile.YieldOp([], [], loc=body.terminator.loc))
         ret = body.terminator
         index = body.ops.index(ret)

@@ -10,11 +10,12 @@ a layout (select-layouts does) or an offset (allocate-smem does).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
 from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps
-from tkc.ir.layouts import first_holders
+from tkc.ir.layouts import first_holders, read_as
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
 I32 = ScalarType(dtypes.i32)
@@ -275,6 +276,16 @@ class BarrierOp(Operation):
         if enclosing_role(self) is not None:
             raise self.error("inside a role, threads synchronize through mbarriers (a bar.sync over the "
                              "whole CTA would wait for the other roles)")
+
+
+@register
+class SyncOp(Operation):
+    """``bar.sync`` over the threads running this code: the CTA's barrier 0 outside roles, the
+    role's own named barrier ``1 + first`` over its threads inside one (the barrier of the
+    reductions' round trips).  ``specialize-warps`` makes a consumer loop's ``hopper.barrier``
+    (around a register tile stored for wgmma, ``hopper.to_smem``) one of these."""
+
+    name = "hopper.sync"
 
 
 #: The named barriers of ``hopper.turn``: warpgroup ``g`` of a two-warpgroup role waits on
@@ -620,11 +631,19 @@ WGMMA_N = range(8, 257, 8)
 
 @register
 class WgmmaOp(Operation):
-    """``acc + A @ B``, issued asynchronously by each warpgroup for its 64 rows."""
+    """``acc + A @ B``, issued asynchronously by each warpgroup for its 64 rows.  ``a_major`` /
+    ``b_major`` (``k`` or ``mn``), where present, are what this wgmma reads a shared operand as
+    instead of its layout's ``major``: one tile read by two products, once transposed (attention
+    backward's Q is B of ``K Q^T`` and of ``dS^T Q``), keeps one copy in shared memory."""
 
     name = "hopper.wgmma"
     OPERANDS = ("a", "b", "acc")
     RESULTS = ("result",)
+    ATTRS = {"a_major?": str, "b_major?": str}
+
+    def operand_layout(self, which: str) -> Any:
+        """The shared layout this wgmma reads operand ``which`` ('a' or 'b') through."""
+        return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
 
     def verify(self) -> None:
         from tkc.ir.layouts import WgmmaOperandA, is_accumulator
@@ -635,9 +654,14 @@ class WgmmaOp(Operation):
             raise self.error(f"the accumulator and result are one f32 #wgmma_acc tile, got {acc} -> {r}")
         m, n = acc.shape
         a, b = self.a.type, self.b.type
+        for which in ("a", "b"):
+            major = self.attributes.get(f"{which}_major")
+            if major is not None and (major not in ("k", "mn") or not _smem(getattr(self, which).type)):
+                raise self.error(f"{which}_major is 'k' or 'mn' on a shared operand, got {major!r}")
         if _smem(a):
             _check_view(self, a, "A")
-            am, ak = (a.layout.rows, a.layout.cols) if a.layout.major == "k" else (a.layout.cols, a.layout.rows)
+            la = self.operand_layout("a")
+            am, ak = (la.rows, la.cols) if la.major == "k" else (la.cols, la.rows)
         elif _reg(a) and isinstance(a.layout, WgmmaOperandA):
             am, ak = a.shape
             if a.layout.warpgroups != acc.layout.warpgroups:
@@ -647,7 +671,8 @@ class WgmmaOp(Operation):
         if not _smem(b):
             raise self.error(f"B is a shared tile, got {b}")
         _check_view(self, b, "B")
-        bn, bk = (b.layout.rows, b.layout.cols) if b.layout.major == "k" else (b.layout.cols, b.layout.rows)
+        lb = self.operand_layout("b")
+        bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
         if am != m or bn != n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {m}x{n}")
         if n not in WGMMA_N:
@@ -1097,7 +1122,8 @@ def _check_register_move(op: Operation) -> None:
     from tkc.ir.layouts import broadcast_slots, expand_is_free, register_map
 
     if op.name == "hopper.wgmma":
-        a, b = op.a.type.layout, op.b.type.layout
+        a = op.operand_layout("a") if _smem(op.a.type) else op.a.type.layout
+        b = op.operand_layout("b")
         if a.k_steps != b.k_steps:
             raise op.error(f"A ({a}) takes {a.k_steps} K steps and B ({b}) {b.k_steps}")
         return

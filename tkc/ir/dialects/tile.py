@@ -309,7 +309,9 @@ class ExpandDimsOp(Operation):
 
 @register
 class TransposeOp(Operation):
-    """``x.T``: a 2-D tile transposed."""
+    """``x.T``: a 2-D tile transposed.  A shared tile's is a view of its bytes (a wgmma operand);
+    a register tile's keeps every value in its register (``#transpose<...>`` of the operand's
+    layout, ``tkc.ir.layouts.transposes``): it moves nothing."""
 
     name = "tile.transpose"
     OPERANDS = ("x",)
@@ -317,9 +319,14 @@ class TransposeOp(Operation):
     TRAITS = frozenset({"pure"})
 
     def verify(self) -> None:
+        from tkc.ir.layouts import transposes
+
         a, r = self.x.type, self.result.type
         if not isinstance(a, TileType) or a.rank != 2 or not _same_elements(r, a.with_shape(a.shape[::-1])):
             raise self.error(f"transposes a 2-D tile: {a} -> {r}")
+        if a.space == "reg" and r.space == "reg" and a.layout is not None and r.layout is not None \
+                and not transposes(a.layout, r.layout):
+            raise self.error(f"{r.layout} does not hold the transpose of {a.layout} in the same registers")
 
 
 @register
@@ -471,11 +478,14 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "f32")
 
 @register
 class MmaOp(Operation):
-    """``acc + a @ b`` with an f32 accumulator: a is MxK, b is KxN, acc MxN."""
+    """``acc + a @ b`` with an f32 accumulator: a is MxK, b is KxN, acc MxN.  ``a_major`` /
+    ``b_major`` are set by select-layouts on a product that reads a shared operand with
+    another major than its layout's (``hopper.wgmma`` takes them over)."""
 
     name = "tile.mma"
     OPERANDS = ("a", "b", "acc")
     RESULTS = ("result",)
+    ATTRS = {"a_major?": str, "b_major?": str}
     TRAITS = frozenset({"pure"})
 
     def verify(self) -> None:

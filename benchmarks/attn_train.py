@@ -1,0 +1,201 @@
+"""Attention backward: examples/attn_train.tk beside PyTorch's SDPA backends.
+
+    python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3'] [--only long,short]
+
+Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py), in
+TFLOP/s counted as FlashAttention-3 counts them: a forward is 4 B H N^2 D (half of it causal)
+and a backward 2.5 forwards.
+
+* ``attn_bwd long``: B x N = 16k tokens, H x D = 2048 (D 128 with 16 heads, D 64 with 32),
+  N from 512 to 16k, causal and not.
+* ``attn_bwd short``: B = 16, H = 16, D = 128, N from 768 to 3072, causal and not.
+
+tkc's backward is what a training step runs after the forward: dQ zeroed, the pre-pass
+(``attn_bwd_pre``: rowsum(dO * O)), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
+to bf16.  The peers are ``torch.autograd.grad`` of ``F.scaled_dot_product_attention`` under
+``torch.nn.attention.sdpa_kernel`` with each backend that takes the shape (FlashAttention-2,
+memory-efficient, cuDNN), their forward run once outside the timing.  ``--variants`` adds tkc
+contenders with other constants (``;``-separated, each ``NAME=VALUE,...``), as ``tkc NAME=VALUE``.
+Without a GPU it says so and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# benchmarks/ goes after the standard library, whose profile module torch.compile imports
+# (benchmarks/profile.py is another thing).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"] + [str(ROOT / "benchmarks")]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+EXAMPLE = ROOT / "examples" / "attn_train.tk"
+
+
+def parse_variants(text: str) -> list[dict]:
+    """``'BM=32;BM=64,stages=3'`` -> ``[{'BM': 32}, {'BM': 64, 'stages': 3}]``."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        consts = {}
+        for item in part.split(","):
+            name, value = item.split("=")
+            v = value.strip()
+            consts[name.strip()] = v.lower() == "true" if v.lower() in ("true", "false") else int(v)
+        out.append(consts)
+    return out
+
+
+def flops(B: int, H: int, N: int, D: int, causal: bool) -> float:
+    """FlashAttention-3's count of a backward: 2.5 forwards of 4 B H N^2 D (half when causal)."""
+    return 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1.0)
+
+
+class Backward:
+    """tkc's backward of one shape: the three kernels compiled for it and its tensors."""
+
+    def __init__(self, B: int, H: int, KVH: int, N: int, D: int, causal: bool, extra: dict | None = None):
+        from tkc.compiler import compile_kernel
+
+        # ``extra`` (a variant's constants) is attn_bwd's; the forward and the pre-pass keep theirs.
+        self.fwd = compile_kernel(EXAMPLE, {"D": D, "causal": causal}, kernel="attn_fwd")
+        self.pre = compile_kernel(EXAMPLE, {"D": D}, kernel="attn_bwd_pre")
+        self.bwd = compile_kernel(EXAMPLE, {"D": D, **(extra or {}), "causal": causal}, kernel="attn_bwd")
+        dev, bf = "cuda", torch.bfloat16
+        self.q = torch.randn(B, H, N, D, device=dev, dtype=bf)
+        self.k, self.v = (torch.randn(B, KVH, N, D, device=dev, dtype=bf) for _ in range(2))
+        self.do = torch.randn(B, H, N, D, device=dev, dtype=bf)
+        self.o = torch.empty_like(self.q)
+        self.lse = torch.empty(B, H, N, device=dev)
+        self.delta = torch.empty(B, H, N, device=dev)
+        self.dq = torch.empty(B, H, N, D, device=dev)
+        self.dk, self.dv = torch.empty_like(self.k), torch.empty_like(self.v)
+        self.scale = D ** -0.5
+        self.forward()
+
+    def forward(self) -> None:
+        from tkc.runtime.launch import launch
+
+        launch(self.fwd, [self.q, self.k, self.v, self.o, self.lse, self.scale])
+
+    def __call__(self) -> torch.Tensor:
+        from tkc.runtime.launch import launch
+
+        self.dq.zero_()
+        launch(self.pre, [self.o, self.do, self.delta])
+        launch(self.bwd, [self.q, self.k, self.v, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
+                          self.scale])
+        return self.dq.to(torch.bfloat16)
+
+
+def check(ours: Backward, causal: bool) -> None:
+    """tkc's gradients of the first batch element's first kv head (and its query heads) against
+    SDPA's memory-efficient backend in fp32 (a bf16-level tolerance)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    G = ours.q.shape[1] // ours.k.shape[1]
+    q, k, v = (x[:1, :n].float().requires_grad_() for x, n in ((ours.q, G), (ours.k, 1), (ours.v, 1)))
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        o = F.scaled_dot_product_attention(q, k.expand(-1, G, -1, -1), v.expand(-1, G, -1, -1), is_causal=causal)
+        want = torch.autograd.grad(o, (q, k, v), ours.do[:1, :G].float())
+    dq = ours()
+    mine = (dq[:1, :G], ours.dk[:1, :1], ours.dv[:1, :1])
+    for name, got, w in zip(("dq", "dk", "dv"), mine, want):
+        err = (got.float() - w).abs().max().item()
+        assert err <= 3e-2 * max(1.0, w.abs().max().item()), (name, err)
+
+
+def sdpa_backward(backend, B: int, H: int, KVH: int, N: int, D: int, causal: bool):
+    """A callable timing SDPA's backward under ``backend``, or None where it refuses the shape."""
+    from torch.nn.attention import sdpa_kernel
+
+    dev, bf = "cuda", torch.bfloat16
+    q = torch.randn(B, H, N, D, device=dev, dtype=bf, requires_grad=True)
+    k, v = (torch.randn(B, KVH, N, D, device=dev, dtype=bf, requires_grad=True) for _ in range(2))
+    do = torch.randn(B, H, N, D, device=dev, dtype=bf)
+    try:
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=H != KVH)
+            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    except RuntimeError:
+        return None
+
+    def run():
+        with sdpa_kernel(backend):
+            return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    return run
+
+
+def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, variants: list[dict], runs: int):
+    from torch.nn.attention import SDPBackend
+
+    from harness import Row, in_turns
+
+    backends = {"SDPA flash": SDPBackend.FLASH_ATTENTION, "SDPA efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "SDPA cudnn": SDPBackend.CUDNN_ATTENTION}
+    rows = []
+    for group, B, H, KVH, N, D in shapes:
+        for causal in causal_modes:
+            ours = Backward(B, H, KVH, N, D, causal)
+            check(ours, causal)
+            contenders = {"tkc": ours}
+            for extra in variants:
+                name = "tkc " + ",".join(f"{k}={v}" for k, v in extra.items())
+                contenders[name] = Backward(B, H, KVH, N, D, causal, extra)
+            for name, backend in backends.items():
+                fn = sdpa_backward(backend, B, H, KVH, N, D, causal)
+                if fn is not None:
+                    contenders[name] = fn
+            t = in_turns(contenders, runs)
+            f = flops(B, H, N, D, causal)
+            gqa = f", {KVH} kv heads" if KVH != H else ""
+            rows.append(Row(f"attn_bwd {group}", f"B={B} H={H}{gqa} N={N} D={D}" + (", causal" if causal else ""),
+                            "TFLOP/s", {n: f / s / 1e12 for n, s in t.items()},
+                            notes="tkc: dQ zeroed, pre-pass, attn_bwd, dQ to bf16"))
+            del ours, contenders
+            torch.cuda.empty_cache()
+    return rows
+
+
+def shapes_of(quick: bool, only: set[str]) -> list[tuple[str, int, int, int, int, int]]:
+    if quick:
+        return [("long", 8, 16, 16, 2048, 128), ("long", 8, 32, 32, 2048, 64)]
+    out = []
+    if "long" in only:
+        for D, H in ((128, 16), (64, 32)):
+            out += [("long", 16384 // N, H, H, N, D) for N in (512, 1024, 2048, 4096, 8192, 16384)]
+    if "short" in only:
+        out += [("short", 16, 16, 16, N, 128) for N in (768, 1024, 1536, 2048, 3072)]
+    if "gqa" in only:
+        out += [("gqa", 4, 32, 8, 4096, 128)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one shape per head dim, not causal")
+    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa")
+    ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/attn_train.py times kernels on a CUDA GPU; torch sees none here")
+    from harness import append_results, table
+
+    rows = rows_for(shapes_of(args.quick, set(args.only.split(","))), (False,) if args.quick else (False, True),
+                    parse_variants(args.variants), 30 if args.quick else 60)
+    print(table(rows))
+    if not args.no_record:
+        command = "python benchmarks/attn_train.py" + (" --quick" if args.quick else "")
+        if args.only != "long,short,gqa":
+            command += f" --only {args.only}"
+        if args.variants:
+            command += f" --variants '{args.variants}'"
+        append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
+
+
+if __name__ == "__main__":
+    main()

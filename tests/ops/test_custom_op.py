@@ -1,0 +1,124 @@
+"""tkc.ops.custom_op: a kernel's signature and tile IR make the operator's schema, roles,
+fake implementation and results (run in the interpreter on CPU tensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tkc  # noqa: E402
+import tkc.ops  # noqa: E402
+from tkc.errors import TkcLaunchError, TkcUsageError  # noqa: E402
+from tkc.ops.kernel_op import INPUT, MUTATED, OUTPUT, ZEROED, roles  # noqa: E402
+
+import op_kernels as k  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def ops() -> dict:
+    """The test kernels as operators of the namespace tkctest (registered once a process)."""
+    return {
+        "axpy": tkc.ops.custom_op("tkctest::axpy", k.axpy),
+        "axpy_inplace": tkc.ops.custom_op("tkctest::axpy_inplace", k.axpy_inplace),
+        "col_sums": tkc.ops.custom_op("tkctest::col_sums", k.col_sums),
+        "scaled": tkc.ops.custom_op("tkctest::scaled", k.scaled, consts={"k": 3}, const_args=("negate",)),
+        "gemm": tkc.ops.custom_op("tkctest::gemm", tkc.load(EXAMPLES / "gemm.tk"), consts={"BM": 64, "BN": 64}),
+    }
+
+
+def test_roles_come_from_the_tile_ir() -> None:
+    assert roles(k.axpy.lower().kernel("axpy")) == [INPUT, INPUT, OUTPUT, INPUT]
+    assert roles(k.axpy_inplace.lower().kernel("axpy_inplace")) == [INPUT, MUTATED, INPUT]
+    assert roles(k.col_sums.lower().kernel("col_sums")) == [INPUT, ZEROED]
+
+
+def test_schemas(ops: dict) -> None:
+    def schema(name: str) -> str:
+        return str(getattr(torch.ops.tkctest, name).default._schema)
+
+    assert schema("axpy") == "tkctest::axpy(Tensor x, Tensor y, float a) -> Tensor"
+    assert schema("axpy_inplace") == "tkctest::axpy_inplace(Tensor x, Tensor(a!) y, float a) -> ()"
+    assert schema("col_sums") == "tkctest::col_sums(Tensor x) -> Tensor"
+    assert schema("scaled") == "tkctest::scaled(Tensor x, *, bool negate=False) -> Tensor"
+    assert schema("gemm") == "tkctest::gemm(Tensor a, Tensor b) -> Tensor"
+
+
+def test_outputs_inputs_and_mutation(ops: dict) -> None:
+    x, y = torch.randn(77), torch.randn(77)
+    torch.testing.assert_close(torch.ops.tkctest.axpy(x, y, 0.5), 0.5 * x + y)
+    want = 2.0 * x + y
+    assert torch.ops.tkctest.axpy_inplace(x, y, 2.0) is None
+    torch.testing.assert_close(y, want)
+    m = torch.randn(10, 45)
+    torch.testing.assert_close(ops["col_sums"](m), m.sum(0), atol=1e-5, rtol=1e-5)  # starts at zero
+
+
+def test_const_args_specialize_per_call(ops: dict) -> None:
+    x = torch.randn(40)
+    torch.testing.assert_close(ops["scaled"](x), 3 * x)
+    torch.testing.assert_close(ops["scaled"](x, negate=True), -3 * x)
+
+
+def test_a_tk_file_kernel_in_a_user_namespace(ops: dict) -> None:
+    a = torch.randn(70, 40).to(torch.bfloat16)
+    b = torch.randn(40, 24).to(torch.bfloat16)
+    got = torch.ops.tkctest.gemm(a, b)
+    torch.testing.assert_close(got.float(), a.float() @ b.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_opcheck(ops: dict) -> None:
+    x, y = torch.randn(40), torch.randn(40)
+    torch.library.opcheck(ops["axpy"], (x, y, 0.5))
+    torch.library.opcheck(ops["axpy_inplace"], (x, y.clone(), 0.5))
+    torch.library.opcheck(ops["col_sums"], (torch.randn(6, 40),))
+    torch.library.opcheck(ops["scaled"], (x,), {"negate": True})
+
+
+def test_compiles_without_graph_breaks(ops: dict) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        z = torch.ops.tkctest.axpy(x, y, 2.0).relu()
+        return torch.ops.tkctest.scaled(z, negate=True) + 1
+
+    x, y = torch.randn(50), torch.randn(50)
+    explained = torch._dynamo.explain(f)(x, y)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, y)
+    torch.testing.assert_close(got, -3 * (2 * x + y).relu() + 1)
+
+
+def test_wrong_inputs_are_tkc_errors_in_the_fake_implementation_too(ops: dict) -> None:
+    x = torch.randn(40)
+    with pytest.raises(TkcLaunchError, match="dim N is 40 from x"):
+        ops["axpy"](x, torch.randn(41), 1.0)
+    with pytest.raises(TkcLaunchError, match="expected a tensor of dtype f32"):
+        ops["axpy"](x, x.double(), 1.0)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        assert ops["axpy"](fx, fx, 1.0).shape == (40,)
+        with pytest.raises(TkcLaunchError, match="expected rank 1"):
+            ops["axpy"](fx, mode.from_tensor(torch.randn(4, 10)), 1.0)
+
+
+def test_registration_errors() -> None:
+    with pytest.raises(TkcUsageError, match="'namespace::name'"):
+        tkc.ops.custom_op("axpy", k.axpy)
+    with pytest.raises(TkcUsageError, match="takes a @tkc.kernel"):
+        tkc.ops.custom_op("tkctest::nope", lambda x: x)
+    with pytest.raises(TkcUsageError, match="is not a constant of kernel 'axpy'"):
+        tkc.ops.custom_op("tkctest::axpy_bad", k.axpy, const_args=("BK",))
+    with pytest.raises(TkcUsageError, match=r"output y: tensor<f32\[P\]> has dims \(P\) that no input"):
+        tkc.ops.custom_op("tkctest::fill", k.fill)
+
+
+def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:
+    assert tkc.load(EXAMPLES / "gemm.tk").params == ["a", "b", "c", "BM", "BN", "BK"]
+    with pytest.raises(TkcUsageError, match="has no kernel 'nope' \\(its kernels: gemm\\)"):
+        tkc.load(EXAMPLES / "gemm.tk", "nope")
+    with pytest.raises(TkcUsageError, match="cannot read"):
+        tkc.load(tmp_path / "missing.tk")

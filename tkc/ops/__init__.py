@@ -1,0 +1,25 @@
+"""tkc kernels as PyTorch operators (``torch.library`` custom ops).
+
+    import tkc.ops
+
+    y = tkc.ops.rms_norm(x, w, 1e-6)            # also torch.ops.tkc.rms_norm over rows
+    op = tkc.ops.custom_op("mylib::my_op", my_kernel)   # any @tkc.kernel or tkc.load(...)
+
+- :mod:`tkc.ops.kernel_op`: a kernel as an operator: schema, fake implementation, running.
+- :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
+- :mod:`tkc.ops.matmul`: ``matmul`` through gemm.tk, backward too.
+- :mod:`tkc.ops.attention`: ``attention`` through attn_train.tk, backward too (GQA).
+- :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
+
+Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
+comes from the kernel's signature) and runs CUDA tensors on the GPU, CPU tensors (and
+everything with ``TKC_INTERPRET=1``) in the interpreter.  Importing this package imports
+torch and registers the shipped operators.
+"""
+
+from tkc.ops.attention import attention
+from tkc.ops.kernel_op import custom_op
+from tkc.ops.matmul import matmul
+from tkc.ops.rows import layer_norm, rms_norm, softmax
+
+__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax"]

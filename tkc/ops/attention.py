@@ -1,0 +1,81 @@
+"""``attention``: scaled dot-product attention through attn_train.tk, forward and backward.
+
+Three operators, one per kernel of attn_train.tk (``torch.ops.tkc.attn_fwd``,
+``attn_bwd_pre``, ``attn_bwd``), and :func:`attention`, which checks its arguments, picks
+the kernels' tile sizes by head dim and calls the forward operator, whose autograd runs the
+two backward kernels: ``delta = rowsum(dO * O)``, then dK and dV per key block with dQ
+accumulated in fp32 through atomic adds (an output the operator zeroes).  Every part runs a
+tkc kernel; none falls back to torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tkc.errors import TkcUsageError
+from tkc.kernel import load
+from tkc.ops import checks
+from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernels import path
+
+__all__ = ["attention"]
+
+_FILE = path("attn_train.tk")
+#: Tile sizes per head dim: the forward's (BM, BN) and the backward's (BM, BN).
+TILES = {64: ((128, 128), (128, 128)), 128: ((128, 128), (64, 128))}
+_PRE_BM = 64
+
+_fwd = custom_op("tkc::attn_fwd", load(_FILE, "attn_fwd"), consts={"BM": 128, "BN": 128},
+                 const_args=("D", "BM", "BN", "causal"))
+_bwd_pre = custom_op("tkc::attn_bwd_pre", load(_FILE, "attn_bwd_pre"), consts={"BM": _PRE_BM},
+                     const_args=("D", "BM"))
+_bwd = custom_op("tkc::attn_bwd", load(_FILE, "attn_bwd"), consts={"BM": 64, "BN": 128},
+                 const_args=("D", "BM", "BN", "causal"))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              scale: float | None = None) -> torch.Tensor:
+    """``softmax(scale * q @ k^T) @ v`` for bf16 ``q`` of shape ``[B, H, N, D]`` and ``k``, ``v`` of
+    ``[B, KVH, N, D]`` (grouped-query attention when ``KVH < H``: query head ``h`` reads kv head
+    ``h // (H // KVH)``), ``D`` 64 or 128, ``scale`` ``1/sqrt(D)`` by default; ``causal`` masks
+    keys after the query's position.  Forward and backward run the tkc kernels of
+    attn_train.tk (tkc/ops/kernels)."""
+    checks.dtype("attention", torch.bfloat16, q=q, k=k, v=v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.rank("attention", name, t, "four dims [B, heads, N, D]", t.dim() == 4)
+    checks.same("attention", "k and v must have one shape", ("k's shape", tuple(k.shape)), ("v's", tuple(v.shape)))
+    for axis, what in ((0, "batch"), (2, "sequence length"), (3, "head dim")):
+        checks.same("attention", f"q and k must have one {what}", ("q's", q.shape[axis]), ("k's", k.shape[axis]))
+    H, KVH, D = q.shape[1], k.shape[1], q.shape[3]
+    if KVH == 0 or H % KVH:
+        raise TkcUsageError(f"tkc.ops.attention: q's {H} heads must be a multiple of k's and v's {KVH}")
+    if D not in TILES:
+        raise TkcUsageError(f"tkc.ops.attention: the head dim is {D}; its kernels take {' or '.join(map(str, TILES))}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    (bm, bn), _ = TILES[D]
+    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=bool(causal))
+    return o
+
+
+def _setup(ctx: Any, inputs: tuple, output: tuple, keyword_only_inputs: dict | None = None) -> None:
+    q, k, v, ctx.scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    consts = keyword_only_inputs or {}
+    ctx.D, ctx.causal = consts.get("D", q.shape[-1]), consts.get("causal", False)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+    q, k, v, o, lse = ctx.saved_tensors
+    do = do.contiguous()
+    _, (bm, bn) = TILES[ctx.D]
+    delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
+    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, ctx.scale, D=ctx.D, BM=bm, BN=bn, causal=ctx.causal)
+    return dq.to(q.dtype), dk, dv, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup)

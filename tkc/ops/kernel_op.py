@@ -1,0 +1,275 @@
+"""A tkc kernel as a PyTorch operator: ``torch.library.custom_op`` from the kernel's signature.
+
+    op = tkc.ops.custom_op("mylib::rms_norm", rmsnorm)      # rmsnorm(x, w, y, eps, BM, BN)
+    y = op(x, w, 1e-6)                                      # also torch.ops.mylib.rms_norm(x, w, 1e-6)
+
+Owns: what each kernel parameter is to the operator, read from the kernel's tile IR as the
+frontend emits it (:func:`roles`); the operator's schema; its fake implementation (the
+outputs' shapes from the signature's symbolic dims, bound from the inputs, so
+``torch.compile`` traces the operator without running it); and running it, on the GPU
+through the kernel's launch, or in the interpreter on CPU tensors (``TKC_INTERPRET=1``
+sends CUDA tensors there too, through ``tkc.kernel``).
+
+Must not: compile or launch by itself (``tkc.kernel`` does), check launch arguments beyond
+the signature (``tkc.signature.bind``; the runtime checks devices and strides), or register
+autograd (the caller does, with ``op.register_autograd``).
+"""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tkc import signature
+from tkc.errors import TkcUsageError
+from tkc.ir.core import Operation
+from tkc.ir.dialects import tile
+from tkc.ir.types import ScalarType, TensorType
+from tkc.kernel import Kernel, interpret
+
+__all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "roles"]
+
+#: What a kernel parameter is to its operator (see :func:`roles`).
+INPUT, MUTATED, OUTPUT, ZEROED = "input", "mutated", "output", "zeroed output"
+
+
+def roles(kernel: Operation) -> list[str]:
+    """The role of each parameter of a ``tile.kernel`` op, in order: a tensor the kernel only
+    stores to is an ``OUTPUT`` (the operator allocates it, uninitialised); one it only adds
+    to atomically is a ``ZEROED`` output (allocated as zeros: an accumulator); one it reads
+    and writes (or updates atomically otherwise) is ``MUTATED`` in place; anything else
+    (tensors it only reads, scalars) is an ``INPUT``."""
+    reads, stores, adds, updates = set(), set(), set(), set()
+    for op in kernel.walk():
+        if op.name in ("tile.load", "tile.gather"):
+            reads.add(op.operands[0])
+        elif op.name in ("tile.store", "tile.masked_store"):
+            stores.add(op.operands[0])
+        elif tile.is_atomic(op):
+            (adds if tile.atomic_kind(op) == "add" else updates).add(op.operands[0])
+    out = []
+    for p in kernel.regions[0].block.args:
+        touched = [p in s for s in (reads, stores, adds, updates)]
+        if touched == [False, True, False, False]:
+            out.append(OUTPUT)
+        elif touched == [False, False, True, False]:
+            out.append(ZEROED)
+        elif any(touched[1:]):
+            out.append(MUTATED)
+        else:
+            out.append(INPUT)
+    return out
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """The kernel for one set of constants: every constant's value, the tensor and scalar
+    parameters with their roles, and which of them (indices) are the operator's arguments
+    and which its results."""
+
+    consts: dict[str, Any]
+    params: list[signature.Param]
+    roles: list[str]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+class _KernelOp:
+    """The implementation behind one operator: ``run`` and ``fake`` take the operator's
+    arguments as torch passes them (keyword-only constants left out when at their default)."""
+
+    def __init__(self, name: str, kernel: Kernel, consts: Mapping[str, Any], const_args: Sequence[str]):
+        self.name, self.kernel = name, kernel
+        first = self._spec_of(dict(consts))  # defaults filled in: every constant has its value
+        unknown = [n for n in const_args if n not in first.consts]
+        if unknown:
+            raise TkcUsageError(f"{name}: {', '.join(unknown)} is not a constant of kernel '{kernel.name}' "
+                                f"(its constants: {', '.join(first.consts) or 'none'})")
+        self.fixed = {n: v for n, v in first.consts.items() if n not in const_args}
+        self.const_args = {n: first.consts[n] for n in const_args}
+        self.first = first
+        self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
+        self._shapes: dict[tuple, list[tuple[tuple[int, ...], torch.dtype, bool]]] = {}
+        dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
+        for i in first.outputs:
+            pname, t = first.params[i]
+            free = [d for d in t.dims if isinstance(d, str) and d not in dims]
+            if free:
+                raise TkcUsageError(f"{name}: the output {pname}: {t} has dims ({', '.join(free)}) that no input "
+                                    "tensor has, so the operator cannot size it; make it an input the kernel "
+                                    "reads, or fix the dims with constants")
+        if not any(isinstance(first.params[i][1], TensorType) for i in first.inputs):
+            raise TkcUsageError(f"{name}: kernel '{kernel.name}' reads no tensor: the operator takes its device "
+                                "from an input tensor")
+
+    def _spec_of(self, consts: dict[str, Any]) -> _Spec:
+        op = self.kernel.lower(**consts).kernel(self.kernel.name)
+        params = signature.kernel_params(op)
+        rs = roles(op)
+        inputs = tuple(i for i, r in enumerate(rs) if r in (INPUT, MUTATED))
+        outputs = tuple(i for i, r in enumerate(rs) if r in (OUTPUT, ZEROED))
+        return _Spec(dict(op.attributes.get("consts") or {}), params, rs, inputs, outputs)
+
+    def spec(self, call_consts: dict[str, Any]) -> _Spec:
+        key = tuple(sorted(call_consts.items()))
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._spec_of({**self.fixed, **call_consts})
+            if spec.roles != self.first.roles:
+                raise TkcUsageError(f"{self.name}: with constants {call_consts} kernel '{self.kernel.name}' uses its "
+                                    f"parameters differently ({spec.roles}) than with those it was registered "
+                                    f"with ({self.first.roles}); register one operator per use")
+            self._specs[key] = spec
+        return spec
+
+    def schema(self) -> str:
+        args, alias = [], iter("abcdefghijklmnopqrstuvwxyz")
+        for i in self.first.inputs:
+            pname, t = self.first.params[i]
+            if isinstance(t, TensorType):
+                args.append(f"Tensor({next(alias)}!) {pname}" if self.first.roles[i] == MUTATED else f"Tensor {pname}")
+            else:
+                args.append(f"{_scalar_schema(t)} {pname}")
+        if self.const_args:
+            args.append("*")
+            args += [f"{_value_schema(v)} {n}={v!r}" for n, v in self.const_args.items()]
+        outs = ["Tensor"] * len(self.first.outputs)
+        returns = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
+        return f"({', '.join(args)}) -> {returns}"
+
+    def mutated(self) -> list[str]:
+        return [self.first.params[i][0] for i in self.first.inputs if self.first.roles[i] == MUTATED]
+
+    def _outputs(self, spec: _Spec, values: tuple, device: Any, fake: bool) -> list[torch.Tensor]:
+        """The operator's outputs on ``device``, allocated for these inputs (checked against the
+        signature the first time a set of shapes and dtypes comes)."""
+        key = None
+        if not fake:
+            # A plain loop over what decides the shapes: this runs on every call.
+            key = [id(spec)]
+            for v in values:
+                if isinstance(v, torch.Tensor):
+                    key += (v.shape, v.dtype)
+            key = tuple(key)
+            shapes = self._shapes.get(key)
+            if shapes is not None:
+                return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+        in_params = [spec.params[i] for i in spec.inputs]
+        dims = signature.bind(self.name, in_params, values, numpy_ok=False)
+        shapes = []
+        for i in spec.outputs:
+            t = spec.params[i][1]
+            shape = tuple(d if isinstance(d, int) else dims[d] for d in t.dims)
+            shapes.append((shape, t.dtype.torch_dtype(), spec.roles[i] == ZEROED))
+        if key is not None:
+            if len(self._shapes) >= 256:
+                self._shapes.clear()
+            self._shapes[key] = shapes
+        return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+
+    def fake(self, *values: Any, **kwargs: Any) -> Any:
+        spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
+        return _result(self._outputs(spec, values, _device(values), fake=True))
+
+    def run(self, *values: Any, **kwargs: Any) -> Any:
+        if self.const_args:
+            call_consts = {n: kwargs.get(n, v) for n, v in self.const_args.items()}
+            spec, consts = self.spec(call_consts), {**self.fixed, **call_consts}
+        else:
+            spec, consts = self.first, self.fixed
+        device = _device(values)
+        outs = self._outputs(spec, values, device, fake=False)
+        full: list[Any] = [None] * len(spec.params)
+        for i, v in zip(spec.inputs, values):
+            full[i] = v
+        for i, o in zip(spec.outputs, outs):
+            full[i] = o
+        if device.type == "cuda":
+            self.kernel(*full, **consts)  # on the GPU, or the interpreter with TKC_INTERPRET=1
+        else:
+            interpret(self.kernel, *full, **consts)
+        return _result(outs)
+
+
+def _device(values: tuple) -> Any:
+    """The first input tensor's device: where the outputs go and the kernel runs."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    raise AssertionError("an operator of a kernel has an input tensor (checked at registration)")
+
+
+def _result(outs: list[torch.Tensor]) -> Any:
+    if not outs:
+        return None
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _scalar_schema(t: ScalarType) -> str:
+    dt = t.dtype
+    return "bool" if dt.is_bool else "int" if dt.is_int else "float"
+
+
+def _value_schema(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    raise TkcUsageError(f"a constant exposed as an operator argument must be a bool, int or float, got {v!r}")
+
+
+def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = None,
+              const_args: Sequence[str] = ()) -> Any:
+    """Register ``kernel`` (a ``@tkc.kernel`` or ``tkc.load("file.tk", "name")``) as the PyTorch
+    operator ``name`` (``"namespace::op"``, then ``torch.ops.namespace.op``) and return it
+    (a ``torch.library.CustomOpDef``: call it, or ``op.register_autograd(...)``).
+
+    The operator's arguments are the kernel's tensors that it reads, in order (those it
+    also writes are mutated in place, ``mutates_args``), and its scalars; it returns the
+    tensors the kernel only writes, allocated from the signature's dims (zeros for those
+    the kernel only adds to atomically), one tensor or a tuple.  Constants are fixed:
+    ``consts`` or the kernel's defaults; those named in ``const_args`` are keyword-only
+    operator arguments instead (``consts``, or the kernel, gives their default).
+
+    CUDA tensors run on the GPU (the interpreter with ``TKC_INTERPRET=1``), CPU tensors in
+    the interpreter.  The fake implementation checks the inputs against the signature
+    (dtypes, ranks, dims) and makes empty outputs, so ``torch.compile`` traces the operator
+    without running it.
+    """
+    if not isinstance(kernel, Kernel):
+        raise TkcUsageError(f"tkc.ops.custom_op takes a @tkc.kernel or tkc.load(...), got {type(kernel).__name__}")
+    ns, _, opname = name.partition("::")
+    if not (ns.isidentifier() and opname.isidentifier()):
+        raise TkcUsageError(f"an operator's name is 'namespace::name', got {name!r}")
+    for p in kernel.params:
+        if keyword.iskeyword(p):
+            raise TkcUsageError(f"{name}: a parameter named {p!r} cannot be an operator argument")
+    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args))
+    op = torch.library.custom_op(name, impl.run, mutates_args=impl.mutated(), schema=impl.schema())
+    op.register_fake(impl.fake)
+    op.tkc_kernel = kernel  # what the operator runs, for readers and tests
+    op.tkc_run = impl.run  # the operator's body, for call()
+    return op
+
+
+def call(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` for an operator of :func:`custom_op`, straight to its kernel when
+    torch's dispatcher has nothing to do: plain CUDA tensors, no gradient to record, no
+    ``torch.compile`` tracing, no dispatch or function mode (fake tensors, ``opcheck``, export).
+    The dispatcher's custom-op path costs tens of microseconds of Python a call, more than the
+    launch itself; eager inference and the backward passes (which run without grad) skip it."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._is_torch_function_mode_enabled():
+        return op(*args, **kwargs)
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or a.device.type != "cuda"
+                                            or (grad and a.requires_grad)):
+            return op(*args, **kwargs)
+    return op.tkc_run(*args, **kwargs)

@@ -1,0 +1,107 @@
+"""Operators over the last dim of a tensor: ``rms_norm``, ``layer_norm`` and ``softmax``.
+
+Each is the operator of a shipped kernel over rows (``torch.ops.tkc.rms_norm`` and the
+others take ``[M, N]``: the kernel's signature), and a function taking any leading dims,
+which it flattens to rows.  Forward runs the tkc kernel; backward is written in torch ops
+(fp32), since tkc has no backward kernel for these yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tkc.kernel import load
+from tkc.ops import checks
+from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernels import path
+from tkc.ops.kernels.rmsnorm import rmsnorm
+
+__all__ = ["layer_norm", "rms_norm", "softmax"]
+
+_rms_norm = custom_op("tkc::rms_norm", rmsnorm)
+_layer_norm = custom_op("tkc::layer_norm", load(path("layernorm.tk")))
+_softmax = custom_op("tkc::softmax", load(path("softmax.tk")))
+
+
+def _rows(op: str, x: torch.Tensor) -> torch.Tensor:
+    checks.rank(op, "x", x, "at least one dim", x.dim() >= 1)
+    return x.reshape(-1, x.shape[-1]).contiguous() if x.dim() != 2 or not x.is_contiguous() else x
+
+
+def _weight(op: str, name: str, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    checks.rank(op, name, w, "one dim", w.dim() == 1)
+    checks.same(op, f"{name} must span x's last dim", (f"{name}'s size", w.shape[0]), ("x's last dim", x.shape[-1]))
+    return w.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dim of a bf16 ``x`` (any
+    leading dims) with a bf16 ``weight``; statistics in fp32.  Forward: the tkc kernel
+    ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
+    checks.dtype("rms_norm", torch.bfloat16, x=x, weight=weight)
+    w = _weight("rms_norm", "weight", weight, x)
+    return call(_rms_norm, _rows("rms_norm", x), w, float(eps)).view(x.shape)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim of a bf16 ``x`` (any leading dims), with a bf16 ``weight``
+    and ``bias`` (ones and zeros when None); statistics in fp32.  Forward: the tkc kernel
+    ``layernorm`` (tkc/ops/kernels/layernorm.tk); backward: torch ops."""
+    n = x.shape[-1] if x.dim() else 0
+    weight = torch.ones(n, dtype=x.dtype, device=x.device) if weight is None else weight
+    bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
+    checks.dtype("layer_norm", torch.bfloat16, x=x, weight=weight, bias=bias)
+    w, b = _weight("layer_norm", "weight", weight, x), _weight("layer_norm", "bias", bias, x)
+    return call(_layer_norm, _rows("layer_norm", x), w, b, float(eps)).view(x.shape)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
+    the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
+    checks.dtype("softmax", torch.bfloat16, x=x)
+    return call(_softmax, _rows("softmax", x)).view(x.shape)
+
+
+# ------------------------------------------------------------------ autograd (torch ops, fp32)
+def _save_inputs(ctx: Any, inputs: tuple, output: Any) -> None:
+    *tensors, ctx.eps = inputs
+    ctx.save_for_backward(*tensors)
+
+
+def _rms_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
+    x, w = ctx.saved_tensors
+    xf, wf, gf = x.float(), w.float(), g.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    gw = gf * wf
+    dx = r * (gw - xf * (r * r) * (gw * xf).mean(-1, keepdim=True))
+    dw = (gf * xf * r).sum(0)
+    return dx.to(x.dtype), dw.to(w.dtype), None
+
+
+def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
+    x, w, b = ctx.saved_tensors
+    xf, gf = x.float(), g.float()
+    mean = xf.mean(-1, keepdim=True)
+    rstd = torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + ctx.eps)
+    xhat = (xf - mean) * rstd
+    gx = gf * w.float()
+    dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
+    return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
+
+
+def _save_output(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.save_for_backward(output)
+
+
+def _softmax_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    (y,) = ctx.saved_tensors
+    yf, gf = y.float(), g.float()
+    return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
+
+
+_rms_norm.register_autograd(_rms_norm_backward, setup_context=_save_inputs)
+_layer_norm.register_autograd(_layer_norm_backward, setup_context=_save_inputs)
+_softmax.register_autograd(_softmax_backward, setup_context=_save_output)
