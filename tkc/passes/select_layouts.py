@@ -177,9 +177,12 @@ class _Selector:
             if m != rows:
                 raise self._unsupported(op, f"tcgen05.mma here computes {rows} rows (cta_group::1); this product "
                                            f"has {m} rows")
-            if n % 16 or not 16 <= n <= 256 or n != ms[0][0].acc.type.shape[1]:
-                raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16, one width a "
-                                           f"kernel; this product has {n} columns")
+            if n % 16 or not 16 <= n <= 256:
+                raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16; this product "
+                                           f"has {n} columns")
+            if n != ms[0][0].acc.type.shape[1]:
+                raise self._unsupported(op, f"the tcgen05 lowering takes products of one width a kernel (the first "
+                                           f"has {ms[0][0].acc.type.shape[1]} columns, this one {n})")
         n = ms[0][0].acc.type.shape[1]
         consumers = self.options.consumers or -(-n // 128)
         if n % (8 * consumers):
