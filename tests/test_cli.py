@@ -133,11 +133,11 @@ def test_compile_to_stdout_and_no_cubin_there() -> None:
     assert r.stderr == "error: --emit cubin writes a binary file; name it with -o FILE.cubin\n"
 
 
-def test_compile_sm_100a_is_refused_in_one_line() -> None:
+def test_compile_sm_100a_emits_tcgen05() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a", "--emit", "ptx")
-    assert r.exit_code == 1 and r.stdout == ""
-    assert r.stderr == ("error: target sm_100a: tkc has no Blackwell lowering yet (lower-to-blackwell and "
-                        "its codegen); only --emit tkir works for sm_100a\n")
+    assert r.exit_code == 0, r.stderr
+    assert ".target sm_100a" in r.stdout and "tcgen05.mma.cta_group::1.kind::f16" in r.stdout
+    assert "wgmma" not in r.stdout
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a")  # tile IR has no target
     assert r.exit_code == 0, r.stderr
 
@@ -618,3 +618,6 @@ def test_ops_lists_every_op_with_how_it_is_written() -> None:
             assert f"  {name} " in r.stdout, name
     r = tkc_cli("ops", "--dialect", "hopper")
     assert r.exit_code == 0 and all(f"  {n} " in r.stdout for n in OPS if n.startswith("hopper."))
+    r = tkc_cli("ops", "--dialect", "blackwell")
+    assert r.exit_code == 0 and "Ops of the blackwell dialect:" in r.stdout
+    assert all(f"  {n} " in r.stdout for n in OPS if n.startswith("blackwell."))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tkc.errors import TkcUsageError
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassOptions
+from tkc.target import TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMM = ROOT / "examples" / "gemm.tk"
@@ -89,8 +91,9 @@ def test_a_kernel_functions_tile_ir_comes_from_the_one_compile_path(monkeypatch:
 
 
 def test_targets_without_a_backend_and_unknown_stages() -> None:
-    with pytest.raises(TkcUsageError, match="target sm_100a: tkc has no Blackwell lowering yet"):
-        compile_kernel(GEMM, target="sm_100a", stop="ptx", cache=False)
+    future = dataclasses.replace(TARGETS["sm_100a"], name="sm_future", dialect="future")
+    with pytest.raises(TkcUsageError, match="target sm_future: tkc has no Future lowering yet"):
+        compile_kernel(GEMM, target=future, stop="ptx", cache=False)
     with pytest.raises(TkcUsageError, match="unknown target 'sm_80'"):
         compile_kernel(GEMM, target="sm_80", cache=False)
     with pytest.raises(TkcUsageError, match="unknown stage 'sass'"):

@@ -293,13 +293,14 @@ def pins_command() -> None:
 
 
 @cli.command("ops")
-@click.option("--dialect", type=click.Choice(["tile", "hopper"]), default="tile", show_default=True,
-              help="Which ops: the tile language's (what kernels are written in) or the hopper dialect's.")
+@click.option("--dialect", type=click.Choice(["tile", "hopper", "blackwell"]), default="tile", show_default=True,
+              help="Which ops: the tile language's (what kernels are written in), the hopper dialect's or the "
+                   "blackwell dialect's (sm_100a's tcgen05 and tensor memory).")
 def ops_command(dialect: str) -> None:
     """List every op: for the tile language, how each is written, what it takes and does, and an example."""
     from tkc.ir.core import OPS
     from tkc.ir.dialects import elementwise as E
-    from tkc.ir.dialects import hopper  # noqa: F401  (registers the hopper ops)
+    from tkc.ir.dialects import blackwell, hopper  # noqa: F401  (registers the hopper and blackwell ops)
 
     if dialect == "tile":
         click.echo("Elementwise (scalars and tiles; operands of one dtype, broadcast like numpy):")
@@ -321,7 +322,7 @@ def ops_command(dialect: str) -> None:
             click.echo(f"  tile.scan      {kind:<12} {'float/int':<15} {what}")
     names = sorted(n for n in OPS if n.startswith(dialect + ".") and not (
         dialect == "tile" and issubclass(OPS[n], E.ElementwiseOp)))
-    click.echo("Other ops:" if dialect == "tile" else "Ops of the hopper dialect:")
+    click.echo("Other ops:" if dialect == "tile" else f"Ops of the {dialect} dialect:")
     for name in names:
         doc = (OPS[name].__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         doc = " ".join(doc.split())
@@ -443,9 +444,11 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
                    "programs that walk its tiles.")
+@click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
+              help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
-                kernel: str | None, grid: tuple | None) -> None:
+                kernel: str | None, grid: tuple | None, target: str) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
     from tkc import runner
 
@@ -469,7 +472,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
 
     args = random_args(k, sizes, seed, int_range)
     given = _set_scalars(k, args, scalars)
-    result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed)
+    result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",
            "gpu": f"median kernel time of {result.repeats} launches"}[ran]

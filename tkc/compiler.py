@@ -44,7 +44,7 @@ from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
 __all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
 
 #: The dialects tkc lowers to and emits code from; a target of another stops at tile IR.
-_LOWERED_DIALECTS = ("hopper",)
+_LOWERED_DIALECTS = ("hopper", "blackwell")
 _ENTRY = "compiled.json"
 _CUBIN = "kernel.cubin"
 
@@ -363,7 +363,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     timing always compiles afresh, since a cache hit times nothing.
     """
     from tkc.codegen.target import target as lookup_target
-    from tkc.passes.pipeline import DEFAULT_PIPELINE, HOPPER_PIPELINE
+    from tkc.passes.pipeline import DEFAULT_PIPELINE, backend_pipeline
 
     if stop not in STAGES:
         raise TkcUsageError(f"unknown stage {stop!r}; stages: {', '.join(STAGES)}")
@@ -379,7 +379,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
     if past_tkir and hopper_pipeline is None:
-        hopper_pipeline = HOPPER_PIPELINE
+        hopper_pipeline = backend_pipeline(tgt_value)
     # ptxas runs for a cubin, and for PTX when one is found (not refused): a kernel without
     # products gets its programs an SM from what ptxas makes of it (tkc.codegen.occupancy).
     ptxas_path = _resolve_ptxas(ptxas) if stop == "cubin" or (stop == "ptx" and ptxas is not False) else None

@@ -29,6 +29,7 @@ from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
+from tkc.target import DEFAULT_TARGET
 
 BACKENDS = ("interpret", "emulate", "gpu")
 #: What each backend runs, as the check names the two it compared.
@@ -143,7 +144,7 @@ class RunResult:
 
 
 def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] | None = None,
-        check: bool = False, repeat: int = 1, seed: int = 0) -> RunResult:
+        check: bool = False, repeat: int = 1, seed: int = 0, target: str = DEFAULT_TARGET.name) -> RunResult:
     """Run the (tile IR) ``kernel`` on ``args`` (storage-form numpy arrays and scalars, as
     ``tkc.interpreter.random_args`` makes them) with ``backend``; outputs are returned, the
     arguments are not modified.  ``check``: compare with the interpreter, which then checks
@@ -178,11 +179,11 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         from tkc.compiler import compile_kernel
         from tkc.emulator import emulate
 
-        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False).kernel_op
+        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False, target=target).kernel_op
         grid = user_grid or launch_grid(hopper, args)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
-        seconds, repeat, grid, executed = _run_gpu(kernel, work, user_grid, repeat)
+        seconds, repeat, grid, executed = _run_gpu(kernel, work, user_grid, repeat, target)
     params = kernel.regions[0].block.args
     outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
                if isinstance(p.type, TensorType)]
@@ -222,8 +223,8 @@ def walks_tiles(kernel: Operation) -> bool:
     return any(op.name == "tile.num_sms" for op in kernel.walk())
 
 
-def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int
-             ) -> tuple[float, int, tuple[int, ...], Operation]:
+def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int,
+             target: str = DEFAULT_TARGET.name) -> tuple[float, int, tuple[int, ...], Operation]:
     """Launch on the GPU (the grid the runtime computes for this device unless given); the
     median time of ``repeat`` timed launches after the one whose results are kept, and the
     compiled kernel."""
@@ -238,7 +239,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
 
     if not torch.cuda.is_available():
         raise TkcUsageError("torch sees no CUDA GPU; run with --backend interpret or emulate")
-    compiled = compile_kernel(kernel)
+    compiled = compile_kernel(kernel, target=target)
     params = kernel.regions[0].block.args
     dev = [dtypes.to_torch(np.asarray(w), p.type.dtype).cuda() if isinstance(p.type, TensorType) else w
            for p, w in zip(params, work)]

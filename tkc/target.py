@@ -59,9 +59,14 @@ class Target:
     # reads from shared memory (16-bit and 8-bit floats).
     mma_rows: int = 64
     mma_operand_bits: tuple[int, ...] = (8, 16)
+    # The tensor-core instruction: "wgmma" (a warpgroup's registers hold the accumulator) or
+    # "tcgen05" (one thread issues an ``mma_rows`` x N product into tensor memory, of
+    # ``tmem_columns`` 32-bit columns per CTA, read back with tcgen05.ld).
+    mma: str = "wgmma"
+    tmem_columns: int = 0
     tma: bool = True  # tensor memory accelerator copies (and their multicast over a cluster)
     # The dialect of the IR its kernels are lowered through before codegen ("hopper": TMA,
-    # mbarriers, wgmma; "blackwell": tcgen05, not lowered yet).
+    # mbarriers, wgmma; "blackwell": the same plus tensor memory and tcgen05, docs/blackwell.md).
     dialect: str = "hopper"
     cluster_sizes: tuple[int, ...] = (1, 2, 4)  # CTAs a cluster may have (portable, dividing the SMs' pairs)
     # Tile ops that have a decomposition (``ElementwiseOp.decompose``, a ``mean``) but that this
@@ -88,7 +93,11 @@ TARGETS: dict[str, Target] = {
     "sm_90a": Target("sm_90a", "sm_90a", "+ptx81", "8.1", "sm_90a", capability=(9, 0),
                      forbidden_intrinsics=("llvm.nvvm.tcgen05.",)),
     "sm_100a": Target("sm_100a", "sm_100a", "+ptx86", "8.6", "sm_100a", capability=(10, 0),
-                      forbidden_intrinsics=("llvm.nvvm.wgmma.",), dialect="blackwell"),
+                      forbidden_intrinsics=("llvm.nvvm.wgmma.",), dialect="blackwell",
+                      mma="tcgen05", mma_rows=128, tmem_columns=512,
+                      # 1 KB is static: the tensor-memory address slot, padded to the dynamic
+                      # array's 1024-B alignment (tkc/codegen/lower_blackwell.py).
+                      max_smem_bytes=232448 - 1024),
 }
 
 #: The target of a compilation that names none: Hopper.

@@ -155,9 +155,12 @@ def test_unplaced_shared_tile_is_an_error_with_its_location() -> None:
     assert e.value.loc is not None and e.value.loc.line == 16
 
 
-def test_only_sm_90a() -> None:
-    with pytest.raises(TkcCodegenError, match="sm_90a"):
-        kernel_to_llvm(_kernel(GEMM), "sm_100a")
+def test_tcgen05_ops_only_on_a_tcgen05_target() -> None:
+    from tkc.compiler import compile_kernel
+
+    blackwell = compile_kernel(ROOT / "examples" / "gemm.tk", target="sm_100a", stop="hopper", cache=False)
+    with pytest.raises(TkcCodegenError, match="'blackwell.tmem_alloc' is a tcgen05 .* sm_90a has no tensor memory"):
+        kernel_to_llvm(blackwell.kernel_op, "sm_90a")
 
 
 # --------------------------------------------------------------------------- hand-written fixtures

@@ -31,6 +31,7 @@ from tkc.codegen import nvvm
 from tkc.codegen.deferred import store_plan
 from tkc.codegen.lower_atomic import HANDLERS as ATOMIC
 from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
+from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
@@ -331,9 +332,13 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
     if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
         raise TkcCodegenError(f"expected a 'tile.kernel' op, got {kernel!r}")
     t = lookup_target(target)
-    if t.dialect != "hopper":
-        hoppers = ", ".join(n for n, x in TARGETS.items() if x.dialect == "hopper")
+    if t.dialect not in ("hopper", "blackwell"):
+        hoppers = ", ".join(n for n, x in TARGETS.items() if x.dialect in ("hopper", "blackwell"))
         raise TkcCodegenError(f"hopper-level IR is lowered for {hoppers} only, not {t.name}", kernel.loc)
+    if t.mma != "tcgen05":
+        tc = next((op for op in kernel.walk() if op.name.startswith("blackwell.")), None)
+        if tc is not None:
+            raise TkcCodegenError(f"'{tc.name}' is a tcgen05 op; {t.name} has no tensor memory", tc.loc)
     if options is None:
         options = Options.from_consts(kernel.attributes.get("consts"), kernel.loc, t)
     name = kernel.attributes["sym_name"]
@@ -360,7 +365,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    handlers = {**ELEMENTWISE, **HOPPER, **ATOMIC, **STRUCTURE}
+    handlers = {**ELEMENTWISE, **HOPPER, **BLACKWELL, **ATOMIC, **STRUCTURE}
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], handlers, store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:

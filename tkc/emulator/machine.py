@@ -44,6 +44,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.dtypes import round_to
+from tkc.emulator import tmem
 from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.scheduler import Request, Wait, Yield, run
 from tkc.emulator.smem import ReadLease, SharedMemory
@@ -367,6 +368,8 @@ class _Warpgroup:
     def run(self) -> Co:
         yield from self.block(self.cta.kernel.regions[0].block)
         self.cta.finished += 1
+        if self.cta.finished == self.cta.warpgroups:
+            tmem.at_exit(self.cta)
         if any(not grp.done for grp in self.groups):
             op = next(grp.op for grp in self.groups if not grp.done)
             raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
@@ -1209,6 +1212,10 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.reduce": _reduce,
     "hopper.scan": _scan,
 }
+
+# The blackwell dialect's ops: tensor memory and tcgen05 (tkc/emulator/tmem.py).
+_HANDLERS.update(tmem.HANDLERS)
+_CO_HANDLERS.update(tmem.CO_HANDLERS)
 
 
 # ------------------------------------------------------------------ launching

@@ -485,6 +485,50 @@ class WgmmaOperandA(_Fragment):
         return _frag_text("wgmma_a", self.n, self.warpgroups, self.slices)
 
 
+@dataclass(frozen=True)
+class TmemAccumulator(_Distributed):
+    """A tcgen05 M=128 f32 accumulator read out of tensor memory (``#tmem_acc<N, wg=G>``,
+    PTX-FACTS §7): row i is TMEM lane i, column j is column j, and ``tcgen05.ld.32x32b`` gives
+    thread t of warp w the row 32(w % 4) + t % 32, so a warpgroup's thread t holds row t % 128.
+    Warpgroup g holds columns [g N/G, (g + 1) N/G) of every row (its registers, in order)."""
+
+    n: int
+    warpgroups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.warpgroups < 1 or self.n <= 0 or self.n % (8 * self.warpgroups):
+            raise ValueError(f"#tmem_acc<{self.n}, wg={self.warpgroups}>: each warpgroup holds a positive "
+                             f"multiple of 8 columns")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 128, self.n
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    @property
+    def regs(self) -> int:
+        return self.n // self.warpgroups
+
+    def thread_coords(self, t: Any) -> tuple[Any, Any]:
+        if self.warpgroups == 1:
+            return t % 128, 0
+        return t % 128, t // 128 * self.regs
+
+    def reg_coords(self, i: int) -> tuple[int, int]:
+        return 0, i
+
+    def __str__(self) -> str:
+        return f"#tmem_acc<{self.n}" + (f", wg={self.warpgroups}" if self.warpgroups != 1 else "") + ">"
+
+
+def is_accumulator(layout: object) -> bool:
+    """Whether ``layout`` is an MMA accumulator's: wgmma's registers or tcgen05's tensor memory."""
+    return isinstance(layout, (WgmmaAccumulator, TmemAccumulator))
+
+
 def _fit(what: str, extent: int, grid: int) -> None:
     """A thread grid either tiles the extent (repeating) or is a multiple of it (replicas)."""
     if extent % grid and grid % extent:
@@ -1193,6 +1237,7 @@ LAYOUT_PARSERS.update({
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),
+    "tmem_acc": lambda text: TmemAccumulator(*_frag_args(text)[:2]),
     "blocked": _parse_blocked,
     "slice": _parse_slice,
 })

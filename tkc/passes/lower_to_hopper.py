@@ -44,7 +44,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW
 from tkc.ir.layouts import (
     vector_scratch,
     SharedLayout,
-    WgmmaAccumulator,
+    is_accumulator,
     choose_swizzle,
     core_matrix_misfit,
     first_holders,
@@ -306,7 +306,7 @@ class _Lowering:
                 or op.attributes.get("sem", "relaxed") != "relaxed":
             return None
         t, v = op.tensor.type, op.value.type
-        if not (isinstance(v, TileType) and isinstance(v.layout, WgmmaAccumulator)):
+        if not (isinstance(v, TileType) and is_accumulator(v.layout)):
             return None
         dtypes_ok = t.dtype.name in hopper.TMA_REDUCE_ADD_DTYPES if adding else t.dtype.bits == 16
         if not 2 <= t.rank <= 5 or t.rank - 1 in (op.squeeze or []) or v.rank != 2 \

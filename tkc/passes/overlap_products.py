@@ -38,6 +38,8 @@ _PASSABLE = frozenset({"hopper.wgmma", "hopper.wgmma_wait", "hopper.mbarrier_wai
 
 
 def overlap_products(module: Module, options: Options, target: Target) -> None:
+    if target.mma != "wgmma":
+        return  # tcgen05 completes through mbarriers (lower-to-blackwell), not wgmma waits
     for kernel in pinned_kernels(module, options.overlap_products):
         for block in _blocks(kernel):
             _sink_waits(block)

@@ -19,6 +19,7 @@ from tkc.passes.decompose import decompose
 from tkc.passes.defer_last import defer_last
 from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
+from tkc.passes.lower_to_blackwell import lower_to_blackwell
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.multicast import multicast
 from tkc.passes.overlap_products import overlap_products
@@ -57,7 +58,8 @@ PASSES: dict[str, PassFn] = {
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
-    # --- later: lower-to-blackwell for tcgen05 targets, in its own file.
+    # --- tcgen05 targets: the same passes, then the products move to tensor memory
+    "lower-to-blackwell": lower_to_blackwell,  # wgmma -> tcgen05.mma + commit, accumulators in TMEM
 }
 
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the
@@ -67,3 +69,12 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,"
                    "defer-last,overlap-products,multicast,prefetch-loads,cse,dce,allocate-smem")
+
+#: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
+#: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
+BLACKWELL_PIPELINE = HOPPER_PIPELINE.replace(",cse,dce,allocate-smem", ",lower-to-blackwell,cse,dce,allocate-smem")
+
+
+def backend_pipeline(target: Target) -> str:
+    """The passes from cleaned-up tile IR to the IR ``target``'s codegen takes."""
+    return BLACKWELL_PIPELINE if target.mma == "tcgen05" else HOPPER_PIPELINE

@@ -51,6 +51,7 @@ from tkc.ir.layouts import (
     MAX_SLICES,
     SharedLayout,
     Slice,
+    TmemAccumulator,
     WgmmaAccumulator,
     WgmmaOperandA,
     choose_blocked,
@@ -134,6 +135,8 @@ class _Selector:
         """Warpgroups, and the 64-row slices of a product each holds."""
         rows = self.target.mma_rows
         ms = [(op, op.acc.type.shape[0]) for op in self.kernel.walk() if op.name == "tile.mma"]
+        if self.target.mma == "tcgen05" and ms:
+            return self._tcgen05_warpgroups(ms)
         for op, m in ms:
             if m % rows:
                 raise self._unsupported(op, f"wgmma computes {rows} rows per warpgroup; this product has {m} rows")
@@ -160,6 +163,38 @@ class _Selector:
         raise self._unsupported(ms[0][0], f"consumers = {consumers}: this kernel's products have {m} rows, {rows} "
                                           f"to {rows * MAX_SLICES} a warpgroup in steps of {rows}, so it runs "
                                           f"{choices} (change the tile rows instead)")
+
+    def _tcgen05_warpgroups(self, ms: list) -> tuple[int, int]:
+        """A tcgen05 product is one ``mma_rows`` x N accumulator in tensor memory; the epilogue
+        warpgroups that read it share its columns (``#tmem_acc``), at most 128 a thread: the
+        pin ``consumers``, else N / 128 rounded up."""
+        rows = self.target.mma_rows
+        if self.options.warps is not None:
+            raise self._unsupported(ms[0][0], f"warps = {self.options.warps}: products set the warps; leave the pin "
+                                              f"out")
+        for op, m in ms:
+            n = op.acc.type.shape[1]
+            if m != rows:
+                raise self._unsupported(op, f"tcgen05.mma here computes {rows} rows (cta_group::1); this product "
+                                           f"has {m} rows")
+            if n % 16 or not 16 <= n <= 256:
+                raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16; this product "
+                                           f"has {n} columns")
+            if n != ms[0][0].acc.type.shape[1]:
+                raise self._unsupported(op, f"the tcgen05 lowering takes products of one width a kernel (the first "
+                                           f"has {ms[0][0].acc.type.shape[1]} columns, this one {n})")
+        n = ms[0][0].acc.type.shape[1]
+        consumers = self.options.consumers or -(-n // 128)
+        if n % (8 * consumers):
+            raise self._unsupported(ms[0][0], f"consumers = {consumers}: each epilogue warpgroup reads a multiple of "
+                                              f"8 of the {n} accumulator columns")
+        return consumers, 1
+
+    def _accumulator(self, n: int) -> object:
+        """The layout of an N-wide product's accumulator on this target."""
+        if self.target.mma == "tcgen05":
+            return TmemAccumulator(n, self.warpgroups)
+        return WgmmaAccumulator(n, self.warpgroups, self.slices)
 
     def run(self) -> None:
         self._place_mma_operands()
@@ -299,7 +334,7 @@ class _Selector:
         for op in self.kernel.walk():
             if op.name == "tile.mma":
                 n = op.acc.type.shape[1]
-                self._propose(op.result, WgmmaAccumulator(n, self.warpgroups, self.slices))
+                self._propose(op.result, self._accumulator(n))
         self._fixpoint()
         for op in self.kernel.walk():
             if op.name == "tile.gather":  # the gathered tile's own dtype sets the vector width,
@@ -474,6 +509,9 @@ class _Selector:
         elif name == "tile.mma":
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
+                if self.target.mma == "tcgen05":
+                    raise self._unsupported(op, "A computed in registers (attention's P @ V) is not lowered to "
+                                                "tcgen05 yet (it goes through tensor memory, tcgen05.st)")
                 k = op.a.type.shape[1]
                 self._need(op, 0, WgmmaOperandA(k, self.warpgroups, self.slices))
         elif name == "tile.for":

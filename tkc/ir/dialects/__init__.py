@@ -1,3 +1,3 @@
 """Op definitions, one module per dialect.  Importing this package registers them all."""
 
-from tkc.ir.dialects import hopper, philox, tile  # noqa: F401
+from tkc.ir.dialects import blackwell, hopper, philox, tile  # noqa: F401

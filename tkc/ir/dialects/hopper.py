@@ -571,7 +571,7 @@ class SmemStoreOp(Operation):
     ATTRS = {"col?": int}
 
     def verify(self) -> None:
-        from tkc.ir.layouts import WgmmaAccumulator
+        from tkc.ir.layouts import TmemAccumulator, WgmmaAccumulator
 
         v, d = self.value.type, self.dst.type
         _check_reg(self, v, "value")
@@ -585,7 +585,12 @@ class SmemStoreOp(Operation):
         if not fits or d.dtype != v.dtype:
             at = "" if col is None else f" at column {col}"
             raise self.error(f"{v} does not fit {d}{at}")
-        if col is not None and (not isinstance(v.layout, WgmmaAccumulator) or col % 8 or d.shape[1] % 8):
+        if col is not None and isinstance(v.layout, TmemAccumulator):
+            per = v.layout.regs  # a warpgroup's columns: the slice must lie in one warpgroup's
+            if col // per != (col + d.shape[1] - 1) // per:
+                raise self.error(f"a column slice of {v} lies in one warpgroup's {per} columns, not columns "
+                                 f"{col}..{col + d.shape[1]}")
+        elif col is not None and (not isinstance(v.layout, WgmmaAccumulator) or col % 8 or d.shape[1] % 8):
             raise self.error(f"a column slice is stored from a wgmma accumulator in whole 8-column groups, "
                              f"not columns {col}..{col + d.shape[1]} of {v}")
 
@@ -641,10 +646,11 @@ class WgmmaOp(Operation):
         return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
 
     def verify(self) -> None:
-        from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA
+        from tkc.ir.layouts import WgmmaOperandA, is_accumulator
 
+        # A #tmem_acc accumulator is a tcgen05 product before lower-to-blackwell rewrites it.
         acc, r = self.acc.type, self.result.type
-        if not (_reg(acc) and isinstance(acc.layout, WgmmaAccumulator)) or acc.dtype != dtypes.f32 or r != acc:
+        if not (_reg(acc) and is_accumulator(acc.layout)) or acc.dtype != dtypes.f32 or r != acc:
             raise self.error(f"the accumulator and result are one f32 #wgmma_acc tile, got {acc} -> {r}")
         m, n = acc.shape
         a, b = self.a.type, self.b.type

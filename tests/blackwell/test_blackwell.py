@@ -1,0 +1,287 @@
+"""sm_100a (tcgen05) end to end: the blackwell dialect's descriptors and checks, GEMM through
+the same passes with lower-to-blackwell, the emulator against the interpreter on shapes with
+tails, the broken tensor-memory protocols as emulator errors, ptxas -arch=sm_100a acceptance
+without spills, and the runtime refusing an sm_100a kernel on a Hopper GPU."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tkc import dtypes
+from tkc.codegen.ptxas import find_ptxas
+from tkc.compiler import compile_kernel
+from tkc.emulator import emulate
+from tkc.errors import TkcEmulatorError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
+from tkc.interpreter import random_args
+from tkc.ir.dialects import blackwell
+from tkc.ir.layouts import SharedLayout, TmemAccumulator
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+from tkc.runner import run
+
+ROOT = Path(__file__).resolve().parents[2]
+GEMM = ROOT / "examples" / "gemm.tk"
+SM100 = "sm_100a"
+
+
+def lowered(consts: dict | None = None, path: Path = GEMM) -> str:
+    """The gemm's sm_100a IR after every pass (allocate-smem included), as text."""
+    c = compile_kernel(path, consts or {}, target=SM100, stop="hopper", cache=False)
+    return c.asm["hopper"]
+
+
+def tile_kernel(consts: dict | None = None, path: Path = GEMM):
+    return compile_kernel(path, consts or {}, stop="tkir", cache=False).kernel_op
+
+
+def edit(text: str, old: str, new: str, count: int = 1) -> str:
+    assert text.count(old) >= count, f"{old!r} not in the IR"
+    return text.replace(old, new, count)
+
+
+def emulate_text(text: str, dims: dict[str, int], seed: int = 0) -> list:
+    module = parse_module(text, "gemm.sm100.tkir")
+    verify(module)
+    kernel = module.kernel()
+    args = random_args(kernel, dims, seed)
+    emulate(kernel, args, seed=seed)
+    return args
+
+
+# ---------------------------------------------------------------- the dialect
+def test_descriptors_are_ptx_facts_section_7() -> None:
+    """bf16 x bf16 -> f32, M = N = 128, both K-major: 0x08200490; the 128B-swizzled K-major
+    shared descriptor is Hopper's with bit 46 set (tcgen05_min.ptx's 0x4000404000010000)."""
+    k_major = SharedLayout(128, 64, dtypes.bf16, "k", 128)
+    assert blackwell.instr_descriptor(k_major, k_major, 128, 128) == 0x08200490
+    assert blackwell.smem_descriptor(k_major, 0) == 0x4000404000010000
+    assert blackwell.smem_descriptor(k_major, 0, 1) == 0x4000404000010002  # a K step: 32 B further
+    mn = SharedLayout(64, 256, dtypes.bf16, "mn", 128)  # gemm.tk's B: K x N, N contiguous
+    assert blackwell.instr_descriptor(k_major, mn, 128, 256) == 0x08200490 - (16 << 17) + (32 << 17) + (1 << 16)
+    fp8 = SharedLayout(128, 128, dtypes.f8e4m3, "k", 128)
+    assert blackwell.mma_kind(fp8.dtype, fp8.dtype) == "f8f6f4"
+    assert blackwell.instr_descriptor(fp8, fp8, 128, 128) == 0x08200010
+    assert blackwell.tmem_columns(8) == 32 and blackwell.tmem_columns(256) == 256 and blackwell.tmem_columns(96) == 128
+
+
+def test_tmem_accumulator_layout() -> None:
+    lay = TmemAccumulator(256, 2)
+    rows, cols = lay.coords(np.arange(256)[:, None], np.arange(128)[None, :])
+    assert (rows[:, 0] == np.arange(256) % 128).all()  # thread t of a warpgroup: lane t
+    assert (cols[:128] == np.arange(128)).all() and (cols[128:] == 128 + np.arange(128)).all()
+    assert str(lay) == "#tmem_acc<256, wg=2>"
+
+
+def test_ir_round_trips_and_is_verified() -> None:
+    text = lowered()
+    assert print_module(parse_module(text, "g.tkir")) == text
+    for op in ("blackwell.tmem_alloc {cols = 256}", "blackwell.mma", "blackwell.commit", "blackwell.tmem_load",
+               "blackwell.tmem_dealloc", "#tmem_acc<256, wg=2>"):
+        assert op in text
+    assert "hopper.wgmma" not in text
+    # The empty ring completes on one tcgen05.commit a stage, the accumulator on one a tile.
+    assert re.search(r"hopper.mbarrier_init %empty \{count = 1\}", text)
+    assert re.search(r"hopper.mbarrier_init %acc_full \{count = 1\}", text)
+    with pytest.raises(TkcVerifyError, match="power of two in \\[32, 512\\]"):
+        verify(parse_module(edit(text, "tmem_alloc {cols = 256}", "tmem_alloc {cols = 96}"), "g.tkir"))
+    with pytest.raises(TkcVerifyError, match="frees 128 columns of an allocation of 256"):
+        verify(parse_module(edit(text, "tmem_dealloc %tmem {cols = 256}", "tmem_dealloc %tmem {cols = 128}"),
+                            "g.tkir"))
+
+
+def test_products_the_lowering_does_not_take_are_located_errors() -> None:
+    with pytest.raises(TkcUnsupportedError, match="tcgen05.mma here computes 128 rows") as e:
+        compile_kernel(GEMM, {"BM": 64}, target=SM100, stop="hopper", cache=False)
+    assert e.value.loc is not None and e.value.loc.line == 10
+    with pytest.raises(TkcUnsupportedError, match="pipelined"):
+        compile_kernel(GEMM, {"stages": 1}, target=SM100, stop="hopper", cache=False)
+
+
+# ---------------------------------------------------------------- the emulator
+@pytest.mark.parametrize(("consts", "dims", "seed"), [
+    ({}, {"M": 192, "N": 384, "K": 96}, 0),            # two tiles, N tail, K tail
+    ({}, {"M": 300, "N": 200, "K": 136}, 3),           # tails everywhere
+    ({"BN": 128}, {"M": 130, "N": 136, "K": 264}, 1),  # one epilogue warpgroup, five K steps
+    ({"BN": 64, "BK": 32}, {"M": 257, "N": 72, "K": 520}, 2),
+])
+def test_gemm_emulated_agrees_with_the_interpreter(consts: dict, dims: dict, seed: int) -> None:
+    kernel = tile_kernel(consts)
+    args = random_args(kernel, dims, seed)
+    result = run(kernel, args, "emulate", check=True, seed=seed, target=SM100)
+    assert result.backend == "emulate" and result.ok, result.checked
+
+
+@pytest.mark.parametrize(("example", "dims", "seed"), [
+    ("gemm_fp8.tk", {"M": 200, "N": 136, "K": 272}, 0),  # kind::f8f6f4, B read K-major through .T
+    ("splitk_gemm.tk", {"M": 130, "N": 136, "K": 96}, 1),  # splits whose K range is empty: zeros
+])
+def test_other_gemms_emulated_agree_with_the_interpreter(example: str, dims: dict, seed: int) -> None:
+    kernel = tile_kernel(path=ROOT / "examples" / example)
+    args = random_args(kernel, dims, seed)
+    result = run(kernel, args, "emulate", check=True, seed=seed, target=SM100)
+    assert result.ok, result.checked
+
+
+def test_emulated_gemm_matches_numpy() -> None:
+    """Not only the interpreter: the product itself, with its bf16 output rounding."""
+    args = emulate_text(lowered(), {"M": 130, "N": 264, "K": 72}, seed=5)
+    a, b, c = (np.asarray(x, np.float64) for x in args)  # bf16 values in float32 storage
+    want = dtypes.round_to(a.astype(np.float64) @ b.astype(np.float64), dtypes.bf16)
+    np.testing.assert_allclose(c, want, rtol=2 ** -7, atol=1e-2)
+
+
+def _epilogue_wait(text: str) -> str:
+    """The role's wait for the accumulator's commit behind the K loop."""
+    m = re.search(r"\n *hopper.mbarrier_wait %acc_full, %\d+[^\n]*", text)
+    assert m, "the epilogue's wait"
+    return m.group(0)
+
+
+DIMS = {"M": 130, "N": 264, "K": 72}
+
+
+def test_reading_tensor_memory_before_the_commits_barrier() -> None:
+    text = lowered()
+    broken = edit(text, _epilogue_wait(text), "")
+    with pytest.raises(TkcEmulatorError, match="reads tensor memory before waiting for a commit of the MMAs"):
+        emulate_text(broken, DIMS)
+
+
+ALLOC = "%tmem = blackwell.tmem_alloc {cols = 256} : i32"
+
+
+def test_a_second_allocation() -> None:
+    broken = edit(lowered(), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 32} : i32")
+    with pytest.raises(TkcEmulatorError, match="double alloc"):
+        emulate_text(broken, DIMS)
+
+
+def test_a_column_budget_overrun() -> None:
+    broken = edit(lowered(), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 512} : i32")
+    with pytest.raises(TkcEmulatorError, match="column budget overrun"):
+        emulate_text(broken, DIMS)
+
+
+def test_a_missing_dealloc() -> None:
+    text = lowered()
+    broken = re.sub(r"\n *blackwell.tmem_dealloc %tmem \{cols = 256\}[^\n]*", "", text)
+    with pytest.raises(TkcEmulatorError, match="still allocated when the CTA exits"):
+        emulate_text(broken, DIMS)
+
+
+def test_a_warp_reading_outside_its_lane_quarter(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = lowered()
+    # A layout whose warps are one quarter off: warp w would read lanes 32 (w + 1) on.
+    from tkc.emulator import machine
+
+    monkeypatch.setattr(TmemAccumulator, "thread_coords",
+                        lambda self, t: ((t + 32) % 128, t // 128 * self.regs))
+    machine._coords.cache_clear()  # coordinates of layouts seen before the patch
+    try:
+        with pytest.raises(TkcEmulatorError, match="a warp reaches only lanes 0 to 31"):
+            emulate_text(text, DIMS)
+    finally:
+        machine._coords.cache_clear()
+
+
+def test_accumulating_onto_unwritten_tensor_memory() -> None:
+    """The first MMA of a tile must overwrite: accumulating from the start reads garbage."""
+    text = lowered()
+    broken = re.sub(r"(%\d+) = tile.cmp (%k_1), (%\d+) \{pred = \"ne\"\} : i1",
+                    r'\1 = tile.cmp \2, \3 {pred = "ge"} : i1', text, count=1)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match="accumulates onto tensor memory no MMA has written"):
+        emulate_text(broken, DIMS)
+
+
+# ---------------------------------------------------------------- ptxas
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="no ptxas")
+
+
+@needs_ptxas
+@pytest.mark.parametrize(("example", "consts", "kind"), [
+    ("gemm.tk", {}, "f16"), ("gemm.tk", {"BN": 128}, "f16"), ("gemm.tk", {"BN": 64, "BK": 32}, "f16"),
+    ("gemm_fp8.tk", {}, "f8f6f4"), ("splitk_gemm.tk", {}, "f16")], ids=str)
+def test_ptxas_sm_100a_accepts_without_spills(example: str, consts: dict, kind: str) -> None:
+    c = compile_kernel(ROOT / "examples" / example, consts, target=SM100, stop="cubin", cache=False, ptxas=True)
+    ptx = c.asm["ptx"]
+    assert ".target sm_100a" in ptx and "wgmma" not in ptx
+    for instr in ("tcgen05.alloc.cta_group::1", f"tcgen05.mma.cta_group::1.kind::{kind}", "tcgen05.commit.cta_group::1",
+                  "tcgen05.ld.sync.aligned.32x32b", "tcgen05.wait::ld", "tcgen05.dealloc.cta_group::1"):
+        assert instr in ptx, instr
+    r = c.resources
+    assert r is not None and r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0
+
+
+# ---------------------------------------------------------------- the runtime
+def test_an_sm_100a_kernel_is_refused_on_a_hopper_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from tkc.runtime import driver, launch
+
+    c = compile_kernel(GEMM, target=SM100, stop="ptx", cache=False, ptxas=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+
+    def no_driver(*_: object, **__: object) -> None:
+        raise AssertionError("the driver was reached")
+
+    monkeypatch.setattr(driver, "_lib", types.SimpleNamespace(__getattr__=no_driver))
+    monkeypatch.setattr(launch, "_function", no_driver)
+    a = torch.zeros(256, 64, dtype=torch.bfloat16)
+    b = torch.zeros(64, 256, dtype=torch.bfloat16)
+    out = torch.zeros(256, 256, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    with pytest.raises(TkcLaunchError, match=r"compiled for sm_100a \(compute capability 10.0\) but .* is 9.0"):
+        launch.launch(c, [a, b, out])
+
+
+def test_the_lowering_never_runs_for_sm_90a() -> None:
+    text = compile_kernel(GEMM, stop="hopper", cache=False).asm["hopper"]
+    assert "blackwell." not in text and "hopper.wgmma" in text
+
+
+# ---------------------------------------------------------------- a Blackwell GPU (none here yet)
+def _blackwell_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@pytest.mark.parametrize(("example", "dims"), [
+    ("gemm.tk", {"M": 1000, "N": 776, "K": 520}), ("gemm_fp8.tk", {"M": 1000, "N": 776, "K": 528}),
+    ("splitk_gemm.tk", {"M": 300, "N": 264, "K": 1032})])
+def test_gemm_on_a_blackwell_gpu(example: str, dims: dict) -> None:
+    kernel = tile_kernel(path=ROOT / "examples" / example)
+    args = random_args(kernel, dims, 0)
+    result = run(kernel, args, "gpu", check=True, target=SM100)
+    assert result.ok, result.checked
+
+
+@pytest.mark.parametrize("example", ["attn.tk", "varlen_attn.tk"])
+def test_attention_is_refused_at_its_product(example: str) -> None:
+    """P @ V reads A from registers, which tcgen05 takes only from tensor or shared memory:
+    a located error in words, not a traceback."""
+    with pytest.raises(TkcUnsupportedError, match="A computed in registers .* is not lowered to tcgen05 yet") as e:
+        compile_kernel(ROOT / "examples" / example, target=SM100, stop="hopper", cache=False)
+    assert e.value.loc is not None and e.value.loc.file.endswith(example)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("example", ["softmax.tk", "layernorm.tk", "cross_entropy.tk"])
+def test_examples_without_products_compile_for_sm_100a(example: str) -> None:
+    c = compile_kernel(ROOT / "examples" / example, target=SM100, stop="cubin", cache=False, ptxas=True)
+    assert ".target sm_100a" in c.asm["ptx"] and c.resources.spill_stores == 0

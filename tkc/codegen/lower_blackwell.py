@@ -1,0 +1,186 @@
+"""The ``blackwell.*`` ops as per-thread code for sm_100a (docs/blackwell.md, PTX-FACTS §7).
+
+Owns: tensor-memory allocation (the address slot in static shared memory, the role barrier
+and tcgen05 fences around it), ``tcgen05.mma`` issue by one thread with the descriptors of
+``tkc.ir.dialects.blackwell`` (shared-memory descriptors: Hopper's plus the version bit;
+the instruction descriptor from the operands' layouts), ``tcgen05.commit`` onto an mbarrier,
+``tcgen05.ld`` of a ``#tmem_acc`` tile, and the column slices of a ``#tmem_acc`` tile stored
+to shared memory.  Everything is inline PTX (the NVVM intrinsics exist but nothing here needs
+LLVM to know the ops).
+
+Must not: choose a layout, a column count or a barrier; every Hopper op keeps its handler in
+``lower_hopper.py``, so sm_90a code is not touched by this module.
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from tkc.codegen import lower_hopper
+from tkc.codegen.lower_values import const_i32
+from tkc.codegen.lowerer import Handler, Lowerer, SmemTile
+from tkc.codegen.nvvm import F32, I32, I64
+from tkc.ir.core import Operation
+from tkc.ir.dialects import blackwell
+from tkc.ir.layouts import TmemAccumulator
+from tkc.ir.types import element_dtype
+
+_SLOT = "tkc_tmem_slot"
+
+
+def _asm(lw: Lowerer, text: str, constraints: str = "", args: list | None = None, ret: ir.Type | None = None):
+    args = args or []
+    fty = ir.FunctionType(ret or ir.VoidType(), [a.type for a in args])
+    return lw.b.asm(fty, text, constraints, args, side_effect=True)
+
+
+def _slot(lw: Lowerer) -> ir.Value:
+    """The 32-bit shared-memory word tcgen05.alloc writes the address into (static shared)."""
+    module = lw.b.module
+    if _SLOT not in module.globals:
+        g = ir.GlobalVariable(module, I32, _SLOT, addrspace=3)
+        g.linkage = "internal"
+        g.align = 4
+        g.initializer = ir.Constant(I32, ir.Undefined)
+    return module.globals[_SLOT]
+
+
+def _first_warp(lw: Lowerer) -> ir.Value:
+    return lw.b.icmp_unsigned("<", lw.tid, const_i32(32))
+
+
+def _tmem_alloc(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    slot = _slot(lw)
+    addr = b.trunc(b.ptrtoint(slot, I64), I32)
+
+    def alloc() -> None:
+        _asm(lw, f"tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [$0], {op.cols};", "r,~{memory}", [addr])
+        _asm(lw, "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", "~{memory}")
+
+    lw.if_then(_first_warp(lw), alloc, "tmem_alloc")
+    _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
+    lw.sync()
+    _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+    lw.set(op.result, b.load(slot))
+
+
+def _tmem_dealloc(lw: Lowerer, op: Operation) -> None:
+    tmem = lw.get(op.tmem)
+    _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
+    lw.sync()
+    _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+    lw.if_then(_first_warp(lw), lambda: _asm(
+        lw, f"tcgen05.dealloc.cta_group::1.sync.aligned.b32 $0, {op.cols};", "r,~{memory}", [tmem]), "tmem_dealloc")
+
+
+def _mma(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    sa, sb = lw.shared(op, op.a), lw.shared(op, op.b)
+    la, lb = sa.layout, sb.layout
+    kind = blackwell.mma_kind(la.dtype, lb.dtype)
+    idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.m, op.n))
+    tmem = lw.get(op.tmem)
+    accumulate = b.zext(lw.get(op.accumulate), I32)
+
+    def start4(tile: SmemTile) -> ir.Value:
+        # As lower_hopper's wgmma: the constant descriptor of the tile's offset plus the
+        # dynamic base (and a ring stage's offset) >> 4 in the 14-bit start field.
+        addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
+        return b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
+
+    def issue() -> None:
+        a4, b4 = start4(sa), start4(sb)
+        for k in range(la.k_steps):
+            da = b.add(ir.Constant(I64, blackwell.smem_descriptor(la, sa.offset, k)), a4)
+            db = b.add(ir.Constant(I64, blackwell.smem_descriptor(lb, sb.offset, k)), b4)
+            # K steps after the first always accumulate.
+            acc = accumulate if k == 0 else const_i32(1)
+            _asm(lw, "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $4, 0;\n\t"
+                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], $1, $2, $3, p;\n\t}}",
+                 "r,l,l,r,r,~{memory}", [tmem, da, db, idesc, acc])
+
+    def warp() -> None:
+        # The first warp waits for the operands; its thread 0 issues after the fence that
+        # orders the MMA behind the role's last barrier (the previous tile's tcgen05.ld).
+        lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, op.ready)), lw.get(op.parity))
+        _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+        lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
+
+    lw.if_then(_first_warp(lw), warp, "mma_warp")
+
+
+def _commit(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    bar = lw.smem_addr(lw.offset(lw.barrier(op, op.barrier)))
+    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), lambda: _asm(
+        lw, "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [$0];", "r,~{memory}", [bar]),
+        "tcgen05_commit")
+
+
+def _chunk(regs: int) -> int:
+    """Columns one tcgen05.ld.32x32b moves per thread (.x32, .x16 or .x8)."""
+    return next(x for x in (32, 16, 8) if regs % x == 0)
+
+
+def _tmem_load(lw: Lowerer, op: Operation) -> None:
+    b = lw.b
+    layout: TmemAccumulator = op.result.type.layout
+    tmem = lw.get(op.tmem)
+    _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+    # Warp w reads lanes 32 (w % 4) on; warpgroup g its columns g * regs on.
+    lane = b.shl(b.and_(b.lshr(lw.tid, const_i32(5)), const_i32(3)), const_i32(21))
+    col = b.mul(b.lshr(lw.tid, const_i32(7)), const_i32(layout.regs)) if layout.warpgroups > 1 else const_i32(0)
+    base = b.add(tmem, b.add(lane, col))
+    x = _chunk(layout.regs)
+    vals: list[ir.Value] = []
+    for c in range(0, layout.regs, x):
+        outs = ",".join(f"${i}" for i in range(x))
+        ret = ir.LiteralStructType([I32] * x)
+        addr = b.add(base, const_i32(c))
+        r = _asm(lw, f"tcgen05.ld.sync.aligned.32x32b.x{x}.b32 {{{outs}}}, [${x}];", ",".join(["=r"] * x) + ",r",
+                 [addr], ret)
+        vals += [b.bitcast(b.extract_value(r, i), F32) for i in range(x)]
+    _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
+    # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).
+    pin = ir.FunctionType(F32, [F32])
+    vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
+    written = lw.get(op.written)
+    vals = [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]  # no MMA ran: zeros
+    _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
+    lw.set(op.result, vals)
+
+
+def _smem_store(lw: Lowerer, op: Operation) -> None:
+    """A column slice of a ``#tmem_acc`` tile: the warpgroup that holds the columns stores its
+    registers of them; everything else is Hopper's store."""
+    layout, col = op.value.type.layout, op.attributes.get("col")
+    if not isinstance(layout, TmemAccumulator) or col is None:
+        lower_hopper.HANDLERS["hopper.smem_store"](lw, op)
+        return
+    b = lw.b
+    tile = lw.shared(op, op.dst)
+    vals = lw.tile(op, op.value)
+    width, per = op.dst.type.shape[-1], layout.regs
+    g = col // per
+    coords = lw.coords(op, layout)
+    keep = range(col - g * per, col - g * per + width)
+    kept, at = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
+
+    def store() -> None:
+        lower_hopper._smem_store_values(lw, op, tile, op.dst.type, kept, at, element_dtype(op.value.type))
+
+    if layout.warpgroups == 1:
+        store()
+    else:
+        lw.if_then(b.icmp_unsigned("==", b.lshr(lw.tid, const_i32(7)), const_i32(g)), store, "tmem_slice")
+
+
+HANDLERS: dict[str, Handler] = {
+    blackwell.TmemAllocOp.name: _tmem_alloc,
+    blackwell.TmemDeallocOp.name: _tmem_dealloc,
+    blackwell.MmaOp.name: _mma,
+    blackwell.CommitOp.name: _commit,
+    blackwell.TmemLoadOp.name: _tmem_load,
+    "hopper.smem_store": _smem_store,
+}

@@ -1,0 +1,232 @@
+"""Tensor memory and tcgen05 in the emulator: the ``blackwell`` dialect's ops (docs/blackwell.md).
+
+A CTA's tensor memory is 128 lanes x 512 columns of f32 (``TensorMemory``).  One thread
+issues ``tcgen05.mma``: the product is read from shared memory through the same descriptors
+the hardware gets (``blackwell.smem_descriptor`` decoded by ``layouts.descriptor_address``,
+the instruction descriptor by :func:`decode_idesc`) and written at once, but the columns stay
+*in flight* until a ``tcgen05.commit`` of that thread arrives on its mbarrier, and readable
+only by a warpgroup that has waited for that barrier phase.  Protocol errors, each a
+``TkcEmulatorError`` naming the op: reading tensor memory in flight or before waiting for the
+commit's phase, reading columns no MMA wrote, a warp reading lanes outside its quarter, a
+second allocation in a CTA (its permit was relinquished), a column budget overrun, a free of
+what was not allocated, and columns still allocated when the CTA exits.
+
+Must not: define what an op computes beyond the machine model (layouts and descriptors are
+``tkc.ir``'s) or know about passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tkc import dtypes
+from tkc.emulator.mbarrier import MBarrier
+from tkc.emulator.scheduler import Wait
+from tkc.errors import TkcEmulatorError
+from tkc.ir.core import Operation
+from tkc.ir.dialects import blackwell
+from tkc.ir.layouts import descriptor_address
+
+__all__ = ["TensorMemory", "decode_idesc", "HANDLERS", "CO_HANDLERS", "at_exit"]
+
+_CODES = {"f16": {0: dtypes.f16, 1: dtypes.bf16}, "f8f6f4": {0: dtypes.f8e4m3, 1: dtypes.f8e5m2}}
+
+
+def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
+    """The fields of a ``tcgen05.mma`` instruction descriptor (PTX-FACTS §7 table)."""
+    if (idesc >> 4) & 3 != 1:
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: D must be f32 (1 at bits 4-5)")
+    codes = _CODES[kind]
+    a, b = (idesc >> 7) & 7, (idesc >> 10) & 7
+    if a not in codes or b not in codes:
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not kind::{kind}")
+    return {"a": codes[a], "b": codes[b], "a_mn": bool(idesc >> 15 & 1), "b_mn": bool(idesc >> 16 & 1),
+            "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 24) & 31) << 4}
+
+
+@dataclass
+class _Flight:
+    """An MMA issued and not committed yet: the shared tiles it reads."""
+
+    op: Operation
+    leases: list
+
+
+@dataclass
+class TensorMemory:
+    """One CTA's tensor memory and its allocation state."""
+
+    data: np.ndarray = field(default_factory=lambda: np.zeros((blackwell.TMEM_LANES, blackwell.TMEM_COLUMNS),
+                                                              np.float32))
+    written: np.ndarray = field(default_factory=lambda: np.zeros(blackwell.TMEM_COLUMNS, bool))
+    allocs: dict[int, tuple[int, Operation]] = field(default_factory=dict)  # first column -> (columns, op)
+    relinquished: Operation | None = None
+    addresses: dict[Operation, int] = field(default_factory=dict)  # what each alloc op returned
+    issued: list[_Flight] = field(default_factory=list)  # not committed yet
+    # The commits (barrier, phase) since the newest MMA: each completes when every MMA before
+    # it has, so a reader that has waited for any of them reads a finished accumulator.
+    commits: list[tuple[MBarrier, int]] = field(default_factory=list)
+    last: Operation | None = None  # the newest MMA
+
+    def allocate(self, op: Operation, cols: int) -> int:
+        used = sum(c for c, _ in self.allocs.values())
+        if used + cols > blackwell.TMEM_COLUMNS:
+            raise TkcEmulatorError(f"allocates {cols} tensor-memory columns with {used} of "
+                                   f"{blackwell.TMEM_COLUMNS} taken (column budget overrun)")
+        if self.relinquished is not None:
+            raise TkcEmulatorError(f"allocates tensor memory a second time in this CTA: the allocation at "
+                                   f"{self.relinquished.loc} relinquished the CTA's permit (double alloc)")
+        start = used
+        self.allocs[start] = (cols, op)
+        self.relinquished = op
+        return start  # lane 0 << 16 | column
+
+    def columns(self, op: Operation, addr: int, n: int) -> slice:
+        lane, col = addr >> 16, addr & 0xFFFF
+        for start, (cols, _) in self.allocs.items():
+            if lane == 0 and start <= col and col + n <= start + cols:
+                return slice(col, col + n)
+        raise TkcEmulatorError(f"tensor memory at lane {lane}, columns [{col}, {col + n}) is not allocated")
+
+
+def tmem_of(cta: Any) -> TensorMemory:
+    if not hasattr(cta, "tmem"):
+        cta.tmem = TensorMemory()
+    return cta.tmem
+
+
+# ------------------------------------------------------------------ handlers
+def _tmem_alloc(wg: Any, op: Operation) -> Any:
+    tm = tmem_of(wg.cta)
+    if wg.leader:
+        tm.addresses[op] = tm.allocate(op, op.cols)
+    yield from wg.bar_sync(op)  # the role meets; the address is in shared memory for everyone
+    return np.asarray(tm.addresses[op], np.int32)
+
+
+def _tmem_dealloc(wg: Any, op: Operation, addr: Any) -> Any:
+    yield from wg.bar_sync(op)  # every warp of the role is done reading
+    if not wg.leader:
+        return None
+    tm = tmem_of(wg.cta)
+    start = int(addr) & 0xFFFF
+    held = tm.allocs.get(start)
+    if held is None or held[0] != op.cols:
+        raise TkcEmulatorError(f"frees {op.cols} columns at column {start}, which is not an allocation")
+    if tm.issued:
+        raise TkcEmulatorError(f"frees tensor memory that {_describe(tm.issued[0].op)} still writes (no "
+                               f"tcgen05.commit after it)")
+    del tm.allocs[start]
+    return None
+
+
+def _describe(op: Operation) -> str:
+    """An op in messages, as the machine names it: its name and where it is."""
+    where = f" at {op.loc}" if op.loc is not None and op.loc.line else ""
+    return f"'{op.name}'{where}"
+
+
+def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, ready: MBarrier, parity: Any) -> Any:
+    # The first warp waits for the operands and issues; the role's other warps skip the op.
+    # (Not a wait of the warpgroup's four warps: only the issuing warp spins on it.)
+    if not wg.leader:
+        return None
+    yield Wait(ready, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
+    tm = tmem_of(wg.cta)
+    smem = wg.cta.smem
+    la, lb = a.layout, b.layout
+    m, n = op.m, op.n
+    kind = blackwell.mma_kind(la.dtype, lb.dtype)
+    f = decode_idesc(blackwell.instr_descriptor(la, lb, m, n), kind)
+    if (f["m"], f["n"]) != (m, n):
+        raise TkcEmulatorError(f"the instruction descriptor says {f['m']}x{f['n']}, the op {m}x{n}")
+    cols = tm.columns(op, int(addr), n)
+    who = f"{_describe(op)} ({wg.role})"  # the reader in shared-memory race messages
+    leases = [smem.begin_read(a.base, la.size_bytes, reader=who), smem.begin_read(b.base, lb.size_bytes, reader=who)]
+    d = np.zeros((m, n), np.float64)
+    k = la.k_per_step
+    kk = np.arange(k)[None, :]
+    for s in range(la.k_steps):
+        da, db = blackwell.smem_descriptor(la, a.base, s), blackwell.smem_descriptor(lb, b.base, s)
+        if not (da & db & blackwell.DESC_VERSION):
+            raise TkcEmulatorError("a shared-memory descriptor lacks the tcgen05 version bit (46)")
+        a_addr = descriptor_address(da, "mn" if f["a_mn"] else "k", np.arange(m)[:, None], kk, f["a"])
+        b_addr = descriptor_address(db, "mn" if f["b_mn"] else "k", np.arange(n)[:, None], kk, f["b"])
+        at = smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
+        bt = smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
+        d += at.astype(np.float64) @ bt.astype(np.float64).T
+    if bool(accumulate):
+        if not tm.written[cols].all():
+            raise TkcEmulatorError("accumulates onto tensor memory no MMA has written (the first MMA of an "
+                                   "accumulator must not accumulate)")
+        d += tm.data[:m, cols].astype(np.float64)
+    tm.data[:m, cols] = d.astype(np.float32)
+    tm.written[cols] = True
+    tm.issued.append(_Flight(op, leases))
+    tm.commits, tm.last = [], op
+    return None
+
+
+def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
+    if not wg.leader:
+        return None
+    tm = tmem_of(wg.cta)
+    for fl in tm.issued:
+        for lease in fl.leases:
+            lease.release()
+    tm.issued = []
+    tm.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
+    bar.arrive()
+    return None
+
+
+def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
+    tm = tmem_of(wg.cta)
+    layout = op.result.type.layout  # a #tmem_acc (the op's verifier)
+    rows, cols = wg.coords(op, layout)
+    if not bool(written):
+        return np.zeros(rows.shape, np.float32)
+    if tm.issued:
+        raise TkcEmulatorError(f"reads tensor memory that {_describe(tm.issued[0].op)} is still writing (no "
+                               f"tcgen05.commit after it)")
+    waiter = wg.cta.name(wg.g)
+    if tm.last is None:
+        raise TkcEmulatorError("reads tensor memory before waiting for a commit of the MMAs that write it (none "
+                               "has been issued yet)")
+    if not any(bar._observed.get(waiter, -2) >= phase for bar, phase in tm.commits):
+        bar, phase = tm.commits[-1]
+        raise TkcEmulatorError(f"reads tensor memory before waiting for a commit of the MMAs that write it, after "
+                               f"{_describe(tm.last)} (phase {phase} of mbarrier {bar.name!r})")
+    warp = np.arange(128)[:, None] // 32 % 4
+    if np.any(rows // 32 != warp):
+        t = int(np.argwhere(rows // 32 != warp)[0][0])
+        raise TkcEmulatorError(f"warp {t // 32} of the warpgroup reads lane {int(rows[t].flat[0])}: a warp reaches "
+                               f"only lanes {32 * (t // 32 % 4)} to {32 * (t // 32 % 4) + 31} of tensor memory")
+    base = int(addr) & 0xFFFF
+    span = tm.columns(op, int(addr), layout.shape[1])
+    if not tm.written[span].all():
+        raise TkcEmulatorError("reads tensor-memory columns no MMA has written")
+    return tm.data[rows, base + cols].astype(np.float32)
+
+
+def at_exit(cta: Any) -> None:
+    """The CTA has run to its end: every tensor-memory column must have been freed."""
+    tm = getattr(cta, "tmem", None)
+    if tm is not None and tm.allocs:
+        cols, op = next(iter(tm.allocs.values()))
+        raise TkcEmulatorError(f"{_describe(op)}: {cols} tensor-memory columns are still allocated when the CTA "
+                               f"exits (no blackwell.tmem_dealloc)", op.loc)
+
+
+HANDLERS = {
+    blackwell.CommitOp.name: _commit,
+    blackwell.TmemLoadOp.name: _tmem_load,
+}
+CO_HANDLERS = {
+    blackwell.MmaOp.name: _mma,
+    blackwell.TmemAllocOp.name: _tmem_alloc,
+    blackwell.TmemDeallocOp.name: _tmem_dealloc,
+}

@@ -1,0 +1,187 @@
+"""The ``blackwell`` dialect: what sm_100a adds to the hopper dialect, one op per thing a
+tcgen05 kernel does differently.
+
+Shared tiles, mbarriers and TMA copies stay ``hopper.*`` ops; the accumulator of a product
+lives in *tensor memory* (TMEM: 128 lanes x 512 columns of 32 bits per CTA) instead of a
+warpgroup's registers.  One thread issues the MMA, a ``tcgen05.commit`` arrives on an mbarrier
+once the MMAs it issued have completed, and the epilogue warps read the accumulator into
+registers with ``tcgen05.ld``, each warp only its own quarter of the lanes.  Semantics (who
+executes, what is read and written) are in docs/blackwell.md; the emulator
+(``tkc.emulator.tmem``) and codegen (``tkc.codegen.lower_blackwell``) implement exactly that.
+
+The instruction descriptor and the tensor-memory shared-memory descriptors are computed here,
+from the layout objects, so the emulator and codegen cannot disagree on a bit.
+
+Must not: choose a layout, a column budget or a barrier (``lower-to-blackwell`` does).
+"""
+
+from __future__ import annotations
+
+from tkc import dtypes
+from tkc.ir.core import Operation, register
+from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem
+from tkc.ir.layouts import SharedLayout, TmemAccumulator
+from tkc.ir.types import ScalarType, TileType
+
+I32 = ScalarType(dtypes.i32)
+I1 = ScalarType(dtypes.i1)
+
+#: Tensor memory of one CTA: lanes (rows) and 32-bit columns (PTX-FACTS §7).
+TMEM_LANES = 128
+TMEM_COLUMNS = 512
+#: Bit 46 of a shared-memory matrix descriptor: the tcgen05 (sm_100) descriptor version.  The
+#: other fields are Hopper's (start, LBO, SBO; the 3-bit layout type at 61-63 holds Hopper's
+#: 2-bit swizzle mode shifted one up), so ``SharedLayout.descriptor`` builds both.
+DESC_VERSION = 1 << 46
+
+#: Operand type codes of the instruction descriptor (bits 7-9 for A, 10-12 for B) per kind.
+_KIND_CODES = {"f16": {"f16": 0, "bf16": 1}, "f8f6f4": {"f8e4m3": 0, "f8e5m2": 1}}
+
+
+def tmem_columns(n: int) -> int:
+    """Columns ``tcgen05.alloc`` takes for an N-wide f32 accumulator: a power of two, at least 32."""
+    cols = 32
+    while cols < n:
+        cols *= 2
+    return cols
+
+
+def mma_kind(a: dtypes.DType, b: dtypes.DType) -> str | None:
+    """The ``tcgen05.mma`` kind of an A x B product (None: no kind takes this pair)."""
+    for kind, codes in _KIND_CODES.items():
+        if a.name in codes and b.name in codes and (kind != "f16" or a == b):
+            return kind
+    return None
+
+
+def smem_descriptor(layout: SharedLayout, base_addr: int, k_step: int = 0) -> int:
+    """The tcgen05 shared-memory descriptor of K-step ``k_step`` of a whole operand tile:
+    Hopper's (``SharedLayout.descriptor``) with the sm_100 version bit."""
+    return layout.descriptor(base_addr, k_step, 0) | DESC_VERSION
+
+
+def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
+    """The 32-bit instruction descriptor of ``tcgen05.mma`` (PTX-FACTS §7 table): f32 D, A
+    and B types and majors from their shared layouts, N >> 3 and M >> 4.  ``a`` is the
+    layout of the M x K operand, ``b`` that of the N x K one (K-major: ``major == "k"``)."""
+    kind = mma_kind(a.dtype, b.dtype)
+    if kind is None:
+        raise ValueError(f"tcgen05.mma has no kind for {a.dtype.name} x {b.dtype.name}")
+    codes = _KIND_CODES[kind]
+    return (1 << 4 | codes[a.dtype.name] << 7 | codes[b.dtype.name] << 10 | (a.major == "mn") << 15
+            | (b.major == "mn") << 16 | (n >> 3) << 17 | (m >> 4) << 24)
+
+
+def _check_in_role_or_kernel(op: Operation) -> None:
+    parent = op.parent.parent_op if op.parent else None
+    if parent is None or parent.name not in ("hopper.role", "tile.kernel"):
+        raise op.error("tensor memory is allocated and freed at the top of a role (or the kernel body)")
+
+
+@register
+class TmemAllocOp(Operation):
+    """``tcgen05.alloc`` of ``cols`` columns (a power of two in [32, 512]) by the first warp of
+    the role, ``relinquish_alloc_permit``, then every thread of the role reads the address
+    (lane << 16 | column) the allocation wrote to shared memory, after a role barrier."""
+
+    name = "blackwell.tmem_alloc"
+    RESULTS = ("result",)
+    ATTRS = {"cols": int}
+
+    def verify(self) -> None:
+        c = self.cols
+        if c < 32 or c > TMEM_COLUMNS or c & (c - 1):
+            raise self.error(f"tcgen05.alloc takes a power of two in [32, {TMEM_COLUMNS}] columns, got {c}")
+        if self.result.type != I32:
+            raise self.error("the tensor-memory address is an i32")
+        _check_in_role_or_kernel(self)
+
+
+@register
+class TmemDeallocOp(Operation):
+    """Every thread of the role meets (its reads of tensor memory done), then the first warp
+    frees the ``cols`` columns at ``tmem`` (``tcgen05.dealloc``)."""
+
+    name = "blackwell.tmem_dealloc"
+    OPERANDS = ("tmem",)
+    ATTRS = {"cols": int}
+
+    def verify(self) -> None:
+        owner = getattr(self.tmem, "owner", None)
+        if owner is None or owner.name != TmemAllocOp.name:
+            raise self.error("frees what a blackwell.tmem_alloc allocated")
+        if self.cols != owner.cols:
+            raise self.error(f"frees {self.cols} columns of an allocation of {owner.cols}")
+        _check_in_role_or_kernel(self)
+
+
+@register
+class MmaOp(Operation):
+    """The MMA-issuing warp: the first warp of the role waits for the parity ``parity`` of
+    the mbarrier ``ready`` (its operands' copies landed), then its thread 0 issues
+    ``tcgen05.mma.cta_group::1``: the ``m`` x ``n`` f32 accumulator at ``tmem`` becomes
+    ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one instruction per K step of 32
+    bytes.  The role's other warps do nothing here (nor spin on ``ready``).  Asynchronous: the
+    result is in tensor memory once a later ``blackwell.commit`` of that thread has arrived on
+    its mbarrier."""
+
+    name = "blackwell.mma"
+    OPERANDS = ("tmem", "a", "b", "accumulate", "ready", "parity")
+    ATTRS = {"m": int, "n": int}
+
+    def verify(self) -> None:
+        if self.tmem.type != I32 or self.accumulate.type != I1 or self.parity.type != I32:
+            raise self.error("takes the tensor-memory address (i32), the accumulate flag (i1), the operands' "
+                             "mbarrier and its parity (i32)")
+        _check_barrier(self, self.ready)
+        a, b = self.a.type, self.b.type
+        if not (_smem(a) and _smem(b)):
+            raise self.error(f"A and B are shared tiles, got {a} and {b}")
+        _check_view(self, a, "A")
+        _check_view(self, b, "B")
+        am, ak = (a.layout.rows, a.layout.cols) if a.layout.major == "k" else (a.layout.cols, a.layout.rows)
+        bn, bk = (b.layout.rows, b.layout.cols) if b.layout.major == "k" else (b.layout.cols, b.layout.rows)
+        if am != self.m or bn != self.n or ak != bk:
+            raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {self.m}x{self.n}")
+        if self.m != 128 or not (self.n % 16 == 0 and 16 <= self.n <= 256):
+            raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, got "
+                             f"{self.m}x{self.n}")
+        if mma_kind(a.dtype, b.dtype) is None:
+            raise self.error(f"tcgen05.mma takes bf16 x bf16, f16 x f16 or 8-bit float pairs, not "
+                             f"{a.dtype.name} x {b.dtype.name}")
+
+
+@register
+class CommitOp(Operation):
+    """``tcgen05.commit.mbarrier::arrive::one``, by the thread that issued the MMAs: one
+    arrival on ``barrier`` once every MMA it issued before has completed (the accumulator
+    written, the shared tiles read)."""
+
+    name = "blackwell.commit"
+    OPERANDS = ("barrier",)
+
+    def verify(self) -> None:
+        _check_barrier(self, self.barrier)
+
+
+@register
+class TmemLoadOp(Operation):
+    """``tcgen05.ld.sync.aligned.32x32b`` + ``tcgen05.wait::ld`` by every thread of the role:
+    the accumulator at ``tmem`` as a ``#tmem_acc`` register tile (each warp reads its quarter
+    of the lanes, each warpgroup its share of the columns).  Where ``written`` is false (the
+    K loop ran no iteration, so no MMA wrote it) the result is zeros, as a register
+    accumulator that started at zero would be."""
+
+    name = "blackwell.tmem_load"
+    OPERANDS = ("tmem", "written")
+    RESULTS = ("result",)
+
+    def verify(self) -> None:
+        r = self.result.type
+        if self.tmem.type != I32 or self.written.type != I1:
+            raise self.error("takes the tensor-memory address (i32) and whether an MMA wrote it (i1)")
+        if not (isinstance(r, TileType) and r.space == "reg" and isinstance(r.layout, TmemAccumulator)
+                and r.dtype == dtypes.f32 and r.shape == r.layout.shape):
+            raise self.error(f"the result is an f32 #tmem_acc register tile, got {r}")
+
+
