@@ -129,3 +129,22 @@ def test_ptxas_sm_100a_accepts_varlen_attention_without_spills() -> None:
                        cache=False, ptxas=True)
     r = c.resources
     assert r is not None and r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0
+
+
+# ---------------------------------------------------------------- a Blackwell GPU (none here yet)
+def _blackwell_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@pytest.mark.parametrize("consts", CONFIGS, ids=str)
+def test_attention_on_a_blackwell_gpu(consts: dict) -> None:
+    kernel = compile_kernel(ATTN, consts, stop="tkir", cache=False).kernel_op
+    args = random_args(kernel, {"B": 2, "H": 3, "N": 1000}, 0)
+    result = run(kernel, args, "gpu", check=True, target=SM100)
+    assert result.ok, result.checked
