@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tkc.codegen.ptxas import find_ptxas
@@ -107,6 +108,24 @@ def test_p_stored_while_the_second_mma_reads_it() -> None:
     broken = lines[:mma + 1] + [lines[store]] + lines[mma + 1:]
     with pytest.raises(TkcEmulatorError, match="race|written by .*hopper.smem_store.* with no fence"):
         emulate_text("\n".join(broken), DIMS)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention_emulated_agrees_with_the_interpreter(causal: bool) -> None:
+    """Sequences of 1, 170 and 64 tokens packed one after another (cu_seqlens), D = 128."""
+    torch = pytest.importorskip("torch")
+    from tkc.interpreter import run_kernel
+
+    path = ROOT / "examples" / "varlen_attn.tk"
+    lengths, H, D = [1, 170, 64], 2, 128
+    g = torch.Generator().manual_seed(1)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    q, k, v = (torch.randn(H, int(cu[-1]), D, generator=g).bfloat16() for _ in range(3))
+    args = [q, k, v, torch.full_like(q, float("nan")), cu, D ** -0.5, max(lengths)]
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(path, {"causal": causal}, stop="tkir", cache=False).kernel_op, want)
+    emulate(compile_kernel(path, {"causal": causal}, target=SM100, stop="hopper", cache=False).kernel_op, args)
+    torch.testing.assert_close(args[3].float(), want[3].float(), rtol=1e-2, atol=1e-2)
 
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="no ptxas")
