@@ -14,6 +14,7 @@ import pytest
 
 from tkc import dtypes
 from tkc.codegen.ptxas import find_ptxas
+from device_checks import needs_blackwell
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
@@ -251,16 +252,8 @@ def test_the_lowering_never_runs_for_sm_90a() -> None:
 
 
 # ---------------------------------------------------------------- a Blackwell GPU (none here yet)
-def _blackwell_gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@needs_blackwell
 @pytest.mark.parametrize(("example", "dims"), [
     ("gemm.tk", {"M": 1000, "N": 776, "K": 520}), ("gemm_fp8.tk", {"M": 1000, "N": 776, "K": 528}),
     ("splitk_gemm.tk", {"M": 300, "N": 264, "K": 1032})])

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tkc.codegen.ptxas import find_ptxas
+from device_checks import needs_blackwell
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError
@@ -151,16 +152,8 @@ def test_ptxas_sm_100a_accepts_varlen_attention_without_spills() -> None:
 
 
 # ---------------------------------------------------------------- a Blackwell GPU (none here yet)
-def _blackwell_gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@needs_blackwell
 @pytest.mark.parametrize("consts", CONFIGS, ids=str)
 def test_attention_on_a_blackwell_gpu(consts: dict) -> None:
     kernel = compile_kernel(ATTN, consts, stop="tkir", cache=False).kernel_op
