@@ -81,6 +81,18 @@ def require_gpu() -> None:
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 
+def blackwell_gpu() -> bool:
+    """Whether torch sees an sm_100 GPU (B200/GB200), which sm_100a kernels need."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
+
+
+needs_blackwell = pytest.mark.skipif(not blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+
+
 def launch_tensors(compiled: Any, args: list) -> list:
     """``compiled`` launched on CUDA copies of ``args`` (torch CPU tensors, scalars); the
     arguments back, on the CPU.  Skips the test without a GPU."""

@@ -14,6 +14,7 @@ import pytest
 
 from tkc import dtypes
 from tkc.codegen.ptxas import find_ptxas
+from device_checks import needs_blackwell
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
@@ -251,16 +252,8 @@ def test_the_lowering_never_runs_for_sm_90a() -> None:
 
 
 # ---------------------------------------------------------------- a Blackwell GPU (none here yet)
-def _blackwell_gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _blackwell_gpu(), reason="needs an sm_100 GPU (B200/GB200)")
+@needs_blackwell
 @pytest.mark.parametrize(("example", "dims"), [
     ("gemm.tk", {"M": 1000, "N": 776, "K": 520}), ("gemm_fp8.tk", {"M": 1000, "N": 776, "K": 528}),
     ("splitk_gemm.tk", {"M": 300, "N": 264, "K": 1032})])
@@ -271,13 +264,14 @@ def test_gemm_on_a_blackwell_gpu(example: str, dims: dict) -> None:
     assert result.ok, result.checked
 
 
-@pytest.mark.parametrize("example", ["attn.tk", "varlen_attn.tk"])
-def test_attention_is_refused_at_its_product(example: str) -> None:
-    """P @ V reads A from registers, which tcgen05 takes only from tensor or shared memory:
-    a located error in words, not a traceback."""
-    with pytest.raises(TkcUnsupportedError, match="A computed in registers .* is not lowered to tcgen05 yet") as e:
-        compile_kernel(ROOT / "examples" / example, target=SM100, stop="hopper", cache=False)
-    assert e.value.loc is not None and e.value.loc.file.endswith(example)
+def test_attention_backward_is_refused_at_its_product() -> None:
+    """attn_train.tk's backward accumulates dV and dK over a loop that is not a TMA-pipelined
+    K loop: a located error in words, not a traceback (the forward compiles:
+    tests/blackwell/test_blackwell_attention.py)."""
+    with pytest.raises(TkcUnsupportedError, match="tcgen05") as e:
+        compile_kernel(ROOT / "examples" / "attn_train.tk", kernel="attn_bwd", target=SM100, stop="hopper",
+                       cache=False)
+    assert e.value.loc is not None and e.value.loc.file.endswith("attn_train.tk")
 
 
 @needs_ptxas

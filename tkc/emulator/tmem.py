@@ -47,12 +47,18 @@ def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
             "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 24) & 31) << 4}
 
 
-@dataclass
-class _Flight:
-    """An MMA issued and not committed yet: the shared tiles it reads."""
+@dataclass(eq=False)
+class _Write:
+    """The newest MMA writing a range of columns: the shared tiles it reads until its commit,
+    and the commits (barrier, phase) made since it was issued.  Each commit completes when
+    every MMA before it has, so a reader that has waited for any of them reads a finished
+    product in these columns."""
 
     op: Operation
+    cols: slice
     leases: list
+    committed: bool = False
+    commits: list[tuple[MBarrier, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -65,11 +71,14 @@ class TensorMemory:
     allocs: dict[int, tuple[int, Operation]] = field(default_factory=dict)  # first column -> (columns, op)
     relinquished: Operation | None = None
     addresses: dict[Operation, int] = field(default_factory=dict)  # what each alloc op returned
-    issued: list[_Flight] = field(default_factory=list)  # not committed yet
-    # The commits (barrier, phase) since the newest MMA: each completes when every MMA before
-    # it has, so a reader that has waited for any of them reads a finished accumulator.
-    commits: list[tuple[MBarrier, int]] = field(default_factory=list)
-    last: Operation | None = None  # the newest MMA
+    # The newest MMA of each range of columns (several accumulators: attention's S and O).
+    writes: list[_Write] = field(default_factory=list)
+
+    def in_flight(self) -> list[_Write]:
+        return [w for w in self.writes if not w.committed]
+
+    def written_by(self, cols: slice) -> list[_Write]:
+        return [w for w in self.writes if w.cols.start < cols.stop and cols.start < w.cols.stop]
 
     def allocate(self, op: Operation, cols: int) -> int:
         used = sum(c for c, _ in self.allocs.values())
@@ -116,8 +125,8 @@ def _tmem_dealloc(wg: Any, op: Operation, addr: Any) -> Any:
     held = tm.allocs.get(start)
     if held is None or held[0] != op.cols:
         raise TkcEmulatorError(f"frees {op.cols} columns at column {start}, which is not an allocation")
-    if tm.issued:
-        raise TkcEmulatorError(f"frees tensor memory that {_describe(tm.issued[0].op)} still writes (no "
+    if tm.in_flight():
+        raise TkcEmulatorError(f"frees tensor memory that {_describe(tm.in_flight()[0].op)} still writes (no "
                                f"tcgen05.commit after it)")
     del tm.allocs[start]
     return None
@@ -165,8 +174,9 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, rea
         d += tm.data[:m, cols].astype(np.float64)
     tm.data[:m, cols] = d.astype(np.float32)
     tm.written[cols] = True
-    tm.issued.append(_Flight(op, leases))
-    tm.commits, tm.last = [], op
+    replaced = tm.written_by(cols)  # the committed ones are superseded; the others await a commit
+    tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
+    tm.writes.append(_Write(op, cols, leases))
     return None
 
 
@@ -174,11 +184,12 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     if not wg.leader:
         return None
     tm = tmem_of(wg.cta)
-    for fl in tm.issued:
-        for lease in fl.leases:
-            lease.release()
-    tm.issued = []
-    tm.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
+    for w in tm.writes:
+        if not w.committed:
+            for lease in w.leases:
+                lease.release()
+            w.committed = True
+        w.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
     bar.arrive()
     return None
 
@@ -189,24 +200,26 @@ def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
     rows, cols = wg.coords(op, layout)
     if not bool(written):
         return np.zeros(rows.shape, np.float32)
-    if tm.issued:
-        raise TkcEmulatorError(f"reads tensor memory that {_describe(tm.issued[0].op)} is still writing (no "
-                               f"tcgen05.commit after it)")
-    waiter = wg.cta.name(wg.g)
-    if tm.last is None:
+    span = tm.columns(op, int(addr), layout.shape[1])
+    writes = tm.written_by(span)
+    if not writes:
         raise TkcEmulatorError("reads tensor memory before waiting for a commit of the MMAs that write it (none "
                                "has been issued yet)")
-    if not any(bar._observed.get(waiter, -2) >= phase for bar, phase in tm.commits):
-        bar, phase = tm.commits[-1]
-        raise TkcEmulatorError(f"reads tensor memory before waiting for a commit of the MMAs that write it, after "
-                               f"{_describe(tm.last)} (phase {phase} of mbarrier {bar.name!r})")
+    waiter = wg.cta.name(wg.g)
+    for w in writes:
+        if not w.committed:
+            raise TkcEmulatorError(f"reads tensor memory that {_describe(w.op)} is still writing (no "
+                                   f"tcgen05.commit after it)")
+        if not any(bar._observed.get(waiter, -2) >= phase for bar, phase in w.commits):
+            bar, phase = w.commits[-1]
+            raise TkcEmulatorError(f"reads tensor memory before waiting for a commit of the MMAs that write it, "
+                                   f"after {_describe(w.op)} (phase {phase} of mbarrier {bar.name!r})")
     warp = np.arange(128)[:, None] // 32 % 4
     if np.any(rows // 32 != warp):
         t = int(np.argwhere(rows // 32 != warp)[0][0])
         raise TkcEmulatorError(f"warp {t // 32} of the warpgroup reads lane {int(rows[t].flat[0])}: a warp reaches "
                                f"only lanes {32 * (t // 32 % 4)} to {32 * (t // 32 % 4) + 31} of tensor memory")
     base = int(addr) & 0xFFFF
-    span = tm.columns(op, int(addr), layout.shape[1])
     if not tm.written[span].all():
         raise TkcEmulatorError("reads tensor-memory columns no MMA has written")
     return tm.data[rows, base + cols].astype(np.float32)

@@ -53,20 +53,105 @@ def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
-def _is_zero(v: Value) -> bool:
+def _kernel_of(op: Operation) -> Operation:
+    while op.name != "tile.kernel":
+        op = op.parent.parent_op
+    return op
+
+
+def _is_constant(v: Value, value: object) -> bool:
     op = _owner(v)
-    return op is not None and op.name == "tile.constant" and op.attributes.get("value") == 0
+    return op is not None and op.name == "tile.constant" and op.attributes.get("value") == value
+
+
+def _is_zero(v: Value) -> bool:
+    return _is_constant(v, 0)
 
 
 class _Lowering:
     def __init__(self, kernel: Operation, target: Target):
         self.kernel, self.target = kernel, target
-        self.columns: dict[Operation, int] = {}  # tensor-memory columns allocated per role (or kernel)
+        # Per role (or kernel): its one tcgen05.alloc, the dealloc and the columns its products use.
+        self.allocs: dict[Operation, tuple[Operation, Operation, int]] = {}
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
         for w in products:
-            self._product(w)
+            if self._waited_at_once(w):
+                self._product_at_once(w)
+            else:
+                self._product(w)
+        for alloc, dealloc, used in self.allocs.values():
+            alloc.attributes["cols"] = dealloc.attributes["cols"] = blackwell.tmem_columns(used)
+
+    # ---------------------------------------------- a product waited for at once
+    @staticmethod
+    def _waited_at_once(w: Operation) -> bool:
+        """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next), with no loop
+        carrying its accumulator: attention's two products, S = Q K^T and O = O alpha + P V."""
+        ops = w.parent.ops
+        i = ops.index(w)
+        loop = w.parent.parent_op
+        carried = loop is not None and loop.name == "tile.for" and w.acc in loop.regions[0].block.args[1:]
+        return (not carried and i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
+                and ops[i + 1].pending == 0 and uses(_kernel_of(w)).get(w.result, []) == [ops[i + 1]])
+
+    def _product_at_once(self, w: Operation) -> None:
+        """One product computed and read in place: the MMA into its own tensor-memory columns
+        (not accumulating), its commit onto a barrier of its own, the role's wait for that
+        barrier and ``tmem_load``; a register accumulator the product adds to (O alpha) is
+        added to the loaded product in registers.  The operands' waits and releases stay the
+        role's, as on Hopper (the release follows the wait for the MMA, so the tensor core has
+        read the stage); the role's wait for the operands moves into ``blackwell.mma``."""
+        if not (hopper._smem(w.a.type) and hopper._smem(w.b.type)):
+            raise _unsupported(w, "A and B must be shared tiles (select-layouts stages a register A)")
+        wait = w.parent.ops[w.parent.ops.index(w) + 1]
+        ready = self._operands_ready(w)
+        container = hopper.enclosing_role(w) or self.kernel
+        tmem = self._allocate(container, w)
+        b = Builder.before(w)
+        b.loc = w.loc
+        m, n = w.acc.type.shape
+        no = b.value(tile.ConstantOp, [], I1, {"value": False})
+        b.create(blackwell.MmaOp, [tmem, w.a, w.b, no, ready.barrier, ready.parity], [], {"m": m, "n": n})
+        full = self._barrier(w)
+        b.create(blackwell.CommitOp, [full])
+        b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
+        yes = b.value(tile.ConstantOp, [], I1, {"value": True})
+        acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
+        if not _is_zero(w.acc):
+            acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
+        acc.name_hint = wait.result.name_hint
+        replace_all_uses(self.kernel, wait.result, acc)
+        wait.erase()
+        w.erase()
+        ready.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
+
+    def _operands_ready(self, w: Operation) -> Operation:
+        """The role's wait for the TMA copy of ``w``'s B."""
+        ops = w.parent.ops
+        stage = _owner(w.b)
+        for op in reversed(ops[:ops.index(w)]):
+            if op.name == "hopper.mbarrier_wait" and stage is not None and stage.name == "hopper.stage" \
+                    and _owner(op.barrier) is not None and _owner(op.barrier).name == "hopper.stage" \
+                    and _owner(op.barrier).operands[1] is stage.operands[1]:
+                return op
+        raise _unsupported(w, "B must be a stage of a TMA ring the role waits for before the product")
+
+    def _iteration_parity(self, w: Operation, b: Builder) -> Value:
+        """The parity of the commit a product waits for, one commit a run: 0 when it runs once,
+        else the iteration of the loop around it (directly in its role) & 1."""
+        loop = w.parent.parent_op
+        if loop is None or loop.name in ("hopper.role", "tile.kernel"):
+            return b.value(tile.ConstantOp, [], I32, {"value": 0})
+        container = loop.parent.parent_op if loop.parent else None
+        if loop.name != "tile.for" or container is None or container.name not in ("hopper.role", "tile.kernel"):
+            raise _unsupported(w, "a product nested deeper than one loop of its role is not lowered to tcgen05 yet")
+        iv, (lb, _, step) = loop.regions[0].block.args[0], loop.operands[:3]
+        run = iv if _is_zero(lb) else b.value(tile.SubOp, [iv, lb], I32)
+        if not _is_constant(step, 1):
+            run = b.value(tile.FloorDivOp, [run, step], I32)
+        return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
 
     # --------------------------------------------------------------- one product
     def _product(self, w: Operation) -> None:
@@ -200,19 +285,26 @@ class _Lowering:
                 raise _unsupported(op, "a ring stage released by both threads and tcgen05.commit")
 
     def _allocate(self, container: Operation, w: Operation) -> Value:
-        """Tensor memory for the product's accumulator, allocated at the top of ``container``
-        (a role, or the kernel) and freed before its end."""
-        cols = blackwell.tmem_columns(w.acc.type.shape[1])
-        used = self.columns.get(container, 0) + cols
-        if used > self.target.tmem_columns:
+        """Tensor-memory columns for the product's accumulator: the next ones of the one
+        allocation at the top of ``container`` (a role, or the kernel), freed before its end
+        (a CTA allocates once: the first allocation relinquishes the permit)."""
+        n = -(-w.acc.type.shape[1] // 32) * 32
+        held = self.allocs.get(container)
+        used = (held[2] if held else 0) + n
+        if blackwell.tmem_columns(used) > self.target.tmem_columns:
             raise _unsupported(w, f"the accumulators need {used} tensor-memory columns, a CTA has "
                                   f"{self.target.tmem_columns}")
-        self.columns[container] = used
-        block = container.regions[0].block
-        b = Builder(block, 0, w.loc)
-        tmem = b.value(blackwell.TmemAllocOp, [], I32, {"cols": cols})
-        tmem.name_hint = "tmem"
-        e = Builder.before(block.terminator)
-        e.loc = w.loc
-        e.create(blackwell.TmemDeallocOp, [tmem], [], {"cols": cols})
-        return tmem
+        if held is None:
+            block = container.regions[0].block
+            b = Builder(block, 0, w.loc)
+            alloc = b.create(blackwell.TmemAllocOp, [], [I32], {"cols": blackwell.tmem_columns(used)})
+            alloc.result.name_hint = "tmem"
+            e = Builder.before(block.terminator)
+            e.loc = w.loc
+            dealloc = e.create(blackwell.TmemDeallocOp, [alloc.result], [], {"cols": blackwell.tmem_columns(used)})
+            self.allocs[container] = (alloc, dealloc, used)
+            return alloc.result
+        alloc, dealloc, before = held
+        self.allocs[container] = (alloc, dealloc, used)
+        b = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, w.loc)
+        return b.value(tile.AddOp, [alloc.result, b.value(tile.ConstantOp, [], I32, {"value": before})], I32)

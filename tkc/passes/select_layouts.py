@@ -167,7 +167,7 @@ class _Selector:
     def _tcgen05_warpgroups(self, ms: list) -> tuple[int, int]:
         """A tcgen05 product is one ``mma_rows`` x N accumulator in tensor memory; the epilogue
         warpgroups that read it share its columns (``#tmem_acc``), at most 128 a thread: the
-        pin ``consumers``, else N / 128 rounded up."""
+        pin ``consumers``, else the products' N summed / 128 rounded up."""
         rows = self.target.mma_rows
         if self.options.warps is not None:
             raise self._unsupported(ms[0][0], f"warps = {self.options.warps}: products set the warps; leave the pin "
@@ -180,14 +180,14 @@ class _Selector:
             if n % 16 or not 16 <= n <= 256:
                 raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16; this product "
                                            f"has {n} columns")
-            if n != ms[0][0].acc.type.shape[1]:
-                raise self._unsupported(op, f"the tcgen05 lowering takes products of one width a kernel (the first "
-                                           f"has {ms[0][0].acc.type.shape[1]} columns, this one {n})")
-        n = ms[0][0].acc.type.shape[1]
-        consumers = self.options.consumers or -(-n // 128)
-        if n % (8 * consumers):
-            raise self._unsupported(ms[0][0], f"consumers = {consumers}: each epilogue warpgroup reads a multiple of "
-                                              f"8 of the {n} accumulator columns")
+        # Products of several widths (attention's S and O) share the warpgroups, each reading
+        # its share of every accumulator's columns: at most 128 columns a thread in all.
+        consumers = self.options.consumers or -(-sum(op.acc.type.shape[1] for op, _ in ms) // 128)
+        for op, _ in ms:
+            n = op.acc.type.shape[1]
+            if n % (8 * consumers):
+                raise self._unsupported(op, f"consumers = {consumers}: each epilogue warpgroup reads a multiple of "
+                                            f"8 of the {n} accumulator columns")
         return consumers, 1
 
     def _accumulator(self, n: int) -> object:
@@ -235,8 +235,10 @@ class _Selector:
                 why = ((tma_loadable(load, self.target) or ("" if tma else "the kernel pins tma = False"))
                        if loaded else "")
                 staged = not loaded or bool(why)
-                if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded:
+                if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded \
+                        and self.target.mma != "tcgen05":
                     continue  # computed in registers: converted to #wgmma_a later, no shared memory
+                # (tcgen05.mma reads A from shared or tensor memory: a register A is staged below.)
                 if staged and src.type.dtype.bits not in self.target.mma_operand_bits:
                     raise self._unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
                                             + (why or f"wgmma takes 16- and 8-bit operands, not "
@@ -509,9 +511,6 @@ class _Selector:
         elif name == "tile.mma":
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
-                if self.target.mma == "tcgen05":
-                    raise self._unsupported(op, "A computed in registers (attention's P @ V) is not lowered to "
-                                                "tcgen05 yet (it goes through tensor memory, tcgen05.st)")
                 k = op.a.type.shape[1]
                 self._need(op, 0, WgmmaOperandA(k, self.warpgroups, self.slices))
         elif name == "tile.for":
