@@ -1,7 +1,8 @@
-"""ThunderKittens' kernel set (GEMM epilogues, RoPE, residual + LayerNorm/RMSNorm) beside what a
-PyTorch user runs, each row timed in turns with its peers on one GPU (cold L2, harness.py).
+"""ThunderKittens' kernel set (GEMM epilogues, RoPE, residual + LayerNorm/RMSNorm, the scaled FP8
+GEMM) beside what a PyTorch user runs, each row timed in turns with its peers on one GPU (cold L2,
+harness.py).
 
-    python benchmarks/tk_kernels.py [--quick] [--no-record] [--only gemm_epilogue,rope,norm]
+    python benchmarks/tk_kernels.py [--quick] [--no-record] [--only gemm_epilogue,rope,norm,fp8]
 
 Appends the table to benchmarks/RESULTS.md and plots it in benchmarks/plot_tk_kernels.png
 (unless --no-record).
@@ -23,6 +24,11 @@ Rows:
   peers' backward is autograd's of the same forward), beside torch eager, ``torch.compile``,
   liger-kernel (torch's add, and dropout, then its norm) and a copy.  GB/s of the tensors read
   and written (the copy: its own two).
+* ``fp8``: examples/gemm_fp8_scaled.tk (e4m3 A [M, K] and B [N, K] to bf16, per-tensor and
+  rowwise f32 scales) beside ``torch._scaled_mm`` in the same mode (cuBLAS; B is its
+  column-major [K, N]), with and without ``use_fast_accum`` (tkc accumulates in the wgmma
+  accumulator throughout, as fast accumulation does; without it cuBLAS promotes partial sums
+  to f32 now and then), and beside gemm.tk in bf16 on the same shape.  TFLOP/s.
 
 liger-kernel is optional: its column is left out when it does not import.  Needs a CUDA GPU.
 """
@@ -301,7 +307,44 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
     return rows
 
 
-GROUPS = {"gemm_epilogue": gemm_epilogue_rows, "rope": rope_rows, "norm": norm_rows}
+# ------------------------------------------------------------------------------- FP8 GEMM
+def fp8_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
+    rows = []
+    for M, N, K in shapes:
+        a = torch.randn(M, K, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(N, K, device="cuda").to(torch.float8_e4m3fn)  # K-major: _scaled_mm's b.t()
+        a16, b16 = a.to(torch.bfloat16), b.t().contiguous().to(torch.bfloat16)  # gemm.tk's B is [K, N]
+        c, c16 = (torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        plain = launcher("gemm.tk", {})
+        for rowwise in (False, True):
+            row = Row("fp8", f"{'rowwise' if rowwise else 'per-tensor'} scales, {M}x{N}x{K} e4m3 -> bf16", "TFLOP/s")
+            # torch._scaled_mm's scales: f32 tensors, [M, 1] and [1, N] rowwise; tkc's the same as vectors
+            sa, sb = ((torch.rand(n, 1, device="cuda") + 0.5) * K ** -0.25 for n in (M, N))
+            sa, sb = (sa, sb.t()) if rowwise else (sa[:1, 0].reshape(()), sb[:1, 0].reshape(()))
+            ours = launcher("gemm_fp8_scaled.tk", {"rowwise": rowwise})
+            args = [a, b, sa.reshape(-1), sb.reshape(-1), c]
+
+            def scaled_mm(fast: bool, sa=sa, sb=sb) -> torch.Tensor:
+                return torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+            c.fill_(float("nan"))
+            ours(*args)
+            if not checked(row, c, scaled_mm(False), 2e-2):
+                rows.append(row)
+                continue
+            t = in_turns({"tkc": lambda args=args, ours=ours: ours(*args),
+                          "torch._scaled_mm": lambda f=scaled_mm: f(False),
+                          "torch._scaled_mm (use_fast_accum)": lambda f=scaled_mm: f(True),
+                          "tkc gemm.tk (bf16)": lambda: plain(a16, b16, c16)}, runs)
+            row.values = {n: 2 * M * N * K / s / 1e12 for n, s in t.items()}
+            row.notes = (f"tkc at {t['torch._scaled_mm'] / t['tkc']:.2f}x torch._scaled_mm, "
+                         f"{t['torch._scaled_mm (use_fast_accum)'] / t['tkc']:.2f}x with use_fast_accum")
+            rows.append(row)
+            print(f"  {row.problem}: {row.values}", flush=True)
+    return rows
+
+
+GROUPS = {"gemm_epilogue": gemm_epilogue_rows, "rope": rope_rows, "norm": norm_rows, "fp8": fp8_rows}
 
 
 def main() -> None:
@@ -320,7 +363,8 @@ def main() -> None:
     shapes = {"gemm_epilogue": [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 8192, 8192)],
               "rope": [(4, 4096, 32, 128)] if args.quick else [(4, 4096, 32, 128), (1, 16384, 8, 128),
                                                                (8, 2048, 32, 64)],
-              "norm": [(16384, 4096)] if args.quick else [(4096, 4096), (16384, 4096), (8192, 8192), (16384, 1024)]}
+              "norm": [(16384, 4096)] if args.quick else [(4096, 4096), (16384, 4096), (8192, 8192), (16384, 1024)],
+              "fp8": [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 8192, 8192)]}
     rows = [r for g in only for r in GROUPS[g](shapes[g], runs)]
     print(table(rows))
     if not args.no_record:

@@ -29,6 +29,7 @@ INSIDE_WORDS = re.compile(r"pass '|#blocked|#slice|#wgmma|#smem|Traceback|Error:
 #: Examples as the examples' tests size them (the defaults of a few are large for a CPU).
 SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 64, "BK": 32},
          "gemm_fp8.tk": {"BM": 64, "BN": 64, "BK": 64}, "softmax.tk": {"BN": 256},
+         "gemm_fp8_scaled.tk": {"BM": 64, "BN": 64, "BK": 64},
          "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
          "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
          "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},

@@ -1,5 +1,6 @@
 """ThunderKittens' kernel set (issue 27): GEMMs with epilogues written after the `@`
-(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk, gemm_rope.tk), RoPE (rope.tk) and residual +
+(gemm_bias_gelu.tk, gemm_swiglu.tk, gemm_residual.tk, gemm_rope.tk), the scaled FP8 GEMM
+(gemm_fp8_scaled.tk, per-tensor and rowwise scales), RoPE (rope.tk) and residual +
 LayerNorm/RMSNorm forward and backward (layernorm_residual.tk, layernorm_residual_bwd.tk)
 against torch in the interpreter, the emulator against the interpreter, ptxas without
 spills, and on a GPU against torch.  Shapes have tails on every axis."""
@@ -72,6 +73,22 @@ def _residual(g: torch.Generator):
     r = _bf16(g, M, N)
     c = torch.full((M, N), float("nan")).to(torch.bfloat16)
     return [a, b, r, c], {3: a.float() @ b.float() + r.float()}
+
+
+# ------------------------------------------------------------------ FP8 GEMM with scales
+FP8_SMALL = {"BM": 64, "BN": 64, "BK": 64}
+FP8_K = 208  # a tail of 16 past three blocks of 64 (an fp8 row stays a multiple of 16 bytes, as TMA needs)
+
+
+def _fp8_scaled(rowwise: bool):
+    """A [M, K] and B [N, K] in e4m3, scales near K^-1/2 (outputs near 1): one each, or one
+    per row of A and per column of C; torch's answer from the dequantized f32 product."""
+    def inputs(g: torch.Generator):
+        a, b = (torch.randn(n, FP8_K, generator=g).to(torch.float8_e4m3fn) for n in (M, N))
+        sa, sb = ((torch.rand(n if rowwise else 1, generator=g) + 0.5) * FP8_K ** -0.25 for n in (M, N))
+        c = torch.full((M, N), float("nan")).to(torch.bfloat16)
+        return [a, b, sa, sb, c], {4: (a.float() @ b.float().T) * sa[:, None] * sb[None, :]}
+    return inputs
 
 
 # ------------------------------------------------------------------ RoPE
@@ -157,6 +174,8 @@ CASES = {
                      {"approx_tanh": False, "BN": 128}),
     "swiglu": Case("gemm_swiglu.tk", _swiglu, GEMM_SMALL),
     "residual": Case("gemm_residual.tk", _residual, GEMM_SMALL),
+    "fp8_tensorwise": Case("gemm_fp8_scaled.tk", _fp8_scaled(False), FP8_SMALL),
+    "fp8_rowwise": Case("gemm_fp8_scaled.tk", _fp8_scaled(True), {**FP8_SMALL, "rowwise": True}, {"rowwise": True}),
     "gemm_rope": Case("gemm_rope.tk", _gemm_rope, {"BM": 64, "D": 64, "BK": 32}, {"D": 64}),
     "rope_half": Case("rope.tk", _rope(False), {"D": 64, "BN": 16}, {"D": 64}, tol=(1e-2, 1e-2)),
     "rope_interleaved": Case("rope.tk", _rope(True), {"D": 64, "BN": 16, "interleaved": True},
@@ -214,3 +233,26 @@ def test_on_gpu_as_torch(name: str, size: str) -> None:
     case = CASES[name]
     args, want = case.inputs(torch.Generator().manual_seed(7))
     _close(dict(enumerate(launch_tensors(_compile(case, getattr(case, size)), args))), want, case.tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(256, 512, 256), (1008, 784, 528), (4096, 4096, 4096)])
+@pytest.mark.parametrize("rowwise", [False, True], ids=["tensorwise", "rowwise"])
+def test_fp8_scaled_as_torch_scaled_mm(rowwise: bool, M: int, N: int, K: int) -> None:
+    """gemm_fp8_scaled.tk as it ships against torch._scaled_mm on the same operands: B [N, K]
+    is _scaled_mm's column-major [K, N] transposed, the scales its f32 tensors (rowwise:
+    scale_a [M, 1], scale_b [1, N]) seen as vectors.  Shapes whose dims are multiples of 16
+    (as _scaled_mm needs) with tails past the 128 x 256 x 128 tile."""
+    require_gpu()
+    from tkc.runtime.launch import launch
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    a, b = (torch.randn(n, K, generator=g, device="cuda").to(torch.float8_e4m3fn) for n in (M, N))
+    shapes = ((M, 1), (1, N)) if rowwise else ((), ())
+    sa, sb = ((torch.rand(s, generator=g, device="cuda") + 0.5) * K ** -0.25 for s in shapes)
+    want = torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16)
+    c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch(_compile(CASES["fp8_rowwise" if rowwise else "fp8_tensorwise"], {"rowwise": rowwise}),
+           [a, b, sa.reshape(-1), sb.reshape(-1), c])
+    # Both accumulate in f32 and round once to bf16, in other orders: a bf16 ulp or two apart.
+    torch.testing.assert_close(c.float(), want.float(), rtol=2e-2, atol=2e-2)
