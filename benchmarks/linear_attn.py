@@ -16,7 +16,6 @@ the note says why).  Needs a CUDA GPU.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 
 import torch  # noqa: E402
 
-from harness import Row, append_results, in_turns, run_command, table  # noqa: E402
+from harness import Row, append_results, group_args, in_turns, run_command, table  # noqa: E402
 from tk_kernels import checked, launcher  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "examples"))
@@ -147,17 +146,7 @@ GROUPS = {"linear_attn": linear_attn_rows, "based": based_rows}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="one shape per kernel, fewer runs")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated groups: " + ", ".join(GROUPS))
-    args = ap.parse_args()
-    only = args.only.split(",")
-    unknown = [g for g in only if g not in GROUPS]
-    if unknown:
-        sys.exit(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/linear_attn.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    args, only = group_args("linear_attn.py", list(GROUPS))
     runs = 30 if args.quick else 60
     # (B, H, N, DK, DV); Based on ThunderKittens' shapes (16 heads, feature dim 16, values 64)
     shapes = {"linear_attn": [(8, 16, 4096, 64, 64)] if args.quick else
