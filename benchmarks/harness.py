@@ -2,14 +2,16 @@
 
 Owns: the benchmark timing settings (tkc.runtime.timing's method with a 256 MB L2 flush
 before every timed call), the measurement of host overhead per call, the device
-description, and the three outputs of a run: the table printed last, the section appended
-to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is being timed.
+description, the command line of a script of row groups, and the three outputs of a run:
+the table printed last, the section appended to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is being timed.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +109,24 @@ def table(rows: Sequence[Row], ours: str = "tkc") -> str:
                 lines.append(f"| ↳ {r.notes} |" + " |" * (len(names) + 1))
         lines.append("")
     return "\n".join(lines)
+
+
+def group_args(script: str, groups: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The command line of a benchmark script of row groups (``--quick``, ``--no-record``,
+    ``--only``) and the groups it names; exits, saying why, on an unknown group or without a
+    CUDA GPU."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one shape per kernel, fewer runs")
+    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    ap.add_argument("--only", default=",".join(groups), help="comma-separated groups: " + ", ".join(groups))
+    args = ap.parse_args()
+    only = args.only.split(",")
+    unknown = [g for g in only if g not in groups]
+    if unknown:
+        sys.exit(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(groups)}")
+    if not torch.cuda.is_available():
+        sys.exit(f"benchmarks/{script} needs a CUDA GPU (torch.cuda.is_available() is False)")
+    return args, only
 
 
 def run_command(script: str, quick: bool, only: str, groups: Sequence[str]) -> str:

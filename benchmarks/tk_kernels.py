@@ -35,7 +35,6 @@ liger-kernel is optional: its column is left out when it does not import.  Needs
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +47,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness import Row, append_results, in_turns, plot, run_command, table  # noqa: E402
+from harness import Row, append_results, group_args, in_turns, plot, run_command, table  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "examples"))
 import tk_reference as ref  # noqa: E402  (the torch references the tests check against)
@@ -348,17 +347,7 @@ GROUPS = {"gemm_epilogue": gemm_epilogue_rows, "rope": rope_rows, "norm": norm_r
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="one shape per kernel, fewer runs")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated groups: " + ", ".join(GROUPS))
-    args = ap.parse_args()
-    only = args.only.split(",")
-    unknown = [g for g in only if g not in GROUPS]
-    if unknown:
-        sys.exit(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/tk_kernels.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    args, only = group_args("tk_kernels.py", list(GROUPS))
     runs = 30 if args.quick else 60
     shapes = {"gemm_epilogue": [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 8192, 8192)],
               "rope": [(4, 4096, 32, 128)] if args.quick else [(4, 4096, 32, 128), (1, 16384, 8, 128),

@@ -1,11 +1,13 @@
-"""torch references of ThunderKittens' kernel set (rope.tk, layernorm_residual.tk), shared by
-tests/examples/test_tk_kernels.py and benchmarks/tk_kernels.py (where they are the torch
+"""torch references of ThunderKittens' kernel set (rope.tk, layernorm_residual.tk, linear_attn.tk,
+based.tk), shared by tests/examples/test_tk_kernels.py, test_linear_attn.py, benchmarks/tk_kernels.py
+and benchmarks/linear_attn.py (where they are the torch
 eager peer).  Each computes in the dtype of its inputs: pass float32 for a reference."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -66,3 +68,73 @@ def layernorm_residual_bwd(dy: torch.Tensor, dh: torch.Tensor, h: torch.Tensor, 
     y.backward(dy.double())
     db = torch.zeros_like(bd) if rms else bd.grad
     return hd.grad + dh.double(), wd.grad, db
+
+
+def decay_mask(slope: torch.Tensor, N: int) -> torch.Tensor:
+    """[H, N, N]: gamma^(t - s) where s <= t, else 0, with gamma = exp(-|slope|) for each head."""
+    t = torch.arange(N, device=slope.device, dtype=torch.float32)
+    diff = t[:, None] - t[None, :]
+    return torch.where(diff >= 0, torch.exp(-slope.abs().float()[:, None, None] * diff.clamp(min=0)), 0.0)
+
+
+def linear_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+    """Decayed causal linear attention of q, k [B, H, N, DK] and v [B, H, N, DV], quadratic form:
+    o_t = sum_{s <= t} gamma^(t - s) (q_t . k_s) v_s."""
+    return ((q @ k.transpose(-1, -2)) * decay_mask(slope, q.shape[2]).to(q.dtype)) @ v
+
+
+def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Based (unnormalized, causal) of q, k [B, H, N, 16] and v [B, H, N, DV], quadratic form:
+    the scores 1 + x + x^2 / 2 of x = q . k / sqrt(16), masked."""
+    x = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    N = q.shape[2]
+    causal = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+    return torch.where(causal, 1 + x + 0.5 * x * x, 0.0) @ v
+
+
+def _chunks(N: int, C: int, *ts: torch.Tensor) -> list[torch.Tensor]:
+    """Each of ``ts`` [B, H, N, D], zero-padded to chunks: [B, H, N / C, C, D]."""
+    pad = -N % C
+    return [F.pad(t, (0, 0, 0, pad)).unflatten(2, (-1, C)) for t in ts]
+
+
+def linear_attn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slope: torch.Tensor,
+                        C: int = 64) -> torch.Tensor:
+    """:func:`linear_attn` in the chunked form, in memory linear in N (the torch peer at long N):
+    the decay-masked product inside each chunk of C rows, the running state across them."""
+    B, H, N, _ = q.shape
+    qc, kc, vc = _chunks(N, C, q, k, v)
+    lg = -slope.abs().float()[:, None]                               # [H, 1]: log gamma
+    t = torch.arange(C, device=q.device, dtype=torch.float32)[None]  # [1, C]
+    q_decay, k_decay = torch.exp(lg * (t + 1)), torch.exp(lg * (C - 1 - t))
+    intra = ((qc @ kc.transpose(-1, -2)) * decay_mask(slope, C)[:, None].to(q.dtype)) @ vc
+    kv = (kc * k_decay[:, None, :, None].to(q.dtype)).transpose(-1, -2) @ vc    # each chunk's state
+    n = kv.shape[2]
+    chunk_decay = torch.exp(lg * C)[:, :, None, None]                # [H, 1, 1, 1]
+    states, s = [], torch.zeros_like(kv[:, :, 0], dtype=torch.float32)
+    for j in range(n):  # the state before each chunk
+        states.append(s)
+        s = s * chunk_decay[:, 0] + kv[:, :, j].float()
+    inter = (qc * q_decay[:, None, :, None].to(q.dtype)) @ torch.stack(states, 2).to(q.dtype)
+    return (intra + inter).flatten(2, 3)[:, :, :N]
+
+
+def based_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int = 64) -> torch.Tensor:
+    """:func:`based` in the chunked form, in memory linear in N: the masked Taylor scores inside
+    each chunk, the states of order 0, 1 and 2 (the 256 products k_i k_j) across them."""
+    B, H, N, D = q.shape
+    qc, kc, vc = _chunks(N, C, q, k, v)
+    scale = D ** -0.5
+    x = (qc @ kc.transpose(-1, -2)) * scale
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    intra = torch.where(causal, 1 + x + 0.5 * x * x, 0.0) @ vc
+
+    def phi(t: torch.Tensor) -> torch.Tensor:  # [.., C, D] -> [.., C, 1 + D + D * D]
+        t2 = (t[..., :, None] * t[..., None, :]).flatten(-2)
+        return torch.cat([torch.ones_like(t[..., :1]), t, t2], -1)
+
+    kv = phi(kc).transpose(-1, -2) @ vc                              # each chunk's states
+    before = torch.cumsum(kv, 2) - kv                                # the states before each chunk
+    weights = torch.cat([torch.ones(1), torch.full((D,), scale), torch.full((D * D,), 0.5 * scale * scale)])
+    inter = (phi(qc) * weights.to(q.device, q.dtype)) @ before
+    return (intra + inter).flatten(2, 3)[:, :, :N]

@@ -1,0 +1,115 @@
+"""Linear attention as tile programs (issue 27): examples/linear_attn.tk (decayed, a slope a
+head) and examples/based.tk (Based's Taylor feature map) against their torch references in
+the interpreter, the emulator against the interpreter with ptxas finding no spills, and on a
+GPU against torch.  Sequence lengths leave a tail past the last full chunk of 64."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+import tk_reference as ref
+from device_checks import assert_no_spills, interpret_and_emulate, launch_tensors, lowered, needs_ptxas
+from tkc.compiler import compile_kernel
+from tkc.interpreter import random_args, run_kernel
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+B, H = 2, 3
+SLOPES = torch.tensor([0.02, 0.3, -1.5])  # gamma = exp(-|slope|): slow, fast, the sign ignored
+
+
+@dataclass(frozen=True)
+class Case:
+    """A configuration of one example: its constants, and the arguments and torch's output
+    (argument ``out``) for a generator and a sequence length."""
+
+    file: str
+    consts: dict
+    inputs: Callable[[torch.Generator, int], tuple[list, torch.Tensor]]
+    out: int
+    dims: dict = field(default_factory=dict)
+
+
+def _bf16(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (scale * torch.randn(*shape, generator=g)).to(torch.bfloat16)
+
+
+def _linear(DV: int):
+    def inputs(g: torch.Generator, N: int):
+        q, k = _bf16(g, B, H, N, 64, scale=64 ** -0.5), _bf16(g, B, H, N, 64)
+        v = _bf16(g, B, H, N, DV)
+        o = torch.full((B, H, N, DV), float("nan")).to(torch.bfloat16)
+        return [q, k, v, SLOPES.clone(), o], ref.linear_attn(q.float(), k.float(), v.float(), SLOPES)
+    return inputs
+
+
+def _based(g: torch.Generator, N: int):
+    q, k, v = _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 64)
+    o = torch.full((B, H, N, 64), float("nan")).to(torch.bfloat16)
+    return [q, k, v, o], ref.based(q.float(), k.float(), v.float())
+
+
+CASES = {"linear_dv64": Case("linear_attn.tk", {}, _linear(64), 4, {"DV": 64}),
+         "linear_dv128": Case("linear_attn.tk", {"DV": 128}, _linear(128), 4, {"DV": 128}),
+         "based": Case("based.tk", {}, _based, 3)}
+
+
+def _compile(case: Case, stop: str):
+    return compile_kernel(EXAMPLES / case.file, case.consts, stop=stop, cache=False)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 2e-2) -> None:
+    """Within ``tol`` of the output's largest value: each term is rounded to bf16 once or twice
+    (scores, decayed queries and keys, states) before its product."""
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= tol * want.abs().max().item(), f"max error {err:.4g}, largest value {want.abs().max():.4g}"
+
+
+@pytest.mark.parametrize("N", [150, 64])
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreter_matches_torch(name: str, N: int) -> None:
+    case = CASES[name]
+    args, want = case.inputs(torch.Generator().manual_seed(N), N)
+    run_kernel(_compile(case, "tkir").kernel_op, args)
+    _close(args[case.out], want)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulator_matches_interpreter_without_spills(name: str) -> None:
+    case = CASES[name]
+    tile_ir = _compile(case, "tkir").kernel_op
+    args = random_args(tile_ir, {"B": 1, "H": 2, "N": 100, **case.dims}, 2)
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(case, stop)).kernel_op, args, 2)
+    # bf16 outputs: the two sum in other orders, a rounding boundary apart at most
+    scale = np.abs(want[case.out]).max()
+    np.testing.assert_allclose(got[case.out], want[case.out], rtol=8e-3, atol=8e-3 * scale)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("name", list(CASES))
+def test_assembles_without_spills(name: str) -> None:
+    assert_no_spills(_compile(CASES[name], "cubin"))
+
+
+def test_the_chunked_references_are_the_quadratic_ones() -> None:
+    """The benchmark's torch peers (chunked, linear in N) compute what the tests check against."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, 150, 64, generator=g) for _ in range(3))
+    torch.testing.assert_close(ref.linear_attn_chunked(q, k, v, SLOPES), ref.linear_attn(q, k, v, SLOPES),
+                               rtol=1e-4, atol=1e-3)
+    q, k = q[..., :16], k[..., :16]
+    torch.testing.assert_close(ref.based_chunked(q, k, v), ref.based(q, k, v), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [150, 4096 + 37])
+@pytest.mark.parametrize("name", list(CASES))
+def test_on_gpu_as_torch(name: str, N: int) -> None:
+    case = CASES[name]
+    args, want = case.inputs(torch.Generator().manual_seed(7), N)
+    _close(launch_tensors(_compile(case, "cubin"), args)[case.out], want)
