@@ -3,7 +3,8 @@
 Owns: the benchmark timing settings (tkc.runtime.timing's method with a 256 MB L2 flush
 before every timed call), the measurement of host overhead per call, the device
 description, the command line of a script of row groups, and the three outputs of a run:
-the table printed last, the section appended to benchmarks/RESULTS.md, and the PNG plots.  Knows nothing about what is being timed.
+the table printed last, the section appended to benchmarks/RESULTS.md, and the PNG plots.
+Knows nothing about what is being timed.
 """
 
 from __future__ import annotations
