@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device_checks import require_gpu, assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
+from device_checks import assert_no_spills, assert_refused, interpret_and_run_on_gpu, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcError
@@ -110,9 +110,6 @@ def test_misuse_is_a_located_error(body: str, message: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
-    require_gpu()
-    c = compile_kernel(CASES[name][0], cache=False)
-    args = _args(name, 5)
-    want = [a.copy() for a in args]
-    run_kernel(compile_kernel(CASES[name][0], stop="tkir", cache=False).kernel_op, want)
-    np.testing.assert_allclose(run_on_gpu(c, args)[2], want[2], rtol=1e-5, atol=1e-4)
+    _, want, got = interpret_and_run_on_gpu(lambda stop: compile_kernel(CASES[name][0], stop=stop, cache=False),
+                                            _args(name, 5))
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-4)

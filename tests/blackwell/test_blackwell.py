@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from tkc import dtypes
-from tkc.codegen.ptxas import find_ptxas
-from device_checks import needs_blackwell
+from device_checks import needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
@@ -100,8 +99,12 @@ def test_products_the_lowering_does_not_take_are_located_errors() -> None:
     with pytest.raises(TkcUnsupportedError, match="tcgen05.mma here computes 128 rows") as e:
         compile_kernel(GEMM, {"BM": 64}, target=SM100, stop="hopper", cache=False)
     assert e.value.loc is not None and e.value.loc.line == 10
-    with pytest.raises(TkcUnsupportedError, match="pipelined"):
+    with pytest.raises(TkcUnsupportedError, match="not copied a few iterations ahead .* compiles for sm_90a"):
         compile_kernel(GEMM, {"stages": 1}, target=SM100, stop="hopper", cache=False)
+    swiglu = Path(__file__).resolve().parents[2] / "examples" / "gemm_swiglu.tk"
+    with pytest.raises(TkcUnsupportedError, match="this loop accumulates 2 products") as e:
+        compile_kernel(swiglu, target=SM100, stop="hopper", cache=False)
+    assert e.value.loc is not None
 
 
 # ---------------------------------------------------------------- the emulator
@@ -202,9 +205,6 @@ def test_accumulating_onto_unwritten_tensor_memory() -> None:
 
 
 # ---------------------------------------------------------------- ptxas
-needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="no ptxas")
-
-
 @needs_ptxas
 @pytest.mark.parametrize(("example", "consts", "kind"), [
     ("gemm.tk", {}, "f16"), ("gemm.tk", {"BN": 128}, "f16"), ("gemm.tk", {"BN": 64, "BK": 32}, "f16"),

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tkc.codegen.ptxas import find_ptxas
-from device_checks import needs_blackwell
+from device_checks import needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError
@@ -127,9 +126,6 @@ def test_varlen_attention_emulated_agrees_with_the_interpreter(causal: bool) -> 
     run_kernel(compile_kernel(path, {"causal": causal}, stop="tkir", cache=False).kernel_op, want)
     emulate(compile_kernel(path, {"causal": causal}, target=SM100, stop="hopper", cache=False).kernel_op, args)
     torch.testing.assert_close(args[3].float(), want[3].float(), rtol=1e-2, atol=1e-2)
-
-
-needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="no ptxas")
 
 
 @needs_ptxas

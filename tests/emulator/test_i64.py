@@ -6,12 +6,12 @@ ptxas takes them without spills, and on a GPU they match the interpreter."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from device_checks import needs_ptxas, require_gpu
 
 from tkc.compiler import compile_kernel
 from tkc.dtypes import bf16, round_to
@@ -222,8 +222,7 @@ def test_an_i64_index_is_clamped_not_wrapped() -> None:
 def test_on_gpu_as_in_the_interpreter(name: str) -> None:
     """What ``tkc run --check`` does on a GPU: the launch's outputs against the interpreter's
     (integers exactly)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    require_gpu()
     from tkc import runner
 
     kernel = compile_kernel(CASES[name], stop="tkir", cache=False).kernel_op
@@ -249,11 +248,7 @@ def test_a_layout_conversion_of_i64_moves_eight_byte_elements() -> None:
     np.testing.assert_array_equal(y, x)
 
 
-NEEDS_PTXAS = pytest.mark.skipif(shutil.which("ptxas") is None and shutil.which("/usr/local/cuda/bin/ptxas") is None,
-                                 reason="needs ptxas")
-
-
-@NEEDS_PTXAS
+@needs_ptxas
 @pytest.mark.parametrize("name", [*CASES, "convert"])
 def test_assembles_without_spills(name: str) -> None:
     if name == "convert":  # hopper IR already

@@ -164,7 +164,11 @@ class _Lowering:
         body = loop.regions[0].block
         following = body.ops[body.ops.index(w) + 1:]
         if not following or following[0].name != "hopper.wgmma_wait_group":
-            raise _unsupported(w, "the K loop must be pipelined (a TMA ring of stages >= 2) to be lowered to tcgen05")
+            n = sum(op.name == "hopper.wgmma" for op in body.ops)
+            why = (f"this loop accumulates {n} products" if n > 1 else
+                   "this product's tiles are not copied a few iterations ahead (a TMA ring of 2 or more stages)")
+            raise _unsupported(w, f"one product a loop is lowered, accumulating over tiles copied ahead as gemm.tk "
+                                  f"does; {why}: not yet on this target (it compiles for sm_90a)")
         j = body.args.index(w.acc) - 1
         if not _is_zero(loop.operands[3 + j]) or users.get(w.acc, []) != [w] \
                 or body.terminator.operands[j] is not w.result or users.get(w.result, []) != [body.terminator]:
