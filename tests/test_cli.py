@@ -366,10 +366,7 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
 EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
 
 
-SEVERAL = RUN_KERNELS
-
-
-@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in SEVERAL.get(e, [None])])
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])
 def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
         example: str, kernel: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tkc run EXAMPLE --check`` on a machine without a GPU: every dim gets a default size,

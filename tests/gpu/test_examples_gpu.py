@@ -601,12 +601,9 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
 
 
-SEVERAL = RUN_KERNELS
-
-
 @pytest.mark.parametrize("example, kernel", [(e, k) for e in sorted(p.name for p in EXAMPLES.iterdir()
                                                                     if p.suffix in (".tk", ".py"))
-                                             for k in SEVERAL.get(e, [None])])
+                                             for k in RUN_KERNELS.get(e, [None])])
 def test_tkc_run_check_with_no_flags_checks_the_gpu(example: str, kernel: str | None) -> None:
     """`tkc run EXAMPLE --check` with a GPU: default dims, the GPU against the interpreter."""
     from click.testing import CliRunner
