@@ -168,7 +168,7 @@ class _Lowering:
             why = (f"this loop accumulates {n} products" if n > 1 else
                    "this product's tiles are not copied a few iterations ahead (a TMA ring of 2 or more stages)")
             raise _unsupported(w, f"one product a loop is lowered, accumulating over tiles copied ahead as gemm.tk "
-                                  f"does; {why}: not yet on this target (it compiles for sm_90a)")
+                                  f"does; {why}: not yet on this target (it compiles for Hopper)")
         j = body.args.index(w.acc) - 1
         if not _is_zero(loop.operands[3 + j]) or users.get(w.acc, []) != [w] \
                 or body.terminator.operands[j] is not w.result or users.get(w.result, []) != [body.terminator]:
