@@ -13,6 +13,9 @@ protocol (docs/blackwell.md):
   (the zero accumulator the loop carried disappears; ``dce`` drops it), followed by
   ``blackwell.commit`` onto the ring's ``empty`` stage: the stage is released when the
   tensor core has read it, by one arrival (the ring's count becomes 1);
+- a loop of several such products (SwiGLU's gate and up, RoPE's two halves), each waited for
+  at once on Hopper, issues them in order from the one thread, and its arrivals on the rings'
+  ``empty`` stages become commits (each arrives once every MMA issued before it is done);
 - the warpgroups' ``wgmma_wait_group`` and their arrivals on ``empty`` go; behind the loop,
   the arrival that released the last stage becomes a wait for that same phase (the last
   commit has arrived once every MMA of the loop has completed), and the accumulator is read
@@ -59,6 +62,13 @@ def _kernel_of(op: Operation) -> Operation:
     return op
 
 
+def _in_block(op: Operation, block) -> Operation | None:
+    """The op of ``block`` that holds ``op`` (``op`` itself, or the op whose region it is in)."""
+    while op is not None and op.parent is not block:
+        op = op.parent.parent_op if op.parent else None
+    return op
+
+
 def _is_constant(v: Value, value: object) -> bool:
     op = _owner(v)
     return op is not None and op.name == "tile.constant" and op.attributes.get("value") == value
@@ -76,9 +86,15 @@ class _Lowering:
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
+        lowered: set[Operation] = set()
         for w in products:
+            if w in lowered:
+                continue
             if self._waited_at_once(w):
                 self._product_at_once(w)
+            elif (together := self._accumulated_together(w)) is not None:
+                self._products(together)
+                lowered.update(together)
             else:
                 self._product(w)
         for alloc, dealloc, used in self.allocs.values():
@@ -152,6 +168,91 @@ class _Lowering:
         if not _is_constant(step, 1):
             run = b.value(tile.FloorDivOp, [run, step], I32)
         return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
+
+    # ------------------------------------------- several products of one loop
+    def _accumulated_together(self, w: Operation) -> list[Operation] | None:
+        """The products of ``w``'s loop when there are several and each is ``acc_j += a @ b``
+        on a loop-carried accumulator that starts at zero, waited for at once (``wgmma_wait
+        {pending = 0}`` next) and only yielded: SwiGLU's and RoPE's K loops.  Else None (the
+        one-product path says what it does not take)."""
+        loop = w.parent.parent_op if w.parent else None
+        if loop is None or loop.name != "tile.for":
+            return None
+        body = loop.regions[0].block
+        products = [op for op in body.ops if op.name == "hopper.wgmma"]
+        if len(products) < 2 or any(op.name == "hopper.wgmma" for p in body.ops if p.regions for op in p.walk()):
+            return None
+        users = uses(self.kernel)
+        for p in products:
+            i = body.ops.index(p)
+            wait = body.ops[i + 1] if i + 1 < len(body.ops) else None
+            if p.acc not in body.args[1:] or wait is None or wait.name != "hopper.wgmma_wait" or wait.pending \
+                    or not (hopper._smem(p.a.type) and hopper._smem(p.b.type)):
+                return None
+            j = body.args.index(p.acc) - 1
+            if not _is_zero(loop.operands[3 + j]) or users.get(p.acc, []) != [p] \
+                    or body.terminator.operands[j] is not wait.result \
+                    or users.get(wait.result, []) != [body.terminator]:
+                return None
+        return products
+
+    def _products(self, products: list[Operation]) -> None:
+        """Several accumulating products of one loop (:meth:`_accumulated_together`): each
+        becomes an MMA into its own tensor-memory columns, issued by the one thread after
+        its B's copy has landed (accumulating from the loop's second iteration on); the
+        role's arrivals on the rings' ``empty`` stages behind them become commits by that
+        thread, so a stage is released once the tensor core has read it.  Behind the loop,
+        one commit onto the accumulators' barrier, the role's wait for it, and a
+        ``tmem_load`` of each."""
+        loop = products[0].parent.parent_op
+        body = loop.regions[0].block
+        container = hopper.enclosing_role(products[0]) or self.kernel
+        loaded: list[tuple[int, Value, Operation]] = []
+        for w in products:
+            ready = self._operands_ready(w)
+            wait = body.ops[body.ops.index(w) + 1]
+            j = body.args.index(w.acc) - 1
+            tmem = self._allocate(container, w)
+            b = Builder.before(w)
+            b.loc = w.loc
+            first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
+            m, n = w.acc.type.shape
+            b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
+            ready.erase()
+            body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
+            wait.erase()
+            w.erase()
+            loaded.append((j, tmem, w))
+        last = max(i for i, op in enumerate(body.ops) if op.name == blackwell.MmaOp.name)
+        rings = []
+        for op in list(body.ops[last + 1:]):
+            if op.name == "hopper.mbarrier_arrive" and not op.attributes.get("cluster") \
+                    and _owner(op.barrier) is not None and _owner(op.barrier).name == "hopper.stage":
+                Builder.before(op).create(blackwell.CommitOp, [op.barrier])
+                rings.append(_owner(op.barrier).operands[0])
+                op.erase()
+        if not rings:
+            raise _unsupported(products[0], "the loop's products release no TMA ring stage behind them")
+
+        after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, products[-1].loc)
+        full = self._barrier(products[-1])
+        after.create(blackwell.CommitOp, [full])
+        after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
+        ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
+        users = uses(self.kernel)
+        block = loop.parent
+        for j, tmem, w in loaded:
+            # Each accumulator is read from tensor memory where it is first used, not all at
+            # once behind the loop: registers hold one while the epilogue works on another
+            # (SwiGLU's sigmoid of the gate spilled with both loaded).
+            first_use = min((block.ops.index(top) for u in users.get(loop.results[j], [])
+                             if (top := _in_block(u, block)) is not None), default=None)
+            at = after if first_use is None else Builder(block, first_use, w.loc)
+            acc = at.value(blackwell.TmemLoadOp, [tmem, ran], w.acc.type)
+            acc.name_hint = w.acc.name_hint
+            replace_all_uses(self.kernel, loop.results[j], acc)
+        for ring in rings:
+            self._one_arrival(ring)
 
     # --------------------------------------------------------------- one product
     def _product(self, w: Operation) -> None:

@@ -167,7 +167,8 @@ class _Selector:
     def _tcgen05_warpgroups(self, ms: list) -> tuple[int, int]:
         """A tcgen05 product is one ``mma_rows`` x N accumulator in tensor memory; the epilogue
         warpgroups that read it share its columns (``#tmem_acc``), at most 128 a thread: the
-        pin ``consumers``, else the products' N summed / 128 rounded up."""
+        pin ``consumers``, else the products' N summed / 128 rounded up, and two for several
+        products."""
         rows = self.target.mma_rows
         if self.options.warps is not None:
             raise self._unsupported(ms[0][0], f"warps = {self.options.warps}: products set the warps; leave the pin "
@@ -182,7 +183,11 @@ class _Selector:
                                            f"has {n} columns")
         # Products of several widths (attention's S and O) share the warpgroups, each reading
         # its share of every accumulator's columns: at most 128 columns a thread in all.
-        consumers = self.options.consumers or -(-sum(op.acc.type.shape[1] for op, _ in ms) // 128)
+        # Several products' accumulators meet in one epilogue (RoPE's halves with cos and sin,
+        # SwiGLU's gate and up), each beside tiles of its own: two warpgroups at least, or a
+        # thread holds every row's columns of all of them at once.
+        consumers = self.options.consumers or max(-(-sum(op.acc.type.shape[1] for op, _ in ms) // 128),
+                                                  2 if len(ms) > 1 else 1)
         for op, _ in ms:
             n = op.acc.type.shape[1]
             if n % (8 * consumers):
