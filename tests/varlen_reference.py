@@ -28,8 +28,9 @@ def packed(seed: int, lengths: list[int], H: int, KVH: int, D: int) -> tuple:
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, cu: torch.Tensor,
               causal: bool, scale: float) -> tuple:
-    """O ``[T, H, D]``, lse ``[H, T]`` and the gradients of q, k, v, in float64: each sequence's
-    attention on its own (kv heads repeated over their groups), ``causal`` in its own positions."""
+    """O ``[T, H, D]``, lse ``[H, T]`` and the gradients of q, k, v, in float64 on q's device: each
+    sequence's attention on its own (kv heads repeated over their groups), ``causal`` in its own
+    positions."""
     q, k, v = (x.double().requires_grad_() for x in (q, k, v))
     G = q.shape[1] // k.shape[1]
     outs, lses = [], []
@@ -39,7 +40,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
         ks, vs = (x[a:b].transpose(0, 1).repeat_interleave(G, 0) for x in (k, v))
         sc = qs @ ks.transpose(-1, -2) * scale
         if causal:
-            sc = sc.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), float("-inf"))
+            sc = sc.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         outs.append((torch.softmax(sc, -1) @ vs).transpose(0, 1))
         lses.append(torch.logsumexp(sc, -1))
     o, lse = torch.cat(outs), torch.cat(lses, 1)

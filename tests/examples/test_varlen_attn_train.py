@@ -157,4 +157,5 @@ def test_on_gpu_as_torch(H: int, KVH: int, lengths: list[int], D: int, causal: b
     q, k, v, do, cu = packed(7, lengths, H, KVH, D)
     scale = D ** -0.5
     got = run_all(run, q, k, v, do, cu, scale)
-    check(got, reference(q, k, v, do, cu, causal, scale), do)
+    want = reference(*(t.cuda() for t in (q, k, v, do, cu)), causal, scale)
+    check(got, [w.cpu() for w in want], do)
