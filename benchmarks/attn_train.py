@@ -9,6 +9,14 @@ and a backward 2.5 forwards.
 * ``attn_bwd long``: B x N = 16k tokens, H x D = 2048 (D 128 with 16 heads, D 64 with 32),
   N from 512 to 16k, causal and not.
 * ``attn_bwd short``: B = 16, H = 16, D = 128, N from 768 to 3072, causal and not.
+* ``varlen fwd+bwd`` (``--only varlen``): forward and backward of 16 packed sequences of
+  512-4096 tokens (seeded), 16 heads, D 128 and 64, causal and not, through
+  ``tkc.ops.varlen_attention`` (examples/varlen_attn_train.tk), beside torch's own varlen
+  attention (``torch.nn.attention.varlen.varlen_attn``, where this torch has it), SDPA on the
+  batch padded to the longest sequence (with the key-padding mask it needs, and without: the
+  padded work at the fastest backend) and ``tkc.ops.attention`` on that padded batch
+  (attn_train.tk; no mask, so the padded work only).  Each counted by its useful FLOPs (3.5
+  forwards of the sequences themselves).
 
 tkc's backward is what a training step runs after the forward: dQ zeroed, the pre-pass
 (``attn_bwd_pre``: rowsum(dO * O)), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
@@ -160,6 +168,91 @@ def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, va
     return rows
 
 
+def torch_varlen(q, k, v, cu, max_len: int, causal: bool):
+    """torch's varlen attention of packed ``[T, H, D]`` tensors, or None where this torch has none
+    or refuses it (its signature moved between releases: ``is_causal`` before ``window_size``)."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    kw = {}
+    if causal:
+        kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" not in params:
+            return None
+        kw["enable_gqa"] = True
+
+    def run():
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+    try:
+        run()
+    except (RuntimeError, NotImplementedError, TypeError) as e:  # a build or release that refuses it
+        print(f"torch's varlen_attn refused the shape ({type(e).__name__}: {str(e)[:200]}); no row for it")
+        return None
+    return run
+
+
+def varlen_rows(runs: int, quick: bool, seqs: int = 16, H: int = 16):
+    """Forward + backward of packed sequences of 512-4096 tokens: tkc.ops.varlen_attention beside
+    torch's varlen attention, SDPA on the padded batch (with and without its mask) and
+    tkc.ops.attention on the padded batch."""
+    import tkc.ops
+    from harness import Row, in_turns
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(512, 4097, (seqs,), generator=g).tolist()
+    total, L = sum(lengths), max(lengths)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    rows = []
+    for D in ((128,) if quick else (128, 64)):
+        dev, bf = "cuda", torch.bfloat16
+        q, k, v, do = (torch.randn(total, H, D, device=dev, dtype=bf, requires_grad=i < 3) for i in range(4))
+        pad = [torch.zeros(seqs, H, L, D, device=dev, dtype=bf) for _ in range(4)]
+        for s, n in enumerate(lengths):
+            a = int(cu[s])
+            for p, t in zip(pad, (q, k, v, do)):
+                p[s, :, :n] = t[a:a + n].detach().transpose(0, 1)
+        qp, kp, vp, dop = (p.requires_grad_(i < 3) for i, p in enumerate(pad))
+        valid = torch.arange(L, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None]
+        for causal in ((False,) if quick else (False, True)):
+            mask = valid[:, None, None, :]
+            if causal:
+                mask = mask & torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+
+            def grads(o, inputs, dout):
+                return torch.autograd.grad(o, inputs, dout)
+
+            contenders = {
+                "tkc": lambda: grads(tkc.ops.varlen_attention(q, k, v, cu, L, causal=causal), (q, k, v), do),
+                "SDPA padded + mask": lambda: grads(F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask),
+                                                    (qp, kp, vp), dop),
+                "SDPA padded": lambda: grads(F.scaled_dot_product_attention(qp, kp, vp, is_causal=causal),
+                                             (qp, kp, vp), dop),
+                "tkc attention padded": lambda: grads(tkc.ops.attention(qp, kp, vp, causal=causal), (qp, kp, vp), dop)}
+            tv = torch_varlen(q, k, v, cu, L, causal)
+            if tv is not None:
+                contenders["torch varlen_attn"] = lambda tv=tv: grads(tv(), (q, k, v), do)
+            # The first sequence's gradients against SDPA's on the padded batch (bf16 tolerance).
+            n0 = lengths[0]
+            want = grads(F.scaled_dot_product_attention(qp[:1, :, :n0], kp[:1, :, :n0], vp[:1, :, :n0],
+                                                        is_causal=causal), (qp, kp, vp), dop[:1, :, :n0])
+            for got, w in zip(contenders["tkc"](), want):
+                err = (got[:n0].float() - w[0, :, :n0].transpose(0, 1).float()).abs().max().item()
+                assert err <= 3e-2 * max(1.0, w.abs().max().item()), err
+            t = in_turns(contenders, runs)
+            f = sum(3.5 * 4 * n * n * D * H * (0.5 if causal else 1.0) for n in lengths)
+            rows.append(Row("varlen fwd+bwd", f"{seqs} sequences of 512-4096 ({total} tokens), H={H} D={D}"
+                            + (", causal" if causal else ""), "TFLOP/s", {n: f / s / 1e12 for n, s in t.items()},
+                            notes=f"padded: [{seqs}, {H}, {L}, {D}]; every contender counted by the useful FLOPs"))
+            del contenders
+            torch.cuda.empty_cache()
+    return rows
+
+
 def shapes_of(quick: bool, only: set[str]) -> list[tuple[str, int, int, int, int, int]]:
     if quick:
         return [("long", 8, 16, 16, 2048, 128), ("long", 8, 32, 32, 2048, 64)]
@@ -178,15 +271,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one shape per head dim, not causal")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa")
+    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa, varlen")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attn_train.py times kernels on a CUDA GPU; torch sees none here")
     from harness import append_results, table
 
-    rows = rows_for(shapes_of(args.quick, set(args.only.split(","))), (False,) if args.quick else (False, True),
+    only = set(args.only.split(","))
+    rows = rows_for(shapes_of(args.quick, only), (False,) if args.quick else (False, True),
                     parse_variants(args.variants), 30 if args.quick else 60)
+    if "varlen" in only:
+        rows += varlen_rows(30 if args.quick else 60, args.quick)
     print(table(rows))
     if not args.no_record:
         command = "python benchmarks/attn_train.py" + (" --quick" if args.quick else "")

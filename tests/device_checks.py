@@ -22,8 +22,9 @@ HAVE_PTXAS = find_ptxas() is not None
 #: Example files with several kernels and the ones ``tkc run FILE --check`` checks (it takes one
 #: at a time, --kernel).  attn_train.tk's backward needs the log-sum-exp its forward wrote: from
 #: random ones its P reaches 2^60, where the order of the sums decides
-#: (tests/examples/test_attn_train.py checks it on real inputs).
-RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": ["attn_fwd", "attn_bwd_pre"]}
+#: (tests/examples/test_attn_train.py checks it on real inputs); so does varlen_attn_train.tk's.
+RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": ["attn_fwd", "attn_bwd_pre"],
+               "varlen_attn_train.tk": ["varlen_attn_fwd", "varlen_attn_bwd_pre"]}
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")

@@ -34,7 +34,7 @@ SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 6
          "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
          "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
          "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64},
-         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
+         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64}, "varlen_attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
          "gemm_bias_gelu.tk": {"BM": 64, "BN": 64, "BK": 32}, "gemm_swiglu.tk": {"BM": 64, "BN": 64, "BK": 32},
          "gemm_residual.tk": {"BM": 64, "BN": 64, "BK": 32}, "rope.tk": {"D": 64, "BN": 16},
          "gemm_rope.tk": {"BM": 64, "D": 64, "BK": 32},

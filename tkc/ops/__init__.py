@@ -9,6 +9,8 @@
 - :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
 - :mod:`tkc.ops.matmul`: ``matmul`` through gemm.tk, backward too.
 - :mod:`tkc.ops.attention`: ``attention`` through attn_train.tk, backward too (GQA).
+- :mod:`tkc.ops.varlen_attention`: ``varlen_attention`` of packed sequences (``cu_seqlens``)
+  through varlen_attn_train.tk, backward too (GQA).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -21,5 +23,6 @@ from tkc.ops.attention import attention
 from tkc.ops.kernel_op import custom_op
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
+from tkc.ops.varlen_attention import varlen_attention
 
-__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax"]
+__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax", "varlen_attention"]

@@ -1,0 +1,90 @@
+"""tkc.ops.varlen_attention against a float64 torch reference of each sequence on its own (in the
+interpreter): forward and gradients of packed sequences of ragged lengths (empty and one-token
+ones too), causal and not, grouped-query heads, head dims 64 and 128; the operator against
+tkc.ops.attention on one sequence; opcheck, torch.compile and tkc's errors."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tkc.ops  # noqa: E402
+from tkc.errors import TkcUsageError  # noqa: E402
+from varlen_reference import assert_gradients_close, packed, ragged_lengths, reference  # noqa: E402
+
+
+@pytest.mark.parametrize("seed, count, longest, H, KVH, D, causal", [
+    (0, 5, 140, 2, 1, 64, False),    # two query heads per kv head, tails, an empty sequence
+    (1, 5, 200, 2, 2, 64, True),     # causal, 128-row blocks with tails
+    (2, 4, 150, 4, 2, 128, True),    # D=128: the backward's 64-row query blocks, GQA
+    (3, 3, 130, 1, 1, 128, False),
+])
+def test_forward_and_gradients_match_torch(seed, count, longest, H, KVH, D, causal) -> None:
+    q, k, v, do, cu = packed(seed, ragged_lengths(seed, count, longest), H, KVH, D)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = tkc.ops.varlen_attention(*leaves, cu, longest, causal=causal)
+    assert o.shape == q.shape and o.dtype == torch.bfloat16
+    wo, _, *want = reference(q, k, v, do, cu, causal, D ** -0.5)
+    torch.testing.assert_close(o.double(), wo, atol=2e-2, rtol=2e-2)
+    o.backward(do)
+    assert_gradients_close([t.grad for t in leaves], want)
+
+
+def test_one_sequence_is_attention() -> None:
+    """One sequence of the packed layout is tkc.ops.attention of the [1, H, N, D] layout, forward
+    and gradients, within the order of dQ's additions."""
+    q, k, v, do, cu = packed(4, [150], 4, 2, 64)
+    a = [t.clone().requires_grad_() for t in (q, k, v)]
+    b = [t.transpose(0, 1)[None].clone().requires_grad_() for t in (q, k, v)]
+    o = tkc.ops.varlen_attention(*a, cu, 150, causal=True, scale=0.2)
+    o.backward(do)
+    ob = tkc.ops.attention(*b, causal=True, scale=0.2)
+    ob.backward(do.transpose(0, 1)[None])
+    torch.testing.assert_close(o, ob[0].transpose(0, 1), atol=0, rtol=0)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.grad, y.grad[0].transpose(0, 1), atol=1e-2, rtol=1e-2)
+
+
+def test_opcheck() -> None:
+    q, k, v, _, cu = packed(5, [30, 0, 17], 2, 1, 64)
+    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), cu, 0.125, 30)
+    torch.library.opcheck(torch.ops.tkc.varlen_attn_fwd.default, args, {"D": 64, "causal": True})
+
+
+def test_compiles_without_graph_breaks() -> None:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        return tkc.ops.varlen_attention(q * 2, k, v, cu, 40, causal=True).float().sum()
+
+    q, k, v, _, cu = packed(6, [40, 1, 23], 2, 1, 64)
+    explained = torch._dynamo.explain(f)(q, k, v, cu)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.compile(f, fullgraph=True, backend="aot_eager")(*leaves, cu).backward()
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    f(*eager, cu).backward()
+    for a, b in zip(leaves, eager):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_errors_before_any_kernel_runs() -> None:
+    q, k, v, _, cu = packed(7, [20, 20], 4, 2, 64)
+    f = tkc.ops.varlen_attention
+    with pytest.raises(TkcUsageError, match="varlen_attention: k is torch.float32"):
+        f(q, k.float(), v, cu, 20)
+    with pytest.raises(TkcUsageError, match=r"cu_seqlens is torch.int64, but its kernel takes torch.int32 "
+                                            r"\(convert with .to\(torch.int32\)\)"):
+        f(q, k, v, cu.long(), 20)
+    with pytest.raises(TkcUsageError, match="q's 4 heads must be a multiple of k's and v's 3"):
+        f(q, k[:, :1].expand(-1, 3, -1), v[:, :1].expand(-1, 3, -1), cu, 20)
+    with pytest.raises(TkcUsageError, match="the head dim is 32; its kernels take 64 or 128"):
+        f(q[..., :32], k[..., :32], v[..., :32], cu, 20)
+    with pytest.raises(TkcUsageError, match="q and k must have one token count: q's is 40 but k's is 39"):
+        f(q, k[1:], v[1:], cu, 20)
+    with pytest.raises(TkcUsageError, match=r"q must have three dims \[tokens, heads, D\]"):
+        f(q[None], k, v, cu, 20)
+    with pytest.raises(TkcUsageError, match="cu_seqlens must have one dim of at least two offsets"):
+        f(q, k, v, cu[:1], 20)
+    with pytest.raises(TkcUsageError, match="max_seqlen is the longest sequence's length, an int of at least 1"):
+        f(q, k, v, cu, 0)

@@ -1,0 +1,95 @@
+"""``varlen_attention``: attention over packed sequences of different lengths (``cu_seqlens``,
+flash_attn_varlen_func's interface) through varlen_attn_train.tk, forward and backward.
+
+Three operators, one per kernel of varlen_attn_train.tk (``torch.ops.tkc.varlen_attn_fwd``,
+``varlen_attn_bwd_pre``, ``varlen_attn_bwd``), and :func:`varlen_attention`, which checks its
+arguments, picks the kernels' tile sizes by head dim (attention's) and calls the forward
+operator, whose autograd runs the two backward kernels.  Every part runs a tkc kernel; none
+falls back to torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from tkc.errors import TkcUsageError
+from tkc.kernel import load
+from tkc.ops import checks
+from tkc.ops.attention import TILES
+from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernels import path
+
+__all__ = ["varlen_attention"]
+
+_FILE = path("varlen_attn_train.tk")
+_PRE_BM = 64
+
+_fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts={"BM": 128, "BN": 128},
+                 const_args=("D", "BM", "BN", "causal"))
+_bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
+                     const_args=("D", "BM"))
+_bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
+                 const_args=("D", "BM", "BN", "causal"))
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Attention of each of several sequences packed one after another: bf16 ``q`` of shape
+    ``[T, H, D]`` and ``k``, ``v`` of ``[T, KVH, D]`` (``T`` tokens in all; grouped-query
+    attention when ``KVH < H``: query head ``h`` reads kv head ``h // (H // KVH)``), sequence
+    ``s`` being tokens ``cu_seqlens[s]`` to ``cu_seqlens[s + 1] - 1`` (an int32 tensor of the
+    sequence count plus one, from 0 to ``T``, on the tensors' device; sequences may be empty)
+    and ``max_seqlen`` (an int) at least the longest one's length.  ``D`` 64 or 128, ``scale``
+    ``1/sqrt(D)`` by default; ``causal`` masks keys after the query's position in its sequence.
+    Returns ``[T, H, D]``.  Forward and backward run the tkc kernels of varlen_attn_train.tk
+    (tkc/ops/kernels); tokens past ``cu_seqlens[-1]`` are not attended to and their output is
+    not written."""
+    checks.dtype("varlen_attention", torch.bfloat16, q=q, k=k, v=v)
+    checks.dtype("varlen_attention", torch.int32, cu_seqlens=cu_seqlens)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        checks.rank("varlen_attention", name, t, "three dims [tokens, heads, D]", t.dim() == 3)
+    checks.rank("varlen_attention", "cu_seqlens", cu_seqlens, "one dim of at least two offsets",
+                cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2)
+    checks.same("varlen_attention", "k and v must have one shape", ("k's shape", tuple(k.shape)),
+                ("v's", tuple(v.shape)))
+    for axis, what in ((0, "token count"), (2, "head dim")):
+        checks.same("varlen_attention", f"q and k must have one {what}", ("q's", q.shape[axis]), ("k's", k.shape[axis]))
+    H, KVH, D = q.shape[1], k.shape[1], q.shape[2]
+    if KVH == 0 or H % KVH:
+        raise TkcUsageError(f"tkc.ops.varlen_attention: q's {H} heads must be a multiple of k's and v's {KVH}")
+    if D not in TILES:
+        raise TkcUsageError(f"tkc.ops.varlen_attention: the head dim is {D}; its kernels take "
+                            f"{' or '.join(map(str, TILES))}")
+    if isinstance(max_seqlen, torch.Tensor) or max_seqlen < 1:
+        raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
+                            f"of at least 1, got {max_seqlen!r}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    (bm, bn), _ = TILES[D]
+    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale, max_seqlen,
+                   D=D, BM=bm, BN=bn, causal=bool(causal))
+    return o
+
+
+def _setup(ctx: Any, inputs: tuple, output: tuple, keyword_only_inputs: dict | None = None) -> None:
+    q, k, v, cu, ctx.scale, ctx.max_len = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu)
+    consts = keyword_only_inputs or {}
+    ctx.D, ctx.causal = consts.get("D", q.shape[-1]), consts.get("causal", False)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+    q, k, v, o, lse, cu = ctx.saved_tensors
+    do = do.contiguous()
+    _, (bm, bn) = TILES[ctx.D]
+    delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
+    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, ctx.scale, ctx.max_len, D=ctx.D, BM=bm, BN=bn,
+                      causal=ctx.causal)
+    return dq.to(q.dtype), dk, dv, None, None, None
+
+
+_fwd.register_autograd(_backward, setup_context=_setup)
