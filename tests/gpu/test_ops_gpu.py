@@ -7,6 +7,8 @@ CUDA GPU every test here is skipped.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -207,10 +209,10 @@ def test_a_training_step_with_attention_replays_in_a_cuda_graph() -> None:
             close(r, e, 1e-2)
 
 
-def test_eager_calls_without_gradients_skip_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eager_calls_skip_the_dispatcher(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under no_grad a shipped operator runs its kernel straight away (``kernel_op.call``); with
-    an input that needs a gradient it goes through the operator, which records the backward.
-    Both give the same numbers."""
+    an input that needs a gradient it runs through its eager ``autograd.Function``, which
+    records the operator's backward.  The numbers and the gradients are the dispatcher's."""
     import tkc.ops.rows as rows
 
     seen = []
@@ -220,6 +222,31 @@ def test_eager_calls_without_gradients_skip_the_dispatcher(monkeypatch: pytest.M
     with torch.no_grad():
         y = tkc.ops.rms_norm(x, w)
     assert seen == [1]
-    y2 = tkc.ops.rms_norm(x.clone().requires_grad_(), w)
-    assert seen == [1] and y2.grad_fn is not None
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y2 = tkc.ops.rms_norm(xg, wg)
+    assert seen == [1, 1] and type(y2.grad_fn).__name__.endswith("_autogradBackward")
     torch.testing.assert_close(y, y2.detach(), rtol=0, atol=0)
+    g = bf16(100, 256)
+    y2.backward(g)
+    xd, wd = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rows._rms_norm(xd, wd, 1e-6).backward(g)  # the dispatcher's operator
+    for got, want in ((xg.grad, xd.grad), (wg.grad, wd.grad)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_attention_gradients_through_the_eager_function_are_the_dispatchers() -> None:
+    attention = importlib.import_module("tkc.ops.attention")
+    q, k, v = bf16(2, 4, 200, 64), bf16(2, 2, 200, 64), bf16(2, 2, 200, 64)
+    do = bf16(2, 4, 200, 64)
+    grads = []
+    for eager in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        if eager:
+            o = tkc.ops.attention(*leaves, causal=True)
+            assert type(o.grad_fn).__name__ == "attn_fwd_autogradBackward"
+        else:
+            o, _ = attention._fwd(*leaves, 0.125, D=64, BM=128, BN=128, causal=True)
+        o.backward(do)
+        grads.append([o.detach(), *(t.grad for t in leaves)])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-2)  # dQ's atomic adds: any order

@@ -4,6 +4,8 @@
 
     y = tkc.ops.rms_norm(x, w, 1e-6)            # also torch.ops.tkc.rms_norm over rows
     op = tkc.ops.custom_op("mylib::my_op", my_kernel)   # any @tkc.kernel or tkc.load(...)
+    tkc.ops.register_autograd(op, backward, setup)      # torch.library's pair, eager fast path too
+    y = tkc.ops.call(op, x)                             # op(x), past the dispatcher when it can
 
 - :mod:`tkc.ops.kernel_op`: a kernel as an operator: schema, fake implementation, running.
 - :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
@@ -20,9 +22,10 @@ torch and registers the shipped operators.
 """
 
 from tkc.ops.attention import attention
-from tkc.ops.kernel_op import custom_op
+from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 from tkc.ops.varlen_attention import varlen_attention
 
-__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax", "varlen_attention"]
+__all__ = ["attention", "call", "custom_op", "layer_norm", "matmul", "register_autograd", "rms_norm", "softmax",
+           "varlen_attention"]

@@ -18,7 +18,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.kernels import path
 
 __all__ = ["attention"]
@@ -78,4 +78,4 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     return dq.to(q.dtype), dk, dv, None
 
 
-_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(_fwd, _backward, _setup)

@@ -11,12 +11,13 @@ through the kernel's launch, or in the interpreter on CPU tensors (``TKC_INTERPR
 sends CUDA tensors there too, through ``tkc.kernel``).
 
 Must not: compile or launch by itself (``tkc.kernel`` does), check launch arguments beyond
-the signature (``tkc.signature.bind``; the runtime checks devices and strides), or register
-autograd (the caller does, with ``op.register_autograd``).
+the signature (``tkc.signature.bind``; the runtime checks devices and strides), or define
+gradients (the caller gives them to :func:`register_autograd`).
 """
 
 from __future__ import annotations
 
+import inspect
 import keyword
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TensorType
 from tkc.kernel import Kernel, interpret
 
-__all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "roles"]
+__all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "register_autograd", "roles"]
 
 #: What a kernel parameter is to its operator (see :func:`roles`).
 INPUT, MUTATED, OUTPUT, ZEROED = "input", "mutated", "output", "zeroed output"
@@ -228,7 +229,7 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
               const_args: Sequence[str] = ()) -> Any:
     """Register ``kernel`` (a ``@tkc.kernel`` or ``tkc.load("file.tk", "name")``) as the PyTorch
     operator ``name`` (``"namespace::op"``, then ``torch.ops.namespace.op``) and return it
-    (a ``torch.library.CustomOpDef``: call it, or ``op.register_autograd(...)``).
+    (a ``torch.library.CustomOpDef``: call it; give it gradients with :func:`register_autograd`).
 
     The operator's arguments are the kernel's tensors that it reads, in order (those it
     also writes are mutated in place, ``mutates_args``), and its scalars; it returns the
@@ -258,18 +259,55 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     return op
 
 
+def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
+    """``op.register_autograd(backward, setup_context=setup_context)`` for an operator of
+    :func:`custom_op`, and the same pair as a ``torch.autograd.Function`` that :func:`call`
+    runs in eager mode: one gradient definition, two ways in.  ``setup_context(ctx, inputs,
+    output[, keyword_only_inputs])`` and ``backward(ctx, *grads)`` are torch.library's."""
+    op.register_autograd(backward, setup_context=setup_context)
+    with_kwargs = "keyword_only_inputs" in inspect.signature(setup_context).parameters
+
+    class Eager(torch.autograd.Function):
+        # The keyword-only constants travel last, as one dict, so ctx.needs_input_grad[i] is
+        # the i-th operator argument's, as under the dispatcher.
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            *values, kwargs = args
+            out = op.tkc_run(*values, **kwargs)
+            if with_kwargs:
+                setup_context(ctx, tuple(values), out, keyword_only_inputs=kwargs)
+            else:
+                setup_context(ctx, tuple(values), out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> tuple:
+            g = backward(ctx, *grads)
+            return (*(g if isinstance(g, tuple) else (g,)), None)
+
+    Eager.__name__ = Eager.__qualname__ = f"{op.tkc_kernel.name}_autograd"
+    op.tkc_function = Eager
+
+
 def call(op: Any, *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)`` for an operator of :func:`custom_op`, straight to its kernel when
-    torch's dispatcher has nothing to do: plain CUDA tensors, no gradient to record, no
-    ``torch.compile`` tracing, no dispatch or function mode (fake tensors, ``opcheck``, export).
-    The dispatcher's custom-op path costs tens of microseconds of Python a call, more than the
-    launch itself; eager inference and the backward passes (which run without grad) skip it."""
+    """``op(*args, **kwargs)`` for an operator of :func:`custom_op`, past torch's dispatcher when
+    it has nothing to do but run the operator: plain CUDA tensors, no ``torch.compile``
+    tracing, no dispatch or function mode (fake tensors, ``opcheck``, export).  The
+    dispatcher's custom-op path costs tens of microseconds of Python a call, more than the
+    launch itself.  Without a gradient to record (inference, the backward passes) the kernel
+    runs at once; with one, through the operator's eager ``autograd.Function``
+    (:func:`register_autograd`), which records the same backward the dispatcher would."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled():
         return op(*args, **kwargs)
     grad = torch.is_grad_enabled()
+    needs_grad = False
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or a.device.type != "cuda"
-                                            or (grad and a.requires_grad)):
-            return op(*args, **kwargs)
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor or a.device.type != "cuda":
+                return op(*args, **kwargs)
+            needs_grad = needs_grad or (grad and a.requires_grad)
+    if needs_grad:
+        function = getattr(op, "tkc_function", None)
+        return op(*args, **kwargs) if function is None else function.apply(*args, kwargs)
     return op.tkc_run(*args, **kwargs)

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.kernels import path
 
 __all__ = ["matmul"]
@@ -46,4 +46,4 @@ def _backward(ctx: Any, g: torch.Tensor) -> tuple:
     return da, db
 
 
-_matmul.register_autograd(_backward, setup_context=_setup)
+register_autograd(_matmul, _backward, _setup)

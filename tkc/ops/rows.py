@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.kernels import path
 from tkc.ops.kernels.rmsnorm import rmsnorm
 
@@ -102,6 +102,6 @@ def _softmax_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
     return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
 
 
-_rms_norm.register_autograd(_rms_norm_backward, setup_context=_save_inputs)
-_layer_norm.register_autograd(_layer_norm_backward, setup_context=_save_inputs)
-_softmax.register_autograd(_softmax_backward, setup_context=_save_output)
+register_autograd(_rms_norm, _rms_norm_backward, _save_inputs)
+register_autograd(_layer_norm, _layer_norm_backward, _save_inputs)
+register_autograd(_softmax, _softmax_backward, _save_output)

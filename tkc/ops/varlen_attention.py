@@ -19,7 +19,7 @@ from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.attention import TILES
-from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.kernels import path
 
 __all__ = ["varlen_attention"]
@@ -92,4 +92,4 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     return dq.to(q.dtype), dk, dv, None, None, None
 
 
-_fwd.register_autograd(_backward, setup_context=_setup)
+register_autograd(_fwd, _backward, _setup)
