@@ -18,7 +18,8 @@ Each row is the best and median microseconds per call over several rounds of man
 * ``tkc.ops`` (GPU only: the dispatcher would send the stub's tensors to the CPU interpreter):
   ``tkc.ops.matmul(a, b)`` and ``tkc.ops.rms_norm(x, w)``, operators that return a new
   tensor at every call, through torch's dispatcher (``torch.ops.tkc.*``), beside
-  ``torch.matmul(a, b)`` and ``torch.nn.functional.rms_norm``.
+  ``torch.matmul(a, b)`` and ``torch.nn.functional.rms_norm``; and ``rms_norm`` of an ``x``
+  that needs a gradient (training's forward: the backward is recorded).
 
 On a GPU host each round is a few hundred calls, so the GPU keeps up or queues and the time
 is the host's.  Without a GPU (or with ``--stub``) only what needs a GPU is replaced: libcuda
@@ -219,6 +220,8 @@ def main() -> None:
 
             tkc_cases["tkc.ops.matmul(a, b) (new output)"] = lambda: tkc.ops.matmul(a, b)
             tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
+            xg = x.detach().clone().requires_grad_()  # the backward recorded: training's forward
+            tkc_cases["tkc.ops.rms_norm(x, w), x needs grad"] = lambda: tkc.ops.rms_norm(xg, w, 1e-6)
         torch_cases = {  # per tkc row, torch's launches of the same product
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [
@@ -228,6 +231,8 @@ def main() -> None:
             "tkc.ops.matmul(a, b) (new output)": [("torch.matmul(a, b)", lambda: torch.matmul(a, b))],
             "tkc.ops.rms_norm(x, w) (new output)": [
                 ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6))],
+            "tkc.ops.rms_norm(x, w), x needs grad": [
+                ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(xg, (256,), w, 1e-6))],
         } if gpu else {}
         before = cuda.stub_launches() if cuda is not None else 0
         print(f"us per call: best of {rounds} rounds of {calls} calls (median)")
