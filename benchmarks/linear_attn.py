@@ -69,6 +69,15 @@ def add_fla(row: Row, contenders: dict, name: str, call: Callable[[], torch.Tens
     contenders[name] = call
 
 
+def timed(row: Row, contenders: dict, runs: int, flops: float) -> Row:
+    """``row`` with each contender's TFLOP/s at ``flops`` a call, timed in turns, and printed."""
+    t = in_turns(contenders, runs)
+    row.values = {n: flops / s / 1e12 for n, s in t.items()}
+    row.notes = row.notes.lstrip("; ")
+    print(f"  {row.problem}: {row.values}", flush=True)
+    return row
+
+
 def linear_attn_rows(shapes: list[tuple[int, int, int, int, int]], runs: int) -> list[Row]:
     simple_gla = fla_op("simple_gla", "chunk_simple_gla")
     rows = []
@@ -102,11 +111,7 @@ def linear_attn_rows(shapes: list[tuple[int, int, int, int, int]], runs: int) ->
                 return simple_gla(qt, kt, vt, g_gamma=g_gamma, scale=1.0)[0]
 
             add_fla(row, contenders, "fla chunk_simple_gla", fla, want.transpose(1, 2))
-        t = in_turns(contenders, runs)
-        row.values = {n: chunked_flops(B, H, N, DK, DV) / s / 1e12 for n, s in t.items()}
-        row.notes = row.notes.lstrip("; ")
-        rows.append(row)
-        print(f"  {row.problem}: {row.values}", flush=True)
+        rows.append(timed(row, contenders, runs, chunked_flops(B, H, N, DK, DV)))
     return rows
 
 
@@ -139,12 +144,8 @@ def based_rows(shapes: list[tuple[int, int, int, int, int]], runs: int) -> list[
                 return parallel_based(qt, kt, vt, scale=DK ** -0.5, use_norm=False)
 
             add_fla(row, contenders, "fla parallel_based", fla, want.transpose(1, 2))
-        t = in_turns(contenders, runs)
         # the count of the 256 order-2 features, as Based's chunked form has them
-        row.values = {n: chunked_flops(B, H, N, 1 + DK + DK * DK, DV) / s / 1e12 for n, s in t.items()}
-        row.notes = row.notes.lstrip("; ")
-        rows.append(row)
-        print(f"  {row.problem}: {row.values}", flush=True)
+        rows.append(timed(row, contenders, runs, chunked_flops(B, H, N, 1 + DK + DK * DK, DV)))
     return rows
 
 
@@ -189,11 +190,7 @@ def ssd_rows(shapes: list[tuple[int, int, int, int, int, int]], runs: int) -> li
             if "fla chunk_simple_gla" in contenders:
                 err = (fla()[1].transpose(-1, -2).float() - want_ht).abs().max().item()
                 row.notes += f"; fla's final state within {err / want_ht.abs().max().item():.2g} of torch's"
-        t = in_turns(contenders, runs)
-        row.values = {n: chunked_flops(B, H, T, N, P) / s / 1e12 for n, s in t.items()}
-        row.notes = row.notes.lstrip("; ")
-        rows.append(row)
-        print(f"  {row.problem}: {row.values}", flush=True)
+        rows.append(timed(row, contenders, runs, chunked_flops(B, H, T, N, P)))
     return rows
 
 
