@@ -1,6 +1,6 @@
 """torch references of ThunderKittens' kernel set (rope.tk, layernorm_residual.tk, linear_attn.tk,
-based.tk), shared by tests/examples/test_tk_kernels.py, test_linear_attn.py, benchmarks/tk_kernels.py
-and benchmarks/linear_attn.py (where they are the torch
+based.tk, mamba2_ssd.tk), shared by tests/examples/test_tk_kernels.py, test_linear_attn.py,
+test_mamba2_ssd.py, benchmarks/tk_kernels.py and benchmarks/linear_attn.py (where they are the torch
 eager peer).  Each computes in the dtype of its inputs: pass float32 for a reference."""
 
 from __future__ import annotations
@@ -138,3 +138,58 @@ def based_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int = 64
     weights = torch.cat([torch.ones(1), torch.full((D,), scale), torch.full((D * D,), 0.5 * scale * scale)])
     inter = (phi(qc) * weights.to(q.device, q.dtype)) @ before
     return (intra + inter).flatten(2, 3)[:, :, :N]
+
+
+def _segsum(x: torch.Tensor) -> torch.Tensor:
+    """[..., L] -> [..., L, L]: sum_{s < u <= t} x_u where s <= t, else -inf (Mamba-2's segsum,
+    summed along the masked axis rather than as a difference of cumsums, for accuracy)."""
+    L = x.shape[-1]
+    xs = x[..., None].expand(*x.shape, L)
+    below = torch.ones(L, L, dtype=torch.bool, device=x.device).tril(-1)
+    xs = torch.cumsum(xs.masked_fill(~below, 0), dim=-2)
+    return xs.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=x.device).tril(), -torch.inf)
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        h0: torch.Tensor | None = None, chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba-2's SSD forward, the paper's ``ssd_minimal_discrete`` (chunked, every einsum as
+    there) in the dtype of ``dt``: x [b, T, H, P], dt [b, T, H] (softplus'd), A [H] (< 0), B, C
+    [b, T, G, N] shared by the H / G heads of a group, h0 [b, H, P, N]; (y [b, T, H, P], the final
+    state [b, H, P, N]).  T is padded to chunks with dt = 0: no decay and nothing added."""
+    f = dt.dtype
+    _, T, H, _ = x.shape
+    G = B.shape[2]
+    pad = -T % chunk
+    X = F.pad(x.to(f) * dt[..., None], (0, 0, 0, 0, 0, pad)).unflatten(1, (-1, chunk))  # [b, c, l, h, p]
+    Bc, Cc = (F.pad(t.to(f), (0, 0, 0, 0, 0, pad)).repeat_interleave(H // G, 2).unflatten(1, (-1, chunk))
+              for t in (B, C))
+    Adt = F.pad(dt * A.to(f), (0, 0, 0, pad)).unflatten(1, (-1, chunk)).permute(0, 3, 1, 2)  # [b, h, c, l]
+    A_cumsum = torch.cumsum(Adt, -1)
+    L = torch.exp(_segsum(Adt))
+    Y_diag = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, L, X)
+    decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum)
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_states, X)
+    init = torch.zeros_like(states[:, :1]) if h0 is None else h0.to(f)[:, None]
+    states = torch.cat([init, states], 1)
+    decay_chunk = torch.exp(_segsum(F.pad(A_cumsum[..., -1], (1, 0))))
+    new_states = torch.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states, final = new_states[:, :-1], new_states[:, -1]
+    Y_off = torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, states, torch.exp(A_cumsum))
+    return (Y_diag + Y_off).flatten(1, 2)[:, :T], final
+
+
+def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  h0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`ssd` step by step: state_t = exp(dt_t A) state_(t-1) + dt_t x_t^T B_t, y_t =
+    state_t C_t^T (the definition the chunked form must equal)."""
+    b, T, H, P = x.shape
+    r = H // B.shape[2]
+    state = torch.zeros(b, H, P, B.shape[-1], dtype=dt.dtype) if h0 is None else h0.to(dt.dtype)
+    ys = []
+    for t in range(T):
+        Bt, Ct = (m[:, t].to(dt.dtype).repeat_interleave(r, 1) for m in (B, C))   # [b, H, N]
+        d = dt[:, t]
+        xd = d[..., None] * x[:, t].to(dt.dtype)                                  # [b, H, P]
+        state = torch.exp(d * A)[..., None, None] * state + xd[..., None] * Bt[:, :, None]
+        ys.append((state * Ct[:, :, None]).sum(-1))
+    return torch.stack(ys, 1), state

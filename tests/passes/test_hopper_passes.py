@@ -290,6 +290,26 @@ def test_integer_column_sum_crosses_warps_exactly():
     np.testing.assert_array_equal(o, x.sum(0))
 
 
+def test_a_condition_moves_between_layouts_as_i32():
+    """A bool tile that threads must trade (a row sum's sign masking a vector loaded in its own
+    layout) travels through shared memory as 0 or 1 in i32 and is compared with 0 where it
+    arrives: shared tiles hold no 1-bit elements."""
+    from tkc.emulator import emulate
+
+    src = _src("grid(1)\nm = x[0:64, 0:64].sum(1) > 0.0\nstore(z[0:64], w[0:64] * 2.0, mask=m)",
+               "x: f32[M, N], w: f32[M], z: f32[M]")
+    m = compile_source(src, "cond.tk")
+    PassManager(DEFAULT_PIPELINE + ",select-layouts,lower-to-hopper,allocate-smem").run(m)
+    text = print_module(m)
+    assert re.search(r"hopper.convert_layout %\w+, %\w+ : tile<64xi32", text), text
+    assert re.search(r"tile.cmp %\w+, %\w+ \{pred = \"ne\"\} : tile<64xi1", text), text
+    want = random_args(m.kernel(), {"M": 50, "N": 64}, seed=3)
+    got = [a.copy() for a in want]
+    run_kernel(compile_source(src, "cond.tk").kernel(), want)
+    emulate(m.kernel(), got, grid=(1,))
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("body,dims", [
     # B computed in registers: stored to shared memory by every thread, then read by wgmma.
     ("t = b[0:64, 0:64]\nc[0:64, 0:64] = a[0:64, 0:64] @ (t * t)", {"M": 64, "K": 64, "N": 64}),

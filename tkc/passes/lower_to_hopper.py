@@ -534,6 +534,18 @@ class _Lowering:
         src, dst = op.x.type, op.result.type
         if op.scratch or register_map(src.layout, dst.layout) is not None:
             return
+        if src.dtype.is_bool:
+            # Shared tiles hold 8- to 32-bit elements: a condition travels as 0 or 1 in i32
+            # and is compared with 0 on arrival.
+            b = Builder.before(op)
+            wide = b.value(tile.CastOp, [op.x], src.with_dtype(dtypes.i32), loc=op.loc)
+            moved = b.value(hopper.ConvertLayoutOp, [wide], dst.with_dtype(dtypes.i32), loc=op.loc)
+            zero = b.value(tile.ConstantOp, [], dst.with_dtype(dtypes.i32), {"value": 0}, loc=op.loc)
+            replace_all_uses(self.kernel, op.result,
+                             b.value(tile.CmpOp, [moved, zero], dst, {"pred": "ne"}, loc=op.loc))
+            op.erase()
+            self._convert(moved.owner)
+            return
         try:
             if src.rank > 2:
                 raise ValueError("only 1-D and 2-D tiles trade values through shared memory")
@@ -542,9 +554,7 @@ class _Lowering:
             else:  # its values in order, rows of one atom
                 lay = vector_scratch(math.prod(src.shape), src.dtype)
         except ValueError as e:
-            hint = ("compute the condition where it is used (compare after broadcasting: (s[:, None] > 0), "
-                    "not (s > 0)[:, None])") if src.dtype.is_bool else \
-                "a tile of 2 axes with rows a multiple of 8 and rows 16 bytes long can"
+            hint = "a tile of 2 axes with rows a multiple of 8 and rows 16 bytes long can"
             raise TkcUnsupportedError(f"{self.target.name}: a {src.rank}-D {src.dtype.name} tile of shape "
                                       f"{list(src.shape)} cannot move between the threads that compute it here "
                                       f"and those that use it ({e}); {hint}", op.loc) from None
