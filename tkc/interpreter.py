@@ -63,6 +63,11 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     to the declared dtype on entry.  Scalars are python or numpy numbers.
     """
     kernel = as_kernel(kernel)
+    if tile.uses_ranks(kernel):  # one rank of a multi-GPU kernel: its waits need the ranks' scheduler
+        from tkc.ranks import run_ranks
+
+        run_ranks(kernel, [args], grid)
+        return
     params = kernel.regions[0].block.args
     env, working = bind_arguments(kernel, args)
     ctx = Program(None, (), env, log=WriteLog(tensor_names(params, env)))
