@@ -122,7 +122,8 @@ class HappensBefore:
     signals).  Per element, the last plain writer, the last atomic writer and the last plain
     reader are kept (one each: an approximation that may miss a race between earlier accesses,
     never reports one that is not there).  Release clocks are kept per element of the tensors
-    released into."""
+    released into.  At the end (:meth:`landed`) every write into a rank's memory by a peer must
+    happen before the end of one of that rank's programs."""
 
     def __init__(self, names: list[str], ranks: list[int]):
         n, r = len(names), max(ranks, default=0) + 1
@@ -201,6 +202,29 @@ class HappensBefore:
         for p in programs:
             self.clock[p] = joined
             self.clock[p, p] += 1
+
+    def landed(self, rank: int, programs: list[int]) -> tuple[str, Loc | None] | None:
+        """Once every program has finished: whether every write a peer made into rank ``rank``'s
+        memory happens before the end of one of ``programs`` (rank ``rank``'s); if not, the
+        message and the line of the first such write (rank ``rank``'s kernel may end, and its
+        caller read the memory, before the write lands)."""
+        end = self.clock[programs].max(axis=0)
+        for tid, (name, owner) in self.tensors.items():
+            t = self._tables.get(tid)
+            if owner != rank or t is None:
+                continue
+            for who in ("w", "a"):
+                w, e = t[who], t[who + "e"]
+                late = (w >= 0) & (w < self._first) & (end[np.maximum(w, 0)] < e)
+                if np.any(late):
+                    element = tuple(int(i) for i in np.argwhere(late)[0])
+                    loc = self.sites[int(t[who + "s"][element])]
+                    did = "stores to" if who == "w" else "updates"
+                    return (f"{self.names[int(w[element])]} {did} element {list(element)} of '{name}' of rank {rank} "
+                            f"here, and no program of rank {rank} waits for it: rank {rank}'s kernel may end (and "
+                            f"its caller read the tensor) before it lands; signal a flag after it and have rank "
+                            f"{rank} wait() for that, or end with a barrier_all()"), loc
+        return None
 
     def _message(self, tensor: np.ndarray, index: Any, clash: np.ndarray, t: dict[str, np.ndarray], who: str,
                  me: int, kind: str, loc: Loc | None) -> str:

@@ -329,6 +329,10 @@ def run_ranks(kernel: Operation, rank_args: Sequence[Sequence[Any]], grid: Any =
     try:
         with np.errstate(all="ignore"):
             sched.run(body)
+        for r in range(num_ranks):
+            late = hb.landed(r, [t.index for t in tasks if t.rank == r])
+            if late is not None:
+                raise TkcInterpretError(*late)
     finally:
         for (_, working), args in zip(bound, rank_args):
             write_back(params, args, working, launch.written)

@@ -18,7 +18,7 @@ def _run(*args: str):
     return CliRunner().invoke(cli, list(args), env={"TKC_INTERPRET": None})
 
 
-@pytest.mark.parametrize("example", ["allgather_gemm.tk", "gemm_reducescatter.tk"])
+@pytest.mark.parametrize("example", ["allgather_gemm.tk", "gemm_reducescatter.tk", "gemm_allreduce.tk"])
 @pytest.mark.parametrize("ranks", ["2", "4"])
 def test_run_on_simulated_ranks_with_check(example: str, ranks: str) -> None:
     r = _run("run", str(EXAMPLES / example), "--ranks", ranks, "--check", *SMALL)

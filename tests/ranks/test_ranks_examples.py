@@ -60,6 +60,25 @@ def test_gemm_reducescatter(ranks: int, seed: int) -> None:
         assert (args[r][4] == 1).all()  # every rank signalled every tile of rank r once
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gemm_allreduce(ranks: int, seed: int) -> None:
+    k = tkc.load(EXAMPLES / "gemm_allreduce.tk")
+    MS, K, N = 40, 72, 48
+    grid_m, grid_n = -(-MS // TILES["BM"]), -(-N // TILES["BN"])
+    rng = np.random.default_rng(seed)
+    a = [_bf16(rng, ranks * MS, K) for _ in range(ranks)]
+    b = [_bf16(rng, K, N) for _ in range(ranks)]
+    out = [torch.full((ranks, MS, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    args = [[a[r], b[r], out[r], torch.zeros(ranks, MS, N), torch.zeros(2, ranks, grid_m, grid_n, dtype=torch.int32)]
+            for r in range(ranks)]
+    tkc.interpret_ranks(k, args, seed=seed, **TILES)
+    total = sum(a[r].float() @ b[r].float() for r in range(ranks))
+    for r in range(ranks):
+        _close(out[r].reshape(ranks * MS, N), total)
+        assert torch.equal(out[r], out[0])  # every rank holds the same sums, bit for bit
+
+
 def test_one_rank_runs_through_tkc_interpret() -> None:
     """A multi-GPU kernel on one GPU is rank 0 of 1: tkc.interpret runs it (waits included)."""
     k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")

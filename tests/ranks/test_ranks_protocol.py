@@ -144,7 +144,8 @@ def test_a_ring_that_starts_runs(tmp_path: Path) -> None:
     """The same ring with rank 0 starting it: each rank adds one to what it got."""
     k = _load(tmp_path, RING.replace("    wait(flags[prv] >= 1)\n",
                                      "    barrier_all()\n    if rank() > 0:\n        wait(flags[prv] >= 1)\n")
-              .replace("x.on(nxt)[0:16] = x[0:16] + 1.0", "if nxt > 0:\n        x.on(nxt)[0:16] = x[0:16] + 1.0"))
+              .replace("    x.on(nxt)[0:16] = x[0:16] + 1.0\n    signal(", "    if nxt > 0:\n        x.on(nxt)[0:16] = "
+                       "x[0:16] + 1.0\n        signal("))
     for seed in SEEDS:
         args = _ring_args(4)
         tkc.interpret_ranks(k, args, seed=seed)
@@ -196,6 +197,7 @@ def count(c: i32[N] @ ranks):
     grid(2)
     barrier_all()
     atomic_add(c.on(0)[0], 1)
+    barrier_all()
 """)
     args = [[np.zeros(4, np.int32)] for _ in range(4)]
     tkc.interpret_ranks(k, args, seed=5)
@@ -241,6 +243,7 @@ def last(x: i32[N] @ ranks):
     grid(1)
     barrier_all()
     atomic_exch(x.on(0)[0], rank())
+    barrier_all()
 """)
     seen = set()
     for seed in range(12):
@@ -248,6 +251,20 @@ def last(x: i32[N] @ ranks):
         tkc.interpret_ranks(k, args, seed=seed)
         seen.add(int(args[0][0][0]))
     assert len(seen) > 1
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_write_into_a_peer_that_nobody_waits_for(tmp_path: Path, seed: int) -> None:
+    """The all-reduce without its last waits: a rank's kernel may end before its peers' sums land."""
+    k, text = _planted(tmp_path, "gemm_allreduce.tk", "        wait(flags[1, src, pm, pn] >= 1)\n", "        pass\n")
+    ranks, MS, K, N = 2, 40, 24, 40
+    args = []
+    for a, b, _, stage, flags in _reducescatter_args(ranks, MS, K, N):
+        args.append([a, b, torch.zeros(ranks, MS, N, dtype=torch.bfloat16), stage,
+                     torch.zeros(2, *flags.shape, dtype=torch.int32)])
+    err = _error(k, args, seed)
+    assert "and no program of rank" in str(err) and "before it lands" in str(err), str(err)
+    assert err.loc.line in (_line(text, "out.on(dst)[me"), _line(text, "signal(flags.on(dst)[1"))
 
 
 def test_tensors_on_every_rank_have_one_shape(tmp_path: Path) -> None:
