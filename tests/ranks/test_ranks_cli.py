@@ -11,17 +11,18 @@ from click.testing import CliRunner
 from tkc.cli import cli
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
-SMALL = ["-D", "BM=32", "-D", "BN=32", "-D", "BK=32"]
+SMALL = {"ring_attn.tk": ["-D", "BM=32", "-D", "BN=32", "-D", "D=32", "--dim", "B=1", "--dim", "H=2"]}
+GEMM = ["-D", "BM=32", "-D", "BN=32", "-D", "BK=32"]
 
 
 def _run(*args: str):
     return CliRunner().invoke(cli, list(args), env={"TKC_INTERPRET": None})
 
 
-@pytest.mark.parametrize("example", ["allgather_gemm.tk", "gemm_reducescatter.tk", "gemm_allreduce.tk"])
+@pytest.mark.parametrize("example", ["allgather_gemm.tk", "gemm_reducescatter.tk", "gemm_allreduce.tk", "ring_attn.tk"])
 @pytest.mark.parametrize("ranks", ["2", "4"])
 def test_run_on_simulated_ranks_with_check(example: str, ranks: str) -> None:
-    r = _run("run", str(EXAMPLES / example), "--ranks", ranks, "--check", *SMALL)
+    r = _run("run", str(EXAMPLES / example), "--ranks", ranks, "--check", *SMALL.get(example, GEMM))
     assert r.exit_code == 0, r.output
     assert f"{ranks} ranks of grid" in r.output
     checks = [line for line in r.output.splitlines() if "check " in line]
@@ -30,7 +31,7 @@ def test_run_on_simulated_ranks_with_check(example: str, ranks: str) -> None:
 
 
 def test_flags_start_at_zero() -> None:
-    r = _run("run", str(EXAMPLES / "gemm_reducescatter.tk"), "--ranks", "2", *SMALL)
+    r = _run("run", str(EXAMPLES / "gemm_reducescatter.tk"), "--ranks", "2", *GEMM)
     assert r.exit_code == 0, r.output
     assert "flags (start at zero): flags" in r.output
 

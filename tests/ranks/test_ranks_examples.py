@@ -79,6 +79,21 @@ def test_gemm_allreduce(ranks: int, seed: int) -> None:
         assert torch.equal(out[r], out[0])  # every rank holds the same sums, bit for bit
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ring_attn(ranks: int) -> None:
+    k = tkc.load(EXAMPLES / "ring_attn.tk")
+    B, H, N, D = 1, 2, 40, 32
+    rng = np.random.default_rng(ranks)
+    q, kk, v = ([_bf16(rng, B, H, N, D) for _ in range(ranks)] for _ in range(3))
+    o = [torch.full((B, H, N, D), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    scale = 0.125
+    tkc.interpret_ranks(k, [[q[r], kk[r], v[r], o[r], scale] for r in range(ranks)], seed=ranks, D=D, BM=32, BN=32)
+    keys, values = torch.cat(kk, dim=2).float(), torch.cat(v, dim=2).float()
+    for r in range(ranks):
+        want = torch.softmax(q[r].float() @ keys.transpose(-1, -2) * scale, dim=-1) @ values
+        torch.testing.assert_close(o[r].float(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_one_rank_runs_through_tkc_interpret() -> None:
     """A multi-GPU kernel on one GPU is rank 0 of 1: tkc.interpret runs it (waits included)."""
     k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")
