@@ -496,10 +496,14 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {ran}{because}: {how} {unit}")
     for line in _input_lines(k, sizes, dims, args, given, int_range):
         click.echo("  " + line)
+    _print_outputs(result, f"{runner.EXECUTORS[ran]} against interpreter")
+
+
+def _print_outputs(result: Any, pair: str) -> None:
+    """Each output's statistics, then each check of ``pair`` (exit 1 on a mismatch)."""
     for name, t, value in result.outputs:
         click.echo("  " + _tensor_stats(name, t, value))
     if result.checked is not None:
-        pair = f"{runner.EXECUTORS[ran]} against interpreter"
         for m in result.checked:
             verdict = "ok" if m.bad == 0 else "MISMATCH"
             click.echo(f"  check {m.name}, {pair}: max abs error {m.max_abs_error:.4g}, "
@@ -532,15 +536,7 @@ def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int],
         click.echo("  " + line)
     if flags:
         click.echo(f"  flags (start at zero): {', '.join(_name(params[i]) for i in flags)}")
-    for name, t, value in result.outputs:
-        click.echo("  " + _tensor_stats(name, t, value))
-    if result.checked is not None:
-        for m in result.checked:
-            verdict = "ok" if m.bad == 0 else "MISMATCH"
-            click.echo(f"  check {m.name}, interpreter with the programs in another order (seed {seed + 1}): max abs "
-                       f"error {m.max_abs_error:.4g}, {m.bad} of {m.total} outside tolerance: {verdict}")
-        if not result.ok:
-            raise SystemExit(1)
+    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})")
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:

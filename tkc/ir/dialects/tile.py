@@ -704,16 +704,10 @@ def is_atomic(op: Operation) -> bool:
 # interpreter runs the ranks in one process (tkc/ranks.py); docs/language.md "Several GPUs".
 
 @register
-class RankOp(Operation):
+class RankOp(NumSmsOp):
     """``rank()``: the rank (GPU) this program runs on, 0..num_ranks()-1."""
 
     name = "tile.rank"
-    RESULTS = ("result",)
-    TRAITS = frozenset({"pure"})
-
-    def verify(self) -> None:
-        if self.result.type != I32:
-            raise self.error("the result is an i32")
 
 
 @register
