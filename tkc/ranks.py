@@ -74,12 +74,11 @@ class _Task:
 class _Scheduler:
     """Runs the programs one at a time, picking the next at random among those that can go."""
 
-    def __init__(self, tasks: list[_Task], seed: int, num_ranks: int):
+    def __init__(self, tasks: list[_Task], seed: int):
         self.tasks = tasks
         self.rng = random.Random(seed)
         self.back = threading.Semaphore(0)
         self.aborted = False
-        self.num_ranks = num_ranks
         self.arrived: dict[tuple[tuple[int, ...], int], list[_Task]] = {}  # (pid, k) -> its k-th barrier's
 
     def run(self, body: Callable[[_Task], None]) -> None:
@@ -316,7 +315,7 @@ def run_ranks(kernel: Operation, rank_args: Sequence[Sequence[Any]], grid: Any =
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
     launch = _Launch(num_ranks, grids[0], envs, _RankLog(hb))
-    sched = _Scheduler(tasks, seed, num_ranks)
+    sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 
     def body(t: _Task) -> None:
