@@ -4,9 +4,9 @@ A multi-GPU kernel (:func:`tkc.ir.dialects.tile.uses_ranks`) runs on R ranks, on
 every rank runs the kernel's grid of programs on its own arguments, and tensors declared
 ``@ ranks`` exist on every rank, with peers' copies reached through ``x.on(r)``
 (``tile.peer``).  Here every program of every rank is a thread, but only one runs at a time:
-a scheduler seeded by ``seed`` picks which program goes next wherever programs interact (a
-peer's copy is taken, an atomic, a ``wait``, a ``barrier_all()``), so a run is deterministic
-for its seed and other seeds interleave the ranks differently.  A program waiting for a flag
+a scheduler seeded by ``seed`` picks which program goes next wherever programs synchronize (an
+atomic, a ``wait``, a ``barrier_all()``), so a run is deterministic for its seed and other seeds
+interleave the ranks differently; the race detector does not depend on the order.  A program waiting for a flag
 runs again only once the flag's condition holds; when no program can run and some have not
 finished, that is a deadlock (or a wait that can never be satisfied), reported with every
 waiting program's rank, id and line.  Every load, store and atomic goes through
@@ -72,53 +72,84 @@ class _Task:
 
 
 class _Scheduler:
-    """Runs the programs one at a time, picking the next at random among those that can go."""
+    """Runs the programs one at a time: the program that pauses picks the next at random among
+    those that can go (itself included) and hands it the baton, so a switch is one handoff."""
 
     def __init__(self, tasks: list[_Task], seed: int):
         self.tasks = tasks
         self.rng = random.Random(seed)
-        self.back = threading.Semaphore(0)
+        self.over = threading.Semaphore(0)  # released once every program has finished, or one failed
+        self.failure: BaseException | None = None
         self.aborted = False
         self.arrived: dict[tuple[tuple[int, ...], int], list[_Task]] = {}  # (pid, k) -> its k-th barrier's
+        self.body: Callable[[_Task], None] = lambda t: None
 
     def run(self, body: Callable[[_Task], None]) -> None:
+        self.body = body
         try:
-            while True:
-                live = [t for t in self.tasks if not t.done]
-                if not live:
-                    return
-                ready = [t for t in live if t.ready is None or t.ready()]
-                if not ready:
-                    raise self._stuck(live)
-                t = ready[self.rng.randrange(len(ready))]
-                t.ready = t.waits_for = None
-                if t.thread is None:
-                    t.thread = threading.Thread(target=self._main, args=(t, body), daemon=True)
-                    t.thread.start()
-                else:
-                    t.go.release()
-                self.back.acquire()
-                if t.error is not None:
-                    raise t.error
+            first = self._pick()
+            if first is not None:
+                self._resume(first)
+                self.over.acquire()
+            if self.failure is not None:
+                raise self.failure
         finally:
             self._stop()
 
-    def _main(self, t: _Task, body: Callable[[_Task], None]) -> None:
+    def _pick(self) -> _Task | None:
+        """The next program to run (None once all have finished); a deadlock is an error."""
+        live = [t for t in self.tasks if not t.done]
+        if not live:
+            return None
+        ready = [t for t in live if t.ready is None or t.ready()]
+        if not ready:
+            raise self._stuck(live)
+        t = ready[self.rng.randrange(len(ready))]
+        t.ready = t.waits_for = None
+        return t
+
+    def _resume(self, t: _Task) -> None:
+        if t.thread is None:
+            t.thread = threading.Thread(target=self._main, args=(t,), daemon=True)
+            t.thread.start()
+        else:
+            t.go.release()
+
+    def _hand_on(self, me: _Task) -> bool:
+        """Pick the next program and start it: whether that is ``me`` (which then just goes on)."""
         try:
-            body(t)
+            t = self._pick()
+        except TkcInterpretError as e:
+            self.failure = e
+            t = None
+        if t is me:
+            return True
+        if t is None:
+            self.over.release()  # every program has finished, or the launch is stuck
+        else:
+            self._resume(t)
+        return False
+
+    def _main(self, t: _Task) -> None:
+        try:
+            self.body(t)
         except _Aborted:
             return
         except BaseException as e:  # handed to the scheduler's thread, which raises it
-            t.error = e
+            t.done = True
+            self.failure = e
+            self.over.release()
+            return
         t.done = True
-        self.back.release()
+        self._hand_on(t)
 
     def pause(self, t: _Task, ready: Callable[[], bool] | None = None, waits_for: Callable[[], str] | None = None,
               loc: Loc | None = None) -> None:
-        """Called by ``t``'s thread: let the scheduler pick the next program (``t`` goes on once
-        ``ready()`` holds)."""
+        """Called by ``t``'s thread: let the next program run (``t`` goes on once ``ready()``
+        holds and it is picked)."""
         t.ready, t.waits_for, t.loc = ready, waits_for, loc
-        self.back.release()
+        if self._hand_on(t):
+            return
         t.go.acquire()
         if self.aborted:
             raise _Aborted()
@@ -176,7 +207,6 @@ def _peer(ctx: RankProgram, op: Operation, tensor: np.ndarray, r: Any) -> list[n
     if not 0 <= r < ctx.num_ranks:
         raise TkcInterpretError(f"rank {r} is out of range: the launch has {ctx.num_ranks} "
                                 f"rank{'s' if ctx.num_ranks > 1 else ''} (0..{ctx.num_ranks - 1})", op.loc)
-    ctx.sched.pause(ctx.task, loc=op.loc)  # peers' programs may run in between
     return [ctx.launch.envs[r][op.tensor]]  # a list: a tensor, not a value _checked by its type
 
 
