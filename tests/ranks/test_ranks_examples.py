@@ -94,6 +94,33 @@ def test_ring_attn(ranks: int) -> None:
         torch.testing.assert_close(o[r].float(), want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moe_dispatch(ranks: int, seed: int) -> None:
+    k = tkc.load(EXAMPLES / "moe_dispatch.tk")
+    T, D, F, EL = 56, 48, 40, 2
+    experts = ranks * EL
+    rng = np.random.default_rng(seed)
+    x = [_bf16(rng, T, D) for _ in range(ranks)]
+    w = [_bf16(rng, EL, D, F) for _ in range(ranks)]
+    ids = [torch.from_numpy(rng.integers(0, experts, T)) for _ in range(ranks)]
+    ids[0][:] = 0  # one rank sends every token to one expert: long and empty segments
+    order = [torch.argsort(i, stable=True).to(torch.int32) for i in ids]
+    offsets = [torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(i, minlength=experts).cumsum(0)])
+               .to(torch.int32) for i in ids]
+    y = [torch.full((ranks, T, F), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    args = [[x[r], order[r], offsets[r], w[r], y[r]] for r in range(ranks)]
+    tkc.interpret_ranks(k, args, seed=seed, BT=16, BF=32, BK=16)
+    for d in range(ranks):
+        for src in range(ranks):
+            for p in range(T):
+                e = int(ids[src][order[src][p]])
+                if e // EL == d:
+                    _close(y[d][src, p], x[src][order[src][p]].float() @ w[d][e % EL].float())
+                else:
+                    assert y[d][src, p].isnan().all()  # rows of other ranks' experts are left alone
+
+
 def test_one_rank_runs_through_tkc_interpret() -> None:
     """A multi-GPU kernel on one GPU is rank 0 of 1: tkc.interpret runs it (waits included)."""
     k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")
