@@ -5,7 +5,9 @@ launches programs over a grid), the launch grid is evaluated with it (``tkc/grid
 ``canonicalize`` folds constants through :func:`evaluate`, and the emulator computes scalar and
 value-by-value ops through :func:`evaluate`.  What an elementwise op computes is declared on its
 class (``tkc/ir/dialects/elementwise.py``); this module applies it, and holds the meaning of
-every other op (memory, reductions, ``mma``, loops, branches, ids).
+every other op (memory, reductions, ``mma``, loops, branches, ids).  The ops that only mean
+something across the ranks of a multi-GPU launch (``tile.peer``, ``tile.wait``,
+``tile.rank_barrier``) are ``tkc/ranks.py``'s, which runs these programs on several ranks.
 
 It favours being obviously right over being fast, while staying vectorized (one numpy op per
 IR op, never a Python loop over elements).  It must not know how values round -- every
