@@ -238,7 +238,7 @@ def interpret_ranks(k: Kernel | Module | Operation, rank_args: list[list[Any]], 
     rank's outputs in place.  ``seed`` picks how the programs of all ranks interleave
     (``tkc/ranks.py``); protocol errors (deadlocks, data races across ranks) are
     ``TkcInterpretError`` naming the ranks, programs and lines."""
-    from tkc.ranks import run_ranks
+    from tkc.interpreter import run_ranks
 
     run_ranks(_kernel_op(k, consts, "tkc.interpret_ranks"), rank_args, grid, seed)
 

@@ -13,9 +13,10 @@ waiting program's rank, id and line.  Every load, store and atomic goes through
 :class:`tkc.races.HappensBefore`, which reports accesses of two programs that no chain of
 release and acquire operations orders (whatever order this seed happened to run them in).
 
-Owns: the meaning of ``tile.peer``, ``tile.wait`` and ``tile.rank_barrier``, the scheduler,
-and binding and writing back each rank's arguments.  Must not: change how a kernel without
-ranks runs (``tkc.interpreter.run_kernel`` hands only multi-GPU kernels to :func:`run_ranks`).
+Owns: the meaning of ``tile.peer``, ``tile.wait`` and ``tile.rank_barrier``, and the scheduler.
+Must not: change how a kernel without ranks runs (``tkc.interpreter.run_kernel`` hands only
+multi-GPU kernels to ``tkc.interpreter.run_ranks``, which binds each rank's arguments, calls
+:func:`run_programs` and writes the outputs back).
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from typing import Any
 import numpy as np
 
 from tkc.errors import Loc, TkcInterpretError, TkcLaunchError, TkcUnsupportedError
-from tkc.grid import as_kernel, check_grid, eval_grid, param_name
+from tkc.grid import check_grid, eval_grid, param_name
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.races import HappensBefore
 from tkc.semantics import Program, _box_slices, gather_elements
 
-__all__ = ["flag_params", "run_ranks"]
+__all__ = ["flag_params", "run_programs"]
 
 _CMP: dict[str, Callable[[int, int], bool]] = {
     "ge": lambda a, b: a >= b, "gt": lambda a, b: a > b, "eq": lambda a, b: a == b,
@@ -198,7 +199,7 @@ class _Launch:
     grid: tuple[int, ...]
     envs: list[dict]
     log: _RankLog
-    written: set[int] = field(default_factory=set)
+    written: set[int]  # id() of the tensors stored to, every rank's
 
 
 # ------------------------------------------------------------- the rank ops
@@ -317,21 +318,17 @@ RankProgram.handlers = {
 
 
 # ------------------------------------------------------------------ launch
-def run_ranks(kernel: Operation, rank_args: Sequence[Sequence[Any]], grid: Any = None, seed: int = 0) -> None:
-    """Run ``kernel`` on ``len(rank_args)`` ranks, rank ``r`` on the arguments
-    ``rank_args[r]`` (as :func:`tkc.interpreter.run_kernel` takes them), writing each rank's
-    outputs in place.  ``seed`` picks the order the programs of all ranks interleave in."""
-    from tkc.interpreter import bind_arguments, write_back
-
-    kernel = as_kernel(kernel)
-    num_ranks = len(rank_args)
+def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, written: set[int]) -> None:
+    """Run ``kernel``'s programs on ``len(envs)`` ranks, rank ``r`` with its parameters bound
+    in ``envs[r]`` (:func:`tkc.interpreter.bind_arguments`), adding the ``id`` of every tensor
+    stored to into ``written``.  ``seed`` picks the order the programs of all ranks interleave
+    in.  :func:`tkc.interpreter.run_ranks` binds the arguments and writes the outputs back."""
+    num_ranks = len(envs)
     if num_ranks < 1:
         raise TkcLaunchError("a launch needs at least one rank")
     if tile.has_cluster_reductions(kernel):
         raise TkcUnsupportedError("cluster reductions in a multi-GPU kernel are not supported", kernel.loc)
     params = kernel.regions[0].block.args
-    bound = [bind_arguments(kernel, args) for args in rank_args]
-    envs = [env for env, _ in bound]
     _check_symmetric(params, envs)
     with np.errstate(all="ignore"):
         grids = [eval_grid(kernel, dict(env)) if grid is None else check_grid(grid) for env in envs]
@@ -344,7 +341,7 @@ def run_ranks(kernel: Operation, rank_args: Sequence[Sequence[Any]], grid: Any =
         for p in params:
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
-    launch = _Launch(num_ranks, grids[0], envs, _RankLog(hb))
+    launch = _Launch(num_ranks, grids[0], envs, _RankLog(hb), written)
     sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 
@@ -355,16 +352,12 @@ def run_ranks(kernel: Operation, rank_args: Sequence[Sequence[Any]], grid: Any =
         except TkcInterpretError as e:
             raise TkcInterpretError(f"{e.message} (in rank {t.rank}, program {t.pid})", e.loc) from e
 
-    try:
-        with np.errstate(all="ignore"):
-            sched.run(body)
-        for r in range(num_ranks):
-            late = hb.landed(r, [t.index for t in tasks if t.rank == r])
-            if late is not None:
-                raise TkcInterpretError(*late)
-    finally:
-        for (_, working), args in zip(bound, rank_args):
-            write_back(params, args, working, launch.written)
+    with np.errstate(all="ignore"):
+        sched.run(body)
+    for r in range(num_ranks):
+        late = hb.landed(r, [t.index for t in tasks if t.rank == r])
+        if late is not None:
+            raise TkcInterpretError(*late)
 
 
 def flag_params(kernel: Operation) -> list[Any]:

@@ -199,11 +199,11 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
 def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ...] | None = None,
               check: bool = False, seed: int = 0) -> RunResult:
     """Run the multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks in the interpreter
-    (:func:`tkc.ranks.run_ranks`), the programs of all ranks interleaved in an order picked by
+    (:func:`tkc.interpreter.run_ranks`), the programs of all ranks interleaved in an order picked by
     ``seed``; outputs are named ``x (rank r)``.  ``check``: run again interleaved by seed
     ``seed + 1`` and compare every tensor of every rank (a kernel whose ranks synchronize
     properly computes the same whatever the order; the race detector has already run twice)."""
-    from tkc.ranks import run_ranks as run
+    from tkc.interpreter import run_ranks as run
 
     work = copy.deepcopy(rank_args)
     reference = copy.deepcopy(rank_args) if check else None

@@ -178,11 +178,11 @@ class _Gen:
     def op_num_sms(self) -> None:
         self.emit(T.NumSmsOp, [], [I32], {})
 
-    def op_rank(self, cls: type[Operation] | None = None) -> None:
-        self.emit(cls or self.pick([T.RankOp, T.NumRanksOp]), [], [I32], {})
+    def op_rank(self) -> None:
+        self.emit(T.RankOp, [], [I32], {})
 
     def op_num_ranks(self) -> None:
-        self.op_rank(T.NumRanksOp)
+        self.emit(T.NumRanksOp, [], [I32], {})
 
     def op_rank_barrier(self) -> None:
         self.emit(T.RankBarrierOp, [], [], {})
@@ -430,8 +430,8 @@ class _Gen:
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
                 "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
-                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if", "op_rank", "op_peer",
-                "op_wait", "op_rank_barrier",
+                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if", "op_rank", "op_num_ranks",
+                "op_peer", "op_wait", "op_rank_barrier",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
