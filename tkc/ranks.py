@@ -330,6 +330,7 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
         raise TkcUnsupportedError("cluster reductions in a multi-GPU kernel are not supported", kernel.loc)
     params = kernel.regions[0].block.args
     _check_symmetric(params, envs)
+    _check_separate(params, envs)
     with np.errstate(all="ignore"):
         grids = [eval_grid(kernel, dict(env)) if grid is None else check_grid(grid) for env in envs]
     if any(g != grids[0] for g in grids):
@@ -375,6 +376,16 @@ def flag_params(kernel: Operation) -> list[Any]:
             if t not in flags:
                 flags.append(t)
     return flags
+
+
+def _check_separate(params: Sequence[Any], envs: list[dict]) -> None:
+    """Every rank has memory of its own: no array is an argument of two ranks."""
+    owner: dict[int, int] = {}
+    for r, env in enumerate(envs):
+        for p in params:
+            if isinstance(p.type, TensorType) and owner.setdefault(id(env[p]), r) != r:
+                raise TkcLaunchError(f"'{p.name_hint}': rank {owner[id(env[p])]} and rank {r} pass the same array; "
+                                     f"every rank has memory of its own (pass a copy per rank)")
 
 
 def _check_symmetric(params: Sequence[Any], envs: list[dict]) -> None:

@@ -281,3 +281,10 @@ def test_the_compiler_refuses_multi_gpu_kernels_past_tile_ir() -> None:
     assert info.value.loc is not None and info.value.loc.line > 1
     ir = tkc.compile_kernel(EXAMPLES / "allgather_gemm.tk", stop="tkir", cache=False).asm["tkir"]
     assert "tensor<bf16[M, K] @ranks>" in ir and "tile.peer" in ir and "tile.rank_barrier" in ir
+
+
+def test_ranks_do_not_share_an_array(tmp_path: Path) -> None:
+    k = _load(tmp_path, OVERWRITE)
+    y = np.zeros(16, np.float32)
+    with pytest.raises(TkcLaunchError, match="'y': rank 0 and rank 1 pass the same array"):
+        tkc.interpret_ranks(k, [[np.ones(16, np.float32), y], [np.ones(16, np.float32), y]])
