@@ -5,6 +5,7 @@ where ptxas is found), located refusals, and a launch on a GPU of the interprete
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,12 @@ from tkc.interpreter import random_args, run_kernel
 from tkc.codegen.ptxas import find_ptxas  # noqa: E402  (the compiler's own search)
 
 HAVE_PTXAS = find_ptxas() is not None
+
+def lowered_examples(root: Path, suffixes: tuple[str, ...] = (".tk", ".py")) -> list[Path]:
+    """The example files the compiler lowers: all but those whose first line says ``# refused:``
+    (multi-GPU kernels, which run on simulated ranks: tests/ranks)."""
+    return sorted(p for p in root.iterdir() if p.suffix in suffixes and not p.read_text().startswith("# refused:"))
+
 
 #: Example files with several kernels and the ones ``tkc run FILE --check`` checks (it takes one
 #: at a time, --kernel).  attn_train.tk's backward needs the log-sum-exp its forward wrote: from

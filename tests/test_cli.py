@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from device_checks import RUN_KERNELS
+from device_checks import RUN_KERNELS, lowered_examples
 
 import tkc
 import tkc.cli
@@ -363,7 +363,7 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
     assert "the kernel has no dim Q; its dims: M, K, N" in r.stderr
 
 
-EXAMPLE_FILES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".tk", ".py"))
+EXAMPLE_FILES = [p.name for p in lowered_examples(EXAMPLES)]
 
 
 @pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])

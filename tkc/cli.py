@@ -446,9 +446,13 @@ def _print_store_plan(compiled: Any) -> None:
                    "programs that walk its tiles.")
 @click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
               help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
+@click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
+              help="Run a multi-GPU kernel on R simulated ranks in the interpreter (default 1 for one), each on its "
+                   "own random inputs, its flags at zero; --seed also picks how the ranks' programs interleave, and "
+                   "--check runs them again in another order and compares.")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
-                kernel: str | None, grid: tuple | None, target: str) -> None:
+                kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
     from tkc import runner
 
@@ -466,12 +470,22 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     sizes = _dim_sizes(k, dims)
+    if ranks:  # a dim no tile spans (a rank's slot, a flag per program) holds every rank
+        sizes = {n: max(s, ranks) if n not in dims and s == UNTILED_DIM else s for n, s in sizes.items()}
     _check_int_range(k, int_range)
 
     from tkc.interpreter import random_args
 
     args = random_args(k, sizes, seed, int_range)
     given = _set_scalars(k, args, scalars)
+    from tkc.ir.dialects.tile import uses_ranks
+
+    if ranks is not None or uses_ranks(k):
+        if backend not in (None, "interpret"):
+            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter for now "
+                                f"(tkc run {file} --ranks R)")
+        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check)
+        return
     result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",
@@ -482,16 +496,47 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     click.echo(f"kernel {result.kernel}: grid {result.grid}, seed {seed}, {ran}{because}: {how} {unit}")
     for line in _input_lines(k, sizes, dims, args, given, int_range):
         click.echo("  " + line)
+    _print_outputs(result, f"{runner.EXECUTORS[ran]} against interpreter")
+
+
+def _print_outputs(result: Any, pair: str) -> None:
+    """Each output's statistics, then each check of ``pair`` (exit 1 on a mismatch)."""
     for name, t, value in result.outputs:
         click.echo("  " + _tensor_stats(name, t, value))
     if result.checked is not None:
-        pair = f"{runner.EXECUTORS[ran]} against interpreter"
         for m in result.checked:
             verdict = "ok" if m.bad == 0 else "MISMATCH"
             click.echo(f"  check {m.name}, {pair}: max abs error {m.max_abs_error:.4g}, "
                        f"{m.bad} of {m.total} outside tolerance: {verdict}")
         if not result.ok:
             raise SystemExit(1)
+
+
+def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int], dims: dict[str, int],
+               given: set[str], int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool) -> None:
+    """``tkc run --ranks R``: rank r's tensors drawn with seed ``seed + 1000 * r`` (rank 0's are
+    the single-rank inputs), the scalars rank 0's on every rank, flags at zero."""
+    from tkc import runner
+    from tkc.interpreter import random_args
+    from tkc.ranks import flag_params
+
+    params = list(k.regions[0].block.args)
+    rank_args = [args] + [random_args(k, sizes, seed + 1000 * r, int_range) for r in range(1, ranks)]
+    flags = [params.index(p) for p in flag_params(k)]
+    for a in rank_args:
+        for i, p in enumerate(params):
+            if not isinstance(p.type, TensorType):
+                a[i] = args[i]
+            elif i in flags:
+                a[i] = np.zeros_like(a[i])
+    result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed)
+    click.echo(f"kernel {result.kernel}: {ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, "
+               f"interpret: interpreted in {result.seconds * 1e3:.1f} ms")
+    for line in _input_lines(k, sizes, dims, args, given, int_range):
+        click.echo("  " + line)
+    if flags:
+        click.echo(f"  flags (start at zero): {', '.join(_name(params[i]) for i in flags)}")
+    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})")
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tkc import options as tkc_options
-from tkc.errors import TkcUsageError
+from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -283,7 +283,17 @@ def _tile_ir(b: _Build) -> str:
 
 
 def _hopper_ir(b: _Build) -> str:
-    """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR."""
+    """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR.  Multi-GPU kernels stop
+    here: nothing lowers their peer accesses, signals and waits yet."""
+    from tkc.ir.dialects.tile import RANK_OPS, uses_ranks
+
+    kernel = b.module.kernel(b.name)
+    if uses_ranks(kernel):
+        op = next((op for op in kernel.walk() if op.name in RANK_OPS), kernel)
+        raise TkcUnsupportedError(f"kernel '{b.name}' is a multi-GPU kernel (tensors @ ranks, rank(), peers' copies, "
+                                  f"signals, waits), and multi-GPU kernels run in the interpreter for now: tkc run "
+                                  f"FILE --ranks R simulates R ranks; tkc lowers them no further than tile IR "
+                                  f"(--emit tkir) yet", op.loc)
     _run_passes(b.module, b.hopper_pipeline, b.opts, b.dumps, b.options, b.target)
     return print_module(b.module, locs=b.opts.locs)
 

@@ -29,7 +29,8 @@ from tkc.ir.types import TensorType
 from tkc.races import WriteLog
 from tkc.semantics import Program, Suspended, combine_ranks
 
-__all__ = ["bind_arguments", "interpret_module", "random_args", "run_kernel", "tensor_names", "write_back"]
+__all__ = ["bind_arguments", "interpret_module", "random_args", "run_kernel", "run_ranks", "tensor_names",
+           "write_back"]
 
 
 def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, Any], dict[int, np.ndarray]]:
@@ -63,6 +64,9 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     to the declared dtype on entry.  Scalars are python or numpy numbers.
     """
     kernel = as_kernel(kernel)
+    if tile.uses_ranks(kernel):  # one rank of a multi-GPU kernel: its waits need the ranks' scheduler
+        run_ranks(kernel, [args], grid)
+        return
     params = kernel.regions[0].block.args
     env, working = bind_arguments(kernel, args)
     ctx = Program(None, (), env, log=WriteLog(tensor_names(params, env)))
@@ -81,6 +85,24 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
                     raise TkcInterpretError(f"{e.message} (in program {pid})", e.loc) from e
         finally:
             write_back(params, args, working, ctx.written)
+
+
+def run_ranks(kernel: Operation | Module, rank_args: Sequence[Sequence[Any]], grid: Any = None, seed: int = 0
+              ) -> None:
+    """Run a multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks (``tkc/ranks.py``),
+    rank ``r`` on the arguments ``rank_args[r]`` (as :func:`run_kernel` takes them), writing
+    every rank's outputs in place; ``seed`` picks how the programs of all ranks interleave."""
+    from tkc.ranks import run_programs
+
+    kernel = as_kernel(kernel)
+    params = kernel.regions[0].block.args
+    bound = [bind_arguments(kernel, args) for args in rank_args]
+    written: set[int] = set()
+    try:
+        run_programs(kernel, [env for env, _ in bound], grid, seed, written)
+    finally:
+        for (_, working), args in zip(bound, rank_args):
+            write_back(params, args, working, written)
 
 
 def _run_clusters(ctx: Program, kernel: Operation, env: dict[Value, Any]) -> None:

@@ -221,16 +221,7 @@ def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, *
     """
     from tkc.interpreter import run_kernel
 
-    if isinstance(k, Kernel):
-        op = k.kernel_op(**consts)
-    elif consts:
-        raise TkcUsageError("constants are fixed once a module is compiled; pass them to the compiler")
-    elif isinstance(k, Module):
-        op = k.kernel()
-    elif isinstance(k, Operation):
-        op = k
-    else:
-        raise TkcUsageError(f"tkc.interpret takes a @tkc.kernel, a Module or a kernel op, got {type(k).__name__}")
+    op = _kernel_op(k, consts, "tkc.interpret")
     host = [_to_host(a) for a in args]
     try:
         run_kernel(op, host, grid)
@@ -238,6 +229,31 @@ def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, *
         for a, h in zip(args, host):
             if h is not a:
                 a.copy_(h)
+
+
+def interpret_ranks(k: Kernel | Module | Operation, rank_args: list[list[Any]], /, *, grid: Any = None,
+                    seed: int = 0, **consts: Any) -> None:
+    """Run a multi-GPU kernel on ``len(rank_args)`` simulated ranks in the interpreter, rank
+    ``r`` on the arguments ``rank_args[r]`` (numpy arrays or CPU torch tensors), writing every
+    rank's outputs in place.  ``seed`` picks how the programs of all ranks interleave
+    (``tkc/ranks.py``); protocol errors (deadlocks, data races across ranks) are
+    ``TkcInterpretError`` naming the ranks, programs and lines."""
+    from tkc.interpreter import run_ranks
+
+    run_ranks(_kernel_op(k, consts, "tkc.interpret_ranks"), rank_args, grid, seed)
+
+
+def _kernel_op(k: Kernel | Module | Operation, consts: dict[str, Any], what: str) -> Operation:
+    """The kernel op to interpret: a ``@tkc.kernel`` specialized with ``consts``, or the kernel of tile IR."""
+    if isinstance(k, Kernel):
+        return k.kernel_op(**consts)
+    if consts:
+        raise TkcUsageError("constants are fixed once a module is compiled; pass them to the compiler")
+    if isinstance(k, Module):
+        return k.kernel()
+    if isinstance(k, Operation):
+        return k
+    raise TkcUsageError(f"{what} takes a @tkc.kernel, a Module or a kernel op, got {type(k).__name__}")
 
 
 def _to_host(x: Any) -> Any:

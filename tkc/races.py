@@ -103,3 +103,153 @@ class WriteLog:
         site = int(t[row + 1][element])
         who = "several programs" if other == SEVERAL else self.programs[other]
         return Race(self.names.get(id(tensor), "a tensor"), element, who, row == 2, self.sites[site])
+
+
+# ------------------------------------------------------------ several ranks
+class HappensBefore:
+    """Data races between the programs of a multi-GPU launch (``tkc/ranks.py``), by vector
+    clocks: an access races with an earlier one of another program unless a chain of release
+    and acquire operations orders them (a ``signal``/release atomic, then a ``wait``/acquire
+    atomic that reads what it wrote, or a ``barrier_all()``).  Reported: a read of an element
+    another program wrote (plainly or atomically) with no such chain, a write onto an element
+    another program read or wrote plainly with none, and an atomic onto one another program
+    read or wrote plainly with none.  Atomics never race with atomics.
+
+    Programs are numbered ``0..n-1`` (``names``); each rank ``r`` also has a clock of its own,
+    ``n + r``, "rank r before the launch": every tensor of rank ``r`` was last written by it, and
+    only rank ``r``'s programs start after it (stream order), so a peer that reads rank ``r``'s
+    inputs must first synchronize with a program of rank ``r`` (a barrier, or a flag it
+    signals).  Per element, the last plain writer, the last atomic writer and the last plain
+    reader are kept (one each: an approximation that may miss a race between earlier accesses,
+    never reports one that is not there).  Release clocks are kept per element of the tensors
+    released into.  At the end (:meth:`landed`) every write into a rank's memory by a peer must
+    happen before the end of one of that rank's programs."""
+
+    def __init__(self, names: list[str], ranks: list[int]):
+        n, r = len(names), max(ranks, default=0) + 1
+        self.names = names + [f"rank {k} before the launch" for k in range(r)]
+        self.clock = np.zeros((n + r, n + r), np.int64)
+        for t, k in enumerate(ranks):
+            self.clock[t, t] = 1
+            self.clock[t, n + k] = 1
+        for k in range(r):
+            self.clock[n + k, n + k] = 1
+        self._first = n  # the "before the launch" clocks follow the programs
+        self.tensors: dict[int, tuple[str, int]] = {}  # id(array) -> (name, rank)
+        self._tables: dict[int, dict[str, np.ndarray]] = {}
+        self._sync: dict[int, np.ndarray] = {}
+        self.sites: list[Loc | None] = []
+        self._site: dict[Any, int] = {}
+
+    def add_tensor(self, tensor: np.ndarray, name: str, rank: int) -> None:
+        """A working tensor of rank ``rank``, named ``name`` in messages."""
+        self.tensors[id(tensor)] = (name, rank)
+
+    def _table(self, tensor: np.ndarray) -> dict[str, np.ndarray]:
+        t = self._tables.get(id(tensor))
+        if t is None:
+            before = self._first + self.tensors.get(id(tensor), ("", 0))[1]
+            t = self._tables[id(tensor)] = {
+                "w": np.full(tensor.shape, before, np.int32), "we": np.ones(tensor.shape, np.int64),
+                "ws": np.full(tensor.shape, -1, np.int32),
+                **{k: np.full(tensor.shape, -1, np.int32) for k in ("a", "as", "r", "rs")},
+                **{k: np.zeros(tensor.shape, np.int64) for k in ("ae", "re")}}
+        return t
+
+    def _site_of(self, loc: Loc | None) -> int:
+        s = self._site.setdefault(loc, len(self._site))
+        if s == len(self.sites):
+            self.sites.append(loc)
+        return s
+
+    def _unordered(self, t: dict[str, np.ndarray], who: str, index: Any, me: int) -> np.ndarray:
+        w, e = t[who][index], t[who + "e"][index]
+        return (w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)
+
+    def access(self, tensor: np.ndarray, index: Any, me: int, loc: Loc | None, kind: str) -> str | None:
+        """Record access ``kind`` ("read", "write" or "atomic") by program ``me`` of
+        ``tensor[index]``; the message of the first race it makes, or None (then recorded)."""
+        t = self._table(tensor)
+        against = {"read": ("w", "a"), "write": ("w", "a", "r"), "atomic": ("w", "r")}[kind]
+        for who in against:
+            clash = self._unordered(t, who, index, me)
+            if np.any(clash):
+                return self._message(tensor, index, clash, t, who, me, kind, loc)
+        row = {"read": "r", "write": "w", "atomic": "a"}[kind]
+        t[row][index] = me
+        t[row + "e"][index] = self.clock[me, me]
+        t[row + "s"][index] = self._site_of(loc)
+        return None
+
+    def release(self, tensor: np.ndarray, index: Any, me: int) -> None:
+        """Program ``me`` releases into ``tensor[index]``: whoever acquires it later sees every
+        access ``me`` made before (and what ``me`` had acquired)."""
+        s = self._sync.get(id(tensor))
+        if s is None:
+            s = self._sync[id(tensor)] = np.zeros((*tensor.shape, len(self.names)), np.int64)
+        s[index] = np.maximum(s[index], self.clock[me])
+        self.clock[me, me] += 1
+
+    def acquire(self, tensor: np.ndarray, element: tuple[int, ...], me: int) -> None:
+        """Program ``me`` read ``tensor[element]`` with acquire ordering."""
+        s = self._sync.get(id(tensor))
+        if s is not None:
+            np.maximum(self.clock[me], s[element], out=self.clock[me])
+
+    def barrier(self, programs: list[int]) -> None:
+        """``programs`` meet at a barrier: each has seen everything any of them did before."""
+        joined = self.clock[programs].max(axis=0)
+        for p in programs:
+            self.clock[p] = joined
+            self.clock[p, p] += 1
+
+    def landed(self, rank: int, programs: list[int]) -> tuple[str, Loc | None] | None:
+        """Once every program has finished: whether every write a peer made into rank ``rank``'s
+        memory happens before the end of one of ``programs`` (rank ``rank``'s); if not, the
+        message and the line of the first such write (rank ``rank``'s kernel may end, and its
+        caller read the memory, before the write lands)."""
+        end = self.clock[programs].max(axis=0)
+        for tid, (name, owner) in self.tensors.items():
+            t = self._tables.get(tid)
+            if owner != rank or t is None:
+                continue
+            for who in ("w", "a"):
+                w, e = t[who], t[who + "e"]
+                late = (w >= 0) & (w < self._first) & (end[np.maximum(w, 0)] < e)
+                if np.any(late):
+                    element = tuple(int(i) for i in np.argwhere(late)[0])
+                    loc = self.sites[int(t[who + "s"][element])]
+                    did = "stores to" if who == "w" else "updates"
+                    return (f"{self.names[int(w[element])]} {did} element {list(element)} of '{name}' of rank {rank} "
+                            f"here, and no program of rank {rank} waits for it: rank {rank}'s kernel may end (and "
+                            f"its caller read the tensor) before it lands; signal a flag after it and have rank "
+                            f"{rank} wait() for that, or end with a barrier_all()"), loc
+        return None
+
+    def _message(self, tensor: np.ndarray, index: Any, clash: np.ndarray, t: dict[str, np.ndarray], who: str,
+                 me: int, kind: str, loc: Loc | None) -> str:
+        flat = np.arange(tensor.size).reshape(tensor.shape)[index]
+        first = int(np.asarray(flat)[np.asarray(clash)].reshape(-1)[0]) if np.ndim(flat) else int(flat)
+        element = tuple(int(i) for i in np.unravel_index(first, tensor.shape))
+        other = int(t[who][element])
+        site = int(t[who + "s"][element])
+        name, rank = self.tensors.get(id(tensor), ("a tensor", 0))
+        did = {"w": "stores to it", "a": "updates it atomically", "r": "reads it"}[who]
+        doing = {"read": "reads it", "write": "stores to it", "atomic": "updates it atomically"}[kind]
+        where = f" (line {self.sites[site].line})" if site >= 0 and self.sites[site] is not None else ""
+        if other >= self._first:
+            why = (f"rank {rank}'s tensors hold what rank {rank} wrote before the launch, which a peer sees only "
+                   f"after synchronizing with rank {rank}'s programs: a barrier_all() first, or a wait() for a "
+                   f"flag they signal")
+            return (f"data race on element {list(element)} of '{name}' of rank {rank}: {self.names[me]} {doing} "
+                    f"here with no release/acquire chain after the launch on rank {rank}; {why}")
+        if who == "r":
+            fix = ("the reader signals a flag once it is done and the writer wait()s for it before "
+                   "overwriting, or a barrier_all() between")
+        elif kind == "read":
+            fix = ("the writer signals a flag after its stores (signal(flags.on(r)[i], v), release) and the "
+                   "reader wait()s for it before its loads")
+        else:
+            fix = "order the writes with a signal and a wait() or a barrier_all(), or combine them with atomics"
+        return (f"data race on element {list(element)} of '{name}' of rank {rank}: {self.names[other]} {did}"
+                f"{where} and {self.names[me]} {doing} here, with no release/acquire chain between them; {fix}")

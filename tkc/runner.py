@@ -196,6 +196,33 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     return result
 
 
+def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ...] | None = None,
+              check: bool = False, seed: int = 0) -> RunResult:
+    """Run the multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks in the interpreter
+    (:func:`tkc.interpreter.run_ranks`), the programs of all ranks interleaved in an order picked by
+    ``seed``; outputs are named ``x (rank r)``.  ``check``: run again interleaved by seed
+    ``seed + 1`` and compare every tensor of every rank (a kernel whose ranks synchronize
+    properly computes the same whatever the order; the race detector has already run twice)."""
+    from tkc.interpreter import run_ranks as run
+
+    work = copy.deepcopy(rank_args)
+    reference = copy.deepcopy(rank_args) if check else None
+    seconds = _timed(lambda: run(kernel, work, grid=grid, seed=seed))
+    params = kernel.regions[0].block.args
+    tensors = [(i, p) for i, p in enumerate(params) if isinstance(p.type, TensorType)]
+    outputs = [(f"{p.name_hint or f'arg{i}'} (rank {r})", p.type, np.asarray(args[i]))
+               for r, args in enumerate(work) for i, p in tensors]
+    from tkc.grid import launch_grid
+
+    result = RunResult(kernel.attributes["sym_name"], "interpret", grid or launch_grid(kernel, rank_args[0]), seconds,
+                       outputs)
+    if reference is not None:
+        run(kernel, reference, grid=grid, seed=seed + 1)
+        wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
+        result.checked = [_compare(n, t, out, want) for (n, t, out), want in zip(outputs, wants)]
+    return result
+
+
 def _poison_outputs(kernel: Operation, args: list[Any]) -> None:
     """Fill the tensors the kernel stores to with values it would not compute (NaN, or the
     most negative integer), so an element the executor fails to write cannot match the

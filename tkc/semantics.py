@@ -5,7 +5,9 @@ launches programs over a grid), the launch grid is evaluated with it (``tkc/grid
 ``canonicalize`` folds constants through :func:`evaluate`, and the emulator computes scalar and
 value-by-value ops through :func:`evaluate`.  What an elementwise op computes is declared on its
 class (``tkc/ir/dialects/elementwise.py``); this module applies it, and holds the meaning of
-every other op (memory, reductions, ``mma``, loops, branches, ids).
+every other op (memory, reductions, ``mma``, loops, branches, ids).  The ops that only mean
+something across the ranks of a multi-GPU launch (``tile.peer``, ``tile.wait``,
+``tile.rank_barrier``) are ``tkc/ranks.py``'s, which runs these programs on several ranks.
 
 It favours being obviously right over being fast, while staying vectorized (one numpy op per
 IR op, never a Python loop over elements).  It must not know how values round -- every
@@ -57,7 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -84,6 +86,15 @@ class Program:
     sms: int = 0  # what tile.num_sms reads (CPU_SMS unless a launch says otherwise)
     cluster: Any = None  # while a cluster's programs run: (rank, results, parts, occurrences)
     log: WriteLog | None = None  # who wrote which element: write-write races (tkc/races.py)
+    rank: int = 0  # what tile.rank reads: this program's rank of a multi-GPU launch (tkc/ranks.py)
+    num_ranks: int = 1
+    #: What runs each op, by name; tkc/ranks.py's programs add the ops of several ranks.
+    handlers: ClassVar[dict[str, Callable[..., Any]]]
+
+    @property
+    def who(self) -> Any:
+        """This program, as races (tkc/races.py) name it."""
+        return self.pid
 
     def run(self, block: Block) -> list[Any]:
         """Run a block's ops; return what its ``tile.yield`` yields ([] for ``tile.return``)."""
@@ -93,7 +104,7 @@ class Program:
                 return [env[v] for v in op.operands]
             if op.name == "tile.return":
                 return []
-            handler = _HANDLERS.get(op.name)
+            handler = self.handlers.get(op.name)
             if handler is None:
                 raise TkcInterpretError(f"the interpreter cannot run op '{op.name}'", op.loc)
             try:
@@ -196,9 +207,10 @@ def _load(ctx: Program, op: Operation, tensor: np.ndarray, *offsets: Any) -> np.
     return out.reshape(shape_of(op.results[0].type))  # drops the squeezed size-1 axes
 
 
-def _gather(ctx: Program, op: Operation, tensor: np.ndarray, index: np.ndarray, *offsets: Any) -> np.ndarray:
-    dt = op.tensor.type.dtype
-    other = round_to(0 if op.other is None else op.other, dt)
+def gather_elements(op: Operation, tensor: np.ndarray, index: np.ndarray, offsets: Sequence[Any]
+                    ) -> tuple[list[np.ndarray], np.ndarray]:
+    """Where a gather reads: per tensor axis the coordinate of each result element, and
+    whether the element lies inside the tensor."""
     squeeze = set(op.squeeze or [])
     shape = shape_of(op.results[0].type)
     kept = [a for a in range(tensor.ndim) if a not in squeeze]
@@ -213,8 +225,16 @@ def _gather(ctx: Program, op: Operation, tensor: np.ndarray, index: np.ndarray, 
             pos = int(off) + grids[kept.index(a)]
         inb &= (pos >= 0) & (pos < tensor.shape[a])
         idx.append(np.where(inb, pos, 0))
+    return idx, inb
+
+
+def _gather(ctx: Program, op: Operation, tensor: np.ndarray, index: np.ndarray, *offsets: Any) -> np.ndarray:
+    dt = op.tensor.type.dtype
+    other = round_to(0 if op.other is None else op.other, dt)
+    shape = shape_of(op.results[0].type)
     if tensor.size == 0:
         return np.full(shape, other, dt.np_storage)
+    idx, inb = gather_elements(op, tensor, index, offsets)
     return np.where(inb, tensor[tuple(np.where(inb, i, 0) for i in idx)], other).astype(dt.np_storage)
 
 
@@ -240,9 +260,9 @@ def _masked_store(ctx: Program, op: Operation, tensor: np.ndarray, value: Any, m
 def _log_write(ctx: Program, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
     if ctx is None or ctx.log is None:
         return
-    race = ctx.log.write(tensor, index, ctx.pid, op.loc, atomic)
+    race = ctx.log.write(tensor, index, ctx.who, op.loc, atomic)
     if race is not None:
-        raise TkcInterpretError(race.message(ctx.pid, atomic), op.loc)
+        raise TkcInterpretError(race.message(ctx.who, atomic), op.loc)
 
 
 def atomic_update(kind: str, dt: Any, old: np.ndarray, value: np.ndarray,
@@ -389,6 +409,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.program_id": _program_id,
     "tile.num_programs": _num_programs,
     "tile.num_sms": _num_sms,
+    "tile.rank": lambda ctx, op: np.asarray(ctx.rank, np.int32),
+    "tile.num_ranks": lambda ctx, op: np.asarray(ctx.num_ranks, np.int32),
     "tile.for": _for,
     "tile.if": _if,
     "tile.grid": lambda ctx, op, *extents: None,  # read by launch_grid; nothing to do per program
@@ -396,6 +418,9 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.convert_layout": lambda ctx, op, x, *scratch: x,
     "hopper.to_smem": lambda ctx, op, x: x,
 }
+
+
+Program.handlers = _HANDLERS
 
 
 def evaluate(op: Operation, operands: Sequence[np.ndarray]) -> np.ndarray:

@@ -9,6 +9,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from device_checks import lowered_examples
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
 from tkc.codegen.lower_hopper import smem_offset
@@ -467,7 +468,7 @@ def _example_kernels(path: Path) -> list[str | None]:
     return names if len(names) > 1 else [None]
 
 
-@pytest.mark.parametrize("example, kernel", [(p.name, k) for p in sorted(EXAMPLES.glob("*.tk"))
+@pytest.mark.parametrize("example, kernel", [(p.name, k) for p in lowered_examples(EXAMPLES, (".tk",))
                                              for k in _example_kernels(p)])
 def test_every_example_assembles_without_spills(example: str, kernel: str | None, ptxas: Path) -> None:
     """What the README promises of the examples as written (their default constants), every

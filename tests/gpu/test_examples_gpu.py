@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
 ]
 
-from device_checks import RUN_KERNELS  # noqa: E402
+from device_checks import RUN_KERNELS, lowered_examples  # noqa: E402
 
 from tkc.compiler import Compiled, compile_kernel  # noqa: E402
 from tkc.errors import TkcLaunchError  # noqa: E402
@@ -601,8 +601,7 @@ def test_tkc_run_checks_the_gpu_against_the_interpreter(example: str, args: list
     assert checks and all(line.endswith(": ok") for line in checks), r.stdout
 
 
-@pytest.mark.parametrize("example, kernel", [(e, k) for e in sorted(p.name for p in EXAMPLES.iterdir()
-                                                                    if p.suffix in (".tk", ".py"))
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in (p.name for p in lowered_examples(EXAMPLES))
                                              for k in RUN_KERNELS.get(e, [None])])
 def test_tkc_run_check_with_no_flags_checks_the_gpu(example: str, kernel: str | None) -> None:
     """`tkc run EXAMPLE --check` with a GPU: default dims, the GPU against the interpreter."""

@@ -178,6 +178,34 @@ class _Gen:
     def op_num_sms(self) -> None:
         self.emit(T.NumSmsOp, [], [I32], {})
 
+    def op_rank(self) -> None:
+        self.emit(T.RankOp, [], [I32], {})
+
+    def op_num_ranks(self) -> None:
+        self.emit(T.NumRanksOp, [], [I32], {})
+
+    def op_rank_barrier(self) -> None:
+        self.emit(T.RankBarrierOp, [], [], {})
+
+    def _on_ranks(self, dtype: dtypes.DType | None = None) -> list[Value]:
+        """The kernel's tensor parameters declared ``@ ranks`` (of ``dtype``)."""
+        return [v for v in self.kernel_op.body.args if isinstance(v.type, TensorType) and v.type.ranks
+                and (dtype is None or v.type.dtype == dtype)]
+
+    def op_peer(self) -> None:
+        ts = self._on_ranks()
+        if ts:
+            t = self.pick(ts)
+            self.emit(T.PeerOp, [t, self.get(I32)], [t.type])
+
+    def op_wait(self) -> None:
+        ts = self._on_ranks(i32)
+        if ts:
+            t = self.pick(ts)
+            attrs = {"pred": self.pick(list(T.WAIT_PREDICATES)), "box": [1] * t.type.rank,
+                     "squeeze": list(range(t.type.rank))}
+            self.emit(T.WaitOp, [t, self.get(I32), *(self.get(I32) for _ in t.type.dims)], [], attrs)
+
     def op_dim(self) -> None:
         ts = [v for v in self.tensors() if v.type.rank]
         if ts:
@@ -402,7 +430,8 @@ class _Gen:
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
                 "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
-                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if",
+                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if", "op_rank", "op_num_ranks",
+                "op_peer", "op_wait", "op_rank_barrier",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
@@ -419,7 +448,9 @@ class _Gen:
         for _ in range(self.draw(st.integers(0, 4))):
             dims = self.draw(st.lists(st.one_of(st.sampled_from(["M", "N", "K", "B", "H", "Ñ"]),
                                                 st.sampled_from(DIMS + [3, 1000])), max_size=3))
-            params.append(TensorType(self.pick(ALL_DTYPES), tuple(dims)))
+            params.append(TensorType(self.pick(ALL_DTYPES), tuple(dims), self.coin(0.2)))
+        if self.require in ("tile.peer", "tile.wait"):
+            params.append(TensorType(i32, ("M", 64), ranks=True))
         if self.require in ("tile.dim", "tile.load", "tile.store", "tile.gather", "tile.masked_store"):
             params.append(TensorType(self.pick(ALL_DTYPES), ("M", 64)))
         if self.require in ("tile.atomic", "tile.atomic_cas"):

@@ -26,6 +26,7 @@ I32 = ScalarType(i32)
 F32 = ScalarType(f32)
 
 PARAMS = "^(%t: tensor<f32[M, 64]>, %h: tensor<f16[M, N]>, %s: f32, %n: i32, %p: i1, %tb: tensor<i1[4]>):"
+RANKS_PARAMS = "^(%t: tensor<f32[M, 64]>, %g: tensor<i32[4] @ranks>):"
 PRELUDE = """\
   %f = tile.constant {value = 1.0} : f32
   %i = tile.constant {value = 1} : i32
@@ -382,6 +383,30 @@ CASES: list[tuple[str, str, str, str | None]] = [
     ("tile.store", kernel("tile.store %t, %t4, %i, %i {box = [4, 4], other = 0} // bad"),
      r"unknown attribute 'other'", None),
     ("tile.store", kernel("tile.store %t // bad"), r"takes at least 2 operands, got 1", None),
+    # ---------------------------------------------------------------- ranks
+    ("tile.rank", kernel("%x = tile.rank : f32 // bad"), r"the result is an i32", None),
+    ("tile.num_ranks", kernel("%x = tile.num_ranks %i : i32 // bad"), r"takes 0 operands, got 1", None),
+    ("tile.peer", kernel("%x = tile.peer %t, %i : tensor<f32[M, 64]> // bad"),
+     r"takes a tensor parameter declared '@ ranks', got tensor<f32\[M, 64\]>", None),
+    ("tile.peer", kernel("%x = tile.peer %g, %f : tensor<i32[4] @ranks> // bad", RANKS_PARAMS),
+     r"the rank is an i32 scalar, got f32", None),
+    ("tile.peer", kernel("%x = tile.peer %g, %i : tensor<i32[4]> // bad", RANKS_PARAMS),
+     r"the result is the tensor's type tensor<i32\[4\] @ranks>", None),
+    ("tile.peer", kernel("%x = tile.peer %g, %i : tensor<i32[4] @ranks>\n"
+                         "%y = tile.peer %x, %i : tensor<i32[4] @ranks> // bad", RANKS_PARAMS),
+     r"takes a tensor parameter declared '@ ranks'", None),
+    ("tile.wait", kernel('tile.wait %t, %i, %i, %i {pred = "ge", box = [1, 1], squeeze = [0, 1]} // bad'),
+     r"waits on an i32 flag, got tensor<f32\[M, 64\]>", None),
+    ("tile.wait", kernel('tile.wait %g, %f, %i {pred = "ge", box = [1], squeeze = [0]} // bad', RANKS_PARAMS),
+     r"compares the flag with an i32 scalar, got f32", None),
+    ("tile.wait", kernel('tile.wait %g, %i, %i {pred = "is", box = [1], squeeze = [0]} // bad', RANKS_PARAMS),
+     r"pred must be one of ge, gt, eq, ne, le, lt", None),
+    ("tile.wait", kernel('tile.wait %g, %i, %i {pred = "ge", box = [4]} // bad', RANKS_PARAMS),
+     r"the box \[4\] of tensor<i32\[4\] @ranks> is tile<4xi32>, not i32", None),
+    ("tile.wait", kernel('%x = tile.peer %g, %i : tensor<i32[4] @ranks>\n'
+                         'tile.wait %x, %i, %i {pred = "ge", box = [1], squeeze = [0]} // bad', RANKS_PARAMS),
+     r"waits on a local flag, not on a peer's copy", None),
+    ("tile.rank_barrier", kernel("tile.rank_barrier %i // bad"), r"takes 0 operands, got 1", None),
 ]
 
 

@@ -170,6 +170,24 @@ def _rand(lw, e, args, kwargs):
     return Dyn(lw.b.value(RandOp, [lw.em.cast(seed, dtypes.i64, e.loc).value, off.value], rt, loc=e.loc))
 
 
+def _rank(op, what: str) -> Callable:
+    def impl(lw, e, args, kwargs):
+        lw.bind(what, e, args, kwargs, [])
+        return Dyn(lw.b.value(op, [], T.I32, loc=e.loc))
+    return impl
+
+
+def _signal(lw, e, args, kwargs):
+    a = lw.bind("signal()", e, args, kwargs, [("flag", REQUIRED), ("value", REQUIRED), ("sem", None)])
+    return lw.signal(a["flag"], a["value"], a["sem"], e)
+
+
+def _barrier_all(lw, e, args, kwargs):
+    lw.bind("barrier_all()", e, args, kwargs, [])
+    lw.b.create(T.RankBarrierOp, loc=e.loc)
+    return NONE
+
+
 def _cdiv(lw, e, args, kwargs):
     a = lw.bind("cdiv()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
     return lw.em.binary("cdiv", lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
@@ -177,6 +195,8 @@ def _cdiv(lw, e, args, kwargs):
 
 BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv, "rand": _rand,
+    "rank": _rank(T.RankOp, "rank()"), "num_ranks": _rank(T.NumRanksOp, "num_ranks()"), "signal": _signal,
+    "barrier_all": _barrier_all,
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
     "where": _where, "load": _load, "store": _store, "sum": _reduction("sum"), "mean": _reduction("mean"),

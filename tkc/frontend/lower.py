@@ -27,7 +27,7 @@ from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
 
-BUILTIN_FUNCS = ("grid", "range", "static_range", *BUILTIN_IMPLS)
+BUILTIN_FUNCS = ("grid", "range", "static_range", "wait", *BUILTIN_IMPLS)
 REDUCTIONS = ("sum", "mean", "max", "min")
 SCANS = {"cumsum": "sum", "cumprod": "prod"}
 ARG_REDUCTIONS = ("argmax", "argmin")
@@ -40,6 +40,10 @@ DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool")
 _DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
                   "int32": "i32", "int": "i32", "int64": "i64",
                   "long": "i64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+
+
+#: ``wait(flags[i] OP v)``: the comparison's spelling -> ``tile.wait``'s predicate.
+_WAIT_PREDICATES = {">=": "ge", ">": "gt", "==": "eq", "!=": "ne", "<=": "le", "<": "lt"}
 
 
 def _unknown_dtype(name: str, loc: Loc) -> TkcTypeError:
@@ -214,6 +218,14 @@ class KernelLowering:
 
     def _param_type(self, p: ast.Param, consts: dict[str, object]) -> Type:
         a = p.annotation
+        if isinstance(a, ast.BinOp) and a.op == "@":  # x: bf16[M, K] @ ranks
+            if not (isinstance(a.right, ast.Name) and a.right.id == "ranks"):
+                raise TkcTypeError("a tensor on every rank is written like bf16[M, K] @ ranks", a.right.loc)
+            if not isinstance(a.left, ast.Subscript):
+                raise TkcTypeError(f"only tensors exist on every rank: '{p.name}' needs dims, like "
+                                   f"bf16[M, K] @ ranks", a.loc)
+            t = self._param_type(ast.Param(p.name, a.left, None, loc=p.loc), consts)
+            return TensorType(t.dtype, t.dims, ranks=True)
         if isinstance(a, ast.Subscript):
             dt = self._dtype_of(a.value)
             if dt is None and isinstance(a.value, ast.Name):
@@ -673,6 +685,8 @@ class KernelLowering:
                 raise TkcNameError(f"'{e.value.id}.{e.attr}' is not part of the tile language", e.loc)
             return v
         obj = self.expr(e.value)
+        if e.attr == "on" and isinstance(obj, Tensor):
+            return Method(obj, "on")
         if e.attr == "T":
             return self.em.transpose(self._tile(obj, ".T", e.value), e.loc)
         if e.attr == "shape":
@@ -981,9 +995,80 @@ class KernelLowering:
             raise TkcTypeError(f"storing {v.type} into a single element", loc)
         return v
 
+    # ---------------------------------------------------------------- ranks
+    def peer(self, t: Tensor, rank: object, e: ast.Call) -> Tensor:
+        """``x.on(r)``: rank ``r``'s copy of the ``@ ranks`` tensor ``x``, sliced like ``x``."""
+        if not t.type.ranks:
+            raise TkcTypeError(f"'{t.name}' exists on this rank only, so it has no copy on rank r; declare it "
+                               f"{t.name}: {t.type.dtype.name}[{', '.join(map(str, t.type.dims))}] @ ranks to "
+                               f"read and write peers' copies", e.loc)
+        if T.is_peer(t.value):
+            raise TkcTypeError(f"'{t.name}' is already a peer's copy; write {t.name.split('.on(')[0]}.on(r)",
+                               e.loc)
+        r = self.value_of(rank, e)
+        if not self._is_index(r) or isinstance(r, Dyn) and r.type != T.I32:
+            raise TkcTypeError(f".on() takes a rank, an i32 scalar like rank() or (rank() + 1) % num_ranks(), got "
+                               f"{self._kind(r)}", e.loc)
+        v = self.b.value(T.PeerOp, [t.value, self.dyn(r, e, T.I32).value], t.type, loc=e.loc)
+        return Tensor(v, f"{t.name}.on(r)")
+
+    def _flag(self, view: object, what: str, node: ast.Node) -> tuple[list, list[int], list[int]]:
+        """Offsets, box and squeezed axes of one element of an i32 tensor: a flag."""
+        if not isinstance(view, View):
+            raise TkcTypeError(f"{what} takes a flag, one element of an i32 tensor like flags[i], got "
+                               f"{self._kind(view)}", node.loc)
+        t = view.tensor.type
+        if t.dtype != dtypes.i32:
+            raise TkcTypeError(f"{what} takes a flag, an element of an i32 tensor; '{view.tensor.name}' is "
+                               f"{t.dtype.name}", view.node.loc)
+        offsets, box, squeeze, steps, _ = self._box(view, what)
+        if len(squeeze) != len(box):
+            raise TkcTypeError(f"{what} takes one flag: index every axis of '{view.tensor.name}', like "
+                               f"flags[i] or flags[r, i]", view.node.loc)
+        return offsets, box, squeeze
+
+    def wait(self, e: ast.Call) -> object:
+        """``wait(flags[i] >= v)``: a ``tile.wait`` on one element of a local i32 tensor."""
+        form = "wait() takes one comparison of a flag with a value, like wait(flags[i] >= 1)"
+        if e.keywords or len(e.args) != 1 or not isinstance(e.args[0], ast.Compare):
+            raise TkcTypeError(form, e.loc)
+        c = e.args[0]
+        if c.op not in _WAIT_PREDICATES:
+            raise TkcTypeError(f"{form}; the comparison is one of {', '.join(_WAIT_PREDICATES)}", c.loc)
+        view = self.expr(c.left)
+        offsets, box, squeeze = self._flag(view, "wait()", c.left)
+        if T.is_peer(view.tensor.value):
+            raise TkcTypeError(f"wait() reads a local flag; a peer's copy ({view.tensor.name}) is read over the "
+                               f"interconnect: have that rank signal this rank's copy with "
+                               f"signal({view.tensor.name.split('.on(')[0]}.on(r)[...], v)", c.left.loc)
+        v = self.value_of(self.expr(c.right), c.right)
+        if not self._is_index(v) or isinstance(v, Dyn) and v.type != T.I32:
+            raise TkcTypeError(f"wait() compares the flag with an i32 scalar, got {self._kind(v)}", c.right.loc)
+        self.b.create(T.WaitOp, [view.tensor.value, self.dyn(v, c.right, T.I32).value, *offsets],
+                      attrs={"pred": _WAIT_PREDICATES[c.op], "box": box, "squeeze": squeeze}, loc=e.loc)
+        return NONE
+
+    def signal(self, view: object, value: object, sem: object, e: ast.Call) -> object:
+        """``signal(flags.on(r)[i], v)``: set a flag (of any rank) to ``v`` with release ordering:
+        a ``tile.atomic`` exch on one element that returns nothing."""
+        offsets, box, squeeze = self._flag(view, "signal()", e)
+        if sem is not None and not (isinstance(sem, Text) and sem.value in ("release", "relaxed")):
+            raise TkcTypeError("signal(): sem is 'release' (the default: what the program wrote before is "
+                               "visible to whoever waits for the flag) or 'relaxed'", e.loc)
+        v = self.value_of(value, e)
+        if not self._is_index(v) or isinstance(v, Dyn) and v.type != T.I32:
+            raise TkcTypeError(f"signal() sets the flag to an i32 scalar, got {self._kind(v)}", e.loc)
+        attrs: dict[str, object] = {"kind": "exch", "box": box, "squeeze": squeeze}
+        if sem is None or sem.value == "release":
+            attrs["sem"] = "release"
+        self.b.create(T.AtomicOp, [view.tensor.value, self.dyn(v, e, T.I32).value, *offsets], attrs=attrs, loc=e.loc)
+        return NONE
+
     # ---------------------------------------------------------------- calls
     def call(self, e: ast.Call) -> object:
         f = self.expr(e.func)
+        if f == Builtin("wait"):  # its argument is a condition on a flag, not a value
+            return self.wait(e)
         args = [self.expr(a) for a in e.args]
         kwargs = {}
         for k in e.keywords:
@@ -1054,6 +1139,8 @@ class KernelLowering:
             self.scope = saved
 
     def method(self, m: Method, args: list, kwargs: dict, e: ast.Call) -> object:
+        if m.name == "on":
+            return self.peer(m.obj, self.bind(".on()", e, args, kwargs, [("rank", REQUIRED)])["rank"], e)
         obj = self.value_of(m.obj, e)
         if m.name == "to":
             a = self.bind(".to()", e, args, kwargs, [("dtype", REQUIRED)])

@@ -149,7 +149,7 @@ class _Parser:
     def _type_text(self, t: _Tok) -> Type:
         body = t.text[t.text.index("<") + 1:-1]
         if t.text.startswith("tensor"):
-            m = re.fullmatch(r"\s*(\w+)\s*\[(.*)\]\s*", body)
+            m = re.fullmatch(r"\s*(\w+)\s*\[(.*)\]\s*(@ranks)?\s*", body)
             dt = dtypes.from_name(m.group(1)) if m else None
             if not m or dt is None:
                 raise self.err(f"malformed tensor type '{t.text}'", t)
@@ -161,7 +161,7 @@ class _Parser:
                     dims.append(d)
                 else:
                     raise self.err(f"bad tensor dim '{d}'", t)
-            return TensorType(dt, tuple(dims))
+            return TensorType(dt, tuple(dims), m.group(3) is not None)
         parts = [p.strip() for p in _split_top(body)]
         m = re.fullmatch(r"((?:\d+x)+)(\w+)", parts[0])
         dt = dtypes.from_name(m.group(2)) if m else None

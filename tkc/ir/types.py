@@ -27,17 +27,21 @@ class ScalarType(Type):
 @dataclass(frozen=True)
 class TensorType(Type):
     """A global-memory tensor passed to a kernel.  Each dim is a symbolic name
-    (a runtime size; equal names must agree at launch) or an int (fixed)."""
+    (a runtime size; equal names must agree at launch) or an int (fixed).  ``ranks``: the
+    tensor exists on every rank of a multi-GPU launch, with the same shape, and programs
+    may read and write peers' copies (``x: bf16[M, K] @ ranks``; docs/language.md)."""
 
     dtype: DType
     dims: tuple[str | int, ...]
+    ranks: bool = False
 
     @property
     def rank(self) -> int:
         return len(self.dims)
 
     def __str__(self) -> str:
-        return f"tensor<{self.dtype.name}[{', '.join(str(d) for d in self.dims)}]>"
+        on = " @ranks" if self.ranks else ""
+        return f"tensor<{self.dtype.name}[{', '.join(str(d) for d in self.dims)}]{on}>"
 
 
 @dataclass(frozen=True)

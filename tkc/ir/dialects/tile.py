@@ -696,3 +696,102 @@ def atomic_kind(op: Operation) -> str:
 def is_atomic(op: Operation) -> bool:
     """Whether ``op`` is an atomic, at tile level or lowered (``hopper.atomic_fetch``)."""
     return op.name in ("tile.atomic", "tile.atomic_cas", "hopper.atomic_fetch")
+
+
+# -------------------------------------------------------------------- ranks
+# A multi-GPU launch runs the same kernel on R ranks (one GPU each); tensors declared
+# ``@ ranks`` exist on every rank and programs may read and write peers' copies.  The
+# interpreter runs the ranks in one process (tkc/ranks.py); docs/language.md "Several GPUs".
+
+@register
+class RankOp(NumSmsOp):
+    """``rank()``: the rank (GPU) this program runs on, 0..num_ranks()-1."""
+
+    name = "tile.rank"
+
+
+@register
+class NumRanksOp(RankOp):
+    """``num_ranks()``: how many ranks the launch has (1 on a single GPU)."""
+
+    name = "tile.num_ranks"
+
+
+def _kernel_param(v) -> bool:
+    from tkc.ir.core import BlockArgument
+
+    return isinstance(v, BlockArgument) and v.block.parent_op is not None and v.block.parent_op.name == "tile.kernel"
+
+
+@register
+class PeerOp(Operation):
+    """``x.on(r)``: rank ``r``'s copy of the ``@ ranks`` tensor parameter ``x`` (the address
+    of the same tensor in peer memory); loads, stores and atomics on it read and write rank
+    ``r``'s memory.  A rank outside 0..num_ranks()-1 is an error at run time."""
+
+    name = "tile.peer"
+    OPERANDS = ("tensor", "rank")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        if not isinstance(t, TensorType) or not t.ranks or not _kernel_param(self.tensor):
+            raise self.error(f"takes a tensor parameter declared '@ ranks', got {t}")
+        if self.rank.type != I32:
+            raise self.error(f"the rank is an i32 scalar, got {self.rank.type}")
+        if self.result.type != t:
+            raise self.error(f"the result is the tensor's type {t}, got {self.result.type}")
+
+
+#: What ``wait`` compares a flag with (``flags[i] >= v``), by the compare op's predicate names.
+WAIT_PREDICATES = ("ge", "gt", "eq", "ne", "le", "lt")
+
+
+def is_peer(v) -> bool:
+    """Whether tensor value ``v`` is a peer's copy (``x.on(r)``) rather than a parameter."""
+    return getattr(v, "owner", None) is not None and v.owner.name == "tile.peer"
+
+
+@register
+class WaitOp(_Access):
+    """``wait(flags[i] >= v)``: spin until one element of a local i32 tensor (a flag) compares
+    true with ``v``, then read it with acquire ordering at system scope: what the programs
+    that signalled it wrote before their release signal is visible after the wait."""
+
+    name = "tile.wait"
+    OPERANDS = ("tensor", "value", "*offsets")
+    ATTRS = {"pred": str, "box": list, "squeeze?": list}
+
+    def verify(self) -> None:
+        t = self.tensor.type
+        self._check_box(t, self.offsets, ScalarType(t.dtype) if isinstance(t, TensorType) else t)
+        if t.dtype != dtypes.i32:
+            raise self.error(f"waits on an i32 flag, got {t}")
+        if self.value.type != I32:
+            raise self.error(f"compares the flag with an i32 scalar, got {self.value.type}")
+        if self.pred not in WAIT_PREDICATES:
+            raise self.error(f"pred must be one of {', '.join(WAIT_PREDICATES)}")
+        if is_peer(self.tensor):
+            raise self.error("waits on a local flag, not on a peer's copy")
+
+
+@register
+class RankBarrierOp(Operation):
+    """``barrier_all()``: the programs with this program id on every rank wait for each
+    other; every memory access before it, on any rank, happens before every access after it
+    (release and acquire at system scope)."""
+
+    name = "tile.rank_barrier"
+
+
+#: Ops that only a multi-GPU launch gives meaning to beyond rank 0 of 1.
+RANK_OPS = ("tile.rank", "tile.num_ranks", "tile.peer", "tile.wait", "tile.rank_barrier")
+
+
+def uses_ranks(kernel: Operation) -> bool:
+    """Whether ``kernel`` is a multi-GPU kernel: a tensor parameter ``@ ranks``, or an op of
+    ``RANK_OPS`` (a wait on a local flag included: it needs the ranks' scheduler)."""
+    if any(isinstance(a.type, TensorType) and a.type.ranks for a in kernel.regions[0].block.args):
+        return True
+    return any(op.name in RANK_OPS for op in kernel.walk())
