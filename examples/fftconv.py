@@ -5,9 +5,9 @@ kernels read, and ``fft_conv(u, k)`` running them.
 
 ``plan(N)`` says how a length is cut: N = 1k in one kernel (L = 2N = 32 * 64), N = 2k to 64k
 in three (L = P * Q, Q = 1024 or 2048, L = 2N or, below 8k, 16k so that every tile has 16 rows
-or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's response, computed once (the kernels' layout,
-divided by L), and the constant tensors of its length; CUDA tensors run on the GPU, CPU ones in
-the interpreter.
+or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
+response, computed once (the kernels' layout, divided by L), and the constant tensors of its
+length; CUDA tensors run on the GPU, CPU ones in the interpreter.
 
     TKC_INTERPRET=1 python examples/fftconv.py     # a small case in the interpreter against torch.fft
 """
