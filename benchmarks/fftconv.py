@@ -6,9 +6,10 @@ beforehand (tkc's ``Filter``, torch's ``rfft(k, 2N)``) and returns bf16 [B, H, N
 timed in turns with its peers on one GPU (cold L2, harness.py).
 
     python benchmarks/fftconv.py [--quick] [--no-record]
+    python benchmarks/fftconv.py --breakdown     # each kernel's time at BB = 8, 32 rows a program
 
-Appends the table to benchmarks/RESULTS.md (unless --no-record).  Microseconds a call.
-Needs a CUDA GPU.
+Appends the table to benchmarks/RESULTS.md (unless --no-record or --breakdown).  Microseconds a
+call.  Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchm
 
 import torch  # noqa: E402
 
-from harness import Row, append_results, group_args, in_turns, run_command, table  # noqa: E402
+from harness import Row, append_results, gpu_time, group_args, in_turns, run_command, table  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("fftconv_example", ROOT / "examples" / "fftconv.py")
@@ -72,7 +73,23 @@ def fftconv_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Row]:
     return rows
 
 
+def breakdown(shapes: list[tuple[int, int, int]]) -> None:
+    """Each kernel of fft_conv alone (its own launches, cold L2) at two rows-a-program counts."""
+    for B, H, N in shapes:
+        u = torch.randn(B, H, N, device="cuda").to(torch.bfloat16)
+        f = fc.Filter.of(torch.randn(H, N, device="cuda") / N ** 0.5)
+        for BB in (8, 32):
+            calls, _ = fc.launches(u, f, BB)
+            times = {name: gpu_time(call, 10).median_s * 1e6 for name, call in calls}
+            total = gpu_time(lambda: fc.fft_conv(u, f, BB), 10).median_s * 1e6
+            print(f"  B={B} H={H} N={N} BB={BB}: fft_conv {total:.0f} us = "
+                  + ", ".join(f"{n} {t:.0f}" for n, t in times.items()), flush=True)
+
+
 def main() -> None:
+    if "--breakdown" in sys.argv:
+        breakdown([(64, 768, 1024), (64, 768, 4096), (64, 768, 16384)])
+        return
     args, only = group_args("fftconv.py", ["fftconv"])
     runs = 15 if args.quick else 30
     shapes = [(64, 768, 4096)] if args.quick else \

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import math
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -123,10 +125,9 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
         tkc.interpret(kernel, *args, **consts)
 
 
-def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Tensor:
-    """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
-    filter k [H, N] (or its ``Filter``), bf16 out."""
-    f = k if isinstance(k, Filter) else Filter.of(k)
+def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
+    """The kernel launches of ``fft_conv(u, f)`` in order, as (name, call), and the output
+    they write."""
     p, c = f.plan, f.consts
     B, H, N = u.shape
     if N != p.N:
@@ -135,15 +136,24 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Te
     y = torch.empty_like(u)
     if not p.P:
         R = p.N1 // 2
-        _run("fftconv", u.view(B, H, R, 64), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, 64), N1=p.N1, BB=BB)
-        return y
+        args = (u.view(B, H, R, 64), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, 64))
+        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, BB=BB))], y
     R, Q = N // p.Q, p.Q
     z = torch.empty(B, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
     w = torch.empty_like(z)
-    _run("fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BB=BB)
-    _run("fft_rows", z.view(B, H, 2 * p.P, p.Q1, 64), f.kf, c["fq"], c["f2"], c["tq"], c["tl"],
-         w.view(B, H, 2 * p.P, p.Q1, 64), P=p.P, Q1=p.Q1, BB=BB)
-    _run("ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BB=BB)
+    rows = (B, H, 2 * p.P, p.Q1, 64)
+    return [("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BB=BB)),
+            ("fft_rows", partial(_run, "fft_rows", z.view(rows), f.kf, c["fq"], c["f2"], c["tq"], c["tl"],
+                                 w.view(rows), P=p.P, Q1=p.Q1, BB=BB)),
+            ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BB=BB))], y
+
+
+def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Tensor:
+    """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
+    filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program."""
+    calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
+    for _, call in calls:
+        call()
     return y
 
 
