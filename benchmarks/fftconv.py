@@ -1,4 +1,4 @@
-"""FFT long convolution (issue 27): examples/fftconv.tk (through examples/fftconv.py: one
+"""FFT long convolution (issue 27): examples/fftconv.tk (through tkc.ops.fft_conv: one
 kernel for N = 1k, three for 2k to 64k) beside torch.fft in fp32 (rfft, the product with the
 filter's precomputed rfft, irfft) eager and under ``torch.compile``, at FlashFFTConv's shapes
 (B = 64, H = 768; fewer rows at 64k).  Every contender gets its filter's response made once
@@ -14,7 +14,6 @@ call.  Needs a CUDA GPU.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -27,10 +26,8 @@ import torch  # noqa: E402
 from harness import Row, append_results, gpu_time, group_args, in_turns, run_command, table  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("fftconv_example", ROOT / "examples" / "fftconv.py")
-fc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = fc
-_spec.loader.exec_module(fc)
+import tkc.ops.fftconv as fc  # noqa: E402
+
 
 
 def torch_fftconv(u: torch.Tensor, kf: torch.Tensor, N: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""FFT long convolution (issue 27): examples/fftconv.tk run by examples/fftconv.py against a
+"""FFT long convolution (issue 27): examples/fftconv.tk run by tkc.ops.fft_conv against a
 float64 torch.fft reference in the interpreter (one kernel for 1k, three for 2k to 64k), the
 emulator against the interpreter on each kernel with the real DFT matrices, ptxas without
 spills for every configuration ``plan`` uses, and on a GPU against the same reference.
@@ -11,22 +11,17 @@ largest value (an output rounded to bf16 alone is 0.4% off)."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from device_checks import assert_no_spills, interpret_and_emulate, lowered, needs_ptxas, require_gpu
+import tkc.ops.fftconv as fc
 from tkc.compiler import compile_kernel
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-_spec = importlib.util.spec_from_file_location("fftconv_example", EXAMPLES / "fftconv.py")
-fc = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = fc  # for its dataclasses
-_spec.loader.exec_module(fc)
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 

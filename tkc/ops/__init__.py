@@ -9,6 +9,8 @@
 - :mod:`tkc.ops.rows`: ``rms_norm``, ``layer_norm``, ``softmax`` over the last dim.
 - :mod:`tkc.ops.matmul`: ``matmul`` through gemm.tk, backward too.
 - :mod:`tkc.ops.attention`: ``attention`` through attn_train.tk, backward too (GQA).
+- :mod:`tkc.ops.fftconv`: ``fft_conv``, causal FFT convolution through fftconv.tk (a plain
+  function launching its kernels, not a ``torch.library`` op).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -18,8 +20,9 @@ torch and registers the shipped operators.
 """
 
 from tkc.ops.attention import attention
+from tkc.ops.fftconv import fft_conv
 from tkc.ops.kernel_op import custom_op
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 
-__all__ = ["attention", "custom_op", "layer_norm", "matmul", "rms_norm", "softmax"]
+__all__ = ["attention", "custom_op", "fft_conv", "layer_norm", "matmul", "rms_norm", "softmax"]

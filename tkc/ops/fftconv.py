@@ -1,31 +1,32 @@
-"""Host side of examples/fftconv.tk: the DFT matrices, twiddles and filter responses its
-kernels read, and ``fft_conv(u, k)`` running them.
+"""``fft_conv``: FFT long convolution through examples/fftconv.tk (tkc/ops/kernels links it),
+and the host side its kernels need: the DFT matrices, twiddles and filter responses.
 
-    y = fft_conv(u, k)      # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
+    y = tkc.ops.fft_conv(u, k)   # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
 
 ``plan(N)`` says how a length is cut: N = 1k in one kernel (L = 2N = 32 * 64), N = 2k to 64k
 in three (L = P * Q, Q = 1024 or 2048, L = 2N or, below 8k, 16k so that every tile has 16 rows
 or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
 response, computed once (the kernels' layout, divided by L), and the constant tensors of its
-length; CUDA tensors run on the GPU, CPU ones in the interpreter.
-
-    TKC_INTERPRET=1 python examples/fftconv.py     # a small case in the interpreter against torch.fft
+length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
+interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
+not a ``torch.library`` op: no fake implementation for ``torch.compile`` and no backward yet.
 """
 
 from __future__ import annotations
 
 import math
-import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-import tkc
+from tkc.kernel import interpret, load
+from tkc.ops.kernels import path
 
-HERE = pathlib.Path(__file__).resolve().parent
-KERNELS = {name: tkc.load(HERE / "fftconv.tk", name) for name in ("fftconv", "fft_cols", "fft_rows", "ifft_cols")}
+__all__ = ["Filter", "fft_conv", "plan", "reference"]
+
+KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_cols", "fft_rows", "ifft_cols")}
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,10 @@ class Filter:
 
 def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
     kernel = KERNELS[name]
-    if args[0].is_cuda:
+    if args[0].is_cuda:  # (with TKC_INTERPRET=1 the kernel call interprets)
         kernel(*args, **consts)
     else:
-        tkc.interpret(kernel, *args, **consts)
+        interpret(kernel, *args, **consts)
 
 
 def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
@@ -162,12 +163,3 @@ def reference(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     N = u.shape[-1]
     return torch.fft.irfft(torch.fft.rfft(u, 2 * N) * torch.fft.rfft(k.to(u.dtype), 2 * N), 2 * N)[..., :N]
 
-
-if __name__ == "__main__":
-    g = torch.Generator().manual_seed(0)
-    for N in (1024, 4096):
-        u = torch.randn(1, 2, N, generator=g).to(torch.bfloat16)
-        k = torch.randn(2, N, generator=g) / N ** 0.5
-        want = reference(u.double(), k.double())
-        err = (fft_conv(u, k, BB=1).double() - want).abs().max().item()
-        print(f"N={N}: max error {err:.3g}, largest value {want.abs().max().item():.3g}")
