@@ -337,6 +337,34 @@ def test_operands_staged_through_registers(body, dims):
     np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("body,copies", [
+    # One register tile, B of two products (a complex product's real part, FFT conv's F2 @ B):
+    # one shared copy.
+    ("t = (b[0:64, 0:64] * b[0:64, 0:64]).to(bf16)\n"
+     "c[0:64, 0:64] = a[0:64, 0:64] @ t + a[0:64, 64:128] @ t", 1),
+    # A tile loaded without TMA (tma = False), transposed, the A of two products: one copy.
+    ("t = a[0:64, 0:64].T\nc[0:64, 0:64] = t @ b[0:64, 0:64] + t @ b[64:128, 0:64]", 2),
+])
+def test_a_staged_operand_is_stored_once_for_all_its_products(body, copies):
+    """(the second case stages b's two tiles and a's one)"""
+    from tkc.emulator import emulate
+    from tkc.interpreter import interpret_module
+
+    pins = "tma = False" in body or ".T" in body
+    src = _src(body, "a: bf16[M, K], b: bf16[K, N], c: f32[M, N]" + (", tma: const = False" if pins else ""))
+    dims = {"M": 64, "K": 128, "N": 64}
+    ref = compile_source(src, "k.tk")
+    PassManager(DEFAULT_PIPELINE).run(ref)
+    m = compile_source(src, "k.tk")
+    PassManager(DEFAULT_PIPELINE + ",select-layouts").run(m)
+    assert print_module(m).count("hopper.to_smem") == copies + pins
+    PassManager("lower-to-hopper,pipeline-loops,specialize-warps,cse,dce,allocate-smem").run(m)
+    want = interpret_module(ref, dims=dims, seed=4, grid=(1,))
+    got = random_args(m.kernel(), dims, 4)
+    emulate(m.kernel(), got, grid=(1,))
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-5, atol=1e-4)
+
+
 def test_cluster_slots_never_share_bytes():
     """The cluster's other CTAs write a hopper.cluster_reduce's slots, and a CTA's own barriers
     do not order those writes: two slot tiles whose uses a top-level bar.sync separates (which

@@ -228,6 +228,7 @@ class _Selector:
     # ----------------------------------------------------------- 2. shared tiles
     def _place_mma_operands(self) -> None:
         placed: dict[Value, SharedLayout] = {}
+        staged_copies: dict[tuple[Value, SharedLayout], Value] = {}
         tma = self.options.tma and self.target.tma
         for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
             for which in ("a", "b"):
@@ -240,6 +241,8 @@ class _Selector:
                 why = ((tma_loadable(load, self.target) or ("" if tma else "the kernel pins tma = False"))
                        if loaded else "")
                 staged = not loaded or bool(why)
+                if transposed and load is not None and load.name == "hopper.to_smem":
+                    continue  # a view an earlier product staged (it read the same tile): done
                 if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded \
                         and self.target.mma != "tcgen05":
                     continue  # computed in registers: converted to #wgmma_a later, no shared memory
@@ -263,8 +266,15 @@ class _Selector:
                         from None
                 if staged:
                     # Every thread stores its part of the register tile (hopper.to_smem, expanded by
-                    # lower-to-hopper), and wgmma reads the shared copy.
-                    src = self._stage(src, layout, view if transposed else mma)
+                    # lower-to-hopper), and wgmma reads the shared copy: one copy for every
+                    # product reading it in this layout (FFT conv's B operands, two products each).
+                    user = view if transposed else mma
+                    copy = staged_copies.get((src, layout))
+                    if copy is None:
+                        copy = staged_copies[(src, layout)] = self._stage(src, layout, user)
+                    else:
+                        user.operands = [copy if x is src else x for x in user.operands]
+                    src = copy
                     if transposed:
                         view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
                         self.smem.add(view.result)

@@ -1,0 +1,165 @@
+"""``fft_conv``: FFT long convolution through examples/fftconv.tk (tkc/ops/kernels links it),
+and the host side its kernels need: the DFT matrices, twiddles and filter responses.
+
+    y = tkc.ops.fft_conv(u, k)   # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
+
+``plan(N)`` says how a length is cut: N = 1k in one kernel (L = 2N = 32 * 64), N = 2k to 64k
+in three (L = P * Q, Q = 1024 or 2048, L = 2N or, below 8k, 16k so that every tile has 16 rows
+or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
+response, computed once (the kernels' layout, divided by L), and the constant tensors of its
+length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
+interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
+not a ``torch.library`` op: no fake implementation for ``torch.compile`` and no backward yet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from tkc.kernel import interpret, load
+from tkc.ops.kernels import path
+
+__all__ = ["Filter", "fft_conv", "plan", "reference"]
+
+KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_cols", "fft_rows", "ifft_cols")}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * 64) or
+    three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read)."""
+
+    N: int
+    L: int
+    N1: int = 0
+    P: int = 0
+    Q1: int = 0
+
+    @property
+    def Q(self) -> int:
+        return self.Q1 * 64
+
+    @property
+    def KP(self) -> int:
+        return max(16, self.N // self.Q)
+
+
+def plan(N: int) -> Plan:
+    if N == 1024:
+        return Plan(N, 2 * N, N1=32)
+    if N & (N - 1) or not 2048 <= N <= 65536:
+        raise ValueError(f"fft_conv takes N = 1024 to 65536, a power of two, not {N}")
+    Q1 = 16 if N <= 16384 else 32
+    L = max(2 * N, 16 * Q1 * 64)
+    return Plan(N, L, P=L // (Q1 * 64), Q1=Q1)
+
+
+def _dft(n: int) -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.float64)
+    return torch.polar(torch.ones(n, n, dtype=torch.float64), -2 * math.pi * torch.outer(i, i) / n)
+
+
+def _twiddle(rows: torch.Tensor, cols: torch.Tensor, L: int) -> torch.Tensor:
+    """exp(-2 pi i r c / L) for every r of ``rows`` and c of ``cols`` (the product reduced mod L)."""
+    e = torch.remainder(torch.outer(rows, cols), L).double()
+    return torch.polar(torch.ones_like(e), -2 * math.pi * e / L)
+
+
+def _planes(x: torch.Tensor, dtype: torch.dtype, negated: bool = False) -> torch.Tensor:
+    """Real and imaginary parts stacked on a new axis (and -imag third with ``negated``)."""
+    parts = [x.real, x.imag] + ([-x.imag] if negated else [])
+    return torch.stack(parts, -3 if x.dim() >= 2 else 0).to(dtype)
+
+
+def constants(p: Plan, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """The DFT matrices (bf16) and twiddles (f32) the kernels of plan ``p`` read."""
+    ar = torch.arange
+    f64 = _planes(_dft(64), torch.bfloat16, negated=True)
+    if not p.P:
+        out = {"f1": _planes(_dft(p.N1), torch.bfloat16), "f2": f64,
+               "tw": _planes(_twiddle(ar(64), ar(p.N1), p.L), torch.float32)}
+    else:
+        n2 = ar(p.Q1)[None, :] * 64 + ar(64)[:, None]          # [q2, q1] -> n2 = 64 q1 + q2
+        tl = _twiddle(ar(p.P), n2.reshape(-1), p.L).reshape(p.P, 64, p.Q1)
+        out = {"fp": _planes(_dft(p.P), torch.bfloat16), "fq": _planes(_dft(p.Q1), torch.bfloat16, negated=True),
+               "f2": f64, "tq": _planes(_twiddle(ar(64), ar(p.Q1), p.Q), torch.float32),
+               "tl": torch.stack([tl.real, tl.imag]).float(),
+               "tlc": _planes(_twiddle(ar(p.Q), ar(p.P), p.L), torch.float32)}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def response(k: torch.Tensor, p: Plan) -> torch.Tensor:
+    """The filter k [H, N]'s DFT of length L divided by L, f32, in the order of the kernels:
+    [H, 2, 64, N1] (one kernel: index k1 + N1 k2 at [k2, k1]) or [H, P, 2, 64, Q1] (three:
+    index k1 + P (q1 + Q1 q2) at [k1, :, q2, q1])."""
+    kf = torch.fft.fft(k.double(), p.L) / p.L
+    if not p.P:
+        return _planes(kf.reshape(-1, 64, p.N1), torch.float32)
+    kf = kf.reshape(-1, 64, p.Q1, p.P).permute(0, 3, 1, 2)    # [H, k1, q2, q1]
+    return torch.stack([kf.real, kf.imag], 2).float().contiguous()
+
+
+@dataclass
+class Filter:
+    """A filter's response and the constants of its length, made once (FlashFFTConv's k_f)."""
+
+    plan: Plan
+    kf: torch.Tensor
+    consts: dict[str, torch.Tensor]
+
+    @classmethod
+    def of(cls, k: torch.Tensor) -> Filter:
+        p = plan(k.shape[-1])
+        return cls(p, response(k, p).to(k.device), constants(p, k.device))
+
+
+def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
+    kernel = KERNELS[name]
+    if args[0].is_cuda:  # (with TKC_INTERPRET=1 the kernel call interprets)
+        kernel(*args, **consts)
+    else:
+        interpret(kernel, *args, **consts)
+
+
+def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
+    """The kernel launches of ``fft_conv(u, f)`` in order, as (name, call), and the output
+    they write."""
+    p, c = f.plan, f.consts
+    B, H, N = u.shape
+    if N != p.N:
+        raise ValueError(f"u has {N} values a row, the filter {p.N}")
+    u = u.contiguous()
+    y = torch.empty_like(u)
+    if not p.P:
+        R = p.N1 // 2
+        args = (u.view(B, H, R, 64), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, 64))
+        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, BB=BB))], y
+    R, Q = N // p.Q, p.Q
+    z = torch.empty(B, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
+    w = torch.empty_like(z)
+    rows = (B, H, 2 * p.P, p.Q1, 64)
+    return [("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BB=BB)),
+            ("fft_rows", partial(_run, "fft_rows", z.view(rows), f.kf, c["fq"], c["f2"], c["tq"], c["tl"],
+                                 w.view(rows), P=p.P, Q1=p.Q1, BB=BB)),
+            ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BB=BB))], y
+
+
+def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Tensor:
+    """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
+    filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program."""
+    calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
+    for _, call in calls:
+        call()
+    return y
+
+
+def reference(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """torch.fft's causal convolution in the dtype of u (float64 for the tests)."""
+    N = u.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(u, 2 * N) * torch.fft.rfft(k.to(u.dtype), 2 * N), 2 * N)[..., :N]
+
