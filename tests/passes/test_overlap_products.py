@@ -7,7 +7,6 @@ interpreter; without the pin nothing changes."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from device_checks import interpret_and_emulate, lowered
 
 from tkc.compiler import compile_kernel
@@ -78,58 +77,3 @@ def test_the_interpreter_ignores_the_pin() -> None:
     run_kernel(_compile("tkir").kernel_op, args)
     run_kernel(_compile("tkir", False).kernel_op, plain)
     np.testing.assert_array_equal(args[3], plain[3])
-
-
-#: A product whose result goes to global memory (an atomic add), written before an
-#: accumulation: the accumulation's issue rises above the first product's wait.
-RISE = """@kernel
-def rise(a: bf16[M, 256], b: bf16[64, 64], c: bf16[64, 64], y: f32[M, 64], z: f32[M, 64]):
-    grid(cdiv(M, 64))
-    i = program_id(0)
-    bt = b[0:64, :]
-    ct = c[0:64, :]
-    acc = zeros([64, 64], f32)
-    for j in range(4):
-        at = a[i*64:(i+1)*64, j*64:(j+1)*64]
-        s = at @ bt
-        atomic_add(z[i*64:(i+1)*64, :], s * 0.5)
-        acc += s.to(bf16) @ ct
-    y[i*64:(i+1)*64, :] = acc
-"""
-
-
-#: The same with the second product independent of the first (its A operand is the ring's tile).
-RISE_FREE = RISE.replace("acc += s.to(bf16) @ ct", "acc += at @ ct")
-
-
-def _rise_order(src: str, pinned: bool) -> list[str]:
-    hopper = compile_kernel(src, {"overlap_products": pinned, "tma_store": False}, stop="hopper", cache=False)
-    loop = next(op for op in hopper.kernel_op.walk() if op.name == "tile.for"
-                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
-    names = {"hopper.wgmma": "issue", "tile.atomic": "atomic", "hopper.mbarrier_arrive": "release"}
-    return [f"wait {op.pending}" if op.name == "hopper.wgmma_wait" else names[op.name]
-            for op in loop.regions[0].block.ops if op.name in (*names, "hopper.wgmma_wait")]
-
-
-def test_an_independent_issue_rises_above_an_earlier_products_wait() -> None:
-    assert _rise_order(RISE_FREE, False) == ["issue", "wait 0", "atomic", "issue", "wait 0", "release"]
-    # The second product is in flight while the first's result goes out through the atomic.
-    assert _rise_order(RISE_FREE, True) == ["issue", "issue", "wait 1", "atomic", "wait 0", "release"]
-
-
-def test_an_issue_stays_below_the_wait_of_what_it_reads() -> None:
-    # The second product's A operand is the first's result, and the ring's stage is released
-    # after the first product: nothing rises.
-    want = ["issue", "wait 0", "release", "atomic", "issue", "wait 0"]
-    assert _rise_order(RISE, False) == want
-    assert _rise_order(RISE, True) == want
-
-
-@pytest.mark.parametrize("src", [RISE, RISE_FREE])
-def test_risen_issues_emulate_like_the_interpreter(src: str) -> None:
-    def to(stop: str):
-        return compile_kernel(src, {"overlap_products": True, "tma_store": False}, stop=stop, cache=False)
-    tile_ir = to("tkir").kernel_op
-    want, got = interpret_and_emulate(tile_ir, lowered(to).kernel_op, random_args(tile_ir, DIMS, 6), 6)
-    for i in (3, 4):
-        np.testing.assert_allclose(got[i], want[i], rtol=1e-3, atol=1e-2)

@@ -20,16 +20,6 @@ passes.  Attention's backward (examples/attn_train.tk) writes its two score prod
 ``K Q^T`` and ``V dO^T`` one after the other: they then run together, and ``dV += P^T dO``
 runs during the work on ``dP``.
 
-Before the waits sink, each issue rises: a ``hopper.wgmma`` moves up past the waits of
-earlier products (each then keeps it in flight: its ``pending`` grows by one), register-only
-tile ops and a product's result going to global memory (``tile.atomic``, ``hopper.load``),
-taking along the register-only ops above it that compute its operands (a register A
-operand's conversion).  It stops below another issue (products keep their order), below an
-op that reads a register it overwrites (its accumulator or A operand) and below anything
-else: a shared-memory op, a barrier, a stage release or wait, an op with regions.  So
-attention backward's ``dQ = dS K`` written before ``dK += dS^T Q`` is waited for with
-``dK`` in flight, and dQ's atomic adds run during ``dK``, as FlashAttention-3 orders them.
-
 Runs after ``defer-last``, before ``multicast``.  Must not: move an op other than a wait, or
 let any op read a product before its wait.
 """
@@ -52,7 +42,6 @@ def overlap_products(module: Module, options: Options, target: Target) -> None:
         return  # tcgen05 completes through mbarriers (lower-to-blackwell), not wgmma waits
     for kernel in pinned_kernels(module, options.overlap_products):
         for block in _blocks(kernel):
-            _raise_issues(block)
             _sink_waits(block)
 
 
@@ -92,54 +81,3 @@ def _sink_waits(block: Block) -> None:
         ops.remove(wait)
         ops.insert(end - 1, wait)
         wait.attributes["pending"] = later
-
-
-#: Ops a rising issue may pass besides register-only tile ops: other products' waits and
-#: accesses to global memory from registers (neither touches a shared tile nor meets other
-#: threads).
-_RISE_PAST = frozenset({"hopper.wgmma_wait", "hopper.load", "tile.atomic"})
-
-
-def _carried(op: Operation) -> bool:
-    """Whether ``op`` may move up with an issue it computes an operand of: register-only
-    and without regions (a layout change through shared memory takes a scratch tile)."""
-    if op.regions or (op.name == "hopper.convert_layout" and op.scratch):
-        return False
-    return op.name == "hopper.convert_layout" or (op.name.startswith("tile.") and op.has_trait("pure"))
-
-
-def _raise_issues(block: Block) -> None:
-    ops = block.ops
-    for issue in [op for op in ops if op.name == "hopper.wgmma"]:
-        group = [issue]  # the issue and the ops moving up with it, in order
-        inputs = set(issue.operands)
-        overwritten = {issue.acc} | ({issue.a} if not _is_shared(issue.a) else set())
-        waits = []  # the waits it rose past
-        top = ops.index(issue)
-        while top > 0:
-            above = ops[top - 1]
-            makes = set(above.results)
-            if makes & inputs:
-                if not _carried(above) or _reads(above, overwritten):
-                    break
-                group.insert(0, above)
-                inputs |= set(above.operands)
-            elif above.regions or _reads(above, overwritten):
-                break
-            elif above.name == "hopper.wgmma_wait":
-                waits.append(above)
-            elif above.name not in _RISE_PAST and not (above.name.startswith("tile.") and above.has_trait("pure")):
-                break
-            top -= 1
-        if not waits:
-            continue
-        for op in group:
-            ops.remove(op)
-        for k, op in enumerate(group):
-            ops.insert(top + k, op)
-        for wait in waits:
-            wait.attributes["pending"] = wait.pending + 1
-
-
-def _is_shared(value) -> bool:
-    return getattr(value.type, "space", None) == "smem"
