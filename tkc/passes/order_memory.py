@@ -4,11 +4,12 @@ inputs allow, so products on the tensor cores hide it.
 Two moves in each ``tile.for`` body that holds a product (``tile.mma``), on tile IR before
 select-layouts (lower-to-hopper keeps the order):
 
-- **loads up**: a ``tile.load`` after the body's first product moves up to just before that
-  product (and the pure ops computing only its operands, which become shared-memory views),
-  when its operands are defined there and nothing between writes memory: a row
-  vector the work after a later product needs (attention backward's delta) is then in flight
-  during the first product instead of after it.
+- **loads up**: a ``tile.load`` after the body's first product, whose tile is no product's
+  operand (those are TMA copies, whose order pipeline-loops reads), moves up to just before
+  that product (and the pure ops computing only its operands, which become shared-memory
+  views), when its operands are defined there and nothing between writes memory: a row vector
+  the work after a later product needs (attention backward's delta) is then in flight during
+  the first product instead of after it.
 - **outputs before accumulations**: a product whose result only goes to global memory (pure
   ops into one ``tile.atomic`` or ``tile.store``) moves, with those ops, above an accumulation
   ``acc += a @ b`` right before it whose result only the next iteration reads and that it does
@@ -16,8 +17,8 @@ select-layouts (lower-to-hopper keeps the order):
   backward's dQ before ``dK += dS^T Q`` measured 1.04-1.16x faster on an H200 than the other
   order (benchmarks/RESULTS.md), and this pass makes either order of the statements give it.
 
-Must not: move a load above a store, an atomic or an op with regions, or move an op above the
-definition of anything it reads; move anything but loads and such output chains.
+Must not: move a load above a store or an atomic, or an op above the definition of anything it
+reads; move a product's operand tile, or anything but such loads and output chains.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _loads_up(block: Block) -> None:
     # The first product's operand views (Q^T of K Q^T) go with it.
     while first > 0 and _pure(ops[first - 1]) and _feeds_only(ops[first - 1], ops[first], users):
         first -= 1
-    for load in [op for op in ops[first + 1:] if op.name == "tile.load"]:
+    for load in [op for op in ops[first + 1:] if op.name == "tile.load" and not _product_operand(op, users)]:
         at = ops.index(load)
         between = ops[first:at]
         if not all(_passable(op) for op in between):
@@ -83,6 +84,16 @@ def _loads_up(block: Block) -> None:
         ops.remove(load)
         ops.insert(first, load)
         first += 1
+
+
+def _product_operand(load: Operation, users: dict[Value, list[Operation]]) -> bool:
+    """Whether ``load``'s tile is a product's operand (itself or transposed): select-layouts
+    copies such tiles by TMA, and pipeline-loops groups their copies by their order."""
+    for user in users.get(load.result, []):
+        if user.name == "tile.mma" or (user.name == "tile.transpose"
+                                       and any(u.name == "tile.mma" for u in users.get(user.result, []))):
+            return True
+    return False
 
 
 def _outputs_before_accumulations(block: Block) -> None:
