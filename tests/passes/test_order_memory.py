@@ -94,3 +94,16 @@ def test_attention_backward_statement_orders_compile_alike(D: int, causal: bool)
         c = compile_kernel(source, {"D": D, "causal": causal}, stop="ptx", cache=False, kernel="attn_bwd")
         return c.asm["ptx"]
     assert ptx(EXAMPLE) == ptx(other)
+
+
+def test_a_products_operand_tile_keeps_its_place() -> None:
+    """gemm_rope's K loop loads W's second half after the first product: a TMA copy of a
+    product's operand, whose rings pipeline-loops builds in the order of the copies."""
+    from tkc.passes.pipeline import HOPPER_PIPELINE
+
+    gemm_rope = EXAMPLE.parent / "gemm_rope.tk"
+    without = HOPPER_PIPELINE.replace("order-memory,", "")
+    assert without != HOPPER_PIPELINE
+    ptx = [compile_kernel(gemm_rope, {}, stop="ptx", cache=False, hopper_pipeline=p).asm["ptx"]
+           for p in (HOPPER_PIPELINE, without)]
+    assert ptx[0] == ptx[1]
