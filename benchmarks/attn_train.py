@@ -1,6 +1,7 @@
 """Attention backward: examples/attn_train.tk beside PyTorch's SDPA backends.
 
     python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3'] [--only long,short]
+                                    [--sources 'old=path/to/attn_train.tk']
 
 Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py), in
 TFLOP/s counted as FlashAttention-3 counts them: a forward is 4 B H N^2 D (half of it causal)
@@ -23,7 +24,9 @@ tkc's backward is what a training step runs after the forward: dQ zeroed, the pr
 to bf16.  The peers are ``torch.autograd.grad`` of ``F.scaled_dot_product_attention`` under
 ``torch.nn.attention.sdpa_kernel`` with each backend that takes the shape (FlashAttention-2,
 memory-efficient, cuDNN), their forward run once outside the timing.  ``--variants`` adds tkc
-contenders with other constants (``;``-separated, each ``NAME=VALUE,...``), as ``tkc NAME=VALUE``.
+contenders with other constants (``;``-separated, each ``NAME=VALUE,...``), as ``tkc NAME=VALUE``;
+``--sources`` adds contenders compiled from other copies of the example (``;``-separated
+``NAME=PATH``, as ``tkc NAME``: another order of its statements, say), with their own defaults.
 Without a GPU it says so and stops.
 """
 
@@ -65,13 +68,14 @@ def flops(B: int, H: int, N: int, D: int, causal: bool) -> float:
 class Backward:
     """tkc's backward of one shape: the three kernels compiled for it and its tensors."""
 
-    def __init__(self, B: int, H: int, KVH: int, N: int, D: int, causal: bool, extra: dict | None = None):
+    def __init__(self, B: int, H: int, KVH: int, N: int, D: int, causal: bool, extra: dict | None = None,
+                 example: Path = EXAMPLE):
         from tkc.compiler import compile_kernel
 
         # ``extra`` (a variant's constants) is attn_bwd's; the forward and the pre-pass keep theirs.
-        self.fwd = compile_kernel(EXAMPLE, {"D": D, "causal": causal}, kernel="attn_fwd")
-        self.pre = compile_kernel(EXAMPLE, {"D": D}, kernel="attn_bwd_pre")
-        self.bwd = compile_kernel(EXAMPLE, {"D": D, **(extra or {}), "causal": causal}, kernel="attn_bwd")
+        self.fwd = compile_kernel(example, {"D": D, "causal": causal}, kernel="attn_fwd")
+        self.pre = compile_kernel(example, {"D": D}, kernel="attn_bwd_pre")
+        self.bwd = compile_kernel(example, {"D": D, **(extra or {}), "causal": causal}, kernel="attn_bwd")
         dev, bf = "cuda", torch.bfloat16
         self.q = torch.randn(B, H, N, D, device=dev, dtype=bf)
         self.k, self.v = (torch.randn(B, KVH, N, D, device=dev, dtype=bf) for _ in range(2))
@@ -137,7 +141,8 @@ def sdpa_backward(backend, B: int, H: int, KVH: int, N: int, D: int, causal: boo
     return run
 
 
-def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, variants: list[dict], runs: int):
+def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, variants: list[dict], runs: int,
+             sources: dict[str, Path] | None = None):
     from torch.nn.attention import SDPBackend
 
     from harness import Row, in_turns
@@ -153,6 +158,9 @@ def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, va
             for extra in variants:
                 name = "tkc " + ",".join(f"{k}={v}" for k, v in extra.items())
                 contenders[name] = Backward(B, H, KVH, N, D, causal, extra)
+            for name, path in (sources or {}).items():
+                contenders["tkc " + name] = Backward(B, H, KVH, N, D, causal, example=path)
+                check(contenders["tkc " + name], causal)
             for name, backend in backends.items():
                 fn = sdpa_backward(backend, B, H, KVH, N, D, causal)
                 if fn is not None:
@@ -273,14 +281,16 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa, varlen")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
+    ap.add_argument("--sources", default="", help="tkc contenders from other copies of the example: 'old=old.tk'")
     args = ap.parse_args()
+    sources = {n.strip(): Path(p.strip()) for n, p in (part.split("=") for part in args.sources.split(";") if part)}
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attn_train.py times kernels on a CUDA GPU; torch sees none here")
     from harness import append_results, table
 
     only = set(args.only.split(","))
     rows = rows_for(shapes_of(args.quick, only), (False,) if args.quick else (False, True),
-                    parse_variants(args.variants), 30 if args.quick else 60)
+                    parse_variants(args.variants), 30 if args.quick else 60, sources)
     if "varlen" in only:
         rows += varlen_rows(30 if args.quick else 60, args.quick)
     print(table(rows))
@@ -290,6 +300,8 @@ def main() -> None:
             command += f" --only {args.only}"
         if args.variants:
             command += f" --variants '{args.variants}'"
+        if args.sources:
+            command += f" --sources '{args.sources}'"
         append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows)
 
 

@@ -22,6 +22,7 @@ from tkc.passes.licm import licm
 from tkc.passes.lower_to_blackwell import lower_to_blackwell
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.multicast import multicast
+from tkc.passes.order_memory import order_memory
 from tkc.passes.overlap_products import overlap_products
 from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
@@ -48,6 +49,7 @@ PASSES: dict[str, PassFn] = {
     "decompose": decompose,              # sigmoid, erf, log1p, expm1, x ** y, mean -> simpler tile ops
     # --- to hopper IR (a Target with warpgroup MMA and TMA), in the order they run (docs/hopper.md)
     "persistent": persistent,            # GEMM-shaped kernels: one program per SM walks the tiles
+    "order-memory": order_memory,        # a loop's loads before its first product, outputs before accumulations
     "select-layouts": select_layouts,    # smem/register layouts on every tile, conversions
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
@@ -67,8 +69,8 @@ PASSES: dict[str, PassFn] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = ("decompose,persistent,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,issue-ahead,"
-                   "defer-last,overlap-products,multicast,prefetch-loads,cse,dce,allocate-smem")
+HOPPER_PIPELINE = ("decompose,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,"
+                   "issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
