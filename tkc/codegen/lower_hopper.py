@@ -39,13 +39,14 @@ from tkc.codegen.lower_values import (
     to_mem,
 )
 from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
-from tkc.codegen.nvvm import F32, I64
+from tkc.codegen.nvvm import F32, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle, vector_coords
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle,
+                            transpose_copy_block, transpose_copy_blocks, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -173,6 +174,39 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         keep = [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
         vals, coords = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
     _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
+
+
+def _prmt(b: ir.IRBuilder, x: ir.Value, y: ir.Value, selector: int) -> ir.Value:
+    """``prmt.b32``: bytes of (``y``:``x``) picked by the four nibbles of ``selector``."""
+    return b.asm(ir.FunctionType(I32, [I32, I32]), f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r", [x, y],
+                 side_effect=False)
+
+
+def _smem_copy(lw: Lowerer, op: Operation) -> None:
+    """The transposing copy, 4 x 4 blocks of bytes a thread (``transpose_copy_block``): four
+    4-byte words read along the source's rows (the block's four destination columns), bytes
+    regrouped with ``prmt``, four words written along the destination's rows."""
+    src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
+    lay, b = dst.layout, lw.b
+    if lay.elem_bytes != 1:
+        raise TkcCodegenError(f"'{op.name}' transposes 8-bit tiles, not {lay.dtype.name}", op.loc)
+    try:
+        per = transpose_copy_blocks(lay.rows, lay.cols, lw.threads)
+    except ValueError as e:
+        raise TkcCodegenError(f"'{op.name}': {e}", op.loc) from None
+    # Addresses computed here, not hoisted out of the loop: 32 of them would stay live across it.
+    t = Sym(b, nvvm.opaque(b, lw.tid))
+    i32p = ir.PointerType(I32, addrspace=3)
+    for r in range(per):
+        row0, col0 = transpose_copy_block(lay.cols, lw.threads, t, r)
+        words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, col0 + u, row0)), i32p),
+                        typ=I32)
+                 for u in range(TRANSPOSE_BLOCK)]
+        for v in range(TRANSPOSE_BLOCK):
+            pick = v | (v + 4) << 4  # byte v of x, then byte v of y
+            lo, hi = _prmt(b, words[0], words[1], pick), _prmt(b, words[2], words[3], pick)
+            out = _prmt(b, lo, hi, 0x5410)
+            b.store(out, b.bitcast(_smem_element_ptr(lw, dst, smem_offset(lay, row0 + v, col0)), i32p))
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:
@@ -814,6 +848,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.smem_store": _smem_store,
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
+    "hopper.smem_copy": _smem_copy,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wgmma_wait_group,
     **GLOBAL,

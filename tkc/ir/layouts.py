@@ -966,6 +966,30 @@ def vector_coords(coords: tuple, shape: tuple[int, ...], layout: SharedLayout) -
     return flat // layout.cols, flat % layout.cols
 
 
+# --------------------------------------------------------------------------- shared copies
+#: A transposing shared-to-shared copy moves 4 x 4 blocks of 8-bit elements: a thread reads
+#: four 4-byte words along the source's rows and writes four along the destination's.
+TRANSPOSE_BLOCK = 4
+
+
+def transpose_copy_blocks(rows: int, cols: int, threads: int) -> int:
+    """Blocks of ``hopper.smem_copy``'s transposing copy each thread moves, for a destination
+    stored ``rows x cols``: all threads share the 4 x 4 blocks evenly.  ValueError if they cannot."""
+    b = TRANSPOSE_BLOCK
+    if rows % b or cols % b or (rows // b) * (cols // b) % threads:
+        raise ValueError(f"a {rows} x {cols} tile is not {threads} threads' share of {b} x {b} blocks")
+    return (rows // b) * (cols // b) // threads
+
+
+def transpose_copy_block(cols: int, threads: int, t: Any, r: int) -> tuple[Any, Any]:
+    """(row, col) of the first element of block ``r`` that thread ``t`` moves, in the
+    destination's stored coordinates (rows x cols).  Consecutive threads take consecutive blocks
+    of a row, so a warp's writes are whole rows.  ``t``: an int, array or codegen symbol."""
+    per_row = cols // TRANSPOSE_BLOCK
+    block = t + threads * r
+    return block // per_row * TRANSPOSE_BLOCK, block % per_row * TRANSPOSE_BLOCK
+
+
 # --------------------------------------------------------------------------- reductions
 @lru_cache(maxsize=256)
 def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:

@@ -530,6 +530,22 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, dst)
         op.erase()
 
+    def _transpose_smem(self, op: Operation) -> None:
+        """Every thread copies its share of a shared tile into one stored the other way round
+        (``hopper.smem_copy``), fenced for the async proxy wgmma reads through and followed by a
+        barrier, after which wgmma may read the copy and the original may be refilled.  In a
+        loop, the previous iteration's wgmmas must be done with the copy first."""
+        dst = self._alloc(op.result.type, op.loc)
+        dst.name_hint = (op.x.name_hint or "tile") + "_t_smem"
+        b = Builder.before(op)
+        if self._in_loop(op):
+            b.create(hopper.BarrierOp, attrs={"id": 0})
+        b.create(hopper.SmemCopyOp, [op.x, dst])
+        b.create(hopper.FenceProxyAsyncOp)
+        b.create(hopper.BarrierOp, attrs={"id": 0})
+        replace_all_uses(self.kernel, op.result, dst)
+        op.erase()
+
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
         if op.scratch or register_map(src.layout, dst.layout) is not None:
@@ -563,4 +579,5 @@ _LOWER = {
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,
+    "hopper.transpose_smem": _Lowering._transpose_smem,
 }

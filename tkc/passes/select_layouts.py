@@ -60,6 +60,7 @@ from tkc.ir.layouts import (
     read_as,
     reshape_layout,
     scan_plan,
+    transpose_copy_blocks,
     transpose_layout,
 )
 from tkc.ir.types import TileType
@@ -253,8 +254,14 @@ class _Selector:
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
                 if major == "mn" and src.type.dtype.bits != 16:
+                    if which == "b" and not staged and not transposed:
+                        self._transpose_b(mma, load)
+                        continue
                     raise self._unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
-                                            f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}")
+                                            f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}"
+                                            + ("" if which == "a" else
+                                               f" (a B tile copied by TMA is transposed in shared memory; "
+                                               f"this one is not: {why or 'it is computed'})"))
                 try:
                     layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
                     layout.tma_box()
@@ -286,7 +293,7 @@ class _Selector:
         # Readers of a shared tile other than wgmma get their own register copy.
         users = uses(self.kernel)
         for v in list(self.smem):
-            others = [u for u in users.get(v, []) if u.name != "tile.mma"
+            others = [u for u in users.get(v, []) if u.name not in ("tile.mma", "hopper.transpose_smem")
                       and not (u.name == "tile.transpose" and u.result in self.smem)]
             if others and _def(v).name == "tile.load":
                 copy = self._clone_load(_def(v), None)
@@ -294,6 +301,31 @@ class _Selector:
                     u.operands = [copy if x is v else x for x in u.operands]
             elif others:
                 raise self._unsupported(others[0], "a transposed shared tile can only feed @")
+
+    def _transpose_b(self, mma: Operation, load: Operation) -> None:
+        """An 8-bit B operand [K, N] copied by TMA as it lies (N contiguous, MN-major) and
+        rewritten in shared memory as [N, K], K contiguous (``hopper.transpose_smem``): wgmma
+        reads 8-bit operands K-major only.  Attention's V needs no transposed copy in memory."""
+        src = load.result
+        k, n = src.type.shape
+        dt = src.type.dtype
+        try:
+            placed = SharedLayout(k, n, dt, "mn", choose_swizzle(n, dt))
+            placed.tma_box()
+            kmajor = SharedLayout(n, k, dt, "k", choose_swizzle(k, dt))
+            kmajor.tma_box()
+            transpose_copy_blocks(n, k, self.threads)
+        except ValueError as e:
+            raise self._unsupported(mma, f"cannot transpose this {dt.name} B operand in shared memory for "
+                                         f"wgmma: {e}") from None
+        if src in self.smem and src.type.layout != placed:
+            src = self._clone_load(load, only_user=mma)
+        src.type = TileType(src.type.shape, dt, "smem", placed)
+        self.smem.add(src)
+        t = Builder.before(mma).value(hopper.TransposeSmemOp, [src], TileType(src.type.shape, dt, "smem", kmajor),
+                                      loc=mma.loc)
+        mma.operands = [t if (x is src or x is load.result) and i == 1 else x for i, x in enumerate(mma.operands)]
+        self.smem.add(t)
 
     def _stage(self, src: Value, layout: SharedLayout, user: Operation) -> Value:
         """A ``hopper.to_smem`` of ``src`` right after it is defined (so a tile loaded before a

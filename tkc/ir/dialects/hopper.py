@@ -617,6 +617,50 @@ class ToSmemOp(Operation):
 
 
 @register
+class TransposeSmemOp(Operation):
+    """A shared tile copied into a shared tile of its own that stores it the other way round
+    (what ``select-layouts`` asks for when an 8-bit ``@`` B operand is MN-major: wgmma reads
+    8-bit operands K-major only, so attention's V [BN, D] is rewritten as [D, BN], K
+    contiguous).  ``lower-to-hopper`` expands it into the allocation, ``hopper.smem_copy``,
+    the proxy fence and the barrier."""
+
+    name = "hopper.transpose_smem"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        x, r = self.x.type, self.result.type
+        if not _smem(x) or not _smem(r) or r.shape != x.shape or r.dtype != x.dtype:
+            raise self.error(f"copies a shared tile into a shared tile of its shape and dtype, not {x} -> {r}")
+        _check_view(self, x, "the operand")
+        _check_view(self, r, "the result")
+        if (x.layout.rows, x.layout.cols) != x.shape or (r.layout.cols, r.layout.rows) != r.shape:
+            raise self.error("the operand is stored as its own shape and the result transposed")
+
+
+@register
+class SmemCopyOp(Operation):
+    """Every thread copies its share of the 8-bit shared tile ``src`` into ``dst``, which stores
+    it transposed: element (i, j) of ``src``'s stored ``rows x cols`` at (j, i) of ``dst``'s
+    (``layouts.transpose_copy_block`` says which thread moves which 4 x 4 block).  Generic-proxy
+    reads and writes, so a wgmma reading ``dst`` needs ``hopper.fence_proxy_async`` and a
+    barrier after it."""
+
+    name = "hopper.smem_copy"
+    OPERANDS = ("src", "dst")
+
+    def verify(self) -> None:
+        s, d = self.src.type, self.dst.type
+        if not _smem(s) or not _smem(d) or s.shape != d.shape or s.dtype != d.dtype:
+            raise self.error(f"copies a shared tile into one of its shape and dtype, not {s} -> {d}")
+        _check_view(self, s, "the source")
+        _check_view(self, d, "the destination")
+        if (s.layout.rows, s.layout.cols) != (d.layout.cols, d.layout.rows) or s.dtype.bits != 8:
+            raise self.error(f"stores an 8-bit tile transposed, not {s.layout} -> {d.layout}")
+
+
+@register
 class FenceProxyAsyncOp(Operation):
     """``fence.proxy.async.shared::cta``: this thread's generic writes to shared memory are seen by the async
     proxy (a TMA store or wgmma reading them next)."""
