@@ -34,6 +34,7 @@ from tkc.codegen.lower_values import (
     from_mem,
     llvm_call,
     mem_type,
+    pack_fp8x4,
     pack_pair,
     round_to,
     to_mem,
@@ -45,8 +46,9 @@ from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
-from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle,
-                            transpose_copy_block, transpose_copy_blocks, vector_coords)
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
+                            first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
+                            vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -199,14 +201,16 @@ def _smem_copy(lw: Lowerer, op: Operation) -> None:
     i32p = ir.PointerType(I32, addrspace=3)
     for r in range(per):
         row0, col0 = transpose_copy_block(lay.cols, lw.threads, t, r)
-        words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, col0 + u, row0)), i32p),
-                        typ=I32)
-                 for u in range(TRANSPOSE_BLOCK)]
+        # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
+        ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
+        words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
+                 for k in ks]
+        stored = replace(lay, kperm=False)  # addressed by stored column
         for v in range(TRANSPOSE_BLOCK):
             pick = v | (v + 4) << 4  # byte v of x, then byte v of y
             lo, hi = _prmt(b, words[0], words[1], pick), _prmt(b, words[2], words[3], pick)
             out = _prmt(b, lo, hi, 0x5410)
-            b.store(out, b.bitcast(_smem_element_ptr(lw, dst, smem_offset(lay, row0 + v, col0)), i32p))
+            b.store(out, b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:
@@ -534,6 +538,13 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
         a_ops: list = [[_select_by(b, wg, [desc(a_val, k, 64 * (slices * g + m)) for g in range(groups)])
                         for m in range(slices)] for k in range(steps)]
         trans_a = int(a_val.layout.major == "mn")
+    elif a_dt.bits == 8:
+        lay = op.a.type.layout
+        if not isinstance(lay, WgmmaOperandA8) or lay.k_steps != steps:
+            raise TkcCodegenError("an 8-bit register A operand is #wgmma_a8 with B's K", op.loc)
+        a_ops = [[[pack_fp8x4(b, [a_val[i] for i in reg], a_dt) for reg in lay.step_values(k, m)]
+                  for m in range(slices)] for k in range(steps)]
+        trans_a = 0
     else:
         lay = op.a.type.layout
         if a_dt.bits != 16 or lay.k_steps != steps:

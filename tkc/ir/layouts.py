@@ -111,6 +111,11 @@ class SharedLayout:
 
     ``major`` says what wgmma sees: "k" when ``cols`` is K (A as MxK, B as NxK), "mn" when
     ``cols`` is M or N (B as KxN row-major, A as KxM).  It changes descriptors, not offsets.
+
+    ``kperm`` (8-bit, K-major B only): each 32 columns of K are stored in the order in which an
+    8-bit A operand in registers (``WgmmaOperandA8``) reads them, ``a8_stored_col``: column
+    c lies at ``a8_stored_col(c)``.  The product is then P V with P's columns and V's rows
+    permuted alike, and an accumulator becomes an A operand without moving a value.
     """
 
     rows: int
@@ -118,6 +123,7 @@ class SharedLayout:
     dtype: DType
     major: str = "k"
     swizzle: int = 128
+    kperm: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype.bits not in (8, 16, 32, 64):
@@ -130,6 +136,8 @@ class SharedLayout:
             raise ValueError(f"rows must be a positive multiple of 8 (the swizzle repeat), got {self.rows}")
         if self.cols <= 0 or self.cols * self.elem_bytes % self.atom_bytes:
             raise ValueError(f"{self.cols} x {self.dtype} is not a multiple of the {self.atom_bytes}-B atom")
+        if self.kperm and (self.major != "k" or self.dtype.bits != 8 or self.cols % 32):
+            raise ValueError("a K permutation is for 8-bit K-major tiles of whole k32 steps")
 
     @property
     def elem_bytes(self) -> int:
@@ -166,7 +174,7 @@ class SharedLayout:
         r, c = _ints(row), _ints(col)
         _check_range("row", r, self.rows)
         _check_range("col", c, self.cols)
-        return swizzle(self._linear(r, c), self.swizzle)
+        return swizzle(self._linear(r, a8_stored_col(c) if self.kperm else c), self.swizzle)
 
     def tma_box(self) -> TmaBox:
         """Box dims for cuTensorMapEncodeTiled: one atom wide, at most 256 rows (§3)."""
@@ -223,7 +231,8 @@ class SharedLayout:
         return encode_descriptor(base_addr + int(start), lbo, sbo, self.swizzle)
 
     def __str__(self) -> str:
-        return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}>"
+        perm = ", kperm" if self.kperm else ""
+        return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}{perm}>"
 
 
 def read_as(layout: SharedLayout, major: str | None) -> SharedLayout:
@@ -483,6 +492,58 @@ class WgmmaOperandA(_Fragment):
 
     def __str__(self) -> str:
         return _frag_text("wgmma_a", self.n, self.warpgroups, self.slices)
+
+
+def a8_register(t: Any, r: int, byte: int) -> tuple[Any, int]:
+    """(row, k) of one 64 x 32 K-step of an 8-bit wgmma A operand in registers that byte ``byte``
+    of b32 register ``r`` of thread ``t`` holds: the hardware's reading (CUTLASS
+    ``ALayout_64x32``: row = 16 warp + lane/4 + 8 (r&1), k = 4 (lane%4) + byte + 16 (r>>1))."""
+    lane = t % 32
+    return t // 32 % 4 * 16 + lane // 4 + 8 * (r & 1), lane % 4 * 4 + byte + 16 * (r >> 1)
+
+
+def a8_logical_col(c: Any) -> Any:
+    """The column of a 32-wide block of an accumulator that ``WgmmaOperandA8`` hands wgmma as
+    K position ``c``: the thread holding k = 4q + 2g + e (q = lane % 4) holds accumulator
+    columns 8g + 2q + e, and 16 on for k >= 16.  Operators only (ints, arrays, codegen symbols)."""
+    return c - c % 16 + c // 2 % 2 * 8 + c // 4 % 4 * 2 + c % 2
+
+
+def a8_stored_col(c: Any) -> Any:
+    """The inverse of :func:`a8_logical_col`: where logical column ``c`` goes."""
+    return c - c % 16 + c // 8 % 2 * 2 + c // 2 % 4 * 4 + c % 2
+
+
+@dataclass(frozen=True)
+class WgmmaOperandA8(_Fragment):
+    """An 8-bit A operand of an RS wgmma from registers, 64 x K per warpgroup (``#wgmma_a8<K>``),
+    holding each element where the accumulator of a 64 x K tile holds it: an accumulator (P in
+    attention) becomes one without moving a value.  wgmma reads K-step s from b32 registers
+    packed by ``step_values``, which in the hardware's order (``a8_register``) is the tile's
+    columns permuted by ``a8_logical_col``; the B operand is stored permuted alike
+    (``SharedLayout.kperm``), so the product is the same."""
+
+    _granule = 32
+
+    @property
+    def k_steps(self) -> int:
+        return self.n // 32
+
+    def step_values(self, k_step: int, slice_: int = 0) -> list[list[int]]:
+        """The thread's values packed into the four b32 registers of K-step ``k_step`` of 64-row
+        slice ``slice_``, bytes 0..3 each: register r byte b is accumulator value
+        j = 16 s + 4 (2 (r>>1) + (b>>1)) + 2 (r&1) + (b&1) of the slice, at the element
+        (row + 8 (r&1), 32 s + a8_logical_col(k)) that wgmma reads as (row, k)."""
+        if not 0 <= k_step < self.k_steps:
+            raise ValueError(f"k_step {k_step} out of range [0, {self.k_steps})")
+        if not 0 <= slice_ < self.slices:
+            raise ValueError(f"slice {slice_} out of range [0, {self.slices})")
+        first = self.slice_regs * slice_ + 16 * k_step
+        return [[first + 4 * (2 * (r >> 1) + (b >> 1)) + 2 * (r & 1) + (b & 1) for b in range(4)]
+                for r in range(4)]
+
+    def __str__(self) -> str:
+        return _frag_text("wgmma_a8", self.n, self.warpgroups, self.slices)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from tkc.ir.layouts import (
     TmemAccumulator,
     WgmmaAccumulator,
     WgmmaOperandA,
+    WgmmaOperandA8,
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
@@ -231,6 +232,7 @@ class _Selector:
         placed: dict[Value, SharedLayout] = {}
         tma = self.options.tma and self.target.tma
         for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
+            b_copied = self._b_transposed_in_smem(mma, tma)
             for which in ("a", "b"):
                 v = getattr(mma, which)
                 view = _def(v)
@@ -241,9 +243,10 @@ class _Selector:
                 why = ((tma_loadable(load, self.target) or ("" if tma else "the kernel pins tma = False"))
                        if loaded else "")
                 staged = not loaded or bool(why)
-                if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded \
+                in_regs = v.type.dtype.bits == 16 or v.type.dtype.bits == 8 and b_copied
+                if staged and which == "a" and not transposed and in_regs and not loaded \
                         and self.target.mma != "tcgen05":
-                    continue  # computed in registers: converted to #wgmma_a later, no shared memory
+                    continue  # computed in registers: converted to #wgmma_a(8) later, no shared memory
                 # (tcgen05.mma reads A from shared or tensor memory: a register A is staged below.)
                 if staged and src.type.dtype.bits not in self.target.mma_operand_bits:
                     raise self._unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
@@ -254,8 +257,8 @@ class _Selector:
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
                 if major == "mn" and src.type.dtype.bits != 16:
-                    if which == "b" and not staged and not transposed:
-                        self._transpose_b(mma, load)
+                    if which == "b" and b_copied:
+                        self._transpose_b(mma, load, kperm=mma.a not in self.smem)
                         continue
                     raise self._unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
                                             f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}"
@@ -302,17 +305,26 @@ class _Selector:
             elif others:
                 raise self._unsupported(others[0], "a transposed shared tile can only feed @")
 
-    def _transpose_b(self, mma: Operation, load: Operation) -> None:
+    def _b_transposed_in_smem(self, mma: Operation, tma: bool) -> bool:
+        """Whether ``mma``'s B is an 8-bit [K, N] tile (MN-major) that TMA copies as it lies and
+        the consumers transpose in shared memory (:meth:`_transpose_b`)."""
+        load = _def(mma.b)
+        return (self.target.mma != "tcgen05" and tma and mma.b.type.dtype.bits == 8 and load is not None
+                and load.name == "tile.load" and not tma_loadable(load, self.target))
+
+    def _transpose_b(self, mma: Operation, load: Operation, kperm: bool) -> None:
         """An 8-bit B operand [K, N] copied by TMA as it lies (N contiguous, MN-major) and
         rewritten in shared memory as [N, K], K contiguous (``hopper.transpose_smem``): wgmma
-        reads 8-bit operands K-major only.  Attention's V needs no transposed copy in memory."""
+        reads 8-bit operands K-major only.  Attention's V needs no transposed copy in memory.
+        With A in registers (``kperm``: P converted from S's accumulator), K is stored in the
+        order ``WgmmaOperandA8`` reads it, so P needs no shuffle."""
         src = load.result
         k, n = src.type.shape
         dt = src.type.dtype
         try:
             placed = SharedLayout(k, n, dt, "mn", choose_swizzle(n, dt))
             placed.tma_box()
-            kmajor = SharedLayout(n, k, dt, "k", choose_swizzle(k, dt))
+            kmajor = SharedLayout(n, k, dt, "k", choose_swizzle(k, dt), kperm)
             kmajor.tma_box()
             transpose_copy_blocks(n, k, self.threads)
         except ValueError as e:
@@ -549,7 +561,8 @@ class _Selector:
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
                 k = op.a.type.shape[1]
-                self._need(op, 0, WgmmaOperandA(k, self.warpgroups, self.slices))
+                a8 = op.a.type.dtype.bits == 8
+                self._need(op, 0, (WgmmaOperandA8 if a8 else WgmmaOperandA)(k, self.warpgroups, self.slices))
         elif name == "tile.for":
             body = op.regions[0].block
             for i, (arg, res) in enumerate(zip(body.args[1:], op.results)):

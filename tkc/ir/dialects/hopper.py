@@ -690,7 +690,7 @@ class WgmmaOp(Operation):
         return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
 
     def verify(self) -> None:
-        from tkc.ir.layouts import WgmmaOperandA, is_accumulator
+        from tkc.ir.layouts import WgmmaOperandA, WgmmaOperandA8, is_accumulator
 
         # A #tmem_acc accumulator is a tcgen05 product before lower-to-blackwell rewrites it.
         acc, r = self.acc.type, self.result.type
@@ -706,8 +706,11 @@ class WgmmaOp(Operation):
             _check_view(self, a, "A")
             la = self.operand_layout("a")
             am, ak = (la.rows, la.cols) if la.major == "k" else (la.cols, la.rows)
-        elif _reg(a) and isinstance(a.layout, WgmmaOperandA):
+        elif _reg(a) and isinstance(a.layout, (WgmmaOperandA, WgmmaOperandA8)):
             am, ak = a.shape
+            if isinstance(a.layout, WgmmaOperandA8) != (a.dtype.bits == 8):
+                raise self.error(f"an A operand in registers is #wgmma_a8 for 8-bit values, #wgmma_a for 16-bit, "
+                                 f"got {a}")
             if a.layout.warpgroups != acc.layout.warpgroups:
                 raise self.error("A and the accumulator span different warpgroups")
         else:
@@ -717,6 +720,9 @@ class WgmmaOp(Operation):
         _check_view(self, b, "B")
         lb = self.operand_layout("b")
         bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
+        if lb.kperm != (_reg(a) and isinstance(a.layout, WgmmaOperandA8)):
+            raise self.error("B's K is stored permuted (kperm) exactly when A is a #wgmma_a8 register tile, "
+                             f"got A {a} and B {lb}")
         if am != m or bn != n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {m}x{n}")
         if n not in WGMMA_N:
