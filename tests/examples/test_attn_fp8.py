@@ -17,6 +17,9 @@ from device_checks import assert_no_spills, interpret_and_emulate, interpret_and
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
+from tkc.ir.layouts import WgmmaOperandA8
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "attn_fp8.tk"
 E4M3 = torch.float8_e4m3fn
@@ -108,10 +111,19 @@ def test_assembles_without_spills(D: int, causal: bool) -> None:
     assert_no_spills(_compile({"D": D, "causal": causal}, "cubin"))
 
 
-def test_v_transposed_in_shared_memory() -> None:
-    """P V reads V as it lies: a TMA copy of the MN-major tile and the consumers' transposed copy."""
-    ops = [op.name for op in _compile({}, "hopper").kernel_op.walk()]
-    assert ops.count("hopper.smem_copy") == 1 and "hopper.transpose_smem" not in ops
+def test_v_transposed_in_shared_memory_and_p_in_registers() -> None:
+    """P V reads V as it lies: a TMA copy of the MN-major tile and the consumers' transposed copy,
+    its K in the order the 8-bit A fragment reads it, so P goes to wgmma from registers (no
+    shared-memory store but O's epilogue).  The dump parses back to the same text."""
+    c = _compile({}, "hopper")
+    ops = list(c.kernel_op.walk())
+    names = [op.name for op in ops]
+    assert names.count("hopper.smem_copy") == 1 and "hopper.transpose_smem" not in names
+    assert names.count("hopper.smem_store") == 1  # O's
+    pv = [op for op in ops if op.name == "hopper.wgmma"][-1]
+    assert isinstance(pv.a.type.layout, WgmmaOperandA8) and pv.b.type.layout.kperm
+    text = c.asm["hopper"]
+    assert print_module(parse_module(text, "attn_fp8.hopper")) == text
 
 
 def test_computed_mn_major_fp8_operand_is_refused() -> None:
@@ -132,7 +144,12 @@ def f(a: f8e4m3[M, K], b: f32[K, N], c: f32[M, N], BM: const = 64, BK: const = 6
 @pytest.mark.parametrize("D,causal", CONFIGS)
 @pytest.mark.parametrize("N", [333, 2048 + 40])
 def test_on_gpu_as_interpreter(D: int, causal: bool, N: int) -> None:
-    _, want, got = interpret_and_run_on_gpu(lambda stop: _compile({"D": D, "causal": causal}, stop),
-                                            {"B": 2, "H": 3, "N": N})
-    scale = np.abs(want[3]).max()
-    np.testing.assert_allclose(got[3], want[3], rtol=2e-2, atol=1e-2 * scale)
+    args, want, got = interpret_and_run_on_gpu(lambda stop: _compile({"D": D, "causal": causal}, stop),
+                                               {"B": 2, "H": 3, "N": N})
+    # The GPU's exp2 (ex2.approx) and fused multiply-adds differ from numpy's in the last bits,
+    # which moves a few probabilities to the neighbouring e4m3 value: a row's output then moves
+    # by at most one e4m3 step of a probability (1/16 of it, and p <= l) times V's largest value.
+    err = np.abs(got[3] - want[3])
+    step = np.abs(args[2]).max() * args[7] / 16 + 2 ** -8 * np.abs(want[3]).max()  # and O's bf16 rounding
+    assert err.max() <= step, (err.max(), step)
+    assert np.mean(err > 1e-2 * np.abs(want[3]).max()) < 1e-3

@@ -1249,11 +1249,11 @@ def scan_plan(layout: DistributedLayout, axis: int) -> ScanPlan:
 
 # --------------------------------------------------------------------------- parsers
 def _parse_smem(text: str) -> SharedLayout:
-    m = re.fullmatch(r"\s*(\d+)x(\d+)x(\w+)\s*,\s*(k|mn)\s*,\s*sw(\d+)\s*", text)
+    m = re.fullmatch(r"\s*(\d+)x(\d+)x(\w+)\s*,\s*(k|mn)\s*,\s*sw(\d+)\s*(,\s*kperm\s*)?", text)
     dt = dtypes.from_name(m.group(3)) if m else None
     if m is None or dt is None:
-        raise ValueError("expected '<rows>x<cols>x<dtype>, k|mn, sw<0|32|64|128>'")
-    return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)))
+        raise ValueError("expected '<rows>x<cols>x<dtype>, k|mn, sw<0|32|64|128>[, kperm]'")
+    return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)), bool(m.group(6)))
 
 
 def _frag_args(text: str) -> tuple[int, int, int]:
@@ -1322,6 +1322,7 @@ LAYOUT_PARSERS.update({
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),
+    "wgmma_a8": lambda text: WgmmaOperandA8(*_frag_args(text)),
     "tmem_acc": lambda text: TmemAccumulator(*_frag_args(text)[:2]),
     "blocked": _parse_blocked,
     "slice": _parse_slice,
