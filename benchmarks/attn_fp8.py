@@ -9,8 +9,9 @@ H100 (not timed here).
     python benchmarks/attn_fp8.py [--quick] [--no-record]
 
 Appends the table to benchmarks/RESULTS.md (unless --no-record).  TFLOP/s = 4 B H N^2 D (half
-of it causal).  Each tkc result is checked against SDPA on the dequantized inputs first; a
-wrong one is reported, not timed.  Needs a CUDA GPU.
+of it causal).  Each tkc result is checked against SDPA on the dequantized inputs first (its
+RMS error within 10% of the output's: e4m3 rounding gives a few percent); a wrong one is
+reported, not timed.  Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -73,10 +74,11 @@ def rows(quick: bool) -> list[Row]:
                     o = o16 if name == "tkc bf16" else o8
                     o.fill_(float("nan"))
                     contenders[name]()
+                    # e4m3 inputs and P: a few percent of the output's RMS (a wrong kernel: ~100%)
                     ref = want if name != "tkc bf16" else want_bf16(qb, kb, vb, causal, scale)
-                    err = (o.float() - ref).abs().max()
-                    if not err <= 0.05 * want.abs().max():
-                        notes.append(f"{name}: WRONG (max error {err:.3g}), not timed")
+                    err = ((o.float() - ref).norm() / ref.norm()).item()
+                    if not err <= 0.1:
+                        notes.append(f"{name}: WRONG (relative RMS error {err:.3g}), not timed")
                         del contenders[name]
                 for name, be in (("SDPA flash bf16", SDPBackend.FLASH_ATTENTION),
                                  ("SDPA cuDNN bf16", SDPBackend.CUDNN_ATTENTION)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ from device_checks import assert_no_spills, interpret_and_emulate, interpret_and
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
-from tkc.ir.layouts import WgmmaOperandA8
+from tkc import dtypes
+from tkc.ir.layouts import (SharedLayout, WgmmaOperandA8, a8_logical_col, choose_swizzle, transpose_copy_block,
+                            transpose_copy_blocks)
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 
@@ -124,6 +127,32 @@ def test_v_transposed_in_shared_memory_and_p_in_registers() -> None:
     assert isinstance(pv.a.type.layout, WgmmaOperandA8) and pv.b.type.layout.kperm
     text = c.asm["hopper"]
     assert print_module(parse_module(text, "attn_fp8.hopper")) == text
+
+
+@pytest.mark.parametrize("D,BN,threads,ways", [(128, 128, 256, 1), (64, 128, 256, 2), (64, 64, 128, 2)])
+def test_transposing_copy_moves_each_element_once_with_few_bank_conflicts(D: int, BN: int, threads: int,
+                                                                           ways: int) -> None:
+    """Every element of V's tile is moved by exactly one thread, and a warp's 4-byte reads and
+    writes of one instruction hit each bank at most ``ways`` times (1: conflict-free with
+    128-B swizzles; the 64-B swizzle of 64-wide rows gives 2)."""
+    f8 = dtypes.f8e4m3
+    src = SharedLayout(BN, D, f8, "mn", choose_swizzle(D, f8))
+    dst = SharedLayout(D, BN, f8, "k", choose_swizzle(BN, f8), kperm=True)
+    stored = replace(dst, kperm=False)
+    seen = np.zeros((D, BN), int)
+    t = np.arange(threads)
+    worst = 0
+    for r in range(transpose_copy_blocks(D, BN, threads)):
+        row0, col0 = transpose_copy_block(D, BN, threads, t, r)
+        addrs = [src.offset(a8_logical_col(col0 + u), row0) for u in range(4)]
+        addrs += [stored.offset(row0 + v, col0) for v in range(4)]
+        for a in addrs:
+            worst = max(worst, max(np.bincount(a[w:w + 32] // 4 % 32).max() for w in range(0, threads, 32)))
+        for u in range(4):
+            for v in range(4):
+                np.add.at(seen, (row0 + v, col0 + u), 1)
+    assert (seen == 1).all()
+    assert worst == ways
 
 
 def test_computed_mn_major_fp8_operand_is_refused() -> None:

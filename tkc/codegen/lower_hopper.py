@@ -200,7 +200,7 @@ def _smem_copy(lw: Lowerer, op: Operation) -> None:
     t = Sym(b, nvvm.opaque(b, lw.tid))
     i32p = ir.PointerType(I32, addrspace=3)
     for r in range(per):
-        row0, col0 = transpose_copy_block(lay.cols, lw.threads, t, r)
+        row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
         # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
         ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
         words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)

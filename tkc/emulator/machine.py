@@ -969,7 +969,7 @@ def _smem_copy(wg: _Warpgroup, op: Operation, src: SmemTile, dst: SmemTile) -> N
     r = np.arange(per)[None, :, None, None]
     v = np.arange(TRANSPOSE_BLOCK)[None, None, :, None]
     u = np.arange(TRANSPOSE_BLOCK)[None, None, None, :]
-    row0, col0 = transpose_copy_block(lay.cols, wg.threads, t, r)
+    row0, col0 = transpose_copy_block(lay.rows, lay.cols, wg.threads, t, r)
     n, k = np.broadcast_arrays(row0 + v, col0 + u)  # stored (rows x cols) = (N, K); the tile is K x N
     if lay.kperm:
         k = a8_logical_col(k)  # stored column k holds this column of the tile

@@ -1033,6 +1033,10 @@ def vector_coords(coords: tuple, shape: tuple[int, ...], layout: SharedLayout) -
 TRANSPOSE_BLOCK = 4
 
 
+#: A warp's share of the swizzle-aware order: 32 rows x 64 columns of the destination.
+_WARP_ROWS, _WARP_COLS = 32, 64
+
+
 def transpose_copy_blocks(rows: int, cols: int, threads: int) -> int:
     """Blocks of ``hopper.smem_copy``'s transposing copy each thread moves, for a destination
     stored ``rows x cols``: all threads share the 4 x 4 blocks evenly.  ValueError if they cannot."""
@@ -1042,13 +1046,34 @@ def transpose_copy_blocks(rows: int, cols: int, threads: int) -> int:
     return (rows // b) * (cols // b) // threads
 
 
-def transpose_copy_block(cols: int, threads: int, t: Any, r: int) -> tuple[Any, Any]:
+def _warp_order(rows: int, cols: int, threads: int) -> bool:
+    return rows % _WARP_ROWS == 0 and cols % _WARP_COLS == 0 and threads % 32 == 0 and \
+        (rows // _WARP_ROWS) * (cols // _WARP_COLS) * 4 % (threads // 32) == 0
+
+
+def transpose_copy_block(rows: int, cols: int, threads: int, t: Any, r: int) -> tuple[Any, Any]:
     """(row, col) of the first element of block ``r`` that thread ``t`` moves, in the
-    destination's stored coordinates (rows x cols).  Consecutive threads take consecutive blocks
-    of a row, so a warp's writes are whole rows.  ``t``: an int, array or codegen symbol."""
-    per_row = cols // TRANSPOSE_BLOCK
-    block = t + threads * r
-    return block // per_row * TRANSPOSE_BLOCK, block % per_row * TRANSPOSE_BLOCK
+    destination's stored coordinates (rows x cols).  ``t``: an int, array or codegen symbol.
+
+    Where the tile allows, a warp's 32 blocks of one instruction sit so that 128-B-swizzled
+    source and destination rows are read and written without bank conflicts: lane = (w, c, q)
+    (w = lane / 8, c = lane / 4 % 2, q = lane % 4) takes destination rows 16 c + 4 w on and
+    columns 16 ((2 c + w / 2 + x) % 4) + 4 q on of its warp's 32 x 64 region, where the
+    rotation x (0..3) and the region come from the warp and ``r``: the words a warp reads share
+    a source row's 16-B chunk only across different rows (the swizzle puts them in other
+    banks), and the rows it writes lie in other chunks (tests/examples/test_attn_fp8.py counts
+    the conflicts).  Elsewhere consecutive threads take consecutive blocks of a row."""
+    if not _warp_order(rows, cols, threads):
+        per_row = cols // TRANSPOSE_BLOCK
+        block = t + threads * r
+        return block // per_row * TRANSPOSE_BLOCK, block % per_row * TRANSPOSE_BLOCK
+    lane, slot = t % 32, t // 32 + threads // 32 * r
+    q, c, w = lane % 4, lane // 4 % 2, lane // 8
+    x, region = slot % 4, slot // 4
+    per_row = cols // _WARP_COLS
+    row = region // per_row * _WARP_ROWS + c * 16 + w * 4
+    col = region % per_row * _WARP_COLS + (c * 2 + w // 2 + x) % 4 * 16 + q * 4
+    return row, col
 
 
 # --------------------------------------------------------------------------- reductions
