@@ -260,11 +260,16 @@ class _Selector:
                     if which == "b" and b_copied:
                         self._transpose_b(mma, load, kperm=mma.a not in self.smem)
                         continue
+                    if which == "a":
+                        hint = ""
+                    elif self.target.mma == "tcgen05":
+                        hint = " (sm_90a transposes a B tile that TMA copies as it lies; this target does not yet)"
+                    else:
+                        hint = (f" (a B tile that TMA copies as it lies is transposed in shared memory; this one "
+                                f"is {'not: ' + why if why else 'computed'})")
                     raise self._unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
                                             f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}"
-                                            + ("" if which == "a" else
-                                               f" (a B tile copied by TMA is transposed in shared memory; "
-                                               f"this one is not: {why or 'it is computed'})"))
+                                            + hint)
                 try:
                     layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
                     layout.tma_box()
