@@ -187,7 +187,7 @@ def _prmt(b: ir.IRBuilder, x: ir.Value, y: ir.Value, selector: int) -> ir.Value:
 def _smem_copy(lw: Lowerer, op: Operation) -> None:
     """The transposing copy, 4 x 4 blocks of bytes a thread (``transpose_copy_block``): four
     4-byte words read along the source's rows (the block's four destination columns), bytes
-    regrouped with ``prmt``, four words written along the destination's rows."""
+    regrouped with eight ``prmt``, four words written along the destination's rows."""
     src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
     lay, b = dst.layout, lw.b
     if lay.elem_bytes != 1:
@@ -206,11 +206,12 @@ def _smem_copy(lw: Lowerer, op: Operation) -> None:
         words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
                  for k in ks]
         stored = replace(lay, kperm=False)  # addressed by stored column
+        # A 4 x 4 byte transpose in eight prmt: interleave bytes 0-1 and 2-3 of word pairs, then
+        # halves; word v of the result holds byte v of each source word.
+        pairs = [_prmt(b, words[i], words[i + 1], sel) for i in (0, 2) for sel in (0x5140, 0x7362)]
+        out = [_prmt(b, pairs[h], pairs[2 + h], sel) for h in (0, 1) for sel in (0x5410, 0x7632)]
         for v in range(TRANSPOSE_BLOCK):
-            pick = v | (v + 4) << 4  # byte v of x, then byte v of y
-            lo, hi = _prmt(b, words[0], words[1], pick), _prmt(b, words[2], words[3], pick)
-            out = _prmt(b, lo, hi, 0x5410)
-            b.store(out, b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
+            b.store(out[v], b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:

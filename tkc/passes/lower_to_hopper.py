@@ -79,6 +79,10 @@ class _Waits(NamedTuple):
     period: int
 
 
+def _owner(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -538,6 +542,13 @@ class _Lowering:
         dst = self._alloc(op.result.type, op.loc)
         dst.name_hint = (op.x.name_hint or "tile") + "_t_smem"
         b = Builder.before(op)
+        ops = op.parent.ops
+        prev = ops[ops.index(op) - 1] if ops.index(op) else None
+        if prev is not None and prev.name == "hopper.wgmma_wait" and _owner(prev.x).name == "hopper.wgmma" \
+                and op.x not in (_owner(prev.x).a, _owner(prev.x).b):
+            # Attention's S = Q K^T is still on the tensor cores while the threads copy V: its
+            # wait comes after the copy (the product reads neither tile of it).
+            b = Builder.before(prev)
         if self._in_loop(op):
             b.create(hopper.BarrierOp, attrs={"id": 0})
         b.create(hopper.SmemCopyOp, [op.x, dst])

@@ -339,8 +339,13 @@ class _Selector:
             src = self._clone_load(load, only_user=mma)
         src.type = TileType(src.type.shape, dt, "smem", placed)
         self.smem.add(src)
-        t = Builder.before(mma).value(hopper.TransposeSmemOp, [src], TileType(src.type.shape, dt, "smem", kmajor),
-                                      loc=mma.loc)
+        # Right after the last product before this one (attention's S = Q K^T), where lower-to-hopper
+        # lets the copy run while that product is in flight; else right before this one.
+        ops = mma.parent.ops
+        first = ops.index(_def(src)) + 1 if _def(src) in ops else 0
+        earlier = [op for op in ops[first:ops.index(mma)] if op.name == "tile.mma"]
+        b = Builder(mma.parent, ops.index(earlier[-1]) + 1, mma.loc) if earlier else Builder.before(mma)
+        t = b.value(hopper.TransposeSmemOp, [src], TileType(src.type.shape, dt, "smem", kmajor), loc=mma.loc)
         mma.operands = [t if (x is src or x is load.result) and i == 1 else x for i, x in enumerate(mma.operands)]
         self.smem.add(t)
 
