@@ -525,10 +525,16 @@ class _Lowering:
         loop, the previous iteration's wgmmas must be done with the tile first."""
         dst = self._alloc(op.result.type, op.loc)
         dst.name_hint = (op.x.name_hint or "tile") + "_smem"
-        b = Builder.before(op)  # after the allocation: it shifts the kernel body's indices
+        # after the allocation: it shifts the kernel body's indices
+        self._write_for_wgmma(op, Builder.before(op), hopper.SmemStoreOp, dst)
+
+    def _write_for_wgmma(self, op: Operation, b: Builder, write: type, dst: Value) -> None:
+        """``write`` of ``op.x`` into ``dst`` by every thread at ``b``, between the barriers that
+        let wgmma read ``dst`` (a barrier first in a loop: the previous iteration's products are
+        done with it; the proxy fence and a barrier after); ``dst`` replaces ``op``."""
         if self._in_loop(op):
             b.create(hopper.BarrierOp, attrs={"id": 0})
-        b.create(hopper.SmemStoreOp, [op.x, dst])
+        b.create(write, [op.x, dst])
         b.create(hopper.FenceProxyAsyncOp)
         b.create(hopper.BarrierOp, attrs={"id": 0})
         replace_all_uses(self.kernel, op.result, dst)
@@ -549,13 +555,7 @@ class _Lowering:
             # Attention's S = Q K^T is still on the tensor cores while the threads copy V: its
             # wait comes after the copy (the product reads neither tile of it).
             b = Builder.before(prev)
-        if self._in_loop(op):
-            b.create(hopper.BarrierOp, attrs={"id": 0})
-        b.create(hopper.SmemCopyOp, [op.x, dst])
-        b.create(hopper.FenceProxyAsyncOp)
-        b.create(hopper.BarrierOp, attrs={"id": 0})
-        replace_all_uses(self.kernel, op.result, dst)
-        op.erase()
+        self._write_for_wgmma(op, b, hopper.SmemCopyOp, dst)
 
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
