@@ -74,9 +74,11 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 1.5e-2) -> None:
 
 
 CONFIGS = [(64, False), (64, True), (128, False), (128, True)]
+# D = 256 takes BN = 64 by default (at 128 ptxas spills); not yet run on a GPU.
+CPU_CONFIGS = [*CONFIGS, (256, False), (256, True)]
 
 
-@pytest.mark.parametrize("D,causal", CONFIGS)
+@pytest.mark.parametrize("D,causal", CPU_CONFIGS)
 @pytest.mark.parametrize("N", [200, 64])
 def test_interpreter_matches_float64_reference(D: int, causal: bool, N: int) -> None:
     consts = {"D": D, "BM": 64, "BN": 64, "causal": causal}
@@ -98,7 +100,8 @@ def test_reference_without_rounding_is_sdpa() -> None:
 
 @pytest.mark.parametrize("consts,N", [({"D": 64, "BM": 64, "BN": 64}, 150),
                                       ({"D": 64, "BM": 64, "BN": 64, "causal": True}, 150),
-                                      ({"D": 128, "causal": True}, 200)])
+                                      ({"D": 128, "causal": True}, 200),
+                                      ({"D": 256, "causal": True}, 150)])
 def test_emulator_matches_interpreter_without_spills(consts: dict, N: int) -> None:
     tile_ir = _compile(consts, "tkir").kernel_op
     args = random_args(tile_ir, {"B": 1, "H": 2, "N": N}, 3)
@@ -109,7 +112,7 @@ def test_emulator_matches_interpreter_without_spills(consts: dict, N: int) -> No
 
 
 @needs_ptxas
-@pytest.mark.parametrize("D,causal", CONFIGS)
+@pytest.mark.parametrize("D,causal", CPU_CONFIGS)
 def test_assembles_without_spills(D: int, causal: bool) -> None:
     assert_no_spills(_compile({"D": D, "causal": causal}, "cubin"))
 
