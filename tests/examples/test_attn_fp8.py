@@ -173,7 +173,7 @@ def f(a: f8e4m3[M, K], b: f32[K, N], c: f32[M, N], BM: const = 64, BK: const = 6
 
 
 @pytest.mark.parametrize("consts,target,message", [({"tma": False}, "sm_90a", "this one is not: the kernel pins tma"),
-                                                    ({}, "sm_100a", "this target does not yet")])
+                                                    ({}, "sm_100a", "this target's products do not take one yet")])
 def test_v_not_transposed_is_refused_at_its_line(consts: dict, target: str, message: str) -> None:
     """Without a TMA copy to transpose (``tma = False``), or on sm_100a, P V is refused where it is
     written, never computed wrong."""

@@ -263,7 +263,8 @@ class _Selector:
                     if which == "a":
                         hint = ""
                     elif self.target.mma == "tcgen05":
-                        hint = " (sm_90a transposes a B tile that TMA copies as it lies; this target does not yet)"
+                        hint = (" (a B tile that TMA copies as it lies is transposed in shared memory for wgmma; "
+                                "this target's products do not take one yet)")
                     else:
                         hint = (f" (a B tile that TMA copies as it lies is transposed in shared memory; this one "
                                 f"is {'not: ' + why if why else 'computed'})")
