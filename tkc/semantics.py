@@ -417,6 +417,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     # select-layouts output stays interpretable: a layout change moves no element.
     "hopper.convert_layout": lambda ctx, op, x, *scratch: x,
     "hopper.to_smem": lambda ctx, op, x: x,
+    "hopper.transpose_smem": lambda ctx, op, x: x,
 }
 
 

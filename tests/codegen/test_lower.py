@@ -168,6 +168,13 @@ def test_tcgen05_ops_only_on_a_tcgen05_target() -> None:
 
 # name -> what its PTX must contain (instruction text -> count), beyond assembling cleanly.
 FIXTURES = {
+    "attn_fp8": {
+        "prmt.b32": 16,  # two 4 x 4 blocks a thread of the 64 x 64 V tile, 8 byte selections each
+        "ld.shared.b32": 8,  # four source words a block
+        "st.shared.b32": 8,  # four destination words a block
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3": 4,  # S: 2 K steps (SS), P V: 2 (RS)
+        "cvt.rn.satfinite.e4m3x2.f32": 16,  # P packed: 2 K steps x 4 registers x 2, no rounding beside
+    },
     "masked_store": {
         "st.global.cs.b32": 16,  # a thread's 16 values of the 32x64 tile, one predicated store each
     },

@@ -34,18 +34,21 @@ from tkc.codegen.lower_values import (
     from_mem,
     llvm_call,
     mem_type,
+    pack_fp8x4,
     pack_pair,
     round_to,
     to_mem,
 )
 from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
-from tkc.codegen.nvvm import F32, I64
+from tkc.codegen.nvvm import F32, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
-from tkc.ir.layouts import SharedLayout, WgmmaAccumulator, first_holders, register_map, swizzle, vector_coords
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
+                            first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
+                            vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -173,6 +176,42 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         keep = [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
         vals, coords = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
     _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
+
+
+def _prmt(b: ir.IRBuilder, x: ir.Value, y: ir.Value, selector: int) -> ir.Value:
+    """``prmt.b32``: bytes of (``y``:``x``) picked by the four nibbles of ``selector``."""
+    return b.asm(ir.FunctionType(I32, [I32, I32]), f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r", [x, y],
+                 side_effect=False)
+
+
+def _smem_copy(lw: Lowerer, op: Operation) -> None:
+    """The transposing copy, 4 x 4 blocks of bytes a thread (``transpose_copy_block``): four
+    4-byte words read along the source's rows (the block's four destination columns), bytes
+    regrouped with eight ``prmt``, four words written along the destination's rows."""
+    src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
+    lay, b = dst.layout, lw.b
+    if lay.elem_bytes != 1:
+        raise TkcCodegenError(f"'{op.name}' transposes 8-bit tiles, not {lay.dtype.name}", op.loc)
+    try:
+        per = transpose_copy_blocks(lay.rows, lay.cols, lw.threads)
+    except ValueError as e:
+        raise TkcCodegenError(f"'{op.name}': {e}", op.loc) from None
+    # Addresses computed here, not hoisted out of the loop: 32 of them would stay live across it.
+    t = Sym(b, nvvm.opaque(b, lw.tid))
+    i32p = ir.PointerType(I32, addrspace=3)
+    for r in range(per):
+        row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
+        # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
+        ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
+        words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
+                 for k in ks]
+        stored = replace(lay, kperm=False)  # addressed by stored column
+        # A 4 x 4 byte transpose in eight prmt: interleave bytes 0-1 and 2-3 of word pairs, then
+        # halves; word v of the result holds byte v of each source word.
+        pairs = [_prmt(b, words[i], words[i + 1], sel) for i in (0, 2) for sel in (0x5140, 0x7362)]
+        out = [_prmt(b, pairs[h], pairs[2 + h], sel) for h in (0, 1) for sel in (0x5410, 0x7632)]
+        for v in range(TRANSPOSE_BLOCK):
+            b.store(out[v], b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:
@@ -500,6 +539,13 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
         a_ops: list = [[_select_by(b, wg, [desc(a_val, k, 64 * (slices * g + m)) for g in range(groups)])
                         for m in range(slices)] for k in range(steps)]
         trans_a = int(a_val.layout.major == "mn")
+    elif a_dt.bits == 8:
+        lay = op.a.type.layout
+        if not isinstance(lay, WgmmaOperandA8) or lay.k_steps != steps:
+            raise TkcCodegenError("an 8-bit register A operand is #wgmma_a8 with B's K", op.loc)
+        a_ops = [[[pack_fp8x4(b, [a_val[i] for i in reg], a_dt) for reg in lay.step_values(k, m)]
+                  for m in range(slices)] for k in range(steps)]
+        trans_a = 0
     else:
         lay = op.a.type.layout
         if a_dt.bits != 16 or lay.k_steps != steps:
@@ -814,6 +860,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.smem_store": _smem_store,
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
+    "hopper.smem_copy": _smem_copy,
     "hopper.wgmma_wait": _wgmma_wait,
     "hopper.wgmma_wait_group": _wgmma_wait_group,
     **GLOBAL,

@@ -98,6 +98,26 @@ def fp8_decode(b: ir.IRBuilder, byte16: ir.Value, dt: DType) -> ir.Value:
     return b.asm(ir.FunctionType(F32, [I16]), asm, "=f,h", [byte16], side_effect=False)
 
 
+def pack_fp8x4(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> ir.Value:
+    """Four fp8 values (their f32 register form) as one b32, ``vals[0]`` in the low byte: two
+    ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` and a ``mov.b32``.  A value that :func:`round_to` just
+    rounded is converted from its unrounded f32 (rounding twice is rounding once), which leaves
+    the separate rounding dead."""
+    def source(v: ir.Value) -> ir.Value:
+        # round_to's fp8_decode(fp8_encode(x)): a call whose argument is a call on x
+        if isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm:
+            enc = v.args[0]
+            if isinstance(enc, ir.CallInstr) and isinstance(enc.callee, ir.InlineAsm) and "satfinite" in enc.callee.asm:
+                return enc.args[0]
+        return v
+
+    src = [source(v) for v in vals]
+    cvt = ir.FunctionType(I16, [F32, F32])
+    asm = f"cvt.rn.satfinite.{_FP8[dt.name]}.f32 $0, $1, $2;"
+    lo, hi = (b.asm(cvt, asm, "=h,f,f", [src[2 * h + 1], src[2 * h]], side_effect=False) for h in (0, 1))
+    return b.asm(ir.FunctionType(I32, [I16, I16]), "mov.b32 $0, {$1, $2};", "=r,h,h", [lo, hi], side_effect=False)
+
+
 def _narrow_type(dt: DType) -> ir.Type:
     return BF16 if dt == dtypes.bf16 else HALF
 

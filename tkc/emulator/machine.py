@@ -58,9 +58,10 @@ from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, tma_map_box, tma_row_axis
-from tkc.ir.layouts import (SharedLayout, WgmmaAccumulator, WgmmaOperandA, broadcast_slots, expand_is_free,
-                            first_holders, reduce_plan, register_map, same_registers, scan_plan, transposes,
-                            vector_coords)
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
+                            a8_logical_col, broadcast_slots,
+                            expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
+                            transpose_copy_block, transpose_copy_blocks, transposes, vector_coords)
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
@@ -957,6 +958,26 @@ def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile)
     wg.cta.smem.write_elements(dst.offsets(coords), value, dst.layout.dtype, writer=_who(op, wg))
 
 
+def _smem_copy(wg: _Warpgroup, op: Operation, src: SmemTile, dst: SmemTile) -> None:
+    """This warpgroup's threads' blocks of the transposing copy (``transpose_copy_block``), each
+    element read where ``src`` keeps it and written where ``dst`` does (generic proxy)."""
+    lay = dst.layout
+    if (src.layout.rows, src.layout.cols) != (lay.cols, lay.rows) or lay.elem_bytes != 1:
+        raise _fault(op, f"copies an 8-bit tile into a transposed one, not {src.layout} -> {lay}")
+    per = transpose_copy_blocks(lay.rows, lay.cols, wg.threads)
+    t = 128 * wg.local + np.arange(128)[:, None, None, None]
+    r = np.arange(per)[None, :, None, None]
+    v = np.arange(TRANSPOSE_BLOCK)[None, None, :, None]
+    u = np.arange(TRANSPOSE_BLOCK)[None, None, None, :]
+    row0, col0 = transpose_copy_block(lay.rows, lay.cols, wg.threads, t, r)
+    n, k = np.broadcast_arrays(row0 + v, col0 + u)  # stored (rows x cols) = (N, K); the tile is K x N
+    if lay.kperm:
+        k = a8_logical_col(k)  # stored column k holds this column of the tile
+    who = _who(op, wg)
+    vals = wg.cta.smem.read_elements(src.base + src.layout.offset(k, n), lay.dtype, reader=who)
+    wg.cta.smem.write_elements(dst.base + lay.offset(n, k), vals, lay.dtype, writer=who)
+
+
 def _fence_proxy_async(wg: _Warpgroup, op: Operation) -> None:
     wg.cta.smem.fence_proxy_async()
 
@@ -1111,8 +1132,8 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
         steps = la.k_steps
     else:
         a_layout = _reg_layout(op, op.a.type)
-        if not isinstance(a_layout, WgmmaOperandA):
-            raise _fault(op, f"A in registers must be #wgmma_a, got {a_layout}")
+        if not isinstance(a_layout, (WgmmaOperandA, WgmmaOperandA8)):
+            raise _fault(op, f"A in registers must be #wgmma_a or #wgmma_a8, got {a_layout}")
         steps = a_layout.k_steps
     if steps != lb.k_steps:
         raise _fault(op, f"A has {steps} K steps, B {lb.k_steps}")
@@ -1123,6 +1144,8 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
             if isinstance(a, SmemTile):
                 a_in: int | np.ndarray = a.layout.descriptor(a.base, s, 64 * (slices * wg.local + m))
                 trans_a = a.layout.major == "mn"
+            elif isinstance(a_layout, WgmmaOperandA8):  # bytes in register order: 4 r + b
+                a_in, trans_a = np.ascontiguousarray(a[:, np.ravel(a_layout.step_values(s, m))]), False
             else:
                 regs = [2 * r + h for r in a_layout.step_registers(s, m) for h in (0, 1)]
                 a_in, trans_a = np.ascontiguousarray(a[:, regs]), False
@@ -1189,6 +1212,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
     "hopper.smem_store": _smem_store,
+    "hopper.smem_copy": _smem_copy,
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
 }

@@ -6,7 +6,8 @@ A wgmma is one vectorized gather + matmul + scatter, never a loop over threads:
    ``layouts.descriptor_address`` decodes from the 64-bit descriptors (the hardware's view:
    if a descriptor or a layout is wrong, the wrong bytes are read).  The reads go through
    the async proxy, so generic stores not followed by ``fence.proxy.async`` are an error.
-   In the RS form A comes from registers laid out by ``WgmmaOperandA``.
+   In the RS form A comes from registers laid out by ``WgmmaOperandA`` (16-bit), or as 8-bit
+   bytes in register order, placed by the hardware's reading (``layouts.a8_register``).
 2. D = A @ B^T is computed in float64 and added to the accumulator with one rounding to
    f32 per instruction (exact whenever the true sum is an f32; the GPU's internal summation
    order may differ in the last bit otherwise).
@@ -26,7 +27,7 @@ from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.emulator.smem import SharedMemory
 from tkc.errors import TkcEmulatorError
-from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, descriptor_address
+from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, a8_register, descriptor_address
 
 Fragment = WgmmaAccumulator | WgmmaOperandA
 
@@ -67,8 +68,9 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
     warpgroup's ``WgmmaAccumulator(n)`` fragment) is updated in place and returned.
 
     ``a`` is a descriptor (SS form; ``trans_a`` = MN-major) or the A registers (RS form,
-    128 x k/2 values of ``WgmmaOperandA(k)``).  ``trans_b`` = B is MN-major.  ``scale_d``
-    false means D = A.B (pD = 0); ``scale_a``/``scale_b`` are the +-1 negation immediates.
+    128 x k/2 values of ``WgmmaOperandA(k)``; 8-bit: 128 x 16, byte b of register r at
+    4 r + b).  ``trans_b`` = B is MN-major.  ``scale_d`` false means D = A.B (pD = 0);
+    ``scale_a``/``scale_b`` are the +-1 negation immediates.
     """
     dtype_b = dtype_b or dtype
     if m != 64:
@@ -92,9 +94,17 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
 
     kk = np.arange(k)[None, :]
     if isinstance(a, np.ndarray):
-        if eb != 2 or trans_a:
-            raise TkcEmulatorError(f"{op}: A from registers is K-major f16/bf16 only")
-        a_tile = fragment_to_tile(a, WgmmaOperandA(k)).astype(np.float32)
+        if trans_a:
+            raise TkcEmulatorError(f"{op}: A from registers has no transpose")
+        if eb == 1:  # four b32 registers of four bytes, read as the hardware reads them
+            a_tile = np.empty((64, k), np.float32)
+            t = np.arange(128)
+            for r in range(4):
+                for byte in range(4):
+                    row, col = a8_register(t, r, byte)
+                    a_tile[row, col] = a[:, 4 * r + byte]
+        else:
+            a_tile = fragment_to_tile(a, WgmmaOperandA(k)).astype(np.float32)
         if not np.array_equal(dtypes.round_to(a_tile, dtype), a_tile, equal_nan=True):
             raise TkcEmulatorError(f"{op}: A registers hold values that are not {dtype} (convert them first)")
     else:

@@ -111,6 +111,11 @@ class SharedLayout:
 
     ``major`` says what wgmma sees: "k" when ``cols`` is K (A as MxK, B as NxK), "mn" when
     ``cols`` is M or N (B as KxN row-major, A as KxM).  It changes descriptors, not offsets.
+
+    ``kperm`` (8-bit, K-major B only): each 32 columns of K are stored in the order in which an
+    8-bit A operand in registers (``WgmmaOperandA8``) reads them, ``a8_stored_col``: column
+    c lies at ``a8_stored_col(c)``.  The product is then P V with P's columns and V's rows
+    permuted alike, and an accumulator becomes an A operand without moving a value.
     """
 
     rows: int
@@ -118,6 +123,7 @@ class SharedLayout:
     dtype: DType
     major: str = "k"
     swizzle: int = 128
+    kperm: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype.bits not in (8, 16, 32, 64):
@@ -130,6 +136,8 @@ class SharedLayout:
             raise ValueError(f"rows must be a positive multiple of 8 (the swizzle repeat), got {self.rows}")
         if self.cols <= 0 or self.cols * self.elem_bytes % self.atom_bytes:
             raise ValueError(f"{self.cols} x {self.dtype} is not a multiple of the {self.atom_bytes}-B atom")
+        if self.kperm and (self.major != "k" or self.dtype.bits != 8 or self.cols % 32):
+            raise ValueError("a K permutation is for 8-bit K-major tiles of whole k32 steps")
 
     @property
     def elem_bytes(self) -> int:
@@ -166,7 +174,7 @@ class SharedLayout:
         r, c = _ints(row), _ints(col)
         _check_range("row", r, self.rows)
         _check_range("col", c, self.cols)
-        return swizzle(self._linear(r, c), self.swizzle)
+        return swizzle(self._linear(r, a8_stored_col(c) if self.kperm else c), self.swizzle)
 
     def tma_box(self) -> TmaBox:
         """Box dims for cuTensorMapEncodeTiled: one atom wide, at most 256 rows (§3)."""
@@ -223,7 +231,8 @@ class SharedLayout:
         return encode_descriptor(base_addr + int(start), lbo, sbo, self.swizzle)
 
     def __str__(self) -> str:
-        return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}>"
+        perm = ", kperm" if self.kperm else ""
+        return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}{perm}>"
 
 
 def read_as(layout: SharedLayout, major: str | None) -> SharedLayout:
@@ -483,6 +492,58 @@ class WgmmaOperandA(_Fragment):
 
     def __str__(self) -> str:
         return _frag_text("wgmma_a", self.n, self.warpgroups, self.slices)
+
+
+def a8_register(t: Any, r: int, byte: int) -> tuple[Any, int]:
+    """(row, k) of one 64 x 32 K-step of an 8-bit wgmma A operand in registers that byte ``byte``
+    of b32 register ``r`` of thread ``t`` holds: the hardware's reading (CUTLASS
+    ``ALayout_64x32``: row = 16 warp + lane/4 + 8 (r&1), k = 4 (lane%4) + byte + 16 (r>>1))."""
+    lane = t % 32
+    return t // 32 % 4 * 16 + lane // 4 + 8 * (r & 1), lane % 4 * 4 + byte + 16 * (r >> 1)
+
+
+def a8_logical_col(c: Any) -> Any:
+    """The column of a 32-wide block of an accumulator that ``WgmmaOperandA8`` hands wgmma as
+    K position ``c``: the thread holding k = 4q + 2g + e (q = lane % 4) holds accumulator
+    columns 8g + 2q + e, and 16 on for k >= 16.  Operators only (ints, arrays, codegen symbols)."""
+    return c - c % 16 + c // 2 % 2 * 8 + c // 4 % 4 * 2 + c % 2
+
+
+def a8_stored_col(c: Any) -> Any:
+    """The inverse of :func:`a8_logical_col`: where logical column ``c`` goes."""
+    return c - c % 16 + c // 8 % 2 * 2 + c // 2 % 4 * 4 + c % 2
+
+
+@dataclass(frozen=True)
+class WgmmaOperandA8(_Fragment):
+    """An 8-bit A operand of an RS wgmma from registers, 64 x K per warpgroup (``#wgmma_a8<K>``),
+    holding each element where the accumulator of a 64 x K tile holds it: an accumulator (P in
+    attention) becomes one without moving a value.  wgmma reads K-step s from b32 registers
+    packed by ``step_values``, which in the hardware's order (``a8_register``) is the tile's
+    columns permuted by ``a8_logical_col``; the B operand is stored permuted alike
+    (``SharedLayout.kperm``), so the product is the same."""
+
+    _granule = 32
+
+    @property
+    def k_steps(self) -> int:
+        return self.n // 32
+
+    def step_values(self, k_step: int, slice_: int = 0) -> list[list[int]]:
+        """The thread's values packed into the four b32 registers of K-step ``k_step`` of 64-row
+        slice ``slice_``, bytes 0..3 each: register r byte b is accumulator value
+        j = 16 s + 4 (2 (r>>1) + (b>>1)) + 2 (r&1) + (b&1) of the slice, at the element
+        (row + 8 (r&1), 32 s + a8_logical_col(k)) that wgmma reads as (row, k)."""
+        if not 0 <= k_step < self.k_steps:
+            raise ValueError(f"k_step {k_step} out of range [0, {self.k_steps})")
+        if not 0 <= slice_ < self.slices:
+            raise ValueError(f"slice {slice_} out of range [0, {self.slices})")
+        first = self.slice_regs * slice_ + 16 * k_step
+        return [[first + 4 * (2 * (r >> 1) + (b >> 1)) + 2 * (r & 1) + (b & 1) for b in range(4)]
+                for r in range(4)]
+
+    def __str__(self) -> str:
+        return _frag_text("wgmma_a8", self.n, self.warpgroups, self.slices)
 
 
 @dataclass(frozen=True)
@@ -966,6 +1027,55 @@ def vector_coords(coords: tuple, shape: tuple[int, ...], layout: SharedLayout) -
     return flat // layout.cols, flat % layout.cols
 
 
+# --------------------------------------------------------------------------- shared copies
+#: A transposing shared-to-shared copy moves 4 x 4 blocks of 8-bit elements: a thread reads
+#: four 4-byte words along the source's rows and writes four along the destination's.
+TRANSPOSE_BLOCK = 4
+
+
+#: A warp's share of the swizzle-aware order: 32 rows x 64 columns of the destination.
+_WARP_ROWS, _WARP_COLS = 32, 64
+
+
+def transpose_copy_blocks(rows: int, cols: int, threads: int) -> int:
+    """Blocks of ``hopper.smem_copy``'s transposing copy each thread moves, for a destination
+    stored ``rows x cols``: all threads share the 4 x 4 blocks evenly.  ValueError if they cannot."""
+    b = TRANSPOSE_BLOCK
+    if rows % b or cols % b or (rows // b) * (cols // b) % threads:
+        raise ValueError(f"a {rows} x {cols} tile is not {threads} threads' share of {b} x {b} blocks")
+    return (rows // b) * (cols // b) // threads
+
+
+def _warp_order(rows: int, cols: int, threads: int) -> bool:
+    return rows % _WARP_ROWS == 0 and cols % _WARP_COLS == 0 and threads % 32 == 0 and \
+        (rows // _WARP_ROWS) * (cols // _WARP_COLS) * 4 % (threads // 32) == 0
+
+
+def transpose_copy_block(rows: int, cols: int, threads: int, t: Any, r: int) -> tuple[Any, Any]:
+    """(row, col) of the first element of block ``r`` that thread ``t`` moves, in the
+    destination's stored coordinates (rows x cols).  ``t``: an int, array or codegen symbol.
+
+    Where the tile allows, a warp's 32 blocks of one instruction sit so that 128-B-swizzled
+    source and destination rows are read and written without bank conflicts: lane = (w, c, q)
+    (w = lane / 8, c = lane / 4 % 2, q = lane % 4) takes destination rows 16 c + 4 w on and
+    columns 16 ((2 c + w / 2 + x) % 4) + 4 q on of its warp's 32 x 64 region, where the
+    rotation x (0..3) and the region come from the warp and ``r``: the words a warp reads share
+    a source row's 16-B chunk only across different rows (the swizzle puts them in other
+    banks), and the rows it writes lie in other chunks (tests/examples/test_attn_fp8.py counts
+    the conflicts).  Elsewhere consecutive threads take consecutive blocks of a row."""
+    if not _warp_order(rows, cols, threads):
+        per_row = cols // TRANSPOSE_BLOCK
+        block = t + threads * r
+        return block // per_row * TRANSPOSE_BLOCK, block % per_row * TRANSPOSE_BLOCK
+    lane, slot = t % 32, t // 32 + threads // 32 * r
+    q, c, w = lane % 4, lane // 4 % 2, lane // 8
+    x, region = slot % 4, slot // 4
+    per_row = cols // _WARP_COLS
+    row = region // per_row * _WARP_ROWS + c * 16 + w * 4
+    col = region % per_row * _WARP_COLS + (c * 2 + w // 2 + x) % 4 * 16 + q * 4
+    return row, col
+
+
 # --------------------------------------------------------------------------- reductions
 @lru_cache(maxsize=256)
 def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:
@@ -1164,11 +1274,11 @@ def scan_plan(layout: DistributedLayout, axis: int) -> ScanPlan:
 
 # --------------------------------------------------------------------------- parsers
 def _parse_smem(text: str) -> SharedLayout:
-    m = re.fullmatch(r"\s*(\d+)x(\d+)x(\w+)\s*,\s*(k|mn)\s*,\s*sw(\d+)\s*", text)
+    m = re.fullmatch(r"\s*(\d+)x(\d+)x(\w+)\s*,\s*(k|mn)\s*,\s*sw(\d+)\s*(,\s*kperm\s*)?", text)
     dt = dtypes.from_name(m.group(3)) if m else None
     if m is None or dt is None:
-        raise ValueError("expected '<rows>x<cols>x<dtype>, k|mn, sw<0|32|64|128>'")
-    return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)))
+        raise ValueError("expected '<rows>x<cols>x<dtype>, k|mn, sw<0|32|64|128>[, kperm]'")
+    return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)), bool(m.group(6)))
 
 
 def _frag_args(text: str) -> tuple[int, int, int]:
@@ -1237,6 +1347,7 @@ LAYOUT_PARSERS.update({
     "smem": _parse_smem,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),
+    "wgmma_a8": lambda text: WgmmaOperandA8(*_frag_args(text)),
     "tmem_acc": lambda text: TmemAccumulator(*_frag_args(text)[:2]),
     "blocked": _parse_blocked,
     "slice": _parse_slice,

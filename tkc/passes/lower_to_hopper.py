@@ -79,6 +79,10 @@ class _Waits(NamedTuple):
     period: int
 
 
+def _owner(v: Value) -> Operation | None:
+    return getattr(v, "owner", None)
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -521,14 +525,37 @@ class _Lowering:
         loop, the previous iteration's wgmmas must be done with the tile first."""
         dst = self._alloc(op.result.type, op.loc)
         dst.name_hint = (op.x.name_hint or "tile") + "_smem"
-        b = Builder.before(op)  # after the allocation: it shifts the kernel body's indices
+        # after the allocation: it shifts the kernel body's indices
+        self._write_for_wgmma(op, Builder.before(op), hopper.SmemStoreOp, dst)
+
+    def _write_for_wgmma(self, op: Operation, b: Builder, write: type, dst: Value) -> None:
+        """``write`` of ``op.x`` into ``dst`` by every thread at ``b``, between the barriers that
+        let wgmma read ``dst`` (a barrier first in a loop: the previous iteration's products are
+        done with it; the proxy fence and a barrier after); ``dst`` replaces ``op``."""
         if self._in_loop(op):
             b.create(hopper.BarrierOp, attrs={"id": 0})
-        b.create(hopper.SmemStoreOp, [op.x, dst])
+        b.create(write, [op.x, dst])
         b.create(hopper.FenceProxyAsyncOp)
         b.create(hopper.BarrierOp, attrs={"id": 0})
         replace_all_uses(self.kernel, op.result, dst)
         op.erase()
+
+    def _transpose_smem(self, op: Operation) -> None:
+        """Every thread copies its share of a shared tile into one stored the other way round
+        (``hopper.smem_copy``), fenced for the async proxy wgmma reads through and followed by a
+        barrier, after which wgmma may read the copy and the original may be refilled.  In a
+        loop, the previous iteration's wgmmas must be done with the copy first."""
+        dst = self._alloc(op.result.type, op.loc)
+        dst.name_hint = (op.x.name_hint or "tile") + "_t_smem"
+        b = Builder.before(op)
+        ops = op.parent.ops
+        prev = ops[ops.index(op) - 1] if ops.index(op) else None
+        if prev is not None and prev.name == "hopper.wgmma_wait" and _owner(prev.x).name == "hopper.wgmma" \
+                and op.x not in (_owner(prev.x).a, _owner(prev.x).b):
+            # Attention's S = Q K^T is still on the tensor cores while the threads copy V: its
+            # wait comes after the copy (the product reads neither tile of it).
+            b = Builder.before(prev)
+        self._write_for_wgmma(op, b, hopper.SmemCopyOp, dst)
 
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
@@ -573,4 +600,5 @@ _LOWER = {
     "tile.cluster_reduce": _Lowering._cluster_reduce,
     "hopper.convert_layout": _Lowering._convert,
     "hopper.to_smem": _Lowering._to_smem,
+    "hopper.transpose_smem": _Lowering._transpose_smem,
 }

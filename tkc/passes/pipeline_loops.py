@@ -34,8 +34,12 @@ kernel from having one.  Its iterations count across the runs of the inner loop 
 times the trip count, or, when the trip count changes from tile to tile (causal attention),
 from a count the tile loop carries.
 
+A tile copied into another shared tile by the consumers (``hopper.smem_copy``: an 8-bit V
+transposed for wgmma) is released at the barrier behind the copy, before the products read
+the copy.
+
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
-wgmma, or place shared memory (``allocate-smem`` does).
+wgmma and ``hopper.smem_copy``, or place shared memory (``allocate-smem`` does).
 """
 
 from __future__ import annotations
@@ -165,7 +169,8 @@ class _Pipeliner:
         for d in g.dsts:
             if _owner(d).attributes.get("stages", 1) != 1:
                 return False
-            if any(u.name not in ("hopper.tma_load", "hopper.wgmma") or not self._inside(u, g.loop)
+            if any(u.name not in ("hopper.tma_load", "hopper.wgmma", "hopper.smem_copy") or not self._inside(u, g.loop)
+                   or u.name == "hopper.smem_copy" and u.src is not d
                    for u in all_uses.get(d, [])):
                 return False
         bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
@@ -284,7 +289,11 @@ class _Pipeliner:
         releases = []
         for ring, free in empties.items():
             dsts = [d for d, r in zip(g.dsts, full) if r is ring]
-            releases.append((max(body.ops.index(op) for op in body.ops if self._reads_stage(op, dsts)), free))
+            last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, dsts))
+            if body.ops[last].name == "hopper.smem_copy":
+                # Every thread's reads of the stage are done at the barrier behind the copy.
+                last = next(i for i in range(last, len(body.ops)) if body.ops[i].name == "hopper.barrier")
+            releases.append((last, free))
         for last, free in sorted(releases, key=lambda x: x[0], reverse=True):
             r = Builder(body, last + 1, loc)
             r.create(hopper.MBarrierArriveOp, [self._at(r, free, stage, MBARRIER)])
@@ -386,6 +395,8 @@ class _Pipeliner:
     def _reads_stage(op: Operation, dsts: list[Value]) -> bool:
         """Whether ``op`` (a top-level op of the loop body) waits for a wgmma that reads one of
         the (staged) tiles ``dsts``."""
+        if op.name == "hopper.smem_copy":
+            return op.src in dsts or _ring_stage(op.src, dsts)
         return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, dsts) for inner in op.walk())
 
     def _base(self, loop: Operation, trip: Value) -> Value | None:

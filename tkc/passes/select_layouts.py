@@ -54,12 +54,14 @@ from tkc.ir.layouts import (
     TmemAccumulator,
     WgmmaAccumulator,
     WgmmaOperandA,
+    WgmmaOperandA8,
     choose_blocked,
     choose_swizzle,
     core_matrix_misfit,
     read_as,
     reshape_layout,
     scan_plan,
+    transpose_copy_blocks,
     transpose_layout,
 )
 from tkc.ir.types import TileType
@@ -231,6 +233,7 @@ class _Selector:
         staged_copies: dict[tuple[Value, SharedLayout], Value] = {}
         tma = self.options.tma and self.target.tma
         for mma in [op for op in self.kernel.walk() if op.name == "tile.mma"]:
+            b_copied = self._b_transposed_in_smem(mma, tma)
             for which in ("a", "b"):
                 v = getattr(mma, which)
                 view = _def(v)
@@ -243,9 +246,10 @@ class _Selector:
                 staged = not loaded or bool(why)
                 if transposed and load is not None and load.name == "hopper.to_smem":
                     continue  # a view an earlier product staged (it read the same tile): done
-                if staged and which == "a" and not transposed and v.type.dtype.bits == 16 and not loaded \
+                in_regs = v.type.dtype.bits == 16 or v.type.dtype.bits == 8 and b_copied
+                if staged and which == "a" and not transposed and in_regs and not loaded \
                         and self.target.mma != "tcgen05":
-                    continue  # computed in registers: converted to #wgmma_a later, no shared memory
+                    continue  # computed in registers: converted to #wgmma_a(8) later, no shared memory
                 # (tcgen05.mma reads A from shared or tensor memory: a register A is staged below.)
                 if staged and src.type.dtype.bits not in self.target.mma_operand_bits:
                     raise self._unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
@@ -256,8 +260,20 @@ class _Selector:
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
                 if major == "mn" and src.type.dtype.bits != 16:
+                    if which == "b" and b_copied:
+                        self._transpose_b(mma, load, kperm=mma.a not in self.smem)
+                        continue
+                    if which == "a":
+                        hint = ""
+                    elif self.target.mma == "tcgen05":
+                        hint = (" (a B tile that TMA copies as it lies is transposed in shared memory for wgmma; "
+                                "this target's products do not take one yet)")
+                    else:
+                        hint = (f" (a B tile that TMA copies as it lies is transposed in shared memory; this one "
+                                f"is {'not: ' + why if why else 'computed'})")
                     raise self._unsupported(mma, f"{src.type.dtype.name} operands must be K-major: store "
-                                            f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}")
+                                            f"{'A as MxK' if which == 'a' else 'B transposed (N x K) and use .T'}"
+                                            + hint)
                 try:
                     layout = SharedLayout(rows, cols, src.type.dtype, major, choose_swizzle(cols, src.type.dtype))
                     layout.tma_box()
@@ -296,7 +312,7 @@ class _Selector:
         # Readers of a shared tile other than wgmma get their own register copy.
         users = uses(self.kernel)
         for v in list(self.smem):
-            others = [u for u in users.get(v, []) if u.name != "tile.mma"
+            others = [u for u in users.get(v, []) if u.name not in ("tile.mma", "hopper.transpose_smem")
                       and not (u.name == "tile.transpose" and u.result in self.smem)]
             if others and _def(v).name == "tile.load":
                 copy = self._clone_load(_def(v), None)
@@ -304,6 +320,45 @@ class _Selector:
                     u.operands = [copy if x is v else x for x in u.operands]
             elif others:
                 raise self._unsupported(others[0], "a transposed shared tile can only feed @")
+
+    def _b_transposed_in_smem(self, mma: Operation, tma: bool) -> bool:
+        """Whether ``mma``'s B is an 8-bit [K, N] tile (MN-major) that TMA copies as it lies and
+        the consumers transpose in shared memory (:meth:`_transpose_b`)."""
+        load = _def(mma.b)
+        return (self.target.mma != "tcgen05" and tma and mma.b.type.dtype.bits == 8 and load is not None
+                and load.name == "tile.load" and not tma_loadable(load, self.target))
+
+    def _transpose_b(self, mma: Operation, load: Operation, kperm: bool) -> None:
+        """An 8-bit B operand [K, N] copied by TMA as it lies (N contiguous, MN-major) and
+        rewritten in shared memory as [N, K], K contiguous (``hopper.transpose_smem``): wgmma
+        reads 8-bit operands K-major only.  Attention's V needs no transposed copy in memory.
+        With A in registers (``kperm``: P converted from S's accumulator), K is stored in the
+        order ``WgmmaOperandA8`` reads it, so P needs no shuffle."""
+        src = load.result
+        k, n = src.type.shape
+        dt = src.type.dtype
+        try:
+            placed = SharedLayout(k, n, dt, "mn", choose_swizzle(n, dt))
+            placed.tma_box()
+            kmajor = SharedLayout(n, k, dt, "k", choose_swizzle(k, dt), kperm)
+            kmajor.tma_box()
+            transpose_copy_blocks(n, k, self.threads)
+        except ValueError as e:
+            raise self._unsupported(mma, f"cannot transpose this {dt.name} B operand in shared memory for "
+                                         f"wgmma: {e}") from None
+        if src in self.smem and src.type.layout != placed:
+            src = self._clone_load(load, only_user=mma)
+        src.type = TileType(src.type.shape, dt, "smem", placed)
+        self.smem.add(src)
+        # Right after the last product before this one (attention's S = Q K^T), where lower-to-hopper
+        # lets the copy run while that product is in flight; else right before this one.
+        ops = mma.parent.ops
+        first = ops.index(_def(src)) + 1 if _def(src) in ops else 0
+        earlier = [op for op in ops[first:ops.index(mma)] if op.name == "tile.mma"]
+        b = Builder(mma.parent, ops.index(earlier[-1]) + 1, mma.loc) if earlier else Builder.before(mma)
+        t = b.value(hopper.TransposeSmemOp, [src], TileType(src.type.shape, dt, "smem", kmajor), loc=mma.loc)
+        mma.operands = [t if (x is src or x is load.result) and i == 1 else x for i, x in enumerate(mma.operands)]
+        self.smem.add(t)
 
     def _stage(self, src: Value, layout: SharedLayout, user: Operation) -> Value:
         """A ``hopper.to_smem`` of ``src`` right after it is defined (so a tile loaded before a
@@ -527,7 +582,8 @@ class _Selector:
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
                 k = op.a.type.shape[1]
-                self._need(op, 0, WgmmaOperandA(k, self.warpgroups, self.slices))
+                a8 = op.a.type.dtype.bits == 8
+                self._need(op, 0, (WgmmaOperandA8 if a8 else WgmmaOperandA)(k, self.warpgroups, self.slices))
         elif name == "tile.for":
             body = op.regions[0].block
             for i, (arg, res) in enumerate(zip(body.args[1:], op.results)):

@@ -617,6 +617,50 @@ class ToSmemOp(Operation):
 
 
 @register
+class TransposeSmemOp(Operation):
+    """A shared tile copied into a shared tile of its own that stores it the other way round
+    (what ``select-layouts`` asks for when an 8-bit ``@`` B operand is MN-major: wgmma reads
+    8-bit operands K-major only, so attention's V [BN, D] is rewritten as [D, BN], K
+    contiguous).  ``lower-to-hopper`` expands it into the allocation, ``hopper.smem_copy``,
+    the proxy fence and the barrier."""
+
+    name = "hopper.transpose_smem"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        x, r = self.x.type, self.result.type
+        if not _smem(x) or not _smem(r) or r.shape != x.shape or r.dtype != x.dtype:
+            raise self.error(f"copies a shared tile into a shared tile of its shape and dtype, not {x} -> {r}")
+        _check_view(self, x, "the operand")
+        _check_view(self, r, "the result")
+        if (x.layout.rows, x.layout.cols) != x.shape or (r.layout.cols, r.layout.rows) != r.shape:
+            raise self.error("the operand is stored as its own shape and the result transposed")
+
+
+@register
+class SmemCopyOp(Operation):
+    """Every thread copies its share of the 8-bit shared tile ``src`` into ``dst``, which stores
+    it transposed: element (i, j) of ``src``'s stored ``rows x cols`` at (j, i) of ``dst``'s
+    (``layouts.transpose_copy_block`` says which thread moves which 4 x 4 block).  Generic-proxy
+    reads and writes, so a wgmma reading ``dst`` needs ``hopper.fence_proxy_async`` and a
+    barrier after it."""
+
+    name = "hopper.smem_copy"
+    OPERANDS = ("src", "dst")
+
+    def verify(self) -> None:
+        s, d = self.src.type, self.dst.type
+        if not _smem(s) or not _smem(d) or s.shape != d.shape or s.dtype != d.dtype:
+            raise self.error(f"copies a shared tile into one of its shape and dtype, not {s} -> {d}")
+        _check_view(self, s, "the source")
+        _check_view(self, d, "the destination")
+        if (s.layout.rows, s.layout.cols) != (d.layout.cols, d.layout.rows) or s.dtype.bits != 8:
+            raise self.error(f"stores an 8-bit tile transposed, not {s.layout} -> {d.layout}")
+
+
+@register
 class FenceProxyAsyncOp(Operation):
     """``fence.proxy.async.shared::cta``: this thread's generic writes to shared memory are seen by the async
     proxy (a TMA store or wgmma reading them next)."""
@@ -646,7 +690,7 @@ class WgmmaOp(Operation):
         return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
 
     def verify(self) -> None:
-        from tkc.ir.layouts import WgmmaOperandA, is_accumulator
+        from tkc.ir.layouts import WgmmaOperandA, WgmmaOperandA8, is_accumulator
 
         # A #tmem_acc accumulator is a tcgen05 product before lower-to-blackwell rewrites it.
         acc, r = self.acc.type, self.result.type
@@ -662,8 +706,11 @@ class WgmmaOp(Operation):
             _check_view(self, a, "A")
             la = self.operand_layout("a")
             am, ak = (la.rows, la.cols) if la.major == "k" else (la.cols, la.rows)
-        elif _reg(a) and isinstance(a.layout, WgmmaOperandA):
+        elif _reg(a) and isinstance(a.layout, (WgmmaOperandA, WgmmaOperandA8)):
             am, ak = a.shape
+            if isinstance(a.layout, WgmmaOperandA8) != (a.dtype.bits == 8):
+                raise self.error(f"an A operand in registers is #wgmma_a8 for 8-bit values, #wgmma_a for 16-bit, "
+                                 f"got {a}")
             if a.layout.warpgroups != acc.layout.warpgroups:
                 raise self.error("A and the accumulator span different warpgroups")
         else:
@@ -673,6 +720,9 @@ class WgmmaOp(Operation):
         _check_view(self, b, "B")
         lb = self.operand_layout("b")
         bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
+        if lb.kperm != (_reg(a) and isinstance(a.layout, WgmmaOperandA8)):
+            raise self.error("B's K is stored permuted (kperm) exactly when A is a #wgmma_a8 register tile, "
+                             f"got A {a} and B {lb}")
         if am != m or bn != n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {m}x{n}")
         if n not in WGMMA_N:
