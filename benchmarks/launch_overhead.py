@@ -222,6 +222,10 @@ def main() -> None:
             tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
             xg = x.detach().clone().requires_grad_()  # the backward recorded: training's forward
             tkc_cases["tkc.ops.rms_norm(x, w), x needs grad"] = lambda: tkc.ops.rms_norm(xg, w, 1e-6)
+            # The same operator through torch's dispatcher (what tkc.ops ran with a gradient before
+            # its eager autograd.Function): what that path saves.
+            tkc_cases["torch.ops.tkc.rms_norm (dispatcher), x needs grad"] = \
+                lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
         torch_cases = {  # per tkc row, torch's launches of the same product
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [

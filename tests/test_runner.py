@@ -75,3 +75,21 @@ def test_a_check_fails_when_the_emulator_is_wrong(monkeypatch: pytest.MonkeyPatc
     assert not result.ok
     y = result.checked[1]
     assert y.name == "y" and y.bad == y.total == 2 * 6144
+
+
+def test_a_kernel_that_rounds_through_fp8_is_compared_within_fp8_ulps() -> None:
+    """attn_fp8.tk rounds P to e4m3: its bf16 output is compared within e4m3's ulps; attention
+    in bf16 keeps bf16's, and f32 outputs of kernels with bf16 casts keep f32's."""
+    from tkc import dtypes
+    from tkc.compiler import compile_kernel
+    from tkc.runner import narrowest_cast, tolerance
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+
+    def kernel(name: str, **k):
+        return compile_kernel(examples / name, stop="tkir", cache=False, **k).kernel_op
+
+    assert narrowest_cast(kernel("attn_fp8.tk")) == 8
+    assert tolerance(dtypes.bf16, narrowest_cast(kernel("attn_fp8.tk"))) == (2**-3, 2**-3)
+    assert tolerance(dtypes.bf16, narrowest_cast(kernel("attn.tk"))) == (2**-6, 2**-6)
+    assert tolerance(dtypes.f32, narrowest_cast(kernel("attn_train.tk", kernel="attn_bwd"))) == (1e-4, 1e-4)

@@ -30,6 +30,8 @@ def both(op, inputs: list[torch.Tensor], scalars: tuple, kwargs: dict, grad_mask
         leaves = [t.clone().requires_grad_(m) for t, m in zip(inputs, grad_mask)]
         out = op.tkc_function.apply(*leaves, *scalars, kwargs) if via_function else op(*leaves, *scalars, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
+        if via_function:
+            assert type(first.grad_fn).__name__ == f"{op.tkc_kernel.name}_autogradBackward"
         first.backward(bf16(*first.shape, seed=seed))
         results.append((out, [t.grad for t in leaves]))
     return results

@@ -267,26 +267,25 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
     op.register_autograd(backward, setup_context=setup_context)
     with_kwargs = "keyword_only_inputs" in inspect.signature(setup_context).parameters
 
-    class Eager(torch.autograd.Function):
-        # The keyword-only constants travel last, as one dict, so ctx.needs_input_grad[i] is
-        # the i-th operator argument's, as under the dispatcher.
-        @staticmethod
-        def forward(ctx: Any, *args: Any) -> Any:
-            *values, kwargs = args
-            out = op.tkc_run(*values, **kwargs)
-            if with_kwargs:
-                setup_context(ctx, tuple(values), out, keyword_only_inputs=kwargs)
-            else:
-                setup_context(ctx, tuple(values), out)
-            return out
+    # The keyword-only constants travel last, as one dict, so ctx.needs_input_grad[i] is the
+    # i-th operator argument's, as under the dispatcher.
+    def forward(ctx: Any, *args: Any) -> Any:
+        *values, kwargs = args
+        out = op.tkc_run(*values, **kwargs)
+        if with_kwargs:
+            setup_context(ctx, tuple(values), out, keyword_only_inputs=kwargs)
+        else:
+            setup_context(ctx, tuple(values), out)
+        return out
 
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> tuple:
-            g = backward(ctx, *grads)
-            return (*(g if isinstance(g, tuple) else (g,)), None)
+    def backward_all(ctx: Any, *grads: Any) -> tuple:
+        g = backward(ctx, *grads)
+        return (*(g if isinstance(g, tuple) else (g,)), None)
 
-    Eager.__name__ = Eager.__qualname__ = f"{op.tkc_kernel.name}_autograd"
-    op.tkc_function = Eager
+    # Made with its name (the graph's node is "<kernel>_autogradBackward"): autograd names the
+    # node's class when the Function's class is created.
+    op.tkc_function = type(f"{op.tkc_kernel.name}_autograd", (torch.autograd.Function,),
+                           {"forward": staticmethod(forward), "backward": staticmethod(backward_all)})
 
 
 def call(op: Any, *args: Any, **kwargs: Any) -> Any:
