@@ -213,12 +213,7 @@ class _Lowering:
             wait = body.ops[body.ops.index(w) + 1]
             j = body.args.index(w.acc) - 1
             tmem = self._allocate(container, w)
-            b = Builder.before(w)
-            b.loc = w.loc
-            first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
-            m, n = w.acc.type.shape
-            b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
-            ready.erase()
+            self._accumulating_mma(w, loop, tmem, ready)
             body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
             wait.erase()
             w.erase()
@@ -283,12 +278,7 @@ class _Lowering:
         # The MMA, issued by one warp once its tiles have landed (the role's wait for them
         # goes: the other warps never look at the ring), and its commit onto their empty stage.
         ready = self._operands_wait(w, body)
-        b = Builder.before(w)
-        b.loc = w.loc
-        first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
-        m, n = w.acc.type.shape
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
-        ready.erase()
+        b = self._accumulating_mma(w, loop, tmem, ready)
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
         b.create(blackwell.CommitOp, [stage])
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
@@ -309,6 +299,19 @@ class _Lowering:
         wait.erase()
         release.erase()
         self._one_arrival(ring)
+
+    def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: Operation) -> Builder:
+        """``blackwell.mma`` in place of the loop's product ``w`` into ``tmem``, accumulating from
+        the loop's second iteration on, with the role's wait ``ready`` for its tiles moved into
+        it (erased); the builder stands behind the MMA."""
+        body = loop.regions[0].block
+        b = Builder.before(w)
+        b.loc = w.loc
+        first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
+        m, n = w.acc.type.shape
+        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
+        ready.erase()
+        return b
 
     def _barrier(self, w: Operation) -> Value:
         """A new mbarrier of one arrival (the accumulator's commit), initialized with the others."""
