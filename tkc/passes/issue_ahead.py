@@ -8,7 +8,9 @@ Runs on hopper IR after ``pipeline-loops`` and ``specialize-warps``, under the p
 issues its copies) qualifies when its body holds a ``hopper.wgmma`` W reading a ring stage,
 whose operands, and the ring waits before it in the body, depend only on the induction
 variable and on values defined outside the loop (attention's ``S = Q K^T``: Q, the ring
-stage of K, a zero accumulator), whose one use is a ``hopper.wgmma_wait`` in the body, and
+stage of K, a zero accumulator), none of them a shared tile the loop stores into (a register
+tile staged for W, as Mamba-2's state: W(j + 1) would read it before iteration j wrote it),
+whose one use is a ``hopper.wgmma_wait`` in the body, and
 when the loop yields no product still in flight.  The loop becomes
 
     if lb < ub:
@@ -74,12 +76,25 @@ def _plan(loop: Operation) -> tuple[list[Operation], Operation, Operation] | Non
             continue
         if not any(getattr(getattr(v, "owner", None), "name", None) == "hopper.stage" for v in w.operands):
             continue  # not reading a ring: nothing ahead to overlap with
+        if any(_written_in(v, inner, w) for v in w.operands):
+            continue  # a shared tile the loop writes (a register tile staged for W): W(j + 1) reads it first
         seeds = [op for op in ops[:ops.index(w)] if op.name == "hopper.mbarrier_wait"] + [w]
         issue = _closure(seeds, body, iv, carried)
         turn = turn_around(ops, w)
         if issue is not None and turn is not None:
             return [op for op in ops if op in issue or op in turn], w, users[0]
     return None
+
+
+def _written_in(v: Value, ops: list[Operation], w: Operation) -> bool:
+    """Whether ``v``, a shared tile that is not a ring's stage, is an operand of an op of the
+    loop other than products (``ops``: the loop's ops, nested ones too): a store into it, so
+    its contents change from one iteration to the next though ``v`` itself does not.  (A ring's
+    stages are the producer's to fill, and W's ring waits move with it.)"""
+    owner = getattr(v, "owner", None)
+    if not (getattr(v.type, "space", None) == "smem" and (owner is None or owner.name != "hopper.stage")):
+        return False
+    return any(v in op.operands and op is not w and op.name != "hopper.wgmma" for op in ops)
 
 
 def _closure(seeds: list[Operation], body: Block, iv: Value, carried: set[Value]) -> set[Operation] | None:
