@@ -11,7 +11,7 @@ import pathlib
 import pytest
 import torch
 
-from device_checks import assert_no_spills, launch_tensors, needs_ptxas, require_gpu
+from device_checks import assert_atomics_close, assert_no_spills, launch_tensors, needs_ptxas, require_gpu
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import run_kernel
@@ -134,10 +134,7 @@ def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: di
     assert ("hopper.stage" in ops) == (name != "varlen_attn_bwd_pre")
     assert ("hopper.role" in ops) == (name == "varlen_attn_fwd")
     emulate(hopper, args, seed=5)
-    for i in outs:
-        bf16 = args[i].dtype == torch.bfloat16
-        torch.testing.assert_close(args[i].float(), want[i].float(), rtol=1e-2 if bf16 else 1e-4,
-                                   atol=4e-3 if bf16 else 1e-4)
+    assert_atomics_close(args, want, outs)
 
 
 @needs_ptxas
