@@ -91,7 +91,6 @@ def rows(quick: bool) -> list[Row]:
                     except RuntimeError:
                         notes.append(f"{name} does not take these inputs")
                 flops = 4 * B * H * N * N * D // (2 if causal else 1)
-                row.values = {"tkc": None, **{k: None for k in contenders}}
                 timed = in_turns(contenders, 30)
                 row.values = {("tkc" if k == "tkc fp8" else k): flops / s / 1e12 for k, s in timed.items()}
                 if D == 128 and N == 16384 and not causal:

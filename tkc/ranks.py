@@ -36,14 +36,13 @@ from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.races import HappensBefore
+from tkc.frontend.emit import CMP_PREDS
+from tkc.semantics import _CMP as semantics_cmp
 from tkc.semantics import Program, _box_slices, gather_elements
 
 __all__ = ["flag_params", "run_programs"]
 
-_CMP: dict[str, Callable[[int, int], bool]] = {
-    "ge": lambda a, b: a >= b, "gt": lambda a, b: a > b, "eq": lambda a, b: a == b,
-    "ne": lambda a, b: a != b, "le": lambda a, b: a <= b, "lt": lambda a, b: a < b}
-_SHOWN = {"ge": ">=", "gt": ">", "eq": "==", "ne": "!=", "le": "<=", "lt": "<"}
+_SHOWN = {pred: op for op, pred in CMP_PREDS.items()}  # "ge" -> ">=", in messages
 
 
 class _Aborted(BaseException):
@@ -220,7 +219,7 @@ def _wait(ctx: RankProgram, op: Operation, tensor: np.ndarray, value: Any, *offs
     want, pred = int(value), op.pred
 
     def ready() -> bool:
-        return _CMP[pred](int(tensor[element]), want)
+        return bool(semantics_cmp[pred](int(tensor[element]), want))
 
     def waits_for() -> str:
         return (f"waits at line {op.loc.line} for {name}[{', '.join(map(str, element))}] {_SHOWN[pred]} {want} "
@@ -275,7 +274,8 @@ def _checked_atomic(ctx: RankProgram, op: Operation, tensor: np.ndarray, *rest: 
     sl = _box_slices(tensor.shape, rest[2 if op.name == "tile.atomic_cas" else 1:], op.box)
     if sl is not None:
         if sem in ("acquire", "acq_rel") and op.results:
-            ctx.log.acquire(tensor, tuple(s.start for s in sl[0]), ctx.task.index)
+            for element in itertools.product(*(range(s.start, s.stop) for s in sl[0])):
+                ctx.log.acquire(tensor, element, ctx.task.index)
         if sem in ("release", "acq_rel"):
             ctx.log.release(tensor, sl[0], ctx.task.index)
     return out

@@ -400,7 +400,7 @@ CASES: list[tuple[str, str, str, str | None]] = [
     ("tile.wait", kernel('tile.wait %g, %f, %i {pred = "ge", box = [1], squeeze = [0]} // bad', RANKS_PARAMS),
      r"compares the flag with an i32 scalar, got f32", None),
     ("tile.wait", kernel('tile.wait %g, %i, %i {pred = "is", box = [1], squeeze = [0]} // bad', RANKS_PARAMS),
-     r"pred must be one of ge, gt, eq, ne, le, lt", None),
+     r"pred must be one of lt, le, gt, ge, eq, ne", None),
     ("tile.wait", kernel('tile.wait %g, %i, %i {pred = "ge", box = [4]} // bad', RANKS_PARAMS),
      r"the box \[4\] of tensor<i32\[4\] @ranks> is tile<4xi32>, not i32", None),
     ("tile.wait", kernel('%x = tile.peer %g, %i : tensor<i32[4] @ranks>\n'

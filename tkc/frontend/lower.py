@@ -16,7 +16,7 @@ from tkc.errors import (
 )
 from tkc.frontend import ast
 from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
-from tkc.frontend.emit import Emitter, check_const, check_tile_dims, const_dtype
+from tkc.frontend.emit import CMP_PREDS, Emitter, check_const, check_tile_dims, const_dtype
 from tkc.frontend.values import (
     NONE, REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
 )
@@ -43,7 +43,6 @@ _DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f
 
 
 #: ``wait(flags[i] OP v)``: the comparison's spelling -> ``tile.wait``'s predicate.
-_WAIT_PREDICATES = {">=": "ge", ">": "gt", "==": "eq", "!=": "ne", "<=": "le", "<": "lt"}
 
 
 def _unknown_dtype(name: str, loc: Loc) -> TkcTypeError:
@@ -1003,8 +1002,9 @@ class KernelLowering:
                                f"{t.name}: {t.type.dtype.name}[{', '.join(map(str, t.type.dims))}] @ ranks to "
                                f"read and write peers' copies", e.loc)
         if T.is_peer(t.value):
-            raise TkcTypeError(f"'{t.name}' is already a peer's copy; write {t.name.split('.on(')[0]}.on(r)",
-                               e.loc)
+            base = t.name.split(".on(")[0]
+            raise TkcTypeError(f"'{t.name}' is already a peer's copy: call .on() on '{base}' itself "
+                               f"({base}.on(s) is rank s's copy)", e.loc)
         r = self.value_of(rank, e)
         if not self._is_index(r) or isinstance(r, Dyn) and r.type != T.I32:
             raise TkcTypeError(f".on() takes a rank, an i32 scalar like rank() or (rank() + 1) % num_ranks(), got "
@@ -1033,8 +1033,8 @@ class KernelLowering:
         if e.keywords or len(e.args) != 1 or not isinstance(e.args[0], ast.Compare):
             raise TkcTypeError(form, e.loc)
         c = e.args[0]
-        if c.op not in _WAIT_PREDICATES:
-            raise TkcTypeError(f"{form}; the comparison is one of {', '.join(_WAIT_PREDICATES)}", c.loc)
+        if c.op not in CMP_PREDS:
+            raise TkcTypeError(f"{form}; the comparison is one of {', '.join(CMP_PREDS)}", c.loc)
         view = self.expr(c.left)
         offsets, box, squeeze = self._flag(view, "wait()", c.left)
         if T.is_peer(view.tensor.value):
@@ -1045,7 +1045,7 @@ class KernelLowering:
         if not self._is_index(v) or isinstance(v, Dyn) and v.type != T.I32:
             raise TkcTypeError(f"wait() compares the flag with an i32 scalar, got {self._kind(v)}", c.right.loc)
         self.b.create(T.WaitOp, [view.tensor.value, self.dyn(v, c.right, T.I32).value, *offsets],
-                      attrs={"pred": _WAIT_PREDICATES[c.op], "box": box, "squeeze": squeeze}, loc=e.loc)
+                      attrs={"pred": CMP_PREDS[c.op], "box": box, "squeeze": squeeze}, loc=e.loc)
         return NONE
 
     def signal(self, view: object, value: object, sem: object, e: ast.Call) -> object:

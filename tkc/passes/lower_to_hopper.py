@@ -550,8 +550,8 @@ class _Lowering:
         b = Builder.before(op)
         ops = op.parent.ops
         prev = ops[ops.index(op) - 1] if ops.index(op) else None
-        if prev is not None and prev.name == "hopper.wgmma_wait" and _owner(prev.x).name == "hopper.wgmma" \
-                and op.x not in (_owner(prev.x).a, _owner(prev.x).b):
+        product = _owner(prev.x) if prev is not None and prev.name == "hopper.wgmma_wait" else None
+        if product is not None and product.name == "hopper.wgmma" and op.x not in (product.a, product.b):
             # Attention's S = Q K^T is still on the tensor cores while the threads copy V: its
             # wait comes after the copy (the product reads neither tile of it).
             b = Builder.before(prev)

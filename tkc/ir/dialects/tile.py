@@ -11,7 +11,7 @@ from __future__ import annotations
 from tkc import dtypes
 from tkc.ir.core import Operation, Region, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
-from tkc.ir.dialects.elementwise import ELEMENTWISE_OPS, is_value_type  # noqa: F401
+from tkc.ir.dialects.elementwise import CMP_PREDICATES, ELEMENTWISE_OPS, is_value_type  # noqa: F401
 from tkc.pins import MAX_CLUSTER, is_cluster_size
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
 
@@ -745,7 +745,7 @@ class PeerOp(Operation):
 
 
 #: What ``wait`` compares a flag with (``flags[i] >= v``), by the compare op's predicate names.
-WAIT_PREDICATES = ("ge", "gt", "eq", "ne", "le", "lt")
+WAIT_PREDICATES = CMP_PREDICATES  # a wait compares as tile.cmp does
 
 
 def is_peer(v) -> bool:
