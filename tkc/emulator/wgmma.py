@@ -7,7 +7,7 @@ A wgmma is one vectorized gather + matmul + scatter, never a loop over threads:
    if a descriptor or a layout is wrong, the wrong bytes are read).  The reads go through
    the async proxy, so generic stores not followed by ``fence.proxy.async`` are an error.
    In the RS form A comes from registers laid out by ``WgmmaOperandA`` (16-bit), or as 8-bit
-   bytes in register order, placed by the hardware's reading (``layouts.a8_register``).
+   bytes in register order, placed by the hardware's reading (``_a8_register``).
 2. D = A @ B^T is computed in float64 and added to the accumulator with one rounding to
    f32 per instruction (exact whenever the true sum is an f32; the GPU's internal summation
    order may differ in the last bit otherwise).
@@ -27,12 +27,21 @@ from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.emulator.smem import SharedMemory
 from tkc.errors import TkcEmulatorError
-from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, a8_register, descriptor_address
+from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, descriptor_address
 
 Fragment = WgmmaAccumulator | WgmmaOperandA
 
 __all__ = ["wgmma", "fragment_to_tile", "tile_to_fragment"]
 
+
+
+def _a8_register(t: int, r: int, byte: int) -> tuple[int, int]:
+    """(row, k) of one 64 x 32 K-step of an 8-bit wgmma A operand in registers that byte ``byte``
+    of b32 register ``r`` of thread ``t`` holds: the hardware's reading (CUTLASS
+    ``ALayout_64x32``: row = 16 warp + lane/4 + 8 (r&1), k = 4 (lane%4) + byte + 16 (r>>1)).
+    Written here, apart from the compiler's layouts, so the emulator checks their packing."""
+    lane = t % 32
+    return t // 32 % 4 * 16 + lane // 4 + 8 * (r & 1), lane % 4 * 4 + byte + 16 * (r >> 1)
 
 def _grid(layout: Fragment) -> tuple[np.ndarray, np.ndarray]:
     t = np.arange(layout.threads)[:, None]
@@ -101,7 +110,7 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
             t = np.arange(128)
             for r in range(4):
                 for byte in range(4):
-                    row, col = a8_register(t, r, byte)
+                    row, col = _a8_register(t, r, byte)
                     a_tile[row, col] = a[:, 4 * r + byte]
         else:
             a_tile = fragment_to_tile(a, WgmmaOperandA(k)).astype(np.float32)

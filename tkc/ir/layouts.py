@@ -494,14 +494,6 @@ class WgmmaOperandA(_Fragment):
         return _frag_text("wgmma_a", self.n, self.warpgroups, self.slices)
 
 
-def a8_register(t: Any, r: int, byte: int) -> tuple[Any, int]:
-    """(row, k) of one 64 x 32 K-step of an 8-bit wgmma A operand in registers that byte ``byte``
-    of b32 register ``r`` of thread ``t`` holds: the hardware's reading (CUTLASS
-    ``ALayout_64x32``: row = 16 warp + lane/4 + 8 (r&1), k = 4 (lane%4) + byte + 16 (r>>1))."""
-    lane = t % 32
-    return t // 32 % 4 * 16 + lane // 4 + 8 * (r & 1), lane % 4 * 4 + byte + 16 * (r >> 1)
-
-
 def a8_logical_col(c: Any) -> Any:
     """The column of a 32-wide block of an accumulator that ``WgmmaOperandA8`` hands wgmma as
     K position ``c``: the thread holding k = 4q + 2g + e (q = lane % 4) holds accumulator
@@ -519,7 +511,8 @@ class WgmmaOperandA8(_Fragment):
     """An 8-bit A operand of an RS wgmma from registers, 64 x K per warpgroup (``#wgmma_a8<K>``),
     holding each element where the accumulator of a 64 x K tile holds it: an accumulator (P in
     attention) becomes one without moving a value.  wgmma reads K-step s from b32 registers
-    packed by ``step_values``, which in the hardware's order (``a8_register``) is the tile's
+    packed by ``step_values``, which in the hardware's order (the emulator's ``_a8_register``, which
+    no compiler code may derive from) is the tile's
     columns permuted by ``a8_logical_col``; the B operand is stored permuted alike
     (``SharedLayout.kperm``), so the product is the same."""
 
