@@ -29,24 +29,37 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
+from tkc.ir.types import TensorType
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.pins import PINS, Options
 from tkc.signature import Param, kernel_params
 from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
 
-__all__ = ["STAGES", "Compiled", "compile_kernel", "compiler_version"]
+__all__ = ["STAGES", "Compiled", "RankAbi", "compile_kernel", "compiler_version"]
 
 #: The dialects tkc lowers to and emits code from; a target of another stops at tile IR.
 _LOWERED_DIALECTS = ("hopper", "blackwell")
 _ENTRY = "compiled.json"
 _CUBIN = "kernel.cubin"
+
+
+class RankAbi(NamedTuple):
+    """A multi-GPU kernel's launch contract (docs/hopper.md §4): ``tensors``, the indices of
+    its ``@ ranks`` tensor parameters (one ``peers`` array each); ``barrier``, whether it takes
+    barrier pads; ``maps``, the ``tma_maps`` entries passed as arrays of per-rank maps;
+    ``waits``, whether a program may wait for another (the grid must then be resident)."""
+
+    tensors: tuple[int, ...]
+    barrier: bool
+    maps: tuple[int, ...]
+    waits: bool
 
 
 @dataclass
@@ -99,6 +112,21 @@ class Compiled:
     @property
     def tma_maps(self) -> list:
         return list(self.kernel_op.attributes.get("tma_maps") or [])
+
+    @property
+    def ranks(self) -> RankAbi | None:
+        """What a multi-GPU launch passes beyond the parameters (docs/hopper.md §4, item 2),
+        None for a kernel of one GPU."""
+        from tkc.ir.dialects.tile import uses_ranks
+
+        op = self.kernel_op
+        if not uses_ranks(op):
+            return None
+        params = self.params
+        ranked = tuple(i for i, (_, t) in enumerate(params) if isinstance(t, TensorType) and t.ranks)
+        maps = tuple(n for n, (i, _, _) in enumerate(self.tma_maps) if i in ranked)
+        return RankAbi(ranked, any(o.name == "tile.rank_barrier" for o in op.walk()), maps,
+                       any(o.name in ("tile.wait", "tile.rank_barrier") for o in op.walk()))
 
     @property
     def params(self) -> list[Param]:
