@@ -311,17 +311,7 @@ def _tile_ir(b: _Build) -> str:
 
 
 def _hopper_ir(b: _Build) -> str:
-    """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR.  Multi-GPU kernels stop
-    here: nothing lowers their peer accesses, signals and waits yet."""
-    from tkc.ir.dialects.tile import RANK_OPS, uses_ranks
-
-    kernel = b.module.kernel(b.name)
-    if uses_ranks(kernel):
-        op = next((op for op in kernel.walk() if op.name in RANK_OPS), kernel)
-        raise TkcUnsupportedError(f"kernel '{b.name}' is a multi-GPU kernel (tensors @ ranks, rank(), peers' copies, "
-                                  f"signals, waits), and multi-GPU kernels run in the interpreter for now: tkc run "
-                                  f"FILE --ranks R simulates R ranks; tkc lowers them no further than tile IR "
-                                  f"(--emit tkir) yet", op.loc)
+    """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR."""
     _run_passes(b.module, b.hopper_pipeline, b.opts, b.dumps, b.options, b.target)
     return print_module(b.module, locs=b.opts.locs)
 

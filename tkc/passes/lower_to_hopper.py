@@ -160,7 +160,9 @@ class _Lowering:
 
     def _map(self, access: Operation, layout: SharedLayout) -> int:
         """The index in ``tma_maps`` of the map for a TMA load or store of ``layout``."""
-        param = self.body.args.index(access.tensor)
+        # A peer's copy (x.on(r)) is copied through the map of its parameter, rank r's of
+        # the per-rank maps a ranked parameter gets (docs/hopper.md §4).
+        param = self.body.args.index(tile.tensor_param(access.tensor))
         entry = [param, hopper.tma_map_box(list(access.box), layout), layout.swizzle]
         if entry not in self.maps:
             self.maps.append(entry)

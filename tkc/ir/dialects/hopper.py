@@ -14,7 +14,7 @@ from typing import Any
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps, tensor_param
 from tkc.ir.layouts import first_holders, read_as
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 
@@ -225,7 +225,8 @@ class RoleOp(Operation):
 
 # What a role narrowed to a few warps (``warps``) may run: scalar arithmetic and control flow
 # (the same in every thread), ring stages, waits, and what thread 0 alone issues (copies).
-_FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait")
+# A peer's copy (``tile.peer``) is one address every thread loads for itself, like a scalar.
+_FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait", "tile.peer")
 
 
 def _runs_on_few_warps(op: Operation) -> bool:
@@ -1130,7 +1131,7 @@ def _check_tma_maps(kernel: Operation, ops: list[Operation]) -> None:
         if not (isinstance(entry, list) and len(entry) == 3):
             raise kernel.error(f"tma_maps[{op.map}] = {entry!r}: an entry is [parameter, box, swizzle]")
         param, box, swz = entry
-        arg = op.tensor
+        arg = tensor_param(op.tensor)
         if getattr(arg, "block", None) is not kernel.body or arg.index != param:
             raise op.error(f"tensor map {op.map} describes parameter {param}, not this copy's tensor "
                            f"{_name(arg)}")

@@ -753,6 +753,11 @@ def is_peer(v) -> bool:
     return getattr(v, "owner", None) is not None and v.owner.name == "tile.peer"
 
 
+def tensor_param(v):
+    """The tensor parameter ``v`` reaches: ``v`` itself, or ``x`` for a peer's copy ``x.on(r)``."""
+    return v.owner.tensor if is_peer(v) else v
+
+
 @register
 class WaitOp(_Access):
     """``wait(flags[i] >= v)``: spin until one element of a local i32 tensor (a flag) compares
