@@ -33,6 +33,7 @@ from tkc.codegen.lower_atomic import HANDLERS as ATOMIC
 from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
 from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
+from tkc.codegen import lower_ranks
 from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
@@ -287,7 +288,11 @@ def _param_types(kernel: Operation) -> list[ir.Type | nvvm.TensorMap]:
             out.append(F32)  # other float dtypes travel as f32 and are rounded here (§4)
         else:
             out.append(I64 if t.dtype.bits == 64 else I32)  # i32 (i64), and i1 as 0/1
-    return out + [TMAP] * len(kernel.attributes.get("tma_maps") or [])
+    # A ranked tensor's maps are an array of per-rank maps in global memory (§4, item 3).
+    args = kernel.body.args
+    maps = [nvvm.ptr(nvvm.GLOBAL) if args[i].type.ranks else TMAP
+            for i, _, _ in kernel.attributes.get("tma_maps") or []]
+    return out + lower_ranks.param_types(kernel) + maps
 
 
 def _bind_params(lw: Lowerer, kernel: Operation, args: Sequence[ir.Argument]) -> None:
@@ -312,6 +317,7 @@ def _bind_params(lw: Lowerer, kernel: Operation, args: Sequence[ir.Argument]) ->
             lw.set(a, round_to(lw.b, p, t.dtype))
         else:
             lw.set(a, p)
+    lower_ranks.bind_params(lw, kernel, it)
     for k, p in enumerate(it):
         p.name = f"tmap{k}"
 
@@ -365,14 +371,15 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    handlers = {**ELEMENTWISE, **HOPPER, **BLACKWELL, **ATOMIC, **STRUCTURE}
+    handlers = {**ELEMENTWISE, **HOPPER, **BLACKWELL, **ATOMIC, **lower_ranks.HANDLERS, **STRUCTURE}
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], handlers, store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:
         # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for
         # them now, so the fetch overlaps the barriers' setup instead of the first copy.
         first = lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
-        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", m) for m in lw.tmaps], "prefetch")
+        lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", m) for m in lw.tmaps
+                                   if m.type.addrspace == nvvm.GENERIC], "prefetch")
     lw.block(kernel.body)
     lw.b.ret_void()
     return module

@@ -15,7 +15,10 @@ Owns the PTX of each atomic kind and dtype, and which thread issues what:
 An f32 ``max``/``min`` has no PTX instruction: it is an ``s32`` max (min) of the bits where the
 value's sign is clear and a ``u32`` min (max) where it is set (tkc/semantics.py:atomic_update
 is the same formula).  ``exch`` and ``cas`` move bits.  Orderings are PTX's ``.sem`` at
-``.gpu`` scope; ``red`` takes ``relaxed`` and ``release``, which is all a tile's atomic may ask.
+``.gpu`` scope, ``.sys`` on a ``@ ranks`` tensor (peers' GPUs); ``red`` takes ``relaxed`` and
+``release``, which is all a tile's atomic may ask.  A releasing atomic on one element first
+lets the program's TMA stores complete and its threads meet (``lower_ranks.before_release``),
+so its release covers every thread's writes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
 from tkc.codegen.lower_global import _access, _bits_of, _either, _global_element, _value_of
+from tkc.codegen.lower_ranks import before_release, system_scope
 from tkc.codegen.lower_values import const_i32
 from tkc.codegen.lowerer import Lowerer, TensorArg
 from tkc.codegen.nvvm import I16, I32
@@ -47,7 +51,12 @@ def _type(kind: str, dt: DType) -> tuple[str, str, ir.IntType]:
 
 
 def _sem(op: Operation) -> str:
-    return f".{op.sem or 'relaxed'}.gpu.global"
+    scope = "sys" if system_scope(op) else "gpu"  # a @ ranks tensor: peers' GPUs see the ordering
+    return f".{op.sem or 'relaxed'}.{scope}.global"
+
+
+def _releases(op: Operation) -> bool:
+    return op.sem in ("release", "acq_rel")
 
 
 def _float_extremum(kind: str, fetch: bool, sem: str, value: str) -> str:
@@ -171,6 +180,8 @@ def atomic(lw: Lowerer, op: Operation) -> None:
     kind = tile.atomic_kind(op)
     dt, addr, ok, operands = _element(lw, op)
     b = lw.b
+    if _releases(op):
+        before_release(lw)  # the release covers every thread's writes (a signal's stores)
     first = b.icmp_unsigned("==", lw.tid, const_i32(0))
     lw.if_then(first, lambda: _atom(lw, op, kind, dt, addr, ok, operands), "atomic")
     if op.results:  # read by nobody (lower-to-hopper made the read ones hopper.atomic_fetch)
@@ -184,7 +195,10 @@ def atomic_fetch(lw: Lowerer, op: Operation) -> None:
     dt, addr, ok, operands = _element(lw, op)
     slot = lw.ptr(lw.shared(op, op.slot))
     _, _, ty = _type(kind, dt)
-    lw.sync()
+    if _releases(op):
+        before_release(lw)  # (ends with the barrier below's meeting)
+    else:
+        lw.sync()
     first = b.icmp_unsigned("==", lw.tid, const_i32(0))
 
     def issue() -> None:

@@ -39,6 +39,7 @@ from tkc.codegen.lower_values import (
     round_to,
     to_mem,
 )
+from tkc.codegen.lower_ranks import tensor_map
 from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
 from tkc.codegen.nvvm import F32, I32, I64
 from tkc.dtypes import DType
@@ -414,7 +415,7 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
     def issue(share: list, mask: int) -> None:
         for p, coords in share:
             nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
-                      bar, lw.tmaps[op.map], *coords, mask, 0, 1 if mask else 0, 0)
+                      bar, tensor_map(lw, op, lw.tmaps[op.map]), *coords, mask, 0, 1 if mask else 0, 0)
 
     if n == 1:
         issue(boxes, 0)
@@ -439,7 +440,8 @@ def _tma_store(lw: Lowerer, op: Operation) -> None:
 
     def issue() -> None:
         for p, coords in _tma_boxes(lw, op, src):
-            nvvm.call(b, f"cp.async.bulk.tensor.{copy}.tile.{rank}d", p, lw.tmaps[op.map], *coords, 0, 0)
+            nvvm.call(b, f"cp.async.bulk.tensor.{copy}.tile.{rank}d", p, tensor_map(lw, op, lw.tmaps[op.map]),
+                      *coords, 0, 0)
         nvvm.call(b, "cp.async.bulk.commit.group")
 
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tma_store")

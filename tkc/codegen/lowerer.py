@@ -36,12 +36,14 @@ __all__ = ["Barrier", "Handler", "Lowerer", "Ring", "SmemTile", "TensorArg"]
 
 @dataclass(frozen=True)
 class TensorArg:
-    """A tensor parameter: its global address, one i32 size and one i64 stride (elements) per axis."""
+    """A tensor parameter: its global address, one i32 size and one i64 stride (elements) per
+    axis; for a ``@ ranks`` tensor, ``rank``, the rank whose copy the address is."""
 
     ptr: ir.Value
     sizes: tuple[ir.Value, ...]
     strides: tuple[ir.Value, ...]
     type: TensorType
+    rank: ir.Value | None = None
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,10 @@ class Lowerer:
         if self.role is None:
             nvvm.call(self.b, "barrier.cta.sync.aligned.all", 0)
         else:
-            nvvm.call(self.b, "barrier.cta.sync.aligned.count", 1 + self.role.attributes["first"], self.threads)
+            # A role narrowed to a few warps (``warps``) meets over the warps that run it.
+            warps = self.role.attributes.get("warps")
+            count = 32 * warps if warps else self.threads
+            nvvm.call(self.b, "barrier.cta.sync.aligned.count", 1 + self.role.attributes["first"], count)
 
     def if_then(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
         """Run ``body``'s code only where ``cond`` holds (no values flow out)."""

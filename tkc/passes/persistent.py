@@ -26,7 +26,9 @@ chosen so that the programs running at one time reuse each other's data in L2:
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
-``num_programs(0/1)`` the original grid's extents.
+``num_programs(0/1)`` the original grid's extents.  A ``barrier_all()`` that starts every
+program (multi-GPU kernels: the ranks have reached the kernel) stays before the walk, met
+once per program rather than once per tile.
 
 On by default for GEMM-shaped kernels: a 2-D grid, products in a loop, and no load outside a
 loop (attention loads its Q tile per program: not GEMM-shaped).  The kernel constant
@@ -142,7 +144,12 @@ def _persist(kernel: Operation, options: Options) -> None:
     grid.operands = [programs]
 
     moved = [op for op in body.ops[body.ops.index(grid) + 1:] if not op.has_trait("terminator")]
-    after = Builder(body, body.ops.index(grid) + 1, grid.loc)
+    barrier = _leading_barrier(moved)
+    if barrier is not None:
+        moved.remove(barrier)
+        barrier.erase()
+        body.insert(body.ops.index(grid) + 1, barrier)
+    after = Builder(body, body.ops.index(grid) + 1 + (barrier is not None), grid.loc)
     first = after.value(tile.ProgramIdOp, [], I32, {"axis": 0})
     step = after.value(tile.NumProgramsOp, [], I32, {"axis": 0})
     rank = None
@@ -220,6 +227,18 @@ def _persist(kernel: Operation, options: Options) -> None:
             _replace(loop, op.result, ids[key])
             op.erase()
     Builder(loop_body, None, grid.loc).create(tile.YieldOp)
+
+
+def _leading_barrier(ops: list[Operation]) -> Operation | None:
+    """A ``barrier_all()`` that every tile's program starts with (only scalar arithmetic before
+    it): it orders nothing of a tile's own, only what the ranks did before the launch, so a
+    program meets its peers once, before its first tile, not at every tile of its walk."""
+    for op in ops:
+        if op.name == "tile.rank_barrier":
+            return op
+        if not op.has_trait("pure") or op.regions or any(not isinstance(r.type, ScalarType) for r in op.results):
+            return None
+    return None
 
 
 def _snake_count(b: Builder, p: Value, programs: Value, tiles: Value, const: dict[int, Value]) -> list[Value]:

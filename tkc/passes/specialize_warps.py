@@ -9,6 +9,9 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
   gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer); its first
   warp alone runs them (``warps = 1``: thread 0 issues every copy, and a warp that only spun
   on the waits could fall two phases behind a ring, whose waits test a phase's parity);
+- both roles run the waits for peers' flags and the barriers across ranks (``tile.wait``,
+  ``tile.rank_barrier``), each at its place: they order the producer's copies as much as the
+  consumers' accesses;
 - the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
   else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits what
   the CTA is launched with, ``tkc.registers``, at most 240); its threads count from 0, so
@@ -59,6 +62,10 @@ MAX_CONSUMER_REGS = 240
 # Top-level ops every warpgroup runs before the roles: shared memory set-up.
 _SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", "hopper.fence_mbarrier_init",
           "hopper.barrier", "tile.grid")
+
+# Ops both roles run, each in its place: a wait for a peer's flag and a barrier across ranks
+# order the producer's copies after them as much as the consumers' loads and stores.
+_BOTH = ("tile.wait", "tile.rank_barrier")
 
 
 def specialize_warps(module: Module, options: Options, target: Target) -> None:
@@ -153,7 +160,7 @@ class _Specializer:
         empty = self._empty_rings()
         seeds = []
         for op in self.kernel.walk():
-            if op.name in ("hopper.expect_tx", "hopper.tma_load"):
+            if op.name in ("hopper.expect_tx", "hopper.tma_load", *_BOTH):
                 seeds.append(op)
             elif op.name == "hopper.mbarrier_wait":
                 b = op.barrier
@@ -306,7 +313,8 @@ class _Specializer:
             for r in op.regions:
                 for b in r.blocks:
                     self._strip(b, producer)
-            if op in producer and (not op.has_trait("pure") or op.regions) and not op.results:
+            if op in producer and op.name not in _BOTH and (not op.has_trait("pure") or op.regions) \
+                    and not op.results:
                 if not op.regions or not self._has_effect(op, producer):
                     op.erase()
         changed = True

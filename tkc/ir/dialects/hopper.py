@@ -225,8 +225,10 @@ class RoleOp(Operation):
 
 # What a role narrowed to a few warps (``warps``) may run: scalar arithmetic and control flow
 # (the same in every thread), ring stages, waits, and what thread 0 alone issues (copies).
-# A peer's copy (``tile.peer``) is one address every thread loads for itself, like a scalar.
-_FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait", "tile.peer")
+# A peer's copy (``tile.peer``) is one address every thread loads for itself, like a scalar;
+# a wait for a flag and a barrier across ranks are one thread's, then the role's warps meet.
+_FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait", "tile.peer",
+              "tile.wait", "tile.rank_barrier")
 
 
 def _runs_on_few_warps(op: Operation) -> bool:
