@@ -20,10 +20,17 @@ from tkc.codegen.ptxas import find_ptxas  # noqa: E402  (the compiler's own sear
 
 HAVE_PTXAS = find_ptxas() is not None
 
+def is_multi_gpu(path: Path) -> bool:
+    """Whether an example is a multi-GPU kernel (its tensors ``@ ranks``): it runs on R ranks,
+    simulated (tests/ranks) or under torchrun, not through the single-GPU ``tkc run``."""
+    return "@ ranks" in path.read_text()
+
+
 def lowered_examples(root: Path, suffixes: tuple[str, ...] = (".tk", ".py")) -> list[Path]:
-    """The example files the compiler lowers: all but those whose first line says ``# refused:``
-    (multi-GPU kernels, which run on simulated ranks: tests/ranks)."""
-    return sorted(p for p in root.iterdir() if p.suffix in suffixes and not p.read_text().startswith("# refused:"))
+    """The single-GPU example files the compiler lowers: all but those whose first line says
+    ``# refused:`` and the multi-GPU ones (tests/ranks)."""
+    return sorted(p for p in root.iterdir() if p.suffix in suffixes and not p.read_text().startswith("# refused:")
+                  and not is_multi_gpu(p))
 
 
 #: Example files with several kernels and the ones ``tkc run FILE --check`` checks (it takes one

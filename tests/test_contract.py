@@ -19,6 +19,7 @@ from tkc.compiler import compile_kernel
 from tkc.errors import TkcError
 from tkc.frontend import compile_file
 from tkc.interpreter import random_args, run_kernel
+from tkc.ir.dialects.tile import uses_ranks
 from tkc.runner import default_dims, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,8 @@ def test_interpreted_kernels_compile_and_agree_or_are_refused_in_words(path: Pat
     assert refusal is None, f"{path.name} compiles, but should be refused with {refusal!r}"
     if HAVE_PTXAS:
         assert_no_spills(c)
+    if uses_ranks(tile_ir):
+        return  # the emulator runs a multi-GPU kernel on R ranks: tests/ranks
     result = run(tile_ir, args, "emulate", check=True)
     names = [p.name_hint for p in tile_ir.regions[0].block.args]
     bad = [m for m in result.checked if m.bad and not ((path.name, m.name) in SUMS_OF_BF16 and m.max_abs_error

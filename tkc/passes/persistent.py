@@ -27,8 +27,9 @@ chosen so that the programs running at one time reuse each other's data in L2:
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
 ``num_programs(0/1)`` the original grid's extents.  A ``barrier_all()`` that starts every
-program (multi-GPU kernels: the ranks have reached the kernel) stays before the walk, met
-once per program rather than once per tile.
+program (multi-GPU kernels: the ranks have reached the kernel) stays before the walk, and one
+that ends every program (the ranks are done with each other's memory) after it: met once per
+program rather than once per tile.
 
 On by default for GEMM-shaped kernels: a 2-D grid, products in a loop, and no load outside a
 loop (attention loads its Q tile per program: not GEMM-shaped).  The kernel constant
@@ -149,6 +150,9 @@ def _persist(kernel: Operation, options: Options) -> None:
         moved.remove(barrier)
         barrier.erase()
         body.insert(body.ops.index(grid) + 1, barrier)
+    trailing = moved[-1] if moved and moved[-1].name == "tile.rank_barrier" else None
+    if trailing is not None:
+        moved.remove(trailing)  # stays after the walk (see below)
     after = Builder(body, body.ops.index(grid) + 1 + (barrier is not None), grid.loc)
     first = after.value(tile.ProgramIdOp, [], I32, {"axis": 0})
     step = after.value(tile.NumProgramsOp, [], I32, {"axis": 0})
@@ -227,6 +231,11 @@ def _persist(kernel: Operation, options: Options) -> None:
             _replace(loop, op.result, ids[key])
             op.erase()
     Builder(loop_body, None, grid.loc).create(tile.YieldOp)
+    if trailing is not None:
+        # A barrier that ends every program orders only what comes after the kernel: met
+        # once, after the program's last tile.
+        trailing.erase()
+        body.insert(body.ops.index(loop) + 1, trailing)
 
 
 def _leading_barrier(ops: list[Operation]) -> Operation | None:

@@ -6,7 +6,8 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
 
 - the **producer** role (warpgroup 0) keeps the copies (``expect_tx``, ``tma_load``), the
   waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
-  gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer); its first
+  gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer; 40 where it
+  also runs a multi-GPU kernel's waits, barriers or peers' addresses); its first
   warp alone runs them (``warps = 1``: thread 0 issues every copy, and a warp that only spun
   on the waits could fall two phases behind a ring, whose waits test a phase's parity);
 - both roles run the waits for peers' flags and the barriers across ranks (``tile.wait``,
@@ -57,6 +58,9 @@ from tkc.registers import register_pool
 from tkc.target import Target
 
 PRODUCER_REGS = 24
+# A producer that also waits for peers' flags, meets other ranks or loads peers' addresses:
+# those loops hold 64-bit addresses and counters, and 24 registers spill them.
+RANK_PRODUCER_REGS = 40
 MAX_CONSUMER_REGS = 240
 
 # Top-level ops every warpgroup runs before the roles: shared memory set-up.
@@ -74,14 +78,14 @@ def specialize_warps(module: Module, options: Options, target: Target) -> None:
             _Specializer(kernel, options, target).run()
 
 
-def consumer_regs(consumers: int, ctas_per_sm: int, target: Target) -> int:
+def consumer_regs(consumers: int, ctas_per_sm: int, target: Target, producer: int = PRODUCER_REGS) -> int:
     """The register budget of each consumer thread once the producer holds 24: the most that
     fits what the CTA holds from launch (``tkc.registers``: more, and ``setmaxnreg.inc`` waits
     forever), a multiple of 8, at most 240 (what FlashAttention-3 uses).  240 for two consumers,
     160 for three, 112 for four."""
     wg = target.warpgroup
     pool = register_pool(wg * (consumers + 1), ctas_per_sm, target)
-    free = (pool - PRODUCER_REGS * wg) // (wg * consumers)
+    free = (pool - producer * wg) // (wg * consumers)
     return min(MAX_CONSUMER_REGS, free - free % 8)
 
 
@@ -236,12 +240,14 @@ class _Specializer:
         cons_block.append(tile.YieldOp([], [], loc=body.terminator.loc))
         ret = body.terminator
         index = body.ops.index(ret)
-        regs = consumer_regs(warpgroups, self.options.programs_per_sm, self.target)
+        ranks = any(op.name in tile.RANK_OPS for op in producer)
+        producer_regs = RANK_PRODUCER_REGS if ranks else PRODUCER_REGS
+        regs = consumer_regs(warpgroups, self.options.programs_per_sm, self.target, producer_regs)
         # The producer's copies are issued by one thread, so one warp runs its loops: the
         # other three would only spin on the same parity waits, and one left behind by the
         # ring's turns (two phases of a stage while it is not scheduled) would wait forever.
         for name, first, count, budget, block, warps in (
-                ("producer", 0, 1, PRODUCER_REGS, prod_block, {"warps": 1}),
+                ("producer", 0, 1, producer_regs, prod_block, {"warps": 1}),
                 ("consumers", 1, warpgroups, regs, cons_block, {})):
             role = hopper.RoleOp([], [], {"name": name, "first": first, "warpgroups": count, "regs": budget,
                                           **warps}, [Region([block])], loc=self.kernel.loc)

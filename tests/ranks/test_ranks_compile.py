@@ -1,0 +1,120 @@
+"""Multi-GPU kernels compiled for sm_90a (docs/hopper.md §4 "Ranks"): the parameters a launch
+passes beyond the kernel's own, the PTX of peers' copies, signals, waits and rank barriers,
+where the passes put waits and barriers, and ptxas without spills."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from device_checks import HAVE_PTXAS, assert_no_spills, is_multi_gpu
+from tkc.compiler import compile_kernel
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = ROOT / "examples"
+MULTI_GPU = sorted(p.name for p in EXAMPLES.glob("*.tk") if is_multi_gpu(p))
+
+
+def _ptx_params(ptx: str) -> list[str]:
+    """The entry's parameter declarations, in order."""
+    head = ptx[ptx.index(".entry"):ptx.index(")", ptx.index(".entry"))]
+    return re.findall(r"\.param (?:\.align \d+ )?\.(\w+) [\w$.]+(\[\d+\])?", head)
+
+
+def test_the_examples_are_the_five_of_the_issue() -> None:
+    assert MULTI_GPU == ["allgather_gemm.tk", "gemm_allreduce.tk", "gemm_reducescatter.tk", "moe_dispatch.tk",
+                         "ring_attn.tk"]
+
+
+@pytest.mark.parametrize("example", MULTI_GPU)
+def test_multi_gpu_examples_compile_without_spills(example: str) -> None:
+    c = compile_kernel(EXAMPLES / example, {}, stop="cubin" if HAVE_PTXAS else "ptx", cache=False)
+    if HAVE_PTXAS:
+        assert_no_spills(c)
+    ptx = c.asm["ptx"]
+    assert "multimem" not in ptx  # NVLink multicast stays off
+    abi = c.ranks
+    assert abi is not None and abi.tensors
+    # Item 1 (the kernel's own parameters), item 2 (rank, num_ranks, one peers array per ranked
+    # tensor, the pads), item 3 (a map, or an array of per-rank maps, per tma_maps entry).
+    params = c.params
+    own = sum(1 + 2 * t.rank if hasattr(t, "ranks") else 1 for _, t in params)
+    maps = c.tma_maps
+    declared = _ptx_params(ptx)
+    assert len(declared) == own + 2 + len(abi.tensors) + abi.barrier + len(maps), declared
+    tail = declared[len(declared) - len(maps):] if maps else []
+    for n, (kind, array) in enumerate(tail):
+        ranked = n in abi.maps
+        assert (kind, array) == (("u64", "") if ranked else ("b8", "[128]")), (n, kind, array)
+    if abi.barrier:
+        assert "atom.acq_rel.sys.global.add.u32" in ptx and "red.release.sys.global.add.u32" in ptx
+    if abi.waits:
+        assert "ld.acquire.sys.global.b32" in ptx and "nanosleep" in ptx and "fence.proxy.async.global" in ptx
+
+
+def test_abi_of_the_examples() -> None:
+    ag = compile_kernel(EXAMPLES / "allgather_gemm.tk", {}, stop="hopper", cache=False)
+    assert ag.ranks.tensors == (0,) and ag.ranks.barrier and ag.ranks.waits
+    assert ag.ranks.maps == tuple(n for n, (i, _, _) in enumerate(ag.tma_maps) if i == 0) != ()
+    rs = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="hopper", cache=False)
+    assert rs.ranks.tensors == (3, 4) and rs.ranks.barrier and rs.ranks.waits
+    plain = compile_kernel(EXAMPLES / "gemm.tk", {}, stop="hopper", cache=False)
+    assert plain.ranks is None
+
+
+def _hopper(example: str) -> str:
+    return compile_kernel(EXAMPLES / example, {}, stop="hopper", cache=False).asm["hopper"]
+
+
+def test_both_roles_meet_once_per_program_not_per_tile() -> None:
+    """allgather_gemm starts with barrier_all(): persistent, each role meets its peers once,
+    before its walk over tiles; the producer (which copies peers' tiles) as much as the consumers."""
+    ir = _hopper("allgather_gemm.tk")
+    roles = ir.split("hopper.role")[1:]
+    assert len(roles) == 2
+    for role in roles:
+        body = role.splitlines()
+        barrier = next(i for i, line in enumerate(body) if "tile.rank_barrier" in line)
+        walk = next(i for i, line in enumerate(body) if "tile.for" in line)
+        assert barrier < walk and role.count("tile.rank_barrier") == 1, role[:2000]
+
+
+def test_a_barrier_that_ends_every_program_is_met_after_the_walk() -> None:
+    ir = _hopper("moe_dispatch.tk")
+    for role in ir.split("hopper.role")[1:]:
+        assert role.count("tile.rank_barrier") == 2
+        lines = [line for line in role.splitlines() if line.strip()]
+        closing = max(i for i, line in enumerate(lines) if line.strip() == "}")
+        last = max(i for i, line in enumerate(lines) if "tile.rank_barrier" in line)
+        # the second barrier comes after the tile loop closes, at the role's top level
+        assert lines[last].startswith("    tile.rank_barrier"), lines[last]
+        assert last < closing
+
+
+def test_a_producer_that_runs_rank_ops_keeps_40_registers() -> None:
+    ir = _hopper("allgather_gemm.tk")
+    assert 'name = "producer", first = 0, warpgroups = 1, regs = 40' in ir
+    assert 'name = "consumers", first = 1, warpgroups = 2, regs = 232' in ir
+
+
+def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
+    """A release atomic on one element: thread 0 waits for its TMA stores to complete, fences
+    the async proxy, the threads meet, then the release (docs/hopper.md §4)."""
+    ptx = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="ptx", cache=False).asm["ptx"]
+    at = ptx.index("atom.release.sys.global.exch.b32")
+    before = ptx[:at]
+    assert before.rindex("bar.sync") > before.rindex("st.global"), "the threads meet after their stores"
+
+
+def test_a_peer_rank_out_of_range_traps_with_the_line(tmp_path: Path) -> None:
+    src = tmp_path / "k.tk"
+    src.write_text("@kernel\ndef k(x: f32[N] @ ranks, y: f32[N]):\n    grid(1)\n"
+                   "    y[0:16] = x.on(rank() + 1)[0:16]\n")
+    ptx = compile_kernel(src, {}, stop="ptx", cache=False).asm["ptx"]
+    texts = [bytes(int(x) for x in m.split(",")).decode(errors="replace")
+             for m in re.findall(r"\.b8 printf\S*\[\d+\] = \{([\d, ]+)\}", ptx)]
+    assert "trap;" in ptx
+    assert any(t.startswith("tkc: ") and ":4:" in t and "x.on(r) with r = %d, but the launch has %d ranks" in t
+               for t in texts), texts
