@@ -117,11 +117,11 @@ class _Specializer:
             return  # a loop still synchronizes every thread: the producer would have to join it
         if tile.has_cluster_reductions(self.kernel):
             return  # each cluster reduction meets every thread of the cluster (barrier.cluster)
-        if any(tile.is_atomic(op) and not isinstance(op.value.type, TileType) for op in ops):
-            return  # an atomic on one element is issued once, by thread 0, which a role split would copy
         self.common = self._common()
         producer = self._producer_ops()
-        if producer is None:
+        if producer is None or any(tile.is_atomic(op) for op in producer):
+            # An atomic the producer needs (its old value picks what to copy) would run in both
+            # roles; one only the consumers need (a signal) is issued once, by their thread 0.
             return
         self._split(producer, warpgroups)
 
