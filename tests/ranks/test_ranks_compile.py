@@ -108,13 +108,18 @@ def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
     assert before.rindex("bar.sync") > before.rindex("st.global"), "the threads meet after their stores"
 
 
-def test_a_peer_rank_out_of_range_traps_with_the_line(tmp_path: Path) -> None:
+def test_a_peer_rank_out_of_range_traps_and_with_the_pin_says_where(tmp_path: Path) -> None:
     src = tmp_path / "k.tk"
     src.write_text("@kernel\ndef k(x: f32[N] @ ranks, y: f32[N]):\n    grid(1)\n"
                    "    y[0:16] = x.on(rank() + 1)[0:16]\n")
-    ptx = compile_kernel(src, {}, stop="ptx", cache=False).asm["ptx"]
-    texts = [bytes(int(x) for x in m.split(",")).decode(errors="replace")
-             for m in re.findall(r"\.b8 printf\S*\[\d+\] = \{([\d, ]+)\}", ptx)]
-    assert "trap;" in ptx
+
+    def texts(ptx: str) -> list[str]:
+        return [bytes(int(x) for x in m.split(",")).decode(errors="replace")
+                for m in re.findall(r"\.b8 printf\S*\[\d+\] = \{([\d, ]+)\}", ptx)]
+
+    plain = compile_kernel(src, {}, stop="ptx", cache=False).asm["ptx"]
+    assert "trap;" in plain and "vprintf" not in plain  # no call: nothing live spills around it
+    pinned = compile_kernel(src, {"wait_timeout_ms": 1000}, stop="ptx", cache=False).asm["ptx"]
+    assert "trap;" in pinned
     assert any(t.startswith("tkc: ") and ":4:" in t and "x.on(r) with r = %d, but the launch has %d ranks" in t
-               for t in texts), texts
+               for t in texts(pinned)), texts(pinned)

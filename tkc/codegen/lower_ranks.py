@@ -11,8 +11,8 @@ program made before it.
 
 Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``,
 ``atom.acq_rel.sys``, ``red.release.sys``.  A spin gives up after the pin ``wait_timeout_ms``
-(10 s when unset: a peer that never signals is a launch error naming the wait's line, not a
-hang of every rank).
+(10 s when unset: a peer that never signals is a failed launch, not a hang of every rank;
+with the pin set the wait also prints its line, rank and flag first).
 
 Must not: choose which threads or roles run an op (the passes put waits and barriers into
 every role that needs them), or lay anything out.
@@ -102,10 +102,14 @@ def _peer(lw: Lowerer, op: Operation) -> None:
 
 
 def _fail(lw: Lowerer, op: Operation, what: str, *values: ir.Value) -> None:
-    """Print ``what`` (a C format over ``values``) with the op's line, and stop the kernel.
-    A producer narrowed to a few warps only stops: printf's buffer would not fit its 24
-    registers, and the consumers, which run the same waits, print the line."""
-    if lw.role is None or not lw.role.attributes.get("warps"):
+    """Stop the kernel; with the debugging pin ``wait_timeout_ms`` set, first print ``what``
+    (a C format over ``values``) with the op's line.  Without the pin the stop is a bare
+    ``trap``: printf is a call, and the registers live across it (a product's accumulator
+    around a wait) would spill on every path, not only this cold one.  A producer narrowed to
+    a few warps never prints (its 24-40 registers hold no printf buffer); the consumers, which
+    run the same waits, do."""
+    narrowed = lw.role is not None and lw.role.attributes.get("warps")
+    if lw.options.wait_timeout_ms and not narrowed:
         where = str(op.loc).replace("%", "%%") if op.loc is not None else "<unknown>"
         nvvm.printf(lw.b, f"tkc: {where}: {what}\n", *values)
     nvvm.trap(lw.b)
