@@ -35,7 +35,10 @@ def test_allgather_gemm(ranks: int, seed: int) -> None:
     a = [_bf16(rng, M, K) for _ in range(ranks)]
     b = [_bf16(rng, K, N) for _ in range(ranks)]
     c = [torch.full((ranks, M, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
-    tkc.interpret_ranks(k, [[a[r], b[r], c[r]] for r in range(ranks)], seed=seed, **TILES)
+    grid_m = -(-M // TILES["BM"])
+    args = [[a[r], b[r], c[r], torch.zeros(ranks, M, K, dtype=torch.bfloat16),
+             torch.zeros(ranks, grid_m, dtype=torch.int32)] for r in range(ranks)]
+    tkc.interpret_ranks(k, args, seed=seed, BC=32, **TILES)
     gathered = torch.cat(a).float()
     for r in range(ranks):
         _close(c[r].reshape(ranks * M, N), gathered @ b[r].float())

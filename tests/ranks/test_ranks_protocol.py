@@ -51,7 +51,8 @@ def _allgather_args(ranks: int, M: int = 40, K: int = 24, N: int = 40) -> list[l
     rng = np.random.default_rng(0)
     return [[torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).bfloat16(),
              torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16(),
-             torch.zeros(ranks, M, N, dtype=torch.bfloat16)] for _ in range(ranks)]
+             torch.zeros(ranks, M, N, dtype=torch.bfloat16), torch.zeros(ranks, M, K, dtype=torch.bfloat16),
+             torch.zeros(ranks, -(-M // TILES["BM"]), dtype=torch.int32)] for _ in range(ranks)]
 
 
 def _error(k: tkc.Kernel, args: list[list], seed: int) -> TkcInterpretError:
@@ -84,13 +85,13 @@ def test_signal_before_the_store_is_a_race(tmp_path: Path, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_missing_barrier_reads_a_peers_shard_too_early(tmp_path: Path, seed: int) -> None:
+def test_missing_barrier_writes_a_peers_buffer_too_early(tmp_path: Path, seed: int) -> None:
     k, text = _planted(tmp_path, "allgather_gemm.tk", "    barrier_all()\n", "")
     err = _error(k, _allgather_args(2), seed)
     msg = str(err)
-    assert "data race on element" in msg and "of 'a' of rank" in msg, msg
+    assert "data race on element" in msg and "of 'ag' of rank" in msg, msg
     assert "before the launch" in msg and "barrier_all()" in msg, msg
-    assert err.loc.line == _line(text, "acc += a.on(src)")
+    assert err.loc.line == _line(text, "ag.on(dst)[me")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -277,7 +278,7 @@ def test_tensors_on_every_rank_have_one_shape(tmp_path: Path) -> None:
 
 def test_tile_ir_of_a_multi_gpu_kernel() -> None:
     ir = tkc.compile_kernel(EXAMPLES / "allgather_gemm.tk", stop="tkir", cache=False).asm["tkir"]
-    assert "tensor<bf16[M, K] @ranks>" in ir and "tile.peer" in ir and "tile.rank_barrier" in ir
+    assert "tensor<bf16[P, M, K] @ranks>" in ir and "tile.peer" in ir and "tile.rank_barrier" in ir
 
 
 def test_ranks_do_not_share_an_array(tmp_path: Path) -> None:
