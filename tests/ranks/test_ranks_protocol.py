@@ -63,7 +63,8 @@ def _error(k: tkc.Kernel, args: list[list], seed: int) -> TkcInterpretError:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_missing_wait_is_a_race_on_the_peers_partial(tmp_path: Path, seed: int) -> None:
-    k, text = _planted(tmp_path, "gemm_reducescatter.tk", "        wait(flags[src, pm, pn] >= 1)\n", "")
+    k, text = _planted(tmp_path, "gemm_reducescatter.tk",
+                       "    for src in range(num_ranks()):\n        wait(flags[src, pm, pn] >= 1)\n", "")
     err = _error(k, _reducescatter_args(2), seed)
     msg = str(err)
     assert "data race on element" in msg and "of 'stage' of rank" in msg, msg
@@ -265,7 +266,7 @@ def test_a_write_into_a_peer_that_nobody_waits_for(tmp_path: Path, seed: int) ->
                      torch.zeros(2, *flags.shape, dtype=torch.int32)])
     err = _error(k, args, seed)
     assert "and no program of rank" in str(err) and "before it lands" in str(err), str(err)
-    assert err.loc.line in (_line(text, "out.on(dst)[me"), _line(text, "signal(flags.on(dst)[1"))
+    assert err.loc.line in (_line(text, "out.on((me + s) % num_ranks())[me"), _line(text, "signal(flags.on((me + s)"))
 
 
 def test_tensors_on_every_rank_have_one_shape(tmp_path: Path) -> None:
