@@ -90,7 +90,11 @@ def test_ring_attn(ranks: int) -> None:
     q, kk, v = ([_bf16(rng, B, H, N, D) for _ in range(ranks)] for _ in range(3))
     o = [torch.full((B, H, N, D), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
     scale = 0.125
-    tkc.interpret_ranks(k, [[q[r], kk[r], v[r], o[r], scale] for r in range(ranks)], seed=ranks, D=D, BM=32, BN=32)
+    buffers = [[torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, B, H, N, D,
+                                                                               dtype=torch.bfloat16),
+                torch.zeros(ranks, B * H, dtype=torch.int32)] for _ in range(ranks)]
+    tkc.interpret_ranks(k, [[q[r], kk[r], v[r], o[r], *buffers[r], scale] for r in range(ranks)], seed=ranks,
+                        D=D, BM=32, BN=32)
     keys, values = torch.cat(kk, dim=2).float(), torch.cat(v, dim=2).float()
     for r in range(ranks):
         want = torch.softmax(q[r].float() @ keys.transpose(-1, -2) * scale, dim=-1) @ values

@@ -171,6 +171,7 @@ def _rand(lw, e, args, kwargs):
 
 
 def _rank(op, what: str) -> Callable:
+    """A builtin of no arguments that is one i32 of the launch (rank(), num_ranks(), num_sms())."""
     def impl(lw, e, args, kwargs):
         lw.bind(what, e, args, kwargs, [])
         return Dyn(lw.b.value(op, [], T.I32, loc=e.loc))
@@ -196,7 +197,7 @@ def _cdiv(lw, e, args, kwargs):
 BUILTIN_IMPLS: dict[str, Callable] = {
     "program_id": _program_id, "num_programs": _num_programs, "cdiv": _cdiv, "rand": _rand,
     "rank": _rank(T.RankOp, "rank()"), "num_ranks": _rank(T.NumRanksOp, "num_ranks()"), "signal": _signal,
-    "barrier_all": _barrier_all,
+    "barrier_all": _barrier_all, "num_sms": _rank(T.NumSmsOp, "num_sms()"),
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
     "where": _where, "load": _load, "store": _store, "sum": _reduction("sum"), "mean": _reduction("mean"),

@@ -537,10 +537,10 @@ class KernelLowering:
                 raise TkcTypeError(f"a grid extent must be an integer, got {self._kind(v)}", a.loc)
             extents.append(self.dyn(v, a, T.I32).value)
         allowed = {"tile.dim", "tile.constant", "tile.add", "tile.sub", "tile.mul", "tile.floordiv",
-                   "tile.cdiv", "tile.rem", "tile.maximum", "tile.minimum"}
+                   "tile.cdiv", "tile.rem", "tile.maximum", "tile.minimum", "tile.num_sms"}
         for op in self.b.block.ops[start:]:
             if op.name not in allowed:
-                raise TkcTypeError("grid extents may use only tensor sizes, scalars and constants", op.loc)
+                raise TkcTypeError("grid extents may use only tensor sizes, scalars, constants and num_sms()", op.loc)
         self.b.create(T.GridOp, extents, loc=call.loc)
 
     # =========================================================== expressions
