@@ -136,3 +136,29 @@ def test_one_rank_runs_through_tkc_interpret() -> None:
     out = torch.zeros(40, 40, dtype=torch.bfloat16)
     tkc.interpret(k, a, b, out, torch.zeros(1, 40, 40), torch.zeros(1, 2, 2, dtype=torch.int32), **TILES)
     _close(out, a.float() @ b.float())
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_allgather(ranks: int) -> None:
+    k = tkc.load(EXAMPLES / "allgather.tk")
+    M, N = 72, 300
+    rng = np.random.default_rng(ranks)
+    x = [_bf16(rng, M, N) for _ in range(ranks)]
+    out = [torch.full((ranks, M, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    tkc.interpret_ranks(k, [[x[r], out[r]] for r in range(ranks)], seed=ranks, BM=32, BN=64)
+    for r in range(ranks):
+        assert torch.equal(out[r], torch.stack(x))  # a copy: bit for bit
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_reducescatter(ranks: int) -> None:
+    k = tkc.load(EXAMPLES / "reducescatter.tk")
+    MS, N = 40, 300
+    rng = np.random.default_rng(ranks)
+    x = [_bf16(rng, ranks * MS, N) for _ in range(ranks)]
+    out = [torch.full((MS, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    args = [[x[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16)] for r in range(ranks)]
+    tkc.interpret_ranks(k, args, seed=ranks, BM=32, BN=64)
+    total = sum(t.float() for t in x)
+    for r in range(ranks):
+        _close(out[r], total[r * MS:(r + 1) * MS])
