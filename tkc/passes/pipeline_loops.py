@@ -103,6 +103,8 @@ class _Pipeliner:
         self.capacity = target.smem_per_program(options.programs_per_sm)
         self.consts: dict[int, Value] = {}
         self.positions: dict[Operation, Value] = {}
+        # loop -> the index of the count of earlier iterations it carries through for an inner loop
+        self.through: dict[Operation, int] = {}
 
     def run(self) -> None:
         # Inner loops first: their rings take the shared memory, an enclosing loop's group
@@ -413,14 +415,45 @@ class _Pipeliner:
         return Builder.before(loop).value(tile.MulOp, [outer, trip], I32)
 
     def _carried_count(self, loop: Operation, trip: Value) -> Value:
-        """A value ``loop`` carries: 0, then increased by ``trip`` every iteration."""
-        body = loop.regions[0].block
-        loop.operands.append(self._c(0))
-        done = body.add_arg(I32, "done")
-        loop.results.append(OpResult(I32, loop, len(loop.results), "done"))
-        term = body.terminator
-        term.operands.append(Builder.before(term).value(tile.AddOp, [done, trip], I32))
+        """A value ``loop`` carries: the iterations of the inner loop in all earlier runs, then
+        increased by ``trip`` every iteration.  Inside further loops (a rank loop inside a
+        persistent tile loop) it starts where their runs left it, which they carry through
+        (:meth:`_count_into`), so the count goes on from tile to tile."""
+        done, result = self._carry(loop, self._count_into(loop))
+        term = loop.regions[0].block.terminator
+        term.operands[-1] = Builder.before(term).value(tile.AddOp, [done, trip], I32)
+        self._count_out(loop, result)
         return done
+
+    def _carry(self, loop: Operation, init: Value) -> tuple[Value, Value]:
+        """A new value ``loop`` carries from ``init``, yielded unchanged (the caller may change
+        the yield): its block argument and the loop's result."""
+        body = loop.regions[0].block
+        loop.operands.append(init)
+        arg = body.add_arg(I32, "done")
+        result = OpResult(I32, loop, len(loop.results), "done")
+        loop.results.append(result)
+        body.terminator.operands.append(arg)
+        return arg, result
+
+    def _count_into(self, loop: Operation) -> Value:
+        """The count of earlier iterations where ``loop`` starts: 0 at the kernel's top level,
+        else what the enclosing loop carries through."""
+        parent = loop.parent.parent_op
+        if parent is self.kernel or parent.name != "tile.for":
+            return self._c(0)
+        if parent not in self.through:
+            arg, _ = self._carry(parent, self._count_into(parent))
+            self.through[parent] = parent.regions[0].block.args.index(arg) - 1
+        return parent.regions[0].block.args[1 + self.through[parent]]
+
+    def _count_out(self, loop: Operation, result: Value) -> None:
+        """The count after ``loop``'s run goes on in the enclosing loop's next iteration."""
+        parent = loop.parent.parent_op
+        if parent in self.through:
+            k = self.through[parent]
+            parent.regions[0].block.terminator.operands[k] = result
+            self._count_out(parent, parent.results[k])
 
     def _outer_position(self, loop: Operation) -> Value:
         """An enclosing loop's own position (iterations of all its runs so far), computed once

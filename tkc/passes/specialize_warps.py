@@ -196,6 +196,15 @@ class _Specializer:
             return True
         d = _owner(v)
         if d is not None:
+            if d.name == "tile.for" and not isinstance(v.type, TileType):
+                # A scalar a loop carries out (a ring's count of earlier iterations that an inner
+                # loop of varying length carries through it): the producer's copy carries it too.
+                k = d.results.index(v)
+                work.append(d)
+                if k not in self.carried.setdefault(d, set()):
+                    self.carried[d].add(k)
+                    work.extend([d.operands[3 + k], d.regions[0].block.terminator.operands[k]])
+                return True
             if d.name in ("tile.for", "tile.if") or isinstance(v.type, TileType) and v.type.space == "reg":
                 return False  # a result of the consumers' control flow or of their registers
             work.append(d)
@@ -287,6 +296,7 @@ class _Specializer:
             inits = [op.operands[3 + k] for k in kept]
             new = tile.ForOp([mapping.get(v, v) for v in [*op.operands[:3], *inits]], [v.type for v in inits],
                              loc=op.loc)
+            mapping.update(zip([op.results[k] for k in kept], new.results))
             args = [src.args[0], *(src.args[1 + k] for k in kept)]
             blk = Block([a.type for a in args], [a.name_hint for a in args])
             mapping.update(zip(args, blk.args))
@@ -335,6 +345,7 @@ class _Specializer:
 
     @staticmethod
     def _has_effect(op: Operation, producer: set[Operation]) -> bool:
-        """Whether a control op still holds something the consumers do."""
-        return any(inner is not op and inner not in producer and not inner.has_trait("terminator")
-                   for inner in op.walk())
+        """Whether a control op still holds something the consumers do (a wait or a barrier
+        across ranks included: both roles run those)."""
+        return any(inner is not op and (inner not in producer or inner.name in _BOTH)
+                   and not inner.has_trait("terminator") for inner in op.walk())
