@@ -580,7 +580,13 @@ def _run_ranks_gpu(k: Operation, args: list[Any], sizes: dict[str, int], dims: d
     params = list(k.regions[0].block.args)
     flags = [params.index(p) for p in flag_params(k)]
     mine = _rank_inputs(k, args, rank, sizes, seed, int_range, flags)
-    result = runner.run_ranks_gpu(k, mine, flags, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
+    try:
+        result = runner.run_ranks_gpu(k, mine, flags, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
     if rank != 0:
         if not result.ok:
             raise SystemExit(1)
