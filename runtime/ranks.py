@@ -181,12 +181,12 @@ def _symmetric(shape: Sequence[int] | int, dtype: Any, group: Any, device: Any, 
         # Done before the rendezvous, which no rank leaves before every rank reached it: no
         # peer can write into this rank's copy before its zeros land.
         torch.cuda.current_stream(device).synchronize()
+    _peer_check(pg, device)
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None:
         enable(pg.group_name)
     handle = symm_mem.rendezvous(t, pg.group_name)
     register(t, handle, pg.group_name)
-    _peer_check(pg, device)
     return t
 
 
