@@ -145,8 +145,8 @@ def _check_device(target: str, device: Any) -> None:
 
 class LaunchState:
     """What the runtime keeps of one :class:`~tkc.compiler.Compiled` between launches (never
-    saved with it): the kernel's driver function per device (its image loaded once) and the
-    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``."""
+    saved with it): the kernel's driver function per device (its image loaded once), the
+    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``, and ``compiled.ranks``."""
 
     __slots__ = ("functions", "plans", "ranks")
 
@@ -346,7 +346,8 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
         return grid
     values = to_ctypes(param_values(params, args))
     if state.ranks is not None:
-        return _launch_ranks(compiled, params, args, maps, values, grid, device, stream, group, key, addresses)
+        return _launch_ranks(compiled, state.ranks, params, args, maps, values, grid, device, stream, group, key,
+                             addresses)
 
     from tkc.runtime.tensormap import encode_tiled
 
@@ -362,8 +363,8 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     return grid
 
 
-def _launch_ranks(compiled: Any, params: Sequence[signature.Param], args: Sequence[Any], maps: list, values: list,
-                  grid: tuple[int, ...], device: Any, stream: int | None, group: Any, key: tuple | None,
+def _launch_ranks(compiled: Any, abi: Any, params: Sequence[signature.Param], args: Sequence[Any], maps: list,
+                  values: list, grid: tuple[int, ...], device: Any, stream: int | None, group: Any, key: tuple | None,
                   addresses: list[int]) -> tuple[int, ...]:
     """The rest of a checked launch of a multi-GPU kernel: the parameters of docs/hopper.md §4
     items 2-3 from :func:`tkc.runtime.ranks.prepare` after the kernel's own, each ranked tensor
@@ -374,7 +375,7 @@ def _launch_ranks(compiled: Any, params: Sequence[signature.Param], args: Sequen
     from tkc.runtime.tensormap import encode_tiled
 
     fn = _function(compiled, device.index)
-    extra = ranks.prepare(compiled, params, args, maps, grid, device, group,
+    extra = ranks.prepare(abi, compiled.name, params, args, maps, grid, device, group,
                           held=lambda: _resident(compiled, fn, torch.cuda.get_device_properties(device)))
     maps_enc = [ctypes.c_uint64(extra.maps[n]) if n in extra.maps
                 else encode_tiled(args[i], box, swizzle, name=params[i][0], keep=False)

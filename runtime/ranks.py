@@ -272,8 +272,8 @@ def check_resident(name: str, grid: Sequence[int], held: int) -> None:
 
 _arrays: dict[tuple[int, bytes], Any] = {}  # (device, bytes) -> a device tensor holding them
 _MAX_ARRAYS = 256
-_pads: dict[tuple[int, str], tuple[Any, int]] = {}  # (device, group) -> (its pointer array, counters)
-_retired: list[Any] = []  # pads replaced by larger ones: a peer's kernel may still be adding to them
+_pads: dict[tuple[int, str], tuple[bytes, int]] = {}  # (device, group) -> (every rank's pad address, counters)
+_retired: list[Any] = []  # every pad, kept: a peer's kernel may still be adding to a replaced one
 
 
 def _device_array(data: bytes, device: Any) -> Any:
@@ -296,68 +296,66 @@ def _u64s(values: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(values)}Q", *values)
 
 
-def prepare(compiled: Any, params: Sequence[Any], args: Sequence[Any], maps: Sequence[tuple[int, tuple, int]],
+def prepare(abi: Any, name: str, params: Sequence[Any], args: Sequence[Any], maps: Sequence[tuple[int, tuple, int]],
             grid: Sequence[int], device: Any, group: Any = None, held: Callable[[], int] | None = None,
             encode: Callable[..., bytes] | None = None) -> RankLaunch:
-    """The extra parameters of a launch of the multi-GPU ``compiled`` (``compiled.ranks``) on
-    ``args`` with ``grid`` on ``device``, checked.  ``maps`` are the launch's TMA operands
-    (:func:`tkc.runtime.launch.tma_operands`); ``group`` defaults to the one the ``@ ranks``
-    arguments were allocated with, else the default group; ``held()`` is how many of the
-    kernel's programs the device runs at once (asked of a kernel with waits);
-    ``encode(tensor, address, box, swizzle, name)`` makes one 128-byte tensor map (default
-    :func:`tkc.runtime.tensormap.tiled_params` and the driver's encoding)."""
-    abi = compiled.ranks
+    """The extra parameters of a launch of the multi-GPU kernel ``name`` (its
+    :class:`tkc.compiler.RankAbi` ``abi``) on ``args`` with ``grid`` on ``device``, checked.
+    ``maps`` are the launch's TMA operands (:func:`tkc.runtime.launch.tma_operands`);
+    ``group`` defaults to the one the ``@ ranks`` arguments were allocated with, else the
+    default group; ``held()`` is how many of the kernel's programs the device runs at once
+    (asked of a kernel with waits); ``encode(tensor, address, box, swizzle, name)`` makes one
+    128-byte tensor map (default: the driver's, of the layout :func:`tiled_params` checks)."""
     dev = device.index if device.index is not None else -1
-    bufs: list[tuple[str, Any, SymmetricBuffer]] = []
-    for i in abi.tensors:
-        name, x = params[i][0], args[i]
-        buf = find(int(x.data_ptr()), _extent(x), dev)
-        if buf is None:
-            raise TkcLaunchError(f"{name}: a tensor @ ranks must be in symmetric memory (every rank's copy reachable "
-                                 f"from every GPU), but this one is not: allocate it with "
-                                 f"tkc.symmetric_empty(shape, dtype) (or symmetric_zeros) on every rank, in the same "
-                                 f"order, and pass it or a view of it")
-        bufs.append((name, x, buf))
-    names = {b.group for _, _, b in bufs}
-    if group is None and len(names) > 1:
-        raise TkcLaunchError("the tensors @ ranks were allocated with different process groups (" +
-                             ", ".join(f"{n}: {b.group}" for n, _, b in bufs) + "); pass the launch's group")
-    if group is None and bufs:
-        rank, num_ranks, group_name = bufs[0][2].handle.rank, bufs[0][2].handle.world_size, bufs[0][2].group
-        pg = None  # resolved only where a collective needs it
-    else:
-        pg = _group(group)
-        rank, num_ranks, group_name = pg.rank(), pg.size(), pg.group_name
-    for name, _, b in bufs:
-        if b.handle.world_size != num_ranks or b.group != group_name:
-            raise TkcLaunchError(f"{name}: its symmetric memory spans the {b.handle.world_size} ranks of group "
-                                 f"{b.group}, but the launch runs on the {num_ranks} ranks of group {group_name}")
+    bufs = {i: _buffer(params[i][0], args[i], dev) for i in abi.tensors}
+    group, rank, num_ranks = _launch_group(group, {params[i][0]: b for i, b in bufs.items()})
     if abi.waits and held is not None:
-        check_resident(compiled.name, grid, held())
+        check_resident(name, grid, held())
     if bufs:
-        _peer_check(group_name if pg is None else pg, device)
-
+        _peer_check(group, device)
     keep: list[Any] = []
-    peers = []
-    for _, x, b in bufs:
-        arr = _device_array(_u64s(peer_addresses(int(x.data_ptr()), b)), device)
-        keep.append(arr)
-        peers.append(int(arr.data_ptr()))
-    pads = None
-    if abi.barrier:
-        pads_arr = _barrier_pads(grid, num_ranks, group_name if pg is None else pg, device)
-        keep.append(pads_arr)
-        pads = int(pads_arr.data_ptr())
-    map_addresses = {}
+
+    def on_device(data: bytes) -> int:
+        keep.append(_device_array(data, device))
+        return int(keep[-1].data_ptr())
+
+    peers = [on_device(_u64s(peer_addresses(int(args[i].data_ptr()), b))) for i, b in bufs.items()]
+    pads = on_device(_barrier_pads(grid, num_ranks, group, device)) if abi.barrier else None
+    tensor_maps = {}
     for n in abi.maps:
         i, box, swizzle = maps[n]
-        b = next(b for (_, x, b), j in zip(bufs, abi.tensors) if j == i)
-        data = b"".join((encode or _encode)(args[i], a, box, swizzle, params[i][0])
-                        for a in peer_addresses(int(args[i].data_ptr()), b))
-        arr = _device_array(data, device)
-        keep.append(arr)
-        map_addresses[n] = int(arr.data_ptr())
-    return RankLaunch(rank_values(rank, num_ranks, peers, pads), map_addresses, keep)
+        tensor_maps[n] = on_device(b"".join((encode or _encode)(args[i], a, box, swizzle, params[i][0])
+                                            for a in peer_addresses(int(args[i].data_ptr()), bufs[i])))
+    return RankLaunch(rank_values(rank, num_ranks, peers, pads), tensor_maps, keep)
+
+
+def _buffer(name: str, x: Any, device: int) -> SymmetricBuffer:
+    """The symmetric buffer the ``@ ranks`` argument ``name`` lies in."""
+    buf = find(int(x.data_ptr()), _extent(x), device)
+    if buf is None:
+        raise TkcLaunchError(f"{name}: a tensor @ ranks must be in symmetric memory (every rank's copy reachable from "
+                             f"every GPU), but this one is not: allocate it with tkc.symmetric_empty(shape, dtype) "
+                             f"(or symmetric_zeros) on every rank, in the same order, and pass it or a view of it")
+    return buf
+
+
+def _launch_group(group: Any, bufs: dict[str, SymmetricBuffer]) -> tuple[Any, int, int]:
+    """The launch's group (a group, or the name of the buffers' one: resolved only where a
+    collective needs it), this rank and the number of ranks; every buffer must span it."""
+    if group is None and bufs:
+        first = next(iter(bufs.values()))
+        if any(b.group != first.group for b in bufs.values()):
+            raise TkcLaunchError("the tensors @ ranks were allocated with different process groups (" +
+                                 ", ".join(f"{n}: {b.group}" for n, b in bufs.items()) + "); pass the launch's group")
+        group, rank, size, name = first.group, first.handle.rank, first.handle.world_size, first.group
+    else:
+        group = _group(group)
+        rank, size, name = group.rank(), group.size(), group.group_name
+    for arg, b in bufs.items():
+        if b.handle.world_size != size or b.group != name:
+            raise TkcLaunchError(f"{arg}: its symmetric memory spans the {b.handle.world_size} ranks of group "
+                                 f"{b.group}, but the launch runs on the {size} ranks of group {name}")
+    return group, rank, size
 
 
 def _extent(x: Any) -> int:
@@ -379,23 +377,19 @@ def _encode(tensor: Any, address: int, box: tuple, swizzle: int, name: str) -> b
     return tm.raw
 
 
-def _barrier_pads(grid: Sequence[int], num_ranks: int, group: Any, device: Any) -> Any:
-    """The device array of every rank's barrier pad address for ``group`` on ``device``, the pad
-    grown first if ``grid`` needs more counters: every rank launches the same kernels with the
-    same grids, so every rank grows its pad in the same launch (a collective)."""
-    name = group if isinstance(group, str) else group.group_name
-    key = (device.index if device.index is not None else -1, name)
-    arr, have = _pads.get(key, (None, 0))
+def _barrier_pads(grid: Sequence[int], num_ranks: int, group: Any, device: Any) -> bytes:
+    """Every rank's barrier pad address for ``group`` (a group or its name) on ``device``, the
+    pad grown first if ``grid`` needs more counters: every rank launches the same kernels with
+    the same grids, so every rank grows its pad in the same launch (a collective)."""
+    key = (device.index if device.index is not None else -1, group if isinstance(group, str) else group.group_name)
+    addresses, have = _pads.get(key, (b"", 0))
     n = pad_counters(grid, num_ranks, have)
     if n:
         import torch
 
         pad = symmetric_zeros((n,), torch.int32, group, device)
-        buf = find(int(pad.data_ptr()), 4 * n, key[0])
-        if arr is not None:
-            _retired.append(arr)
         _retired.append(pad)  # never freed: a pad outlives every kernel that may count in it
-        arr = _device_array(_u64s(peer_addresses(int(pad.data_ptr()), buf)), device)
-        _pads[key] = (arr, n)
+        addresses = _u64s(peer_addresses(int(pad.data_ptr()), find(int(pad.data_ptr()), 4 * n, key[0])))
+        _pads[key] = (addresses, n)
         _generation[0] += 1
-    return arr
+    return addresses

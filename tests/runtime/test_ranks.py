@@ -110,7 +110,7 @@ def test_prepare_passes_rank_peers_pads_and_per_rank_maps() -> None:
     b = torch.zeros(64, 32, dtype=torch.bfloat16)
     args = [a[10:], b, flags, 0.5]  # a view inside a's buffer
     maps = tma_operands(c.params, c.tma_maps)
-    extra = ranks.prepare(c, c.params, args, maps, (2,), CPU, held=lambda: 264, encode=fake_map)
+    extra = ranks.prepare(c.ranks, c.name, c.params, args, maps, (2,), CPU, held=lambda: 264, encode=fake_map)
     values = extra.values
     assert [k for k, _ in values] == ["u32", "u32", "u64", "u64", "u64"]
     assert values[:2] == [("u32", 0), ("u32", 2)]
@@ -124,7 +124,7 @@ def test_prepare_passes_rank_peers_pads_and_per_rank_maps() -> None:
     assert address % 128 == 0
     assert [u64s(address + 128 * r, 1)[0] for r in range(2)] == [a.data_ptr() + offset, PEER_BASE * 2 + offset]
     # The same launch again makes no new device arrays.
-    again = ranks.prepare(c, c.params, args, maps, (2,), CPU, held=lambda: 264, encode=fake_map)
+    again = ranks.prepare(c.ranks, c.name, c.params, args, maps, (2,), CPU, held=lambda: 264, encode=fake_map)
     assert again.values == values and again.maps == extra.maps
 
 
@@ -134,14 +134,15 @@ def test_barrier_pads_grow_on_every_rank_together() -> None:
     maps = tma_operands(c.params, c.tma_maps)
 
     def pads(grid: tuple[int, ...]) -> int:
-        return ranks.prepare(c, c.params, args, maps, grid, CPU, held=lambda: 10**6, encode=fake_map).values[-1][1]
+        extra = ranks.prepare(c.ranks, c.name, c.params, args, maps, grid, CPU, held=lambda: 10**6, encode=fake_map)
+        return extra.values[-1][1]
 
     first = pads((2,))
     assert pads((2048,)) == first  # 2048 programs x 2 ranks fit in the first 4096 counters
     g = ranks.generation()
     grown = pads((2049,))
     assert grown != first and ranks.generation() != g
-    (arr, counters), = ranks._pads.values()
+    (_, counters), = ranks._pads.values()
     assert counters == 8192 and ranks.pad_counters((2049,), 2, counters) == 0
     assert ranks.pad_counters((3,), 4, 0) == 4096 and ranks.pad_counters((5000,), 2, 4096) == 16384
 
@@ -152,7 +153,7 @@ def test_a_ranked_argument_outside_symmetric_memory_is_refused() -> None:
             symmetric(5, dtype=torch.int32), 1.0]
     with pytest.raises(TkcLaunchError, match=r"a: a tensor @ ranks must be in symmetric memory .* "
                                              r"tkc.symmetric_empty\(shape, dtype\)"):
-        ranks.prepare(c, c.params, args, tma_operands(c.params, c.tma_maps), (1,), CPU, encode=fake_map)
+        ranks.prepare(c.ranks, c.name, c.params, args, tma_operands(c.params, c.tma_maps), (1,), CPU, encode=fake_map)
 
 
 def test_a_group_of_another_size_is_refused() -> None:
@@ -161,12 +162,12 @@ def test_a_group_of_another_size_is_refused() -> None:
     maps = tma_operands(c.params, c.tma_maps)
     with pytest.raises(TkcLaunchError, match="a: its symmetric memory spans the 2 ranks of group world, but the "
                                              "launch runs on the 3 ranks of group world"):
-        ranks.prepare(c, c.params, args, maps, (1,), CPU, group=Group(0, 3), encode=fake_map)
+        ranks.prepare(c.ranks, c.name, c.params, args, maps, (1,), CPU, group=Group(0, 3), encode=fake_map)
     with pytest.raises(TkcLaunchError, match="group world, but the launch runs on the 2 ranks of group tp"):
-        ranks.prepare(c, c.params, args, maps, (1,), CPU, group=Group(0, 2, "tp"), encode=fake_map)
+        ranks.prepare(c.ranks, c.name, c.params, args, maps, (1,), CPU, group=Group(0, 2, "tp"), encode=fake_map)
     args[2] = symmetric(5, dtype=torch.int32, group="tp")
     with pytest.raises(TkcLaunchError, match="allocated with different process groups"):
-        ranks.prepare(c, c.params, args, maps, (1,), CPU, encode=fake_map)
+        ranks.prepare(c.ranks, c.name, c.params, args, maps, (1,), CPU, encode=fake_map)
 
 
 def test_a_grid_larger_than_the_device_holds_is_refused_for_a_kernel_with_waits() -> None:
@@ -175,7 +176,7 @@ def test_a_grid_larger_than_the_device_holds_is_refused_for_a_kernel_with_waits(
     maps = tma_operands(c.params, c.tma_maps)
     with pytest.raises(TkcLaunchError, match=r"kernel 'ranked' waits .* grid \(3,\) has 3 programs and this "
                                              r"device holds 2 of them at once"):
-        ranks.prepare(c, c.params, args, maps, (3,), CPU, held=lambda: 2, encode=fake_map)
+        ranks.prepare(c.ranks, c.name, c.params, args, maps, (3,), CPU, held=lambda: 2, encode=fake_map)
     ranks.check_resident("k", (2, 66), 132)
 
 
@@ -224,7 +225,7 @@ def test_the_launch_appends_the_rank_parameters_and_passes_ranked_maps_by_addres
     params, maps = c.params, tma_operands(c.params, c.tma_maps)
     values = launch_mod.to_ctypes(launch_mod.param_values(params, args))
     key = ("key",)
-    grid = launch_mod._launch_ranks(c, params, args, maps, values, (2,), CPU, 7, None, key, [1, 2, 3])
+    grid = launch_mod._launch_ranks(c, c.ranks, params, args, maps, values, (2,), CPU, 7, None, key, [1, 2, 3])
     assert grid == (2,) and seen["stream"] == 7 and seen["threads"] == 128
     got = seen["params"]
     n = len(values)  # a: address, 2 sizes, 2 strides; b: the same; flags: 3; alpha: 1
