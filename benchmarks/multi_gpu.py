@@ -262,18 +262,11 @@ def check(only: list[str]) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="the smaller shape only, fewer runs")
-    ap.add_argument("--check", action="store_true", help="check every contender's result and stop")
-    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated groups: " + ", ".join(GROUPS))
-    args = ap.parse_args()
-    only = args.only.split(",")
-    unknown = [g for g in only if g not in GROUPS]
-    if unknown:
-        sys.exit(f"unknown group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks/multi_gpu.py needs CUDA GPUs: torchrun --nproc-per-node 2 benchmarks/multi_gpu.py")
+    from harness import group_args
+
+    args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs",
+                            more=lambda ap: ap.add_argument("--check", action="store_true",
+                                                            help="check every contender's result and stop"))
     rank, world = init_process_group()
     torch.manual_seed(1234 + rank)
     try:

@@ -529,13 +529,21 @@ def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int],
     flags = [params.index(p) for p in flag_params(k)]
     rank_args = [_rank_inputs(k, args, r, sizes, seed, int_range, flags) for r in range(ranks)]
     result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed)
-    click.echo(f"kernel {result.kernel}: {ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, "
-               f"interpret: interpreted in {result.seconds * 1e3:.1f} ms")
-    for line in _input_lines(k, sizes, dims, args, given, int_range):
+    _print_ranks_run(result, f"{ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, interpret: "
+                             f"interpreted in {result.seconds * 1e3:.1f} ms", (k, sizes, dims, args, given, int_range),
+                     "start at zero", flags, f"interpreter with the programs in another order (seed {seed + 1})")
+
+
+def _print_ranks_run(result: Any, how: str, inputs: tuple, flags_are: str, flags: list[int], pair: str) -> None:
+    """What a run of a multi-GPU kernel prints: ``how`` it ran, the inputs (``_input_lines``'
+    arguments), the flags and the outputs with their checks of ``pair``."""
+    click.echo(f"kernel {result.kernel}: {how}")
+    for line in _input_lines(*inputs):
         click.echo("  " + line)
     if flags:
-        click.echo(f"  flags (start at zero): {', '.join(_name(params[i]) for i in flags)}")
-    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})")
+        params = inputs[0].regions[0].block.args
+        click.echo(f"  flags ({flags_are}): {', '.join(_name(params[i]) for i in flags)}")
+    _print_outputs(result, pair)
 
 
 def _rank_inputs(k: Operation, args: list[Any], r: int, sizes: dict[str, int], seed: int,
@@ -591,13 +599,10 @@ def _run_ranks_gpu(k: Operation, args: list[Any], sizes: dict[str, int], dims: d
         if not result.ok:
             raise SystemExit(1)
         return
-    click.echo(f"kernel {result.kernel}: {world} ranks (torchrun) of grid {result.grid}, seed {seed}, gpu: median "
-               f"kernel time of {result.repeats} launches {result.seconds * 1e6:.1f} us")
-    for line in _input_lines(k, sizes, dims, args, given, int_range):
-        click.echo("  " + line)
-    if flags:
-        click.echo(f"  flags (zeroed before every launch): {', '.join(_name(params[i]) for i in flags)}")
-    _print_outputs(result, f"GPU against interpreter on {world} simulated ranks (seed {seed})")
+    _print_ranks_run(result, f"{world} ranks (torchrun) of grid {result.grid}, seed {seed}, gpu: median kernel time "
+                             f"of {result.repeats} launches {result.seconds * 1e6:.1f} us",
+                     (k, sizes, dims, args, given, int_range), "zeroed before every launch", flags,
+                     f"GPU against interpreter on {world} simulated ranks (seed {seed})")
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:
