@@ -19,15 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 RANKS = 2
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < RANKS,
-                                                  reason=f"needs {RANKS} GPUs")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("installed_tkc"),
+              pytest.mark.skipif(torch.cuda.device_count() < RANKS, reason=f"needs {RANKS} GPUs")]
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess:
     from tkc.runtime.ranks import NO_MULTICAST
 
-    env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, **NO_MULTICAST}
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TKC_INTERPRET"):
         env.pop(name, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", *args]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("installed_tkc")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def _torchrun(**env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items()
                if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TKC_INTERPRET")}
-    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "tests" / "ranks" / "fake_gpu_worker.py"), "run", str(ROOT / "examples" / "allgather_gemm.tk"),
            "--backend", "gpu", "--check", "--repeat", "2", "-D", "BM=32", "-D", "BN=32", "-D", "BK=32"]
