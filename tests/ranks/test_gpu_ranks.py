@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -30,7 +31,8 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TKC_INTERPRET"):
         env.pop(name, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    # Not from the checkout, whose bare tkc/ (no tkc.runtime) python -m would import first.
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tempfile.gettempdir())
 
 
 @pytest.mark.parametrize("example, flags", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -22,7 +23,9 @@ def _torchrun(**env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "tests" / "ranks" / "fake_gpu_worker.py"), "run", str(ROOT / "examples" / "allgather_gemm.tk"),
            "--backend", "gpu", "--check", "--repeat", "2", "-D", "BM=32", "-D", "BN=32", "-D", "BK=32"]
-    return subprocess.run(cmd, env={**environ, **env}, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # Not from the checkout, whose bare tkc/ (no tkc.runtime) a script's directory could shadow.
+    return subprocess.run(cmd, env={**environ, **env}, capture_output=True, text=True, timeout=300,
+                          cwd=tempfile.gettempdir())
 
 
 def test_rank_zero_checks_every_rank_against_the_interpreter() -> None:
