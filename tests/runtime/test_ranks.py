@@ -243,3 +243,38 @@ def test_the_launch_appends_the_rank_parameters_and_passes_ranked_maps_by_addres
     assert plan.addresses is None and plan.rebase([1, 2, 3]) and not plan.rebase([1, 2, 4])
     symmetric(8)
     assert not plan.rebase([1, 2, 3])
+
+
+def test_symmetric_zeros_land_before_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Allocation through torch's symmetric memory (faked): zeros written and waited for, the
+    peers checked, then the rendezvous with the group's name, and the buffer remembered."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    monkeypatch.undo()  # this test's own fakes only
+    monkeypatch.setattr(ranks, "_buffers", [])
+    events: list[str] = []
+    handle = SimpleNamespace(rank=1, world_size=2, buffer_ptrs=[PEER_BASE, 0])
+
+    def empty(shape, dtype, device):
+        t = torch.full(shape, 7, dtype=dtype)
+        handle.buffer_ptrs[1] = t.data_ptr()
+        return t
+
+    def rendezvous(t, group):
+        events.append(f"rendezvous {group} zeros={bool((t == 0).all())}")
+        return handle
+
+    class Stream:
+        def synchronize(self) -> None:
+            events.append("synchronize")
+
+    monkeypatch.setattr(symm_mem, "empty", empty)
+    monkeypatch.setattr(symm_mem, "rendezvous", rendezvous)
+    monkeypatch.setattr(symm_mem, "enable_symm_mem_for_group", lambda name: events.append(f"enable {name}"),
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
+    monkeypatch.setattr(ranks, "_peer_check", lambda group, device: events.append(f"peers {group.group_name}"))
+    t = ranks.symmetric_zeros((3, 4), torch.float32, group=Group(1, 2, "tp"), device="cpu")
+    assert events == ["synchronize", "peers tp", "enable tp", "rendezvous tp zeros=True"]
+    buf = ranks.find(t[1:].data_ptr(), 16, -1)
+    assert buf is not None and buf.group == "tp" and ranks.peer_addresses(t[1].data_ptr(), buf)[0] == PEER_BASE + 16
