@@ -2,7 +2,9 @@
 ``tkc run FILE --backend gpu --check`` (every rank's outputs against the interpreter on all
 ranks' gathered inputs, three timed launches after the checked one: flags zeroed between
 launches, barrier pads counting on), and the kernels called from Python on tensors from
-``tkc.symmetric_empty`` (tests/ranks/torchrun_worker.py, against torch)."""
+``tkc.symmetric_empty`` (tests/ranks/torchrun_worker.py, against torch).  moe_dispatch runs only
+from Python: it needs routing sorted by expert, which tkc run's random inputs are not (their
+segments overlap, and the interpreter reports the race)."""
 
 from __future__ import annotations
 
