@@ -112,12 +112,15 @@ def table(rows: Sequence[Row], ours: str = "tkc") -> str:
     return "\n".join(lines)
 
 
-def group_args(script: str, groups: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def group_args(script: str, groups: Sequence[str], more: Callable[[argparse.ArgumentParser], Any] | None = None,
+               quick: str = "one shape per kernel, fewer runs") -> tuple[argparse.Namespace, list[str]]:
     """The command line of a benchmark script of row groups (``--quick``, ``--no-record``,
-    ``--only``) and the groups it names; exits, saying why, on an unknown group or without a
-    CUDA GPU."""
+    ``--only``, and what ``more`` adds to the parser) and the groups it names; exits, saying
+    why, on an unknown group or without a CUDA GPU."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="one shape per kernel, fewer runs")
+    if more is not None:
+        more(ap)
+    ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
     ap.add_argument("--only", default=",".join(groups), help="comma-separated groups: " + ", ".join(groups))
     args = ap.parse_args()

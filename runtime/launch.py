@@ -1,8 +1,9 @@
 """Launching a compiled kernel on torch CUDA tensors.
 
 Owns: the order of a launch (check every argument, evaluate the grid, build the
-parameter list of docs/hopper.md §4, load the image once per device, set dynamic shared
-memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
+parameter list of docs/hopper.md §4, with a multi-GPU kernel's rank, peers, barrier pads and
+per-rank tensor maps from ``tkc.runtime.ranks``, load the image once per device, set dynamic
+shared memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
 (:func:`param_values`, pure Python), the tensor maps of the kernel's ``tma_maps``, the
 check that the device is the one the kernel was compiled for, and what is kept of a
 kernel between launches (:class:`LaunchState`: its loaded function per device and its
@@ -28,8 +29,8 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
-__all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_state", "param_values", "to_ctypes",
-           "tma_operands", "swizzle_enum"]
+__all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_ranks", "launch_state", "param_values",
+           "to_ctypes", "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 
@@ -144,15 +145,18 @@ def _check_device(target: str, device: Any) -> None:
 
 class LaunchState:
     """What the runtime keeps of one :class:`~tkc.compiler.Compiled` between launches (never
-    saved with it): the kernel's driver function per device (its image loaded once) and the
-    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``."""
+    saved with it): the kernel's driver function per device (its image loaded once), the
+    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``, and ``compiled.ranks``."""
 
-    __slots__ = ("functions", "plans")
+    __slots__ = ("functions", "plans", "ranks")
 
     def __init__(self) -> None:
         self.functions: dict[int, driver.Function] = {}
         self.plans: dict[tuple, _Plan] = {}
+        self.ranks: Any = _UNKNOWN  # compiled.ranks, once asked
 
+
+_UNKNOWN = object()
 
 # id(compiled) -> its LaunchState, dropped when the Compiled is collected.  Keyed by identity,
 # not by the cache key: a copy with other PTX (dataclasses.replace) is another kernel.
@@ -204,7 +208,11 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     ``args``, torch CUDA tensors and Python scalars in the kernel's parameter order, on
     torch's current device and stream (or ``stream``).  Every argument is checked before
     the driver is called.  ``grid`` defaults to the kernel's own ``grid(...)``; a grid with
-    a zero extent launches nothing.  Returns the grid."""
+    a zero extent launches nothing.  Returns the grid.
+
+    A multi-GPU kernel (``compiled.ranks``) runs on the ranks of the process group its ``@ ranks``
+    arguments were allocated with (:func:`tkc.runtime.ranks.symmetric_empty`), else of the
+    default group (:func:`launch_ranks` takes another); every rank launches it."""
     torch = _torch or _import_torch()  # a global: an import statement costs a tenth of a microsecond
 
     # Arguments like an earlier launch's (tensors of the same shapes, strides, dtypes and
@@ -263,8 +271,36 @@ class _Plan:
         return True
 
 
-def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int | None) -> tuple[int, ...]:
-    """:func:`launch` with every check, kept as a plan for arguments like these next time."""
+def launch_ranks(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None,
+                 group: Any = None) -> tuple[int, ...]:
+    """:func:`launch` of a multi-GPU kernel on the ranks of ``group`` (a
+    ``torch.distributed`` process group or its name; None: as :func:`launch` picks), checked
+    at every call."""
+    return _launch_checked(compiled, args, grid, stream, group, keep=group is None)
+
+
+class _RankPlan(_Plan):
+    """A checked launch of a multi-GPU kernel, kept for later launches on the very same tensors
+    (its parameters point to device arrays of their peers' addresses) while the symmetric buffers
+    and barrier pads tkc knows are the ones it was made with (``tkc.runtime.ranks.generation``).
+    Its ``addresses`` are None, which no launch's equal, so :func:`launch` asks :meth:`rebase`."""
+
+    __slots__ = ("fixed", "generation", "keep")
+
+    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], generation: int, keep: Any):
+        super().__init__(grid, go, None)  # type: ignore[arg-type]
+        self.fixed, self.generation, self.keep = addresses, generation, keep
+
+    def rebase(self, addresses: list[int]) -> bool:
+        from tkc.runtime.ranks import generation
+
+        return addresses == self.fixed and generation() == self.generation
+
+
+def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int | None, group: Any = None,
+                    keep: bool = True) -> tuple[int, ...]:
+    """:func:`launch` with every check, kept as a plan for arguments like these next time
+    (unless ``keep`` is False)."""
     import torch
 
     from tkc.grid import launch_grid
@@ -273,7 +309,11 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     if "hopper" not in compiled.asm:
         raise TkcUsageError(f"kernel '{compiled.name}' stopped at tile IR; compile it to ptx or cubin to launch")
     addresses: list[int] = []
-    key = _plan_key(torch, args, grid, torch.cuda.current_device(), addresses) if torch.cuda.is_initialized() else None
+    key = _plan_key(torch, args, grid, torch.cuda.current_device(), addresses) \
+        if keep and torch.cuda.is_initialized() else None
+    state = launch_state(compiled)
+    if state.ranks is _UNKNOWN:
+        state.ranks = compiled.ranks
     params = compiled.params
     maps = tma_operands(params, compiled.tma_maps)
     tma_names = {params[i][0] for i, _, _ in maps}
@@ -305,6 +345,9 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
         _keep_plan(compiled, key, _Plan(grid, None, addresses, aligned=aligned))
         return grid
     values = to_ctypes(param_values(params, args))
+    if state.ranks is not None:
+        return _launch_ranks(compiled, state.ranks, params, args, maps, values, grid, device, stream, group, key,
+                             addresses)
 
     from tkc.runtime.tensormap import encode_tiled
 
@@ -318,6 +361,42 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     named = [(tensors.index(i), tm, params[i][0]) for (i, _, _), tm in zip(maps, maps_enc)]
     _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned))
     return grid
+
+
+def _launch_ranks(compiled: Any, abi: Any, params: Sequence[signature.Param], args: Sequence[Any], maps: list,
+                  values: list, grid: tuple[int, ...], device: Any, stream: int | None, group: Any, key: tuple | None,
+                  addresses: list[int]) -> tuple[int, ...]:
+    """The rest of a checked launch of a multi-GPU kernel: the parameters of docs/hopper.md §4
+    items 2-3 from :func:`tkc.runtime.ranks.prepare` after the kernel's own, each ranked tensor
+    map as the device address of its per-rank maps."""
+    import torch
+
+    from tkc.runtime import ranks
+    from tkc.runtime.tensormap import encode_tiled
+
+    fn = _function(compiled, device.index)
+    extra = ranks.prepare(abi, compiled.name, params, args, maps, grid, device, group,
+                          held=lambda: _resident(compiled, fn, torch.cuda.get_device_properties(device)))
+    maps_enc = [ctypes.c_uint64(extra.maps[n]) if n in extra.maps
+                else encode_tiled(args[i], box, swizzle, name=params[i][0], keep=False)
+                for n, (i, box, swizzle) in enumerate(maps)]
+    prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0,
+                          [*values, *to_ctypes(extra.values), *maps_enc])
+    go = fn.launcher(prepared)
+    go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
+    _keep_plan(compiled, key, _RankPlan(grid, go, addresses, ranks.generation(), (extra, prepared)))
+    return grid
+
+
+def _resident(compiled: Any, fn: Any, props: Any) -> int:
+    """How many programs of ``compiled`` the device runs at once: clusters as the driver counts
+    them, else the programs an SM holds (ptxas's count, or the driver's) times the SMs."""
+    threads, smem = compiled.threads, compiled.smem_bytes or 0
+    cluster = compiled.kernel_op.attributes.get("cluster") or 1
+    if cluster > 1:
+        return cluster * fn.max_active_clusters(cluster, threads, smem)
+    per_sm = compiled.programs_per_sm
+    return (fn.max_active_blocks(threads, smem) if per_sm is None else per_sm) * props.multi_processor_count
 
 
 _MAX_PLANS = 64  # per kernel; a program cycling through more shapes just pays full price

@@ -449,7 +449,8 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
               help="Run a multi-GPU kernel on R simulated ranks in the interpreter (default 1 for one), each on its "
                    "own random inputs, its flags at zero; --seed also picks how the ranks' programs interleave, and "
-                   "--check runs them again in another order and compares.")
+                   "--check runs them again in another order and compares.  On GPUs, one process a rank: "
+                   "torchrun --nproc-per-node R -m tkc run FILE --backend gpu [--check: against the interpreter].")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
                 kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
@@ -469,6 +470,8 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
         what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
+    world = _torchrun_ranks(k, backend, ranks, file)
+    ranks = world or ranks
     sizes = _dim_sizes(k, dims)
     if ranks:  # a dim no tile spans (a rank's slot, a flag per program) holds every rank
         sizes = {n: max(s, ranks) if n not in dims and s == UNTILED_DIM else s for n, s in sizes.items()}
@@ -480,6 +483,9 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     given = _set_scalars(k, args, scalars)
     from tkc.ir.dialects.tile import uses_ranks
 
+    if world:
+        _run_ranks_gpu(k, args, sizes, dims, given, int_range, seed, grid, check, repeat, target)
+        return
     if ranks is not None or uses_ranks(k):
         if backend not in (None, "interpret"):
             raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter for now "
@@ -517,26 +523,86 @@ def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int],
     """``tkc run --ranks R``: rank r's tensors drawn with seed ``seed + 1000 * r`` (rank 0's are
     the single-rank inputs), the scalars rank 0's on every rank, flags at zero."""
     from tkc import runner
-    from tkc.interpreter import random_args
     from tkc.ranks import flag_params
 
     params = list(k.regions[0].block.args)
-    rank_args = [args] + [random_args(k, sizes, seed + 1000 * r, int_range) for r in range(1, ranks)]
     flags = [params.index(p) for p in flag_params(k)]
-    for a in rank_args:
-        for i, p in enumerate(params):
-            if not isinstance(p.type, TensorType):
-                a[i] = args[i]
-            elif i in flags:
-                a[i] = np.zeros_like(a[i])
+    rank_args = [_rank_inputs(k, args, r, sizes, seed, int_range, flags) for r in range(ranks)]
     result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed)
-    click.echo(f"kernel {result.kernel}: {ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, "
-               f"interpret: interpreted in {result.seconds * 1e3:.1f} ms")
-    for line in _input_lines(k, sizes, dims, args, given, int_range):
+    _print_ranks_run(result, f"{ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, interpret: "
+                             f"interpreted in {result.seconds * 1e3:.1f} ms", (k, sizes, dims, args, given, int_range),
+                     "start at zero", flags, f"interpreter with the programs in another order (seed {seed + 1})")
+
+
+def _print_ranks_run(result: Any, how: str, inputs: tuple, flags_are: str, flags: list[int], pair: str) -> None:
+    """What a run of a multi-GPU kernel prints: ``how`` it ran, the inputs (``_input_lines``'
+    arguments), the flags and the outputs with their checks of ``pair``."""
+    click.echo(f"kernel {result.kernel}: {how}")
+    for line in _input_lines(*inputs):
         click.echo("  " + line)
     if flags:
-        click.echo(f"  flags (start at zero): {', '.join(_name(params[i]) for i in flags)}")
-    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})")
+        params = inputs[0].regions[0].block.args
+        click.echo(f"  flags ({flags_are}): {', '.join(_name(params[i]) for i in flags)}")
+    _print_outputs(result, pair)
+
+
+def _rank_inputs(k: Operation, args: list[Any], r: int, sizes: dict[str, int], seed: int,
+                 int_range: tuple[int, int], flags: list[int]) -> list[Any]:
+    """Rank ``r``'s inputs: its tensors drawn with seed ``seed + 1000 * r`` (rank 0's are
+    ``args``), the scalars rank 0's, the flags (parameter indices) zero."""
+    from tkc.interpreter import random_args
+
+    mine = args if r == 0 else random_args(k, sizes, seed + 1000 * r, int_range)
+    params = k.regions[0].block.args
+    return [args[i] if not isinstance(p.type, TensorType) else np.zeros_like(mine[i]) if i in flags else mine[i]
+            for i, p in enumerate(params)]
+
+
+def _torchrun_ranks(k: Operation, backend: str | None, ranks: int | None, file: str) -> int | None:
+    """How many GPUs run a multi-GPU kernel: torchrun's processes (``WORLD_SIZE``) for
+    ``--backend gpu`` or no backend under torchrun; None for a run in the interpreter."""
+    from tkc.ir.dialects.tile import uses_ranks
+
+    if ranks is None and not uses_ranks(k) or backend not in (None, "gpu"):
+        return None
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        if backend == "gpu":
+            raise TkcUsageError(f"--backend gpu: a multi-GPU kernel runs one process per GPU under torchrun: "
+                                f"torchrun --nproc-per-node R -m tkc run {file} --backend gpu")
+        return None
+    if ranks is not None and ranks != int(world):
+        raise TkcUsageError(f"--ranks {ranks}, but torchrun started {world} processes (one a rank)")
+    return int(world)
+
+
+def _run_ranks_gpu(k: Operation, args: list[Any], sizes: dict[str, int], dims: dict[str, int], given: set[str],
+                   int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool, repeat: int,
+                   target: str) -> None:
+    """``tkc run`` of a multi-GPU kernel under torchrun: every process a rank on its GPU, its
+    inputs as ``--ranks`` draws them; rank 0 prints (every rank's outputs, with --check)."""
+    from tkc import runner
+    from tkc.ranks import flag_params
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+    params = list(k.regions[0].block.args)
+    flags = [params.index(p) for p in flag_params(k)]
+    mine = _rank_inputs(k, args, rank, sizes, seed, int_range, flags)
+    try:
+        result = runner.run_ranks_gpu(k, mine, flags, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        if not result.ok:
+            raise SystemExit(1)
+        return
+    _print_ranks_run(result, f"{world} ranks (torchrun) of grid {result.grid}, seed {seed}, gpu: median kernel time "
+                             f"of {result.repeats} launches {result.seconds * 1e6:.1f} us",
+                     (k, sizes, dims, args, given, int_range), "zeroed before every launch", flags,
+                     f"GPU against interpreter on {world} simulated ranks (seed {seed})")
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:

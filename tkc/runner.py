@@ -239,6 +239,97 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
     return result
 
 
+def run_ranks_gpu(kernel: Operation, args: list[Any], flags: list[int], grid: tuple[int, ...] | None = None,
+                  check: bool = False, repeat: int = 1, seed: int = 0, target: str = DEFAULT_TARGET.name) -> RunResult:
+    """Run the multi-GPU ``kernel`` on this process's GPU as one rank of torchrun's processes
+    (:func:`tkc.runtime.ranks.init_process_group`), on ``args``, this rank's inputs in storage
+    form; every rank calls this alike.  Tensors ``@ ranks`` live in symmetric memory; the
+    tensors at ``flags`` (parameter indices) are zeroed before every launch, after every rank
+    has finished the one before.  ``check``: rank 0 gathers every rank's inputs and outputs,
+    runs the interpreter on all ranks (``seed`` interleaves them) and compares; every rank's
+    result then holds the comparison.  Outputs are this rank's (rank 0: every rank's, named
+    ``x (rank r)``, with ``check``); ``seconds`` is the median of ``repeat`` timed launches
+    after the one whose results are kept."""
+    import torch
+    import torch.distributed as dist
+
+    from tkc.compiler import compile_kernel
+    from tkc.runtime import ranks
+    from tkc.runtime.launch import launch
+
+    rank, world = ranks.init_process_group()
+    user_grid = tuple(grid) if grid else None
+    compiled = compile_kernel(kernel, target=target)
+    params = kernel.regions[0].block.args
+    work = copy.deepcopy(args)
+    if check:
+        _poison_outputs(kernel, work)
+    inputs = copy.deepcopy(work) if check else None
+    dev: list[Any] = []
+    for p, w in zip(params, work):
+        if isinstance(p.type, TensorType):
+            host = dtypes.to_torch(np.asarray(w), p.type.dtype)
+            t = ranks.symmetric_empty(tuple(host.shape), host.dtype) if p.type.ranks else torch.empty_like(
+                host, device="cuda")
+            dev.append(t.copy_(host))
+        else:
+            dev.append(w)
+
+    def start() -> None:  # every rank done with the last launch, flags zeroed, then in step
+        torch.cuda.synchronize()
+        dist.barrier()
+        for i in flags:
+            dev[i].zero_()
+        torch.cuda.synchronize()
+        dist.barrier()
+
+    start()
+    grid = launch(compiled, dev, grid=grid)
+    torch.cuda.synchronize()
+    host = [dtypes.from_torch_tensor(d.cpu())[0] if isinstance(p.type, TensorType) else d
+            for p, d in zip(params, dev)]
+    times = []
+    for _ in range(repeat):
+        start()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        launch(compiled, dev, grid=grid)
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+    tensors = [(i, p) for i, p in enumerate(params) if isinstance(p.type, TensorType)]
+    outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(host[i])) for i, p in tensors]
+    result = RunResult(kernel.attributes["sym_name"], "gpu", tuple(grid), sorted(times)[len(times) // 2], outputs,
+                       repeats=repeat)
+    if check:
+        every: list[Any] = [None] * world if rank == 0 else None  # type: ignore[assignment]
+        dist.gather_object((inputs, host), every, dst=0)
+        checked: list[Any] = [None]
+        failure = None
+        if rank == 0:
+            from tkc.interpreter import run_ranks as interpret_ranks
+
+            reference = [i for i, _ in every]
+            try:
+                interpret_ranks(kernel, reference, grid=None if walks_tiles(compiled.kernel_op) else user_grid,
+                                seed=seed)
+            except Exception as e:  # every rank stops: the others wait for the comparison
+                failure = e
+            else:
+                rounded = narrowest_cast(kernel)
+                result.outputs = [(f"{p.name_hint or f'arg{i}'} (rank {r})", p.type, np.asarray(out[i]))
+                                  for r, (_, out) in enumerate(every) for i, p in tensors]
+                wants = [np.asarray(ref[i]) for ref in reference for i, _ in tensors]
+                checked[0] = [_compare(n, t, got, want, rounded) for (n, t, got), want in zip(result.outputs, wants)]
+        dist.broadcast_object_list(checked, src=0)
+        if failure is not None:
+            raise failure
+        if checked[0] is None:
+            raise SystemExit(1)  # rank 0 says why
+        result.checked = checked[0]
+    return result
+
+
 def _poison_outputs(kernel: Operation, args: list[Any]) -> None:
     """Fill the tensors the kernel stores to with values it would not compute (NaN, or the
     most negative integer), so an element the executor fails to write cannot match the

@@ -48,3 +48,22 @@ def test_compile_writes_ptx_of_a_multi_gpu_kernel(tmp_path: Path) -> None:
     assert "ld.acquire.sys.global" in ptx and "atom.release.sys.global.exch" in ptx, ptx[-2000:]
     r = _run("compile", str(EXAMPLES / "gemm_reducescatter.tk"), "--emit", "tkir")
     assert r.exit_code == 0 and "tile.wait" in r.output, r.output
+
+
+def test_gpu_backend_outside_torchrun_says_how_to_start() -> None:
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / "allgather_gemm.tk"), "--backend", "gpu"],
+                           env={"TKC_INTERPRET": None, "WORLD_SIZE": None})
+    assert r.exit_code == 1, r.output
+    assert "torchrun --nproc-per-node R -m tkc run" in r.output and "--backend gpu" in r.output
+
+
+def test_ranks_must_match_torchruns_processes() -> None:
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / "allgather_gemm.tk"), "--ranks", "4", "--backend", "gpu"],
+                           env={"TKC_INTERPRET": None, "WORLD_SIZE": "2"})
+    assert r.exit_code == 1 and "--ranks 4, but torchrun started 2 processes" in r.output, r.output
+
+
+def test_without_torchrun_the_interpreter_runs_them() -> None:
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / "allgather_gemm.tk"), "--ranks", "2", *GEMM],
+                           env={"TKC_INTERPRET": None, "WORLD_SIZE": None})
+    assert r.exit_code == 0 and "2 ranks of grid" in r.output, r.output

@@ -1,0 +1,320 @@
+"""Multi-GPU kernels (issue 28) beside NCCL + cuBLAS and PyTorch's symmetric-memory operators.
+
+    torchrun --nproc-per-node 2 benchmarks/multi_gpu.py [--quick] [--check] [--no-record]
+                                                        [--only allgather_gemm,gemm_reducescatter,...]
+
+One process a GPU; every rank runs every contender in the same order.  Each timed call starts
+with every rank in step (CUDA synchronize, then a barrier) and is timed with CUDA events; a
+call's time is the slowest rank's, a contender's the median of its calls, the contenders taking
+turns (``tkc.autotune.interleaved_medians``: clock drift costs each alike).  No L2 flush: the
+operands are hundreds of MB.  Rank 0 prints the markdown table, appends it to
+benchmarks/RESULTS.md (unless ``--no-record``) and draws benchmarks/plot_multi_gpu.png.
+
+Shapes are a Llama-70B MLP under tensor parallelism over R ranks (8192 tokens, hidden 8192,
+FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the smaller only.
+
+* ``allgather_gemm`` (column-sharded up projection): every rank holds tokens/R rows of the
+  activations [tokens/R, hidden] and its FFN/R columns of the weights; out = all_gather(a) @ b,
+  [tokens, FFN/R].  tkc: examples/allgather_gemm.tk (a in symmetric memory); NCCL + cuBLAS:
+  ``all_gather_into_tensor`` then ``torch.matmul``; symm_mem fused:
+  ``torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)``.  2 tokens hidden FFN/R FLOPs.
+* ``gemm_reducescatter`` (row-sharded down projection): a [tokens, FFN/R], b [FFN/R, hidden];
+  out = reduce_scatter(a @ b), [tokens/R, hidden].  tkc: examples/gemm_reducescatter.tk (its
+  flags zeroed before every call, in the timing: a caller pays it); NCCL + cuBLAS: matmul then
+  ``reduce_scatter_tensor``; symm_mem fused: ``fused_matmul_reduce_scatter(a, b, "sum", 0,
+  group)``.
+* ``gemm_allreduce``: the same product, all-reduced: out [tokens, hidden] on every rank.  tkc:
+  examples/gemm_allreduce.tk; NCCL + cuBLAS: matmul then ``all_reduce``; symm_mem two-shot:
+  matmul into symmetric memory then ``torch.ops.symm_mem.two_shot_all_reduce_`` (no multicast).
+* ``collectives``: NCCL alone, all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or
+  reduced tensor's size), GB/s of that size over the time (algorithm bandwidth).
+
+``--check``: every contender once at the smaller shape, against float32 torch on the same
+inputs (relative error of the whole output); exit status 1 if one is off.
+NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
+``NVSHMEM_DISABLE_NVLS=1``, set before anything starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks"] + [str(ROOT / "benchmarks")]
+
+from tkc.runtime.ranks import init_process_group, no_multicast  # noqa: E402
+
+no_multicast()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import tkc  # noqa: E402
+from tkc.autotune import interleaved_medians  # noqa: E402
+
+GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "collectives"]
+#: (name, tokens, hidden, FFN): the whole layer; each rank holds 1/R of it.
+SHAPES = [("Llama-70B", 8192, 8192, 28672), ("small", 2048, 4096, 14336)]
+COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
+EXAMPLES = ROOT / "examples"
+BF16 = torch.bfloat16
+
+
+def timed(fn: Callable[[], Any], runs: int, warmup: int = 3) -> float:
+    """Seconds per call of ``fn`` on every rank: each call after every rank is in step, the
+    slowest rank's time of each, the median of ``runs``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        dist.barrier()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+    slowest = torch.tensor(times, device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.median())
+
+
+def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 3) -> dict[str, float | None]:
+    """:func:`timed` of each contender over ``rounds`` rounds, taking turns; None for one that
+    failed (every rank's failure is the same: they run the same code)."""
+    failed: dict[str, str] = {}
+
+    def timer(name: str) -> Callable[[], float]:
+        def run() -> float:
+            if name in failed:
+                return float("nan")
+            try:
+                return timed(contenders[name], max(runs // rounds, 5))
+            except Exception as e:  # a peer torch lacks, a shape it refuses: the row says so
+                failed[name] = f"{type(e).__name__}: {e}"
+                return float("nan")
+        return run
+
+    medians = interleaved_medians([timer(n) for n in contenders], rounds)
+    for name, why in failed.items():
+        say(f"  {name} failed: {why.splitlines()[0][:300]}")
+    return {n: None if n in failed else m for n, m in zip(contenders, medians)}
+
+
+def say(text: str) -> None:
+    if dist.get_rank() == 0:
+        print(text, flush=True)
+
+
+def randn(*shape: int, dtype: torch.dtype = BF16, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+
+
+def symmetric(x: torch.Tensor) -> torch.Tensor:
+    return tkc.symmetric_empty(tuple(x.shape), x.dtype).copy_(x)
+
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).norm() / want.norm().clamp_min(1e-30))
+
+
+# ------------------------------------------------------------------ the groups
+def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, float]:
+    """Contenders, their outputs (after a call) against the reference, and the FLOPs of a call."""
+    R, group = dist.get_world_size(), dist.group.WORLD.group_name
+    M, K, N = tokens // R, hidden, ffn // R
+    a, b = randn(M, K), randn(K, N, scale=K ** -0.5)
+    a_sym, c = symmetric(a), torch.empty(R, M, N, dtype=BF16, device="cuda")
+    gathered, c2 = torch.empty(R * M, K, dtype=BF16, device="cuda"), torch.empty(R * M, N, dtype=BF16, device="cuda")
+    k = tkc.load(EXAMPLES / "allgather_gemm.tk")
+    fused: list[Any] = [None]
+
+    def unfused() -> None:
+        dist.all_gather_into_tensor(gathered, a)
+        torch.matmul(gathered, b, out=c2)
+
+    def symm_mem() -> None:
+        fused[0] = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)[1][0]
+
+    contenders = {"tkc": lambda: k(a_sym, b, c), "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
+    outputs = {"tkc": lambda: c.reshape(R * M, N), "NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]}
+
+    def reference() -> torch.Tensor:
+        dist.all_gather_into_tensor(gathered, a)
+        return gathered.float() @ b.float()
+
+    return contenders, {"outputs": outputs, "reference": reference}, 2.0 * R * M * K * N
+
+
+def _partial_products(tokens: int, hidden: int, ffn: int) -> tuple[torch.Tensor, torch.Tensor]:
+    R = dist.get_world_size()
+    K = ffn // R
+    return randn(tokens, K), randn(K, hidden, scale=K ** -0.5)
+
+
+def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, float]:
+    R, rank, group = dist.get_world_size(), dist.get_rank(), dist.group.WORLD.group_name
+    a, b = _partial_products(tokens, hidden, ffn)
+    M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
+    BM, BN = 128, 256  # the example's tiles: one flag per output tile
+    out = torch.empty(MS, N, dtype=BF16, device="cuda")
+    stage = tkc.symmetric_empty((R, MS, N), torch.float32)
+    flags = tkc.symmetric_zeros((R, -(-MS // BM), -(-N // BN)), torch.int32)
+    full, out2 = torch.empty(M, N, dtype=BF16, device="cuda"), torch.empty(MS, N, dtype=BF16, device="cuda")
+    k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")
+    fused: list[Any] = [None]
+
+    def ours() -> None:
+        flags.zero_()
+        k(a, b, out, stage, flags)
+
+    def unfused() -> None:
+        torch.matmul(a, b, out=full)
+        dist.reduce_scatter_tensor(out2, full)
+
+    def symm_mem() -> None:
+        fused[0] = torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group)
+
+    def reference() -> torch.Tensor:
+        total = a.float() @ b.float()
+        dist.all_reduce(total)
+        return total[rank * MS:(rank + 1) * MS]
+
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
+    outputs = {"tkc": lambda: out, "NCCL+cuBLAS": lambda: out2, "symm_mem fused": lambda: fused[0]}
+    return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
+
+
+def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, float]:
+    R, group = dist.get_world_size(), dist.group.WORLD.group_name
+    a, b = _partial_products(tokens, hidden, ffn)
+    M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
+    BM, BN = 128, 256
+    out = tkc.symmetric_empty((R, MS, N), BF16)
+    stage = tkc.symmetric_empty((R, MS, N), torch.float32)
+    flags = tkc.symmetric_zeros((2, R, -(-MS // BM), -(-N // BN)), torch.int32)
+    full = torch.empty(M, N, dtype=BF16, device="cuda")
+    full_sym = tkc.symmetric_empty((M, N), BF16)
+    k = tkc.load(EXAMPLES / "gemm_allreduce.tk")
+
+    def ours() -> None:
+        flags.zero_()
+        k(a, b, out, stage, flags)
+
+    def unfused() -> None:
+        torch.matmul(a, b, out=full)
+        dist.all_reduce(full)
+
+    def two_shot() -> None:
+        torch.matmul(a, b, out=full_sym)
+        torch.ops.symm_mem.two_shot_all_reduce_(full_sym, "sum", group)
+
+    def reference() -> torch.Tensor:
+        total = a.float() @ b.float()
+        dist.all_reduce(total)
+        return total
+
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem two-shot": two_shot}
+    outputs = {"tkc": lambda: out.reshape(M, N), "NCCL+cuBLAS": lambda: full, "symm_mem two-shot": lambda: full_sym}
+    return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
+
+
+def collectives(nbytes: int) -> dict[str, Callable[[], Any]]:
+    R = dist.get_world_size()
+    n = nbytes // 2
+    whole, shard = torch.empty(n, dtype=BF16, device="cuda"), torch.empty(n // R, dtype=BF16, device="cuda")
+    whole.normal_()
+    return {"NCCL all_gather": lambda: dist.all_gather_into_tensor(whole, shard),
+            "NCCL reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, whole)}
+
+
+GEMMS = {"allgather_gemm": allgather_gemm, "gemm_reducescatter": gemm_reducescatter,
+         "gemm_allreduce": gemm_allreduce}
+
+
+# ------------------------------------------------------------------ main
+def check(only: list[str]) -> bool:
+    """Every contender once at the smaller shape against float32 torch; True when all agree."""
+    _, tokens, hidden, ffn = SHAPES[-1]
+    ok = True
+    for name in [g for g in only if g in GEMMS]:
+        contenders, out, _ = GEMMS[name](tokens, hidden, ffn)
+        want = out["reference"]()
+        for who, fn in contenders.items():
+            try:
+                fn()
+                torch.cuda.synchronize()
+                err = rel_error(out["outputs"][who](), want)
+            except Exception as e:  # reported, and the check fails
+                say(f"  {name} {who}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                err = float("inf")
+            worst = torch.tensor([err], device="cuda")
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            good = float(worst) < 2e-2
+            ok &= good
+            say(f"check {name} {who}: relative error {float(worst):.3g} (worst rank): {'ok' if good else 'MISMATCH'}")
+    return ok
+
+
+def main() -> None:
+    from harness import group_args
+
+    args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs",
+                            more=lambda ap: ap.add_argument("--check", action="store_true",
+                                                            help="check every contender's result and stop"))
+    rank, world = init_process_group()
+    torch.manual_seed(1234 + rank)
+    try:
+        if args.check:
+            ok = check(only)
+            raise SystemExit(0 if ok else 1)
+        rows = run(only, args.quick, world)
+        if rank == 0:
+            report(rows, args, only, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(only: list[str], quick: bool, world: int) -> list[Any]:
+    from harness import Row
+
+    runs = 10 if quick else 30
+    rows = []
+    for name in [g for g in only if g in GEMMS]:
+        for shape, tokens, hidden, ffn in SHAPES[-1:] if quick else SHAPES:
+            problem = f"{shape}: {tokens} tokens x {hidden} x {ffn}, /{world}"
+            say(f"{name} {problem} ...")
+            contenders, _, flops = GEMMS[name](tokens, hidden, ffn)
+            seconds = in_turns(contenders, runs)
+            rows.append(Row(name, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
+            torch.cuda.empty_cache()
+    if "collectives" in only:
+        for nbytes in COLLECTIVE_BYTES[:2] if quick else COLLECTIVE_BYTES:
+            say(f"collectives {nbytes >> 20} MiB ...")
+            seconds = in_turns(collectives(nbytes), runs)
+            rows.append(Row("collectives", f"{nbytes >> 20} MiB", "GB/s",
+                            {n: nbytes / s / 1e9 if s else None for n, s in seconds.items()}))
+    return rows
+
+
+def report(rows: list[Any], args: argparse.Namespace, only: list[str], world: int) -> None:
+    from harness import append_results, plot, table
+
+    print(table(rows))
+    if args.no_record:
+        return
+    command = f"torchrun --nproc-per-node {world} benchmarks/multi_gpu.py" + (" --quick" if args.quick else "") + (
+        f" --only {args.only}" if len(only) < len(GROUPS) else "")
+    append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
+                   f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's.")
+    if plot(rows, GROUPS, ROOT / "benchmarks" / "plot_multi_gpu.png"):
+        print("plot: benchmarks/plot_multi_gpu.png")
+
+
+if __name__ == "__main__":
+    main()
