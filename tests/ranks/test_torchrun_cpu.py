@@ -34,7 +34,8 @@ def test_rank_zero_checks_every_rank_against_the_interpreter() -> None:
     assert "kernel allgather_gemm: 2 ranks (torchrun) of grid (2, 2), seed 0, gpu: median kernel time of 2 " \
            "launches 1000.0 us" in r.stdout, r.stdout
     checks = [line for line in r.stdout.splitlines() if "check " in line]
-    assert [c.split(",")[0] for c in checks] == [f"  check {x} (rank {r})" for r in (0, 1) for x in "abc"]
+    assert [c.split(",")[0] for c in checks] == [f"  check {x} (rank {r})" for r in (0, 1)
+                                                 for x in ("a", "b", "c", "ag", "ready")]
     assert all(c.endswith(": ok") for c in checks), r.stdout
 
 
