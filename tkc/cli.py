@@ -447,9 +447,10 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
               help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
 @click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
-              help="Run a multi-GPU kernel on R simulated ranks in the interpreter (default 1 for one), each on its "
-                   "own random inputs, its flags at zero; --seed also picks how the ranks' programs interleave, and "
-                   "--check runs them again in another order and compares.")
+              help="Run a multi-GPU kernel on R simulated ranks in the interpreter or the emulator (default 1 for "
+                   "one), each on its own random inputs, its flags at zero; --seed also picks how the ranks' programs "
+                   "interleave, and --check runs the interpreter again (in another order, after the interpreter) and "
+                   "compares.")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
                 kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
@@ -481,10 +482,11 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     from tkc.ir.dialects.tile import uses_ranks
 
     if ranks is not None or uses_ranks(k):
-        if backend not in (None, "interpret"):
-            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter for now "
-                                f"(tkc run {file} --ranks R)")
-        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check)
+        if backend not in (None, "interpret", "emulate"):
+            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter or the emulator for "
+                                f"now (tkc run {file} --ranks R [--backend emulate])")
+        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
+                   target)
         return
     result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
@@ -513,9 +515,11 @@ def _print_outputs(result: Any, pair: str) -> None:
 
 
 def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int], dims: dict[str, int],
-               given: set[str], int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool) -> None:
+               given: set[str], int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool,
+               backend: str, target: str) -> None:
     """``tkc run --ranks R``: rank r's tensors drawn with seed ``seed + 1000 * r`` (rank 0's are
-    the single-rank inputs), the scalars rank 0's on every rank, flags at zero."""
+    the single-rank inputs), the scalars rank 0's on every rank, flags at zero; in the
+    interpreter or the emulator."""
     from tkc import runner
     from tkc.interpreter import random_args
     from tkc.ranks import flag_params
@@ -529,14 +533,16 @@ def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int],
                 a[i] = args[i]
             elif i in flags:
                 a[i] = np.zeros_like(a[i])
-    result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed)
+    result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed, backend=backend, target=target)
+    how = "interpret: interpreted" if backend == "interpret" else "emulate: emulated"
     click.echo(f"kernel {result.kernel}: {ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, "
-               f"interpret: interpreted in {result.seconds * 1e3:.1f} ms")
+               f"{how} in {result.seconds * 1e3:.1f} ms")
     for line in _input_lines(k, sizes, dims, args, given, int_range):
         click.echo("  " + line)
     if flags:
         click.echo(f"  flags (start at zero): {', '.join(_name(params[i]) for i in flags)}")
-    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})")
+    _print_outputs(result, f"interpreter with the programs in another order (seed {seed + 1})" if backend == "interpret"
+                   else "emulator against interpreter")
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:
