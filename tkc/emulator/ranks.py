@@ -73,7 +73,11 @@ class RankLaunch:
         self.flying.setdefault(id(tensor), []).append((box, op, wg))
 
     def drain(self, wg: Any) -> None:
-        """``cp.async.bulk.wait_group 0`` by ``wg``'s thread 0: its TMA stores have landed."""
+        """``cp.async.bulk.wait_group 0`` by ``wg``'s thread 0: its TMA stores have landed
+        (and read their shared tiles)."""
+        for lease in wg.bulk:
+            lease.release()
+        wg.bulk = []
         for key in list(self.flying):
             left = [f for f in self.flying[key] if f[2] is not wg]
             if left:
@@ -98,9 +102,9 @@ class RankLaunch:
                 at = tuple(np.argwhere(inside)[0])
                 raise TkcEmulatorError(
                     f"reads element {[int(i[at]) for i in index]} of {self.tensor(tensor)} while the TMA store at "
-                    f"{_line(store)} by {self.labels[wg]} still writes it: a TMA store lands at its role's next "
-                    f"release (a signal or barrier_all() first waits for the role's bulk copies: "
-                    f"cp.async.bulk.wait_group 0)")
+                    f"{_line(store)} by {self.labels[wg]} still writes it: a TMA store has landed only once its "
+                    f"role releases after it (signal(), barrier_all() or an atomic with sem release or acq_rel "
+                    f"first waits for the role's bulk copies: cp.async.bulk.wait_group 0)")
 
     # ------------------------------------------------------------------ barriers
     def arrive(self, wg: Any) -> tuple[tuple[tuple[int, ...], int], set]:
