@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from tkc.cli import cli
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate, emulate_ranks
+from tkc.emulator.mbarrier import PhaseError
 from tkc.emulator.scheduler import DeadlockError
 from tkc.errors import TkcEmulatorError
 from tkc.ir.parser import parse_module
@@ -354,3 +355,31 @@ def test_a_read_of_a_tma_store_still_in_flight(seed: int) -> None:
     assert re.search(r"reads element \[0, 0\] of 'x' of rank (\d) while the TMA store at line 11 by rank (?!\1)\d "
                      r"CTA \(0,\) warpgroup 0 still writes it", msg), msg
     assert "'hopper.load'" in msg and info.value.loc.line == 14, msg
+
+
+# ------------------------------------------------------------------ the lowering, as the emulator sees it
+@pytest.mark.xfail(raises=PhaseError, strict=True,
+                   reason="lowering: the ring count of moe_dispatch's K loop (nested in the rank loop and a loop of "
+                          "data-dependent length) restarts at 0 in every tile of a persistent program, while the "
+                          "ring's barriers go on: a program with two tiles waits for the wrong phase")
+def test_moe_dispatch_with_more_tiles_than_programs() -> None:
+    args, y, want = _moe(2, 0, F=200, EL=3)  # 3 experts x 2 column tiles: 6 tiles over 4 programs
+    emulate_ranks(_hopper("moe_dispatch.tk"), args)
+    for r in range(2):
+        torch.testing.assert_close(y[r].float(), want[r].bfloat16().float(), atol=0.1, rtol=2e-2, equal_nan=True)
+
+
+@pytest.mark.xfail(raises=DeadlockError, strict=True,
+                   reason="lowering: specialize-warps puts a barrier_all() (or a wait) under an if or in a loop into "
+                          "the producer role only, while a barrier completes once every role has arrived")
+def test_a_barrier_under_a_branch_in_a_warp_specialized_kernel() -> None:
+    text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("    barrier_all()\n",
+                                                                 "    if num_ranks() > 0:\n        barrier_all()\n")
+    rng = np.random.default_rng(0)
+    a = [_bf16(rng, 80, 72) for _ in range(2)]
+    b = [_bf16(rng, 72, 48) for _ in range(2)]
+    c = [torch.zeros(2, 80, 48, dtype=torch.bfloat16) for _ in range(2)]
+    emulate_ranks(compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op,
+                  [[a[r], b[r], c[r]] for r in range(2)])
+    for r in range(2):
+        _close(c[r].reshape(160, 48), torch.cat(a).float() @ b[r].float())
