@@ -345,16 +345,22 @@ def test_a_signal_after_a_tma_store_lets_it_land(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_read_of_a_tma_store_still_in_flight(seed: int) -> None:
+@pytest.mark.parametrize("reader", ["hopper.load", "hopper.tma_load"])
+def test_a_read_of_a_tma_store_still_in_flight(seed: int, reader: str) -> None:
     """A relaxed flag orders nothing: the peer's TMA store into x may still be in flight when
-    the owner reads x after its wait."""
+    the owner reads x after its wait (with loads, or with TMA as a product's operand)."""
     text = PUT.replace("signal(flags.on(nxt)[rank()], 1)", 'atomic_exch(flags.on(nxt)[rank()], 1, sem="relaxed")')
+    args = _put_args(2)
+    if reader == "hopper.tma_load":
+        text = text.replace("flags: i32[R] @ ranks,", "flags: i32[R] @ ranks, e: bf16[N, N],").replace(
+            "y[0:BM, 0:BN] = x[0:BM, 0:BN]", "y[0:BM, 0:BN] = (x[0:BM, 0:BN] @ e[0:BN, 0:BN]).to(bf16)")
+        args = [a + [torch.eye(64, dtype=torch.bfloat16)] for a in args]
     with pytest.raises(TkcEmulatorError) as info:
-        emulate_ranks(_compiled(text), _put_args(2), seed=seed)
+        emulate_ranks(_compiled(text), args, seed=seed)
     msg = str(info.value)
     assert re.search(r"reads element \[0, 0\] of 'x' of rank (\d) while the TMA store at line 11 by rank (?!\1)\d "
                      r"CTA \(0,\) warpgroup 0 still writes it", msg), msg
-    assert "'hopper.load'" in msg and info.value.loc.line == 14, msg
+    assert f"'{reader}'" in msg and info.value.loc.line == 14, msg
 
 
 # ------------------------------------------------------------------ the lowering, as the emulator sees it

@@ -771,7 +771,7 @@ def _read(wg: _Warpgroup, op: Operation, tensor: np.ndarray, offsets: Sequence[A
     dt = op.tensor.type.dtype
     idx, inb = _global_index(op, tensor, offsets, coords)
     if wg.cta.launch is not None:
-        wg.cta.launch.check_read(tensor, tuple(i[inb] for i in idx))
+        wg.cta.launch.check_read(tensor, idx, inb)
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:

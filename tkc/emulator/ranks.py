@@ -43,6 +43,8 @@ from tkc.semantics import _CMP as semantics_cmp
 
 __all__ = ["RankLaunch", "HANDLERS", "CO_HANDLERS", "releasing"]
 
+Co = Generator[Any, None, Any]  # a coroutine step, as in machine.py
+
 
 class RankLaunch:
     """What the CTAs of a multi-GPU launch share: every rank's parameters, the barriers
@@ -85,15 +87,17 @@ class RankLaunch:
             else:
                 del self.flying[key]
 
-    def check_read(self, tensor: np.ndarray, index: tuple) -> None:
+    def check_read(self, tensor: np.ndarray, index: tuple, mask: np.ndarray | None = None) -> None:
         """A read of ``tensor[index]`` (per axis an integer array, broadcast together, or a
-        slice) of elements a TMA store still writes is an error."""
+        slice; only where ``mask`` holds) of elements a TMA store still writes is an error."""
         flying = self.flying.get(id(tensor), ())
-        if flying:
-            n = len(index)
-            index = tuple(np.arange(i.start, i.stop).reshape([-1 if b == a else 1 for b in range(n)])
-                          if isinstance(i, slice) else i for a, i in enumerate(index))
-            index = np.broadcast_arrays(*(np.asarray(i) for i in index))
+        if not flying:
+            return
+        n = len(index)
+        index = tuple(np.arange(i.start, i.stop).reshape([-1 if b == a else 1 for b in range(n)])
+                      if isinstance(i, slice) else np.asarray(i)[mask] if mask is not None else i
+                      for a, i in enumerate(index))
+        index = np.broadcast_arrays(*(np.asarray(i) for i in index))
         for box, store, wg in flying:
             inside = np.ones(index[0].shape, bool)
             for i, (lo, hi) in zip(index, box):
@@ -166,9 +170,6 @@ def _spin(wg: Any, op: Operation, ready: Callable[[], bool], waits_for: Callable
     spinning[wg] = waits_for
     yield Until(ready, waits_for, op.name, op.loc)
     del spinning[wg]
-
-
-Co = Generator[Any, None, Any]
 
 
 # ------------------------------------------------------------------ the rank ops
