@@ -135,14 +135,15 @@ class RankLaunch:
         return "; ".join(out)
 
     # ------------------------------------------------------------------ deadlock
-    def stuck(self, blocked: list[tuple[str, Wait | Until]]) -> TkcEmulatorError:
-        """The error when no warpgroup can go on: every one that waits, with what for, in the
-        interpreter's words when some spin on a flag or a barrier."""
-        lines = [f"{n} {w.waits_for()}" if isinstance(w, Until) else
-                 f"{n} waits at {w.op} for parity {w.parity} of {w.barrier.state()}" for n, w in blocked]
+    def stuck(self, blocked: list[tuple[str, Wait | Until]]) -> TkcEmulatorError | None:
+        """The error when no warpgroup can go on and some spin on a flag or a barrier: every
+        one that waits, with what for, in the interpreter's words (None: a deadlock of
+        mbarriers alone, the scheduler's own error)."""
         spins = [i for i, (_, w) in enumerate(blocked) if isinstance(w, Until)]
         if not spins:
-            return DeadlockError("deadlock: no role can run\n  " + "\n  ".join(lines))
+            return None
+        lines = [f"{n} {w.waits_for()}" if isinstance(w, Until) else
+                 f"{n} waits at {w.op} for parity {w.parity} of {w.barrier.state()}" for n, w in blocked]
         first = spins[0]
         loc = blocked[first][1].loc
         by_name = {name: wg for wg, name in self.labels.items()}

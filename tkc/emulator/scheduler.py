@@ -15,7 +15,7 @@ switch to another warpgroup:
 random (seeded) among the roles that can run, so a protocol is exercised under many
 interleavings.  When some role is unfinished and none can run, it raises ``DeadlockError``
 naming every blocked role, its op, the barrier, the parity it waits for and the barrier's
-phase, arrivals and tx-count (or the error ``stuck`` makes of the blocked roles).  An error
+phase, arrivals and tx-count (or the error ``stuck`` makes of the blocked roles, if any).  An error
 inside a role is re-raised with the role's name.
 
 Stage reuse races are caught by shared-memory read leases (``SharedMemory.begin_read``; a
@@ -69,8 +69,7 @@ Request = Wait | Yield | Until
 Role = Generator[Request, None, None]
 
 
-def describe_block(name: str, w: Wait | Until) -> str:
-    """A blocked role in a deadlock's message."""
+def _describe_block(name: str, w: Wait | Until) -> str:
     if isinstance(w, Until):
         return f"role {name!r} blocked at {w.op!r}: {w.waits_for()}"
     return f"role {name!r} blocked at {w.op!r}: waits for parity {w.parity} of {w.barrier.state()}"
@@ -78,9 +77,9 @@ def describe_block(name: str, w: Wait | Until) -> str:
 
 def run(roles: Mapping[str, Role] | Iterable[tuple[str, Role]], seed: int = 0, *,
         max_steps: int = 1_000_000,
-        stuck: Callable[[list[tuple[str, Wait | Until]]], TkcEmulatorError] | None = None) -> int:
+        stuck: Callable[[list[tuple[str, Wait | Until]]], TkcEmulatorError | None] | None = None) -> int:
     """Run ``roles`` (name -> generator) to completion; returns the number of steps taken.
-    ``stuck`` makes the error of a deadlock from the blocked roles and their requests."""
+    ``stuck`` may make the error of a deadlock from the blocked roles and their requests."""
     items = list(roles.items()) if isinstance(roles, Mapping) else list(roles)
     names = [n for n, _ in items]
     if len(set(names)) != len(names):
@@ -105,9 +104,9 @@ def run(roles: Mapping[str, Role] | Iterable[tuple[str, Role]], seed: int = 0, *
             ready.append(name)
         if not ready:
             blocked = [(n, pending[n]) for n in live if isinstance(pending[n], (Wait, Until))]
-            if stuck is not None:
-                raise stuck(blocked)
-            raise DeadlockError("deadlock: no role can run\n  " + "\n  ".join(describe_block(*b) for b in blocked))
+            error = stuck(blocked) if stuck is not None else None
+            raise error or DeadlockError("deadlock: no role can run\n  " +
+                                         "\n  ".join(_describe_block(*b) for b in blocked))
         name = ready[rng.randrange(len(ready))]
         req = pending[name]
         if isinstance(req, Wait):
