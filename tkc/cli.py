@@ -449,8 +449,8 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
               help="Run a multi-GPU kernel on R simulated ranks in the interpreter or the emulator (default 1 for "
                    "one), each on its own random inputs, its flags at zero; --seed also picks how the ranks' programs "
-                   "interleave, and --check runs the interpreter again (in another order, after the interpreter) and "
-                   "compares.")
+                   "interleave, and --check compares with the interpreter: in another order (after the interpreter) "
+                   "or on the same inputs (after the emulator).")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
                 kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
