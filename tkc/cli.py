@@ -447,9 +447,10 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
               help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
 @click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
-              help="Run a multi-GPU kernel on R simulated ranks in the interpreter (default 1 for one), each on its "
-                   "own random inputs, its flags at zero; --seed also picks how the ranks' programs interleave, and "
-                   "--check runs them again in another order and compares.  On GPUs, one process a rank: "
+              help="Run a multi-GPU kernel on R simulated ranks in the interpreter or the emulator (default 1 for "
+                   "one), each on its own random inputs, its flags at zero; --seed also picks how the ranks' programs "
+                   "interleave, and --check compares with the interpreter: in another order (after the interpreter) "
+                   "or on the same inputs (after the emulator).  On GPUs, one process a rank: "
                    "torchrun --nproc-per-node R -m tkc run FILE --backend gpu [--check: against the interpreter].")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
@@ -487,10 +488,11 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         _run_ranks_gpu(k, args, sizes, dims, given, int_range, seed, grid, check, repeat, target)
         return
     if ranks is not None or uses_ranks(k):
-        if backend not in (None, "interpret"):
-            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter for now "
-                                f"(tkc run {file} --ranks R)")
-        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check)
+        if backend not in (None, "interpret", "emulate"):
+            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter or the emulator for "
+                                f"now (tkc run {file} --ranks R [--backend emulate])")
+        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
+                   target)
         return
     result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
@@ -519,19 +521,23 @@ def _print_outputs(result: Any, pair: str) -> None:
 
 
 def _run_ranks(k: Operation, args: list[Any], ranks: int, sizes: dict[str, int], dims: dict[str, int],
-               given: set[str], int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool) -> None:
+               given: set[str], int_range: tuple[int, int], seed: int, grid: tuple | None, check: bool,
+               backend: str, target: str) -> None:
     """``tkc run --ranks R``: rank r's tensors drawn with seed ``seed + 1000 * r`` (rank 0's are
-    the single-rank inputs), the scalars rank 0's on every rank, flags at zero."""
+    the single-rank inputs), the scalars rank 0's on every rank, flags at zero; in the
+    interpreter or the emulator."""
     from tkc import runner
     from tkc.ranks import flag_params
 
     params = list(k.regions[0].block.args)
     flags = [params.index(p) for p in flag_params(k)]
     rank_args = [_rank_inputs(k, args, r, sizes, seed, int_range, flags) for r in range(ranks)]
-    result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed)
-    _print_ranks_run(result, f"{ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, interpret: "
-                             f"interpreted in {result.seconds * 1e3:.1f} ms", (k, sizes, dims, args, given, int_range),
-                     "start at zero", flags, f"interpreter with the programs in another order (seed {seed + 1})")
+    result = runner.run_ranks(k, rank_args, grid=grid, check=check, seed=seed, backend=backend, target=target)
+    how = "interpret: interpreted" if backend == "interpret" else "emulate: emulated"
+    _print_ranks_run(result, f"{ranks} rank{'s' if ranks > 1 else ''} of grid {result.grid}, seed {seed}, {how} in "
+                             f"{result.seconds * 1e3:.1f} ms", (k, sizes, dims, args, given, int_range),
+                     "start at zero", flags, f"interpreter with the programs in another order (seed {seed + 1})"
+                     if backend == "interpret" else "emulator against interpreter")
 
 
 def _print_ranks_run(result: Any, how: str, inputs: tuple, flags_are: str, flags: list[int], pair: str) -> None:

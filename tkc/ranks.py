@@ -40,9 +40,29 @@ from tkc.frontend.emit import CMP_PREDS
 from tkc.semantics import _CMP as semantics_cmp
 from tkc.semantics import Program, _box_slices, gather_elements
 
-__all__ = ["flag_params", "run_programs"]
+__all__ = ["check_launch", "flag_params", "run_programs", "out_of_range", "flag_state", "deadlock", "never_satisfied"]
 
 _SHOWN = {pred: op for op, pred in CMP_PREDS.items()}  # "ge" -> ">=", in messages
+
+
+# The protocol's messages, shared with the emulator's ranks (tkc/emulator/ranks.py).
+def out_of_range(r: int, num_ranks: int) -> str:
+    many = "s" if num_ranks > 1 else ""
+    return f"rank {r} is out of range: the launch has {num_ranks} rank{many} (0..{num_ranks - 1})"
+
+
+def flag_state(name: str, element: Sequence[int], pred: str, want: int, now: int) -> str:
+    """What a wait waits for: ``flags[0, 1] >= 1 (it is 0)``."""
+    return f"{name}[{', '.join(map(str, element))}] {_SHOWN[pred]} {want} (it is {now})"
+
+
+def deadlock(lines: Sequence[str]) -> str:
+    return ("deadlock across ranks: every program that has not finished waits, for one that cannot go on:\n" +
+            "\n".join(f"  {line}" for line in lines))
+
+
+def never_satisfied(what: str) -> str:
+    return f"a wait that can never be satisfied: {what}, and every other program has finished"
 
 
 class _Aborted(BaseException):
@@ -164,13 +184,10 @@ class _Scheduler:
                 t.thread.join()
 
     def _stuck(self, live: list[_Task]) -> TkcInterpretError:
-        lines = [f"  {t.name} {t.waits_for()}" for t in live]
         first = live[0]
         if len(live) == 1:
-            return TkcInterpretError(f"a wait that can never be satisfied: {first.name} {first.waits_for()}, and "
-                                     f"every other program has finished", first.loc)
-        return TkcInterpretError("deadlock across ranks: every program that has not finished waits, for one "
-                                 "that cannot go on:\n" + "\n".join(lines), first.loc)
+            return TkcInterpretError(never_satisfied(f"{first.name} {first.waits_for()}"), first.loc)
+        return TkcInterpretError(deadlock([f"{t.name} {t.waits_for()}" for t in live]), first.loc)
 
 
 class RankProgram(Program):
@@ -205,8 +222,7 @@ class _Launch:
 def _peer(ctx: RankProgram, op: Operation, tensor: np.ndarray, r: Any) -> list[np.ndarray]:
     r = int(r)
     if not 0 <= r < ctx.num_ranks:
-        raise TkcInterpretError(f"rank {r} is out of range: the launch has {ctx.num_ranks} "
-                                f"rank{'s' if ctx.num_ranks > 1 else ''} (0..{ctx.num_ranks - 1})", op.loc)
+        raise TkcInterpretError(out_of_range(r, ctx.num_ranks), op.loc)
     return [ctx.launch.envs[r][op.tensor]]  # a list: a tensor, not a value _checked by its type
 
 
@@ -222,8 +238,7 @@ def _wait(ctx: RankProgram, op: Operation, tensor: np.ndarray, value: Any, *offs
         return bool(semantics_cmp[pred](int(tensor[element]), want))
 
     def waits_for() -> str:
-        return (f"waits at line {op.loc.line} for {name}[{', '.join(map(str, element))}] {_SHOWN[pred]} {want} "
-                f"(it is {int(tensor[element])})")
+        return f"waits at line {op.loc.line} for {flag_state(name, element, pred, want, int(tensor[element]))}"
 
     ctx.sched.pause(ctx.task, ready, waits_for, op.loc)
     ctx.log.acquire(tensor, element, ctx.task.index)
@@ -324,25 +339,16 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
     stored to into ``written``.  ``seed`` picks the order the programs of all ranks interleave
     in.  :func:`tkc.interpreter.run_ranks` binds the arguments and writes the outputs back."""
     num_ranks = len(envs)
-    if num_ranks < 1:
-        raise TkcLaunchError("a launch needs at least one rank")
-    if tile.has_cluster_reductions(kernel):
-        raise TkcUnsupportedError("cluster reductions in a multi-GPU kernel are not supported", kernel.loc)
     params = kernel.regions[0].block.args
-    _check_symmetric(params, envs)
-    _check_separate(params, envs)
-    with np.errstate(all="ignore"):
-        grids = [eval_grid(kernel, dict(env)) if grid is None else check_grid(grid) for env in envs]
-    if any(g != grids[0] for g in grids):
-        raise TkcLaunchError(f"every rank launches the same grid; the ranks' arguments give {grids}")
-    pids = list(itertools.product(*(range(g) for g in grids[0])))
+    shape = check_launch(kernel, envs, grid)
+    pids = list(itertools.product(*(range(g) for g in shape)))
     tasks = [_Task(i, r, pid) for i, (r, pid) in enumerate((r, pid) for r in range(num_ranks) for pid in pids)]
     hb = HappensBefore([t.name for t in tasks], [t.rank for t in tasks])
     for r, env in enumerate(envs):
         for p in params:
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
-    launch = _Launch(num_ranks, grids[0], envs, _RankLog(hb), written)
+    launch = _Launch(num_ranks, shape, envs, _RankLog(hb), written)
     sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 
@@ -359,6 +365,24 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
         late = hb.landed(r, [t.index for t in tasks if t.rank == r])
         if late is not None:
             raise TkcInterpretError(*late)
+
+
+def check_launch(kernel: Operation, envs: list[dict], grid: Any) -> tuple[int, ...]:
+    """Check a launch on ``len(envs)`` ranks (parameters bound in ``envs``) and return its
+    grid: at least one rank, ``@ ranks`` tensors of one shape, no array shared by two ranks,
+    the same grid on every rank."""
+    if len(envs) < 1:
+        raise TkcLaunchError("a launch needs at least one rank")
+    if tile.has_cluster_reductions(kernel):
+        raise TkcUnsupportedError("cluster reductions in a multi-GPU kernel are not supported", kernel.loc)
+    params = kernel.regions[0].block.args
+    _check_symmetric(params, envs)
+    _check_separate(params, envs)
+    with np.errstate(all="ignore"):
+        grids = [eval_grid(kernel, dict(env)) if grid is None else check_grid(grid) for env in envs]
+    if any(g != grids[0] for g in grids):
+        raise TkcLaunchError(f"every rank launches the same grid; the ranks' arguments give {grids}")
+    return grids[0]
 
 
 def flag_params(kernel: Operation) -> list[Any]:

@@ -213,29 +213,50 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
 
 
 def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ...] | None = None,
-              check: bool = False, seed: int = 0) -> RunResult:
-    """Run the multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks in the interpreter
-    (:func:`tkc.interpreter.run_ranks`), the programs of all ranks interleaved in an order picked by
-    ``seed``; outputs are named ``x (rank r)``.  ``check``: run again interleaved by seed
-    ``seed + 1`` and compare every tensor of every rank (a kernel whose ranks synchronize
-    properly computes the same whatever the order; the race detector has already run twice)."""
+              check: bool = False, seed: int = 0, backend: str = "interpret",
+              target: str = DEFAULT_TARGET.name) -> RunResult:
+    """Run the multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks, the programs of all
+    ranks interleaved in an order picked by ``seed``: in the interpreter
+    (:func:`tkc.interpreter.run_ranks`), or with ``backend = "emulate"`` its hopper IR in the
+    emulator (:func:`tkc.emulator.emulate_ranks`); outputs are named ``x (rank r)``.
+    ``check``: the interpreter again, interleaved by seed ``seed + 1``, comparing every tensor
+    of every rank (a kernel whose ranks synchronize properly computes the same whatever the
+    order; the race detector has already run twice), or, for the emulator, the interpreter on
+    the same inputs with the same seed."""
+    from tkc.grid import launch_grid
     from tkc.interpreter import run_ranks as run
 
+    if backend not in ("interpret", "emulate"):
+        raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter or the emulator "
+                            f"for now")
     work = copy.deepcopy(rank_args)
     reference = copy.deepcopy(rank_args) if check else None
-    seconds = _timed(lambda: run(kernel, work, grid=grid, seed=seed))
+    executed = kernel
+    if backend == "emulate":
+        from tkc.compiler import compile_kernel
+        from tkc.emulator import emulate_ranks
+
+        if reference is not None:
+            for args in work + reference:
+                _poison_outputs(kernel, args)
+        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False, target=target).kernel_op
+        seconds = _timed(lambda: emulate_ranks(hopper, work, grid=grid, seed=seed))
+    else:
+        seconds = _timed(lambda: run(kernel, work, grid=grid, seed=seed))
     params = kernel.regions[0].block.args
     tensors = [(i, p) for i, p in enumerate(params) if isinstance(p.type, TensorType)]
     outputs = [(f"{p.name_hint or f'arg{i}'} (rank {r})", p.type, np.asarray(args[i]))
                for r, args in enumerate(work) for i, p in tensors]
-    from tkc.grid import launch_grid
-
-    result = RunResult(kernel.attributes["sym_name"], "interpret", grid or launch_grid(kernel, rank_args[0]), seconds,
+    result = RunResult(kernel.attributes["sym_name"], backend, grid or launch_grid(executed, rank_args[0]), seconds,
                        outputs)
     if reference is not None:
-        run(kernel, reference, grid=grid, seed=seed + 1)
+        if backend == "emulate":
+            run(kernel, reference, grid=None if walks_tiles(executed) else grid, seed=seed)
+        else:
+            run(kernel, reference, grid=grid, seed=seed + 1)
         wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
-        result.checked = [_compare(n, t, out, want) for (n, t, out), want in zip(outputs, wants)]
+        rounded = narrowest_cast(kernel) if backend == "emulate" else 32
+        result.checked = [_compare(n, t, out, want, rounded) for (n, t, out), want in zip(outputs, wants)]
     return result
 
 

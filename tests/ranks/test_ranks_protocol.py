@@ -142,12 +142,15 @@ def test_a_wait_that_can_never_be_satisfied(tmp_path: Path) -> None:
         in str(info.value), str(info.value)
 
 
+# The same ring with rank 0 starting it: each rank adds one to what it got.
+STARTED_RING = RING.replace("    wait(flags[prv] >= 1)\n",
+                            "    barrier_all()\n    if rank() > 0:\n        wait(flags[prv] >= 1)\n") \
+    .replace("    x.on(nxt)[0:16] = x[0:16] + 1.0\n    signal(",
+             "    if nxt > 0:\n        x.on(nxt)[0:16] = x[0:16] + 1.0\n        signal(")
+
+
 def test_a_ring_that_starts_runs(tmp_path: Path) -> None:
-    """The same ring with rank 0 starting it: each rank adds one to what it got."""
-    k = _load(tmp_path, RING.replace("    wait(flags[prv] >= 1)\n",
-                                     "    barrier_all()\n    if rank() > 0:\n        wait(flags[prv] >= 1)\n")
-              .replace("    x.on(nxt)[0:16] = x[0:16] + 1.0\n    signal(", "    if nxt > 0:\n        x.on(nxt)[0:16] = "
-                       "x[0:16] + 1.0\n        signal("))
+    k = _load(tmp_path, STARTED_RING)
     for seed in SEEDS:
         args = _ring_args(4)
         tkc.interpret_ranks(k, args, seed=seed)
@@ -206,30 +209,36 @@ def count(c: i32[N] @ ranks):
     assert int(args[0][0][0]) == 8
 
 
-def test_a_rank_out_of_range_is_an_error_at_its_line(tmp_path: Path) -> None:
-    k = _load(tmp_path, """
+PAST = """
 @kernel
 def past(x: f32[N] @ ranks):
     grid(1)
     barrier_all()
     t = x.on(rank() + 1)[0:16]
     x[0:16] = t
-""")
+"""
+
+
+def test_a_rank_out_of_range_is_an_error_at_its_line(tmp_path: Path) -> None:
+    k = _load(tmp_path, PAST)
     with pytest.raises(TkcInterpretError) as info:
         tkc.interpret_ranks(k, [[np.zeros(16, np.float32)] for _ in range(2)])
     assert "rank 2 is out of range: the launch has 2 ranks (0..1)" in str(info.value)
     assert info.value.loc.line == 6 and "(in rank 1, program (0,))" in str(info.value)
 
 
-def test_a_rank_that_skips_a_barrier_leaves_the_others_waiting(tmp_path: Path) -> None:
-    k = _load(tmp_path, """
+SKIP = """
 @kernel
 def skip(x: f32[N] @ ranks):
     grid(1)
     if rank() != 1:
         barrier_all()
     x[0:16] = zeros([16], f32)
-""")
+"""
+
+
+def test_a_rank_that_skips_a_barrier_leaves_the_others_waiting(tmp_path: Path) -> None:
+    k = _load(tmp_path, SKIP)
     with pytest.raises(TkcInterpretError) as info:
         tkc.interpret_ranks(k, [[np.zeros(16, np.float32)] for _ in range(3)])
     msg = str(info.value)

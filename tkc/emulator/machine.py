@@ -44,16 +44,16 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.dtypes import round_to
-from tkc.emulator import tmem
+from tkc.emulator import ranks, tmem
 from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.scheduler import Request, Wait, Yield, run
 from tkc.emulator.smem import ReadLease, SharedMemory
 from tkc.emulator.tma import tma_load, tma_store
 from tkc.emulator.wgmma import wgmma
 from tkc.errors import TkcEmulatorError, TkcError
-from tkc.grid import as_kernel, check_grid, eval_grid
+from tkc.grid import as_kernel, check_grid, eval_grid, param_name
 from tkc.interpreter import bind_arguments, random_args, tensor_names, write_back
-from tkc.ir.dialects.tile import atomic_kind
+from tkc.ir.dialects.tile import atomic_kind, tensor_param, uses_ranks
 from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
@@ -62,12 +62,12 @@ from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, Wgm
                             a8_logical_col, broadcast_slots,
                             expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
                             transpose_copy_block, transpose_copy_blocks, transposes, vector_coords)
-from tkc.ir.types import ScalarType, TileType
+from tkc.ir.types import ScalarType, TensorType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
 from tkc.target import DEFAULT_TARGET
 
-__all__ = ["emulate", "emulate_module", "SmemTile", "BarrierRing"]
+__all__ = ["emulate", "emulate_ranks", "emulate_module", "SmemTile", "BarrierRing"]
 
 Co = Generator[Request, None, Any]  # a coroutine step: yields scheduler requests, returns a value
 
@@ -200,6 +200,11 @@ class _CTA:
         self.cluster_state: dict[Any, Any] = {}
         self.issued: dict[Operation, int] = {}  # multicast copies issued, per op
         self.finished = 0  # warpgroups that have run to the end of the kernel
+        # A CTA of a multi-GPU launch (``emulate_ranks``): the launch's shared state
+        # (``ranks.RankLaunch``), its rank, and the handlers of the rank ops.
+        self.launch: ranks.RankLaunch | None = None
+        self.gpu = 0
+        self.handlers, self.co_handlers = _HANDLERS, _CO_HANDLERS
         self.roles = [op for op in kernel.regions[0].block.ops if op.name == "hopper.role"]
         _check_registers(kernel, self.roles, threads)
         self._place(kernel, smem_bytes)
@@ -308,11 +313,16 @@ class _CTA:
         return f"{rank}warpgroup {g}" + (f" ({', '.join(roles)})" if roles else "")
 
 
-def _run_cluster(ctas: list[_CTA], seed: int) -> None:
-    """Run the warpgroups of a cluster's CTAs (one CTA without a cluster) interleaved."""
+def _join_cluster(ctas: list[_CTA]) -> None:
+    """Make ``ctas`` one cluster, in rank order."""
     for rank, cta in enumerate(ctas):
         cta.rank, cta.peers = rank, ctas
         cta.cluster_state = ctas[0].cluster_state
+
+
+def _run_cluster(ctas: list[_CTA], seed: int) -> None:
+    """Run the warpgroups of a cluster's CTAs (one CTA without a cluster) interleaved."""
+    _join_cluster(ctas)
     warpgroups = [_Warpgroup(cta, g) for cta in ctas for g in range(cta.warpgroups)]
     run([(wg.cta.name(wg.g), wg.run()) for wg in warpgroups], seed)
     for wg in warpgroups:
@@ -434,10 +444,11 @@ class _Warpgroup:
                              "roles once a kernel has them: each role has its own threads and registers)")
         if op.name in ONE_THREAD_OPS and not self.leader:
             return None  # executed by thread 0 of the CTA (of the role): in its first warpgroup
-        if op.name in _CO_HANDLERS:
-            return (yield from _CO_HANDLERS[op.name](self, op, *self.operands(op)))
-        if op.name in _HANDLERS:
-            return _HANDLERS[op.name](self, op, *self.operands(op))
+        co, plain = self.cta.co_handlers, self.cta.handlers
+        if op.name in co:
+            return (yield from co[op.name](self, op, *self.operands(op)))
+        if op.name in plain:
+            return plain[op.name](self, op, *self.operands(op))
         return self.compute(op, self.operands(op))
 
     def compute(self, op: Operation, args: list[Any]) -> np.ndarray:
@@ -748,14 +759,19 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
     if isinstance(op.result.type, ScalarType):  # one element, the same in every thread
         idx, inb = _global_index(op, tensor, offsets, ())
         other = round_to(0 if op.other is None else op.other, dt)
+        if bool(inb) and wg.cta.launch is not None:
+            wg.cta.launch.check_read(tensor, idx)
         return np.asarray(tensor[idx] if bool(inb) else other, dt.np_storage)
-    return _read(op, tensor, offsets, wg.coords(op, _reg_layout(op, op.result.type)))
+    return _read(wg, op, tensor, offsets, wg.coords(op, _reg_layout(op, op.result.type)))
 
 
-def _read(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], coords: Sequence[np.ndarray]) -> np.ndarray:
+def _read(wg: _Warpgroup, op: Operation, tensor: np.ndarray, offsets: Sequence[Any],
+          coords: Sequence[np.ndarray]) -> np.ndarray:
     """The tensor's elements at ``coords`` (one array per kept axis), ``other`` outside it."""
     dt = op.tensor.type.dtype
     idx, inb = _global_index(op, tensor, offsets, coords)
+    if wg.cta.launch is not None:
+        wg.cta.launch.check_read(tensor, idx, inb)
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:
@@ -768,7 +784,7 @@ def _gather(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: np.ndarray
     coords = list(wg.coords(op, _reg_layout(op, op.result.type)))
     kept = [a for a in range(tensor.ndim) if a not in (op.squeeze or [])]
     coords[kept.index(op.axis)] = np.asarray(index, np.int64)
-    return _read(op, tensor, offsets, coords)
+    return _read(wg, op, tensor, offsets, coords)
 
 
 def _log_write(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
@@ -990,7 +1006,7 @@ def _tensor_map(wg: _Warpgroup, op: Operation, tensor: np.ndarray, lay: Any) -> 
     if not 0 <= op.map < len(maps):
         raise _fault(op, f"names tensor map {op.map}, but the kernel has {len(maps)}")
     param, box, swz = maps[op.map]
-    arg = op.tensor
+    arg = tensor_param(op.tensor)  # a peer's copy (x.on(r)) is copied through x's map of rank r
     if not isinstance(arg, BlockArgument) or arg.block is not kernel.regions[0].block or arg.index != param:
         raise _fault(op, f"tensor map {op.map} describes parameter {param}, not this op's tensor")
     want = tma_map_box(op.box, lay)
@@ -1024,6 +1040,15 @@ def _plane(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], box: list)
     return _Plane(index, (offs[last], offs[r]), (box[last], box[r]))
 
 
+def _tile_region(op: Operation, at: _Plane, tensor: np.ndarray, lay: SharedLayout) -> tuple:
+    """The elements of ``tensor`` a TMA copy's whole tile covers (an int or a slice per axis,
+    clipped to the tensor); ``at.index`` is not None."""
+    region = list(at.index)
+    for a, o, n in ((tma_row_axis(op.box), at.origin[1], lay.rows), (tensor.ndim - 1, at.origin[0], lay.cols)):
+        region[a] = slice(max(o, 0), max(min(o + n, tensor.shape[a]), 0))
+    return tuple(region)
+
+
 def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
               *offsets: Any) -> None:
     lay = dst.layout
@@ -1031,6 +1056,8 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     r = tma_row_axis(op.box)
     # The whole box outside the tensor: TMA fills it with zeros.
     plane = tensor[at.index] if at.index is not None else np.zeros((tensor.shape[r], tensor.shape[-1]), tensor.dtype)
+    if at.index is not None and wg.cta.launch is not None:
+        wg.cta.launch.check_read(tensor, _tile_region(op, at, tensor, lay))
     n = op.attributes.get("multicast") or 1
     if n == 1:
         tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
@@ -1064,13 +1091,12 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
     at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay))
     who = _who(op, wg)
     if at.index is not None:  # else the whole box is outside: nothing written
-        r = tma_row_axis(op.box)
-        written = list(at.index)
-        for a, o, n in ((r, at.origin[1], lay.rows), (tensor.ndim - 1, at.origin[0], lay.cols)):  # the whole tile
-            written[a] = slice(max(o, 0), max(min(o + n, tensor.shape[a]), 0))
+        written = _tile_region(op, at, tensor, lay)
         add = op.attributes.get("reduce") == "add"
-        _log_write(wg, op, tensor, tuple(written), atomic=add)
+        _log_write(wg, op, tensor, written, atomic=add)
         tma_store(wg.cta.smem, src.base, lay, tensor[at.index], at.origin, at.box, op=who, add=add)
+        if wg.cta.launch is not None:  # in flight until the role's next release
+            wg.cta.launch.store(wg, op, tensor, written)
     wg.cta.written.add(id(tensor))
     wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
 
@@ -1241,6 +1267,14 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
 _HANDLERS.update(tmem.HANDLERS)
 _CO_HANDLERS.update(tmem.CO_HANDLERS)
 
+# The CTAs of a multi-GPU launch (``emulate_ranks``) also run the rank ops, and atomics that
+# release on one element as the lowering issues them (tkc/emulator/ranks.py).
+_RANK_HANDLERS = {**_HANDLERS, **ranks.HANDLERS}
+_RANK_CO_HANDLERS = {**_CO_HANDLERS, **ranks.CO_HANDLERS,
+                     "tile.atomic": ranks.releasing(_atomic, co=False),
+                     "tile.atomic_cas": ranks.releasing(_atomic, co=False),
+                     "hopper.atomic_fetch": ranks.releasing(_atomic_fetch, co=True)}
+
 
 # ------------------------------------------------------------------ launching
 def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, seed: int = 0) -> None:
@@ -1250,9 +1284,13 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
     Arguments are bound as the interpreter binds them (``tkc.interpreter.bind_arguments``):
     numpy arrays in storage form or torch CPU tensors, rounded to their dtype on entry; scalars
     as python or numpy numbers.  ``seed`` picks the interleaving of warpgroups inside each CTA
-    (CTA ``k`` in row-major order runs with ``seed + k``).
+    (CTA ``k`` in row-major order runs with ``seed + k``).  A multi-GPU kernel runs as rank 0
+    of 1 (:func:`emulate_ranks`).
     """
     kernel = as_kernel(kernel)
+    if uses_ranks(kernel):
+        emulate_ranks(kernel, [args], grid, seed)
+        return
     params = kernel.regions[0].block.args
     env, working = bind_arguments(kernel, args)
     written: set[int] = set()
@@ -1282,6 +1320,71 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
                     raise type(e)(f"{who}: {e.message}", loc) from e
         finally:
             write_back(params, args, working, written)
+
+
+def emulate_ranks(kernel: Module | Operation, rank_args: Sequence[Sequence[Any]], grid: Any = None,
+                  seed: int = 0) -> None:
+    """Run a multi-GPU hopper-level ``kernel`` on ``len(rank_args)`` simulated ranks, rank
+    ``r`` on the arguments ``rank_args[r]`` (as :func:`emulate` takes them), writing every
+    rank's outputs in place.  Every CTA of every rank is live at once: their warpgroups run
+    in one scheduler, interleaved in an order ``seed`` picks, so a CTA's waits for its peers
+    are met as on the GPU (tkc/emulator/ranks.py); a launch that cannot finish is an error
+    naming every waiting warpgroup with its rank, CTA, role and line."""
+    from tkc.ranks import check_launch
+
+    kernel = as_kernel(kernel)
+    params = kernel.regions[0].block.args
+    bound = [bind_arguments(kernel, args) for args in rank_args]
+    envs = [env for env, _ in bound]
+    written: set[int] = set()
+    try:
+        with np.errstate(all="ignore"):
+            shape = check_launch(kernel, envs, grid)
+            cluster = kernel.cluster or 1
+            if shape[0] % cluster:
+                raise TkcEmulatorError(f"kernel @{kernel.sym_name} runs in clusters of {cluster} CTAs along x: its "
+                                       f"grid {shape} must have a multiple of {cluster} there", kernel.loc)
+            names = {id(env[p]): (param_name(p), r) for r, env in enumerate(envs) for p in params
+                     if isinstance(p.type, TensorType)}
+            launch = ranks.RankLaunch(kernel, envs, names)
+            pids = list(itertools.product(*(range(n) for n in shape)))
+            pids.sort(key=lambda p: (p[0] // cluster, *p[1:], p[0]))
+            ctas: list[_CTA] = []
+            for r, env in enumerate(envs):
+                for k in range(0, len(pids), cluster):
+                    group = [_CTA(kernel, pid, shape, env, written) for pid in pids[k:k + cluster]]
+                    _join_cluster(group)
+                    for cta in group:
+                        cta.launch, cta.gpu = launch, r
+                        cta.handlers, cta.co_handlers = _RANK_HANDLERS, _RANK_CO_HANDLERS
+                    ctas += group
+            _run_ranks(launch, ctas, seed)
+    finally:
+        for (_, working), args in zip(bound, rank_args):
+            write_back(params, args, working, written)
+
+
+def _run_ranks(launch: ranks.RankLaunch, ctas: list[_CTA], seed: int) -> None:
+    """Run every warpgroup of ``ctas`` (all ranks') interleaved."""
+    warpgroups = []
+    for cta in ctas:
+        for g in range(cta.warpgroups):
+            wg = _Warpgroup(cta, g)
+            launch.labels[wg] = f"rank {cta.gpu} CTA {cta.pid} {cta.name(g)}"
+            warpgroups.append(wg)
+
+    def role(wg: _Warpgroup) -> Co:
+        yield from wg.run()
+        launch.finished.add(wg)
+
+    try:
+        run([(launch.labels[wg], role(wg)) for wg in warpgroups], seed, stuck=launch.stuck,
+            max_steps=1_000_000 * len(ctas))
+        for wg in warpgroups:
+            wg.left_behind(None, lambda w: True)
+    except TkcEmulatorError as e:
+        loc = e.loc or next((c.fault_loc for c in ctas if c.fault_loc is not None), None)
+        raise type(e)(e.message, loc) from e
 
 
 def emulate_module(module: Module, kernel_name: str | None = None, args: Sequence[Any] | None = None,

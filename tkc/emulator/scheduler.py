@@ -7,13 +7,16 @@ switch to another warpgroup:
 - ``Wait(barrier, parity, op)``: ``mbarrier.try_wait.parity`` in a loop; the role resumes
   once the barrier passes for it (``MBarrier.try_wait`` with the role's name as waiter, so
   the wrong-phase checks see each role's own history);
-- ``Yield(op)``: a point where others may run (an async op in flight, a ``wgmma.wait_group``).
+- ``Yield(op)``: a point where others may run (an async op in flight, a ``wgmma.wait_group``);
+- ``Until(ready, waits_for, op)``: a spin on global memory (a multi-GPU kernel's flag wait or
+  barrier across ranks, ``tkc/emulator/ranks.py``); the role resumes once ``ready()`` holds.
 
 ``run(roles, seed)`` steps one role at a time until all have returned, picking uniformly at
 random (seeded) among the roles that can run, so a protocol is exercised under many
 interleavings.  When some role is unfinished and none can run, it raises ``DeadlockError``
 naming every blocked role, its op, the barrier, the parity it waits for and the barrier's
-phase, arrivals and tx-count.  An error inside a role is re-raised with the role's name.
+phase, arrivals and tx-count (or the error ``stuck`` makes of the blocked roles, if any).  An error
+inside a role is re-raised with the role's name.
 
 Stage reuse races are caught by shared-memory read leases (``SharedMemory.begin_read``; a
 consumer holds one from its full-barrier wait until it arrives on the empty barrier), so this
@@ -23,13 +26,13 @@ module owns no memory state: only who runs next.
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 
 from tkc.emulator.mbarrier import MBarrier
-from tkc.errors import TkcEmulatorError
+from tkc.errors import Loc, TkcEmulatorError
 
-__all__ = ["Wait", "Yield", "run", "DeadlockError", "Role"]
+__all__ = ["Wait", "Yield", "Until", "run", "DeadlockError", "Role"]
 
 
 class DeadlockError(TkcEmulatorError):
@@ -52,17 +55,31 @@ class Yield:
     op: str = "yield"
 
 
-Request = Wait | Yield
+@dataclass(frozen=True)
+class Until:
+    """Spin until ``ready()`` holds; ``waits_for()`` says what for, in a deadlock's message."""
+
+    ready: Callable[[], bool]
+    waits_for: Callable[[], str]
+    op: str = "spin"
+    loc: Loc | None = None
+
+
+Request = Wait | Yield | Until
 Role = Generator[Request, None, None]
 
 
-def _describe_block(name: str, w: Wait) -> str:
-    return (f"role {name!r} blocked at {w.op!r}: waits for parity {w.parity} of {w.barrier.state()}")
+def _describe_block(name: str, w: Wait | Until) -> str:
+    if isinstance(w, Until):
+        return f"role {name!r} blocked at {w.op!r}: {w.waits_for()}"
+    return f"role {name!r} blocked at {w.op!r}: waits for parity {w.parity} of {w.barrier.state()}"
 
 
 def run(roles: Mapping[str, Role] | Iterable[tuple[str, Role]], seed: int = 0, *,
-        max_steps: int = 1_000_000) -> int:
-    """Run ``roles`` (name -> generator) to completion; returns the number of steps taken."""
+        max_steps: int = 1_000_000,
+        stuck: Callable[[list[tuple[str, Wait | Until]]], TkcEmulatorError | None] | None = None) -> int:
+    """Run ``roles`` (name -> generator) to completion; returns the number of steps taken.
+    ``stuck`` may make the error of a deadlock from the blocked roles and their requests."""
     items = list(roles.items()) if isinstance(roles, Mapping) else list(roles)
     names = [n for n, _ in items]
     if len(set(names)) != len(names):
@@ -82,10 +99,14 @@ def run(roles: Mapping[str, Role] | Iterable[tuple[str, Role]], seed: int = 0, *
                     raise type(e)(f"role {name!r} at {req.op!r}: {e.message}") from e
                 if not ok:
                     continue
+            elif isinstance(req, Until) and not req.ready():
+                continue
             ready.append(name)
         if not ready:
-            lines = [_describe_block(n, pending[n]) for n in live if isinstance(pending[n], Wait)]
-            raise DeadlockError("deadlock: no role can run\n  " + "\n  ".join(lines))
+            blocked = [(n, pending[n]) for n in live if isinstance(pending[n], (Wait, Until))]
+            error = stuck(blocked) if stuck is not None else None
+            raise error or DeadlockError("deadlock: no role can run\n  " +
+                                         "\n  ".join(_describe_block(*b) for b in blocked))
         name = ready[rng.randrange(len(ready))]
         req = pending[name]
         if isinstance(req, Wait):
@@ -100,7 +121,7 @@ def run(roles: Mapping[str, Role] | Iterable[tuple[str, Role]], seed: int = 0, *
             continue
         except TkcEmulatorError as e:
             raise type(e)(f"role {name!r}: {e.message}") from e
-        if not isinstance(nxt, (Wait, Yield)):
-            raise TkcEmulatorError(f"role {name!r} yielded {nxt!r}; roles yield Wait or Yield")
+        if not isinstance(nxt, (Wait, Yield, Until)):
+            raise TkcEmulatorError(f"role {name!r} yielded {nxt!r}; roles yield Wait, Yield or Until")
         pending[name] = nxt
     return steps

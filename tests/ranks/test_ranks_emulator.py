@@ -1,0 +1,284 @@
+"""Multi-GPU kernels in the emulator (tkc/emulator/ranks.py): the lowered hopper IR of the five
+examples on 2 and 4 simulated ranks against torch and against the interpreter, and the
+protocol errors of the lowered kernels (a wait nobody signals, a barrier a rank skips, a peer
+out of range, a read of a TMA store still in flight) naming ranks, CTAs, roles and lines.
+
+Tiles are the smallest the hopper lowering takes (64 rows a consumer warpgroup); shapes have
+tails, every rank has its own random inputs, and each case runs under several seeds (the
+order the warpgroups of all ranks interleave in)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rank_cases as cases
+import torch
+from click.testing import CliRunner
+from test_ranks_protocol import PAST, RING, SKIP, STARTED_RING, _ring_args
+
+from tkc.cli import cli
+from tkc.compiler import compile_kernel
+from tkc.emulator import emulate, emulate_ranks
+from tkc.emulator.mbarrier import PhaseError
+from tkc.emulator.scheduler import DeadlockError
+from tkc.errors import TkcEmulatorError
+from tkc.ir.parser import parse_module
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+GEMM = {"BM": 64, "BN": 64, "BK": 32}
+SEEDS = [0, 1, 2]
+
+
+@functools.cache
+def _hopper(example: str, **consts: int):
+    return compile_kernel(EXAMPLES / example, consts, stop="hopper", cache=False).kernel_op
+
+
+def _compiled(text: str):
+    return compile_kernel(text, stop="hopper", cache=False).kernel_op
+
+
+def _line(text: str, piece: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if piece in line and not line.startswith("#"))
+
+
+# ------------------------------------------------------------------ the examples
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_allgather_gemm(ranks: int, seed: int) -> None:
+    case = cases.allgather_gemm(ranks, seed, M=80, K=72, N=48)
+    emulate_ranks(_hopper("allgather_gemm.tk", **GEMM), case.args, seed=seed)
+    case.check()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gemm_reducescatter(ranks: int, seed: int) -> None:
+    case = cases.gemm_reducescatter(ranks, seed, MS=80, K=72, N=48, BM=GEMM["BM"], BN=GEMM["BN"])
+    emulate_ranks(_hopper("gemm_reducescatter.tk", **GEMM), case.args, seed=seed)
+    case.check()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gemm_allreduce(ranks: int, seed: int) -> None:
+    case = cases.gemm_allreduce(ranks, seed, MS=80, K=72, N=48, BM=GEMM["BM"], BN=GEMM["BN"])
+    emulate_ranks(_hopper("gemm_allreduce.tk", **GEMM), case.args, seed=seed)
+    case.check()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ring_attn(ranks: int) -> None:
+    case = cases.ring_attn(ranks, ranks, B=1, H=2, N=80, D=64)
+    emulate_ranks(_hopper("ring_attn.tk", D=64, BM=64, BN=64), case.args, seed=ranks)
+    case.check()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moe_dispatch(ranks: int, seed: int) -> None:
+    case = cases.moe_dispatch(ranks, seed, T=150, D=80, F=96, EL=2)
+    emulate_ranks(_hopper("moe_dispatch.tk"), case.args, seed=seed)
+    case.check()
+
+
+def test_one_rank_runs_through_emulate() -> None:
+    """A multi-GPU kernel on one GPU is rank 0 of 1: emulate runs it (waits included)."""
+    (args,), check = cases.gemm_reducescatter(1, 3, MS=80, K=40, N=80, BM=GEMM["BM"], BN=GEMM["BN"])
+    emulate(_hopper("gemm_reducescatter.tk", **GEMM), args)
+    check()
+
+
+# ------------------------------------------------------------------ tkc run
+SMALL = {"ring_attn.tk": ["-D", "BM=64", "-D", "BN=64", "-D", "D=64", "--dim", "B=1", "--dim", "H=2", "--dim", "N=80"],
+         "moe_dispatch.tk": ["--dim", "F=96"]}
+CLI_GEMM = [arg for k, v in GEMM.items() for arg in ("-D", f"{k}={v}")]
+
+
+@pytest.mark.parametrize("example", ["allgather_gemm.tk", "gemm_reducescatter.tk", "gemm_allreduce.tk", "ring_attn.tk",
+                                     "moe_dispatch.tk"])
+@pytest.mark.parametrize("ranks", ["2", "4"])
+def test_run_emulated_with_check(example: str, ranks: str) -> None:
+    r = CliRunner().invoke(cli, ["run", str(EXAMPLES / example), "--ranks", ranks, "--backend", "emulate", "--check",
+                                 *SMALL.get(example, CLI_GEMM)], env={"TKC_INTERPRET": None})
+    assert r.exit_code == 0, r.output
+    assert f"{ranks} ranks of grid" in r.output and "emulate: emulated in" in r.output, r.output
+    checks = [line for line in r.output.splitlines() if "check " in line]
+    assert checks and all("emulator against interpreter" in line and line.endswith(": ok") for line in checks), r.output
+    assert f"(rank {int(ranks) - 1})" in r.output
+
+
+# ------------------------------------------------------------------ protocol errors
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_wait_nobody_signals_is_a_deadlock_across_ranks(seed: int) -> None:
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(_compiled(RING), _ring_args(3), seed=seed)
+    msg = str(info.value)
+    assert "deadlock across ranks" in msg, msg
+    for r in range(3):
+        assert f"rank {r} CTA (0,) warpgroup 0 waits at line 7 for flags[{(r + 2) % 3}] >= 1 (it is 0)" in msg, msg
+    assert info.value.loc.line == 7
+
+
+def test_a_wait_that_can_never_be_satisfied() -> None:
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(_compiled(RING), _ring_args(1))
+    assert "a wait that can never be satisfied: rank 0 CTA (0,) warpgroup 0 waits at line 7 for flags[0] >= 1 " \
+           "(it is 0), and every other program has finished" in str(info.value), str(info.value)
+
+
+def test_a_ring_that_starts_runs() -> None:
+    k = _compiled(STARTED_RING)
+    for seed in SEEDS:
+        args = _ring_args(4)
+        emulate_ranks(k, args, seed=seed)
+        assert [float(a[0][0]) for a in args] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_rank_that_skips_a_barrier_leaves_the_others_waiting() -> None:
+    k = _compiled(SKIP)
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(k, [[np.zeros(16, np.float32)] for _ in range(3)])
+    msg = str(info.value)
+    assert "deadlock across ranks" in msg, msg
+    for r in (0, 2):
+        assert f"rank {r} CTA (0,) warpgroup 0 waits at barrier_all() (line 6, its barrier 1) for rank 1 CTA (0,) " \
+               f"warpgroup 0 has finished without reaching it" in msg, msg
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_rank_that_skips_a_barrier_of_a_warp_specialized_kernel(seed: int) -> None:
+    text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("    barrier_all()\n",
+                                                                 "    if rank() != 1:\n        barrier_all()\n")
+    k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
+    assert any(op.name == "hopper.role" for op in k.walk())
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(k, cases.allgather_gemm(2, 0, M=80, K=72, N=48).args, seed=seed)
+    msg = str(info.value)
+    line = _line(text, "barrier_all()")
+    assert f"rank 0 CTA (0,) warpgroup 0 (producer) waits at barrier_all() (line {line}, its barrier 1)" in msg, msg
+    assert "rank 1 CTA (0,) warpgroup 0 (producer) has finished without reaching it" in msg, msg
+    assert info.value.loc.line == line
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_barrier_waits_for_every_role_of_the_program(seed: int) -> None:
+    """allgather_gemm's barrier runs in its producer and its consumer roles (docs/hopper.md §4:
+    the barrier completes once every role of the program on every rank has arrived); without
+    the consumers' copy the producers wait for them on every rank."""
+    text = compile_kernel(EXAMPLES / "allgather_gemm.tk", GEMM, stop="hopper", cache=False).asm["hopper"]
+    consumers = text.index('name = "consumers"')
+    at = text.index("tile.rank_barrier", consumers)
+    start, end = text.rindex("\n", 0, at), text.index("\n", at)
+    k = parse_module(text[:start] + text[end:]).kernel()
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(k, cases.allgather_gemm(2, 0, M=80, K=72, N=48).args, seed=seed)
+    msg = str(info.value)
+    line = _line((EXAMPLES / "allgather_gemm.tk").read_text(), "barrier_all()")
+    for r in range(2):
+        assert f"rank {r} CTA (0,) warpgroup 0 (producer) waits at barrier_all() (line {line}, its barrier 1) for " \
+               f"rank 0 CTA (0,) warpgroup 1 (consumers) has not reached it; rank 1 CTA (0,) warpgroup 1 (consumers) " \
+               f"has not reached it" in msg, msg
+
+
+def test_a_rank_out_of_range_is_an_error_at_its_line() -> None:
+    with pytest.raises(TkcEmulatorError) as info:
+        emulate_ranks(_compiled(PAST), [[np.zeros(16, np.float32)] for _ in range(2)])
+    assert "rank 2 is out of range: the launch has 2 ranks (0..1)" in str(info.value), str(info.value)
+    assert "'tile.peer'" in str(info.value) and "rank 1 CTA (0,)" in str(info.value), str(info.value)
+    assert info.value.loc.line == 6
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_wait_for_a_flag_nobody_sets_in_an_example(seed: int) -> None:
+    text = (EXAMPLES / "gemm_reducescatter.tk").read_text().replace("wait(flags[src, pm, pn] >= 1)",
+                                                                      "wait(flags[src, pm, pn] >= 2)")
+    k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
+    rng = np.random.default_rng(0)
+    args = [[cases.bf16(rng, 2 * 40, 24), cases.bf16(rng, 24, 40), torch.zeros(40, 40, dtype=torch.bfloat16),
+             torch.zeros(2, 40, 40), torch.zeros(2, 1, 1, dtype=torch.int32)] for _ in range(2)]
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(k, args, seed=seed)
+    msg = str(info.value)
+    assert "deadlock across ranks" in msg, msg
+    assert re.search(rf"rank 0 CTA \(0,\) warpgroup \d waits at line {_line(text, 'wait(flags')} for "
+                     r"flags\[\d, 0, 0\] >= 2 \(it is 1\)", msg), msg
+    assert "rank 1 CTA (0,)" in msg, msg
+
+
+PUT = """@kernel
+def put(a: bf16[M, K], b: bf16[K, N], x: bf16[M, N] @ ranks, y: bf16[M, N], flags: i32[R] @ ranks,
+        BM: const = 64, BN: const = 64, BK: const = 32):
+    grid(1)
+    barrier_all()
+    nxt = (rank() + 1) % num_ranks()
+    prv = (rank() + num_ranks() - 1) % num_ranks()
+    acc = zeros([BM, BN], f32)
+    for k in range(cdiv(K, BK)):
+        acc += a[0:BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, 0:BN]
+    x.on(nxt)[0:BM, 0:BN] = acc.to(bf16)
+    signal(flags.on(nxt)[rank()], 1)
+    wait(flags[prv] >= 1)
+    y[0:BM, 0:BN] = x[0:BM, 0:BN]
+"""
+
+
+def _put_args(ranks: int) -> list[list]:
+    rng = np.random.default_rng(1)
+    return [[cases.bf16(rng, 64, 96), cases.bf16(rng, 96, 64), torch.zeros(64, 64, dtype=torch.bfloat16),
+             torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(ranks, dtype=torch.int32)] for _ in range(ranks)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_signal_after_a_tma_store_lets_it_land(seed: int) -> None:
+    k = _compiled(PUT)
+    assert any(op.name == "hopper.tma_store" and op.tensor.owner is not None for op in k.walk())  # to a peer
+    args = _put_args(3)
+    emulate_ranks(k, args, seed=seed)
+    for r in range(3):
+        cases.close(args[r][3], args[(r + 2) % 3][0].float() @ args[(r + 2) % 3][1].float())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("reader", ["hopper.load", "hopper.tma_load"])
+def test_a_read_of_a_tma_store_still_in_flight(seed: int, reader: str) -> None:
+    """A relaxed flag orders nothing: the peer's TMA store into x may still be in flight when
+    the owner reads x after its wait (with loads, or with TMA as a product's operand)."""
+    text = PUT.replace("signal(flags.on(nxt)[rank()], 1)", 'atomic_exch(flags.on(nxt)[rank()], 1, sem="relaxed")')
+    args = _put_args(2)
+    if reader == "hopper.tma_load":
+        text = text.replace("flags: i32[R] @ ranks,", "flags: i32[R] @ ranks, e: bf16[N, N],").replace(
+            "y[0:BM, 0:BN] = x[0:BM, 0:BN]", "y[0:BM, 0:BN] = (x[0:BM, 0:BN] @ e[0:BN, 0:BN]).to(bf16)")
+        args = [a + [torch.eye(64, dtype=torch.bfloat16)] for a in args]
+    with pytest.raises(TkcEmulatorError) as info:
+        emulate_ranks(_compiled(text), args, seed=seed)
+    msg = str(info.value)
+    assert re.search(r"reads element \[0, 0\] of 'x' of rank (\d) while the TMA store at line 11 by rank (?!\1)\d "
+                     r"CTA \(0,\) warpgroup 0 still writes it", msg), msg
+    assert f"'{reader}'" in msg and info.value.loc.line == 14, msg
+
+
+# ------------------------------------------------------------------ the lowering, as the emulator sees it
+@pytest.mark.xfail(raises=PhaseError, strict=True,
+                   reason="lowering: the ring count of moe_dispatch's K loop (nested in the rank loop and a loop of "
+                          "data-dependent length) restarts at 0 in every tile of a persistent program, while the "
+                          "ring's barriers go on: a program with two tiles waits for the wrong phase")
+def test_moe_dispatch_with_more_tiles_than_programs() -> None:
+    case = cases.moe_dispatch(2, 0, T=150, D=80, F=200, EL=3)  # 3 experts x 2 column tiles: 6 tiles over 4 programs
+    emulate_ranks(_hopper("moe_dispatch.tk"), case.args)
+    case.check()
+
+
+@pytest.mark.xfail(raises=DeadlockError, strict=True,
+                   reason="lowering: specialize-warps puts a barrier_all() (or a wait) under an if or in a loop into "
+                          "the producer role only, while a barrier completes once every role has arrived")
+def test_a_barrier_under_a_branch_in_a_warp_specialized_kernel() -> None:
+    text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("    barrier_all()\n",
+                                                                 "    if num_ranks() > 0:\n        barrier_all()\n")
+    case = cases.allgather_gemm(2, 0, M=80, K=72, N=48)
+    emulate_ranks(compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op, case.args)
+    case.check()
