@@ -36,12 +36,6 @@ def test_flags_start_at_zero() -> None:
     assert "flags (start at zero): flags" in r.output
 
 
-def test_the_gpu_backend_is_refused() -> None:
-    r = _run("run", str(EXAMPLES / "allgather_gemm.tk"), "--ranks", "2", "--backend", "gpu")
-    assert r.exit_code == 1 and "multi-GPU kernels run in the interpreter or the emulator for now" in r.output, \
-        r.output
-
-
 def test_compile_writes_ptx_of_a_multi_gpu_kernel(tmp_path: Path) -> None:
     r = _run("compile", str(EXAMPLES / "gemm_reducescatter.tk"), "-o", str(tmp_path / "k.ptx"))
     assert r.exit_code == 0, r.output

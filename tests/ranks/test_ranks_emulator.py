@@ -23,7 +23,6 @@ from test_ranks_protocol import PAST, RING, SKIP, STARTED_RING, _ring_args
 from tkc.cli import cli
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate, emulate_ranks
-from tkc.emulator.mbarrier import PhaseError
 from tkc.emulator.scheduler import DeadlockError
 from tkc.errors import TkcEmulatorError
 from tkc.ir.parser import parse_module
@@ -161,7 +160,9 @@ def test_a_rank_that_skips_a_barrier_of_a_warp_specialized_kernel(seed: int) -> 
     msg = str(info.value)
     line = _line(text, "barrier_all()")
     assert f"rank 0 CTA (0,) warpgroup 0 (producer) waits at barrier_all() (line {line}, its barrier 1)" in msg, msg
-    assert "rank 1 CTA (0,) warpgroup 0 (producer) has finished without reaching it" in msg, msg
+    # rank 1 went past: it waits for the row rank 0 would push only after the barrier
+    assert re.search(r"rank 1 CTA \(0,\) warpgroup \d \(\w+\) waits at line \d+ for ready\[0, 0\] >= 1 \(it is 0\)",
+                     msg), msg
     assert info.value.loc.line == line
 
 
@@ -205,7 +206,7 @@ def test_a_wait_for_a_flag_nobody_sets_in_an_example(seed: int) -> None:
         emulate_ranks(k, args, seed=seed)
     msg = str(info.value)
     assert "deadlock across ranks" in msg, msg
-    assert re.search(rf"rank 0 CTA \(0,\) warpgroup \d waits at line {_line(text, 'wait(flags')} for "
+    assert re.search(rf"rank 0 CTA \(0,\) warpgroup \d( \(\w+\))? waits at line {_line(text, 'wait(flags')} for "
                      r"flags\[\d, 0, 0\] >= 2 \(it is 1\)", msg), msg
     assert "rank 1 CTA (0,)" in msg, msg
 
@@ -258,25 +259,21 @@ def test_a_read_of_a_tma_store_still_in_flight(seed: int, reader: str) -> None:
         emulate_ranks(_compiled(text), args, seed=seed)
     msg = str(info.value)
     assert re.search(r"reads element \[0, 0\] of 'x' of rank (\d) while the TMA store at line 11 by rank (?!\1)\d "
-                     r"CTA \(0,\) warpgroup 0 still writes it", msg), msg
+                     r"CTA \(0,\) warpgroup \d( \(consumers\))? still writes it", msg), msg
     assert f"'{reader}'" in msg and info.value.loc.line == 14, msg
 
 
 # ------------------------------------------------------------------ the lowering, as the emulator sees it
-@pytest.mark.xfail(raises=PhaseError, strict=True,
-                   reason="lowering: the ring count of moe_dispatch's K loop (nested in the rank loop and a loop of "
-                          "data-dependent length) restarts at 0 in every tile of a persistent program, while the "
-                          "ring's barriers go on: a program with two tiles waits for the wrong phase")
 def test_moe_dispatch_with_more_tiles_than_programs() -> None:
+    """The ring count of moe_dispatch's K loop (in the rank loop and a loop of data-dependent
+    length) goes on from tile to tile of a persistent program, as the ring's barriers do."""
     case = cases.moe_dispatch(2, 0, T=150, D=80, F=200, EL=3)  # 3 experts x 2 column tiles: 6 tiles over 4 programs
     emulate_ranks(_hopper("moe_dispatch.tk"), case.args)
     case.check()
 
 
-@pytest.mark.xfail(raises=DeadlockError, strict=True,
-                   reason="lowering: specialize-warps puts a barrier_all() (or a wait) under an if or in a loop into "
-                          "the producer role only, while a barrier completes once every role has arrived")
 def test_a_barrier_under_a_branch_in_a_warp_specialized_kernel() -> None:
+    """A barrier_all() under an if reaches both roles (it completes once every role arrived)."""
     text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("    barrier_all()\n",
                                                                  "    if num_ranks() > 0:\n        barrier_all()\n")
     case = cases.allgather_gemm(2, 0, M=80, K=72, N=48)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import rank_cases as cases
+
+import torch
 
 import tkc
 
@@ -69,7 +72,7 @@ def test_allgather(ranks: int) -> None:
     k = tkc.load(EXAMPLES / "allgather.tk")
     M, N = 72, 300
     rng = np.random.default_rng(ranks)
-    x = [_bf16(rng, M, N) for _ in range(ranks)]
+    x = [cases.bf16(rng, M, N) for _ in range(ranks)]
     out = [torch.full((ranks, M, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
     tkc.interpret_ranks(k, [[x[r], out[r]] for r in range(ranks)], seed=ranks, BM=32, BN=64)
     for r in range(ranks):
@@ -81,10 +84,10 @@ def test_reducescatter(ranks: int) -> None:
     k = tkc.load(EXAMPLES / "reducescatter.tk")
     MS, N = 40, 300
     rng = np.random.default_rng(ranks)
-    x = [_bf16(rng, ranks * MS, N) for _ in range(ranks)]
+    x = [cases.bf16(rng, ranks * MS, N) for _ in range(ranks)]
     out = [torch.full((MS, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
     args = [[x[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16)] for r in range(ranks)]
     tkc.interpret_ranks(k, args, seed=ranks, BM=32, BN=64)
     total = sum(t.float() for t in x)
     for r in range(ranks):
-        _close(out[r], total[r * MS:(r + 1) * MS])
+        cases.close(out[r], total[r * MS:(r + 1) * MS])
