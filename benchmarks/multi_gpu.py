@@ -26,8 +26,13 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 * ``gemm_allreduce``: the same product, all-reduced: out [tokens, hidden] on every rank.  tkc:
   examples/gemm_allreduce.tk; NCCL + cuBLAS: matmul then ``all_reduce``; symm_mem two-shot:
   matmul into symmetric memory then ``torch.ops.symm_mem.two_shot_all_reduce_`` (no multicast).
-* ``collectives``: NCCL alone, all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or
-  reduced tensor's size), GB/s of that size over the time (algorithm bandwidth).
+* ``ring_attn``: examples/ring_attn.tk over R ranks of N tokens each (every rank's queries
+  against every rank's keys) against NCCL's all-gather of K and V then SDPA on the gathered keys,
+  and attn.tk on one GPU over its own N tokens run R times (the same work a rank does: the rate
+  ring attention should stay within 10% of).
+* ``collectives``: all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or reduced
+  tensor's size): examples/allgather.tk and reducescatter.tk against NCCL, bus bandwidth as
+  nccl-tests counts it ((R - 1) / R of that size over the time).
 
 ``--check``: every contender once at the smaller shape, against float32 torch on the same
 inputs (relative error of the whole output); exit status 1 if one is off.
@@ -56,7 +61,7 @@ import torch.distributed as dist  # noqa: E402
 import tkc  # noqa: E402
 from tkc.autotune import interleaved_medians  # noqa: E402
 
-GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "collectives"]
+GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "ring_attn", "collectives"]
 #: (name, tokens, hidden, FFN): the whole layer; each rank holds 1/R of it.
 SHAPES = [("Llama-70B", 8192, 8192, 28672), ("small", 2048, 4096, 14336)]
 COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
@@ -129,7 +134,9 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     R, group = dist.get_world_size(), dist.group.WORLD.group_name
     M, K, N = tokens // R, hidden, ffn // R
     a, b = randn(M, K), randn(K, N, scale=K ** -0.5)
-    a_sym, c = symmetric(a), torch.empty(R, M, N, dtype=BF16, device="cuda")
+    c = torch.empty(R, M, N, dtype=BF16, device="cuda")
+    ag = tkc.symmetric_zeros((R, M, K), BF16)  # every rank's rows, pushed by their owners
+    ready = tkc.symmetric_zeros((R, -(-M // 128)), torch.int32)  # a flag a tile row (BM = 128)
     gathered, c2 = torch.empty(R * M, K, dtype=BF16, device="cuda"), torch.empty(R * M, N, dtype=BF16, device="cuda")
     k = tkc.load(EXAMPLES / "allgather_gemm.tk")
     fused: list[Any] = [None]
@@ -141,7 +148,11 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     def symm_mem() -> None:
         fused[0] = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)[1][0]
 
-    contenders = {"tkc": lambda: k(a_sym, b, c), "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
+    def ours() -> None:
+        ready.zero_()  # before a launch that starts with barrier_all(): no peer signals into it earlier
+        k(a, b, c, ag, ready)
+
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
     outputs = {"tkc": lambda: c.reshape(R * M, N), "NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]}
 
     def reference() -> torch.Tensor:
@@ -224,17 +235,63 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
 
-def collectives(nbytes: int) -> dict[str, Callable[[], Any]]:
+def collectives(nbytes: int) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
+    """All-gather and reduce-scatter of ``nbytes`` (the gathered or reduced whole): tkc's
+    examples/allgather.tk and reducescatter.tk against NCCL, as two contests."""
     R = dist.get_world_size()
-    n = nbytes // 2
-    whole, shard = torch.empty(n, dtype=BF16, device="cuda"), torch.empty(n // R, dtype=BF16, device="cuda")
-    whole.normal_()
-    return {"NCCL all_gather": lambda: dist.all_gather_into_tensor(whole, shard),
-            "NCCL reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, whole)}
+    N = 8192
+    M = nbytes // 2 // N // R  # rows of a shard
+    whole, shard = randn(R * M, N), randn(M, N)
+    gathered, scattered = torch.empty_like(whole), torch.empty_like(shard)
+    out = tkc.symmetric_empty((R, M, N), BF16)
+    stage = tkc.symmetric_empty((R, M, N), BF16)
+    ag, rs = tkc.load(EXAMPLES / "allgather.tk"), tkc.load(EXAMPLES / "reducescatter.tk")
+    return ({"tkc": lambda: ag(shard, out), "NCCL": lambda: dist.all_gather_into_tensor(gathered, shard)},
+            {"tkc": lambda: rs(whole, scattered, stage), "NCCL": lambda: dist.reduce_scatter_tensor(scattered, whole)})
+
+
+def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
+    """Ring attention over R ranks of N tokens each: examples/ring_attn.tk against NCCL's
+    all-gather of K and V then SDPA (flash) on the gathered keys, and attn.tk on one GPU over
+    its own N tokens (the rate to stay within 10% of)."""
+    import torch.nn.functional as F
+
+    R, rank = dist.get_world_size(), dist.get_rank()
+    scale = D ** -0.5
+    q, k, v = randn(B, H, N, D), randn(B, H, N, D), randn(B, H, N, D)
+    o, o1 = torch.empty_like(q), torch.empty_like(q)
+    kg, vg = tkc.symmetric_zeros((R, B, H, N, D), BF16), tkc.symmetric_zeros((R, B, H, N, D), BF16)
+    ready = tkc.symmetric_zeros((R, B * H), torch.int32)
+    ring, attn = tkc.load(EXAMPLES / "ring_attn.tk"), tkc.load(EXAMPLES / "attn.tk")
+    keys, values = torch.empty(R, B, H, N, D, dtype=BF16, device="cuda"), torch.empty(R, B, H, N, D, dtype=BF16,
+                                                                                         device="cuda")
+    sdpa: list[Any] = [None]
+
+    def ours() -> None:
+        ready.zero_()
+        ring(q, k, v, o, kg, vg, ready, scale)
+
+    def unfused() -> None:
+        dist.all_gather_into_tensor(keys, k)
+        dist.all_gather_into_tensor(values, v)
+        kk, vv = (x.permute(1, 2, 0, 3, 4).reshape(B, H, R * N, D) for x in (keys, values))
+        sdpa[0] = F.scaled_dot_product_attention(q, kk, vv, scale=scale)
+
+    def reference() -> torch.Tensor:
+        unfused()
+        return sdpa[0].float()
+
+    contenders = {"tkc": ours, "NCCL+SDPA": unfused, "tkc attn.tk, 1 GPU, N keys (x R)": lambda: [
+        attn(q, k, v, o1, scale) for _ in range(R)]}
+    outputs = {"tkc": lambda: o, "NCCL+SDPA": lambda: sdpa[0]}
+    del rank
+    return contenders, {"outputs": outputs, "reference": reference}, 4.0 * B * H * N * (R * N) * D
 
 
 GEMMS = {"allgather_gemm": allgather_gemm, "gemm_reducescatter": gemm_reducescatter,
          "gemm_allreduce": gemm_allreduce}
+#: ring attention: (name, B, H, N tokens a rank, D)
+RING_SHAPES = [("16k tokens a rank", 1, 16, 16384, 128), ("4k tokens a rank", 1, 16, 4096, 128)]
 
 
 # ------------------------------------------------------------------ main
@@ -242,10 +299,15 @@ def check(only: list[str]) -> bool:
     """Every contender once at the smaller shape against float32 torch; True when all agree."""
     _, tokens, hidden, ffn = SHAPES[-1]
     ok = True
-    for name in [g for g in only if g in GEMMS]:
-        contenders, out, _ = GEMMS[name](tokens, hidden, ffn)
+    cases = [(name, lambda name=name: GEMMS[name](tokens, hidden, ffn)) for name in only if name in GEMMS]
+    if "ring_attn" in only:
+        cases.append(("ring_attn", lambda: ring_attn(1, 2, 1000, 128)))
+    for name, make in cases:
+        contenders, out, _ = make()
         want = out["reference"]()
         for who, fn in contenders.items():
+            if who not in out["outputs"]:
+                continue  # a rate to compare with, not the same output
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -293,12 +355,25 @@ def run(only: list[str], quick: bool, world: int) -> list[Any]:
             seconds = in_turns(contenders, runs)
             rows.append(Row(name, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
             torch.cuda.empty_cache()
+    if "ring_attn" in only:
+        for _shape, B, H, N, D in RING_SHAPES[-1:] if quick else RING_SHAPES:
+            problem = f"{world} x {N} tokens, B={B} H={H} D={D}"
+            say(f"ring_attn {problem} ...")
+            contenders, _, flops = ring_attn(B, H, N, D)
+            seconds = in_turns(contenders, runs)
+            rows.append(Row("ring_attn", problem, "TFLOP/s", {n: flops / s / 1e12 if s else None
+                                                              for n, s in seconds.items()}))
+            torch.cuda.empty_cache()
     if "collectives" in only:
         for nbytes in COLLECTIVE_BYTES[:2] if quick else COLLECTIVE_BYTES:
             say(f"collectives {nbytes >> 20} MiB ...")
-            seconds = in_turns(collectives(nbytes), runs)
-            rows.append(Row("collectives", f"{nbytes >> 20} MiB", "GB/s",
-                            {n: nbytes / s / 1e9 if s else None for n, s in seconds.items()}))
+            gather, scatter = collectives(nbytes)
+            for what, contest in (("all-gather", gather), ("reduce-scatter", scatter)):
+                seconds = in_turns(contest, runs)
+                # the bus bandwidth nccl-tests reports: (R - 1) / R of the whole over the time
+                rows.append(Row(f"collectives: {what}", f"{nbytes >> 20} MiB", "GB/s (bus)",
+                                {n: nbytes * (world - 1) / world / s / 1e9 if s else None for n, s in seconds.items()}))
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -312,7 +387,7 @@ def report(rows: list[Any], args: argparse.Namespace, only: list[str], world: in
         f" --only {args.only}" if len(only) < len(GROUPS) else "")
     append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
                    f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's.")
-    if plot(rows, GROUPS, ROOT / "benchmarks" / "plot_multi_gpu.png"):
+    if plot(rows, list(dict.fromkeys(r.group for r in rows)), ROOT / "benchmarks" / "plot_multi_gpu.png"):
         print("plot: benchmarks/plot_multi_gpu.png")
 
 

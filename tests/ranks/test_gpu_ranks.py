@@ -38,10 +38,14 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("example, flags", [
-    ("allgather_gemm.tk", ["--dim", "M=200", "--dim", "K=136", "--dim", "N=320"]),
-    ("gemm_reducescatter.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "K=136", "--dim", "N=320"]),
-    ("gemm_allreduce.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "K=136", "--dim", "N=320"]),
-    ("ring_attn.tk", ["--dim", "B=1", "--dim", "H=2", "--dim", "N=200"]),
+    ("allgather_gemm.tk", ["--dim", "M=200", "--dim", "K=136", "--dim", "N=320", "--dim", "P=2", "--dim", "GM=2"]),
+    ("gemm_reducescatter.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "K=136", "--dim", "N=320", "--dim", "P=2",
+                               "--dim", "GM=2", "--dim", "GN=2"]),
+    ("gemm_allreduce.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "K=136", "--dim", "N=320", "--dim", "P=2",
+                           "--dim", "GM=2", "--dim", "GN=2"]),
+    ("ring_attn.tk", ["--dim", "B=1", "--dim", "H=2", "--dim", "N=200", "--dim", "P=2", "--dim", "BH=2"]),
+    ("allgather.tk", ["--dim", "M=200", "--dim", "N=320", "--dim", "P=2"]),
+    ("reducescatter.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "N=320", "--dim", "P=2"]),
 ])
 def test_tkc_run_checks_every_rank(example: str, flags: list[str]) -> None:
     r = _torchrun("-m", "tkc", "run", str(EXAMPLES / example), "--backend", "gpu", "--check", "--repeat", "3",

@@ -73,8 +73,10 @@ def allgather_gemm(rank: int, world: int) -> None:
     M, K, N = 200, 136, 320
     a, b = _bf16(rank, M, K).cuda(), _bf16(1000 + rank, K, N).cuda()
     c = torch.full((world, M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    args = [_symmetric(a), b, c]
+    ready = tkc.symmetric_zeros((world, -(-M // 128)), torch.int32)
+    args = [a, b, c, tkc.symmetric_zeros((world, M, K), torch.bfloat16), ready]
     for _ in range(2):
+        ready.zero_()  # safe before a launch that starts with barrier_all(): no peer signals into it before
         k(*args)
     gathered = torch.empty(world * M, K, dtype=torch.bfloat16, device="cuda")
     dist.all_gather_into_tensor(gathered, a)
