@@ -96,13 +96,13 @@ def test_ir_round_trips_and_is_verified() -> None:
 
 
 def test_products_the_lowering_does_not_take_are_located_errors() -> None:
-    with pytest.raises(TkcUnsupportedError, match="tcgen05.mma here computes 128 rows") as e:
-        compile_kernel(GEMM, {"BM": 64}, target=SM100, stop="hopper", cache=False)
+    with pytest.raises(TkcUnsupportedError, match="tcgen05.mma here computes 128 or 64 rows") as e:
+        compile_kernel(GEMM, {"BM": 32}, target=SM100, stop="hopper", cache=False)
     assert e.value.loc is not None and e.value.loc.line == 10
     with pytest.raises(TkcUnsupportedError, match="not copied a few iterations ahead .* compiles for Hopper"):
         compile_kernel(GEMM, {"stages": 1}, target=SM100, stop="hopper", cache=False)
     based = ROOT / "examples" / "based.tk"
-    with pytest.raises(TkcUnsupportedError, match="this product has 64 rows") as e:
+    with pytest.raises(TkcUnsupportedError, match="this loop accumulates 34 products") as e:
         compile_kernel(based, target=SM100, stop="hopper", cache=False)
     assert e.value.loc is not None and e.value.loc.file.endswith("based.tk")
 

@@ -77,7 +77,7 @@ def _tmem_dealloc(lw: Lowerer, op: Operation) -> None:
 def _mma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     sa, sb = lw.shared(op, op.a), lw.shared(op, op.b)
-    la, lb = sa.layout, sb.layout
+    la, lb = op.operand_layout("a"), op.operand_layout("b")
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
     idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.m, op.n))
     tmem = lw.get(op.tmem)
@@ -103,7 +103,8 @@ def _mma(lw: Lowerer, op: Operation) -> None:
     def warp() -> None:
         # The first warp waits for the operands; its thread 0 issues after the fence that
         # orders the MMA behind the role's last barrier (the previous tile's tcgen05.ld).
-        lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, op.ready)), lw.get(op.parity))
+        for bar, parity in op.waits():
+            lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, bar)), lw.get(parity))
         _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
         lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
 
@@ -119,27 +120,37 @@ def _commit(lw: Lowerer, op: Operation) -> None:
 
 
 def _chunk(regs: int) -> int:
-    """Columns one tcgen05.ld.32x32b moves per thread (.x32, .x16 or .x8)."""
-    return next(x for x in (32, 16, 8) if regs % x == 0)
+    """Registers one tcgen05.ld moves per thread (32, 16 or 8; 4 for the last of a 64-row
+    accumulator whose columns are an odd multiple of 8)."""
+    return next(x for x in (32, 16, 8, 4) if regs % x == 0)
 
 
 def _tmem_load(lw: Lowerer, op: Operation) -> None:
     b = lw.b
-    layout: TmemAccumulator = op.result.type.layout
+    layout = op.result.type.layout
     tmem = lw.get(op.tmem)
     _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
     # Warp w reads lanes 32 (w % 4) on; warpgroup g its columns g * regs on.
     lane = b.shl(b.and_(b.lshr(lw.tid, const_i32(5)), const_i32(3)), const_i32(21))
-    col = b.mul(b.lshr(lw.tid, const_i32(7)), const_i32(layout.regs)) if layout.warpgroups > 1 else const_i32(0)
+    if isinstance(layout, TmemAccumulator):
+        # 32x32b.xN: thread t's lane (row), N consecutive columns.
+        shape, cols_per_reg = "32x32b", 1
+        col = b.mul(b.lshr(lw.tid, const_i32(7)), const_i32(layout.regs)) if layout.warpgroups > 1 else const_i32(0)
+    else:
+        # A 64-row accumulator (layout F: warp w's rows in its lanes 0-15): 16x256b.xN gives
+        # register 4 i + q the row l/4 + 8 (q/2) and column 8 i + 2 (l%4) + q%2 of the warp's
+        # 16 rows, wgmma's fragment (#wgmma_acc); 4 registers a repetition of 8 columns.
+        shape, cols_per_reg, col = "16x256b", 2, const_i32(0)
     base = b.add(tmem, b.add(lane, col))
     x = _chunk(layout.regs)
     vals: list[ir.Value] = []
     for c in range(0, layout.regs, x):
         outs = ",".join(f"${i}" for i in range(x))
         ret = ir.LiteralStructType([I32] * x)
-        addr = b.add(base, const_i32(c))
-        r = _asm(lw, f"tcgen05.ld.sync.aligned.32x32b.x{x}.b32 {{{outs}}}, [${x}];", ",".join(["=r"] * x) + ",r",
-                 [addr], ret)
+        addr = b.add(base, const_i32(c * cols_per_reg))
+        reps = x if shape == "32x32b" else x // 4
+        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}];",
+                 ",".join(["=r"] * x) + ",r", [addr], ret)
         vals += [b.bitcast(b.extract_value(r, i), F32) for i in range(x)]
     _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
     # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).

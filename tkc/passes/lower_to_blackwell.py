@@ -83,6 +83,9 @@ class _Lowering:
         self.kernel, self.target = kernel, target
         # Per role (or kernel): its one tcgen05.alloc, the dealloc and the columns its products use.
         self.allocs: dict[Operation, tuple[Operation, Operation, int]] = {}
+        # Per role (or kernel): the columns of each product read at once, [first, width, its MMAs]
+        # (several MMAs: products that share the columns once the budget is spent).
+        self.at_once: dict[Operation, list[list]] = {}
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
@@ -124,12 +127,12 @@ class _Lowering:
         wait = w.parent.ops[w.parent.ops.index(w) + 1]
         ready = self._operands_ready(w)
         container = hopper.enclosing_role(w) or self.kernel
-        tmem = self._allocate(container, w)
+        tmem, columns = self._columns_at_once(container, w)
         b = Builder.before(w)
         b.loc = w.loc
-        m, n = w.acc.type.shape
         no = b.value(tile.ConstantOp, [], I1, {"value": False})
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, no, ready.barrier, ready.parity], [], {"m": m, "n": n})
+        mma = self._mma(b, w, tmem, no, ready)
+        columns[2].append(mma)
         full = self._barrier(w)
         b.create(blackwell.CommitOp, [full])
         b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
@@ -141,18 +144,97 @@ class _Lowering:
         replace_all_uses(self.kernel, wait.result, acc)
         wait.erase()
         w.erase()
-        ready.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
+        for op in ready:
+            op.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
+        rerun = self._unfenced_rerun(mma)
+        for sharer in columns[2]:
+            if len(columns[2]) > 1 or rerun:
+                self._sync_before(sharer)
 
-    def _operands_ready(self, w: Operation) -> Operation:
-        """The role's wait for the TMA copy of ``w``'s B."""
+    @staticmethod
+    def _unfenced_rerun(w: Operation) -> bool:
+        """Whether the product ``w``, read at once in a loop, would be issued again into its
+        columns with no role barrier since every warp's ``tcgen05.ld`` of them in the
+        iteration before.  One thread issues, each warp loads on its own: with nothing to meet
+        at in the loop (FFT conv's column passes, whose tiles come from the same warpgroup's
+        TMA), the MMA warp could overwrite columns a warp has not read yet, and run phases of
+        the rings ahead of the other warps.  Such a product gets a role barrier before it
+        (the loads end in ``tcgen05.fence::before_thread_sync``, the MMA starts with
+        ``::after_thread_sync``)."""
+        loop = w.parent.parent_op
+        if loop is None or loop.name != "tile.for":
+            return False
+        return not any(op.name == hopper.SyncOp.name for op in w.parent.ops)
+
+    def _operands_ready(self, w: Operation) -> list[Operation]:
+        """The role's waits for the TMA copies of ``w``'s B and A in ``w``'s block before it
+        (B's first).  An operand without one was waited for earlier in the role's program
+        order (before its loop, or moved into an earlier MMA of the one issuing thread), or is
+        a tile the role stored itself (``hopper.to_smem``: behind a role barrier)."""
         ops = w.parent.ops
-        stage = _owner(w.b)
-        for op in reversed(ops[:ops.index(w)]):
-            if op.name == "hopper.mbarrier_wait" and stage is not None and stage.name == "hopper.stage" \
-                    and _owner(op.barrier) is not None and _owner(op.barrier).name == "hopper.stage" \
-                    and _owner(op.barrier).operands[1] is stage.operands[1]:
-                return op
-        raise _unsupported(w, "B must be a stage of a TMA ring the role waits for before the product")
+        found: list[Operation] = []
+        for v in (w.b, w.a):
+            stage = _owner(v)
+            if stage is None or stage.name != "hopper.stage":
+                continue
+            for op in reversed(ops[:ops.index(w)]):
+                if op.name == "hopper.mbarrier_wait" and _owner(op.barrier) is not None \
+                        and _owner(op.barrier).name == "hopper.stage" \
+                        and _owner(op.barrier).operands[1] is stage.operands[1]:
+                    if op not in found and self._ring_of(op, stage):
+                        found.append(op)
+                        break
+        return found
+
+    @staticmethod
+    def _ring_of(wait: Operation, stage: Operation) -> bool:
+        """Whether ``wait`` (on a stage of a full ring) is the wait for the TMA copies into the
+        tile ring ``stage`` indexes: a ``tma_load`` into that ring completes on that barrier ring."""
+        bars = _owner(wait.barrier).operands[0]
+        kernel = _kernel_of(wait)
+        for op in kernel.walk():
+            if op.name == "hopper.tma_load" and _owner(op.dst) is not None and _owner(op.dst).name == "hopper.stage" \
+                    and _owner(op.dst).operands[0] is stage.operands[0]:
+                return _owner(op.barrier) is not None and _owner(op.barrier).operands[0] is bars
+        return False
+
+    @staticmethod
+    def _mma(b: Builder, w: Operation, tmem: Value, accumulate: Value, ready: list[Operation]) -> Operation:
+        """``blackwell.mma`` of the product ``w`` into ``tmem``, waiting for ``ready``'s phases."""
+        m, n = w.acc.type.shape
+        waits = [x for op in ready for x in (op.barrier, op.parity)]
+        attrs = {"m": m, "n": n, **{k: v for k, v in w.attributes.items() if k in ("a_major", "b_major")}}
+        return b.create(blackwell.MmaOp, [tmem, w.a, w.b, accumulate, *waits], [], attrs)
+
+    @staticmethod
+    def _sync_before(mma: Operation) -> None:
+        """A role barrier right before ``mma`` (its accumulate flag's constant aside)."""
+        ops = mma.parent.ops
+        i = ops.index(mma)
+        while i > 0 and ops[i - 1].name == "tile.constant":
+            i -= 1
+        if i == 0 or ops[i - 1].name != hopper.SyncOp.name:
+            Builder(mma.parent, i, mma.loc).create(hopper.SyncOp, [])
+
+    def _columns_at_once(self, container: Operation, w: Operation) -> tuple[Value, list]:
+        """Columns of their own for a product read at once, while the budget lasts; then the
+        columns of an earlier such product at least as wide.  Sharers each get a role barrier
+        before their MMA: a product's load is right behind its MMA, so every warp has read
+        the columns before any other product is issued into them."""
+        n = -(-w.acc.type.shape[1] // 32) * 32
+        held = self.allocs.get(container)
+        ranges = self.at_once.setdefault(container, [])
+        if blackwell.tmem_columns((held[2] if held else 0) + n) > self.target.tmem_columns:
+            shared = min((r for r in ranges if r[1] >= n), key=lambda r: len(r[2]), default=None)
+            if shared is not None:
+                alloc = held[0]
+                b = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, w.loc)
+                at = b.value(tile.ConstantOp, [], I32, {"value": shared[0]})
+                return b.value(tile.AddOp, [alloc.result, at], I32), shared
+        first = held[2] if held else 0
+        tmem = self._allocate(container, w)
+        ranges.append([first, n, []])
+        return tmem, ranges[-1]
 
     def _iteration_parity(self, w: Operation, b: Builder) -> Value:
         """The parity of the commit a product waits for, one commit a run: 0 when it runs once,
@@ -278,7 +360,7 @@ class _Lowering:
         # The MMA, issued by one warp once its tiles have landed (the role's wait for them
         # goes: the other warps never look at the ring), and its commit onto their empty stage.
         ready = self._operands_wait(w, body)
-        b = self._accumulating_mma(w, loop, tmem, ready)
+        b = self._accumulating_mma(w, loop, tmem, [ready])
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
         b.create(blackwell.CommitOp, [stage])
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
@@ -300,7 +382,7 @@ class _Lowering:
         release.erase()
         self._one_arrival(ring)
 
-    def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: Operation) -> Builder:
+    def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: list[Operation]) -> Builder:
         """``blackwell.mma`` in place of the loop's product ``w`` into ``tmem``, accumulating from
         the loop's second iteration on, with the role's wait ``ready`` for its tiles moved into
         it (erased); the builder stands behind the MMA."""
@@ -308,9 +390,9 @@ class _Lowering:
         b = Builder.before(w)
         b.loc = w.loc
         first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
-        m, n = w.acc.type.shape
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
-        ready.erase()
+        self._mma(b, w, tmem, first, ready)
+        for op in ready:
+            op.erase()
         return b
 
     def _barrier(self, w: Operation) -> Value:

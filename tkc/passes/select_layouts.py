@@ -47,6 +47,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, uses
 from tkc.ir.dialects import hopper
+from tkc.ir.dialects.blackwell import HALF_ROWS
 from tkc.ir.layouts import (
     MAX_SLICES,
     SharedLayout,
@@ -125,6 +126,9 @@ class _Selector:
         self.kernel = kernel
         self.options, self.target = options, target
         self.warpgroups, self.slices = self._warpgroups()
+        # tcgen05 products of 64 rows: accumulators in wgmma's register layout (tcgen05.ld.16x256b).
+        self.half_rows = target.mma == "tcgen05" and any(
+            op.name == "tile.mma" and op.acc.type.shape[0] == HALF_ROWS for op in kernel.walk())
         self.threads = target.warpgroup * self.warpgroups
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
@@ -177,12 +181,24 @@ class _Selector:
                                               f"out")
         for op, m in ms:
             n = op.acc.type.shape[1]
-            if m != rows:
-                raise self._unsupported(op, f"tcgen05.mma here computes {rows} rows (cta_group::1); this product "
-                                           f"has {m} rows")
-            if n % 16 or not 16 <= n <= 256:
-                raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16; this product "
-                                           f"has {n} columns")
+            if m not in (HALF_ROWS, rows):
+                raise self._unsupported(op, f"tcgen05.mma here computes {rows} or {HALF_ROWS} rows (cta_group::1); "
+                                           f"this product has {m} rows")
+            if m != ms[0][1]:
+                raise self._unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
+                                            f"this one has {m}")
+            step = 8 if m == HALF_ROWS else 16
+            if n % step or not step <= n <= 256:
+                raise self._unsupported(op, f"tcgen05.mma of {m} rows computes {step} to 256 columns in steps of "
+                                            f"{step}; this product has {n} columns")
+        if ms[0][1] == HALF_ROWS:
+            # M = 64 (the PTX ISA's data-path layout F): warp w's 16 rows lie in lanes 32 w to
+            # 32 w + 15, and tcgen05.ld.16x256b gives them to its threads as wgmma's
+            # accumulator fragment: one warpgroup holds the product in #wgmma_acc.
+            if self.options.consumers not in (None, 1):
+                raise self._unsupported(ms[0][0], f"consumers = {self.options.consumers}: products of "
+                                                  f"{HALF_ROWS} rows are read by one warpgroup")
+            return 1, 1
         # Products of several widths (attention's S and O) share the warpgroups, each reading
         # its share of every accumulator's columns: at most 128 columns a thread in all.
         # Several products' accumulators meet in one epilogue (RoPE's halves with cos and sin,
@@ -199,7 +215,7 @@ class _Selector:
 
     def _accumulator(self, n: int) -> object:
         """The layout of an N-wide product's accumulator on this target."""
-        if self.target.mma == "tcgen05":
+        if self.target.mma == "tcgen05" and not self.half_rows:
             return TmemAccumulator(n, self.warpgroups)
         return WgmmaAccumulator(n, self.warpgroups, self.slices)
 
