@@ -1,7 +1,8 @@
 """sm_100a products of 64 rows: ``tcgen05.mma`` with M = 64 (the PTX ISA's data-path layout F:
 warp w's 16 rows in its lanes 32 w to 32 w + 15), read with ``tcgen05.ld.16x256b`` as one
 warpgroup's wgmma accumulator fragment.  The examples whose products have 64 rows (linear
-attention, Mamba-2's SSD, the FFT convolution's kernels, paged decode, a 64-row GEMM) against
+attention, Based, Mamba-2's SSD, the FFT convolution's kernels, paged decode, attention
+backward at 64 x 64 tiles, a 64-row GEMM) against
 the interpreter in the emulator on shapes with tails, ptxas -arch=sm_100a without spills, the
 layout's formulas, and the protocol errors of a product read at once."""
 
@@ -63,6 +64,7 @@ RANDOM = [
     ("paged_decode.tk", "paged_decode", {"P": 16, "D": 64}, {"B": 2, "HQ": 8, "NT": 200, "KVH": 1, "MAXP": 9}),
     ("fftconv.tk", "fft_cols", {"P": 32, "KP": 16, "BB": 2}, {"B": 3, "H": 1, "R": 32, "Q": 128}),
     ("fftconv.tk", "ifft_cols", {"P": 32, "KP": 16, "BB": 2}, {"B": 3, "H": 1, "R": 32, "Q": 128}),
+    ("based.tk", None, {}, {"B": 1, "H": 2, "N": 100}),
     ("gemm.tk", None, {"BM": 64}, {"M": 200, "N": 264, "K": 136}),
     ("gemm.tk", None, {"BM": 64, "BN": 64, "BK": 32}, {"M": 130, "N": 72, "K": 104}),
 ]
@@ -157,6 +159,12 @@ PTXAS = [
     ("fftconv.tk", "fftconv", {}), ("fftconv.tk", "fft_cols", {}), ("fftconv.tk", "fft_rows", {}),
     ("fftconv.tk", "ifft_cols", {}), ("fftconv.tk", "fft_cols", {"P": 64, "KP": 32}),
     ("fftconv.tk", "fft_rows", {"P": 16, "Q1": 32}), ("gemm.tk", None, {"BM": 64}),
+    ("attn_train.tk", "attn_bwd", {"BM": 64, "BN": 64, "D": 64}),
+    # Known spills: Based's 34 products a chunk with their register A operands staged through
+    # shared memory (Hopper's RS wgmma reads them from registers), and the backward at its
+    # default 128 x 128 tiles (four warpgroups of 128 registers).  Correct in the emulator.
+    pytest.param("based.tk", None, {}, marks=pytest.mark.xfail(strict=True, reason="spills about 700 B")),
+    pytest.param("attn_train.tk", "attn_bwd", {}, marks=pytest.mark.xfail(strict=True, reason="spills about 700 B")),
 ]
 
 

@@ -93,11 +93,11 @@ class _Lowering:
         for w in products:
             if w in lowered:
                 continue
-            if self._waited_at_once(w):
-                self._product_at_once(w)
-            elif (together := self._accumulated_together(w)) is not None:
+            if (together := self._accumulated_together(w)) is not None:
                 self._products(together)
                 lowered.update(together)
+            elif self._waited_at_once(w):
+                self._product_at_once(w)
             else:
                 self._product(w)
         for alloc, dealloc, used in self.allocs.values():
@@ -106,13 +106,18 @@ class _Lowering:
     # ---------------------------------------------- a product waited for at once
     @staticmethod
     def _waited_at_once(w: Operation) -> bool:
-        """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next), with no loop
-        carrying its accumulator: attention's two products, S = Q K^T and O = O alpha + P V."""
+        """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next): attention's two
+        products, S = Q K^T and O = O alpha + P V, and a register accumulator a loop carries
+        that is not a K loop's (Based's states, ``a2 + vt.T @ k2``: the product is added to it
+        in registers)."""
         ops = w.parent.ops
         i = ops.index(w)
         loop = w.parent.parent_op
         carried = loop is not None and loop.name == "tile.for" and w.acc in loop.regions[0].block.args[1:]
-        return (not carried and i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
+        outer = loop.parent.parent_op if carried and loop.parent else None
+        if carried and (outer is None or outer.name not in ("hopper.role", "tile.kernel")):
+            return False  # a K loop inside a tile loop: the one-product path says what it takes
+        return (i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
                 and ops[i + 1].pending == 0 and uses(_kernel_of(w)).get(w.result, []) == [ops[i + 1]])
 
     def _product_at_once(self, w: Operation) -> None:
