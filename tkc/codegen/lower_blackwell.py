@@ -15,14 +15,17 @@ Must not: choose a layout, a column count or a barrier; every Hopper op keeps it
 from __future__ import annotations
 
 import llvmlite.ir as ir
+import numpy as np
 
 from tkc.codegen import lower_hopper
-from tkc.codegen.lower_values import const_i32
+from tkc.codegen.lower_elementwise import cast_value
+from tkc.codegen.lower_values import const_i32, mem_type, to_mem
 from tkc.codegen.lowerer import Handler, Lowerer, SmemTile
 from tkc.codegen.nvvm import F32, I32, I64
 from tkc.ir.core import Operation
 from tkc.ir.dialects import blackwell
-from tkc.ir.layouts import TmemAccumulator
+from tkc.dtypes import DType
+from tkc.ir.layouts import SharedLayout, TmemAccumulator, swizzle
 from tkc.ir.types import element_dtype
 
 _SLOT = "tkc_tmem_slot"
@@ -162,24 +165,69 @@ def _tmem_load(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, vals)
 
 
+def _row_runs(layout: TmemAccumulator, lay: SharedLayout, first: int) -> int:
+    """Elements of one 16-byte store of a ``#tmem_acc`` thread's row into the shared tile
+    ``lay`` (the thread's registers ``first`` on, consecutive columns, land in columns from a
+    multiple of the warpgroup's share on), or 1 where the run would not start 16-byte
+    aligned or the tile's layout does not keep every run contiguous (one store an element)."""
+    eb = lay.dtype.bits // 8
+    run = 16 // eb
+    if lay.major != "k" or eb > 2 or lay.cols % run or first % run or layout.regs % run:
+        return 1
+    r, c = np.meshgrid(np.arange(lay.rows), np.arange(lay.cols), indexing="ij")
+    lin = swizzle(lay.offset(r, c), lay.swizzle).reshape(lay.rows, lay.cols // run, run)
+    if np.all(lin[..., :1] % 16 == 0) and np.array_equal(lin - lin[..., :1], np.broadcast_to(
+            np.arange(run) * eb, lin.shape)):
+        return run
+    return 1
+
+
+def _store_rows(lw: Lowerer, op: Operation, tile: SmemTile, vals: list, at: list, dt: DType, run: int) -> None:
+    """``vals`` at tile coordinates ``at``, ``run`` consecutive columns a 16-byte store
+    (``st.shared.v4.b32`` of the row's packed elements; one store an element for ``run`` 1)."""
+    if run == 1:
+        lower_hopper._smem_store_values(lw, op, tile, op.dst.type, vals, at, dt)
+        return
+    b, lay = lw.b, tile.layout
+    vec = ir.VectorType(mem_type(lay.dtype), run)
+    for i in range(0, len(vals), run):
+        row, col = at[i]
+        packed = ir.Constant(vec, None)
+        for j, v in enumerate(vals[i:i + run]):
+            packed = b.insert_element(packed, to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), const_i32(j))
+        p = lower_hopper._smem_element_ptr(lw, tile, lower_hopper.smem_offset(lay, row, col))
+        st = b.store(b.bitcast(packed, ir.VectorType(I32, 4)), b.bitcast(p, ir.PointerType(ir.VectorType(I32, 4), 3)))
+        st.align = 16
+
+
 def _smem_store(lw: Lowerer, op: Operation) -> None:
-    """A column slice of a ``#tmem_acc`` tile: the warpgroup that holds the columns stores its
-    registers of them; everything else is Hopper's store."""
+    """A ``#tmem_acc`` tile, or a column slice of one (the warpgroup that holds the columns
+    stores its registers of them), a row's 16 bytes at a time where the shared layout keeps
+    them together (attention's P, the epilogue's tile); everything else is Hopper's store."""
     layout, col = op.value.type.layout, op.attributes.get("col")
-    if not isinstance(layout, TmemAccumulator) or col is None:
+    if not isinstance(layout, TmemAccumulator):
         lower_hopper.HANDLERS["hopper.smem_store"](lw, op)
         return
     b = lw.b
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
+    coords = lw.coords(op, layout)
+    dt = element_dtype(op.value.type)
+    if col is None:
+        if op.dst.type.shape != (tile.layout.rows, tile.layout.cols):
+            lower_hopper.HANDLERS["hopper.smem_store"](lw, op)  # a transposed view: element by element
+            return
+        _store_rows(lw, op, tile, vals, coords, dt, _row_runs(layout, tile.layout, 0))
+        return
     width, per = op.dst.type.shape[-1], layout.regs
     g = col // per
-    coords = lw.coords(op, layout)
     keep = range(col - g * per, col - g * per + width)
     kept, at = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
+    run = _row_runs(layout, tile.layout, keep.start) if op.dst.type.shape == (
+        tile.layout.rows, tile.layout.cols) and width % 16 == 0 else 1
 
     def store() -> None:
-        lower_hopper._smem_store_values(lw, op, tile, op.dst.type, kept, at, element_dtype(op.value.type))
+        _store_rows(lw, op, tile, kept, at, dt, run)
 
     if layout.warpgroups == 1:
         store()

@@ -206,6 +206,9 @@ class _Selector:
         # thread holds every row's columns of all of them at once.
         consumers = self.options.consumers or max(-(-sum(op.acc.type.shape[1] for op, _ in ms) // 128),
                                                   2 if len(ms) > 1 else 1)
+        while self.options.consumers is None and consumers < 4 \
+                and any(op.acc.type.shape[1] % (8 * consumers) for op, _ in ms):
+            consumers += 1  # each warpgroup reads whole 8-column groups (S 64 wide beside O 256: 4)
         for op, _ in ms:
             n = op.acc.type.shape[1]
             if n % (8 * consumers):
@@ -275,15 +278,15 @@ class _Selector:
                 k_contiguous = (which == "a") != transposed
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
-                if major == "mn" and src.type.dtype.bits != 16:
+                # tcgen05.mma reads 8-bit operands MN-major too (kind::f8f6f4 transposes A and B:
+                # attention's V as TMA copies it); wgmma reads them K-major only.
+                if major == "mn" and src.type.dtype.bits != 16 and not (
+                        self.target.mma == "tcgen05" and src.type.dtype.bits == 8):
                     if which == "b" and b_copied:
                         self._transpose_b(mma, load, kperm=mma.a not in self.smem)
                         continue
                     if which == "a":
                         hint = ""
-                    elif self.target.mma == "tcgen05":
-                        hint = (" (a B tile that TMA copies as it lies is transposed in shared memory for wgmma; "
-                                "this target's products do not take one yet)")
                     else:
                         hint = (f" (a B tile that TMA copies as it lies is transposed in shared memory; this one "
                                 f"is {'not: ' + why if why else 'computed'})")

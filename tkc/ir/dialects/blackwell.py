@@ -70,8 +70,10 @@ def mma_kind(a: dtypes.DType, b: dtypes.DType) -> str | None:
 
 def smem_descriptor(layout: SharedLayout, base_addr: int, k_step: int = 0) -> int:
     """The tcgen05 shared-memory descriptor of K-step ``k_step`` of a whole operand tile:
-    Hopper's (``SharedLayout.descriptor``) with the sm_100 version bit."""
-    return layout.descriptor(base_addr, k_step, 0) | DESC_VERSION
+    Hopper's (``SharedLayout.descriptor``) with the sm_100 version bit.  8-bit operands may be
+    MN-major (PTX ISA: ``kind::f8f6f4`` transposes A and B, not with 128-B swizzling of 32-B
+    atomicity, which tkc never uses)."""
+    return layout.descriptor(base_addr, k_step, 0, mn_8bit=True) | DESC_VERSION
 
 
 def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
@@ -170,7 +172,8 @@ class MmaOp(Operation):
         bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
         if am != self.m or bn != self.n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {self.m}x{self.n}")
-        step = 8 if self.m == HALF_ROWS else 16
+        # 8-bit MN-major B (transposed) takes N in steps of 16 (PTX ISA, "8bit transpose B").
+        step = 8 if self.m == HALF_ROWS and not (lb.major == "mn" and lb.elem_bytes == 1) else 16
         if self.m not in (HALF_ROWS, TMEM_LANES) or not (self.n % step == 0 and step <= self.n <= 256):
             raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, or M = 64 "
                              f"with N in 8..256 in steps of 8, got {self.m}x{self.n}")
