@@ -385,6 +385,18 @@ def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
     assert all(", emulator against interpreter: " in c and c.endswith("outside tolerance: ok") for c in checks)
 
 
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])
+def test_run_check_for_sm_100a_compares_the_emulator_with_the_interpreter(example: str, kernel: str | None) -> None:
+    """``tkc run EXAMPLE --target sm_100a --backend emulate --check``: every example's
+    tcgen05 lowering (tensor memory, 128- and 64-row products) agrees with the interpreter on
+    the default sizes, tails included."""
+    r = tkc_cli("run", str(EXAMPLES / example), "--target", "sm_100a", "--backend", "emulate", "--check",
+                *(["--kernel", kernel] if kernel else []))
+    assert r.exit_code == 0, r.stdout + r.stderr
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check ")]
+    assert len(checks) >= 2 and all(c.endswith("outside tolerance: ok") for c in checks)
+
+
 def test_run_check_fails_when_the_emulator_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     import tkc.emulator
 

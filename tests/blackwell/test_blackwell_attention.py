@@ -174,6 +174,22 @@ def test_fp8_attention_reads_v_as_tma_copies_it() -> None:
     assert idesc >> 16 & 1 and not idesc >> 15 & 1 and (idesc >> 7) & 7 == 0  # e4m3 A, K-major; B MN-major
 
 
+def test_a_row_goes_to_shared_memory_16_bytes_a_store() -> None:
+    """A #tmem_acc thread's consecutive columns: 8 bf16 or 16 fp8 values a 16-byte store into
+    a K-major tile whose swizzle keeps each run contiguous (P, the epilogue tile); one store an
+    element where it does not (an MN-major tile)."""
+    from tkc import dtypes
+    from tkc.codegen.lower_blackwell import _row_runs
+    from tkc.ir.layouts import SharedLayout, TmemAccumulator
+
+    acc = TmemAccumulator(128, 2)
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.bf16, "k", 128), 0) == 8
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.f8e4m3, "k", 128), 0) == 16
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.f8e4m3, "k", 128), 8) == 1  # starts mid-run
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.bf16, "mn", 128), 0) == 1
+    assert _row_runs(TmemAccumulator(16, 2), SharedLayout(128, 16, dtypes.f8e4m3, "k", 0), 0) == 1  # 8 a thread
+
+
 @needs_ptxas
 @pytest.mark.parametrize("consts", [{}, {"causal": True}, {"D": 64}, {"D": 64, "causal": True},
                                     pytest.param({"D": 256}, marks=pytest.mark.xfail(
@@ -183,6 +199,7 @@ def test_ptxas_sm_100a_accepts_fp8_attention_without_spills(consts: dict) -> Non
     c = compile_kernel(ATTN_FP8, consts, target=SM100, stop="cubin", cache=False, ptxas=True)
     ptx = c.asm["ptx"]
     assert ".target sm_100a" in ptx and "wgmma" not in ptx and ptx.count("tcgen05.mma.cta_group::1.kind::f8f6f4") >= 2
+    assert "st.shared.v4.b32" in ptx  # P and O's tile, 16 bytes a store
     r = c.resources
     assert r is not None and r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0
 
