@@ -4,9 +4,10 @@ Owns: tensor-memory allocation (the address slot in static shared memory, the ro
 and tcgen05 fences around it), ``tcgen05.mma`` issue by one thread with the descriptors of
 ``tkc.ir.dialects.blackwell`` (shared-memory descriptors: Hopper's plus the version bit;
 the instruction descriptor from the operands' layouts), ``tcgen05.commit`` onto an mbarrier,
-``tcgen05.ld`` of a ``#tmem_acc`` tile, and the column slices of a ``#tmem_acc`` tile stored
-to shared memory.  Everything is inline PTX (the NVVM intrinsics exist but nothing here needs
-LLVM to know the ops).
+``tcgen05.ld`` of a ``#tmem_acc`` tile (``.32x32b``) or of a 64-row product's ``#wgmma_acc``
+tile (``.16x256b``), and ``#tmem_acc`` tiles (or column slices of them) stored to shared
+memory, 16 bytes of a row a store where the tile's swizzle allows.  Everything is inline
+PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).
 
 Must not: choose a layout, a column count or a barrier; every Hopper op keeps its handler in
 ``lower_hopper.py``, so sm_90a code is not touched by this module.

@@ -1,15 +1,17 @@
 """Tensor memory and tcgen05 in the emulator: the ``blackwell`` dialect's ops (docs/blackwell.md).
 
-A CTA's tensor memory is 128 lanes x 512 columns of f32 (``TensorMemory``).  One thread
+A CTA's tensor memory is 128 lanes x 512 columns of f32 (``TensorMemory``), with a written
+flag per lane and column: an M = 64 product writes lanes 32 w to 32 w + 15 of each warp
+quarter w only (``blackwell.accumulator_lanes``, the PTX ISA's layout F).  One thread
 issues ``tcgen05.mma``: the product is read from shared memory through the same descriptors
 the hardware gets (``blackwell.smem_descriptor`` decoded by ``layouts.descriptor_address``,
 the instruction descriptor by :func:`decode_idesc`) and written at once, but the columns stay
 *in flight* until a ``tcgen05.commit`` of that thread arrives on its mbarrier, and readable
 only by a warpgroup that has waited for that barrier phase.  Protocol errors, each a
 ``TkcEmulatorError`` naming the op: reading tensor memory in flight or before waiting for the
-commit's phase, reading columns no MMA wrote, a warp reading lanes outside its quarter, a
-second allocation in a CTA (its permit was relinquished), a column budget overrun, a free of
-what was not allocated, and columns still allocated when the CTA exits.
+commit's phase, reading lanes and columns no MMA wrote, a warp reading lanes outside its
+quarter, a second allocation in a CTA (its permit was relinquished), a column budget overrun,
+a free of what was not allocated, and columns still allocated when the CTA exits.
 
 Must not: define what an op computes beyond the machine model (layouts and descriptors are
 ``tkc.ir``'s) or know about passes.

@@ -19,7 +19,15 @@ protocol (docs/blackwell.md):
 - the warpgroups' ``wgmma_wait_group`` and their arrivals on ``empty`` go; behind the loop,
   the arrival that released the last stage becomes a wait for that same phase (the last
   commit has arrived once every MMA of the loop has completed), and the accumulator is read
-  from tensor memory (``blackwell.tmem_load``) where ``hopper.wgmma_wait`` made it readable.
+  from tensor memory (``blackwell.tmem_load``) where ``hopper.wgmma_wait`` made it readable;
+- a product read at once (attention's, the 64-row kernels', a register accumulator a loop
+  carries) is an MMA into columns of its own, a commit onto a barrier of its own, the role's
+  wait and ``tmem_load`` in place, added to its register accumulator; the role's waits for its
+  operands' copies move into the MMA; a role barrier keeps the warps together where the loop
+  has none, and guards columns products share once the 512 are spent.
+
+Products of 64 rows (M = 64) are read as ``#wgmma_acc`` tiles (``select-layouts``); nothing
+here depends on the row count but the MMA's ``m``.
 
 Must not: choose layouts, stages or roles (the passes before it do), or touch a kernel for a
 target whose tensor cores are wgmma's.  What it does not handle is a located error.
