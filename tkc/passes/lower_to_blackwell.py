@@ -140,29 +140,46 @@ class _Lowering:
         wait = w.parent.ops[w.parent.ops.index(w) + 1]
         ready = self._operands_ready(w)
         container = hopper.enclosing_role(w) or self.kernel
-        tmem, columns = self._columns_at_once(container, w)
+        loop = w.parent.parent_op
+        j = self._carried_sum(w, loop, uses(self.kernel)) if loop is not None and loop.name == "tile.for" else None
         b = Builder.before(w)
         b.loc = w.loc
-        no = b.value(tile.ConstantOp, [], I1, {"value": False})
-        mma = self._mma(b, w, tmem, no, ready)
-        columns[2].append(mma)
+        if j is None:
+            tmem, columns = self._columns_at_once(container, w)
+            accumulate = b.value(tile.ConstantOp, [], I1, {"value": False})
+        else:
+            # acc += a @ b over the loop, from zero: accumulated in columns of its own, read
+            # once behind the loop (attention backward's dV and dK: no registers in the loop).
+            tmem, columns = self._allocate(container, w), None
+            accumulate = b.value(tile.CmpOp, [loop.regions[0].block.args[0], loop.operands[0]], I1,
+                                 {"pred": "ne"})
+        mma = self._mma(b, w, tmem, accumulate, ready)
         full = self._barrier(w)
         b.create(blackwell.CommitOp, [full])
+        # The role waits every iteration all the same: its operands' tiles are reused behind it.
         b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
-        yes = b.value(tile.ConstantOp, [], I1, {"value": True})
-        acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
-        if not _is_zero(w.acc):
-            acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
-        acc.name_hint = wait.result.name_hint
-        replace_all_uses(self.kernel, wait.result, acc)
+        if j is None:
+            yes = b.value(tile.ConstantOp, [], I1, {"value": True})
+            acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
+            if not _is_zero(w.acc):
+                acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
+            acc.name_hint = wait.result.name_hint
+            replace_all_uses(self.kernel, wait.result, acc)
+        else:
+            loop.regions[0].block.terminator.operands[j] = w.acc  # the loop no longer carries it
+            after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, w.loc)
+            ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
+            self._load_behind(loop, j, tmem, w, after, ran)
         wait.erase()
         w.erase()
         for op in ready:
             op.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
-        rerun = self._unfenced_rerun(mma)
-        for sharer in columns[2]:
-            if len(columns[2]) > 1 or rerun:
-                self._sync_before(sharer)
+        if columns is not None:
+            columns[2].append(mma)
+            rerun = self._unfenced_rerun(mma)
+            for sharer in columns[2]:
+                if len(columns[2]) > 1 or rerun:
+                    self._sync_before(sharer)
 
     @staticmethod
     def _unfenced_rerun(w: Operation) -> bool:
@@ -278,18 +295,26 @@ class _Lowering:
         if len(products) < 2 or any(op.name == "hopper.wgmma" for p in body.ops if p.regions for op in p.walk()):
             return None
         users = uses(self.kernel)
-        for p in products:
-            i = body.ops.index(p)
-            wait = body.ops[i + 1] if i + 1 < len(body.ops) else None
-            if p.acc not in body.args[1:] or wait is None or wait.name != "hopper.wgmma_wait" or wait.pending \
-                    or not (hopper._smem(p.a.type) and hopper._smem(p.b.type)):
-                return None
-            j = body.args.index(p.acc) - 1
-            if not _is_zero(loop.operands[3 + j]) or users.get(p.acc, []) != [p] \
-                    or body.terminator.operands[j] is not wait.result \
-                    or users.get(wait.result, []) != [body.terminator]:
-                return None
+        if any(self._carried_sum(p, loop, users) is None or not (hopper._smem(p.a.type) and hopper._smem(p.b.type))
+               for p in products):
+            return None
         return products
+
+    @staticmethod
+    def _carried_sum(p: Operation, loop: Operation, users: dict) -> int | None:
+        """The position among ``loop``'s carried values of ``acc_j`` when the product ``p`` is
+        ``acc_j += a @ b`` waited for at once (``wgmma_wait {pending = 0}`` next), ``acc_j``
+        starting at zero and only yielded; else None."""
+        body = loop.regions[0].block
+        i = body.ops.index(p)
+        wait = body.ops[i + 1] if i + 1 < len(body.ops) else None
+        if p.acc not in body.args[1:] or wait is None or wait.name != "hopper.wgmma_wait" or wait.pending:
+            return None
+        j = body.args.index(p.acc) - 1
+        if not _is_zero(loop.operands[3 + j]) or users.get(p.acc, []) != [p] \
+                or body.terminator.operands[j] is not wait.result or users.get(wait.result, []) != [body.terminator]:
+            return None
+        return j
 
     def _products(self, products: list[Operation]) -> None:
         """Several accumulating products of one loop (:meth:`_accumulated_together`): each
@@ -329,20 +354,23 @@ class _Lowering:
         after.create(blackwell.CommitOp, [full])
         after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
         ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
-        users = uses(self.kernel)
-        block = loop.parent
         for j, tmem, w in loaded:
-            # Each accumulator is read from tensor memory where it is first used, not all at
-            # once behind the loop: registers hold one while the epilogue works on another
-            # (SwiGLU's sigmoid of the gate spilled with both loaded).
-            first_use = min((block.ops.index(top) for u in users.get(loop.results[j], [])
-                             if (top := _in_block(u, block)) is not None), default=None)
-            at = after if first_use is None else Builder(block, first_use, w.loc)
-            acc = at.value(blackwell.TmemLoadOp, [tmem, ran], w.acc.type)
-            acc.name_hint = w.acc.name_hint
-            replace_all_uses(self.kernel, loop.results[j], acc)
+            self._load_behind(loop, j, tmem, w, after, ran)
         for ring in rings:
             self._one_arrival(ring)
+
+    def _load_behind(self, loop: Operation, j: int, tmem: Value, w: Operation, after: Builder, ran: Value) -> None:
+        """``loop``'s result ``j`` (the sum ``w`` accumulated at ``tmem``) read from tensor
+        memory where it is first used, not right behind the loop: registers hold one
+        accumulator while the epilogue works on another (SwiGLU's sigmoid of the gate spilled
+        with both loaded).  Zeros where the loop ran no iteration (``ran`` false)."""
+        block = loop.parent
+        first_use = min((block.ops.index(top) for u in uses(self.kernel).get(loop.results[j], [])
+                         if (top := _in_block(u, block)) is not None), default=None)
+        at = after if first_use is None else Builder(block, first_use, w.loc)
+        acc = at.value(blackwell.TmemLoadOp, [tmem, ran], w.acc.type)
+        acc.name_hint = w.acc.name_hint
+        replace_all_uses(self.kernel, loop.results[j], acc)
 
     # --------------------------------------------------------------- one product
     def _product(self, w: Operation) -> None:

@@ -121,6 +121,26 @@ def tma_loadable(op: Operation, target: Target) -> str | None:
     return None
 
 
+def _summed_by_loop(mma: Operation) -> bool:
+    """Whether ``mma`` is ``acc += a @ b`` on an accumulator its loop carries from zero and only
+    yields (a K loop's, or attention backward's dV and dK)."""
+    loop = mma.parent.parent_op if mma.parent else None
+    if loop is None or loop.name != "tile.for":
+        return False
+    body = loop.regions[0].block
+    if mma.acc not in body.args[1:]:
+        return False
+    j = body.args.index(mma.acc) - 1
+    init = _def(loop.operands[3 + j])
+    kernel = loop
+    while kernel.name != "tile.kernel":
+        kernel = kernel.parent.parent_op
+    users = uses(kernel)
+    return (init is not None and init.name == "tile.constant" and init.attributes.get("value") == 0
+            and users.get(mma.acc, []) == [mma] and body.terminator.operands[j] is mma.result
+            and users.get(mma.result, []) == [body.terminator])
+
+
 class _Selector:
     def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
@@ -204,8 +224,16 @@ class _Selector:
         # Several products' accumulators meet in one epilogue (RoPE's halves with cos and sin,
         # SwiGLU's gate and up), each beside tiles of its own: two warpgroups at least, or a
         # thread holds every row's columns of all of them at once.
-        consumers = self.options.consumers or max(-(-sum(op.acc.type.shape[1] for op, _ in ms) // 128),
-                                                  2 if len(ms) > 1 else 1)
+        # Beside products read at once in a loop, a sum the loop carries from zero (attention
+        # backward's dV and dK) stays in tensor memory through the loop (lower-to-blackwell) and
+        # is read behind it on its own: it needs no registers next to the others.
+        widths = [op.acc.type.shape[1] for op, _ in ms]
+        summed = [_summed_by_loop(op) for op, _ in ms]
+        need = sum(widths)
+        if any(summed) and not all(summed):
+            need = max(sum(n for n, kept in zip(widths, summed) if not kept),
+                       max(n for n, kept in zip(widths, summed) if kept))
+        consumers = self.options.consumers or max(-(-need // 128), 2 if len(ms) > 1 else 1)
         while self.options.consumers is None and consumers < 4 \
                 and any(op.acc.type.shape[1] % (8 * consumers) for op, _ in ms):
             consumers += 1  # each warpgroup reads whole 8-column groups (S 64 wide beside O 256: 4)
