@@ -115,9 +115,9 @@ class _Lowering:
     @staticmethod
     def _waited_at_once(w: Operation) -> bool:
         """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next): attention's two
-        products, S = Q K^T and O = O alpha + P V, and a register accumulator a loop carries
-        that is not a K loop's (Based's states, ``a2 + vt.T @ k2``: the product is added to it
-        in registers)."""
+        products, S = Q K^T and O = O alpha + P V, and an accumulator a loop carries that is
+        not a K loop's (Based's states, ``a2 + vt.T @ k2``, added to in registers; attention
+        backward's dV and dK, summed in tensor memory)."""
         ops = w.parent.ops
         i = ops.index(w)
         loop = w.parent.parent_op
@@ -174,12 +174,15 @@ class _Lowering:
         w.erase()
         for op in ready:
             op.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
-        if columns is not None:
-            columns[2].append(mma)
-            rerun = self._unfenced_rerun(mma)
-            for sharer in columns[2]:
-                if len(columns[2]) > 1 or rerun:
-                    self._sync_before(sharer)
+        rerun = self._unfenced_rerun(mma)
+        if columns is None:
+            if rerun:
+                self._sync_before(mma)  # the warps wait for its barrier every iteration
+            return
+        columns[2].append(mma)
+        for sharer in columns[2]:
+            if len(columns[2]) > 1 or rerun:
+                self._sync_before(sharer)
 
     @staticmethod
     def _unfenced_rerun(w: Operation) -> bool:
