@@ -169,6 +169,18 @@ def test_backward_sums_stay_in_tensor_memory() -> None:
     assert len(accumulating) == 2
 
 
+def test_reading_a_sum_without_waiting_for_its_last_commit() -> None:
+    """dK's wait in the loop dropped: its sum is read behind the loop before anything says the
+    last MMA into it is done."""
+    text = compile_kernel(EXAMPLES / "attn_train.tk", {}, kernel="attn_bwd", target=SM100, stop="hopper",
+                          cache=False).asm["hopper"]
+    lines = text.split("\n")
+    last = max(i for i, x in enumerate(lines) if "blackwell.mma" in x)
+    wait = next(i for i in range(last, len(lines)) if "hopper.mbarrier_wait" in lines[i])
+    with pytest.raises(TkcEmulatorError, match="reads tensor memory before waiting for a commit"):
+        _emulate("\n".join(lines[:wait] + lines[wait + 1:]), {"B": 1, "H": 2, "KVH": 1, "N": 200})
+
+
 # ---------------------------------------------------------------- ptxas
 PTXAS = [
     ("linear_attn.tk", None, {}), ("linear_attn.tk", None, {"DV": 128}), ("mamba2_ssd.tk", None, {}),
