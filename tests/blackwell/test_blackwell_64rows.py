@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tkc.ops.fftconv as fc
-from device_checks import interpret_and_emulate, needs_ptxas
+from device_checks import interpret_and_emulate, needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError
@@ -77,6 +77,17 @@ def test_emulated_agrees_with_the_interpreter(example: str, kernel: str | None, 
     args = random_args(tile_ir, dims, 1, int_range=(0, 12) if example == "paged_decode.tk" else (-8, 8))
     result = run(tile_ir, args, "emulate", check=True, seed=1, target=SM100)
     assert result.backend == "emulate" and result.ok, result.checked
+
+
+@pytest.mark.gpu
+@needs_blackwell
+@pytest.mark.parametrize(("example", "kernel", "consts", "dims"), RANDOM, ids=str)
+def test_on_a_blackwell_gpu(example: str, kernel: str | None, consts: dict, dims: dict) -> None:
+    """The same runs on the hardware: the first check of layout F and 16x256b against it."""
+    tile_ir = compile_kernel(EXAMPLES / example, consts, kernel=kernel, stop="tkir", cache=False).kernel_op
+    args = random_args(tile_ir, dims, 1, int_range=(0, 12) if example == "paged_decode.tk" else (-8, 8))
+    result = run(tile_ir, args, "gpu", check=True, target=SM100)
+    assert result.ok, result.checked
 
 
 def _fft_args(name: str, N: int) -> list:
