@@ -44,8 +44,8 @@ def test_version() -> None:
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"
-    r = subprocess.run([sys.executable, "-c", code, "compile", str(GEMM_TKIR), "--target", "sm_100a",
-                        "--emit", "ptx"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(EXAMPLES / "gemm.tk"), "-D", "stages=1",
+                        "--target", "sm_100a", "--emit", "ptx"], capture_output=True, text=True)  # refused
     assert r.returncode == 1
     assert r.stdout == ""
     assert "Traceback" not in r.stderr
