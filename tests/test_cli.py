@@ -44,8 +44,8 @@ def test_version() -> None:
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"
-    r = subprocess.run([sys.executable, "-c", code, "compile", str(GEMM_TKIR), "--target", "sm_100a",
-                        "--emit", "ptx"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(EXAMPLES / "gemm.tk"), "-D", "stages=1",
+                        "--target", "sm_100a", "--emit", "ptx"], capture_output=True, text=True)  # refused
     assert r.returncode == 1
     assert r.stdout == ""
     assert "Traceback" not in r.stderr
@@ -383,6 +383,18 @@ def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
     checks = [line for line in lines if line.startswith("  check ")]
     assert len(checks) == len(tensors) >= 2
     assert all(", emulator against interpreter: " in c and c.endswith("outside tolerance: ok") for c in checks)
+
+
+@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])
+def test_run_check_for_sm_100a_compares_the_emulator_with_the_interpreter(example: str, kernel: str | None) -> None:
+    """``tkc run EXAMPLE --target sm_100a --backend emulate --check``: every example's
+    tcgen05 lowering (tensor memory, 128- and 64-row products) agrees with the interpreter on
+    the default sizes, tails included."""
+    r = tkc_cli("run", str(EXAMPLES / example), "--target", "sm_100a", "--backend", "emulate", "--check",
+                *(["--kernel", kernel] if kernel else []))
+    assert r.exit_code == 0, r.stdout + r.stderr
+    checks = [line for line in r.stdout.splitlines() if line.startswith("  check ")]
+    assert len(checks) >= 2 and all(c.endswith("outside tolerance: ok") for c in checks)
 
 
 def test_run_check_fails_when_the_emulator_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:

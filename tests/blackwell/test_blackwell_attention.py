@@ -15,6 +15,7 @@ from device_checks import needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
 from tkc.errors import TkcEmulatorError
+from tkc.ir.dialects import blackwell
 from tkc.interpreter import random_args
 from tkc.ir.parser import parse_module
 from tkc.ir.verifier import verify
@@ -143,6 +144,62 @@ def test_ptxas_sm_100a_accepts_attention_without_spills(consts: dict) -> None:
 def test_ptxas_sm_100a_accepts_varlen_attention_without_spills() -> None:
     c = compile_kernel(ROOT / "examples" / "varlen_attn.tk", {"causal": True}, target=SM100, stop="cubin",
                        cache=False, ptxas=True)
+    r = c.resources
+    assert r is not None and r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0
+
+
+# ---------------------------------------------------------------- FP8 attention: V read MN-major
+ATTN_FP8 = ROOT / "examples" / "attn_fp8.tk"
+
+
+@pytest.mark.parametrize(("consts", "dims"), [
+    ({}, {"B": 1, "H": 2, "N": 200}), ({"causal": True}, {"B": 1, "H": 1, "N": 300}),
+    ({"D": 64}, {"B": 2, "H": 1, "N": 150}), ({"D": 256, "causal": True}, {"B": 1, "H": 1, "N": 140}),
+], ids=str)
+def test_fp8_attention_emulated_agrees_with_the_interpreter(consts: dict, dims: dict) -> None:
+    kernel = compile_kernel(ATTN_FP8, consts, stop="tkir", cache=False).kernel_op
+    result = run(kernel, random_args(kernel, dims, 3), "emulate", check=True, seed=3, target=SM100)
+    assert result.backend == "emulate" and result.ok, result.checked
+
+
+def test_fp8_attention_reads_v_as_tma_copies_it() -> None:
+    """tcgen05's kind::f8f6f4 transposes B: V's tile goes to P V as TMA copied it (MN-major,
+    no hopper.transpose_smem), and the instruction descriptor says so (bit 16)."""
+    c = compile_kernel(ATTN_FP8, {}, target=SM100, stop="hopper", cache=False)
+    text = c.asm["hopper"]
+    assert "hopper.transpose_smem" not in text and "hopper.smem_copy" not in text
+    assert re.search(r"%v_smem = hopper.smem_alloc .*#smem<128x128xf8e4m3, mn, sw128>", text)
+    pv = next(op for op in c.kernel_op.walk() if op.name == "blackwell.mma" and op.b.type.layout.major == "mn")
+    idesc = blackwell.instr_descriptor(pv.operand_layout("a"), pv.operand_layout("b"), pv.m, pv.n)
+    assert idesc >> 16 & 1 and not idesc >> 15 & 1 and (idesc >> 7) & 7 == 0  # e4m3 A, K-major; B MN-major
+
+
+def test_a_row_goes_to_shared_memory_16_bytes_a_store() -> None:
+    """A #tmem_acc thread's consecutive columns: 8 bf16 or 16 fp8 values a 16-byte store into
+    a K-major tile whose swizzle keeps each run contiguous (P, the epilogue tile); one store an
+    element where it does not (an MN-major tile)."""
+    from tkc import dtypes
+    from tkc.codegen.lower_blackwell import _row_runs
+    from tkc.ir.layouts import SharedLayout, TmemAccumulator
+
+    acc = TmemAccumulator(128, 2)
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.bf16, "k", 128), 0) == 8
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.f8e4m3, "k", 128), 0) == 16
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.f8e4m3, "k", 128), 8) == 1  # starts mid-run
+    assert _row_runs(acc, SharedLayout(128, 128, dtypes.bf16, "mn", 128), 0) == 1
+    assert _row_runs(TmemAccumulator(16, 2), SharedLayout(128, 16, dtypes.f8e4m3, "k", 0), 0) == 1  # 8 a thread
+
+
+@needs_ptxas
+@pytest.mark.parametrize("consts", [{}, {"causal": True}, {"D": 64}, {"D": 64, "causal": True},
+                                    pytest.param({"D": 256}, marks=pytest.mark.xfail(
+                                        strict=True, reason="four epilogue warpgroups of 96 registers spill"))],
+                         ids=str)
+def test_ptxas_sm_100a_accepts_fp8_attention_without_spills(consts: dict) -> None:
+    c = compile_kernel(ATTN_FP8, consts, target=SM100, stop="cubin", cache=False, ptxas=True)
+    ptx = c.asm["ptx"]
+    assert ".target sm_100a" in ptx and "wgmma" not in ptx and ptx.count("tcgen05.mma.cta_group::1.kind::f8f6f4") >= 2
+    assert "st.shared.v4.b32" in ptx  # P and O's tile, 16 bytes a store
     r = c.resources
     assert r is not None and r.spill_stores == 0 and r.spill_loads == 0 and r.stack_frame == 0
 

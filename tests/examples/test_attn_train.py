@@ -161,6 +161,27 @@ def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: di
     assert_atomics_close(args, want, outs)
 
 
+@pytest.mark.parametrize("D, causal, tiles", [(64, True, SMALL), (128, False, {})])
+def test_backward_emulated_on_sm_100a(D: int, causal: bool, tiles: dict) -> None:
+    """sm_100a: the backward's products are read at once from tensor memory (64-row products
+    with BM = BN = 64, 128-row ones by default) and added to the register accumulators dV, dK
+    and dQ's share (tests/blackwell)."""
+    B, H, KVH, N = 1, 4, 2, 80
+    q, k, v, do = inputs(3, B, H, KVH, N, D)
+    g = torch.Generator().manual_seed(4)
+    torch.randn(B, H, N, D, generator=g)  # O's draw in test_emulator_matches_interpreter: the same inputs
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    zeros = torch.zeros(B, KVH, N, D).bfloat16()
+    args = [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5]
+    consts = _consts("attn_bwd", D, causal, tiles)
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(EXAMPLE, consts, stop="tkir", cache=False, kernel="attn_bwd").kernel_op, want)
+    c = compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel="attn_bwd", target="sm_100a")
+    assert "blackwell.mma" in c.asm["hopper"]
+    emulate(c.kernel_op, args, seed=5)
+    assert_atomics_close(args, want, (6, 7, 8))
+
+
 @needs_ptxas
 @pytest.mark.parametrize("name, D, causal", [(n, D, c) for n in KERNELS for D in (64, 128)
                                              for c in ((False,) if n == "attn_bwd_pre" else (False, True))])

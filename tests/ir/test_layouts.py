@@ -164,8 +164,9 @@ def test_descriptor_rejects_misaligned_base_and_fp8_mn_major() -> None:
 @given(shared_layouts(), st.data())
 def test_descriptor_reads_back_the_tile_layout(lay: SharedLayout, data: st.DataObject) -> None:
     """What wgmma reads through the descriptor (the canonical layout, decoded from its fields)
-    is where ``offset`` put each element, for every K-step and M/N block."""
-    assume(lay.k_steps > 0 and (lay.major == "k" or lay.elem_bytes == 2))  # wgmma can read it
+    is where ``offset`` put each element, for every K-step and M/N block (8-bit MN-major: as
+    tcgen05's ``kind::f8f6f4`` reads it)."""
+    assume(lay.k_steps > 0 and (lay.major == "k" or lay.elem_bytes in (1, 2)))  # wgmma or tcgen05 reads it
     base = lay.alignment * data.draw(st.integers(0, 8))
     k_step = data.draw(st.integers(0, lay.k_steps - 1))
     kk = lay.k_per_step
@@ -178,7 +179,7 @@ def test_descriptor_reads_back_the_tile_layout(lay: SharedLayout, data: st.DataO
         mn_start = lay.box_cols * data.draw(st.integers(0, lay.cols // lay.box_cols - 1))
         m, k = grid(lay.cols - mn_start, kk)
         want = base + lay.offset(k0 + k, mn_start + m)
-    desc = lay.descriptor(base, k_step, mn_start)
+    desc = lay.descriptor(base, k_step, mn_start, mn_8bit=lay.elem_bytes == 1)
     assert np.array_equal(descriptor_address(desc, lay.major, m, k, lay.dtype), want)
 
 

@@ -4,9 +4,10 @@ Owns: tensor-memory allocation (the address slot in static shared memory, the ro
 and tcgen05 fences around it), ``tcgen05.mma`` issue by one thread with the descriptors of
 ``tkc.ir.dialects.blackwell`` (shared-memory descriptors: Hopper's plus the version bit;
 the instruction descriptor from the operands' layouts), ``tcgen05.commit`` onto an mbarrier,
-``tcgen05.ld`` of a ``#tmem_acc`` tile, and the column slices of a ``#tmem_acc`` tile stored
-to shared memory.  Everything is inline PTX (the NVVM intrinsics exist but nothing here needs
-LLVM to know the ops).
+``tcgen05.ld`` of a ``#tmem_acc`` tile (``.32x32b``) or of a 64-row product's ``#wgmma_acc``
+tile (``.16x256b``), and ``#tmem_acc`` tiles (or column slices of them) stored to shared
+memory, 16 bytes of a row a store where the tile's swizzle allows.  Everything is inline
+PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).
 
 Must not: choose a layout, a column count or a barrier; every Hopper op keeps its handler in
 ``lower_hopper.py``, so sm_90a code is not touched by this module.
@@ -15,14 +16,17 @@ Must not: choose a layout, a column count or a barrier; every Hopper op keeps it
 from __future__ import annotations
 
 import llvmlite.ir as ir
+import numpy as np
 
 from tkc.codegen import lower_hopper
-from tkc.codegen.lower_values import const_i32
+from tkc.codegen.lower_elementwise import cast_value
+from tkc.codegen.lower_values import const_i32, mem_type, to_mem
 from tkc.codegen.lowerer import Handler, Lowerer, SmemTile
 from tkc.codegen.nvvm import F32, I32, I64
 from tkc.ir.core import Operation
 from tkc.ir.dialects import blackwell
-from tkc.ir.layouts import TmemAccumulator
+from tkc.dtypes import DType
+from tkc.ir.layouts import SharedLayout, TmemAccumulator, swizzle
 from tkc.ir.types import element_dtype
 
 _SLOT = "tkc_tmem_slot"
@@ -77,7 +81,7 @@ def _tmem_dealloc(lw: Lowerer, op: Operation) -> None:
 def _mma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     sa, sb = lw.shared(op, op.a), lw.shared(op, op.b)
-    la, lb = sa.layout, sb.layout
+    la, lb = op.operand_layout("a"), op.operand_layout("b")
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
     idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.m, op.n))
     tmem = lw.get(op.tmem)
@@ -103,7 +107,8 @@ def _mma(lw: Lowerer, op: Operation) -> None:
     def warp() -> None:
         # The first warp waits for the operands; its thread 0 issues after the fence that
         # orders the MMA behind the role's last barrier (the previous tile's tcgen05.ld).
-        lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, op.ready)), lw.get(op.parity))
+        for bar, parity in op.waits():
+            lower_hopper._wait_parity(lw, op, lw.ptr(lw.barrier(op, bar)), lw.get(parity))
         _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
         lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
 
@@ -119,27 +124,37 @@ def _commit(lw: Lowerer, op: Operation) -> None:
 
 
 def _chunk(regs: int) -> int:
-    """Columns one tcgen05.ld.32x32b moves per thread (.x32, .x16 or .x8)."""
-    return next(x for x in (32, 16, 8) if regs % x == 0)
+    """Registers one tcgen05.ld moves per thread (32, 16 or 8; 4 for the last of a 64-row
+    accumulator whose columns are an odd multiple of 8)."""
+    return next(x for x in (32, 16, 8, 4) if regs % x == 0)
 
 
 def _tmem_load(lw: Lowerer, op: Operation) -> None:
     b = lw.b
-    layout: TmemAccumulator = op.result.type.layout
+    layout = op.result.type.layout
     tmem = lw.get(op.tmem)
     _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
     # Warp w reads lanes 32 (w % 4) on; warpgroup g its columns g * regs on.
     lane = b.shl(b.and_(b.lshr(lw.tid, const_i32(5)), const_i32(3)), const_i32(21))
-    col = b.mul(b.lshr(lw.tid, const_i32(7)), const_i32(layout.regs)) if layout.warpgroups > 1 else const_i32(0)
+    if isinstance(layout, TmemAccumulator):
+        # 32x32b.xN: thread t's lane (row), N consecutive columns.
+        shape, cols_per_reg = "32x32b", 1
+        col = b.mul(b.lshr(lw.tid, const_i32(7)), const_i32(layout.regs)) if layout.warpgroups > 1 else const_i32(0)
+    else:
+        # A 64-row accumulator (layout F: warp w's rows in its lanes 0-15): 16x256b.xN gives
+        # register 4 i + q the row l/4 + 8 (q/2) and column 8 i + 2 (l%4) + q%2 of the warp's
+        # 16 rows, wgmma's fragment (#wgmma_acc); 4 registers a repetition of 8 columns.
+        shape, cols_per_reg, col = "16x256b", 2, const_i32(0)
     base = b.add(tmem, b.add(lane, col))
     x = _chunk(layout.regs)
     vals: list[ir.Value] = []
     for c in range(0, layout.regs, x):
         outs = ",".join(f"${i}" for i in range(x))
         ret = ir.LiteralStructType([I32] * x)
-        addr = b.add(base, const_i32(c))
-        r = _asm(lw, f"tcgen05.ld.sync.aligned.32x32b.x{x}.b32 {{{outs}}}, [${x}];", ",".join(["=r"] * x) + ",r",
-                 [addr], ret)
+        addr = b.add(base, const_i32(c * cols_per_reg))
+        reps = x if shape == "32x32b" else x // 4
+        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}];",
+                 ",".join(["=r"] * x) + ",r", [addr], ret)
         vals += [b.bitcast(b.extract_value(r, i), F32) for i in range(x)]
     _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
     # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).
@@ -151,24 +166,69 @@ def _tmem_load(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, vals)
 
 
+def _row_runs(layout: TmemAccumulator, lay: SharedLayout, first: int) -> int:
+    """Elements of one 16-byte store of a ``#tmem_acc`` thread's row into the shared tile
+    ``lay`` (the thread's registers ``first`` on, consecutive columns, land in columns from a
+    multiple of the warpgroup's share on), or 1 where the run would not start 16-byte
+    aligned or the tile's layout does not keep every run contiguous (one store an element)."""
+    eb = lay.dtype.bits // 8
+    run = 16 // eb
+    if lay.major != "k" or eb > 2 or lay.cols % run or first % run or layout.regs % run:
+        return 1
+    r, c = np.meshgrid(np.arange(lay.rows), np.arange(lay.cols), indexing="ij")
+    lin = swizzle(lay.offset(r, c), lay.swizzle).reshape(lay.rows, lay.cols // run, run)
+    if np.all(lin[..., :1] % 16 == 0) and np.array_equal(lin - lin[..., :1], np.broadcast_to(
+            np.arange(run) * eb, lin.shape)):
+        return run
+    return 1
+
+
+def _store_rows(lw: Lowerer, op: Operation, tile: SmemTile, vals: list, at: list, dt: DType, run: int) -> None:
+    """``vals`` at tile coordinates ``at``, ``run`` consecutive columns a 16-byte store
+    (``st.shared.v4.b32`` of the row's packed elements; one store an element for ``run`` 1)."""
+    if run == 1:
+        lower_hopper._smem_store_values(lw, op, tile, op.dst.type, vals, at, dt)
+        return
+    b, lay = lw.b, tile.layout
+    vec = ir.VectorType(mem_type(lay.dtype), run)
+    for i in range(0, len(vals), run):
+        row, col = at[i]
+        packed = ir.Constant(vec, None)
+        for j, v in enumerate(vals[i:i + run]):
+            packed = b.insert_element(packed, to_mem(b, cast_value(b, v, dt, lay.dtype), lay.dtype), const_i32(j))
+        p = lower_hopper._smem_element_ptr(lw, tile, lower_hopper.smem_offset(lay, row, col))
+        st = b.store(b.bitcast(packed, ir.VectorType(I32, 4)), b.bitcast(p, ir.PointerType(ir.VectorType(I32, 4), 3)))
+        st.align = 16
+
+
 def _smem_store(lw: Lowerer, op: Operation) -> None:
-    """A column slice of a ``#tmem_acc`` tile: the warpgroup that holds the columns stores its
-    registers of them; everything else is Hopper's store."""
+    """A ``#tmem_acc`` tile, or a column slice of one (the warpgroup that holds the columns
+    stores its registers of them), a row's 16 bytes at a time where the shared layout keeps
+    them together (attention's P, the epilogue's tile); everything else is Hopper's store."""
     layout, col = op.value.type.layout, op.attributes.get("col")
-    if not isinstance(layout, TmemAccumulator) or col is None:
+    if not isinstance(layout, TmemAccumulator):
         lower_hopper.HANDLERS["hopper.smem_store"](lw, op)
         return
     b = lw.b
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
+    coords = lw.coords(op, layout)
+    dt = element_dtype(op.value.type)
+    if col is None:
+        if op.dst.type.shape != (tile.layout.rows, tile.layout.cols):
+            lower_hopper.HANDLERS["hopper.smem_store"](lw, op)  # a transposed view: element by element
+            return
+        _store_rows(lw, op, tile, vals, coords, dt, _row_runs(layout, tile.layout, 0))
+        return
     width, per = op.dst.type.shape[-1], layout.regs
     g = col // per
-    coords = lw.coords(op, layout)
     keep = range(col - g * per, col - g * per + width)
     kept, at = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
+    run = _row_runs(layout, tile.layout, keep.start) if op.dst.type.shape == (
+        tile.layout.rows, tile.layout.cols) and width % 16 == 0 else 1
 
     def store() -> None:
-        lower_hopper._smem_store_values(lw, op, tile, op.dst.type, kept, at, element_dtype(op.value.type))
+        _store_rows(lw, op, tile, kept, at, dt, run)
 
     if layout.warpgroups == 1:
         store()

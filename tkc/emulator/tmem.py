@@ -1,15 +1,17 @@
 """Tensor memory and tcgen05 in the emulator: the ``blackwell`` dialect's ops (docs/blackwell.md).
 
-A CTA's tensor memory is 128 lanes x 512 columns of f32 (``TensorMemory``).  One thread
+A CTA's tensor memory is 128 lanes x 512 columns of f32 (``TensorMemory``), with a written
+flag per lane and column: an M = 64 product writes lanes 32 w to 32 w + 15 of each warp
+quarter w only (``blackwell.accumulator_lanes``, the PTX ISA's layout F).  One thread
 issues ``tcgen05.mma``: the product is read from shared memory through the same descriptors
 the hardware gets (``blackwell.smem_descriptor`` decoded by ``layouts.descriptor_address``,
 the instruction descriptor by :func:`decode_idesc`) and written at once, but the columns stay
 *in flight* until a ``tcgen05.commit`` of that thread arrives on its mbarrier, and readable
 only by a warpgroup that has waited for that barrier phase.  Protocol errors, each a
 ``TkcEmulatorError`` naming the op: reading tensor memory in flight or before waiting for the
-commit's phase, reading columns no MMA wrote, a warp reading lanes outside its quarter, a
-second allocation in a CTA (its permit was relinquished), a column budget overrun, a free of
-what was not allocated, and columns still allocated when the CTA exits.
+commit's phase, reading lanes and columns no MMA wrote, a warp reading lanes outside its
+quarter, a second allocation in a CTA (its permit was relinquished), a column budget overrun,
+a free of what was not allocated, and columns still allocated when the CTA exits.
 
 Must not: define what an op computes beyond the machine model (layouts and descriptors are
 ``tkc.ir``'s) or know about passes.
@@ -67,7 +69,8 @@ class TensorMemory:
 
     data: np.ndarray = field(default_factory=lambda: np.zeros((blackwell.TMEM_LANES, blackwell.TMEM_COLUMNS),
                                                               np.float32))
-    written: np.ndarray = field(default_factory=lambda: np.zeros(blackwell.TMEM_COLUMNS, bool))
+    written: np.ndarray = field(default_factory=lambda: np.zeros((blackwell.TMEM_LANES, blackwell.TMEM_COLUMNS),
+                                                                 bool))  # per lane: an M = 64 MMA writes half
     allocs: dict[int, tuple[int, Operation]] = field(default_factory=dict)  # first column -> (columns, op)
     relinquished: Operation | None = None
     addresses: dict[Operation, int] = field(default_factory=dict)  # what each alloc op returned
@@ -138,15 +141,16 @@ def _describe(op: Operation) -> str:
     return f"'{op.name}'{where}"
 
 
-def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, ready: MBarrier, parity: Any) -> Any:
+def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *ready: Any) -> Any:
     # The first warp waits for the operands and issues; the role's other warps skip the op.
     # (Not a wait of the warpgroup's four warps: only the issuing warp spins on it.)
     if not wg.leader:
         return None
-    yield Wait(ready, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
+    for bar, parity in zip(ready[::2], ready[1::2]):
+        yield Wait(bar, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
     tm = tmem_of(wg.cta)
     smem = wg.cta.smem
-    la, lb = a.layout, b.layout
+    la, lb = op.operand_layout("a"), op.operand_layout("b")
     m, n = op.m, op.n
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
     f = decode_idesc(blackwell.instr_descriptor(la, lb, m, n), kind)
@@ -167,13 +171,14 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, rea
         at = smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
         bt = smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
         d += at.astype(np.float64) @ bt.astype(np.float64).T
+    lanes = blackwell.accumulator_lanes(m)  # the data-path layout of an M-row product
     if bool(accumulate):
-        if not tm.written[cols].all():
+        if not tm.written[lanes, cols].all():
             raise TkcEmulatorError("accumulates onto tensor memory no MMA has written (the first MMA of an "
                                    "accumulator must not accumulate)")
-        d += tm.data[:m, cols].astype(np.float64)
-    tm.data[:m, cols] = d.astype(np.float32)
-    tm.written[cols] = True
+        d += tm.data[lanes, cols].astype(np.float64)
+    tm.data[lanes, cols] = d.astype(np.float32)
+    tm.written[lanes, cols] = True
     replaced = tm.written_by(cols)  # the committed ones are superseded; the others await a commit
     tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
     tm.writes.append(_Write(op, cols, leases))
@@ -196,8 +201,9 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
 
 def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
     tm = tmem_of(wg.cta)
-    layout = op.result.type.layout  # a #tmem_acc (the op's verifier)
+    layout = op.result.type.layout  # a #tmem_acc, or one warpgroup's #wgmma_acc (the op's verifier)
     rows, cols = wg.coords(op, layout)
+    lanes = blackwell.accumulator_lanes(layout.shape[0])[rows]
     if not bool(written):
         return np.zeros(rows.shape, np.float32)
     span = tm.columns(op, int(addr), layout.shape[1])
@@ -215,14 +221,14 @@ def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
             raise TkcEmulatorError(f"reads tensor memory before waiting for a commit of the MMAs that write it, "
                                    f"after {_describe(w.op)} (phase {phase} of mbarrier {bar.name!r})")
     warp = np.arange(128)[:, None] // 32 % 4
-    if np.any(rows // 32 != warp):
-        t = int(np.argwhere(rows // 32 != warp)[0][0])
-        raise TkcEmulatorError(f"warp {t // 32} of the warpgroup reads lane {int(rows[t].flat[0])}: a warp reaches "
+    if np.any(lanes // 32 != warp):
+        t = int(np.argwhere(lanes // 32 != warp)[0][0])
+        raise TkcEmulatorError(f"warp {t // 32} of the warpgroup reads lane {int(lanes[t].flat[0])}: a warp reaches "
                                f"only lanes {32 * (t // 32 % 4)} to {32 * (t // 32 % 4) + 31} of tensor memory")
     base = int(addr) & 0xFFFF
-    if not tm.written[span].all():
-        raise TkcEmulatorError("reads tensor-memory columns no MMA has written")
-    return tm.data[rows, base + cols].astype(np.float32)
+    if not tm.written[lanes, base + cols].all():
+        raise TkcEmulatorError("reads tensor-memory lanes and columns no MMA has written")
+    return tm.data[lanes, base + cols].astype(np.float32)
 
 
 def at_exit(cta: Any) -> None:

@@ -197,7 +197,7 @@ class SharedLayout:
     def k_steps(self) -> int:
         return (self.cols if self.major == "k" else self.rows) // self.k_per_step
 
-    def descriptor(self, base_addr: int, k_step: int = 0, mn_start: int = 0) -> int:
+    def descriptor(self, base_addr: int, k_step: int = 0, mn_start: int = 0, mn_8bit: bool = False) -> int:
         """The 64-bit wgmma matrix descriptor (PTX-FACTS §2) for K-step ``k_step`` of the rows
         (K-major) or cols (MN-major) starting at ``mn_start``.  Canonical layouts per
         CUTLASS ``make_gmma_desc``, in bytes:
@@ -210,6 +210,8 @@ class SharedLayout:
 
         The start is the unswizzled address and the base-offset field is 0, so ``base_addr``
         must be aligned to the swizzle repeat: the hardware XORs absolute address bits.
+        ``mn_8bit``: the reader takes 8-bit MN-major operands (tcgen05's ``kind::f8f6f4``; the
+        canonical forms are in bytes, the same for every element width); wgmma does not.
         """
         if base_addr % self.alignment:
             raise ValueError(f"base address {base_addr:#x} is not {self.alignment}-B aligned")
@@ -222,7 +224,7 @@ class SharedLayout:
             start = self._linear(_ints(mn_start), _ints(k0))
             lbo, sbo = (16, 8 * self.atom_bytes) if self.swizzle else (self.box_bytes, 128)
         else:
-            if self.elem_bytes != 2:
+            if self.elem_bytes != 2 and not (mn_8bit and self.elem_bytes == 1):
                 raise ValueError("MN-major wgmma operands are f16/bf16 only (PTX-FACTS §1, tA/tB)")
             if mn_start % self.box_cols or not 0 <= mn_start < self.cols:
                 raise ValueError(f"mn_start {mn_start} is not a box of {self.cols} cols")

@@ -19,7 +19,15 @@ protocol (docs/blackwell.md):
 - the warpgroups' ``wgmma_wait_group`` and their arrivals on ``empty`` go; behind the loop,
   the arrival that released the last stage becomes a wait for that same phase (the last
   commit has arrived once every MMA of the loop has completed), and the accumulator is read
-  from tensor memory (``blackwell.tmem_load``) where ``hopper.wgmma_wait`` made it readable.
+  from tensor memory (``blackwell.tmem_load``) where ``hopper.wgmma_wait`` made it readable;
+- a product read at once (attention's, the 64-row kernels', a register accumulator a loop
+  carries) is an MMA into columns of its own, a commit onto a barrier of its own, the role's
+  wait and ``tmem_load`` in place, added to its register accumulator; the role's waits for its
+  operands' copies move into the MMA; a role barrier keeps the warps together where the loop
+  has none, and guards columns products share once the 512 are spent.
+
+Products of 64 rows (M = 64) are read as ``#wgmma_acc`` tiles (``select-layouts``); nothing
+here depends on the row count but the MMA's ``m``.
 
 Must not: choose layouts, stages or roles (the passes before it do), or touch a kernel for a
 target whose tensor cores are wgmma's.  What it does not handle is a located error.
@@ -83,6 +91,9 @@ class _Lowering:
         self.kernel, self.target = kernel, target
         # Per role (or kernel): its one tcgen05.alloc, the dealloc and the columns its products use.
         self.allocs: dict[Operation, tuple[Operation, Operation, int]] = {}
+        # Per role (or kernel): the columns of each product read at once, [first, width, its MMAs]
+        # (several MMAs: products that share the columns once the budget is spent).
+        self.at_once: dict[Operation, list[list]] = {}
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
@@ -90,11 +101,11 @@ class _Lowering:
         for w in products:
             if w in lowered:
                 continue
-            if self._waited_at_once(w):
-                self._product_at_once(w)
-            elif (together := self._accumulated_together(w)) is not None:
+            if (together := self._accumulated_together(w)) is not None:
                 self._products(together)
                 lowered.update(together)
+            elif self._waited_at_once(w):
+                self._product_at_once(w)
             else:
                 self._product(w)
         for alloc, dealloc, used in self.allocs.values():
@@ -103,13 +114,18 @@ class _Lowering:
     # ---------------------------------------------- a product waited for at once
     @staticmethod
     def _waited_at_once(w: Operation) -> bool:
-        """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next), with no loop
-        carrying its accumulator: attention's two products, S = Q K^T and O = O alpha + P V."""
+        """Whether ``w`` is read right away (``wgmma_wait {pending = 0}`` next): attention's two
+        products, S = Q K^T and O = O alpha + P V, and an accumulator a loop carries that is
+        not a K loop's (Based's states, ``a2 + vt.T @ k2``, added to in registers; attention
+        backward's dV and dK, summed in tensor memory)."""
         ops = w.parent.ops
         i = ops.index(w)
         loop = w.parent.parent_op
         carried = loop is not None and loop.name == "tile.for" and w.acc in loop.regions[0].block.args[1:]
-        return (not carried and i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
+        outer = loop.parent.parent_op if carried and loop.parent else None
+        if carried and (outer is None or outer.name not in ("hopper.role", "tile.kernel")):
+            return False  # a K loop inside a tile loop: the one-product path says what it takes
+        return (i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
                 and ops[i + 1].pending == 0 and uses(_kernel_of(w)).get(w.result, []) == [ops[i + 1]])
 
     def _product_at_once(self, w: Operation) -> None:
@@ -124,35 +140,134 @@ class _Lowering:
         wait = w.parent.ops[w.parent.ops.index(w) + 1]
         ready = self._operands_ready(w)
         container = hopper.enclosing_role(w) or self.kernel
-        tmem = self._allocate(container, w)
+        loop = w.parent.parent_op
+        j = self._carried_sum(w, loop, uses(self.kernel)) if loop is not None and loop.name == "tile.for" else None
         b = Builder.before(w)
         b.loc = w.loc
-        m, n = w.acc.type.shape
-        no = b.value(tile.ConstantOp, [], I1, {"value": False})
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, no, ready.barrier, ready.parity], [], {"m": m, "n": n})
+        if j is None:
+            tmem, columns = self._columns_at_once(container, w)
+            accumulate = b.value(tile.ConstantOp, [], I1, {"value": False})
+        else:
+            # acc += a @ b over the loop, from zero: accumulated in columns of its own, read
+            # once behind the loop (attention backward's dV and dK: no registers in the loop).
+            tmem, columns = self._allocate(container, w), None
+            accumulate = b.value(tile.CmpOp, [loop.regions[0].block.args[0], loop.operands[0]], I1,
+                                 {"pred": "ne"})
+        mma = self._mma(b, w, tmem, accumulate, ready)
         full = self._barrier(w)
         b.create(blackwell.CommitOp, [full])
+        # The role waits every iteration all the same: its operands' tiles are reused behind it.
         b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
-        yes = b.value(tile.ConstantOp, [], I1, {"value": True})
-        acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
-        if not _is_zero(w.acc):
-            acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
-        acc.name_hint = wait.result.name_hint
-        replace_all_uses(self.kernel, wait.result, acc)
+        if j is None:
+            yes = b.value(tile.ConstantOp, [], I1, {"value": True})
+            acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
+            if not _is_zero(w.acc):
+                acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
+            acc.name_hint = wait.result.name_hint
+            replace_all_uses(self.kernel, wait.result, acc)
+        else:
+            loop.regions[0].block.terminator.operands[j] = w.acc  # the loop no longer carries it
+            after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, w.loc)
+            ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
+            self._load_behind(loop, j, tmem, w, after, ran)
         wait.erase()
         w.erase()
-        ready.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
+        for op in ready:
+            op.erase()  # only the MMA warp waits for the tiles (docs/blackwell.md §4)
+        rerun = self._unfenced_rerun(mma)
+        if columns is None:
+            if rerun:
+                self._sync_before(mma)  # the warps wait for its barrier every iteration
+            return
+        columns[2].append(mma)
+        for sharer in columns[2]:
+            if len(columns[2]) > 1 or rerun:
+                self._sync_before(sharer)
 
-    def _operands_ready(self, w: Operation) -> Operation:
-        """The role's wait for the TMA copy of ``w``'s B."""
+    @staticmethod
+    def _unfenced_rerun(w: Operation) -> bool:
+        """Whether the product ``w``, read at once in a loop, would be issued again into its
+        columns with no role barrier since every warp's ``tcgen05.ld`` of them in the
+        iteration before.  One thread issues, each warp loads on its own: with nothing to meet
+        at in the loop (FFT conv's column passes, whose tiles come from the same warpgroup's
+        TMA), the MMA warp could overwrite columns a warp has not read yet, and run phases of
+        the rings ahead of the other warps.  Such a product gets a role barrier before it
+        (the loads end in ``tcgen05.fence::before_thread_sync``, the MMA starts with
+        ``::after_thread_sync``)."""
+        loop = w.parent.parent_op
+        if loop is None or loop.name != "tile.for":
+            return False
+        return not any(op.name == hopper.SyncOp.name for op in w.parent.ops)
+
+    def _operands_ready(self, w: Operation) -> list[Operation]:
+        """The role's waits for the TMA copies of ``w``'s B and A in ``w``'s block before it
+        (B's first).  An operand without one was waited for earlier in the role's program
+        order (before its loop, or moved into an earlier MMA of the one issuing thread), or is
+        a tile the role stored itself (``hopper.to_smem``: behind a role barrier)."""
         ops = w.parent.ops
-        stage = _owner(w.b)
-        for op in reversed(ops[:ops.index(w)]):
-            if op.name == "hopper.mbarrier_wait" and stage is not None and stage.name == "hopper.stage" \
-                    and _owner(op.barrier) is not None and _owner(op.barrier).name == "hopper.stage" \
-                    and _owner(op.barrier).operands[1] is stage.operands[1]:
-                return op
-        raise _unsupported(w, "B must be a stage of a TMA ring the role waits for before the product")
+        found: list[Operation] = []
+        for v in (w.b, w.a):
+            stage = _owner(v)
+            if stage is None or stage.name != "hopper.stage":
+                continue
+            for op in reversed(ops[:ops.index(w)]):
+                if op.name == "hopper.mbarrier_wait" and _owner(op.barrier) is not None \
+                        and _owner(op.barrier).name == "hopper.stage" \
+                        and _owner(op.barrier).operands[1] is stage.operands[1]:
+                    if op not in found and self._ring_of(op, stage):
+                        found.append(op)
+                        break
+        return found
+
+    @staticmethod
+    def _ring_of(wait: Operation, stage: Operation) -> bool:
+        """Whether ``wait`` (on a stage of a full ring) is the wait for the TMA copies into the
+        tile ring ``stage`` indexes: a ``tma_load`` into that ring completes on that barrier ring."""
+        bars = _owner(wait.barrier).operands[0]
+        kernel = _kernel_of(wait)
+        for op in kernel.walk():
+            if op.name == "hopper.tma_load" and _owner(op.dst) is not None and _owner(op.dst).name == "hopper.stage" \
+                    and _owner(op.dst).operands[0] is stage.operands[0]:
+                return _owner(op.barrier) is not None and _owner(op.barrier).operands[0] is bars
+        return False
+
+    @staticmethod
+    def _mma(b: Builder, w: Operation, tmem: Value, accumulate: Value, ready: list[Operation]) -> Operation:
+        """``blackwell.mma`` of the product ``w`` into ``tmem``, waiting for ``ready``'s phases."""
+        m, n = w.acc.type.shape
+        waits = [x for op in ready for x in (op.barrier, op.parity)]
+        attrs = {"m": m, "n": n, **{k: v for k, v in w.attributes.items() if k in ("a_major", "b_major")}}
+        return b.create(blackwell.MmaOp, [tmem, w.a, w.b, accumulate, *waits], [], attrs)
+
+    @staticmethod
+    def _sync_before(mma: Operation) -> None:
+        """A role barrier right before ``mma`` (its accumulate flag's constant aside)."""
+        ops = mma.parent.ops
+        i = ops.index(mma)
+        while i > 0 and ops[i - 1].name == "tile.constant":
+            i -= 1
+        if i == 0 or ops[i - 1].name != hopper.SyncOp.name:
+            Builder(mma.parent, i, mma.loc).create(hopper.SyncOp, [])
+
+    def _columns_at_once(self, container: Operation, w: Operation) -> tuple[Value, list]:
+        """Columns of their own for a product read at once, while the budget lasts; then the
+        columns of an earlier such product at least as wide.  Sharers each get a role barrier
+        before their MMA: a product's load is right behind its MMA, so every warp has read
+        the columns before any other product is issued into them."""
+        n = -(-w.acc.type.shape[1] // 32) * 32
+        held = self.allocs.get(container)
+        ranges = self.at_once.setdefault(container, [])
+        if blackwell.tmem_columns((held[2] if held else 0) + n) > self.target.tmem_columns:
+            shared = min((r for r in ranges if r[1] >= n), key=lambda r: len(r[2]), default=None)
+            if shared is not None:
+                alloc = held[0]
+                b = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, w.loc)
+                at = b.value(tile.ConstantOp, [], I32, {"value": shared[0]})
+                return b.value(tile.AddOp, [alloc.result, at], I32), shared
+        first = held[2] if held else 0
+        tmem = self._allocate(container, w)
+        ranges.append([first, n, []])
+        return tmem, ranges[-1]
 
     def _iteration_parity(self, w: Operation, b: Builder) -> Value:
         """The parity of the commit a product waits for, one commit a run: 0 when it runs once,
@@ -183,18 +298,26 @@ class _Lowering:
         if len(products) < 2 or any(op.name == "hopper.wgmma" for p in body.ops if p.regions for op in p.walk()):
             return None
         users = uses(self.kernel)
-        for p in products:
-            i = body.ops.index(p)
-            wait = body.ops[i + 1] if i + 1 < len(body.ops) else None
-            if p.acc not in body.args[1:] or wait is None or wait.name != "hopper.wgmma_wait" or wait.pending \
-                    or not (hopper._smem(p.a.type) and hopper._smem(p.b.type)):
-                return None
-            j = body.args.index(p.acc) - 1
-            if not _is_zero(loop.operands[3 + j]) or users.get(p.acc, []) != [p] \
-                    or body.terminator.operands[j] is not wait.result \
-                    or users.get(wait.result, []) != [body.terminator]:
-                return None
+        if any(self._carried_sum(p, loop, users) is None or not (hopper._smem(p.a.type) and hopper._smem(p.b.type))
+               for p in products):
+            return None
         return products
+
+    @staticmethod
+    def _carried_sum(p: Operation, loop: Operation, users: dict) -> int | None:
+        """The position among ``loop``'s carried values of ``acc_j`` when the product ``p`` is
+        ``acc_j += a @ b`` waited for at once (``wgmma_wait {pending = 0}`` next), ``acc_j``
+        starting at zero and only yielded; else None."""
+        body = loop.regions[0].block
+        i = body.ops.index(p)
+        wait = body.ops[i + 1] if i + 1 < len(body.ops) else None
+        if p.acc not in body.args[1:] or wait is None or wait.name != "hopper.wgmma_wait" or wait.pending:
+            return None
+        j = body.args.index(p.acc) - 1
+        if not _is_zero(loop.operands[3 + j]) or users.get(p.acc, []) != [p] \
+                or body.terminator.operands[j] is not wait.result or users.get(wait.result, []) != [body.terminator]:
+            return None
+        return j
 
     def _products(self, products: list[Operation]) -> None:
         """Several accumulating products of one loop (:meth:`_accumulated_together`): each
@@ -234,20 +357,23 @@ class _Lowering:
         after.create(blackwell.CommitOp, [full])
         after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
         ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
-        users = uses(self.kernel)
-        block = loop.parent
         for j, tmem, w in loaded:
-            # Each accumulator is read from tensor memory where it is first used, not all at
-            # once behind the loop: registers hold one while the epilogue works on another
-            # (SwiGLU's sigmoid of the gate spilled with both loaded).
-            first_use = min((block.ops.index(top) for u in users.get(loop.results[j], [])
-                             if (top := _in_block(u, block)) is not None), default=None)
-            at = after if first_use is None else Builder(block, first_use, w.loc)
-            acc = at.value(blackwell.TmemLoadOp, [tmem, ran], w.acc.type)
-            acc.name_hint = w.acc.name_hint
-            replace_all_uses(self.kernel, loop.results[j], acc)
+            self._load_behind(loop, j, tmem, w, after, ran)
         for ring in rings:
             self._one_arrival(ring)
+
+    def _load_behind(self, loop: Operation, j: int, tmem: Value, w: Operation, after: Builder, ran: Value) -> None:
+        """``loop``'s result ``j`` (the sum ``w`` accumulated at ``tmem``) read from tensor
+        memory where it is first used, not right behind the loop: registers hold one
+        accumulator while the epilogue works on another (SwiGLU's sigmoid of the gate spilled
+        with both loaded).  Zeros where the loop ran no iteration (``ran`` false)."""
+        block = loop.parent
+        first_use = min((block.ops.index(top) for u in uses(self.kernel).get(loop.results[j], [])
+                         if (top := _in_block(u, block)) is not None), default=None)
+        at = after if first_use is None else Builder(block, first_use, w.loc)
+        acc = at.value(blackwell.TmemLoadOp, [tmem, ran], w.acc.type)
+        acc.name_hint = w.acc.name_hint
+        replace_all_uses(self.kernel, loop.results[j], acc)
 
     # --------------------------------------------------------------- one product
     def _product(self, w: Operation) -> None:
@@ -278,7 +404,7 @@ class _Lowering:
         # The MMA, issued by one warp once its tiles have landed (the role's wait for them
         # goes: the other warps never look at the ring), and its commit onto their empty stage.
         ready = self._operands_wait(w, body)
-        b = self._accumulating_mma(w, loop, tmem, ready)
+        b = self._accumulating_mma(w, loop, tmem, [ready])
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
         b.create(blackwell.CommitOp, [stage])
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
@@ -300,7 +426,7 @@ class _Lowering:
         release.erase()
         self._one_arrival(ring)
 
-    def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: Operation) -> Builder:
+    def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: list[Operation]) -> Builder:
         """``blackwell.mma`` in place of the loop's product ``w`` into ``tmem``, accumulating from
         the loop's second iteration on, with the role's wait ``ready`` for its tiles moved into
         it (erased); the builder stands behind the MMA."""
@@ -308,9 +434,9 @@ class _Lowering:
         b = Builder.before(w)
         b.loc = w.loc
         first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
-        m, n = w.acc.type.shape
-        b.create(blackwell.MmaOp, [tmem, w.a, w.b, first, ready.barrier, ready.parity], [], {"m": m, "n": n})
-        ready.erase()
+        self._mma(b, w, tmem, first, ready)
+        for op in ready:
+            op.erase()
         return b
 
     def _barrier(self, w: Operation) -> Value:

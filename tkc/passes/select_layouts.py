@@ -47,6 +47,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, uses
 from tkc.ir.dialects import hopper
+from tkc.ir.dialects.blackwell import HALF_ROWS
 from tkc.ir.layouts import (
     MAX_SLICES,
     SharedLayout,
@@ -120,11 +121,34 @@ def tma_loadable(op: Operation, target: Target) -> str | None:
     return None
 
 
+def _summed_by_loop(mma: Operation) -> bool:
+    """Whether ``mma`` is ``acc += a @ b`` on an accumulator its loop carries from zero and only
+    yields (a K loop's, or attention backward's dV and dK)."""
+    loop = mma.parent.parent_op if mma.parent else None
+    if loop is None or loop.name != "tile.for":
+        return False
+    body = loop.regions[0].block
+    if mma.acc not in body.args[1:]:
+        return False
+    j = body.args.index(mma.acc) - 1
+    init = _def(loop.operands[3 + j])
+    kernel = loop
+    while kernel.name != "tile.kernel":
+        kernel = kernel.parent.parent_op
+    users = uses(kernel)
+    return (init is not None and init.name == "tile.constant" and init.attributes.get("value") == 0
+            and users.get(mma.acc, []) == [mma] and body.terminator.operands[j] is mma.result
+            and users.get(mma.result, []) == [body.terminator])
+
+
 class _Selector:
     def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
         self.options, self.target = options, target
         self.warpgroups, self.slices = self._warpgroups()
+        # tcgen05 products of 64 rows: accumulators in wgmma's register layout (tcgen05.ld.16x256b).
+        self.half_rows = target.mma == "tcgen05" and any(
+            op.name == "tile.mma" and op.acc.type.shape[0] == HALF_ROWS for op in kernel.walk())
         self.threads = target.warpgroup * self.warpgroups
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
@@ -177,19 +201,42 @@ class _Selector:
                                               f"out")
         for op, m in ms:
             n = op.acc.type.shape[1]
-            if m != rows:
-                raise self._unsupported(op, f"tcgen05.mma here computes {rows} rows (cta_group::1); this product "
-                                           f"has {m} rows")
-            if n % 16 or not 16 <= n <= 256:
-                raise self._unsupported(op, f"tcgen05.mma computes 16 to 256 columns in steps of 16; this product "
-                                           f"has {n} columns")
+            if m not in (HALF_ROWS, rows):
+                raise self._unsupported(op, f"tcgen05.mma here computes {rows} or {HALF_ROWS} rows (cta_group::1); "
+                                           f"this product has {m} rows")
+            if m != ms[0][1]:
+                raise self._unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
+                                            f"this one has {m}")
+            step = 8 if m == HALF_ROWS else 16
+            if n % step or not step <= n <= 256:
+                raise self._unsupported(op, f"tcgen05.mma of {m} rows computes {step} to 256 columns in steps of "
+                                            f"{step}; this product has {n} columns")
+        if ms[0][1] == HALF_ROWS:
+            # M = 64 (the PTX ISA's data-path layout F): warp w's 16 rows lie in lanes 32 w to
+            # 32 w + 15, and tcgen05.ld.16x256b gives them to its threads as wgmma's
+            # accumulator fragment: one warpgroup holds the product in #wgmma_acc.
+            if self.options.consumers not in (None, 1):
+                raise self._unsupported(ms[0][0], f"consumers = {self.options.consumers}: products of "
+                                                  f"{HALF_ROWS} rows are read by one warpgroup")
+            return 1, 1
         # Products of several widths (attention's S and O) share the warpgroups, each reading
         # its share of every accumulator's columns: at most 128 columns a thread in all.
         # Several products' accumulators meet in one epilogue (RoPE's halves with cos and sin,
         # SwiGLU's gate and up), each beside tiles of its own: two warpgroups at least, or a
         # thread holds every row's columns of all of them at once.
-        consumers = self.options.consumers or max(-(-sum(op.acc.type.shape[1] for op, _ in ms) // 128),
-                                                  2 if len(ms) > 1 else 1)
+        # Beside products read at once in a loop, a sum the loop carries from zero (attention
+        # backward's dV and dK) stays in tensor memory through the loop (lower-to-blackwell) and
+        # is read behind it on its own: it needs no registers next to the others.
+        widths = [op.acc.type.shape[1] for op, _ in ms]
+        summed = [_summed_by_loop(op) for op, _ in ms]
+        need = sum(widths)
+        if any(summed) and not all(summed):
+            need = max(sum(n for n, kept in zip(widths, summed) if not kept),
+                       max(n for n, kept in zip(widths, summed) if kept))
+        consumers = self.options.consumers or max(-(-need // 128), 2 if len(ms) > 1 else 1)
+        while self.options.consumers is None and consumers < 4 \
+                and any(op.acc.type.shape[1] % (8 * consumers) for op, _ in ms):
+            consumers += 1  # each warpgroup reads whole 8-column groups (S 64 wide beside O 256: 4)
         for op, _ in ms:
             n = op.acc.type.shape[1]
             if n % (8 * consumers):
@@ -199,7 +246,7 @@ class _Selector:
 
     def _accumulator(self, n: int) -> object:
         """The layout of an N-wide product's accumulator on this target."""
-        if self.target.mma == "tcgen05":
+        if self.target.mma == "tcgen05" and not self.half_rows:
             return TmemAccumulator(n, self.warpgroups)
         return WgmmaAccumulator(n, self.warpgroups, self.slices)
 
@@ -259,15 +306,15 @@ class _Selector:
                 k_contiguous = (which == "a") != transposed
                 major = "k" if k_contiguous else "mn"
                 rows, cols = src.type.shape
-                if major == "mn" and src.type.dtype.bits != 16:
+                # tcgen05.mma reads 8-bit operands MN-major too (kind::f8f6f4 transposes A and B:
+                # attention's V as TMA copies it); wgmma reads them K-major only.
+                if major == "mn" and src.type.dtype.bits != 16 and not (
+                        self.target.mma == "tcgen05" and src.type.dtype.bits == 8):
                     if which == "b" and b_copied:
                         self._transpose_b(mma, load, kperm=mma.a not in self.smem)
                         continue
                     if which == "a":
                         hint = ""
-                    elif self.target.mma == "tcgen05":
-                        hint = (" (a B tile that TMA copies as it lies is transposed in shared memory for wgmma; "
-                                "this target's products do not take one yet)")
                     else:
                         hint = (f" (a B tile that TMA copies as it lies is transposed in shared memory; this one "
                                 f"is {'not: ' + why if why else 'computed'})")

@@ -17,10 +17,12 @@ Must not: choose a layout, a column budget or a barrier (``lower-to-blackwell`` 
 
 from __future__ import annotations
 
+import numpy as np
+
 from tkc import dtypes
 from tkc.ir.core import Operation, register
 from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem
-from tkc.ir.layouts import SharedLayout, TmemAccumulator
+from tkc.ir.layouts import SharedLayout, TmemAccumulator, WgmmaAccumulator, read_as
 from tkc.ir.types import ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -29,6 +31,9 @@ I1 = ScalarType(dtypes.i1)
 #: Tensor memory of one CTA: lanes (rows) and 32-bit columns (PTX-FACTS §7).
 TMEM_LANES = 128
 TMEM_COLUMNS = 512
+#: The M of a ``tcgen05.mma.cta_group::1`` that uses half the data path (the PTX ISA's
+#: layout F): row r of the accumulator is lane 32 (r // 16) + r % 16.
+HALF_ROWS = 64
 #: Bit 46 of a shared-memory matrix descriptor: the tcgen05 (sm_100) descriptor version.  The
 #: other fields are Hopper's (start, LBO, SBO; the 3-bit layout type at 61-63 holds Hopper's
 #: 2-bit swizzle mode shifted one up), so ``SharedLayout.descriptor`` builds both.
@@ -36,6 +41,15 @@ DESC_VERSION = 1 << 46
 
 #: Operand type codes of the instruction descriptor (bits 7-9 for A, 10-12 for B) per kind.
 _KIND_CODES = {"f16": {"f16": 0, "bf16": 1}, "f8f6f4": {"f8e4m3": 0, "f8e5m2": 1}}
+
+
+def accumulator_lanes(m: int) -> np.ndarray:
+    """The tensor-memory lane of each row of an M x N ``tcgen05.mma.cta_group::1`` accumulator
+    (the PTX ISA's data-path layouts): M = 128 (layout D) row i is lane i; M = 64 (layout F,
+    half the data path, lane alignment 0) warp quarter w holds rows 16 w to 16 w + 15 in its
+    lanes 32 w to 32 w + 15."""
+    r = np.arange(m)
+    return r if m == TMEM_LANES else 32 * (r // 16) + r % 16
 
 
 def tmem_columns(n: int) -> int:
@@ -56,8 +70,10 @@ def mma_kind(a: dtypes.DType, b: dtypes.DType) -> str | None:
 
 def smem_descriptor(layout: SharedLayout, base_addr: int, k_step: int = 0) -> int:
     """The tcgen05 shared-memory descriptor of K-step ``k_step`` of a whole operand tile:
-    Hopper's (``SharedLayout.descriptor``) with the sm_100 version bit."""
-    return layout.descriptor(base_addr, k_step, 0) | DESC_VERSION
+    Hopper's (``SharedLayout.descriptor``) with the sm_100 version bit.  8-bit operands may be
+    MN-major (PTX ISA: ``kind::f8f6f4`` transposes A and B, not with 128-B swizzling of 32-B
+    atomicity, which tkc never uses)."""
+    return layout.descriptor(base_addr, k_step, 0, mn_8bit=True) | DESC_VERSION
 
 
 def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
@@ -117,35 +133,50 @@ class TmemDeallocOp(Operation):
 
 @register
 class MmaOp(Operation):
-    """The MMA-issuing warp: the first warp of the role waits for the parity ``parity`` of
-    the mbarrier ``ready`` (its operands' copies landed), then its thread 0 issues
-    ``tcgen05.mma.cta_group::1``: the ``m`` x ``n`` f32 accumulator at ``tmem`` becomes
-    ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one instruction per K step of 32
-    bytes.  The role's other warps do nothing here (nor spin on ``ready``).  Asynchronous: the
-    result is in tensor memory once a later ``blackwell.commit`` of that thread has arrived on
-    its mbarrier."""
+    """The MMA-issuing warp: the first warp of the role waits for each (mbarrier, parity) pair
+    of ``ready`` (its operands' copies landed; none when its program order already saw them),
+    then its thread 0 issues ``tcgen05.mma.cta_group::1``: the ``m`` x ``n`` f32 accumulator
+    at ``tmem`` becomes ``A @ B`` (``accumulate`` false) or ``acc + A @ B``, one instruction
+    per K step of 32 bytes.  ``m`` is 128 (row i in lane i) or 64 (``accumulator_lanes``).
+    A shared operand may be read with the other major (``a_major``/``b_major``, as wgmma's).
+    The role's other warps do nothing here (nor spin on ``ready``).  Asynchronous: the result
+    is in tensor memory once a later ``blackwell.commit`` of that thread has arrived on its
+    mbarrier."""
 
     name = "blackwell.mma"
-    OPERANDS = ("tmem", "a", "b", "accumulate", "ready", "parity")
-    ATTRS = {"m": int, "n": int}
+    OPERANDS = ("tmem", "a", "b", "accumulate", "*ready")
+    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str}
+
+    def operand_layout(self, which: str) -> SharedLayout:
+        """The shared layout this MMA reads operand ``which`` ('a' or 'b') through."""
+        return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
+
+    def waits(self) -> list[tuple[object, object]]:
+        """The (mbarrier, parity) pairs the MMA warp waits for before it issues."""
+        return list(zip(self.ready[::2], self.ready[1::2]))
 
     def verify(self) -> None:
-        if self.tmem.type != I32 or self.accumulate.type != I1 or self.parity.type != I32:
-            raise self.error("takes the tensor-memory address (i32), the accumulate flag (i1), the operands' "
-                             "mbarrier and its parity (i32)")
-        _check_barrier(self, self.ready)
+        if self.tmem.type != I32 or self.accumulate.type != I1 or len(self.ready) % 2 \
+                or any(p.type != I32 for _, p in self.waits()):
+            raise self.error("takes the tensor-memory address (i32), the accumulate flag (i1), and pairs of the "
+                             "operands' mbarrier and its parity (i32)")
+        for bar, _ in self.waits():
+            _check_barrier(self, bar)
         a, b = self.a.type, self.b.type
         if not (_smem(a) and _smem(b)):
             raise self.error(f"A and B are shared tiles, got {a} and {b}")
         _check_view(self, a, "A")
         _check_view(self, b, "B")
-        am, ak = (a.layout.rows, a.layout.cols) if a.layout.major == "k" else (a.layout.cols, a.layout.rows)
-        bn, bk = (b.layout.rows, b.layout.cols) if b.layout.major == "k" else (b.layout.cols, b.layout.rows)
+        la, lb = self.operand_layout("a"), self.operand_layout("b")
+        am, ak = (la.rows, la.cols) if la.major == "k" else (la.cols, la.rows)
+        bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
         if am != self.m or bn != self.n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {self.m}x{self.n}")
-        if self.m != 128 or not (self.n % 16 == 0 and 16 <= self.n <= 256):
-            raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, got "
-                             f"{self.m}x{self.n}")
+        # 8-bit MN-major B (transposed) takes N in steps of 16 (PTX ISA, "8bit transpose B").
+        step = 8 if self.m == HALF_ROWS and not (lb.major == "mn" and lb.elem_bytes == 1) else 16
+        if self.m not in (HALF_ROWS, TMEM_LANES) or not (self.n % step == 0 and step <= self.n <= 256):
+            raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, or M = 64 "
+                             f"with N in 8..256 in steps of 8, got {self.m}x{self.n}")
         if mma_kind(a.dtype, b.dtype) is None:
             raise self.error(f"tcgen05.mma takes bf16 x bf16, f16 x f16 or 8-bit float pairs, not "
                              f"{a.dtype.name} x {b.dtype.name}")
@@ -166,9 +197,11 @@ class CommitOp(Operation):
 
 @register
 class TmemLoadOp(Operation):
-    """``tcgen05.ld.sync.aligned.32x32b`` + ``tcgen05.wait::ld`` by every thread of the role:
-    the accumulator at ``tmem`` as a ``#tmem_acc`` register tile (each warp reads its quarter
-    of the lanes, each warpgroup its share of the columns).  Where ``written`` is false (the
+    """``tcgen05.ld`` + ``tcgen05.wait::ld`` by every thread of the role: the accumulator at
+    ``tmem`` as a register tile, each warp reading its quarter of the lanes.  A 128-row
+    accumulator is a ``#tmem_acc`` tile (``.32x32b``, each warpgroup its share of the
+    columns); a 64-row one, one warpgroup's ``#wgmma_acc`` (``.16x256b`` reads warp w's 16
+    lanes as wgmma's accumulator fragment).  Where ``written`` is false (the
     K loop ran no iteration, so no MMA wrote it) the result is zeros, as a register
     accumulator that started at zero would be."""
 
@@ -180,8 +213,11 @@ class TmemLoadOp(Operation):
         r = self.result.type
         if self.tmem.type != I32 or self.written.type != I1:
             raise self.error("takes the tensor-memory address (i32) and whether an MMA wrote it (i1)")
-        if not (isinstance(r, TileType) and r.space == "reg" and isinstance(r.layout, TmemAccumulator)
+        half = isinstance(r, TileType) and isinstance(r.layout, WgmmaAccumulator) \
+            and (r.layout.warpgroups, r.layout.slices) == (1, 1)
+        if not (isinstance(r, TileType) and r.space == "reg" and (isinstance(r.layout, TmemAccumulator) or half)
                 and r.dtype == dtypes.f32 and r.shape == r.layout.shape):
-            raise self.error(f"the result is an f32 #tmem_acc register tile, got {r}")
+            raise self.error(f"the result is an f32 #tmem_acc (128 rows) or #wgmma_acc (64 rows, one warpgroup) "
+                             f"register tile, got {r}")
 
 
