@@ -272,7 +272,7 @@ def check_resident(name: str, grid: Sequence[int], held: int) -> None:
 
 _arrays: dict[tuple[int, bytes], Any] = {}  # (device, bytes) -> a device tensor holding them
 _MAX_ARRAYS = 256
-_pads: dict[tuple[int, str], tuple[bytes, int]] = {}  # (device, group) -> (every rank's pad address, counters)
+_pads: dict[tuple[int, str, int], tuple[bytes, int]] = {}  # (device, group, roles) -> (pads' addresses, counters)
 _retired: list[Any] = []  # every pad, kept: a peer's kernel may still be adding to a replaced one
 
 
@@ -320,7 +320,7 @@ def prepare(abi: Any, name: str, params: Sequence[Any], args: Sequence[Any], map
         return int(keep[-1].data_ptr())
 
     peers = [on_device(_u64s(peer_addresses(int(args[i].data_ptr()), b))) for i, b in bufs.items()]
-    pads = on_device(_barrier_pads(grid, num_ranks, group, device)) if abi.barrier else None
+    pads = on_device(_barrier_pads(grid, num_ranks, group, device, abi.barrier)) if abi.barrier else None
     tensor_maps = {}
     for n in abi.maps:
         i, box, swizzle = maps[n]
@@ -377,11 +377,15 @@ def _encode(tensor: Any, address: int, box: tuple, swizzle: int, name: str) -> b
     return tm.raw
 
 
-def _barrier_pads(grid: Sequence[int], num_ranks: int, group: Any, device: Any) -> bytes:
-    """Every rank's barrier pad address for ``group`` (a group or its name) on ``device``, the
-    pad grown first if ``grid`` needs more counters: every rank launches the same kernels with
-    the same grids, so every rank grows its pad in the same launch (a collective)."""
-    key = (device.index if device.index is not None else -1, group if isinstance(group, str) else group.group_name)
+def _barrier_pads(grid: Sequence[int], num_ranks: int, group: Any, device: Any, roles: int = 1) -> bytes:
+    """Every rank's barrier pad address for ``group`` (a group or its name) on ``device`` for
+    kernels whose barriers meet ``roles`` roles of a program, the pad grown first if ``grid``
+    needs more counters: every rank launches the same kernels with the same grids, so every
+    rank grows its pad in the same launch (a collective).  A pad serves one role count: a
+    barrier's target is the next multiple of it, which a counter another count left odd would
+    let one role pass alone."""
+    key = (device.index if device.index is not None else -1, group if isinstance(group, str) else group.group_name,
+           roles)
     addresses, have = _pads.get(key, (b"", 0))
     n = pad_counters(grid, num_ranks, have)
     if n:

@@ -52,12 +52,14 @@ _CUBIN = "kernel.cubin"
 
 class RankAbi(NamedTuple):
     """A multi-GPU kernel's launch contract (docs/hopper.md §4): ``tensors``, the indices of
-    its ``@ ranks`` tensor parameters (one ``peers`` array each); ``barrier``, whether it takes
-    barrier pads; ``maps``, the ``tma_maps`` entries passed as arrays of per-rank maps;
-    ``waits``, whether a program may wait for another (the grid must then be resident)."""
+    its ``@ ranks`` tensor parameters (one ``peers`` array each); ``barrier``, how many roles of
+    a program meet at each of its barriers (0: it takes no barrier pads; kernels share a pad
+    only with kernels of the same count, whose counters then stay multiples of it); ``maps``,
+    the ``tma_maps`` entries passed as arrays of per-rank maps; ``waits``, whether a program
+    may wait for another (the grid must then be resident)."""
 
     tensors: tuple[int, ...]
-    barrier: bool
+    barrier: int
     maps: tuple[int, ...]
     waits: bool
 
@@ -125,7 +127,10 @@ class Compiled:
         params = self.params
         ranked = tuple(i for i, (_, t) in enumerate(params) if isinstance(t, TensorType) and t.ranks)
         maps = tuple(n for n, (i, _, _) in enumerate(self.tma_maps) if i in ranked)
-        return RankAbi(ranked, any(o.name == "tile.rank_barrier" for o in op.walk()), maps,
+        from tkc.ir.dialects.hopper import barrier_roles
+
+        barrier = barrier_roles(op) if any(o.name == "tile.rank_barrier" for o in op.walk()) else 0
+        return RankAbi(ranked, barrier, maps,
                        any(o.name in ("tile.wait", "tile.rank_barrier") for o in op.walk()))
 
     @property

@@ -147,6 +147,22 @@ def test_barrier_pads_grow_on_every_rank_together() -> None:
     assert ranks.pad_counters((3,), 4, 0) == 4096 and ranks.pad_counters((5000,), 2, 4096) == 16384
 
 
+def test_kernels_whose_barriers_meet_other_role_counts_count_on_other_pads() -> None:
+    """A barrier's target is the next multiple of its role count: a pad one-role kernels left
+    at an odd count would let one role of a two-role kernel pass alone."""
+    c = compiled()
+    args = [symmetric(64, 64), torch.zeros(64, 64, dtype=torch.bfloat16), symmetric(5, dtype=torch.int32), 1.0]
+    maps = tma_operands(c.params, c.tma_maps)
+
+    def pads(roles: int) -> int:
+        abi = c.ranks._replace(barrier=roles)
+        return ranks.prepare(abi, c.name, c.params, args, maps, (2,), CPU, held=lambda: 10**6,
+                             encode=fake_map).values[-1][1]
+
+    one, two = pads(1), pads(2)
+    assert u64s(one, 1) != u64s(two, 1) and u64s(pads(2), 1) == u64s(two, 1)
+
+
 def test_a_ranked_argument_outside_symmetric_memory_is_refused() -> None:
     c = compiled()
     args = [torch.zeros(64, 64, dtype=torch.bfloat16), torch.zeros(64, 64, dtype=torch.bfloat16),

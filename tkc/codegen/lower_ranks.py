@@ -32,6 +32,7 @@ from tkc.codegen.nvvm import I32, I64
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
+from tkc.ir.dialects.hopper import barrier_roles
 from tkc.ir.types import TensorType
 
 __all__ = ["HANDLERS", "before_release", "bind_params", "param_types", "system_scope", "tensor_map"]
@@ -178,11 +179,6 @@ def _wait(lw: Lowerer, op: Operation) -> None:
     lw.sync()
 
 
-def _roles(kernel: Operation) -> int:
-    """How many roles of a program run each rank barrier (every role has its copy)."""
-    return max(1, sum(1 for op in kernel.regions[0].block.ops if op.name == "hopper.role"))
-
-
 def before_release(lw: Lowerer) -> None:
     """What a releasing atomic on one element (or a barrier) needs first: thread 0's TMA
     stores complete (it issued them) and are fenced for the generic proxy, then the
@@ -212,7 +208,7 @@ def _rank_barrier(lw: Lowerer, op: Operation) -> None:
     if lw.pads is None:
         raise TkcCodegenError("a rank barrier needs the kernel's barrier pads (docs/hopper.md §4)", op.loc)
     before_release(lw)
-    roles = const_i32(_roles(lw.kernel))
+    roles = const_i32(barrier_roles(lw.kernel))
     me, n = lw.rank, lw.num_ranks
 
     def pad(r: ir.Value) -> ir.Value:

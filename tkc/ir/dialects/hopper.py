@@ -239,6 +239,12 @@ def _runs_on_few_warps(op: Operation) -> bool:
     return scalar and (op.name.startswith("tile.") or op.name == "hopper.load")
 
 
+def barrier_roles(kernel: Operation) -> int:
+    """How many roles of a program meet at each ``tile.rank_barrier`` of ``kernel``: every
+    role runs its own copy (specialize-warps), and the barrier completes once all arrived."""
+    return max(1, sum(1 for op in kernel.regions[0].block.ops if op.name == "hopper.role"))
+
+
 def _check_barrier(op: Operation, v) -> None:
     if v.type != MBARRIER:
         raise op.error(f"expects an mbarrier, got {v.type}")
