@@ -352,6 +352,13 @@ class _Pipeliner:
                 continue
             if any(_is_smem(x) and not _ring_stage(x, g.dsts) for x in (mma.a, mma.b)):
                 continue  # a shared tile outside the ring is rewritten every iteration: wait for it
+            if not _is_smem(mma.a):
+                # An A operand in registers (a gather's rows): the wgmma reads those registers
+                # until it completes, and the next iteration writes its A into the same ones
+                # (one loop body, one register allocation).  On an H200 moe_dispatch read
+                # wrong rows with the previous wgmma still in flight; the emulator, whose
+                # values are SSA values and not registers, could not see it.
+                continue
             idx = body.ops.index(wait)
             arrive = body.ops[idx + 2] if idx + 2 < len(body.ops) else None
             if arrive is None or arrive.name != "hopper.mbarrier_arrive":
