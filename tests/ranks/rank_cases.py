@@ -37,9 +37,14 @@ def allgather_gemm(ranks: int, seed: int, M: int, K: int, N: int) -> Case:
         for r in range(ranks):
             close(c[r].reshape(ranks * M, N), gathered @ b[r].float())
 
-    # ag (the gathered rows) and ready (a flag a tile row: enough rows for tiles of 16 and up)
-    return Case([[a[r], b[r], c[r], torch.zeros(ranks, M, K, dtype=torch.bfloat16),
-                  torch.zeros(ranks, -(-M // 16), dtype=torch.int32)] for r in range(ranks)], check)
+    def gathered_buffer(r: int) -> torch.Tensor:  # rank r's shard in its own slot, the others to fill
+        ag = torch.full((ranks, M, K), float("nan"), dtype=torch.bfloat16)
+        ag[r] = a[r]
+        return ag
+
+    # ready: a flag a tile row, enough rows for tiles of 16 and up
+    return Case([[b[r], c[r], gathered_buffer(r), torch.zeros(ranks, -(-M // 16), dtype=torch.int32)]
+                 for r in range(ranks)], check)
 
 
 def _sharded(ranks: int, seed: int, MS: int, K: int, N: int) -> tuple[list, list, torch.Tensor]:

@@ -56,8 +56,8 @@ def test_multi_gpu_examples_compile_without_spills(example: str) -> None:
 
 def test_abi_of_the_examples() -> None:
     ag = compile_kernel(EXAMPLES / "allgather_gemm.tk", {}, stop="hopper", cache=False)
-    assert ag.ranks.tensors == (3, 4) and ag.ranks.barrier == 2 and ag.ranks.waits  # both roles meet
-    assert ag.ranks.maps == tuple(n for n, (i, _, _) in enumerate(ag.tma_maps) if i == 3) != ()
+    assert ag.ranks.tensors == (2, 3) and ag.ranks.barrier == 2 and ag.ranks.waits  # both roles meet
+    assert ag.ranks.maps == tuple(n for n, (i, _, _) in enumerate(ag.tma_maps) if i == 2) != ()
     rs = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="hopper", cache=False)
     assert rs.ranks.tensors == (3, 4) and rs.ranks.barrier and rs.ranks.waits
     plain = compile_kernel(EXAMPLES / "gemm.tk", {}, stop="hopper", cache=False)

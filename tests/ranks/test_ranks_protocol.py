@@ -49,9 +49,9 @@ def _reducescatter_args(ranks: int, MS: int = 40, K: int = 24, N: int = 40) -> l
 
 def _allgather_args(ranks: int, M: int = 40, K: int = 24, N: int = 40) -> list[list]:
     rng = np.random.default_rng(0)
-    return [[torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).bfloat16(),
-             torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16(),
-             torch.zeros(ranks, M, N, dtype=torch.bfloat16), torch.zeros(ranks, M, K, dtype=torch.bfloat16),
+    return [[torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16(),
+             torch.zeros(ranks, M, N, dtype=torch.bfloat16),
+             torch.from_numpy(rng.standard_normal((ranks, M, K)).astype(np.float32)).bfloat16(),
              torch.zeros(ranks, -(-M // TILES["BM"]), dtype=torch.int32)] for _ in range(ranks)]
 
 

@@ -74,7 +74,9 @@ def allgather_gemm(rank: int, world: int) -> None:
     a, b = _bf16(rank, M, K).cuda(), _bf16(1000 + rank, K, N).cuda()
     c = torch.full((world, M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     ready = tkc.symmetric_zeros((world, -(-M // 128)), torch.int32)
-    args = [a, b, c, tkc.symmetric_zeros((world, M, K), torch.bfloat16), ready]
+    ag = tkc.symmetric_zeros((world, M, K), torch.bfloat16)
+    ag[rank] = a  # the shard in its own slot; the kernel fills the others
+    args = [b, c, ag, ready]
     for _ in range(2):
         ready.zero_()  # safe before a launch that starts with barrier_all(): no peer signals into it before
         k(*args)
