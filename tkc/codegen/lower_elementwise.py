@@ -199,7 +199,7 @@ def _elementwise(lw: Lowerer, op: Operation) -> None:
 # Ordered compares are false on NaN; ``ne`` is unordered (NaN != NaN), as in numpy.
 _FCMP = {"lt": ("<", True), "le": ("<=", True), "gt": (">", True), "ge": (">=", True),
          "eq": ("==", True), "ne": ("!=", False)}
-_ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 def _cmp(lw: Lowerer, op: Operation) -> None:
@@ -209,9 +209,9 @@ def _cmp(lw: Lowerer, op: Operation) -> None:
         pred, ordered = _FCMP[op.pred]
         fn = (lambda x, y: b.fcmp_ordered(pred, x, y)) if ordered else (lambda x, y: b.fcmp_unordered(pred, x, y))
     elif dt.is_int:
-        fn = lambda x, y: b.icmp_signed(_ICMP[op.pred], x, y)  # noqa: E731
+        fn = lambda x, y: b.icmp_signed(ICMP[op.pred], x, y)  # noqa: E731
     else:
-        fn = lambda x, y: b.icmp_unsigned(_ICMP[op.pred], x, y)  # noqa: E731  (false < true)
+        fn = lambda x, y: b.icmp_unsigned(ICMP[op.pred], x, y)  # noqa: E731  (false < true)
     _map(lw, op, fn, lw.get(op.lhs, packed=True), lw.get(op.rhs, packed=True))
 
 

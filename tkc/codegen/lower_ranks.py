@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
+from tkc.codegen.lower_elementwise import ICMP
 from tkc.codegen.lower_global import _global_element
 from tkc.codegen.lower_values import const_i32
 from tkc.codegen.lowerer import Lowerer, TensorArg
@@ -162,7 +163,7 @@ def _wait(lw: Lowerer, op: Operation) -> None:
     flag: TensorArg = lw.get(op.tensor)
     e = _global_element(lw, op, flag, [lw.get(v) for v in op.offsets], ())
     want = lw.get(op.value)
-    pred = {"ge": ">=", "gt": ">", "eq": "==", "ne": "!=", "le": "<=", "lt": "<"}[op.pred]
+    pred = ICMP[op.pred]  # a wait compares as tile.cmp does on integers
 
     def one() -> None:
         lw.if_then(b.not_(e.ok), lambda: _fail(lw, op, "wait() on a flag outside its tensor"), "wait.bad")
