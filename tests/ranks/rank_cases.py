@@ -93,7 +93,7 @@ def ring_attn(ranks: int, seed: int, B: int, H: int, N: int, D: int, scale: floa
 
     # kg, vg (every rank's K/V blocks) and ready (a count a head)
     return Case([[q[r], k[r], v[r], o[r], torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16),
-                  torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, B * H, dtype=torch.int32),
+                  torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, B, H, dtype=torch.int32),
                   scale] for r in range(ranks)], check)
 
 

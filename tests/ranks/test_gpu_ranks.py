@@ -43,7 +43,7 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
                                "--dim", "GM=2", "--dim", "GN=2"]),
     ("gemm_allreduce.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "K=136", "--dim", "N=320", "--dim", "P=2",
                            "--dim", "GM=2", "--dim", "GN=2"]),
-    ("ring_attn.tk", ["--dim", "B=1", "--dim", "H=2", "--dim", "N=200", "--dim", "P=2", "--dim", "BH=2"]),
+    ("ring_attn.tk", ["--dim", "B=1", "--dim", "H=2", "--dim", "N=200", "--dim", "P=2"]),
     ("allgather.tk", ["--dim", "M=200", "--dim", "N=320", "--dim", "P=2"]),
     ("reducescatter.tk", ["--dim", "M=400", "--dim", "MS=200", "--dim", "N=320", "--dim", "P=2"]),
 ])
