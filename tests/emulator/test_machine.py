@@ -371,6 +371,39 @@ def test_a_operand_written_while_its_wgmma_is_in_flight(seed):
     assert e.value.loc.line == PRODUCT_LINE
 
 
+def pv_carried(wait: str) -> str:
+    """pv.tkir with P carried through a loop of two products, doubled after each (O = 3 P @ V),
+    ``wait`` between the product and the yield that gives P its new value."""
+    acc, pa = "tile<128x64xf32, reg, #wgmma_acc<64, wg=2>>", "tile<128x64xbf16, reg, #wgmma_a<64, wg=2>>"
+    return edit((KERNELS / "pv.tkir").read_text(), f"""\
+  %d = hopper.wgmma %pa, %sv, %acc : {acc}
+""", f"""\
+  %c2 = tile.constant {{value = 2}} : i32
+  %p_1, %d = tile.for %c0, %c2, %c1, %pa, %acc : {pa}, {acc} {{
+  ^(%i: i32, %pc: {pa}, %acc_1: {acc}):
+    %d_1 = hopper.wgmma %pc, %sv, %acc_1 : {acc}
+{wait}    %p_2 = tile.add %pc, %pc : {pa}
+    tile.yield %p_2, %d_1
+  }}
+""")
+
+
+def test_a_operand_carried_by_a_loop():
+    p, v, o = pv_args(0)
+    emulate(load(pv_carried("    hopper.wgmma_wait_group {pending = 0}\n"), "pv.tkir"), [p, v, o])
+    np.testing.assert_allclose(o, 3 * wgmma_sum(round_to(p, bf16), v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_operand_carried_by_a_loop_written_while_in_flight():
+    """The yield gives the loop argument P its next value while the wgmma reading it is in flight."""
+    p, v, o = pv_args(0)
+    text = pv_carried("")
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "tile.yield %p_2" in s)
+    with pytest.raises(TkcEmulatorError, match=rf"'tile.yield' at pv.tkir:{line}:\d+: writes the registers of the A "
+                                               rf"operand that the product at line {line - 2} still reads"):
+        emulate(load(text, "pv.tkir"), [p, v, o])
+
+
 # ------------------------------------------------ interpret(tile IR) == emulate(hopper IR)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
