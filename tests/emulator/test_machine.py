@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tkc.compiler import compile_kernel
 from tkc.dtypes import bf16, round_to
 from tkc.emulator.machine import emulate, emulate_module
 from tkc.emulator.mbarrier import PhaseError
@@ -350,8 +351,6 @@ def gather_gemm_args(seed: int, t: int = 90, m: int = 100, d: int = 150, f: int 
 def test_gathered_a_operand_waited_each_iteration(seed):
     """The K loop as the compiler lowers it (its wgmma waited for before the next A) runs and
     multiplies the gathered rows; tails in every dimension, three K tiles."""
-    from tkc.compiler import compile_kernel
-
     kernel = compile_kernel(GATHER_GEMM, stop="hopper", cache=False).kernel_op
     x, idx, w, y = gather_gemm_args(seed)
     emulate(kernel, [x, idx, w, y], seed=seed)
