@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tkc.compiler import compile_kernel
 from tkc.dtypes import bf16, round_to
 from tkc.emulator.machine import emulate, emulate_module
 from tkc.emulator.mbarrier import PhaseError
@@ -318,6 +319,88 @@ def test_convert_layout_without_scratch_must_not_move_values():
     with pytest.raises(TkcEmulatorError, match=r"'hopper.convert_layout' \(%xa\) at convert.tkir:\d+:\d+: "
                                                r"#blocked<128x64.*-> #wgmma_acc<64, wg=2> without a scratch"):
         emulate(load(text, "convert.tkir", verified=False), [x, x.copy(), x.copy()])
+
+
+# A wgmma reads an A operand in registers until a wait covers it, and the next run of the op
+# that computes A (the K loop's next iteration) writes the same registers.
+GATHER_GEMM = """\
+# y = x[idx] @ w: the rows of x that idx names, multiplied as they are gathered (A in registers).
+@kernel
+def gather_gemm(x: bf16[T, D], idx: i32[M], w: bf16[D, F], y: f32[M, F], BM: const = 64, BF: const = 64,
+                BK: const = 64):
+    grid(cdiv(M, BM), cdiv(F, BF))
+    pm = program_id(0)
+    pf = program_id(1)
+    rows = idx[pm*BM:(pm+1)*BM]
+    acc = zeros([BM, BF], f32)
+    for k in range(cdiv(D, BK)):
+        acc += x[rows, k*BK:(k+1)*BK] @ w[k*BK:(k+1)*BK, pf*BF:(pf+1)*BF]
+    y[pm*BM:(pm+1)*BM, pf*BF:(pf+1)*BF] = acc
+"""
+PRODUCT_LINE = 11  # GATHER_GEMM's `acc += ... @ ...`
+
+
+def gather_gemm_args(seed: int, t: int = 90, m: int = 100, d: int = 150, f: int = 72) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = round_to(rng.standard_normal((t, d)), bf16)
+    w = round_to(rng.standard_normal((d, f)), bf16)
+    return [x, rng.integers(0, t, m).astype(np.int32), w, nan_like((m, f))]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_gathered_a_operand_waited_each_iteration(seed):
+    """The K loop as the compiler lowers it (its wgmma waited for before the next A) runs and
+    multiplies the gathered rows; tails in every dimension, three K tiles."""
+    kernel = compile_kernel(GATHER_GEMM, stop="hopper", cache=False).kernel_op
+    x, idx, w, y = gather_gemm_args(seed)
+    emulate(kernel, [x, idx, w, y], seed=seed)
+    np.testing.assert_array_equal(y, wgmma_sum(x[idx], w))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_operand_written_while_its_wgmma_is_in_flight(seed):
+    """The same loop with the wgmma left in flight across iterations (wgmma_wait_group 1): the
+    next iteration's A is written into the registers the previous wgmma still reads."""
+    with pytest.raises(TkcEmulatorError, match=rf"'hopper.convert_layout' \(%\w+\) at gather_gemm.tk:"
+                                               rf"{PRODUCT_LINE}:\d+: writes the registers of the A operand that "
+                                               rf"the product at line {PRODUCT_LINE} still reads \('hopper.wgmma' "
+                                               rf"\(%\w+\) is in flight\): wait for it \(a wgmma_wait with "
+                                               rf"pending 0\) before computing the next A") as e:
+        emulate(kernel("gather_gemm_overlap.tkir"), gather_gemm_args(seed), seed=seed)
+    assert e.value.loc.line == PRODUCT_LINE
+
+
+def pv_carried(wait: str) -> str:
+    """pv.tkir with P carried through a loop of two products, doubled after each (O = 3 P @ V),
+    ``wait`` between the product and the yield that gives P its new value."""
+    acc, pa = "tile<128x64xf32, reg, #wgmma_acc<64, wg=2>>", "tile<128x64xbf16, reg, #wgmma_a<64, wg=2>>"
+    return edit((KERNELS / "pv.tkir").read_text(), f"""\
+  %d = hopper.wgmma %pa, %sv, %acc : {acc}
+""", f"""\
+  %c2 = tile.constant {{value = 2}} : i32
+  %p_1, %d = tile.for %c0, %c2, %c1, %pa, %acc : {pa}, {acc} {{
+  ^(%i: i32, %pc: {pa}, %acc_1: {acc}):
+    %d_1 = hopper.wgmma %pc, %sv, %acc_1 : {acc}
+{wait}    %p_2 = tile.add %pc, %pc : {pa}
+    tile.yield %p_2, %d_1
+  }}
+""")
+
+
+def test_a_operand_carried_by_a_loop():
+    p, v, o = pv_args(0)
+    emulate(load(pv_carried("    hopper.wgmma_wait_group {pending = 0}\n"), "pv.tkir"), [p, v, o])
+    np.testing.assert_allclose(o, 3 * wgmma_sum(round_to(p, bf16), v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_operand_carried_by_a_loop_written_while_in_flight():
+    """The yield gives the loop argument P its next value while the wgmma reading it is in flight."""
+    p, v, o = pv_args(0)
+    text = pv_carried("")
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "tile.yield %p_2" in s)
+    with pytest.raises(TkcEmulatorError, match=rf"'tile.yield' at pv.tkir:{line}:\d+: writes the registers of the A "
+                                               rf"operand that the product at line {line - 2} still reads"):
+        emulate(load(text, "pv.tkir"), [p, v, o])
 
 
 # ------------------------------------------------ interpret(tile IR) == emulate(hopper IR)

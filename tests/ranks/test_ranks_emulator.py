@@ -272,6 +272,21 @@ def test_moe_dispatch_with_more_tiles_than_programs() -> None:
     case.check()
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moe_dispatch_a_written_while_its_wgmma_is_in_flight(seed: int) -> None:
+    """moe_dispatch's K loop with the wgmma of the gathered rows left in flight across
+    iterations (as it ran wrong on an H200): the next iteration's A, written into the registers
+    the in-flight wgmma reads, is an error at the product's line.  The lowering of today
+    (test_moe_dispatch) waits for it in each iteration and runs."""
+    text = (Path(__file__).parents[1] / "data" / "hopper" / "moe_dispatch_overlap.tkir").read_text()
+    line = _line((EXAMPLES / "moe_dispatch.tk").read_text(), "acc += x.on(src)")
+    case = cases.moe_dispatch(2, seed, T=150, D=80, F=96, EL=2)  # two K tiles
+    with pytest.raises(TkcEmulatorError, match=rf"'hopper.convert_layout' \(%\w+\) at moe_dispatch.tk:{line}:\d+: "
+                                               rf"writes the registers of the A operand that the product at "
+                                               rf"line {line} still reads"):
+        emulate_ranks(parse_module(text, "moe_dispatch_overlap.tkir").kernel(), case.args, seed=seed)
+
+
 def test_a_barrier_under_a_branch_in_a_warp_specialized_kernel() -> None:
     """A barrier_all() under an if reaches both roles (it completes once every role arrived)."""
     text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("    barrier_all()\n",

@@ -132,10 +132,12 @@ class _Unmet(NamedTuple):
 
 @dataclass
 class _Group:
-    """One committed wgmma group of a warpgroup: the smem it reads until it completes."""
+    """One committed wgmma group of a warpgroup: the smem it reads until it completes, and
+    its A operand when that is in registers (``a``), which it reads until then as well."""
 
     op: Operation
     leases: list[ReadLease]
+    a: Value | None = None
     done: bool = False
 
 
@@ -408,9 +410,28 @@ class _Warpgroup:
                 # machine cannot do (a misaligned base, a coordinate outside a tile).
                 raise self._remember(_fault(op, e.message if isinstance(e, TkcError) else str(e))) from e
             if op.results:
+                self.overwrite(op, op.results)
                 outs = out if isinstance(out, list) else [out]
                 self.env.update(zip(op.results, outs))
         return []
+
+    def overwrite(self, op: Operation, values: Sequence[Value]) -> None:
+        """``op`` writes the registers of ``values``.  A wgmma reads an A operand in registers
+        until a wait covers it (the PTX ISA: the registers of an in-flight ``wgmma.mma_async``,
+        accumulator and A, are not to be modified before a ``wgmma.wait_group`` covering it),
+        and a value's registers are the same on every run of the op that defines it (one loop
+        body, one register allocation): a value that an in-flight wgmma of this warpgroup
+        takes as A may not be written again (its op run again, as in the next iteration of a
+        loop that computes it; a loop argument given a new value)."""
+        for grp in self.groups:
+            if not grp.done and any(grp.a is v for v in values):
+                mma = grp.op
+                where = f"at line {mma.loc.line}" if mma.loc is not None and mma.loc.line else _describe(mma)
+                hint = mma.result.name_hint
+                raise self._remember(_fault(op, f"writes the registers of the A operand that the product {where} "
+                                                f"still reads ('{mma.name}'{f' (%{hint})' if hint else ''} is in "
+                                                f"flight): wait for it (a wgmma_wait with pending 0) before "
+                                                f"computing the next A"))
 
     def _remember(self, e: TkcEmulatorError) -> TkcEmulatorError:
         """Keep the innermost faulting op's location for the CTA-level error: the scheduler
@@ -549,7 +570,12 @@ def _for(wg: _Warpgroup, op: Operation, lb: Any, ub: Any, step: Any, *init: Any)
         raise _fault(op, f"loop step must be positive, got {int(step)}")
     body = op.regions[0].block
     carried = list(init)
-    for i in range(int(lb), int(ub), int(step)):
+    for n, i in enumerate(range(int(lb), int(ub), int(step))):
+        # The arguments take the loop's operands, then what each iteration yields (an
+        # argument yielded as it is keeps its registers).
+        written = body.args[1:] if n == 0 else \
+            [x for x, y in zip(body.args[1:], body.terminator.operands) if y is not x]
+        wg.overwrite(op if n == 0 else body.terminator, written)
         wg.env[body.args[0]] = np.asarray(i, np.int32)
         wg.env.update(zip(body.args[1:], carried))
         carried = yield from wg.block(body)
@@ -1177,7 +1203,7 @@ def _wgmma(wg: _Warpgroup, op: Operation, a: Any, b: SmemTile, acc: Any) -> _Pen
                 a_in, trans_a = np.ascontiguousarray(a[:, regs]), False
             wgmma(out[:, m * per:(m + 1) * per], smem, a_in, lb.descriptor(b.base, s, 0), n=n, k=k_per,
                   dtype=op.a.type.dtype, dtype_b=lb.dtype, trans_a=trans_a, trans_b=lb.major == "mn", op=who)
-    group = _Group(op, leases)
+    group = _Group(op, leases, None if isinstance(a, SmemTile) else op.a)
     wg.groups.append(group)
     wg.committed += 1
     return _Pending(out, op, group)

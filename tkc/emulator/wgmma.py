@@ -16,7 +16,8 @@ A wgmma is one vectorized gather + matmul + scatter, never a loop over threads:
 
 The emulator never computes an address or a register mapping itself: ``tkc.ir.layouts`` does.
 Issue order, ``wgmma.fence``/``commit_group``/``wait_group`` and the lifetime of smem operands
-belong to the op handlers and the scheduler (a stage read lease, ``SharedMemory.begin_read``).
+and of an A operand in registers belong to the op handlers and the scheduler (a stage read
+lease, ``SharedMemory.begin_read``; ``machine._Warpgroup.overwrite``).
 """
 
 from __future__ import annotations
