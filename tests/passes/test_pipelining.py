@@ -382,3 +382,42 @@ def test_attention_d256_stages_o_in_q_when_its_own_tile_would_cost_the_ring():
     # O's staging, however short the room (here K and V get no ring at all).
     text = lowered("attn.tk", {"D": 256, "BN": 80, "persistent": True}, "persistent," + SPLIT)
     assert "tma_store %o, %o_out0" in text and "tma_store %o, %q_smem" not in text
+
+
+TWO_COUNTED_LOOPS = """
+@kernel
+def two(a: bf16[M, K], b: bf16[K, N], c: bf16[S, M, N], lens: i32[S], BM: const = 64, BN: const = 128,
+        BK: const = 64, persistent: const = True):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    for s in range(S):
+        n = lens[s]
+        acc = zeros([BM, BN], f32)
+        for j in range(n):
+            for k in range(cdiv(K, BK)):
+                acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+        for j in range(n + 1):
+            for k in range(cdiv(K, BK)):
+                acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+        c[s, pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
+"""
+
+
+def test_two_loops_of_varying_length_under_one_loop_count_their_rings_apart() -> None:
+    """Each ring's count of earlier iterations goes through the enclosing loops (a rank or
+    segment loop inside a persistent tile loop) on a carried value of its own: one shared value
+    crashed the pass, and the last loop's count would have started the first ring's next run."""
+    import numpy as np
+
+    from tkc.compiler import compile_kernel
+    from tkc.interpreter import random_args
+    from tkc.runner import run
+
+    tile_ir = compile_kernel(TWO_COUNTED_LOOPS, {}, stop="tkir", cache=False).kernel_op
+    # 3 x 2 tiles over the interpreter's 4 programs: some programs run two tiles
+    args = random_args(tile_ir, {"M": 150, "K": 96, "N": 200, "S": 3}, 0, (0, 8))
+    args[3][:] = np.array([1, 0, 2], np.int32)
+    result = run(tile_ir, args, "emulate", check=True)
+    assert [m.name for m in result.checked] == ["a", "b", "c", "lens"], result.checked
+    assert not [m for m in result.checked if m.bad], result.checked

@@ -27,7 +27,7 @@ import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
 from tkc.codegen.lower_global import _access, _bits_of, _either, _global_element, _value_of
-from tkc.codegen.lower_ranks import before_release, system_scope
+from tkc.codegen.lower_ranks import acquired, before_release, system_scope
 from tkc.codegen.lower_values import const_i32
 from tkc.codegen.lowerer import Lowerer, TensorArg
 from tkc.codegen.nvvm import I16, I32
@@ -203,6 +203,8 @@ def atomic_fetch(lw: Lowerer, op: Operation) -> None:
 
     def issue() -> None:
         old = _atom(lw, op, kind, dt, addr, ok, operands)
+        if op.sem in ("acquire", "acq_rel") and system_scope(op):
+            acquired(lw)
         b.store(old, slot)
 
     lw.if_then(first, issue, "atomic")

@@ -11,7 +11,7 @@ program made before it.
 
 Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``,
 ``atom.acq_rel.sys``, ``red.release.sys``.  A spin gives up after the pin ``wait_timeout_ms``
-(10 s when unset: a peer that never signals is a failed launch, not a hang of every rank;
+(2 minutes when unset: a peer that never signals is a failed launch, not a hang of every rank;
 with the pin set the wait also prints its line, rank and flag first).
 
 Must not: choose which threads or roles run an op (the passes put waits and barriers into
@@ -36,10 +36,12 @@ from tkc.ir.dialects import tile
 from tkc.ir.dialects.hopper import barrier_roles
 from tkc.ir.types import TensorType
 
-__all__ = ["HANDLERS", "before_release", "bind_params", "param_types", "system_scope", "tensor_map"]
+__all__ = ["HANDLERS", "acquired", "before_release", "bind_params", "param_types", "system_scope", "tensor_map"]
 
-#: How long a wait across ranks spins when the pin ``wait_timeout_ms`` is not set.
-DEFAULT_TIMEOUT_MS = 10_000
+#: How long a wait across ranks spins when the pin ``wait_timeout_ms`` is not set: long enough
+#: for a peer that reaches its launch late (compiling its kernel, loading data), since a trap
+#: ends the CUDA context.
+DEFAULT_TIMEOUT_MS = 120_000
 #: Bytes of one tensor map in a ranked parameter's array of per-rank maps.
 MAP_BYTES = 128
 
@@ -153,8 +155,10 @@ def _spin(lw: Lowerer, op: Operation, passed: Callable[[], ir.Value], what: str,
     b.position_at_end(done)
 
 
-def _acquire_fence(lw: Lowerer) -> None:
-    """After an acquire: later TMA copies (the async proxy) see what the acquire made visible."""
+def _proxy_fence(lw: Lowerer) -> None:
+    """Order generic-proxy accesses with TMA's (the async proxy) in global memory: after an
+    acquire, later TMA copies see what it made visible; before a release, the TMA stores the
+    release covers are seen by generic reads."""
     _asm(lw, ir.VoidType(), "fence.proxy.async.global;", "~{memory}", [])
 
 
@@ -167,14 +171,11 @@ def _wait(lw: Lowerer, op: Operation) -> None:
 
     def one() -> None:
         lw.if_then(b.not_(e.ok), lambda: _fail(lw, op, "wait() on a flag outside its tensor"), "wait.bad")
-        holder: list[ir.Value] = []
-
         def passed() -> ir.Value:
-            holder[:] = [_load_acquire(lw, e.addr)]
-            return b.icmp_signed(pred, holder[0], want)
+            return b.icmp_signed(pred, _load_acquire(lw, e.addr), want)
 
         _spin(lw, op, passed, f"rank %d: wait() for a flag {op.pred} %d", lw.rank, want)
-        _acquire_fence(lw)
+        _proxy_fence(lw)
 
     lw.if_then(_first(lw), one, "wait")
     lw.sync()
@@ -187,10 +188,16 @@ def before_release(lw: Lowerer) -> None:
     if any(op.name == "hopper.tma_store" for op in lw.kernel.walk()):
         def drain() -> None:
             nvvm.call(lw.b, "cp.async.bulk.wait.group", 0)
-            _acquire_fence(lw)
+            _proxy_fence(lw)
 
         lw.if_then(_first(lw), drain, "release.drain")
     lw.sync()
+
+
+def acquired(lw: Lowerer) -> None:
+    """After an acquiring atomic on a ``@ ranks`` tensor (its issuing thread): later TMA copies
+    see what it acquired, as after a wait."""
+    _proxy_fence(lw)
 
 
 def _program(lw: Lowerer) -> ir.Value:
@@ -236,7 +243,7 @@ def _rank_barrier(lw: Lowerer, op: Operation) -> None:
                   "rank %d: barrier_all() waits for rank %d", me, r)
 
         _each_rank(lw, n, wait_for)
-        _acquire_fence(lw)
+        _proxy_fence(lw)
 
     lw.if_then(_first(lw), one, "barrier")
     lw.sync()

@@ -103,8 +103,6 @@ class _Pipeliner:
         self.capacity = target.smem_per_program(options.programs_per_sm)
         self.consts: dict[int, Value] = {}
         self.positions: dict[Operation, Value] = {}
-        # loop -> the index of the count of earlier iterations it carries through for an inner loop
-        self.through: dict[Operation, int] = {}
 
     def run(self) -> None:
         # Inner loops first: their rings take the shared memory, an enclosing loop's group
@@ -426,10 +424,11 @@ class _Pipeliner:
         increased by ``trip`` every iteration.  Inside further loops (a rank loop inside a
         persistent tile loop) it starts where their runs left it, which they carry through
         (:meth:`_count_into`), so the count goes on from tile to tile."""
-        done, result = self._carry(loop, self._count_into(loop))
+        init, through = self._count_into(loop)
+        done, result = self._carry(loop, init)
         term = loop.regions[0].block.terminator
         term.operands[-1] = Builder.before(term).value(tile.AddOp, [done, trip], I32)
-        self._count_out(loop, result)
+        self._count_out(through, result)
         return done
 
     def _carry(self, loop: Operation, init: Value) -> tuple[Value, Value]:
@@ -443,24 +442,26 @@ class _Pipeliner:
         body.terminator.operands.append(arg)
         return arg, result
 
-    def _count_into(self, loop: Operation) -> Value:
-        """The count of earlier iterations where ``loop`` starts: 0 at the kernel's top level,
-        else what the enclosing loop carries through."""
+    def _count_into(self, loop: Operation) -> tuple[Value, list[tuple[Operation, Value, Value]]]:
+        """The count of earlier iterations where ``loop`` starts (0 at the kernel's top level,
+        else a value every enclosing loop carries through for this count alone: two counted
+        loops under one loop each have their own), and the enclosing loops' (loop, block
+        argument, result) of it, innermost first, for :meth:`_count_out`."""
         parent = loop.parent.parent_op
         if parent is self.kernel or parent.name != "tile.for":
-            return self._c(0)
-        if parent not in self.through:
-            arg, _ = self._carry(parent, self._count_into(parent))
-            self.through[parent] = parent.regions[0].block.args.index(arg) - 1
-        return parent.regions[0].block.args[1 + self.through[parent]]
+            return self._c(0), []
+        init, outer = self._count_into(parent)
+        arg, result = self._carry(parent, init)
+        return arg, [(parent, arg, result), *outer]
 
-    def _count_out(self, loop: Operation, result: Value) -> None:
-        """The count after ``loop``'s run goes on in the enclosing loop's next iteration."""
-        parent = loop.parent.parent_op
-        if parent in self.through:
-            k = self.through[parent]
-            parent.regions[0].block.terminator.operands[k] = result
-            self._count_out(parent, parent.results[k])
+    @staticmethod
+    def _count_out(through: list[tuple[Operation, Value, Value]], result: Value) -> None:
+        """The count after a run goes on in each enclosing loop's next iteration (its yield
+        found by the block argument itself: later rewrites drop other carried values)."""
+        for loop, arg, carried in through:
+            block = loop.regions[0].block
+            block.terminator.operands[block.args.index(arg) - 1] = result
+            result = carried
 
     def _outer_position(self, loop: Operation) -> Value:
         """An enclosing loop's own position (iterations of all its runs so far), computed once

@@ -79,7 +79,7 @@ def specialize_warps(module: Module, options: Options, target: Target) -> None:
 
 
 def consumer_regs(consumers: int, ctas_per_sm: int, target: Target, producer: int = PRODUCER_REGS) -> int:
-    """The register budget of each consumer thread once the producer holds 24: the most that
+    """The register budget of each consumer thread once the producer holds ``producer``: the most that
     fits what the CTA holds from launch (``tkc.registers``: more, and ``setmaxnreg.inc`` waits
     forever), a multiple of 8, at most 240 (what FlashAttention-3 uses).  240 for two consumers,
     160 for three, 112 for four."""
