@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from tkc.errors import TkcLaunchError
+from tkc.target import TENSOR_MAP_BYTES
 
 __all__ = ["NO_MULTICAST", "RankLaunch", "SymmetricBuffer", "check_peers", "check_resident", "find", "generation",
            "init_process_group", "pad_counters", "peer_addresses", "prepare", "rank_values", "register",
@@ -41,7 +42,6 @@ __all__ = ["NO_MULTICAST", "RankLaunch", "SymmetricBuffer", "check_peers", "chec
 #: Kept set in every process: NVLink multicast stays off on the machines tkc runs on (docs/ranks.md).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
-_MAP_BYTES = 128  # one CUtensorMap
 _MIN_PAD = 4096  # counters of a first barrier pad; it grows by doubling
 
 
@@ -285,8 +285,8 @@ def _device_array(data: bytes, device: Any) -> Any:
 
         if len(_arrays) >= _MAX_ARRAYS:
             _arrays.clear()  # launches in flight keep theirs (a kept launch holds its arrays)
-        room = torch.empty(len(data) + _MAP_BYTES - 1, dtype=torch.uint8, device=device)
-        skip = -room.data_ptr() % _MAP_BYTES  # none from torch's CUDA allocator (512-byte blocks)
+        room = torch.empty(len(data) + TENSOR_MAP_BYTES - 1, dtype=torch.uint8, device=device)
+        skip = -room.data_ptr() % TENSOR_MAP_BYTES  # none from torch's CUDA allocator (512-byte blocks)
         t = _arrays[key] = room[skip:skip + len(data)]
         t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     return t

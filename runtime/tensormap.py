@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from tkc.dtypes import DType
 from tkc.errors import TkcLaunchError
+from tkc.target import TENSOR_MAP_BYTES
 from tkc.runtime import driver  # touches no GPU until a function of it is called
 
 __all__ = ["DATA_TYPE", "SWIZZLE_BYTES", "TensorMap", "TiledParams", "data_type", "encode_tiled", "tiled_params"]
@@ -134,15 +135,15 @@ class TensorMap:
     def __init__(self, params: TiledParams, keepalive: Any = None):
         self.params = params
         self.base = params.global_address
-        self._buf = ctypes.create_string_buffer(128 + 127)
-        self.address = (ctypes.addressof(self._buf) + 127) & ~127
+        self._buf = ctypes.create_string_buffer(2 * TENSOR_MAP_BYTES - 1)
+        self.address = -(-ctypes.addressof(self._buf) // TENSOR_MAP_BYTES) * TENSOR_MAP_BYTES
         self._keepalive = keepalive  # the tensor: its memory must outlive every launch using the map
         self._call: tuple | None = None  # the driver's entry point and arguments, made on first use
         self._replace: tuple | None = None  # cuTensorMapReplaceAddress and this map, made on first use
 
     @property
     def raw(self) -> bytes:
-        return ctypes.string_at(self.address, 128)
+        return ctypes.string_at(self.address, TENSOR_MAP_BYTES)
 
     def encode(self, address: int | None = None, name: str = "tensor") -> None:
         """``cuTensorMapEncodeTiled`` of ``params`` into this map, based at ``address``

@@ -35,7 +35,6 @@ from tkc import options as tkc_options
 from tkc.errors import TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
-from tkc.ir.types import TensorType
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.pins import PINS, Options
@@ -119,18 +118,15 @@ class Compiled:
     def ranks(self) -> RankAbi | None:
         """What a multi-GPU launch passes beyond the parameters (docs/hopper.md §4, item 2),
         None for a kernel of one GPU."""
-        from tkc.ir.dialects.tile import uses_ranks
+        from tkc.ir.dialects.hopper import barrier_roles
+        from tkc.ir.dialects.tile import has_rank_barrier, ranked_params, uses_ranks
 
         op = self.kernel_op
         if not uses_ranks(op):
             return None
-        params = self.params
-        ranked = tuple(i for i, (_, t) in enumerate(params) if isinstance(t, TensorType) and t.ranks)
+        ranked = tuple(ranked_params(op))
         maps = tuple(n for n, (i, _, _) in enumerate(self.tma_maps) if i in ranked)
-        from tkc.ir.dialects.hopper import barrier_roles
-
-        barrier = barrier_roles(op) if any(o.name == "tile.rank_barrier" for o in op.walk()) else 0
-        return RankAbi(ranked, barrier, maps,
+        return RankAbi(ranked, barrier_roles(op) if has_rank_barrier(op) else 0, maps,
                        any(o.name in ("tile.wait", "tile.rank_barrier") for o in op.walk()))
 
     @property

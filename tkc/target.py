@@ -20,6 +20,9 @@ TRIPLE = "nvptx64-nvidia-cuda"
 # What LLVM 22's NVPTX target machine reports for nvptx64 (the same for every
 # sm_*); tests check it against the target machine.
 DATA_LAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
+#: Bytes (and alignment) of a TMA tensor map (``CUtensorMap``) on every target with TMA: a
+#: kernel parameter's size, and the stride of a ranked tensor's per-rank maps (docs/hopper.md §4).
+TENSOR_MAP_BYTES = 128
 
 
 @dataclass(frozen=True)

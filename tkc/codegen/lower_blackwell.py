@@ -18,7 +18,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 
-from tkc.codegen import lower_hopper
+from tkc.codegen import lower_hopper, nvvm
 from tkc.codegen.lower_elementwise import cast_value
 from tkc.codegen.lower_values import const_i32, mem_type, to_mem
 from tkc.codegen.lowerer import Handler, Lowerer, SmemTile
@@ -33,9 +33,7 @@ _SLOT = "tkc_tmem_slot"
 
 
 def _asm(lw: Lowerer, text: str, constraints: str = "", args: list | None = None, ret: ir.Type | None = None):
-    args = args or []
-    fty = ir.FunctionType(ret or ir.VoidType(), [a.type for a in args])
-    return lw.b.asm(fty, text, constraints, args, side_effect=True)
+    return nvvm.asm(lw.b, text, constraints, args or (), ret)
 
 
 def _slot(lw: Lowerer) -> ir.Value:

@@ -20,7 +20,7 @@ every role that needs them), or lay anything out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import llvmlite.ir as ir
 
@@ -35,6 +35,7 @@ from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.dialects.hopper import barrier_roles
 from tkc.ir.types import TensorType
+from tkc.target import TENSOR_MAP_BYTES
 
 __all__ = ["HANDLERS", "acquired", "before_release", "bind_params", "param_types", "system_scope", "tensor_map"]
 
@@ -42,16 +43,6 @@ __all__ = ["HANDLERS", "acquired", "before_release", "bind_params", "param_types
 #: for a peer that reaches its launch late (compiling its kernel, loading data), since a trap
 #: ends the CUDA context.
 DEFAULT_TIMEOUT_MS = 120_000
-#: Bytes of one tensor map in a ranked parameter's array of per-rank maps.
-MAP_BYTES = 128
-
-
-def _ranked(kernel: Operation) -> list[int]:
-    return [a.index for a in kernel.regions[0].block.args if isinstance(a.type, TensorType) and a.type.ranks]
-
-
-def _has_barrier(kernel: Operation) -> bool:
-    return any(op.name == "tile.rank_barrier" for op in kernel.walk())
 
 
 def param_types(kernel: Operation) -> list[ir.Type]:
@@ -59,25 +50,23 @@ def param_types(kernel: Operation) -> list[ir.Type]:
     if not tile.uses_ranks(kernel):
         return []
     g = nvvm.ptr(nvvm.GLOBAL)
-    return [I32, I32, *[g] * len(_ranked(kernel)), *([g] if _has_barrier(kernel) else [])]
+    return [I32, I32, *[g] * len(tile.ranked_params(kernel)), *([g] if tile.has_rank_barrier(kernel) else [])]
 
 
 def bind_params(lw: Lowerer, kernel: Operation, it: Iterator[ir.Argument]) -> None:
     """Name the rank parameters and keep them on ``lw``; the local copy of every ``@ ranks``
     tensor is rank ``rank``'s."""
-    lw.rank = lw.num_ranks = lw.pads = None
-    lw.peers = {}
     if not tile.uses_ranks(kernel):
         return
     lw.rank, lw.num_ranks = next(it), next(it)
     lw.rank.name, lw.num_ranks.name = "rank", "num_ranks"
     args = kernel.regions[0].block.args
-    for i in _ranked(kernel):
+    for i in tile.ranked_params(kernel):
         p = lw.peers[i] = next(it)
         p.name = f"{args[i].name_hint or f'arg{i}'}.peers"
         local: TensorArg = lw.get(args[i])
         lw.set(args[i], TensorArg(local.ptr, local.sizes, local.strides, local.type, lw.rank))
-    if _has_barrier(kernel):
+    if tile.has_rank_barrier(kernel):
         lw.pads = next(it)
         lw.pads.name = "pads"
 
@@ -123,13 +112,8 @@ def _first(lw: Lowerer) -> ir.Value:
     return lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
 
 
-def _asm(lw: Lowerer, ret: ir.Type, text: str, cons: str, args: Sequence[ir.Value]) -> ir.Value:
-    fty = ir.FunctionType(ret, [a.type for a in args])
-    return lw.b.asm(fty, text, cons, list(args), side_effect=True)
-
-
 def _load_acquire(lw: Lowerer, addr: ir.Value) -> ir.Value:
-    return _asm(lw, I32, "ld.acquire.sys.global.b32 $0, [$1];", "=r,l,~{memory}", [addr])
+    return nvvm.asm(lw.b, "ld.acquire.sys.global.b32 $0, [$1];", "=r,l,~{memory}", [addr], I32)
 
 
 def _spin(lw: Lowerer, op: Operation, passed: Callable[[], ir.Value], what: str, *values: ir.Value) -> None:
@@ -146,7 +130,7 @@ def _spin(lw: Lowerer, op: Operation, passed: Callable[[], ir.Value], what: str,
     b.position_at_end(spin)
     b.cbranch(passed(), done, nap)
     b.position_at_end(nap)
-    _asm(lw, ir.VoidType(), "nanosleep.u32 64;", "", [])
+    nvvm.asm(lw.b, "nanosleep.u32 64;")
     waited = b.sub(nvvm.call(b, "read.ptx.sreg.globaltimer"), start)
     b.cbranch(b.icmp_unsigned(">", waited, ir.Constant(I64, limit)), late, spin)
     b.position_at_end(late)
@@ -159,7 +143,7 @@ def _proxy_fence(lw: Lowerer) -> None:
     """Order generic-proxy accesses with TMA's (the async proxy) in global memory: after an
     acquire, later TMA copies see what it made visible; before a release, the TMA stores the
     release covers are seen by generic reads."""
-    _asm(lw, ir.VoidType(), "fence.proxy.async.global;", "~{memory}", [])
+    nvvm.asm(lw.b, "fence.proxy.async.global;", "~{memory}")
 
 
 def _wait(lw: Lowerer, op: Operation) -> None:
@@ -229,13 +213,13 @@ def _rank_barrier(lw: Lowerer, op: Operation) -> None:
     def one() -> None:
         program = _program(lw)
         own = pad(me)
-        old = _asm(lw, I32, "atom.acq_rel.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
-                   [slot(own, program, me)])
+        old = nvvm.asm(b, "atom.acq_rel.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
+                       [slot(own, program, me)], I32)
         target = b.mul(b.add(b.udiv(old, roles), const_i32(1)), roles)
         _each_rank(lw, n, lambda r: lw.if_then(
             b.icmp_unsigned("!=", r, me),
-            lambda: _asm(lw, ir.VoidType(), "red.release.sys.global.add.u32 [$0], 1;", "l,~{memory}",
-                         [slot(pad(r), program, me)]), "barrier.add"))
+            lambda: nvvm.asm(b, "red.release.sys.global.add.u32 [$0], 1;", "l,~{memory}",
+                             [slot(pad(r), program, me)]), "barrier.add"))
 
         def wait_for(r: ir.Value) -> None:
             addr = slot(own, program, r)
@@ -273,7 +257,7 @@ def tensor_map(lw: Lowerer, op: Operation, param: ir.Value) -> ir.Value:
         return param
     b = lw.b
     r = lw.get(op.tensor).rank
-    at = b.add(b.ptrtoint(param, I64), b.mul(b.zext(r, I64), ir.Constant(I64, MAP_BYTES)))
+    at = b.add(b.ptrtoint(param, I64), b.mul(b.zext(r, I64), ir.Constant(I64, TENSOR_MAP_BYTES)))
     return b.inttoptr(at, nvvm.ptr())
 
 

@@ -94,6 +94,12 @@ class Lowerer:
         self.threads = threads
         self.smem = smem
         self.tmaps = list(tmaps)
+        # A multi-GPU kernel's rank parameters (lower_ranks.bind_params sets them): ``rank``,
+        # ``num_ranks``, each ``@ ranks`` parameter's peers array by index, the barrier pads.
+        self.rank: ir.Value | None = None
+        self.num_ranks: ir.Value | None = None
+        self.peers: dict[int, ir.Value] = {}
+        self.pads: ir.Value | None = None
         self.env: dict[Value, Any] = {}
         self.b = ir.IRBuilder(fn.append_basic_block("entry"))
         # Inside a hopper.role, ``tid`` counts from the role's first thread and ``threads`` is

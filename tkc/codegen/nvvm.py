@@ -250,6 +250,14 @@ def call(builder: ir.IRBuilder, name: str, *args: ir.Value | int, result: str = 
     return builder.call(fn, vals, name=result)
 
 
+def asm(builder: ir.IRBuilder, text: str, constraints: str = "", args: Sequence[ir.Value] = (),
+        ret: ir.Type | None = None) -> ir.Value:
+    """Inline PTX with side effects (never moved or dropped): ``text`` over ``args`` by
+    ``constraints``, returning ``ret`` (nothing by default)."""
+    fty = ir.FunctionType(ret or VOID, [a.type for a in args])
+    return builder.asm(fty, text, constraints, list(args), side_effect=True)
+
+
 def sreg(builder: ir.IRBuilder, reg: str, result: str = "") -> ir.Instruction:
     """Read a special register: ``sreg(b, "tid.x")``, ``sreg(b, "laneid")``."""
     return call(builder, f"read.ptx.sreg.{reg}", result=result or reg.replace(".", "_"))

@@ -794,9 +794,19 @@ class RankBarrierOp(Operation):
 RANK_OPS = ("tile.rank", "tile.num_ranks", "tile.peer", "tile.wait", "tile.rank_barrier")
 
 
+def ranked_params(kernel: Operation) -> list[int]:
+    """The indices of ``kernel``'s tensor parameters declared ``@ ranks``."""
+    return [a.index for a in kernel.regions[0].block.args if isinstance(a.type, TensorType) and a.type.ranks]
+
+
+def has_rank_barrier(kernel: Operation) -> bool:
+    """Whether ``kernel`` meets other ranks at a ``barrier_all()`` (it takes barrier pads)."""
+    return any(op.name == "tile.rank_barrier" for op in kernel.walk())
+
+
 def uses_ranks(kernel: Operation) -> bool:
     """Whether ``kernel`` is a multi-GPU kernel: a tensor parameter ``@ ranks``, or an op of
     ``RANK_OPS`` (a wait on a local flag included: it needs the ranks' scheduler)."""
-    if any(isinstance(a.type, TensorType) and a.type.ranks for a in kernel.regions[0].block.args):
+    if ranked_params(kernel):
         return True
     return any(op.name in RANK_OPS for op in kernel.walk())
