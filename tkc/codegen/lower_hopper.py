@@ -170,6 +170,17 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width, _under_pressure(op))
         return
     coords = lw.coords(op, layout)
+    if _under_pressure(op) and any(a.name == "tile.for" for a in op.ancestors()):
+        # Each value's address from its own opaque thread index, computed at the store: LLVM
+        # would otherwise hoist one address per value out of the loop and hold them all
+        # through it (attention backward's staged dQ: 32 of them spilled 128 B; one opaque
+        # index for all still spilled 4 B with the causal mask).
+        span = int(getattr(layout, "threads", lw.threads))
+        coords = []
+        for i in range(layout.regs):
+            t = Sym(lw.b, nvvm.opaque(lw.b, lw.tid))
+            tc = layout.thread_coords(t if span >= lw.threads else t % span)
+            coords.append(tuple(a + int(r) for a, r in zip(tc, layout.reg_coords(i))))
     if col is not None:
         # The value's columns [col, col + width), shifted to the tile's origin; the verifier
         # made them whole 8-column groups of an accumulator, which each register's own

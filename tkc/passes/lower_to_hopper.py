@@ -44,6 +44,8 @@ from tkc.ir.dialects.hopper import SLOT_ROW
 from tkc.ir.layouts import (
     vector_scratch,
     SharedLayout,
+    Transposed,
+    WgmmaAccumulator,
     is_accumulator,
     choose_swizzle,
     core_matrix_misfit,
@@ -312,7 +314,10 @@ class _Lowering:
                 or op.attributes.get("sem", "relaxed") != "relaxed":
             return None
         t, v = op.tensor.type, op.value.type
-        if not (isinstance(v, TileType) and is_accumulator(v.layout)):
+        if not isinstance(v, TileType):
+            return None
+        transposed = isinstance(v.layout, Transposed) and isinstance(v.layout.parent, WgmmaAccumulator)
+        if not (is_accumulator(v.layout) or transposed):
             return None
         dtypes_ok = t.dtype.name in hopper.TMA_REDUCE_ADD_DTYPES if adding else t.dtype.bits == 16
         if not 2 <= t.rank <= 5 or t.rank - 1 in (op.squeeze or []) or v.rank != 2 \
@@ -320,6 +325,12 @@ class _Lowering:
             return None
         rows, cols = v.shape
         if rows > 256 or core_matrix_misfit(rows, cols, t.dtype):
+            return None
+        # A transposed accumulator (attention backward's dQ = (K^T dS^T)^T) spreads each
+        # column over the warps, so it goes out whole, never in column slices: only where the
+        # whole tile fits the epilogue's bytes and leaves the loops' rings two stages.
+        nbytes = rows * cols * t.dtype.bits // 8
+        if transposed and (nbytes > EPILOGUE_BYTES or not self._leaves_two_stages(nbytes)):
             return None
         try:
             return SharedLayout(rows, cols, t.dtype, "k", choose_swizzle(cols, t.dtype))
@@ -354,6 +365,8 @@ class _Lowering:
         measured 1-3% slower on an H100 (benchmarks/RESULTS.md)."""
         rows, cols = op.value.type.shape
         width = layout.box_cols if layout.swizzle == 128 and cols > 2 * layout.box_cols else cols
+        if isinstance(op.value.type.layout, Transposed):
+            width = cols  # whole (``_tma_staging``): a column's values are spread over the warps
         eb = layout.dtype.bits // 8
         if rows * cols * eb > EPILOGUE_BYTES:
             while 2 * rows * width * eb > EPILOGUE_BYTES and width % 32 == 0:
