@@ -57,6 +57,10 @@ class Options:
     overlap_products: bool = _pin(False, bool, "a product's wait moves down to the first op that needs its result, so "
                                                "independent products run together and an accumulation runs during "
                                                "the work after it (default: off)", "overlap-products")
+    refill_first: bool = _pin(True, bool, "a ring whose copies the computing warpgroups issue themselves (no producer "
+                                          "warpgroup) is refilled first in each iteration, so the copies land while it "
+                                          "computes (false: last, behind the iteration's own releases)",
+                              "pipeline-loops")
     persistent: bool | None = _pin(None, bool, "one program per SM (per slot, with ctas_per_sm) walks the output "
                                                "tiles", "persistent")
     cluster: int = _pin(1, int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs "

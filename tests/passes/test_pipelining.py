@@ -421,3 +421,18 @@ def test_two_loops_of_varying_length_under_one_loop_count_their_rings_apart() ->
     result = run(tile_ir, args, "emulate", check=True)
     assert [m.name for m in result.checked] == ["a", "b", "c", "lens"], result.checked
     assert not [m for m in result.checked if m.bad], result.checked
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_refill_first_pin_places_the_consumers_refill(first):
+    """Without a producer, thread 0 refills the ring at the top of each iteration (its copies
+    land while the iteration computes), or last with ``refill_first=false``; a GEMM's K loop,
+    whose wgmma stays in flight across iterations, refills last either way."""
+    text = lowered("attn_train.tk", {"D": 128, "refill_first": first}, RING)
+    body = text[text.index("@attn_bwd "):]
+    loop = body[body.index("%dk_acc_1 = tile.for"):]
+    refill, first_product = loop.index("hopper.tma_load %q"), loop.index("hopper.wgmma")
+    assert (refill < first_product) == first
+    gemm = lowered("gemm.tk", {"BN": 128, "warp_specialize": False}, RING)
+    k_loop = gemm[gemm.index("%acc_1 = tile.for"):]
+    assert k_loop.index("hopper.wgmma %") < k_loop.index("hopper.tma_load")

@@ -99,6 +99,8 @@ class _Pipeliner:
         self.kernel = kernel
         self.body = kernel.regions[0].block
         self.pin = options.stages
+        self.producer = options.warp_specialize  # a producer warpgroup may issue the copies
+        self.refill_first = options.refill_first
         self.warpgroups = (kernel.attributes.get("threads") or target.warpgroup) // target.warpgroup
         self.capacity = target.smem_per_program(options.programs_per_sm)
         self.consts: dict[int, Value] = {}
@@ -273,6 +275,7 @@ class _Pipeliner:
         pb.create(tile.YieldOp)
         stage, parity = self._stage_parity(b, i)
         stage.name_hint, parity.name_hint = "stage", "phase"
+        top = b.index  # behind the iteration's position, stage and parity
 
         # Each tensor's tiles are waited for right before their first use.
         waited: set[Value] = set()
@@ -299,13 +302,20 @@ class _Pipeliner:
             r.create(hopper.MBarrierArriveOp, [self._at(r, free, stage, MBARRIER)])
 
         # (One stage: iteration i + 1's copy would wait for a release deferred to i + 1.)
-        if stages >= 2 and len(empties) == 1:
-            self._overlap_wgmma(loop, g, local, i, empties[full[0]], trip, base)
+        overlapped = stages >= 2 and len(empties) == 1 \
+            and self._overlap_wgmma(loop, g, local, i, empties[full[0]], trip, base)
 
-        # ... and, once its stage is released, iteration i refills the stage of iteration
-        # i - 1 with iteration i + S - 1 (last in the body: with the wgmma overlapped, i - 1
-        # is released only now, and a warpgroup must not wait for its own release).
-        rb0 = Builder.before(body.terminator)
+        # ... and iteration i refills the stage of iteration i - 1 with iteration i + S - 1.
+        # Last in the body with the wgmma overlapped (i - 1 is released only now, and a
+        # warpgroup must not wait for its own release) or with one stage (the refill takes the
+        # stage iteration i releases); else, where the consumers issue the copies themselves
+        # (``warp_specialize`` false), first (pin ``refill_first``): the copies then land
+        # while iteration i computes, where at the end they would have only the gap between
+        # two iterations (attention backward at D=128, 2 stages: 1.03-1.10x on an H200; at
+        # D=64, 128 query rows a step, 0.93-0.95x, so attn_train.tk pins it off there).  A
+        # producer warpgroup issues them as soon as the stage is free wherever they sit.
+        early = stages >= 2 and not overlapped and not self.producer and self.refill_first
+        rb0 = Builder(body, top, loc) if early else Builder.before(body.terminator)
         nxt = rb0.value(tile.AddOp, [local, self._c(ahead)], I32)
         more = rb0.value(tile.CmpOp, [nxt, trip], I1, {"pred": "lt"})
         refill = rb0.create(tile.IfOp, [more], [], regions=[_region([]), _region([])], loc=loc)
