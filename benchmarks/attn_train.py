@@ -1,7 +1,7 @@
 """Attention backward: examples/attn_train.tk beside PyTorch's SDPA backends.
 
-    python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3'] [--only long,short]
-                                    [--sources 'old=path/to/attn_train.tk']
+    python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3']
+                                    [--only long,short,gqa,varlen,e2e] [--sources 'old=path/to/attn_train.tk']
 
 Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py), in
 TFLOP/s counted as FlashAttention-3 counts them: a forward is 4 B H N^2 D (half of it causal)
@@ -18,6 +18,10 @@ and a backward 2.5 forwards.
   padded work at the fastest backend) and ``tkc.ops.attention`` on that padded batch
   (attn_train.tk; no mask, so the padded work only).  Each counted by its useful FLOPs (3.5
   forwards of the sequences themselves).
+* ``attention fwd+bwd, torch.compile`` (``--only e2e``): a training step's attention, forward
+  and gradients, through ``tkc.ops.attention`` beside SDPA's flash and cuDNN backends, each
+  under ``torch.compile(fullgraph=True)``; B x N = 16k tokens, H x D = 2048, N 1k/4k/16k,
+  D 128 and 64, causal and not (3.5 forwards of FLOPs).
 
 tkc's backward is what a training step runs after the forward: dQ zeroed, the pre-pass
 (``attn_bwd_pre``: rowsum(dO * O)), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
@@ -261,6 +265,57 @@ def varlen_rows(runs: int, quick: bool, seqs: int = 16, H: int = 16):
     return rows
 
 
+def e2e_rows(runs: int, quick: bool):
+    """Forward + backward as a training step runs them: ``tkc.ops.attention`` under
+    ``torch.compile(fullgraph=True)`` (inductor compiles the graph around the operator and its
+    registered backward) beside SDPA's flash and cuDNN backends compiled the same way; B x N =
+    16384 tokens, H x D = 2048."""
+    import tkc.ops
+    from harness import Row, in_turns
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def flash(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def cudnn(q, k, v, causal):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def ours(q, k, v, causal):
+        return tkc.ops.attention(q, k, v, causal=causal)
+
+    fns = {"tkc": ours, "SDPA flash": flash, "SDPA cudnn": cudnn}
+    rows = []
+    for D in ((128,) if quick else (128, 64)):
+        for N in ((4096,) if quick else (1024, 4096, 16384)):
+            B, H = 16384 // N, 2048 // D
+            for causal in ((False,) if quick else (False, True)):
+                dev, bf = "cuda", torch.bfloat16
+                q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
+                do = torch.randn(B, H, N, D, device=dev, dtype=bf)
+                torch._dynamo.reset()  # every shape compiled afresh: no recompile limit across rows
+                contenders = {}
+                for name, fn in fns.items():
+                    compiled = torch.compile(fn, fullgraph=True)
+
+                    def step(compiled=compiled):
+                        return torch.autograd.grad(compiled(q, k, v, causal), (q, k, v), do)
+                    contenders[name] = step
+                got, want = contenders["tkc"](), contenders["SDPA flash"]()
+                for g, w in zip(got, want):
+                    err = (g.float() - w.float()).abs().max().item()
+                    assert err <= 3e-2 * max(1.0, w.abs().max().item()), err
+                t = in_turns(contenders, runs)
+                f = 3.5 * 4 * B * H * N * N * D * (0.5 if causal else 1.0)
+                rows.append(Row("attention fwd+bwd, torch.compile", f"B={B} H={H} N={N} D={D}"
+                                + (", causal" if causal else ""), "TFLOP/s", {n: f / s / 1e12 for n, s in t.items()},
+                                notes="tkc: tkc.ops.attention; each compiled with fullgraph=True"))
+                del contenders
+                torch.cuda.empty_cache()
+    return rows
+
+
 def shapes_of(quick: bool, only: set[str]) -> list[tuple[str, int, int, int, int, int]]:
     if quick:
         return [("long", 8, 16, 16, 2048, 128), ("long", 8, 32, 32, 2048, 64)]
@@ -279,7 +334,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one shape per head dim, not causal")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa, varlen")
+    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa, varlen, e2e")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
     ap.add_argument("--sources", default="", help="tkc contenders from other copies of the example: 'old=old.tk'")
     args = ap.parse_args()
@@ -293,6 +348,8 @@ def main() -> None:
                     parse_variants(args.variants), 30 if args.quick else 60, sources)
     if "varlen" in only:
         rows += varlen_rows(30 if args.quick else 60, args.quick)
+    if "e2e" in only:
+        rows += e2e_rows(30 if args.quick else 60, args.quick)
     print(table(rows))
     if not args.no_record:
         command = "python benchmarks/attn_train.py" + (" --quick" if args.quick else "")

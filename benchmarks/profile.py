@@ -33,11 +33,7 @@ def _randn(*shape: int):
 
 
 def _tkc(example: str, consts: dict, args: list):
-    from tkc.compiler import compile_kernel
-    from tkc.runtime.launch import launch
-
-    compiled = compile_kernel(EXAMPLES / example, consts)
-    return lambda: launch(compiled, args)
+    return _tkc_kernel(EXAMPLES / example, consts, None, args)
 
 
 def _gemm(peer: bool, consts: dict | None = None):
@@ -65,6 +61,43 @@ def _attn(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = 
     return cudnn
 
 
+def _attn_bwd(peer: bool, causal: bool = False, D: int = 128, consts: dict | None = None, N: int = 4096):
+    """Attention backward (examples/attn_train.tk's attn_bwd alone, lse and delta from its
+    forward and pre-pass; the peer: cuDNN's backward through SDPA), B x N = 16384 tokens,
+    H x D = 2048."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tkc.compiler import compile_kernel
+    from tkc.runtime.launch import launch
+
+    B, H = 16384 // N, 2048 // D
+    q, k, v, do = (_randn(B, H, N, D) for _ in range(4))
+    scale = 1 / math.sqrt(D)
+    if peer:
+        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    o, f32 = torch.empty_like(q), dict(device="cuda", dtype=torch.float32)
+    lse, delta, dq = torch.empty(B, H, N, **f32), torch.empty(B, H, N, **f32), torch.zeros(B, H, N, D, **f32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    path = EXAMPLES / "attn_train.tk"
+    fixed = {"D": D, "causal": causal}
+    launch(compile_kernel(path, fixed, kernel="attn_fwd"), [q, k, v, o, lse, scale])
+    launch(compile_kernel(path, fixed, kernel="attn_bwd_pre"), [o, do, delta])
+    return _tkc_kernel(path, {**fixed, **(consts or {})}, "attn_bwd",
+                       [q, k, v, do, lse, delta, dq, dk, dv, scale])
+
+
+def _tkc_kernel(path: Path, consts: dict, kernel: str | None, args: list):
+    from tkc.compiler import compile_kernel
+    from tkc.runtime.launch import launch
+
+    compiled = compile_kernel(path, consts, kernel=kernel)
+    return lambda: launch(compiled, args)
+
+
 def _norm(op: str, N: int, peer: bool, consts: dict | None = None):
     """``consts``: the block width the harness's tkc.autotune picked for this row length."""
     import torch
@@ -88,6 +121,9 @@ CASES = {
     # The schedules the harness's tkc.autotune picked at D=128 over 16k tokens.
     "attn": lambda: _attn(False, consts={"defer_last": True, "pingpong": True, "tma_store": False}),
     "attn-cudnn": lambda: _attn(True),
+    "attn-bwd": lambda: _attn_bwd(False), "attn-bwd-cudnn": lambda: _attn_bwd(True),
+    "attn-bwd-d64": lambda: _attn_bwd(False, D=64), "attn-bwd-d64-cudnn": lambda: _attn_bwd(True, D=64),
+    "attn-bwd-ws": lambda: _attn_bwd(False, consts={"warp_specialize": True}),
     "attn-causal": lambda: _attn(False, True, consts={"defer_last": True, "tma_store": False}),
     "attn-persistent": lambda: _attn(False, consts={"persistent": True, "issue_ahead": True}),
     "attn-512": lambda: _attn(False, consts={"persistent": True}, N=512),
