@@ -123,3 +123,33 @@ def test_a_peer_rank_out_of_range_traps_and_with_the_pin_says_where(tmp_path: Pa
     assert "trap;" in pinned
     assert any(t.startswith("tkc: ") and ":4:" in t and "x.on(r) with r = %d, but the launch has %d ranks" in t
                for t in texts(pinned)), texts(pinned)
+
+
+UNIFORM = """
+@kernel
+def uniform(x: f32[N] @ ranks, n: i32):
+    grid(cdiv(N, 16))
+    i = program_id(0)
+    peer = (rank() + 1) % num_ranks()
+    t = x.on(peer)[i*16:(i+1)*16]
+    steps = 0
+    for s in range(num_ranks()):
+        barrier_all()
+        steps = steps + 1
+    if i % 2 == 0:
+        barrier_all()
+    for j in range(steps, cdiv(N, 16) + n):
+        if n > 0:
+            barrier_all()
+    x[i*16:(i+1)*16] = t
+"""
+
+
+def test_a_barrier_under_control_flow_the_same_on_every_rank_compiles(tmp_path: Path) -> None:
+    """Program ids, constants, dims, scalar arguments and num_ranks() are the same on every
+    rank, so barriers under them are met equally often (tests/frontend/bad/ranks_barrier_*
+    are the refusals); through every pass, whose verifier checks it again."""
+    path = tmp_path / "uniform.tk"
+    path.write_text(UNIFORM)
+    c = compile_kernel(path, {}, stop="hopper", cache=False)
+    assert c.asm["hopper"].count("tile.rank_barrier") >= 3
