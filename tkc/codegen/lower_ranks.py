@@ -9,10 +9,11 @@ and what a releasing atomic on one element does first (:func:`before_release`): 
 program's TMA stores complete and its threads meet, so the release covers every write the
 program made before it.
 
-Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``,
-``atom.acq_rel.sys``, ``red.release.sys``.  A spin gives up after the pin ``wait_timeout_ms``
-(2 minutes when unset: a peer that never signals is a failed launch, not a hang of every rank;
-with the pin set the wait also prints its line, rank and flag first).
+Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``, and a rank
+barrier's ``fence.acq_rel.sys`` before its relaxed adds to every rank's pad.  A spin gives up
+after the pin ``wait_timeout_ms`` (2 minutes when unset: a peer that never signals is a failed
+launch, not a hang of every rank; with the pin set the wait also prints its line, rank and
+flag first).
 
 Must not: choose which threads or roles run an op (the passes put waits and barriers into
 every role that needs them), or lay anything out.
@@ -213,12 +214,15 @@ def _rank_barrier(lw: Lowerer, op: Operation) -> None:
     def one() -> None:
         program = _program(lw)
         own = pad(me)
-        old = nvvm.asm(b, "atom.acq_rel.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
+        # One release for every rank's count: a fence, then relaxed adds (each a release pattern
+        # with it, as a red.release.sys each would be, which is a fence per rank).
+        nvvm.asm(b, "fence.acq_rel.sys;", "~{memory}")
+        old = nvvm.asm(b, "atom.relaxed.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
                        [slot(own, program, me)], I32)
         target = b.mul(b.add(b.udiv(old, roles), const_i32(1)), roles)
         _each_rank(lw, n, lambda r: lw.if_then(
             b.icmp_unsigned("!=", r, me),
-            lambda: nvvm.asm(b, "red.release.sys.global.add.u32 [$0], 1;", "l,~{memory}",
+            lambda: nvvm.asm(b, "red.relaxed.sys.global.add.u32 [$0], 1;", "l,~{memory}",
                              [slot(pad(r), program, me)]), "barrier.add"))
 
         def wait_for(r: ir.Value) -> None:
