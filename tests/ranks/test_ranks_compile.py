@@ -157,3 +157,18 @@ def test_a_barrier_under_control_flow_the_same_on_every_rank_compiles(tmp_path: 
     path.write_text(UNIFORM)
     c = compile_kernel(path, {}, stop="hopper", cache=False)
     assert c.asm["hopper"].count("tile.rank_barrier") >= 3
+
+
+@pytest.mark.parametrize("example", MULTI_GPU)
+def test_per_rank_tensor_maps_are_acquired_for_the_tensormap_proxy_first(example: str) -> None:
+    """The per-rank maps are copied into global memory from the host: every warpgroup's first
+    thread acquires each rank's map (fence.proxy.tensormap::generic, PTX ISA 8.3) before any
+    TMA copy; a kernel without them keeps its target's PTX version and has no such fence."""
+    c = compile_kernel(EXAMPLES / example, {}, stop="ptx", cache=False)
+    ptx = c.asm["ptx"]
+    fences = ptx.count("fence.proxy.tensormap::generic.acquire.sys [")
+    if not c.ranks.maps:
+        assert fences == 0 and ".version 8.1" in ptx
+        return
+    assert ".version 8.3" in ptx and fences > 0
+    assert ptx.index("fence.proxy.tensormap::generic") < ptx.index("cp.async.bulk.tensor")
