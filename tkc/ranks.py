@@ -238,7 +238,7 @@ class _Launch:
     num_ranks: int
     grid: tuple[int, ...]
     envs: list[dict]
-    log: _RankLog
+    log: HappensBefore  # the race detector; stores and atomics call its write() as WriteLog's
     written: set[int]  # id() of the tensors stored to, every rank's
 
 
@@ -321,30 +321,6 @@ def _checked_atomic(ctx: RankProgram, op: Operation, tensor: np.ndarray, *rest: 
     return out
 
 
-class _RankLog:
-    """What ``tkc.semantics`` stores and atomics report to (``ctx.log.write``): the race
-    detector of the launch, as the single-rank ``WriteLog`` is called."""
-
-    def __init__(self, hb: HappensBefore):
-        self.hb = hb
-        self.tensors = hb.tensors
-
-    def write(self, tensor: np.ndarray, index: Any, who: int, loc: Loc | None, atomic: bool = False) -> Any:
-        msg = self.hb.access(tensor, index, who, loc, "atomic" if atomic else "write")
-        return None if msg is None else _Message(msg)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.hb, name)
-
-
-@dataclass
-class _Message:
-    text: str
-
-    def message(self, me: Any, atomic: bool) -> str:
-        return self.text
-
-
 RankProgram.handlers = {
     **Program.handlers,
     "tile.peer": _peer,
@@ -373,7 +349,7 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
         for p in params:
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
-    launch = _Launch(num_ranks, shape, envs, _RankLog(hb), written)
+    launch = _Launch(num_ranks, shape, envs, hb, written)
     sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 
