@@ -796,6 +796,8 @@ class RankBarrierOp(Operation):
         kernel = next((a for a in self.ancestors() if a.name == "tile.kernel"), None)
         if kernel is None:
             return
+        if not any(a.name in ("tile.if", "tile.for") for a in self.ancestors()):
+            return
         divergent = rank_divergent(kernel)
         for a in self.ancestors():
             if a.name not in ("tile.if", "tile.for"):
@@ -832,33 +834,43 @@ def rank_divergent(kernel: Operation) -> dict:
     def first(values) -> Operation | None:
         return next((out[v] for v in values if v in out), None)
 
-    def mark(v, source: Operation | None) -> bool:
-        if source is None or v in out:
-            return False
-        out[v] = source
-        return True
+    def mark(v, source: Operation | None) -> None:
+        if source is not None and v not in out:
+            out[v] = source
 
-    changed = True
-    while changed:  # until carried values stop changing
-        changed = False
-        for op in kernel.walk():
-            if op.name == "tile.for":
-                lb, ub, step, *init = op.operands
-                yields = op.body.terminator.operands
-                changed |= mark(op.body.args[0], first([lb, step]))
-                for arg, res, i, y in zip(op.body.args[1:], op.results, init, yields):
-                    changed |= mark(arg, first([i, y]))
-                    changed |= mark(res, first([i, y, lb, ub, step]))
-            elif op.name == "tile.if":
-                for k, res in enumerate(op.results):
-                    changed |= mark(res, first([op.cond, *(r.block.terminator.operands[k] for r in op.regions)]))
-            elif op.results and (op.name == "tile.rank" or not op.has_trait("pure")):
-                for res in op.results:
-                    changed |= mark(res, op)
-            else:
-                source = first(op.operands)
-                for res in op.results:
-                    changed |= mark(res, source)
+    loops: list[Operation] = []
+
+    def visit(op: Operation) -> None:
+        if op.name == "tile.for":  # what the body reads first, then the body, then the results
+            loops.append(op)
+            lb, ub, step, *init = op.operands
+            mark(op.body.args[0], first([lb, step]))
+            for arg, i, y in zip(op.body.args[1:], init, op.body.terminator.operands):
+                mark(arg, first([i, y]))
+        for region in op.regions:
+            for inner in region.block.ops:
+                visit(inner)
+        if op.name == "tile.for":
+            lb, ub, step, *init = op.operands
+            for res, i, y in zip(op.results, init, op.body.terminator.operands):
+                mark(res, first([i, y, lb, ub, step]))
+        elif op.name == "tile.if":
+            for k, res in enumerate(op.results):
+                mark(res, first([op.cond, *(r.block.terminator.operands[k] for r in op.regions)]))
+        elif op.results and (op.name == "tile.rank" or not op.has_trait("pure")):
+            for res in op.results:
+                mark(res, op)
+        else:
+            source = first(op.operands)
+            for res in op.results:
+                mark(res, source)
+
+    stale = True
+    while stale:  # again while a loop's yield turned out divergent after its carried value was read
+        loops.clear()
+        visit(kernel)
+        stale = any(y in out and a not in out for loop in loops
+                    for a, y in zip(loop.body.args[1:], loop.body.terminator.operands))
     return out
 
 
