@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 from tkc.errors import TkcLaunchError
 from tkc.target import TENSOR_MAP_BYTES
 
-__all__ = ["NO_MULTICAST", "RankLaunch", "SymmetricBuffer", "check_peers", "check_resident", "find", "generation",
-           "init_process_group", "pad_counters", "peer_addresses", "prepare", "rank_values", "register",
+__all__ = ["NO_MULTICAST", "RankLaunch", "SymmetricBuffer", "check_grids", "check_peers", "check_resident", "find",
+           "generation", "init_process_group", "pad_counters", "peer_addresses", "prepare", "rank_values", "register",
            "symmetric_empty", "symmetric_zeros"]
 
 #: Kept set in every process: NVLink multicast stays off on the machines tkc runs on (docs/ranks.md).
@@ -229,6 +229,47 @@ def _peer_check(group: Any, device: Any) -> None:
     _peers_checked.add(key)
 
 
+def check_grids(name: str, grids: Sequence[Sequence[int]]) -> None:
+    """Every rank launches kernel ``name`` (one with barriers) with one grid (``grids[r]`` is
+    rank ``r``'s): program ``p`` meets program ``p`` of every rank, and counts on the pads'
+    slots of ``p``, so a program one rank lacks leaves its peers waiting and the pads' counters
+    out of step for every later kernel."""
+    first = tuple(grids[0])
+    if any(tuple(g) != first for g in grids):
+        got = ", ".join(f"rank {r}: {tuple(g)}" for r, g in enumerate(grids))
+        raise TkcLaunchError(f"kernel '{name}' meets at barrier_all() across ranks, so every rank launches it with "
+                             f"the same grid (program p meets program p of every rank), but the grids differ: {got}; "
+                             f"pass every rank arguments that give one grid")
+
+
+def _gather_grids(grid: Sequence[int], group: Any) -> list[tuple[int, ...]]:
+    """Every rank's ``grid`` (a collective on ``group``, a group or its name)."""
+    import torch.distributed as dist
+
+    pg = _group(group)
+    grids: list[Any] = [None] * dist.get_world_size(pg)
+    dist.all_gather_object(grids, tuple(grid), group=pg)
+    return grids
+
+
+_grids_checked: set[tuple[str, str, tuple[int, ...]]] = set()  # (kernel, group, grid) every rank launched
+
+
+def _same_grid(name: str, grid: Sequence[int], group: Any) -> None:
+    """:func:`check_grids` for a launch of kernel ``name`` with ``grid`` on ``group`` (a group,
+    its name, None: the default one): a
+    collective at the first launch of each (kernel, group, grid), on the checked path only.
+    Whether a rank gathers depends on the grids it launched before, not on its cached
+    launches, so while every rank has launched the same grids every rank gathers in the same
+    launch (the first one that differs is caught, unless one rank's grid is one it launched
+    before: that rank goes on, and the other waits in the gather)."""
+    key = (name, group if isinstance(group, str) else _group(group).group_name, tuple(grid))
+    if key in _grids_checked:
+        return
+    check_grids(name, _gather_grids(grid, group))
+    _grids_checked.add(key)
+
+
 # ---------------------------------------------------------------- a launch
 class RankLaunch(NamedTuple):
     """What a multi-GPU launch passes beyond the parameters: ``values``, the ``(PTX type,
@@ -309,6 +350,8 @@ def prepare(abi: Any, name: str, params: Sequence[Any], args: Sequence[Any], map
     dev = device.index if device.index is not None else -1
     bufs = {i: _buffer(params[i][0], args[i], dev) for i in abi.tensors}
     group, rank, num_ranks = _launch_group(group, {params[i][0]: b for i, b in bufs.items()})
+    if abi.barrier:
+        _same_grid(name, grid, group)  # before the pads, whose growth the grid decides on every rank
     if abi.waits and held is not None:
         check_resident(name, grid, held())
     if bufs:

@@ -47,6 +47,15 @@ class Race(NamedTuple):
                 f"atomic_min")
 
 
+class Found(NamedTuple):
+    """A race :class:`HappensBefore` found, as a :class:`Race` is taken (``message``)."""
+
+    text: str
+
+    def message(self, me: Any, atomic: bool) -> str:
+        return self.text
+
+
 class WriteLog:
     """Which program last wrote each element of each tensor, plainly and atomically.
 
@@ -180,6 +189,12 @@ class HappensBefore:
         t[row + "e"][index] = self.clock[me, me]
         t[row + "s"][index] = self._site_of(loc)
         return None
+
+    def write(self, tensor: np.ndarray, index: Any, who: int, loc: Loc | None, atomic: bool = False) -> Found | None:
+        """:meth:`WriteLog.write`'s call, which ``tkc.semantics`` makes for stores and atomics:
+        the write checked and recorded as :meth:`access` does."""
+        msg = self.access(tensor, index, who, loc, "atomic" if atomic else "write")
+        return None if msg is None else Found(msg)
 
     def release(self, tensor: np.ndarray, index: Any, me: int) -> None:
         """Program ``me`` releases into ``tensor[index]``: whoever acquires it later sees every

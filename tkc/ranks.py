@@ -40,7 +40,8 @@ from tkc.frontend.emit import CMP_PREDS
 from tkc.semantics import _CMP as semantics_cmp
 from tkc.semantics import Program, _box_slices, gather_elements
 
-__all__ = ["check_launch", "flag_params", "run_programs", "out_of_range", "flag_state", "deadlock", "never_satisfied"]
+__all__ = ["check_launch", "flag_params", "run_programs", "out_of_range", "flag_state", "deadlock", "never_satisfied",
+           "barrier_count"]
 
 _SHOWN = {pred: op for op, pred in CMP_PREDS.items()}  # "ge" -> ">=", in messages
 
@@ -65,6 +66,22 @@ def never_satisfied(what: str) -> str:
     return f"a wait that can never be satisfied: {what}, and every other program has finished"
 
 
+def barrier_count(waiting: str, lines: Sequence[int], gone: Sequence[tuple[str, Sequence[int]]]) -> str:
+    """A barrier some program of the same id on another rank finished without reaching:
+    ``waiting`` is at its barrier ``len(lines)``, each of ``gone`` met only the barriers at
+    its ``lines``."""
+    def met(seen: Sequence[int]) -> str:
+        if not seen:
+            return "none"
+        return f"{len(seen)} (line{'s' if len(seen) > 1 else ''} {', '.join(map(str, seen))})"
+
+    return (f"ranks meet barrier_all() a different number of times: {waiting} waits at its barrier "
+            f"{len(lines)} (line {lines[-1]}), but " +
+            ", ".join(f"{name} has finished after meeting {met(seen)}" for name, seen in gone) +
+            "; every rank must meet every barrier_all() equally often (an if or a loop around one goes "
+            "differently on these ranks: a scalar argument or a dim that differs across ranks?)")
+
+
 class _Aborted(BaseException):
     """Raised in a program's thread when the launch stops (another program failed)."""
 
@@ -82,7 +99,8 @@ class _Task:
     ready: Callable[[], bool] | None = None  # while paused at a wait or a barrier: whether it may go on
     waits_for: Callable[[], str] | None = None  # ... and what it waits for, for a deadlock's message
     loc: Loc | None = None
-    barriers: int = 0  # how many barriers it has reached
+    met: list[int] = field(default_factory=list)  # the line of each barrier it has reached
+    at_barrier: list[_Task] | None = None  # while paused at a barrier: who has arrived there
     done: bool = False
     error: BaseException | None = None
 
@@ -125,7 +143,7 @@ class _Scheduler:
         if not ready:
             raise self._stuck(live)
         t = ready[self.rng.randrange(len(ready))]
-        t.ready = t.waits_for = None
+        t.ready = t.waits_for = t.at_barrier = None
         return t
 
     def _resume(self, t: _Task) -> None:
@@ -184,6 +202,12 @@ class _Scheduler:
                 t.thread.join()
 
     def _stuck(self, live: list[_Task]) -> TkcInterpretError:
+        for t in live:  # a barrier a peer finished without: the cause of whatever else waits
+            if t.at_barrier is not None:
+                here = {a.rank for a in t.at_barrier}
+                gone = [o for o in self.tasks if o.pid == t.pid and o.rank not in here and o.done]
+                if gone:
+                    return TkcInterpretError(barrier_count(t.name, t.met, [(o.name, o.met) for o in gone]), t.loc)
         first = live[0]
         if len(live) == 1:
             return TkcInterpretError(never_satisfied(f"{first.name} {first.waits_for()}"), first.loc)
@@ -214,7 +238,7 @@ class _Launch:
     num_ranks: int
     grid: tuple[int, ...]
     envs: list[dict]
-    log: _RankLog
+    log: HappensBefore  # the race detector; stores and atomics call its write() as WriteLog's
     written: set[int]  # id() of the tensors stored to, every rank's
 
 
@@ -246,8 +270,8 @@ def _wait(ctx: RankProgram, op: Operation, tensor: np.ndarray, value: Any, *offs
 
 def _barrier(ctx: RankProgram, op: Operation) -> None:
     task, sched = ctx.task, ctx.sched
-    key = (task.pid, task.barriers)
-    task.barriers += 1
+    key = (task.pid, len(task.met))
+    task.met.append(op.loc.line if op.loc is not None else 0)
     arrived = sched.arrived.setdefault(key, [])
     arrived.append(task)
     if len(arrived) == ctx.num_ranks:
@@ -261,6 +285,7 @@ def _barrier(ctx: RankProgram, op: Operation) -> None:
                         for t in others)
         return f"waits at barrier_all() (line {op.loc.line}, its barrier {key[1] + 1}) for {how}"
 
+    task.at_barrier = arrived
     sched.pause(task, lambda: len(arrived) == ctx.num_ranks, waits_for, op.loc)
 
 
@@ -296,30 +321,6 @@ def _checked_atomic(ctx: RankProgram, op: Operation, tensor: np.ndarray, *rest: 
     return out
 
 
-class _RankLog:
-    """What ``tkc.semantics`` stores and atomics report to (``ctx.log.write``): the race
-    detector of the launch, as the single-rank ``WriteLog`` is called."""
-
-    def __init__(self, hb: HappensBefore):
-        self.hb = hb
-        self.tensors = hb.tensors
-
-    def write(self, tensor: np.ndarray, index: Any, who: int, loc: Loc | None, atomic: bool = False) -> Any:
-        msg = self.hb.access(tensor, index, who, loc, "atomic" if atomic else "write")
-        return None if msg is None else _Message(msg)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.hb, name)
-
-
-@dataclass
-class _Message:
-    text: str
-
-    def message(self, me: Any, atomic: bool) -> str:
-        return self.text
-
-
 RankProgram.handlers = {
     **Program.handlers,
     "tile.peer": _peer,
@@ -348,7 +349,7 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
         for p in params:
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
-    launch = _Launch(num_ranks, shape, envs, _RankLog(hb), written)
+    launch = _Launch(num_ranks, shape, envs, hb, written)
     sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 

@@ -126,3 +126,24 @@ def test_wrong_target_intrinsic_in_an_llvmlite_module() -> None:
     with pytest.raises(TkcCodegenError, match="llvm.nvvm.wgmma.fence.sync.aligned cannot be lowered for sm_100a"):
         emit_ptx(m, "sm_100a")
     assert "wgmma.fence.sync.aligned;" in emit_ptx(m, "sm_90a")
+
+
+def test_inline_ptx_of_a_later_isa_raises_the_version_of_its_module_only() -> None:
+    """fence.proxy.tensormap needs PTX ISA 8.3 (sm_90a's PTX is 8.1): only a module that uses
+    it is emitted at 8.3, and the target machine of 8.1 stays as it was."""
+    import llvmlite.ir as ir
+
+    from tkc.codegen.target import emit_ptx
+
+    def module(asm: str | None) -> ir.Module:
+        m = ir.Module()
+        fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), "k")
+        b = ir.IRBuilder(fn.append_basic_block())
+        if asm is not None:
+            b.asm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)]), asm, "l,~{memory}", [fn.args[0]], True)
+        b.ret_void()
+        return m
+
+    assert ".version 8.3" in emit_ptx(module("fence.proxy.tensormap::generic.acquire.sys [$0], 128;"), "sm_90a")
+    assert ".version 8.1" in emit_ptx(module(None), "sm_90a")
+    assert ".version 8.6" in emit_ptx(module("fence.proxy.tensormap::generic.acquire.sys [$0], 128;"), "sm_100a")

@@ -58,7 +58,7 @@ def test_tkc_run_checks_every_rank(example: str, flags: list[str]) -> None:
     assert f"(rank {RANKS - 1})" in out
 
 
-@pytest.mark.parametrize("example", ["moe_dispatch", "allgather_gemm"])
+@pytest.mark.parametrize("example", ["moe_dispatch", "allgather_gemm", "different_grids"])
 def test_python_calls_on_symmetric_tensors(example: str) -> None:
     r = _torchrun(str(ROOT / "tests" / "ranks" / "torchrun_worker.py"), example)
     assert r.returncode == 0 and f"{example}: ok on {RANKS} ranks" in r.stdout, r.stdout + r.stderr

@@ -49,7 +49,11 @@ def test_multi_gpu_examples_compile_without_spills(example: str) -> None:
         ranked = n in abi.maps
         assert (kind, array) == (("u64", "") if ranked else ("b8", "[128]")), (n, kind, array)
     if abi.barrier:
-        assert "atom.acq_rel.sys.global.add.u32" in ptx and "red.release.sys.global.add.u32" in ptx
+        # one release fence, then relaxed adds to every rank's pad (no fence per rank)
+        body = ptx[ptx.index("fence.acq_rel.sys;"):]
+        assert ptx.count("fence.acq_rel.sys;") == ptx.count("atom.relaxed.sys.global.add.u32")
+        assert body.index("atom.relaxed.sys.global.add.u32") < body.index("red.relaxed.sys.global.add.u32")
+        assert "red.release" not in ptx and "atom.acq_rel.sys" not in ptx
     if abi.waits:
         assert "ld.acquire.sys.global.b32" in ptx and "nanosleep" in ptx and "fence.proxy.async.global" in ptx
 
@@ -123,3 +127,48 @@ def test_a_peer_rank_out_of_range_traps_and_with_the_pin_says_where(tmp_path: Pa
     assert "trap;" in pinned
     assert any(t.startswith("tkc: ") and ":4:" in t and "x.on(r) with r = %d, but the launch has %d ranks" in t
                for t in texts(pinned)), texts(pinned)
+
+
+UNIFORM = """
+@kernel
+def uniform(x: f32[N] @ ranks, n: i32):
+    grid(cdiv(N, 16))
+    i = program_id(0)
+    peer = (rank() + 1) % num_ranks()
+    t = x.on(peer)[i*16:(i+1)*16]
+    steps = 0
+    for s in range(num_ranks()):
+        barrier_all()
+        steps = steps + 1
+    if i % 2 == 0:
+        barrier_all()
+    for j in range(steps, cdiv(N, 16) + n):
+        if n > 0:
+            barrier_all()
+    x[i*16:(i+1)*16] = t
+"""
+
+
+def test_a_barrier_under_control_flow_the_same_on_every_rank_compiles(tmp_path: Path) -> None:
+    """Program ids, constants, dims, scalar arguments and num_ranks() are the same on every
+    rank, so barriers under them are met equally often (tests/frontend/bad/ranks_barrier_*
+    are the refusals); through every pass, whose verifier checks it again."""
+    path = tmp_path / "uniform.tk"
+    path.write_text(UNIFORM)
+    c = compile_kernel(path, {}, stop="hopper", cache=False)
+    assert c.asm["hopper"].count("tile.rank_barrier") >= 3
+
+
+@pytest.mark.parametrize("example", MULTI_GPU)
+def test_per_rank_tensor_maps_are_acquired_for_the_tensormap_proxy_first(example: str) -> None:
+    """The per-rank maps are copied into global memory from the host: every warpgroup's first
+    thread acquires each rank's map (fence.proxy.tensormap::generic, PTX ISA 8.3) before any
+    TMA copy; a kernel without them keeps its target's PTX version and has no such fence."""
+    c = compile_kernel(EXAMPLES / example, {}, stop="ptx", cache=False)
+    ptx = c.asm["ptx"]
+    fences = ptx.count("fence.proxy.tensormap::generic.acquire.sys [")
+    if not c.ranks.maps:
+        assert fences == 0 and ".version 8.1" in ptx
+        return
+    assert ".version 8.3" in ptx and fences > 0
+    assert ptx.index("fence.proxy.tensormap::generic") < ptx.index("cp.async.bulk.tensor")

@@ -227,11 +227,13 @@ def test_a_rank_out_of_range_is_an_error_at_its_line(tmp_path: Path) -> None:
     assert info.value.loc.line == 6 and "(in rank 1, program (0,))" in str(info.value)
 
 
+# rank() itself under the if would not compile (barrier_all() under control flow that differs
+# across ranks); a scalar argument is taken to be the same on every rank, and is not here.
 SKIP = """
 @kernel
-def skip(x: f32[N] @ ranks):
+def skip(x: f32[N] @ ranks, skipper: i32):
     grid(1)
-    if rank() != 1:
+    if skipper != 1:
         barrier_all()
     x[0:16] = zeros([16], f32)
 """
@@ -239,11 +241,35 @@ def skip(x: f32[N] @ ranks):
 
 def test_a_rank_that_skips_a_barrier_leaves_the_others_waiting(tmp_path: Path) -> None:
     k = _load(tmp_path, SKIP)
-    with pytest.raises(TkcInterpretError) as info:
-        tkc.interpret_ranks(k, [[np.zeros(16, np.float32)] for _ in range(3)])
-    msg = str(info.value)
-    assert "waits at barrier_all() (line 6, its barrier 1) for rank 1 program (0,) has finished without " \
-           "reaching it" in msg, msg
+    for seed in SEEDS:
+        with pytest.raises(TkcInterpretError) as info:
+            tkc.interpret_ranks(k, [[np.zeros(16, np.float32), r] for r in range(3)], seed=seed)
+        msg = str(info.value)
+        assert re.search(r"ranks meet barrier_all\(\) a different number of times: rank (0|2) program \(0,\) waits "
+                         r"at its barrier 1 \(line 6\), but rank 1 program \(0,\) has finished after meeting none; "
+                         r"every rank must meet every barrier_all\(\) equally often", msg), msg
+        assert info.value.loc.line == 6
+
+
+def test_a_rank_that_meets_more_barriers_names_the_lines(tmp_path: Path) -> None:
+    """Rank 1 goes round the loop once more: ranks 0 and 2 finish after two barriers."""
+    k = _load(tmp_path, """
+@kernel
+def extra(x: f32[N] @ ranks, rounds: i32):
+    grid(2)
+    barrier_all()
+    for j in range(rounds):
+        barrier_all()
+    i = program_id(0)
+    x[i*16:(i+1)*16] = zeros([16], f32)
+""")
+    for seed in SEEDS:
+        with pytest.raises(TkcInterpretError) as info:
+            tkc.interpret_ranks(k, [[np.zeros(32, np.float32), 2 if r == 1 else 1] for r in range(3)], seed=seed)
+        msg = str(info.value)
+        assert re.search(r"rank 1 program \((0|1),\) waits at its barrier 3 \(line 7\), but rank 0 program \(\1,\) "
+                         r"has finished after meeting 2 \(lines 5, 7\), rank 2 program \(\1,\) has finished after "
+                         r"meeting 2 \(lines 5, 7\);", msg), msg
 
 
 def test_the_seed_changes_the_interleaving(tmp_path: Path) -> None:

@@ -5,17 +5,21 @@ Every rank makes every rank's inputs from the rank's seed (so each can compute t
 reference of its own outputs), allocates its tensors ``@ ranks`` with ``tkc.symmetric_empty``,
 calls the kernel as ``tkc.load(...)(...)`` twice (the second launch reuses the kept plan and
 the barrier pads' counters) and compares with torch; exit status 1 on a mismatch.
+``different_grids``: ranks launching a kernel with barriers with different grids are refused
+on every rank, and the next launches run.
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import tkc
+from tkc.errors import TkcError
 from tkc.runtime.ranks import init_process_group
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -85,9 +89,43 @@ def allgather_gemm(rank: int, world: int) -> None:
     _close("c", c.reshape(world * M, N), gathered.float() @ b.float())
 
 
+SHIFT = """
+@kernel
+def shift(x: f32[N] @ ranks, y: f32[N], BN: const = 64):
+    grid(cdiv(N, BN))
+    i = program_id(0)
+    barrier_all()
+    y[i*BN:(i+1)*BN] = x.on((rank() + 1) % num_ranks())[i*BN:(i+1)*BN]
+    barrier_all()
+"""
+
+
+def different_grids(rank: int, world: int) -> None:
+    """Rank 1 launches a kernel with barriers over more elements than rank 0 (views of one
+    symmetric buffer): every rank is refused before the GPU, naming the grids; then launches
+    with one grid run, the barrier pads still in step."""
+    path = Path(tempfile.mkdtemp()) / "shift.tk"
+    path.write_text(SHIFT)
+    k = tkc.load(path)
+    x = tkc.symmetric_zeros((600,), torch.float32)
+    x.copy_(torch.arange(600, dtype=torch.float32, device="cuda") + 1000 * rank)
+    y = torch.zeros(600, device="cuda")
+    n = 300 if rank == 0 else 600
+    try:
+        k(x[:n], y[:n])
+    except TkcError as e:
+        assert "the grids differ: rank 0: (5,), rank 1: (10,)" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {rank}: a launch with another grid than its peer's was not refused")
+    for _ in range(3):
+        k(x, y)
+    _close("y", y, torch.arange(600, dtype=torch.float32) + 1000 * ((rank + 1) % world))
+
+
 def main() -> None:
     rank, world = init_process_group()
-    {"moe_dispatch": moe_dispatch, "allgather_gemm": allgather_gemm}[sys.argv[1]](rank, world)
+    {"moe_dispatch": moe_dispatch, "allgather_gemm": allgather_gemm,
+     "different_grids": different_grids}[sys.argv[1]](rank, world)
     dist.barrier()
     if rank == 0:
         print(f"{sys.argv[1]}: ok on {world} ranks")

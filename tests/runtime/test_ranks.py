@@ -60,6 +60,8 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ranks, "_pads", {})
     monkeypatch.setattr(ranks, "_retired", [])
     monkeypatch.setattr(ranks, "_peer_check", lambda group, device: None)
+    monkeypatch.setattr(ranks, "_grids_checked", set())
+    monkeypatch.setattr(ranks, "_gather_grids", lambda grid, group: [tuple(grid)] * 2)  # the peer's is the same
 
     def zeros(shape, dtype, group, device):  # a barrier pad: symmetric, on the fake peer at PEER_BASE * 3
         t = torch.zeros(shape, dtype=dtype)
@@ -161,6 +163,87 @@ def test_kernels_whose_barriers_meet_other_role_counts_count_on_other_pads() -> 
 
     one, two = pads(1), pads(2)
     assert u64s(one, 1) != u64s(two, 1) and u64s(pads(2), 1) == u64s(two, 1)
+
+
+def test_ranks_launching_a_kernel_with_barriers_with_other_grids_are_named() -> None:
+    ranks.check_grids("k", [(4, 2), (4, 2), (4, 2)])
+    with pytest.raises(TkcLaunchError, match=r"kernel 'k' meets at barrier_all\(\) across ranks, so every rank "
+                                             r"launches it with the same grid .* but the grids differ: rank 0: "
+                                             r"\(4, 2\), rank 1: \(4, 2\), rank 2: \(5, 2\); pass every rank"):
+        ranks.check_grids("k", [(4, 2), (4, 2), (5, 2)])
+
+
+def test_the_grid_is_gathered_once_per_kernel_group_and_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collective on the checked path only, decided by the grids launched before (the same
+    on every rank while they agree), never by which launches were kept."""
+    c = compiled()
+    args = [symmetric(64, 64), torch.zeros(64, 64, dtype=torch.bfloat16), symmetric(5, dtype=torch.int32), 1.0]
+    maps = tma_operands(c.params, c.tma_maps)
+    gathered: list[tuple] = []
+    monkeypatch.setattr(ranks, "_gather_grids", lambda grid, group: gathered.append(tuple(grid)) or [tuple(grid)] * 2)
+
+    def launch(grid: tuple[int, ...], abi=c.ranks) -> None:
+        ranks.prepare(abi, c.name, c.params, args, maps, grid, CPU, held=lambda: 10**6, encode=fake_map)
+
+    launch((2,))
+    launch((2,))
+    assert gathered == [(2,)]
+    launch((3,))
+    launch((2,))
+    assert gathered == [(2,), (3,)]
+    launch((4,), c.ranks._replace(barrier=0))  # no barrier: the grids may differ
+    assert gathered == [(2,), (3,)]
+
+
+def test_a_rank_launching_another_grid_is_refused_before_the_pads(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = compiled()
+    args = [symmetric(64, 64), torch.zeros(64, 64, dtype=torch.bfloat16), symmetric(5, dtype=torch.int32), 1.0]
+    maps = tma_operands(c.params, c.tma_maps)
+    monkeypatch.setattr(ranks, "_gather_grids", lambda grid, group: [tuple(grid), (3,)])
+    for _ in range(2):  # not taken as checked
+        with pytest.raises(TkcLaunchError, match=r"kernel 'ranked' .* the grids differ: rank 0: \(2,\), rank 1: "
+                                                 r"\(3,\)"):
+            ranks.prepare(c.ranks, c.name, c.params, args, maps, (2,), CPU, held=lambda: 10**6, encode=fake_map)
+    assert not ranks._pads and not ranks._grids_checked
+
+
+GRID_WORKER = """
+import os, sys
+import torch.distributed as dist
+from tkc.errors import TkcLaunchError
+from tkc.runtime import ranks
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ranks._same_grid("k", (4, 2), None)  # the same on both ranks: passes
+try:
+    ranks._same_grid("k", (5 + rank, 2), None)
+except TkcLaunchError as e:
+    print(e)
+    sys.exit(3)
+"""
+
+
+def test_the_grid_check_over_a_real_process_group(tmp_path: Path) -> None:
+    """Two processes on gloo: the second launch's grids differ, and both ranks say so."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [subprocess.Popen([sys.executable, "-c", GRID_WORKER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=tmp_path,
+                              env={**env, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 3, out
+        assert "kernel 'k' meets at barrier_all() across ranks" in out and \
+            "the grids differ: rank 0: (5, 2), rank 1: (6, 2)" in out, out
 
 
 def test_a_ranked_argument_outside_symmetric_memory_is_refused() -> None:

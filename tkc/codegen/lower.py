@@ -380,6 +380,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         first = lw.b.icmp_unsigned("==", lw.tid, const_i32(0))
         lw.if_then(first, lambda: [nvvm.call(lw.b, "prefetch.tensormap.p0", m) for m in lw.tmaps
                                    if m.type.addrspace == nvvm.GENERIC], "prefetch")
+        lower_ranks.acquire_maps(lw)
     lw.block(kernel.body)
     lw.b.ret_void()
     return module

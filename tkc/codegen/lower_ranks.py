@@ -9,10 +9,11 @@ and what a releasing atomic on one element does first (:func:`before_release`): 
 program's TMA stores complete and its threads meet, so the release covers every write the
 program made before it.
 
-Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``,
-``atom.acq_rel.sys``, ``red.release.sys``.  A spin gives up after the pin ``wait_timeout_ms``
-(2 minutes when unset: a peer that never signals is a failed launch, not a hang of every rank;
-with the pin set the wait also prints its line, rank and flag first).
+Orderings are at ``.sys`` scope (peers' GPUs see them): ``ld.acquire.sys``, and a rank
+barrier's ``fence.acq_rel.sys`` before its relaxed adds to every rank's pad.  A spin gives up
+after the pin ``wait_timeout_ms`` (2 minutes when unset: a peer that never signals is a failed
+launch, not a hang of every rank; with the pin set the wait also prints its line, rank and
+flag first).
 
 Must not: choose which threads or roles run an op (the passes put waits and barriers into
 every role that needs them), or lay anything out.
@@ -37,7 +38,8 @@ from tkc.ir.dialects.hopper import barrier_roles
 from tkc.ir.types import TensorType
 from tkc.target import TENSOR_MAP_BYTES
 
-__all__ = ["HANDLERS", "acquired", "before_release", "bind_params", "param_types", "system_scope", "tensor_map"]
+__all__ = ["ACQUIRE_MAP", "HANDLERS", "acquire_maps", "acquired", "before_release", "bind_params", "param_types",
+           "system_scope", "tensor_map"]
 
 #: How long a wait across ranks spins when the pin ``wait_timeout_ms`` is not set: long enough
 #: for a peer that reaches its launch late (compiling its kernel, loading data), since a trap
@@ -213,12 +215,15 @@ def _rank_barrier(lw: Lowerer, op: Operation) -> None:
     def one() -> None:
         program = _program(lw)
         own = pad(me)
-        old = nvvm.asm(b, "atom.acq_rel.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
+        # One release for every rank's count: a fence, then relaxed adds (each a release pattern
+        # with it, as a red.release.sys each would be, which is a fence per rank).
+        nvvm.asm(b, "fence.acq_rel.sys;", "~{memory}")
+        old = nvvm.asm(b, "atom.relaxed.sys.global.add.u32 $0, [$1], 1;", "=r,l,~{memory}",
                        [slot(own, program, me)], I32)
         target = b.mul(b.add(b.udiv(old, roles), const_i32(1)), roles)
         _each_rank(lw, n, lambda r: lw.if_then(
             b.icmp_unsigned("!=", r, me),
-            lambda: nvvm.asm(b, "red.release.sys.global.add.u32 [$0], 1;", "l,~{memory}",
+            lambda: nvvm.asm(b, "red.relaxed.sys.global.add.u32 [$0], 1;", "l,~{memory}",
                              [slot(pad(r), program, me)]), "barrier.add"))
 
         def wait_for(r: ir.Value) -> None:
@@ -248,6 +253,32 @@ def _each_rank(lw: Lowerer, n: ir.Value, body: Callable[[ir.Value], None]) -> No
     r.add_incoming(nxt, b.block)
     b.cbranch(b.icmp_unsigned("<", nxt, n), head, done)
     b.position_at_end(done)
+
+
+#: What makes a map written by the host visible to the tensormap proxy (PTX ISA 8.3).
+ACQUIRE_MAP = "fence.proxy.tensormap::generic.acquire.sys [$0], 128;"
+
+
+def acquire_maps(lw: Lowerer) -> None:
+    """At the kernel's start: the per-rank tensor maps are in global memory, copied there from
+    the host before the launch, so every thread that may issue a TMA copy (thread 0 of each
+    warpgroup: a role's copies are its first thread's) acquires every rank's map of every ranked
+    entry for the tensormap proxy before its first copy (``fence.proxy.tensormap::generic``,
+    the CUDA programming guide's rule for maps copied with cudaMemcpy; PTX ISA 8.3, which
+    ``tkc.codegen.target.emit_ptx`` asks for when a kernel uses it).  Maps passed as
+    parameters need none."""
+    ranked = [m for m in lw.tmaps if not (isinstance(m.type, ir.PointerType) and m.type.addrspace == nvvm.GENERIC)]
+    if not ranked:
+        return
+    b = lw.b
+    leader = b.icmp_unsigned("==", b.urem(lw.tid, const_i32(lw.target.warpgroup)), const_i32(0))
+
+    def each(m: ir.Value) -> None:
+        base = b.ptrtoint(m, I64)
+        _each_rank(lw, lw.num_ranks, lambda r: nvvm.asm(
+            b, ACQUIRE_MAP, "l,~{memory}", [b.add(base, b.mul(b.zext(r, I64), ir.Constant(I64, TENSOR_MAP_BYTES)))]))
+
+    lw.if_then(leader, lambda: [each(m) for m in ranked], "maps.acquire")
 
 
 def tensor_map(lw: Lowerer, op: Operation, param: ir.Value) -> ir.Value:

@@ -1,7 +1,8 @@
 """LLVM IR → PTX through llvmlite's NVPTX backend, for a :class:`tkc.target.Target`.
 
-Owns: the one LLVM target-machine recipe (PTX-FACTS §8 "Target machine recipe"), and the
-translation of LLVM's parse/verify failures into tkc errors.  The targets themselves (what
+Owns: the one LLVM target-machine recipe (PTX-FACTS §8 "Target machine recipe"), the later
+PTX ISA a module's inline PTX may need, and the translation of LLVM's parse/verify failures
+into tkc errors.  The targets themselves (what
 LLVM calls each one, its PTX version, its forbidden intrinsics) are ``tkc.target.TARGETS``.
 
 Must not: build IR (that is ``tkc.codegen.nvvm`` and the lowering), run ptxas
@@ -14,6 +15,7 @@ forbidden intrinsics before LLVM sees them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 
@@ -25,7 +27,19 @@ from tkc.target import DEFAULT_TARGET, Target, target
 
 _init_lock = threading.Lock()
 _initialized = False
-_machines: dict[tuple[str, int], llvm.TargetMachine] = {}
+_machines: dict[tuple[str, str, int], llvm.TargetMachine] = {}
+
+#: Inline PTX that needs a later PTX ISA than a target's own: (text in the module, the version,
+#: LLVM's feature for it).  Only a module that uses it gets the later ``.version``.
+_LATER_PTX = (("fence.proxy.tensormap::generic", "8.3", "+ptx83"),)
+
+
+def _version_for(t: Target, text: str) -> Target:
+    """``t``, or ``t`` with the PTX ISA the inline PTX of ``text`` needs (``_LATER_PTX``)."""
+    for piece, version, feature in _LATER_PTX:
+        if piece in text and tuple(map(int, version.split("."))) > tuple(map(int, t.ptx_version.split("."))):
+            t = dataclasses.replace(t, ptx_feature=feature, ptx_version=version)
+    return t
 
 
 def _machine(t: Target, opt: int) -> llvm.TargetMachine:
@@ -35,7 +49,7 @@ def _machine(t: Target, opt: int) -> llvm.TargetMachine:
             llvm.initialize_all_targets()
             llvm.initialize_all_asmprinters()
             _initialized = True
-        key = (t.name, opt)
+        key = (t.name, t.ptx_feature, opt)
         if key not in _machines:
             # Only ever called with a Target from TARGETS (validated cpu/feature pair).
             _machines[key] = llvm.Target.from_triple(t.triple).create_target_machine(
@@ -54,6 +68,7 @@ def emit_ptx(llvm_ir: str | ir.Module, tgt: str | Target = DEFAULT_TARGET, opt: 
     if opt not in (0, 1, 2, 3):
         raise TkcUsageError(f"opt level {opt!r}: expected 0, 1, 2 or 3")
     text = str(llvm_ir)
+    t = _version_for(t, text)
     for prefix in t.forbidden_intrinsics:
         m = re.search(rf'@"?({re.escape(prefix)}[\w.]*)', text)  # llvmlite quotes names
         if m:

@@ -38,7 +38,7 @@ from tkc.emulator.scheduler import DeadlockError, Until, Wait
 from tkc.errors import TkcEmulatorError
 from tkc.ir.core import Operation
 from tkc.ir.types import ScalarType
-from tkc.ranks import deadlock, flag_state, never_satisfied, out_of_range
+from tkc.ranks import barrier_count, deadlock, flag_state, never_satisfied, out_of_range
 from tkc.semantics import _CMP as semantics_cmp
 
 __all__ = ["RankLaunch", "HANDLERS", "CO_HANDLERS", "releasing"]
@@ -59,7 +59,10 @@ class RankLaunch:
         self.labels: dict[Any, str] = {}  # warpgroup -> its name in the scheduler and in messages
         self.finished: set[Any] = set()  # warpgroups that have run to the end
         self.spinning: dict[Any, Callable[[], str]] = {}  # warpgroup -> what it spins for, while it does
-        self.reached: dict[tuple[int, tuple[int, ...], str | None], int] = {}  # barriers per (rank, pid, role)
+        self.reached: dict[tuple[int, tuple[int, ...], str | None], list[int]] = {}  # barriers' lines per
+        # (rank, pid, role)
+        self.at_barrier: dict[Any, tuple[tuple[tuple[int, ...], int], set, Operation]] = {}  # warpgroup -> the
+        # barrier it spins at (key, who arrived, the op)
         self.arrived: dict[tuple[tuple[int, ...], int], set[tuple[int, str | None]]] = {}
         self.flying: dict[int, list[tuple[list[tuple[int, int]], Operation, Any]]] = {}
 
@@ -111,28 +114,35 @@ class RankLaunch:
                     f"first waits for the role's bulk copies: cp.async.bulk.wait_group 0)")
 
     # ------------------------------------------------------------------ barriers
-    def arrive(self, wg: Any) -> tuple[tuple[tuple[int, ...], int], set]:
-        """``wg``'s role reaches its next barrier: the barrier's key (program id, count) and
-        who has arrived there."""
+    def arrive(self, wg: Any, op: Operation) -> tuple[tuple[tuple[int, ...], int], set]:
+        """``wg``'s role reaches its next barrier ``op``: the barrier's key (program id, count)
+        and who has arrived there."""
         cta, role = wg.cta, _role_name(wg)
-        mine = (cta.gpu, cta.pid, role)
-        k = self.reached.get(mine, 0)
-        self.reached[mine] = k + 1
+        met = self.reached.setdefault((cta.gpu, cta.pid, role), [])
+        k = len(met)
+        met.append(op.loc.line if op.loc is not None else 0)
         arrived = self.arrived.setdefault((cta.pid, k), set())
         arrived.add((cta.gpu, role))
         return (cta.pid, k), arrived
 
+    def _absent(self, key: tuple[tuple[int, ...], int], arrived: set) -> list[tuple[Any, str]]:
+        """The warpgroups (their leaders) that have not arrived at barrier ``key``."""
+        return [(wg, name) for wg, name in self.labels.items()
+                if wg.cta.pid == key[0] and wg.leader and (wg.cta.gpu, _role_name(wg)) not in arrived]
+
     def missing(self, key: tuple[tuple[int, ...], int], arrived: set) -> str:
         """Who has not arrived at barrier ``key``, and why."""
         out = []
-        for wg, name in self.labels.items():
-            if wg.cta.pid != key[0] or not wg.leader or (wg.cta.gpu, _role_name(wg)) in arrived:
-                continue
+        for wg, name in self._absent(key, arrived):
             spin = self.spinning.get(wg)
             why = "has finished without reaching it" if wg in self.finished else \
                 spin() if spin is not None else "has not reached it"
             out.append(f"{name} {why}")
         return "; ".join(out)
+
+    def _met(self, wg: Any) -> list[int]:
+        """The lines of the barriers ``wg``'s role has reached."""
+        return self.reached.get((wg.cta.gpu, wg.cta.pid, _role_name(wg)), [])
 
     # ------------------------------------------------------------------ deadlock
     def stuck(self, blocked: list[tuple[str, Wait | Until]]) -> TkcEmulatorError | None:
@@ -142,6 +152,10 @@ class RankLaunch:
         spins = [i for i, (_, w) in enumerate(blocked) if isinstance(w, Until)]
         if not spins:
             return None
+        for wg, (key, arrived, op) in self.at_barrier.items():  # a barrier a peer finished without: the cause
+            gone = [(name, self._met(other)) for other, name in self._absent(key, arrived) if other in self.finished]
+            if gone:
+                return DeadlockError(barrier_count(self.labels[wg], self._met(wg), gone), op.loc)
         lines = [f"{n} {w.waits_for()}" if isinstance(w, Until) else
                  f"{n} waits at {w.op} for parity {w.parity} of {w.barrier.state()}" for n, w in blocked]
         first = spins[0]
@@ -213,11 +227,13 @@ def _barrier(wg: Any, op: Operation) -> Co:
         launch.drain(wg)
     yield from wg.bar_sync(op)
     if wg.leader:
-        key, arrived = launch.arrive(wg)
+        key, arrived = launch.arrive(wg, op)
         everyone = launch.num_ranks * len(launch.roles)
+        launch.at_barrier[wg] = (key, arrived, op)
         yield from _spin(wg, op, lambda: len(arrived) == everyone,
                          lambda: f"waits at barrier_all() ({_line(op)}, its barrier {key[1] + 1}) for "
                                  f"{launch.missing(key, arrived)}")
+        del launch.at_barrier[wg]
     yield from wg.bar_sync(op)
 
 

@@ -9,6 +9,7 @@ tensor sizes are runtime values read with ``tile.dim``.
 from __future__ import annotations
 
 from tkc import dtypes
+from tkc.errors import TkcVerifyError
 from tkc.ir.core import Operation, Region, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
 from tkc.ir.dialects.elementwise import CMP_PREDICATES, ELEMENTWISE_OPS, is_value_type  # noqa: F401
@@ -789,6 +790,28 @@ class RankBarrierOp(Operation):
 
     name = "tile.rank_barrier"
 
+    def verify(self) -> None:
+        """Every rank meets a barrier equally often (program ``p`` counts its arrivals on
+        every rank's pad, never reset): no ``if`` or loop around it may differ across ranks."""
+        kernel = next((a for a in self.ancestors() if a.name == "tile.kernel"), None)
+        if kernel is None:
+            return
+        if not any(a.name in ("tile.if", "tile.for") for a in self.ancestors()):
+            return
+        divergent = rank_divergent(kernel)
+        for a in self.ancestors():
+            if a.name not in ("tile.if", "tile.for"):
+                continue
+            source = next((divergent[v] for v in a.operands[:1 if a.name == "tile.if" else 3] if v in divergent),
+                          None)
+            if source is not None:
+                what, of = ("if", "condition") if a.name == "tile.if" else ("loop", "trip count")
+                raise TkcVerifyError(
+                    f"barrier_all() under {'an' if what == 'if' else 'a'} {what} (line {_line(a)}) whose {of} "
+                    f"depends on {_divergence(source)}: every rank must meet every barrier_all() equally often; "
+                    f"move it out of the {what}, or make its {of} depend only on program ids, constants, dims "
+                    f"and scalar arguments", self.loc)
+
 
 #: Ops that only a multi-GPU launch gives meaning to beyond rank 0 of 1.
 RANK_OPS = ("tile.rank", "tile.num_ranks", "tile.peer", "tile.wait", "tile.rank_barrier")
@@ -797,6 +820,73 @@ RANK_OPS = ("tile.rank", "tile.num_ranks", "tile.peer", "tile.wait", "tile.rank_
 def ranked_params(kernel: Operation) -> list[int]:
     """The indices of ``kernel``'s tensor parameters declared ``@ ranks``."""
     return [a.index for a in kernel.regions[0].block.args if isinstance(a.type, TensorType) and a.type.ranks]
+
+
+def rank_divergent(kernel: Operation) -> dict:
+    """The values of ``kernel`` that may differ between ranks at the same program id, each
+    with the op it comes from: ``rank()``, a load, an atomic (any op with results that is not
+    pure), and what they flow into, through loops (a carried value, or any result of a loop
+    whose bounds differ) and branches (any result of an ``if`` whose condition differs).
+    Program ids, constants, dims and scalar parameters are the same on every rank (the
+    launch's grid, which every rank shares, comes from them)."""
+    out: dict = {}
+
+    def first(values) -> Operation | None:
+        return next((out[v] for v in values if v in out), None)
+
+    def mark(v, source: Operation | None) -> None:
+        if source is not None and v not in out:
+            out[v] = source
+
+    loops: list[Operation] = []
+
+    def visit(op: Operation) -> None:
+        if op.name == "tile.for":  # what the body reads first, then the body, then the results
+            loops.append(op)
+            lb, ub, step, *init = op.operands
+            mark(op.body.args[0], first([lb, step]))
+            for arg, i, y in zip(op.body.args[1:], init, op.body.terminator.operands):
+                mark(arg, first([i, y]))
+        for region in op.regions:
+            for inner in region.block.ops:
+                visit(inner)
+        if op.name == "tile.for":
+            lb, ub, step, *init = op.operands
+            for res, i, y in zip(op.results, init, op.body.terminator.operands):
+                mark(res, first([i, y, lb, ub, step]))
+        elif op.name == "tile.if":
+            for k, res in enumerate(op.results):
+                mark(res, first([op.cond, *(r.block.terminator.operands[k] for r in op.regions)]))
+        elif op.results and (op.name == "tile.rank" or not op.has_trait("pure")):
+            for res in op.results:
+                mark(res, op)
+        else:
+            source = first(op.operands)
+            for res in op.results:
+                mark(res, source)
+
+    stale = True
+    while stale:  # again while a loop's yield turned out divergent after its carried value was read
+        loops.clear()
+        visit(kernel)
+        stale = any(y in out and a not in out for loop in loops
+                    for a, y in zip(loop.body.args[1:], loop.body.terminator.operands))
+    return out
+
+
+def _line(op: Operation) -> str:
+    return str(op.loc.line) if op.loc is not None else "?"
+
+
+def _divergence(source: Operation) -> str:
+    """What makes a value differ across ranks, in words."""
+    if source.name == "tile.rank":
+        return f"rank() (line {_line(source)})"
+    if source.name in ("tile.load", "tile.gather"):
+        return f"data loaded at line {_line(source)}"
+    if source.name.startswith("tile.atomic"):
+        return f"an atomic's result (line {_line(source)})"
+    return f"the result of '{source.name}' (line {_line(source)})"
 
 
 def has_rank_barrier(kernel: Operation) -> bool:
