@@ -462,7 +462,8 @@ def _tma_store_wait(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)),
                lambda: nvvm.call(b, "cp.async.bulk.wait.group.read", op.pending), "tma_store_wait")
-    lw.sync()
+    if op.attributes.get("sync", True):
+        lw.sync()
 
 
 # --------------------------------------------------------------------------- wgmma

@@ -1128,14 +1128,16 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
 
 
 def _tma_store_wait(wg: _Warpgroup, op: Operation) -> Co:
-    """``cp.async.bulk.wait_group.read pending`` by thread 0, then a barrier of the threads."""
+    """``cp.async.bulk.wait_group.read pending`` by thread 0, then a barrier of the threads
+    (none with ``sync = false``: the next op's barrier is the meeting)."""
     if wg.leader:
         yield Yield(_describe(op))  # the copies run asynchronously until here: others may run
         done = wg.bulk[: max(len(wg.bulk) - op.pending, 0)]
         for lease in done:
             lease.release()
         wg.bulk = wg.bulk[len(done):]
-    yield from wg.bar_sync(op)
+    if op.attributes.get("sync", True):
+        yield from wg.bar_sync(op)
 
 
 # ------------------------------------------------------------------ waits

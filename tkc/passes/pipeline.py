@@ -21,6 +21,7 @@ from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_blackwell import lower_to_blackwell
 from tkc.passes.lower_to_hopper import lower_to_hopper
+from tkc.passes.merge_barriers import merge_barriers
 from tkc.passes.multicast import multicast
 from tkc.passes.order_memory import order_memory
 from tkc.passes.overlap_products import overlap_products
@@ -59,6 +60,7 @@ PASSES: dict[str, PassFn] = {
     "overlap-products": overlap_products,  # pin overlap_products: each product waited for where it is needed
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
+    "merge-barriers": merge_barriers,    # a loop's barriers that another one already orders are dropped
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- tcgen05 targets: the same passes, then the products move to tensor memory
     "lower-to-blackwell": lower_to_blackwell,  # wgmma -> tcgen05.mma + commit, accumulators in TMEM
@@ -70,7 +72,7 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,"
-                   "issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,cse,dce,allocate-smem")
+                   "issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).

@@ -544,10 +544,12 @@ class TmaStoreOp(Operation):
 class TmaStoreWaitOp(Operation):
     """Thread 0 waits until all but the newest ``pending`` of its ``hopper.tma_store`` groups
     have read their shared tiles (``cp.async.bulk.wait_group.read``); then the threads running
-    the op synchronize, so any of them may write those tiles again."""
+    the op synchronize, so any of them may write those tiles again.  With ``sync = false``
+    (``merge-barriers``) only thread 0 waits: the ``hopper.barrier`` right after it is the
+    meeting."""
 
     name = "hopper.tma_store_wait"
-    ATTRS = {"pending": int}
+    ATTRS = {"pending": int, "sync?": bool}
 
     def verify(self) -> None:
         if not 0 <= self.pending <= 7:
