@@ -64,3 +64,49 @@ def test_kernels_with_roles_keep_their_barriers() -> None:
     with_pass = [op.name for op in _loop_body(consts)]
     without = [op.name for op in _loop_body(consts, HOPPER_PIPELINE.replace("merge-barriers,", ""))]
     assert with_pass == without
+
+
+def test_merged_backward_has_no_race_under_many_interleavings() -> None:
+    """Both warpgroups of the merged loop (D=64: 128 key rows, two warpgroups) under several
+    seeded interleavings: no race on dS^T's tile or dQ's staging (the test below shows the
+    emulator sees that race where the barrier is needed)."""
+    import torch
+
+    from tkc.emulator.machine import emulate
+
+    B, H, KVH, N, D = 1, 2, 1, 160, 64
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    k_op = compile_kernel(EXAMPLE, {"D": D}, stop="hopper", cache=False, kernel="attn_bwd").kernel_op
+    assert k_op.attributes["threads"] == 256
+    for seed in range(6):
+        zeros = torch.zeros(B, KVH, N, D).bfloat16()
+        emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5], seed=seed)
+
+
+def test_the_emulator_sees_the_race_a_needed_barrier_prevents() -> None:
+    """What the pass must not do, done by hand: with dQ's adds from the threads nothing meets
+    after dQ's product, and dropping dS^T's leading barrier lets one warpgroup write the next
+    dS^T while the other's product still reads it (seed 16 interleaves them so)."""
+    import torch
+
+    from tkc.emulator.machine import emulate
+    from tkc.emulator.smem import RaceError
+
+    B, H, KVH, N, D = 1, 4, 2, 200, 64
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    k_op = compile_kernel(EXAMPLE, {"D": D, "tma_store": False}, stop="hopper", cache=False,
+                          kernel="attn_bwd").kernel_op
+    body = next(op for op in k_op.walk() if op.name == "tile.for"
+                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops)).regions[0].block
+    i = next(i for i, op in enumerate(body.ops) if op.name == "hopper.barrier"
+             and body.ops[i + 1].name == "hopper.smem_store")
+    body.ops[i].erase()
+    zeros = torch.zeros(B, KVH, N, D).bfloat16()
+    with pytest.raises(RaceError, match="dst_smem"):
+        for seed in range(12, 20):
+            emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5],
+                    seed=seed)
