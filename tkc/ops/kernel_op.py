@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import keyword
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -77,6 +77,9 @@ class _Spec:
     roles: list[str]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    run_consts: dict[str, Any] = field(default_factory=dict)  # what the kernel is called with
+    run_key: tuple = ()  # tuple(sorted(run_consts.items())): Kernel.call's key
+    order: tuple[int, ...] = ()  # each parameter's place in (*inputs, *outputs)
 
 
 class _KernelOp:
@@ -92,7 +95,7 @@ class _KernelOp:
                                 f"(its constants: {', '.join(first.consts) or 'none'})")
         self.fixed = {n: v for n, v in first.consts.items() if n not in const_args}
         self.const_args = {n: first.consts[n] for n in const_args}
-        self.first = first
+        self.first = first = _runnable(first, self.fixed)
         self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
         self._shapes: dict[tuple, list[tuple[tuple[int, ...], torch.dtype, bool]]] = {}
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
@@ -124,7 +127,7 @@ class _KernelOp:
                 raise TkcUsageError(f"{self.name}: with constants {call_consts} kernel '{self.kernel.name}' uses its "
                                     f"parameters differently ({spec.roles}) than with those it was registered "
                                     f"with ({self.first.roles}); register one operator per use")
-            self._specs[key] = spec
+            spec = self._specs[key] = _runnable(spec, {**self.fixed, **call_consts})
         return spec
 
     def schema(self) -> str:
@@ -158,49 +161,52 @@ class _KernelOp:
             key = tuple(key)
             shapes = self._shapes.get(key)
             if shapes is not None:
-                return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+                # Sizes as separate arguments: torch parses a tuple of them a microsecond slower.
+                return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
         in_params = [spec.params[i] for i in spec.inputs]
         dims = signature.bind(self.name, in_params, values, numpy_ok=False)
         shapes = []
         for i in spec.outputs:
             t = spec.params[i][1]
             shape = tuple(d if isinstance(d, int) else dims[d] for d in t.dims)
-            shapes.append((shape, t.dtype.torch_dtype(), spec.roles[i] == ZEROED))
+            shapes.append((torch.zeros if spec.roles[i] == ZEROED else torch.empty, shape, t.dtype.torch_dtype()))
         if key is not None:
             if len(self._shapes) >= 256:
                 self._shapes.clear()
             self._shapes[key] = shapes
-        return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+        return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
 
     def fake(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
-        return _result(self._outputs(spec, values, _device(values), fake=True))
+        return _result(self._outputs(spec, values, _first_tensor(values).device, fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
-        if self.const_args:
-            call_consts = {n: kwargs.get(n, v) for n, v in self.const_args.items()}
-            spec, consts = self.spec(call_consts), {**self.fixed, **call_consts}
+        spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
+        first = _first_tensor(values)
+        outs = self._outputs(spec, values, first.device, fake=False)
+        every = (*values, *outs)
+        full = [every[j] for j in spec.order]
+        if first.is_cuda:
+            # on the GPU, or the interpreter with TKC_INTERPRET=1
+            self.kernel.call(full, spec.run_consts, spec.run_key)
         else:
-            spec, consts = self.first, self.fixed
-        device = _device(values)
-        outs = self._outputs(spec, values, device, fake=False)
-        full: list[Any] = [None] * len(spec.params)
-        for i, v in zip(spec.inputs, values):
-            full[i] = v
-        for i, o in zip(spec.outputs, outs):
-            full[i] = o
-        if device.type == "cuda":
-            self.kernel(*full, **consts)  # on the GPU, or the interpreter with TKC_INTERPRET=1
-        else:
-            interpret(self.kernel, *full, **consts)
+            interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
 
 
-def _device(values: tuple) -> Any:
-    """The first input tensor's device: where the outputs go and the kernel runs."""
+def _runnable(spec: _Spec, consts: dict[str, Any]) -> _Spec:
+    """``spec`` with what running it needs, made once: the constants the kernel is called
+    with, their key and where each parameter comes from among the inputs and outputs."""
+    where = {i: n for n, i in enumerate((*spec.inputs, *spec.outputs))}
+    return replace(spec, run_consts=dict(consts), run_key=tuple(sorted(consts.items())),
+                   order=tuple(where[i] for i in range(len(spec.params))))
+
+
+def _first_tensor(values: tuple) -> torch.Tensor:
+    """The first input tensor: its device is where the outputs go and the kernel runs."""
     for v in values:
         if isinstance(v, torch.Tensor):
-            return v.device
+            return v
     raise AssertionError("an operator of a kernel has an input tensor (checked at registration)")
 
 
@@ -303,10 +309,25 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     needs_grad = False
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor or a.device.type != "cuda":
+            if not a.is_cuda or not _plain(type(a)):
                 return op(*args, **kwargs)
             needs_grad = needs_grad or (grad and a.requires_grad)
     if needs_grad:
         function = getattr(op, "tkc_function", None)
         return op(*args, **kwargs) if function is None else function.apply(*args, kwargs)
     return op.tkc_run(*args, **kwargs)
+
+
+_PLAIN: dict[type, bool] = {torch.Tensor: True}
+
+
+def _plain(cls: type) -> bool:
+    """Whether tensors of class ``cls`` behave as plain tensors under torch's dispatcher:
+    ``torch.Tensor``, and subclasses that override neither ``__torch_function__`` nor
+    ``__torch_dispatch__`` (``torch.nn.Parameter``: a model's weights); not fake, functional or
+    other wrapper tensors, which the operator must see."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = (cls.__torch_function__ is torch._C._disabled_torch_function_impl
+                               and cls.__torch_dispatch__ is torch.Tensor.__torch_dispatch__)
+    return plain
