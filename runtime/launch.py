@@ -29,9 +29,8 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
-__all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_planned", "launch_ranks", "launch_state",
-           "param_values",
-           "to_ctypes", "tma_operands", "swizzle_enum"]
+__all__ = ["LaunchState", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
+           "launch_state", "param_values", "plan_of", "to_ctypes", "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 
@@ -232,12 +231,28 @@ def launch_planned(state: LaunchState, args: Sequence[Any], grid: Any = None,
     device = _torch._C._cuda_getDevice()
     addresses: list[int] = []
     plan = state.plans.get(_plan_key(_torch, args, grid, device, addresses))
-    if plan is None or (addresses != plan.addresses and not plan.rebase(addresses)):
+    if plan is None or not plan.launch(addresses, device, stream):
         return None
-    go = plan.go
-    if go is not None:
-        go(plan.stream(device) if stream is None else int(stream))
     return plan.grid
+
+
+def plan_of(compiled: Any, args: Sequence[Any], grid: Any = None) -> _Plan | None:
+    """The plan a launch of ``compiled`` on ``args`` from this thread would take now (None if
+    none), for a caller that keeps it and launches it again with :meth:`_Plan.launch` on
+    arguments that differ at most in addresses, which it knows by a key of its own
+    (:func:`call_key` of the arguments those depend on: a ``tkc.ops`` operator's inputs)."""
+    state = _states.get(id(compiled))
+    if state is None or _torch is None:
+        return None
+    return state.plans.get(_plan_key(_torch, args, grid, _torch._C._cuda_getDevice(), []))
+
+
+def call_key(args: Sequence[Any], addresses: list[int]) -> tuple[int, tuple | None]:
+    """(torch's current device, what a plan's key holds of ``args`` there), the tensors'
+    addresses appended to ``addresses``: see :func:`plan_of`.  Only once a launch has been
+    made (it binds torch)."""
+    device = _torch._C._cuda_getDevice()
+    return device, _plan_key(_torch, args, None, device, addresses)
 
 
 class _Plan:
@@ -259,6 +274,16 @@ class _Plan:
                  maps: Sequence[_MapSlot] = (), aligned: Sequence[int] = (), stream: Any = None):
         self.grid, self.go, self.addresses = grid, go, addresses
         self.slots, self.maps, self.aligned, self.stream = slots, maps, aligned, stream
+
+    def launch(self, addresses: list[int], device: int, stream: int | None = None) -> bool:
+        """Launch on the tensors at ``addresses`` on torch's current stream of ``device`` (or
+        ``stream``); False, launching nothing, when one of them is not 16-byte aligned."""
+        if addresses != self.addresses and not self.rebase(addresses):
+            return False
+        go = self.go
+        if go is not None:
+            go(self.stream(device) if stream is None else int(stream))
+        return True
 
     def rebase(self, addresses: list[int]) -> bool:
         """Put the tensors at ``addresses`` into the parameters and tensor maps.  False,

@@ -546,3 +546,113 @@ def test_a_repeated_launch_only_launches(gpu: types.SimpleNamespace, monkeypatch
     launch_mod.launch(c, [a, b, new[2]])  # tensors seen before: their maps are kept
     assert calls == ["cuLaunchKernelEx"]
     assert gpu.checks == 1
+
+
+# ------------------------------------------------------------- tkc.ops operators
+@pytest.fixture
+def ops(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """``gpu``, with torch.empty/zeros on a CUDA device making CPU tensors that say they are on
+    it (an operator's outputs) and every kernel's function loaded on the stub."""
+    def on(alloc: object) -> object:
+        def stub(*shape: int, device: object = None, **kwargs: object) -> torch.Tensor:
+            if device is not None and torch.device(device).type == "cuda":
+                return cuda_like(alloc(*shape, **kwargs), torch.device(device).index or 0)
+            return alloc(*shape, device=device, **kwargs)
+        return stub
+
+    monkeypatch.setattr(torch, "empty", on(torch.empty))
+    monkeypatch.setattr(torch, "zeros", on(torch.zeros))
+    module = types.SimpleNamespace(ctx=ctypes.c_void_p(CTX))
+    monkeypatch.setattr(launch_mod, "_function",
+                        lambda compiled, index: driver.Function(ctypes.c_void_p(0x3000), compiled.name, module))
+    monkeypatch.delenv("TKC_INTERPRET", raising=False)
+    import tkc.ops.rows as rows
+
+    # plans of earlier tests launch on their own stub: start afresh
+    monkeypatch.setattr(launch_mod, "_states", {})
+    monkeypatch.setattr(rows._rms_norm.tkc_run.__self__, "_plans", {})
+    gpu.lib.slots, gpu.lib.f32_slots = (0, 5, 8), (13,)  # rmsnorm's x, w, y and eps
+    return gpu
+
+
+def test_an_operator_launches_by_the_plan_of_its_inputs(ops: types.SimpleNamespace) -> None:
+    """``tkc.ops.rms_norm``: a new output at every call, the launch checked once per set of
+    input shapes, strides, dtypes and scalars, each launch on its own output's address; another
+    shape or scalar is checked again and gets outputs of its own shape."""
+    import tkc.ops
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    ys = [tkc.ops.rms_norm(x, w) for _ in range(3)]
+    assert ops.checks == 1 and len({y.data_ptr() for y in ys}) == 3
+    assert all(type(y) is FakeCuda and y.shape == (32, 256) for y in ys)
+    assert [launch["slots"] for launch in ops.lib.launches] == [[x.data_ptr(), w.data_ptr(), y.data_ptr()]
+                                                              for y in ys]
+    x2 = cuda_like(torch.randn(48, 256).bfloat16())
+    y2 = tkc.ops.rms_norm(x2, w)
+    assert y2.shape == (48, 256) and ops.checks == 2
+    assert ops.lib.launches[-1]["grid"] == (3, 1, 1) and ops.lib.launches[-1]["slots"][2] == y2.data_ptr()
+    tkc.ops.rms_norm(x, w, 1e-3)
+    tkc.ops.rms_norm(x, w, 1e-3)
+    assert ops.checks == 3 and [launch["f32"][0] for launch in ops.lib.launches[-3:]] == \
+        pytest.approx([1e-6, 1e-3, 1e-3])
+    assert ops.lib.launches[-1]["grid"] == (2, 1, 1)
+
+
+def test_an_operator_with_a_plan_still_refuses_wrong_inputs(ops: types.SimpleNamespace) -> None:
+    import tkc.ops
+    import tkc.ops.rows as rows
+    from tkc.errors import TkcUsageError
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    tkc.ops.rms_norm(x, w)
+    with pytest.raises(TkcUsageError, match="x is torch.float16, but its kernel takes torch.bfloat16"):
+        tkc.ops.rms_norm(cuda_like(x.view(torch.float16)), w)
+    with pytest.raises(TkcLaunchError, match="x: expected a tensor of dtype bf16, got torch.float16"):
+        rows._rms_norm.tkc_run(cuda_like(x.view(torch.float16)), w, 1e-6)  # past the operator's own checks
+    with pytest.raises(TkcUsageError, match="weight's size is 128 but x's last dim is 256"):
+        tkc.ops.rms_norm(x, cuda_like(torch.randn(128).bfloat16()))
+    base = torch.zeros(32 * 256 + 8, dtype=torch.bfloat16)
+    misaligned = cuda_like(base[1:32 * 256 + 1].view(32, 256))  # 2 bytes further
+    with pytest.raises(TkcLaunchError, match="x: the data pointer .* is not 16-byte aligned"):
+        tkc.ops.rms_norm(misaligned, w)
+    with pytest.raises(TkcLaunchError, match="w: is on cuda:1 but the kernel runs on cuda:0"):
+        tkc.ops.rms_norm(x, cuda_like(w, index=1))
+    assert len(ops.lib.launches) == 2
+
+
+def test_an_operator_with_a_plan_follows_tkc_interpret(ops: types.SimpleNamespace,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import tkc.ops
+
+    x, w = cuda_like(torch.randn(4, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    tkc.ops.rms_norm(x, w)
+    monkeypatch.setenv("TKC_INTERPRET", "1")
+    y = tkc.ops.rms_norm(x, w)
+    assert len(ops.lib.launches) == 2  # the interpreter ran it
+    want = torch.nn.functional.rms_norm(x.float(), (256,), w.float(), 1e-6)
+    torch.testing.assert_close(torch.Tensor(y).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@functools.cache
+def split_op() -> object:
+    """tests/ops/op_kernels.py's ``split`` as an operator: its outputs y and z around its input x."""
+    import sys
+
+    import tkc.ops
+
+    sys.path.insert(0, str(ROOT / "tests" / "ops"))
+    import op_kernels
+
+    return tkc.ops.custom_op("tkc_plan_test::split", op_kernels.split)
+
+
+def test_an_operators_outputs_reach_their_own_parameters(ops: types.SimpleNamespace) -> None:
+    op = split_op()
+    ops.lib.slots, ops.lib.f32_slots = (0, 3, 6), ()  # y, x and z
+    xs = [cuda_like(torch.randn(100)) for _ in range(2)]
+    outs = [op(x) for x in (*xs, xs[0])]
+    assert ops.checks == 1
+    assert [launch["slots"] for launch in ops.lib.launches] == \
+        [[y.data_ptr(), x.data_ptr(), z.data_ptr()] for x, (y, z) in zip((*xs, xs[0]), outs)]

@@ -30,7 +30,7 @@ from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TensorType
-from tkc.kernel import Kernel, interpret
+from tkc.kernel import Kernel, _interpret_requested, interpret
 
 __all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "register_autograd", "roles"]
 
@@ -80,6 +80,7 @@ class _Spec:
     run_consts: dict[str, Any] = field(default_factory=dict)  # what the kernel is called with
     run_key: tuple = ()  # tuple(sorted(run_consts.items())): Kernel.call's key
     order: tuple[int, ...] = ()  # each parameter's place in (*inputs, *outputs)
+    tensor_order: tuple[int, ...] = ()  # each tensor parameter's place among the tensors of those
 
 
 class _KernelOp:
@@ -97,7 +98,9 @@ class _KernelOp:
         self.const_args = {n: first.consts[n] for n in const_args}
         self.first = first = _runnable(first, self.fixed)
         self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
-        self._shapes: dict[tuple, list[tuple[tuple[int, ...], torch.dtype, bool]]] = {}
+        self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
+        # (spec, kernel target, launch key of the inputs) -> (output shapes, the launch's plan)
+        self._plans: dict[tuple, tuple[list, Any]] = {}
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
         for i in first.outputs:
             pname, t = first.params[i]
@@ -153,12 +156,7 @@ class _KernelOp:
         signature the first time a set of shapes and dtypes comes)."""
         key = None
         if not fake:
-            # A plain loop over what decides the shapes: this runs on every call.
-            key = [id(spec)]
-            for v in values:
-                if isinstance(v, torch.Tensor):
-                    key += (v.shape, v.dtype)
-            key = tuple(key)
+            key = _shape_key(spec, values)
             shapes = self._shapes.get(key)
             if shapes is not None:
                 # Sizes as separate arguments: torch parses a tuple of them a microsecond slower.
@@ -183,23 +181,81 @@ class _KernelOp:
     def run(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
         first = _first_tensor(values)
+        if self._plans and first.is_cuda and not _interpret_requested():
+            outs = self._run_planned(spec, values, first)
+            if outs is not None:
+                return _result(outs)
         outs = self._outputs(spec, values, first.device, fake=False)
         every = (*values, *outs)
         full = [every[j] for j in spec.order]
         if first.is_cuda:
             # on the GPU, or the interpreter with TKC_INTERPRET=1
             self.kernel.call(full, spec.run_consts, spec.run_key)
+            self._keep_plan(spec, values, full)
         else:
             interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
+
+    def _run_planned(self, spec: _Spec, values: tuple, first: torch.Tensor) -> list[torch.Tensor] | None:
+        """The outputs, launched on by the plan of an earlier call on inputs like these (the
+        same shapes, strides, dtypes, devices and scalars, on this thread and device: they
+        decide the outputs' shapes and the launch's checks); None, launching nothing, when
+        there is none.  One key for the inputs instead of one for the outputs' shapes and
+        another for the launch."""
+        addresses: list[int] = []
+        index, key = _runtime.call_key(values, addresses)
+        entry = self._plans.get((id(spec), self.kernel.target, key))
+        if entry is None:
+            return None
+        shapes, plan = entry
+        device = first.device
+        outs = [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
+        for o in outs:
+            addresses.append(o.data_ptr())
+        if not plan.launch([addresses[j] for j in spec.tensor_order], index):
+            return None  # an address that is not aligned: the checked way says so
+        return outs
+
+    def _keep_plan(self, spec: _Spec, values: tuple, full: list) -> None:
+        """Keep the plan the launch on ``full`` took, for calls on inputs like ``values``."""
+        global _runtime
+        from tkc.runtime import launch as runtime
+
+        _runtime = runtime
+        compiled = self.kernel._specialized.get((self.kernel.target, spec.run_key))
+        plan = runtime.plan_of(compiled, full) if compiled is not None else None
+        if plan is None:  # e.g. a launch with TMA off (strides TMA cannot take): not kept
+            return
+        shapes = self._shapes.get(_shape_key(spec, values))
+        _, key = runtime.call_key(values, [])
+        if key is None or shapes is None:
+            return
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[(id(spec), self.kernel.target, key)] = (shapes, plan)
+
+
+def _shape_key(spec: _Spec, values: tuple) -> tuple:
+    """What decides an operator's outputs' shapes: the inputs' shapes and dtypes."""
+    key = [id(spec)]
+    for v in values:  # a plain loop: this runs on every call that has no plan
+        if isinstance(v, torch.Tensor):
+            key += (v.shape, v.dtype)
+    return tuple(key)
 
 
 def _runnable(spec: _Spec, consts: dict[str, Any]) -> _Spec:
     """``spec`` with what running it needs, made once: the constants the kernel is called
     with, their key and where each parameter comes from among the inputs and outputs."""
     where = {i: n for n, i in enumerate((*spec.inputs, *spec.outputs))}
+    tensors = [i for i in (*spec.inputs, *spec.outputs) if isinstance(spec.params[i][1], TensorType)]
     return replace(spec, run_consts=dict(consts), run_key=tuple(sorted(consts.items())),
-                   order=tuple(where[i] for i in range(len(spec.params))))
+                   order=tuple(where[i] for i in range(len(spec.params))),
+                   tensor_order=tuple(tensors.index(i) for i, (_, t) in enumerate(spec.params)
+                                      if isinstance(t, TensorType)))
+
+
+_runtime: Any = None  # tkc.runtime.launch, bound when the first plan is kept (importing tkc.ops loads no driver)
 
 
 def _first_tensor(values: tuple) -> torch.Tensor:
