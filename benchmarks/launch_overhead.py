@@ -157,7 +157,7 @@ def _stub_cuda_allocations() -> None:
     cuda:0 (what the operators allocate their outputs with); other devices as torch does."""
     def on(alloc):
         def stub(*shape, device=None, **kwargs):
-            if device is not None and torch.device(device).type == "cuda":
+            if device is _CUDA0 or (device is not None and torch.device(device).type == "cuda"):
                 return alloc(*shape, **kwargs).as_subclass(FakeCuda)
             return alloc(*shape, device=device, **kwargs)
         return stub

@@ -492,9 +492,9 @@ def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses
     shape (a torch.Size), a number's with its type."""
     # repr(grid): (1.0,) == (1,), but is refused
     parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
-    address = addresses.append
+    address, tensor = addresses.append, torch.Tensor
     for x in args:
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, tensor):
             address(x.data_ptr())
             parts += (x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):

@@ -80,7 +80,7 @@ class _Spec:
     run_consts: dict[str, Any] = field(default_factory=dict)  # what the kernel is called with
     run_key: tuple = ()  # tuple(sorted(run_consts.items())): Kernel.call's key
     order: tuple[int, ...] = ()  # each parameter's place in (*inputs, *outputs)
-    tensor_order: tuple[int, ...] = ()  # each tensor parameter's place among the tensors of those
+    tensor_order: tuple[int, ...] | None = None  # each tensor parameter's place among those (None: in order)
 
 
 class _KernelOp:
@@ -212,7 +212,8 @@ class _KernelOp:
         outs = [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
         for o in outs:
             addresses.append(o.data_ptr())
-        if not plan.launch([addresses[j] for j in spec.tensor_order], index):
+        order = spec.tensor_order
+        if not plan.launch(addresses if order is None else [addresses[j] for j in order], index):
             return None  # an address that is not aligned: the checked way says so
         return outs
 
@@ -249,10 +250,10 @@ def _runnable(spec: _Spec, consts: dict[str, Any]) -> _Spec:
     with, their key and where each parameter comes from among the inputs and outputs."""
     where = {i: n for n, i in enumerate((*spec.inputs, *spec.outputs))}
     tensors = [i for i in (*spec.inputs, *spec.outputs) if isinstance(spec.params[i][1], TensorType)]
+    tensor_order = tuple(tensors.index(i) for i, (_, t) in enumerate(spec.params) if isinstance(t, TensorType))
     return replace(spec, run_consts=dict(consts), run_key=tuple(sorted(consts.items())),
                    order=tuple(where[i] for i in range(len(spec.params))),
-                   tensor_order=tuple(tensors.index(i) for i, (_, t) in enumerate(spec.params)
-                                      if isinstance(t, TensorType)))
+                   tensor_order=None if tensor_order == tuple(range(len(tensors))) else tensor_order)
 
 
 _runtime: Any = None  # tkc.runtime.launch, bound when the first plan is kept (importing tkc.ops loads no driver)
@@ -387,7 +388,7 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     needs_grad = False
     for a in args:
         if isinstance(a, torch.Tensor):
-            if not a.is_cuda or not _plain(type(a)):
+            if not a.is_cuda or not (_PLAIN.get(type(a)) or _plain(type(a))):
                 return op(*args, **kwargs)
             needs_grad = needs_grad or (grad and a.requires_grad)
     if needs_grad:
