@@ -257,14 +257,15 @@ def main() -> None:
         tkc_cases["tkc.ops.matmul(a, b) (new output)"] = lambda: tkc.ops.matmul(a, b)
         tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
         tkc_cases["tkc.ops.softmax(x) (new output)"] = lambda: tkc.ops.softmax(x)
-        xg = tensor(64, 256).requires_grad_()  # the backward recorded: training's forward
+        # the backward recorded: training's forward (a copy of x on a GPU; the stub's x copies as a plain CPU tensor)
+        xg = (x.detach().clone() if gpu else tensor(64, 256)).requires_grad_()
         tkc_cases["tkc.ops.rms_norm(x, w), x needs grad"] = lambda: tkc.ops.rms_norm(xg, w, 1e-6)
         # The same operator through torch's dispatcher (what tkc.ops ran with a gradient before
         # its eager autograd.Function): what that path saves.
         tkc_cases["torch.ops.tkc.rms_norm (dispatcher), x needs grad"] = \
             lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
         triton = _triton_kernels() if gpu else None
-        torch_cases = {  # per tkc row, torch's launches of the same product
+        torch_cases = {  # per tkc row, its peers: torch's (and below Triton's) launches of the same work
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [
                 ("out = torch.empty(...); torch.matmul(a, b, out=out)",
