@@ -15,20 +15,26 @@ Each row is the best and median microseconds per call over several rounds of man
   cost about what a repeated one does.  On a GPU, torch's own launch of the same product is the
   peer of each: ``torch.matmul(a, b, out=c)``; for the new output, the same Python allocation
   then ``torch.matmul(a, b, out=out)``, and ``torch.matmul(a, b)``, which allocates in C++;
-* ``tkc.ops`` (GPU only: the dispatcher would send the stub's tensors to the CPU interpreter):
-  ``tkc.ops.matmul(a, b)`` and ``tkc.ops.rms_norm(x, w)``, operators that return a new
-  tensor at every call, through torch's dispatcher (``torch.ops.tkc.*``), beside
-  ``torch.matmul(a, b)`` and ``torch.nn.functional.rms_norm``; and ``rms_norm`` of an ``x``
-  that needs a gradient (training's forward: the backward is recorded).
+* ``tkc.ops``: ``tkc.ops.matmul(a, b)``, ``tkc.ops.rms_norm(x, w)`` and ``tkc.ops.softmax(x)``,
+  operators that return a new tensor at every call, beside ``torch.matmul(a, b)``,
+  ``torch.nn.functional.rms_norm`` and ``torch.softmax``; ``rms_norm`` of an ``x`` that needs a
+  gradient (training's forward: the backward is recorded), eagerly and through torch's
+  dispatcher (``torch.ops.tkc.rms_norm``).
+
+Where Triton is installed (GPU runs), the Triton kernels of benchmarks/triton_kernels.py are
+peers too: its softmax (same tensors, and a new output each call, as ``tkc.ops.softmax``) and
+its GEMM (a new output each call).
 
 On a GPU host each round is a few hundred calls, so the GPU keeps up or queues and the time
 is the host's.  Without a GPU (or with ``--stub``) only what needs a GPU is replaced: libcuda
 by a stub library built here with ``cc`` (every entry point returns CUDA_SUCCESS at once;
 ctypes still converts every argument as it would), torch's CUDA queries (current device and
-stream, capability, SM count) by functions that answer device 0, and CUDA tensors by CPU
-tensors that report ``cuda:0``.  Everything else is tkc's real code.  The stubs are cheaper
-than the real ``torch.cuda.current_stream()`` and a real ``cuLaunchKernelEx``, so that mode
-measures tkc's own share, and has no torch peer.
+stream, capability, SM count) by functions that answer device 0, CUDA tensors by CPU
+tensors that report ``cuda:0``, and ``torch.empty``/``torch.zeros`` on a CUDA device (the
+operators' outputs) by the CPU allocation of such a tensor.  Everything else is tkc's real
+code.  The stubs are cheaper than the real torch queries, CUDA allocations and
+``cuLaunchKernelEx``, so that mode measures tkc's own share (the Python work of a call), and
+has no torch peer.
 """
 
 from __future__ import annotations
@@ -138,9 +144,39 @@ class FakeCuda(torch.Tensor):
         return 0
 
 
+_cpu_empty, _cpu_zeros = torch.empty, torch.zeros
+
+
 def cuda_like(*shape: int, dtype: torch.dtype = torch.bfloat16) -> FakeCuda:
     # 64-byte aligned storage, as the CUDA caching allocator gives.
-    return torch.empty(*shape, dtype=dtype).as_subclass(FakeCuda)
+    return _cpu_empty(*shape, dtype=dtype).as_subclass(FakeCuda)
+
+
+def _stub_cuda_allocations() -> None:
+    """``torch.empty``/``torch.zeros`` on a CUDA device make a CPU tensor that says it is on
+    cuda:0 (what the operators allocate their outputs with); other devices as torch does."""
+    def on(alloc):
+        def stub(*shape, device=None, **kwargs):
+            if device is _CUDA0 or (device is not None and torch.device(device).type == "cuda"):
+                return alloc(*shape, **kwargs).as_subclass(FakeCuda)
+            return alloc(*shape, device=device, **kwargs)
+        return stub
+
+    torch.empty, torch.zeros = on(_cpu_empty), on(_cpu_zeros)
+
+
+def _triton_kernels():
+    """benchmarks/triton_kernels.py, or None where Triton is not installed."""
+    try:
+        import importlib.util
+
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+    spec = importlib.util.spec_from_file_location("triton_kernels", HERE / "triton_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def per_call_us(fn, calls: int, rounds: int, sync=None) -> tuple[float, float]:
@@ -199,6 +235,7 @@ def main() -> None:
         else:
             cuda, sync, tensor = _stub_driver(Path(tmp)), None, cuda_like
             _stub_torch_cuda()
+            _stub_cuda_allocations()
             print("stub driver (no GPU work): tkc's own host time")
         softmax = compile_kernel(ROOT / "examples" / "softmax.tk", {})
         gemm = compile_kernel(ROOT / "examples" / "gemm.tk", {})
@@ -215,18 +252,20 @@ def main() -> None:
             f"gemm {n}^3, new output tensor each call": new_output_each_call(lambda out: launch(gemm, [a, b, out]),
                                                                           lambda: tensor(n, n)),
         }
-        if gpu:
-            import tkc.ops
+        import tkc.ops
 
-            tkc_cases["tkc.ops.matmul(a, b) (new output)"] = lambda: tkc.ops.matmul(a, b)
-            tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
-            xg = x.detach().clone().requires_grad_()  # the backward recorded: training's forward
-            tkc_cases["tkc.ops.rms_norm(x, w), x needs grad"] = lambda: tkc.ops.rms_norm(xg, w, 1e-6)
-            # The same operator through torch's dispatcher (what tkc.ops ran with a gradient before
-            # its eager autograd.Function): what that path saves.
-            tkc_cases["torch.ops.tkc.rms_norm (dispatcher), x needs grad"] = \
-                lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
-        torch_cases = {  # per tkc row, torch's launches of the same product
+        tkc_cases["tkc.ops.matmul(a, b) (new output)"] = lambda: tkc.ops.matmul(a, b)
+        tkc_cases["tkc.ops.rms_norm(x, w) (new output)"] = lambda: tkc.ops.rms_norm(x, w, 1e-6)
+        tkc_cases["tkc.ops.softmax(x) (new output)"] = lambda: tkc.ops.softmax(x)
+        # the backward recorded: training's forward (a copy of x on a GPU; the stub's x copies as a plain CPU tensor)
+        xg = (x.detach().clone() if gpu else tensor(64, 256)).requires_grad_()
+        tkc_cases["tkc.ops.rms_norm(x, w), x needs grad"] = lambda: tkc.ops.rms_norm(xg, w, 1e-6)
+        # The same operator through torch's dispatcher (what tkc.ops ran with a gradient before
+        # its eager autograd.Function): what that path saves.
+        tkc_cases["torch.ops.tkc.rms_norm (dispatcher), x needs grad"] = \
+            lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
+        triton = _triton_kernels() if gpu else None
+        torch_cases = {  # per tkc row, its peers: torch's (and below Triton's) launches of the same work
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [
                 ("out = torch.empty(...); torch.matmul(a, b, out=out)",
@@ -235,17 +274,31 @@ def main() -> None:
             "tkc.ops.matmul(a, b) (new output)": [("torch.matmul(a, b)", lambda: torch.matmul(a, b))],
             "tkc.ops.rms_norm(x, w) (new output)": [
                 ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6))],
+            "tkc.ops.softmax(x) (new output)": [("torch.softmax(x, -1)", lambda: torch.softmax(x, -1))],
             "tkc.ops.rms_norm(x, w), x needs grad": [
                 ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(xg, (256,), w, 1e-6))],
         } if gpu else {}
+        if triton is not None:
+            torch_cases["softmax 64x256, same tensors"] = [("Triton softmax(x, y)", lambda: triton.softmax(x, y))]
+            torch_cases[f"gemm {n}^3, new output tensor each call"].append(
+                ("out = torch.empty(...); Triton gemm(a, b, out)",
+                 new_output_each_call(lambda out: triton.gemm(a, b, out), lambda: tensor(n, n))))
+
+            def triton_softmax() -> torch.Tensor:
+                out = torch.empty_like(x)
+                triton.softmax(x, out)
+                return out
+
+            torch_cases["tkc.ops.softmax(x) (new output)"].append(
+                ("out = torch.empty_like(x); Triton softmax(x, out)", triton_softmax))
         before = cuda.stub_launches() if cuda is not None else 0
         print(f"us per call: best of {rounds} rounds of {calls} calls (median)")
         for name, fn in tkc_cases.items():
             best, median = per_call_us(fn, calls, rounds, sync)
-            print(f"  {name:42s} tkc {best:7.2f} ({median:.2f})")
+            print(f"  {name:52s} tkc  {best:7.2f} ({median:.2f})")
             for peer, torch_fn in torch_cases.get(name, []):
                 best, median = per_call_us(torch_fn, calls, rounds, sync)
-                print(f"  {'':42s} torch {best:7.2f} ({median:.2f})  {peer}")
+                print(f"  {'':52s} peer {best:7.2f} ({median:.2f})  {peer}")
         if cuda is not None:
             launched = cuda.stub_launches() - before
             expected = len(tkc_cases) * (rounds * calls + 1)

@@ -33,7 +33,7 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 
 __all__ = [
     "CUlaunchAttribute", "CUlaunchConfig", "Function", "Module", "check", "context", "lib",
-    "current_stream", "unprototyped",
+    "current_stream", "raw_stream", "stream_getter", "unprototyped",
 ]
 
 CUresult = ctypes.c_int
@@ -200,12 +200,18 @@ def _make_current(ctx: ctypes.c_void_p) -> None:
         check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def stream_getter(torch: Any) -> Any:
+    """A function from a device index to the handle of torch's current stream there, for a
+    caller that asks at every launch: torch's raw getter where this torch build has it (what
+    torch's own compiled kernels launch on), since ``torch.cuda.current_stream()`` builds a
+    Stream object (microseconds)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw if raw is not None else lambda device: int(torch.cuda.current_stream(device).cuda_stream)
+
+
 def raw_stream(torch: Any, device: int) -> int:
     """:func:`current_stream` for a caller that has torch and the device at hand (a launch)."""
-    # torch.cuda.current_stream() builds a Stream object (microseconds); the raw handle is
-    # what torch's own compiled kernels launch on, where this torch build has it.
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else int(torch.cuda.current_stream(device).cuda_stream)
+    return stream_getter(torch)(device)
 
 
 def current_stream(device: int | None = None) -> int:
@@ -361,16 +367,23 @@ class Function:
 
     def launcher(self, prep: PreparedLaunch) -> Any:
         """A function ``go(stream)`` that launches ``prep`` on ``stream`` (an int handle):
-        what a repeated launch calls, with everything but the driver calls done here once.
+        what a repeated launch calls, with everything but the driver call done here once.
 
-        Per call it checks that the module's context is current (making it so if not), takes
-        the launch config for that stream (built on the first launch on it, then only read,
-        so threads may share it) and calls ``cuLaunchKernelEx`` through unprototyped
-        entry points on ctypes objects made here: at a few microseconds a call, the driver's
-        own time is most of a launch, and ctypes' argument conversion was a fifth of the rest."""
+        Per call it takes the launch config for that stream (built on the first launch on it,
+        then only read, so threads may share it) and calls ``cuLaunchKernelEx`` through an
+        unprototyped entry point on ctypes objects made here: at a few microseconds a call,
+        the driver's own time is most of a launch, and ctypes' argument conversion was a fifth
+        of the rest.  It asks the driver nothing else: the module's context is made current at
+        the first launch on each stream, and a launch the driver refuses is retried once after
+        making it current if another context (or none, on a new thread) was current, since
+        the driver refuses a function of one context launched in another."""
         launch, get_current = unprototyped("cuLaunchKernelEx"), unprototyped("cuCtxGetCurrent")
         handle, ptrs, ctx = _p(self.handle.value), _p(ctypes.addressof(prep.ptrs)), self.module.ctx
         configs: dict[int, tuple[Any, Any]] = {}  # stream -> (the config, its address)
+
+        def current() -> bool:
+            cur = _p()
+            return not get_current(ctypes.byref(cur)) and cur.value == ctx.value
 
         def go(stream: int) -> None:
             entry = configs.get(stream)
@@ -380,10 +393,12 @@ class Function:
                 if len(configs) >= 16:  # a program cycling through streams: keep the few latest
                     configs.clear()
                 configs[stream] = entry = (cfg, _p(ctypes.addressof(cfg)))
-            cur = _p()
-            if get_current(ctypes.byref(cur)) or cur.value != ctx.value:
-                _make_current(ctx)
+                if not current():
+                    _make_current(ctx)
             result = launch(entry[1], handle, ptrs, None)
+            if result and not current():
+                _make_current(ctx)
+                result = launch(entry[1], handle, ptrs, None)
             if result:  # the message is built only for a failure: formatting it costs a microsecond
                 check(result, f"cuLaunchKernelEx({self.name}, grid={prep.grid}, block={prep.block}, "
                               f"shared={prep.shared})")

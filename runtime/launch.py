@@ -29,8 +29,8 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
-__all__ = ["LaunchState", "TensorArg", "address_slots", "launch", "launch_ranks", "launch_state", "param_values",
-           "to_ctypes", "tma_operands", "swizzle_enum"]
+__all__ = ["LaunchState", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
+           "launch_state", "param_values", "plan_of", "to_ctypes", "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 
@@ -192,15 +192,7 @@ def _function(compiled: Any, device_index: int) -> Any:
     return fn
 
 
-_torch: Any = None  # torch, bound by the first launch: importing this module imports no torch
-
-
-def _import_torch() -> Any:
-    global _torch
-    import torch
-
-    _torch = torch
-    return torch
+_torch: Any = None  # torch, bound by the first checked launch: importing this module imports no torch
 
 
 def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None) -> tuple[int, ...]:
@@ -213,47 +205,85 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     A multi-GPU kernel (``compiled.ranks``) runs on the ranks of the process group its ``@ ranks``
     arguments were allocated with (:func:`tkc.runtime.ranks.symmetric_empty`), else of the
     default group (:func:`launch_ranks` takes another); every rank launches it."""
-    torch = _torch or _import_torch()  # a global: an import statement costs a tenth of a microsecond
-
-    # Arguments like an earlier launch's (tensors of the same shapes, strides, dtypes and
-    # devices; the same scalars, device and grid): that launch checked them, computed the grid
-    # and built the parameters, so what is left is to check that the tensors' addresses are
-    # aligned, put them into the parameters and tensor maps, and call the driver.  A program
-    # that allocates its outputs afresh at every call (``c = torch.empty(...)``) pays for the
-    # Python-side work once per shape.  A plan exists only once torch has initialised CUDA, so
-    # asking torch for its device costs no set-up.
     state = _states.get(id(compiled))
     if state is not None and state.plans:
-        # CUDA is initialised (a plan exists): torch's raw getters, without torch.cuda's checks.
-        device = torch._C._cuda_getDevice()
-        addresses: list[int] = []
-        plan = state.plans.get(_plan_key(torch, args, grid, device, addresses))
-        if plan is not None and (addresses == plan.addresses or plan.rebase(addresses)):
-            go = plan.go
-            if go is not None:
-                go(driver.raw_stream(torch, device) if stream is None else int(stream))
-            return plan.grid
+        done = launch_planned(state, args, grid, stream)
+        if done is not None:
+            return done
     return _launch_checked(compiled, args, grid, stream)
+
+
+def launch_planned(state: LaunchState, args: Sequence[Any], grid: Any = None,
+                   stream: int | None = None) -> tuple[int, ...] | None:
+    """:func:`launch` of the kernel whose state is ``state`` when an earlier launch's plan fits
+    ``args`` (returning the grid), else None, having launched nothing (the caller then takes
+    :func:`launch`'s checked way, which says what is wrong, if anything).
+
+    A plan fits arguments like those of the launch that made it: tensors of the same shapes,
+    strides, dtypes and devices; the same scalars, device, grid and thread.  That launch
+    checked them, computed the grid and built the parameters, so what is left is to check
+    that the tensors' addresses are aligned, put them into the parameters and tensor maps,
+    and call the driver: no synchronisation, allocation on the GPU or driver query, so a
+    CUDA graph can capture it.  A program that allocates its outputs afresh at every call
+    (``c = torch.empty(...)``) pays for the Python-side work once per shape."""
+    # A plan exists only once a launch has initialised CUDA: torch's raw getter of the device,
+    # without torch.cuda's checks.
+    device = _torch._C._cuda_getDevice()
+    addresses: list[int] = []
+    plan = state.plans.get(_plan_key(_torch, args, grid, device, addresses))
+    if plan is None or not plan.launch(addresses, device, stream):
+        return None
+    return plan.grid
+
+
+def plan_of(compiled: Any, args: Sequence[Any], grid: Any = None) -> _Plan | None:
+    """The plan a launch of ``compiled`` on ``args`` from this thread would take now (None if
+    none), for a caller that keeps it and launches it again with :meth:`_Plan.launch` on
+    arguments that differ at most in addresses, which it knows by a key of its own
+    (:func:`call_key` of the arguments those depend on: a ``tkc.ops`` operator's inputs)."""
+    state = _states.get(id(compiled))
+    if state is None or _torch is None:
+        return None
+    return state.plans.get(_plan_key(_torch, args, grid, _torch._C._cuda_getDevice(), []))
+
+
+def call_key(args: Sequence[Any], addresses: list[int]) -> tuple[int, tuple | None]:
+    """(torch's current device, what a plan's key holds of ``args`` there), the tensors'
+    addresses appended to ``addresses``: see :func:`plan_of`.  Only once a launch has been
+    made (it binds torch)."""
+    device = _torch._C._cuda_getDevice()
+    return device, _plan_key(_torch, args, None, device, addresses)
 
 
 class _Plan:
     """A checked launch, kept for later launches whose arguments differ from its own at most
     in the tensors' addresses.  ``addresses`` are those its parameters hold, in tensor order;
-    ``slots`` the ``u64`` parameter each address goes to; ``maps`` each TMA operand's
-    (tensor position, map, name); ``aligned`` the tensors whose address must be 16-byte aligned
-    (all but empty ones, as :func:`tkc.runtime.args.check_layout` says); ``go(stream)``
-    launches the parameters (None for a grid with a zero extent, which launches nothing).
+    ``slots`` the ``u64`` parameter each address goes to; ``maps`` a :class:`_MapSlot` per TMA
+    operand; ``aligned`` the tensors whose address must be 16-byte aligned (all but empty
+    ones, as :func:`tkc.runtime.args.check_layout` says); ``go(stream)`` launches the
+    parameters (None for a grid with a zero extent, which launches nothing); ``stream(device)``
+    is torch's current stream there.
 
     :meth:`rebase` rewrites the parameters in place, so a plan belongs to the thread that made
     it (the thread is part of the plan's key): no other thread's addresses can reach the driver
     between one thread's rebasing and its launch."""
 
-    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned")
+    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "stream")
 
     def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: Sequence[Any] = (),
-                 maps: Sequence[tuple[int, Any, str]] = (), aligned: Sequence[int] = ()):
+                 maps: Sequence[_MapSlot] = (), aligned: Sequence[int] = (), stream: Any = None):
         self.grid, self.go, self.addresses = grid, go, addresses
-        self.slots, self.maps, self.aligned = slots, maps, aligned
+        self.slots, self.maps, self.aligned, self.stream = slots, maps, aligned, stream
+
+    def launch(self, addresses: list[int], device: int, stream: int | None = None) -> bool:
+        """Launch on the tensors at ``addresses`` on torch's current stream of ``device`` (or
+        ``stream``); False, launching nothing, when one of them is not 16-byte aligned."""
+        if addresses != self.addresses and not self.rebase(addresses):
+            return False
+        go = self.go
+        if go is not None:
+            go(self.stream(device) if stream is None else int(stream))
+        return True
 
     def rebase(self, addresses: list[int]) -> bool:
         """Put the tensors at ``addresses`` into the parameters and tensor maps.  False,
@@ -264,11 +294,43 @@ class _Plan:
                 return False
         for slot, address in zip(self.slots, addresses):
             slot.value = address
-        for i, tm, name in self.maps:
-            if tm.base != addresses[i]:
-                tm.rebase(addresses[i], name)
+        for m in self.maps:
+            m.point(addresses[m.tensor])
         self.addresses = addresses
         return True
+
+
+_MAX_MAPS = 8  # per TMA operand of a plan; the caching allocator hands out a few addresses again and again
+
+
+class _MapSlot:
+    """A TMA operand of a plan: the launch parameter ``ptrs[index]`` points to the tensor map of
+    the tensor at position ``tensor`` (in the plan's tensor order), one map per address the
+    operand has been at (at most ``_MAX_MAPS``), so a launch on a tensor at an address seen
+    before costs no driver call, and one at a new address a copy of the map re-based there.
+    The driver copies the parameters at each launch (into the stream or the graph being
+    captured), so a map may change once its launch call has returned."""
+
+    __slots__ = ("tensor", "name", "ptrs", "index", "base", "maps")
+
+    def __init__(self, tensor: int, name: str, tm: Any, ptrs: Any, index: int):
+        self.tensor, self.name, self.ptrs, self.index = tensor, name, ptrs, index
+        self.base = tm.base
+        self.maps = {tm.base: tm}
+
+    def point(self, address: int) -> None:
+        if address == self.base:
+            return
+        tm = self.maps.get(address)
+        if tm is None:
+            current = self.maps[self.base]
+            if len(self.maps) >= _MAX_MAPS:
+                self.maps = {self.base: current}
+            tm = current.copy()
+            tm.rebase(address, self.name)
+            self.maps[address] = tm
+        self.ptrs[self.index] = tm.address
+        self.base = address
 
 
 def launch_ranks(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None,
@@ -287,8 +349,9 @@ class _RankPlan(_Plan):
 
     __slots__ = ("fixed", "generation", "keep")
 
-    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], generation: int, keep: Any):
-        super().__init__(grid, go, None)  # type: ignore[arg-type]
+    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], generation: int, keep: Any,
+                 stream: Any):
+        super().__init__(grid, go, None, stream=stream)  # type: ignore[arg-type]
         self.fixed, self.generation, self.keep = addresses, generation, keep
 
     def rebase(self, addresses: list[int]) -> bool:
@@ -301,7 +364,10 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
                     keep: bool = True) -> tuple[int, ...]:
     """:func:`launch` with every check, kept as a plan for arguments like these next time
     (unless ``keep`` is False)."""
+    global _torch
     import torch
+
+    _torch = torch
 
     from tkc.grid import launch_grid
     from tkc.runtime import args as arg_checks
@@ -356,10 +422,12 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     fn = _function(compiled, device.index)
     prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0, [*values, *maps_enc])
     go = fn.launcher(prepared)
-    go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
+    stream_of = driver.stream_getter(torch)
+    go(stream_of(device.index) if stream is None else int(stream))
     slots = [values[j] for j in address_slots(params)]
-    named = [(tensors.index(i), tm, params[i][0]) for (i, _, _), tm in zip(maps, maps_enc)]
-    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned))
+    named = [_MapSlot(tensors.index(i), params[i][0], tm, prepared.ptrs, len(values) + n)
+             for n, ((i, _, _), tm) in enumerate(zip(maps, maps_enc))]
+    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned, stream_of))
     return grid
 
 
@@ -383,8 +451,9 @@ def _launch_ranks(compiled: Any, abi: Any, params: Sequence[signature.Param], ar
     prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0,
                           [*values, *to_ctypes(extra.values), *maps_enc])
     go = fn.launcher(prepared)
-    go(driver.raw_stream(torch, device.index) if stream is None else int(stream))
-    _keep_plan(compiled, key, _RankPlan(grid, go, addresses, ranks.generation(), (extra, prepared)))
+    stream_of = driver.stream_getter(torch)
+    go(stream_of(device.index) if stream is None else int(stream))
+    _keep_plan(compiled, key, _RankPlan(grid, go, addresses, ranks.generation(), (extra, prepared), stream_of))
     return grid
 
 
@@ -423,9 +492,9 @@ def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses
     shape (a torch.Size), a number's with its type."""
     # repr(grid): (1.0,) == (1,), but is refused
     parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
-    address = addresses.append
+    address, tensor = addresses.append, torch.Tensor
     for x in args:
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, tensor):
             address(x.data_ptr())
             parts += (x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):

@@ -145,6 +145,14 @@ class TensorMap:
     def raw(self) -> bytes:
         return ctypes.string_at(self.address, TENSOR_MAP_BYTES)
 
+    def copy(self) -> TensorMap:
+        """A second map of the same layout and base, its 128 bytes copied (no driver call):
+        what a launch plan re-bases for another address while keeping this one."""
+        other = TensorMap(self.params)
+        ctypes.memmove(other.address, self.address, TENSOR_MAP_BYTES)
+        other.base = self.base
+        return other
+
     def encode(self, address: int | None = None, name: str = "tensor") -> None:
         """``cuTensorMapEncodeTiled`` of ``params`` into this map, based at ``address``
         (default ``params.global_address``), which the caller has checked is 16-byte aligned.

@@ -29,13 +29,27 @@ from tkc.options import knobs
 from tkc.target import DEFAULT_TARGET
 
 
+_runtime: Any = None  # tkc.runtime.launch, bound by the first GPU call
+
+
 @functools.cache
 def _launch() -> Callable[..., Any]:
     """``tkc.runtime.launch.launch``, imported on the first GPU call: importing tkc loads no
     driver layer, and a bare checkout maps ``tkc.runtime`` only after ``import tkc``."""
-    from tkc.runtime.launch import launch
+    global _runtime
+    from tkc.runtime import launch
 
-    return launch
+    _runtime = launch
+    return launch.launch
+
+
+def _launch_planned(compiled: Any, args: tuple | list, grid: Any) -> bool:
+    """Whether ``compiled`` was launched on ``args`` by the plan of an earlier launch
+    (``tkc.runtime.launch.launch_planned``); False, having launched nothing, when none fits."""
+    if _runtime is None:
+        return False
+    state = _runtime._states.get(id(compiled))
+    return state is not None and bool(state.plans) and _runtime.launch_planned(state, args, grid) is not None
 
 
 class Kernel:
@@ -168,8 +182,18 @@ class Kernel:
         return self.specialize(**consts).asm
 
     def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
+        self.call(args, consts, tuple(sorted(consts.items())) if consts else (), grid)
+
+    def call(self, args: tuple | list, consts: dict[str, Any], key: tuple, grid: Any = None) -> None:
+        """``self(*args, grid=grid, **consts)`` for a caller that calls it again and again with
+        the same constants and keeps ``key``, ``tuple(sorted(consts.items()))`` (a
+        ``tkc.ops`` operator): a launch like an earlier one costs a few dict lookups here
+        before the runtime's plan."""
         if _interpret_requested():
             interpret(self, *args, grid=grid, **consts)
+            return
+        compiled = self._specialized.get((self.target, key))
+        if compiled is not None and _launch_planned(compiled, args, grid):
             return
         if not _any_cuda(args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
@@ -184,14 +208,20 @@ class Kernel:
             _launch()(self.specialize(**consts, tma=False), args, grid=grid)
 
 
+# os.environ's own dict (bytes on POSIX), which os.environ[...] = ... and monkeypatch.setenv
+# update: a lookup there costs a fortieth of os.environ.get's (which encodes the key first).
+_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
 def _interpret_requested() -> bool:
     """``TKC_INTERPRET`` is on.  Read on every call, since a program may set it at any time, but
     the common case, unset, is one lookup: :func:`~tkc.options.knobs` parses every knob, paths
     included, which costs more than a launch."""
-    return bool(os.environ.get("TKC_INTERPRET")) and knobs().interpret
+    value = _ENVIRON.get(b"TKC_INTERPRET") if _ENVIRON is not None else os.environ.get("TKC_INTERPRET")
+    return bool(value) and knobs().interpret
 
 
-def _any_cuda(args: tuple) -> bool:
+def _any_cuda(args: tuple | list) -> bool:
     # A plain loop: this runs on every call, and a generator expression costs more.
     for a in args:
         if getattr(a, "is_cuda", False):

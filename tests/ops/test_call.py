@@ -21,3 +21,18 @@ def test_cpu_tensors_go_through_the_operator(monkeypatch: pytest.MonkeyPatch) ->
     want = torch.nn.functional.rms_norm(x.float(), (64,), w.float(), 1e-6)
     torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
     assert seen == []  # the operator ran it (the interpreter), not the direct path
+
+
+def test_parameters_are_plain_tensors_and_wrappers_are_not() -> None:
+    """A model's weights (``nn.Parameter``) go straight to the kernel as plain tensors do;
+    tensors that override torch's dispatch (fake tensors under torch.compile) go through the
+    operator."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from tkc.ops.kernel_op import _plain
+
+    class Traced(torch.Tensor):  # a subclass that sees every torch function
+        pass
+
+    assert _plain(torch.Tensor) and _plain(torch.nn.Parameter)
+    assert not _plain(FakeTensor) and not _plain(Traced)

@@ -24,11 +24,12 @@ def bf16(*shape: int, seed: int) -> torch.Tensor:
 
 
 def both(op, inputs: list[torch.Tensor], scalars: tuple, kwargs: dict, grad_mask: list[bool], seed: int):
-    """Outputs and leaf gradients from the operator, then from its eager Function."""
+    """Outputs and leaf gradients from the operator, then from its eager Function (through
+    ``tkc_apply``, the way ``call`` takes to it)."""
     results = []
     for via_function in (False, True):
         leaves = [t.clone().requires_grad_(m) for t, m in zip(inputs, grad_mask)]
-        out = op.tkc_function.apply(*leaves, *scalars, kwargs) if via_function else op(*leaves, *scalars, **kwargs)
+        out = op.tkc_apply(*leaves, *scalars, kwargs) if via_function else op(*leaves, *scalars, **kwargs)
         first = out[0] if isinstance(out, tuple) else out
         if via_function:
             assert type(first.grad_fn).__name__ == f"{op.tkc_kernel.name}_autogradBackward"
@@ -69,3 +70,11 @@ def test_attention_with_keyword_constants_and_lse() -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     for a, b in zip(g2, g1):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-2)  # dQ: f32 atomic adds in any order
+
+
+def test_inside_functorch_transforms_the_function_takes_torchs_own_apply() -> None:
+    """``tkc_apply`` skips ``Function.apply``'s Python wrapper only outside functorch transforms;
+    inside one (here ``torch.func.grad``) the wrapper's own answer comes back."""
+    x, w = bf16(4, 64, seed=8), bf16(64, seed=9)
+    with pytest.raises(RuntimeError, match="it must override the setup_context"):
+        torch.func.grad(lambda t: rows._rms_norm.tkc_apply(t, w, 1e-6, {}).float().sum())(x)

@@ -65,7 +65,9 @@ class FakeLib:
         self.replaced = 0  # how many of those only replaced the address
         self.slots: tuple[int, ...] = ()
         self.f32_slots: tuple[int, ...] = ()
+        self.map_slots: tuple[int, ...] = ()
         self.result = 0  # what cuLaunchKernelEx returns
+        self.refused = 0  # launches refused because the kernel's context was not current
         self.current = CTX  # the thread's current context
 
     def cuGetErrorName(self, result: int, name: object) -> int:
@@ -86,23 +88,34 @@ class FakeLib:
         return 0
 
     def cuTensorMapEncodeTiled(self, *args: object) -> int:
-        address = args[3]
-        self.encoded.append(getattr(address, "value", address) or 0)
+        self._based(args[0], args[3])
         return 0
 
     def cuTensorMapReplaceAddress(self, tensor_map: object, address: object) -> int:
         # a map re-based on a new tensor: recorded as an encoding at that address
-        self.encoded.append(getattr(address, "value", address) or 0)
+        self._based(tensor_map, address)
         self.replaced += 1
         return 0
 
+    def _based(self, tensor_map: object, address: object) -> None:
+        """Record a map based at ``address`` and write the address into its first 8 bytes, where
+        a launch reads which address each of its maps is based at (``map_slots``)."""
+        address = getattr(address, "value", address) or 0
+        self.encoded.append(address)
+        ctypes.c_uint64.from_address(getattr(tensor_map, "value", tensor_map)).value = address
+
     def cuLaunchKernelEx(self, cfg: ctypes.c_void_p, handle: object, ptrs: ctypes.c_void_p, extra: None) -> int:
+        if self.current != CTX:
+            self.refused += 1
+            return 201  # CUDA_ERROR_INVALID_CONTEXT: the function belongs to another context
         c = driver.CUlaunchConfig.from_address(cfg.value)
-        pointers = (ctypes.c_void_p * (max((*self.slots, *self.f32_slots), default=0) + 1)).from_address(ptrs.value)
+        last = max((*self.slots, *self.f32_slots, *self.map_slots), default=0)
+        pointers = (ctypes.c_void_p * (last + 1)).from_address(ptrs.value)
         self.launches.append({"grid": (c.gridDimX, c.gridDimY, c.gridDimZ), "stream": c.hStream or 0,
                               "first": ctypes.c_uint64.from_address(pointers[0]).value, "ctx": self.current,
                               "slots": [ctypes.c_uint64.from_address(pointers[j]).value for j in self.slots],
-                              "f32": [ctypes.c_float.from_address(pointers[j]).value for j in self.f32_slots]})
+                              "f32": [ctypes.c_float.from_address(pointers[j]).value for j in self.f32_slots],
+                              "maps": [ctypes.c_uint64.from_address(pointers[j]).value for j in self.map_slots]})
         return self.result
 
 
@@ -176,11 +189,24 @@ def test_streams_taking_turns_keep_their_own_configs(gpu: types.SimpleNamespace)
 
 
 def test_a_repeated_launch_makes_the_modules_context_current(gpu: types.SimpleNamespace) -> None:
+    """A repeated launch does not ask the driver which context is current; when the driver
+    refuses it because another one is (or none, on a new thread), it makes the kernel's
+    current and launches again."""
     c, args = gemm(), gemm_args()
     launch_mod.launch(c, args)
-    gpu.lib.current = 0x9000  # something else made another context current on this thread
+    for other in (0x9000, None):  # something else made another context current on this thread; none
+        gpu.lib.current = other
+        launch_mod.launch(c, args)
+    assert [x["ctx"] for x in gpu.lib.launches] == [CTX, CTX, CTX] and gpu.lib.refused == 2
+
+
+def test_a_launch_refused_in_its_own_context_is_an_error(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
     launch_mod.launch(c, args)
-    assert [x["ctx"] for x in gpu.lib.launches] == [CTX, CTX]
+    gpu.lib.result = 700  # e.g. an earlier kernel's illegal address, reported at the next call
+    with pytest.raises(TkcLaunchError, match="cuLaunchKernelEx\\(gemm, grid=\\(1, 1, 1\\)"):
+        launch_mod.launch(c, args)
+    assert len(gpu.lib.launches) == 2 and gpu.lib.refused == 0  # tried once: the context was current
 
 
 def test_other_buffers_of_the_same_shape_are_launched_with_their_address(gpu: types.SimpleNamespace) -> None:
@@ -208,13 +234,30 @@ def test_a_new_output_tensor_at_each_call_reuses_the_plan(gpu: types.SimpleNames
     assert [x["slots"] for x in gpu.lib.launches] == want
     # a and b take TMA; c does not: their maps were encoded once, at their addresses
     assert gpu.lib.encoded == [a.data_ptr(), b.data_ptr()]
-    # and with a new a each time, a's map follows it
+    # and with a new a each time, a's map follows it: a copy of the map re-based at each new
+    # address, kept, so an address seen before costs no driver call
+    gpu.lib.map_slots = (15, 16)  # a's and b's maps, after the 15 parameters of a, b and c
     others = [cuda_like(torch.zeros(128, 64, dtype=torch.bfloat16)) for _ in range(2)]
-    for x in [*others, a]:
+    order = [*others, a, others[1], others[0], a]
+    for x in order:
         launch_mod.launch(c, [x, b, outs[0]])
-    assert gpu.lib.encoded[2:] == [x.data_ptr() for x in [*others, a]]
-    assert [x["slots"][0] for x in gpu.lib.launches[-3:]] == [x.data_ptr() for x in [*others, a]]
+    assert gpu.lib.encoded[2:] == [x.data_ptr() for x in others] and gpu.lib.replaced == 2
+    assert [x["slots"][0] for x in gpu.lib.launches[-6:]] == [x.data_ptr() for x in order]
+    assert [x["maps"] for x in gpu.lib.launches[-6:]] == [[x.data_ptr(), b.data_ptr()] for x in order]
     assert gpu.checks == 1
+
+
+def test_a_plan_keeps_a_bounded_number_of_tensor_maps(gpu: types.SimpleNamespace,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch_mod, "_MAX_MAPS", 3)
+    gpu.lib.map_slots = (15, 16)
+    c, (_, b, out) = gemm(), gemm_args()
+    inputs = [cuda_like(torch.zeros(128, 64, dtype=torch.bfloat16)) for _ in range(5)]
+    for x in [*inputs, inputs[0], inputs[4]]:
+        launch_mod.launch(c, [x, b, out])
+    slot = plans(c)[next(iter(plans(c)))].maps[0]
+    assert len(slot.maps) <= 3 and inputs[4].data_ptr() in slot.maps
+    assert [x["maps"][0] for x in gpu.lib.launches] == [x.data_ptr() for x in [*inputs, inputs[0], inputs[4]]]
 
 
 def test_a_plan_keeps_no_tensor_alive(gpu: types.SimpleNamespace) -> None:
@@ -475,8 +518,8 @@ def test_a_repeated_launch_only_launches(gpu: types.SimpleNamespace, monkeypatch
     """What capturing a launch in a CUDA graph needs: once a shape has been launched, a launch
     with new tensors of that shape (``c = torch.empty(...)``, as every PyTorch operator makes
     its output) makes no synchronisation, allocation or query: the driver sees only the
-    current-context check, the tensor maps' new addresses (host memory) and the launch, and
-    torch's device queries and synchronize are not called."""
+    tensor maps' new addresses (host memory) and the launch, and torch's device queries and
+    synchronize are not called; with tensors seen before, only the launch."""
     calls: list[str] = []
 
     def recorded(name: str, fn: object) -> object:
@@ -498,5 +541,118 @@ def test_a_repeated_launch_only_launches(gpu: types.SimpleNamespace, monkeypatch
         monkeypatch.setattr(torch.cuda, name, refused)
     new = gemm_args()
     launch_mod.launch(c, new)
-    assert calls == ["cuTensorMapReplaceAddress", "cuTensorMapReplaceAddress", "cuCtxGetCurrent", "cuLaunchKernelEx"]
+    assert calls == ["cuTensorMapReplaceAddress", "cuTensorMapReplaceAddress", "cuLaunchKernelEx"]
+    calls.clear()
+    launch_mod.launch(c, [a, b, new[2]])  # tensors seen before: their maps are kept
+    assert calls == ["cuLaunchKernelEx"]
     assert gpu.checks == 1
+
+
+# ------------------------------------------------------------- tkc.ops operators
+@pytest.fixture
+def ops(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """``gpu``, with torch.empty/zeros on a CUDA device making CPU tensors that say they are on
+    it (an operator's outputs) and every kernel's function loaded on the stub."""
+    def on(alloc: object) -> object:
+        def stub(*shape: int, device: object = None, **kwargs: object) -> torch.Tensor:
+            if device is not None and torch.device(device).type == "cuda":
+                return cuda_like(alloc(*shape, **kwargs), torch.device(device).index or 0)
+            return alloc(*shape, device=device, **kwargs)
+        return stub
+
+    monkeypatch.setattr(torch, "empty", on(torch.empty))
+    monkeypatch.setattr(torch, "zeros", on(torch.zeros))
+    module = types.SimpleNamespace(ctx=ctypes.c_void_p(CTX))
+    monkeypatch.setattr(launch_mod, "_function",
+                        lambda compiled, index: driver.Function(ctypes.c_void_p(0x3000), compiled.name, module))
+    monkeypatch.delenv("TKC_INTERPRET", raising=False)
+    import tkc.ops.rows as rows
+
+    # plans of earlier tests launch on their own stub: start afresh
+    monkeypatch.setattr(launch_mod, "_states", {})
+    monkeypatch.setattr(rows._rms_norm.tkc_run.__self__, "_plans", {})
+    gpu.lib.slots, gpu.lib.f32_slots = (0, 5, 8), (13,)  # rmsnorm's x, w, y and eps
+    return gpu
+
+
+def test_an_operator_launches_by_the_plan_of_its_inputs(ops: types.SimpleNamespace) -> None:
+    """``tkc.ops.rms_norm``: a new output at every call, the launch checked once per set of
+    input shapes, strides, dtypes and scalars, each launch on its own output's address; another
+    shape or scalar is checked again and gets outputs of its own shape."""
+    import tkc.ops
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    ys = [tkc.ops.rms_norm(x, w) for _ in range(3)]
+    assert ops.checks == 1 and len({y.data_ptr() for y in ys}) == 3
+    assert all(type(y) is FakeCuda and y.shape == (32, 256) for y in ys)
+    assert [launch["slots"] for launch in ops.lib.launches] == [[x.data_ptr(), w.data_ptr(), y.data_ptr()]
+                                                              for y in ys]
+    x2 = cuda_like(torch.randn(48, 256).bfloat16())
+    y2 = tkc.ops.rms_norm(x2, w)
+    assert y2.shape == (48, 256) and ops.checks == 2
+    assert ops.lib.launches[-1]["grid"] == (3, 1, 1) and ops.lib.launches[-1]["slots"][2] == y2.data_ptr()
+    tkc.ops.rms_norm(x, w, 1e-3)
+    tkc.ops.rms_norm(x, w, 1e-3)
+    assert ops.checks == 3 and [launch["f32"][0] for launch in ops.lib.launches[-3:]] == \
+        pytest.approx([1e-6, 1e-3, 1e-3])
+    assert ops.lib.launches[-1]["grid"] == (2, 1, 1)
+
+
+def test_an_operator_with_a_plan_still_refuses_wrong_inputs(ops: types.SimpleNamespace) -> None:
+    import tkc.ops
+    import tkc.ops.rows as rows
+    from tkc.errors import TkcUsageError
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    tkc.ops.rms_norm(x, w)
+    with pytest.raises(TkcUsageError, match="x is torch.float16, but its kernel takes torch.bfloat16"):
+        tkc.ops.rms_norm(cuda_like(x.view(torch.float16)), w)
+    with pytest.raises(TkcLaunchError, match="x: expected a tensor of dtype bf16, got torch.float16"):
+        rows._rms_norm.tkc_run(cuda_like(x.view(torch.float16)), w, 1e-6)  # past the operator's own checks
+    with pytest.raises(TkcUsageError, match="weight's size is 128 but x's last dim is 256"):
+        tkc.ops.rms_norm(x, cuda_like(torch.randn(128).bfloat16()))
+    base = torch.zeros(32 * 256 + 8, dtype=torch.bfloat16)
+    misaligned = cuda_like(base[1:32 * 256 + 1].view(32, 256))  # 2 bytes further
+    with pytest.raises(TkcLaunchError, match="x: the data pointer .* is not 16-byte aligned"):
+        tkc.ops.rms_norm(misaligned, w)
+    with pytest.raises(TkcLaunchError, match="w: is on cuda:1 but the kernel runs on cuda:0"):
+        tkc.ops.rms_norm(x, cuda_like(w, index=1))
+    assert len(ops.lib.launches) == 2
+
+
+def test_an_operator_with_a_plan_follows_tkc_interpret(ops: types.SimpleNamespace,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import tkc.ops
+
+    x, w = cuda_like(torch.randn(4, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    tkc.ops.rms_norm(x, w)
+    monkeypatch.setenv("TKC_INTERPRET", "1")
+    y = tkc.ops.rms_norm(x, w)
+    assert len(ops.lib.launches) == 2  # the interpreter ran it
+    want = torch.nn.functional.rms_norm(x.float(), (256,), w.float(), 1e-6)
+    torch.testing.assert_close(torch.Tensor(y).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@functools.cache
+def split_op() -> object:
+    """tests/ops/op_kernels.py's ``split`` as an operator: its outputs y and z around its input x."""
+    import sys
+
+    import tkc.ops
+
+    sys.path.insert(0, str(ROOT / "tests" / "ops"))
+    import op_kernels
+
+    return tkc.ops.custom_op("tkc_plan_test::split", op_kernels.split)
+
+
+def test_an_operators_outputs_reach_their_own_parameters(ops: types.SimpleNamespace) -> None:
+    op = split_op()
+    ops.lib.slots, ops.lib.f32_slots = (0, 3, 6), ()  # y, x and z
+    xs = [cuda_like(torch.randn(100)) for _ in range(2)]
+    outs = [op(x) for x in (*xs, xs[0])]
+    assert ops.checks == 1
+    assert [launch["slots"] for launch in ops.lib.launches] == \
+        [[y.data_ptr(), x.data_ptr(), z.data_ptr()] for x, (y, z) in zip((*xs, xs[0]), outs)]

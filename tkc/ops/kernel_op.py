@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import keyword
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,7 +30,7 @@ from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TensorType
-from tkc.kernel import Kernel, interpret
+from tkc.kernel import Kernel, _interpret_requested, interpret
 
 __all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "register_autograd", "roles"]
 
@@ -77,6 +77,10 @@ class _Spec:
     roles: list[str]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    run_consts: dict[str, Any] = field(default_factory=dict)  # what the kernel is called with
+    run_key: tuple = ()  # tuple(sorted(run_consts.items())): Kernel.call's key
+    order: tuple[int, ...] = ()  # each parameter's place in (*inputs, *outputs)
+    tensor_order: tuple[int, ...] | None = None  # each tensor parameter's place among those (None: in order)
 
 
 class _KernelOp:
@@ -92,9 +96,11 @@ class _KernelOp:
                                 f"(its constants: {', '.join(first.consts) or 'none'})")
         self.fixed = {n: v for n, v in first.consts.items() if n not in const_args}
         self.const_args = {n: first.consts[n] for n in const_args}
-        self.first = first
+        self.first = first = _runnable(first, self.fixed)
         self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
-        self._shapes: dict[tuple, list[tuple[tuple[int, ...], torch.dtype, bool]]] = {}
+        self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
+        # (spec, kernel target, launch key of the inputs) -> (output shapes, the launch's plan)
+        self._plans: dict[tuple, tuple[list, Any]] = {}
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
         for i in first.outputs:
             pname, t = first.params[i]
@@ -124,7 +130,7 @@ class _KernelOp:
                 raise TkcUsageError(f"{self.name}: with constants {call_consts} kernel '{self.kernel.name}' uses its "
                                     f"parameters differently ({spec.roles}) than with those it was registered "
                                     f"with ({self.first.roles}); register one operator per use")
-            self._specs[key] = spec
+            spec = self._specs[key] = _runnable(spec, {**self.fixed, **call_consts})
         return spec
 
     def schema(self) -> str:
@@ -150,57 +156,114 @@ class _KernelOp:
         signature the first time a set of shapes and dtypes comes)."""
         key = None
         if not fake:
-            # A plain loop over what decides the shapes: this runs on every call.
-            key = [id(spec)]
-            for v in values:
-                if isinstance(v, torch.Tensor):
-                    key += (v.shape, v.dtype)
-            key = tuple(key)
+            key = _shape_key(spec, values)
             shapes = self._shapes.get(key)
             if shapes is not None:
-                return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+                # Sizes as separate arguments: torch parses a tuple of them a microsecond slower.
+                return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
         in_params = [spec.params[i] for i in spec.inputs]
         dims = signature.bind(self.name, in_params, values, numpy_ok=False)
         shapes = []
         for i in spec.outputs:
             t = spec.params[i][1]
             shape = tuple(d if isinstance(d, int) else dims[d] for d in t.dims)
-            shapes.append((shape, t.dtype.torch_dtype(), spec.roles[i] == ZEROED))
+            shapes.append((torch.zeros if spec.roles[i] == ZEROED else torch.empty, shape, t.dtype.torch_dtype()))
         if key is not None:
             if len(self._shapes) >= 256:
                 self._shapes.clear()
             self._shapes[key] = shapes
-        return [(torch.zeros if zero else torch.empty)(s, dtype=dt, device=device) for s, dt, zero in shapes]
+        return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
 
     def fake(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
-        return _result(self._outputs(spec, values, _device(values), fake=True))
+        return _result(self._outputs(spec, values, _first_tensor(values).device, fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
-        if self.const_args:
-            call_consts = {n: kwargs.get(n, v) for n, v in self.const_args.items()}
-            spec, consts = self.spec(call_consts), {**self.fixed, **call_consts}
+        spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
+        first = _first_tensor(values)
+        if self._plans and first.is_cuda and not _interpret_requested():
+            outs = self._run_planned(spec, values, first)
+            if outs is not None:
+                return _result(outs)
+        outs = self._outputs(spec, values, first.device, fake=False)
+        every = (*values, *outs)
+        full = [every[j] for j in spec.order]
+        if first.is_cuda:
+            # on the GPU, or the interpreter with TKC_INTERPRET=1
+            self.kernel.call(full, spec.run_consts, spec.run_key)
+            self._keep_plan(spec, values, full)
         else:
-            spec, consts = self.first, self.fixed
-        device = _device(values)
-        outs = self._outputs(spec, values, device, fake=False)
-        full: list[Any] = [None] * len(spec.params)
-        for i, v in zip(spec.inputs, values):
-            full[i] = v
-        for i, o in zip(spec.outputs, outs):
-            full[i] = o
-        if device.type == "cuda":
-            self.kernel(*full, **consts)  # on the GPU, or the interpreter with TKC_INTERPRET=1
-        else:
-            interpret(self.kernel, *full, **consts)
+            interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
 
+    def _run_planned(self, spec: _Spec, values: tuple, first: torch.Tensor) -> list[torch.Tensor] | None:
+        """The outputs, launched on by the plan of an earlier call on inputs like these (the
+        same shapes, strides, dtypes, devices and scalars, on this thread and device: they
+        decide the outputs' shapes and the launch's checks); None, launching nothing, when
+        there is none.  One key for the inputs instead of one for the outputs' shapes and
+        another for the launch."""
+        addresses: list[int] = []
+        index, key = _runtime.call_key(values, addresses)
+        entry = self._plans.get((id(spec), self.kernel.target, key))
+        if entry is None:
+            return None
+        shapes, plan = entry
+        device = first.device
+        outs = [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
+        for o in outs:
+            addresses.append(o.data_ptr())
+        order = spec.tensor_order
+        if not plan.launch(addresses if order is None else [addresses[j] for j in order], index):
+            return None  # an address that is not aligned: the checked way says so
+        return outs
 
-def _device(values: tuple) -> Any:
-    """The first input tensor's device: where the outputs go and the kernel runs."""
+    def _keep_plan(self, spec: _Spec, values: tuple, full: list) -> None:
+        """Keep the plan the launch on ``full`` took, for calls on inputs like ``values``."""
+        global _runtime
+        from tkc.runtime import launch as runtime
+
+        _runtime = runtime
+        compiled = self.kernel._specialized.get((self.kernel.target, spec.run_key))
+        plan = runtime.plan_of(compiled, full) if compiled is not None else None
+        if plan is None:  # e.g. a launch with TMA off (strides TMA cannot take): not kept
+            return
+        shapes = self._shapes.get(_shape_key(spec, values))
+        _, key = runtime.call_key(values, [])
+        if key is None or shapes is None:
+            return
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        self._plans[(id(spec), self.kernel.target, key)] = (shapes, plan)
+
+
+def _shape_key(spec: _Spec, values: tuple) -> tuple:
+    """What decides an operator's outputs' shapes: the inputs' shapes and dtypes."""
+    key = [id(spec)]
+    for v in values:  # a plain loop: this runs on every call that has no plan
+        if isinstance(v, torch.Tensor):
+            key += (v.shape, v.dtype)
+    return tuple(key)
+
+
+def _runnable(spec: _Spec, consts: dict[str, Any]) -> _Spec:
+    """``spec`` with what running it needs, made once: the constants the kernel is called
+    with, their key and where each parameter comes from among the inputs and outputs."""
+    where = {i: n for n, i in enumerate((*spec.inputs, *spec.outputs))}
+    tensors = [i for i in (*spec.inputs, *spec.outputs) if isinstance(spec.params[i][1], TensorType)]
+    tensor_order = tuple(tensors.index(i) for i, (_, t) in enumerate(spec.params) if isinstance(t, TensorType))
+    return replace(spec, run_consts=dict(consts), run_key=tuple(sorted(consts.items())),
+                   order=tuple(where[i] for i in range(len(spec.params))),
+                   tensor_order=None if tensor_order == tuple(range(len(tensors))) else tensor_order)
+
+
+_runtime: Any = None  # tkc.runtime.launch, bound when the first plan is kept (importing tkc.ops loads no driver)
+
+
+def _first_tensor(values: tuple) -> torch.Tensor:
+    """The first input tensor: its device is where the outputs go and the kernel runs."""
     for v in values:
         if isinstance(v, torch.Tensor):
-            return v.device
+            return v
     raise AssertionError("an operator of a kernel has an input tensor (checked at registration)")
 
 
@@ -286,6 +349,28 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
     # node's class when the Function's class is created.
     op.tkc_function = type(f"{op.tkc_kernel.name}_autograd", (torch.autograd.Function,),
                            {"forward": staticmethod(forward), "backward": staticmethod(backward_all)})
+    op.tkc_apply = _apply(op.tkc_function)
+
+
+def _apply(function: Any) -> Any:
+    """``function.apply`` less its Python wrapper where that has nothing to do: outside
+    functorch transforms (vmap, grad ...) it unwraps dead functorch wrappers and calls the C++
+    ``apply``, which is what this does, a microsecond or two sooner (``function`` has no
+    ``setup_context``, so the wrapper binds no default arguments)."""
+    raw = torch._C._FunctionBase.__dict__.get("apply")
+    unwrap = getattr(torch._C._functorch, "unwrap_if_dead", None)
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if raw is None or unwrap is None or active is None:  # another torch: its own way
+        return function.apply
+    raw = raw.__get__(None, function)
+    plain = function.apply
+
+    def apply(*args: Any) -> Any:
+        if active():
+            return plain(*args)
+        return raw(*[unwrap(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+    return apply
 
 
 def call(op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -303,10 +388,25 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     needs_grad = False
     for a in args:
         if isinstance(a, torch.Tensor):
-            if type(a) is not torch.Tensor or a.device.type != "cuda":
+            if not a.is_cuda or not (_PLAIN.get(type(a)) or _plain(type(a))):
                 return op(*args, **kwargs)
             needs_grad = needs_grad or (grad and a.requires_grad)
     if needs_grad:
-        function = getattr(op, "tkc_function", None)
-        return op(*args, **kwargs) if function is None else function.apply(*args, kwargs)
+        apply = getattr(op, "tkc_apply", None)
+        return op(*args, **kwargs) if apply is None else apply(*args, kwargs)
     return op.tkc_run(*args, **kwargs)
+
+
+_PLAIN: dict[type, bool] = {torch.Tensor: True}
+
+
+def _plain(cls: type) -> bool:
+    """Whether tensors of class ``cls`` behave as plain tensors under torch's dispatcher:
+    ``torch.Tensor``, and subclasses that override neither ``__torch_function__`` nor
+    ``__torch_dispatch__`` (``torch.nn.Parameter``: a model's weights); not fake, functional or
+    other wrapper tensors, which the operator must see."""
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = (cls.__torch_function__ is torch._C._disabled_torch_function_impl
+                               and cls.__torch_dispatch__ is torch.Tensor.__torch_dispatch__)
+    return plain

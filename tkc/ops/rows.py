@@ -25,14 +25,27 @@ _layer_norm = custom_op("tkc::layer_norm", load(path("layernorm.tk")))
 _softmax = custom_op("tkc::softmax", load(path("softmax.tk")))
 
 
+_BF16 = torch.bfloat16
+
+
 def _rows(op: str, x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 2 and x.is_contiguous():
+        return x
     checks.rank(op, "x", x, "at least one dim", x.dim() >= 1)
-    return x.reshape(-1, x.shape[-1]).contiguous() if x.dim() != 2 or not x.is_contiguous() else x
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The rows ``y`` in ``x``'s shape (``y`` itself when ``x`` is rows already: a view costs a
+    microsecond or two of host time)."""
+    return y if x.dim() == 2 else y.view(*x.shape)
 
 
 def _weight(op: str, name: str, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    checks.rank(op, name, w, "one dim", w.dim() == 1)
-    checks.same(op, f"{name} must span x's last dim", (f"{name}'s size", w.shape[0]), ("x's last dim", x.shape[-1]))
+    if w.dim() != 1 or x.dim() == 0 or w.shape[0] != x.shape[-1]:  # checked cheaply, worded on failure
+        checks.rank(op, name, w, "one dim", w.dim() == 1)
+        checks.same(op, f"{name} must span x's last dim", (f"{name}'s size", w.shape[0]),
+                    ("x's last dim", x.shape[-1] if x.dim() else None))
     return w.contiguous()
 
 
@@ -40,9 +53,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dim of a bf16 ``x`` (any
     leading dims) with a bf16 ``weight``; statistics in fp32.  Forward: the tkc kernel
     ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
-    checks.dtype("rms_norm", torch.bfloat16, x=x, weight=weight)
+    if x.dtype is not _BF16 or weight.dtype is not _BF16:
+        checks.dtype("rms_norm", _BF16, x=x, weight=weight)
     w = _weight("rms_norm", "weight", weight, x)
-    return call(_rms_norm, _rows("rms_norm", x), w, float(eps)).view(x.shape)
+    return _shaped(call(_rms_norm, _rows("rms_norm", x), w, float(eps)), x)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -55,14 +69,15 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
     checks.dtype("layer_norm", torch.bfloat16, x=x, weight=weight, bias=bias)
     w, b = _weight("layer_norm", "weight", weight, x), _weight("layer_norm", "bias", bias, x)
-    return call(_layer_norm, _rows("layer_norm", x), w, b, float(eps)).view(x.shape)
+    return _shaped(call(_layer_norm, _rows("layer_norm", x), w, b, float(eps)), x)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
     the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
-    checks.dtype("softmax", torch.bfloat16, x=x)
-    return call(_softmax, _rows("softmax", x)).view(x.shape)
+    if x.dtype is not _BF16:
+        checks.dtype("softmax", _BF16, x=x)
+    return _shaped(call(_softmax, _rows("softmax", x)), x)
 
 
 # ------------------------------------------------------------------ autograd (torch ops, fp32)
