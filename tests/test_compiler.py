@@ -150,7 +150,7 @@ def test_dumps_replay_on_a_hit(tmp_path: Path) -> None:
     _cached(tmp_path, stream=out1)
     hit = _cached(tmp_path, stream=out2)
     assert hit.cache_hit
-    assert "IR Dump After allocate-smem (15)" in out1.getvalue()
+    assert "IR Dump After allocate-smem (16)" in out1.getvalue()
     assert out2.getvalue() == out1.getvalue()
 
 
