@@ -185,7 +185,10 @@ class _Gen:
         self.emit(T.NumRanksOp, [], [I32], {})
 
     def op_rank_barrier(self) -> None:
-        self.emit(T.RankBarrierOp, [], [], {})
+        # At the kernel's top level only: under an if or a loop the verifier refuses it when
+        # the condition or trip count may differ across ranks (random operands often do).
+        if self.depth == 0:
+            self.emit(T.RankBarrierOp, [], [], {})
 
     def _on_ranks(self, dtype: dtypes.DType | None = None) -> list[Value]:
         """The kernel's tensor parameters declared ``@ ranks`` (of ``dtype``)."""
