@@ -31,6 +31,13 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
   against every rank's keys) against NCCL's all-gather of K and V then SDPA on the gathered keys,
   and attn.tk on one GPU over its own N tokens run R times (the same work a rank does: the rate
   ring attention should stay within 10% of).
+* ``moe_dispatch``: an expert-parallel MoE layer's dispatch + expert GEMMs, top-1 routing drawn
+  uniformly, every rank's tokens sorted by expert before the call: examples/moe_dispatch.tk
+  (each expert's programs pull their rows from every rank's memory through the routing) against
+  the NCCL sequence a MoE layer runs (rows gathered into send order, ``all_to_all_single``, rows
+  regrouped by local expert, ``torch._grouped_mm``), with the split sizes known ahead (the
+  peer's counts exchange and host sync are not timed: it is favoured).  FLOPs: the mean rank's,
+  2 tokens D F.
 * ``collectives``: all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or reduced
   tensor's size): examples/allgather.tk and reducescatter.tk against NCCL, bus bandwidth as
   nccl-tests counts it ((R - 1) / R of that size over the time).
@@ -62,9 +69,11 @@ import torch.distributed as dist  # noqa: E402
 import tkc  # noqa: E402
 from tkc.autotune import interleaved_medians  # noqa: E402
 
-GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "ring_attn", "collectives"]
+GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "ring_attn", "moe_dispatch", "collectives"]
 #: (name, tokens, hidden, FFN): the whole layer; each rank holds 1/R of it.
 SHAPES = [("Llama-70B", 8192, 8192, 28672), ("small", 2048, 4096, 14336)]
+#: MoE layers: (name, tokens a rank, D, F, experts in all); experts are split evenly over the ranks.
+MOE_SHAPES = [("Mixtral-8x7B experts", 4096, 4096, 14336, 8), ("64 fine-grained experts", 4096, 2048, 1408, 64)]
 COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
 EXAMPLES = ROOT / "examples"
 BF16 = torch.bfloat16
@@ -150,12 +159,14 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
         fused[0] = torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)[1][0]
 
     ag[dist.get_rank()] = a  # the shard in its own slot (a layer before would write it there)
+    dist.all_gather_into_tensor(gathered, a)  # real operands for the GEMM alone from its first call
 
     def ours() -> None:
         ready.zero_()  # before a launch that starts with barrier_all(): no peer signals into it earlier
         k(b, c, ag, ready)
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem,
+                  **gemm_alone(gathered, b, c2)}
     outputs = {"tkc": lambda: c.reshape(R * M, N), "NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]}
 
     def reference() -> torch.Tensor:
@@ -163,6 +174,15 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
         return gathered.float() @ b.float()
 
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * R * M * K * N
+
+
+def gemm_alone(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """The rank's product with no communication, by cuBLAS and by examples/gemm.tk: rates to
+    compare, not the same output; the fused kernel's time beyond them is the communication it
+    leaves exposed."""
+    gemm = tkc.load(EXAMPLES / "gemm.tk")
+    return {"cuBLAS alone, no communication": lambda: torch.matmul(a, b, out=c),
+            "tkc gemm.tk alone": lambda: gemm(a, b, c)}
 
 
 def _partial_products(tokens: int, hidden: int, ffn: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +219,7 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
         dist.all_reduce(total)
         return total[rank * MS:(rank + 1) * MS]
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem}
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem, **gemm_alone(a, b, full)}
     outputs = {"tkc": lambda: out, "NCCL+cuBLAS": lambda: out2, "symm_mem fused": lambda: fused[0]}
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
@@ -233,7 +253,7 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
         dist.all_reduce(total)
         return total
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem two-shot": two_shot}
+    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem two-shot": two_shot, **gemm_alone(a, b, full)}
     outputs = {"tkc": lambda: out.reshape(M, N), "NCCL+cuBLAS": lambda: full, "symm_mem two-shot": lambda: full_sym}
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
@@ -291,6 +311,62 @@ def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
     return contenders, {"outputs": outputs, "reference": reference}, 4.0 * B * H * N * (R * N) * D
 
 
+def moe_dispatch(T: int, D: int, F: int, experts: int) -> tuple[dict, dict, float]:
+    """examples/moe_dispatch.tk against all_to_all_single + torch._grouped_mm on the same
+    routing (``T`` tokens a rank, one of ``experts`` each, ``experts / R`` a rank)."""
+    R, rank = dist.get_world_size(), dist.get_rank()
+    EL = experts // R
+    x, w = randn(T, D), randn(EL, D, F, scale=D ** -0.5)
+    ids = torch.randint(0, experts, (T,), device="cuda")
+    order = torch.argsort(ids, stable=True).to(torch.int32)
+    counts = torch.bincount(ids, minlength=experts)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    every = [torch.empty_like(offsets) for _ in range(R)]
+    dist.all_gather(every, offsets)
+    off = torch.stack(every).tolist()  # off[src][e]: where expert e's rows start on rank src
+    y = torch.empty(R, T, F, dtype=BF16, device="cuda")
+    k = tkc.load(EXAMPLES / "moe_dispatch.tk")
+    args = [symmetric(x), symmetric(order), symmetric(offsets), w, y]
+
+    # The NCCL sequence: send rows in expert order (so in destination-rank order), receive them
+    # grouped by source, regroup them by local expert, one grouped GEMM.
+    send_splits = [off[rank][(d + 1) * EL] - off[rank][d * EL] for d in range(R)]
+    recv_splits = [off[s][(rank + 1) * EL] - off[s][rank * EL] for s in range(R)]
+    regroup, places, ends = [], [], []  # recv row of each grouped row; its (src, place) in y
+    base = [sum(recv_splits[:s]) for s in range(R)]
+    for el in range(EL):
+        e = rank * EL + el
+        for s in range(R):
+            n = off[s][e + 1] - off[s][e]
+            regroup.append(torch.arange(n) + base[s] + off[s][e] - off[s][rank * EL])
+            places.append(torch.arange(n) + s * T + off[s][e])
+        ends.append(sum(len(r) for r in regroup))
+    regroup_idx, place_idx = torch.cat(regroup).cuda(), torch.cat(places).cuda()
+    group_ends = torch.tensor(ends, dtype=torch.int32, device="cuda")
+    order_long = order.long()
+    received = torch.empty(sum(recv_splits), D, dtype=BF16, device="cuda")
+    grouped: list[Any] = [None, None]
+
+    def unfused() -> None:
+        send = x.index_select(0, order_long)
+        dist.all_to_all_single(received, send, recv_splits, send_splits)
+        grouped[0] = received.index_select(0, regroup_idx)
+        grouped[1] = torch._grouped_mm(grouped[0], w, offs=group_ends)
+
+    def reference() -> torch.Tensor:
+        unfused()
+        rows, out, start = grouped[0].float(), [], 0
+        for el, end in enumerate(ends):
+            out.append(rows[start:end] @ w[el].float())
+            start = end
+        return torch.cat(out)
+
+    contenders = {"tkc": lambda: k(*args), "NCCL all-to-all + grouped GEMM": unfused}
+    outputs = {"tkc": lambda: y.reshape(R * T, F).index_select(0, place_idx),
+               "NCCL all-to-all + grouped GEMM": lambda: grouped[1]}
+    return contenders, {"outputs": outputs, "reference": reference}, 2.0 * T * D * F
+
+
 GEMMS = {"allgather_gemm": allgather_gemm, "gemm_reducescatter": gemm_reducescatter,
          "gemm_allreduce": gemm_allreduce}
 #: ring attention: (name, B, H, N tokens a rank, D)
@@ -305,6 +381,8 @@ def check(only: list[str]) -> bool:
     cases = [(name, lambda name=name: GEMMS[name](tokens, hidden, ffn)) for name in only if name in GEMMS]
     if "ring_attn" in only:
         cases.append(("ring_attn", lambda: ring_attn(1, 2, 1000, 128)))
+    if "moe_dispatch" in only:
+        cases.append(("moe_dispatch", lambda: moe_dispatch(1000, 256, 384, 2 * dist.get_world_size())))
     for name, make in cases:
         contenders, out, _ = make()
         want = out["reference"]()
@@ -367,6 +445,15 @@ def run(only: list[str], quick: bool, world: int) -> list[Any]:
             rows.append(Row("ring_attn", problem, "TFLOP/s", {n: flops / s / 1e12 if s else None
                                                               for n, s in seconds.items()}))
             torch.cuda.empty_cache()
+    if "moe_dispatch" in only:
+        for shape, T, D, F, experts in MOE_SHAPES[-1:] if quick else MOE_SHAPES:
+            problem = f"{shape}: {T} tokens a rank, D={D} F={F}, {experts} experts over {world} ranks"
+            say(f"moe_dispatch {problem} ...")
+            contenders, _, flops = moe_dispatch(T, D, F, experts)
+            seconds = in_turns(contenders, runs)
+            rows.append(Row("moe_dispatch", problem, "TFLOP/s", {n: flops / s / 1e12 if s else None
+                                                                 for n, s in seconds.items()}))
+            torch.cuda.empty_cache()
     if "collectives" in only:
         for nbytes in COLLECTIVE_BYTES[:2] if quick else COLLECTIVE_BYTES:
             say(f"collectives {nbytes >> 20} MiB ...")
@@ -390,8 +477,9 @@ def report(rows: list[Any], args: argparse.Namespace, only: list[str], world: in
         f" --only {args.only}" if len(only) < len(GROUPS) else "")
     append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
                    f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's.")
-    if plot(rows, list(dict.fromkeys(r.group for r in rows)), ROOT / "benchmarks" / "plot_multi_gpu.png"):
-        print("plot: benchmarks/plot_multi_gpu.png")
+    name = "plot_multi_gpu.png" if world == 2 else f"plot_multi_gpu_{world}.png"
+    if plot(rows, list(dict.fromkeys(r.group for r in rows)), ROOT / "benchmarks" / name):
+        print(f"plot: benchmarks/{name}")
 
 
 if __name__ == "__main__":
