@@ -109,6 +109,8 @@ def moe_dispatch(ranks: int, seed: int, T: int, D: int, F: int, EL: int) -> Case
     offsets = [torch.cat([torch.zeros(1, dtype=torch.int64), torch.bincount(i, minlength=experts).cumsum(0)])
                .to(torch.int32) for i in ids]
     y = [torch.full((ranks, T, F), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    recv = [torch.full((ranks, T, D), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
+    arrived = [torch.zeros(ranks, dtype=torch.int32) for _ in range(ranks)]
 
     def check() -> None:
         want = [torch.full((ranks, T, F), float("nan")) for _ in range(ranks)]  # rows of others' experts: untouched
@@ -119,4 +121,4 @@ def moe_dispatch(ranks: int, seed: int, T: int, D: int, F: int, EL: int) -> Case
         for r in range(ranks):
             torch.testing.assert_close(y[r].float(), want[r].bfloat16().float(), atol=0.1, rtol=2e-2, equal_nan=True)
 
-    return Case([[x[r], order[r], offsets[r], w[r], y[r]] for r in range(ranks)], check)
+    return Case([[x[r], order[r], offsets[r], w[r], y[r], recv[r], arrived[r]] for r in range(ranks)], check)

@@ -86,7 +86,9 @@ def test_both_roles_meet_once_per_program_not_per_tile() -> None:
 
 
 def test_a_barrier_that_ends_every_program_is_met_after_the_walk() -> None:
-    ir = _hopper("moe_dispatch.tk")
+    """A kernel made persistent (tests/data/ranks/moe_pull.tk, a program a column tile of an
+    expert) whose programs end with barrier_all(): met once, after the walk over tiles."""
+    ir = _hopper(str(Path(__file__).parents[1] / "data" / "ranks" / "moe_pull.tk"))
     for role in ir.split("hopper.role")[1:]:
         assert role.count("tile.rank_barrier") == 2
         lines = [line for line in role.splitlines() if line.strip()]

@@ -85,6 +85,14 @@ def test_moe_dispatch(ranks: int, seed: int) -> None:
     case.check()
 
 
+def test_moe_pulled_from_peers() -> None:
+    """The pull form (tests/data/ranks/moe_pull.tk): gathers from peers as wgmma A operands."""
+    case = cases.moe_dispatch(2, 0, T=150, D=80, F=96, EL=2)
+    emulate_ranks(_hopper(str(Path(__file__).parents[1] / "data" / "ranks" / "moe_pull.tk")),
+                  [args[:5] for args in case.args])
+    case.check()
+
+
 def test_one_rank_runs_through_emulate() -> None:
     """A multi-GPU kernel on one GPU is rank 0 of 1: emulate runs it (waits included)."""
     (args,), check = cases.gemm_reducescatter(1, 3, MS=80, K=40, N=80, BM=GEMM["BM"], BN=GEMM["BN"])
@@ -268,22 +276,25 @@ def test_a_read_of_a_tma_store_still_in_flight(seed: int, reader: str) -> None:
 
 # ------------------------------------------------------------------ the lowering, as the emulator sees it
 def test_moe_dispatch_with_more_tiles_than_programs() -> None:
-    """The ring count of moe_dispatch's K loop (in the rank loop and a loop of data-dependent
-    length) goes on from tile to tile of a persistent program, as the ring's barriers do."""
-    case = cases.moe_dispatch(2, 0, T=150, D=80, F=200, EL=3)  # 3 experts x 2 column tiles: 6 tiles over 4 programs
+    """The ring count of moe_dispatch's K loop (in the loop over work items and a loop of
+    data-dependent length) goes on from item to item of a program, as the ring's barriers do."""
+    case = cases.moe_dispatch(2, 0, T=150, D=80, F=200, EL=3)  # 2 sources x 3 experts x 2 column tiles over 4 programs
     emulate_ranks(_hopper("moe_dispatch.tk"), case.args)
     case.check()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_moe_dispatch_a_written_while_its_wgmma_is_in_flight(seed: int) -> None:
-    """moe_dispatch's K loop with the wgmma of the gathered rows left in flight across
-    iterations (as it ran wrong on an H200): the next iteration's A, written into the registers
-    the in-flight wgmma reads, is an error at the product's line.  The lowering of today
-    (test_moe_dispatch) waits for it in each iteration and runs."""
+    """The pull form of moe_dispatch (tests/data/ranks/moe_pull.tk: each expert gathers its rows
+    from the peers inside its K loop, the A operand in registers) with the wgmma of the gathered
+    rows left in flight across iterations (as it ran wrong on an H200): the next iteration's A,
+    written into the registers the in-flight wgmma reads, is an error at the product's line.
+    The lowering of today waits for such a wgmma in each iteration
+    (test_gather_products_wait_every_iteration)."""
     text = (Path(__file__).parents[1] / "data" / "hopper" / "moe_dispatch_overlap.tkir").read_text()
-    line = _line((EXAMPLES / "moe_dispatch.tk").read_text(), "acc += x.on(src)")
+    line = _line((Path(__file__).parents[1] / "data" / "ranks" / "moe_pull.tk").read_text(), "acc += x.on(src)")
     case = cases.moe_dispatch(2, seed, T=150, D=80, F=96, EL=2)  # two K tiles
+    case.args[:] = [args[:5] for args in case.args]  # the pull form: no recv, no arrived
     with pytest.raises(TkcEmulatorError, match=rf"'hopper.convert_layout' \(%\w+\) at moe_dispatch.tk:{line}:\d+: "
                                                rf"writes the registers of the A operand that the product at "
                                                rf"line {line} still reads"):

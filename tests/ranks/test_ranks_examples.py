@@ -59,6 +59,15 @@ def test_moe_dispatch(ranks: int, seed: int) -> None:
     case.check()
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_moe_pulled_from_peers(ranks: int) -> None:
+    """The pull form (each expert gathers its rows from the peers' memory in its K loop)."""
+    case = cases.moe_dispatch(ranks, ranks, T=56, D=48, F=40, EL=2)
+    pull = tkc.load(Path(__file__).parents[1] / "data" / "ranks" / "moe_pull.tk")
+    tkc.interpret_ranks(pull, [args[:5] for args in case.args], seed=ranks, BT=16, BF=32, BK=16)
+    case.check()
+
+
 def test_one_rank_runs_through_tkc_interpret() -> None:
     """A multi-GPU kernel on one GPU is rank 0 of 1: tkc.interpret runs it (waits included)."""
     k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")

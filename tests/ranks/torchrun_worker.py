@@ -54,9 +54,12 @@ def moe_dispatch(rank: int, world: int) -> None:
         return _bf16(r, T, D), ids, order, offsets.to(torch.int32), _bf16(1000 + r, EL, D, F)
 
     x, ids, order, offsets, w = inputs(rank)
-    args = [_symmetric(x), _symmetric(order), _symmetric(offsets), w.cuda(),
-            torch.full((world, T, F), float("nan"), dtype=torch.bfloat16, device="cuda")]
+    arrived = tkc.symmetric_zeros((world,), torch.int32)
+    args = [x.cuda(), order.cuda(), _symmetric(offsets), w.cuda(),
+            torch.full((world, T, F), float("nan"), dtype=torch.bfloat16, device="cuda"),
+            tkc.symmetric_empty((world, T, D), torch.bfloat16), arrived]
     for _ in range(2):
+        arrived.zero_()  # safe before a launch that starts with barrier_all()
         k(*args)
     torch.cuda.synchronize()
     want = torch.full((world, T, F), float("nan"))
