@@ -312,9 +312,11 @@ def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
     return contenders, {"outputs": outputs, "reference": reference}, 4.0 * B * H * N * (R * N) * D
 
 
-def moe_dispatch(T: int, D: int, F: int, experts: int) -> tuple[dict, dict, float]:
+def moe_dispatch(T: int, D: int, F: int, experts: int, tiles: dict[str, int] | None = None
+                 ) -> tuple[dict, dict, float]:
     """examples/moe_dispatch.tk against all_to_all_single + torch._grouped_mm on the same
-    routing (``T`` tokens a rank, one of ``experts`` each, ``experts / R`` a rank)."""
+    routing (``T`` tokens a rank, one of ``experts`` each, ``experts / R`` a rank); ``tiles``:
+    the kernel's constants (default: the example's, 64-row tiles for experts of few rows)."""
     R, rank = dist.get_world_size(), dist.get_rank()
     EL = experts // R
     x, w = randn(T, D), randn(EL, D, F, scale=D ** -0.5)
@@ -329,7 +331,8 @@ def moe_dispatch(T: int, D: int, F: int, experts: int) -> tuple[dict, dict, floa
     recv, arrived = tkc.symmetric_empty((R, T, D), BF16), tkc.symmetric_zeros((R,), torch.int32)
     k = tkc.load(EXAMPLES / "moe_dispatch.tk")
     args = [x, order, symmetric(offsets), w, y, recv, arrived]
-    tiles = {"BT": 64} if T // experts < 128 else {}  # rows an expert gets from a source
+    if tiles is None:
+        tiles = {"BT": 64} if T // experts < 128 else {}  # rows an expert gets from a source
 
     def ours() -> None:
         arrived.zero_()  # before a launch that starts with barrier_all(): no peer counts into it earlier
