@@ -59,6 +59,13 @@ def test_opt_runs_passes_and_prints_ir() -> None:
     verify(parse_module(r.stdout))
 
 
+def test_opt_takes_a_tk_source_through_the_frontend() -> None:
+    r = tkc_cli("opt", str(EXAMPLES / "gemm.tk"), "-p", "canonicalize", "--no-locs")
+    assert r.exit_code == 0, r.stderr
+    assert "tile.kernel @gemm" in r.stdout
+    verify(parse_module(r.stdout))
+
+
 def test_opt_reads_stdin_and_writes_a_file(tmp_path: Path) -> None:
     out = tmp_path / "out.tkir"
     r = CliRunner().invoke(cli, ["opt", "-", "-p", "cse", "-o", str(out)], input=GEMM_TKIR.read_text())

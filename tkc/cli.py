@@ -268,9 +268,10 @@ def cli() -> None:
 @_dump_flags
 def opt(file: str, passes: str, output: str, dump_ir_before: tuple[str, ...],
         dump_ir_after: tuple[str, ...], dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
-    """Run passes over tile IR (a .tkir file) and print the result."""
+    """Run passes over tile IR (a .tkir file, or a .tk/.py source through the frontend) and
+    print the result."""
     pm = PassManager(passes, _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
-    module = parse_module(_read_text(file), file)
+    module = _load(file, {})
     pm.run(module)
     _write_output(output, print_module(module, locs=not no_locs))
 
