@@ -285,7 +285,7 @@ def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
     q, k, v = randn(B, H, N, D), randn(B, H, N, D), randn(B, H, N, D)
     o, o1 = torch.empty_like(q), torch.empty_like(q)
     kg, vg = tkc.symmetric_zeros((R, B, H, N, D), BF16), tkc.symmetric_zeros((R, B, H, N, D), BF16)
-    ready = tkc.symmetric_zeros((R, B, H), torch.int32)
+    ready = tkc.symmetric_zeros((R,), torch.int32)
     ring, attn = tkc.load(EXAMPLES / "ring_attn.tk"), tkc.load(EXAMPLES / "attn.tk")
     keys, values = torch.empty(R, B, H, N, D, dtype=BF16, device="cuda"), torch.empty(R, B, H, N, D, dtype=BF16,
                                                                                          device="cuda")

@@ -91,9 +91,9 @@ def ring_attn(ranks: int, seed: int, B: int, H: int, N: int, D: int, scale: floa
             want = torch.softmax(q[r].float() @ keys.transpose(-1, -2) * scale, dim=-1) @ values
             torch.testing.assert_close(o[r].float(), want, atol=2e-2, rtol=2e-2)
 
-    # kg, vg (every rank's K/V blocks) and ready (a count a head)
+    # kg, vg (every rank's K/V blocks) and ready (a count a source rank)
     return Case([[q[r], k[r], v[r], o[r], torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16),
-                  torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, B, H, dtype=torch.int32),
+                  torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, dtype=torch.int32),
                   scale] for r in range(ranks)], check)
 
 
