@@ -198,7 +198,7 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
     M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
     BM, BN = 128, 256  # the example's tiles: one flag per output tile
     out = torch.empty(MS, N, dtype=BF16, device="cuda")
-    stage = tkc.symmetric_empty((R, MS, N), torch.float32)
+    stage = tkc.symmetric_empty((R, MS, N), BF16)
     flags = tkc.symmetric_zeros((R, -(-MS // BM), -(-N // BN)), torch.int32)
     full, out2 = torch.empty(M, N, dtype=BF16, device="cuda"), torch.empty(MS, N, dtype=BF16, device="cuda")
     k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")
@@ -231,7 +231,7 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
     BM, BN = 128, 256
     out = tkc.symmetric_empty((R, MS, N), BF16)
-    stage = tkc.symmetric_empty((R, MS, N), torch.float32)
+    stage = tkc.symmetric_empty((R, MS, N), BF16)
     flags = tkc.symmetric_zeros((2, R, -(-MS // BM), -(-N // BN)), torch.int32)
     full = torch.empty(M, N, dtype=BF16, device="cuda")
     full_sym = tkc.symmetric_empty((M, N), BF16)

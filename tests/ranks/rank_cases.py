@@ -64,7 +64,8 @@ def gemm_reducescatter(ranks: int, seed: int, MS: int, K: int, N: int, BM: int, 
             close(out[r], total[r * MS:(r + 1) * MS])
             assert (flags[r] == 1).all()  # every rank signalled every tile of rank r once
 
-    return Case([[a[r], b[r], out[r], torch.zeros(ranks, MS, N), flags[r]] for r in range(ranks)], check)
+    return Case([[a[r], b[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16), flags[r]] for r in range(ranks)],
+                check)
 
 
 def gemm_allreduce(ranks: int, seed: int, MS: int, K: int, N: int, BM: int, BN: int) -> Case:
@@ -76,7 +77,7 @@ def gemm_allreduce(ranks: int, seed: int, MS: int, K: int, N: int, BM: int, BN: 
             close(out[r].reshape(ranks * MS, N), total)
             assert torch.equal(out[r], out[0])  # every rank holds the same sums, bit for bit
 
-    return Case([[a[r], b[r], out[r], torch.zeros(ranks, MS, N),
+    return Case([[a[r], b[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16),
                   torch.zeros(2, ranks, -(-MS // BM), -(-N // BN), dtype=torch.int32)] for r in range(ranks)], check)
 
 

@@ -111,7 +111,11 @@ def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
     ptx = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="ptx", cache=False).asm["ptx"]
     at = ptx.index("atom.release.sys.global.exch.b32")
     before = ptx[:at]
-    assert before.rindex("bar.sync") > before.rindex("st.global"), "the threads meet after their stores"
+    # the partial goes to the peer by TMA (bf16, staged in shared memory)
+    steps = ("cp.async.bulk.tensor.3d.global.shared::cta", "cp.async.bulk.wait_group \t0", "fence.proxy.async.global",
+             "bar.sync")
+    order = [before.rindex(what) for what in steps]
+    assert order == sorted(order), "the TMA stores complete, the async proxy is fenced, the threads meet, then release"
 
 
 def test_a_peer_rank_out_of_range_traps_and_with_the_pin_says_where(tmp_path: Path) -> None:

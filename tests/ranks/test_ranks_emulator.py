@@ -212,7 +212,7 @@ def test_a_wait_for_a_flag_nobody_sets_in_an_example(seed: int) -> None:
     k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
     rng = np.random.default_rng(0)
     args = [[cases.bf16(rng, 2 * 40, 24), cases.bf16(rng, 24, 40), torch.zeros(40, 40, dtype=torch.bfloat16),
-             torch.zeros(2, 40, 40), torch.zeros(2, 1, 1, dtype=torch.int32)] for _ in range(2)]
+             torch.zeros(2, 40, 40, dtype=torch.bfloat16), torch.zeros(2, 1, 1, dtype=torch.int32)] for _ in range(2)]
     with pytest.raises(DeadlockError) as info:
         emulate_ranks(k, args, seed=seed)
     msg = str(info.value)

@@ -43,7 +43,7 @@ def _reducescatter_args(ranks: int, MS: int = 40, K: int = 24, N: int = 40) -> l
     gm, gn = -(-MS // TILES["BM"]), -(-N // TILES["BN"])
     return [[torch.from_numpy(rng.standard_normal((ranks * MS, K)).astype(np.float32)).bfloat16(),
              torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16(),
-             torch.zeros(MS, N, dtype=torch.bfloat16), torch.zeros(ranks, MS, N),
+             torch.zeros(MS, N, dtype=torch.bfloat16), torch.zeros(ranks, MS, N, dtype=torch.bfloat16),
              torch.zeros(ranks, gm, gn, dtype=torch.int32)] for _ in range(ranks)]
 
 
@@ -77,7 +77,7 @@ def test_missing_wait_is_a_race_on_the_peers_partial(tmp_path: Path, seed: int) 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_signal_before_the_store_is_a_race(tmp_path: Path, seed: int) -> None:
-    store = "        stage.on(dst)[me, pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc\n"
+    store = "        stage.on(dst)[me, pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)\n"
     signal = "        signal(flags.on(dst)[me, pm, pn], 1)\n"
     k, text = _planted(tmp_path, "gemm_reducescatter.tk", store + signal, signal + store)
     err = _error(k, _reducescatter_args(2), seed)
