@@ -96,3 +96,25 @@ def test_a_kernel_that_rounds_through_fp8_is_compared_within_fp8_ulps() -> None:
     assert tolerance(dtypes.f32, fp8, scale=4.0) == (1e-4, 1e-4)
     assert tolerance(dtypes.bf16, narrowest_cast(kernel("attn.tk")), scale=4.0) == (2**-6, 2**-6)
     assert tolerance(dtypes.f32, narrowest_cast(kernel("attn_train.tk", kernel="attn_bwd"))) == (1e-4, 1e-4)
+
+
+def test_partials_rounded_and_read_back_are_compared_within_an_ulp_of_the_largest_output() -> None:
+    """gemm_reducescatter.tk rounds each rank's partial to bf16 into a staging buffer and sums
+    what it reads back: a last-bit difference before the rounding is an ulp of a partial, larger
+    than the sum's own ulps where partials cancel.  Copies into a buffer (allgather_gemm.tk)
+    round nothing and keep bf16's tolerance."""
+    from tkc import dtypes
+    from tkc.compiler import compile_kernel
+    from tkc.runner import narrowest_staged, tolerance
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+
+    def staged(name: str) -> int:
+        return narrowest_staged(compile_kernel(examples / name, stop="tkir", cache=False).kernel_op)
+
+    assert staged("gemm_reducescatter.tk") == staged("gemm_allreduce.tk") == 16
+    assert staged("allgather_gemm.tk") == staged("moe_dispatch.tk") == staged("gemm.tk") == 32
+    assert tolerance(dtypes.bf16, 16, scale=8.0, staged_bits=16) == (2**-4, 2**-6)  # two bf16 ulps of 8
+    assert tolerance(dtypes.bf16, 16, scale=1.0, staged_bits=16) == (2**-6, 2**-6)
+    assert tolerance(dtypes.f32, 16, scale=8.0, staged_bits=16) == (1e-4, 1e-4)
+    assert tolerance(dtypes.bf16, 16, scale=8.0) == (2**-6, 2**-6)
