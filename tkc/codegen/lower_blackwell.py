@@ -30,6 +30,8 @@ from tkc.ir.layouts import SharedLayout, TmemAccumulator, swizzle
 from tkc.ir.types import element_dtype
 
 _SLOT = "tkc_tmem_slot"
+#: Registers of one tcgen05.ld whose values are added to an addend before the next is issued.
+ADDEND_CHUNK = 8
 
 
 def _asm(lw: Lowerer, text: str, constraints: str = "", args: list | None = None, ret: ir.Type | None = None):
@@ -89,18 +91,22 @@ def _mma(lw: Lowerer, op: Operation) -> None:
         # As lower_hopper's wgmma: the constant descriptor of the tile's offset plus the
         # dynamic base (and a ring stage's offset) >> 4 in the 14-bit start field.
         addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
-        return b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
+        return b.and_(addr4, const_i32(0x3FFF))
 
     def issue() -> None:
+        # The descriptors are summed inside the asm: as 64-bit values in LLVM they are loop
+        # invariants that LICM hoists out of the loop, two registers each for every thread of
+        # the role for the whole loop (attention's eight K steps took 16 of 112).
         a4, b4 = start4(sa), start4(sb)
         for k in range(la.k_steps):
-            da = b.add(ir.Constant(I64, blackwell.smem_descriptor(la, sa.offset, k)), a4)
-            db = b.add(ir.Constant(I64, blackwell.smem_descriptor(lb, sb.offset, k)), b4)
+            da, db = blackwell.smem_descriptor(la, sa.offset, k), blackwell.smem_descriptor(lb, sb.offset, k)
             # K steps after the first always accumulate.
             acc = accumulate if k == 0 else const_i32(1)
-            _asm(lw, "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $4, 0;\n\t"
-                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], $1, $2, $3, p;\n\t}}",
-                 "r,l,l,r,r,~{memory}", [tmem, da, db, idesc, acc])
+            _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
+                     f"cvt.u64.u32 da, $1;\n\tadd.s64 da, da, {da};\n\t"
+                     f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t"
+                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], da, db, $3, p;\n\t}}",
+                 "r,r,r,r,r,~{memory}", [tmem, a4, b4, idesc, acc])
 
     def warp() -> None:
         # The first warp waits for the operands; its thread 0 issues after the fence that
@@ -144,24 +150,42 @@ def _tmem_load(lw: Lowerer, op: Operation) -> None:
         # 16 rows, wgmma's fragment (#wgmma_acc); 4 registers a repetition of 8 columns.
         shape, cols_per_reg, col = "16x256b", 2, const_i32(0)
     base = b.add(tmem, b.add(lane, col))
-    x = _chunk(layout.regs)
+    written = lw.get(op.written)
+    pin = ir.FunctionType(F32, [F32])
+    addend = lw.tile(op, op.addend[0]) if op.addend else None
+    # With an addend each chunk is waited for and added before the next is loaded (the sums
+    # pass through an empty asm, so LLVM cannot sink the adds behind later loads): the
+    # accumulator is never in registers whole beside the addend.  Else one wait for all.
+    x = _chunk(layout.regs) if addend is None else min(_chunk(layout.regs), ADDEND_CHUNK)
     vals: list[ir.Value] = []
     for c in range(0, layout.regs, x):
         outs = ",".join(f"${i}" for i in range(x))
         ret = ir.LiteralStructType([I32] * x)
-        addr = b.add(base, const_i32(c * cols_per_reg))
         reps = x if shape == "32x32b" else x // 4
-        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}];",
-                 ",".join(["=r"] * x) + ",r", [addr], ret)
+        # The chunk's column as the address's immediate offset: one base register, not one
+        # hoisted address a chunk.
+        off = f"+{c * cols_per_reg}" if c else ""
+        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}{off}];",
+                 ",".join(["=r"] * x) + ",r", [base], ret)
         vals += [b.bitcast(b.extract_value(r, i), F32) for i in range(x)]
-    _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
-    # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).
-    pin = ir.FunctionType(F32, [F32])
-    vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
-    written = lw.get(op.written)
-    vals = [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]  # no MMA ran: zeros
+        if addend is not None:
+            vals[c:] = _waited(lw, vals[c:], written)
+            vals[c:] = [b.asm(pin, "", "=f,0", [b.fadd(a, v)], side_effect=True)
+                        for a, v in zip(addend[c:c + x], vals[c:])]
+    if addend is None:
+        vals = _waited(lw, vals, written)
     _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
     lw.set(op.result, vals)
+
+
+def _waited(lw: Lowerer, vals: list[ir.Value], written: ir.Value) -> list[ir.Value]:
+    """``tcgen05.wait::ld`` for the loads of ``vals``, whose uses stay behind it (as lower_hopper
+    pins wgmma accumulators); zeros where ``written`` is false (no MMA ran)."""
+    b = lw.b
+    _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
+    pin = ir.FunctionType(F32, [F32])
+    vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
+    return [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]
 
 
 def _row_runs(layout: TmemAccumulator, lay: SharedLayout, first: int) -> int:
