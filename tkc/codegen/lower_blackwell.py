@@ -15,6 +15,9 @@ Must not: choose a layout, a column count or a barrier; every Hopper op keeps it
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import llvmlite.ir as ir
 import numpy as np
 
@@ -188,6 +191,18 @@ def _waited(lw: Lowerer, vals: list[ir.Value], written: ir.Value) -> list[ir.Val
     return [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]
 
 
+@contextmanager
+def _unhoisted_tid(lw: Lowerer) -> Iterator[None]:
+    """``lw.tid`` read again through an empty asm statement, so what is computed from it here
+    stays here."""
+    saved = lw.tid
+    lw.tid = _asm(lw, "mov.u32 $0, $1;", "=r,r", [saved], I32)
+    try:
+        yield
+    finally:
+        lw.tid = saved
+
+
 def _row_runs(layout: TmemAccumulator, lay: SharedLayout, first: int) -> int:
     """Elements of one 16-byte store of a ``#tmem_acc`` thread's row into the shared tile
     ``lay`` (the thread's registers ``first`` on, consecutive columns, land in columns from a
@@ -234,7 +249,11 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
-    coords = lw.coords(op, layout)
+    # The addresses from a thread index LLVM cannot hoist: else every element's address (a
+    # 64-bit shared pointer) is a loop invariant computed before the loop and live through it,
+    # two registers a value stored (attention backward's dS, one store an element: 64).
+    with _unhoisted_tid(lw):
+        coords = lw.coords(op, layout)
     dt = element_dtype(op.value.type)
     if col is None:
         if op.dst.type.shape != (tile.layout.rows, tile.layout.cols):
@@ -258,6 +277,22 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         lw.if_then(b.icmp_unsigned("==", b.lshr(lw.tid, const_i32(7)), const_i32(g)), store, "tmem_slice")
 
 
+def _unhoisted(name: str) -> Handler:
+    """Hopper's handler of ``name``; on a tcgen05 target with the thread index read again
+    (:func:`_unhoisted_tid`): the shared addresses of a cross-warp reduction or a layout
+    change are loop invariants that LLVM hoists and ptxas keeps (Based's column sums)."""
+    hopper_handler = lower_hopper.HANDLERS[name]
+
+    def handler(lw: Lowerer, op: Operation) -> None:
+        if lw.target.mma != "tcgen05":
+            hopper_handler(lw, op)
+            return
+        with _unhoisted_tid(lw):
+            hopper_handler(lw, op)
+
+    return handler
+
+
 HANDLERS: dict[str, Handler] = {
     blackwell.TmemAllocOp.name: _tmem_alloc,
     blackwell.TmemDeallocOp.name: _tmem_dealloc,
@@ -265,4 +300,6 @@ HANDLERS: dict[str, Handler] = {
     blackwell.CommitOp.name: _commit,
     blackwell.TmemLoadOp.name: _tmem_load,
     "hopper.smem_store": _smem_store,
+    "hopper.reduce": _unhoisted("hopper.reduce"),
+    "hopper.convert_layout": _unhoisted("hopper.convert_layout"),
 }
