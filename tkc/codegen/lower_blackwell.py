@@ -7,7 +7,10 @@ the instruction descriptor from the operands' layouts), ``tcgen05.commit`` onto 
 ``tcgen05.ld`` of a ``#tmem_acc`` tile (``.32x32b``) or of a 64-row product's ``#wgmma_acc``
 tile (``.16x256b``), and ``#tmem_acc`` tiles (or column slices of them) stored to shared
 memory, 16 bytes of a row a store where the tile's swizzle allows.  Everything is inline
-PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).
+PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).  On a tcgen05
+target, what LLVM would hoist out of a loop and keep live through it is computed where it is
+used (docs/blackwell.md, "Registers in loops"): descriptors inside the MMA's asm, shared
+addresses of stores, reductions and layout changes from a thread index read again.
 
 Must not: choose a layout, a column count or a barrier; every Hopper op keeps its handler in
 ``lower_hopper.py``, so sm_90a code is not touched by this module.
