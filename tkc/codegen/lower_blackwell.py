@@ -7,13 +7,19 @@ the instruction descriptor from the operands' layouts), ``tcgen05.commit`` onto 
 ``tcgen05.ld`` of a ``#tmem_acc`` tile (``.32x32b``) or of a 64-row product's ``#wgmma_acc``
 tile (``.16x256b``), and ``#tmem_acc`` tiles (or column slices of them) stored to shared
 memory, 16 bytes of a row a store where the tile's swizzle allows.  Everything is inline
-PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).
+PTX (the NVVM intrinsics exist but nothing here needs LLVM to know the ops).  On a tcgen05
+target, what LLVM would hoist out of a loop and keep live through it is computed where it is
+used (docs/blackwell.md, "Registers in loops"): descriptors inside the MMA's asm, shared
+addresses of stores, reductions and layout changes from a thread index read again.
 
 Must not: choose a layout, a column count or a barrier; every Hopper op keeps its handler in
 ``lower_hopper.py``, so sm_90a code is not touched by this module.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llvmlite.ir as ir
 import numpy as np
@@ -30,6 +36,8 @@ from tkc.ir.layouts import SharedLayout, TmemAccumulator, swizzle
 from tkc.ir.types import element_dtype
 
 _SLOT = "tkc_tmem_slot"
+#: Registers of one tcgen05.ld whose values are added to an addend before the next is issued.
+ADDEND_CHUNK = 8
 
 
 def _asm(lw: Lowerer, text: str, constraints: str = "", args: list | None = None, ret: ir.Type | None = None):
@@ -89,18 +97,22 @@ def _mma(lw: Lowerer, op: Operation) -> None:
         # As lower_hopper's wgmma: the constant descriptor of the tile's offset plus the
         # dynamic base (and a ring stage's offset) >> 4 in the 14-bit start field.
         addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
-        return b.zext(b.and_(addr4, const_i32(0x3FFF)), I64)
+        return b.and_(addr4, const_i32(0x3FFF))
 
     def issue() -> None:
+        # The descriptors are summed inside the asm: as 64-bit values in LLVM they are loop
+        # invariants that LICM hoists out of the loop, two registers each for every thread of
+        # the role for the whole loop (attention's eight K steps took 16 of 112).
         a4, b4 = start4(sa), start4(sb)
         for k in range(la.k_steps):
-            da = b.add(ir.Constant(I64, blackwell.smem_descriptor(la, sa.offset, k)), a4)
-            db = b.add(ir.Constant(I64, blackwell.smem_descriptor(lb, sb.offset, k)), b4)
+            da, db = blackwell.smem_descriptor(la, sa.offset, k), blackwell.smem_descriptor(lb, sb.offset, k)
             # K steps after the first always accumulate.
             acc = accumulate if k == 0 else const_i32(1)
-            _asm(lw, "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, $4, 0;\n\t"
-                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], $1, $2, $3, p;\n\t}}",
-                 "r,l,l,r,r,~{memory}", [tmem, da, db, idesc, acc])
+            _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
+                     f"cvt.u64.u32 da, $1;\n\tadd.s64 da, da, {da};\n\t"
+                     f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t"
+                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], da, db, $3, p;\n\t}}",
+                 "r,r,r,r,r,~{memory}", [tmem, a4, b4, idesc, acc])
 
     def warp() -> None:
         # The first warp waits for the operands; its thread 0 issues after the fence that
@@ -144,24 +156,54 @@ def _tmem_load(lw: Lowerer, op: Operation) -> None:
         # 16 rows, wgmma's fragment (#wgmma_acc); 4 registers a repetition of 8 columns.
         shape, cols_per_reg, col = "16x256b", 2, const_i32(0)
     base = b.add(tmem, b.add(lane, col))
-    x = _chunk(layout.regs)
+    written = lw.get(op.written)
+    pin = ir.FunctionType(F32, [F32])
+    addend = lw.tile(op, op.addend[0]) if op.addend else None
+    # With an addend each chunk is waited for and added before the next is loaded (the sums
+    # pass through an empty asm, so LLVM cannot sink the adds behind later loads): the
+    # accumulator is never in registers whole beside the addend.  Else one wait for all.
+    x = _chunk(layout.regs) if addend is None else min(_chunk(layout.regs), ADDEND_CHUNK)
     vals: list[ir.Value] = []
     for c in range(0, layout.regs, x):
         outs = ",".join(f"${i}" for i in range(x))
         ret = ir.LiteralStructType([I32] * x)
-        addr = b.add(base, const_i32(c * cols_per_reg))
         reps = x if shape == "32x32b" else x // 4
-        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}];",
-                 ",".join(["=r"] * x) + ",r", [addr], ret)
+        # The chunk's column as the address's immediate offset: one base register, not one
+        # hoisted address a chunk.
+        off = f"+{c * cols_per_reg}" if c else ""
+        r = _asm(lw, f"tcgen05.ld.sync.aligned.{shape}.x{reps}.b32 {{{outs}}}, [${x}{off}];",
+                 ",".join(["=r"] * x) + ",r", [base], ret)
         vals += [b.bitcast(b.extract_value(r, i), F32) for i in range(x)]
-    _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
-    # Keep the values' uses behind the wait (as lower_hopper pins wgmma accumulators).
-    pin = ir.FunctionType(F32, [F32])
-    vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
-    written = lw.get(op.written)
-    vals = [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]  # no MMA ran: zeros
+        if addend is not None:
+            vals[c:] = _waited(lw, vals[c:], written)
+            vals[c:] = [b.asm(pin, "", "=f,0", [b.fadd(a, v)], side_effect=True)
+                        for a, v in zip(addend[c:c + x], vals[c:])]
+    if addend is None:
+        vals = _waited(lw, vals, written)
     _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
     lw.set(op.result, vals)
+
+
+def _waited(lw: Lowerer, vals: list[ir.Value], written: ir.Value) -> list[ir.Value]:
+    """``tcgen05.wait::ld`` for the loads of ``vals``, whose uses stay behind it (as lower_hopper
+    pins wgmma accumulators); zeros where ``written`` is false (no MMA ran)."""
+    b = lw.b
+    _asm(lw, "tcgen05.wait::ld.sync.aligned;", "~{memory}")
+    pin = ir.FunctionType(F32, [F32])
+    vals = [b.asm(pin, "", "=f,0", [v], side_effect=True) for v in vals]
+    return [b.select(written, v, ir.Constant(F32, 0.0)) for v in vals]
+
+
+@contextmanager
+def _unhoisted_tid(lw: Lowerer) -> Iterator[None]:
+    """``lw.tid`` read again through an empty asm statement, so what is computed from it here
+    stays here."""
+    saved = lw.tid
+    lw.tid = _asm(lw, "mov.u32 $0, $1;", "=r,r", [saved], I32)
+    try:
+        yield
+    finally:
+        lw.tid = saved
 
 
 def _row_runs(layout: TmemAccumulator, lay: SharedLayout, first: int) -> int:
@@ -210,7 +252,11 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     tile = lw.shared(op, op.dst)
     vals = lw.tile(op, op.value)
-    coords = lw.coords(op, layout)
+    # The addresses from a thread index LLVM cannot hoist: else every element's address (a
+    # 64-bit shared pointer) is a loop invariant computed before the loop and live through it,
+    # two registers a value stored (attention backward's dS, one store an element: 64).
+    with _unhoisted_tid(lw):
+        coords = lw.coords(op, layout)
     dt = element_dtype(op.value.type)
     if col is None:
         if op.dst.type.shape != (tile.layout.rows, tile.layout.cols):
@@ -234,6 +280,22 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
         lw.if_then(b.icmp_unsigned("==", b.lshr(lw.tid, const_i32(7)), const_i32(g)), store, "tmem_slice")
 
 
+def _unhoisted(name: str) -> Handler:
+    """Hopper's handler of ``name``; on a tcgen05 target with the thread index read again
+    (:func:`_unhoisted_tid`): the shared addresses of a cross-warp reduction or a layout
+    change are loop invariants that LLVM hoists and ptxas keeps (Based's column sums)."""
+    hopper_handler = lower_hopper.HANDLERS[name]
+
+    def handler(lw: Lowerer, op: Operation) -> None:
+        if lw.target.mma != "tcgen05":
+            hopper_handler(lw, op)
+            return
+        with _unhoisted_tid(lw):
+            hopper_handler(lw, op)
+
+    return handler
+
+
 HANDLERS: dict[str, Handler] = {
     blackwell.TmemAllocOp.name: _tmem_alloc,
     blackwell.TmemDeallocOp.name: _tmem_dealloc,
@@ -241,4 +303,6 @@ HANDLERS: dict[str, Handler] = {
     blackwell.CommitOp.name: _commit,
     blackwell.TmemLoadOp.name: _tmem_load,
     "hopper.smem_store": _smem_store,
+    "hopper.reduce": _unhoisted("hopper.reduce"),
+    "hopper.convert_layout": _unhoisted("hopper.convert_layout"),
 }

@@ -199,7 +199,12 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     return None
 
 
-def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
+def _tmem_load(wg: Any, op: Operation, addr: Any, written: Any, *addend: np.ndarray) -> np.ndarray:
+    loaded = _tmem_read(wg, op, addr, written)
+    return loaded + addend[0] if addend else loaded
+
+
+def _tmem_read(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
     tm = tmem_of(wg.cta)
     layout = op.result.type.layout  # a #tmem_acc, or one warpgroup's #wgmma_acc (the op's verifier)
     rows, cols = wg.coords(op, layout)

@@ -160,9 +160,9 @@ class _Lowering:
         b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
         if j is None:
             yes = b.value(tile.ConstantOp, [], I1, {"value": True})
-            acc = b.value(blackwell.TmemLoadOp, [tmem, yes], wait.result.type)
-            if not _is_zero(w.acc):
-                acc = b.value(tile.AddOp, [w.acc, acc], wait.result.type)
+            # A register accumulator the product adds to (O alpha) is added chunk by chunk.
+            addend = [] if _is_zero(w.acc) else [w.acc]
+            acc = b.value(blackwell.TmemLoadOp, [tmem, yes, *addend], wait.result.type)
             acc.name_hint = wait.result.name_hint
             replace_all_uses(self.kernel, wait.result, acc)
         else:

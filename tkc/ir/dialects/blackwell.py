@@ -203,16 +203,21 @@ class TmemLoadOp(Operation):
     columns); a 64-row one, one warpgroup's ``#wgmma_acc`` (``.16x256b`` reads warp w's 16
     lanes as wgmma's accumulator fragment).  Where ``written`` is false (the
     K loop ran no iteration, so no MMA wrote it) the result is zeros, as a register
-    accumulator that started at zero would be."""
+    accumulator that started at zero would be.  With an ``addend`` (a register tile of the
+    result's type: attention's O alpha) the result is ``addend`` plus the accumulator, each
+    chunk of a thread's columns added as it arrives, so that the whole accumulator is never
+    in registers beside the addend."""
 
     name = "blackwell.tmem_load"
-    OPERANDS = ("tmem", "written")
+    OPERANDS = ("tmem", "written", "*addend")
     RESULTS = ("result",)
 
     def verify(self) -> None:
         r = self.result.type
         if self.tmem.type != I32 or self.written.type != I1:
             raise self.error("takes the tensor-memory address (i32) and whether an MMA wrote it (i1)")
+        if len(self.addend) > 1 or any(a.type != r for a in self.addend):
+            raise self.error(f"takes at most one addend, of the result's type {r}")
         half = isinstance(r, TileType) and isinstance(r.layout, WgmmaAccumulator) \
             and (r.layout.warpgroups, r.layout.slices) == (1, 1)
         if not (isinstance(r, TileType) and r.space == "reg" and (isinstance(r.layout, TmemAccumulator) or half)
