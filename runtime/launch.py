@@ -205,19 +205,16 @@ def launch(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | N
     A multi-GPU kernel (``compiled.ranks``) runs on the ranks of the process group its ``@ ranks``
     arguments were allocated with (:func:`tkc.runtime.ranks.symmetric_empty`), else of the
     default group (:func:`launch_ranks` takes another); every rank launches it."""
-    state = _states.get(id(compiled))
-    if state is not None and state.plans:
-        done = launch_planned(state, args, grid, stream)
-        if done is not None:
-            return done
-    return _launch_checked(compiled, args, grid, stream)
+    done = launch_planned(compiled, args, grid, stream)
+    return done if done is not None else _launch_checked(compiled, args, grid, stream)
 
 
-def launch_planned(state: LaunchState, args: Sequence[Any], grid: Any = None,
+def launch_planned(compiled: Any, args: Sequence[Any], grid: Any = None,
                    stream: int | None = None) -> tuple[int, ...] | None:
-    """:func:`launch` of the kernel whose state is ``state`` when an earlier launch's plan fits
-    ``args`` (returning the grid), else None, having launched nothing (the caller then takes
-    :func:`launch`'s checked way, which says what is wrong, if anything).
+    """:func:`launch` of ``compiled`` when an earlier launch's plan fits ``args`` (returning the
+    grid), else None, having launched nothing (the caller then takes :func:`launch`'s checked
+    way, which says what is wrong, if anything).  A ``@tkc.kernel`` call tries it on the
+    compilation of its constants before anything else.
 
     A plan fits arguments like those of the launch that made it: tensors of the same shapes,
     strides, dtypes and devices; the same scalars, device, grid and thread.  That launch
@@ -226,6 +223,9 @@ def launch_planned(state: LaunchState, args: Sequence[Any], grid: Any = None,
     and call the driver: no synchronisation, allocation on the GPU or driver query, so a
     CUDA graph can capture it.  A program that allocates its outputs afresh at every call
     (``c = torch.empty(...)``) pays for the Python-side work once per shape."""
+    state = _states.get(id(compiled))
+    if state is None or not state.plans:
+        return None
     # A plan exists only once a launch has initialised CUDA: torch's raw getter of the device,
     # without torch.cuda's checks.
     device = _torch._C._cuda_getDevice()

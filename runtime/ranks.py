@@ -182,8 +182,11 @@ def _symmetric(shape: Sequence[int] | int, dtype: Any, group: Any, device: Any, 
         # peer can write into this rank's copy before its zeros land.
         torch.cuda.current_stream(device).synchronize()
     _peer_check(pg, device)
+    # Older torch needs the group enabled before a rendezvous.  Later torch finds the group by
+    # its name, marks the call deprecated (PEP 702's __deprecated__: 2.11 prints a FutureWarning
+    # on every rank when it is called) and then removes it: neither is called.
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-    if enable is not None:
+    if enable is not None and getattr(enable, "__deprecated__", None) is None:
         enable(pg.group_name)
     handle = symm_mem.rendezvous(t, pg.group_name)
     register(t, handle, pg.group_name)

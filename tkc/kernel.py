@@ -25,7 +25,7 @@ from typing import Any
 from tkc.errors import TkcLaunchError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
-from tkc.options import knobs
+from tkc.options import interpret_requested
 from tkc.target import DEFAULT_TARGET
 
 
@@ -41,15 +41,6 @@ def _launch() -> Callable[..., Any]:
 
     _runtime = launch
     return launch.launch
-
-
-def _launch_planned(compiled: Any, args: tuple | list, grid: Any) -> bool:
-    """Whether ``compiled`` was launched on ``args`` by the plan of an earlier launch
-    (``tkc.runtime.launch.launch_planned``); False, having launched nothing, when none fits."""
-    if _runtime is None:
-        return False
-    state = _runtime._states.get(id(compiled))
-    return state is not None and bool(state.plans) and _runtime.launch_planned(state, args, grid) is not None
 
 
 class Kernel:
@@ -189,11 +180,12 @@ class Kernel:
         the same constants and keeps ``key``, ``tuple(sorted(consts.items()))`` (a
         ``tkc.ops`` operator): a launch like an earlier one costs a few dict lookups here
         before the runtime's plan."""
-        if _interpret_requested():
+        if interpret_requested():
             interpret(self, *args, grid=grid, **consts)
             return
         compiled = self._specialized.get((self.target, key))
-        if compiled is not None and _launch_planned(compiled, args, grid):
+        # The plan of an earlier launch like this one, if any (_runtime is bound by the first).
+        if compiled is not None and _runtime is not None and _runtime.launch_planned(compiled, args, grid) is not None:
             return
         if not _any_cuda(args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
@@ -206,19 +198,6 @@ class Kernel:
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
             _launch()(self.specialize(**consts, tma=False), args, grid=grid)
-
-
-# os.environ's own dict (bytes on POSIX), which os.environ[...] = ... and monkeypatch.setenv
-# update: a lookup there costs a fortieth of os.environ.get's (which encodes the key first).
-_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
-
-
-def _interpret_requested() -> bool:
-    """``TKC_INTERPRET`` is on.  Read on every call, since a program may set it at any time, but
-    the common case, unset, is one lookup: :func:`~tkc.options.knobs` parses every knob, paths
-    included, which costs more than a launch."""
-    value = _ENVIRON.get(b"TKC_INTERPRET") if _ENVIRON is not None else os.environ.get("TKC_INTERPRET")
-    return bool(value) and knobs().interpret
 
 
 def _any_cuda(args: tuple | list) -> bool:

@@ -2,7 +2,8 @@
 
 Every environment variable tkc reads is listed here and read here, and only
 when :func:`knobs` is called (never at import time), so a test can pass its
-own ``env`` mapping.  Command-line flags override or add to these; the CLI and
+own ``env`` mapping; :func:`interpret_requested` is the fast check of
+``TKC_INTERPRET`` that every kernel call makes.  Command-line flags override or add to these; the CLI and
 the Python API merge them into explicit option objects (e.g.
 ``tkc.passes.manager.PassOptions``).  Nothing else in tkc reads ``os.environ``.
 
@@ -61,6 +62,20 @@ def knobs(env: Mapping[str, str] | None = None) -> Knobs:
         debug=_flag(env, "TKC_DEBUG"),
         ptxas=Path(ptxas).expanduser() if ptxas else None,
     )
+
+
+# os.environ's own dict (bytes on POSIX), which os.environ[...] = ... and monkeypatch.setenv
+# update: a lookup there costs a fortieth of os.environ.get's (which encodes the key first).
+_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def interpret_requested() -> bool:
+    """``TKC_INTERPRET`` is on: a kernel call (``tkc.kernel``, ``tkc.ops``) runs in the
+    interpreter.  Read on every call, since a program may set it at any time, but the common
+    case, unset, is one lookup: :func:`knobs` parses every knob, paths included, which costs
+    more than a launch."""
+    value = _ENVIRON.get(b"TKC_INTERPRET") if _ENVIRON is not None else os.environ.get("TKC_INTERPRET")
+    return bool(value) and knobs().interpret
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

@@ -481,13 +481,14 @@ def test_another_scalar_is_checked_again_and_reaches_the_kernel(gpu: types.Simpl
 # ------------------------------------------------------------- @tkc.kernel
 def test_a_repeated_kernel_call_compiles_once_and_reads_no_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     import tkc.compiler
+    import tkc.options
 
     compiled, launched = object(), []
     compiles = []
     monkeypatch.delenv("TKC_INTERPRET", raising=False)
     monkeypatch.setattr(tkc.compiler, "compile_kernel", lambda *a, **kw: compiles.append(kw) or compiled)
     monkeypatch.setattr(kernel_mod, "_launch", lambda: lambda c, args, grid=None: launched.append(c))
-    monkeypatch.setattr(kernel_mod, "knobs", lambda: pytest.fail("knobs() read on a plain call"))
+    monkeypatch.setattr(tkc.options, "knobs", lambda: pytest.fail("knobs() read on a plain call"))
     k, x = _rmsnorm(), cuda_like(torch.zeros(4, 8, dtype=torch.bfloat16))
     for _ in range(3):
         k(x, x, x, 1e-6)

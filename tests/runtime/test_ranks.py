@@ -8,8 +8,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import struct
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -344,9 +346,22 @@ def test_the_launch_appends_the_rank_parameters_and_passes_ranked_maps_by_addres
     assert not plan.rebase([1, 2, 3])
 
 
-def test_symmetric_zeros_land_before_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+def _enable(events: list[str]) -> Any:
+    return lambda name: events.append(f"enable {name}")
+
+
+def _deprecated_enable(events: list[str]) -> Any:
+    from typing_extensions import deprecated
+
+    return deprecated("There is no need to call this function anymore.", category=FutureWarning)(_enable(events))
+
+
+@pytest.mark.parametrize("enable", [_enable, _deprecated_enable, None], ids=["needed", "deprecated", "removed"])
+def test_symmetric_zeros_land_before_the_rendezvous(monkeypatch: pytest.MonkeyPatch, enable: Any) -> None:
     """Allocation through torch's symmetric memory (faked): zeros written and waited for, the
-    peers checked, then the rendezvous with the group's name, and the buffer remembered."""
+    peers checked, then the rendezvous with the group's name, and the buffer remembered.  The
+    group is enabled first only where torch still needs it: a deprecated enable_symm_mem_for_group
+    (torch 2.11 on: a FutureWarning per rank) or none is not called."""
     from torch.distributed import _symmetric_memory as symm_mem
 
     monkeypatch.undo()  # this test's own fakes only
@@ -369,11 +384,16 @@ def test_symmetric_zeros_land_before_the_rendezvous(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(symm_mem, "empty", empty)
     monkeypatch.setattr(symm_mem, "rendezvous", rendezvous)
-    monkeypatch.setattr(symm_mem, "enable_symm_mem_for_group", lambda name: events.append(f"enable {name}"),
-                        raising=False)
+    if enable is None:
+        monkeypatch.delattr(symm_mem, "enable_symm_mem_for_group", raising=False)
+    else:
+        monkeypatch.setattr(symm_mem, "enable_symm_mem_for_group", enable(events), raising=False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: Stream())
     monkeypatch.setattr(ranks, "_peer_check", lambda group, device: events.append(f"peers {group.group_name}"))
-    t = ranks.symmetric_zeros((3, 4), torch.float32, group=Group(1, 2, "tp"), device="cpu")
-    assert events == ["synchronize", "peers tp", "enable tp", "rendezvous tp zeros=True"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated enable called would raise here
+        t = ranks.symmetric_zeros((3, 4), torch.float32, group=Group(1, 2, "tp"), device="cpu")
+    enabled = ["enable tp"] if enable is _enable else []
+    assert events == ["synchronize", "peers tp", *enabled, "rendezvous tp zeros=True"]
     buf = ranks.find(t[1:].data_ptr(), 16, -1)
     assert buf is not None and buf.group == "tp" and ranks.peer_addresses(t[1].data_ptr(), buf)[0] == PEER_BASE + 16

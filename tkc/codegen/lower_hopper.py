@@ -169,18 +169,11 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     if _stmatrix_fits(layout, tile.layout, op.dst.type, dt, col or 0):
         _stmatrix_store(lw, tile, layout, vals, dt, col or 0, width, _under_pressure(op))
         return
-    coords = lw.coords(op, layout)
-    if _under_pressure(op) and any(a.name == "tile.for" for a in op.ancestors()):
-        # Each value's address from its own opaque thread index, computed at the store: LLVM
-        # would otherwise hoist one address per value out of the loop and hold them all
-        # through it (attention backward's staged dQ: 32 of them spilled 128 B; one opaque
-        # index for all still spilled 4 B with the causal mask).
-        span = int(getattr(layout, "threads", lw.threads))
-        coords = []
-        for i in range(layout.regs):
-            t = Sym(lw.b, nvvm.opaque(lw.b, lw.tid))
-            tc = layout.thread_coords(t if span >= lw.threads else t % span)
-            coords.append(tuple(a + int(r) for a, r in zip(tc, layout.reg_coords(i))))
+    # Under pressure in a loop, each value's address from its own opaque thread index,
+    # computed at the store: LLVM would otherwise hoist one address per value out of the loop
+    # and hold them all through it (attention backward's staged dQ: 32 of them spilled 128 B;
+    # one opaque index for all still spilled 4 B with the causal mask).
+    coords = lw.coords(op, layout, opaque=_under_pressure(op) and any(a.name == "tile.for" for a in op.ancestors()))
     if col is not None:
         # The value's columns [col, col + width), shifted to the tile's origin; the verifier
         # made them whole 8-column groups of an accumulator, which each register's own
@@ -246,12 +239,7 @@ def _stmatrix_store(lw: Lowerer, tile: SmemTile, layout: WgmmaAccumulator, vals:
     code."""
     b = lw.b
     plan = layout.stmatrix_x4()
-    thread = lw.thread(layout)
-    if local:
-        span = int(layout.threads)
-        thread = Sym(b, nvvm.opaque(b, lw.tid))
-        thread = thread if span >= lw.threads else thread % span
-    row, col0 = layout.stmatrix_lane(thread)
+    row, col0 = layout.stmatrix_lane(lw.thread(layout, opaque=local))
     for m in range(layout.slices):
         for s in range(col // 16, (col + width) // 16):
             p = _smem_element_ptr(lw, tile, smem_offset(tile.layout, row + 64 * m, col0 + 16 * s - col))

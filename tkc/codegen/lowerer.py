@@ -135,23 +135,34 @@ class Lowerer:
             raise TkcCodegenError(f"'{op.name}': expected a register tile, got {v.type}", op.loc)
         return x
 
-    def thread(self, layout: object) -> Sym:
-        """The thread index as a symbol over the threads ``layout`` spans (replicated beyond them)."""
+    def thread(self, layout: object, opaque: bool = False) -> Sym:
+        """The thread index as a symbol over the threads ``layout`` spans (replicated beyond
+        them).  ``opaque``: through an :func:`~tkc.codegen.nvvm.opaque` copy of ``tid`` made
+        here, so what is computed from it is neither shared with earlier code nor hoisted out
+        of a loop."""
         span = int(getattr(layout, "threads", self.threads))
-        t = Sym(self.b, self.tid)
+        t = Sym(self.b, nvvm.opaque(self.b, self.tid) if opaque else self.tid)
         return t if span >= self.threads else t % span
 
-    def coords(self, op: Operation, layout: object) -> list[tuple[Sym | int, ...]]:
-        """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2)."""
-        t, regs = self.coord_parts(op, layout)
-        return [tuple(tc + rc for tc, rc in zip(t, r)) for r in regs]
+    def coords(self, op: Operation, layout: object, opaque: bool = False) -> list[tuple[Sym | int, ...]]:
+        """Per value of this thread, the tile coordinates it holds (docs/hopper.md §2).
+        ``opaque``: each value's from an opaque thread index of its own (:meth:`thread`), so
+        LLVM cannot compute them all up front and hold them through a loop."""
+        t, regs = self.coord_parts(op, layout, opaque)
+        out = []
+        for i, r in enumerate(regs):
+            if opaque and i:
+                t = layout.thread_coords(self.thread(layout, opaque=True))
+            out.append(tuple(tc + rc for tc, rc in zip(t, r)))
+        return out
 
-    def coord_parts(self, op: Operation, layout: object) -> tuple[tuple[Sym | int, ...], list[tuple[int, ...]]]:
-        """The two terms of :meth:`coords`: this thread's coordinates, and per value the
-        constant offset from them (a layout places value ``i`` at ``thread_coords +
-        reg_coords(i)``)."""
+    def coord_parts(self, op: Operation, layout: object,
+                    opaque: bool = False) -> tuple[tuple[Sym | int, ...], list[tuple[int, ...]]]:
+        """The two terms of :meth:`coords`: this thread's coordinates (from an opaque thread
+        index with ``opaque``), and per value the constant offset from them (a layout places
+        value ``i`` at ``thread_coords + reg_coords(i)``)."""
         try:
-            t = layout.thread_coords(self.thread(layout))
+            t = layout.thread_coords(self.thread(layout, opaque))
             return t, [tuple(int(rc) for rc in layout.reg_coords(i)) for i in range(layout.regs)]
         except (ValueError, TypeError, AttributeError) as e:
             raise TkcCodegenError(f"'{op.name}': cannot place the values of layout {layout}: {e}",

@@ -30,7 +30,8 @@ from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TensorType
-from tkc.kernel import Kernel, _interpret_requested, interpret
+from tkc.kernel import Kernel, interpret
+from tkc.options import interpret_requested
 
 __all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "register_autograd", "roles"]
 
@@ -181,7 +182,7 @@ class _KernelOp:
     def run(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
         first = _first_tensor(values)
-        if self._plans and first.is_cuda and not _interpret_requested():
+        if self._plans and first.is_cuda and not interpret_requested():
             outs = self._run_planned(spec, values, first)
             if outs is not None:
                 return _result(outs)
