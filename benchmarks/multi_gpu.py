@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 benchmarks/multi_gpu.py [--quick] [--check] [--no-record]
                                                         [--only allgather_gemm,gemm_reducescatter,...]
+                                                        [--also DIR] [--consts NAME=VALUE,...]...
 
 One process a GPU; every rank runs every contender in the same order.  Each timed call starts
 with every rank in step (CUDA synchronize, then a barrier) and is timed with CUDA events; a
@@ -16,12 +17,14 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 * ``allgather_gemm`` (column-sharded up projection): every rank holds tokens/R rows of the
   activations [tokens/R, hidden] and its FFN/R columns of the weights; out = all_gather(a) @ b,
   [tokens, FFN/R].  tkc: examples/allgather_gemm.tk (a in its slot of the symmetric buffer
-  the kernel gathers into, where the layer before would have written it); NCCL + cuBLAS:
+  the kernel gathers into, where the layer before would have written it; its flags zeroed
+  before every call, in the timing); NCCL + cuBLAS:
   ``all_gather_into_tensor`` then ``torch.matmul``; symm_mem fused:
   ``torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)``.  2 tokens hidden FFN/R FLOPs.
 * ``gemm_reducescatter`` (row-sharded down projection): a [tokens, FFN/R], b [FFN/R, hidden];
   out = reduce_scatter(a @ b), [tokens/R, hidden].  tkc: examples/gemm_reducescatter.tk (its
-  flags zeroed before every call, in the timing: a caller pays it); NCCL + cuBLAS: matmul then
+  flags zeroed before every call, in the timing: a caller pays it; the staging buffer of the
+  dtype the kernel declares, bf16 partials as the other two reduce); NCCL + cuBLAS: matmul then
   ``reduce_scatter_tensor``; symm_mem fused: ``fused_matmul_reduce_scatter(a, b, "sum", 0,
   group)``.
 * ``gemm_allreduce``: the same product, all-reduced: out [tokens, hidden] on every rank.  tkc:
@@ -45,6 +48,11 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 
 ``--check``: every contender once at the smaller shape, against float32 torch on the same
 inputs (relative error of the whole output); exit status 1 if one is off.
+``--also DIR`` (repeatable): the all-gather + GEMM and GEMM + reduce-scatter examples of DIR too
+(another version of them, such as benchmarks/ranks_candidates), as contenders ``tkc DIR``
+timed in turns with the rest.  ``--consts NAME=VALUE,...`` (repeatable): each version of those
+two with these compile-time constants too, as contender ``tkc [DIR] NAME=VALUE,...`` (a sweep
+of a tuning constant; a kernel without one of the names leaves that contender out).
 NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
 ``NVSHMEM_DISABLE_NVLS=1``, set before anything starts).
 """
@@ -78,6 +86,10 @@ MOE_SHAPES = [("Mixtral-8x7B experts", 4096, 4096, 14336, 8), ("64 fine-grained 
 COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
 EXAMPLES = ROOT / "examples"
 BF16 = torch.bfloat16
+#: --also: folders whose allgather_gemm.tk / gemm_reducescatter.tk run beside examples/'s
+ALSO: list[Path] = []
+#: --consts: sets of compile-time constants examples/'s versions of those two run with too
+CONSTS: list[str] = []
 
 
 def timed(fn: Callable[[], Any], runs: int, warmup: int = 3) -> float:
@@ -131,6 +143,22 @@ def randn(*shape: int, dtype: torch.dtype = BF16, scale: float = 1.0) -> torch.T
     return (torch.randn(*shape, device="cuda") * scale).to(dtype)
 
 
+def variants(example: str) -> dict[str, tuple[tkc.Kernel, dict[str, Any]]]:
+    """The tkc contenders of a fused GEMM, each a kernel and its constants: ``tkc``
+    (examples/) and ``tkc DIR`` for each --also folder holding the example, each also as
+    ``... NAME=VALUE,...`` for each --consts whose names the kernel takes."""
+    kernels = {"tkc": tkc.load(EXAMPLES / example)}
+    kernels.update({f"tkc {d.name}": tkc.load(d / example) for d in ALSO if (d / example).exists()})
+    out: dict[str, tuple[tkc.Kernel, dict[str, Any]]] = {}
+    for name, k in kernels.items():
+        out[name] = (k, {})
+        for text in CONSTS:
+            consts = {c: int(v) for c, _, v in (item.partition("=") for item in text.split(","))}
+            if set(consts) <= set(k.params):
+                out[f"{name} {text}"] = (k, consts)
+    return out
+
+
 def symmetric(x: torch.Tensor) -> torch.Tensor:
     return tkc.symmetric_empty(tuple(x.shape), x.dtype).copy_(x)
 
@@ -145,11 +173,9 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     R, group = dist.get_world_size(), dist.group.WORLD.group_name
     M, K, N = tokens // R, hidden, ffn // R
     a, b = randn(M, K), randn(K, N, scale=K ** -0.5)
-    c = torch.empty(R, M, N, dtype=BF16, device="cuda")
     ag = tkc.symmetric_zeros((R, M, K), BF16)  # every rank's rows, pushed by their owners
     ready = tkc.symmetric_zeros((R, -(-M // 128)), torch.int32)  # a flag a tile row (BM = 128)
     gathered, c2 = torch.empty(R * M, K, dtype=BF16, device="cuda"), torch.empty(R * M, N, dtype=BF16, device="cuda")
-    k = tkc.load(EXAMPLES / "allgather_gemm.tk")
     fused: list[Any] = [None]
 
     def unfused() -> None:
@@ -162,13 +188,17 @@ def allgather_gemm(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     ag[dist.get_rank()] = a  # the shard in its own slot (a layer before would write it there)
     dist.all_gather_into_tensor(gathered, a)  # real operands for the GEMM alone from its first call
 
-    def ours() -> None:
-        ready.zero_()  # before a launch that starts with barrier_all(): no peer signals into it earlier
-        k(b, c, ag, ready)
+    ours, outputs = {}, {}
+    for name, (k, consts) in variants("allgather_gemm.tk").items():
+        c = torch.empty(R, M, N, dtype=BF16, device="cuda")
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem,
-                  **gemm_alone(gathered, b, c2)}
-    outputs = {"tkc": lambda: c.reshape(R * M, N), "NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]}
+        def call(k: tkc.Kernel = k, c: torch.Tensor = c, consts: dict = consts) -> None:
+            ready.zero_()  # before a launch that starts with barrier_all(): no peer signals into it earlier
+            k(b, c, ag, ready, **consts)
+
+        ours[name], outputs[name] = call, lambda c=c: c.reshape(R * M, N)
+    contenders = {**ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem, **gemm_alone(gathered, b, c2)}
+    outputs.update({"NCCL+cuBLAS": lambda: c2, "symm_mem fused": lambda: fused[0]})
 
     def reference() -> torch.Tensor:
         dist.all_gather_into_tensor(gathered, a)
@@ -197,16 +227,20 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
     a, b = _partial_products(tokens, hidden, ffn)
     M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
     BM, BN = 128, 256  # the example's tiles: one flag per output tile
-    out = torch.empty(MS, N, dtype=BF16, device="cuda")
-    stage = tkc.symmetric_empty((R, MS, N), BF16)
     flags = tkc.symmetric_zeros((R, -(-MS // BM), -(-N // BN)), torch.int32)
     full, out2 = torch.empty(M, N, dtype=BF16, device="cuda"), torch.empty(MS, N, dtype=BF16, device="cuda")
-    k = tkc.load(EXAMPLES / "gemm_reducescatter.tk")
     fused: list[Any] = [None]
+    ours, outputs = {}, {}
+    for name, (k, consts) in variants("gemm_reducescatter.tk").items():
+        staged = dict(k.specialize(**consts).params)["stage"].dtype.torch_dtype()  # the partials' dtype
+        out, stage = torch.empty(MS, N, dtype=BF16, device="cuda"), tkc.symmetric_empty((R, MS, N), staged)
 
-    def ours() -> None:
-        flags.zero_()
-        k(a, b, out, stage, flags)
+        def call(k: tkc.Kernel = k, out: torch.Tensor = out, stage: torch.Tensor = stage,
+                 consts: dict = consts) -> None:
+            flags.zero_()
+            k(a, b, out, stage, flags, **consts)
+
+        ours[name], outputs[name] = call, lambda out=out: out
 
     def unfused() -> None:
         torch.matmul(a, b, out=full)
@@ -220,8 +254,8 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
         dist.all_reduce(total)
         return total[rank * MS:(rank + 1) * MS]
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem, **gemm_alone(a, b, full)}
-    outputs = {"tkc": lambda: out, "NCCL+cuBLAS": lambda: out2, "symm_mem fused": lambda: fused[0]}
+    contenders = {**ours, "NCCL+cuBLAS": unfused, "symm_mem fused": symm_mem, **gemm_alone(a, b, full)}
+    outputs.update({"NCCL+cuBLAS": lambda: out2, "symm_mem fused": lambda: fused[0]})
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
 
@@ -417,9 +451,16 @@ def check(only: list[str]) -> bool:
 def main() -> None:
     from harness import group_args
 
-    args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs",
-                            more=lambda ap: ap.add_argument("--check", action="store_true",
-                                                            help="check every contender's result and stop"))
+    def more(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--check", action="store_true", help="check every contender's result and stop")
+        ap.add_argument("--also", action="append", default=[], metavar="DIR",
+                        help="time DIR's allgather_gemm.tk and gemm_reducescatter.tk beside examples/'s")
+        ap.add_argument("--consts", action="append", default=[], metavar="NAME=VALUE,...",
+                        help="time examples/'s versions of those two with these constants too")
+
+    args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs", more=more)
+    ALSO.extend(Path(d).resolve() for d in args.also)
+    CONSTS.extend(args.consts)
     rank, world = init_process_group()
     torch.manual_seed(1234 + rank)
     try:
@@ -484,7 +525,8 @@ def report(rows: list[Any], args: argparse.Namespace, only: list[str], world: in
     if args.no_record:
         return
     command = f"torchrun --nproc-per-node {world} benchmarks/multi_gpu.py" + (" --quick" if args.quick else "") + (
-        f" --only {args.only}" if len(only) < len(GROUPS) else "")
+        f" --only {args.only}" if len(only) < len(GROUPS) else "") + "".join(f" --also {d}" for d in args.also) + (
+        "".join(f" --consts {c}" for c in args.consts))
     append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
                    f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's.")
     name = "plot_multi_gpu.png" if world == 2 else f"plot_multi_gpu_{world}.png"
