@@ -177,6 +177,38 @@ def test_a_rank_that_skips_a_barrier_of_a_warp_specialized_kernel(seed: int) -> 
     assert info.value.loc.line == line
 
 
+LOOPED_BARRIER = """
+@kernel
+def k(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], x: f32[N] @ ranks, n: i32,
+      BM: const = 64, BN: const = 64, BK: const = 32):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    for i in range(n):
+        barrier_all()
+    acc = zeros([BM, BN], f32)
+    for kk in range(cdiv(K, BK)):
+        acc += a[pm*BM:(pm+1)*BM, kk*BK:(kk+1)*BK] @ b[kk*BK:(kk+1)*BK, pn*BN:(pn+1)*BN]
+    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
+"""
+
+
+def test_a_finished_role_counts_the_barriers_it_met() -> None:
+    """A warp-specialized kernel whose rank 0 meets one barrier_all() and finishes while rank 1
+    waits at its second: the finished producer is named with the barrier it met (its role is
+    kept once its region ends)."""
+    k = _compiled(LOOPED_BARRIER)
+    assert any(op.name == "hopper.role" for op in k.walk())
+    rng = np.random.default_rng(0)
+    args = [[cases.bf16(rng, 64, 64), cases.bf16(rng, 64, 64), torch.zeros(64, 64, dtype=torch.bfloat16),
+             torch.zeros(64), n] for n in (1, 2)]
+    with pytest.raises(DeadlockError) as info:
+        emulate_ranks(k, args, seed=0)
+    msg = str(info.value)
+    assert re.search(r"rank 1 CTA \(0,\) warpgroup \d \(\w+\) waits at its barrier 2 \(line 9\), but rank 0 CTA "
+                     r"\(0,\) warpgroup \d \(\w+\) has finished after meeting 1 \(line 9\)", msg), msg
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_barrier_waits_for_every_role_of_the_program(seed: int) -> None:
     """allgather_gemm's barrier runs in its producer and its consumer roles (docs/hopper.md §4:

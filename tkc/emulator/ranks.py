@@ -170,7 +170,8 @@ class RankLaunch:
 
 
 def _role_name(wg: Any) -> str | None:
-    return wg.role_op.attributes["name"] if wg.role_op is not None else None
+    """The role ``wg`` runs, or ran last once it has finished (the barriers it met count under it)."""
+    return wg.role_op.attributes["name"] if wg.role_op is not None else wg.last_role
 
 
 def _line(op: Operation) -> str:
