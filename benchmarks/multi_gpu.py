@@ -479,32 +479,25 @@ def run(only: list[str], quick: bool, world: int) -> list[Any]:
 
     runs = 10 if quick else 30
     rows = []
+
+    def timed_row(group: str, problem: str, make: Callable[[], tuple[dict, dict, float]]) -> None:
+        say(f"{group} {problem} ...")
+        contenders, _, flops = make()
+        seconds = in_turns(contenders, runs)
+        rows.append(Row(group, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
+        torch.cuda.empty_cache()
+
     for name in [g for g in only if g in GEMMS]:
         for shape, tokens, hidden, ffn in SHAPES[-1:] if quick else SHAPES:
-            problem = f"{shape}: {tokens} tokens x {hidden} x {ffn}, /{world}"
-            say(f"{name} {problem} ...")
-            contenders, _, flops = GEMMS[name](tokens, hidden, ffn)
-            seconds = in_turns(contenders, runs)
-            rows.append(Row(name, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
-            torch.cuda.empty_cache()
+            timed_row(name, f"{shape}: {tokens} tokens x {hidden} x {ffn}, /{world}",
+                      lambda: GEMMS[name](tokens, hidden, ffn))
     if "ring_attn" in only:
         for _shape, B, H, N, D in RING_SHAPES[-1:] if quick else RING_SHAPES:
-            problem = f"{world} x {N} tokens, B={B} H={H} D={D}"
-            say(f"ring_attn {problem} ...")
-            contenders, _, flops = ring_attn(B, H, N, D)
-            seconds = in_turns(contenders, runs)
-            rows.append(Row("ring_attn", problem, "TFLOP/s", {n: flops / s / 1e12 if s else None
-                                                              for n, s in seconds.items()}))
-            torch.cuda.empty_cache()
+            timed_row("ring_attn", f"{world} x {N} tokens, B={B} H={H} D={D}", lambda: ring_attn(B, H, N, D))
     if "moe_dispatch" in only:
         for shape, T, D, F, experts in MOE_SHAPES[-1:] if quick else MOE_SHAPES:
-            problem = f"{shape}: {T} tokens a rank, D={D} F={F}, {experts} experts over {world} ranks"
-            say(f"moe_dispatch {problem} ...")
-            contenders, _, flops = moe_dispatch(T, D, F, experts)
-            seconds = in_turns(contenders, runs)
-            rows.append(Row("moe_dispatch", problem, "TFLOP/s", {n: flops / s / 1e12 if s else None
-                                                                 for n, s in seconds.items()}))
-            torch.cuda.empty_cache()
+            timed_row("moe_dispatch", f"{shape}: {T} tokens a rank, D={D} F={F}, {experts} experts over {world} ranks",
+                      lambda: moe_dispatch(T, D, F, experts))
     if "collectives" in only:
         for nbytes in COLLECTIVE_BYTES[:2] if quick else COLLECTIVE_BYTES:
             say(f"collectives {nbytes >> 20} MiB ...")
