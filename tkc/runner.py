@@ -94,15 +94,10 @@ def narrowest_staged(kernel: Operation) -> int:
     """The bits of the narrowest float tensor ``kernel`` stores a cast into and loads from (its
     own copy or a peer's), 32 if none: values it rounds, stages and reads back (copies, which
     round nothing, do not count)."""
-    def root(value: Any) -> Any:
-        while isinstance(value, OpResult) and value.owner.name == "tile.peer":
-            value = value.owner.operands[0]
-        return value
-
-    stored = {id(root(op.operands[0])) for op in kernel.walk() if op.name == "tile.store"
-              and isinstance(op.operands[1], OpResult) and op.operands[1].owner.name == "tile.cast"}
-    bits = [op.operands[0].type.dtype.bits for op in kernel.walk() if op.name in ("tile.load", "tile.gather")
-            and id(root(op.operands[0])) in stored and op.operands[0].type.dtype.is_float]
+    stored = {id(tile.tensor_param(op.tensor)) for op in kernel.walk() if op.name == "tile.store"
+              and isinstance(op.value, OpResult) and op.value.owner.name == "tile.cast"}
+    bits = [op.tensor.type.dtype.bits for op in kernel.walk() if op.name in ("tile.load", "tile.gather")
+            and id(tile.tensor_param(op.tensor)) in stored and op.tensor.type.dtype.is_float]
     return min(bits, default=32)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import rank_cases as cases
+from device_checks import HAVE_PTXAS, assert_no_spills
 
 import tkc
 from tkc.compiler import compile_kernel
@@ -22,6 +23,14 @@ HOPPER = {"BM": 64, "BN": 64, "BK": 32}
 # 4 programs on the CPU: the default has every program push; PUSHERS=1 leaves three that
 # only multiply, and start LEAD tiles ahead of the pusher
 PUSHERS = [{}, {"PUSHERS": 1, "LEAD": 1}, {"PUSHERS": 2, "LEAD": 2}]
+
+
+@pytest.mark.parametrize("name", ["allgather_gemm.tk", "gemm_reducescatter.tk"])
+def test_candidates_compile_without_spills(name: str) -> None:
+    c = compile_kernel(CANDIDATES / name, {}, stop="cubin" if HAVE_PTXAS else "ptx", cache=False)
+    if HAVE_PTXAS:
+        assert_no_spills(c)
+    assert "multimem" not in c.asm["ptx"]  # NVLink multicast stays off
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

@@ -116,6 +116,10 @@ def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
              "bar.sync")
     order = [before.rindex(what) for what in steps]
     assert order == sorted(order), "the TMA stores complete, the async proxy is fenced, the threads meet, then release"
+    # gemm_allreduce's sums go to every rank by the threads' own stores: they meet after them
+    ptx = compile_kernel(EXAMPLES / "gemm_allreduce.tk", {}, stop="ptx", cache=False).asm["ptx"]
+    before = ptx[:ptx.rindex("atom.release.sys.global.exch.b32")]
+    assert before.rindex("bar.sync") > before.rindex("st.global"), "the threads meet after their stores"
 
 
 def test_a_peer_rank_out_of_range_traps_and_with_the_pin_says_where(tmp_path: Path) -> None:

@@ -196,10 +196,10 @@ def _waited(lw: Lowerer, vals: list[ir.Value], written: ir.Value) -> list[ir.Val
 
 @contextmanager
 def _unhoisted_tid(lw: Lowerer) -> Iterator[None]:
-    """``lw.tid`` read again through an empty asm statement, so what is computed from it here
-    stays here."""
+    """``lw.tid`` read again through :func:`~tkc.codegen.nvvm.opaque` (as ``Lowerer.thread``'s
+    ``opaque``, but one for every value of the op), so what is computed from it here stays here."""
     saved = lw.tid
-    lw.tid = _asm(lw, "mov.u32 $0, $1;", "=r,r", [saved], I32)
+    lw.tid = nvvm.opaque(lw.b, saved)
     try:
         yield
     finally:
