@@ -49,7 +49,7 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 ``--check``: every contender once at the smaller shape, against float32 torch on the same
 inputs (relative error of the whole output); exit status 1 if one is off.
 ``--also DIR`` (repeatable): the all-gather + GEMM and GEMM + reduce-scatter examples of DIR too
-(another version of them, such as benchmarks/ranks_candidates), as contenders ``tkc DIR``
+(another version of them, such as an edited copy), as contenders ``tkc DIR``
 timed in turns with the rest.  ``--consts NAME=VALUE,...`` (repeatable): each version of those
 two with these compile-time constants too, as contender ``tkc [DIR] NAME=VALUE,...`` (a sweep
 of a tuning constant; a kernel without one of the names leaves that contender out).

@@ -109,7 +109,9 @@ def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
     """A release atomic on one element: thread 0 waits for its TMA stores to complete, fences
     the async proxy, the threads meet, then the release (docs/hopper.md §4)."""
     ptx = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="ptx", cache=False).asm["ptx"]
-    at = ptx.index("atom.release.sys.global.exch.b32")
+    # the release after the walk: the one in the loop announces the previous tile, whose store
+    # comes after it in the text
+    at = ptx.rindex("atom.release.sys.global.exch.b32")
     before = ptx[:at]
     # the partial goes to the peer by TMA (bf16, staged in shared memory)
     steps = ("cp.async.bulk.tensor.3d.global.shared::cta", "cp.async.bulk.wait_group \t0", "fence.proxy.async.global",

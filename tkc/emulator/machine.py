@@ -360,7 +360,7 @@ class _Warpgroup:
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
         self.bulk: list[Any] = []  # read leases of committed TMA stores not yet waited for
         self.role_op: Operation | None = None  # the hopper.role being run, if any
-        self.last_role: str | None = None  # the name of the role it ran last (kept once it ends)
+        self.last_role: Operation | None = None  # the role it ran last (kept once it ends)
         self.unmet: list[_Unmet] = []  # waits this warpgroup's warps have not met since (left_behind)
         self.committed = self.completed = 0  # wgmma groups committed / completed, in order
 
@@ -594,7 +594,7 @@ def _role(wg: _Warpgroup, op: Operation) -> Co:
         return None
     if wg.role_op is not None:
         raise _fault(op, f"is nested in role {wg.role_op.attributes['name']!r}")
-    wg.role_op, wg.last_role = op, op.attributes["name"]
+    wg.role_op = wg.last_role = op
     try:
         yield from wg.block(op.body)
     finally:

@@ -128,7 +128,7 @@ class RankLaunch:
     def _absent(self, key: tuple[tuple[int, ...], int], arrived: set) -> list[tuple[Any, str]]:
         """The warpgroups (their leaders) that have not arrived at barrier ``key``."""
         return [(wg, name) for wg, name in self.labels.items()
-                if wg.cta.pid == key[0] and wg.leader and (wg.cta.gpu, _role_name(wg)) not in arrived]
+                if wg.cta.pid == key[0] and _leads(wg) and (wg.cta.gpu, _role_name(wg)) not in arrived]
 
     def missing(self, key: tuple[tuple[int, ...], int], arrived: set) -> str:
         """Who has not arrived at barrier ``key``, and why."""
@@ -171,7 +171,15 @@ class RankLaunch:
 
 def _role_name(wg: Any) -> str | None:
     """The role ``wg`` runs, or ran last once it has finished (the barriers it met count under it)."""
-    return wg.role_op.attributes["name"] if wg.role_op is not None else wg.last_role
+    role = wg.role_op or wg.last_role
+    return role.attributes["name"] if role is not None else None
+
+
+def _leads(wg: Any) -> bool:
+    """Whether ``wg`` is the first warpgroup of the role it runs, or ran last once it has
+    finished (a role meets a barrier once, through its first warpgroup)."""
+    role = wg.role_op or wg.last_role
+    return wg.g == (role.first if role is not None else 0)
 
 
 def _line(op: Operation) -> str:
