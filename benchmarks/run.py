@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))
 from harness import (L2_FLUSH_BYTES, Row, append_results, device_description, host_time,  # noqa: E402
                      in_turns, plot, table)
 
+import tkc  # noqa: E402
 from tkc import autotune  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
@@ -64,6 +65,36 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
     if math.isnan(err) or err > tol * scale:
         return f"WRONG: max error {err:.3g} (scale {scale:.3g}); not timed"
     return ""
+
+
+# ------------------------------------------------------------------------ tkc's own default
+# Beside each autotuned row: the kernel called as a user calls it, no pins and no search, so
+# the schedule is the compiler's own (tkc.schedule picks pins for the launch's shapes).  The
+# kernel constants are the example's, but for D = 256 attention's 64-key blocks: the tile size
+# a kernel author sets for that head dim (the example's 128 leaves no room for two K/V stages).
+GEMM = tkc.load(EXAMPLES / "gemm.tk")
+ATTN = tkc.load(EXAMPLES / "attn.tk")
+ATTN_TILES = {256: {"BN": 64}}
+NORMS = {"softmax": tkc.load(EXAMPLES / "softmax.tk"), "layernorm": tkc.load(EXAMPLES / "layernorm.tk")}
+
+
+def default_contender(contenders: dict, row: Row, kernel: tkc.Kernel, args: list, consts: dict,
+                      out: torch.Tensor, ref: torch.Tensor, tol: float) -> str:
+    """Add ``kernel(*args, **consts)`` to ``contenders`` as "tkc default" once its result is
+    checked against ``ref``; the note that names the pins it ran with, or says it was wrong."""
+    def call() -> None:
+        kernel(*args, **consts)
+
+    out.fill_(float("nan"))
+    call()
+    row.values["tkc default"] = None
+    wrong = close(out, ref, tol)
+    if wrong:
+        return "tkc default " + wrong
+    contenders["tkc default"] = call
+    pins = kernel.pins(*args, **consts)
+    on = [k if v is True else f"{k}={v}" for k, v in pins.items() if v is not False]
+    return f"tkc default: {', '.join(on) or 'no pins'} (tkc.schedule)"
 
 
 # ----------------------------------------------------------------------------------- GEMM
@@ -97,6 +128,8 @@ def gemm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             row.values["tkc"] = None
         elif best.consts:
             row.notes = f"tkc: {', '.join(f'{k}={v}' for k, v in best.consts.items())} (tkc.autotune)"
+        wrong = default_contender(contenders, row, GEMM, [a, b, c], {}, c, a.float() @ b.float(), 2e-2)
+        row.notes = "; ".join(n for n in (row.notes, wrong) if n)
         row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
         rows.append(row)
         print(f"  gemm {row.problem}: {row.values}", flush=True)
@@ -173,6 +206,9 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
                       if k not in ("D", "causal")]
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
+                wrong = default_contender(contenders, row, ATTN, [q, k, v, o, scale],
+                                          {"D": D, "causal": causal, **ATTN_TILES.get(D, {})}, o, ref, 2e-2)
+                row.notes = "; ".join(n for n in (row.notes, wrong) if n)
                 for name, be in backends.items():
                     def sdpa(be=be):
                         with sdpa_kernel([be]):
@@ -283,6 +319,8 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             row.notes = wrong or f"tkc: {'' if example == f'{op}.tk' else example + ' '}{picked} (tkc.autotune)"
             row.values["tkc"] = None
             contenders = {} if wrong else {"tkc": run}
+            row.notes = "; ".join(n for n in (row.notes, default_contender(
+                contenders, row, NORMS[op], args, {}, y, ref(), 3e-2)) if n)
             contenders["torch"] = torch_fn
             if tri_fn is not None:
                 contenders["triton"] = tri_fn

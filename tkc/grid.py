@@ -22,7 +22,8 @@ from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
 from tkc.ir.types import TensorType
 from tkc.semantics import Program
 
-__all__ = ["as_kernel", "check_args", "check_grid", "eval_grid", "launch_grid", "param_name", "scalar_value"]
+__all__ = ["as_kernel", "check_args", "check_grid", "eval_grid", "eval_slice", "launch_grid", "param_name",
+           "scalar_value", "shape_env"]
 
 
 def as_kernel(kernel: Operation | Module) -> Operation:
@@ -61,24 +62,32 @@ def eval_grid(kernel: Operation, env: dict[Value, Any], sms: int = 0) -> tuple[i
     """Evaluate only the ops the grid extents depend on (in program order):
     other ops before ``tile.grid`` may read tensors, which need not exist here."""
     grid_op = _grid_op(kernel)
-    needed: set[Operation] = set()
-    stack = list(grid_op.operands)
-    while stack:
-        v = stack.pop()
-        if isinstance(v, OpResult) and v.owner not in needed:
-            if v.owner.regions or v.owner.name in ("tile.load", "tile.store"):
-                raise TkcInterpretError("grid extents must be computed from tensor sizes, scalar "
-                                        "arguments and constants", v.owner.loc)
-            needed.add(v.owner)
-            stack.extend(v.owner.operands)
-    ctx = Program(None, (), env, sms=sms)
-    block = Block()  # a scratch block holding the slice; ops keep their real parent
-    block.ops = [op for op in kernel.regions[0].block.ops if op in needed]
-    ctx.run(block)
+    eval_slice(kernel, grid_op.operands, env, sms, None, "grid extents must be computed from tensor sizes, "
+               "scalar arguments and constants")
     grid = tuple(int(env[v]) for v in grid_op.operands)
     if any(g < 0 for g in grid):
         raise TkcInterpretError(f"grid extents are negative: {grid}", grid_op.loc)
     return grid
+
+
+def eval_slice(kernel: Operation, values: Sequence[Value], env: dict[Value, Any], sms: int,
+               pid: tuple[int, ...] | None, why: str) -> None:
+    """Put ``values`` (of ``kernel``'s top-level block) into ``env`` by running only the ops
+    they depend on, as program ``pid`` (None: ids are an error).  A value computed from a
+    tensor's contents or by an op with regions is a TkcInterpretError saying ``why``."""
+    needed: set[Operation] = set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, OpResult) and v.owner not in needed:
+            if v.owner.regions or v.owner.name in ("tile.load", "tile.store"):
+                raise TkcInterpretError(why, v.owner.loc)
+            needed.add(v.owner)
+            stack.extend(v.owner.operands)
+    ctx = Program(pid, (), env, sms=sms)
+    block = Block()  # a scratch block holding the slice; ops keep their real parent
+    block.ops = [op for op in kernel.regions[0].block.ops if op in needed]
+    ctx.run(block)
 
 
 class _Shape:
@@ -95,11 +104,16 @@ def launch_grid(kernel: Operation | Module, args: Sequence[Any], sms: int = 0) -
     ``CPU_SMS``)."""
     kernel = as_kernel(kernel)
     check_args(kernel, args)
-    env: dict[Value, Any] = {}
-    for p, x in zip(kernel.regions[0].block.args, args):
-        env[p] = _Shape(x.shape) if isinstance(p.type, TensorType) else scalar_value(p, p.type.dtype, x)
+    env = shape_env(kernel, args)
     with np.errstate(all="ignore"):
         return eval_grid(kernel, env, sms)
+
+
+def shape_env(kernel: Operation, args: Sequence[Any]) -> dict[Value, Any]:
+    """The kernel's parameters bound to ``args`` as far as sizes go: a tensor stands for its
+    shape alone (its contents are never read), a scalar is its value."""
+    return {p: _Shape(x.shape) if isinstance(p.type, TensorType) else scalar_value(p, p.type.dtype, x)
+            for p, x in zip(kernel.regions[0].block.args, args)}
 
 
 def check_grid(grid: Any) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from tkc.errors import TkcLaunchError, TkcTmaStrideError, TkcUsageError
+from tkc.errors import TkcError, TkcLaunchError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.options import interpret_requested
@@ -69,6 +69,7 @@ class Kernel:
         self.first_line = first_line
         self._compiled: dict[tuple, Module] = {}
         self._specialized: dict[tuple, Any] = {}
+        self._schedules: dict[tuple, Any] = {}  # consts key -> tkc.schedule.Chooser or None
         from tkc.frontend.parser import parse
 
         # Parse now so a syntax error shows at import time, like Python's own.
@@ -102,7 +103,7 @@ class Kernel:
         self = cls.__new__(cls)
         self.fn, self.name, self.file, self.first_line = None, chosen[0].name, file, 1
         self.source = self._text = text
-        self._compiled, self._specialized = {}, {}
+        self._compiled, self._specialized, self._schedules = {}, {}, {}
         self._tree, self._def = tree, chosen[0]
         self.__doc__, self.__name__ = None, self.name
         self._python_function = False
@@ -183,21 +184,95 @@ class Kernel:
         if interpret_requested():
             interpret(self, *args, grid=grid, **consts)
             return
+        # The pins tkc.schedule picks for these shapes where the caller set none (pins never
+        # change what a kernel computes, so the interpreter above needs none).  A plan of the
+        # last launch's compilation fits only arguments of its shapes, whose pick it is.
+        schedule = self._schedules.get(key, _UNKNOWN)
+        if schedule is _UNKNOWN:
+            schedule = self._schedules[key] = self._chooser(consts)
+        if schedule is not None:
+            last = schedule.last
+            if last is not None and _runtime is not None and _runtime.launch_planned(last, args, grid) is not None:
+                return
+            consts, key = self._scheduled(schedule, args, grid, consts, key)
         compiled = self._specialized.get((self.target, key))
         # The plan of an earlier launch like this one, if any (_runtime is bound by the first).
         if compiled is not None and _runtime is not None and _runtime.launch_planned(compiled, args, grid) is not None:
+            if schedule is not None:
+                schedule.last = compiled
             return
         if not _any_cuda(args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
                                  "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
         try:
-            _launch()(self.specialize(**consts), args, grid=grid)
+            try:
+                compiled = self.specialize(**consts)
+            except TkcError:
+                if schedule is None or not (picked := schedule.chosen(consts)):
+                    raise
+                # a schedule the passes refuse for this kernel: the caller's own, from now on
+                consts = {c: v for c, v in consts.items() if c not in picked}
+                schedule.picked[schedule.key(args, grid)] = (consts, tuple(sorted(consts.items())))
+                compiled = self.specialize(**consts)
+            _launch()(compiled, args, grid=grid)
         except TkcTmaStrideError:
             if "tma" in consts:
                 raise  # the caller chose; do not second-guess it
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
             _launch()(self.specialize(**consts, tma=False), args, grid=grid)
+            return
+        if schedule is not None:
+            schedule.last = compiled
+
+    def compiled_for(self, args: tuple | list, key: tuple, grid: Any = None) -> Any:
+        """The compilation a GPU call with constants ``key`` (``tuple(sorted(consts.items()))``)
+        on ``args`` launched, with the pins tkc.schedule added; None before such a call."""
+        schedule = self._schedules.get(key)
+        if schedule is not None:
+            picked = schedule.picked.get(schedule.key(args, grid))
+            if picked is None:
+                return None
+            key = picked[1]
+        return self._specialized.get((self.target, key))
+
+    def pins(self, *args: Any, grid: Any = None, **consts: Any) -> dict[str, Any]:
+        """The pins a call ``self(*args, grid=grid, **consts)`` on the GPU adds to ``consts``
+        (tkc.schedule's choice for these shapes; {} when its schedule does not depend on them)."""
+        key = tuple(sorted(consts.items()))
+        schedule = self._schedules.get(key, _UNKNOWN)
+        if schedule is _UNKNOWN:
+            schedule = self._schedules[key] = self._chooser(consts)
+        if schedule is None:
+            return {}
+        chosen, _ = self._scheduled(schedule, args, grid, consts, key)
+        return {c: v for c, v in chosen.items() if c not in consts}
+
+    def _chooser(self, consts: dict[str, Any]) -> Any:
+        """The shape-dependent schedule of this kernel with ``consts`` (tkc.schedule), or None."""
+        from tkc import schedule
+
+        return schedule.chooser(self.kernel_op(**consts), set(consts))
+
+    def _scheduled(self, schedule: Any, args: tuple | list, grid: Any, consts: dict[str, Any],
+                   key: tuple) -> tuple[dict[str, Any], tuple]:
+        """``consts`` and their key with the pins ``schedule`` picks for these arguments' shapes,
+        picked once per shape."""
+        shapes = schedule.key(args, grid)
+        picked = schedule.picked.get(shapes)
+        if picked is None:
+            import torch
+
+            from tkc.schedule import DEFAULT_SMS
+
+            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+                if torch.cuda.is_available() else DEFAULT_SMS
+            chosen = {**consts, **schedule.pins(args, grid, sms)}
+            picked = schedule.picked[shapes] = (chosen, tuple(sorted(chosen.items())))
+        return picked
+
+
+_UNKNOWN = object()  # a Kernel._schedules entry not looked for yet
 
 
 def _any_cuda(args: tuple | list) -> bool:

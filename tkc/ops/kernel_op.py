@@ -224,7 +224,7 @@ class _KernelOp:
         from tkc.runtime import launch as runtime
 
         _runtime = runtime
-        compiled = self.kernel._specialized.get((self.kernel.target, spec.run_key))
+        compiled = self.kernel.compiled_for(full, spec.run_key)
         plan = runtime.plan_of(compiled, full) if compiled is not None else None
         if plan is None:  # e.g. a launch with TMA off (strides TMA cannot take): not kept
             return

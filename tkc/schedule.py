@@ -1,0 +1,167 @@
+"""The compiler's own schedule: pins chosen from the kernel and the shapes of a launch.
+
+A kernel called without schedule pins (``@tkc.kernel``, ``tkc.load``, ``tkc.ops``, ``tkc run``)
+gets the pins this module picks for the shape class of its arguments, so that a user who
+writes a new kernel runs the schedule the harness would have found by search.  The choice
+is made at launch, where the shapes are known, and compiled once per shape class (a few per
+kernel); the pins it sets show in the kernel's ``consts`` like any other.  ``tkc compile``
+without shapes compiles the unpinned schedule.
+
+The model (docs/schedule.md has the derivation; the data is
+benchmarks/data/schedule_sweep_h200.json, every schedule of the harness's search timed on
+every harness shape).  It reasons about a program's loop: how many iterations it makes
+(``trips``, evaluated from the shapes for the first and the last program) and how many
+programs share the SMs.
+
+- **Attention-shaped loops** (two products an iteration, the second's operand computed from
+  the first's result; a tile loaded once per program before the loop):
+  - ``defer_last``: the second product of iteration j runs during iteration j + 1's register
+    work.  It was the fastest or within 3% of it on 40 of the 42 attention rows, whatever the
+    head dim and length.
+  - ``persistent`` when a program's loop is short: a program pays a pipeline fill and an
+    epilogue nobody overlaps, about one to two iterations' worth; the persistent walk hides
+    them behind the next tile's loop but costs a few percent an iteration.  In the sweep,
+    persistent programs won on every row of at most ``SHORT_LOOP`` iterations on average and
+    lost on every row of 16 and more without a causal mask.
+  - ``persistent`` also when trip counts differ between programs (a causal mask) and the
+    longest program is a large share of an SM's work (``TAIL``): programs launched one per tile
+    leave the last, longest ones running alone, and the persistent walk pairs heavy tiles
+    with light ones.  The share is 0.26 for D = 256 causal rows (1,024 tiles of up to 2 x
+    their mean length on 132 SMs; persistent won at 4 of 6 lengths) and 0.13 for D = 128
+    (2,048 tiles; it lost from 2k tokens).
+- **Other kernels** (GEMMs among them): no pins; the passes' own defaults were within 2% of
+  the fastest schedule on every GEMM row of the sweep.
+
+Owns: which pins a launch gets when its caller sets none.  Must not: change what a kernel
+computes (pins never do), or override a pin the caller set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tkc.errors import TkcError
+from tkc.grid import check_grid, eval_grid, eval_slice, shape_env
+from tkc.ir.core import Operation, OpResult, Value
+from tkc.ir.types import TensorType
+
+#: Average iterations a program's loop makes at or below which persistent programs pay.
+SHORT_LOOP = 8
+#: The longest program's share of one SM's work above which a loop whose trip counts differ
+#: between programs is walked by persistent programs.
+TAIL = 0.2
+#: The SMs assumed where no GPU says (an H100 SXM's or an H200's count).
+DEFAULT_SMS = 132
+
+__all__ = ["DEFAULT_SMS", "SHORT_LOOP", "TAIL", "Chooser", "chooser"]
+
+
+class Chooser:
+    """The shape-dependent schedule of one kernel: :meth:`pins` for a launch's arguments."""
+
+    #: The pins this module may set.
+    picks = ("defer_last", "persistent")
+
+    def __init__(self, kernel: Operation, loop: Operation, given: set[str]):
+        self.kernel, self.loop, self.given = kernel, loop, given
+        #: :meth:`key` of a launch's arguments -> (the constants it runs with, their sorted items):
+        #: the caller keeps it (``tkc.kernel.Kernel``), so a launch like an earlier one picks nothing.
+        self.picked: dict[tuple, tuple[dict[str, Any], tuple]] = {}
+        self.last: Any = None  # the compilation the caller launched last (its plans fit only its shapes)
+
+    def chosen(self, consts: dict[str, Any]) -> dict[str, Any]:
+        """The pins of ``consts`` this schedule set (not the caller)."""
+        return {c: v for c, v in consts.items() if c in self.picks and c not in self.given}
+
+    @staticmethod
+    def key(args: Sequence[Any], grid: Any) -> tuple:
+        """What the pins of a launch depend on: the arguments' shapes (a scalar's value), the grid."""
+        return tuple(getattr(a, "shape", a) for a in args), tuple(grid) if isinstance(grid, list) else grid
+
+    def trips(self, env: dict[Value, Any], pid: tuple[int, ...], sms: int) -> int:
+        """Iterations of the loop for program ``pid``."""
+        env = dict(env)
+        bounds = self.loop.operands[:3]
+        eval_slice(self.kernel, bounds, env, sms, pid, "the loop's bounds read a tensor")
+        lo, hi, step = (int(env[v]) for v in bounds)
+        return max(0, -(-(hi - lo) // step)) if step > 0 else 0
+
+    def pins(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int) -> dict[str, Any]:
+        """The pins for a launch on ``args`` (``grid``: the caller's, else the kernel's) on a
+        GPU of ``sms`` SMs; {} where the shapes do not say (a bound read from a tensor)."""
+        try:
+            env = shape_env(self.kernel, args)
+            grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
+            tiles = math.prod(grid)
+            if not tiles:
+                return {}
+            first = self.trips(env, tuple(0 for _ in grid), sms)
+            last = self.trips(env, tuple(g - 1 for g in grid), sms)
+        except (TkcError, TypeError, ValueError, KeyError):
+            return {}
+        pins: dict[str, Any] = {}
+        if "defer_last" not in self.given and "issue_ahead" not in self.given:
+            pins["defer_last"] = True
+        if "persistent" not in self.given:
+            mean, longest = (first + last) / 2, max(first, last)
+            slots = sms * int(self.kernel.attributes["consts"].get("ctas_per_sm") or 1)
+            tail = first != last and longest * slots > TAIL * tiles * mean
+            pins["persistent"] = mean <= SHORT_LOOP or tail
+        return pins
+
+
+def chooser(kernel: Operation, given: set[str]) -> Chooser | None:
+    """The shape-dependent schedule of ``kernel`` (tile IR, before the passes) when the caller
+    set the pins in ``given``; None when its schedule does not depend on shapes."""
+    if {"defer_last", "persistent"} <= given or any(isinstance(p.type, TensorType) and p.type.ranks
+                                                    for p in kernel.regions[0].block.args):
+        return None
+    loop = _attention_loop(kernel)
+    return Chooser(kernel, loop, given) if loop is not None else None
+
+
+def _attention_loop(kernel: Operation) -> Operation | None:
+    """The kernel's top-level loop when it is attention-shaped: two products an iteration, the
+    second's first operand computed from the first's result, and a tile loaded before it."""
+    ops = kernel.regions[0].block.ops
+    loops = [op for op in ops if op.name == "tile.for"]
+    if len(loops) != 1 or not any(op.name == "tile.load" for op in ops[:ops.index(loops[0])]):
+        return None
+    loop = loops[0]
+    products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
+    if len(products) != 2 or not _depends_on(products[1].operands[0], products[0]):
+        return None
+    return loop
+
+
+def _body_ops(loop: Operation) -> list[Operation]:
+    """The ops of ``loop``'s body and of the ifs in it (not of nested loops)."""
+    out: list[Operation] = []
+    stack = [loop.regions[0].block]
+    while stack:
+        for op in stack.pop().ops:
+            out.append(op)
+            if op.name != "tile.for":
+                stack.extend(r.block for r in op.regions)
+    return out
+
+
+def _depends_on(value: Value, op: Operation) -> bool:
+    """Whether ``value`` is computed from ``op``'s result (through ops in the same loop)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if not isinstance(v, OpResult) or id(v.owner) in seen:
+            continue
+        if v.owner is op:
+            return True
+        seen.add(id(v.owner))
+        stack.extend(v.owner.operands)
+        for r in v.owner.regions:  # an if's yielded values
+            for inner in r.block.ops:
+                if inner.name == "tile.yield":
+                    stack.extend(inner.operands)
+    return False
