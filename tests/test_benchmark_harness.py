@@ -47,6 +47,18 @@ def test_a_round_takes_at_least_ten_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [r for _, r in calls] == [10] * 5
 
 
+def test_every_contender_warms_up_for_the_same_time_with_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """harness.gpu_time: the 256 MB flush, and a warm-up of WARMUP_S seconds whatever the call
+    takes (five calls are 16 ms of long attention, a fraction of a millisecond of a softmax)."""
+    seen = []
+    monkeypatch.setattr(harness.timing, "gpu_time", lambda *a, **k: seen.append((a, k)))
+    harness.gpu_time(print, 16)
+    harness.gpu_time(print, 10, flush=False)
+    assert seen == [((print, 16, 5, 256 * 2**20), {"warmup_s": harness.WARMUP_S}),
+                    ((print, 10, 5, 0), {"warmup_s": harness.WARMUP_S})]
+    assert harness.WARMUP_S >= 0.025  # at least triton.testing.do_bench's warm-up
+
+
 def test_the_layernorm_breakdown_variants_compile(tmp_path: Path) -> None:
     """benchmarks/norm_breakdown.py takes the bias, then the weight, out of layernorm_split.tk's
     output expression: each variant still compiles, and computes less."""
