@@ -1,61 +1,14 @@
 """tkc.runtime.timing.gpu_time without a GPU: a fake torch whose stream is a clock that each
-flush and each call moves on, so the events read what a GPU would."""
+flush and each call moves on, so the events read what a GPU would (tests/fake_gpu.py)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from types import SimpleNamespace
 
 import pytest
+from fake_gpu import FakeStream
 
 from tkc.runtime import timing
-
-
-class FakeStream:
-    """One in-order stream: ``now`` is when the last enqueued work ends (seconds)."""
-
-    def __init__(self, flush_s: float = 85e-6) -> None:
-        self.now = 0.0
-        self.flush_s = flush_s
-        self.log: list[str] = []
-        self.syncs = 0
-
-    def run(self, what: str, seconds: float) -> None:
-        self.log.append(what)
-        self.now += seconds
-
-    def torch(self) -> SimpleNamespace:
-        stream = self
-
-        class Event:
-            def __init__(self, enable_timing: bool = False) -> None:
-                self.t: float | None = None
-
-            def record(self) -> None:
-                stream.log.append("record")
-                self.t = stream.now
-
-            def elapsed_time(self, end: Event) -> float:
-                assert self.t is not None and end.t is not None
-                return (end.t - self.t) * 1e3
-
-        class Buffer:
-            def __init__(self, n: int) -> None:
-                self.n = n
-
-            def zero_(self) -> None:
-                stream.run("flush", stream.flush_s)
-
-        def synchronize() -> None:
-            stream.syncs += 1
-
-        return SimpleNamespace(int8="int8", empty=lambda n, dtype=None, device=None: Buffer(n),
-                               cuda=SimpleNamespace(Event=Event, synchronize=synchronize))
-
-    def kernel(self, seconds: Callable[[float], float]) -> Callable[[], None]:
-        """A call whose GPU time is ``seconds(start time)``."""
-        return lambda: self.run("call", seconds(self.now))
 
 
 @pytest.fixture
