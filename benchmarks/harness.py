@@ -2,9 +2,10 @@
 
 Owns: the benchmark timing settings (tkc.runtime.timing's method with a 256 MB L2 flush
 before every call and 0.1 s of warm-up; contenders in turns or in alternation; checked against
-an independent timer and triton.testing.do_bench by benchmarks/timer_check.py), the measurement of host overhead per call, the device
-description, the command line of a script of row groups, and the three outputs of a run:
-the table printed last, the section appended to benchmarks/RESULTS.md, and the PNG plots.
+an independent timer and triton.testing.do_bench by benchmarks/timer_check.py), the
+measurement of host overhead per call, the device description, the command line of a script
+of row groups, and the three outputs of a run: the table printed last, the section appended
+to benchmarks/RESULTS.md, and the PNG plots.
 Knows nothing about what is being timed.
 """
 

@@ -271,8 +271,8 @@ def trace_table(traces: Sequence[dict], flops: float) -> str:
              "start, ms; SM MHz median)\n",
              "| contender | after | "
              + " | ".join(f"{a:g}-{b:g}" if b < 1e9 else f"{a:g}-" for a, b in zip(edges, edges[1:]))
-             + " | settled after | SM MHz first 50 ms | SM MHz last 300 ms |",
-             "|---|---|" + "---|" * (len(edges) + 2)]
+             + " | settled after | SM MHz first 50 ms | SM MHz last 300 ms | W last 300 ms | throttle reasons |",
+             "|---|---|" + "---|" * (len(edges) + 4)]
     for t in traces:
         if t.get("predecessor_only"):
             continue
@@ -280,8 +280,13 @@ def trace_table(traces: Sequence[dict], flops: float) -> str:
         end = t["calls"][-1][0]
         early = [c for ms, c in t["clock"] if ms < 50]
         late = [c for ms, c in t["clock"] if ms >= end - 300]
+        watts = [w for ms, _, w, _ in t.get("samples", []) if ms >= end - 300 and w >= 0]
+        why = 0
+        for *_, r in t.get("samples", []):
+            why |= max(r, 0)
         lines.append(f"| {t['contender']} | {t['after']} | " + " | ".join(cells)
-                     + f" | {settle_ms(t['calls']):.0f} ms | {mhz_text(early)} | {mhz_text(late)} |")
+                     + f" | {settle_ms(t['calls']):.0f} ms | {mhz_text(early)} | {mhz_text(late)} | "
+                     f"{fmt(statistics.median(watts) if watts else None, '.0f')} | {why:#x} |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,17 +331,29 @@ def verdicts(problems: Sequence[dict], traces: Sequence[dict], inside: dict) -> 
                                        if a["seconds"][n] and b["seconds"].get(n)])
         return worst
 
+    def ratio_gap(m: str, ref: str) -> float | None:
+        """The largest difference of tkc/peer between two methods over the rows (None: no row has both)."""
+        gaps = [abs(rel(a, b)) for p in problems if (a := mean_ratio(p, m)) and (b := mean_ratio(p, ref))]
+        return max(gaps) if gaps else None
+
+    # No method is the truth (a timer can be biased the same way as another): each pair is
+    # compared, and the pairs that agree on every row are listed.
     pairs = [(m, "independent") for m in METHODS if m != "independent"]
     pairs += [(m, "do_bench") for m in ("harness@eaa649b", "harness", "alternating")]
     for m, ref in pairs:
-        worst = max((abs(rel(a, b)) for p in problems if (a := mean_ratio(p, m)) and (b := mean_ratio(p, ref))),
-                    default=0.0)
+        worst = ratio_gap(m, ref)
+        if worst is None:
+            out.append(f"agreement, {m} vs {ref}: no row timed by both")
+            continue
         apart = max(times_apart(p, m, ref) for p in problems)
         mr, rr, pt, rt = mean_ratio(main, m), mean_ratio(main, ref), peer_tflops(main, m), peer_tflops(main, ref)
         out.append(f"agreement, {m} vs {ref}: tkc/peer ratios differ by at most {worst:.1%} over the rows "
                    f"({'agrees' if worst <= TOL else 'DISAGREES'}), a contender's time by at most {apart:.1%}; "
                    f"{main['name']}: tkc/{peer} {fmt(mr)} vs {fmt(rr)}, {peer} {fmt(pt, '.0f')} vs {fmt(rt, '.0f')} "
                    "TFLOP/s")
+    close = [f"{a} ~ {b}" for i, a in enumerate(METHODS) for b in METHODS[i + 1:]
+             if (g := ratio_gap(a, b)) is not None and g <= TOL]
+    out.append("agreement, pairs within 2% on every row's tkc/peer: " + (", ".join(close) or "none"))
 
     # Clock ramp: a legacy round after idle (calls 5-20) against the settled speed.
     for t in traces:
@@ -443,11 +460,18 @@ class ClockSampler:
         reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
                    or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
 
+        def read(f: Callable[[], float]) -> float:
+            try:
+                return f()
+            except nv.NVMLError:  # not reported on this GPU: the clock still is
+                return -1.0
+
         def loop() -> None:
             while not self._stop.is_set():
                 t = time.perf_counter()
                 self.samples.append((t, float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
-                                     nv.nvmlDeviceGetPowerUsage(handle) / 1e3, int(reasons(handle))))
+                                     read(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1e3),
+                                     int(read(lambda: reasons(handle)))))
                 time.sleep(self.period_s)
         self.source = "pynvml"
         self._thread = threading.Thread(target=loop, daemon=True)
@@ -479,6 +503,10 @@ class ClockSampler:
 
     def mhz(self, t0: float, t1: float) -> list[float]:
         return [c for t, c, _, _ in list(self.samples) if t0 <= t <= t1]
+
+    def samples_since(self, t0: float, t1: float) -> list[tuple[float, float, float, int]]:
+        """(ms since t0, MHz, W, throttle reasons) for the samples between t0 and t1."""
+        return [((t - t0) * 1e3, c, w, r) for t, c, w, r in list(self.samples) if t0 <= t <= t1]
 
     def since(self, t0: float, t1: float) -> list[tuple[float, float]]:
         """(ms since t0, MHz) for the samples between t0 and t1."""
@@ -634,7 +662,7 @@ def trace(fn: Callable[[], Any], cache: Any, seconds: float, sampler: ClockSampl
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     return {"calls": [(begin.elapsed_time(s), s.elapsed_time(e) / 1e3) for s, e in done],
-            "clock": sampler.since(t0, t1)}
+            "clock": sampler.since(t0, t1), "samples": sampler.samples_since(t0, t1)}
 
 
 def traces(contenders: dict[str, Callable[[], Any]], cache: Any, sampler: ClockSampler) -> list[dict]:

@@ -25,6 +25,9 @@ class NoClock:
     def since(self, t0: float, t1: float) -> list[tuple[float, float]]:
         return []
 
+    def samples_since(self, t0: float, t1: float) -> list[tuple[float, float, float, int]]:
+        return []
+
 
 def test_the_rotation_is_the_one_the_harness_takes() -> None:
     names = ["tkc", "cuDNN", "flash", "mem-efficient"]
@@ -116,7 +119,8 @@ def synthetic(ratio_legacy: float) -> tuple[list[dict], list[dict], dict]:
             out.append((t, s))
             t += s * 1e3
         return out
-    traces = [{"contender": "cuDNN", "after": "idle", "calls": calls(50), "clock": [(1.0, 1200.0), (900.0, 1700.0)]},
+    traces = [{"contender": "cuDNN", "after": "idle", "calls": calls(50), "clock": [(1.0, 1200.0), (900.0, 1700.0)],
+               "samples": [(1.0, 1200.0, 150.0, 0), (900.0, 1700.0, 690.0, 4)]},
               {"contender": "mem-efficient", "after": "-", "predecessor_only": True, "calls": calls(0), "clock": []},
               {"contender": "cuDNN", "after": "mem-efficient", "calls": calls(0), "clock": []},
               {"contender": "cuDNN", "after": "tkc", "calls": calls(80), "clock": []},
@@ -135,6 +139,7 @@ def test_the_report_says_what_the_numbers_say() -> None:
         assert heading in text
     assert "| harness@eaa649b | tkc first | 2200.0 | 1929.8 | 1.140 |" in text
     assert "| harness@eaa649b, min of rounds | tkc first |" in text
+    assert "| 50 ms | 1200 (1200-1200) | 1700 (1700-1700) | 690 | 0x4 |" in text  # cuDNN from idle
     lines = [x for x in text.splitlines() if x.startswith("- ")]
 
     def line(start: str) -> str:
@@ -146,6 +151,9 @@ def test_the_report_says_what_the_numbers_say() -> None:
     assert "time by at most 14.0%" in line("agreement, harness@eaa649b vs independent")  # cuDNN 1.14 ms vs 1
     assert "agrees" in line("agreement, harness vs independent")
     assert "cuDNN after tkc, 80 ms" in line("warm-up") and "long enough" in line("warm-up")
+    assert line("agreement, pairs").endswith(
+        ": harness ~ independent, harness ~ do_bench, harness ~ alternating, "
+        "independent ~ do_bench, independent ~ alternating, do_bench ~ alternating")
     assert "SUPPORTED" in line("clock ramp, cuDNN from idle")
     assert "not supported" in line("clock ramp, tkc from idle")
     assert "SUPPORTED" in line("order, cuDNN:") and "removes it" in line("order, cuDNN:")
@@ -163,5 +171,8 @@ def test_the_numbers_do_not_hang_on_a_missing_contender() -> None:
     for order in tc.ORDERS:
         del problems[0]["methods"]["do_bench"][order]["seconds"]["cuDNN"]
     assert tc.ratio_of(problems[0], "do_bench", "tkc first") is None
+    verdicts = tc.verdicts(problems, traces, inside)
+    assert "agreement, harness vs do_bench: no row timed by both" in verdicts
+    assert "do_bench" not in [v for v in verdicts if v.startswith("agreement, pairs")][0]
     assert "| attention B1 H16 N16384 D128 vs cuDNN |" in tc.summary_table(problems)
     assert statistics.median([1.0]) == 1.0
