@@ -665,10 +665,10 @@ def trace(fn: Callable[[], Any], cache: Any, seconds: float, sampler: ClockSampl
             "clock": sampler.since(t0, t1), "samples": sampler.samples_since(t0, t1)}
 
 
-def traces(contenders: dict[str, Callable[[], Any]], cache: Any, sampler: ClockSampler) -> list[dict]:
+def traces(contenders: dict[str, Callable[[], Any]], cache: Any, sampler: ClockSampler, out: list[dict]) -> None:
+    """cuDNN and tkc back to back from idle, after mem-efficient and after each other, into ``out``."""
     import torch
 
-    out = []
 
     def one(who: str, after: str, seconds: float = TRACE_S, predecessor_only: bool = False) -> None:
         print(f"  trace: {who} after {after}", flush=True)
@@ -684,7 +684,6 @@ def traces(contenders: dict[str, Callable[[], Any]], cache: Any, sampler: ClockS
         one(who, light)
         one(other, who)
         one(who, other)
-    return out
 
 
 def inside_window(contenders: dict[str, Callable[[], Any]], cache: Any) -> dict:
@@ -822,13 +821,23 @@ def main() -> None:
             # The methods run forwards in one order and backwards in the other, so that no
             # method always comes first.
             for m in (METHODS if i == 0 else METHODS[::-1]):
-                r = run_method(m, fns, sampler, cache)
-                p.setdefault("methods", {}).setdefault(m, {})[order] = r
+                p.setdefault("methods", {}).setdefault(m, {})
+                try:
+                    r = run_method(m, fns, sampler, cache)
+                except Exception as e:  # noqa: BLE001 - one method failing (no triton, say) leaves the others
+                    print(f"  {p['name']}, {m}, {order}: FAILED {type(e).__name__}: {e}", flush=True)
+                    continue
+                p["methods"][m][order] = r
                 got = ", ".join(f"{n} {p['flops'] / s / 1e12:.1f}" for n, s in r["seconds"].items())
                 print(f"  {p['name']}, {m}, {order}: {got} ({r['wall_s']:.1f} s)", flush=True)
     main_fns = problems[0]["fns"]
-    trs = traces(main_fns, cache, sampler)
-    inside = inside_window(main_fns, cache)
+    trs: list[dict] = []
+    inside: dict = {}
+    try:
+        traces(main_fns, cache, sampler, trs)
+        inside = inside_window(main_fns, cache)
+    except Exception as e:  # noqa: BLE001 - the tables above still get written
+        print(f"  experiments FAILED {type(e).__name__}: {e}", flush=True)
     sampler.stop()
     smi = subprocess.run(["nvidia-smi", "--format=csv,noheader",
                           "--query-gpu=clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"],
