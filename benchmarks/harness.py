@@ -1,9 +1,11 @@
 """Timing on the GPU the same way for every contender, and writing the results down.
 
 Owns: the benchmark timing settings (tkc.runtime.timing's method with a 256 MB L2 flush
-before every timed call), the measurement of host overhead per call, the device
-description, the command line of a script of row groups, and the three outputs of a run:
-the table printed last, the section appended to benchmarks/RESULTS.md, and the PNG plots.
+before every call and 0.1 s of warm-up; contenders in turns or in alternation; checked against
+an independent timer and triton.testing.do_bench by benchmarks/timer_check.py), the
+measurement of host overhead per call, the device description, the command line of a script
+of row groups, and the three outputs of a run: the table printed last, the section appended
+to benchmarks/RESULTS.md, and the PNG plots.
 Knows nothing about what is being timed.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -26,11 +30,18 @@ from tkc.runtime import timing
 from tkc.runtime.timing import Timing
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
+# Each contender runs this long (flushes included) before its timed calls, so that the clock it
+# is timed at is its own, not the one the contender before it left: a power-capped H100 holds
+# 1980 MHz after a light kernel and 1695 MHz under attention (benchmarks/RESULTS.md), and five
+# calls are 16 ms of a 16k-token attention but 0.2 ms of a softmax.  benchmarks/timer_check.py
+# measures how long the clock takes to settle.
+WARMUP_S = 0.1
 
 
 def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool = True) -> Timing:
-    """Median GPU time of ``fn`` with a cold L2 before every run (tkc.runtime.timing)."""
-    return timing.gpu_time(fn, runs, warmup, L2_FLUSH_BYTES if flush else 0)
+    """Median GPU time of ``fn`` with a cold L2 before every run, warm-up included, after at
+    least ``WARMUP_S`` of warm-up (tkc.runtime.timing)."""
+    return timing.gpu_time(fn, runs, warmup, L2_FLUSH_BYTES if flush else 0, warmup_s=WARMUP_S)
 
 
 def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 3) -> dict[str, float]:
@@ -45,6 +56,50 @@ def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 
     names = list(contenders)
     timers = [lambda fn=contenders[n]: gpu_time(fn, per_round).median_s for n in names]
     return dict(zip(names, interleaved_medians(timers, rounds)))
+
+
+def alternating_times(contenders: dict[str, Callable[[], Any]], calls: int) -> dict[str, list[float]]:
+    """Seconds of each of ``calls`` calls of every contender, the contenders alternating call by
+    call (cycle ``c`` starting at contender ``c``), each call after a 256 MB clear of L2 and
+    timed by CUDA events, after ``WARMUP_S`` of such cycles.  Every contender then runs at the
+    clock the whole row sets, whatever that clock remembers: the fair comparison where a
+    warm-up is shorter than the clock's memory (benchmarks/timer_check.py measures it)."""
+    names = list(contenders)
+    cache = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def cycle(c: int, events: dict[str, list] | None) -> None:
+        for k in range(len(names)):
+            name = names[(c + k) % len(names)]
+            cache.zero_()
+            if events is None:
+                contenders[name]()
+                continue
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            contenders[name]()
+            e.record()
+            events[name].append((s, e))
+
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    cycle(0, None)
+    last.record()
+    torch.cuda.synchronize()
+    per_cycle = first.elapsed_time(last) / 1e3
+    more = timing.MAX_WARMUP_CALLS if per_cycle <= 0 else math.ceil(WARMUP_S / per_cycle)
+    for c in range(1, 1 + min(more, timing.MAX_WARMUP_CALLS)):
+        cycle(c, None)
+    events: dict[str, list] = {name: [] for name in names}
+    for c in range(calls):
+        cycle(c, events)
+    torch.cuda.synchronize()
+    return {name: [s.elapsed_time(e) / 1e3 for s, e in events[name]] for name in names}
+
+
+def in_alternation(contenders: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
+    """Seconds per call of each contender, the median of ``runs`` calls taken in alternation
+    (``alternating_times``); what ``in_turns`` answers, with no round to favour anyone."""
+    return {name: statistics.median(t) for name, t in alternating_times(contenders, runs).items()}
 
 
 def host_time(fn: Callable[[], Any], calls: int = 200) -> float:

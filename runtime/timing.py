@@ -2,16 +2,23 @@
 benchmark harness).
 
 CUDA events around each call, warm-up first, the median of the runs.  With ``flush_bytes``,
-a buffer that size is cleared before every timed call so each run starts with a cold L2 (and
-the call's CPU-side work overlaps the clearing, so the events time the GPU work alone, as
-triton.testing.do_bench does).  Must not: choose what is timed or how often (callers do).
+a buffer that size is cleared before every call, warm-up included, so each run starts with a
+cold L2 and the warm-up draws the power the timed runs will (the call's CPU-side work overlaps
+the clearing, and the start event is behind the clearing on the stream, so the events time
+the GPU work alone, as triton.testing.do_bench does).  With ``warmup_s``, the warm-up lasts at
+least that many seconds of GPU time whatever ``warmup`` says: a power-capped GPU's clock
+follows what ran in the last tens of milliseconds, so a count of calls warms a 3 ms kernel
+and not a 30 us one.  Must not: choose what is timed or how often (callers do).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+MAX_WARMUP_CALLS = 100_000  # a warm-up of a kernel that takes no GPU time ends here
 
 
 class Timing(NamedTuple):
@@ -20,13 +27,34 @@ class Timing(NamedTuple):
     spread: float  # (p80 - p20) / median: how noisy the runs were
 
 
-def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush_bytes: int = 0) -> Timing:
+def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush_bytes: int = 0,
+             warmup_s: float = 0.0) -> Timing:
     """Median GPU time of ``fn``, which enqueues work on torch's current stream."""
     import torch
 
     cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda") if flush_bytes else None
-    for _ in range(warmup):
+
+    def call() -> None:
+        if cache is not None:
+            cache.zero_()
         fn()
+
+    if warmup_s > 0:
+        first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        first.record()
+    for _ in range(warmup):
+        call()
+    if warmup_s > 0:
+        # Time the first calls (at least one) and repeat them until warmup_s has passed.
+        if not warmup:
+            call()
+        last.record()
+        torch.cuda.synchronize()
+        done = first.elapsed_time(last) / 1e3
+        per_call = done / max(warmup, 1)
+        more = MAX_WARMUP_CALLS if per_call <= 0 else math.ceil((warmup_s - done) / per_call)
+        for _ in range(min(max(more, 0), MAX_WARMUP_CALLS)):
+            call()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]

@@ -47,6 +47,35 @@ def test_a_round_takes_at_least_ten_runs(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [r for _, r in calls] == [10] * 5
 
 
+def test_every_contender_warms_up_for_the_same_time_with_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """harness.gpu_time: the 256 MB flush, and a warm-up of WARMUP_S seconds whatever the call
+    takes (five calls are 16 ms of long attention, a fraction of a millisecond of a softmax)."""
+    seen = []
+    monkeypatch.setattr(harness.timing, "gpu_time", lambda *a, **k: seen.append((a, k)))
+    harness.gpu_time(print, 16)
+    harness.gpu_time(print, 10, flush=False)
+    assert seen == [((print, 16, 5, 256 * 2**20), {"warmup_s": harness.WARMUP_S}),
+                    ((print, 10, 5, 0), {"warmup_s": harness.WARMUP_S})]
+    assert harness.WARMUP_S >= 0.025  # at least triton.testing.do_bench's warm-up
+
+
+def test_in_alternation_takes_calls_in_turn_after_a_timed_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Contenders alternate call by call, cycle c starting at contender c, each call after a
+    flush; WARMUP_S of cycles first; each contender's median call, its flush left out."""
+    from fake_gpu import FakeStream
+
+    s = FakeStream()
+    monkeypatch.setattr(harness, "torch", s.torch())
+    fast, slow = s.kernel(lambda now: 1e-3, name="fast"), s.kernel(lambda now: 3e-3, name="slow")
+    got = harness.in_alternation({"fast": fast, "slow": slow}, runs=4)
+    assert got == {"fast": pytest.approx(1e-3), "slow": pytest.approx(3e-3)}
+    calls = [x for x in s.log if x in ("fast", "slow")]
+    # 0.1 s of 4.17 ms cycles: the first, timed, then 24 more; then four timed cycles.
+    assert len(calls) == 2 * (1 + 24 + 4)
+    assert calls[-8:] == ["fast", "slow", "slow", "fast", "fast", "slow", "slow", "fast"]
+    assert s.log[-4:] == ["flush", "record", "fast", "record"]
+
+
 def test_the_layernorm_breakdown_variants_compile(tmp_path: Path) -> None:
     """benchmarks/norm_breakdown.py takes the bias, then the weight, out of layernorm_split.tk's
     output expression: each variant still compiles, and computes less."""
