@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import statistics
 import subprocess
 import sys
@@ -60,40 +59,13 @@ def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 
 
 def alternating_times(contenders: dict[str, Callable[[], Any]], calls: int) -> dict[str, list[float]]:
     """Seconds of each of ``calls`` calls of every contender, the contenders alternating call by
-    call (cycle ``c`` starting at contender ``c``), each call after a 256 MB clear of L2 and
-    timed by CUDA events, after ``WARMUP_S`` of such cycles.  Every contender then runs at the
-    clock the whole row sets, whatever that clock remembers: the fair comparison where a
-    warm-up is shorter than the clock's memory (benchmarks/timer_check.py measures it)."""
+    call, each call after a 256 MB clear of L2, after ``WARMUP_S`` of such cycles
+    (tkc.runtime.timing.alternating_times).  Every contender then runs at the clock the whole
+    row sets, whatever that clock remembers: the fair comparison where a warm-up is shorter
+    than the clock's memory (benchmarks/timer_check.py measures it)."""
     names = list(contenders)
-    cache = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
-
-    def cycle(c: int, events: dict[str, list] | None) -> None:
-        for k in range(len(names)):
-            name = names[(c + k) % len(names)]
-            cache.zero_()
-            if events is None:
-                contenders[name]()
-                continue
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            contenders[name]()
-            e.record()
-            events[name].append((s, e))
-
-    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    first.record()
-    cycle(0, None)
-    last.record()
-    torch.cuda.synchronize()
-    per_cycle = first.elapsed_time(last) / 1e3
-    more = timing.MAX_WARMUP_CALLS if per_cycle <= 0 else math.ceil(WARMUP_S / per_cycle)
-    for c in range(1, 1 + min(more, timing.MAX_WARMUP_CALLS)):
-        cycle(c, None)
-    events: dict[str, list] = {name: [] for name in names}
-    for c in range(calls):
-        cycle(c, events)
-    torch.cuda.synchronize()
-    return {name: [s.elapsed_time(e) / 1e3 for s, e in events[name]] for name in names}
+    times = timing.alternating_times([contenders[n] for n in names], calls, L2_FLUSH_BYTES, WARMUP_S)
+    return dict(zip(names, times))
 
 
 def in_alternation(contenders: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:

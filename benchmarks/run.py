@@ -12,7 +12,8 @@ FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against 
 and the device-to-device copy bandwidth (tkc's kernel for a row of 16k columns or more is the
 faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold
 compile time and host time per launch.  Every tkc result is checked against torch before it
-is timed; a wrong result is reported, not timed.  Timing method: benchmarks/harness.py.
+is timed; a wrong result is reported, not timed.  Timing: the contenders of a row alternate
+call by call, each after a 256 MB L2 clear (benchmarks/harness.py, in_alternation).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from harness import (L2_FLUSH_BYTES, Row, append_results, device_description, host_time,  # noqa: E402
-                     in_turns, plot, table)
+                     in_alternation, plot, table)
 
 import tkc  # noqa: E402
 from tkc import autotune  # noqa: E402
@@ -130,7 +131,7 @@ def gemm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             row.notes = f"tkc: {', '.join(f'{k}={v}' for k, v in best.consts.items())} (tkc.autotune)"
         wrong = default_contender(contenders, row, GEMM, [a, b, c], {}, c, a.float() @ b.float(), 2e-2)
         row.notes = "; ".join(n for n in (row.notes, wrong) if n)
-        row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
+        row.values.update({k: flops / s / 1e12 for k, s in in_alternation(contenders, runs).items()})
         rows.append(row)
         print(f"  gemm {row.problem}: {row.values}", flush=True)
     return rows
@@ -219,7 +220,7 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
                         contenders[name] = sdpa
                     except RuntimeError:  # this backend does not take these inputs
                         pass
-                row.values.update({k: flops / s / 1e12 for k, s in in_turns(contenders, runs).items()})
+                row.values.update({k: flops / s / 1e12 for k, s in in_alternation(contenders, runs).items()})
                 pub = FA3_PUBLISHED.get((D, causal, N))
                 if pub:
                     row.notes = (row.notes + "; " if row.notes else "") + f"FA3 published on H100: {pub} TFLOP/s"
@@ -285,7 +286,7 @@ def best_norm_kernel(op: str, N: int, args: list, runs: int, progress: TextIO | 
         return f"{op}.tk", best.consts
     split = autotune(EXAMPLES / f"{op}_split.tk", args, configs, flush_bytes=L2_FLUSH_BYTES, progress=progress)
     picks = {f"{op}.tk": best.consts, f"{op}_split.tk": split.consts}
-    times = in_turns({ex: tkc_call(ex, consts, args)[1] for ex, consts in picks.items()}, runs)
+    times = in_alternation({ex: tkc_call(ex, consts, args)[1] for ex, consts in picks.items()}, runs)
     example = min(times, key=times.get)
     return example, picks[example]
 
@@ -325,7 +326,7 @@ def norm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             if tri_fn is not None:
                 contenders["triton"] = tri_fn
             contenders["copy"] = lambda: y.copy_(x)  # the bandwidth floor, in the same turns
-            row.values.update({k: moved / s / 1e9 for k, s in in_turns(contenders, runs).items()})
+            row.values.update({k: moved / s / 1e9 for k, s in in_alternation(contenders, runs).items()})
             rows.append(row)
             print(f"  {op} {row.problem}: {row.values}", flush=True)
     return rows

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 MAX_WARMUP_CALLS = 100_000  # a warm-up of a kernel that takes no GPU time ends here
@@ -69,3 +69,47 @@ def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush_bytes
     med = statistics.median(times)
     lo, hi = times[len(times) // 5], times[(4 * len(times)) // 5]
     return Timing(med, runs, (hi - lo) / med if med else 0.0)
+
+
+def alternating_times(fns: Sequence[Callable[[], Any]], calls: int, flush_bytes: int = 0,
+                      warmup_s: float = 0.0) -> list[list[float]]:
+    """Seconds of each of ``calls`` calls of every function of ``fns``, the functions
+    alternating call by call (cycle ``c`` starting at function ``c``), each call after a
+    clear of ``flush_bytes`` and timed by CUDA events, after ``warmup_s`` of such cycles.
+    Every function then runs at the clock the whole set of calls holds the GPU at, whatever
+    that clock remembers of what ran before: the fair comparison on a power-capped GPU, where
+    a function timed after another inherits the clock that one left (benchmarks/RESULTS.md,
+    benchmarks/timer_check.py)."""
+    import torch
+
+    n = len(fns)
+    cache = torch.empty(flush_bytes, dtype=torch.int8, device="cuda") if flush_bytes else None
+
+    def cycle(c: int, events: list[list] | None) -> None:
+        for k in range(n):
+            i = (c + k) % n
+            if cache is not None:
+                cache.zero_()
+            if events is None:
+                fns[i]()
+                continue
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[i]()
+            e.record()
+            events[i].append((s, e))
+
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    cycle(0, None)
+    last.record()
+    torch.cuda.synchronize()
+    per_cycle = first.elapsed_time(last) / 1e3
+    more = MAX_WARMUP_CALLS if per_cycle <= 0 else math.ceil(warmup_s / per_cycle)
+    for c in range(1, 1 + min(more, MAX_WARMUP_CALLS)):
+        cycle(c, None)
+    events: list[list] = [[] for _ in range(n)]
+    for c in range(calls):
+        cycle(c, events)
+    torch.cuda.synchronize()
+    return [[s.elapsed_time(e) / 1e3 for s, e in ev] for ev in events]

@@ -30,6 +30,7 @@ from tkc.errors import TkcError, TkcUsageError
 from tkc.target import DEFAULT_TARGET
 
 _ENTRY = "autotune.json"
+WARMUP_S = 0.1  # seconds of alternating calls before the timed ones
 
 
 @dataclass
@@ -91,15 +92,16 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
     """Time ``kernel`` (a ``@tkc.kernel`` or a ``.tk`` path) on ``args`` under each of
     ``configs`` (constants and pins); return the fastest.
 
-    The configurations take turns: ``rounds`` rounds of ``runs`` timed calls each
-    (``interleaved_medians``).  ``flush_bytes``: clear a buffer that large before every timed
+    The configurations alternate call by call, ``runs * rounds`` timed calls each, after
+    ``WARMUP_S`` of alternating calls (``tkc.runtime.timing.alternating_times``); each one's
+    median call.  ``flush_bytes``: clear a buffer that large before every timed
     call, so each starts with a cold L2, as a benchmark that flushes would time it."""
     import torch
 
     from tkc.compiler import compiler_version
     from tkc.runtime import cache as disk
     from tkc.runtime.launch import launch
-    from tkc.runtime.timing import gpu_time
+    from tkc.runtime.timing import alternating_times
 
     from tkc.kernel import Kernel
 
@@ -136,10 +138,13 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
             line = f"skipped: {e.message.splitlines()[0]}"
         if progress is not None:
             print(f"autotune {name} [{n}/{len(configs)}] {label}: {line}", file=progress, flush=True)
-    timers = [lambda c=c: gpu_time(lambda: launch(c, args), runs=runs, warmup=2, flush_bytes=flush_bytes).median_s
-              for _, c in runnable]
-    for (i, _), seconds in zip(runnable, interleaved_medians(timers, rounds)):
-        timings[i] = (timings[i][0], seconds, "")
+    # The configurations alternate call by call: each runs at the clock all of them hold the
+    # GPU at, not the one the configuration before it left (a power-capped GPU's clock follows
+    # the last second of work; benchmarks/RESULTS.md, 2026-11-27).
+    calls = alternating_times([lambda c=c: launch(c, args) for _, c in runnable], runs * rounds, flush_bytes,
+                              WARMUP_S)
+    for (i, _), times in zip(runnable, calls):
+        timings[i] = (timings[i][0], statistics.median(times), "")
     if progress is not None and runnable:
         print(f"autotune {name}: " + ", ".join(
             f"{_label(timings[i][0])} {timings[i][1] * 1e6:.1f} us" for i, _ in runnable), file=progress, flush=True)
