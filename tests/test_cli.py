@@ -295,7 +295,9 @@ def test_run_emulates_and_checks_against_the_interpreter() -> None:
                 "-D", "BM=64", "-D", "BN=64", "-D", "causal=true", "--dim", "B=1", "--dim", "H=2",
                 "--dim", "N=100", "--seed", "5")
     assert r.exit_code == 0, r.stderr
-    assert r.stdout.splitlines()[0].startswith("kernel attn: grid (2, 2), seed 5, emulate: emulated in ")
+    # the schedule a Python call of these shapes gets: 2 x 2 tiles walked by persistent programs
+    assert r.stdout.splitlines()[0].startswith("schedule for these shapes: defer_last, persistent (tkc.schedule")
+    assert r.stdout.splitlines()[1].startswith("kernel attn: grid (4,), seed 5, emulate: emulated in ")
     checks = [line for line in r.stdout.splitlines() if "check" in line]
     assert len(checks) == 4 and all(line.endswith("outside tolerance: ok") for line in checks)
 
@@ -319,7 +321,9 @@ def test_run_checks_a_smaller_grid_on_the_tiles_it_covers(monkeypatch: pytest.Mo
             "--dim", "H=2", "--dim", "N=300", "--grid", "1,1")
     r = tkc_cli(*args)
     assert r.exit_code == 0, r.stdout + r.stderr
-    assert "check o, emulator against interpreter: max abs error 0, 0 of 38400 outside tolerance: ok" in r.stdout
+    assert re.search(r"check o, emulator against interpreter: max abs error \S+, 0 of 38400 outside tolerance: ok",
+                     r.stdout), r.stdout
+    assert "schedule for these shapes: defer_last (" in r.stdout  # --grid: one program a tile, not persistent
     import tkc.emulator
 
     monkeypatch.setattr(tkc.emulator, "emulate", lambda *a, **k: None)

@@ -62,6 +62,9 @@ def test_the_callers_pins_stay() -> None:
     assert attn_pins(512, issue_ahead=True) == {"persistent": True}
     k = tkc.load(EXAMPLES / "attn.tk")
     assert chooser(k.kernel_op(defer_last=False, persistent=True), {"defer_last", "persistent"}) is None
+    # a caller's grid is one program a tile; other targets than the one the model was fitted to get nothing
+    assert chooser(k.kernel_op(D=128), {"D"}).pins(attn_args(32, 16, 512, 128), (4, 512), 132) == {"defer_last": True}
+    assert chooser(k.kernel_op(D=128), {"D"}, "sm_100a") is None
 
 
 @pytest.mark.parametrize("example", ["gemm.tk", "softmax.tk", "layernorm.tk", "allgather_gemm.tk"])
@@ -145,3 +148,22 @@ def test_pins_says_what_a_call_would_add() -> None:
     assert k.pins(*attn_args(32, 16, 512, 128), D=128) == {"defer_last": True, "persistent": True}
     assert k.pins(*attn_args(32, 16, 512, 128), D=128, persistent=False) == {"defer_last": True}
     assert tkc.load(EXAMPLES / "gemm.tk").pins(Sized(256, 256), Sized(256, 256), Sized(256, 256)) == {}
+
+
+def test_tkc_run_emulates_the_schedule_a_call_of_those_shapes_gets() -> None:
+    """`tkc run` picks as a Python call does (the emulator as a GPU of 132 SMs), checked
+    against the interpreter; a pin given with -D stays."""
+    from click.testing import CliRunner
+
+    from tkc.cli import cli
+
+    base = ["run", str(EXAMPLES / "attn.tk"), "--backend", "emulate", "--dim", "B=1", "--dim", "H=2",
+            "--dim", "N=300", "--check"]
+    out = CliRunner().invoke(cli, base + ["-D", "causal=true"])
+    assert out.exit_code == 0, out.output
+    assert "schedule for these shapes: defer_last, persistent (tkc.schedule" in out.output, out.output
+    assert "check o, emulator against interpreter" in out.output and "outside tolerance: ok" in out.output
+    out = CliRunner().invoke(cli, base + ["-D", "persistent=false"])
+    assert out.exit_code == 0, out.output
+    assert "schedule for these shapes: defer_last (tkc.schedule" in out.output, out.output
+    assert "grid (3, 2)" in out.output  # one program per query block and head: not persistent

@@ -495,6 +495,13 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
                    target)
         return
+    picked = _schedule(k, args, grid, consts, chosen, target)
+    if picked:  # the kernel a Python call of these shapes runs
+        module = _load(file, {**consts, **picked})
+        pm.run(module)
+        k = module.kernel(kernel)
+        on = ", ".join(n if v is True else f"{n}={v}" for n, v in picked.items() if v is not False)
+        click.echo(f"schedule for these shapes: {on or 'no pins'} (tkc.schedule; -D NAME=VALUE pins one)")
     result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",
@@ -506,6 +513,23 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     for line in _input_lines(k, sizes, dims, args, given, int_range):
         click.echo("  " + line)
     _print_outputs(result, f"{runner.EXECUTORS[ran]} against interpreter")
+
+
+def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str, target: str) -> dict[str, Any]:
+    """The pins tkc.schedule picks for a run of ``k`` on ``args`` by ``backend`` (the lowered
+    kernel runs them: the GPU, or the emulator as a GPU of DEFAULT_SMS SMs would), as a call
+    from Python of these shapes gets them; {} for the interpreter, which pins do not change."""
+    from tkc import schedule
+
+    chooser = schedule.chooser(k, set(consts), target)
+    if chooser is None or backend == "interpret":
+        return {}
+    sms = schedule.DEFAULT_SMS
+    if backend == "gpu":
+        import torch
+
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return chooser.pins(args, grid, sms)
 
 
 def _print_outputs(result: Any, pair: str) -> None:

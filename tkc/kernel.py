@@ -252,7 +252,7 @@ class Kernel:
         """The shape-dependent schedule of this kernel with ``consts`` (tkc.schedule), or None."""
         from tkc import schedule
 
-        return schedule.chooser(self.kernel_op(**consts), set(consts))
+        return schedule.chooser(self.kernel_op(**consts), set(consts), self.target)
 
     def _scheduled(self, schedule: Any, args: tuple | list, grid: Any, consts: dict[str, Any],
                    key: tuple) -> tuple[dict[str, Any], tuple]:

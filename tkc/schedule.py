@@ -46,16 +46,19 @@ from tkc.errors import TkcError
 from tkc.grid import check_grid, eval_grid, eval_slice, shape_env
 from tkc.ir.core import Operation, OpResult, Value
 from tkc.ir.types import TensorType
+from tkc.target import DEFAULT_TARGET
 
 #: Average iterations a program's loop makes at or below which persistent programs pay.
 SHORT_LOOP = 8
 #: The longest program's share of one SM's work above which a loop whose trip counts differ
 #: between programs is walked by persistent programs.
 TAIL = 0.2
+#: The target whose timings the model is fitted to.
+FITTED_TARGET = "sm_90a"
 #: The SMs assumed where no GPU says (an H100 SXM's or an H200's count).
 DEFAULT_SMS = 132
 
-__all__ = ["DEFAULT_SMS", "SHORT_LOOP", "TAIL", "Chooser", "chooser"]
+__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "SHORT_LOOP", "TAIL", "Chooser", "chooser"]
 
 
 class Chooser:
@@ -90,7 +93,9 @@ class Chooser:
 
     def pins(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int) -> dict[str, Any]:
         """The pins for a launch on ``args`` (``grid``: the caller's, else the kernel's) on a
-        GPU of ``sms`` SMs; {} where the shapes do not say (a bound read from a tensor)."""
+        GPU of ``sms`` SMs; {} where the shapes do not say (a bound read from a tensor).  A
+        caller's grid is one program per tile: no persistent programs then."""
+        grid_given = grid
         try:
             env = shape_env(self.kernel, args)
             grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
@@ -104,7 +109,7 @@ class Chooser:
         pins: dict[str, Any] = {}
         if "defer_last" not in self.given and "issue_ahead" not in self.given:
             pins["defer_last"] = True
-        if "persistent" not in self.given:
+        if "persistent" not in self.given and grid_given is None:  # a caller's grid counts tiles
             mean, longest = (first + last) / 2, max(first, last)
             slots = sms * int(self.kernel.attributes["consts"].get("ctas_per_sm") or 1)
             tail = first != last and longest * slots > TAIL * tiles * mean
@@ -112,10 +117,11 @@ class Chooser:
         return pins
 
 
-def chooser(kernel: Operation, given: set[str]) -> Chooser | None:
-    """The shape-dependent schedule of ``kernel`` (tile IR, before the passes) when the caller
-    set the pins in ``given``; None when its schedule does not depend on shapes."""
-    if {"defer_last", "persistent"} <= given or any(isinstance(p.type, TensorType) and p.type.ranks
+def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.name) -> Chooser | None:
+    """The shape-dependent schedule of ``kernel`` (tile IR, before the passes) for ``target``
+    when the caller set the pins in ``given``; None when its schedule does not depend on
+    shapes.  The model is fitted to sm_90a (an H200): other targets get no pins."""
+    if target != FITTED_TARGET or set(Chooser.picks) <= given or any(isinstance(p.type, TensorType) and p.type.ranks
                                                     for p in kernel.regions[0].block.args):
         return None
     loop = _attention_loop(kernel)
