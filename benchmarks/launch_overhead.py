@@ -53,8 +53,6 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# benchmarks/profile.py would shadow the standard library's profile module, which cProfile imports.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import cProfile  # noqa: E402

@@ -85,7 +85,6 @@ is what the verdicts decide.
 
 from __future__ import annotations
 
-import cProfile  # noqa: F401 - the standard library's, before benchmarks/profile.py is on the path
 import json
 import math
 import os

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import cProfile  # noqa: F401 - before benchmarks/ is on the path: see below
 import os
 import subprocess
 import sys
@@ -11,9 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-# The benchmarks put their folder first on the path, where benchmarks/profile.py shadows the
-# standard library's profile: cProfile (which torch._dynamo imports, so any later test of
-# torch.compile) is imported above, with the real one.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import harness  # noqa: E402

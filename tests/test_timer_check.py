@@ -3,7 +3,6 @@ power-capped GPU (tests/fake_gpu.py), and the report and verdicts it prints."""
 
 from __future__ import annotations
 
-import cProfile  # noqa: F401 - before benchmarks/ is on the path (benchmarks/profile.py shadows profile)
 import statistics
 import sys
 from pathlib import Path

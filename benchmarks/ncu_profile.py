@@ -1,9 +1,9 @@
 """Where the time goes: Nsight Compute reports of tkc's kernels and their peers, at the
 benchmark harness's shapes.
 
-    python benchmarks/profile.py --out prof/                 # every case below, one report each
-    python benchmarks/profile.py --out prof/ gemm softmax     # some of them
-    python benchmarks/profile.py --case gemm                  # run one case once (ncu runs this)
+    python benchmarks/ncu_profile.py --out prof/                 # every case below, one report each
+    python benchmarks/ncu_profile.py --out prof/ gemm softmax     # some of them
+    python benchmarks/ncu_profile.py --case gemm                  # run one case once (ncu runs this)
 
 Each case is launched a few times to warm up, then once between cudaProfilerStart/Stop, so
 ``ncu --profile-from-start off`` profiles exactly the kernels of that one call (a peer may
