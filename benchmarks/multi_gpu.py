@@ -48,7 +48,7 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
 
 ``--check``: every contender once at the smaller shape, against float32 torch on the same
 inputs (relative error of the whole output); exit status 1 if one is off.
-``--also DIR`` (repeatable): the all-gather + GEMM and GEMM + reduce-scatter examples of DIR too
+``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter and GEMM + all-reduce examples of DIR too
 (another version of them, such as an edited copy), as contenders ``tkc DIR``
 timed in turns with the rest.  ``--consts NAME=VALUE,...`` (repeatable): each version of those
 two with these compile-time constants too, as contender ``tkc [DIR] NAME=VALUE,...`` (a sweep
@@ -86,7 +86,7 @@ MOE_SHAPES = [("Mixtral-8x7B experts", 4096, 4096, 14336, 8), ("64 fine-grained 
 COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
 EXAMPLES = ROOT / "examples"
 BF16 = torch.bfloat16
-#: --also: folders whose allgather_gemm.tk / gemm_reducescatter.tk run beside examples/'s
+#: --also: folders whose allgather_gemm.tk / gemm_reducescatter.tk / gemm_allreduce.tk run beside examples/'s
 ALSO: list[Path] = []
 #: --consts: sets of compile-time constants examples/'s versions of those two run with too
 CONSTS: list[str] = []
@@ -269,11 +269,12 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     flags = tkc.symmetric_zeros((2, R, -(-MS // BM), -(-N // BN)), torch.int32)
     full = torch.empty(M, N, dtype=BF16, device="cuda")
     full_sym = tkc.symmetric_empty((M, N), BF16)
-    k = tkc.load(EXAMPLES / "gemm_allreduce.tk")
-
-    def ours() -> None:
-        flags.zero_()
-        k(a, b, out, stage, flags)
+    tkcs: dict[str, Callable[[], Any]] = {}
+    for name, (k, consts) in variants("gemm_allreduce.tk").items():
+        def call(k: tkc.Kernel = k, consts: dict = consts) -> None:
+            flags.zero_()
+            k(a, b, out, stage, flags, **consts)
+        tkcs[name] = call
 
     def unfused() -> None:
         torch.matmul(a, b, out=full)
@@ -288,8 +289,9 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
         dist.all_reduce(total)
         return total
 
-    contenders = {"tkc": ours, "NCCL+cuBLAS": unfused, "symm_mem two-shot": two_shot, **gemm_alone(a, b, full)}
-    outputs = {"tkc": lambda: out.reshape(M, N), "NCCL+cuBLAS": lambda: full, "symm_mem two-shot": lambda: full_sym}
+    contenders = {**tkcs, "NCCL+cuBLAS": unfused, "symm_mem two-shot": two_shot, **gemm_alone(a, b, full)}
+    outputs = {**{name: lambda: out.reshape(M, N) for name in tkcs}, "NCCL+cuBLAS": lambda: full,
+               "symm_mem two-shot": lambda: full_sym}
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
 
@@ -454,9 +456,9 @@ def main() -> None:
     def more(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--check", action="store_true", help="check every contender's result and stop")
         ap.add_argument("--also", action="append", default=[], metavar="DIR",
-                        help="time DIR's allgather_gemm.tk and gemm_reducescatter.tk beside examples/'s")
+                        help="time DIR's versions of the three fused GEMMs beside examples/'s")
         ap.add_argument("--consts", action="append", default=[], metavar="NAME=VALUE,...",
-                        help="time examples/'s versions of those two with these constants too")
+                        help="time every version of those three with these constants too")
 
     args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs", more=more)
     ALSO.extend(Path(d).resolve() for d in args.also)
