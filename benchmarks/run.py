@@ -70,12 +70,10 @@ def close(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
 
 # ------------------------------------------------------------------------ tkc's own default
 # Beside each autotuned row: the kernel called as a user calls it, no pins and no search, so
-# the schedule is the compiler's own (tkc.schedule picks pins for the launch's shapes).  The
-# kernel constants are the example's, but for D = 256 attention's 64-key blocks: the tile size
-# a kernel author sets for that head dim (the example's 128 leaves no room for two K/V stages).
+# the schedule is the compiler's own (tkc.schedule picks pins, and attn.tk's choose(...) tile
+# rows, for the launch's shapes).
 GEMM = tkc.load(EXAMPLES / "gemm.tk")
 ATTN = tkc.load(EXAMPLES / "attn.tk")
-ATTN_TILES = {256: {"BN": 64}}
 NORMS = {"softmax": tkc.load(EXAMPLES / "softmax.tk"), "layernorm": tkc.load(EXAMPLES / "layernorm.tk")}
 
 
@@ -208,7 +206,7 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
                 if on and not row.notes:
                     row.notes = f"tkc: {', '.join(on)} (tkc.autotune)"
                 wrong = default_contender(contenders, row, ATTN, [q, k, v, o, scale],
-                                          {"D": D, "causal": causal, **ATTN_TILES.get(D, {})}, o, ref, 2e-2)
+                                          {"D": D, "causal": causal}, o, ref, 2e-2)
                 row.notes = "; ".join(n for n in (row.notes, wrong) if n)
                 for name, be in backends.items():
                     def sdpa(be=be):

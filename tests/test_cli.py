@@ -599,7 +599,7 @@ def test_a_pass_error_shows_the_source_line_and_a_caret() -> None:
                 "-o", "a.ptx")
     assert r.exit_code == 1
     lines = r.stderr.splitlines()
-    assert lines[0].endswith("attn.tk:7:1: error: defer_last = true and issue_ahead = true move the same loop's "
+    assert lines[0].endswith("attn.tk:9:1: error: defer_last = true and issue_ahead = true move the same loop's "
                              "products in opposite directions; pin one of them")
     assert lines[1].startswith("def attn(q: bf16[B, H, N, D]") and lines[2] == "^"
 

@@ -495,7 +495,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
                    target)
         return
-    picked = _schedule(k, args, grid, consts, chosen, target)
+    picked = _schedule(k, args, grid, consts, chosen, target, file)
     if picked:  # the kernel a Python call of these shapes runs
         module = _load(file, {**consts, **picked})
         pm.run(module)
@@ -515,7 +515,8 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
     _print_outputs(result, f"{runner.EXECUTORS[ran]} against interpreter")
 
 
-def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str, target: str) -> dict[str, Any]:
+def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str, target: str,
+              file: str) -> dict[str, Any]:
     """The pins tkc.schedule picks for a run of ``k`` on ``args`` by ``backend`` (the lowered
     kernel runs them: the GPU, or the emulator as a GPU of DEFAULT_SMS SMs would), as a call
     from Python of these shapes gets them; {} for the interpreter, which pins do not change."""
@@ -529,7 +530,22 @@ def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str
         import torch
 
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return chooser.pins(args, grid, sms)
+    name = k.attributes["sym_name"]
+    return chooser.pins(args, grid, sms, lambda pins: _compiles_clean(file, name, {**consts, **pins}, target))
+
+
+def _compiles_clean(file: str, kernel: str, consts: dict[str, Any], target: str) -> bool:
+    """Whether ``kernel`` of ``file`` compiles with ``consts`` without spilling (ptxas's count;
+    False where it is refused or ptxas is missing)."""
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcError
+
+    try:
+        module = _only_kernel(_load(file, consts), kernel, file)
+        resources = compile_kernel(module, target=target).resources
+    except TkcError:
+        return False
+    return resources is not None and not resources.spill_stores and not resources.spill_loads
 
 
 def _print_outputs(result: Any, pair: str) -> None:

@@ -248,6 +248,15 @@ class Kernel:
         chosen, _ = self._scheduled(schedule, args, grid, consts, key)
         return {c: v for c, v in chosen.items() if c not in consts}
 
+    def _clean(self, consts: dict[str, Any]) -> bool:
+        """Whether the kernel compiles with ``consts`` without spilling (ptxas's count; False
+        where it is refused or ptxas did not run)."""
+        try:
+            resources = self.specialize(**consts).resources
+        except TkcError:
+            return False
+        return resources is not None and not resources.spill_stores and not resources.spill_loads
+
     def _chooser(self, consts: dict[str, Any]) -> Any:
         """The shape-dependent schedule of this kernel with ``consts`` (tkc.schedule), or None."""
         from tkc import schedule
@@ -267,7 +276,7 @@ class Kernel:
 
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
                 if torch.cuda.is_available() else DEFAULT_SMS
-            chosen = {**consts, **schedule.pins(args, grid, sms)}
+            chosen = {**consts, **schedule.pins(args, grid, sms, lambda pins: self._clean({**consts, **pins}))}
             picked = schedule.picked[shapes] = (chosen, tuple(sorted(chosen.items())))
         return picked
 

@@ -29,6 +29,10 @@ programs share the SMs.
     with light ones.  The share is 0.26 for D = 256 causal rows (1,024 tiles of up to 2 x
     their mean length on 132 SMs; persistent won at 4 of 6 lengths) and 0.13 for D = 128
     (2,048 tiles; it lost from 2k tokens).
+  - a constant declared ``choose(...)`` (``BM: const = choose(128, 192)``) and left open by the
+    caller, in a long loop walked one program a tile: the largest candidate that compiles
+    without spilling.  More rows a K/V block mean fewer loads a product; 192-row tiles were in
+    the fastest schedule of every D = 64 row from 2k tokens, and do not fit at D = 128 or 256.
 - **Other kernels** (GEMMs among them): no pins; the passes' own defaults were within 2% of
   the fastest schedule on every GEMM row of the sweep.
 
@@ -39,7 +43,7 @@ computes (pins never do), or override a pin the caller set.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tkc.errors import TkcError
@@ -65,10 +69,14 @@ class Chooser:
     """The shape-dependent schedule of one kernel: :meth:`pins` for a launch's arguments."""
 
     #: The pins this module may set.
-    picks = ("defer_last", "persistent")
+    PINS = ("defer_last", "persistent")
 
     def __init__(self, kernel: Operation, loop: Operation, given: set[str]):
         self.kernel, self.loop, self.given = kernel, loop, given
+        #: constants declared ``choose(...)`` that the caller left open -> their candidates
+        self.choices: dict[str, list[int]] = {n: list(c) for n, c in kernel.attributes.get("choices", {}).items()
+                                              if n not in given}
+        self.picks = (*self.PINS, *self.choices)  # what this schedule may set
         #: :meth:`key` of a launch's arguments -> (the constants it runs with, their sorted items):
         #: the caller keeps it (``tkc.kernel.Kernel``), so a launch like an earlier one picks nothing.
         self.picked: dict[tuple, tuple[dict[str, Any], tuple]] = {}
@@ -91,10 +99,13 @@ class Chooser:
         lo, hi, step = (int(env[v]) for v in bounds)
         return max(0, -(-(hi - lo) // step)) if step > 0 else 0
 
-    def pins(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int) -> dict[str, Any]:
-        """The pins for a launch on ``args`` (``grid``: the caller's, else the kernel's) on a
-        GPU of ``sms`` SMs; {} where the shapes do not say (a bound read from a tensor).  A
-        caller's grid is one program per tile: no persistent programs then."""
+    def pins(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int,
+             clean: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+        """The pins (and ``choose(...)`` constants) for a launch on ``args`` (``grid``: the
+        caller's, else the kernel's) on a GPU of ``sms`` SMs; {} where the shapes do not say (a
+        bound read from a tensor).  A caller's grid is one program per tile: no persistent
+        programs then.  ``clean(pins)``: whether the kernel with these pins compiles without
+        spilling (a larger tile is picked only then; None: no larger tile)."""
         grid_given = grid
         try:
             env = shape_env(self.kernel, args)
@@ -109,11 +120,19 @@ class Chooser:
         pins: dict[str, Any] = {}
         if "defer_last" not in self.given and "issue_ahead" not in self.given:
             pins["defer_last"] = True
+        mean, longest = (first + last) / 2, max(first, last)
         if "persistent" not in self.given and grid_given is None:  # a caller's grid counts tiles
-            mean, longest = (first + last) / 2, max(first, last)
             slots = sms * int(self.kernel.attributes["consts"].get("ctas_per_sm") or 1)
             tail = first != last and longest * slots > TAIL * tiles * mean
             pins["persistent"] = mean <= SHORT_LOOP or tail
+        if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
+            # A long loop, one program a tile: the largest tile that compiles without spilling
+            # (more rows a K/V block, fewer loads a product; 192-row tiles at D = 64: 1.12-1.28x).
+            for name, options in self.choices.items():
+                for size in sorted((o for o in options if o > options[0]), reverse=True):
+                    if clean({**pins, name: size}):
+                        pins[name] = size
+                        break
         return pins
 
 
@@ -121,8 +140,9 @@ def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.nam
     """The shape-dependent schedule of ``kernel`` (tile IR, before the passes) for ``target``
     when the caller set the pins in ``given``; None when its schedule does not depend on
     shapes.  The model is fitted to sm_90a (an H200): other targets get no pins."""
-    if target != FITTED_TARGET or set(Chooser.picks) <= given or any(isinstance(p.type, TensorType) and p.type.ranks
-                                                    for p in kernel.regions[0].block.args):
+    open_choices = set(kernel.attributes.get("choices", {})) - given
+    ranks = any(isinstance(p.type, TensorType) and p.type.ranks for p in kernel.regions[0].block.args)
+    if target != FITTED_TARGET or ranks or set(Chooser.PINS) <= given and not open_choices:
         return None
     loop = _attention_loop(kernel)
     return Chooser(kernel, loop, given) if loop is not None else None

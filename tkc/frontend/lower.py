@@ -118,6 +118,7 @@ class KernelLowering:
         self.scope = Scope()
         self.call_stack: list[str] = []
         self.grid_seen = False
+        self.choices: dict[str, list[int]] = {}  # constants declared choose(...) and not given
 
     # ================================================================ entry
     def lower(self) -> T.KernelOp:
@@ -126,8 +127,10 @@ class KernelLowering:
         block = Block()
         for p, t in params:
             block.add_arg(t, p.name)
-        kernel = T.KernelOp([], [], {"sym_name": fn.name, "consts": dict(consts)},
-                            [Region([block])], fn.loc)
+        attributes: dict[str, object] = {"sym_name": fn.name, "consts": dict(consts)}
+        if self.choices:  # constants tkc.schedule may pick at launch, with their candidates
+            attributes["choices"] = dict(self.choices)
+        kernel = T.KernelOp([], [], attributes, [Region([block])], fn.loc)
         self.kernel_consts = {**self.consts_in, **consts}  # declared constants and passed pins
         self.b.block = block
         self.b.loc = fn.loc
@@ -171,6 +174,9 @@ class KernelLowering:
                 if p.name in self.consts_in:
                     v = self.consts_in[p.name]
                     self._check_kind_of_default(p, v, before)
+                elif (options := self._choices(p, before)) is not None:
+                    v = options[0]  # where no launch picks (tkc compile, the interpreter)
+                    self.choices[p.name] = options
                 elif p.default is not None:
                     d = self.expr(p.default, before)
                     if not isinstance(d, Const):
@@ -195,12 +201,29 @@ class KernelLowering:
             params.append((p, self._param_type(p, consts)))
         return consts, params
 
+    def _choices(self, p: ast.Param, before: Scope) -> list[int] | None:
+        """The candidates of a constant declared ``BM: const = choose(128, 192)`` (tkc.schedule
+        picks one per launch), or None for any other default."""
+        d = p.default
+        if not (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "choose"):
+            return None
+        values = [self.expr(a, before) for a in d.args]
+        if d.keywords or len(values) < 2 or not all(
+                isinstance(v, Const) and isinstance(v.value, int) and not isinstance(v.value, bool) for v in values):
+            raise TkcTypeError(f"choose() lists the sizes tkc may pick for constant '{p.name}': two or more "
+                               f"integers, like choose(128, 192)", d.loc)
+        options = [int(v.value) for v in values]
+        if len(set(options)) != len(options):
+            raise TkcTypeError(f"choose() lists {p.name}'s candidates once each", d.loc)
+        return options
+
     def _check_kind_of_default(self, p: ast.Param, value: object, before: Scope) -> None:
         """A constant whose default is true/false takes true or false, and one whose default is a
         number takes a number (``causal=2`` would otherwise read as true)."""
         if p.default is None:
             return
-        d = self.expr(p.default, before)
+        options = self._choices(p, before)
+        d = Const(options[0]) if options is not None else self.expr(p.default, before)
         if not isinstance(d, Const) or isinstance(d.value, bool) == isinstance(value, bool):
             return
         kind = "true or false" if isinstance(d.value, bool) else "a number"

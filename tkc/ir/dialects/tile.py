@@ -34,12 +34,14 @@ def _same_elements(a: Type, b: Type) -> bool:
 @register
 class KernelOp(Operation):
     """A kernel.  Its block's arguments are the kernel's parameters; its
-    ``consts`` are the compile-time constants it was specialized with."""
+    ``consts`` are the compile-time constants it was specialized with; ``choices`` the
+    candidates of those declared ``choose(...)`` and left to tkc.schedule (the value in
+    ``consts`` is the first)."""
 
     name = "tile.kernel"
     # threads / smem_bytes / tma_maps / cluster: set by the Hopper passes (docs/hopper.md section 4).
-    ATTRS = {"sym_name": str, "consts?": dict, "threads?": int, "smem_bytes?": int, "tma_maps?": list,
-             "cluster?": int}
+    ATTRS = {"sym_name": str, "consts?": dict, "choices?": dict, "threads?": int, "smem_bytes?": int,
+             "tma_maps?": list, "cluster?": int}
     REGIONS = 1
     TRAITS = frozenset({"isolated"})
 
