@@ -24,7 +24,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 def compiled(name: str, consts: dict, passes: str = "", source: str | None = None):
-    m = compile_source(source, name) if source else compile_file(str(EXAMPLES / name), consts)
+    m = compile_source(source, name, dict(consts)) if source else compile_file(str(EXAMPLES / name), consts)
     PassManager(DEFAULT_PIPELINE + ("," + passes if passes else "")).run(m)
     return m
 
@@ -58,8 +58,7 @@ def test_attention_is_not_gemm_shaped_but_can_be_pinned():
     assert "tile.num_sms" in print_module(m)
     before = compiled("attn.tk", {"D": 64, "BM": 64, "BN": 64}).kernel()
     dims = {"B": 1, "H": 3, "N": 100}
-    m2 = compiled("attn.tk", {}, "persistent", src.replace("D: const = 128, BM: const = 128, BN: const = 128",
-                                                          "D: const = 64, BM: const = 64, BN: const = 64"))
+    m2 = compiled("attn.tk", {"D": 64, "BM": 64, "BN": 64}, "persistent", src)
     a, b = random_args(before, dims, 1), random_args(m2.kernel(), dims, 1)
     run_kernel(before, a)
     run_kernel(m2.kernel(), b)
