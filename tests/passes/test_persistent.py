@@ -199,3 +199,20 @@ def test_cluster_sizes(value):
 
     with pytest.raises(TkcUsageError, match="cluster"):
         compiled("gemm.tk", {"cluster": value}, "persistent")
+
+
+def test_tall_causal_columns_go_row_by_row(monkeypatch):
+    """32 query blocks a head (ROW_WALK) on 80 programs: more than two columns a round, yet
+    walked row by row (heaviest first everywhere); same result as a program per tile."""
+    import tkc.semantics
+
+    monkeypatch.setattr(tkc.semantics, "CPU_SMS", 80)
+    consts = {"D": 64, "BM": 64, "BN": 64, "persistent": True, "causal": True}
+    before, after = compiled("attn.tk", consts).kernel(), compiled("attn.tk", consts, "persistent").kernel()
+    dims = {"B": 1, "H": 3, "N": 2048}
+    a, b = random_args(before, dims, 3), random_args(after, dims, 3)
+    b[3][...] = np.nan
+    assert launch_grid(after, b) == (80,)
+    run_kernel(before, a)
+    run_kernel(after, b)
+    np.testing.assert_array_equal(a[3], b[3])

@@ -21,8 +21,10 @@ chosen so that the programs running at one time reuse each other's data in L2:
   turn, program p would get rows p, p + 132, ... modulo the rows of a head: at 512 tokens (4
   query blocks, 132 programs) always the same row, the programs given the last rows four
   times the work of the others; in the snake, a heavy tile in one round pairs with a light
-  one in the next.  Columns of more than P / 2 rows (a round holds less than two) go row by
-  row instead, columns fastest, in the same snake.
+  one in the next.  Columns of more than P / 2 rows (a round holds less than two), or of
+  ``ROW_WALK`` = 32 rows or more, go row by row instead, columns fastest, in the same snake
+  (heaviest tiles first everywhere: with 16 columns of 64 rows on 132 programs each round
+  shifts a column's rows by 4, and the busiest program got 1.54x the mean work).
 
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
@@ -52,6 +54,8 @@ from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 GROUP_M = 8
+#: Causal tiles are walked row by row, all columns at once, from this many rows a column.
+ROW_WALK = 32
 
 
 def persistent(module: Module, options: Options, target: Target) -> None:
@@ -125,7 +129,7 @@ def _persist(kernel: Operation, options: Options) -> None:
                                   f"tile row would apply it too; use cluster = 1 here", atomic.loc)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)
-    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in {0, 1, GROUP_M, cluster}}
+    const = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in {0, 1, GROUP_M, cluster, ROW_WALK - 1}}
     gm = grid.operands[0]
     gn = grid.operands[1] if len(grid.operands) == 2 else const[1]
     # With a cluster, the tile walk goes over cluster rows (``cluster`` tile rows each) and
@@ -191,8 +195,14 @@ def _persist(kernel: Operation, options: Options) -> None:
         col_col = lb.value(tile.FloorDivOp, [u, gm], I32)
         row_row = lb.value(tile.FloorDivOp, [u, gn], I32)
         row_col = lb.value(tile.RemOp, [u, gn], I32)
-        wide = lb.value(tile.MinimumOp, [lb.value(tile.MaximumOp, [lb.value(tile.SubOp, [
-            lb.value(tile.AddOp, [gm, gm], I32), step], I32), const[0]], I32), const[1]], I32)
+        # Row by row also from ROW_WALK rows a column: on an H200 the rows-first walk ran 1.01-1.48x
+        # faster at 32 and 64 rows (D = 64 to 256, causal; at D = 256 and 64 rows the column
+        # walk gave its busiest program 1.54x the mean work) and 0.94x at 16 rows, where reading
+        # a column's K and V once from L2 wins (benchmarks/RESULTS.md, 2026-11-27).
+        drift = lb.value(tile.SubOp, [lb.value(tile.AddOp, [gm, gm], I32), step], I32)
+        tall = lb.value(tile.SubOp, [gm, const[ROW_WALK - 1]], I32)
+        wide = lb.value(tile.MinimumOp, [lb.value(tile.MaximumOp, [
+            lb.value(tile.MaximumOp, [drift, tall], I32), const[0]], I32), const[1]], I32)
         pm = lb.value(tile.SubOp, [last, lb.value(tile.AddOp, [col_row, lb.value(tile.MulOp, [
             wide, lb.value(tile.SubOp, [row_row, col_row], I32)], I32)], I32)], I32)
         pn = lb.value(tile.AddOp, [col_col, lb.value(tile.MulOp, [
