@@ -60,25 +60,10 @@ def peers_dir() -> Path:
 
 
 def _prepare() -> None:
-    """The folder of installed peer wheels as a site directory (its .pth files run), and the
-    standard library's cProfile imported: a script run from benchmarks/ has this folder first
-    on its path, where benchmarks/profile.py shadows the ``profile`` that cProfile reads, and
-    the peers import torch._dynamo, which imports cProfile."""
+    """The folder of installed peer wheels as a site directory (its .pth files run)."""
     path = Path(os.environ.get("TKC_PEERS_SITE", ROOT / ".peers_site"))
     if path.is_dir():
         site.addsitedir(str(path))
-    if "cProfile" in sys.modules:
-        return
-    here = Path(__file__).resolve().parent
-    saved_path, ours = sys.path[:], sys.modules.pop("profile", None)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-    try:
-        import cProfile  # noqa: F401
-    finally:
-        sys.path[:] = saved_path
-        sys.modules.pop("profile", None)  # cProfile keeps the standard one for itself
-        if ours is not None:
-            sys.modules["profile"] = ours
 
 
 def _reason(e: BaseException) -> str:

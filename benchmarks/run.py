@@ -5,9 +5,10 @@
     python benchmarks/run.py --only gemm,norm --no-write
 
 Rows (bf16 unless named): GEMM (the best of a few schedules of gemm.tk, found by
-tkc.autotune per shape, as for attention and the norms) against torch.matmul (cuBLAS) and a
-Triton GEMM; attention
-forward against every SDPA backend torch has (cuDNN, flash, memory-efficient), with
+tkc.autotune per shape, as for attention and the norms) against torch.matmul (cuBLAS), a
+Triton GEMM and TileLang's and cuTile's; attention
+forward against every SDPA backend torch has (cuDNN, flash, memory-efficient),
+FlashAttention-4, TileLang and cuTile (benchmarks/peers.py; a peer that cannot run says why), with
 FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against torch, Triton
 and the device-to-device copy bandwidth (tkc's kernel for a row of 16k columns or more is the
 faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold
@@ -23,7 +24,8 @@ import math
 import statistics
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 from pathlib import Path
 
 import torch
@@ -35,6 +37,7 @@ sys.path.insert(0, str(HERE))
 from harness import (L2_FLUSH_BYTES, Row, append_results, device_description, host_time,  # noqa: E402
                      in_alternation, plot, table)
 
+import peers  # noqa: E402
 import tkc  # noqa: E402
 from tkc import autotune  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -96,6 +99,33 @@ def default_contender(contenders: dict, row: Row, kernel: tkc.Kernel, args: list
     return f"tkc default: {', '.join(on) or 'no pins'} (tkc.schedule)"
 
 
+# ---------------------------------------------------------------------------------- peers
+# FlashAttention-4, TileLang and cuTile (benchmarks/peers.py: installed from carried wheels,
+# TileLang's and cuTile's own published examples as the kernels).  A peer that cannot run says
+# why in the row's notes, once a run; a wrong result is reported and not timed.
+_said: set[tuple[str, str]] = set()
+
+
+def peer_contenders(contenders: dict, row: Row, built: dict, out: Callable[[Any], torch.Tensor],
+                    ref: torch.Tensor, tol: float) -> str:
+    """Add each of ``built`` (peers.attention's or peers.gemm's answer) that runs and matches
+    ``ref`` (its result through ``out``) to ``contenders``; the note saying why the others are not."""
+    notes = []
+    for name, peer in built.items():
+        row.values[name] = None
+        if isinstance(peer, str):
+            said = (name, peer) in _said
+            _said.add((name, peer))
+            notes.append(f"{name} not run{' (as above)' if said else ': ' + peer}")
+            continue
+        wrong = close(out(peer()), ref, tol)
+        if wrong:
+            notes.append(f"{name} {wrong}")
+        else:
+            contenders[name] = peer
+    return "; ".join(notes)
+
+
 # ----------------------------------------------------------------------------------- GEMM
 # The schedules tried per shape (tkc.autotune picks; benchmarks/RESULTS.md has the sweeps):
 # the example's 128 x 256 tile on two 64-row warpgroups, and cuBLAS's cooperative shape,
@@ -127,8 +157,10 @@ def gemm_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Ro
             row.values["tkc"] = None
         elif best.consts:
             row.notes = f"tkc: {', '.join(f'{k}={v}' for k, v in best.consts.items())} (tkc.autotune)"
-        wrong = default_contender(contenders, row, GEMM, [a, b, c], {}, c, a.float() @ b.float(), 2e-2)
-        row.notes = "; ".join(n for n in (row.notes, wrong) if n)
+        want = a.float() @ b.float()
+        wrong = default_contender(contenders, row, GEMM, [a, b, c], {}, c, want, 2e-2)
+        others = peer_contenders(contenders, row, peers.gemm(a, b), lambda r: r, want, 2e-2)
+        row.notes = "; ".join(n for n in (row.notes, wrong, others) if n)
         row.values.update({k: flops / s / 1e12 for k, s in in_alternation(contenders, runs).items()})
         rows.append(row)
         print(f"  gemm {row.problem}: {row.values}", flush=True)
@@ -218,6 +250,9 @@ def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> li
                         contenders[name] = sdpa
                     except RuntimeError:  # this backend does not take these inputs
                         pass
+                others = peer_contenders(contenders, row, peers.attention(q, k, v, causal, scale), lambda r: r,
+                                         ref, 2e-2)
+                row.notes = "; ".join(n for n in (row.notes, others) if n)
                 row.values.update({k: flops / s / 1e12 for k, s in in_alternation(contenders, runs).items()})
                 pub = FA3_PUBLISHED.get((D, causal, N))
                 if pub:
