@@ -27,7 +27,8 @@ programs share the SMs.
     longest program is a large share of an SM's work (``TAIL``): programs launched one per tile
     leave the last, longest ones running alone, and the persistent walk pairs heavy tiles
     with light ones.  The share is 0.26 for D = 256 causal rows (1,024 tiles of up to 2 x
-    their mean length on 132 SMs; persistent won at 4 of 6 lengths) and 0.13 for D = 128
+    their mean length on 132 SMs; persistent won at 4 of 6 lengths in the sweep, and 8k since
+    the persistent pass walks tall columns row by row) and 0.13 for D = 128
     (2,048 tiles; it lost from 2k tokens).
   - a constant declared ``choose(...)`` (``BM: const = choose(128, 192)``) and left open by the
     caller, in a long loop walked one program a tile: the largest candidate that compiles
