@@ -24,17 +24,10 @@ from typing import Any
 
 import torch
 
-from tkc.autotune import interleaved_medians
 from tkc.runtime import timing
-from tkc.runtime.timing import Timing
+from tkc.runtime.timing import WARMUP_S, Timing, interleaved_medians
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
-# Each contender runs this long (flushes included) before its timed calls, so that the clock it
-# is timed at is its own, not the one the contender before it left: a power-capped H100 holds
-# 1980 MHz after a light kernel and 1695 MHz under attention (benchmarks/RESULTS.md), and five
-# calls are 16 ms of a 16k-token attention but 0.2 ms of a softmax.  benchmarks/timer_check.py
-# measures how long the clock takes to settle.
-WARMUP_S = 0.1
 
 
 def gpu_time(fn: Callable[[], Any], runs: int = 50, warmup: int = 5, flush: bool = True) -> Timing:

@@ -7,7 +7,7 @@
 One process a GPU; every rank runs every contender in the same order.  Each timed call starts
 with every rank in step (CUDA synchronize, then a barrier) and is timed with CUDA events; a
 call's time is the slowest rank's, a contender's the median of its calls, the contenders taking
-turns (``tkc.autotune.interleaved_medians``: clock drift costs each alike).  No L2 flush: the
+turns (``tkc.runtime.timing.interleaved_medians``: clock drift costs each alike).  No L2 flush: the
 operands are hundreds of MB.  Rank 0 prints the markdown table, appends it to
 benchmarks/RESULTS.md (unless ``--no-record``) and draws benchmarks/plot_multi_gpu.png.
 
@@ -76,7 +76,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import tkc  # noqa: E402
-from tkc.autotune import interleaved_medians  # noqa: E402
+from tkc.runtime.timing import interleaved_medians  # noqa: E402
 
 GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "ring_attn", "moe_dispatch", "collectives"]
 #: (name, tokens, hidden, FFN): the whole layer; each rank holds 1/R of it.

@@ -10,7 +10,7 @@ ways, each with the contenders in both orders (tkc first, as benchmarks/run.py h
 tkc last), and prints what each hypothesis predicts next to what was measured:
 
 - ``harness@eaa649b``: benchmarks/run.py's method before this change, reproduced here
-  (``legacy_gpu_time``): three rounds taken in turns (``tkc.autotune.interleaved_medians``),
+  (``legacy_gpu_time``): three rounds taken in turns (``tkc.runtime.timing.interleaved_medians``),
   each contender's round 5 warm-up calls with no flush, then 16 calls, each after a 256 MB
   clear of L2, all enqueued before one synchronize; the median round.
 - ``harness``: ``harness.in_turns`` of this tree, exactly as run.py calls it (50 runs).
@@ -103,7 +103,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(HERE))
 
 import harness  # noqa: E402
-from tkc.autotune import interleaved_medians  # noqa: E402
+from tkc.runtime.timing import interleaved_medians  # noqa: E402
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 RUNS = 50  # benchmarks/run.py's default: three rounds of 16

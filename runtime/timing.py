@@ -19,6 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 MAX_WARMUP_CALLS = 100_000  # a warm-up of a kernel that takes no GPU time ends here
+#: Seconds of warm-up before timed calls that compare kernels (tkc.autotune, the harness): a
+#: power-capped GPU's clock follows its last tens of milliseconds of work and more
+#: (benchmarks/timer_check.py measures how long it takes to settle).
+WARMUP_S = 0.1
 
 
 class Timing(NamedTuple):
@@ -113,3 +117,19 @@ def alternating_times(fns: Sequence[Callable[[], Any]], calls: int, flush_bytes:
         cycle(c, events)
     torch.cuda.synchronize()
     return [[s.elapsed_time(e) / 1e3 for s, e in ev] for ev in events]
+
+
+def interleaved_medians(timers: Sequence[Callable[[], float]], rounds: int) -> list[float]:
+    """Each timer's median over ``rounds`` rounds, every round calling each timer once.
+
+    A GPU under load lowers its clock as it heats (an H100 at its power limit runs 15-25%
+    below its boost clock), so timing them one after another favours whichever ran while the
+    GPU was cool.  Taking turns, with round ``r`` starting at timer ``r``,
+    spreads that drift over all of them alike."""
+    n = len(timers)
+    samples: list[list[float]] = [[] for _ in range(n)]
+    for r in range(rounds):
+        for k in range(n):
+            i = (r + k) % n
+            samples[i].append(timers[i]())
+    return [statistics.median(s) for s in samples]

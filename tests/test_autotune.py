@@ -37,7 +37,7 @@ def test_needs_positive_rounds() -> None:
 def test_turns_cancel_a_clock_that_slows_down() -> None:
     """Three configurations, the second truly fastest, on a GPU that gets 5% slower with every
     call: timed one after another, the first would win; taking turns, the second does."""
-    from tkc.autotune import interleaved_medians
+    from tkc.runtime.timing import interleaved_medians
 
     true_time = [1.00, 0.96, 1.02]
     calls = []

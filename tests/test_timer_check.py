@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import timer_check as tc  # noqa: E402
 
-from tkc.autotune import interleaved_medians  # noqa: E402
+from tkc.runtime.timing import interleaved_medians  # noqa: E402
 
 
 class NoClock:

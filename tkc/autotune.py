@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,7 +30,6 @@ from tkc.errors import TkcError, TkcUsageError
 from tkc.target import DEFAULT_TARGET
 
 _ENTRY = "autotune.json"
-WARMUP_S = 0.1  # seconds of alternating calls before the timed ones
 
 
 @dataclass
@@ -70,22 +69,6 @@ def _label(consts: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in consts.items()) or "defaults"
 
 
-def interleaved_medians(timers: Sequence[Callable[[], float]], rounds: int) -> list[float]:
-    """Each timer's median over ``rounds`` rounds, every round calling each timer once.
-
-    A GPU under load lowers its clock as it heats (an H100 at its power limit runs 15-25%
-    below its boost clock), so timing the configurations one after another favours whichever
-    ran while the GPU was cool.  Taking turns, with round ``r`` starting at timer ``r``,
-    spreads that drift over all of them alike."""
-    n = len(timers)
-    samples: list[list[float]] = [[] for _ in range(n)]
-    for r in range(rounds):
-        for k in range(n):
-            i = (r + k) % n
-            samples[i].append(timers[i]())
-    return [statistics.median(s) for s in samples]
-
-
 def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, Any]], *, runs: int = 20,
              rounds: int = 5, flush_bytes: int = 0, cache: bool = True,
              progress: TextIO | None = sys.stderr) -> AutotuneResult:
@@ -101,7 +84,7 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
     from tkc.compiler import compiler_version
     from tkc.runtime import cache as disk
     from tkc.runtime.launch import launch
-    from tkc.runtime.timing import alternating_times
+    from tkc.runtime.timing import WARMUP_S, alternating_times
 
     from tkc.kernel import Kernel
 

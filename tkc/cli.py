@@ -521,31 +521,15 @@ def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str
     kernel runs them: the GPU, or the emulator as a GPU of DEFAULT_SMS SMs would), as a call
     from Python of these shapes gets them; {} for the interpreter, which pins do not change."""
     from tkc import schedule
+    from tkc.compiler import compile_kernel
 
     chooser = schedule.chooser(k, set(consts), target)
     if chooser is None or backend == "interpret":
         return {}
-    sms = schedule.DEFAULT_SMS
-    if backend == "gpu":
-        import torch
-
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = schedule.device_sms() if backend == "gpu" else schedule.DEFAULT_SMS
     name = k.attributes["sym_name"]
-    return chooser.pins(args, grid, sms, lambda pins: _compiles_clean(file, name, {**consts, **pins}, target))
-
-
-def _compiles_clean(file: str, kernel: str, consts: dict[str, Any], target: str) -> bool:
-    """Whether ``kernel`` of ``file`` compiles with ``consts`` without spilling (ptxas's count;
-    False where it is refused or ptxas is missing)."""
-    from tkc.compiler import compile_kernel
-    from tkc.errors import TkcError
-
-    try:
-        module = _only_kernel(_load(file, consts), kernel, file)
-        resources = compile_kernel(module, target=target).resources
-    except TkcError:
-        return False
-    return resources is not None and not resources.spill_stores and not resources.spill_loads
+    return chooser.pins(args, grid, sms, lambda pins: schedule.spill_free(
+        lambda: compile_kernel(_only_kernel(_load(file, {**consts, **pins}), name, file), target=target)))
 
 
 def _print_outputs(result: Any, pair: str) -> None:

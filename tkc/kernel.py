@@ -189,7 +189,7 @@ class Kernel:
         # last launch's compilation fits only arguments of its shapes, whose pick it is.
         schedule = self._schedules.get(key, _UNKNOWN)
         if schedule is _UNKNOWN:
-            schedule = self._schedules[key] = self._chooser(consts)
+            schedule = self._chooser(consts, key)
         if schedule is not None:
             last = schedule.last
             if last is not None and _runtime is not None and _runtime.launch_planned(last, args, grid) is not None:
@@ -242,26 +242,25 @@ class Kernel:
         key = tuple(sorted(consts.items()))
         schedule = self._schedules.get(key, _UNKNOWN)
         if schedule is _UNKNOWN:
-            schedule = self._schedules[key] = self._chooser(consts)
+            schedule = self._chooser(consts, key)
         if schedule is None:
             return {}
         chosen, _ = self._scheduled(schedule, args, grid, consts, key)
         return {c: v for c, v in chosen.items() if c not in consts}
 
     def _clean(self, consts: dict[str, Any]) -> bool:
-        """Whether the kernel compiles with ``consts`` without spilling (ptxas's count; False
-        where it is refused or ptxas did not run)."""
-        try:
-            resources = self.specialize(**consts).resources
-        except TkcError:
-            return False
-        return resources is not None and not resources.spill_stores and not resources.spill_loads
+        """Whether the kernel compiles with ``consts`` without spilling (tkc.schedule.spill_free)."""
+        from tkc.schedule import spill_free
 
-    def _chooser(self, consts: dict[str, Any]) -> Any:
-        """The shape-dependent schedule of this kernel with ``consts`` (tkc.schedule), or None."""
+        return spill_free(lambda: self.specialize(**consts))
+
+    def _chooser(self, consts: dict[str, Any], key: tuple) -> Any:
+        """The shape-dependent schedule of this kernel with ``consts`` (tkc.schedule), or None,
+        kept under ``key`` for the calls after."""
         from tkc import schedule
 
-        return schedule.chooser(self.kernel_op(**consts), set(consts), self.target)
+        chosen = self._schedules[key] = schedule.chooser(self.kernel_op(**consts), set(consts), self.target)
+        return chosen
 
     def _scheduled(self, schedule: Any, args: tuple | list, grid: Any, consts: dict[str, Any],
                    key: tuple) -> tuple[dict[str, Any], tuple]:
@@ -270,13 +269,9 @@ class Kernel:
         shapes = schedule.key(args, grid)
         picked = schedule.picked.get(shapes)
         if picked is None:
-            import torch
+            from tkc.schedule import device_sms
 
-            from tkc.schedule import DEFAULT_SMS
-
-            sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-                if torch.cuda.is_available() else DEFAULT_SMS
-            chosen = {**consts, **schedule.pins(args, grid, sms, lambda pins: self._clean({**consts, **pins}))}
+            chosen = {**consts, **schedule.pins(args, grid, device_sms(), lambda pins: self._clean({**consts, **pins}))}
             picked = schedule.picked[shapes] = (chosen, tuple(sorted(chosen.items())))
         return picked
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tkc.errors import TkcError
-from tkc.grid import check_grid, eval_grid, eval_slice, shape_env
+from tkc.grid import check_args, check_grid, eval_grid, eval_slice, shape_env
 from tkc.ir.core import Operation, OpResult, Value
 from tkc.ir.types import TensorType
 from tkc.target import DEFAULT_TARGET
@@ -63,7 +63,7 @@ FITTED_TARGET = "sm_90a"
 #: The SMs assumed where no GPU says (an H100 SXM's or an H200's count).
 DEFAULT_SMS = 132
 
-__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "SHORT_LOOP", "TAIL", "Chooser", "chooser"]
+__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "SHORT_LOOP", "TAIL", "Chooser", "chooser", "device_sms", "spill_free"]
 
 
 class Chooser:
@@ -109,6 +109,7 @@ class Chooser:
         spilling (a larger tile is picked only then; None: no larger tile)."""
         grid_given = grid
         try:
+            check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
             env = shape_env(self.kernel, args)
             grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
             tiles = math.prod(grid)
@@ -116,7 +117,7 @@ class Chooser:
                 return {}
             first = self.trips(env, tuple(0 for _ in grid), sms)
             last = self.trips(env, tuple(g - 1 for g in grid), sms)
-        except (TkcError, TypeError, ValueError, KeyError):
+        except TkcError:
             return {}
         pins: dict[str, Any] = {}
         if "defer_last" not in self.given and "issue_ahead" not in self.given:
@@ -135,6 +136,25 @@ class Chooser:
                         pins[name] = size
                         break
         return pins
+
+
+def device_sms() -> int:
+    """The SMs of torch's current CUDA device, else ``DEFAULT_SMS``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def spill_free(build: Callable[[], Any]) -> bool:
+    """Whether ``build()`` (a compilation to cubin) succeeds without ptxas spilling; False where
+    the compiler refuses it or ptxas did not run."""
+    try:
+        resources = build().resources
+    except TkcError:
+        return False
+    return resources is not None and not resources.spills
 
 
 def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.name) -> Chooser | None:

@@ -78,7 +78,7 @@ def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: 
     program than ``first`` (ptxas's result for ``ptx``) fits, or None when no more fit (threads,
     CTAs or shared memory), ptxas spills at that cap, or the SM still holds no more programs."""
     usage = first.kernels.get(name)
-    if usage is None or usage.spill_stores or usage.spill_loads:
+    if usage is None or usage.spills:
         return None  # a kernel that spills already would spill more under a lower cap
     smem = smem_bytes + usage.smem
     now = resident(usage.registers, threads, smem, target)
@@ -88,6 +88,6 @@ def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: 
     raised = with_min_ctas(ptx, want)
     second = assemble(raised)
     got = second.kernels.get(name)
-    if got is None or got.spill_stores or got.spill_loads or resident(got.registers, threads, smem, target) < want:
+    if got is None or got.spills or resident(got.registers, threads, smem, target) < want:
         return None
     return want, raised, second

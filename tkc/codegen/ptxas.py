@@ -124,6 +124,10 @@ class ResourceUsage:
     barriers: int = 0
     lines: tuple[str, ...] = ()  # ptxas's own lines for this kernel
 
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
     def __str__(self) -> str:
         return (f"{self.kernel}: {self.registers} registers, {self.smem} B smem, {self.stack_frame} B stack, "
                 f"{self.spill_stores} B spill stores, {self.spill_loads} B spill loads")
