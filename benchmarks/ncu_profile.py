@@ -4,11 +4,16 @@ benchmark harness's shapes.
     python benchmarks/ncu_profile.py --out prof/                 # every case below, one report each
     python benchmarks/ncu_profile.py --out prof/ gemm softmax     # some of them
     python benchmarks/ncu_profile.py --case gemm                  # run one case once (ncu runs this)
+    python benchmarks/ncu_profile.py --out prof/ --source attn-bwd # and where each instruction stalls
 
 Each case is launched a few times to warm up, then once between cudaProfilerStart/Stop, so
 ``ncu --profile-from-start off`` profiles exactly the kernels of that one call (a peer may
 launch more than one).  The report of each case is written to ``OUT/<case>.txt``: speed of
-light, occupancy, launch statistics, warp stall reasons, memory and compute workloads.
+light, occupancy, launch statistics, warp stall reasons, memory and compute workloads.  With
+``--source``, the report also samples stalls per SASS instruction: ``OUT/<case>.sass.csv`` is
+Nsight Compute's source page (every instruction with its samples and their reasons) and
+``OUT/<case>.hot.txt`` the instructions that hold the most samples, in program order with the
+lines around them, which is where a schedule loses its time.
 """
 
 from __future__ import annotations
@@ -167,17 +172,65 @@ def run_case(name: str) -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def profile(names: list[str], out: Path) -> None:
+def profile(names: list[str], out: Path, source: bool = False) -> None:
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
+        sections = SECTIONS + (["SourceCounters"] if source else [])
         cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none",
-               *[a for s in SECTIONS for a in ("--section", s)],
+               *[a for s in sections for a in ("--section", s)],
+               *(["--import-source", "no", "-f", "-o", str(out / name)] if source else []),
                sys.executable, __file__, "--case", name]
         print("$", " ".join(cmd), flush=True)
         res = subprocess.run(cmd, capture_output=True, text=True)
-        (out / f"{name}.txt").write_text(res.stdout + res.stderr)
-        print(f"{name}: ncu exit {res.returncode}, {len(res.stdout)} characters", flush=True)
+        text = res.stdout + res.stderr
+        if source:  # the report went to a file: print its details and its source page
+            report = str(out / f"{name}.ncu-rep")
+            text += subprocess.run([ncu, "-i", report, "--print-details", "all"],
+                                   capture_output=True, text=True).stdout
+            csv = subprocess.run([ncu, "-i", report, "--page", "source", "--csv", "--print-source", "sass"],
+                                 capture_output=True, text=True).stdout
+            (out / f"{name}.sass.csv").write_text(csv)
+            (out / f"{name}.hot.txt").write_text(hot_spots(csv))
+        (out / f"{name}.txt").write_text(text)
+        print(f"{name}: ncu exit {res.returncode}, {len(text)} characters", flush=True)
+
+
+def hot_spots(csv_text: str, top: int = 40, around: int = 6) -> str:
+    """The ``top`` SASS instructions with the most stall samples in Nsight Compute's source
+    page (CSV), each with ``around`` instructions either side, in program order: the share of
+    all samples, the sample count and the instruction."""
+    import csv
+    import io
+
+    lines = csv_text.splitlines()  # a "Kernel Name" line may come before the header
+    start = next((i for i, line in enumerate(lines) if line.startswith('"Address"')), 0)
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+    if not rows:
+        return "no source page in the report\n"
+    key = next((k for k in rows[0] if k.startswith("Warp Stall Sampling (All")), None)
+    src = next((k for k in rows[0] if k.lower() == "source"), None)
+    if key is None or src is None:
+        return "columns: " + ", ".join(rows[0]) + "\n"
+
+    def count(r: dict) -> int:
+        try:
+            return int(float(r[key].replace(",", "") or 0))
+        except ValueError:
+            return 0
+
+    counts = [count(r) for r in rows]
+    total = sum(counts) or 1
+    hot = sorted(range(len(rows)), key=lambda i: -counts[i])[:top]
+    shown = sorted({j for i in hot for j in range(max(0, i - around), min(len(rows), i + around + 1))})
+    out, last = [f"{total} samples; the {top} instructions with the most, in program order"], -2
+    for j in shown:
+        if j != last + 1:
+            out.append("...")
+        mark = "*" if j in hot else " "
+        out.append(f"{mark}{j:5d} {100 * counts[j] / total:5.1f}% {counts[j]:7d}  {rows[j][src].strip()}")
+        last = j
+    return "\n".join(out) + "\n"
 
 
 def main() -> None:
@@ -185,11 +238,13 @@ def main() -> None:
     ap.add_argument("cases", nargs="*", help=f"cases to profile (default: all of {', '.join(CASES)})")
     ap.add_argument("--case", choices=CASES, help="run this case once (what ncu launches)")
     ap.add_argument("--out", type=Path, default=Path("profiles"), help="folder for the reports")
+    ap.add_argument("--source", action="store_true",
+                    help="also sample stalls per SASS instruction (OUT/<case>.sass.csv, OUT/<case>.hot.txt)")
     args = ap.parse_args()
     if args.case:
         run_case(args.case)
     else:
-        profile(args.cases or list(CASES), args.out)
+        profile(args.cases or list(CASES), args.out, args.source)
 
 
 if __name__ == "__main__":

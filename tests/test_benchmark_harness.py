@@ -157,3 +157,19 @@ def test_tk_kernels_without_a_gpu_says_so_and_refuses_unknown_groups() -> None:
     assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, script, "--only", "rope,fft"], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and "unknown group(s) fft" in r.stderr
+
+
+def test_ncu_hot_spots_reads_the_source_page() -> None:
+    """``benchmarks/ncu_profile.py --source``'s summary: the instructions with the most stall
+    samples, in program order with their neighbours, from Nsight Compute's source-page CSV
+    (a "Kernel Name" line before the header)."""
+    import ncu_profile
+
+    head = '"Address","Source","Warp Stall Sampling (All Samples)","stall_wait"'
+    rows = [f'"0x{i:x}","INSN{i}","{s}","0"' for i, s in enumerate([1, 0, 50, 0, 0, 0, 30, 2])]
+    text = ncu_profile.hot_spots("\n".join(['"Kernel Name","k",', head, *rows]), top=2, around=1)
+    lines = text.splitlines()
+    assert lines[0].startswith("83 samples")
+    assert [ln.split()[-1] for ln in lines[1:] if ln != "..."] == ["INSN1", "INSN2", "INSN3", "INSN5", "INSN6", "INSN7"]
+    assert any(ln.startswith("*") and ln.endswith("INSN2") and "60.2%" in ln for ln in lines)
+    assert "no source page" in ncu_profile.hot_spots("")

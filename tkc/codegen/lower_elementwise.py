@@ -19,7 +19,11 @@ Numerics:
   rstd * w + b`` are one instruction fewer per element.
 - ``maximum``/``minimum`` are ``llvm.maximum/minimum.f32`` = ``max.NaN.f32``: NaN propagates.
 - i32/i64 ``floordiv``/``rem``/``cdiv`` have Python's floor semantics; division by zero gives 0
-  (the interpreter's choice), so masked-off lanes are harmless.
+  (the interpreter's choice), so masked-off lanes are harmless.  An i32 scalar division inside
+  an innermost loop by a runtime divisor computed outside it multiplies by the divisor's
+  reciprocal instead (:func:`_floordiv_invariant`): a ``div.s32`` is about 30 instructions on
+  every iteration (attention backward's ``t // n_i`` for grouped heads), the reciprocal one
+  64-bit division that LLVM hoists out of the loop.
 - Approximate instructions (PTX ISA accuracy, f32 results):
   ``exp(x) = ex2.approx.ftz(x * log2 e)`` and ``exp2 = ex2.approx.ftz``: at most 2 ulp, plus
   the rounding of ``x * log2 e`` (relative error about ``|x| * 2**-24``, below 6e-6 for
@@ -54,7 +58,7 @@ from tkc.codegen.lower_values import (
 from tkc.codegen.nvvm import F32
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
-from tkc.ir.core import Operation
+from tkc.ir.core import Operation, OpResult
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType, element_dtype
 
@@ -109,6 +113,83 @@ def _rem(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     zero = _zero(x)
     return b.sub(zero, _floordiv(b, b.sub(zero, x), y))
+
+
+_I64 = ir.IntType(64)
+
+
+def _udiv_invariant(b: ir.IRBuilder, n: ir.Value, d: ir.Value, m: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(n / d, n % d)`` for unsigned i32 ``n`` and ``d >= 1`` from ``m = (2**32 - 1) / d``:
+    ``q = (m n) >> 32`` is the quotient or one less (``m n / 2**32 > n / d - 1`` for ``n <
+    2**32``), so one comparison of the remainder with ``d`` corrects it."""
+    q = b.trunc(b.lshr(b.mul(b.zext(m, _I64), b.zext(n, _I64)), ir.Constant(_I64, 32)), n.type)
+    r = b.sub(n, b.mul(q, d))
+    over = b.icmp_unsigned(">=", r, d)
+    return b.add(q, b.zext(over, n.type)), b.select(over, b.sub(r, d), r)
+
+
+def _floordiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value, rem: bool = False) -> ir.Value:
+    """:func:`_floordiv` (or :func:`_rem`) of i32 values through :func:`_udiv_invariant` on the
+    magnitudes, then Python's signs: quotient and remainder truncated towards zero (the
+    remainder with x's sign), stepped where the remainder is non-zero and the signs differ.
+
+    ``m`` depends on the divisor alone, so LLVM hoists its one division out of the loop (its
+    divisor is non-zero: it may run speculatively), and the loop holds one register more than
+    ``div.s32`` needs.  A divisor LLVM knows is positive (``max(n, 1)``) drops the sign and
+    zero tests, and that register is then all it costs (attention backward has none to spare)."""
+    zero, one = _zero(x), ir.Constant(x.type, 1)
+    is0 = b.icmp_signed("==", y, zero)
+    safe = b.select(is0, one, y)
+    ay = llvm_call(b, "llvm.abs.i32", x.type, safe, ir.Constant(ir.IntType(1), 0))
+    m = b.udiv(ir.Constant(x.type, 2**32 - 1), ay)
+    neg_x, neg_y = b.icmp_signed("<", x, zero), b.icmp_signed("<", safe, zero)
+    ax = b.select(neg_x, b.sub(zero, x), x)  # INT_MIN stays 2**31 read unsigned
+    q, r = _udiv_invariant(b, ax, ay, m)
+    differ = b.xor(neg_x, neg_y)
+    step = b.and_(differ, b.icmp_unsigned("!=", r, zero))
+    if rem:
+        rt = b.select(neg_x, b.sub(zero, r), r)
+        return b.select(is0, zero, b.select(step, b.add(rt, safe), rt))
+    qt = b.select(differ, b.sub(zero, q), q)
+    return b.select(is0, zero, b.sub(qt, b.zext(step, x.type)))
+
+
+def _cdiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    zero = _zero(x)
+    return b.sub(zero, _floordiv_invariant(b, b.sub(zero, x), y))
+
+
+#: The loop-invariant divisor forms (:func:`_invariant_divisor`) of the i32 divisions.
+_INVARIANT: dict[type, Fn] = {
+    T.FloorDivOp: _floordiv_invariant,
+    T.RemOp: lambda b, x, y: _floordiv_invariant(b, x, y, rem=True),
+    T.CdivOp: _cdiv_invariant,
+}
+
+
+def _invariant_divisor(op: Operation) -> bool:
+    """Whether ``op`` is an i32 scalar division in an innermost loop (one holding no other) by
+    a runtime divisor defined outside that loop: its reciprocal is then worth two registers
+    held through the loop.  Constant divisors LLVM divides well itself; a division in a loop
+    around another (a persistent kernel's tile loop) runs once a tile, where the registers are
+    worth more than the instructions; so in a loop of at most a constant number of iterations
+    (a ring's prologue, ``range(min(S - 1, trip))``), where the 64-bit division would cost more
+    than the few divisions it saves."""
+    if type(op) not in _INVARIANT or isinstance(op.result.type, TileType) or element_dtype(op.result.type) != dtypes.i32:
+        return False
+    loop = next((a for a in op.ancestors() if a.name == "tile.for"), None)
+    if loop is None or any(inner is not loop and inner.name == "tile.for" for inner in loop.walk()):
+        return False
+    ub = loop.operands[1]
+    if isinstance(ub, OpResult) and ub.owner.name == "tile.minimum" \
+            and any(isinstance(x, OpResult) and x.owner.name == "tile.constant" for x in ub.owner.operands):
+        return False
+    d = op.operands[1]
+    if isinstance(d, OpResult):
+        if d.owner.name == "tile.constant":
+            return False
+        return loop not in d.owner.ancestors() and d.owner is not loop
+    return not any(d.block is blk for inner in loop.walk() for r in inner.regions for blk in r.blocks)
 
 
 def _shl(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:
@@ -190,6 +271,8 @@ def _elementwise(lw: Lowerer, op: Operation) -> None:
     if f is None:
         raise TkcCodegenError(f"'{op.name}' on {dt.name} has no lowering (is the decompose pass in the "
                               f"pipeline?)", op.loc)
+    if _invariant_divisor(op):
+        f = _INVARIANT[type(op)]
     fn = (lambda *xs: round_to(b, f(b, *xs), dt)) if dt.is_float else (lambda *xs: f(b, *xs))
     _map(lw, op, fn, *[lw.get(v, packed=True) for v in op.operands])
 
