@@ -23,7 +23,7 @@ Numerics:
   an innermost loop by a runtime divisor computed outside it multiplies by the divisor's
   reciprocal instead (:func:`_floordiv_invariant`): a ``div.s32`` is about 30 instructions on
   every iteration (attention backward's ``t // n_i`` for grouped heads), the reciprocal one
-  64-bit division that LLVM hoists out of the loop.
+  division that LLVM hoists out of the loop.
 - Approximate instructions (PTX ISA accuracy, f32 results):
   ``exp(x) = ex2.approx.ftz(x * log2 e)`` and ``exp2 = ex2.approx.ftz``: at most 2 ulp, plus
   the rounding of ``x * log2 e`` (relative error about ``|x| * 2**-24``, below 6e-6 for
@@ -169,13 +169,14 @@ _INVARIANT: dict[type, Fn] = {
 
 def _invariant_divisor(op: Operation) -> bool:
     """Whether ``op`` is an i32 scalar division in an innermost loop (one holding no other) by
-    a runtime divisor defined outside that loop: its reciprocal is then worth two registers
-    held through the loop.  Constant divisors LLVM divides well itself; a division in a loop
-    around another (a persistent kernel's tile loop) runs once a tile, where the registers are
-    worth more than the instructions; so in a loop of at most a constant number of iterations
-    (a ring's prologue, ``range(min(S - 1, trip))``), where the 64-bit division would cost more
-    than the few divisions it saves."""
-    if type(op) not in _INVARIANT or isinstance(op.result.type, TileType) or element_dtype(op.result.type) != dtypes.i32:
+    a runtime divisor defined outside that loop: its reciprocal is then worth the register it
+    holds through the loop.  Constant divisors LLVM divides well itself.  A division in a loop
+    around another (a persistent kernel's tile loop) runs once a tile, where the register is
+    worth more than the instructions, and one in a loop of at most a constant number of
+    iterations (a ring's prologue, ``range(min(S - 1, trip))``) would cost the hoisted division
+    more than the few it saves."""
+    t = op.result.type
+    if type(op) not in _INVARIANT or isinstance(t, TileType) or element_dtype(t) != dtypes.i32:
         return False
     loop = next((a for a in op.ancestors() if a.name == "tile.for"), None)
     if loop is None or any(inner is not loop and inner.name == "tile.for" for inner in loop.walk()):
