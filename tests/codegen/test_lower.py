@@ -484,3 +484,34 @@ def test_every_example_assembles_without_spills(example: str, kernel: str | None
 
     usage = compile_kernel(EXAMPLES / example, {}, cache=False, kernel=kernel).resources
     assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
+
+
+@pytest.mark.parametrize("example, kernel", [("attn_train.tk", "attn_bwd"), ("fftconv.tk", "fft_rows"),
+                                             ("based.tk", None)])
+def test_stored_values_sharing_an_address_step_agree_with_smem_offset(example: str, kernel: str | None) -> None:
+    """``_offset_steps``: a value stored at another's address plus a constant must land where
+    the per-value addressing (``smem_offset``, what the store computed before) puts it, in
+    every thread, for every register store of a real kernel (swizzled f32 and bf16 tiles,
+    transposed accumulators)."""
+    import numpy as np
+
+    from tkc.codegen.lower_hopper import _offset_steps, _tile_coords, smem_offset
+    from tkc.compiler import compile_kernel
+
+    c = compile_kernel(EXAMPLES / example, {}, kernel=kernel, stop="hopper", cache=False)
+    stores = [op for op in c.kernel_op.walk() if op.name == "hopper.smem_store" and "col" not in op.attributes]
+    assert stores
+    for op in stores:
+        lay, dst = op.value.type.layout, op.dst.type
+        steps = _offset_steps(lay, dst.layout, dst, list(range(lay.regs)), 0)
+        assert steps is not None
+        threads = np.arange(lay.threads)
+        tc = [np.asarray(x) for x in lay.thread_coords(threads)]
+
+        def where(k: int) -> np.ndarray:
+            rc = lay.reg_coords(k)
+            r, c_ = _tile_coords(dst, dst.layout, (tc[0] + int(rc[0]), tc[1] + int(rc[1])))
+            return np.array([smem_offset(dst.layout, int(a), int(b)) for a, b in zip(r, c_)])
+
+        for k, (base, delta) in enumerate(steps):
+            assert np.array_equal(where(k), where(base) + delta), (op.value.type, dst, k, base, delta)

@@ -41,7 +41,7 @@ from tkc.codegen.lower_values import (
 )
 from tkc.codegen.lower_ranks import tensor_map
 from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
-from tkc.codegen.nvvm import F32, I32, I64
+from tkc.codegen.nvvm import F32, I8, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
@@ -174,13 +174,61 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     # and hold them all through it (attention backward's staged dQ: 32 of them spilled 128 B;
     # one opaque index for all still spilled 4 B with the causal mask).
     coords = lw.coords(op, layout, opaque=_under_pressure(op) and any(a.name == "tile.for" for a in op.ancestors()))
+    keep = list(range(layout.regs))
     if col is not None:
         # The value's columns [col, col + width), shifted to the tile's origin; the verifier
         # made them whole 8-column groups of an accumulator, which each register's own
         # column offset decides (a thread's column is below 8).
         keep = [i for i in range(layout.regs) if col <= layout.reg_coords(i)[1] < col + width]
         vals, coords = [vals[i] for i in keep], [(coords[i][0], coords[i][1] - col) for i in keep]
-    _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
+    steps = _offset_steps(layout, tile.layout, op.dst.type, keep, col or 0)
+    if steps is None:
+        _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
+        return
+    # A value whose address is another's plus a constant for every thread is stored there
+    # (an immediate offset): attention backward's staged dQ^T, 32 f32 values a thread through
+    # a 128-B swizzle, needs 4 addresses, not 32 (each a dozen instructions an iteration).
+    lay, ptrs = tile.layout, {}
+    for k, (v, c) in enumerate(zip(vals, coords)):
+        base, delta = steps[k]
+        if base not in ptrs:
+            row, col_ = _tile_coords(op.dst.type, lay, coords[base])
+            ptrs[base] = _smem_element_ptr(lw, tile, smem_offset(lay, row, col_))
+        p = ptrs[base] if not delta else lw.b.gep(ptrs[base], [const_i32(delta)], source_etype=I8)
+        lw.b.store(to_mem(lw.b, cast_value(lw.b, v, dt, lay.dtype), lay.dtype), p)
+
+
+def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[int],
+                  col: int) -> list[tuple[int, int]] | None:
+    """Per stored value ``k`` (register ``regs[k]`` of ``layout``, its column less ``col``),
+    ``(j, delta)``: its byte offset in ``shared`` is value ``j``'s plus ``delta`` in every
+    thread (``j == k``, ``delta == 0`` for the values whose addresses are computed), or None
+    when the layout's coordinates cannot be evaluated for all threads here."""
+    try:
+        threads = np.arange(int(layout.threads))
+        tc = [np.asarray(x) for x in layout.thread_coords(threads)]
+        rows, cols = np.meshgrid(np.arange(shared.rows), np.arange(shared.cols), indexing="ij")
+        table = shared.offset(rows, cols)  # the byte offsets, swizzle included
+        offs = []
+        for i in regs:
+            rc = [int(x) for x in layout.reg_coords(i)]
+            coord = (tc[0] + rc[0], tc[1] + rc[1] - col)
+            r, c = _tile_coords(t, shared, coord)
+            offs.append(np.asarray(table[r, c], dtype=np.int64))
+    except (ValueError, TypeError, AttributeError, IndexError):
+        return None
+    out: list[tuple[int, int]] = []
+    bases: list[int] = []
+    for k, o in enumerate(offs):
+        for j in bases:
+            d = o - offs[j]
+            if np.all(d == d[0]):
+                out.append((j, int(d[0])))
+                break
+        else:
+            bases.append(k)
+            out.append((k, 0))
+    return out
 
 
 def _prmt(b: ir.IRBuilder, x: ir.Value, y: ir.Value, selector: int) -> ir.Value:
