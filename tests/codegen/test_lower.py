@@ -508,7 +508,7 @@ def test_stored_values_sharing_an_address_step_agree_with_smem_offset(example: s
         threads = np.arange(lay.threads)
         tc = [np.asarray(x) for x in lay.thread_coords(threads)]
 
-        def where(k: int) -> np.ndarray:
+        def where(k: int, lay=lay, dst=dst, tc=tc) -> np.ndarray:
             rc = lay.reg_coords(k)
             r, c_ = _tile_coords(dst, dst.layout, (tc[0] + int(rc[0]), tc[1] + int(rc[1])))
             return np.array([smem_offset(dst.layout, int(a), int(b)) for a, b in zip(r, c_)])
