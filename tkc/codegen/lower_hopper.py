@@ -189,8 +189,7 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     # (an immediate offset): attention backward's staged dQ^T, 32 f32 values a thread through
     # a 128-B swizzle, needs 4 addresses, not 32 (each a dozen instructions an iteration).
     lay, ptrs = tile.layout, {}
-    for k, (v, c) in enumerate(zip(vals, coords)):
-        base, delta = steps[k]
+    for v, (base, delta) in zip(vals, steps):
         if base not in ptrs:
             row, col_ = _tile_coords(op.dst.type, lay, coords[base])
             ptrs[base] = _smem_element_ptr(lw, tile, smem_offset(lay, row, col_))
