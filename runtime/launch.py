@@ -489,14 +489,14 @@ def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses
     The key is flat, one tuple for the whole launch (nested tuples per argument cost an
     allocation each, on every launch); it still tells argument lists apart, since each
     argument's run of items starts with what says how long the run is: a tensor's with its
-    shape (a torch.Size), a number's with its type."""
+    class (a torch.Tensor), a number's with its type (a float or an int)."""
     # repr(grid): (1.0,) == (1,), but is refused
     parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
     address, tensor = addresses.append, torch.Tensor
     for x in args:
         if isinstance(x, tensor):
             address(x.data_ptr())
-            parts += (x.shape, x.stride(), x.dtype, x.device)
+            parts += (type(x), x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):
             # 0.0 == -0.0, but the kernel gets a float's bits: the sign tells them apart.
             parts += (type(x), x, math.copysign(1.0, x))
