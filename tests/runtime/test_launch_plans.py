@@ -47,10 +47,15 @@ class FakeCuda(torch.Tensor):
         return True
 
 
+@functools.cache
+def _on_device(index: int) -> type:
+    """The fake's class for tensors on ``cuda:<index>``: one of its own past device 0, since a
+    launch's match (torch's tensor guard, C++) sees the tensors' real device, cpu for all."""
+    return FakeCuda if index == 0 else type(f"FakeCuda{index}", (FakeCuda,), {"index": index})
+
+
 def cuda_like(t: torch.Tensor, index: int = 0) -> FakeCuda:
-    x = t.as_subclass(FakeCuda)
-    x.index = index
-    return x
+    return t.as_subclass(_on_device(index))
 
 
 class FakeLib:

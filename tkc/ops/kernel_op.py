@@ -21,7 +21,7 @@ import inspect
 import keyword
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -103,6 +103,7 @@ class _KernelOp:
         self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
         # (kernel target, keyword constants, launch key of the inputs) -> how such a call runs
         self._plans: dict[tuple, _Planned] = {}
+        self._last: _Planned | None = None  # the last one found, tried first (its ``match``)
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
         for i in first.outputs:
             pname, t = first.params[i]
@@ -183,10 +184,9 @@ class _KernelOp:
     def run(self, *values: Any, **kwargs: Any) -> Any:
         first = _first_tensor(values)
         if self._plans and first.is_cuda and not interpret_requested():
-            addresses: list[int] = []
-            entry = self.planned(values, kwargs, addresses)
-            if entry is not None:
-                out = _launch(entry, addresses)
+            found = self.planned(values, kwargs)
+            if found is not None:
+                out = _launch(*found)
                 if out is not MISS:
                     return out
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
@@ -201,17 +201,32 @@ class _KernelOp:
             interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
 
-    def planned(self, values: tuple, kwargs: dict[str, Any], addresses: list[int]) -> _Planned | None:
+    def planned(self, values: tuple, kwargs: dict[str, Any]) -> tuple[_Planned, list[int]] | None:
         """How an earlier call on arguments like these ran (the same tensor classes, shapes,
         strides, dtypes and devices, the same scalars and keyword constants, on this thread
         and device: they decide the outputs' shapes, the compilation and the launch's checks),
-        the tensors' addresses appended to ``addresses``; None when there was none.  One key
-        for the whole call: the operator's outputs, its kernel's constants and the launch.
-        Only once a plan has been kept (a CUDA launch bound ``_runtime``)."""
+        with the tensors' addresses; None when there was none.  One key for the whole call: the
+        operator's outputs, its kernel's constants and the launch.  The last call's arguments
+        are tried first, by its ``match``.  Only once a plan has been kept (a CUDA launch
+        bound ``_runtime``)."""
+        kw = tuple(kwargs.items()) if kwargs else None
+        last = self._last
+        if last is not None and last.key[1] == kw and last.key[0] == self.kernel.target:
+            addresses = last.match.addresses(values)
+            if addresses is not None:
+                return last, addresses
+        addresses = []
         key = _runtime.call_key(values, addresses)[1]
         if key is None:
             return None
-        return self._plans.get((self.kernel.target, tuple(kwargs.items()) if kwargs else None, key))
+        entry = self._plans.get((self.kernel.target, kw, key))
+        if entry is None:
+            return None
+        if entry is last:
+            _runtime.rematch(entry, values, entry.index)
+        if entry.match is not None:
+            self._last = entry
+        return entry, addresses
 
     def _keep_plan(self, spec: _Spec, values: tuple, kwargs: dict[str, Any], full: list, device: Any) -> None:
         """Keep how the launch on ``full`` ran, for calls on arguments like ``values`` and
@@ -232,22 +247,27 @@ class _KernelOp:
             return
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[(self.kernel.target, tuple(kwargs.items()) if kwargs else None, key)] = \
-            _Planned(tuple(shapes), device, plan, spec.tensor_order, index, len(shapes))
+            self._last = None
+        key = (self.kernel.target, tuple(kwargs.items()) if kwargs else None, key)
+        self._plans[key] = _Planned(tuple(shapes), device, plan, spec.tensor_order, index, key,
+                                    runtime.Match.of(values, index))
 
 
-class _Planned(NamedTuple):
+class _Planned:
     """How a call like an earlier one runs: its outputs, each (allocator, shape, dtype), on
     ``device``; the launch's plan, on torch's device ``index``; ``order``, where each of the
-    plan's tensors is among the call's (inputs, then outputs), None when in that order; and
-    ``outs``, how many outputs there are."""
+    plan's tensors is among the call's (inputs, then outputs), None when in that order;
+    ``outs``, how many outputs there are; its ``key`` among the operator's plans; and
+    ``match``, what recognises the arguments of the call that made it
+    (:class:`tkc.runtime.launch.Match`; None: only the key does), made again at most a few
+    times (``rematches``: :func:`tkc.runtime.launch.rematch`)."""
 
-    outputs: tuple
-    device: Any
-    plan: Any
-    order: tuple[int, ...] | None
-    index: int
-    outs: int
+    __slots__ = ("outputs", "device", "plan", "order", "index", "outs", "key", "match", "rematches")
+
+    def __init__(self, outputs: tuple, device: Any, plan: Any, order: tuple[int, ...] | None, index: int,
+                 key: tuple, match: Any):
+        self.outputs, self.device, self.plan, self.order, self.index = outputs, device, plan, order, index
+        self.outs, self.key, self.match, self.rematches = len(outputs), key, match, 0
 
 
 MISS = object()  # what a planned call returns when it has launched nothing
@@ -456,17 +476,16 @@ def planned(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     if not impl._plans or interpret_requested() or torch.compiler.is_compiling() \
             or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return MISS
-    addresses: list[int] = []
-    entry = impl.planned(args, kwargs, addresses)
-    if entry is None:
+    found = impl.planned(args, kwargs)
+    if found is None:
         return MISS
     if torch.is_grad_enabled():
         for a in args:
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 apply = getattr(op, "tkc_apply", None)
                 # the Function's forward launches by the plan found here
-                return MISS if apply is None else apply(*args, (entry, addresses, kwargs))
-    return _launch(entry, addresses)
+                return MISS if apply is None else apply(*args, (*found, kwargs))
+    return _launch(*found)
 
 
 _PLAIN: dict[type, bool] = {torch.Tensor: True}
