@@ -360,9 +360,10 @@ class Match:
     (device type, autograd ...), dtype, device index, gradient flag, sizes and strides.  A
     check in one call instead of five attribute reads per tensor; what it refuses, the plan's
     key may still find.  :meth:`of` makes none where the guard is missing (another torch) or
-    where equal scalars may encode differently (a float zero, NaN: the key's sign tells)."""
+    where equal scalars may encode differently (a float zero, NaN: the key's sign tells).
+    ``grads``: whether a tensor it finds alike needs a gradient."""
 
-    __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "types")
+    __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "types", "grads")
 
     @classmethod
     def of(cls, args: Sequence[Any], device: int) -> Match | None:
@@ -376,6 +377,7 @@ class Match:
         self.thread, self.device, self.count = get_ident(), device, len(args)
         self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else lambda a, i=tensors[0]: (a[i],)
         self.guard = guards(*[args[i] for i in tensors], dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        self.grads = any(args[i].requires_grad for i in tensors)  # the guard checks each tensor's flag
         self.scalar_at = operator.itemgetter(*others) if len(others) > 1 else \
             (lambda a, i=others[0]: (a[i],)) if others else None
         self.scalars, self.types = scalars, tuple(map(type, scalars))

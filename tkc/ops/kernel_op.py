@@ -186,7 +186,7 @@ class _KernelOp:
         if self._plans and first.is_cuda and not interpret_requested():
             found = self.planned(values, kwargs)
             if found is not None:
-                out = _launch(*found)
+                out = _launch(found[0], found[1])
                 if out is not MISS:
                     return out
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
@@ -201,20 +201,22 @@ class _KernelOp:
             interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
 
-    def planned(self, values: tuple, kwargs: dict[str, Any]) -> tuple[_Planned, list[int]] | None:
+    def planned(self, values: tuple, kwargs: dict[str, Any]) -> tuple[_Planned, list[int], bool | None] | None:
         """How an earlier call on arguments like these ran (the same tensor classes, shapes,
         strides, dtypes and devices, the same scalars and keyword constants, on this thread
         and device: they decide the outputs' shapes, the compilation and the launch's checks),
-        with the tensors' addresses; None when there was none.  One key for the whole call: the
+        with the tensors' addresses and whether one of them needs a gradient (None: not known
+        yet); None when there was none.  One key for the whole call: the
         operator's outputs, its kernel's constants and the launch.  The last call's arguments
         are tried first, by its ``match``.  Only once a plan has been kept (a CUDA launch
         bound ``_runtime``)."""
         kw = tuple(kwargs.items()) if kwargs else None
         last = self._last
         if last is not None and last.key[1] == kw and last.key[0] == self.kernel.target:
-            addresses = last.match.addresses(values)
+            match = last.match
+            addresses = match.addresses(values)
             if addresses is not None:
-                return last, addresses
+                return last, addresses, match.grads
         addresses = []
         key = _runtime.call_key(values, addresses)[1]
         if key is None:
@@ -226,7 +228,7 @@ class _KernelOp:
             _runtime.rematch(entry, values, entry.index)
         if entry.match is not None:
             self._last = entry
-        return entry, addresses
+        return entry, addresses, None
 
     def _keep_plan(self, spec: _Spec, values: tuple, kwargs: dict[str, Any], full: list, device: Any) -> None:
         """Keep how the launch on ``full`` ran, for calls on arguments like ``values`` and
@@ -479,13 +481,19 @@ def planned(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     found = impl.planned(args, kwargs)
     if found is None:
         return MISS
-    if torch.is_grad_enabled():
-        for a in args:
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                apply = getattr(op, "tkc_apply", None)
-                # the Function's forward launches by the plan found here
-                return MISS if apply is None else apply(*args, (*found, kwargs))
-    return _launch(*found)
+    entry, addresses, grads = found
+    if torch.is_grad_enabled() and (grads or grads is None and _needs_grad(args)):
+        apply = getattr(op, "tkc_apply", None)
+        # the Function's forward launches by the plan found here
+        return MISS if apply is None else apply(*args, (entry, addresses, kwargs))
+    return _launch(entry, addresses)
+
+
+def _needs_grad(args: tuple) -> bool:
+    for a in args:  # a plain loop: any() over a generator costs more
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 _PLAIN: dict[type, bool] = {torch.Tensor: True}
