@@ -373,10 +373,13 @@ class Match:
         scalars = tuple(args[i] for i in others)
         if guards is None or not tensors or any(isinstance(v, float) and (v == 0 or v != v) for v in scalars):
             return None
+        try:
+            guard = guards(*[args[i] for i in tensors], dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        except (TypeError, RuntimeError, SystemError):  # another torch's way of making one: the key decides
+            return None
         self = cls()
-        self.thread, self.device, self.count = get_ident(), device, len(args)
+        self.thread, self.device, self.count, self.guard = get_ident(), device, len(args), guard
         self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else lambda a, i=tensors[0]: (a[i],)
-        self.guard = guards(*[args[i] for i in tensors], dynamic_dims_sizes=None, dynamic_dims_strides=None)
         self.grads = any(args[i].requires_grad for i in tensors)  # the guard checks each tensor's flag
         self.scalar_at = operator.itemgetter(*others) if len(others) > 1 else \
             (lambda a, i=others[0]: (a[i],)) if others else None

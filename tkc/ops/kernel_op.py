@@ -206,15 +206,14 @@ class _KernelOp:
         strides, dtypes and devices, the same scalars and keyword constants, on this thread
         and device: they decide the outputs' shapes, the compilation and the launch's checks),
         with the tensors' addresses and whether one of them needs a gradient (None: not known
-        yet); None when there was none.  One key for the whole call: the
-        operator's outputs, its kernel's constants and the launch.  The last call's arguments
-        are tried first, by its ``match``.  Only once a plan has been kept (a CUDA launch
-        bound ``_runtime``)."""
+        yet); None when there was none.  One key for the whole call: the operator's outputs,
+        its kernel's constants and the launch.  The last call's arguments are tried first, by
+        its ``match``.  Only once a plan has been kept (a CUDA launch bound ``_runtime``)."""
         kw = tuple(kwargs.items()) if kwargs else None
         last = self._last
         if last is not None and last.key[1] == kw and last.key[0] == self.kernel.target:
             match = last.match
-            addresses = match.addresses(values)
+            addresses = match.addresses(values) if match is not None else None
             if addresses is not None:
                 return last, addresses, match.grads
         addresses = []
