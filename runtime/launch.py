@@ -363,7 +363,7 @@ class Match:
     where equal scalars may encode differently (a float zero, NaN: the key's sign tells).
     ``grads``: whether a tensor it finds alike needs a gradient."""
 
-    __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "types", "grads")
+    __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "type_of", "types", "grads")
 
     @classmethod
     def of(cls, args: Sequence[Any], device: int) -> Match | None:
@@ -379,11 +379,15 @@ class Match:
             return None
         self = cls()
         self.thread, self.device, self.count, self.guard = get_ident(), device, len(args), guard
-        self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else lambda a, i=tensors[0]: (a[i],)
+        # the tensors as a sequence, in C (one of them: a slice of one)
+        self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else \
+            operator.itemgetter(slice(tensors[0], tensors[0] + 1))
         self.grads = any(args[i].requires_grad for i in tensors)  # the guard checks each tensor's flag
-        self.scalar_at = operator.itemgetter(*others) if len(others) > 1 else \
-            (lambda a, i=others[0]: (a[i],)) if others else None
-        self.scalars, self.types = scalars, tuple(map(type, scalars))
+        # the scalars: one as itself, several as a tuple
+        self.scalar_at = operator.itemgetter(*others) if others else None
+        self.scalars = self.scalar_at(args) if others else None
+        self.type_of = type if len(others) == 1 else _types
+        self.types = self.type_of(self.scalars) if others else None
         return self
 
     def addresses(self, args: Sequence[Any]) -> list[int] | None:
@@ -395,9 +399,13 @@ class Match:
             return None
         if self.scalar_at is not None:
             scalars = self.scalar_at(args)
-            if scalars != self.scalars or tuple(map(type, scalars)) != self.types:
+            if scalars != self.scalars or self.type_of(scalars) != self.types:
                 return None
         return list(map(_data_ptr, tensors))
+
+
+def _types(values: tuple) -> tuple:
+    return tuple(map(type, values))
 
 
 _MAX_REMATCHES = 8  # per plan: arguments taking turns at what only a match sees go by the key
