@@ -392,10 +392,10 @@ class Match:
 
     def addresses(self, args: Sequence[Any]) -> list[int] | None:
         """The tensors' addresses when ``args`` are like the plan's own, else None."""
-        if len(args) != self.count or get_ident() != self.thread or _torch._C._cuda_getDevice() != self.device:
+        if len(args) != self.count or get_ident() != self.thread:
             return None
         tensors = self.pick(args)
-        if not self.guard.check(*tensors):
+        if not self.guard.check(*tensors) or _torch._C._cuda_getDevice() != self.device:
             return None
         if self.scalar_at is not None:
             scalars = self.scalar_at(args)

@@ -393,7 +393,7 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
     # i-th operator argument's, as under the dispatcher.
     # From call(), the last is (plan, addresses, constants) instead: the launch it looked up.
     def forward(ctx: Any, *args: Any) -> Any:
-        *values, kwargs = args
+        values, kwargs = args[:-1], args[-1]
         out = MISS
         if type(kwargs) is tuple:
             entry, addresses, kwargs = kwargs
@@ -401,9 +401,9 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
         if out is MISS:
             out = op.tkc_run(*values, **kwargs)
         if with_kwargs:
-            setup_context(ctx, tuple(values), out, keyword_only_inputs=kwargs)
+            setup_context(ctx, values, out, keyword_only_inputs=kwargs)
         else:
-            setup_context(ctx, tuple(values), out)
+            setup_context(ctx, values, out)
         return out
 
     def backward_all(ctx: Any, *grads: Any) -> tuple:
