@@ -748,17 +748,22 @@ def test_an_operators_own_function_takes_the_plan_only_for_arguments_it_passes_o
     assert len(ops.lib.launches) == 2 and ops.checks == 1
 
 
-def test_an_operator_with_a_plan_records_the_gradient_with_it(ops: types.SimpleNamespace) -> None:
+def test_an_operator_with_a_plan_records_the_gradient_with_it(ops: types.SimpleNamespace,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """An input that needs a gradient: the eager autograd.Function launches the plan that
     ``call`` found (no second look-up, no check) and records the operator's backward."""
     import tkc.ops
+    import tkc.ops.rows as rows
 
     x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
     tkc.ops.rms_norm(x, w)
+    impl, lookups = rows._rms_norm.tkc_impl, []
+    planned = impl.planned
+    monkeypatch.setattr(impl, "planned", lambda *a: lookups.append(1) or planned(*a))
     xg = cuda_like(torch.randn(32, 256).bfloat16()).requires_grad_()
-    for _ in range(2):
+    for n in range(2):
         y = tkc.ops.rms_norm(xg, w)
-        assert type(y.grad_fn).__name__ == "rmsnorm_autogradBackward"
+        assert type(y.grad_fn).__name__ == "rmsnorm_autogradBackward" and len(lookups) == n + 1
         assert ops.lib.launches[-1]["slots"] == [xg.data_ptr(), w.data_ptr(), y.data_ptr()]
     assert ops.checks == 1 and len(ops.lib.launches) == 3
     with torch.no_grad():
