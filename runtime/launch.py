@@ -359,8 +359,9 @@ class Match:
     (``torch._C._dynamo.guards.TensorGuards``, C++) finds alike: the same class, dispatch keys
     (device type, autograd ...), dtype, device index, gradient flag, sizes and strides.  A
     check in one call instead of five attribute reads per tensor; what it refuses, the plan's
-    key may still find.  :meth:`of` makes none where the guard is missing (another torch) or
-    where equal scalars may encode differently (a float zero, NaN: the key's sign tells).
+    key may still find.  :meth:`of` makes none where the guard is missing (another torch),
+    where equal scalars may encode differently (a float zero, NaN: the key's sign tells) or
+    where a tensor is passed twice (the guard wants distinct tensors).
     ``grads``: whether a tensor it finds alike needs a gradient."""
 
     __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "type_of", "types", "grads")
@@ -373,6 +374,8 @@ class Match:
         scalars = tuple(args[i] for i in others)
         if guards is None or not tensors or any(isinstance(v, float) and (v == 0 or v != v) for v in scalars):
             return None
+        if len({id(args[i]) for i in tensors}) < len(tensors):
+            return None  # one tensor passed twice: the guard refuses such arguments (it wants them distinct)
         try:
             guard = guards(*[args[i] for i in tensors], dynamic_dims_sizes=None, dynamic_dims_strides=None)
         except (TypeError, RuntimeError, SystemError):  # another torch's way of making one: the key decides

@@ -515,6 +515,8 @@ def test_a_match_refuses_what_the_key_would_tell_apart(gpu: types.SimpleNamespac
     # equal scalars that encode differently: only the key tells them apart, so no match
     assert launch_mod.Match.of([x, 0.0], 0) is None and launch_mod.Match.of([x, float("nan")], 0) is None
     assert launch_mod.Match.of([x, 1], 0).addresses([x, True]) is None
+    assert launch_mod.Match.of([x, x, w], 0) is None  # the guard refuses a tensor passed twice
+    assert launch_mod.Match.of([x, w], 0).addresses([x, x]) is None
 
 
 def test_a_plan_found_by_its_key_matches_the_calls_after(gpu: types.SimpleNamespace) -> None:
@@ -531,6 +533,13 @@ def test_a_plan_found_by_its_key_matches_the_calls_after(gpu: types.SimpleNamesp
     for n in range(20):
         launch_mod.launch(c, grads if n % 2 else args)
     assert plan.rematches == launch_mod._MAX_REMATCHES and gpu.checks == 1 and len(gpu.lib.launches) == 22
+
+
+def test_a_tensor_passed_twice_is_launched_by_the_key(gpu: types.SimpleNamespace) -> None:
+    c, (a, _, out) = gemm(), gemm_args(128, 128, 128)
+    for _ in range(3):
+        launch_mod.launch(c, [a, a, out])
+    assert gpu.checks == 1 and len(gpu.lib.launches) == 3 and launch_mod.launch_state(c).last.match is None
 
 
 def test_a_launch_by_the_match_refuses_a_misaligned_tensor(gpu: types.SimpleNamespace) -> None:
