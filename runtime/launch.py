@@ -8,7 +8,8 @@ shared memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
 check that the device is the one the kernel was compiled for, and what is kept of a
 kernel between launches (:class:`LaunchState`: its loaded function per device and its
 checked launch plans, which a launch with tensors of the same shapes at other addresses
-reuses), beside the ``Compiled``, which stays a plain result of compilation.
+reuses, found by a key of the arguments or, the last one, by a :class:`Match`), beside the
+``Compiled``, which stays a plain result of compilation.
 
 Must not: compile anything (``tkc.compiler``), choose a box or a swizzle (they come from
 the kernel's ``tma_maps``, which the passes set), copy or convert tensors (a wrong one is
@@ -31,8 +32,7 @@ from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
 __all__ = ["LaunchState", "Match", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
-           "rematch",
-           "launch_state", "param_values", "plan_of", "to_ctypes", "tma_operands", "swizzle_enum"]
+           "launch_state", "param_values", "plan_of", "rematch", "to_ctypes", "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 
