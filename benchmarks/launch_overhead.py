@@ -8,7 +8,9 @@ Each row is the best and median microseconds per call over several rounds of man
 
 * ``softmax``: ``tkc.runtime.launch.launch(compiled, [x, y])``, the 64x256 bf16 softmax of
   ``overhead_rows()`` in benchmarks/run.py, called again and again with the same tensors;
-* ``rmsnorm``: a ``@tkc.kernel`` (examples/rmsnorm.py) called the same way, with a scalar;
+* ``rmsnorm``: a ``@tkc.kernel`` (examples/rmsnorm.py) called the same way, with a scalar,
+  then with a new output tensor at every call (``y = torch.empty(...); rmsnorm(x, w, y, eps)``),
+  beside ``torch.nn.functional.rms_norm`` on a GPU;
 * ``gemm``: examples/gemm.tk at 256x256x256, first with the same three tensors at every call,
   then with a new output tensor at every call (``c = torch.empty(...); launch(gemm, [a, b, c])``,
   as a PyTorch program calls a kernel): a launch with new tensors of a shape seen before must
@@ -246,6 +248,8 @@ def main() -> None:
         tkc_cases = {
             "softmax 64x256, same tensors": lambda: launch(softmax, [x, y]),
             "rmsnorm (@tkc.kernel), same tensors": lambda: rmsnorm(x, w, y, 1e-6),
+            "rmsnorm (@tkc.kernel), new output tensor each call": new_output_each_call(
+                lambda out: rmsnorm(x, w, out, 1e-6), lambda: tensor(64, 256)),
             f"gemm {n}^3, same tensors": lambda: launch(gemm, [a, b, c]),
             f"gemm {n}^3, new output tensor each call": new_output_each_call(lambda out: launch(gemm, [a, b, out]),
                                                                           lambda: tensor(n, n)),
@@ -264,6 +268,8 @@ def main() -> None:
             lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
         triton = _triton_kernels() if gpu else None
         torch_cases = {  # per tkc row, its peers: torch's (and below Triton's) launches of the same work
+            "rmsnorm (@tkc.kernel), new output tensor each call": [
+                ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(x, (256,), w, 1e-6))],
             f"gemm {n}^3, same tensors": [("torch.matmul(a, b, out=c)", lambda: torch.matmul(a, b, out=c))],
             f"gemm {n}^3, new output tensor each call": [
                 ("out = torch.empty(...); torch.matmul(a, b, out=out)",

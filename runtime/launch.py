@@ -8,7 +8,8 @@ shared memory, ``cuLaunchKernelEx``), the host-side encoding of each parameter
 check that the device is the one the kernel was compiled for, and what is kept of a
 kernel between launches (:class:`LaunchState`: its loaded function per device and its
 checked launch plans, which a launch with tensors of the same shapes at other addresses
-reuses), beside the ``Compiled``, which stays a plain result of compilation.
+reuses, found by a key of the arguments or, the last one, by a :class:`Match`), beside the
+``Compiled``, which stays a plain result of compilation.
 
 Must not: compile anything (``tkc.compiler``), choose a box or a swizzle (they come from
 the kernel's ``tma_maps``, which the passes set), copy or convert tensors (a wrong one is
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import weakref
 from collections.abc import Sequence
 from threading import get_ident
@@ -29,8 +31,8 @@ from tkc.errors import TkcLaunchError, TkcUsageError
 from tkc.ir.types import ScalarType, TensorType
 from tkc.runtime import driver
 
-__all__ = ["LaunchState", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
-           "launch_state", "param_values", "plan_of", "to_ctypes", "tma_operands", "swizzle_enum"]
+__all__ = ["LaunchState", "Match", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
+           "launch_state", "param_values", "plan_of", "rematch", "to_ctypes", "tma_operands", "swizzle_enum"]
 
 _I32_MAX = 2**31 - 1
 
@@ -146,14 +148,16 @@ def _check_device(target: str, device: Any) -> None:
 class LaunchState:
     """What the runtime keeps of one :class:`~tkc.compiler.Compiled` between launches (never
     saved with it): the kernel's driver function per device (its image loaded once), the
-    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``, and ``compiled.ranks``."""
+    checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``, the last one launched, and
+    ``compiled.ranks``."""
 
-    __slots__ = ("functions", "plans", "ranks")
+    __slots__ = ("functions", "plans", "ranks", "last")
 
     def __init__(self) -> None:
         self.functions: dict[int, driver.Function] = {}
         self.plans: dict[tuple, _Plan] = {}
         self.ranks: Any = _UNKNOWN  # compiled.ranks, once asked
+        self.last: _Plan | None = None  # the plan of the last launch, tried first (its ``match``)
 
 
 _UNKNOWN = object()
@@ -226,13 +230,24 @@ def launch_planned(compiled: Any, args: Sequence[Any], grid: Any = None,
     state = _states.get(id(compiled))
     if state is None or not state.plans:
         return None
+    last = state.last
+    if last is not None and grid is None:
+        match = last.match
+        if match is not None:
+            addresses = match.addresses(args)
+            if addresses is not None and last.launch(addresses, match.device, stream):
+                return last.grid
     # A plan exists only once a launch has initialised CUDA: torch's raw getter of the device,
     # without torch.cuda's checks.
     device = _torch._C._cuda_getDevice()
-    addresses: list[int] = []
+    addresses = []
     plan = state.plans.get(_plan_key(_torch, args, grid, device, addresses))
     if plan is None or not plan.launch(addresses, device, stream):
         return None
+    if grid is None:
+        if plan is last:
+            rematch(plan, args, device)
+        state.last = plan
     return plan.grid
 
 
@@ -258,22 +273,26 @@ def call_key(args: Sequence[Any], addresses: list[int]) -> tuple[int, tuple | No
 class _Plan:
     """A checked launch, kept for later launches whose arguments differ from its own at most
     in the tensors' addresses.  ``addresses`` are those its parameters hold, in tensor order;
-    ``slots`` the ``u64`` parameter each address goes to; ``maps`` a :class:`_MapSlot` per TMA
+    ``slots`` the ``u64`` parameters the addresses go to, one ctypes array that the launch's
+    parameter pointers point into (None where nothing is launched); ``maps`` a :class:`_MapSlot` per TMA
     operand; ``aligned`` the tensors whose address must be 16-byte aligned (all but empty
     ones, as :func:`tkc.runtime.args.check_layout` says); ``go(stream)`` launches the
     parameters (None for a grid with a zero extent, which launches nothing); ``stream(device)``
-    is torch's current stream there.
+    is torch's current stream there; ``match`` recognises the arguments of the launch that
+    made it (:class:`Match`; None: only its key does).
 
     :meth:`rebase` rewrites the parameters in place, so a plan belongs to the thread that made
     it (the thread is part of the plan's key): no other thread's addresses can reach the driver
     between one thread's rebasing and its launch."""
 
-    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "stream")
+    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "stream", "match", "rematches")
 
-    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: Sequence[Any] = (),
-                 maps: Sequence[_MapSlot] = (), aligned: Sequence[int] = (), stream: Any = None):
+    def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: ctypes.Array | None = None,
+                 maps: Sequence[_MapSlot] = (), aligned: Sequence[int] = (), stream: Any = None,
+                 match: Match | None = None):
         self.grid, self.go, self.addresses = grid, go, addresses
         self.slots, self.maps, self.aligned, self.stream = slots, maps, aligned, stream
+        self.match, self.rematches = match, 0
 
     def launch(self, addresses: list[int], device: int, stream: int | None = None) -> bool:
         """Launch on the tensors at ``addresses`` on torch's current stream of ``device`` (or
@@ -292,8 +311,8 @@ class _Plan:
         for i in self.aligned:
             if addresses[i] % 16:
                 return False
-        for slot, address in zip(self.slots, addresses):
-            slot.value = address
+        if self.slots is not None:
+            self.slots[:] = addresses
         for m in self.maps:
             m.point(addresses[m.tensor])
         self.addresses = addresses
@@ -331,6 +350,95 @@ class _MapSlot:
             self.maps[address] = tm
         self.ptrs[self.index] = tm.address
         self.base = address
+
+
+class Match:
+    """Arguments like those of the launch that made a plan, recognised without building its
+    key: the same thread, torch device, count, tensor positions and scalars (equal and of the
+    same types), and tensors that torch's own guard of compiled graphs
+    (``torch._C._dynamo.guards.TensorGuards``, C++) finds alike: the same class, dispatch keys
+    (device type, autograd ...), dtype, device index, gradient flag, sizes and strides.  A
+    check in one call instead of five attribute reads per tensor; what it refuses, the plan's
+    key may still find.  :meth:`of` makes none where the guard is missing (another torch),
+    where equal scalars may encode differently (a float zero, NaN: the key's sign tells) or
+    where a tensor is passed twice (the guard wants distinct tensors).
+    ``grads``: whether a tensor it finds alike needs a gradient."""
+
+    __slots__ = ("thread", "device", "count", "pick", "guard", "scalar_at", "scalars", "type_of", "types", "grads")
+
+    @classmethod
+    def of(cls, args: Sequence[Any], device: int) -> Match | None:
+        guards = _tensor_guards()
+        tensors = [i for i, a in enumerate(args) if isinstance(a, _torch.Tensor)]
+        others = [i for i in range(len(args)) if i not in tensors]
+        scalars = tuple(args[i] for i in others)
+        if guards is None or not tensors or any(isinstance(v, float) and (v == 0 or v != v) for v in scalars):
+            return None
+        if len({id(args[i]) for i in tensors}) < len(tensors):
+            return None  # one tensor passed twice: the guard refuses such arguments (it wants them distinct)
+        try:
+            guard = guards(*[args[i] for i in tensors], dynamic_dims_sizes=None, dynamic_dims_strides=None)
+        except (TypeError, RuntimeError, SystemError):  # another torch's way of making one: the key decides
+            return None
+        self = cls()
+        self.thread, self.device, self.count, self.guard = get_ident(), device, len(args), guard
+        # the tensors as a sequence, in C (one of them: a slice of one)
+        self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else \
+            operator.itemgetter(slice(tensors[0], tensors[0] + 1))
+        self.grads = any(args[i].requires_grad for i in tensors)  # the guard checks each tensor's flag
+        # the scalars: one as itself, several as a tuple
+        self.scalar_at = operator.itemgetter(*others) if others else None
+        self.scalars = self.scalar_at(args) if others else None
+        self.type_of = type if len(others) == 1 else _types
+        self.types = self.type_of(self.scalars) if others else None
+        return self
+
+    def addresses(self, args: Sequence[Any]) -> list[int] | None:
+        """The tensors' addresses when ``args`` are like the plan's own, else None."""
+        if len(args) != self.count or get_ident() != self.thread:
+            return None
+        tensors = self.pick(args)
+        if not self.guard.check(*tensors) or _torch._C._cuda_getDevice() != self.device:
+            return None
+        if self.scalar_at is not None:
+            scalars = self.scalar_at(args)
+            if scalars != self.scalars or self.type_of(scalars) != self.types:
+                return None
+        return list(map(_data_ptr, tensors))
+
+
+def _types(values: tuple) -> tuple:
+    return tuple(map(type, values))
+
+
+_MAX_REMATCHES = 8  # per plan: arguments taking turns at what only a match sees go by the key
+
+
+def rematch(plan: Any, args: Sequence[Any], device: int) -> None:
+    """A new ``plan.match`` (a :class:`_Plan`'s, or anything with ``match`` and ``rematches``)
+    made of ``args``, which its match refused and its key then found: they differ from the
+    arguments it was made of in what only the match sees (a tensor's gradient flag ...), and the
+    calls after are likely to be like them.  At most ``_MAX_REMATCHES`` times per plan."""
+    if plan.match is not None and plan.rematches < _MAX_REMATCHES:
+        plan.rematches += 1
+        plan.match = Match.of(args, device)
+
+
+_guards: Any = _UNKNOWN  # TensorGuards, or None where this torch has none
+
+
+def _tensor_guards() -> Any:
+    global _guards, _data_ptr
+    if _guards is _UNKNOWN:
+        try:
+            from torch._C._dynamo.guards import TensorGuards as _guards
+        except ImportError:
+            _guards = None
+        _data_ptr = _torch.Tensor.data_ptr
+    return _guards
+
+
+_data_ptr: Any = None  # torch.Tensor.data_ptr, bound with _guards
 
 
 def launch_ranks(compiled: Any, args: Sequence[Any], grid: Any = None, stream: int | None = None,
@@ -421,13 +529,19 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     maps_enc = [encode_tiled(args[i], box, swizzle, name=params[i][0], keep=False) for i, box, swizzle in maps]
     fn = _function(compiled, device.index)
     prepared = fn.prepare(grid, compiled.threads, compiled.smem_bytes or 0, [*values, *maps_enc])
+    # The tensors' addresses in one array that their parameters point into: a launch on new
+    # tensors writes them with one slice assignment.
+    where = address_slots(params)
+    slots = (ctypes.c_uint64 * len(where))(*[values[j].value for j in where])
+    for n, j in enumerate(where):
+        prepared.ptrs[j] = ctypes.addressof(slots) + 8 * n
     go = fn.launcher(prepared)
     stream_of = driver.stream_getter(torch)
     go(stream_of(device.index) if stream is None else int(stream))
-    slots = [values[j] for j in address_slots(params)]
     named = [_MapSlot(tensors.index(i), params[i][0], tm, prepared.ptrs, len(values) + n)
              for n, ((i, _, _), tm) in enumerate(zip(maps, maps_enc))]
-    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned, stream_of))
+    match = Match.of(args, device.index) if key is not None and key[2] is None else None  # key[2]: the grid given
+    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned, stream_of, match))
     return grid
 
 
@@ -474,10 +588,11 @@ _MAX_PLANS = 64  # per kernel; a program cycling through more shapes just pays f
 def _keep_plan(compiled: Any, key: tuple | None, plan: _Plan) -> None:
     if key is None:
         return
-    plans = launch_state(compiled).plans
-    if len(plans) >= _MAX_PLANS:
-        plans.clear()
-    plans[key] = plan
+    state = launch_state(compiled)
+    if len(state.plans) >= _MAX_PLANS:
+        state.plans.clear()
+    state.plans[key] = plan
+    state.last = plan if plan.match is not None else None
 
 
 def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses: list[int]) -> tuple | None:
@@ -489,14 +604,14 @@ def _plan_key(torch: Any, args: Sequence[Any], grid: Any, device: int, addresses
     The key is flat, one tuple for the whole launch (nested tuples per argument cost an
     allocation each, on every launch); it still tells argument lists apart, since each
     argument's run of items starts with what says how long the run is: a tensor's with its
-    shape (a torch.Size), a number's with its type."""
+    class (a torch.Tensor), a number's with its type (a float or an int)."""
     # repr(grid): (1.0,) == (1,), but is refused
     parts: list[Any] = [device, get_ident(), None if grid is None else repr(grid)]
     address, tensor = addresses.append, torch.Tensor
     for x in args:
         if isinstance(x, tensor):
             address(x.data_ptr())
-            parts += (x.shape, x.stride(), x.dtype, x.device)
+            parts += (type(x), x.shape, x.stride(), x.dtype, x.device)
         elif isinstance(x, float):
             # 0.0 == -0.0, but the kernel gets a float's bits: the sign tells them apart.
             parts += (type(x), x, math.copysign(1.0, x))

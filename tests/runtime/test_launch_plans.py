@@ -47,10 +47,15 @@ class FakeCuda(torch.Tensor):
         return True
 
 
+@functools.cache
+def _on_device(index: int) -> type:
+    """The fake's class for tensors on ``cuda:<index>``: one of its own past device 0, since a
+    launch's match (torch's tensor guard, C++) sees the tensors' real device, cpu for all."""
+    return FakeCuda if index == 0 else type(f"FakeCuda{index}", (FakeCuda,), {"index": index})
+
+
 def cuda_like(t: torch.Tensor, index: int = 0) -> FakeCuda:
-    x = t.as_subclass(FakeCuda)
-    x.index = index
-    return x
+    return t.as_subclass(_on_device(index))
 
 
 class FakeLib:
@@ -478,6 +483,76 @@ def test_another_scalar_is_checked_again_and_reaches_the_kernel(gpu: types.Simpl
         launch_mod.launch(c, [x, w, outs[0], "1e-6"])
 
 
+def test_a_match_refuses_what_the_key_would_tell_apart(gpu: types.SimpleNamespace,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last plan's match (torch's tensor guard and the scalars) refuses every argument list
+    whose plan key differs from its own (other shapes, strides, dtypes, classes, devices,
+    scalars or their types, another thread or torch device), and what only it sees (the
+    gradient flag); arguments that differ only in their addresses give those addresses."""
+    import threading
+
+    monkeypatch.setattr(launch_mod, "_torch", torch)
+    x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16)
+    match = launch_mod.Match.of([x, w, 1.5, 3], 0)
+    same = [torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16), 1.5, 3]
+    assert match.addresses(same) == [t.data_ptr() for t in same[:2]]
+    assert match.addresses([x, w, 1.5, 3]) == [x.data_ptr(), w.data_ptr()]
+    others = [[x.T.contiguous().T, w, 1.5, 3], [x.view(8, 4), w, 1.5, 3], [x.float(), w, 1.5, 3],
+              [x[:, :4], w, 1.5, 3], [x.to("meta"), w, 1.5, 3], [x.as_subclass(FakeCuda), w, 1.5, 3],
+              [x, w, 2.5, 3], [x, w, 1.5, 3.0], [x, w, 1.5, True], [x, w, 1.5], [x, w, 1.5, 3, 3],
+              [x, 1.5, w, 3], [w, x, 1.5, 3]]
+    for args in others:
+        assert key(args) != key([x, w, 1.5, 3]) and match.addresses(args) is None, args
+    assert match.addresses([x.clone().requires_grad_(), w, 1.5, 3]) is None  # the key does not see it
+    gpu.device = 1
+    assert match.addresses(same) is None
+    gpu.device = 0
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(match.addresses(same)))
+    other.start()
+    other.join()
+    assert seen == [None]
+    # equal scalars that encode differently: only the key tells them apart, so no match
+    assert launch_mod.Match.of([x, 0.0], 0) is None and launch_mod.Match.of([x, float("nan")], 0) is None
+    assert launch_mod.Match.of([x, 1], 0).addresses([x, True]) is None
+    assert launch_mod.Match.of([x, x, w], 0) is None  # the guard refuses a tensor passed twice
+    assert launch_mod.Match.of([x, w], 0).addresses([x, x]) is None
+
+
+def test_a_plan_found_by_its_key_matches_the_calls_after(gpu: types.SimpleNamespace) -> None:
+    """Tensors that differ from a plan's match only in their gradient flag are found by the key;
+    the plan's match is then made of them, so the launches after skip the key, a few times
+    per plan: arguments taking turns go by the key from then on."""
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    plan = launch_mod.launch_state(c).last
+    grads = [cuda_like(torch.zeros(128, 64, dtype=torch.bfloat16)).requires_grad_(), *args[1:]]
+    assert plan.match.addresses(grads) is None
+    launch_mod.launch(c, grads)
+    assert plan.match.addresses(grads) is not None and plan.rematches == 1
+    for n in range(20):
+        launch_mod.launch(c, grads if n % 2 else args)
+    assert plan.rematches == launch_mod._MAX_REMATCHES and gpu.checks == 1 and len(gpu.lib.launches) == 22
+
+
+def test_a_tensor_passed_twice_is_launched_by_the_key(gpu: types.SimpleNamespace) -> None:
+    c, (a, _, out) = gemm(), gemm_args(128, 128, 128)
+    for _ in range(3):
+        launch_mod.launch(c, [a, a, out])
+    assert gpu.checks == 1 and len(gpu.lib.launches) == 3 and launch_mod.launch_state(c).last.match is None
+
+
+def test_a_launch_by_the_match_refuses_a_misaligned_tensor(gpu: types.SimpleNamespace) -> None:
+    c, args = gemm(), gemm_args()
+    launch_mod.launch(c, args)
+    base = torch.zeros(128 * 128 + 8, dtype=torch.bfloat16)
+    out = cuda_like(base[1:128 * 128 + 1].view(128, 128))  # 2 bytes further: same shape and strides
+    assert launch_mod.launch_state(c).last.match.addresses([*args[:2], out]) is not None
+    with pytest.raises(TkcLaunchError, match="c: the data pointer .* is not 16-byte aligned"):
+        launch_mod.launch(c, [*args[:2], out])
+    assert len(gpu.lib.launches) == 1
+
+
 # ------------------------------------------------------------- @tkc.kernel
 def test_a_repeated_kernel_call_compiles_once_and_reads_no_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     import tkc.compiler
@@ -571,7 +646,8 @@ def ops(gpu: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> types.Si
 
     # plans of earlier tests launch on their own stub: start afresh
     monkeypatch.setattr(launch_mod, "_states", {})
-    monkeypatch.setattr(rows._rms_norm.tkc_run.__self__, "_plans", {})
+    monkeypatch.setattr(rows._rms_norm.tkc_impl, "_plans", {})
+    monkeypatch.setattr(rows._rms_norm.tkc_impl, "_last", None)
     gpu.lib.slots, gpu.lib.f32_slots = (0, 5, 8), (13,)  # rmsnorm's x, w, y and eps
     return gpu
 
@@ -657,3 +733,48 @@ def test_an_operators_outputs_reach_their_own_parameters(ops: types.SimpleNamesp
     assert ops.checks == 1
     assert [launch["slots"] for launch in ops.lib.launches] == \
         [[y.data_ptr(), x.data_ptr(), z.data_ptr()] for x, (y, z) in zip((*xs, xs[0]), outs)]
+
+
+def test_an_operators_own_function_takes_the_plan_only_for_arguments_it_passes_on(
+        ops: types.SimpleNamespace) -> None:
+    """``tkc.ops.rms_norm`` looks up the plan of its arguments before its own checks: rows of
+    the shapes, strides and dtypes of an earlier call launch at once, on their own addresses;
+    an x it would copy (other strides) or reshape (other dims) is not found, and takes the
+    function's own way (here its copy, a CPU tensor of the fake, runs in the interpreter)."""
+    import tkc.ops
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    x2 = cuda_like(torch.randn(32, 256).bfloat16())
+    y2 = tkc.ops.rms_norm(x2, w)
+    assert ops.checks == 1 and ops.lib.launches[-1]["slots"] == [x2.data_ptr(), w.data_ptr(), y2.data_ptr()]
+    strided = cuda_like(torch.randn(32, 512).bfloat16()[:, ::2])
+    deep = cuda_like(torch.randn(4, 8, 256).bfloat16())
+    for t in (strided, deep):
+        y = tkc.ops.rms_norm(t, w)
+        want = torch.nn.functional.rms_norm(torch.Tensor(t).float(), (256,), torch.Tensor(w).float(), 1e-6)
+        torch.testing.assert_close(torch.Tensor(y).float(), want, rtol=2e-2, atol=2e-2)
+    assert len(ops.lib.launches) == 2 and ops.checks == 1
+
+
+def test_an_operator_with_a_plan_records_the_gradient_with_it(ops: types.SimpleNamespace,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input that needs a gradient: the eager autograd.Function launches the plan that
+    ``call`` found (no second look-up, no check) and records the operator's backward."""
+    import tkc.ops
+    import tkc.ops.rows as rows
+
+    x, w = cuda_like(torch.randn(32, 256).bfloat16()), cuda_like(torch.randn(256).bfloat16())
+    tkc.ops.rms_norm(x, w)
+    impl, lookups = rows._rms_norm.tkc_impl, []
+    planned = impl.planned
+    monkeypatch.setattr(impl, "planned", lambda *a: lookups.append(1) or planned(*a))
+    xg = cuda_like(torch.randn(32, 256).bfloat16()).requires_grad_()
+    for n in range(2):
+        y = tkc.ops.rms_norm(xg, w)
+        assert type(y.grad_fn).__name__ == "rmsnorm_autogradBackward" and len(lookups) == n + 1
+        assert ops.lib.launches[-1]["slots"] == [xg.data_ptr(), w.data_ptr(), y.data_ptr()]
+    assert ops.checks == 1 and len(ops.lib.launches) == 3
+    with torch.no_grad():
+        tkc.ops.rms_norm(xg, w)
+    assert ops.checks == 1 and len(ops.lib.launches) == 4

@@ -33,7 +33,8 @@ from tkc.ir.types import ScalarType, TensorType
 from tkc.kernel import Kernel, interpret
 from tkc.options import interpret_requested
 
-__all__ = ["INPUT", "MUTATED", "OUTPUT", "ZEROED", "custom_op", "register_autograd", "roles"]
+__all__ = ["INPUT", "MISS", "MUTATED", "OUTPUT", "ZEROED", "call", "custom_op", "planned", "register_autograd",
+           "roles"]
 
 #: What a kernel parameter is to its operator (see :func:`roles`).
 INPUT, MUTATED, OUTPUT, ZEROED = "input", "mutated", "output", "zeroed output"
@@ -100,8 +101,9 @@ class _KernelOp:
         self.first = first = _runnable(first, self.fixed)
         self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
         self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
-        # (spec, kernel target, launch key of the inputs) -> (output shapes, the launch's plan)
-        self._plans: dict[tuple, tuple[list, Any]] = {}
+        # (kernel target, keyword constants, launch key of the inputs) -> how such a call runs
+        self._plans: dict[tuple, _Planned] = {}
+        self._last: _Planned | None = None  # the last one found, tried first (its ``match``)
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
         for i in first.outputs:
             pname, t = first.params[i]
@@ -180,46 +182,56 @@ class _KernelOp:
         return _result(self._outputs(spec, values, _first_tensor(values).device, fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
-        spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
         first = _first_tensor(values)
         if self._plans and first.is_cuda and not interpret_requested():
-            outs = self._run_planned(spec, values, first)
-            if outs is not None:
-                return _result(outs)
+            found = self.planned(values, kwargs)
+            if found is not None:
+                out = _launch(found[0], found[1])
+                if out is not MISS:
+                    return out
+        spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
         outs = self._outputs(spec, values, first.device, fake=False)
         every = (*values, *outs)
         full = [every[j] for j in spec.order]
         if first.is_cuda:
             # on the GPU, or the interpreter with TKC_INTERPRET=1
             self.kernel.call(full, spec.run_consts, spec.run_key)
-            self._keep_plan(spec, values, full)
+            self._keep_plan(spec, values, kwargs, full, first.device)
         else:
             interpret(self.kernel, *full, **spec.run_consts)
         return _result(outs)
 
-    def _run_planned(self, spec: _Spec, values: tuple, first: torch.Tensor) -> list[torch.Tensor] | None:
-        """The outputs, launched on by the plan of an earlier call on inputs like these (the
-        same shapes, strides, dtypes, devices and scalars, on this thread and device: they
-        decide the outputs' shapes and the launch's checks); None, launching nothing, when
-        there is none.  One key for the inputs instead of one for the outputs' shapes and
-        another for the launch."""
-        addresses: list[int] = []
-        index, key = _runtime.call_key(values, addresses)
-        entry = self._plans.get((id(spec), self.kernel.target, key))
+    def planned(self, values: tuple, kwargs: dict[str, Any]) -> tuple[_Planned, list[int], bool | None] | None:
+        """How an earlier call on arguments like these ran (the same tensor classes, shapes,
+        strides, dtypes and devices, the same scalars and keyword constants, on this thread
+        and device: they decide the outputs' shapes, the compilation and the launch's checks),
+        with the tensors' addresses and whether one of them needs a gradient (None: not known
+        yet); None when there was none.  One key for the whole call: the operator's outputs,
+        its kernel's constants and the launch.  The last call's arguments are tried first, by
+        its ``match``.  Only once a plan has been kept (a CUDA launch bound ``_runtime``)."""
+        kw = tuple(kwargs.items()) if kwargs else None
+        last = self._last
+        if last is not None and last.key[1] == kw and last.key[0] == self.kernel.target:
+            match = last.match
+            addresses = match.addresses(values) if match is not None else None
+            if addresses is not None:
+                return last, addresses, match.grads
+        addresses = []
+        key = _runtime.call_key(values, addresses)[1]
+        if key is None:
+            return None
+        entry = self._plans.get((self.kernel.target, kw, key))
         if entry is None:
             return None
-        shapes, plan = entry
-        device = first.device
-        outs = [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
-        for o in outs:
-            addresses.append(o.data_ptr())
-        order = spec.tensor_order
-        if not plan.launch(addresses if order is None else [addresses[j] for j in order], index):
-            return None  # an address that is not aligned: the checked way says so
-        return outs
+        if entry is last:
+            _runtime.rematch(entry, values, entry.index)
+        if entry.match is not None:
+            self._last = entry
+        return entry, addresses, None
 
-    def _keep_plan(self, spec: _Spec, values: tuple, full: list) -> None:
-        """Keep the plan the launch on ``full`` took, for calls on inputs like ``values``."""
+    def _keep_plan(self, spec: _Spec, values: tuple, kwargs: dict[str, Any], full: list, device: Any) -> None:
+        """Keep how the launch on ``full`` ran, for calls on arguments like ``values`` and
+        ``kwargs`` (plain tensors only: a subclass may mean something else by the same call)."""
         global _runtime
         from tkc.runtime import launch as runtime
 
@@ -229,12 +241,57 @@ class _KernelOp:
         if plan is None:  # e.g. a launch with TMA off (strides TMA cannot take): not kept
             return
         shapes = self._shapes.get(_shape_key(spec, values))
-        _, key = runtime.call_key(values, [])
+        index, key = runtime.call_key(values, [])
         if key is None or shapes is None:
+            return
+        if not all(_PLAIN.get(type(v)) or _plain(type(v)) for v in values if isinstance(v, torch.Tensor)):
             return
         if len(self._plans) >= 256:
             self._plans.clear()
-        self._plans[(id(spec), self.kernel.target, key)] = (shapes, plan)
+            self._last = None
+        key = (self.kernel.target, tuple(kwargs.items()) if kwargs else None, key)
+        self._plans[key] = _Planned(tuple(shapes), device, plan, spec.tensor_order, index, key,
+                                    runtime.Match.of(values, index))
+
+
+class _Planned:
+    """How a call like an earlier one runs: its outputs, each (allocator, shape, dtype), on
+    ``device``; the launch's plan, on torch's device ``index``; ``order``, where each of the
+    plan's tensors is among the call's (inputs, then outputs), None when in that order;
+    ``outs``, how many outputs there are; its ``key`` among the operator's plans; and
+    ``match``, what recognises the arguments of the call that made it
+    (:class:`tkc.runtime.launch.Match`; None: only the key does), made again at most a few
+    times (``rematches``: :func:`tkc.runtime.launch.rematch`)."""
+
+    __slots__ = ("outputs", "device", "plan", "order", "index", "outs", "key", "match", "rematches")
+
+    def __init__(self, outputs: tuple, device: Any, plan: Any, order: tuple[int, ...] | None, index: int,
+                 key: tuple, match: Any):
+        self.outputs, self.device, self.plan, self.order, self.index = outputs, device, plan, order, index
+        self.outs, self.key, self.match, self.rematches = len(outputs), key, match, 0
+
+
+MISS = object()  # what a planned call returns when it has launched nothing
+
+
+def _launch(entry: _Planned, addresses: list[int]) -> Any:
+    """The operator's result of a call by ``entry`` on inputs at ``addresses``: its outputs
+    allocated and the kernel launched on them; MISS, having launched nothing, when an address
+    is not aligned (the checked way says so)."""
+    device = entry.device
+    if entry.outs == 1:
+        alloc, shape, dtype = entry.outputs[0]
+        out = alloc(*shape, dtype=dtype, device=device)  # sizes as arguments: a tuple parses slower
+        addresses.append(out.data_ptr())
+    else:
+        outs = [alloc(*shape, dtype=dtype, device=device) for alloc, shape, dtype in entry.outputs]
+        for o in outs:
+            addresses.append(o.data_ptr())
+        out = _result(outs)
+    order = entry.order
+    if not entry.plan.launch(addresses if order is None else [addresses[j] for j in order], entry.index):
+        return MISS
+    return out
 
 
 def _shape_key(spec: _Spec, values: tuple) -> tuple:
@@ -320,6 +377,7 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     op.register_fake(impl.fake)
     op.tkc_kernel = kernel  # what the operator runs, for readers and tests
     op.tkc_run = impl.run  # the operator's body, for call()
+    op.tkc_impl = impl  # its plans, for planned()
     return op
 
 
@@ -333,13 +391,19 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
 
     # The keyword-only constants travel last, as one dict, so ctx.needs_input_grad[i] is the
     # i-th operator argument's, as under the dispatcher.
+    # From call(), the last is (plan, addresses, constants) instead: the launch it looked up.
     def forward(ctx: Any, *args: Any) -> Any:
-        *values, kwargs = args
-        out = op.tkc_run(*values, **kwargs)
+        values, kwargs = args[:-1], args[-1]
+        out = MISS
+        if type(kwargs) is tuple:
+            entry, addresses, kwargs = kwargs
+            out = _launch(entry, addresses)
+        if out is MISS:
+            out = op.tkc_run(*values, **kwargs)
         if with_kwargs:
-            setup_context(ctx, tuple(values), out, keyword_only_inputs=kwargs)
+            setup_context(ctx, values, out, keyword_only_inputs=kwargs)
         else:
-            setup_context(ctx, tuple(values), out)
+            setup_context(ctx, values, out)
         return out
 
     def backward_all(ctx: Any, *grads: Any) -> tuple:
@@ -381,7 +445,11 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     dispatcher's custom-op path costs tens of microseconds of Python a call, more than the
     launch itself.  Without a gradient to record (inference, the backward passes) the kernel
     runs at once; with one, through the operator's eager ``autograd.Function``
-    (:func:`register_autograd`), which records the same backward the dispatcher would."""
+    (:func:`register_autograd`), which records the same backward the dispatcher would.  A call
+    like an earlier one (:func:`planned`) goes straight to that call's launch."""
+    out = planned(op, args, kwargs)
+    if out is not MISS:
+        return out
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
             or torch._C._is_torch_function_mode_enabled():
         return op(*args, **kwargs)
@@ -396,6 +464,35 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
         apply = getattr(op, "tkc_apply", None)
         return op(*args, **kwargs) if apply is None else apply(*args, kwargs)
     return op.tkc_run(*args, **kwargs)
+
+
+def planned(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """:func:`call` of ``op`` on arguments like those of an earlier call that ran on the GPU
+    (:meth:`_KernelOp.planned`), or MISS, having run nothing: the earlier call passed every
+    check these arguments' classes, shapes, strides, dtypes, devices and scalars decide (the
+    operator's, and those of a shipped operator's function, whose arguments these are when it
+    would pass them on unchanged), so what is left is the global state :func:`call` looks at
+    (tracing, modes, ``TKC_INTERPRET``), the gradient, and the launch's plan."""
+    impl = op.tkc_impl
+    if not impl._plans or interpret_requested() or torch.compiler.is_compiling() \
+            or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return MISS
+    found = impl.planned(args, kwargs)
+    if found is None:
+        return MISS
+    entry, addresses, grads = found
+    if torch.is_grad_enabled() and (grads or grads is None and _needs_grad(args)):
+        apply = getattr(op, "tkc_apply", None)
+        # the Function's forward launches by the plan found here
+        return MISS if apply is None else apply(*args, (entry, addresses, kwargs))
+    return _launch(entry, addresses)
+
+
+def _needs_grad(args: tuple) -> bool:
+    for a in args:  # a plain loop: any() over a generator costs more
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 _PLAIN: dict[type, bool] = {torch.Tensor: True}

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op, register_autograd
+from tkc.ops.kernel_op import MISS, call, custom_op, planned, register_autograd
 from tkc.ops.kernels import path
 
 __all__ = ["matmul"]
@@ -28,6 +28,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for a bf16 ``a`` of shape ``[..., M, K]`` and a bf16 ``b`` of ``[K, N]``,
     accumulated in fp32, through the tkc kernel ``gemm`` (tkc/ops/kernels/gemm.tk), whose
     backward runs it too."""
+    if a.dim() == 2:  # arguments like an earlier call's passed the checks below
+        c = planned(_matmul, (a, b), {})
+        if c is not MISS:
+            return c
     if a.dtype is not _BF16 or b.dtype is not _BF16:
         checks.dtype("matmul", _BF16, a=a, b=b)
     if a.dim() < 2 or b.dim() != 2 or a.shape[-1] != b.shape[0]:  # checked cheaply, worded on failure

@@ -14,7 +14,7 @@ import torch
 
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op, register_autograd
+from tkc.ops.kernel_op import MISS, call, custom_op, planned, register_autograd
 from tkc.ops.kernels import path
 from tkc.ops.kernels.rmsnorm import rmsnorm
 
@@ -53,6 +53,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dim of a bf16 ``x`` (any
     leading dims) with a bf16 ``weight``; statistics in fp32.  Forward: the tkc kernel
     ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
+    if x.dim() == 2:  # rows already: arguments like an earlier call's passed the checks below
+        y = planned(_rms_norm, (x, weight, eps), {})
+        if y is not MISS:
+            return y
     if x.dtype is not _BF16 or weight.dtype is not _BF16:
         checks.dtype("rms_norm", _BF16, x=x, weight=weight)
     w = _weight("rms_norm", "weight", weight, x)
@@ -64,6 +68,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     """LayerNorm over the last dim of a bf16 ``x`` (any leading dims), with a bf16 ``weight``
     and ``bias`` (ones and zeros when None); statistics in fp32.  Forward: the tkc kernel
     ``layernorm`` (tkc/ops/kernels/layernorm.tk); backward: torch ops."""
+    if x.dim() == 2:  # rows already: arguments like an earlier call's passed the checks below
+        y = planned(_layer_norm, (x, weight, bias, eps), {})
+        if y is not MISS:
+            return y
     n = x.shape[-1] if x.dim() else 0
     weight = torch.ones(n, dtype=x.dtype, device=x.device) if weight is None else weight
     bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
@@ -75,6 +83,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
     the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
+    if x.dim() == 2:  # rows already: an x like an earlier call's passed the checks below
+        y = planned(_softmax, (x,), {})
+        if y is not MISS:
+            return y
     if x.dtype is not _BF16:
         checks.dtype("softmax", _BF16, x=x)
     return _shaped(call(_softmax, _rows("softmax", x)), x)
