@@ -173,3 +173,31 @@ def test_ncu_hot_spots_reads_the_source_page() -> None:
     assert [ln.split()[-1] for ln in lines[1:] if ln != "..."] == ["INSN1", "INSN2", "INSN3", "INSN5", "INSN6", "INSN7"]
     assert any(ln.startswith("*") and ln.endswith("INSN2") and "60.2%" in ln for ln in lines)
     assert "no source page" in ncu_profile.hot_spots("")
+
+
+def test_compare_revisions_reads_table_rows_and_merges_them() -> None:
+    """``benchmarks/compare_revisions.py``: each markdown row's number (the first after the
+    problem, or a named column's), and the merged table's ratio of the means."""
+    import compare_revisions as cr
+
+    text = ("noise\n| problem | tkc | peer |\n|---|---|---|\n| a | 10 | 7 |\n| b, causal | x | 8.5 |\n"
+            "\n| problem | tkc |\n|---|---|\n| a | 99 |\n")
+    assert cr.rows(text) == {"a": 10.0, "b, causal": 8.5}
+    assert cr.rows(text, column="peer") == {"a": 7.0, "b, causal": 8.5}
+    merged = cr.merge([{"a": 10.0}, {"a": 12.0}], [{"a": 13.2}, {"a": 13.2, "c": 1.0}])
+    assert "| a | 10.0 | 12.0 | 13.2 | 13.2 | 1.200x |" in merged
+    assert "| c | - | - | - | 1.0 | - |" in merged
+
+
+def test_compare_revisions_runs_each_side_with_its_own_install(tmp_path) -> None:
+    """Both installs run the command, base first, each importing its own tkc (a command that
+    prints which one it imported)."""
+    import compare_revisions as cr
+
+    bench = tmp_path / "bench.py"
+    bench.write_text("import tkc\nv = 1 if 'site-base' in tkc.__file__ else 2\n"
+                     "print(f'| problem | tkc |\\n|---|---|\\n| row | {v} |')\n")
+    out = tmp_path / "out"
+    cr.main(["--base", "HEAD", "--rounds", "1", "--out", str(out), "--", sys.executable, str(bench)])
+    assert "| row | 1 |" in (out / "01-base.txt").read_text()
+    assert "| row | 2 |" in (out / "02-tree.txt").read_text()
