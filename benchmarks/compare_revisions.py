@@ -2,7 +2,7 @@
 working tree.
 
     python benchmarks/compare_revisions.py --base HEAD~1 -- python3 benchmarks/attn_train.py --no-record --only long
-    python benchmarks/compare_revisions.py --base 0a3825d --rounds 2 --column tkc -- python3 benchmarks/run.py --only gemm
+    python benchmarks/compare_revisions.py --base 0a3825d --column tkc -- python3 benchmarks/run.py --only gemm
 
 A change to the passes or codegen is measured against the code before it: ``--base`` (any
 revision ``git archive`` takes) and this tree are each installed into a folder of their own
