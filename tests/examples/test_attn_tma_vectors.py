@@ -159,3 +159,20 @@ def test_on_gpu_as_the_pin_off(B: int, H: int, KVH: int, N: int, D: int, causal:
     for got, want in ((dk1, dk0), (dv1, dv0)):
         torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-3 * max(1.0, want.abs().max().item()))
     torch.testing.assert_close(dq1, dq0, rtol=1e-5, atol=1e-5 * max(1.0, dq0.abs().max().item()))
+
+
+@pytest.mark.parametrize("D, causal, square", [(64, True, False), (64, False, True), (128, True, False)])
+def test_varlen_backward_emulated_as_interpreted(D: int, causal: bool, square: bool, monkeypatch) -> None:
+    """examples/varlen_attn_train.tk's backward reads lse[h, rows] and delta[h, rows] of packed
+    sequences the same way: by TMA too, and the same where a block runs into the next sequence
+    (the tensor's elements, as a per-thread load reads them)."""
+    import test_varlen_attn_train as varlen
+
+    plain = varlen._consts
+    monkeypatch.setattr(varlen, "_consts", lambda name, *a: {**plain(name, *a), **ON}
+                        if name == "varlen_attn_bwd" else plain(name, *a))
+    tiles = varlen.SQUARE if square else (varlen.SMALL if D == 64 else {})
+    hopper = compile_kernel(varlen.EXAMPLE, varlen._consts("varlen_attn_bwd", D, causal, tiles), stop="hopper",
+                            cache=False, kernel="varlen_attn_bwd").asm["hopper"]
+    assert hopper.count("hopper.smem_load") == 2
+    varlen.test_emulator_matches_interpreter("varlen_attn_bwd", D, causal, tiles)
