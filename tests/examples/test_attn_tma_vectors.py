@@ -8,8 +8,6 @@ against the pin off."""
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 import torch
 
@@ -176,3 +174,42 @@ def test_varlen_backward_emulated_as_interpreted(D: int, causal: bool, square: b
                             cache=False, kernel="varlen_attn_bwd").asm["hopper"]
     assert hopper.count("hopper.smem_load") == 2
     varlen.test_emulator_matches_interpreter("varlen_attn_bwd", D, causal, tiles)
+
+
+#: A loop in the shape of attention's: x's tiles by TMA, and a 1-D run of s beside them.
+COLSHIFT = '''
+@kernel
+def colshift(x: bf16[M, D], w: bf16[N, D], s: f32[B, M], out: f32[B, N, M], shift: i32, BM: const = 64,
+             BN: const = 64, D: const = 64):
+    grid(cdiv(N, BN), B)
+    j = program_id(0)
+    b = program_id(1)
+    wt = w[j*BN:(j+1)*BN, :]
+    for i in range(cdiv(M, BM)):
+        xt = x[i*BM:(i+1)*BM, :]
+        l = s[b, OFF:OFF + BM]
+        out[b, j*BN:(j+1)*BN, i*BM:(i+1)*BM] = wt @ xt.T - l[None, :]
+    WRITE
+'''
+
+
+@pytest.mark.parametrize("offset, write, rides", [
+    ("i*BM", "", True),
+    ("i*BM + shift", "", False),  # its offset is computed after x's copy: it stays where it is
+    ("i*BM", "s[b, 0:BM] = zeros([BM], f32)", False),  # the kernel writes s
+])
+def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None:
+    source = COLSHIFT.replace("OFF", offset).replace("WRITE", write)
+    kernel = compile_kernel(source, ON, stop="hopper", cache=False).kernel_op
+    names = [op.name for op in kernel.walk()]
+    assert (names.count("hopper.smem_load"), names.count("hopper.load")) == ((1, 0) if rides else (0, 1))
+    if not rides:
+        return
+    B, M, N, D = 2, 200, 100, 64  # tails of 8 rows of x and of s
+    g = torch.Generator().manual_seed(11)
+    args = [torch.randn(M, D, generator=g).bfloat16(), torch.randn(N, D, generator=g).bfloat16(),
+            torch.randn(B, M, generator=g), torch.full((B, N, M), float("nan")), 0]
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(source, ON, stop="tkir", cache=False).kernel_op, want)
+    emulate(kernel, args, seed=2)
+    torch.testing.assert_close(args[3], want[3], rtol=1e-5, atol=1e-5)
