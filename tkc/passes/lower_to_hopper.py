@@ -11,7 +11,10 @@ hand-written Hopper kernel:
   (``hopper.expect_tx``) and issues one ``hopper.tma_load`` per tile, and every thread waits
   for the phase (``hopper.mbarrier_wait``).  The tensor maps the copies use are listed in
   the kernel's ``tma_maps``; identical maps are shared.  Barriers are created and
-  initialized once, at the top of the kernel.
+  initialized once, at the top of the kernel.  With the pin ``tma_vectors``, a loop's 1-D
+  register load of a read-only tensor (attention backward's ``lse[b, h, rows]``) joins an
+  earlier group of its block whose copies its offsets are computed before: one vector box into
+  a shared tile, read back by every thread where the load was (``hopper.smem_load``).
 - **Phases** are explicit: a barrier waited on inside loops gets a loop-carried i32 parity
   (flipped after each wait) through every enclosing ``tile.for`` and ``tile.if``.
 - ``@`` becomes ``hopper.wgmma`` followed at once by ``hopper.wgmma_wait {pending = 0}``

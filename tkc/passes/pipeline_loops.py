@@ -37,9 +37,13 @@ from a count the tile loop carries.
 A tile copied into another shared tile by the consumers (``hopper.smem_copy``: an 8-bit V
 transposed for wgmma) is released at the barrier behind the copy, before the products read
 the copy.
+A tile the consumers' threads read themselves (``hopper.smem_load``: a vector the pin
+``tma_vectors`` copies beside the tiles) has its own rings, whose empty barrier every thread
+arrives on right behind its read.
 
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
-wgmma and ``hopper.smem_copy``, or place shared memory (``allocate-smem`` does).
+wgmma, ``hopper.smem_copy`` and ``hopper.smem_load``, or place shared memory (``allocate-smem``
+does).
 """
 
 from __future__ import annotations
