@@ -216,6 +216,15 @@ class Kernel:
                 compiled = self.specialize(**consts)
             _launch()(compiled, args, grid=grid)
         except TkcTmaStrideError:
+            if consts.get("tma_vectors"):
+                # A vector's tensor (lse: f32[B, H, N], N not a multiple of 4): loaded per
+                # thread again, the tiles still by TMA.
+                consts = {**consts, "tma_vectors": False}
+                try:
+                    _launch()(self.specialize(**consts), args, grid=grid)
+                    return
+                except TkcTmaStrideError:
+                    pass
             if "tma" in consts:
                 raise  # the caller chose; do not second-guess it
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its

@@ -72,6 +72,11 @@ class Options:
     tma: bool = _pin(True, bool, "tiles feeding @ are copied by TMA (false: every thread loads its part and "
                                  "stores it to shared memory, for tensors whose strides TMA cannot take)",
                      "select-layouts")
+    tma_vectors: bool = _pin(False, bool, "a 1-D load along a read-only tensor's last axis in a loop that copies "
+                                          "tiles by TMA is copied with them into shared memory (a ring stage), and "
+                                          "each thread reads its values from there where the load was "
+                                          "(attention backward's lse and delta; default: off)",
+                             "lower-to-hopper, pipeline-loops")
     prefetch: int = _pin(0, int, "loads in a loop fetch the box they read that many iterations ahead into L2 "
                                  "(thread 0, one bulk request a row; default 0: none)", "prefetch-loads")
     wait_timeout_ms: int | None = _pin(

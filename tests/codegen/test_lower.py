@@ -190,6 +190,11 @@ FIXTURES = {
         "ld.global.b32": 4,
         '.pragma "nounroll"': 1,
     },
+    "tma_vectors": {
+        "cp.async.bulk.tensor.2d": 5,  # w; x and s in the prologue and the refill (3 boxes a stage)
+        "ld.shared": 8,  # each consumer thread's 16 values of s, a load each or two
+        "mbarrier.arrive.release.cta.shared::cta.b64": 2,  # x's stage and s's, every thread the latter
+    },
     "wgmma_rs": {
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16": 12,
         "cp.async.bulk.tensor.2d": 3,

@@ -45,7 +45,7 @@ from tkc.codegen.nvvm import F32, I8, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
-from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, tma_row_axis
+from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
                             first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
@@ -158,6 +158,17 @@ def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt
         v = from_mem(lw.b, lw.b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
         out.append(cast_value(lw.b, v, lay.dtype, dt))
     return out
+
+
+def _smem_load(lw: Lowerer, op: Operation) -> None:
+    """Every thread reads its values from the shared tile (a 1-D tile held in order in rows of
+    one atom at ``vector_coords``)."""
+    src = lw.shared(op, op.src)
+    t = op.result.type
+    coords = lw.coords(op, t.layout)
+    if op.src.type.shape != t.shape:
+        coords = [vector_coords(c, t.shape, src.layout) for c in coords]
+    lw.set(op.result, _smem_load_values(lw, src, op.src.type, coords, element_dtype(t)))
 
 
 def _smem_store(lw: Lowerer, op: Operation) -> None:
@@ -321,8 +332,14 @@ def _mbarrier_arrive(lw: Lowerer, op: Operation) -> None:
         lw.if_then(first, lambda: _arrive_cluster(lw, bar), "arrive")
         return
     fty = ir.FunctionType(ir.VoidType(), [bar.type])
-    lw.if_then(first, lambda: b.asm(fty, "mbarrier.arrive.release.cta.shared::cta.b64 _, [$0];", "l,~{memory}",
-                                    [bar], side_effect=True), "arrive")
+
+    def arrive() -> None:
+        b.asm(fty, "mbarrier.arrive.release.cta.shared::cta.b64 _, [$0];", "l,~{memory}", [bar], side_effect=True)
+
+    if op.attributes.get("threads"):
+        arrive()  # every thread, each ordering its own reads of the stage (hopper.smem_load)
+        return
+    lw.if_then(first, arrive, "arrive")
 
 
 def _arrive_cluster(lw: Lowerer, bar: ir.Value) -> None:
@@ -440,8 +457,11 @@ def _tma_boxes(lw: Lowerer, op: Operation, tile: SmemTile) -> Iterator[tuple[ir.
     and its coordinates in the tensor, innermost first (the box's column and row move along the
     last axis and the row axis, ``hopper.tma_row_axis``)."""
     b = lw.b
-    box = tile.layout.tma_box()
     offsets = [lw.get(v) for v in op.offsets]
+    if is_vector_box(op.box, tile.layout):  # one box: the run along the last axis
+        yield lw.ptr(tile, 0), offsets[::-1]
+        return
+    box = tile.layout.tma_box()
     r = tma_row_axis(op.box)
     for j in range(box.count[1]):
         for i in range(box.count[0]):
@@ -903,6 +923,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.turn": _turn,
     "hopper.expect_tx": _expect_tx,
     "hopper.tma_load": _tma_load,
+    "hopper.smem_load": _smem_load,
     "hopper.tma_store": _tma_store,
     "hopper.tma_store_wait": _tma_store_wait,
     "hopper.mbarrier_wait": _mbarrier_wait,

@@ -57,7 +57,7 @@ from tkc.ir.dialects.tile import atomic_kind, tensor_param, uses_ranks
 from tkc.races import WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
-from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, tma_map_box, tma_row_axis
+from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_vector_box, tma_map_box, tma_row_axis
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
                             a8_logical_col, broadcast_slots,
                             expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
@@ -928,7 +928,7 @@ def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
     # Thread 0 of each warpgroup running it: one arrival per coroutine (on every CTA's
     # barrier at this offset, with ``cluster``).
     for b in wg.cta.in_peers(bar) if op.attributes.get("cluster") else (bar,):
-        b.arrive()
+        b.arrive(128 if op.attributes.get("threads") else 1)  # every thread of the warpgroup, or its first
 
 
 def _cluster_barrier(wg: _Warpgroup, op: Operation) -> Co:
@@ -1001,6 +1001,17 @@ def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile)
     wg.cta.smem.write_elements(dst.offsets(coords), value, dst.layout.dtype, writer=_who(op, wg))
 
 
+def _smem_load(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
+    """Every thread reads its values where ``src`` keeps them (a 1-D result held in order in a
+    ``vector_scratch`` tile at ``vector_coords``)."""
+    cs = wg.coords(op, _reg_layout(op, op.result.type))
+    if tuple(src.shape) != op.result.type.shape:
+        cs = vector_coords(cs, op.result.type.shape, src.layout)
+    cs = [np.broadcast_to(c, np.broadcast_shapes(*(np.shape(x) for x in cs))) for c in cs]
+    out = wg.cta.smem.read_elements(src.offsets(cs), src.layout.dtype, reader=_who(op, wg))
+    return round_to(out, op.result.type.dtype)
+
+
 def _smem_copy(wg: _Warpgroup, op: Operation, src: SmemTile, dst: SmemTile) -> None:
     """This warpgroup's threads' blocks of the transposing copy (``transpose_copy_block``), each
     element read where ``src`` keeps it and written where ``dst`` does (generic proxy)."""
@@ -1071,7 +1082,8 @@ def _tile_region(op: Operation, at: _Plane, tensor: np.ndarray, lay: SharedLayou
     """The elements of ``tensor`` a TMA copy's whole tile covers (an int or a slice per axis,
     clipped to the tensor); ``at.index`` is not None."""
     region = list(at.index)
-    for a, o, n in ((tma_row_axis(op.box), at.origin[1], lay.rows), (tensor.ndim - 1, at.origin[0], lay.cols)):
+    rows, cols = (1, lay.rows * lay.cols) if is_vector_box(op.box, lay) else (lay.rows, lay.cols)
+    for a, o, n in ((tma_row_axis(op.box), at.origin[1], rows), (tensor.ndim - 1, at.origin[0], cols)):
         region[a] = slice(max(o, 0), max(min(o + n, tensor.shape[a]), 0))
     return tuple(region)
 
@@ -1268,6 +1280,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.tma_load": _tma_load,
     "hopper.smem_store": _smem_store,
     "hopper.smem_copy": _smem_copy,
+    "hopper.smem_load": _smem_load,
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
 }

@@ -23,6 +23,7 @@ import numpy as np
 from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.smem import SharedMemory
 from tkc.errors import TkcEmulatorError
+from tkc.ir.dialects.hopper import is_vector_box
 from tkc.ir.layouts import SharedLayout
 from tkc.semantics import atomic_update
 
@@ -38,11 +39,18 @@ def _window(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int],
         raise TkcEmulatorError(f"{op}: only 2-D tensors are emulated, got {global_array.ndim}-D")
     if len(coords) != 2 or any(not _I32[0] <= int(c) <= _I32[1] for c in coords):
         raise TkcEmulatorError(f"{op}: coordinates {tuple(coords)} must be two signed 32-bit ints (col, row)")
+    c0, r0 = (int(c) for c in coords)
+    n = layout.rows * layout.cols
+    if tuple(box) == (n, 1) and is_vector_box([1, n], layout):
+        # A run along the last axis, held in order in rows of one atom (``is_vector_box``).
+        cols = c0 + np.arange(n).reshape(layout.rows, layout.cols)
+        rows = np.full_like(cols, r0)
+        inb = (rows >= 0) & (rows < global_array.shape[0]) & (cols >= 0) & (cols < global_array.shape[1])
+        return rows, cols, inb
     expect = layout.tma_box().dims
     if tuple(box) != tuple(expect):
         raise TkcEmulatorError(f"{op}: tensor-map box {tuple(box)} does not match the shared layout {layout}, "
                                f"whose TMA box is {expect} (innermost first)")
-    c0, r0 = (int(c) for c in coords)
     rows, cols = np.meshgrid(r0 + np.arange(layout.rows), c0 + np.arange(layout.cols), indexing="ij")
     inb = (rows >= 0) & (rows < global_array.shape[0]) & (cols >= 0) & (cols < global_array.shape[1])
     return rows, cols, inb

@@ -11,7 +11,10 @@ hand-written Hopper kernel:
   (``hopper.expect_tx``) and issues one ``hopper.tma_load`` per tile, and every thread waits
   for the phase (``hopper.mbarrier_wait``).  The tensor maps the copies use are listed in
   the kernel's ``tma_maps``; identical maps are shared.  Barriers are created and
-  initialized once, at the top of the kernel.
+  initialized once, at the top of the kernel.  With the pin ``tma_vectors``, a loop's 1-D
+  register load of a read-only tensor (attention backward's ``lse[b, h, rows]``) joins an
+  earlier group of its block whose copies its offsets are computed before: one vector box into
+  a shared tile, read back by every thread where the load was (``hopper.smem_load``).
 - **Phases** are explicit: a barrier waited on inside loops gets a loop-carried i32 parity
   (flipped after each wait) through every enclosing ``tile.for`` and ``tile.if``.
 - ``@`` becomes ``hopper.wgmma`` followed at once by ``hopper.wgmma_wait {pending = 0}``
@@ -38,9 +41,9 @@ from typing import Any, NamedTuple
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
-from tkc.ir.core import Block, Module, Operation, OpResult, Value, replace_all_uses, uses
+from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.dialects.hopper import SLOT_ROW
+from tkc.ir.dialects.hopper import SLOT_ROW, is_vector_box
 from tkc.ir.layouts import (
     vector_scratch,
     SharedLayout,
@@ -60,6 +63,9 @@ from tkc.pins import Options
 from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
+#: Ops that only read a tensor parameter (a load the pin ``tma_vectors`` copies by TMA must read
+#: a tensor nothing in the kernel writes).
+_READS = frozenset({"tile.load", "tile.gather", "tile.dim", "hopper.prefetch"})
 #: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
 #: 128 x 128 bf16 tile or two 64-column slices of a 128 x 256 one take.
 EPILOGUE_BYTES = 32 * 1024
@@ -100,6 +106,7 @@ class _Lowering:
         self.maps: list[list] = []
         self.consts: dict[int, Value] = {}
         self.stores_pending = False  # a hopper.tma_store exists: the kernel ends with a wait
+        self._read_only: dict[Value, bool] = {}  # a tensor parameter -> whether the kernel only reads it
 
     def run(self) -> None:
         if "threads" not in self.kernel.attributes:
@@ -153,8 +160,47 @@ class _Lowering:
                 current = []
         if current:
             groups.append(current)
-        for g in groups:
-            self._lower_tma_group(g)
+        vectors: dict[int, list[Operation]] = {}
+        if self.options.tma_vectors and groups and self._in_loop(groups[0][-1]):
+            for op in block.ops:
+                g = self._joins(op, groups) if self._vector_load(op) else None
+                if g is not None:
+                    vectors.setdefault(g, []).append(op)
+        for k, g in enumerate(groups):
+            self._lower_tma_group(g, vectors.get(k, []))
+
+    def _vector_load(self, op: Operation) -> bool:
+        """Whether ``op`` is a register load the pin ``tma_vectors`` copies by TMA: a 1-D run
+        along the last axis of a tensor parameter the kernel never writes (``lse[b, h, rows]``),
+        out-of-bounds values 0 (what TMA fills in), whole 128-byte rows of one 16-byte atom
+        (``vector_scratch``, ``hopper.is_vector_box``)."""
+        if op.name != "tile.load" or getattr(op.result.type, "space", None) != "reg" or op.result.type.rank != 1:
+            return False
+        box, t = list(op.box), op.tensor.type
+        if op.other not in (None, 0) or any(s != 1 for s in op.attributes.get("steps") or []) \
+                or not 2 <= t.rank <= 5 or any(x != 1 for x in box[:-1]) or t.dtype.bits not in (16, 32):
+            return False
+        n, eb = box[-1], t.dtype.bits // 8
+        if n > 256 or n * eb % 128 or not is_vector_box(box, vector_scratch(n, t.dtype)):
+            return False
+        param = op.tensor
+        if not (isinstance(param, BlockArgument) and param.block is self.body):
+            return False
+        if param not in self._read_only:
+            self._read_only[param] = all(u.name in _READS for u in uses(self.kernel).get(param, []))
+        return self._read_only[param]
+
+    @staticmethod
+    def _joins(op: Operation, groups: list[list[Operation]]) -> int | None:
+        """The first TMA group of ``op``'s block before ``op`` whose last copy ``op``'s offsets
+        are computed before: its copy is issued with that group's."""
+        ops = op.parent.ops
+        at = {o: i for i, o in enumerate(ops)}
+        for k, g in enumerate(groups):
+            last = at[g[-1]]
+            if last < at[op] and all(_owner(v) not in at or at[_owner(v)] < last for v in op.offsets):
+                return k
+        return None
 
     @staticmethod
     def _in_loop(op: Operation) -> bool:
@@ -170,29 +216,38 @@ class _Lowering:
             self.maps.append(entry)
         return self.maps.index(entry)
 
-    def _lower_tma_group(self, loads: list[Operation]) -> None:
+    def _lower_tma_group(self, loads: list[Operation], vectors: list[Operation] = ()) -> None:
+        """``loads``' copies, and those of the 1-D ``vectors`` (pin ``tma_vectors``), which the
+        threads then read from shared memory where each was loaded (``hopper.smem_load``)."""
         last = loads[-1]
         bar = self.top.value(hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1}, loc=loads[0].loc)
-        names = [ld.tensor.name_hint or "tile" for ld in loads]
+        names = [ld.tensor.name_hint or "tile" for ld in [*loads, *vectors]]
         bar.name_hint = "_".join(names) + "_full"
         self.barriers.append(bar)
-        dsts = [self._alloc(ld.result.type, ld.loc) for ld in loads]
+        types = [ld.result.type for ld in loads]
+        for v in vectors:
+            lay = vector_scratch(v.box[-1], v.result.type.dtype)
+            types.append(TileType((lay.rows, lay.cols), lay.dtype, "smem", lay))
+        dsts = [self._alloc(t, ld.loc) for t, ld in zip(types, [*loads, *vectors])]
         for dst, name in zip(dsts, names):
             dst.name_hint = name + "_smem"
         b = Builder.before(last)  # after the allocations: they shift the kernel body's indices
         if self._in_loop(last):
             # Every warpgroup must be done reading the previous tiles before TMA overwrites them.
             b.create(hopper.BarrierOp, attrs={"id": 0})
-        nbytes = sum(ld.result.type.layout.size_bytes for ld in loads)
+        nbytes = sum(t.layout.size_bytes for t in types)
         b.create(hopper.ExpectTxOp, [bar], attrs={"bytes": nbytes}, loc=loads[0].loc)
-        for ld, dst in zip(loads, dsts):
-            layout = ld.result.type.layout
+        for ld, dst in zip([*loads, *vectors], dsts):
             b.create(hopper.TmaLoadOp, [ld.tensor, dst, bar, *ld.offsets],
-                     attrs={"map": self._map(ld, layout), "box": list(ld.box)}, loc=ld.loc)
-            replace_all_uses(self.kernel, ld.result, dst)
+                     attrs={"map": self._map(ld, dst.type.layout), "box": list(ld.box)}, loc=ld.loc)
+            if ld in vectors:
+                read = Builder.before(ld).value(hopper.SmemLoadOp, [dst], ld.result.type, loc=ld.loc)
+                replace_all_uses(self.kernel, ld.result, read)
+            else:
+                replace_all_uses(self.kernel, ld.result, dst)
         wait = b.create(hopper.MBarrierWaitOp, [bar, bar], loc=last.loc)  # parity set by _thread_phases
         self.waits[wait] = _Waits(bar, 1, 2)
-        for ld in loads:
+        for ld in [*loads, *vectors]:
             ld.erase()
 
     def _init_barriers(self) -> None:

@@ -58,7 +58,9 @@ def _share(kernel: Operation, n: int) -> None:
         raise TkcUnsupportedError(f"cluster = {n}: the cluster's CTAs share copies issued by a producer "
                                   f"warpgroup, and this kernel has none (warp_specialize = false, or no ring)",
                                   kernel.loc)
-    shared = [op for op in producers if all(same(v) for v in op.operands[1:]) and _same_path(op, same)]
+    # A vector's copy (pin tma_vectors) is one TMA box, read by every thread: not shared.
+    shared = [op for op in producers if all(same(v) for v in op.operands[1:]) and _same_path(op, same)
+              and not hopper.is_vector_box(op.box, op.dst.type.layout)]
     if not shared:
         raise TkcUnsupportedError(f"cluster = {n}: no copy is the same in every CTA of a cluster (each reads "
                                   f"along the cluster's rows)", kernel.loc)

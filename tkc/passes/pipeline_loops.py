@@ -37,9 +37,13 @@ from a count the tile loop carries.
 A tile copied into another shared tile by the consumers (``hopper.smem_copy``: an 8-bit V
 transposed for wgmma) is released at the barrier behind the copy, before the products read
 the copy.
+A tile the consumers' threads read themselves (``hopper.smem_load``: a vector the pin
+``tma_vectors`` copies beside the tiles) has its own rings, whose empty barrier every thread
+arrives on right behind its read.
 
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
-wgmma and ``hopper.smem_copy``, or place shared memory (``allocate-smem`` does).
+wgmma, ``hopper.smem_copy`` and ``hopper.smem_load``, or place shared memory (``allocate-smem``
+does).
 """
 
 from __future__ import annotations
@@ -160,7 +164,8 @@ class _Pipeliner:
         return total
 
     def _pipelinable(self, g: _Group) -> bool:
-        """The group is lower-to-hopper's shape and its tiles are read only by wgmma."""
+        """The group is lower-to-hopper's shape and its tiles are read only by wgmma (and
+        ``hopper.smem_copy``, or ``hopper.smem_load`` in the loop's body)."""
         if g.expect is None or g.sync is None or not g.loads or g.expect.barrier is not g.barrier:
             return False
         body = g.loop.regions[0].block
@@ -171,8 +176,10 @@ class _Pipeliner:
         for d in g.dsts:
             if _owner(d).attributes.get("stages", 1) != 1:
                 return False
-            if any(u.name not in ("hopper.tma_load", "hopper.wgmma", "hopper.smem_copy") or not self._inside(u, g.loop)
+            if any(u.name not in ("hopper.tma_load", "hopper.wgmma", "hopper.smem_copy", "hopper.smem_load")
+                   or not self._inside(u, g.loop)
                    or u.name == "hopper.smem_copy" and u.src is not d
+                   or u.name == "hopper.smem_load" and u.parent is not body
                    for u in all_uses.get(d, [])):
                 return False
         bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
@@ -252,7 +259,11 @@ class _Pipeliner:
         # reading its tiles have completed: attention's K stage right after S, its V stage
         # after P V, so the producer refills K while P V still reads V.
         distinct = list(dict.fromkeys(full))
-        empties = {ring: self._ring(init, self.warpgroups, loc, "empty" if len(distinct) == 1 else
+        # A stage the threads read themselves (hopper.smem_load: a vector copied beside the
+        # tiles) is released by every thread, right behind its read.
+        by_threads = {ring for ring, first in zip(full, first_use) if first.name == "hopper.smem_load"}
+        empties = {ring: self._ring(init, self.warpgroups * (128 if ring in by_threads else 1), loc,
+                                    "empty" if len(distinct) == 1 else
                                     ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
         for d in g.dsts:
             _owner(d).attributes["stages"] = stages
@@ -296,10 +307,10 @@ class _Pipeliner:
             if body.ops[last].name == "hopper.smem_copy":
                 # Every thread's reads of the stage are done at the barrier behind the copy.
                 last = next(i for i in range(last, len(body.ops)) if body.ops[i].name == "hopper.barrier")
-            releases.append((last, free))
-        for last, free in sorted(releases, key=lambda x: x[0], reverse=True):
+            releases.append((last, free, {"threads": True} if ring in by_threads else {}))
+        for last, free, attrs in sorted(releases, key=lambda x: x[0], reverse=True):
             r = Builder(body, last + 1, loc)
-            r.create(hopper.MBarrierArriveOp, [self._at(r, free, stage, MBARRIER)])
+            r.create(hopper.MBarrierArriveOp, [self._at(r, free, stage, MBARRIER)], attrs=attrs)
 
         # (One stage: iteration i + 1's copy would wait for a release deferred to i + 1.)
         overlapped = stages >= 2 and len(empties) == 1 \
@@ -412,7 +423,7 @@ class _Pipeliner:
     def _reads_stage(op: Operation, dsts: list[Value]) -> bool:
         """Whether ``op`` (a top-level op of the loop body) waits for a wgmma that reads one of
         the (staged) tiles ``dsts``."""
-        if op.name == "hopper.smem_copy":
+        if op.name in ("hopper.smem_copy", "hopper.smem_load"):
             return op.src in dsts or _ring_stage(op.src, dsts)
         return any(inner.name == "hopper.wgmma_wait" and _chain_reads(inner.x, dsts) for inner in op.walk())
 

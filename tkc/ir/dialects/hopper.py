@@ -166,16 +166,20 @@ class MBarrierArriveOp(Operation):
     """``mbarrier.arrive``: thread 0 of each warpgroup that runs it arrives once (a consumer
     warpgroup releasing a ring stage).  With ``cluster``, it arrives on the barrier at the same
     offset in every CTA of the kernel's cluster (a stage that the cluster's copies fill
-    together is free once every CTA's consumers have released it)."""
+    together is free once every CTA's consumers have released it).  With ``threads``, every
+    thread arrives (a stage its threads read themselves, ``hopper.smem_load``: each orders its
+    own reads before the next copy)."""
 
     name = "hopper.mbarrier_arrive"
     OPERANDS = ("barrier",)
-    ATTRS = {"cluster?": bool}
+    ATTRS = {"cluster?": bool, "threads?": bool}
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
         if self.attributes.get("cluster"):
             _check_cluster(self, "arrives on every CTA of a cluster")
+            if self.attributes.get("threads"):
+                raise self.error("arrives once per warpgroup on a cluster's barriers, not from every thread")
 
 
 @register
@@ -361,9 +365,22 @@ def tma_row_axis(box: list) -> int:
     return kept[-1] if kept else len(box) - 2
 
 
+def is_vector_box(box: list, layout) -> bool:
+    """Whether a TMA copy of ``box`` through the shared ``layout`` moves a 1-D run along the
+    tensor's last axis (``box`` 1 elsewhere) into a :func:`~tkc.ir.layouts.vector_scratch`-shaped
+    tile: unswizzled rows of one 16-byte atom holding the run in order, one TMA box of at most
+    256 elements (``lse[b, h, rows]`` beside attention backward's Q)."""
+    n = layout.rows * layout.cols
+    return (len(box) >= 2 and all(x == 1 for x in box[:-1]) and box[-1] == n and 1 < layout.rows
+            and n <= 256 and layout.swizzle == 0 and layout.cols * layout.elem_bytes == 16)
+
+
 def tma_map_box(box: list, layout) -> list[int]:
     """The box, in tensor order, of the tensor map that copies a tile of ``box`` through the
-    shared ``layout``: the layout's TMA box on the row axis and the last axis, 1 elsewhere."""
+    shared ``layout``: the layout's TMA box on the row axis and the last axis, 1 elsewhere
+    (a vector's box, :func:`is_vector_box`, as it is)."""
+    if is_vector_box(box, layout):
+        return list(box)
     cols, rows = layout.tma_box().dims
     out = [1] * len(box)
     out[tma_row_axis(box)] = rows
@@ -385,7 +402,7 @@ def _check_tma(op: Operation, tensor, shared, box: list, loading: bool) -> None:
     want = [1] * t.rank
     if len(box) == t.rank >= 2:
         want[tma_row_axis(box)], want[-1] = lay.rows, lay.cols
-    if list(box) != want:
+    if list(box) != want and not (len(box) == t.rank and is_vector_box(box, lay)):
         raise op.error(f"box {box} must be {lay.cols} on the last axis, {lay.rows} on one other and 1 elsewhere")
     if t.dtype != lay.dtype:
         raise op.error(f"tensor dtype {t.dtype.name} differs from the tile's {lay.dtype.name}")
@@ -604,6 +621,31 @@ class SmemStoreOp(Operation):
         elif col is not None and (not isinstance(v.layout, WgmmaAccumulator) or col % 8 or d.shape[1] % 8):
             raise self.error(f"a column slice is stored from a wgmma accumulator in whole 8-column groups, "
                              f"not columns {col}..{col + d.shape[1]} of {v}")
+
+
+@register
+class SmemLoadOp(Operation):
+    """Every thread reads its values of a register tile from the shared tile ``src``, which has
+    the result's shape, or holds a 1-D result in order in rows of one 16-byte atom
+    (``vector_scratch``: a vector TMA copied beside a loop's tiles)."""
+
+    name = "hopper.smem_load"
+    OPERANDS = ("src",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"readonly"})
+
+    def verify(self) -> None:
+        from tkc.ir.layouts import vector_scratch
+
+        s, r = self.src.type, self.result.type
+        if not _smem(s):
+            raise self.error(f"loads from a shared tile, got {s}")
+        _check_reg(self, r, "result")
+        if s.dtype != r.dtype:
+            raise self.error(f"{s} holds {s.dtype.name}, the result is {r.dtype.name}")
+        if s.shape != r.shape and not (r.rank == 1 and s.layout == vector_scratch(r.shape[0], r.dtype)
+                                       and s.shape == (s.layout.rows, s.layout.cols)):
+            raise self.error(f"{r} is not held by {s}")
 
 
 @register

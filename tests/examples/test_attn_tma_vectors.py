@@ -1,0 +1,215 @@
+"""The pin ``tma_vectors`` on examples/attn_train.tk's attn_bwd: lse and delta, 1-D loads along
+the last axis of tensors the kernel only reads, ride the loop's TMA ring with Q and dO into
+shared memory and each thread reads its values back (``hopper.smem_load``).  The emulator
+against the interpreter (head dims 64 and 128, causal and not, lengths with tails, with and
+without a producer warpgroup), a read moved before its stage's wait caught by the emulator,
+the hopper IR's text round trip and verifier, ptxas without spills, and on a GPU the pin on
+against the pin off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from device_checks import assert_atomics_close, assert_no_spills, launch_tensors, needs_ptxas, require_gpu
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.errors import TkcEmulatorError, TkcVerifyError
+from tkc.interpreter import run_kernel
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+
+from test_attn_train import EXAMPLE, SMALL, inputs
+
+ON = {"tma_vectors": True}
+
+
+def _consts(D: int, causal: bool, tiles: dict) -> dict:
+    return {"D": D, "causal": causal, **tiles, **ON}
+
+
+def _hopper(consts: dict):
+    return compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel="attn_bwd")
+
+
+def _args(N: int, D: int, B: int = 1, H: int = 4, KVH: int = 2) -> list:
+    q, k, v, do = inputs(3, B, H, KVH, N, D)
+    g = torch.Generator().manual_seed(4)
+    lse = torch.randn(B, H, N, generator=g) + 4
+    delta = torch.randn(B, H, N, generator=g)
+    zeros = torch.zeros(B, KVH, N, D).bfloat16()
+    return [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5]
+
+
+def _loop(kernel):
+    return next(op for op in kernel.walk() if op.name == "tile.for"
+                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
+
+
+@pytest.mark.parametrize("D, causal, tiles, N", [
+    (64, False, SMALL["attn_bwd"], 80),     # one 64-row block and a tail
+    (64, True, SMALL["attn_bwd"], 200),
+    (64, True, {"BM": 64, "BN": 64, "warp_specialize": True}, 200),  # a producer warpgroup
+    (64, False, {"BM": 64, "BN": 64, "warp_specialize": True, "overlap_products": True}, 80),
+    (64, False, {}, 200),                   # the default tiles: 128-row query blocks
+    (128, False, {}, 80),
+    (128, True, {"overlap_products": True}, 132),
+])
+def test_emulator_matches_interpreter(D: int, causal: bool, tiles: dict, N: int) -> None:
+    args = _args(N, D)
+    consts = _consts(D, causal, tiles)
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(EXAMPLE, consts, stop="tkir", cache=False, kernel="attn_bwd").kernel_op, want)
+    kernel = _hopper(consts).kernel_op
+    body = _loop(kernel).regions[0].block.ops
+    names = [op.name for op in kernel.walk()]
+    # Both vectors come by TMA (one box along the last axis each) and are read from shared
+    # memory in the loop; nothing loads per thread any more.
+    assert names.count("hopper.smem_load") == 2 and "hopper.load" not in names
+    vectors = [op for op in kernel.walk() if op.name == "hopper.tma_load" and all(x == 1 for x in op.box[:-1])]
+    assert len({op.tensor.name_hint for op in vectors}) == 2
+    reads = [i for i, op in enumerate(body) if op.name == "hopper.smem_load"]
+    for i in reads:  # each read released right behind it, by every thread
+        assert body[i + 2].name == "hopper.mbarrier_arrive" and body[i + 2].attributes.get("threads")
+    emulate(kernel, args, seed=5)
+    assert_atomics_close(args, want, (6, 7, 8))
+
+
+def test_the_pin_off_keeps_the_per_thread_loads() -> None:
+    names = [op.name for op in _hopper({"D": 64, **SMALL["attn_bwd"]}).kernel_op.walk()]
+    assert "hopper.smem_load" not in names and names.count("hopper.load") == 2
+
+
+def test_a_read_before_its_stage_landed_is_caught() -> None:
+    """lse's read moved above the wait for its stage, with a producer warpgroup issuing the
+    copies: the consumers read bytes no copy has written yet, and the emulator says so.
+    (Without a producer the reading warpgroups issue the copy themselves, and the emulator's
+    copies land at once: a read before the wait then reads what the copy wrote, for a
+    ``hopper.smem_load`` as for a wgmma.)"""
+    consts = _consts(64, False, {"BM": 64, "BN": 64, "warp_specialize": True})
+    kernel = _hopper(consts).kernel_op
+    block = next(op for op in kernel.walk() if op.name == "hopper.smem_load").parent
+    ops = block.ops
+    read = next(op for op in ops if op.name == "hopper.smem_load")
+    stage = read.src.owner  # the ring's stage this iteration reads
+    wait = ops[ops.index(stage) - 1]
+    assert stage.name == "hopper.stage" and wait.name == "hopper.mbarrier_wait"
+    for op in (stage, read):
+        ops.remove(op)
+        ops.insert(ops.index(wait), op)
+    with pytest.raises(TkcEmulatorError, match="lse_smem.*which nothing has written"):
+        emulate(kernel, _args(200, 64), seed=5)
+
+
+def test_the_hopper_ir_round_trips_and_verifies() -> None:
+    text = _hopper(_consts(64, True, SMALL["attn_bwd"])).asm["hopper"]
+    assert "hopper.smem_load" in text and "threads = true" in text
+    module = parse_module(text, "k.hopper.tkir")
+    verify(module)
+    assert print_module(module) == text
+
+
+def test_the_verifier_refuses_a_read_of_another_tile_and_a_box_past_it() -> None:
+    text = _hopper(_consts(64, False, {})).asm["hopper"]
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if "hopper.smem_load" in line)
+    # 64 values from a 32 x 4 tile that holds 128: refused.
+    bad = lines[i].replace(": tile<128xf32", ": tile<64xf32")
+    assert bad != lines[i]
+    with pytest.raises(TkcVerifyError):
+        verify(parse_module("\n".join([*lines[:i], bad, *lines[i + 1:]]), "k.hopper.tkir"))
+    # A vector box longer than the tile: refused.
+    j = next(k for k, line in enumerate(lines) if "hopper.tma_load %lse" in line)
+    bad = lines[j].replace("box = [1, 1, 128]", "box = [1, 1, 64]")
+    assert bad != lines[j]
+    with pytest.raises(TkcVerifyError):
+        verify(parse_module("\n".join([*lines[:j], bad, *lines[j + 1:]]), "k.hopper.tkir"))
+
+
+@needs_ptxas
+@pytest.mark.parametrize("D, causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_assembles_without_spills(D: int, causal: bool) -> None:
+    c = compile_kernel(EXAMPLE, {"D": D, "causal": causal, **ON}, stop="cubin", cache=False, kernel="attn_bwd")
+    assert "hopper.smem_load" in c.asm["hopper"]
+    assert_no_spills(c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, H, KVH, N", [(2, 8, 2, 300), (1, 8, 1, 1000), (1, 4, 4, 2048)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_on_gpu_as_the_pin_off(B: int, H: int, KVH: int, N: int, D: int, causal: bool) -> None:
+    """The same inputs, the pin on and off: dK and dV alike (the same products in the same
+    order; bf16 rounding at most), dQ within its atomics' rounding."""
+    require_gpu()
+    q, k, v, do = inputs(7, B, H, KVH, N, D)
+    g = torch.Generator().manual_seed(8)
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    outs = []
+    for pin in (False, True):
+        c = compile_kernel(EXAMPLE, {"D": D, "causal": causal, "tma_vectors": pin}, kernel="attn_bwd")
+        assert ("hopper.smem_load" in c.asm["hopper"]) == pin
+        zeros = torch.zeros(B, KVH, N, D).bfloat16()
+        args = [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5]
+        outs.append(launch_tensors(c, args)[6:9])
+    (dq0, dk0, dv0), (dq1, dk1, dv1) = outs
+    for got, want in ((dk1, dk0), (dv1, dv0)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-3 * max(1.0, want.abs().max().item()))
+    torch.testing.assert_close(dq1, dq0, rtol=1e-5, atol=1e-5 * max(1.0, dq0.abs().max().item()))
+
+
+@pytest.mark.parametrize("D, causal, square", [(64, True, False), (64, False, True), (128, True, False)])
+def test_varlen_backward_emulated_as_interpreted(D: int, causal: bool, square: bool, monkeypatch) -> None:
+    """examples/varlen_attn_train.tk's backward reads lse[h, rows] and delta[h, rows] of packed
+    sequences the same way: by TMA too, and the same where a block runs into the next sequence
+    (the tensor's elements, as a per-thread load reads them)."""
+    import test_varlen_attn_train as varlen
+
+    plain = varlen._consts
+    monkeypatch.setattr(varlen, "_consts", lambda name, *a: {**plain(name, *a), **ON}
+                        if name == "varlen_attn_bwd" else plain(name, *a))
+    tiles = varlen.SQUARE if square else (varlen.SMALL if D == 64 else {})
+    hopper = compile_kernel(varlen.EXAMPLE, varlen._consts("varlen_attn_bwd", D, causal, tiles), stop="hopper",
+                            cache=False, kernel="varlen_attn_bwd").asm["hopper"]
+    assert hopper.count("hopper.smem_load") == 2
+    varlen.test_emulator_matches_interpreter("varlen_attn_bwd", D, causal, tiles)
+
+
+#: A loop in the shape of attention's: x's tiles by TMA, and a 1-D run of s beside them.
+COLSHIFT = '''
+@kernel
+def colshift(x: bf16[M, D], w: bf16[N, D], s: f32[B, M], out: f32[B, N, M], shift: i32, BM: const = 64,
+             BN: const = 64, D: const = 64):
+    grid(cdiv(N, BN), B)
+    j = program_id(0)
+    b = program_id(1)
+    wt = w[j*BN:(j+1)*BN, :]
+    for i in range(cdiv(M, BM)):
+        xt = x[i*BM:(i+1)*BM, :]
+        l = s[b, OFF:OFF + BM]
+        out[b, j*BN:(j+1)*BN, i*BM:(i+1)*BM] = wt @ xt.T - l[None, :]
+    WRITE
+'''
+
+
+@pytest.mark.parametrize("offset, write, rides", [
+    ("i*BM", "", True),
+    ("i*BM + shift", "", False),  # its offset is computed after x's copy: it stays where it is
+    ("i*BM", "s[b, 0:BM] = zeros([BM], f32)", False),  # the kernel writes s
+])
+def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None:
+    source = COLSHIFT.replace("OFF", offset).replace("WRITE", write)
+    kernel = compile_kernel(source, ON, stop="hopper", cache=False).kernel_op
+    names = [op.name for op in kernel.walk()]
+    assert (names.count("hopper.smem_load"), names.count("hopper.load")) == ((1, 0) if rides else (0, 1))
+    if not rides:
+        return
+    B, M, N, D = 2, 200, 100, 64  # tails of 8 rows of x and of s
+    g = torch.Generator().manual_seed(11)
+    args = [torch.randn(M, D, generator=g).bfloat16(), torch.randn(N, D, generator=g).bfloat16(),
+            torch.randn(B, M, generator=g), torch.full((B, N, M), float("nan")), 0]
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(source, ON, stop="tkir", cache=False).kernel_op, want)
+    emulate(kernel, args, seed=2)
+    torch.testing.assert_close(args[3], want[3], rtol=1e-5, atol=1e-5)
