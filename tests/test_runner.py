@@ -118,3 +118,30 @@ def test_partials_rounded_and_read_back_are_compared_within_an_ulp_of_the_larges
     assert tolerance(dtypes.bf16, 16, scale=1.0, staged_bits=16) == (2**-6, 2**-6)
     assert tolerance(dtypes.f32, 16, scale=8.0, staged_bits=16) == (1e-4, 1e-4)
     assert tolerance(dtypes.bf16, 16, scale=8.0) == (2**-6, 2**-6)
+
+
+def test_sums_of_atomic_adds_are_compared_within_f32_ulps_of_the_largest_output() -> None:
+    """attention backward adds each block's dQ atomically from every key block's program, in an
+    order each executor picks: on random inputs the terms (up to 1e21) cancel, and the emulator's
+    dQ differs from the interpreter's by ulps of a term (1.8e13), which an element-wise f32
+    tolerance called a mismatch; within 16 f32 ulps of the largest output it is not, and a
+    dQ off by more is still caught."""
+    from tkc import dtypes
+    from tkc.compiler import compile_kernel
+    from tkc.runner import atomic_sums, default_dims, tolerance
+
+    consts = {"D": 64, "BM": 64, "BN": 64}
+    k = compile_kernel(EXAMPLES / "attn_train.tk", consts, stop="tkir", cache=False, kernel="attn_bwd").kernel_op
+    assert atomic_sums(k) == {"dq"}
+    assert tolerance(dtypes.f32, 16, scale=2.0**40, summed=True) == (2.0**21, 1e-4)
+    assert tolerance(dtypes.f32, 16, scale=1.0, summed=True) == (1e-4, 1e-4)
+    assert tolerance(dtypes.bf16, 16, scale=2.0**40, summed=True) == (2**-6, 2**-6)
+    args = random_args(k, default_dims(k))  # several key blocks add to each dQ block
+    result = runner.run(k, args, "interpret", check=True)
+    dq = next(m for m in result.checked if m.name == "dq")
+    assert result.ok and dq.bad == 0 and dq.max_abs_error > 1e6, dq
+    want = next(out for name, _, out in result.outputs if name == "dq").astype(np.float64)
+    t = next(p.type for p in k.regions[0].block.args if p.name_hint == "dq")
+    off = want.copy()
+    off.flat[7] += 1e-4 * np.abs(want).max()  # an error of a 10,000th of the largest value
+    assert runner._compare("dq", t, off, want, runner.rounding(k)).bad == 1
