@@ -441,7 +441,7 @@ def _print_store_plan(compiled: Any) -> None:
               help=f"The range integer tensors are drawn from, both ends included (default: "
                    f"{INT_RANGE[0]},{INT_RANGE[1]}).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several.")
+@click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several (default: each in turn).")
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
                    "programs that walk its tiles.")
@@ -457,6 +457,32 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
                 kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
+    args = (file, backend, interpret_flag, check, repeat, consts, dims, scalars, int_range, seed)
+    if kernel is None:
+        module = _load(file, consts)
+        names = [str(op.attributes.get("sym_name")) for op in module.ops]
+        if len(names) > 1:
+            # A file of several kernels (a forward and its backward): each in turn, on its own
+            # random inputs; exit 1 at the end if any check failed.
+            failed = []
+            for name in names:
+                click.echo(f"== {name}")
+                try:
+                    _run_one(*args, name, grid, target, ranks)
+                except SystemExit as e:
+                    if e.code:
+                        failed.append(name)
+            if failed:
+                click.echo(f"{file}: checks failed for {', '.join(failed)}")
+                raise SystemExit(1)
+            return
+    _run_one(*args, kernel, grid, target, ranks)
+
+
+def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
+             dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
+             kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
+    """``tkc run`` of one kernel of ``file`` (``kernel``: its name, None for the file's only one)."""
     from tkc import runner
 
     if interpret_flag and backend not in (None, "interpret"):
@@ -470,7 +496,7 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         k = module.kernel(kernel)
     except KeyError:
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
-        what = f"no kernel '{kernel}'" if kernel else "several kernels; pick one with --kernel"
+        what = f"no kernel '{kernel}'" if kernel else "no kernels"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     world = _torchrun_ranks(k, backend, ranks, file)
     ranks = world or ranks

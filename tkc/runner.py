@@ -60,7 +60,7 @@ def default_backend() -> tuple[str, str | None]:
 
 
 def tolerance(dt: dtypes.DType, rounded_bits: int = 32, scale: float = 0.0, staged_bits: int = 32,
-              summed: bool = False) -> tuple[float, float]:
+              summed: bool = False, rounded_operands: bool = False) -> tuple[float, float]:
     """(atol, rtol) for comparing an executor with the interpreter: a few ulps of the output
     dtype, since summation order (wgmma's k16 steps, reduction trees) and the GPU's approximate
     exp2/rsqrt differ from numpy in the last bits.  ``rounded_bits``: the narrowest float the
@@ -77,9 +77,16 @@ def tolerance(dt: dtypes.DType, rounded_bits: int = 32, scale: float = 0.0, stag
     an order each executor picks, so an element is a sum whose rounding depends on that order:
     where its terms cancel, the difference is an ulp of a term, not of the sum (attention
     backward's dQ on random inputs), so an f32 output is compared within 16 f32 ulps of
-    ``scale`` too."""
+    ``scale`` too.  ``rounded_operands``: the kernel rounds computed values to 16 bits and
+    multiplies them (attention backward's P and dS, an FFT's stages): a last-bit difference
+    before the rounding moves an operand by a 16-bit ulp, and every term of the product with
+    it, so where terms cancel an output moves by ulps of the terms, not of itself: it is
+    compared within 2**-6 of ``scale`` too (two bf16 ulps of the largest value)."""
     if not dt.is_float:
         return (0.0, 0.0)
+    if rounded_operands and rounded_bits <= 16:
+        atol, rtol = tolerance(dt, rounded_bits, scale, staged_bits, summed)
+        return (max(atol, 2**-6 * scale), rtol)
     if summed and dt.bits == 32:
         return (max(1e-4, 2**-19 * scale), 1e-4)
     if rounded_bits <= 8 and dt.bits <= 16:
@@ -114,10 +121,21 @@ def atomic_sums(kernel: Operation) -> frozenset[str]:
                      if op.name == "tile.atomic" and op.kind == "add" and op.tensor.type.dtype.is_float)
 
 
-def rounding(kernel: Operation) -> tuple[int, int, frozenset[str]]:
+def multiplies_rounded(kernel: Operation) -> bool:
+    """Whether ``kernel`` multiplies (``@``) a value it rounded to a 16-bit or narrower float
+    (``x.to(bf16) @ y``), directly or through a transpose."""
+    def rounded(v: Any) -> bool:
+        while isinstance(v, OpResult) and v.owner.name == "tile.transpose":
+            v = v.owner.operands[0]
+        return isinstance(v, OpResult) and v.owner.name == "tile.cast" and v.type.dtype.is_float \
+            and v.type.dtype.bits <= 16 and v.owner.operands[0].type.dtype.bits > v.type.dtype.bits
+    return any(op.name == "tile.mma" and any(rounded(x) for x in op.operands[:2]) for op in kernel.walk())
+
+
+def rounding(kernel: Operation) -> tuple[int, int, frozenset[str], bool]:
     """What :func:`tolerance` needs to know of ``kernel``: (narrowest cast, narrowest staged,
-    the tensors summed by atomic adds)."""
-    return narrowest_cast(kernel), narrowest_staged(kernel), atomic_sums(kernel)
+    the tensors summed by atomic adds, whether it multiplies values it rounded)."""
+    return narrowest_cast(kernel), narrowest_staged(kernel), atomic_sums(kernel), multiplies_rounded(kernel)
 
 
 def dim_names(kernel: Operation) -> list[str]:
@@ -292,7 +310,7 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
         else:
             run(kernel, reference, grid=grid, seed=seed + 1)
         wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
-        rounded = rounding(kernel) if backend == "emulate" else (32, 32, atomic_sums(kernel))
+        rounded = rounding(kernel) if backend == "emulate" else (32, 32, atomic_sums(kernel), False)
         result.checked = [_compare(n, t, out, want, rounded) for (n, t, out), want in zip(outputs, wants)]
     return result
 
@@ -445,11 +463,12 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray,
-             rounded: tuple = (32, 32, frozenset())) -> Mismatch:
+             rounded: tuple = (32, 32, frozenset(), False)) -> Mismatch:
     g, w = got.astype(np.float64), want.astype(np.float64)
     finite = np.abs(w[np.isfinite(w)])
     summed = name.split(" (rank ")[0] in rounded[2]
-    atol, rtol = tolerance(t.dtype, rounded[0], float(finite.max()) if finite.size else 0.0, rounded[1], summed)
+    atol, rtol = tolerance(t.dtype, rounded[0], float(finite.max()) if finite.size else 0.0, rounded[1], summed,
+                           rounded[3])
     same_nan = np.isnan(g) & np.isnan(w)
     err = np.where(same_nan, 0.0, np.abs(g - w))
     err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only is a mismatch
