@@ -641,3 +641,33 @@ def test_ops_lists_every_op_with_how_it_is_written() -> None:
     r = tkc_cli("ops", "--dialect", "blackwell")
     assert r.exit_code == 0 and "Ops of the blackwell dialect:" in r.stdout
     assert all(f"  {n} " in r.stdout for n in OPS if n.startswith("blackwell."))
+
+
+@pytest.mark.parametrize("example, kernels", [("attn_train.tk", ["attn_fwd", "attn_bwd_pre", "attn_bwd"]),
+                                              ("fftconv.tk", ["fftconv", "fft_cols", "fft_rows", "ifft_cols"])])
+def test_run_check_of_a_file_of_several_kernels_runs_each(example: str, kernels: list[str]) -> None:
+    """``tkc run FILE --check`` with no other flags on a file of several kernels runs and checks
+    each in turn (it refused: "pick one with --kernel"), and passes at their default constants."""
+    r = tkc_cli("run", str(EXAMPLES / example), "--check", "--backend", "emulate")
+    assert r.exit_code == 0, r.output
+    assert re.findall(r"^== (\w+)$", r.output, re.M) == kernels
+    assert "MISMATCH" not in r.output and r.output.count(": ok") > len(kernels)
+
+
+def test_run_of_a_file_of_several_kernels_fails_when_one_check_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel still runs, and the exit status says one failed, naming it."""
+    import numpy as np
+
+    import tkc.emulator
+
+    real = tkc.emulator.emulate
+
+    def off(kernel, args, **kw):
+        real(kernel, args, **kw)
+        if kernel.attributes.get("sym_name") == "attn_bwd_pre":
+            args[2] += np.float32(0.5)  # delta
+
+    monkeypatch.setattr(tkc.emulator, "emulate", off)
+    r = tkc_cli("run", str(EXAMPLES / "attn_train.tk"), "--check", "--backend", "emulate", "-D", "D=64")
+    assert r.exit_code == 1
+    assert r.output.count("== ") == 3 and "checks failed for attn_bwd_pre" in r.output
