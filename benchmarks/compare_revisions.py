@@ -7,7 +7,9 @@ working tree.
 A change to the passes or codegen is measured against the code before it: ``--base`` (any
 revision ``git archive`` takes) and this tree are each installed into a folder of their own
 (``pip install --no-deps --target``; ``--tree-site`` reuses an install of the tree that exists
-already), then the command runs ``--rounds`` times each way, base and tree alternating in the
+already; ``--base-tree DIR`` takes the base from a folder instead of git, for a machine that has
+the working tree but not its history: ``git archive REV pyproject.toml README.md tkc runtime |
+tar -x -C DIR`` where the history is), then the command runs ``--rounds`` times each way, base and tree alternating in the
 order base, tree, tree, base, ... (so neither side always runs on a GPU warmed by the other),
 with ``PYTHONPATH`` naming that side's install first and a kernel cache of its own.  The
 command must import tkc from ``PYTHONPATH``: the benchmarks under ``benchmarks/`` do (they put
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2, help="runs of the command each side (default 2)")
     ap.add_argument("--column", default=None, help="the header of the column to compare (default: the "
                                                    "first number after the problem)")
+    ap.add_argument("--base-tree", type=Path, default=None,
+                    help="the base's package files in a folder (instead of --base's git archive)")
     ap.add_argument("--tree-site", type=Path, default=None, help="an install of this tree to use as it is")
     ap.add_argument("--timeout", type=float, default=None, help="seconds a run may take")
     ap.add_argument("--out", type=Path, default=Path("compare-out"), help="folder for each run's output")
@@ -131,8 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tkc-compare-") as tmp:
         work = Path(tmp)
-        export(args.base, work / "base")
-        install(work / "base", work / "site-base")
+        base = args.base_tree
+        if base is None:
+            base = work / "base"
+            export(args.base, base)
+        install(base, work / "site-base")
         tree_site = args.tree_site
         if tree_site is None:
             tree_site = work / "site-tree"
@@ -146,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
             found = rows(text, args.column)
             runs[side].append(found)
             print(f"run {n + 1} ({side}): {len(found)} rows, output in {log}", flush=True)
-    print(f"\nbase {args.base} against this tree, in turns ({' '.join(order)}): {' '.join(cmd)}\n")
+    print(f"\nbase {args.base_tree or args.base} against this tree, in turns ({' '.join(order)}): "
+          f"{' '.join(cmd)}\n")
     print(merge(runs["base"], runs["tree"]))
 
 

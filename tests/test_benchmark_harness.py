@@ -201,3 +201,11 @@ def test_compare_revisions_runs_each_side_with_its_own_install(tmp_path) -> None
     cr.main(["--base", "HEAD", "--rounds", "1", "--out", str(out), "--", sys.executable, str(bench)])
     assert "| row | 1 |" in (out / "01-base.txt").read_text()
     assert "| row | 2 |" in (out / "02-tree.txt").read_text()
+    # The base from a folder (a machine with the working tree but not its history).
+    base = tmp_path / "base"
+    base.mkdir()
+    archive = subprocess.run(["git", "-C", str(cr.ROOT), "archive", "HEAD", *cr.PACKAGE], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+    cr.main(["--base-tree", str(base), "--rounds", "1", "--out", str(out), "--", sys.executable, str(bench)])
+    assert "| row | 1 |" in (out / "01-base.txt").read_text()
