@@ -9,8 +9,9 @@ revision ``git archive`` takes) and this tree are each installed into a folder o
 (``pip install --no-deps --target``; ``--tree-site`` reuses an install of the tree that exists
 already; ``--base-tree DIR`` takes the base from a folder instead of git, for a machine that has
 the working tree but not its history: ``git archive REV pyproject.toml README.md tkc runtime |
-tar -x -C DIR`` where the history is), then the command runs ``--rounds`` times each way, base and tree alternating in the
-order base, tree, tree, base, ... (so neither side always runs on a GPU warmed by the other),
+tar -x -C DIR`` where the history is), then the command runs ``--rounds`` times each way,
+base and tree alternating in the order base, tree, tree, base, ... (so neither side always runs
+on a GPU warmed by the other),
 with ``PYTHONPATH`` naming that side's install first and a kernel cache of its own.  The
 command must import tkc from ``PYTHONPATH``: the benchmarks under ``benchmarks/`` do (they put
 ``benchmarks/`` on ``sys.path``, not the repository); the examples they compile are this
