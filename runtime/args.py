@@ -57,7 +57,8 @@ def check_layout(name: str, shape: Sequence[int], strides: Sequence[int], elem_b
             if n != 1 and (s * elem_bytes) % 16:
                 raise TkcTmaStrideError(f"{name}: axis {axis} has a stride of {s * elem_bytes} bytes; TMA "
                                      "needs outer strides that are multiples of 16 bytes (compile with the "
-                                     "pin tma=False to load it without TMA)")
+                                     "pin tma=False to load it without TMA, or tma_vectors=False where that "
+                                     "pin is set and it is a row vector)")
 
 
 def check_launch(kernel_name: str, params: Sequence[signature.Param], args: Sequence[Any],

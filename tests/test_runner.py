@@ -144,7 +144,7 @@ def test_sums_of_atomic_adds_are_compared_within_f32_ulps_of_the_largest_output(
     t = next(p.type for p in k.regions[0].block.args if p.name_hint == "dq")
     off = want.copy()
     off.flat[7] += 1e-4 * np.abs(want).max()  # an error of a 10,000th of the largest value
-    assert runner._compare("dq", t, off, want, runner.rounding(k)[:3] + (False,)).bad == 1
+    assert runner._compare("dq", t, off, want, runner.rounding(k)._replace(rounded_operands=False)).bad == 1
 
 
 def test_outputs_of_products_of_rounded_values_are_compared_within_bf16_ulps_of_the_largest() -> None:

@@ -20,7 +20,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -132,10 +132,23 @@ def multiplies_rounded(kernel: Operation) -> bool:
     return any(op.name == "tile.mma" and any(rounded(x) for x in op.operands[:2]) for op in kernel.walk())
 
 
-def rounding(kernel: Operation) -> tuple[int, int, frozenset[str], bool]:
-    """What :func:`tolerance` needs to know of ``kernel``: (narrowest cast, narrowest staged,
-    the tensors summed by atomic adds, whether it multiplies values it rounded)."""
-    return narrowest_cast(kernel), narrowest_staged(kernel), atomic_sums(kernel), multiplies_rounded(kernel)
+class Rounding(NamedTuple):
+    """What :func:`tolerance` needs to know of a kernel: its narrowest float cast, the narrowest
+    float it stages and reads back, the tensors it sums by atomic adds, and whether it multiplies
+    values it rounded."""
+    cast: int = 32
+    staged: int = 32
+    summed: frozenset[str] = frozenset()
+    rounded_operands: bool = False
+
+
+#: A kernel that rounds nothing (f32 throughout, no atomic sums).
+NOT_ROUNDED = Rounding()
+
+
+def rounding(kernel: Operation) -> Rounding:
+    """:class:`Rounding` of ``kernel``."""
+    return Rounding(narrowest_cast(kernel), narrowest_staged(kernel), atomic_sums(kernel), multiplies_rounded(kernel))
 
 
 def dim_names(kernel: Operation) -> list[str]:
@@ -310,7 +323,7 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
         else:
             run(kernel, reference, grid=grid, seed=seed + 1)
         wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
-        rounded = rounding(kernel) if backend == "emulate" else (32, 32, atomic_sums(kernel), False)
+        rounded = rounding(kernel) if backend == "emulate" else Rounding(summed=atomic_sums(kernel))
         result.checked = [_compare(n, t, out, want, rounded) for (n, t, out), want in zip(outputs, wants)]
     return result
 
@@ -463,12 +476,12 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray,
-             rounded: tuple = (32, 32, frozenset(), False)) -> Mismatch:
+             rounded: Rounding = NOT_ROUNDED) -> Mismatch:
     g, w = got.astype(np.float64), want.astype(np.float64)
     finite = np.abs(w[np.isfinite(w)])
-    summed = name.split(" (rank ")[0] in rounded[2]
-    atol, rtol = tolerance(t.dtype, rounded[0], float(finite.max()) if finite.size else 0.0, rounded[1], summed,
-                           rounded[3])
+    summed = name.split(" (rank ")[0] in rounded.summed
+    atol, rtol = tolerance(t.dtype, rounded.cast, float(finite.max()) if finite.size else 0.0, rounded.staged,
+                           summed, rounded.rounded_operands)
     same_nan = np.isnan(g) & np.isnan(w)
     err = np.where(same_nan, 0.0, np.abs(g - w))
     err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only is a mismatch

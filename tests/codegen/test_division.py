@@ -45,7 +45,7 @@ def jitted():
     module = ir.Module(name="division")
     forms = {"floordiv": (le._floordiv_invariant, le._floordiv),
              "rem": (lambda b, x, y: le._floordiv_invariant(b, x, y, rem=True), le._rem),
-             "cdiv": (le._cdiv_invariant, le._cdiv)}
+             "cdiv": (lambda b, x, y: le._cdiv(b, x, y, le._floordiv_invariant), le._cdiv)}
     for name, (invariant, plain) in forms.items():
         for tag, fn in (("inv", invariant), ("plain", plain)):
             f = ir.Function(module, ir.FunctionType(I32, [I32, I32]), f"{name}_{tag}")

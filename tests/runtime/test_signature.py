@@ -127,7 +127,8 @@ def test_layout_errors():
     _layout(odd)  # fine without TMA
     with pytest.raises(TkcLaunchError, match=r"^error: x: axis 0 has a stride of 140 bytes; TMA needs outer "
                                              r"strides that are multiples of 16 bytes \(compile with the pin "
-                                             r"tma=False to load it without TMA\)$"):
+                                             r"tma=False to load it without TMA, or tma_vectors=False where "
+                                             r"that pin is set and it is a row vector\)$"):
         _layout(odd, tma=True)
 
 

@@ -110,9 +110,10 @@ def _rem(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(is0, zero, b.select(fix, b.add(r, safe), r))
 
 
-def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value, floordiv: Fn | None = None) -> ir.Value:
+    """``-(-x // y)`` through ``floordiv`` (:func:`_floordiv` unless given)."""
     zero = _zero(x)
-    return b.sub(zero, _floordiv(b, b.sub(zero, x), y))
+    return b.sub(zero, (floordiv or _floordiv)(b, b.sub(zero, x), y))
 
 
 _I64 = ir.IntType(64)
@@ -154,16 +155,11 @@ def _floordiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value, rem: bool = F
     return b.select(is0, zero, b.sub(qt, b.zext(step, x.type)))
 
 
-def _cdiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    zero = _zero(x)
-    return b.sub(zero, _floordiv_invariant(b, b.sub(zero, x), y))
-
-
 #: The loop-invariant divisor forms (:func:`_invariant_divisor`) of the i32 divisions.
 _INVARIANT: dict[type, Fn] = {
     T.FloorDivOp: _floordiv_invariant,
     T.RemOp: lambda b, x, y: _floordiv_invariant(b, x, y, rem=True),
-    T.CdivOp: _cdiv_invariant,
+    T.CdivOp: lambda b, x, y: _cdiv(b, x, y, _floordiv_invariant),
 }
 
 

@@ -160,14 +160,21 @@ def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt
     return out
 
 
+def _held_coords(lw: Lowerer, op: Operation, layout: object, shape: tuple, held: SmemTile, held_shape: tuple
+                 ) -> list:
+    """Per value of ``layout`` (a tile of ``shape``), where the shared tile ``held`` keeps it: its
+    tile coordinates, or, for a tile kept in order in rows of one atom (``vector_scratch``, whose
+    shape ``held_shape`` differs), ``vector_coords``."""
+    coords = lw.coords(op, layout)
+    return coords if held_shape == shape else [vector_coords(c, shape, held.layout) for c in coords]
+
+
 def _smem_load(lw: Lowerer, op: Operation) -> None:
     """Every thread reads its values from the shared tile (a 1-D tile held in order in rows of
     one atom at ``vector_coords``)."""
     src = lw.shared(op, op.src)
     t = op.result.type
-    coords = lw.coords(op, t.layout)
-    if op.src.type.shape != t.shape:
-        coords = [vector_coords(c, t.shape, src.layout) for c in coords]
+    coords = _held_coords(lw, op, t.layout, t.shape, src, op.src.type.shape)
     lw.set(op.result, _smem_load_values(lw, src, op.src.type, coords, element_dtype(t)))
 
 
@@ -857,10 +864,7 @@ def _convert_layout(lw: Lowerer, op: Operation) -> None:
     dt = element_dtype(op.x.type)
 
     def coords(layout: object) -> list:
-        cs = lw.coords(op, layout)
-        if st.shape == op.x.type.shape:
-            return cs
-        return [vector_coords(c, op.x.type.shape, scratch.layout) for c in cs]
+        return _held_coords(lw, op, layout, op.x.type.shape, scratch, st.shape)
 
     _smem_store_values(lw, op, scratch, st, x, coords(src), dt)
     lw.sync()

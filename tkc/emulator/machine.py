@@ -658,8 +658,7 @@ def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: Smem
         raise _fault(op, "converts 1-D and 2-D tiles through shared memory")
 
     def coords(layout: Any) -> tuple:
-        cs = wg.coords(op, layout)
-        return cs if tuple(s.shape) == op.x.type.shape else vector_coords(cs, op.x.type.shape, s.layout)
+        return _held_coords(wg, op, layout, op.x.type.shape, s)
 
     smem = wg.cta.smem
     who = _who(op, wg)
@@ -1001,12 +1000,17 @@ def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile)
     wg.cta.smem.write_elements(dst.offsets(coords), value, dst.layout.dtype, writer=_who(op, wg))
 
 
+def _held_coords(wg: _Warpgroup, op: Operation, layout: Any, shape: tuple, held: SmemTile) -> tuple:
+    """This warpgroup's coordinates in ``layout`` (a tile of ``shape``) where the shared tile
+    ``held`` keeps them: the tile's own, or ``vector_coords`` in a ``vector_scratch`` tile."""
+    cs = wg.coords(op, layout)
+    return cs if tuple(held.shape) == shape else vector_coords(cs, shape, held.layout)
+
+
 def _smem_load(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
     """Every thread reads its values where ``src`` keeps them (a 1-D result held in order in a
     ``vector_scratch`` tile at ``vector_coords``)."""
-    cs = wg.coords(op, _reg_layout(op, op.result.type))
-    if tuple(src.shape) != op.result.type.shape:
-        cs = vector_coords(cs, op.result.type.shape, src.layout)
+    cs = _held_coords(wg, op, _reg_layout(op, op.result.type), op.result.type.shape, src)
     cs = [np.broadcast_to(c, np.broadcast_shapes(*(np.shape(x) for x in cs))) for c in cs]
     out = wg.cta.smem.read_elements(src.offsets(cs), src.layout.dtype, reader=_who(op, wg))
     return round_to(out, op.result.type.dtype)

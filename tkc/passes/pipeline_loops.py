@@ -106,6 +106,7 @@ class _Pipeliner:
         self.producer = options.warp_specialize  # a producer warpgroup may issue the copies
         self.refill_first = options.refill_first
         self.warpgroups = (kernel.attributes.get("threads") or target.warpgroup) // target.warpgroup
+        self.warpgroup_threads = target.warpgroup
         self.capacity = target.smem_per_program(options.programs_per_sm)
         self.consts: dict[int, Value] = {}
         self.positions: dict[Operation, Value] = {}
@@ -262,7 +263,7 @@ class _Pipeliner:
         # A stage the threads read themselves (hopper.smem_load: a vector copied beside the
         # tiles) is released by every thread, right behind its read.
         by_threads = {ring for ring, first in zip(full, first_use) if first.name == "hopper.smem_load"}
-        empties = {ring: self._ring(init, self.warpgroups * (128 if ring in by_threads else 1), loc,
+        empties = {ring: self._ring(init, self.warpgroups * (self.warpgroup_threads if ring in by_threads else 1), loc,
                                     "empty" if len(distinct) == 1 else
                                     ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
         for d in g.dsts:
