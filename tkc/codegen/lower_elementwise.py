@@ -23,7 +23,7 @@ Numerics:
   an innermost loop by a runtime divisor computed outside it multiplies by the divisor's
   reciprocal instead (:func:`_floordiv_invariant`): a ``div.s32`` is about 30 instructions on
   every iteration (attention backward's ``t // n_i`` for grouped heads), the reciprocal one
-  division that LLVM hoists out of the loop.
+  ``div.u32`` and a ``mul.hi.u32``.
 - Approximate instructions (PTX ISA accuracy, f32 results):
   ``exp(x) = ex2.approx.ftz(x * log2 e)`` and ``exp2 = ex2.approx.ftz``: at most 2 ulp, plus
   the rounding of ``x * log2 e`` (relative error about ``|x| * 2**-24``, below 6e-6 for
@@ -119,11 +119,22 @@ def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value, floordiv: Fn | None = None)
 _I64 = ir.IntType(64)
 
 
+def _mulhi(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """The high 32 bits of the unsigned product of i32 ``x`` and ``y``: ``mul.hi.u32`` on the
+    GPU.  Not the 64-bit product shifted down: from that form ptxas 13.0 rewrote a remainder
+    by a kernel parameter into a 64-bit product with the parameter widened by reading the
+    next parameter's word as its high half (gemm_allreduce.tk's ``(me + s) % num_ranks()``
+    gave ranks like 18675200).  Elsewhere (the CPU tests' JIT) the portable form."""
+    if b.module.triple.startswith("nvptx"):
+        return nvvm.call(b, "mulhi.ui", x, y)
+    return b.trunc(b.lshr(b.mul(b.zext(x, _I64), b.zext(y, _I64)), ir.Constant(_I64, 32)), x.type)
+
+
 def _udiv_invariant(b: ir.IRBuilder, n: ir.Value, d: ir.Value, m: ir.Value) -> tuple[ir.Value, ir.Value]:
     """``(n / d, n % d)`` for unsigned i32 ``n`` and ``d >= 1`` from ``m = (2**32 - 1) / d``:
     ``q = (m n) >> 32`` is the quotient or one less (``m n / 2**32 > n / d - 1`` for ``n <
     2**32``), so one comparison of the remainder with ``d`` corrects it."""
-    q = b.trunc(b.lshr(b.mul(b.zext(m, _I64), b.zext(n, _I64)), ir.Constant(_I64, 32)), n.type)
+    q = _mulhi(b, m, n)
     r = b.sub(n, b.mul(q, d))
     over = b.icmp_unsigned(">=", r, d)
     return b.add(q, b.zext(over, n.type)), b.select(over, b.sub(r, d), r)
@@ -134,10 +145,10 @@ def _floordiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value, rem: bool = F
     magnitudes, then Python's signs: quotient and remainder truncated towards zero (the
     remainder with x's sign), stepped where the remainder is non-zero and the signs differ.
 
-    ``m`` depends on the divisor alone, so LLVM hoists its one division out of the loop (its
-    divisor is non-zero: it may run speculatively), and the loop holds one register more than
-    ``div.s32`` needs.  A divisor LLVM knows is positive (``max(n, 1)``) drops the sign and
-    zero tests, and that register is then all it costs (attention backward has none to spare)."""
+    ``m`` depends on the divisor alone, one ``div.u32`` where the loop's ``div.s32`` was, and
+    the quotient a ``mul.hi.u32``.  A divisor LLVM knows is positive (``max(n, 1)``) drops
+    the sign and zero tests.  (Computed in the loop's preheader instead, ``m`` stays live
+    through attention backward's whole loop and spills at D = 128.)"""
     zero, one = _zero(x), ir.Constant(x.type, 1)
     is0 = b.icmp_signed("==", y, zero)
     safe = b.select(is0, one, y)
@@ -156,7 +167,7 @@ def _floordiv_invariant(b: ir.IRBuilder, x: ir.Value, y: ir.Value, rem: bool = F
 
 
 #: The loop-invariant divisor forms (:func:`_invariant_divisor`) of the i32 divisions.
-_INVARIANT: dict[type, Fn] = {
+INVARIANT: dict[type, Fn] = {
     T.FloorDivOp: _floordiv_invariant,
     T.RemOp: lambda b, x, y: _floordiv_invariant(b, x, y, rem=True),
     T.CdivOp: lambda b, x, y: _cdiv(b, x, y, _floordiv_invariant),
@@ -172,7 +183,7 @@ def _invariant_divisor(op: Operation) -> bool:
     iterations (a ring's prologue, ``range(min(S - 1, trip))``) would cost the hoisted division
     more than the few it saves."""
     t = op.result.type
-    if type(op) not in _INVARIANT or isinstance(t, TileType) or element_dtype(t) != dtypes.i32:
+    if type(op) not in INVARIANT or isinstance(t, TileType) or element_dtype(t) != dtypes.i32:
         return False
     loop = next((a for a in op.ancestors() if a.name == "tile.for"), None)
     if loop is None or any(inner is not loop and inner.name == "tile.for" for inner in loop.walk()):
@@ -269,7 +280,7 @@ def _elementwise(lw: Lowerer, op: Operation) -> None:
         raise TkcCodegenError(f"'{op.name}' on {dt.name} has no lowering (is the decompose pass in the "
                               f"pipeline?)", op.loc)
     if _invariant_divisor(op):
-        f = _INVARIANT[type(op)]
+        f = INVARIANT[type(op)]
     fn = (lambda *xs: round_to(b, f(b, *xs), dt)) if dt.is_float else (lambda *xs: f(b, *xs))
     _map(lw, op, fn, *[lw.get(v, packed=True) for v in op.operands])
 

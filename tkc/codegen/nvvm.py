@@ -218,6 +218,8 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     t["tanh.approx.f32"] = (F32, (F32,))
     t["sin.approx.f"] = (F32, (F32,))
     t["cos.approx.f"] = (F32, (F32,))
+    # The high half of a 32-bit product (a division by a loop-invariant divisor's reciprocal).
+    t["mulhi.ui"] = (I32, (I32, I32))
     # wgmma bookkeeping; mma_async itself is inline asm (wgmma() below).
     t["wgmma.fence.sync.aligned"] = (VOID, ())
     t["wgmma.commit_group.sync.aligned"] = (VOID, ())
