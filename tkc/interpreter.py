@@ -87,11 +87,13 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
             write_back(params, args, working, ctx.written)
 
 
-def run_ranks(kernel: Operation | Module, rank_args: Sequence[Sequence[Any]], grid: Any = None, seed: int = 0
-              ) -> None:
+def run_ranks(kernel: Operation | Module, rank_args: Sequence[Sequence[Any]], grid: Any = None, seed: int = 0,
+              sms: int = 0) -> None:
     """Run a multi-GPU ``kernel`` on ``len(rank_args)`` simulated ranks (``tkc/ranks.py``),
     rank ``r`` on the arguments ``rank_args[r]`` (as :func:`run_kernel` takes them), writing
-    every rank's outputs in place; ``seed`` picks how the programs of all ranks interleave."""
+    every rank's outputs in place; ``seed`` picks how the programs of all ranks interleave.
+    ``sms``: what ``num_sms()`` reads (a GPU's SM count, so ``grid(num_sms())`` launches as
+    many programs as there; default: a few, the CPU's stand-in)."""
     from tkc.ranks import run_programs
 
     kernel = as_kernel(kernel)
@@ -99,7 +101,7 @@ def run_ranks(kernel: Operation | Module, rank_args: Sequence[Sequence[Any]], gr
     bound = [bind_arguments(kernel, args) for args in rank_args]
     written: set[int] = set()
     try:
-        run_programs(kernel, [env for env, _ in bound], grid, seed, written)
+        run_programs(kernel, [env for env, _ in bound], grid, seed, written, sms)
     finally:
         for (_, working), args in zip(bound, rank_args):
             write_back(params, args, working, written)

@@ -329,15 +329,16 @@ def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, *
 
 
 def interpret_ranks(k: Kernel | Module | Operation, rank_args: list[list[Any]], /, *, grid: Any = None,
-                    seed: int = 0, **consts: Any) -> None:
+                    seed: int = 0, sms: int = 0, **consts: Any) -> None:
     """Run a multi-GPU kernel on ``len(rank_args)`` simulated ranks in the interpreter, rank
     ``r`` on the arguments ``rank_args[r]`` (numpy arrays or CPU torch tensors), writing every
     rank's outputs in place.  ``seed`` picks how the programs of all ranks interleave
     (``tkc/ranks.py``); protocol errors (deadlocks, data races across ranks) are
-    ``TkcInterpretError`` naming the ranks, programs and lines."""
+    ``TkcInterpretError`` naming the ranks, programs and lines.  ``sms``: what ``num_sms()``
+    reads (a GPU's SM count; default: a few, so resident programs each walk several tiles)."""
     from tkc.interpreter import run_ranks
 
-    run_ranks(_kernel_op(k, consts, "tkc.interpret_ranks"), rank_args, grid, seed)
+    run_ranks(_kernel_op(k, consts, "tkc.interpret_ranks"), rank_args, grid, seed, sms)
 
 
 def _kernel_op(k: Kernel | Module | Operation, consts: dict[str, Any], what: str) -> Operation:

@@ -219,7 +219,7 @@ class RankProgram(Program):
     scheduler and race detector shared by every program."""
 
     def __init__(self, task: _Task, sched: _Scheduler, launch: _Launch, env: dict):
-        super().__init__(task.pid, launch.grid, env, written=launch.written, log=launch.log,
+        super().__init__(task.pid, launch.grid, env, written=launch.written, log=launch.log, sms=launch.sms,
                          rank=task.rank, num_ranks=launch.num_ranks)
         self.task, self.sched, self.launch = task, sched, launch
 
@@ -240,6 +240,7 @@ class _Launch:
     envs: list[dict]
     log: HappensBefore  # the race detector; stores and atomics call its write() as WriteLog's
     written: set[int]  # id() of the tensors stored to, every rank's
+    sms: int = 0  # what num_sms() reads (0: the CPU's stand-in)
 
 
 # ------------------------------------------------------------- the rank ops
@@ -334,14 +335,16 @@ RankProgram.handlers = {
 
 
 # ------------------------------------------------------------------ launch
-def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, written: set[int]) -> None:
+def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, written: set[int], sms: int = 0
+                 ) -> None:
     """Run ``kernel``'s programs on ``len(envs)`` ranks, rank ``r`` with its parameters bound
     in ``envs[r]`` (:func:`tkc.interpreter.bind_arguments`), adding the ``id`` of every tensor
     stored to into ``written``.  ``seed`` picks the order the programs of all ranks interleave
-    in.  :func:`tkc.interpreter.run_ranks` binds the arguments and writes the outputs back."""
+    in; ``sms`` is what ``num_sms()`` reads (0: :data:`tkc.semantics.CPU_SMS`).
+    :func:`tkc.interpreter.run_ranks` binds the arguments and writes the outputs back."""
     num_ranks = len(envs)
     params = kernel.regions[0].block.args
-    shape = check_launch(kernel, envs, grid)
+    shape = check_launch(kernel, envs, grid, sms)
     pids = list(itertools.product(*(range(g) for g in shape)))
     tasks = [_Task(i, r, pid) for i, (r, pid) in enumerate((r, pid) for r in range(num_ranks) for pid in pids)]
     hb = HappensBefore([t.name for t in tasks], [t.rank for t in tasks])
@@ -349,7 +352,7 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
         for p in params:
             if isinstance(p.type, TensorType):
                 hb.add_tensor(env[p], param_name(p), r)
-    launch = _Launch(num_ranks, shape, envs, hb, written)
+    launch = _Launch(num_ranks, shape, envs, hb, written, sms)
     sched = _Scheduler(tasks, seed)
     block = kernel.regions[0].block
 
@@ -368,7 +371,7 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
             raise TkcInterpretError(*late)
 
 
-def check_launch(kernel: Operation, envs: list[dict], grid: Any) -> tuple[int, ...]:
+def check_launch(kernel: Operation, envs: list[dict], grid: Any, sms: int = 0) -> tuple[int, ...]:
     """Check a launch on ``len(envs)`` ranks (parameters bound in ``envs``) and return its
     grid: at least one rank, ``@ ranks`` tensors of one shape, no array shared by two ranks,
     the same grid on every rank."""
@@ -380,7 +383,7 @@ def check_launch(kernel: Operation, envs: list[dict], grid: Any) -> tuple[int, .
     _check_symmetric(params, envs)
     _check_separate(params, envs)
     with np.errstate(all="ignore"):
-        grids = [eval_grid(kernel, dict(env)) if grid is None else check_grid(grid) for env in envs]
+        grids = [eval_grid(kernel, dict(env), sms) if grid is None else check_grid(grid) for env in envs]
     if any(g != grids[0] for g in grids):
         raise TkcLaunchError(f"every rank launches the same grid; the ranks' arguments give {grids}")
     return grids[0]

@@ -397,11 +397,13 @@ def run_ranks_gpu(kernel: Operation, args: list[Any], flags: list[int], grid: tu
         failure = None
         if rank == 0:
             from tkc.interpreter import run_ranks as interpret_ranks
+            from tkc.schedule import device_sms
 
             reference = [i for i, _ in every]
             try:
+                # num_sms() as on this GPU: a kernel's flags may count its programs (ring_attn's ready)
                 interpret_ranks(kernel, reference, grid=None if walks_tiles(compiled.kernel_op) else user_grid,
-                                seed=seed)
+                                seed=seed, sms=device_sms())
             except Exception as e:  # every rank stops: the others wait for the comparison
                 failure = e
             else:

@@ -15,6 +15,7 @@ import rank_cases as cases
 import torch
 
 import tkc
+from tkc.semantics import CPU_SMS
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 TILES = {"BM": 32, "BN": 32, "BK": 32}
@@ -49,6 +50,17 @@ def test_ring_attn(ranks: int) -> None:
     case = cases.ring_attn(ranks, ranks, B=1, H=2, N=40, D=32)
     tkc.interpret_ranks(tkc.load(EXAMPLES / "ring_attn.tk"), case.args, seed=ranks, D=32, BM=32, BN=32)
     case.check()
+
+
+@pytest.mark.parametrize("sms", [0, 6])
+def test_num_sms_reads_the_gpu_it_is_given(sms: int) -> None:
+    # ring_attn's ready counts the programs that pushed to a rank: grid(num_sms()) of them, so
+    # a GPU's results match the interpreter's only with that GPU's SM count (tkc run --check)
+    case = cases.ring_attn(2, 0, B=1, H=2, N=40, D=32)
+    tkc.interpret_ranks(tkc.load(EXAMPLES / "ring_attn.tk"), case.args, sms=sms, D=32, BM=32, BN=32)
+    case.check()
+    for args in case.args:
+        assert np.asarray(args[6]).tolist() == [sms or CPU_SMS] * 2
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
