@@ -176,12 +176,12 @@ INVARIANT: dict[type, Fn] = {
 
 def _invariant_divisor(op: Operation) -> bool:
     """Whether ``op`` is an i32 scalar division in an innermost loop (one holding no other) by
-    a runtime divisor defined outside that loop: its reciprocal is then worth the register it
-    holds through the loop.  Constant divisors LLVM divides well itself.  A division in a loop
-    around another (a persistent kernel's tile loop) runs once a tile, where the register is
-    worth more than the instructions, and one in a loop of at most a constant number of
-    iterations (a ring's prologue, ``range(min(S - 1, trip))``) would cost the hoisted division
-    more than the few it saves."""
+    a runtime divisor defined outside that loop: a ``div.u32`` of a constant by the divisor and
+    a ``mul.hi.u32`` then replace a ``div.s32`` on every iteration.  Constant divisors LLVM
+    divides well itself.  A division in a loop around another (a persistent kernel's tile
+    loop) runs once a tile, where the registers the longer form holds are worth more than its
+    instructions, and one in a loop of at most a constant number of iterations (a ring's
+    prologue, ``range(min(S - 1, trip))``) saves too little to matter."""
     t = op.result.type
     if type(op) not in INVARIANT or isinstance(t, TileType) or element_dtype(t) != dtypes.i32:
         return False
