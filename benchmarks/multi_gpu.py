@@ -44,10 +44,15 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
   2 tokens D F.
 * ``collectives``: all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or reduced
   tensor's size): examples/allgather.tk and reducescatter.tk against NCCL, bus bandwidth as
-  nccl-tests counts it ((R - 1) / R of that size over the time).
+  nccl-tests counts it ((R - 1) / R of that size over the time), 10 calls back to back a
+  timing as nccl-tests runs them (the other groups: one call a timing).
 
 ``--check``: every contender once at the smaller shape, against float32 torch on the same
 inputs (relative error of the whole output); exit status 1 if one is off.
+``--timeline``: after each row, one call of each contender under PyTorch's profiler on every
+rank (benchmarks/timeline.py): a lane per (contender, rank) in benchmarks/timeline_multi_gpu.png
+(``_4`` etc. beyond two ranks), and in RESULTS.md each call's length and its slowest rank's
+time by kind of kernel (tkc, cuBLAS, NCCL, ...) and idle between kernels.
 ``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter and GEMM + all-reduce examples of DIR too
 (another version of them, such as an edited copy), as contenders ``tkc DIR``
 timed in turns with the rest.  ``--consts NAME=VALUE,...`` (repeatable): each version of those
@@ -84,6 +89,8 @@ SHAPES = [("Llama-70B", 8192, 8192, 28672), ("small", 2048, 4096, 14336)]
 #: MoE layers: (name, tokens a rank, D, F, experts in all); experts are split evenly over the ranks.
 MOE_SHAPES = [("Mixtral-8x7B experts", 4096, 4096, 14336, 8), ("64 fine-grained experts", 4096, 2048, 1408, 64)]
 COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
+#: the collectives are timed this many calls back to back (timed's ``calls``)
+COLLECTIVE_CALLS = 10
 EXAMPLES = ROOT / "examples"
 BF16 = torch.bfloat16
 #: --also: folders whose allgather_gemm.tk / gemm_reducescatter.tk / gemm_allreduce.tk run beside examples/'s
@@ -92,9 +99,12 @@ ALSO: list[Path] = []
 CONSTS: list[str] = []
 
 
-def timed(fn: Callable[[], Any], runs: int, warmup: int = 3) -> float:
-    """Seconds per call of ``fn`` on every rank: each call after every rank is in step, the
-    slowest rank's time of each, the median of ``runs``."""
+def timed(fn: Callable[[], Any], runs: int, warmup: int = 3, calls: int = 1) -> float:
+    """Seconds per call of ``fn`` on every rank: ``calls`` calls back to back after every rank
+    is in step, the slowest rank's time of each such window over ``calls``, the median of
+    ``runs``.  (The host lets the ranks go up to hundreds of µs apart, which the first call's
+    waits absorb: more than a collective of 16 MB takes; back to back, as nccl-tests times, the
+    skew is paid once a window.)"""
     for _ in range(warmup):
         fn()
     times = []
@@ -103,16 +113,18 @@ def timed(fn: Callable[[], Any], runs: int, warmup: int = 3) -> float:
         dist.barrier()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(begin.elapsed_time(end) / 1e3)
+        times.append(begin.elapsed_time(end) / 1e3 / calls)
     slowest = torch.tensor(times, device="cuda")
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest.median())
 
 
-def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 3) -> dict[str, float | None]:
+def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 3,
+             calls: int = 1) -> dict[str, float | None]:
     """:func:`timed` of each contender over ``rounds`` rounds, taking turns; None for one that
     failed (every rank's failure is the same: they run the same code)."""
     failed: dict[str, str] = {}
@@ -122,7 +134,7 @@ def in_turns(contenders: dict[str, Callable[[], Any]], runs: int, rounds: int = 
             if name in failed:
                 return float("nan")
             try:
-                return timed(contenders[name], max(runs // rounds, 5))
+                return timed(contenders[name], max(runs // rounds, 5), calls=calls)
             except Exception as e:  # a peer torch lacks, a shape it refuses: the row says so
                 failed[name] = f"{type(e).__name__}: {e}"
                 return float("nan")
@@ -295,19 +307,30 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * M * K * N
 
 
-def collectives(nbytes: int) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
+def collectives(nbytes: int) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]],
+                                      dict[str, tuple[Callable[[], Any], Callable[[], Any]]]]:
     """All-gather and reduce-scatter of ``nbytes`` (the gathered or reduced whole): tkc's
-    examples/allgather.tk and reducescatter.tk against NCCL, as two contests."""
+    examples/allgather.tk and reducescatter.tk against NCCL, as two contests, and for each
+    (tkc's result, NCCL's result) once both have run."""
     R = dist.get_world_size()
     N = 8192
     M = nbytes // 2 // N // R  # rows of a shard
     whole, shard = randn(R * M, N), randn(M, N)
-    gathered, scattered = torch.empty_like(whole), torch.empty_like(shard)
+    gathered, scattered, ours = torch.empty_like(whole), torch.empty_like(shard), torch.empty_like(shard)
     out = tkc.symmetric_empty((R, M, N), BF16)
     stage = tkc.symmetric_empty((R, M, N), BF16)
+    BM, BN = 64, 256  # reducescatter.tk's tiles: one arrival counter per tile
+    arrived = tkc.symmetric_zeros((-(-M // BM), -(-N // BN)), torch.int32)
     ag, rs = tkc.load(EXAMPLES / "allgather.tk"), tkc.load(EXAMPLES / "reducescatter.tk")
+
+    def scatter() -> None:
+        arrived.zero_()
+        rs(whole, ours, stage, arrived)
+
     return ({"tkc": lambda: ag(shard, out), "NCCL": lambda: dist.all_gather_into_tensor(gathered, shard)},
-            {"tkc": lambda: rs(whole, scattered, stage), "NCCL": lambda: dist.reduce_scatter_tensor(scattered, whole)})
+            {"tkc": scatter, "NCCL": lambda: dist.reduce_scatter_tensor(scattered, whole)},
+            {"all-gather": (lambda: out.reshape(R * M, N), lambda: gathered),
+             "reduce-scatter": (lambda: ours, lambda: scattered)})
 
 
 def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
@@ -429,6 +452,19 @@ def check(only: list[str]) -> bool:
         cases.append(("ring_attn", lambda: ring_attn(1, 2, 1000, 128)))
     if "moe_dispatch" in only:
         cases.append(("moe_dispatch", lambda: moe_dispatch(1000, 256, 384, 2 * dist.get_world_size())))
+    if "collectives" in only:
+        gather, scatter, results = collectives(COLLECTIVE_BYTES[0])
+        for what, contest in (("all-gather", gather), ("reduce-scatter", scatter)):
+            for fn in contest.values():
+                fn()
+            torch.cuda.synchronize()
+            ours, nccl = results[what][0](), results[what][1]()
+            worst = torch.tensor([rel_error(ours, nccl.float())], device="cuda")
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            good = float(worst) < 1e-2
+            ok &= good
+            say(f"check collectives {what}: relative error against NCCL {float(worst):.3g} (worst rank): "
+                f"{'ok' if good else 'MISMATCH'}")
     for name, make in cases:
         contenders, out, _ = make()
         want = out["reference"]()
@@ -459,6 +495,9 @@ def main() -> None:
                         help="time DIR's versions of the three fused GEMMs beside examples/'s")
         ap.add_argument("--consts", action="append", default=[], metavar="NAME=VALUE,...",
                         help="time every version of those three with these constants too")
+        ap.add_argument("--timeline", action="store_true",
+                        help="after each row, one call of each contender under the profiler: a timeline of "
+                             "every rank's kernels (benchmarks/timeline_multi_gpu*.png) and their times by kind")
 
     args, only = group_args("multi_gpu.py", GROUPS, quick="the smaller shape only, fewer runs", more=more)
     ALSO.extend(Path(d).resolve() for d in args.also)
@@ -469,24 +508,33 @@ def main() -> None:
         if args.check:
             ok = check(only)
             raise SystemExit(0 if ok else 1)
-        rows = run(only, args.quick, world)
+        rows, timelines = run(only, args.quick, world, args.timeline)
         if rank == 0:
-            report(rows, args, only, world)
+            report(rows, timelines, args, only, world)
     finally:
         dist.destroy_process_group()
 
 
-def run(only: list[str], quick: bool, world: int) -> list[Any]:
+def run(only: list[str], quick: bool, world: int, profiled: bool) -> tuple[list[Any], list[tuple[str, dict]]]:
+    """The table's rows and, with ``profiled``, each row's timeline (rank 0's; empty elsewhere)."""
     from harness import Row
+    from timeline import capture
 
     runs = 10 if quick else 30
-    rows = []
+    rows, timelines = [], []
+
+    def profile(title: str, contenders: dict[str, Callable[[], Any]]) -> None:
+        if profiled:
+            spans = capture(contenders)
+            if spans is not None:
+                timelines.append((title, spans))
 
     def timed_row(group: str, problem: str, make: Callable[[], tuple[dict, dict, float]]) -> None:
         say(f"{group} {problem} ...")
         contenders, _, flops = make()
         seconds = in_turns(contenders, runs)
         rows.append(Row(group, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
+        profile(f"{group}, {problem}", contenders)
         torch.cuda.empty_cache()
 
     for name in [g for g in only if g in GEMMS]:
@@ -503,28 +551,40 @@ def run(only: list[str], quick: bool, world: int) -> list[Any]:
     if "collectives" in only:
         for nbytes in COLLECTIVE_BYTES[:2] if quick else COLLECTIVE_BYTES:
             say(f"collectives {nbytes >> 20} MiB ...")
-            gather, scatter = collectives(nbytes)
+            gather, scatter, _ = collectives(nbytes)
             for what, contest in (("all-gather", gather), ("reduce-scatter", scatter)):
-                seconds = in_turns(contest, runs)
+                seconds = in_turns(contest, runs, calls=COLLECTIVE_CALLS)
                 # the bus bandwidth nccl-tests reports: (R - 1) / R of the whole over the time
                 rows.append(Row(f"collectives: {what}", f"{nbytes >> 20} MiB", "GB/s (bus)",
                                 {n: nbytes * (world - 1) / world / s / 1e9 if s else None for n, s in seconds.items()}))
+                profile(f"collectives: {what}, {nbytes >> 20} MiB", contest)
             torch.cuda.empty_cache()
-    return rows
+    return rows, timelines
 
 
-def report(rows: list[Any], args: argparse.Namespace, only: list[str], world: int) -> None:
+def report(rows: list[Any], timelines: list[tuple[str, dict]], args: argparse.Namespace, only: list[str],
+           world: int) -> None:
     from harness import append_results, plot, table
+    from timeline import draw, summary
 
     print(table(rows))
+    suffix = "" if world == 2 else f"_{world}"
+    where = ""
+    if timelines:
+        drawn = draw(timelines, ROOT / "benchmarks" / f"timeline_multi_gpu{suffix}.png")
+        where = ("\n\n**Timelines** (one call of each contender under PyTorch's profiler, every rank; µs"
+                 + (f"; drawn in benchmarks/timeline_multi_gpu{suffix}.png" if drawn else "") + "):\n\n"
+                 + "\n".join(f"{title}\n{summary(spans)}\n" for title, spans in timelines))
+        print(where)
     if args.no_record:
         return
     command = f"torchrun --nproc-per-node {world} benchmarks/multi_gpu.py" + (" --quick" if args.quick else "") + (
         f" --only {args.only}" if len(only) < len(GROUPS) else "") + "".join(f" --also {d}" for d in args.also) + (
-        "".join(f" --consts {c}" for c in args.consts))
+        "".join(f" --consts {c}" for c in args.consts)) + (" --timeline" if args.timeline else "")
     append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
-                   f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's.")
-    name = "plot_multi_gpu.png" if world == 2 else f"plot_multi_gpu_{world}.png"
+                   f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's."
+                   + where)
+    name = f"plot_multi_gpu{suffix}.png"
     if plot(rows, list(dict.fromkeys(r.group for r in rows)), ROOT / "benchmarks" / name):
         print(f"plot: benchmarks/{name}")
 

@@ -209,3 +209,21 @@ def test_compare_revisions_runs_each_side_with_its_own_install(tmp_path) -> None
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
     cr.main(["--base-tree", str(base), "--rounds", "1", "--out", str(out), "--", sys.executable, str(bench)])
     assert "| row | 1 |" in (out / "01-base.txt").read_text()
+
+
+def test_a_timeline_counts_each_kind_on_the_last_rank_and_its_idle_gaps(tmp_path: Path) -> None:
+    from timeline import Span, draw, summary
+
+    gemm, nccl = "nvjet_tst_128x256_h_bz_coopA", "ncclDevKernel_AllGather"
+    spans = {"NCCL+cuBLAS": [Span(0, gemm, 0, 100), Span(0, nccl, 100, 150),
+                             Span(1, gemm, 5, 90), Span(1, nccl, 95, 180)],
+             "tkc": [Span(0, "reducescatter", 0, 120), Span(1, "reducescatter", 2, 121)]}
+    text = summary(spans)
+    assert ("- NCCL+cuBLAS: 175 µs with every rank in (180 from the first kernel); rank 1 (last to finish): "
+            "cuBLAS 85, NCCL 85, idle before and between its kernels 10") in text, text
+    assert "first kernel starts (µs, rank by rank): 0, 5" in text, text
+    assert ("- tkc: 119 µs with every rank in (121 from the first kernel); rank 1 (last to finish): tkc 119, "
+            "idle before and between its kernels 2;") in text, text
+    path = tmp_path / "t.png"
+    if draw([("a row", spans)], path):  # False only without matplotlib
+        assert path.stat().st_size > 1000

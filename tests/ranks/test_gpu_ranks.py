@@ -51,7 +51,8 @@ def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess:
                            "--dim", "P={P}", "--dim", "GM=2", "--dim", "GN=2"]),
     ("ring_attn.tk", ["--dim", "B=1", "--dim", "H=2", "--dim", "N=200", "--dim", "P={P}"]),
     ("allgather.tk", ["--dim", "M=200", "--dim", "N=320", "--dim", "P={P}"]),
-    ("reducescatter.tk", ["--dim", "M={M}", "--dim", "MS=200", "--dim", "N=320", "--dim", "P={P}"]),
+    ("reducescatter.tk", ["--dim", "M={M}", "--dim", "MS=200", "--dim", "N=320", "--dim", "P={P}", "--dim", "GM=4",
+                           "--dim", "GN=2"]),
 ])
 def test_tkc_run_checks_every_rank(example: str, flags: list[str], ranks: int) -> None:
     flags = [f.format(P=ranks, M=200 * ranks) for f in flags]  # M = MS rows a rank x ranks

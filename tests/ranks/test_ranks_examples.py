@@ -107,8 +107,10 @@ def test_reducescatter(ranks: int) -> None:
     rng = np.random.default_rng(ranks)
     x = [cases.bf16(rng, ranks * MS, N) for _ in range(ranks)]
     out = [torch.full((MS, N), float("nan"), dtype=torch.bfloat16) for _ in range(ranks)]
-    args = [[x[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16)] for r in range(ranks)]
+    args = [[x[r], out[r], torch.zeros(ranks, MS, N, dtype=torch.bfloat16),
+             torch.zeros(-(-MS // 32), -(-N // 64), dtype=torch.int32)] for r in range(ranks)]
     tkc.interpret_ranks(k, args, seed=ranks, BM=32, BN=64)
     total = sum(t.float() for t in x)
     for r in range(ranks):
         cases.close(out[r], total[r * MS:(r + 1) * MS])
+        assert torch.equal(args[r][3], torch.full_like(args[r][3], ranks - 1))  # every peer counted every tile

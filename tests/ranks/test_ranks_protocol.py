@@ -87,6 +87,22 @@ def test_signal_before_the_store_is_a_race(tmp_path: Path, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_count_one_short_is_a_race_on_the_last_peers_slot(tmp_path: Path, seed: int) -> None:
+    # at 4 ranks a sum that starts after two of its three peers' pushes reads the third's too early
+    k, text = _planted(tmp_path, "reducescatter.tk", ">= num_ranks() - 1)", ">= num_ranks() - 2)")
+    MS, N = 40, 40
+    rng = np.random.default_rng(seed)
+    args = [[torch.from_numpy(rng.standard_normal((4 * MS, N)).astype(np.float32)).bfloat16(),
+             torch.zeros(MS, N, dtype=torch.bfloat16), torch.zeros(4, MS, N, dtype=torch.bfloat16),
+             torch.zeros(2, 2, dtype=torch.int32)] for _ in range(4)]
+    with pytest.raises(TkcInterpretError) as info:
+        tkc.interpret_ranks(k, args, seed=seed, BM=32, BN=32)
+    msg = str(info.value)
+    assert "data race on element" in msg and "of 'stage' of rank" in msg, msg
+    assert info.value.loc.line in (_line(text, "total += stage"), _line(text, "stage.on(dst)[rank()"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_missing_barrier_writes_a_peers_buffer_too_early(tmp_path: Path, seed: int) -> None:
     k, text = _planted(tmp_path, "allgather_gemm.tk", "    barrier_all()\n", "")
     err = _error(k, _allgather_args(2), seed)
