@@ -22,13 +22,14 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
   ``all_gather_into_tensor`` then ``torch.matmul``; symm_mem fused:
   ``torch.ops.symm_mem.fused_all_gather_matmul(a, [b], 0, group)``.  2 tokens hidden FFN/R FLOPs.
 * ``gemm_reducescatter`` (row-sharded down projection): a [tokens, FFN/R], b [FFN/R, hidden];
-  out = reduce_scatter(a @ b), [tokens/R, hidden].  tkc: examples/gemm_reducescatter.tk (its
-  flags zeroed before every call, in the timing: a caller pays it; the staging buffer of the
-  dtype the kernel declares, bf16 partials as the other two reduce); NCCL + cuBLAS: matmul then
+  out = reduce_scatter(a @ b), [tokens/R, hidden].  tkc: examples/gemm_reducescatter.tk (bf16
+  partials added into their owner's out by TMA, as the other two reduce bf16; out zeroed before
+  every call, in the timing: a caller pays it); NCCL + cuBLAS: matmul then
   ``reduce_scatter_tensor``; symm_mem fused: ``fused_matmul_reduce_scatter(a, b, "sum", 0,
   group)``.
 * ``gemm_allreduce``: the same product, all-reduced: out [tokens, hidden] on every rank.  tkc:
-  examples/gemm_allreduce.tk; NCCL + cuBLAS: matmul then ``all_reduce``; symm_mem two-shot:
+  examples/gemm_allreduce.tk (its flags and this rank's chunk of out zeroed before every call,
+  in the timing); NCCL + cuBLAS: matmul then ``all_reduce``; symm_mem two-shot:
   matmul into symmetric memory then ``torch.ops.symm_mem.two_shot_all_reduce_`` (no multicast).
 * ``ring_attn``: examples/ring_attn.tk over R ranks of N tokens each (every rank's queries
   against every rank's keys) against NCCL's all-gather of K and V then SDPA on the gathered keys,
@@ -81,6 +82,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import tkc  # noqa: E402
+from tkc.pins import PINS  # noqa: E402
 from tkc.runtime.timing import interleaved_medians  # noqa: E402
 
 GROUPS = ["allgather_gemm", "gemm_reducescatter", "gemm_allreduce", "ring_attn", "moe_dispatch", "collectives"]
@@ -158,15 +160,16 @@ def randn(*shape: int, dtype: torch.dtype = BF16, scale: float = 1.0) -> torch.T
 def variants(example: str) -> dict[str, tuple[tkc.Kernel, dict[str, Any]]]:
     """The tkc contenders of a fused GEMM, each a kernel and its constants: ``tkc``
     (examples/) and ``tkc DIR`` for each --also folder holding the example, each also as
-    ``... NAME=VALUE,...`` for each --consts whose names the kernel takes."""
+    ``... NAME=VALUE,...`` for each --consts whose names the kernel takes (or are pins)."""
     kernels = {"tkc": tkc.load(EXAMPLES / example)}
     kernels.update({f"tkc {d.name}": tkc.load(d / example) for d in ALSO if (d / example).exists()})
     out: dict[str, tuple[tkc.Kernel, dict[str, Any]]] = {}
     for name, k in kernels.items():
         out[name] = (k, {})
         for text in CONSTS:
-            consts = {c: int(v) for c, _, v in (item.partition("=") for item in text.split(","))}
-            if set(consts) <= set(k.params):
+            consts = {c: {"true": True, "false": False}.get(v) if v in ("true", "false") else int(v)
+                      for c, _, v in (item.partition("=") for item in text.split(","))}
+            if set(consts) <= set(k.params) | set(PINS):
                 out[f"{name} {text}"] = (k, consts)
     return out
 
@@ -238,19 +241,15 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
     R, rank, group = dist.get_world_size(), dist.get_rank(), dist.group.WORLD.group_name
     a, b = _partial_products(tokens, hidden, ffn)
     M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
-    BM, BN = 128, 256  # the example's tiles: one flag per output tile
-    flags = tkc.symmetric_zeros((R, -(-MS // BM), -(-N // BN)), torch.int32)
     full, out2 = torch.empty(M, N, dtype=BF16, device="cuda"), torch.empty(MS, N, dtype=BF16, device="cuda")
     fused: list[Any] = [None]
     ours, outputs = {}, {}
     for name, (k, consts) in variants("gemm_reducescatter.tk").items():
-        staged = dict(k.specialize(**consts).params)["stage"].dtype.torch_dtype()  # the partials' dtype
-        out, stage = torch.empty(MS, N, dtype=BF16, device="cuda"), tkc.symmetric_empty((R, MS, N), staged)
+        out = tkc.symmetric_empty((MS, N), BF16)
 
-        def call(k: tkc.Kernel = k, out: torch.Tensor = out, stage: torch.Tensor = stage,
-                 consts: dict = consts) -> None:
-            flags.zero_()
-            k(a, b, out, stage, flags, **consts)
+        def call(k: tkc.Kernel = k, out: torch.Tensor = out, consts: dict = consts) -> None:
+            out.zero_()  # the kernel adds into out
+            k(a, b, out, **consts)
 
         ours[name], outputs[name] = call, lambda out=out: out
 
@@ -272,12 +271,11 @@ def gemm_reducescatter(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, 
 
 
 def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, float]:
-    R, group = dist.get_world_size(), dist.group.WORLD.group_name
+    R, rank, group = dist.get_world_size(), dist.get_rank(), dist.group.WORLD.group_name
     a, b = _partial_products(tokens, hidden, ffn)
     M, K, N, MS = tokens, a.shape[1], hidden, tokens // R
     BM, BN = 128, 256
     out = tkc.symmetric_empty((R, MS, N), BF16)
-    stage = tkc.symmetric_empty((R, MS, N), BF16)
     flags = tkc.symmetric_zeros((2, R, -(-MS // BM), -(-N // BN)), torch.int32)
     full = torch.empty(M, N, dtype=BF16, device="cuda")
     full_sym = tkc.symmetric_empty((M, N), BF16)
@@ -285,7 +283,8 @@ def gemm_allreduce(tokens: int, hidden: int, ffn: int) -> tuple[dict, dict, floa
     for name, (k, consts) in variants("gemm_allreduce.tk").items():
         def call(k: tkc.Kernel = k, consts: dict = consts) -> None:
             flags.zero_()
-            k(a, b, out, stage, flags, **consts)
+            out[rank].zero_()  # the kernel adds into this rank's chunk, then sends it to every rank
+            k(a, b, out, flags, **consts)
         tkcs[name] = call
 
     def unfused() -> None:
@@ -495,6 +494,9 @@ def main() -> None:
                         help="time DIR's versions of the three fused GEMMs beside examples/'s")
         ap.add_argument("--consts", action="append", default=[], metavar="NAME=VALUE,...",
                         help="time every version of those three with these constants too")
+        ap.add_argument("--calls", type=int, default=1, metavar="N",
+                        help="time N calls back to back in every row but the collectives' (default 1: each call "
+                             "after the ranks are in step)")
         ap.add_argument("--timeline", action="store_true",
                         help="after each row, one call of each contender under the profiler: a timeline of "
                              "every rank's kernels (benchmarks/timeline_multi_gpu*.png) and their times by kind")
@@ -508,14 +510,15 @@ def main() -> None:
         if args.check:
             ok = check(only)
             raise SystemExit(0 if ok else 1)
-        rows, timelines = run(only, args.quick, world, args.timeline)
+        rows, timelines = run(only, args.quick, world, args.timeline, args.calls)
         if rank == 0:
             report(rows, timelines, args, only, world)
     finally:
         dist.destroy_process_group()
 
 
-def run(only: list[str], quick: bool, world: int, profiled: bool) -> tuple[list[Any], list[tuple[str, dict]]]:
+def run(only: list[str], quick: bool, world: int, profiled: bool,
+        calls: int = 1) -> tuple[list[Any], list[tuple[str, dict]]]:
     """The table's rows and, with ``profiled``, each row's timeline (rank 0's; empty elsewhere)."""
     from harness import Row
     from timeline import capture
@@ -532,7 +535,7 @@ def run(only: list[str], quick: bool, world: int, profiled: bool) -> tuple[list[
     def timed_row(group: str, problem: str, make: Callable[[], tuple[dict, dict, float]]) -> None:
         say(f"{group} {problem} ...")
         contenders, _, flops = make()
-        seconds = in_turns(contenders, runs)
+        seconds = in_turns(contenders, runs, calls=calls)
         rows.append(Row(group, problem, "TFLOP/s", {n: flops / s / 1e12 if s else None for n, s in seconds.items()}))
         profile(f"{group}, {problem}", contenders)
         torch.cuda.empty_cache()
@@ -580,7 +583,8 @@ def report(rows: list[Any], timelines: list[tuple[str, dict]], args: argparse.Na
         return
     command = f"torchrun --nproc-per-node {world} benchmarks/multi_gpu.py" + (" --quick" if args.quick else "") + (
         f" --only {args.only}" if len(only) < len(GROUPS) else "") + "".join(f" --also {d}" for d in args.also) + (
-        "".join(f" --consts {c}" for c in args.consts)) + (" --timeline" if args.timeline else "")
+        "".join(f" --consts {c}" for c in args.consts)) + (" --timeline" if args.timeline else "") + (
+        f" --calls {args.calls}" if args.calls != 1 else "")
     append_results(ROOT / "benchmarks" / "RESULTS.md", command, rows,
                    f"{world} GPUs, one process each; NVLink multicast off.  A call's time is the slowest rank's."
                    + where)

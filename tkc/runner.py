@@ -77,7 +77,8 @@ def tolerance(dt: dtypes.DType, rounded_bits: int = 32, scale: float = 0.0, stag
     an order each executor picks, so an element is a sum whose rounding depends on that order:
     where its terms cancel, the difference is an ulp of a term, not of the sum (attention
     backward's dQ on random inputs), so an f32 output is compared within 16 f32 ulps of
-    ``scale`` too.  ``rounded_operands``: the kernel rounds computed values to 16 bits and
+    ``scale`` too, and a 16-bit one, each of whose additions rounds the running sum (a
+    reduce-scatter by TMA adds into a peer), within two 16-bit ulps of ``scale``.  ``rounded_operands``: the kernel rounds computed values to 16 bits and
     multiplies them (attention backward's P and dS, an FFT's stages): a last-bit difference
     before the rounding moves an operand by a 16-bit ulp, and every term of the product with
     it, so where terms cancel an output moves by ulps of the terms, not of itself: it is
@@ -89,6 +90,8 @@ def tolerance(dt: dtypes.DType, rounded_bits: int = 32, scale: float = 0.0, stag
         return (max(atol, 2**-6 * scale), rtol)
     if summed and dt.bits == 32:
         return (max(1e-4, 2**-19 * scale), 1e-4)
+    if summed and dt.bits == 16:
+        return (max(2**-6, 2**-6 * scale), 2**-6)
     if rounded_bits <= 8 and dt.bits <= 16:
         return (max(2**-3, 2**-4 * scale), 2**-3)
     if staged_bits <= 16 and dt.bits <= 16:

@@ -31,17 +31,17 @@ def test_run_on_simulated_ranks_with_check(example: str, ranks: str) -> None:
 
 
 def test_flags_start_at_zero() -> None:
-    r = _run("run", str(EXAMPLES / "gemm_reducescatter.tk"), "--ranks", "2", *GEMM)
+    r = _run("run", str(EXAMPLES / "gemm_allreduce.tk"), "--ranks", "2", *GEMM)
     assert r.exit_code == 0, r.output
     assert "flags (start at zero): flags" in r.output
 
 
 def test_compile_writes_ptx_of_a_multi_gpu_kernel(tmp_path: Path) -> None:
-    r = _run("compile", str(EXAMPLES / "gemm_reducescatter.tk"), "-o", str(tmp_path / "k.ptx"))
+    r = _run("compile", str(EXAMPLES / "gemm_allreduce.tk"), "-o", str(tmp_path / "k.ptx"))
     assert r.exit_code == 0, r.output
     ptx = (tmp_path / "k.ptx").read_text()
     assert "ld.acquire.sys.global" in ptx and "atom.release.sys.global.exch" in ptx, ptx[-2000:]
-    r = _run("compile", str(EXAMPLES / "gemm_reducescatter.tk"), "--emit", "tkir")
+    r = _run("compile", str(EXAMPLES / "gemm_allreduce.tk"), "--emit", "tkir")
     assert r.exit_code == 0 and "tile.wait" in r.output, r.output
 
 

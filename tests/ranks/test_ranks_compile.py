@@ -63,7 +63,9 @@ def test_abi_of_the_examples() -> None:
     assert ag.ranks.tensors == (2, 3) and ag.ranks.barrier == 2 and ag.ranks.waits  # both roles meet
     assert ag.ranks.maps == tuple(n for n, (i, _, _) in enumerate(ag.tma_maps) if i == 2) != ()
     rs = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="hopper", cache=False)
-    assert rs.ranks.tensors == (3, 4) and rs.ranks.barrier and rs.ranks.waits
+    assert rs.ranks.tensors == (2,) and rs.ranks.barrier and rs.ranks.maps == (2,)  # TMA adds into peers
+    ar = compile_kernel(EXAMPLES / "gemm_allreduce.tk", {}, stop="hopper", cache=False)
+    assert ar.ranks.tensors == (2, 3) and ar.ranks.barrier and ar.ranks.waits
     plain = compile_kernel(EXAMPLES / "gemm.tk", {}, stop="hopper", cache=False)
     assert plain.ranks is None
 
@@ -108,18 +110,16 @@ def test_a_producer_that_runs_rank_ops_keeps_40_registers() -> None:
 def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
     """A release atomic on one element: thread 0 waits for its TMA stores to complete, fences
     the async proxy, the threads meet, then the release (docs/hopper.md §4)."""
-    ptx = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="ptx", cache=False).asm["ptx"]
-    # the release after the walk: the one in the loop announces the previous tile, whose store
-    # comes after it in the text
-    at = ptx.rindex("atom.release.sys.global.exch.b32")
-    before = ptx[:at]
-    # the partial goes to the peer by TMA (bf16, staged in shared memory)
-    steps = ("cp.async.bulk.tensor.3d.global.shared::cta", "cp.async.bulk.wait_group \t0", "fence.proxy.async.global",
-             "bar.sync")
-    order = [before.rindex(what) for what in steps]
-    assert order == sorted(order), "the TMA stores complete, the async proxy is fenced, the threads meet, then release"
-    # gemm_allreduce's sums go to every rank by the threads' own stores: they meet after them
     ptx = compile_kernel(EXAMPLES / "gemm_allreduce.tk", {}, stop="ptx", cache=False).asm["ptx"]
+    # the release after the walk (the one in the loop announces the previous tile, whose add
+    # comes after it in the text): the last partial goes to its owner by a TMA copy that adds
+    at = ptx.index("atom.release.sys.global.exch.b32", ptx.rindex("cp.reduce.async.bulk.tensor"))
+    before = ptx[:at]
+    steps = ("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add", "cp.async.bulk.wait_group \t0",
+             "fence.proxy.async.global", "bar.sync")
+    order = [before.rindex(what) for what in steps]
+    assert order == sorted(order), "the TMA copies complete, the async proxy is fenced, the threads meet, then release"
+    # the sums go to every rank by the threads' own stores: they meet after them
     before = ptx[:ptx.rindex("atom.release.sys.global.exch.b32")]
     assert before.rindex("bar.sync") > before.rindex("st.global"), "the threads meet after their stores"
 
@@ -184,3 +184,15 @@ def test_per_rank_tensor_maps_are_acquired_for_the_tensormap_proxy_first(example
         return
     assert ".version 8.3" in ptx and fences > 0
     assert ptx.index("fence.proxy.tensormap::generic") < ptx.index("cp.async.bulk.tensor")
+
+
+def test_an_epilogue_into_a_peer_stages_every_slice_in_a_buffer_of_its_own() -> None:
+    """A TMA copy into a peer reads its shared slice for as long as the link takes: the
+    reduce-scatter's 128 x 256 partial goes out in four 64-column slices, each with its own
+    buffer (64 KB), so a slice waits only for the previous tile's copy of its buffer
+    (``wait_group.read 3``); a local epilogue keeps two buffers used in turn (32 KB)."""
+    ptx = compile_kernel(EXAMPLES / "gemm_reducescatter.tk", {}, stop="ptx", cache=False).asm["ptx"]
+    assert re.findall(r"cp\.async\.bulk\.wait_group\.read \t(\d)", ptx) == ["3", "3", "3", "3", "0"]
+    assert ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add") == 4
+    local = compile_kernel(EXAMPLES / "gemm.tk", {}, stop="ptx", cache=False).asm["ptx"]
+    assert re.findall(r"cp\.async\.bulk\.wait_group\.read \t(\d)", local) == ["0", "1", "1", "1", "0"]

@@ -240,18 +240,18 @@ def test_a_rank_out_of_range_is_an_error_at_its_line() -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_wait_for_a_flag_nobody_sets_in_an_example(seed: int) -> None:
-    text = (EXAMPLES / "gemm_reducescatter.tk").read_text().replace("wait(flags[src, pm, pn] >= 1)",
-                                                                      "wait(flags[src, pm, pn] >= 2)")
+    text = (EXAMPLES / "gemm_allreduce.tk").read_text().replace("wait(flags[0, src, pm, pn] >= 1)",
+                                                                  "wait(flags[0, src, pm, pn] >= 2)")
     k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
     rng = np.random.default_rng(0)
-    args = [[cases.bf16(rng, 2 * 40, 24), cases.bf16(rng, 24, 40), torch.zeros(40, 40, dtype=torch.bfloat16),
-             torch.zeros(2, 40, 40, dtype=torch.bfloat16), torch.zeros(2, 1, 1, dtype=torch.int32)] for _ in range(2)]
+    args = [[cases.bf16(rng, 2 * 40, 24), cases.bf16(rng, 24, 40), torch.zeros(2, 40, 40, dtype=torch.bfloat16),
+             torch.zeros(2, 2, 1, 1, dtype=torch.int32)] for _ in range(2)]
     with pytest.raises(DeadlockError) as info:
         emulate_ranks(k, args, seed=seed)
     msg = str(info.value)
     assert "deadlock across ranks" in msg, msg
-    assert re.search(rf"rank 0 CTA \(0,\) warpgroup \d( \(\w+\))? waits at line {_line(text, 'wait(flags')} for "
-                     r"flags\[\d, 0, 0\] >= 2 \(it is 1\)", msg), msg
+    assert re.search(rf"rank 0 CTA \(0,\) warpgroup \d( \(\w+\))? waits at line {_line(text, 'wait(flags[0')} for "
+                     r"flags\[0, \d, 0, 0\] >= 2 \(it is 1\)", msg), msg
     assert "rank 1 CTA (0,)" in msg, msg
 
 

@@ -38,13 +38,13 @@ def _line(text: str, piece: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if piece in line and not line.startswith("#"))
 
 
-def _reducescatter_args(ranks: int, MS: int = 40, K: int = 24, N: int = 40) -> list[list]:
+def _allreduce_args(ranks: int, MS: int = 40, K: int = 24, N: int = 40) -> list[list]:
     rng = np.random.default_rng(0)
     gm, gn = -(-MS // TILES["BM"]), -(-N // TILES["BN"])
     return [[torch.from_numpy(rng.standard_normal((ranks * MS, K)).astype(np.float32)).bfloat16(),
              torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).bfloat16(),
-             torch.zeros(MS, N, dtype=torch.bfloat16), torch.zeros(ranks, MS, N, dtype=torch.bfloat16),
-             torch.zeros(ranks, gm, gn, dtype=torch.int32)] for _ in range(ranks)]
+             torch.zeros(ranks, MS, N, dtype=torch.bfloat16), torch.zeros(2, ranks, gm, gn, dtype=torch.int32)]
+            for _ in range(ranks)]
 
 
 def _allgather_args(ranks: int, M: int = 40, K: int = 24, N: int = 40) -> list[list]:
@@ -63,27 +63,29 @@ def _error(k: tkc.Kernel, args: list[list], seed: int) -> TkcInterpretError:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_missing_wait_is_a_race_on_the_peers_partial(tmp_path: Path, seed: int) -> None:
-    k, text = _planted(tmp_path, "gemm_reducescatter.tk",
-                       "        for src in range(num_ranks()):\n            wait(flags[src, pm, pn] >= 1)\n", "")
-    err = _error(k, _reducescatter_args(2), seed)
+    k, text = _planted(tmp_path, "gemm_allreduce.tk",
+                       "        for src in range(num_ranks()):\n            wait(flags[0, src, pm, pn] >= 1)\n", "")
+    # 6 tiles over 4 programs: a tile's sum is read by another program than the one adding this
+    # rank's own partial last (the log keeps an element's last atomic writer only)
+    err = _error(k, _allreduce_args(2, N=72), seed)
     msg = str(err)
-    assert "data race on element" in msg and "of 'stage' of rank" in msg, msg
+    assert "data race on element" in msg and "of 'out' of rank" in msg, msg
     assert "no release/acquire chain" in msg, msg
-    # whichever came first: the owner's read (line of the +=) or the peer's store into its stage
-    lines = {_line(text, "total += stage"), _line(text, "stage.on(dst)[me")}
+    # whichever came first: the owner's read of its sum or the peer's atomic add into it
+    lines = {_line(text, "result = out[me"), _line(text, "atomic_add(out.on(dst)")}
     assert err.loc.line in lines and f"(line {(lines - {err.loc.line}).pop()})" in msg, msg
-    assert re.search(r"rank \d program \(\d+,( \d+)?\) (reads|stores to) it", msg), msg
+    assert re.search(r"rank \d program \(\d+,( \d+)?\) (reads it|updates it atomically)", msg), msg
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_signal_before_the_store_is_a_race(tmp_path: Path, seed: int) -> None:
     # each tile announced before its own store, not one tile later
-    k, text = _planted(tmp_path, "gemm_reducescatter.tk",
+    k, text = _planted(tmp_path, "gemm_allreduce.tk",
                        "        if r > 0:\n            announce(flags, t - num_programs(0), gm, gn)\n",
                        "        announce(flags, t, gm, gn)\n")
-    err = _error(k, _reducescatter_args(2), seed)
-    assert "data race on element" in str(err) and "'stage'" in str(err), str(err)
-    assert err.loc.line in (_line(text, "total += stage"), _line(text, "stage.on(dst)[me"))
+    err = _error(k, _allreduce_args(2), seed)
+    assert "data race on element" in str(err) and "'out'" in str(err), str(err)
+    assert err.loc.line in (_line(text, "result = out[me"), _line(text, "atomic_add(out.on(dst)"))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -114,12 +116,12 @@ def test_missing_barrier_writes_a_peers_buffer_too_early(tmp_path: Path, seed: i
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_waits_for_a_flag_nobody_sets_deadlock(tmp_path: Path, seed: int) -> None:
-    k, text = _planted(tmp_path, "gemm_reducescatter.tk", "wait(flags[src, pm, pn] >= 1)",
-                       "wait(flags[src, pm, pn] >= 2)")
-    err = _error(k, _reducescatter_args(2), seed)
+    k, text = _planted(tmp_path, "gemm_allreduce.tk", "wait(flags[0, src, pm, pn] >= 1)",
+                       "wait(flags[0, src, pm, pn] >= 2)")
+    err = _error(k, _allreduce_args(2), seed)
     msg = str(err)
     assert msg.count("waits at line") >= 2 and "deadlock across ranks" in msg, msg
-    assert f"waits at line {_line(text, 'wait(flags')} for flags[" in msg and ">= 2 (it is 1)" in msg, msg
+    assert f"waits at line {_line(text, 'wait(flags[0')} for flags[0, " in msg and ">= 2 (it is 1)" in msg, msg
     assert "rank 0 program" in msg and "rank 1 program" in msg, msg
 
 
@@ -311,12 +313,7 @@ def last(x: i32[N] @ ranks):
 def test_a_write_into_a_peer_that_nobody_waits_for(tmp_path: Path, seed: int) -> None:
     """The all-reduce without its last waits: a rank's kernel may end before its peers' sums land."""
     k, text = _planted(tmp_path, "gemm_allreduce.tk", "        wait(flags[1, src, pm, pn] >= 1)\n", "        pass\n")
-    ranks, MS, K, N = 2, 40, 24, 40
-    args = []
-    for a, b, _, stage, flags in _reducescatter_args(ranks, MS, K, N):
-        args.append([a, b, torch.zeros(ranks, MS, N, dtype=torch.bfloat16), stage,
-                     torch.zeros(2, *flags.shape, dtype=torch.int32)])
-    err = _error(k, args, seed)
+    err = _error(k, _allreduce_args(2), seed)
     assert "and no program of rank" in str(err) and "before it lands" in str(err), str(err)
     assert err.loc.line in (_line(text, "out.on((me + s) % num_ranks())[me"), _line(text, "signal(flags.on((me + s)"))
 

@@ -405,7 +405,9 @@ class _Lowering:
         other slice's, may still be reading (``pending = 1``).  The first slice of a tile in
         a loop waits for every copy (``pending = 0``; the previous tile's are long done), so
         the rule holds whatever the slice count.  The kernel waits for the last copy before
-        it ends.
+        it ends.  Into a peer's tensor (``x.on(r)``) each slice gets a buffer of its own where
+        those bytes leave the loops' rings two stages: a copy over the link reads its slice for
+        far longer, and so each slice waits for the previous tile's copy of its buffer only.
 
         A tall tile whose whole staging would take more than 32 KB (256 x 128 bf16: 64 KB) goes
         out in slices narrower still, two of which take 32 KB (four 32-column slices, 64-byte
@@ -434,8 +436,14 @@ class _Lowering:
         slices = cols // width
         if slices > 1:
             layout = SharedLayout(rows, width, layout.dtype, layout.major, choose_swizzle(width, layout.dtype))
+        # Into a peer's memory a slice's copy holds its shared bytes for as long as the link takes
+        # them, far longer than a local copy: where the bytes leave the loops two stages, every
+        # slice gets its own buffer, so the next tile's epilogue, not this one, waits for them.
+        whole = tile.is_peer(op.tensor) and reused is None and slices > 2 \
+            and self._leaves_two_stages(rows * cols * eb)
+        nbufs = slices if whole else min(slices, 2)
         bufs = [] if reused is None else [reused]
-        for i in range(min(slices, 2) if reused is None else 0):
+        for i in range(nbufs if reused is None else 0):
             buf = self._alloc(TileType((rows, width), layout.dtype, "smem", layout), op.loc)
             buf.name_hint = (op.tensor.name_hint or "out") + "_out" + (str(i) if slices > 1 else "")
             bufs.append(buf)
@@ -445,12 +453,15 @@ class _Lowering:
         *fixed, col_off = op.offsets
         tma_map = self._map(op, layout)
         for c in range(slices):
-            if c >= 2 or self._in_loop(op) or reused is not None:
+            if whole:  # buffer c was last read by the previous tile's slice c: nbufs - 1 copies ago
+                if self._in_loop(op):
+                    b.create(hopper.TmaStoreWaitOp, attrs={"pending": nbufs - 1}, loc=op.loc)
+            elif c >= 2 or self._in_loop(op) or reused is not None:
                 b.create(hopper.TmaStoreWaitOp, attrs={"pending": 0 if c == 0 else 1}, loc=op.loc)
             store_attrs = {"col": c * width} if slices > 1 else {}
-            b.create(hopper.SmemStoreOp, [op.value, bufs[c % 2]], attrs=store_attrs, loc=op.loc)
+            b.create(hopper.SmemStoreOp, [op.value, bufs[c % nbufs]], attrs=store_attrs, loc=op.loc)
             col = col_off if c == 0 else b.value(tile.AddOp, [col_off, shifts[c]], I32, loc=op.loc)
-            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % 2], *fixed, col],
+            b.create(hopper.TmaStoreOp, [op.tensor, bufs[c % nbufs], *fixed, col],
                      attrs={"map": tma_map, "box": [*op.box[:-1], width], **({"reduce": reduce} if reduce else {})},
                      loc=op.loc)
         op.erase()
