@@ -128,11 +128,17 @@ class HappensBefore:
     ``n + r``, "rank r before the launch": every tensor of rank ``r`` was last written by it, and
     only rank ``r``'s programs start after it (stream order), so a peer that reads rank ``r``'s
     inputs must first synchronize with a program of rank ``r`` (a barrier, or a flag it
-    signals).  Per element, the last plain writer, the last atomic writer and the last plain
-    reader are kept (one each: an approximation that may miss a race between earlier accesses,
-    never reports one that is not there).  Release clocks are kept per element of the tensors
-    released into.  At the end (:meth:`landed`) every write into a rank's memory by a peer must
-    happen before the end of one of that rank's programs."""
+    signals).  Per element, the last plain writer and the last plain reader are kept, and up to
+    ``ATOMIC_SLOTS`` atomic writers no one of which is ordered before another (a reduce-scatter's
+    partials from every peer, unordered until the owner's wait): an atomic writer ordered before
+    a later one is covered by it.  An approximation that may miss a race between earlier plain
+    accesses (or with a fifth unordered atomic writer), never reports one that is not there.
+    Release clocks are kept per element of the tensors released into.  At the end
+    (:meth:`landed`) every write into a rank's memory by a peer must happen before the end of
+    one of that rank's programs."""
+
+    #: atomic writers of one element kept at once (see the class's docstring)
+    ATOMIC_SLOTS = 4
 
     def __init__(self, names: list[str], ranks: list[int]):
         n, r = len(names), max(ranks, default=0) + 1
@@ -158,12 +164,19 @@ class HappensBefore:
         t = self._tables.get(id(tensor))
         if t is None:
             before = self._first + self.tensors.get(id(tensor), ("", 0))[1]
+            slots = (self.ATOMIC_SLOTS, *tensor.shape)
             t = self._tables[id(tensor)] = {
                 "w": np.full(tensor.shape, before, np.int32), "we": np.ones(tensor.shape, np.int64),
                 "ws": np.full(tensor.shape, -1, np.int32),
-                **{k: np.full(tensor.shape, -1, np.int32) for k in ("a", "as", "r", "rs")},
-                **{k: np.zeros(tensor.shape, np.int64) for k in ("ae", "re")}}
+                **{k: np.full(tensor.shape, -1, np.int32) for k in ("r", "rs")},
+                **{k: np.full(slots, -1, np.int32) for k in ("a", "as")},
+                "re": np.zeros(tensor.shape, np.int64), "ae": np.zeros(slots, np.int64)}
         return t
+
+    @staticmethod
+    def _slots(index: Any) -> tuple:
+        """``index`` of an element or box, over the atomic rows' leading slot axis too."""
+        return (slice(None), *(index if isinstance(index, tuple) else (index,)))
 
     def _site_of(self, loc: Loc | None) -> int:
         s = self._site.setdefault(loc, len(self._site))
@@ -172,8 +185,25 @@ class HappensBefore:
         return s
 
     def _unordered(self, t: dict[str, np.ndarray], who: str, index: Any, me: int) -> np.ndarray:
+        if who == "a":  # any of the atomic writers kept
+            w, e = t["a"][self._slots(index)], t["ae"][self._slots(index)]
+            return np.any((w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e), axis=0)
         w, e = t[who][index], t[who + "e"][index]
         return (w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)
+
+    def _record_atomic(self, t: dict[str, np.ndarray], index: Any, me: int, site: int) -> None:
+        """``me`` updated ``index`` atomically: it takes the place of every atomic writer kept
+        there that is ordered before it (a later access ordered after ``me`` is ordered after
+        them, one that is not races with ``me`` too), beside those that are not; with every
+        slot taken by those, the last slot's writer is forgotten."""
+        at = self._slots(index)
+        w, e = t["a"][at], t["ae"][at]
+        covered = (w < 0) | (w == me) | (self.clock[me][np.maximum(w, 0)] >= e)
+        target = np.where(covered.any(axis=0), covered.argmax(axis=0), self.ATOMIC_SLOTS - 1)[None]
+        rows = {"a": np.where(covered, -1, w), "ae": np.where(covered, 0, e), "as": np.where(covered, -1, t["as"][at])}
+        for row, value in (("a", me), ("ae", self.clock[me, me]), ("as", site)):
+            np.put_along_axis(rows[row], target, value, axis=0)
+            t[row][at] = rows[row]
 
     def access(self, tensor: np.ndarray, index: Any, me: int, loc: Loc | None, kind: str) -> str | None:
         """Record access ``kind`` ("read", "write" or "atomic") by program ``me`` of
@@ -184,7 +214,10 @@ class HappensBefore:
             clash = self._unordered(t, who, index, me)
             if np.any(clash):
                 return self._message(tensor, index, clash, t, who, me, kind, loc)
-        row = {"read": "r", "write": "w", "atomic": "a"}[kind]
+        if kind == "atomic":
+            self._record_atomic(t, index, me, self._site_of(loc))
+            return None
+        row = {"read": "r", "write": "w"}[kind]
         t[row][index] = me
         t[row + "e"][index] = self.clock[me, me]
         t[row + "s"][index] = self._site_of(loc)
@@ -228,12 +261,13 @@ class HappensBefore:
             t = self._tables.get(tid)
             if owner != rank or t is None:
                 continue
-            for who in ("w", "a"):
-                w, e = t[who], t[who + "e"]
+            rows = [(t["w"], t["we"], t["ws"], "w")] + [(t["a"][k], t["ae"][k], t["as"][k], "a")
+                                                        for k in range(self.ATOMIC_SLOTS)]
+            for w, e, sites, who in rows:
                 late = (w >= 0) & (w < self._first) & (end[np.maximum(w, 0)] < e)
                 if np.any(late):
                     element = tuple(int(i) for i in np.argwhere(late)[0])
-                    loc = self.sites[int(t[who + "s"][element])]
+                    loc = self.sites[int(sites[element])]
                     did = "stores to" if who == "w" else "updates"
                     return (f"{self.names[int(w[element])]} {did} element {list(element)} of '{name}' of rank {rank} "
                             f"here, and no program of rank {rank} waits for it: rank {rank}'s kernel may end (and "
@@ -246,8 +280,12 @@ class HappensBefore:
         flat = np.arange(tensor.size).reshape(tensor.shape)[index]
         first = int(np.asarray(flat)[np.asarray(clash)].reshape(-1)[0]) if np.ndim(flat) else int(flat)
         element = tuple(int(i) for i in np.unravel_index(first, tensor.shape))
-        other = int(t[who][element])
-        site = int(t[who + "s"][element])
+        if who == "a":  # the first atomic writer kept there that is not ordered before ``me``
+            w, e = t["a"][self._slots(element)], t["ae"][self._slots(element)]
+            k = int(np.argmax((w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)))
+            other, site = int(w[k]), int(t["as"][self._slots(element)][k])
+        else:
+            other, site = int(t[who][element]), int(t[who + "s"][element])
         name, rank = self.tensors.get(id(tensor), ("a tensor", 0))
         did = {"w": "stores to it", "a": "updates it atomically", "r": "reads it"}[who]
         doing = {"read": "reads it", "write": "stores to it", "atomic": "updates it atomically"}[kind]

@@ -65,9 +65,9 @@ def _error(k: tkc.Kernel, args: list[list], seed: int) -> TkcInterpretError:
 def test_missing_wait_is_a_race_on_the_peers_partial(tmp_path: Path, seed: int) -> None:
     k, text = _planted(tmp_path, "gemm_allreduce.tk",
                        "        for src in range(num_ranks()):\n            wait(flags[0, src, pm, pn] >= 1)\n", "")
-    # 6 tiles over 4 programs: a tile's sum is read by another program than the one adding this
-    # rank's own partial last (the log keeps an element's last atomic writer only)
-    err = _error(k, _allreduce_args(2, N=72), seed)
+    # 4 tiles over 4 programs: the program that reads a tile's sum added this rank's own partial
+    # into it, so only the peer's addition, unordered with the read, is the race
+    err = _error(k, _allreduce_args(2), seed)
     msg = str(err)
     assert "data race on element" in msg and "of 'out' of rank" in msg, msg
     assert "no release/acquire chain" in msg, msg
@@ -336,3 +336,28 @@ def test_ranks_do_not_share_an_array(tmp_path: Path) -> None:
     y = np.zeros(16, np.float32)
     with pytest.raises(TkcLaunchError, match="'y': rank 0 and rank 1 pass the same array"):
         tkc.interpret_ranks(k, [[np.ones(16, np.float32), y], [np.ones(16, np.float32), y]])
+
+
+def test_every_unordered_atomic_writer_of_an_element_is_kept() -> None:
+    """Two ranks add into one element; the reader added last itself: the peer's earlier add is
+    still unordered with the read (the log keeps it beside the reader's own), and a flag the
+    peer signals after its add orders it."""
+    from tkc.races import HappensBefore
+
+    def run(signalled: bool) -> str | None:
+        hb = HappensBefore(["rank 0 program (0,)", "rank 1 program (0,)"], [0, 1])
+        x, flag = np.zeros(4, np.float32), np.zeros(1, np.int32)
+        hb.add_tensor(x, "x", 0)
+        hb.add_tensor(flag, "flag", 0)
+        hb.barrier([0, 1])
+        assert hb.access(x, (2,), 1, None, "atomic") is None  # the peer's partial
+        if signalled:
+            hb.release(flag, (0,), 1)
+            hb.acquire(flag, (0,), 0)
+        assert hb.access(x, (2,), 0, None, "atomic") is None  # this rank's own, last
+        return hb.access(x, (2,), 0, None, "read")
+
+    msg = run(signalled=False)
+    assert msg is not None and "rank 1 program (0,) updates it atomically" in msg, msg
+    assert "rank 0 program (0,) reads it here" in msg, msg
+    assert run(signalled=True) is None
