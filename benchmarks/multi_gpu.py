@@ -82,6 +82,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import tkc  # noqa: E402
+from tkc.cli import parse_value  # noqa: E402
 from tkc.pins import PINS  # noqa: E402
 from tkc.runtime.timing import interleaved_medians  # noqa: E402
 
@@ -167,8 +168,7 @@ def variants(example: str) -> dict[str, tuple[tkc.Kernel, dict[str, Any]]]:
     for name, k in kernels.items():
         out[name] = (k, {})
         for text in CONSTS:
-            consts = {c: {"true": True, "false": False}.get(v) if v in ("true", "false") else int(v)
-                      for c, _, v in (item.partition("=") for item in text.split(","))}
+            consts = {c: parse_value(v) for c, _, v in (item.partition("=") for item in text.split(","))}
             if set(consts) <= set(k.params) | set(PINS):
                 out[f"{name} {text}"] = (k, consts)
     return out

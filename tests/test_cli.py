@@ -247,7 +247,7 @@ def test_compile_defines_are_checked() -> None:
 
 
 def test_define_values() -> None:
-    parse = tkc.cli._parse_value
+    parse = tkc.cli.parse_value
     assert [parse(t) for t in ("64", "-3", "0.5", "1e-3", "true", "False")] == [64, -3, 0.5, 1e-3, True, False]
     assert isinstance(parse("64"), int)
 

@@ -79,7 +79,8 @@ class _TkcGroup(click.Group):
 
 
 # ------------------------------------------------------------ flag parsing
-def _parse_value(text: str) -> int | float | bool:
+def parse_value(text: str) -> int | float | bool:
+    """A ``-D NAME=VALUE`` value: true/false, an int, else a float (ValueError if none)."""
     if text in ("true", "True"):
         return True
     if text in ("false", "False"):
@@ -97,7 +98,7 @@ def _parse_defines(ctx: click.Context, param: click.Parameter, items: tuple[str,
         if not eq or not name.isidentifier():
             raise click.BadParameter(f"'{item}' is not NAME=VALUE", ctx, param)
         try:
-            out[name] = _parse_value(text.strip())
+            out[name] = parse_value(text.strip())
         except ValueError:
             raise click.BadParameter(f"'{item}': the value is not an int, a float, true or false",
                                      ctx, param) from None
@@ -121,7 +122,7 @@ def _parse_scalars(ctx: click.Context, param: click.Parameter, items: tuple[str,
         try:
             if not eq or not name.isidentifier():
                 raise ValueError
-            out[name] = _parse_value(text.strip())
+            out[name] = parse_value(text.strip())
         except ValueError:
             raise click.BadParameter(f"'{item}' is not NAME=VALUE with an int, a float, true or false",
                                      ctx, param) from None

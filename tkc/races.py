@@ -186,9 +186,14 @@ class HappensBefore:
 
     def _unordered(self, t: dict[str, np.ndarray], who: str, index: Any, me: int) -> np.ndarray:
         if who == "a":  # any of the atomic writers kept
-            w, e = t["a"][self._slots(index)], t["ae"][self._slots(index)]
-            return np.any((w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e), axis=0)
+            return np.any(self._unordered_slots(t, index, me), axis=0)
         w, e = t[who][index], t[who + "e"][index]
+        return (w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)
+
+    def _unordered_slots(self, t: dict[str, np.ndarray], index: Any, me: int) -> np.ndarray:
+        """For each atomic slot of ``index``: whether its writer is another program not ordered
+        before ``me``."""
+        w, e = t["a"][self._slots(index)], t["ae"][self._slots(index)]
         return (w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)
 
     def _record_atomic(self, t: dict[str, np.ndarray], index: Any, me: int, site: int) -> None:
@@ -198,7 +203,7 @@ class HappensBefore:
         slot taken by those, the last slot's writer is forgotten."""
         at = self._slots(index)
         w, e = t["a"][at], t["ae"][at]
-        covered = (w < 0) | (w == me) | (self.clock[me][np.maximum(w, 0)] >= e)
+        covered = ~self._unordered_slots(t, index, me)  # empty, me, or ordered before me
         target = np.where(covered.any(axis=0), covered.argmax(axis=0), self.ATOMIC_SLOTS - 1)[None]
         rows = {"a": np.where(covered, -1, w), "ae": np.where(covered, 0, e), "as": np.where(covered, -1, t["as"][at])}
         for row, value in (("a", me), ("ae", self.clock[me, me]), ("as", site)):
@@ -281,9 +286,8 @@ class HappensBefore:
         first = int(np.asarray(flat)[np.asarray(clash)].reshape(-1)[0]) if np.ndim(flat) else int(flat)
         element = tuple(int(i) for i in np.unravel_index(first, tensor.shape))
         if who == "a":  # the first atomic writer kept there that is not ordered before ``me``
-            w, e = t["a"][self._slots(element)], t["ae"][self._slots(element)]
-            k = int(np.argmax((w >= 0) & (w != me) & (self.clock[me][np.maximum(w, 0)] < e)))
-            other, site = int(w[k]), int(t["as"][self._slots(element)][k])
+            k = int(np.argmax(self._unordered_slots(t, element, me)))
+            other, site = int(t["a"][self._slots(element)][k]), int(t["as"][self._slots(element)][k])
         else:
             other, site = int(t[who][element]), int(t[who + "s"][element])
         name, rank = self.tensors.get(id(tensor), ("a tensor", 0))

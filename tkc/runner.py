@@ -78,11 +78,12 @@ def tolerance(dt: dtypes.DType, rounded_bits: int = 32, scale: float = 0.0, stag
     where its terms cancel, the difference is an ulp of a term, not of the sum (attention
     backward's dQ on random inputs), so an f32 output is compared within 16 f32 ulps of
     ``scale`` too, and a 16-bit one, each of whose additions rounds the running sum (a
-    reduce-scatter by TMA adds into a peer), within two 16-bit ulps of ``scale``.  ``rounded_operands``: the kernel rounds computed values to 16 bits and
-    multiplies them (attention backward's P and dS, an FFT's stages): a last-bit difference
-    before the rounding moves an operand by a 16-bit ulp, and every term of the product with
-    it, so where terms cancel an output moves by ulps of the terms, not of itself: it is
-    compared within 2**-6 of ``scale`` too (two bf16 ulps of the largest value)."""
+    reduce-scatter by TMA adds into a peer), within two 16-bit ulps of ``scale``.
+    ``rounded_operands``: the kernel rounds computed values to 16 bits and multiplies them
+    (attention backward's P and dS, an FFT's stages): a last-bit difference before the
+    rounding moves an operand by a 16-bit ulp, and every term of the product with it, so where
+    terms cancel an output moves by ulps of the terms, not of itself: it is compared within
+    2**-6 of ``scale`` too (two bf16 ulps of the largest value)."""
     if not dt.is_float:
         return (0.0, 0.0)
     if rounded_operands and rounded_bits <= 16:
