@@ -54,11 +54,12 @@ inputs (relative error of the whole output); exit status 1 if one is off.
 rank (benchmarks/timeline.py): a lane per (contender, rank) in benchmarks/timeline_multi_gpu.png
 (``_4`` etc. beyond two ranks), and in RESULTS.md each call's length and its slowest rank's
 time by kind of kernel (tkc, cuBLAS, NCCL, ...) and idle between kernels.
-``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter and GEMM + all-reduce examples of DIR too
-(another version of them, such as an edited copy), as contenders ``tkc DIR``
-timed in turns with the rest.  ``--consts NAME=VALUE,...`` (repeatable): each version of those
-two with these compile-time constants too, as contender ``tkc [DIR] NAME=VALUE,...`` (a sweep
-of a tuning constant; a kernel without one of the names leaves that contender out).
+``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter, GEMM + all-reduce
+and ring attention examples of DIR too (another version of them, such as an edited copy), as
+contenders ``tkc DIR`` timed in turns with the rest.  ``--consts NAME=VALUE,...``
+(repeatable): each version of those with these compile-time constants (or pins) too, as
+contender ``tkc [DIR] NAME=VALUE,...`` (a sweep of a tuning constant; a kernel without one of
+the names leaves that contender out).
 NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
 ``NVSHMEM_DISABLE_NVLS=1``, set before anything starts).
 """
@@ -96,9 +97,9 @@ COLLECTIVE_BYTES = [16 << 20, 64 << 20, 256 << 20, 1 << 30]
 COLLECTIVE_CALLS = 10
 EXAMPLES = ROOT / "examples"
 BF16 = torch.bfloat16
-#: --also: folders whose allgather_gemm.tk / gemm_reducescatter.tk / gemm_allreduce.tk run beside examples/'s
+#: --also: folders whose fused GEMMs (allgather_gemm.tk ...) and ring_attn.tk run beside examples/'s
 ALSO: list[Path] = []
-#: --consts: sets of compile-time constants examples/'s versions of those two run with too
+#: --consts: sets of compile-time constants (or pins) every version of those runs with too
 CONSTS: list[str] = []
 
 
@@ -344,14 +345,16 @@ def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
     o, o1 = torch.empty_like(q), torch.empty_like(q)
     kg, vg = tkc.symmetric_zeros((R, B, H, N, D), BF16), tkc.symmetric_zeros((R, B, H, N, D), BF16)
     ready = tkc.symmetric_zeros((R,), torch.int32)
-    ring, attn = tkc.load(EXAMPLES / "ring_attn.tk"), tkc.load(EXAMPLES / "attn.tk")
+    attn = tkc.load(EXAMPLES / "attn.tk")
     keys, values = torch.empty(R, B, H, N, D, dtype=BF16, device="cuda"), torch.empty(R, B, H, N, D, dtype=BF16,
                                                                                          device="cuda")
     sdpa: list[Any] = [None]
 
-    def ours() -> None:
-        ready.zero_()
-        ring(q, k, v, o, kg, vg, ready, scale)
+    def ours(ring: tkc.Kernel, consts: dict[str, Any]) -> Callable[[], None]:
+        def call() -> None:
+            ready.zero_()
+            ring(q, k, v, o, kg, vg, ready, scale, **consts)
+        return call
 
     def unfused() -> None:
         dist.all_gather_into_tensor(keys, k)
@@ -363,9 +366,11 @@ def ring_attn(B: int, H: int, N: int, D: int) -> tuple[dict, dict, float]:
         unfused()
         return sdpa[0].float()
 
-    contenders = {"tkc": ours, "NCCL+SDPA": unfused, "tkc attn.tk, 1 GPU, N keys (x R)": lambda: [
+    rings = {name: ours(kernel, consts) for name, (kernel, consts) in variants("ring_attn.tk").items()}
+    contenders = {**rings, "NCCL+SDPA": unfused, "tkc attn.tk, 1 GPU, N keys (x R)": lambda: [
         attn(q, k, v, o1, scale) for _ in range(R)]}
-    outputs = {"tkc": lambda: o, "NCCL+SDPA": lambda: sdpa[0]}
+    # the variants share o: each one's output is read right after its own call
+    outputs = {**{name: (lambda: o) for name in rings}, "NCCL+SDPA": lambda: sdpa[0]}
     del rank
     return contenders, {"outputs": outputs, "reference": reference}, 4.0 * B * H * N * (R * N) * D
 

@@ -69,14 +69,17 @@ def interpret_and_emulate(tile_ir: Any, hopper: Any, args: list, seed: int) -> t
 
 def assert_atomics_close(got: list, want: list, outs: tuple[int, ...]) -> None:
     """The torch tensors ``got[i]`` (the emulator's) against ``want[i]`` (the interpreter's) for
-    each ``i`` in ``outs``: atomics and wgmma add in other orders than the interpreter, an f32
-    ulp or so, which may move a bf16 result by one of its ulps."""
+    each ``i`` in ``outs``: atomics and wgmma add in other orders than the interpreter, a few
+    f32 ulps of the sums' largest terms (so of the output's scale, not of an element that
+    cancels to near zero: attention backward's dQ reaches 44 where an element is 0.007), which
+    may move a bf16 result by one of its ulps."""
     import torch
 
     for i in outs:
         bf16 = got[i].dtype == torch.bfloat16
+        scale = max(1.0, float(want[i].float().abs().max()))
         torch.testing.assert_close(got[i].float(), want[i].float(), rtol=1e-2 if bf16 else 1e-4,
-                                   atol=4e-3 if bf16 else 1e-4)
+                                   atol=4e-3 if bf16 else 1e-4 * scale)
 
 
 def assert_no_spills(compiled: Any) -> None:

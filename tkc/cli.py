@@ -512,23 +512,26 @@ def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, 
     given = _set_scalars(k, args, scalars)
     from tkc.ir.dialects.tile import uses_ranks
 
-    if world:
-        _run_ranks_gpu(k, args, sizes, dims, given, int_range, seed, grid, check, repeat, target)
-        return
-    if ranks is not None or uses_ranks(k):
-        if backend not in (None, "interpret", "emulate"):
-            raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter or the emulator for "
-                                f"now (tkc run {file} --ranks R [--backend emulate])")
-        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
-                   target)
-        return
-    picked = _schedule(k, args, grid, consts, chosen, target, file)
+    ranked = ranks is not None or uses_ranks(k)
+    if ranked and not world and backend not in (None, "interpret", "emulate"):
+        raise TkcUsageError(f"--backend {backend}: multi-GPU kernels run in the interpreter or the emulator for "
+                            f"now (tkc run {file} --ranks R [--backend emulate])")
+    runs_on = "gpu" if world else (backend or "interpret") if ranked else chosen
+    picked = _schedule(k, args, grid, consts, runs_on, target, file)
     if picked:  # the kernel a Python call of these shapes runs
         module = _load(file, {**consts, **picked})
         pm.run(module)
         k = module.kernel(kernel)
         on = ", ".join(n if v is True else f"{n}={v}" for n, v in picked.items() if v is not False)
-        click.echo(f"schedule for these shapes: {on or 'no pins'} (tkc.schedule; -D NAME=VALUE pins one)")
+        if not world or int(os.environ.get("RANK", "0")) == 0:
+            click.echo(f"schedule for these shapes: {on or 'no pins'} (tkc.schedule; -D NAME=VALUE pins one)")
+    if world:
+        _run_ranks_gpu(k, args, sizes, dims, given, int_range, seed, grid, check, repeat, target)
+        return
+    if ranked:
+        _run_ranks(k, args, ranks or 1, sizes, dims, given, int_range, seed, grid, check, backend or "interpret",
+                   target)
+        return
     result = runner.run(k, args, chosen, grid=grid, check=check, repeat=repeat, seed=seed, target=target)
     ran = result.backend
     how = {"interpret": "interpreted in", "emulate": "emulated in",

@@ -33,6 +33,10 @@ class Options:
     """
 
     stages: int | None = _pin(None, int, "stages of every TMA ring (1: no ring)", "pipeline-loops")
+    outer_stages: int | None = _pin(
+        None, int, "stages of a ring in a loop around another ring (a persistent program's Q tile, copied once a "
+                   "tile around the K/V ring): 2 lets the next tile's copy land during this tile's loop, 1 keeps its "
+                   "address fixed through the loop (default 2 where shared memory allows)", "pipeline-loops")
     warp_specialize: bool = _pin(True, bool, "a producer warpgroup issues the copies", "specialize-warps")
     warps: int | None = _pin(None, int, "warps per program of a kernel without products, a multiple of 4 (default 4: "
                                         "one warpgroup); wide rows spread over more threads stay in registers",
@@ -77,6 +81,11 @@ class Options:
                                           "each thread reads its values from there where the load was "
                                           "(attention backward's lse and delta; default: off)",
                              "lower-to-hopper, pipeline-loops")
+    producer_regs: int | None = _pin(
+        None, int, "registers each thread of a producer warpgroup keeps, a multiple of 8 from 24 to 256; the "
+                   "consumers share the rest (default 24, or 40 where it also runs a multi-GPU kernel's waits or "
+                   "barriers)",
+        "specialize-warps")
     prefetch: int = _pin(0, int, "loads in a loop fetch the box they read that many iterations ahead into L2 "
                                  "(thread 0, one bulk request a row; default 0: none)", "prefetch-loads")
     wait_timeout_ms: int | None = _pin(
@@ -92,6 +101,9 @@ class Options:
         otherwise."""
         pins = {name: value for name, value in (consts or {}).items() if name in PINS}
         check_pins(pins, loc)
+        regs = pins.get("producer_regs")
+        if regs is not None and not (24 <= regs <= 256 and regs % 8 == 0):
+            raise TkcUsageError(f"pin producer_regs = {regs}: setmaxnreg takes a multiple of 8 from 24 to 256", loc)
         sizes = target.cluster_sizes
         if pins.get("cluster", 1) not in sizes:
             raise TkcUsageError(f"pin cluster = {pins['cluster']}: a cluster has "

@@ -23,6 +23,9 @@ programs share the SMs.
     them behind the next tile's loop but costs a few percent an iteration.  In the sweep,
     persistent programs won on every row of at most ``SHORT_LOOP`` iterations on average and
     lost on every row of 16 and more without a causal mask.
+  - ``outer_stages = 1`` with ``persistent`` on a long loop (a causal tail): the per-tile Q in
+    one stage, whose address then stays put through the loop (a second stage pays on short
+    loops only).
   - ``persistent`` also when trip counts differ between programs (a causal mask) and the
     longest program is a large share of an SM's work (``TAIL``): programs launched one per tile
     leave the last, longest ones running alone, and the persistent walk pairs heavy tiles
@@ -34,6 +37,10 @@ programs share the SMs.
     caller, in a long loop walked one program a tile: the largest candidate that compiles
     without spilling.  More rows a K/V block mean fewer loads a product; 192-row tiles were in
     the fastest schedule of every D = 64 row from 2k tokens, and do not fit at D = 128 or 256.
+- **An attention-shaped loop in a walk of the program's own** (a loop over tiles the kernel
+  writes itself, such as ring attention's ``grid(num_sms())`` programs, multi-GPU kernels
+  among them): ``defer_last`` only; the grid and the walk are the kernel's.  Ring attention
+  on 4 H200s: 1.06x at 4 x 16k tokens, 1.05x at 4 x 4k.
 - **Other kernels** (GEMMs among them): no pins; the passes' own defaults were within 2% of
   the fastest schedule on every GEMM row of the sweep.
 
@@ -72,12 +79,15 @@ class Chooser:
     #: The pins this module may set.
     PINS = ("defer_last", "persistent")
 
-    def __init__(self, kernel: Operation, loop: Operation, given: set[str]):
+    def __init__(self, kernel: Operation, loop: Operation, given: set[str], walked: bool = False):
         self.kernel, self.loop, self.given = kernel, loop, given
+        #: the loop sits in a walk over tiles the kernel writes itself: defer_last only
+        self.walked = walked
         #: constants declared ``choose(...)`` that the caller left open -> their candidates
-        self.choices: dict[str, list[int]] = {n: list(c) for n, c in kernel.attributes.get("choices", {}).items()
-                                              if n not in given}
-        self.picks = (*self.PINS, *self.choices)  # what this schedule may set
+        self.choices: dict[str, list[int]] = {} if walked else {
+            n: list(c) for n, c in kernel.attributes.get("choices", {}).items() if n not in given}
+        # what this schedule may set
+        self.picks = ("defer_last",) if walked else (*self.PINS, "outer_stages", *self.choices)
         #: :meth:`key` of a launch's arguments -> (the constants it runs with, their sorted items):
         #: the caller keeps it (``tkc.kernel.Kernel``), so a launch like an earlier one picks nothing.
         self.picked: dict[tuple, tuple[dict[str, Any], tuple]] = {}
@@ -110,6 +120,8 @@ class Chooser:
         grid_given = grid
         try:
             check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
+            if self.walked:
+                return {} if "defer_last" in self.given or "issue_ahead" in self.given else {"defer_last": True}
             env = shape_env(self.kernel, args)
             grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
             tiles = math.prod(grid)
@@ -127,6 +139,13 @@ class Chooser:
             slots = sms * int(self.kernel.attributes["consts"].get("ctas_per_sm") or 1)
             tail = first != last and longest * slots > TAIL * tiles * mean
             pins["persistent"] = mean <= SHORT_LOOP or tail
+        if pins.get("persistent") and mean > SHORT_LOOP and "outer_stages" not in self.given:
+            # A long loop walked persistently (a causal tail): the per-tile Q tile in one stage.
+            # Its second stage lands the next tile's Q during this tile's loop, which pays on
+            # short loops (512-1k tokens: 1.06-1.16x), but the stage's address then changes
+            # from tile to tile and the loop's descriptor arithmetic leaves the uniform
+            # datapath: 0.93-0.99x from 2k tokens (D = 128 and 64; benchmarks/RESULTS.md).
+            pins["outer_stages"] = 1
         if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
             # A long loop, one program a tile: the largest tile that compiles without spilling
             # (more rows a K/V block, fewer loads a product; 192-row tiles at D = 64: 1.12-1.28x).
@@ -163,10 +182,13 @@ def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.nam
     shapes.  The model is fitted to sm_90a (an H200): other targets get no pins."""
     open_choices = set(kernel.attributes.get("choices", {})) - given
     ranks = any(isinstance(p.type, TensorType) and p.type.ranks for p in kernel.regions[0].block.args)
-    if target != FITTED_TARGET or ranks or set(Chooser.PINS) <= given and not open_choices:
+    if target != FITTED_TARGET or set(Chooser.PINS) <= given and not open_choices:
         return None
-    loop = _attention_loop(kernel)
-    return Chooser(kernel, loop, given) if loop is not None else None
+    loop = None if ranks else _attention_loop(kernel)  # a multi-GPU kernel's grid is its own
+    if loop is not None:
+        return Chooser(kernel, loop, given)
+    walked = _walked_attention_loop(kernel)
+    return Chooser(kernel, walked, given, walked=True) if walked is not None else None
 
 
 def _attention_loop(kernel: Operation) -> Operation | None:
@@ -176,11 +198,24 @@ def _attention_loop(kernel: Operation) -> Operation | None:
     loops = [op for op in ops if op.name == "tile.for"]
     if len(loops) != 1 or not any(op.name == "tile.load" for op in ops[:ops.index(loops[0])]):
         return None
-    loop = loops[0]
-    products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
-    if len(products) != 2 or not _depends_on(products[1].operands[0], products[0]):
+    return loops[0] if _attention_shaped(loops[0]) else None
+
+
+def _walked_attention_loop(kernel: Operation) -> Operation | None:
+    """The kernel's one attention-shaped loop when it sits in a loop at the top level (a walk
+    over tiles the programs take themselves), a tile loaded before it in its own block."""
+    found = [op for top in kernel.regions[0].block.ops if top.name == "tile.for"
+             for op in top.walk() if op is not top and op.name == "tile.for" and _attention_shaped(op)]
+    if len(found) != 1:
         return None
-    return loop
+    ops = found[0].parent.ops
+    return found[0] if any(op.name == "tile.load" for op in ops[:ops.index(found[0])]) else None
+
+
+def _attention_shaped(loop: Operation) -> bool:
+    """Two products an iteration, the second's first operand computed from the first's result."""
+    products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
+    return len(products) == 2 and _depends_on(products[1].operands[0], products[0])
 
 
 def _body_ops(loop: Operation) -> list[Operation]:

@@ -436,3 +436,12 @@ def test_refill_first_pin_places_the_consumers_refill(first):
     gemm = lowered("gemm.tk", {"BN": 128, "warp_specialize": False}, RING)
     k_loop = gemm[gemm.index("%acc_1 = tile.for"):]
     assert k_loop.index("hopper.wgmma %") < k_loop.index("hopper.tma_load")
+
+
+@pytest.mark.parametrize("consts, q_stages", [({"D": 128}, 2), ({"D": 128, "outer_stages": 1}, 1),
+                                              ({"D": 256, "causal": True}, 1)])
+def test_outer_stages_pin_sets_the_per_tile_q_ring(consts, q_stages):
+    """A persistent program's Q ring around the K/V ring: 2 stages where shared memory allows (D =
+    256 leaves room for one), 1 with the pin."""
+    text = lowered("attn.tk", {**consts, "persistent": True}, "persistent," + SPLIT)
+    assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)

@@ -11,6 +11,7 @@ import pytest
 
 from device_checks import HAVE_PTXAS, assert_no_spills, is_multi_gpu
 from tkc.compiler import compile_kernel
+from tkc.errors import TkcUsageError
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"
@@ -102,9 +103,18 @@ def test_a_barrier_that_ends_every_program_is_met_after_the_walk() -> None:
 
 
 def test_a_producer_that_runs_rank_ops_keeps_40_registers() -> None:
-    ir = _hopper("allgather_gemm.tk")
-    assert 'name = "producer", first = 0, warpgroups = 1, regs = 40' in ir
-    assert 'name = "consumers", first = 1, warpgroups = 2, regs = 232' in ir
+    for example in ("allgather_gemm.tk", "ring_attn.tk", "moe_dispatch.tk"):
+        ir = _hopper(example)
+        assert 'name = "producer", first = 0, warpgroups = 1, regs = 40' in ir, example
+        assert 'name = "consumers", first = 1, warpgroups = 2, regs = 232' in ir, example
+
+
+def test_the_producer_regs_pin() -> None:
+    ir = compile_kernel(EXAMPLES / "ring_attn.tk", {"producer_regs": 24}, stop="hopper", cache=False).asm["hopper"]
+    assert 'name = "producer", first = 0, warpgroups = 1, regs = 24' in ir
+    assert 'name = "consumers", first = 1, warpgroups = 2, regs = 240' in ir
+    with pytest.raises(TkcUsageError, match="pin producer_regs = 20: setmaxnreg takes a multiple of 8 from 24 to 256"):
+        compile_kernel(EXAMPLES / "ring_attn.tk", {"producer_regs": 20}, stop="hopper", cache=False)
 
 
 def test_a_signal_follows_the_programs_stores(tmp_path: Path) -> None:
@@ -196,3 +206,28 @@ def test_an_epilogue_into_a_peer_stages_every_slice_in_a_buffer_of_its_own() -> 
     assert ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add") == 4
     local = compile_kernel(EXAMPLES / "gemm.tk", {}, stop="ptx", cache=False).asm["ptx"]
     assert re.findall(r"cp\.async\.bulk\.wait_group\.read \t(\d)", local) == ["0", "1", "1", "1", "0"]
+
+
+def test_ring_attention_as_a_launch_schedules_it_compiles_without_spills() -> None:
+    """defer_last, which a launch picks for ring_attn.tk's loop (tkc.schedule)."""
+    c = compile_kernel(EXAMPLES / "ring_attn.tk", {"defer_last": True}, stop="cubin" if HAVE_PTXAS else "ptx",
+                       cache=False)
+    if HAVE_PTXAS:
+        assert_no_spills(c)
+
+
+def test_the_producer_waits_for_a_ranks_blocks_before_copying_them_ahead() -> None:
+    """ring_attn.tk waits for a rank's K/V blocks at the first of them; the producer copies blocks
+    up to three iterations ahead, so it waits again, for the copied block's rank, right before
+    each copy (``copies = true``: the consumers keep only the loop's own wait)."""
+    ir = _hopper("ring_attn.tk")
+    producer, consumers = ir[ir.index('name = "producer"'):ir.index('name = "consumers"')], \
+        ir[ir.index('name = "consumers"'):]
+    waits = [line.strip() for line in producer.splitlines() if "tile.wait %ready" in line]
+    assert len(waits) == 3 and sum("copies = true" in w for w in waits) == 2, waits  # prologue, loop, refill
+    lines = producer.splitlines()
+    for i, line in enumerate(lines):
+        if "copies = true" in line:  # the next copy is K's block, behind this wait
+            after = next(x for x in lines[i:] if "hopper.tma_load" in x)
+            assert "hopper.tma_load %kg" in after, after
+    assert "tile.wait %ready" in consumers and "copies = true" not in consumers

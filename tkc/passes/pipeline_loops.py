@@ -41,6 +41,15 @@ A tile the consumers' threads read themselves (``hopper.smem_load``: a vector th
 ``tma_vectors`` copies beside the tiles) has its own rings, whose empty barrier every thread
 arrives on right behind its read.
 
+A wait for a flag in the body ahead of the copies (``tile.wait``, alone or under an ``if``:
+ring attention waits for a rank's K/V blocks at the first of them) guards copies of a tensor
+the kernel writes: the copies of iteration i + S - 1, issued during iteration i, would read
+those tiles before iteration i + S - 1 has waited for them.  Such a guard is issued again, for
+its own iteration, right before the copies it guards (in the prologue and in the refill;
+``copies = true``: the role that issues the copies runs it); the body keeps its own.  A loop
+that orders memory any other way around copies of a tensor the kernel writes (a wait behind
+the copies, a barrier across ranks, an acquiring atomic) stays serial.
+
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
 wgmma, ``hopper.smem_copy`` and ``hopper.smem_load``, or place shared memory (``allocate-smem``
 does).
@@ -96,6 +105,7 @@ class _Group:
         self.sync = body.ops[j - 1] if j >= 1 and body.ops[j - 1].name == "hopper.barrier" else None
         self.barrier = wait.barrier
         self.dsts = [ld.dst for ld in self.loads]
+        self.guards: list[Operation] = []  # the waits its copies follow (``_Pipeliner._guards``)
 
 
 class _Pipeliner:
@@ -103,6 +113,7 @@ class _Pipeliner:
         self.kernel = kernel
         self.body = kernel.regions[0].block
         self.pin = options.stages
+        self.outer_pin = options.outer_stages
         self.producer = options.warp_specialize  # a producer warpgroup may issue the copies
         self.refill_first = options.refill_first
         self.warpgroups = (kernel.attributes.get("threads") or target.warpgroup) // target.warpgroup
@@ -148,7 +159,7 @@ class _Pipeliner:
         # A group around a ring is copied once per run of the inner loop: a second stage lets
         # the next copy land during the inner loop, a third would have nothing left to hide.
         if outer:
-            return max(1, min(OUTER_STAGES, room))
+            return max(1, min(self.outer_pin or OUTER_STAGES, room))
         # An inner ring with two stages leaves the group around it its second stage before
         # taking a third: a persistent program's next Q then lands during this tile's loop
         # (attention at D=128 with 96-key blocks, 512-2k tokens: 6-16% faster than Q in one
@@ -190,6 +201,9 @@ class _Pipeliner:
         # loop): from the trip count when it is the same in every enclosing iteration, else
         # (causal attention's K/V loop) from a count the enclosing loop carries, which needs
         # the loop right in the enclosing loop's body.
+        g.guards = self._guards(g, all_uses)
+        if g.guards is None:
+            return False
         outer = self._enclosing(g.loop)
         if any(p.name != "tile.for" for p in outer):
             return False
@@ -203,6 +217,24 @@ class _Pipeliner:
             inside |= {r for op in p.walk() for r in op.results} | {a for op in p.walk() for r in op.regions
                                                                    for blk in r.blocks for a in blk.args}
         return any(v in inside for v in loop.operands[:3])
+
+    def _guards(self, g: _Group, all_uses: dict[Value, list[Operation]]) -> list[Operation] | None:
+        """The waits for flags that order the group's copies: the body's top-level ops ahead of
+        the copies that only wait (``tile.wait``, or an ``if`` holding nothing else), which the
+        copies of each iteration must follow; [] where the copies read only tensors the kernel
+        never writes (nothing can change them), None where something else in the loop orders
+        memory (a wait behind the copies, a barrier across ranks, an acquiring atomic): copies
+        issued iterations ahead would pass it, so the loop stays serial."""
+        if all(_read_only(ld.tensor, all_uses) for ld in g.loads):
+            return []
+        body = g.loop.regions[0].block
+        ahead = body.ops[:body.ops.index(g.sync)]
+        guards = [op for op in ahead if any(inner.name == "tile.wait" for inner in op.walk())]
+        if any(not _only_waits(op) for op in guards):
+            return None
+        if any(_orders(inner) for op in body.ops if op not in guards for inner in op.walk()):
+            return None
+        return guards
 
     def _enclosing(self, op: Operation) -> list[Operation]:
         return [p for p in op.ancestors() if p is not self.kernel]
@@ -534,6 +566,14 @@ class _Pipeliner:
         free = b.value(tile.XorOp, [parity, self._c(1)], I32)
         loop = g.loop
         mapping: dict[Value, Value] = {loop.regions[0].block.args[0]: iv}
+        for guard in g.guards:  # this iteration's waits, then its copies
+            for v in _free_operands(guard):
+                self._recompute(b, v, loop, mapping)
+            copy = clone(guard, mapping)
+            for inner in copy.walk():
+                if inner.name == "tile.wait":
+                    inner.attributes["copies"] = True
+            b.insert(copy)
         armed: dict[Value, Value] = {}
         for ld, ring in zip(g.loads, full):
             if ring not in armed:
@@ -572,6 +612,37 @@ class _Pipeliner:
             self._recompute(b, x, loop, mapping)
         b.insert(clone(op, mapping))
         return mapping[v]
+
+
+def _read_only(tensor: Value, all_uses: dict[Value, list[Operation]]) -> bool:
+    """Whether the kernel never writes ``tensor`` (on any rank: a peer's copy is the same parameter)."""
+    todo = [tensor]
+    while todo:
+        for u in all_uses.get(todo.pop(), []):
+            if u.name == "tile.peer":
+                todo.append(u.result)
+            elif not (u.has_trait("readonly") or u.name in ("hopper.tma_load", "tile.dim")):
+                return False
+    return True
+
+
+def _only_waits(op: Operation) -> bool:
+    """Whether ``op`` only waits for flags: a ``tile.wait``, or ifs holding nothing but waits."""
+    return not op.results and all(inner.name in ("tile.wait", "tile.if", "tile.yield") and not inner.results
+                                  and not (inner.name == "tile.yield" and inner.operands) for inner in op.walk())
+
+
+def _orders(op: Operation) -> bool:
+    """Whether ``op`` orders the program's memory accesses around it with other programs'."""
+    return op.name in ("tile.wait", "tile.rank_barrier") or (
+        op.name in ("tile.atomic", "tile.atomic_cas") and op.attributes.get("sem") in ("acquire", "acq_rel"))
+
+
+def _free_operands(op: Operation) -> list[Value]:
+    """The values ``op`` and the ops nested in it use that are defined outside ``op``."""
+    inside = {r for inner in op.walk() for r in inner.results} | {
+        a for inner in op.walk() for region in inner.regions for blk in region.blocks for a in blk.args}
+    return list(dict.fromkeys(v for inner in op.walk() for v in inner.operands if v not in inside))
 
 
 def _is_smem(v: Value) -> bool:

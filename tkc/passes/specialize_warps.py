@@ -7,12 +7,14 @@ the way ThunderKittens' producer/consumer template and FlashAttention-3 do it:
 - the **producer** role (warpgroup 0) keeps the copies (``expect_tx``, ``tma_load``), the
   waits on the rings' ``empty`` barriers and the index arithmetic and loops they need, and
   gives registers back (``setmaxnreg`` to 24, as FlashAttention-3's producer; 40 where it
-  also runs a multi-GPU kernel's waits, barriers or peers' addresses); its first
+  also runs a multi-GPU kernel's waits, barriers or peers' addresses; the pin
+  ``producer_regs`` sets it); its first
   warp alone runs them (``warps = 1``: thread 0 issues every copy, and a warp that only spun
   on the waits could fall two phases behind a ring, whose waits test a phase's parity);
 - both roles run the waits for peers' flags and the barriers across ranks (``tile.wait``,
   ``tile.rank_barrier``), each at its place: they order the producer's copies as much as the
-  consumers' accesses;
+  consumers' accesses (but for a wait ``pipeline-loops`` issued again for copies ahead of their
+  iteration, ``copies = true``: the producer's alone);
 - the **consumers** role (warpgroups 1 .. G, as many as the kernel had) keeps everything
   else, and takes the registers the producer gave up (``setmaxnreg``, the most that fits what
   the CTA is launched with, ``tkc.registers``, at most 240); its threads count from 0, so
@@ -59,7 +61,9 @@ from tkc.target import Target
 
 PRODUCER_REGS = 24
 # A producer that also waits for peers' flags, meets other ranks or loads peers' addresses:
-# those loops hold 64-bit addresses and counters, and 24 registers spill them.
+# 24 registers spill moe_dispatch.tk's 64-bit addresses, and where they do not (ring attention,
+# the fused GEMMs) 24 ran 2-13% slower than 40 at 6 of 8 shapes on 4 H200s, 1-2% faster at two
+# (benchmarks/RESULTS.md, 2026-11-27, the pin producer_regs).
 RANK_PRODUCER_REGS = 40
 MAX_CONSUMER_REGS = 240
 
@@ -70,6 +74,12 @@ _SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", 
 # Ops both roles run, each in its place: a wait for a peer's flag and a barrier across ranks
 # order the producer's copies after them as much as the consumers' loads and stores.
 _BOTH = ("tile.wait", "tile.rank_barrier")
+
+
+def _both(op: Operation) -> bool:
+    """Whether both roles run ``op``: a wait or barrier across ranks, but for a wait that guards
+    copies issued ahead of their iteration (``copies``: the producer's alone)."""
+    return op.name in _BOTH and not op.attributes.get("copies")
 
 
 def specialize_warps(module: Module, options: Options, target: Target) -> None:
@@ -164,7 +174,7 @@ class _Specializer:
         empty = self._empty_rings()
         seeds = []
         for op in self.kernel.walk():
-            if op.name in ("hopper.expect_tx", "hopper.tma_load", *_BOTH):
+            if op.name in ("hopper.expect_tx", "hopper.tma_load", *_BOTH):  # (a wait with copies=true too)
                 seeds.append(op)
             elif op.name == "hopper.mbarrier_wait":
                 b = op.barrier
@@ -250,7 +260,7 @@ class _Specializer:
         ret = body.terminator
         index = body.ops.index(ret)
         ranks = any(op.name in tile.RANK_OPS for op in producer)
-        producer_regs = RANK_PRODUCER_REGS if ranks else PRODUCER_REGS
+        producer_regs = self.options.producer_regs or (RANK_PRODUCER_REGS if ranks else PRODUCER_REGS)
         regs = consumer_regs(warpgroups, self.options.programs_per_sm, self.target, producer_regs)
         # The producer's copies are issued by one thread, so one warp runs its loops: the
         # other three would only spin on the same parity waits, and one left behind by the
@@ -329,7 +339,7 @@ class _Specializer:
             for r in op.regions:
                 for b in r.blocks:
                     self._strip(b, producer)
-            if op in producer and op.name not in _BOTH and (not op.has_trait("pure") or op.regions) \
+            if op in producer and not _both(op) and (not op.has_trait("pure") or op.regions) \
                     and not op.results:
                 if not op.regions or not self._has_effect(op, producer):
                     op.erase()
@@ -347,5 +357,5 @@ class _Specializer:
     def _has_effect(op: Operation, producer: set[Operation]) -> bool:
         """Whether a control op still holds something the consumers do (a wait or a barrier
         across ranks included: both roles run those)."""
-        return any(inner is not op and (inner not in producer or inner.name in _BOTH)
+        return any(inner is not op and (inner not in producer or _both(inner))
                    and not inner.has_trait("terminator") for inner in op.walk())

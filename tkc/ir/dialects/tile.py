@@ -765,11 +765,14 @@ def tensor_param(v):
 class WaitOp(_Access):
     """``wait(flags[i] >= v)``: spin until one element of a local i32 tensor (a flag) compares
     true with ``v``, then read it with acquire ordering at system scope: what the programs
-    that signalled it wrote before their release signal is visible after the wait."""
+    that signalled it wrote before their release signal is visible after the wait.  ``copies``:
+    the wait guards the TMA copies behind it, issued ahead of their iteration (``pipeline-loops``
+    issues a loop's wait again for each iteration's copies); only the role that issues copies
+    runs it (``specialize-warps``)."""
 
     name = "tile.wait"
     OPERANDS = ("tensor", "value", "*offsets")
-    ATTRS = {"pred": str, "box": list, "squeeze?": list}
+    ATTRS = {"pred": str, "box": list, "squeeze?": list, "copies?": bool}
 
     def verify(self) -> None:
         t = self.tensor.type
