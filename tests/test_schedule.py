@@ -98,7 +98,7 @@ def test_an_attention_loop_in_a_walk_of_the_programs_own_gets_defer_last_only() 
     ch = chooser(k.kernel_op(), set())
     assert ch is not None and ch.walked and ch.picks == ("defer_last",)
     q = sized(1, 2, 200, 128)
-    args = [q, q, q, q, sized(2, 1, 2, 200, 128), sized(2, 1, 2, 200, 128), sized(2, dtype=torch.int32), 0.1]
+    args = [q, q, sized(2, 1, 2, 200, 128), sized(2, 1, 2, 200, 128), sized(2, dtype=torch.int32), 0.1]
     assert ch.pins(args, None, 132) == {"defer_last": True}
     assert chooser(k.kernel_op(defer_last=False), {"defer_last"}) is not None  # (persistent is still open)
     assert chooser(k.kernel_op(defer_last=False), {"defer_last"}).pins(args, None, 132) == {}

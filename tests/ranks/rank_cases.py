@@ -103,10 +103,14 @@ def ring_attn(ranks: int, seed: int, B: int, H: int, N: int, D: int, scale: floa
             want = torch.softmax(q[r].float() @ keys.transpose(-1, -2) * scale, dim=-1) @ values
             torch.testing.assert_close(o[r].float(), want, atol=2e-2, rtol=2e-2)
 
-    # kg, vg (every rank's K/V blocks) and ready (a count a source rank)
-    return Case([[q[r], k[r], v[r], o[r], torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16),
-                  torch.zeros(ranks, B, H, N, D, dtype=torch.bfloat16), torch.zeros(ranks, dtype=torch.int32),
-                  scale] for r in range(ranks)], check)
+    def slots(x: list[torch.Tensor], r: int) -> torch.Tensor:  # every rank's blocks, rank r's own filled in
+        g = torch.full((ranks, B, H, N, D), float("nan"), dtype=torch.bfloat16)
+        g[r] = x[r]
+        return g
+
+    # kg, vg (every rank's K/V blocks, this rank's in its own slot) and ready (a count a source rank)
+    return Case([[q[r], o[r], slots(k, r), slots(v, r), torch.zeros(ranks, dtype=torch.int32), scale]
+                 for r in range(ranks)], check)
 
 
 def moe_dispatch(ranks: int, seed: int, T: int, D: int, F: int, EL: int) -> Case:
