@@ -191,15 +191,14 @@ def test_a_rank_that_skips_a_barrier_of_a_warp_specialized_kernel(seed: int) -> 
     k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
     assert any(op.name == "hopper.role" for op in k.walk())
     args = cases.allgather_gemm(2, 0, M=80, K=72, N=48).args
-    with pytest.raises(DeadlockError) as info:
+    with pytest.raises(TkcEmulatorError) as info:
         emulate_ranks(k, [[*a, r] for r, a in enumerate(args)], seed=seed)
     msg = str(info.value)
-    line = _line(text, "barrier_all()")
-    # rank 1 went past: its pushing programs finish without meeting the barrier rank 0 waits at
-    assert re.search(r"ranks meet barrier_all\(\) a different number of times: rank 0 CTA \((\d+),\) warpgroup 0 "
-                     rf"\(producer\) waits at its barrier 1 \(line {line}\), but rank 1 CTA \(\1,\) warpgroup 0 "
-                     r"\(producer\) has finished after meeting none, rank 1 CTA \(\1,\) warpgroup 1 \(consumers\) has "
-                     r"finished after meeting none;", msg), msg
+    # rank 1 went past: its pushers store into rank 0's ag before rank 0 is in the kernel (the
+    # deadlock at the barrier rank 0 waits at would come later)
+    line = _line(text, "ag.on(dst)[me")
+    assert re.search(r"data race on element \[1, \d+, \d+\] of 'ag' of rank 0: rank 1 CTA \(\d+,\) stores to it here "
+                     r"with no release/acquire chain after the launch on rank 0; .* a barrier_all\(\) first", msg), msg
     assert info.value.loc.line == line
 
 
@@ -239,20 +238,44 @@ def test_a_finished_role_counts_the_barriers_it_met() -> None:
 def test_a_barrier_waits_for_every_role_of_the_program(seed: int) -> None:
     """allgather_gemm's barrier runs in its producer and its consumer roles (docs/hopper.md §4:
     the barrier completes once every role of the program on every rank has arrived); without
-    the consumers' copy the producers wait for them on every rank."""
+    the producers' copy the consumers wait for them on every rank.  (Without the consumers'
+    copy, their pushes reach a peer before it is in the kernel: a data race, found first.)"""
     text = compile_kernel(EXAMPLES / "allgather_gemm.tk", GEMM, stop="hopper", cache=False).asm["hopper"]
-    consumers = text.index('name = "consumers"')
-    at = text.index("tile.rank_barrier", consumers)
+    producer = text.index('name = "producer"')
+    at = text.index("tile.rank_barrier", producer)
     start, end = text.rindex("\n", 0, at), text.index("\n", at)
     k = parse_module(text[:start] + text[end:]).kernel()
     with pytest.raises(DeadlockError) as info:
         emulate_ranks(k, cases.allgather_gemm(2, 0, M=80, K=72, N=48).args, seed=seed)
     msg = str(info.value)
     line = _line((EXAMPLES / "allgather_gemm.tk").read_text(), "barrier_all()")
-    # a program's consumers finish (nothing else holds them), its producer waits for them on every rank
-    assert re.search(rf"rank \d CTA \((\d+),\) warpgroup 0 \(producer\) waits at its barrier 1 \(line {line}\), "
-                     r"but rank 0 CTA \(\1,\) warpgroup 1 \(consumers\) has finished after meeting none, "
-                     r"rank 1 CTA \(\1,\) warpgroup 1 \(consumers\) has finished after meeting none", msg), msg
+    # a program's producer finishes (its loads wait for nothing of this barrier), its consumers
+    # wait for it on every rank
+    assert re.search(rf"rank \d CTA \((\d+),\) warpgroup 1 \(consumers\) waits at its barrier 1 \(line {line}\), "
+                     r"but rank 0 CTA \(\1,\) warpgroup 0 \(producer\) has finished after meeting none, "
+                     r"rank 1 CTA \(\1,\) warpgroup 0 \(producer\) has finished after meeting none", msg), msg
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_copy_issued_ahead_of_the_wait_that_guards_it_is_a_race(seed: int) -> None:
+    """ring_attn.tk's producer without the waits pipeline-loops issues again ahead of the copies
+    (copies = true): it copies a peer's K/V blocks iterations before its loop waits for them.
+    Whether the peer's pushes land before the copy or after it, the copy is not ordered after
+    them: an error naming both CTAs and lines (a wrong result before)."""
+    text = compile_kernel(EXAMPLES / "ring_attn.tk", {"D": 64, "BM": 64, "BN": 64}, stop="hopper",
+                          cache=False).asm["hopper"]
+    lines = text.splitlines()
+    guards = [i for i, line in enumerate(lines) if "copies = true" in line]
+    assert len(guards) == 2  # the prologue's and the refill's
+    for i in guards:
+        lines[i] = ""
+    k = parse_module("\n".join(lines)).kernel()
+    case = cases.ring_attn(2, 0, B=1, H=2, N=200, D=64)
+    with pytest.raises(TkcEmulatorError) as info:
+        emulate_ranks(k, case.args, seed=seed)
+    msg = str(info.value)
+    assert re.search(r"data race on element \[\d, 0, \d, \d+, \d+\] of '[kv]g' of rank \d: ", msg), msg
+    assert "rank 0 CTA" in msg and "rank 1 CTA" in msg, msg
 
 
 def test_a_rank_out_of_range_is_an_error_at_its_line() -> None:

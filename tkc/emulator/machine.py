@@ -54,7 +54,7 @@ from tkc.errors import TkcEmulatorError, TkcError
 from tkc.grid import as_kernel, check_grid, eval_grid, param_name
 from tkc.interpreter import bind_arguments, random_args, tensor_names, write_back
 from tkc.ir.dialects.tile import atomic_kind, tensor_param, uses_ranks
-from tkc.races import WriteLog
+from tkc.races import HappensBefore, WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_vector_box, tma_map_box, tma_row_axis
@@ -173,12 +173,13 @@ class _CTA:
     """One CTA: shared memory, barriers and the warpgroup coroutines that share them."""
 
     def __init__(self, kernel: Operation, pid: tuple[int, ...], grid: tuple[int, ...],
-                 params: dict[Value, Any], written: set[int], log: WriteLog | None = None):
+                 params: dict[Value, Any], written: set[int], log: WriteLog | HappensBefore | None = None):
         self.kernel = kernel
         self.pid, self.grid = pid, grid
         self.params = params
         self.written = written
         self.log = log  # who wrote which element: write-write races between CTAs (tkc/races.py)
+        self.who: Any = pid  # this CTA in ``log``'s messages (a multi-GPU launch: its index among every rank's)
         self.fetched: dict[Operation, np.ndarray] = {}  # the old value of a hopper.atomic_fetch
         threads = kernel.threads
         if not isinstance(threads, int) or threads <= 0 or threads % 128:
@@ -787,6 +788,7 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
         other = round_to(0 if op.other is None else op.other, dt)
         if bool(inb) and wg.cta.launch is not None:
             wg.cta.launch.check_read(tensor, idx)
+            wg.cta.launch.read(wg, op, tensor, idx)
         return np.asarray(tensor[idx] if bool(inb) else other, dt.np_storage)
     return _read(wg, op, tensor, offsets, wg.coords(op, _reg_layout(op, op.result.type)))
 
@@ -798,6 +800,7 @@ def _read(wg: _Warpgroup, op: Operation, tensor: np.ndarray, offsets: Sequence[A
     idx, inb = _global_index(op, tensor, offsets, coords)
     if wg.cta.launch is not None:
         wg.cta.launch.check_read(tensor, idx, inb)
+        wg.cta.launch.read(wg, op, tensor, tuple(i[inb] for i in idx))
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:
@@ -816,9 +819,9 @@ def _gather(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: np.ndarray
 def _log_write(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
     log = wg.cta.log
     if log is not None:
-        race = log.write(tensor, index, wg.cta.pid, op.loc, atomic)
+        race = log.write(tensor, index, wg.cta.who, op.loc, atomic)
         if race is not None:
-            raise _fault(op, race.message(wg.cta.pid, atomic))
+            raise _fault(op, race.message(wg.cta.who, atomic))
 
 
 def _store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, value: np.ndarray, *offsets: Any) -> None:
@@ -1100,7 +1103,10 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     # The whole box outside the tensor: TMA fills it with zeros.
     plane = tensor[at.index] if at.index is not None else np.zeros((tensor.shape[r], tensor.shape[-1]), tensor.dtype)
     if at.index is not None and wg.cta.launch is not None:
-        wg.cta.launch.check_read(tensor, _tile_region(op, at, tensor, lay))
+        region = _tile_region(op, at, tensor, lay)
+        wg.cta.launch.check_read(tensor, region)
+        if wg.leader:  # thread 0 issues the copy
+            wg.cta.launch.read(wg, op, tensor, region)
     n = op.attributes.get("multicast") or 1
     if n == 1:
         tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
@@ -1392,16 +1398,16 @@ def emulate_ranks(kernel: Module | Operation, rank_args: Sequence[Sequence[Any]]
                                        f"grid {shape} must have a multiple of {cluster} there", kernel.loc)
             names = {id(env[p]): (param_name(p), r) for r, env in enumerate(envs) for p in params
                      if isinstance(p.type, TensorType)}
-            launch = ranks.RankLaunch(kernel, envs, names)
             pids = list(itertools.product(*(range(n) for n in shape)))
             pids.sort(key=lambda p: (p[0] // cluster, *p[1:], p[0]))
+            launch = ranks.RankLaunch(kernel, envs, names, [(r, pid) for r in range(len(envs)) for pid in pids])
             ctas: list[_CTA] = []
             for r, env in enumerate(envs):
                 for k in range(0, len(pids), cluster):
-                    group = [_CTA(kernel, pid, shape, env, written) for pid in pids[k:k + cluster]]
+                    group = [_CTA(kernel, pid, shape, env, written, launch.log) for pid in pids[k:k + cluster]]
                     _join_cluster(group)
                     for cta in group:
-                        cta.launch, cta.gpu = launch, r
+                        cta.launch, cta.gpu, cta.who = launch, r, launch.index[(r, cta.pid)]
                         cta.handlers, cta.co_handlers = _RANK_HANDLERS, _RANK_CO_HANDLERS
                     ctas += group
             _run_ranks(launch, ctas, seed)
@@ -1428,6 +1434,7 @@ def _run_ranks(launch: ranks.RankLaunch, ctas: list[_CTA], seed: int) -> None:
             max_steps=1_000_000 * len(ctas))
         for wg in warpgroups:
             wg.left_behind(None, lambda w: True)
+        launch.landed()
     except TkcEmulatorError as e:
         loc = e.loc or next((c.fault_loc for c in ctas if c.fault_loc is not None), None)
         raise type(e)(e.message, loc) from e

@@ -16,12 +16,19 @@ module gives them the meaning the lowered kernel has on the GPU:
   of the role's thread 0 (``cp.async.bulk.wait_group 0``) and lets the role's threads meet, as
   ``lower_ranks.before_release`` does; until then a TMA store's global writes are *in
   flight*: any load, gather or TMA load of those elements is an error naming both ops.
+- every global access of the lowered kernel (loads, gathers and TMA copies as reads; stores,
+  atomics and TMA stores as writes) goes through the interpreter's race detector
+  (``tkc.races.HappensBefore``) with a CTA as its program: a wait acquires the flag, a releasing
+  atomic releases its element, a barrier across ranks joins the CTAs of one program id on
+  every rank.  So a read of a peer's tile that no wait orders after the peer's write (a copy a
+  pipelined loop issued ahead of the wait that guards it) is an error naming both CTAs and
+  lines, whichever came first in the run, as it is in the interpreter; and so is a write into
+  a rank that none of its CTAs waits for before the launch ends.
 
 Every program of every rank is live from the start (``machine.emulate_ranks`` runs all their
 warpgroups in one scheduler), as in the interpreter.  When none can go on, the error lists
 every waiting warpgroup with its rank, CTA, role and line (``stuck``), in the interpreter's
-words (``tkc.ranks``).  Data races are the interpreter's (``tkc.races.HappensBefore``; ``tkc
-run --check`` runs it): this module checks only the protocol of the lowered kernel.
+words (``tkc.ranks``).
 
 Must not: change how a kernel of one GPU runs (``machine.emulate`` hands only multi-GPU
 kernels to ``emulate_ranks``, whose CTAs alone use these handlers).
@@ -38,6 +45,7 @@ from tkc.emulator.scheduler import DeadlockError, Until, Wait
 from tkc.errors import TkcEmulatorError
 from tkc.ir.core import Operation
 from tkc.ir.types import ScalarType
+from tkc.races import HappensBefore
 from tkc.ranks import barrier_count, deadlock, flag_state, never_satisfied, out_of_range
 from tkc.semantics import _CMP as semantics_cmp
 
@@ -50,8 +58,16 @@ class RankLaunch:
     """What the CTAs of a multi-GPU launch share: every rank's parameters, the barriers
     across ranks, the TMA stores still in flight, and the warpgroups' names (for messages)."""
 
-    def __init__(self, kernel: Operation, envs: list[dict], names: dict[int, tuple[str, int]]):
+    def __init__(self, kernel: Operation, envs: list[dict], names: dict[int, tuple[str, int]],
+                 ctas: list[tuple[int, tuple[int, ...]]]):
         self.envs = envs
+        # The race detector, a CTA a program: ``ctas`` lists every CTA's (rank, program id).
+        self.index = {cta: k for k, cta in enumerate(ctas)}
+        self.log = HappensBefore([f"rank {r} CTA {pid}" for r, pid in ctas], [r for r, _ in ctas])
+        for env in envs:
+            for array in env.values():
+                if id(array) in names:
+                    self.log.add_tensor(array, *names[id(array)])
         self.num_ranks = len(envs)
         roles = [op for op in kernel.regions[0].block.ops if op.name == "hopper.role"]
         self.roles: list[str | None] = [r.attributes["name"] for r in roles] or [None]
@@ -113,6 +129,24 @@ class RankLaunch:
                     f"role releases after it (signal(), barrier_all() or an atomic with sem release or acq_rel "
                     f"first waits for the role's bulk copies: cp.async.bulk.wait_group 0)")
 
+    # ------------------------------------------------------------------ data races
+    def read(self, wg: Any, op: Operation, tensor: np.ndarray, index: Any) -> None:
+        """``wg``'s CTA reads ``tensor[index]`` (global memory): a race with a write no chain of
+        waits and releases orders before it is an error."""
+        if id(tensor) in self.names:
+            msg = self.log.access(tensor, index, wg.cta.who, op.loc, "read")
+            if msg is not None:
+                raise TkcEmulatorError(msg, op.loc)
+
+    def landed(self) -> None:
+        """Once every CTA has finished: every write into a rank's memory by a peer happens
+        before the end of one of that rank's CTAs (else the rank's caller may read the memory
+        before the write lands)."""
+        for r in range(self.num_ranks):
+            late = self.log.landed(r, [k for (rank, _), k in self.index.items() if rank == r])
+            if late is not None:
+                raise TkcEmulatorError(*late)
+
     # ------------------------------------------------------------------ barriers
     def arrive(self, wg: Any, op: Operation) -> tuple[tuple[tuple[int, ...], int], set]:
         """``wg``'s role reaches its next barrier ``op``: the barrier's key (program id, count)
@@ -123,6 +157,8 @@ class RankLaunch:
         met.append(op.loc.line if op.loc is not None else 0)
         arrived = self.arrived.setdefault((cta.pid, k), set())
         arrived.add((cta.gpu, role))
+        if len(arrived) == self.num_ranks * len(self.roles):  # the last arrival: everyone has seen everything
+            self.log.barrier([self.index[(r, cta.pid)] for r in range(self.num_ranks)])
         return (cta.pid, k), arrived
 
     def _absent(self, key: tuple[tuple[int, ...], int], arrived: set) -> list[tuple[Any, str]]:
@@ -227,6 +263,7 @@ def _wait(wg: Any, op: Operation, tensor: np.ndarray, value: Any, *offsets: Any)
 
     if wg.leader:
         yield from _spin(wg, op, lambda: bool(semantics_cmp[pred](int(tensor[element]), want)), waits_for)
+        launch.log.acquire(tensor, element, wg.cta.who)
     yield from wg.bar_sync(op)
 
 
@@ -252,15 +289,35 @@ def releasing(handler: Callable[..., Any], co: bool) -> Callable[..., Co]:
     own first barrier does it, lets the role's threads meet (``lower_ranks.before_release``)."""
 
     def run(wg: Any, op: Operation, *args: Any) -> Co:
-        if op.attributes.get("sem") in ("release", "acq_rel") and isinstance(op.value.type, ScalarType):
+        sem = op.attributes.get("sem") or "relaxed"
+        one = isinstance(op.value.type, ScalarType)
+        if sem in ("release", "acq_rel") and one:
             if wg.leader:
                 wg.cta.launch.drain(wg)
             if not co:
                 yield from wg.bar_sync(op)
         out = handler(wg, op, *args)
-        return (yield from out) if co else out
+        out = (yield from out) if co else out
+        if sem != "relaxed" and one and wg.leader:  # thread 0 issued it: its ordering, for the CTA
+            log, tensor, element = wg.cta.launch.log, args[0], _element(op, args)
+            if element is not None:
+                if sem in ("acquire", "acq_rel") and op.results:
+                    log.acquire(tensor, element, wg.cta.who)
+                if sem in ("release", "acq_rel"):
+                    log.release(tensor, element, wg.cta.who)
+        return out
 
     return run
+
+
+def _element(op: Operation, args: tuple) -> tuple[int, ...] | None:
+    """The element an atomic on one element (``tile.atomic``, ``tile.atomic_cas``,
+    ``hopper.atomic_fetch``; ``args`` its operands' values) updates; None outside its tensor."""
+    n = 2 if op.name == "tile.atomic_cas" or op.attributes.get("kind") == "cas" else 1
+    rest = args[2:] if op.name == "hopper.atomic_fetch" else args[1:]  # (a fetch's slot first)
+    element = tuple(int(o) for o in rest[n:])
+    tensor = args[0]
+    return element if all(0 <= i < d for i, d in zip(element, tensor.shape)) else None
 
 
 HANDLERS: dict[str, Callable[..., Any]] = {
