@@ -41,6 +41,15 @@ def test_version() -> None:
     assert tkc.__version__ in r.stdout
 
 
+def test_compile_prints_the_passes_remarks_to_stderr(tmp_path: Path) -> None:
+    out = tmp_path / "g.ptx"
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BM=128", "-D", "BN=256", "-D", "BK=256", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "" and out.exists()
+    assert re.match(r".*gemm.tk:\d+:\d+: note: this loop's tile loads stay one at a time", r.stderr), r.stderr
+    assert "for k in range" in r.stderr  # the line, with a caret under it
+
+
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"

@@ -203,6 +203,14 @@ def test_version_changes_with_the_compiler() -> None:
     assert v.startswith(tkc.__version__ + "+") and "llvmlite-" in v
 
 
+def test_remarks_survive_the_cache(tmp_path: Path) -> None:
+    consts = {"BM": 128, "BN": 256, "BK": 256}  # no room for a second stage: a remark at the K loop
+    first = compile_kernel(GEMM, consts, stop="hopper", cache_dir=tmp_path)
+    assert len(first.remarks) == 1 and ": note: " in first.remarks[0]
+    hit = compile_kernel(GEMM, consts, stop="hopper", cache_dir=tmp_path)
+    assert hit.cache_hit and hit.remarks == first.remarks
+
+
 # ------------------------------------------------------------------ ptxas
 def test_cubin_and_resources_survive_the_cache(tmp_path: Path, ptxas: Path) -> None:
     first = compile_kernel(GEMM, cache_dir=tmp_path, ptxas=True)

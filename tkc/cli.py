@@ -370,6 +370,8 @@ def compile_command(file: str, output: str, emit: str | None, pipeline: str, hop
                               stop="cubin" if resource_usage else emit,
                               ptxas=True if emit == "cubin" or resource_usage else None,
                               pass_options=opts, cache=False, file=file)
+    for note in compiled.remarks:  # what a pass left undone and why, at its line
+        click.echo(note, err=True)
     if resource_usage:
         _print_resources(compiled)
     out = compiled.asm[emit]

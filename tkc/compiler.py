@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcUsageError
+from tkc.errors import TkcUsageError, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -78,6 +78,7 @@ class Compiled:
     asm: dict[str, Any]
     resources: Any = None  # tkc.codegen.ptxas.ResourceUsage
     ptxas_warnings: tuple[str, ...] = ()
+    remarks: tuple[str, ...] = ()  # the passes' notes on what they left undone and why (tkc.errors.TkcRemark)
     cache_key: str | None = None
     cache_hit: bool = False
     _dumps: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -151,7 +152,7 @@ class Compiled:
         texts = {k: v for k, v in self.asm.items() if k != "cubin"}
         res = dataclasses.asdict(self.resources) if self.resources is not None else None
         return json.dumps({"name": self.name, "target": self.target, "asm": texts, "cubin": "cubin" in self.asm,
-                           "resources": res, "ptxas_warnings": list(self.ptxas_warnings),
+                           "resources": res, "ptxas_warnings": list(self.ptxas_warnings), "remarks": list(self.remarks),
                            "dumps": self._dumps}).encode()
 
     @classmethod
@@ -167,7 +168,8 @@ class Compiled:
         res = d["resources"]
         if res is not None:
             res = ResourceUsage(**{**res, "lines": tuple(res["lines"])})
-        return cls(d["name"], d["target"], asm, res, tuple(d["ptxas_warnings"]), key, True, d["dumps"])
+        return cls(d["name"], d["target"], asm, res, tuple(d["ptxas_warnings"]), tuple(d.get("remarks", ())), key,
+                   True, d["dumps"])
 
 
 # ------------------------------------------------------------------ version
@@ -441,12 +443,13 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
     b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
                _Dumps())
-    for stage, run in _STAGES[: STAGES.index(stop) + 1]:
-        out = run(b)
-        if out is not None:
-            b.asm[stage] = out
-    result = Compiled(name, tgt, b.asm, cache_key=key, _dumps=b.dumps.as_json(),
-                      _kernel_op=module.kernel(name))  # the op a pass left (one may have replaced it)
+    with remarks() as notes:
+        for stage, run in _STAGES[: STAGES.index(stop) + 1]:
+            out = run(b)
+            if out is not None:
+                b.asm[stage] = out
+    result = Compiled(name, tgt, b.asm, remarks=tuple(str(n) for n in notes), cache_key=key,
+                      _dumps=b.dumps.as_json(), _kernel_op=module.kernel(name))  # the op a pass left
     if b.assembled is not None:
         result.resources = b.assembled.kernels.get(name)
         result.ptxas_warnings = tuple(b.assembled.warnings)

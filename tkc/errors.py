@@ -2,11 +2,18 @@
 
 A located error renders as ``file:line:col: error: reason`` followed by the
 source line and a caret, like a C compiler.  Nothing else in tkc formats
-diagnostics; the CLI prints ``str(err)`` and exits non-zero.
+diagnostics; the CLI prints ``str(err)`` and exits non-zero.  A remark
+(:class:`TkcRemark`, ``file:line:col: note: ...``) is the same diagnostic about a
+kernel that compiles: a choice a pass made that costs speed and that the kernel's
+author can change; passes make them with :func:`remark`, a compilation collects
+them with :func:`remarks`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,3 +119,32 @@ class TkcEmulatorError(TkcError):
     wrong values: a deadlock, an mbarrier phase or tx misuse, a shared-memory race, a missing
     proxy fence, a misaligned or out-of-bounds access.  The message names the roles, ops and
     barriers involved."""
+
+
+class TkcRemark(TkcError):
+    """A note about a kernel that compiles (never raised): what a pass left undone and why, in
+    the kernel's words, at the line it concerns (a loop whose copies stay one at a time)."""
+
+    kind = "note"
+
+
+_REMARKS: ContextVar[list[TkcRemark] | None] = ContextVar("tkc_remarks", default=None)
+
+
+@contextmanager
+def remarks() -> Iterator[list[TkcRemark]]:
+    """The remarks passes make inside the block (:func:`remark`), in order."""
+    collected: list[TkcRemark] = []
+    token = _REMARKS.set(collected)
+    try:
+        yield collected
+    finally:
+        _REMARKS.reset(token)
+
+
+def remark(message: str, loc: Loc | None) -> None:
+    """A pass's remark about the kernel at ``loc``: kept by the innermost :func:`remarks` block
+    (none: dropped), once per message and place."""
+    collected = _REMARKS.get()
+    if collected is not None and not any(r.message == message and r.loc == loc for r in collected):
+        collected.append(TkcRemark(message, loc))

@@ -445,3 +445,53 @@ def test_outer_stages_pin_sets_the_per_tile_q_ring(consts, q_stages):
     256 leaves room for one), 1 with the pin."""
     text = lowered("attn.tk", {**consts, "persistent": True}, "persistent," + SPLIT)
     assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)
+
+
+UNDER_AN_IF = """
+@kernel
+def gemm_if(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], n: i32,
+            BM: const = 128, BN: const = 128, BK: const = 64):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([BM, BN], f32)
+    if n > 0:
+        for k in range(cdiv(K, BK)):
+            acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
+"""
+
+
+def test_a_loop_left_serial_under_a_runtime_if_gets_a_remark_at_its_line(tmp_path):
+    from tkc.compiler import compile_kernel
+
+    path = tmp_path / "gemm_if.tk"
+    path.write_text(UNDER_AN_IF)
+    c = compile_kernel(path, {}, stop="hopper", cache=False)
+    assert len(c.remarks) == 1, c.remarks
+    first = c.remarks[0].splitlines()
+    assert first[0] == (f"{path}:10:9: note: this loop's tile loads stay one at a time (each waits for the "
+                        "iteration before to finish with its tiles): it runs under an if whose condition is known "
+                        "only at run time; keep the loop at the top level (or in loops only) and give the programs "
+                        "that skip it zero trips")
+    assert first[1:] == ["        for k in range(cdiv(K, BK)):", "        ^"]
+
+
+def test_a_ring_that_does_not_fit_gets_a_remark_unless_stages_is_pinned():
+    from tkc.compiler import compile_kernel
+
+    consts = {"BM": 128, "BN": 256, "BK": 256}
+    c = compile_kernel(EXAMPLES / "gemm.tk", consts, stop="hopper", cache=False)
+    assert len(c.remarks) == 1 and re.search(r"gemm.tk:\d+:\d+: note: this loop's tile loads stay one at a time .*: "
+                                             r"two stages of its tiles \(2 x 196608 bytes\) do not fit in the "
+                                             r"\d+ bytes of shared memory left", c.remarks[0]), c.remarks
+    assert compile_kernel(EXAMPLES / "gemm.tk", {**consts, "stages": 1}, stop="hopper", cache=False).remarks == ()
+
+
+@pytest.mark.parametrize("name", ["gemm.tk", "attn.tk", "attn_train.tk", "ring_attn.tk", "allgather_gemm.tk"])
+def test_the_examples_compile_without_remarks(name):
+    from tkc.compiler import compile_kernel
+
+    kernels = re.findall(r"^def (\w+)\(", (EXAMPLES / name).read_text(), re.M)
+    for kernel in kernels if name == "attn_train.tk" else [None]:
+        assert compile_kernel(EXAMPLES / name, {}, stop="hopper", cache=False, kernel=kernel).remarks == ()

@@ -93,7 +93,10 @@ def test_a_loop_that_waits_behind_its_copies_stays_serial() -> None:
             if (j == nb - 1) & ((src + 1) % num_ranks() != me):
                 wait(ready[(src + 1) % num_ranks()] >= pushers)
 """)
-    kernel = compile_kernel(text, {"D": 64, "BM": 64, "BN": 64}, stop="hopper", cache=False).kernel_op
+    compiled = compile_kernel(text, {"D": 64, "BM": 64, "BN": 64}, stop="hopper", cache=False)
+    kernel = compiled.kernel_op
+    assert len(compiled.remarks) == 1 and ": note: this loop's tile loads stay one at a time" in compiled.remarks[0] \
+        and "a wait() after them" in compiled.remarks[0], compiled.remarks  # and the author is told why
     stages = {op.result.name_hint: op.attributes.get("stages", 1) for op in kernel.walk()
               if op.name == "hopper.smem_alloc"}
     assert stages["kg_smem"] == stages["vg_smem"] == 1, stages  # K and V: no ring

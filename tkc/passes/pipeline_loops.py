@@ -50,6 +50,11 @@ its own iteration, right before the copies it guards (in the prologue and in the
 that orders memory any other way around copies of a tensor the kernel writes (a wait behind
 the copies, a barrier across ranks, an acquiring atomic) stays serial.
 
+A loop whose copies stay serial for a reason the kernel's author can change (it runs under a
+runtime ``if``, orders memory around its copies, has bounds that vary under more than one loop,
+or has no room for a second stage unless the pin ``stages`` asked for one) gets a remark at its
+line (``tkc.errors.remark``: ``tkc compile`` prints it as a note).
+
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
 wgmma, ``hopper.smem_copy`` and ``hopper.smem_load``, or place shared memory (``allocate-smem``
 does).
@@ -58,7 +63,7 @@ does).
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError
+from tkc.errors import TkcUnsupportedError, remark
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
@@ -129,8 +134,14 @@ class _Pipeliner:
             for wait in [op for op in loop.regions[0].block.ops if op.name == "hopper.mbarrier_wait"]:
                 group = _Group(loop, wait)
                 stages = self._stages(group)
-                if stages >= (1 if self._encloses_ring(loop) else 2) and self._pipelinable(group):
+                fits = stages >= (1 if self._encloses_ring(loop) else 2)
+                obstacle = self._obstacle(group)
+                if fits and obstacle is None:
                     self._pipeline(group, stages)
+                elif obstacle or obstacle is None and self.pin is None:  # (no room for a second stage)
+                    # The loop's copies stay one at a time: tell the kernel's author why.
+                    remark(f"this loop's tile loads stay one at a time (each waits for the iteration before to "
+                           f"finish with its tiles): {obstacle or self._no_room(group)}", loop.loc)
 
     @staticmethod
     def _encloses_ring(loop: Operation) -> bool:
@@ -175,39 +186,53 @@ class _Pipeliner:
                 total += sum(_owner(d).stride for d in _Group(outer, wait).dsts)
         return total
 
-    def _pipelinable(self, g: _Group) -> bool:
-        """The group is lower-to-hopper's shape and its tiles are read only by wgmma (and
-        ``hopper.smem_copy``, or ``hopper.smem_load`` in the loop's body)."""
+    def _obstacle(self, g: _Group) -> str | None:
+        """None when the group is lower-to-hopper's shape and its tiles are read only by wgmma
+        (and ``hopper.smem_copy``, or ``hopper.smem_load`` in the loop's body); else why not, in
+        the kernel's words where its author can change it ('' where not)."""
         if g.expect is None or g.sync is None or not g.loads or g.expect.barrier is not g.barrier:
-            return False
+            return ""
         body = g.loop.regions[0].block
         parity = g.wait.parity
         if parity not in body.args:
-            return False
+            return ""
         all_uses = uses(self.kernel)
         for d in g.dsts:
             if _owner(d).attributes.get("stages", 1) != 1:
-                return False
+                return ""
             if any(u.name not in ("hopper.tma_load", "hopper.wgmma", "hopper.smem_copy", "hopper.smem_load")
                    or not self._inside(u, g.loop)
                    or u.name == "hopper.smem_copy" and u.src is not d
                    or u.name == "hopper.smem_load" and u.parent is not body
                    for u in all_uses.get(d, [])):
-                return False
+                return ""
         bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
         if not all(u in (g.expect, g.wait, *g.loads) for u in bar_uses):
-            return False
+            return ""
+        g.guards = self._guards(g, all_uses)
+        if g.guards is None:
+            return ("it loads a tensor the kernel writes and orders memory around those loads other than by a "
+                    "wait() ahead of them (a wait() after them, a barrier_all() or an acquiring atomic): loads "
+                    "issued ahead would pass it; wait() before the loads instead")
         # Ring positions count iterations across enclosing loops (a persistent kernel's tile
         # loop): from the trip count when it is the same in every enclosing iteration, else
         # (causal attention's K/V loop) from a count the enclosing loop carries, which needs
         # the loop right in the enclosing loop's body.
-        g.guards = self._guards(g, all_uses)
-        if g.guards is None:
-            return False
         outer = self._enclosing(g.loop)
         if any(p.name != "tile.for" for p in outer):
-            return False
-        return not self._varying(g.loop) or len(outer) == 1 and g.loop.parent is outer[0].regions[0].block
+            return ("it runs under an if whose condition is known only at run time; keep the loop at the "
+                    "top level (or in loops only) and give the programs that skip it zero trips")
+        if self._varying(g.loop) and not (len(outer) == 1 and g.loop.parent is outer[0].regions[0].block):
+            return ("its bounds change from one run to the next inside more than one enclosing loop; compute "
+                    "them in the loop right around it")
+        return None
+
+    def _no_room(self, g: _Group) -> str:
+        """Why a second stage of the group's tiles does not fit."""
+        group = sum(_owner(d).stride for d in g.dsts)
+        free = ring_room(self.capacity, self._smem_bytes() - group, len(g.loads))
+        return (f"two stages of its tiles (2 x {group} bytes) do not fit in the {free} bytes of shared memory "
+                f"left; smaller tiles let the next loads land while this iteration computes")
 
     def _varying(self, loop: Operation) -> bool:
         """Whether ``loop``'s bounds may change from one iteration of an enclosing loop to the
