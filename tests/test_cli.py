@@ -50,6 +50,16 @@ def test_compile_prints_the_passes_remarks_to_stderr(tmp_path: Path) -> None:
     assert "for k in range" in r.stderr  # the line, with a caret under it
 
 
+def test_run_prints_the_remarks_on_the_kernel_it_ran() -> None:
+    path = ROOT / "tests" / "data" / "gemm_under_if.tk"
+    r = tkc_cli("run", str(path), "--backend", "emulate", "--check", "--dim", "M=130", "--dim", "N=128",
+                "--dim", "K=64")
+    assert r.exit_code == 0, r.output
+    assert f"{path}:10:9: note: this loop's tile loads stay one at a time" in r.stderr, r.stderr
+    assert "note:" not in tkc_cli("run", str(path), "--backend", "interpret", "--dim", "M=130", "--dim", "N=128",
+                                  "--dim", "K=64").stderr  # the interpreter runs no compiled kernel
+
+
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"

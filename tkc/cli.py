@@ -565,7 +565,10 @@ def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str
 
 
 def _print_outputs(result: Any, pair: str) -> None:
-    """Each output's statistics, then each check of ``pair`` (exit 1 on a mismatch)."""
+    """The compiler's remarks on the kernel that ran (stderr), each output's statistics, then
+    each check of ``pair`` (exit 1 on a mismatch)."""
+    for note in result.notes:
+        click.echo(note, err=True)
     for name, t, value in result.outputs:
         click.echo("  " + _tensor_stats(name, t, value))
     if result.checked is not None:

@@ -223,7 +223,7 @@ class RunResult:
     outputs: list[tuple[str, TensorType, np.ndarray]]
     checked: list[Mismatch] | None = None
     repeats: int = 1
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the compiler's remarks on the kernel that ran
 
     @property
     def ok(self) -> bool:
@@ -266,15 +266,21 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         from tkc.compiler import compile_kernel
         from tkc.emulator import emulate
 
-        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False, target=target).kernel_op
+        compiled = compile_kernel(kernel, stop="hopper", cache=False, target=target)
+        executed = hopper = compiled.kernel_op
+        notes = list(compiled.remarks)
         grid = user_grid or launch_grid(hopper, args)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
         seconds, repeat, grid, executed = _run_gpu(kernel, work, user_grid, repeat, target)
+        from tkc.compiler import compile_kernel
+
+        notes = list(compile_kernel(kernel, target=target).remarks)  # the launch's compilation, cached
     params = kernel.regions[0].block.args
     outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
                if isinstance(p.type, TensorType)]
-    result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat)
+    result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat,
+                       notes=notes if backend != "interpret" else [])
     if reference is not None:
         run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
         rounded = rounding(kernel)
@@ -311,16 +317,19 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
         if reference is not None:
             for args in work + reference:
                 _poison_outputs(kernel, args)
-        executed = hopper = compile_kernel(kernel, stop="hopper", cache=False, target=target).kernel_op
+        compiled = compile_kernel(kernel, stop="hopper", cache=False, target=target)
+        executed = hopper = compiled.kernel_op
+        notes = list(compiled.remarks)
         seconds = _timed(lambda: emulate_ranks(hopper, work, grid=grid, seed=seed))
     else:
+        notes = []
         seconds = _timed(lambda: run(kernel, work, grid=grid, seed=seed))
     params = kernel.regions[0].block.args
     tensors = [(i, p) for i, p in enumerate(params) if isinstance(p.type, TensorType)]
     outputs = [(f"{p.name_hint or f'arg{i}'} (rank {r})", p.type, np.asarray(args[i]))
                for r, args in enumerate(work) for i, p in tensors]
     result = RunResult(kernel.attributes["sym_name"], backend, grid or launch_grid(executed, rank_args[0]), seconds,
-                       outputs)
+                       outputs, notes=notes)
     if reference is not None:
         if backend == "emulate":
             run(kernel, reference, grid=None if walks_tiles(executed) else grid, seed=seed)

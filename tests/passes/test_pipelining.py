@@ -447,26 +447,13 @@ def test_outer_stages_pin_sets_the_per_tile_q_ring(consts, q_stages):
     assert re.search(rf"%q_smem = hopper.smem_alloc \{{offset = -1, stages = {q_stages}\}}", text)
 
 
-UNDER_AN_IF = """
-@kernel
-def gemm_if(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], n: i32,
-            BM: const = 128, BN: const = 128, BK: const = 64):
-    grid(cdiv(M, BM), cdiv(N, BN))
-    pm = program_id(0)
-    pn = program_id(1)
-    acc = zeros([BM, BN], f32)
-    if n > 0:
-        for k in range(cdiv(K, BK)):
-            acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
-    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
-"""
+UNDER_AN_IF = pathlib.Path(__file__).resolve().parents[1] / "data" / "gemm_under_if.tk"
 
 
-def test_a_loop_left_serial_under_a_runtime_if_gets_a_remark_at_its_line(tmp_path):
+def test_a_loop_left_serial_under_a_runtime_if_gets_a_remark_at_its_line():
     from tkc.compiler import compile_kernel
 
-    path = tmp_path / "gemm_if.tk"
-    path.write_text(UNDER_AN_IF)
+    path = UNDER_AN_IF
     c = compile_kernel(path, {}, stop="hopper", cache=False)
     assert len(c.remarks) == 1, c.remarks
     first = c.remarks[0].splitlines()
