@@ -168,7 +168,7 @@ class Compiled:
         res = d["resources"]
         if res is not None:
             res = ResourceUsage(**{**res, "lines": tuple(res["lines"])})
-        return cls(d["name"], d["target"], asm, res, tuple(d["ptxas_warnings"]), tuple(d.get("remarks", ())), key,
+        return cls(d["name"], d["target"], asm, res, tuple(d["ptxas_warnings"]), tuple(d["remarks"]), key,
                    True, d["dumps"])
 
 

@@ -272,10 +272,8 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         grid = user_grid or launch_grid(hopper, args)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
-        seconds, repeat, grid, executed = _run_gpu(kernel, work, user_grid, repeat, target)
-        from tkc.compiler import compile_kernel
-
-        notes = list(compile_kernel(kernel, target=target).remarks)  # the launch's compilation, cached
+        seconds, repeat, grid, compiled = _run_gpu(kernel, work, user_grid, repeat, target)
+        executed, notes = compiled.kernel_op, list(compiled.remarks)
     params = kernel.regions[0].block.args
     outputs = [(p.name_hint or f"arg{i}", p.type, np.asarray(w)) for i, (p, w) in enumerate(zip(params, work))
                if isinstance(p.type, TensorType)]
@@ -462,7 +460,7 @@ def walks_tiles(kernel: Operation) -> bool:
 
 
 def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int,
-             target: str = DEFAULT_TARGET.name) -> tuple[float, int, tuple[int, ...], Operation]:
+             target: str = DEFAULT_TARGET.name) -> tuple[float, int, tuple[int, ...], Any]:
     """Launch on the GPU (the grid the runtime computes for this device unless given); the
     median time of ``repeat`` timed launches after the one whose results are kept, and the
     compiled kernel."""
@@ -487,7 +485,7 @@ def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, r
             for p, d in zip(params, dev)]
     t = gpu_time(lambda: launch(compiled, dev, grid=grid), runs=repeat, warmup=0)
     work[:] = host
-    return t.median_s, repeat, tuple(grid), compiled.kernel_op
+    return t.median_s, repeat, tuple(grid), compiled
 
 
 def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray,

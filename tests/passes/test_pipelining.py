@@ -464,6 +464,23 @@ def test_a_loop_left_serial_under_a_runtime_if_gets_a_remark_at_its_line():
     assert first[1:] == ["        for k in range(cdiv(K, BK)):", "        ^"]
 
 
+def test_loads_indexed_by_a_carried_value_stay_serial_with_a_remark_and_compute_right():
+    """The interpreter runs it, so the compiler does too (serially), and says why at the loop."""
+    from tkc import runner
+    from tkc.compiler import compile_kernel
+    from tkc.interpreter import random_args
+
+    path = UNDER_AN_IF.parent / "gemm_carried_index.tk"
+    c = compile_kernel(path, {}, stop="hopper", cache=False)
+    assert len(c.remarks) == 1 and "depend on a value the loop carries" in c.remarks[0], c.remarks
+    assert not any(op.attributes.get("stages", 1) > 1 for op in c.kernel_op.walk() if op.name == "hopper.smem_alloc")
+    tile_ir = compile_kernel(path, {}, stop="tkir", cache=False).kernel_op
+    result = runner.run(tile_ir, random_args(tile_ir, {"M": 130, "N": 128, "K": 200}, 0, (-8, 8)), "emulate",
+                        check=True)
+    assert result.checked and result.ok, result.checked
+    assert result.notes == list(c.remarks)  # what tkc run prints
+
+
 def test_a_ring_that_does_not_fit_gets_a_remark_unless_stages_is_pinned():
     from tkc.compiler import compile_kernel
 

@@ -44,6 +44,7 @@ import numpy as np
 from tkc.emulator.scheduler import DeadlockError, Until, Wait
 from tkc.errors import TkcEmulatorError
 from tkc.ir.core import Operation
+from tkc.ir.dialects.tile import atomic_kind
 from tkc.ir.types import ScalarType
 from tkc.races import HappensBefore
 from tkc.ranks import barrier_count, deadlock, flag_state, never_satisfied, out_of_range
@@ -313,7 +314,7 @@ def releasing(handler: Callable[..., Any], co: bool) -> Callable[..., Co]:
 def _element(op: Operation, args: tuple) -> tuple[int, ...] | None:
     """The element an atomic on one element (``tile.atomic``, ``tile.atomic_cas``,
     ``hopper.atomic_fetch``; ``args`` its operands' values) updates; None outside its tensor."""
-    n = 2 if op.name == "tile.atomic_cas" or op.attributes.get("kind") == "cas" else 1
+    n = 2 if atomic_kind(op) == "cas" else 1
     rest = args[2:] if op.name == "hopper.atomic_fetch" else args[1:]  # (a fetch's slot first)
     element = tuple(int(o) for o in rest[n:])
     tensor = args[0]

@@ -51,9 +51,10 @@ that orders memory any other way around copies of a tensor the kernel writes (a 
 the copies, a barrier across ranks, an acquiring atomic) stays serial.
 
 A loop whose copies stay serial for a reason the kernel's author can change (it runs under a
-runtime ``if``, orders memory around its copies, has bounds that vary under more than one loop,
-or has no room for a second stage unless the pin ``stages`` asked for one) gets a remark at its
-line (``tkc.errors.remark``: ``tkc compile`` prints it as a note).
+runtime ``if``, orders memory around its copies, indexes its tiles with a value it carries, has
+bounds that vary under more than one loop, or has no room for a second stage unless the pin
+``stages`` asked for one) gets a remark at its line (``tkc.errors.remark``: ``tkc compile``
+prints it as a note).
 
 Must not: change what a loop computes, touch loops whose tiles are read by anything but
 wgmma, ``hopper.smem_copy`` and ``hopper.smem_load``, or place shared memory (``allocate-smem``
@@ -63,7 +64,7 @@ does).
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError, remark
+from tkc.errors import remark
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, OpResult, Region, Value, clone, uses
 from tkc.ir.dialects import hopper, tile
@@ -209,6 +210,10 @@ class _Pipeliner:
         bar_uses = [u for u in all_uses.get(g.barrier, []) if u.name != "hopper.mbarrier_init"]
         if not all(u in (g.expect, g.wait, *g.loads) for u in bar_uses):
             return ""
+        if not all(self._recomputable(v, g.loop) for ld in g.loads for v in ld.offsets):
+            return ("the coordinates of its tile loads depend on a value the loop carries from one iteration "
+                    "to the next (or computes with a side effect), so a later iteration's loads cannot be "
+                    "issued ahead; compute them from the loop index")
         g.guards = self._guards(g, all_uses)
         if g.guards is None:
             return ("it loads a tensor the kernel writes and orders memory around those loads other than by a "
@@ -248,14 +253,16 @@ class _Pipeliner:
         the copies that only wait (``tile.wait``, or an ``if`` holding nothing else), which the
         copies of each iteration must follow; [] where the copies read only tensors the kernel
         never writes (nothing can change them), None where something else in the loop orders
-        memory (a wait behind the copies, a barrier across ranks, an acquiring atomic): copies
-        issued iterations ahead would pass it, so the loop stays serial."""
+        memory (a wait behind the copies, a barrier across ranks, an acquiring atomic) or a
+        wait's flag or condition cannot be computed for a later iteration: copies issued
+        iterations ahead would pass it, so the loop stays serial."""
         if all(_read_only(ld.tensor, all_uses) for ld in g.loads):
             return []
         body = g.loop.regions[0].block
         ahead = body.ops[:body.ops.index(g.sync)]
         guards = [op for op in ahead if any(inner.name == "tile.wait" for inner in op.walk())]
-        if any(not _only_waits(op) for op in guards):
+        if any(not _only_waits(op) or not all(self._recomputable(v, g.loop) for v in _free_operands(op))
+               for op in guards):
             return None
         if any(_orders(inner) for op in body.ops if op not in guards for inner in op.walk()):
             return None
@@ -617,22 +624,28 @@ class _Pipeliner:
         iteration may read it ahead of the loop body."""
         if op.name != "hopper.load" or isinstance(op.result.type, TileType):
             return False
-        users = uses(self.kernel).get(op.tensor, [])
-        return all(u.has_trait("readonly") or u.name == "hopper.tma_load" for u in users)
+        return _read_only(op.tensor, uses(self.kernel))
+
+    def _recomputable(self, v: Value, loop: Operation) -> bool:
+        """Whether :meth:`_recompute` can compute ``v`` for another iteration: it depends on no
+        value the loop carries and on no op of the body with an effect (but a read-only element)."""
+        body = loop.regions[0].block
+        op = _owner(v)
+        if op is None or op.parent is not body:
+            return v not in body.args[1:]  # the induction variable, or defined outside the loop
+        if (op.has_trait("pure") and not op.regions) or self._read_only_element(op):
+            return all(self._recomputable(x, loop) for x in op.operands)
+        return False
 
     def _recompute(self, b: Builder, v: Value, loop: Operation, mapping: dict[Value, Value]) -> Value:
         """``v`` as computed in the loop body, for the iteration whose induction variable is in
-        ``mapping``: pure ops of the body between the induction variable and ``v`` are cloned."""
+        ``mapping``: pure ops of the body between the induction variable and ``v`` are cloned
+        (``v`` is :meth:`_recomputable`: a loop whose copies need anything else stays serial)."""
         if v in mapping:
             return mapping[v]
         op = _owner(v)
         if op is None or op.parent is not loop.regions[0].block:
-            if v in loop.regions[0].block.args:
-                raise TkcUnsupportedError("pipeline-loops: a copy's offsets depend on a loop-carried value",
-                                          loop.loc)
             return v  # defined outside the loop: the same in every iteration
-        if (not op.has_trait("pure") or op.regions) and not self._read_only_element(op):
-            raise TkcUnsupportedError(f"pipeline-loops: a copy's offset comes from '{op.name}'", op.loc)
         for x in op.operands:
             self._recompute(b, x, loop, mapping)
         b.insert(clone(op, mapping))
