@@ -1,16 +1,24 @@
 """The ``overlap-products`` pass (pin ``overlap_products``): two products that do not depend on
 each other are both issued before either is waited for, the first wait keeping the second in
 flight (pending 1); an accumulation's wait sinks to the end of its loop body; nothing moves
-past an op that needs the result or touches shared memory; the emulator agrees with the
-interpreter; without the pin nothing changes."""
+past an op that needs the result or touches shared memory; a branch of register work alone (an
+edge mask) runs while a product is in flight, and a stage's release goes down with its wait;
+a product that reads only tiles TMA writes stays in flight across other tiles' stores and a
+barrier; the emulator agrees with the interpreter; without the pin nothing changes."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 from device_checks import interpret_and_emulate, lowered
 
 from tkc.compiler import compile_kernel
 from tkc.interpreter import random_args, run_kernel
+from tkc.ir.core import clone
+from tkc.passes.overlap_products import _copied_only, _sink_waits
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SRC = """@kernel
 def two(a: bf16[M, 256], b: bf16[64, 64], c: bf16[64, 64], y: f32[M, 64]):
@@ -77,3 +85,108 @@ def test_the_interpreter_ignores_the_pin() -> None:
     run_kernel(_compile("tkir").kernel_op, args)
     run_kernel(_compile("tkir", False).kernel_op, plain)
     np.testing.assert_array_equal(args[3], plain[3])
+
+
+# Two products of one stage of ``a``, the first masked at the grid's edge by a branch of
+# register work before the second is needed.
+MASKED = """@kernel
+def masked(a: bf16[M, 256], b: bf16[64, 64], c: bf16[64, 64], y: f32[M, 64]):
+    grid(cdiv(M, 64))
+    i = program_id(0)
+    bt = b[0:64, :]
+    ct = c[0:64, :]
+    rows = i*64 + arange(64)
+    acc = zeros([64, 64], f32)
+    for j in range(4):
+        at = a[i*64:(i+1)*64, j*64:(j+1)*64]
+        s = at @ bt
+        t = at @ ct
+        if (i + 1) * 64 > M:
+            s = where(rows[:, None] < M, s, 0.0)
+        u = exp2(s * 0.125) * t
+        acc += u.to(bf16) @ ct
+    y[i*64:(i+1)*64, :] = acc
+"""
+
+
+def _masked(stop: str, pinned: bool = True):
+    return compile_kernel(MASKED, {"overlap_products": pinned}, stop=stop, cache=False)
+
+
+def _loop_ops(module) -> list:
+    loop = next(op for op in module.kernel_op.walk() if op.name == "tile.for"
+                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
+    return loop.regions[0].block.ops
+
+
+def test_a_register_branch_runs_while_a_product_is_in_flight() -> None:
+    ops = _loop_ops(_masked("hopper"))
+    names = [op.name for op in ops]
+    branch = names.index("tile.if")
+    second = [i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait"][1]
+    assert second > branch + 1, names  # the mask and the exponentials ran before t was waited for
+    assert names[branch + 1:second].count("tile.exp2") == 1, names[branch:second]
+
+
+def test_a_stage_release_goes_down_with_its_wait() -> None:
+    ops = _loop_ops(_masked("hopper"))
+    names = [op.name for op in ops]
+    second = [i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait"][1]
+    # a's stage is released right behind the wait of the last product reading it (it was right
+    # behind it before the wait moved): never before it, and not left where the wait used to be.
+    assert names.count("hopper.mbarrier_arrive") == 1
+    assert names[second + 1] == "hopper.mbarrier_arrive", names
+    assert second > names.index("tile.if")
+    assert ops[second].pending == 0
+
+
+def test_a_carried_release_passes_no_other_barriers_wait() -> None:
+    """A release is what may complete a later barrier wait: once the wait carries one, it stops
+    before any barrier's wait (here a copy of the loop's own full wait planted after it)."""
+    ops = _loop_ops(_masked("hopper", False))
+    waits = [i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait"]
+    release = next(i for i in range(waits[1], len(ops)) if ops[i].name == "hopper.mbarrier_arrive")
+    full_wait = next(op for op in ops if op.name == "hopper.mbarrier_wait")
+    planted = clone(full_wait, {})
+    block = ops[0].parent
+    block.insert(release + 1, planted)
+    _sink_waits(block)
+    names = [op.name for op in block.ops]
+    at = block.ops.index(planted)
+    assert names[at - 2:at] == ["hopper.wgmma_wait", "hopper.mbarrier_arrive"], names
+
+
+def test_masked_emulator_matches_interpreter() -> None:
+    tile_ir = _masked("tkir").kernel_op
+    args = random_args(tile_ir, {"M": 150}, 5)
+    want, got = interpret_and_emulate(tile_ir, lowered(_masked).kernel_op, args, 5)
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-3, atol=1e-2)
+
+
+def _attn_bwd_loop() -> list:
+    module = compile_kernel(ROOT / "examples" / "attn_train.tk", {}, kernel="attn_bwd", stop="hopper", cache=False)
+    return module, _loop_ops(module)
+
+
+def test_the_tiles_only_copies_write() -> None:
+    module, _ = _attn_bwd_loop()
+    names = {v.name_hint for v in _copied_only(module.kernel_op)}
+    # K's tile is stored into behind the loop (dV goes out through it); dS^T and dQ's staging
+    # tile are stored by the threads every iteration.
+    assert names == {"q_smem", "do_smem", "v_smem"}, names
+
+
+def test_a_product_of_copied_tiles_stays_in_flight_across_a_barrier() -> None:
+    """Attention backward's dV += P^T dO (P^T from registers, dO from its ring) runs under dS's
+    store, the barrier that hands dS^T to dQ's product and that product's issue; dQ's product,
+    which reads dS^T, is waited for before the next store."""
+    _, ops = _attn_bwd_loop()
+    names = [op.name for op in ops]
+    products = [op for op in ops if op.name == "hopper.wgmma"]
+    dv, dq = products[2], products[3]
+    dv_wait = next(i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait" and op.x is dv.result)
+    dq_wait = next(i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait" and op.x is dq.result)
+    barrier = names.index("hopper.barrier")
+    assert names.index("hopper.smem_store") < barrier < ops.index(dq) < dv_wait < dq_wait, names
+    assert ops[dv_wait].pending == 1 and names[dv_wait + 1] == "hopper.mbarrier_arrive"
+    assert "hopper.smem_store" not in names[ops.index(dq):dq_wait]
