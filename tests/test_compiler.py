@@ -150,7 +150,7 @@ def test_dumps_replay_on_a_hit(tmp_path: Path) -> None:
     _cached(tmp_path, stream=out1)
     hit = _cached(tmp_path, stream=out2)
     assert hit.cache_hit
-    assert "IR Dump After allocate-smem (16)" in out1.getvalue()
+    assert "IR Dump After allocate-smem (17)" in out1.getvalue()
     assert out2.getvalue() == out1.getvalue()
 
 
@@ -160,14 +160,14 @@ def test_dump_files_replay_on_a_hit_numbered_across_both_pipelines(tmp_path: Pat
     assert hit.cache_hit
     names = sorted(p.name for p in (tmp_path / "d1").iterdir())
     assert names == ["00-input.tkir", "01-canonicalize.tkir", "02-licm.tkir", "03-cse.tkir", "04-dce.tkir",
-                     "05-decompose.tkir", "06-persistent.tkir", "07-order-memory.tkir", "08-select-layouts.tkir",
-                     "09-lower-to-hopper.tkir", "10-pipeline-loops.tkir", "11-specialize-warps.tkir",
-                     "12-issue-ahead.tkir", "13-defer-last.tkir", "14-overlap-products.tkir", "15-multicast.tkir",
-                     "16-prefetch-loads.tkir", "17-merge-barriers.tkir",
-                     "18-cse.tkir", "19-dce.tkir", "20-allocate-smem.tkir"]
+                     "05-decompose.tkir", "06-merge-steps.tkir", "07-persistent.tkir", "08-order-memory.tkir",
+                     "09-select-layouts.tkir", "10-lower-to-hopper.tkir", "11-pipeline-loops.tkir",
+                     "12-specialize-warps.tkir", "13-issue-ahead.tkir", "14-defer-last.tkir",
+                     "15-overlap-products.tkir", "16-multicast.tkir", "17-prefetch-loads.tkir",
+                     "18-merge-barriers.tkir", "19-cse.tkir", "20-dce.tkir", "21-allocate-smem.tkir"]
     for name in names:
         assert (tmp_path / "d2" / name).read_text() == (tmp_path / "d1" / name).read_text()
-    parse_module((tmp_path / "d1" / "20-allocate-smem.tkir").read_text())  # dumps read back
+    parse_module((tmp_path / "d1" / "21-allocate-smem.tkir").read_text())  # dumps read back
 
 
 def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_a_different_dump_request_compiles_again(tmp_path: Path) -> None:
     out = io.StringIO()
     c = compile_kernel(GEMM, stop="ptx", cache_dir=tmp_path / "cache",
                        pass_options=PassOptions(dump_after=("lower-to-hopper",), stream=out))
-    assert not c.cache_hit and "IR Dump After lower-to-hopper (5)" in out.getvalue()
+    assert not c.cache_hit and "IR Dump After lower-to-hopper (6)" in out.getvalue()
 
 
 def test_pass_timing_bypasses_the_cache(tmp_path: Path) -> None:

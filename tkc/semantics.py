@@ -394,6 +394,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.expand_dims": lambda ctx, op, x: np.expand_dims(x, op.axis),
     "tile.transpose": lambda ctx, op, x: np.transpose(x),
     "tile.reshape": lambda ctx, op, x: np.reshape(x, op.results[0].type.shape),
+    "tile.take": lambda ctx, op, x: np.ascontiguousarray(x[..., op.index]),
+    "tile.stack": lambda ctx, op, *xs: np.stack(xs, axis=-1),
     "tile.reduce": _reduce,
     "tile.scan": _scan,
     "tile.arg_reduce": _arg_reduce,

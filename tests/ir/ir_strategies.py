@@ -271,6 +271,16 @@ class _Gen:
         shape = (t.numel,) if t.rank == 2 or self.coin(0.5) else tuple(reversed(t.shape))
         self.emit(T.ReshapeOp, [self.get(t)], [t.with_shape(shape)])
 
+    def op_take(self) -> None:
+        t = self.tile_type(rank=2)
+        self.emit(T.TakeOp, [self.get(t)], [t.with_shape(t.shape[:-1])],
+                  {"index": self.draw(st.integers(0, t.shape[-1] - 1))})
+
+    def op_stack(self) -> None:
+        t = self.tile_type()
+        n = self.draw(st.integers(2, 4))
+        self.emit(T.StackOp, [self.get(t) for _ in range(n)], [t.with_shape((*t.shape, n))])
+
     def op_reduce(self) -> None:
         t = self.tile_type()
         axis = self.draw(st.integers(0, t.rank - 1))
@@ -432,7 +442,7 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_scan", "op_arg_reduce", "op_reshape", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
+                "op_scan", "op_arg_reduce", "op_reshape", "op_take", "op_stack", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
                 "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if", "op_rank", "op_num_ranks",
                 "op_peer", "op_wait", "op_rank_barrier",
                 # weight the ops with the most structure

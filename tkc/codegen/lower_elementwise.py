@@ -379,6 +379,30 @@ def _reshape(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, list(x))
 
 
+def _take_registers(op: Operation, whole: object, index: int) -> tuple[int, ...]:
+    from tkc.ir.layouts import take_registers
+
+    picks = take_registers(whole, index)
+    if picks is None:
+        raise TkcCodegenError(f"'{op.name}': {whole} does not hold its last axis whole in each thread", op.loc)
+    return picks
+
+
+def _take(lw: Lowerer, op: Operation) -> None:
+    # The result is the slice of the operand's layout along its last axis (tile.take's verifier).
+    x = lw.tile(op, op.x)
+    lw.set(op.result, [x[j] for j in _take_registers(op, op.x.type.layout, op.index)])
+
+
+def _stack(lw: Lowerer, op: Operation) -> None:
+    whole = op.result.type.layout
+    out: list = [None] * lw.regs(op, op.result.type)
+    for p, v in enumerate(op.operands):
+        for value, j in zip(lw.tile(op, v), _take_registers(op, whole, p)):
+            out[j] = value
+    lw.set(op.result, out)
+
+
 def _transpose(lw: Lowerer, op: Operation) -> None:
     # A register tile's transpose keeps every value in its register (tile.transpose's verifier checks).
     lw.set(op.result, list(lw.tile(op, op.x)))
@@ -409,5 +433,7 @@ HANDLERS: dict[str, Handler] = {
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
     "tile.reshape": _reshape,
+    "tile.take": _take,
+    "tile.stack": _stack,
     "tile.transpose": _transpose,
 }

@@ -944,6 +944,29 @@ def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> Reshape
     return lay
 
 
+@lru_cache(maxsize=256)
+def take_registers(layout: DistributedLayout, index: int) -> tuple[int, ...] | None:
+    """For ``x[..., index]`` of a tile in ``layout``, whose result is in
+    ``#slice<layout, axis=last>``: the value of ``layout`` each slot of that slice takes, or None
+    where some thread does not hold the whole last axis in its own registers (so the pick, and
+    ``tile.stack``'s inverse, would move values between threads)."""
+    shape = tuple(layout.shape)
+    if len(shape) < 2 or not 0 <= index < shape[-1]:
+        return None
+    reg_last = np.array([layout.reg_coords(i)[-1] for i in range(layout.regs)], dtype=np.int64)
+    if np.any(all_coords(layout)[-1] != reg_last[None, :]):
+        return None  # some thread's own part of the last axis is not 0
+    held = {tuple(int(c) for c in layout.reg_coords(j)): j for j in range(layout.regs)}
+    kept = Slice(layout, len(shape) - 1)
+    out = []
+    for i in range(kept.regs):
+        j = held.get((*kept.reg_coords(i), index))
+        if j is None:
+            return None
+        out.append(j)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- conversions
 @lru_cache(maxsize=256)
 def all_coords(layout: DistributedLayout) -> tuple[np.ndarray, ...]:

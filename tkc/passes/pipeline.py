@@ -22,6 +22,7 @@ from tkc.passes.licm import licm
 from tkc.passes.lower_to_blackwell import lower_to_blackwell
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.merge_barriers import merge_barriers
+from tkc.passes.merge_steps import merge_steps
 from tkc.passes.multicast import multicast
 from tkc.passes.order_memory import order_memory
 from tkc.passes.overlap_products import overlap_products
@@ -48,6 +49,7 @@ PASSES: dict[str, PassFn] = {
     "dce": dce,                    # drop pure/readonly ops (and loop results) nobody uses
     # --- on the way to a target: ops it does not render become simpler ones
     "decompose": decompose,              # sigmoid, erf, log1p, expm1, x ** y, mean -> simpler tile ops
+    "merge-steps": merge_steps,          # x[:, 0:D:2] and x[:, 1:D:2] -> one access of x[:, 0:D]
     # --- to hopper IR (a Target with warpgroup MMA and TMA), in the order they run (docs/hopper.md)
     "persistent": persistent,            # GEMM-shaped kernels: one program per SM walks the tiles
     "order-memory": order_memory,        # a loop's loads before its first product, outputs before accumulations
@@ -71,8 +73,8 @@ PASSES: dict[str, PassFn] = {
 DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
-HOPPER_PIPELINE = ("decompose,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,specialize-warps,"
-                   "issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,cse,dce,allocate-smem")
+HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
+                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).

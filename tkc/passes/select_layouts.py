@@ -62,6 +62,7 @@ from tkc.ir.layouts import (
     read_as,
     reshape_layout,
     scan_plan,
+    take_registers,
     transpose_copy_blocks,
     transpose_layout,
 )
@@ -455,6 +456,13 @@ class _Selector:
                 n = op.acc.type.shape[1]
                 self._propose(op.result, self._accumulator(n))
         self._fixpoint()
+        # Tiles read or written as one range for stepped slices (merge-steps) are next: the
+        # range in the #blocked layout of its flat shape, so each thread holds the steps' pairs
+        # and reads and writes them as vectors; the slices follow as its slices.
+        for op in self.kernel.walk():
+            if op.name in ("tile.take", "tile.stack"):
+                self._seed_whole(op.x if op.name == "tile.take" else op.result)
+                self._fixpoint()
         for op in self.kernel.walk():
             if op.name == "tile.gather":  # the gathered tile's own dtype sets the vector width,
                 self._default(op.result)  # not its i32 index's
@@ -464,6 +472,26 @@ class _Selector:
                 if v not in self.lay and v.type.rank == rank:
                     self._default(v)
                     self._fixpoint()
+
+    def _stacked(self, t: TileType) -> object | None:
+        """A layout of ``t`` ([..., W, s]) that holds its last axis whole in each thread: the
+        #blocked layout of the flat [..., W * s] tile, or None where that splits the axis."""
+        flat = (*t.shape[:-2], t.shape[-2] * t.shape[-1])
+        try:
+            lay = _reshaped(choose_blocked(flat, max(1, t.dtype.bits // 8), self.threads), t.shape)
+        except ValueError:
+            return None
+        return lay if lay is not None and take_registers(lay, 0) is not None else None
+
+    def _seed_whole(self, v: Value) -> None:
+        if v in self.lay or v in self.smem:
+            return
+        d = _def(v)
+        if d is not None and d.name == "tile.reshape" and d.x not in self.lay and d.x.type.rank == v.type.rank - 1:
+            lay = self._stacked(v.type)  # the flat range itself: its reshape follows
+            self._propose(d.x, lay.parent if lay is not None else None)
+        else:
+            self._propose(v, self._stacked(v.type))
 
     def _default(self, v: Value) -> None:
         elem = v.type.dtype.bits
@@ -497,6 +525,14 @@ class _Selector:
             return self._propose(op.result, _reshaped(lay[op.x], op.result.type.shape))
         if name == "tile.transpose" and op.x in lay:
             return self._propose(op.result, transpose_layout(lay[op.x]))
+        if name == "tile.take" and op.x in lay and take_registers(lay[op.x], 0) is not None:
+            return self._propose(op.result, Slice(lay[op.x], op.x.type.rank - 1))
+        if name == "tile.stack":
+            part = next((lay[v] for v in op.operands if v in lay), None)
+            if isinstance(part, Slice) and not part.keep and part.axis == op.result.type.rank - 1 \
+                    and tuple(part.parent.shape) == op.result.type.shape and take_registers(part.parent, 0) is not None:
+                return self._propose(op.result, part.parent)
+            return False
         if name == "tile.expand_dims" and op.x in lay:
             s = lay[op.x]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -536,6 +572,14 @@ class _Selector:
             changed |= self._propose(op.x, _reshaped(lay[op.result], op.x.type.shape))
         elif name == "tile.transpose" and op.result in lay:
             changed |= self._propose(op.x, transpose_layout(lay[op.result]))
+        elif name == "tile.take" and op.result in lay:
+            part = lay[op.result]
+            if isinstance(part, Slice) and not part.keep and part.axis == op.result.type.rank \
+                    and tuple(part.parent.shape) == op.x.type.shape and take_registers(part.parent, 0) is not None:
+                changed |= self._propose(op.x, part.parent)
+        elif name == "tile.stack" and op.result in lay and take_registers(lay[op.result], 0) is not None:
+            for v in op.operands:
+                changed |= self._propose(v, Slice(lay[op.result], op.result.type.rank - 1))
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -594,6 +638,8 @@ class _Selector:
             self._scan_layout(op)
         elif name == "tile.reshape":
             self._reshape_layout(op)
+        elif name in ("tile.take", "tile.stack"):
+            self._take_layout(op)
         elif (op.has_trait("elementwise") or name in _LAYOUT_KEEPING) and op.results and op.result in lay:
             for i, v in enumerate(op.operands):
                 if isinstance(v.type, TileType):
@@ -693,6 +739,30 @@ class _Selector:
             self._need(op, 0, blocked)
         if self.lay[op.result] != want:
             self._retype_result(op, want)
+
+    def _take_layout(self, op: Operation) -> None:
+        """A take (a stack) picks registers: the whole tile in a layout holding its last axis
+        whole in each thread (its own, else ``_stacked``'s, converted to), the parts in its
+        slice along that axis."""
+        whole = op.x if op.name == "tile.take" else op.result
+        want = self.lay[whole]
+        if take_registers(want, 0) is None:
+            want = self._stacked(whole.type)
+            if want is None:
+                t = whole.type
+                raise self._unsupported(op, f"cannot hold the last axis of this {'x'.join(map(str, t.shape))} "
+                                        f"{t.dtype.name} tile in each thread's registers")
+            if op.name == "tile.take":
+                self._need(op, 0, want)
+            else:
+                self._retype_result(op, want)
+        part = Slice(want, whole.type.rank - 1)
+        if op.name == "tile.take":
+            if self.lay[op.result] != part:
+                self._retype_result(op, part)
+        else:
+            for i in range(len(op.operands)):
+                self._need(op, i, part)
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
         """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""

@@ -354,6 +354,65 @@ class ReshapeOp(Operation):
             raise self.error(f"{a.layout} and {r.layout} hold different elements in the same registers")
 
 
+def _check_takes(op: Operation, whole: TileType, part: TileType) -> None:
+    """Register layouts of ``tile.take``/``tile.stack``: the part's is the slice of the whole's
+    along its last axis, which each thread holds whole (``tkc.ir.layouts.take_registers``)."""
+    from tkc.ir.layouts import Slice, take_registers
+
+    if whole.space != "reg" or part.space != "reg" or whole.layout is None or part.layout is None:
+        return
+    if take_registers(whole.layout, 0) is None or part.layout != Slice(whole.layout, whole.rank - 1):
+        raise op.error(f"{part.layout} is not {whole.layout} without its last axis, held whole in each "
+                       f"thread's registers")
+
+
+@register
+class TakeOp(Operation):
+    """``x[..., index]``: element ``index`` of the last axis (a constant), which is dropped.
+    With register layouts each thread holds that axis whole and the result is in the slice of
+    the operand's layout along it: a take picks registers, it moves nothing.  The pass
+    ``merge-steps`` makes it from stepped slices (``x[:, 0:D:2]``) read as one range."""
+
+    name = "tile.take"
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"index": int}
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not isinstance(a, TileType) or a.rank < 2 or not _same_elements(r, a.with_shape(a.shape[:-1])):
+            raise self.error(f"takes one element of the last axis of a tile of rank 2 or more: {a} -> {r}")
+        if not 0 <= self.index < a.shape[-1]:
+            raise self.error(f"index {self.index} out of range for the last axis of {a}")
+        _check_takes(self, a, r)
+
+
+@register
+class StackOp(Operation):
+    """``stack(xs, -1)``: tiles of one type as the elements of a new last axis (element ``p``
+    of it from ``xs[p]``).  With register layouts the operands are in the slice of the
+    result's layout along that axis, which each thread holds whole: a stack moves nothing.
+    The pass ``merge-steps`` makes it from stepped slices stored together (``y[:, 0:D:2] = a``,
+    ``y[:, 1:D:2] = b``)."""
+
+    name = "tile.stack"
+    OPERANDS = ("*xs",)
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        xs, r = list(self.operands), self.result.type
+        first = xs[0].type if xs else None
+        if len(xs) < 2 or not all(isinstance(x.type, TileType) for x in xs) \
+                or any(not _same_elements(x.type, first) for x in xs) \
+                or not isinstance(r, TileType) or not _same_elements(r, first.with_shape((*first.shape, len(xs)))):
+            raise self.error(f"stacks two or more tiles of one shape and dtype along a new last axis, got "
+                             f"{', '.join(str(x.type) for x in xs)} -> {r}")
+        for x in xs:
+            _check_takes(self, r, x.type)
+
+
 REDUCE_KINDS = ("sum", "max", "min")
 #: What ``tile.reduce`` computes: the kinds every level has, and ``mean`` (a float sum over the
 #: axis divided by its extent), which the ``decompose`` pass rewrites into a sum.
