@@ -442,9 +442,9 @@ class _Gen:
 
     OP_KINDS = ["op_constant", "op_ids", "op_num_sms", "op_dim", "op_binary", "op_unary", "op_ternary", "op_cmp",
                 "op_select", "op_cast", "op_splat", "op_broadcast", "op_expand_dims", "op_transpose", "op_reduce",
-                "op_scan", "op_arg_reduce", "op_reshape", "op_take", "op_stack", "op_mma", "op_arange", "op_load", "op_gather", "op_store",
-                "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if", "op_rank", "op_num_ranks",
-                "op_peer", "op_wait", "op_rank_barrier",
+                "op_scan", "op_arg_reduce", "op_reshape", "op_take", "op_stack", "op_mma", "op_arange", "op_load",
+                "op_gather", "op_store", "op_masked_store", "op_atomic", "op_atomic_cas", "op_for", "op_if",
+                "op_rank", "op_num_ranks", "op_peer", "op_wait", "op_rank_barrier",
                 # weight the ops with the most structure
                 "op_binary", "op_binary", "op_binary", "op_unary", "op_unary", "op_mma", "op_load",
                 "op_store", "op_for", "op_if", "op_for", "op_if"]
