@@ -93,9 +93,11 @@ def gemm_epilogue_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Ro
     def residual_eager(a, b, r):
         return a @ b + r
 
-    def rope_eager(a, b, cos, sin):
-        y = a @ b
-        return ref.rope(y.view(1, y.shape[0], -1, 128), cos, sin, False).view(y.shape)
+    def rope_eager(interleaved):
+        def run(a, b, cos, sin):
+            y = a @ b
+            return ref.rope(y.view(1, y.shape[0], -1, 128), cos, sin, interleaved).view(y.shape)
+        return run
 
     liger_swiglu = liger("swiglu", "LigerSiLUMulFunction")
     rows = []
@@ -113,8 +115,10 @@ def gemm_epilogue_rows(shapes: list[tuple[int, int, int]], runs: int) -> list[Ro
                   gelu_eager("none"), (a, b, bias), 1),
                  ("SwiGLU", "gemm_swiglu.tk", {}, [a, b, b2, c], swiglu_eager, (a, b, b2), 2),
                  ("residual", "gemm_residual.tk", {}, [a, b, r, c], residual_eager, (a, b, r), 1),
-                 ("RoPE (rotate-half, heads of 128)", "gemm_rope.tk", {}, [a, b, cos, sin, c], rope_eager,
-                  (a, b, cos, sin), 1)]
+                 ("RoPE (rotate-half, heads of 128)", "gemm_rope.tk", {}, [a, b, cos, sin, c], rope_eager(False),
+                  (a, b, cos, sin), 1),
+                 ("RoPE (interleaved, heads of 128)", "gemm_rope.tk", {"interleaved": True}, [a, b, cos, sin, c],
+                  rope_eager(True), (a, b, cos, sin), 1)]
         for name, file, consts, args, eager, ref_args, products in cases:
             row = Row("gemm_epilogue", f"{name}, {M}x{N}x{K} bf16", "TFLOP/s")
             ours = launcher(file, consts)

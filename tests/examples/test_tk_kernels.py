@@ -92,13 +92,15 @@ def _fp8_scaled(rowwise: bool):
 
 
 # ------------------------------------------------------------------ RoPE
-def _gemm_rope(g: torch.Generator):
-    a, w = _gemm_operands(g)  # N = 200: three heads of 64, the last one short (a column tail)
-    cos, sin = ref.rope_tables(M, 64)
-    y = torch.full((M, N), float("nan")).to(torch.bfloat16)
-    want = torch.nn.functional.pad(a.float() @ w.float(), (0, 256 - N)).reshape(1, M, 4, 64)
-    want = ref.rope(want, cos.float(), sin.float(), False).reshape(M, 256)[:, :N]
-    return [a, w, cos, sin, y], {4: want}
+def _gemm_rope(interleaved: bool):
+    def inputs(g: torch.Generator):
+        a, w = _gemm_operands(g)  # N = 200: three heads of 64, the last one short (a column tail)
+        cos, sin = ref.rope_tables(M, 64)
+        y = torch.full((M, N), float("nan")).to(torch.bfloat16)
+        want = torch.nn.functional.pad(a.float() @ w.float(), (0, 256 - N)).reshape(1, M, 4, 64)
+        want = ref.rope(want, cos.float(), sin.float(), interleaved).reshape(M, 256)[:, :N]
+        return [a, w, cos, sin, y], {4: want}
+    return inputs
 
 
 def _rope(interleaved: bool, D: int = 64):
@@ -176,7 +178,9 @@ CASES = {
     "residual": Case("gemm_residual.tk", _residual, GEMM_SMALL),
     "fp8_tensorwise": Case("gemm_fp8_scaled.tk", _fp8_scaled(False), FP8_SMALL),
     "fp8_rowwise": Case("gemm_fp8_scaled.tk", _fp8_scaled(True), {**FP8_SMALL, "rowwise": True}, {"rowwise": True}),
-    "gemm_rope": Case("gemm_rope.tk", _gemm_rope, {"BM": 64, "D": 64, "BK": 32}, {"D": 64}),
+    "gemm_rope": Case("gemm_rope.tk", _gemm_rope(False), {"BM": 64, "D": 64, "BK": 32}, {"D": 64}),
+    "gemm_rope_interleaved": Case("gemm_rope.tk", _gemm_rope(True), {"BM": 64, "D": 64, "BK": 32, "interleaved": True},
+                                  {"D": 64, "interleaved": True}),
     "rope_half": Case("rope.tk", _rope(False), {"D": 64, "BN": 16}, {"D": 64}, tol=(1e-2, 1e-2)),
     "rope_interleaved": Case("rope.tk", _rope(True), {"D": 64, "BN": 16, "interleaved": True},
                              {"D": 64, "interleaved": True}, tol=(1e-2, 1e-2)),

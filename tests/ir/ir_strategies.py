@@ -273,13 +273,16 @@ class _Gen:
 
     def op_take(self) -> None:
         t = self.tile_type(rank=2)
-        self.emit(T.TakeOp, [self.get(t)], [t.with_shape(t.shape[:-1])],
-                  {"index": self.draw(st.integers(0, t.shape[-1] - 1))})
+        axis = self.draw(st.integers(0, 1))
+        self.emit(T.TakeOp, [self.get(t)], [t.with_shape(t.shape[:axis] + t.shape[axis + 1:])],
+                  {"axis": axis, "index": self.draw(st.integers(0, t.shape[axis] - 1))})
 
     def op_stack(self) -> None:
         t = self.tile_type()
         n = self.draw(st.integers(2, 4))
-        self.emit(T.StackOp, [self.get(t) for _ in range(n)], [t.with_shape((*t.shape, n))])
+        axis = self.draw(st.integers(0, t.rank))
+        self.emit(T.StackOp, [self.get(t) for _ in range(n)], [t.with_shape((*t.shape[:axis], n, *t.shape[axis:]))],
+                  {"axis": axis})
 
     def op_reduce(self) -> None:
         t = self.tile_type()

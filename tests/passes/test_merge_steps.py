@@ -134,10 +134,10 @@ def test_the_pairs_move_as_vectors() -> None:
 
 def test_take_registers() -> None:
     whole = reshape_layout(Blocked((64, 128), 8, (2, 16), (4, 1)), (64, 64, 2))
-    assert take_registers(whole, 1) is not None
+    assert take_registers(whole, 2, 1) is not None
     # One value a thread: the pairs' halves live in neighbouring threads.
     split = reshape_layout(Blocked((64, 128), 1, (1, 32), (4, 1)), (64, 64, 2))
-    assert take_registers(split, 0) is None
+    assert take_registers(split, 2, 0) is None
 
 
 def test_a_take_checks_its_index() -> None:
@@ -145,9 +145,9 @@ def test_a_take_checks_its_index() -> None:
 ^(%x: tensor<f32[8, 2]>):
   %0 = tile.constant {value = 0} : i32
   %1 = tile.load %x, %0, %0 {box = [8, 2]} : tile<8x2xf32>
-  %2 = tile.take %1 {index = 2} : tile<8xf32>
+  %2 = tile.take %1 {axis = 1, index = 2} : tile<8xf32>
   tile.return
 }
 """
-    with pytest.raises(TkcVerifyError, match="index 2 out of range"):
+    with pytest.raises(TkcVerifyError, match="index 2 out of range for axis 1"):
         verify(parse_module(src, "<t>"))

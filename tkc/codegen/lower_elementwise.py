@@ -382,14 +382,14 @@ def _reshape(lw: Lowerer, op: Operation) -> None:
 def _take_registers(op: Operation, whole: object, index: int) -> tuple[int, ...]:
     from tkc.ir.layouts import take_registers
 
-    picks = take_registers(whole, index)
+    picks = take_registers(whole, op.axis, index)
     if picks is None:
-        raise TkcCodegenError(f"'{op.name}': {whole} does not hold its last axis whole in each thread", op.loc)
+        raise TkcCodegenError(f"'{op.name}': {whole} does not hold axis {op.axis} whole in each thread", op.loc)
     return picks
 
 
 def _take(lw: Lowerer, op: Operation) -> None:
-    # The result is the slice of the operand's layout along its last axis (tile.take's verifier).
+    # The result is the slice of the operand's layout along the axis (tile.take's verifier).
     x = lw.tile(op, op.x)
     lw.set(op.result, [x[j] for j in _take_registers(op, op.x.type.layout, op.index)])
 

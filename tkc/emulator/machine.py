@@ -58,8 +58,8 @@ from tkc.races import HappensBefore, WriteLog
 from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_vector_box, tma_map_box, tma_row_axis
-from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, Slice, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
-                            a8_logical_col, broadcast_slots, take_registers,
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
+                            a8_logical_col, broadcast_slots, take_layout, take_registers,
                             expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
                             transpose_copy_block, transpose_copy_blocks, transposes, vector_coords)
 from tkc.ir.types import ScalarType, TensorType, TileType
@@ -635,24 +635,24 @@ def _transpose(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _picks(op: Operation, whole: Any, part: Any, index: int) -> list[int]:
-    picks = take_registers(whole, index)
-    if picks is None or part != Slice(whole, len(whole.shape) - 1):
-        raise _fault(op, f"{whole} and {part}: a take or a stack picks registers of threads that hold the "
-                         f"last axis whole, the part in the whole's slice along it")
+def _picks(op: Operation, whole: Any, part: Any, axis: int, index: int) -> list[int]:
+    picks = take_registers(whole, axis, index)
+    if picks is None or part != take_layout(whole, axis):
+        raise _fault(op, f"{whole} and {part}: a take or a stack picks registers of threads that hold "
+                         f"axis {axis} whole, the part in the whole's slice along it")
     return list(picks)
 
 
 def _take(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
     whole, part = _reg_layout(op, op.x.type), _reg_layout(op, op.result.type)
-    return x[:, _picks(op, whole, part, op.index)]
+    return x[:, _picks(op, whole, part, op.axis, op.index)]
 
 
 def _stack(wg: _Warpgroup, op: Operation, *xs: np.ndarray) -> np.ndarray:
     whole = _reg_layout(op, op.result.type)
     out = np.empty((xs[0].shape[0], whole.regs), xs[0].dtype)
     for p, (v, x) in enumerate(zip(op.operands, xs)):
-        out[:, _picks(op, whole, _reg_layout(op, v.type), p)] = x
+        out[:, _picks(op, whole, _reg_layout(op, v.type), op.axis, p)] = x
     return out
 
 

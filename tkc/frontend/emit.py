@@ -393,6 +393,40 @@ class Emitter:
             return x
         return Dyn(self.b.value(T.ReshapeOp, [x.value], t.with_shape(shape), loc=loc))
 
+    def take(self, x: Dyn, axis: int, index: int, loc: Loc) -> Dyn:
+        """``x[..., index, ...]`` with a constant index on ``axis``: that axis dropped."""
+        t = x.type
+        if t.rank < 2:
+            raise TkcTypeError(f"indexing {t} with a number would leave a scalar; reduce it instead", loc)
+        if not -t.shape[axis] <= index < t.shape[axis]:
+            raise TkcTypeError(f"index {index} is out of range for axis {axis} of {t} (extent {t.shape[axis]})", loc)
+        return Dyn(self.b.value(T.TakeOp, [x.value], t.with_shape(t.shape[:axis] + t.shape[axis + 1:]),
+                                {"axis": axis, "index": index % t.shape[axis]}, loc=loc))
+
+    def block(self, x: Dyn, axis: int, lo: int, hi: int, step: int, loc: Loc) -> Dyn:
+        """``x[..., lo:hi:step, ...]`` with constant bounds on ``axis``: an aligned block of it
+        (the axis split into blocks by a reshape, one taken), and with a step, every
+        ``step``-th element of that block from ``lo`` (the block split into groups of ``step``,
+        one phase taken): registers picked, as ``tile.take`` does."""
+        t = x.type
+        n = t.shape[axis]
+        if step < 1:
+            raise TkcTypeError(f"a slice step must be a positive constant, got {step}", loc)
+        base = lo - lo % step
+        w = -(-(hi - base) // step) * step
+        if not (0 <= lo < hi <= n and n % w == 0 and base % w == 0):
+            raise TkcTypeError(f"a slice of a tile takes an aligned block of an axis: its length must divide the "
+                               f"axis's {n} and its start be a multiple of its length, got {lo}:{hi}", loc)
+        if (w // step) % 16:
+            raise TkcTypeError(f"a slice of a tile keeps a multiple of 16 elements of an axis, got "
+                               f"{w // step} of {lo}:{hi}:{step}", loc)
+        if w != n:
+            x = self.take(self.reshape(x, t.shape[:axis] + (n // w, w) + t.shape[axis + 1:], loc), axis, base // w, loc)
+        if step == 1:
+            return x
+        groups = self.reshape(x, x.type.shape[:axis] + (w // step, step) + x.type.shape[axis + 1:], loc)
+        return self.take(groups, axis + 1, lo % step, loc)
+
     def scan(self, name: str, kind: str, x: Dyn, axis: int, loc: Loc) -> Dyn:
         """``cumsum``/``cumprod`` (``name``) of a tile along ``axis``: same shape and dtype."""
         t = x.type

@@ -801,6 +801,12 @@ class KernelLowering:
                 raise TkcTypeError(f"index {i} is out of range for a tuple of {len(base.items)}", e.loc)
             return base.items[i]
         x = self._tile(base, "indexing", e.value)
+        kept = sum(not isinstance(i, ast.NoneLit) for i in e.index)
+        if kept > x.type.rank:
+            raise TkcTypeError(f"too many indices for {x.type}", e.loc)
+        # A tile takes ':', None (a new axis), a constant index (the axis dropped) and a
+        # constant aligned block (acc[:, 0:64] of a 128-column tile): registers picked, never
+        # moved; what memory holds is sliced on the tensor instead.
         axis, out = 0, x
         for item in e.index:
             if isinstance(item, ast.NoneLit):
@@ -808,11 +814,15 @@ class KernelLowering:
                 axis += 1
             elif isinstance(item, ast.Slice) and item.lower is None and item.upper is None and item.step is None:
                 axis += 1
+            elif isinstance(item, ast.Slice):
+                n = out.type.shape[axis]
+                lo = 0 if item.lower is None else self.const_int(self.expr(item.lower), "a tile's slice bound", item)
+                hi = n if item.upper is None else self.const_int(self.expr(item.upper), "a tile's slice bound", item)
+                step = 1 if item.step is None else self.const_int(self.expr(item.step), "a tile's slice step", item)
+                out = self.em.block(out, axis, lo + n if lo < 0 else lo, hi + n if hi < 0 else hi, step, item.loc)
+                axis += 1
             else:
-                raise TkcUnsupportedError("a tile can only be indexed with ':' and None (new axes); "
-                                          "slice the tensor instead", item.loc)
-        if axis - sum(isinstance(i, ast.NoneLit) for i in e.index) > x.type.rank:
-            raise TkcTypeError(f"too many indices for {x.type}", e.loc)
+                out = self.em.take(out, axis, self.const_int(self.expr(item), "a tile's index", item), item.loc)
         return out
 
     def _box(self, view: View, what: str | None = None

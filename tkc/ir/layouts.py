@@ -933,10 +933,13 @@ def same_registers(src: DistributedLayout, dst: DistributedLayout) -> bool:
     return bool(np.array_equal(_ravel(cs, tuple(src.shape)), _ravel(cd, tuple(dst.shape))))
 
 
-def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> Reshaped:
+def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> DistributedLayout:
     """``parent`` as a tile of ``shape`` in the same registers (row-major element order), or a
     ValueError saying why the thread and value parts of some element's position carry into
-    each other's axes (then the reshape must move values between threads)."""
+    each other's axes (then the reshape must move values between threads).  A reshape back to
+    the shape a ``#reshape`` came from is that layout itself."""
+    if isinstance(parent, Reshaped) and tuple(parent.parent.shape) == tuple(shape):
+        return parent.parent
     lay = Reshaped(parent, tuple(shape))
     if not same_registers(parent, lay):
         raise ValueError(f"the values of {parent} do not stay in their threads' registers as a "
@@ -944,23 +947,83 @@ def reshape_layout(parent: DistributedLayout, shape: tuple[int, ...]) -> Reshape
     return lay
 
 
+@dataclass(frozen=True)
+class Stacked(_Distributed):
+    """``#stack<parent, axis=A, n=N>``: ``n`` tiles in ``parent`` as the elements of a new axis
+    ``A`` (``tile.stack``): each thread holds the new axis whole, element ``p`` of it as its
+    values ``p * parent.regs`` to ``(p + 1) * parent.regs - 1``."""
+
+    parent: DistributedLayout
+    axis: int
+    n: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.axis <= len(self.parent.shape) or self.n < 1:
+            raise ValueError(f"cannot stack {self.n} of {self.parent} along axis {self.axis}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = tuple(self.parent.shape)
+        return s[:self.axis] + (self.n,) + s[self.axis:]
+
+    @property
+    def threads(self) -> int:
+        return self.parent.threads
+
+    @property
+    def regs(self) -> int:
+        return self.n * self.parent.regs
+
+    def thread_coords(self, t: Any) -> tuple[Any, ...]:
+        c = tuple(self.parent.thread_coords(t))
+        return c[:self.axis] + (0,) + c[self.axis:]
+
+    def reg_coords(self, i: int) -> tuple[int, ...]:
+        p, j = divmod(i, self.parent.regs)
+        c = tuple(self.parent.reg_coords(j))
+        return c[:self.axis] + (p,) + c[self.axis:]
+
+    def __str__(self) -> str:
+        return f"#stack<{self.parent}, axis={self.axis}, n={self.n}>"
+
+
+def take_layout(whole: DistributedLayout, axis: int) -> DistributedLayout:
+    """The layout of ``whole.take(p, axis)``: the slice along ``axis`` (a stack's parts'
+    layout when ``whole`` is one)."""
+    if isinstance(whole, Stacked) and whole.axis == axis:
+        return whole.parent
+    return Slice(whole, axis)
+
+
+def stack_layout(part: DistributedLayout, axis: int, n: int) -> DistributedLayout:
+    """The layout of ``n`` tiles in ``part`` stacked along a new ``axis``: the layout ``part``
+    is the slice of, where that holds the axis whole in each thread, else ``#stack``."""
+    if isinstance(part, Slice) and not part.keep and part.axis == axis and part.parent.shape[axis] == n \
+            and take_registers(part.parent, axis, 0) is not None:
+        return part.parent
+    return Stacked(part, axis, n)
+
+
 @lru_cache(maxsize=256)
-def take_registers(layout: DistributedLayout, index: int) -> tuple[int, ...] | None:
-    """For ``x[..., index]`` of a tile in ``layout``, whose result is in
-    ``#slice<layout, axis=last>``: the value of ``layout`` each slot of that slice takes, or None
-    where some thread does not hold the whole last axis in its own registers (so the pick, and
-    ``tile.stack``'s inverse, would move values between threads)."""
+def take_registers(layout: DistributedLayout, axis: int, index: int) -> tuple[int, ...] | None:
+    """For ``x.take(index, axis)`` of a tile in ``layout`` (the element ``index`` along
+    ``axis``, which is dropped), whose result is in ``#slice<layout, axis=axis>``: the value of
+    ``layout`` each slot of that slice takes; or None where some thread does not hold the whole
+    axis in its own registers (so the pick, and ``tile.stack``'s inverse, would move values
+    between threads)."""
     shape = tuple(layout.shape)
-    if len(shape) < 2 or not 0 <= index < shape[-1]:
+    if len(shape) < 2 or not 0 <= axis < len(shape) or not 0 <= index < shape[axis]:
         return None
-    reg_last = np.array([layout.reg_coords(i)[-1] for i in range(layout.regs)], dtype=np.int64)
-    if np.any(all_coords(layout)[-1] != reg_last[None, :]):
-        return None  # some thread's own part of the last axis is not 0
+    reg_part = np.array([layout.reg_coords(i)[axis] for i in range(layout.regs)], dtype=np.int64)
+    if np.any(all_coords(layout)[axis] != reg_part[None, :]):
+        return None  # some thread's own part of the axis is not 0
     held = {tuple(int(c) for c in layout.reg_coords(j)): j for j in range(layout.regs)}
-    kept = Slice(layout, len(shape) - 1)
+    kept = Slice(layout, axis)
     out = []
     for i in range(kept.regs):
-        j = held.get((*kept.reg_coords(i), index))
+        coords = list(kept.reg_coords(i))
+        coords.insert(axis, index)
+        j = held.get(tuple(coords))
         if j is None:
             return None
         out.append(j)
@@ -1359,7 +1422,19 @@ def _parse_reshape(text: str) -> Reshaped:
     return Reshaped(parse(m.group(2)), tuple(int(x) for x in parts[1].split("x")))
 
 
+def _parse_stack(text: str) -> Stacked:
+    parts = _split_top(text)
+    m = re.fullmatch(r"#(\w+)<(.*)>", parts[0], re.S) if len(parts) == 3 else None
+    axis = re.fullmatch(r"axis\s*=\s*(\d+)", parts[1]) if m else None
+    n = re.fullmatch(r"n\s*=\s*(\d+)", parts[2]) if m else None
+    parse = LAYOUT_PARSERS.get(m.group(1)) if m else None
+    if parse is None or axis is None or n is None:
+        raise ValueError("expected '#<parent layout>, axis=<A>, n=<N>'")
+    return Stacked(parse(m.group(2)), int(axis.group(1)), int(n.group(1)))
+
+
 LAYOUT_PARSERS.update({
+    "stack": _parse_stack,
     "reshape": _parse_reshape,
     "transpose": _parse_transpose,
     "smem": _parse_smem,

@@ -45,17 +45,30 @@ def merge_steps(module: Module, *_: Options | Target) -> None:
 
 
 def _last_offset(op: Operation) -> tuple[Value | None, int]:
-    """The access's offset along the tensor's last axis as (value, constant): ``k + 1`` is
-    ``(k, 1)``, a constant ``c`` is ``(None, c)``."""
-    v = op.offsets[-1]
+    """The access's offset along the tensor's last axis as (value, constant): ``k + 1`` and
+    ``(k + 128) + 1`` are ``(k, 1)`` and ``(k, 129)``, a constant ``c`` is ``(None, c)``."""
+    return _split_constant(op.offsets[-1])
+
+
+def _constant(v: Value) -> int | None:
     d = getattr(v, "owner", None)
-    if d is not None and d.name == "tile.constant" and isinstance(d.attributes.get("value"), int):
-        return None, d.attributes["value"]
+    if d is not None and d.name == "tile.constant" and isinstance(d.attributes.get("value"), int) \
+            and not isinstance(d.attributes["value"], bool):
+        return d.attributes["value"]
+    return None
+
+
+def _split_constant(v: Value) -> tuple[Value | None, int]:
+    c = _constant(v)
+    if c is not None:
+        return None, c
+    d = getattr(v, "owner", None)
     if d is not None and d.name == "tile.add":
         for x, y in ((d.operands[0], d.operands[1]), (d.operands[1], d.operands[0])):
-            c = getattr(y, "owner", None)
-            if c is not None and c.name == "tile.constant" and isinstance(c.attributes.get("value"), int):
-                return x, c.attributes["value"]
+            c = _constant(y)
+            if c is not None:
+                base, more = _split_constant(x)
+                return base, c + more
     return v, 0
 
 
@@ -145,7 +158,7 @@ def _merge_loads(kernel: Operation, group: list[Operation]) -> None:
                     TileType((*t.shape[:-1], t.shape[-1] * s), t.dtype), _range_attrs(first))
     pairs = b.value(tile.ReshapeOp, [whole], TileType((*t.shape, s), t.dtype))
     for op in group:
-        part = b.value(tile.TakeOp, [pairs], t, {"index": _last_offset(op)[1] - phase0})
+        part = b.value(tile.TakeOp, [pairs], t, {"axis": t.rank, "index": _last_offset(op)[1] - phase0})
         replace_all_uses(kernel, op.result, part)
         op.parent.ops.remove(op)
 
@@ -158,7 +171,7 @@ def _merge_stores(group: list[Operation]) -> None:
     t = values[0].type
     b = Builder.before(last)
     off = _range_offset(b, last, phase0)
-    pairs = b.value(tile.StackOp, values, TileType((*t.shape, s), t.dtype))
+    pairs = b.value(tile.StackOp, values, TileType((*t.shape, s), t.dtype), {"axis": t.rank})
     whole = b.value(tile.ReshapeOp, [pairs], TileType((*t.shape[:-1], t.shape[-1] * s), t.dtype))
     b.create(tile.StoreOp, [last.tensor, whole, *last.offsets[:-1], off], [], _range_attrs(last))
     for op in group:

@@ -62,6 +62,8 @@ from tkc.ir.layouts import (
     read_as,
     reshape_layout,
     scan_plan,
+    stack_layout,
+    take_layout,
     take_registers,
     transpose_copy_blocks,
     transpose_layout,
@@ -153,6 +155,7 @@ class _Selector:
         self.threads = target.warpgroup * self.warpgroups
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
+        self._take_conversions: dict[tuple, Value] = {}
 
     def _unsupported(self, op: Operation, message: str) -> TkcUnsupportedError:
         return TkcUnsupportedError(f"{self.target.name}: {message}", op.loc)
@@ -460,7 +463,7 @@ class _Selector:
         # range in the #blocked layout of its flat shape, so each thread holds the steps' pairs
         # and reads and writes them as vectors; the slices follow as its slices.
         for op in self.kernel.walk():
-            if op.name in ("tile.take", "tile.stack"):
+            if op.name in ("tile.take", "tile.stack") and op.axis == op.result.type.rank - (op.name == "tile.stack"):
                 self._seed_whole(op.x if op.name == "tile.take" else op.result)
                 self._fixpoint()
         for op in self.kernel.walk():
@@ -481,7 +484,7 @@ class _Selector:
             lay = _reshaped(choose_blocked(flat, max(1, t.dtype.bits // 8), self.threads), t.shape)
         except ValueError:
             return None
-        return lay if lay is not None and take_registers(lay, 0) is not None else None
+        return lay if lay is not None and take_registers(lay, t.rank - 1, 0) is not None else None
 
     def _seed_whole(self, v: Value) -> None:
         if v in self.lay or v in self.smem:
@@ -525,14 +528,11 @@ class _Selector:
             return self._propose(op.result, _reshaped(lay[op.x], op.result.type.shape))
         if name == "tile.transpose" and op.x in lay:
             return self._propose(op.result, transpose_layout(lay[op.x]))
-        if name == "tile.take" and op.x in lay and take_registers(lay[op.x], 0) is not None:
-            return self._propose(op.result, Slice(lay[op.x], op.x.type.rank - 1))
+        if name == "tile.take" and op.x in lay and take_registers(lay[op.x], op.axis, 0) is not None:
+            return self._propose(op.result, take_layout(lay[op.x], op.axis))
         if name == "tile.stack":
             part = next((lay[v] for v in op.operands if v in lay), None)
-            if isinstance(part, Slice) and not part.keep and part.axis == op.result.type.rank - 1 \
-                    and tuple(part.parent.shape) == op.result.type.shape and take_registers(part.parent, 0) is not None:
-                return self._propose(op.result, part.parent)
-            return False
+            return part is not None and self._propose(op.result, stack_layout(part, op.axis, len(op.operands)))
         if name == "tile.expand_dims" and op.x in lay:
             s = lay[op.x]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -573,13 +573,10 @@ class _Selector:
         elif name == "tile.transpose" and op.result in lay:
             changed |= self._propose(op.x, transpose_layout(lay[op.result]))
         elif name == "tile.take" and op.result in lay:
-            part = lay[op.result]
-            if isinstance(part, Slice) and not part.keep and part.axis == op.result.type.rank \
-                    and tuple(part.parent.shape) == op.x.type.shape and take_registers(part.parent, 0) is not None:
-                changed |= self._propose(op.x, part.parent)
-        elif name == "tile.stack" and op.result in lay and take_registers(lay[op.result], 0) is not None:
+            changed |= self._propose(op.x, stack_layout(lay[op.result], op.axis, op.x.type.shape[op.axis]))
+        elif name == "tile.stack" and op.result in lay and take_registers(lay[op.result], op.axis, 0) is not None:
             for v in op.operands:
-                changed |= self._propose(v, Slice(lay[op.result], op.result.type.rank - 1))
+                changed |= self._propose(v, take_layout(lay[op.result], op.axis))
         elif name == "tile.reduce" and op.result in lay:
             s = lay[op.result]
             if isinstance(s, Slice) and not s.keep and s.axis == op.axis:
@@ -741,28 +738,46 @@ class _Selector:
             self._retype_result(op, want)
 
     def _take_layout(self, op: Operation) -> None:
-        """A take (a stack) picks registers: the whole tile in a layout holding its last axis
-        whole in each thread (its own, else ``_stacked``'s, converted to), the parts in its
-        slice along that axis."""
-        whole = op.x if op.name == "tile.take" else op.result
+        """A take (a stack) picks registers: the whole tile in a layout holding the axis whole
+        in each thread (its own, else the parts' stacked, converted to), the parts in its slice
+        along that axis."""
+        take = op.name == "tile.take"
+        whole = op.x if take else op.result
         want = self.lay[whole]
-        if take_registers(want, 0) is None:
-            want = self._stacked(whole.type)
-            if want is None:
-                t = whole.type
-                raise self._unsupported(op, f"cannot hold the last axis of this {'x'.join(map(str, t.shape))} "
-                                        f"{t.dtype.name} tile in each thread's registers")
-            if op.name == "tile.take":
-                self._need(op, 0, want)
+        if take_registers(want, op.axis, 0) is None:
+            part = self.lay[op.result] if take else self.lay[op.operands[0]]
+            want = stack_layout(part, op.axis, whole.type.shape[op.axis])
+            split = _def(whole) if take else None
+            flat = _reshaped(want, split.x.type.shape) if split is not None and split.name == "tile.reshape" \
+                and split.x.type.rank <= 2 and split.x not in self.smem else None
+            if flat is not None:
+                # A block of a register tile (t[:, 0:64]): the tile itself moves (shared memory
+                # trades 1-D and 2-D tiles) to where its reshape holds the axis whole.
+                self._need(split, 0, flat)
+                self.lay[whole] = want
+            elif take:
+                self._need_once(op, want)
             else:
                 self._retype_result(op, want)
-        part = Slice(want, whole.type.rank - 1)
-        if op.name == "tile.take":
+        part = take_layout(want, op.axis)
+        if take:
             if self.lay[op.result] != part:
                 self._retype_result(op, part)
         else:
             for i in range(len(op.operands)):
                 self._need(op, i, part)
+
+    def _need_once(self, op: Operation, layout: object) -> None:
+        """``_need`` for a take's operand, reusing a conversion of the same value to the same
+        layout made for an earlier take of its block (``t[:, 5]`` and ``t[:, -1]``: one move)."""
+        key = (op.operands[0], layout, id(op.parent))
+        conv = self._take_conversions.get(key)
+        if conv is not None and conv.owner.parent is op.parent:
+            op.operands[0] = conv
+            return
+        self._need(op, 0, layout)
+        if op.operands[0] is not key[0]:
+            self._take_conversions[key] = op.operands[0]
 
     def _retype_result(self, op: Operation, layout: object, index: int = 0) -> None:
         """Give result ``index`` of ``op`` ``layout`` and convert it back for its users."""

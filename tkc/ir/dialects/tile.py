@@ -354,63 +354,68 @@ class ReshapeOp(Operation):
             raise self.error(f"{a.layout} and {r.layout} hold different elements in the same registers")
 
 
-def _check_takes(op: Operation, whole: TileType, part: TileType) -> None:
+def _check_takes(op: Operation, whole: TileType, part: TileType, axis: int) -> None:
     """Register layouts of ``tile.take``/``tile.stack``: the part's is the slice of the whole's
-    along its last axis, which each thread holds whole (``tkc.ir.layouts.take_registers``)."""
-    from tkc.ir.layouts import Slice, take_registers
+    along ``axis``, which each thread holds whole (``tkc.ir.layouts.take_registers``)."""
+    from tkc.ir.layouts import take_layout, take_registers
 
     if whole.space != "reg" or part.space != "reg" or whole.layout is None or part.layout is None:
         return
-    if take_registers(whole.layout, 0) is None or part.layout != Slice(whole.layout, whole.rank - 1):
-        raise op.error(f"{part.layout} is not {whole.layout} without its last axis, held whole in each "
+    if take_registers(whole.layout, axis, 0) is None or part.layout != take_layout(whole.layout, axis):
+        raise op.error(f"{part.layout} is not {whole.layout} without axis {axis}, held whole in each "
                        f"thread's registers")
 
 
 @register
 class TakeOp(Operation):
-    """``x[..., index]``: element ``index`` of the last axis (a constant), which is dropped.
-    With register layouts each thread holds that axis whole and the result is in the slice of
-    the operand's layout along it: a take picks registers, it moves nothing.  The pass
-    ``merge-steps`` makes it from stepped slices (``x[:, 0:D:2]``) read as one range."""
+    """``x[:, index]`` on ``axis``: the elements at ``index`` (a constant) along ``axis``, which
+    is dropped.  With register layouts each thread holds that axis whole and the result is in
+    the slice of the operand's layout along it: a take picks registers, it moves nothing.  A
+    slice of a register tile (``acc[:, 0:64]`` of a 128-column tile) is a reshape and a take;
+    the pass ``merge-steps`` makes takes of stepped slices (``x[:, 0:D:2]``) read as one range."""
 
     name = "tile.take"
     OPERANDS = ("x",)
     RESULTS = ("result",)
-    ATTRS = {"index": int}
+    ATTRS = {"axis": int, "index": int}
     TRAITS = frozenset({"pure"})
 
     def verify(self) -> None:
         a, r = self.x.type, self.result.type
-        if not isinstance(a, TileType) or a.rank < 2 or not _same_elements(r, a.with_shape(a.shape[:-1])):
-            raise self.error(f"takes one element of the last axis of a tile of rank 2 or more: {a} -> {r}")
-        if not 0 <= self.index < a.shape[-1]:
-            raise self.error(f"index {self.index} out of range for the last axis of {a}")
-        _check_takes(self, a, r)
+        if not isinstance(a, TileType) or a.rank < 2 or not 0 <= self.axis < a.rank \
+                or not _same_elements(r, a.with_shape(a.shape[:self.axis] + a.shape[self.axis + 1:])):
+            raise self.error(f"takes the elements at one index of an axis of a tile of rank 2 or more, dropping "
+                             f"the axis: {a} -> {r}")
+        if not 0 <= self.index < a.shape[self.axis]:
+            raise self.error(f"index {self.index} out of range for axis {self.axis} of {a}")
+        _check_takes(self, a, r, self.axis)
 
 
 @register
 class StackOp(Operation):
-    """``stack(xs, -1)``: tiles of one type as the elements of a new last axis (element ``p``
-    of it from ``xs[p]``).  With register layouts the operands are in the slice of the
-    result's layout along that axis, which each thread holds whole: a stack moves nothing.
-    The pass ``merge-steps`` makes it from stepped slices stored together (``y[:, 0:D:2] = a``,
+    """``stack(xs, axis)``: tiles of one type as the elements of a new axis (element ``p`` of
+    it from ``xs[p]``).  With register layouts the operands are in the slice of the result's
+    layout along that axis, which each thread holds whole: a stack moves nothing.  The pass
+    ``merge-steps`` makes it from stepped slices stored together (``y[:, 0:D:2] = a``,
     ``y[:, 1:D:2] = b``)."""
 
     name = "tile.stack"
     OPERANDS = ("*xs",)
     RESULTS = ("result",)
+    ATTRS = {"axis": int}
     TRAITS = frozenset({"pure"})
 
     def verify(self) -> None:
         xs, r = list(self.operands), self.result.type
         first = xs[0].type if xs else None
-        if len(xs) < 2 or not all(isinstance(x.type, TileType) for x in xs) \
-                or any(not _same_elements(x.type, first) for x in xs) \
-                or not isinstance(r, TileType) or not _same_elements(r, first.with_shape((*first.shape, len(xs)))):
-            raise self.error(f"stacks two or more tiles of one shape and dtype along a new last axis, got "
+        ok = len(xs) >= 2 and all(isinstance(x.type, TileType) for x in xs) and isinstance(r, TileType) \
+            and all(_same_elements(x.type, first) for x in xs) and 0 <= self.axis <= first.rank
+        if not ok or not _same_elements(r, first.with_shape((*first.shape[:self.axis], len(xs),
+                                                              *first.shape[self.axis:]))):
+            raise self.error(f"stacks two or more tiles of one shape and dtype along a new axis {self.axis}, got "
                              f"{', '.join(str(x.type) for x in xs)} -> {r}")
         for x in xs:
-            _check_takes(self, r, x.type)
+            _check_takes(self, r, x.type, self.axis)
 
 
 REDUCE_KINDS = ("sum", "max", "min")
