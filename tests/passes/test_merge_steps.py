@@ -1,8 +1,10 @@
 """The ``merge-steps`` pass: stepped slices that together cover a range (``x[:, 0:D:2]`` and
 ``x[:, 1:D:2]``) become one access of the range, a reshape and ``tile.take``s (``tile.stack``
 for stores); select-layouts keeps each thread's pairs in its own registers, so the range moves
-as vectors.  Slices that leave a phase out, differ elsewhere or have a write between them stay
-as written.  The emulator agrees with the interpreter on tails; dumps read back."""
+as vectors.  Stores of blocks side by side become one store; an accumulator's column blocks
+then leave through TMA.  Slices that leave a phase out, differ elsewhere or have a write
+between them stay as written.  The emulator agrees with the interpreter on tails; dumps read
+back."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tkc.pins import Options
 from tkc.target import DEFAULT_TARGET
 
 ROPE = Path(__file__).resolve().parents[2] / "examples" / "rope.tk"
+GEMM_ROPE = ROPE.with_name("gemm_rope.tk")
 
 # Pairs at a runtime offset k (k + 1 for the odd ones), the four phases of a step of 4, a slice
 # whose partners are missing, and the three phases of a step of 3 (whose groups a thread's
@@ -151,3 +154,42 @@ def test_a_take_checks_its_index() -> None:
 """
     with pytest.raises(TkcVerifyError, match="index 2 out of range for axis 1"):
         verify(parse_module(src, "<t>"))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_an_accumulators_blocks_leave_as_one_tile(interleaved) -> None:
+    kernel = _merged(GEMM_ROPE, {"interleaved": interleaved})
+    (store,) = _ops(kernel, "tile.store")
+    assert store.box == [128, 256] and "steps" not in store.attributes
+    lowered_ops = [op.name for op in compile_kernel(GEMM_ROPE, {"interleaved": interleaved}, stop="hopper",
+                                                    cache=False).kernel_op.walk()]
+    assert "hopper.tma_store" in lowered_ops and "hopper.store" not in lowered_ops
+
+
+# The halves of one tile, changed and put back side by side.
+BLOCKS = """@kernel
+def blocks(x: f32[M, 256], y: f32[M, 256]):
+    grid(cdiv(M, 32))
+    r = program_id(0) * 32
+    t = x[r:r+32, :]
+    y[r:r+32, 0:128] = t[:, 0:128] * 2.0
+    y[r:r+32, 128:256] = t[:, 128:256] + 1.0
+"""
+
+
+@pytest.mark.parametrize("edit, merged", [
+    (None, True),
+    (("y[r:r+32, 128:256] = t[:, 128:256]", "y[r:r+32, 160:288] = t[:, 128:256]"), False),  # a gap
+    (("    y[r:r+32, 128:256] = t[:, 128:256] + 1.0\n",
+      "    u = x[r:r+32, :]\n    y[r:r+32, 128:256] = u[:, 128:256] + 1.0\n"), False),  # a read between
+    (("t[:, 128:256] + 1.0", "x[r:r+32, 0:128] + 1.0"), False),  # not cut from one tile
+])
+def test_blocks_side_by_side(edit, merged) -> None:
+    src = BLOCKS if edit is None else BLOCKS.replace(*edit)
+    stores = _ops(_merged(src), "tile.store")
+    assert len(stores) == (1 if merged else 2)
+    tile_ir = _tile_ir(src).kernel_op
+    args = random_args(tile_ir, {"M": 70}, 6)
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: compile_kernel(src, {}, stop=stop,
+                                                                                   cache=False)).kernel_op, args, 6)
+    np.testing.assert_array_equal(got[1], want[1])

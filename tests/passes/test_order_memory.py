@@ -96,11 +96,12 @@ def test_attention_backward_statement_orders_compile_alike(D: int, causal: bool)
 
 
 def test_a_products_operand_tile_keeps_its_place() -> None:
-    """gemm_rope's K loop loads W's second half after the first product: a TMA copy of a
-    product's operand, whose rings pipeline-loops builds in the order of the copies."""
+    """A RoPE projection written as two products a K step (each head's halves) loads W's
+    second half after the first product: a TMA copy of a product's operand, whose rings
+    pipeline-loops builds in the order of the copies."""
     from tkc.passes.pipeline import HOPPER_PIPELINE
 
-    gemm_rope = EXAMPLE.parent / "gemm_rope.tk"
+    gemm_rope = pathlib.Path(__file__).resolve().parents[1] / "data" / "gemm_rope_two_products.tk"
     without = HOPPER_PIPELINE.replace("order-memory,", "")
     assert without != HOPPER_PIPELINE
     ptx = [compile_kernel(gemm_rope, {}, stop="ptx", cache=False, hopper_pipeline=p).asm["ptx"]

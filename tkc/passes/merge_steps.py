@@ -1,5 +1,5 @@
 """The ``merge-steps`` pass: stepped slices that together cover a range are read and written as
-that range.
+that range, and so are stores of blocks side by side.
 
 ``x[:, 0:D:2]`` and ``x[:, 1:D:2]`` (interleaved RoPE's pairs, a complex tensor's real and
 imaginary parts) are loads whose every element is its own access: a thread's neighbours in the
@@ -13,6 +13,12 @@ of slices become a ``tile.stack`` of their values, a reshape and one store of th
 thread holds whole groups of ``s`` and a take or a stack only picks registers: the range goes
 through memory as 16-byte vectors.
 
+Stores of blocks side by side along the last axis (``y[r, o:o+W] = u``, ``y[r, o+W:o+2W] = v``:
+a RoPE projection's head halves) become one store of their values stacked along a new axis
+and reshaped to the whole width.  Where the values are slices of one accumulator (a product's
+column blocks, ``acc[:, 0:64]``) that whole is the accumulator again, in its own layout, and
+goes out through the TMA-store epilogue instead of thread by thread.
+
 Element ``j`` of phase ``p`` is the range's element ``j*s + p``, in bounds exactly where the
 slice's was (``o + p + j*s < dim``), and reads ``other`` where not: the merged ops read and
 write the same elements as the slices.  The loads move to the first of them and the stores to
@@ -20,8 +26,8 @@ the last, so only sets whose ops between the first and the last touch no memory 
 atomic, a wait) are merged, besides other loads between loads.
 
 Runs after ``decompose``, before ``select-layouts``.  Must not: merge slices of different
-tensors, boxes or steps on other axes, leave a phase of the range out, or move an access past
-a write.
+tensors, boxes or steps on other axes, leave a phase of the range (a block of the row) out, or
+move an access past a write (a store past a read).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ def merge_steps(module: Module, *_: Options | Target) -> None:
                 _merge_loads(kernel, group)
             for group in _groups(block, "tile.store"):
                 _merge_stores(group)
+            for group in _block_groups(block):
+                _merge_blocks(group)
 
 
 def _last_offset(op: Operation) -> tuple[Value | None, int]:
@@ -124,6 +132,73 @@ def _groups(block: Block, name: str) -> list[list[Operation]]:
         if all(_quiet(op, name == "tile.load") for op in ops[first + 1:last] if op not in members):
             out.append(members)
     return out
+
+
+def _cut_from(v: Value) -> set[Value]:
+    """The tiles whose slices (``tile.take``s, of the tile or of its reshape) ``v`` is computed
+    from through register ops."""
+    out: set[Value] = set()
+    seen: set[Value] = set()
+    todo = [v]
+    while todo:
+        x = todo.pop()
+        d = getattr(x, "owner", None)
+        if x in seen or d is None or not d.has_trait("pure") or d.regions:
+            continue
+        seen.add(x)
+        if d.name == "tile.take":
+            whole = d.x.owner if getattr(d.x, "owner", None) is not None else None
+            out.add(whole.x if whole is not None and whole.name == "tile.reshape" else d.x)
+        todo.extend(d.operands)
+    return out
+
+
+def _block_groups(block: Block) -> list[list[Operation]]:
+    """Sets of stores in ``block`` (no step on the last axis) of blocks side by side along it,
+    ``y[r, o:o+W]``, ``y[r, o+W:o+2W]``, ...: the same tensor, rows and width, in program order
+    by their offset, with nothing but pure ops between the first and the last, whose values
+    are all computed from slices of one tile (a product's column blocks put back together;
+    blocks of other values keep their own stores, which vectorize as well)."""
+    by_key: dict[tuple, list[Operation]] = {}
+    for op in block.ops:
+        steps = op.attributes.get("steps") or [1]
+        if op.name == "tile.store" and steps[-1] == 1 and isinstance(op.value.type, TileType) \
+                and op.value.type.rank >= 1 and len(op.box) - 1 not in (op.squeeze or []):
+            base, _ = _last_offset(op)
+            key = (op.tensor, tuple(op.offsets[:-1]), tuple(op.box), tuple(op.squeeze or ()), tuple(steps), base)
+            by_key.setdefault(key, []).append(op)
+    out = []
+    ops = block.ops
+    for members in by_key.values():
+        width = members[0].box[-1]
+        starts = [_last_offset(op)[1] for op in members]
+        if len(members) < 2 or starts != [starts[0] + k * width for k in range(len(members))]:
+            continue
+        first, last = ops.index(members[0]), ops.index(members[-1])
+        if not set.intersection(*(_cut_from(op.value) for op in members)):
+            continue
+        if all(_quiet(op, False) for op in ops[first + 1:last] if op not in members):
+            out.append(members)
+    return out
+
+
+def _merge_blocks(group: list[Operation]) -> None:
+    """One store of the blocks' values stacked along a new axis before the last and reshaped
+    to the whole width: where the values are slices of one accumulator (a product's column
+    blocks), the whole is that accumulator again and leaves through TMA."""
+    last, first = group[-1], group[0]
+    t = first.value.type
+    n = len(group)
+    b = Builder.before(last)
+    stacked = b.value(tile.StackOp, [op.value for op in group], TileType((*t.shape[:-1], n, t.shape[-1]), t.dtype),
+                      {"axis": t.rank - 1})
+    whole = b.value(tile.ReshapeOp, [stacked], TileType((*t.shape[:-1], n * t.shape[-1]), t.dtype))
+    attrs = dict(first.attributes)
+    attrs["box"] = [*attrs["box"][:-1], attrs["box"][-1] * n]
+    off = _range_offset(b, last, _last_offset(first)[1])
+    b.create(tile.StoreOp, [last.tensor, whole, *last.offsets[:-1], off], [], attrs)
+    for op in group:
+        op.parent.ops.remove(op)
 
 
 def _range_offset(b: Builder, op: Operation, phase0: int) -> Value:
