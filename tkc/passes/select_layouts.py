@@ -33,8 +33,12 @@ Decisions, in order:
    tile ``#transpose`` of its operand's (the same registers), ``expand_dims`` the
    ``keep`` form of a slice, ``broadcast`` the slice's parent, and each of these asks its
    operand for what it needs; loops and branches carry layouts through their block arguments
-   and results.  What is still free afterwards (a softmax's loads) gets the ``#blocked``
-   layout of ``choose_blocked``, 2-D values first, then propagation runs again.
+   and results; ``tile.take`` gives the slice of its operand's layout along its axis and
+   ``tile.stack`` the layout its operands are that slice of (or ``#stack``).  Next, a range
+   that stepped slices read or write as one (merge-steps) gets the ``#blocked`` layout of
+   its flat shape, so each thread holds whole groups of the step.  What is still free
+   afterwards (a softmax's loads) gets the ``#blocked`` layout of ``choose_blocked``, 2-D
+   values first, then propagation runs again.
 4. **Conversions** where an operand's layout is not the one its user needs.
 
 Must not: move memory or create hopper memory ops (``lower-to-hopper`` does), or place
