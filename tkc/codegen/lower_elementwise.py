@@ -379,26 +379,26 @@ def _reshape(lw: Lowerer, op: Operation) -> None:
     lw.set(op.result, list(x))
 
 
-def _take_registers(op: Operation, whole: object, index: int) -> tuple[int, ...]:
-    from tkc.ir.layouts import take_registers
+def _picks(op: Operation, whole: object, part: object, index: int) -> tuple[int, ...]:
+    from tkc.ir.layouts import picked_registers
 
-    picks = take_registers(whole, op.axis, index)
+    picks = picked_registers(whole, part, op.axis, index)
     if picks is None:
-        raise TkcCodegenError(f"'{op.name}': {whole} does not hold axis {op.axis} whole in each thread", op.loc)
+        raise TkcCodegenError(f"'{op.name}': {part} is not {whole} without axis {op.axis}, held whole in each "
+                              f"thread", op.loc)
     return picks
 
 
 def _take(lw: Lowerer, op: Operation) -> None:
-    # The result is the slice of the operand's layout along the axis (tile.take's verifier).
     x = lw.tile(op, op.x)
-    lw.set(op.result, [x[j] for j in _take_registers(op, op.x.type.layout, op.index)])
+    lw.set(op.result, [x[j] for j in _picks(op, op.x.type.layout, op.result.type.layout, op.index)])
 
 
 def _stack(lw: Lowerer, op: Operation) -> None:
     whole = op.result.type.layout
     out: list = [None] * lw.regs(op, op.result.type)
     for p, v in enumerate(op.operands):
-        for value, j in zip(lw.tile(op, v), _take_registers(op, whole, p)):
+        for value, j in zip(lw.tile(op, v), _picks(op, whole, v.type.layout, p)):
             out[j] = value
     lw.set(op.result, out)
 

@@ -59,7 +59,7 @@ from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_vector_box, tma_map_box, tma_row_axis
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
-                            a8_logical_col, broadcast_slots, take_layout, take_registers,
+                            a8_logical_col, broadcast_slots, picked_registers,
                             expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
                             transpose_copy_block, transpose_copy_blocks, transposes, vector_coords)
 from tkc.ir.types import ScalarType, TensorType, TileType
@@ -636,8 +636,8 @@ def _transpose(wg: _Warpgroup, op: Operation, x: np.ndarray) -> np.ndarray:
 
 
 def _picks(op: Operation, whole: Any, part: Any, axis: int, index: int) -> list[int]:
-    picks = take_registers(whole, axis, index)
-    if picks is None or part != take_layout(whole, axis):
+    picks = picked_registers(whole, part, axis, index)
+    if picks is None:
         raise _fault(op, f"{whole} and {part}: a take or a stack picks registers of threads that hold "
                          f"axis {axis} whole, the part in the whole's slice along it")
     return list(picks)

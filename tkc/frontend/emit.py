@@ -414,6 +414,9 @@ class Emitter:
             raise TkcTypeError(f"a slice step must be a positive constant, got {step}", loc)
         base = lo - lo % step
         w = -(-(hi - base) // step) * step
+        if step > 1 and len(range(lo, hi, step)) != w // step:
+            raise TkcTypeError(f"a stepped slice of a tile takes one element of every group of {step} of an aligned "
+                               f"block: {lo}:{hi}:{step} leaves out the block's last group (end it at {base + w})", loc)
         if not (0 <= lo < hi <= n and n % w == 0 and base % w == 0):
             raise TkcTypeError(f"a slice of a tile takes an aligned block of an axis: its length must divide the "
                                f"axis's {n} and its start be a multiple of its length, got {lo}:{hi}", loc)

@@ -987,6 +987,16 @@ class Stacked(_Distributed):
         return f"#stack<{self.parent}, axis={self.axis}, n={self.n}>"
 
 
+def picked_registers(whole: DistributedLayout, part: DistributedLayout, axis: int,
+                     index: int) -> tuple[int, ...] | None:
+    """The values of ``whole`` that element ``index`` along ``axis`` is, as a tile in
+    ``part`` (``tile.take``'s result, one of ``tile.stack``'s operands); None unless ``part`` is
+    ``take_layout(whole, axis)`` and each thread holds the axis whole (``take_registers``)."""
+    if part != take_layout(whole, axis):
+        return None
+    return take_registers(whole, axis, index)
+
+
 def take_layout(whole: DistributedLayout, axis: int) -> DistributedLayout:
     """The layout of ``whole.take(p, axis)``: the slice along ``axis`` (a stack's parts'
     layout when ``whole`` is one)."""

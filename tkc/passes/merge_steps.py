@@ -35,6 +35,7 @@ from __future__ import annotations
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Value, replace_all_uses
 from tkc.ir.dialects import tile
+from tkc.ir.dialects.elementwise import constant_value
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.target import Target
@@ -59,11 +60,8 @@ def _last_offset(op: Operation) -> tuple[Value | None, int]:
 
 
 def _constant(v: Value) -> int | None:
-    d = getattr(v, "owner", None)
-    if d is not None and d.name == "tile.constant" and isinstance(d.attributes.get("value"), int) \
-            and not isinstance(d.attributes["value"], bool):
-        return d.attributes["value"]
-    return None
+    c = constant_value(v)
+    return c if isinstance(c, int) and not isinstance(c, bool) else None
 
 
 def _split_constant(v: Value) -> tuple[Value | None, int]:

@@ -774,9 +774,9 @@ class _Selector:
     def _need_once(self, op: Operation, layout: object) -> None:
         """``_need`` for a take's operand, reusing a conversion of the same value to the same
         layout made for an earlier take of its block (``t[:, 5]`` and ``t[:, -1]``: one move)."""
-        key = (op.operands[0], layout, id(op.parent))
+        key = (op.operands[0], layout, op.parent)
         conv = self._take_conversions.get(key)
-        if conv is not None and conv.owner.parent is op.parent:
+        if conv is not None:  # converted before an earlier take of this block
             op.operands[0] = conv
             return
         self._need(op, 0, layout)

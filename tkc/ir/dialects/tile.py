@@ -357,11 +357,11 @@ class ReshapeOp(Operation):
 def _check_takes(op: Operation, whole: TileType, part: TileType, axis: int) -> None:
     """Register layouts of ``tile.take``/``tile.stack``: the part's is the slice of the whole's
     along ``axis``, which each thread holds whole (``tkc.ir.layouts.take_registers``)."""
-    from tkc.ir.layouts import take_layout, take_registers
+    from tkc.ir.layouts import picked_registers
 
     if whole.space != "reg" or part.space != "reg" or whole.layout is None or part.layout is None:
         return
-    if take_registers(whole.layout, axis, 0) is None or part.layout != take_layout(whole.layout, axis):
+    if picked_registers(whole.layout, part.layout, axis, 0) is None:
         raise op.error(f"{part.layout} is not {whole.layout} without axis {axis}, held whole in each "
                        f"thread's registers")
 
