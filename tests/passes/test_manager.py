@@ -52,7 +52,8 @@ def test_pipeline_text_is_trimmed_and_may_be_empty() -> None:
 
 
 def test_unknown_pass_lists_the_known_ones() -> None:
-    with pytest.raises(TkcUsageError, match=r"unknown pass 'cse2'; known passes: .*canonicalize, cse, dce"):
+    with pytest.raises(TkcUsageError,
+                       match=r"unknown pass 'cse2'; known passes: .*canonicalize, count-divisions, cse, dce"):
         PassManager("canonicalize,cse2")
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from tkc.ir.core import Module
 from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
+from tkc.passes.count_divisions import count_divisions
 from tkc.passes.cse import cse
 from tkc.passes.dce import dce
 from tkc.passes.decompose import decompose
@@ -63,6 +64,7 @@ PASSES: dict[str, PassFn] = {
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "merge-barriers": merge_barriers,    # a loop's barriers that another one already orders are dropped
+    "count-divisions": count_divisions,  # a loop's i // d, i % d by a runtime d: a carried quotient, remainder
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- tcgen05 targets: the same passes, then the products move to tensor memory
     "lower-to-blackwell": lower_to_blackwell,  # wgmma -> tcgen05.mma + commit, accumulators in TMEM
@@ -74,7 +76,7 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
-                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,cse,dce,allocate-smem")
+                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
