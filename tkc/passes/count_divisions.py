@@ -13,9 +13,10 @@ Runs on hopper IR after the passes that restructure loops (pipelining, specializ
 rotations clone and re-index loop bodies, which a carried count would stop), before
 ``cse``/``dce``.  Only loops that hold no other loop and step by 1, whose trip count is not
 capped by a constant (a ring's prologue) nor the divisor itself (``range(num_ranks())``: one
-wrap at most), and only divisors defined outside the loop that are provably not negative (built from sizes, ranks, program counts and non-negative constants):
-from the exact values at the loop's first iteration, the step keeps Python's floor semantics
-(and the interpreter's 0 for a zero divisor).  Divisions by constants LLVM does well itself.
+wrap at most), and only divisors defined outside the loop that are provably not negative
+(built from sizes, ranks, program counts and non-negative constants): from the exact values at
+the loop's first iteration, the step keeps Python's floor semantics (and the interpreter's 0
+for a zero divisor).  Divisions by constants LLVM does well itself.
 
 Must not: change any value an iteration computes.
 """
