@@ -20,7 +20,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from tkc.ir.core import OpResult, Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.target import DEFAULT_TARGET
+
+if TYPE_CHECKING:
+    from tkc.compiler import Compiled
 
 BACKENDS = ("interpret", "emulate", "gpu")
 #: What each backend runs, as the check names the two it compared.
@@ -460,7 +463,7 @@ def walks_tiles(kernel: Operation) -> bool:
 
 
 def _run_gpu(kernel: Operation, work: list[Any], grid: tuple[int, ...] | None, repeat: int,
-             target: str = DEFAULT_TARGET.name) -> tuple[float, int, tuple[int, ...], Any]:
+             target: str = DEFAULT_TARGET.name) -> tuple[float, int, tuple[int, ...], Compiled]:
     """Launch on the GPU (the grid the runtime computes for this device unless given); the
     median time of ``repeat`` timed launches after the one whose results are kept, and the
     compiled kernel."""

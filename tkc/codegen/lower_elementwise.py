@@ -58,7 +58,7 @@ from tkc.codegen.lower_values import (
 from tkc.codegen.nvvm import F32
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
-from tkc.ir.core import Operation, OpResult
+from tkc.ir.core import Operation, defined_inside
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import TileType, element_dtype
 
@@ -186,18 +186,10 @@ def _invariant_divisor(op: Operation) -> bool:
     if type(op) not in INVARIANT or isinstance(t, TileType) or element_dtype(t) != dtypes.i32:
         return False
     loop = next((a for a in op.ancestors() if a.name == "tile.for"), None)
-    if loop is None or any(inner is not loop and inner.name == "tile.for" for inner in loop.walk()):
-        return False
-    ub = loop.operands[1]
-    if isinstance(ub, OpResult) and ub.owner.name == "tile.minimum" \
-            and any(isinstance(x, OpResult) and x.owner.name == "tile.constant" for x in ub.owner.operands):
+    if loop is None or not T.innermost_uncapped(loop):
         return False
     d = op.operands[1]
-    if isinstance(d, OpResult):
-        if d.owner.name == "tile.constant":
-            return False
-        return loop not in d.owner.ancestors() and d.owner is not loop
-    return not any(d.block is blk for inner in loop.walk() for r in inner.regions for blk in r.blocks)
+    return T.constant_value(d) is None and d not in defined_inside(loop)
 
 
 def _shl(b: ir.IRBuilder, x: ir.Value, n: ir.Value) -> ir.Value:

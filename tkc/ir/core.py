@@ -262,6 +262,19 @@ def replace_all_uses(root: Module | Operation, old: Value, new: Value) -> None:
         op.operands = [new if v is old else v for v in op.operands]
 
 
+def defined_inside(op: Operation) -> set[Value]:
+    """Every value defined in ``op``'s regions: block arguments and results, however deeply
+    nested (what a loop's body may not read for an op to be invariant in it)."""
+    values: set[Value] = set()
+    for inner in op.walk():
+        if inner is not op:
+            values.update(inner.results)
+        for region in inner.regions:
+            for block in region.blocks:
+                values.update(block.args)
+    return values
+
+
 def uses(root: Module | Operation) -> dict[Value, list[Operation]]:
     """Every value used under ``root`` and the ops that use it."""
     out: dict[Value, list[Operation]] = {}

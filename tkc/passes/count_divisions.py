@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.ir.builder import Builder
-from tkc.ir.core import BlockArgument, Module, Operation, OpResult, Value, replace_all_uses
+from tkc.ir.core import Module, Operation, OpResult, Value, defined_inside, replace_all_uses
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType
 from tkc.pins import Options
@@ -48,28 +48,16 @@ def count_divisions(module: Module, options: Options, target: Target) -> None:
 
 
 def _counted_loop(loop: Operation) -> bool:
-    """Innermost, step 1, a trip count not capped by a constant, and not a loop whose every
-    thread holds accumulators (products outside a warp-specialized role), where two more
-    registers cost more than the division: attention backward at D = 128 spilled."""
-    inner = [op.name for op in loop.walk() if op is not loop]
-    if "tile.for" in inner:
+    """Innermost with a trip count not capped by a constant (``tile.innermost_uncapped``), a
+    bound that is not a constant, step 1, and not a loop whose every thread holds accumulators
+    (products outside a warp-specialized role), where two more registers cost more than the
+    division: attention backward at D = 128 spilled."""
+    if not tile.innermost_uncapped(loop) or tile.constant_value(loop.operands[1]) is not None:
         return False
-    if "hopper.wgmma" in inner and not any(a.name == "hopper.role" for a in loop.ancestors()):
+    if any(op.name == "hopper.wgmma" for op in loop.walk()) \
+            and not any(a.name == "hopper.role" for a in loop.ancestors()):
         return False
-    if tile.constant_value(loop.operands[2]) != 1:
-        return False
-    ub = loop.operands[1]
-    capped = isinstance(ub, OpResult) and ub.owner.name == "tile.minimum" and any(
-        tile.constant_value(x) is not None for x in ub.owner.operands)
-    return not capped and tile.constant_value(ub) is None
-
-
-def _outside(v: Value, loop: Operation) -> bool:
-    if isinstance(v, OpResult):
-        return v.owner is not loop and loop not in v.owner.ancestors()
-    assert isinstance(v, BlockArgument)
-    op = v.block.parent_op
-    return op is not loop and (op is None or loop not in op.ancestors())
+    return tile.constant_value(loop.operands[2]) == 1
 
 
 def _nonnegative(v: Value, seen: dict[Value, bool] | None = None) -> bool:
@@ -99,9 +87,9 @@ def _nonnegative(v: Value, seen: dict[Value, bool] | None = None) -> bool:
     return out
 
 
-def _dividend(v: Value, iv: Value, loop: Operation) -> tuple[str, Value | None] | None:
+def _dividend(v: Value, iv: Value, inside: set[Value]) -> tuple[str, Value | None] | None:
     """``v`` as ``iv`` (("", None)), ``iv + c`` / ``c + iv`` (("add", c)) or ``iv - c``
-    (("sub", c)) with ``c`` defined outside ``loop``; else None."""
+    (("sub", c)) with ``c`` not in ``inside`` (defined outside the loop); else None."""
     if v is iv:
         return "", None
     if not isinstance(v, OpResult) or v.type != I32:
@@ -109,11 +97,11 @@ def _dividend(v: Value, iv: Value, loop: Operation) -> tuple[str, Value | None] 
     op = v.owner
     if op.name == "tile.add":
         a, b = op.operands
-        if a is iv and _outside(b, loop):
+        if a is iv and b not in inside:
             return "add", b
-        if b is iv and _outside(a, loop):
+        if b is iv and a not in inside:
             return "add", a
-    if op.name == "tile.sub" and op.operands[0] is iv and _outside(op.operands[1], loop):
+    if op.name == "tile.sub" and op.operands[0] is iv and op.operands[1] not in inside:
         return "sub", op.operands[1]
     return None
 
@@ -121,19 +109,20 @@ def _dividend(v: Value, iv: Value, loop: Operation) -> tuple[str, Value | None] 
 def _count(kernel: Operation, loop: Operation) -> None:
     body = loop.regions[0].block
     iv = body.args[0]
+    inside = defined_inside(loop)
     groups: dict[tuple, list[Operation]] = {}
     for op in loop.walk():
         if op.name not in ("tile.floordiv", "tile.rem") or op.result.type != I32:
             continue
         d = op.operands[1]
-        if tile.constant_value(d) is not None or not _outside(d, loop) or not _nonnegative(d):
+        if tile.constant_value(d) is not None or d in inside or not _nonnegative(d):
             continue
         if loop.operands[1] is d:
             # at most d iterations wrap once at most: a walk over the ranks inside a persistent
             # GEMM's tile loop paid more for the first quotient (a whole division a tile) than
             # for its divisions by a reciprocal (GEMM + all-reduce 0.965x on 2 x H200)
             continue
-        form = _dividend(op.operands[0], iv, loop)
+        form = _dividend(op.operands[0], iv, inside)
         if form is not None:
             groups.setdefault((*form, d), []).append(op)
     for (how, c, d), ops in groups.items():

@@ -17,7 +17,7 @@ hoisted op with an identical one already outside the loop.
 
 from __future__ import annotations
 
-from tkc.ir.core import Module, Operation, Value
+from tkc.ir.core import Module, Operation, defined_inside
 
 
 def licm(module: Module, *_: object) -> None:
@@ -43,7 +43,7 @@ def _loops_innermost_first(op: Operation) -> list[Operation]:
 
 def _hoist(loop: Operation) -> bool:
     """Move the invariant ops of ``loop``'s body right before it."""
-    inside = _defined_inside(loop)
+    inside = defined_inside(loop)
     body = loop.regions[0].block
     outer = loop.parent
     assert outer is not None
@@ -59,14 +59,3 @@ def _hoist(loop: Operation) -> bool:
         moved = True
     return moved
 
-
-def _defined_inside(loop: Operation) -> set[Value]:
-    """Every value defined in ``loop``'s regions: block arguments and results."""
-    values: set[Value] = set()
-    for op in loop.walk():
-        if op is not loop:
-            values.update(op.results)
-        for region in op.regions:
-            for block in region.blocks:
-                values.update(block.args)
-    return values

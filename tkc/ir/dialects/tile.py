@@ -141,6 +141,20 @@ class ForOp(Operation):
             raise self.error("body arguments must be (i32 induction variable, carried values...)")
 
 
+def innermost_uncapped(loop: Operation) -> bool:
+    """Whether the ``tile.for`` ``loop`` holds no other loop and its trip count is not capped
+    by a constant (a ring's prologue, ``range(min(S - 1, trip))``): the loops where taking a
+    runtime division out of every iteration pays (codegen's reciprocal form, the pass
+    ``count-divisions``).  A loop around another runs its divisions once an inner run, where the
+    registers a cheaper form holds are worth more."""
+    if any(inner is not loop and inner.name == "tile.for" for inner in loop.walk()):
+        return False
+    ub = loop.operands[1]
+    owner = getattr(ub, "owner", None)
+    return not (owner is not None and owner.name == "tile.minimum"
+                and any(constant_value(x) is not None for x in owner.operands))  # noqa: F405
+
+
 @register
 class IfOp(Operation):
     """Two regions (then, else), each ending in ``tile.yield`` of the results."""
