@@ -71,6 +71,8 @@ FLOAT_CASES = [
     ("sigmoid", "sigmoid(a)", [(-30, 30)], lambda a: torch.sigmoid(a), (2e-6, 1e-7), "ex2.approx"),
     ("sigmoid_far", "sigmoid(a)", [(-100, -60)], lambda a: torch.sigmoid(a), (2e-6, 1e-7), "ex2.approx"),
     ("erf", "erf(a)", [(-4, 4)], lambda a: torch.erf(a), (1e-6, 3e-7), "ex2.approx"),
+    ("erf_near_zero", "erf(a)", [(-1e-3, 1e-3)], lambda a: torch.erf(a), (1e-6, 1e-30), "ex2.approx"),
+    ("erf_far", "erf(a)", [(-60, 60)], lambda a: torch.erf(a), (1e-6, 3e-7), "ex2.approx"),
     ("sin", "sin(a)", [(-math.pi, math.pi)], lambda a: torch.sin(a), (0, 0), "sin.approx"),
     ("cos", "cos(a)", [(-math.pi, math.pi)], lambda a: torch.cos(a), (0, 0), "cos.approx"),
     ("log1p", "log1p(a)", [(-0.95, 5)], lambda a: torch.log1p(a), (1e-6, 1e-7), "lg2.approx"),

@@ -471,32 +471,40 @@ CeilOp = _op("tile.ceil", _Unary, ("ceil",), frozenset({"float"}), "smallest int
 class SigmoidOp(_Unary):
     name = "tile.sigmoid"
     SURFACE = ("sigmoid",)
-    SUMMARY = "logistic function 1 / (1 + exp(-x))"
+    SUMMARY = "logistic function 1 / (1 + exp(-x)) (ex2.approx, and rsqrt.approx squared: 2**-21 relative)"
     EXAMPLE = "g = x * sigmoid(x)"
     FOLDS = False
 
     compute = staticmethod(_sigmoid)
 
     def decompose(self, b: Builder) -> Value:
+        # 1 / d as rsqrt(d)^2: two instructions where IEEE division takes a dozen and a slow path
+        # ptxas calls as a subroutine (SiLU epilogues run it on every accumulator); d >= 1, and
+        # d = inf (x below -88) gives 0.
         x = self.x
         e = b.value(ExpOp, [b.value(NegOp, [x], x.type)], x.type)
-        one = _const(b, x, 1.0)
-        return _same_type(b, DivOp, one, _same_type(b, AddOp, one, e))
+        r = b.value(RsqrtOp, [_same_type(b, AddOp, _const(b, x, 1.0), e)], x.type)
+        return _same_type(b, MulOp, r, r)
 
 
 register(SigmoidOp)
 
-# erf(x) = 2/sqrt(pi) (x - x^3/3 + x^5/10 - ...) below 1/2 (the series' terms fall under 2**-30
-# by x^15); above, 1 - erfc with Numerical Recipes' erfc (fractional error under 1.2e-7).
-_ERF_SERIES = [2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(8)]
-_ERFC_POLY = [-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
-              1.48851587, -0.82215223, 0.17087277]
+# erf in two pieces, each a polynomial fitted for it by weighted least squares on Chebyshev nodes:
+# below 1 in size x P(x^2) (erf(x)/x is even and smooth there; 2**-22.4 relative in f32), above
+# 1 - 2**Q(|x|) with Q ~ log2 erfc on [1, 3.92] (2**-23.5 absolute before ex2.approx's own
+# error; |x| is held at 3.92, past which erf rounds to 1).  Fourteen multiply-adds, one ex2 and
+# no division or square root: a GEMM's GELU epilogue runs it on every accumulator.
+_ERF_SMALL = [1.1283791065216064, -0.3761235475540161, 0.11280414462089539, -0.026717770844697952,
+              0.00492485286667943, -0.0005660386523231864]
+_LOG2_ERFC = [-0.0005102819413878024, -1.6259751319885254, -0.9207648038864136, -0.14865167438983917,
+              0.03145850822329521, -0.004240978974848986, 0.0002677289885468781]
+_ERF_ONE = 3.92
 
 
 class ErfOp(_Unary):
     name = "tile.erf"
     SURFACE = ("erf",)
-    SUMMARY = "error function (a polynomial below 1/2, 1 - erfc above: about 2**-22 absolute)"
+    SUMMARY = "error function (x P(x^2) below 1, 1 - 2^Q(|x|) above: 2**-22 relative, then absolute)"
     EXAMPLE = "g = 0.5 * x * (1.0 + erf(x * 0.7071067811865476))"
     FOLDS = False
 
@@ -505,17 +513,11 @@ class ErfOp(_Unary):
     def decompose(self, b: Builder) -> Value:
         x = self.x
         z = b.value(AbsOp, [x], x.type)
-        small = _same_type(b, MulOp, x, _poly(b, _same_type(b, MulOp, x, x), _ERF_SERIES))
-        # t = 1 / (1 + z/2) as rsqrt(1 + z/2)^2: no IEEE division, whose slow path ptxas calls
-        # as a subroutine (a GEMM's GELU epilogue spilled around it); 2**-22 relative in t.
-        r = b.value(RsqrtOp, [_same_type(b, AddOp, _const(b, x, 1.0), _same_type(b, MulOp, z, _const(b, x, 0.5)))],
-                    x.type)
-        t = _same_type(b, MulOp, r, r)
-        exponent = _same_type(b, SubOp, _poly(b, t, _ERFC_POLY), _same_type(b, MulOp, z, z))
-        erfc = _same_type(b, MulOp, t, b.value(ExpOp, [exponent], x.type))
-        large = _same_type(b, SubOp, _const(b, x, 1.0), erfc)
-        signed = _where(b, _cmp(b, "lt", x, _const(b, x, 0.0)), b.value(NegOp, [large], x.type), large)
-        return _where(b, _cmp(b, "lt", z, _const(b, x, 0.5)), small, signed)
+        t = _same_type(b, MinimumOp, z, _const(b, x, _ERF_ONE))
+        large = _same_type(b, SubOp, _const(b, x, 1.0), b.value(Exp2Op, [_poly(b, t, _LOG2_ERFC)], x.type))
+        small = _same_type(b, MulOp, t, _poly(b, _same_type(b, MulOp, t, t), _ERF_SMALL))
+        r = _where(b, _cmp(b, "lt", t, _const(b, x, 1.0)), small, large)
+        return _where(b, _cmp(b, "lt", x, _const(b, x, 0.0)), b.value(NegOp, [r], x.type), r)
 
 
 register(ErfOp)
