@@ -44,6 +44,12 @@ from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.ir.types import LAYOUT_PARSERS
 
+
+#: Bytes of K one tensor-core instruction takes (wgmma's k16 for 16-bit operands, k32 for
+#: 8-bit ones, k8 for tf32; tcgen05's the same): a product's K is a whole number of them.
+MMA_K_BYTES = 32
+
+
 SWIZZLES = (0, 32, 64, 128)
 # CU_TENSOR_MAP_SWIZZLE_{NONE,32B,64B,128B} (PTX-FACTS §3).
 _TMA_SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
@@ -191,7 +197,7 @@ class SharedLayout:
     @property
     def k_per_step(self) -> int:
         """K elements of one wgmma: 32 B of K (k16 for 16-bit, k32 for 8-bit, k8 for tf32)."""
-        return 32 // self.elem_bytes
+        return MMA_K_BYTES // self.elem_bytes
 
     @property
     def k_steps(self) -> int:
