@@ -352,6 +352,10 @@ class KernelLowering:
         if isinstance(target, ast.Name):
             if isinstance(v, View):
                 v = self.load(v, None)
+            if isinstance(self._lookup_quiet(target), Tensor) and not isinstance(v, Tensor):
+                # Rebinding the name would leave the tensor unwritten, without a word.
+                raise TkcTypeError(f"'{target.id}' is a tensor: store into it with {target.id}[...] = ..., "
+                                   f"or give the new value another name", target.loc)
             if isinstance(v, Dyn) and v.value.name_hint is None:
                 v.value.name_hint = target.id
             self.scope.names[target.id] = v
