@@ -272,6 +272,22 @@ def test_unsupported_is_located(body, message):
     assert e.value.loc is not None and e.value.loc.line >= 3
 
 
+@pytest.mark.parametrize("body,params,where", [
+    ("y[0:16, 0:32] = x[0:16, 0:16, 0:32].sum(1)", "x: f32[A, B, C], y: f32[A, C]", "x[0:16"),
+    ("t = w[0:16, 0:32]\ny[0:16, 0:32] = (t[:, :, None] * t[:, None, :]).sum(2)", "w: f32[M, N], y: f32[M, N]",
+     "None] * t"),  # the index that adds the third axis
+])
+def test_tiles_of_three_axes_are_refused_where_made(body, params, where):
+    # The interpreter runs them; the register layouts span two axes, so compiling must refuse,
+    # at the op that makes the tile, not fail inside the pass.
+    src = _src(body, params)
+    m = compile_source(src, "three.tk")
+    with pytest.raises(TkcUnsupportedError, match="tile has 3 axes; a kernel's tiles have at most two") as e:
+        select_layouts(m, Options(), DEFAULT_TARGET)
+    line = src.splitlines()[e.value.loc.line - 1]
+    assert line[e.value.loc.col - 1:].startswith(where)
+
+
 def test_integer_column_sum_crosses_warps_exactly():
     """Partials of an integer reduction travel between warps as i32: as f32, 2^24 + 1 rounds."""
     from tkc.emulator import emulate

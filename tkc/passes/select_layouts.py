@@ -613,7 +613,20 @@ class _Selector:
     # ------------------------------------------------------------ 4. conversions
     def _convert(self) -> None:
         for op in list(self.kernel.walk()):
+            self._refuse_unplaced(op)
             self._convert_op(op)
+
+    def _refuse_unplaced(self, op: Operation) -> None:
+        """Register layouts span one or two axes (and the reshapes around a take or a
+        reduction): a tile of more axes that none reached runs in the interpreter only, and is
+        refused where it is made."""
+        for v in op.results:
+            t = v.type
+            if isinstance(t, TileType) and t.rank > 2 and v not in self.lay and v not in self.smem:
+                shape = "x".join(map(str, t.shape))
+                raise self._unsupported(op, f"this {shape} tile has {t.rank} axes; a kernel's tiles have at most "
+                                            f"two (the interpreter runs more): work on 2-D slices of it, e.g. "
+                                            f"loop over its first axis")
 
     def _need(self, op: Operation, index: int, layout: object) -> None:
         """Make operand ``index`` of ``op`` arrive in ``layout``."""
