@@ -127,6 +127,35 @@ class Kernel:
         """The kernel's parameter names, in order (tensors, scalars and constants)."""
         return [p.name for p in (self._tree.body[0] if self._python_function else self._def).params]
 
+    @functools.cached_property
+    def arguments(self) -> tuple[str, ...]:
+        """The names of the parameters a call passes (tensors and scalars: not ``const``), in order."""
+        from tkc.frontend import ast
+
+        params = (self._tree.body[0] if self._python_function else self._def).params
+        return tuple(p.name for p in params
+                     if not (isinstance(p.annotation, ast.Name) and p.annotation.id == "const"))
+
+    def bind(self, args: tuple | list, consts: dict[str, Any]) -> tuple[tuple | list, dict[str, Any]]:
+        """``args`` with the arguments ``consts`` names by keyword (``k(x, y=y)``) put in their
+        places, and the constants left; a name given twice, or a keyword past a missing
+        argument, is an error here rather than a constant nobody reads."""
+        named = [n for n in self.arguments if n in consts]
+        if not named:
+            return args, consts
+        consts = dict(consts)
+        given = list(args)
+        for i, name in enumerate(self.arguments):
+            if name in consts:
+                if i < len(given):
+                    raise TkcLaunchError(f"kernel @{self.name} got two values for argument '{name}' (by position "
+                                         f"and by keyword)")
+                if i > len(given):
+                    missing = self.arguments[len(given)]
+                    raise TkcLaunchError(f"kernel @{self.name}: argument '{missing}' is missing before '{name}'")
+                given.append(consts.pop(name))
+        return given, consts
+
     def compile(self, pipeline: str | None = None, **consts: Any) -> Module:
         """The kernel's tile IR for these constants, after ``pipeline`` (default: the default
         pipeline), through :func:`tkc.compiler.compile_kernel`'s tile stage.  Cached per
@@ -174,6 +203,8 @@ class Kernel:
         return self.specialize(**consts).asm
 
     def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
+        if consts:
+            args, consts = self.bind(args, consts)
         self.call(args, consts, tuple(sorted(consts.items())) if consts else (), grid)
 
     def call(self, args: tuple | list, consts: dict[str, Any], key: tuple, grid: Any = None) -> None:
@@ -318,6 +349,8 @@ def interpret(k: Kernel | Module | Operation, /, *args: Any, grid: Any = None, *
     """
     from tkc.interpreter import run_kernel
 
+    if isinstance(k, Kernel) and consts:
+        args, consts = k.bind(args, consts)
     op = _kernel_op(k, consts, "tkc.interpret")
     host = [_to_host(a) for a in args]
     try:

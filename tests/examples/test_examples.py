@@ -160,3 +160,27 @@ def test_tkc_interpret_env(monkeypatch):
     monkeypatch.setenv("TKC_INTERPRET", "1")
     mod.rmsnorm(x, w, y, 1e-6)
     check(y, mod.reference(x, w, 1e-6), seed, **BF16)
+
+
+def test_arguments_by_keyword(monkeypatch):
+    """Tensors and scalars may be named like Python arguments; a name given twice, or one past
+    a missing argument, is refused rather than taken for a constant that nothing reads."""
+    import tkc
+    from tkc.errors import TkcLaunchError
+
+    spec = importlib.util.spec_from_file_location("rmsnorm_example3", EXAMPLES / "rmsnorm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g, seed = generator()
+    x, w = randn(g, 16, 256), randn(g, 256)
+    want = mod.reference(x, w, 1e-6)
+    monkeypatch.setenv("TKC_INTERPRET", "1")
+    for call in (lambda y: mod.rmsnorm(x, w, y=y, eps=1e-6), lambda y: mod.rmsnorm(eps=1e-6, y=y, w=w, x=x),
+                 lambda y: tkc.interpret(mod.rmsnorm, x, w, y, eps=1e-6, BN=128)):
+        y = poisoned(16, 256)
+        call(y)
+        check(y, want, seed, **BF16)
+    with pytest.raises(TkcLaunchError, match=r"got two values for argument 'x' \(by position and by keyword\)"):
+        mod.rmsnorm(x, w, poisoned(16, 256), 1e-6, x=x)
+    with pytest.raises(TkcLaunchError, match=r"argument 'w' is missing before 'y'"):
+        mod.rmsnorm(x, y=poisoned(16, 256), eps=1e-6)

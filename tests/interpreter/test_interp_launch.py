@@ -246,3 +246,4 @@ def test_read_only_output_is_a_launch_error(out: str):
     args[out] = np.zeros(20, np.float32)
     tkc.interpret(kernel, *args.values())
     assert np.array_equal(args["y"], args["x"]) and np.array_equal(args["z"], args["x"])
+
