@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tkc import runner
+from tkc import dtypes, runner
 from tkc.frontend import compile_file
 from tkc.interpreter import random_args
 from tkc.ir.core import Operation
+from tkc.ir.types import TensorType
 from tkc.passes.manager import PassManager
 from tkc.passes.pipeline import DEFAULT_PIPELINE
 
@@ -176,3 +177,14 @@ def test_outputs_of_products_of_rounded_values_are_compared_within_bf16_ulps_of_
         kern = k(name, kernel)
         result = runner.run(kern, random_args(kern, runner.default_dims(kern)), "interpret", check=True)
         assert result.ok, [m for m in result.checked if m.bad]
+
+
+def test_the_same_infinity_on_both_sides_is_no_mismatch() -> None:
+    # inf - inf is NaN: equal infinities (a log-sum-exp of a masked row) must compare equal,
+    # and an infinity against a finite value, another infinity or NaN must not.
+    t = TensorType(dtypes.f32, (4,))
+    want = np.array([np.inf, -np.inf, 1.0, np.nan], np.float32)
+    assert runner._compare("y", t, want.copy(), want).bad == 0
+    for got in ([np.inf, np.inf, 1.0, np.nan], [np.inf, -np.inf, np.inf, np.nan], [np.nan, -np.inf, 1.0, np.nan],
+                [np.inf, -np.inf, 1.0, 0.0]):
+        assert runner._compare("y", t, np.array(got, np.float32), want).bad == 1

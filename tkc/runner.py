@@ -498,8 +498,9 @@ def _compare(name: str, t: TensorType, got: np.ndarray, want: np.ndarray,
     summed = name.split(" (rank ")[0] in rounded.summed
     atol, rtol = tolerance(t.dtype, rounded.cast, float(finite.max()) if finite.size else 0.0, rounded.staged,
                            summed, rounded.rounded_operands)
-    same_nan = np.isnan(g) & np.isnan(w)
-    err = np.where(same_nan, 0.0, np.abs(g - w))
+    same = (np.isnan(g) & np.isnan(w)) | (np.isinf(w) & (g == w))  # NaN and NaN, or one infinity twice
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, taken as a mismatch below
+        err = np.where(same, 0.0, np.abs(g - w))
     err = np.where(np.isnan(err), np.inf, err)  # NaN on one side only is a mismatch
     if t.dtype.is_int:  # exactly: float64 cannot tell i64 values apart beyond 2**53
         bad = int((got != want).sum())
