@@ -123,9 +123,9 @@ def test_fma_rounds_once():
 
 def test_pow_special_values():
     a = np.array([0.0, 0.0, 0.0, -2.0, -2.0, 1.0, np.nan, 4.0, -8.0, np.inf, -0.0, -0.0, -0.0, -0.0, -np.inf,
-                  -np.inf, -np.inf, -np.inf], np.float32)
+                  -np.inf, -np.inf, -np.inf, -1.0, -1.0], np.float32)
     b = np.array([2.5, -1.5, 0.0, 3.0, 0.5, np.nan, 0.0, -0.5, 1.0 / 3.0, -1.0, -1.0, 3.0, 2.0, 0.5, 0.5, 3.0,
-                  -3.0, -0.5], np.float32)
+                  -3.0, -0.5, np.inf, -np.inf], np.float32)
     x, y = (np.resize(v, (M, N)).astype(np.float32) for v in (a, b))
     want = np.power(x.astype(np.float64), y.astype(np.float64))
     for expr in ("a ** b", "a ** 0.5"):  # the general decomposition, and sqrt for a constant 1/2
@@ -135,6 +135,17 @@ def test_pow_special_values():
             np.testing.assert_allclose(out, w, rtol=1e-6, equal_nan=True)
             real = ~np.isnan(w)
             assert np.array_equal(np.signbit(out[real]), np.signbit(w[real])), expr
+
+
+def test_erf_special_values():
+    # Signed zeros, infinities and NaN as math.erf (and torch) give them.
+    a = np.resize(np.array([-0.0, 0.0, np.inf, -np.inf, np.nan, -1e-30, 1e-30, -1.0, 1.0, -3.92, 5.0], np.float32),
+                  (M, N))
+    want = np.vectorize(math.erf, otypes=[np.float64])(a.astype(np.float64))
+    got, emulated = _run(_source("erf(a)", 1), [a], dtypes.f32)
+    for out in (got, emulated):
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=3e-7, equal_nan=True)
+        assert np.array_equal(np.signbit(out[~np.isnan(want)]), np.signbit(want[~np.isnan(want)]))
 
 
 @pytest.mark.parametrize("expr,ref", [

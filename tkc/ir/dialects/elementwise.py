@@ -394,8 +394,11 @@ class PowOp(_Binary):
         finite = _cmp(b, "gt", x, _const(b, x, -math.inf))
         r = _where(b, _same_type(b, AndOp, _same_type(b, AndOp, negative, finite), fraction),
                    _const(b, x, math.nan), r)
-        # x ** 0 == 1 and 1 ** y == 1 for every x and y, NaN included.
-        return _where(b, _same_type(b, OrOp, _cmp(b, "eq", y, zero), _cmp(b, "eq", x, one)), one, r)
+        # x ** 0 == 1 and 1 ** y == 1 for every x and y, NaN included; (-1) ** +-inf == 1 (C's pow).
+        one_anyway = _same_type(b, OrOp, _cmp(b, "eq", y, zero), _cmp(b, "eq", x, one))
+        minus_one_inf = _same_type(b, AndOp, _cmp(b, "eq", x, _const(b, x, -1.0)),
+                                   _cmp(b, "eq", b.value(AbsOp, [y], y.type), _const(b, x, math.inf)))
+        return _where(b, _same_type(b, OrOp, one_anyway, minus_one_inf), one, r)
 
 
 register(PowOp)
@@ -515,9 +518,12 @@ class ErfOp(_Unary):
         z = b.value(AbsOp, [x], x.type)
         t = _same_type(b, MinimumOp, z, _const(b, x, _ERF_ONE))
         large = _same_type(b, SubOp, _const(b, x, 1.0), b.value(Exp2Op, [_poly(b, t, _LOG2_ERFC)], x.type))
-        small = _same_type(b, MulOp, t, _poly(b, _same_type(b, MulOp, t, t), _ERF_SMALL))
-        r = _where(b, _cmp(b, "lt", t, _const(b, x, 1.0)), small, large)
-        return _where(b, _cmp(b, "lt", x, _const(b, x, 0.0)), b.value(NegOp, [r], x.type), r)
+        # x P(u^2) with u = min(|x|, 1): erf below 1 (-0.0 for -0.0), and above it a value of
+        # x's sign (P(1) > 0) that signs the large piece, so x is dead after these two ops.
+        u = _same_type(b, MinimumOp, t, _const(b, x, 1.0))
+        small = _same_type(b, MulOp, x, _poly(b, _same_type(b, MulOp, u, u), _ERF_SMALL))
+        signed = _where(b, _cmp(b, "lt", small, _const(b, x, 0.0)), b.value(NegOp, [large], x.type), large)
+        return _where(b, _cmp(b, "lt", t, _const(b, x, 1.0)), small, signed)
 
 
 register(ErfOp)
