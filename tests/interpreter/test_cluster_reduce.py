@@ -32,6 +32,16 @@ def test_combines_the_programs_of_each_cluster():
         np.testing.assert_array_equal(y[4 * c:4 * c + 4], np.broadcast_to(want, (4, 16)))
 
 
+def test_the_pin_passed_without_a_declaration():
+    # -D cluster=4 (or consts={"cluster": 4}) is the pin itself: the kernel need not declare it.
+    k = compile_source(PARTS.replace(", cluster: const = 4", ""), "parts.tk", {"cluster": 4}).kernel()
+    x = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    run_kernel(k, [x, y])
+    total = ((x[0] + x[1]) + x[2]) + x[3]
+    np.testing.assert_array_equal(y, np.broadcast_to((x.max(0) + total * np.float32(1000)) - x.min(0), (4, 16)))
+
+
 def test_grid_of_part_clusters():
     k = compile_source(PARTS, "parts.tk").kernel()
     with pytest.raises(TkcLaunchError, match="multiple of 4"):

@@ -109,10 +109,12 @@ def _last_assignment(stmts: list[ast.Stmt], name: str) -> Loc | None:
 class KernelLowering:
     """Lowers one kernel function to a ``tile.kernel`` op."""
 
-    def __init__(self, fn: ast.FunctionDef, helpers: dict[str, Function], consts: dict[str, object]):
+    def __init__(self, fn: ast.FunctionDef, helpers: dict[str, Function], consts: dict[str, object],
+                 pins: dict[str, object] | None = None):
         self.fn = fn
         self.helpers = helpers
         self.consts_in = consts
+        self.pins_in = pins or {}  # pins passed that the kernel does not declare
         self.b = Builder()
         self.em = Emitter(self.b)
         self.scope = Scope()
@@ -131,7 +133,7 @@ class KernelLowering:
         if self.choices:  # constants tkc.schedule may pick at launch, with their candidates
             attributes["choices"] = dict(self.choices)
         kernel = T.KernelOp([], [], attributes, [Region([block])], fn.loc)
-        self.kernel_consts = {**self.consts_in, **consts}  # declared constants and passed pins
+        self.kernel_consts = {**self.pins_in, **self.consts_in, **consts}  # declared constants and passed pins
         self.b.block = block
         self.b.loc = fn.loc
         for name, v in consts.items():
@@ -1263,7 +1265,7 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
         # Pins the kernel does not declare still reach the passes through its consts.
         pins = {n: v for n, v in consts.items() if n in PINS and n not in mine}
-        lowering = KernelLowering(k, helpers, mine)
+        lowering = KernelLowering(k, helpers, mine, pins)
         try:
             kernel = lowering.lower()
             kernel.attributes["consts"].update(pins)
