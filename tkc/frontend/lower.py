@@ -882,7 +882,13 @@ class KernelLowering:
             elif isinstance(item, ast.NoneLit):
                 raise TkcUnsupportedError("None (new axis) cannot index a tensor", item.loc)
             else:
-                v = self.value_of(ev(item), item)
+                c = ev(item)
+                if isinstance(c, Const) and type(c.value) is int and c.value < 0:
+                    # Python's x[-1] is the last element; here it would be before the first (read as
+                    # the masked 0), so a constant negative index is refused rather than misread.
+                    raise TkcTypeError(f"index {c.value} on axis {axis} of '{view.tensor.name}': tensor indices "
+                                       f"count from 0 (the last element is {t.dims[axis]} - 1)", item.loc)
+                v = self.value_of(c, item)
                 if isinstance(v, Dyn) and isinstance(v.type, TileType) and v.type.dtype == dtypes.i32 \
                         and v.type.rank == 1:
                     if gather is not None:
