@@ -164,7 +164,10 @@ def test_tkc_interpret_env(monkeypatch):
 
 def test_arguments_by_keyword(monkeypatch):
     """Tensors and scalars may be named like Python arguments; a name given twice, or one past
-    a missing argument, is refused rather than taken for a constant that nothing reads."""
+    a missing argument, is refused rather than taken for a constant that nothing reads; numpy
+    integers are constants like ints."""
+    import numpy as np
+
     import tkc
     from tkc.errors import TkcLaunchError
 
@@ -176,7 +179,7 @@ def test_arguments_by_keyword(monkeypatch):
     want = mod.reference(x, w, 1e-6)
     monkeypatch.setenv("TKC_INTERPRET", "1")
     for call in (lambda y: mod.rmsnorm(x, w, y=y, eps=1e-6), lambda y: mod.rmsnorm(eps=1e-6, y=y, w=w, x=x),
-                 lambda y: tkc.interpret(mod.rmsnorm, x, w, y, eps=1e-6, BN=128)):
+                 lambda y: tkc.interpret(mod.rmsnorm, x, w, y, eps=1e-6, BN=np.int64(128))):  # numpy consts too
         y = poisoned(16, 256)
         call(y)
         check(y, want, seed, **BF16)

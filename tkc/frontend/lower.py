@@ -10,6 +10,9 @@ found from the names a body assigns.  Every diagnostic is a located TkcError.
 from __future__ import annotations
 
 import difflib
+
+import numpy as np
+
 from tkc import dtypes
 from tkc.errors import (
     Loc, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
@@ -188,6 +191,8 @@ class KernelLowering:
                 else:
                     raise TkcTypeError(f"constant '{p.name}' has no value; give it a default or "
                                        f"pass -D {p.name}=...", p.loc)
+                if isinstance(v, np.generic) and isinstance(v.item(), (int, float, bool)):
+                    v = v.item()  # BM=np.int64(64): a shape computed with numpy
                 if not isinstance(v, (int, float, bool)):
                     raise TkcTypeError(f"constant '{p.name}' must be an int, float or bool, got {v!r}",
                                        p.loc)
