@@ -202,9 +202,12 @@ def _size_and_align(op: Operation) -> tuple[int, int]:
 
 
 def _describe(a: _Alloc) -> str:
+    """``%b_smem 262144 B (4 stages of a 512x256 bf16 tile)``: what a kernel author can map
+    back to a slice of the source (its tensor's name) and its constants."""
     stages = a.op.attributes.get("stages", 1)
-    ring = f"{stages} stages of " if stages > 1 else ""
-    return f"{a.name} {a.size} B ({ring}{a.op.result.type})"
+    t = a.op.result.type
+    tile = f"a {'x'.join(map(str, t.shape))} {t.dtype.name} tile" if isinstance(t, TileType) else str(t)
+    return f"{a.name} {a.size} B ({f'{stages} stages of ' if stages > 1 else ''}{tile})"
 
 
 def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> None:
@@ -250,8 +253,14 @@ def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> Non
         ctas = options.programs_per_sm
         room = f"{target.name} has {capacity}" + (f" for each of {ctas} programs on an SM (ctas_per_sm)"
                                                   if ctas > 1 else "")
+        # At the largest tile's source line where it has one (the slice its copies fill).
+        loc = next((a.op.loc for a in shown if not a.is_barrier and a.op.loc is not None and a.op.loc.line),
+                   kernel.loc)
         raise TkcPassError(f"kernel '{kernel.attributes.get('sym_name')}' needs {total} B of shared memory, "
-                           f"{room}: " + ", ".join(parts), kernel.loc)
+                           f"{room}: " + ", ".join(parts) + "; use smaller tiles (BM, BN, BK)"
+                           + (" or fewer stages (-D stages=2)" if any(a.op.attributes.get("stages", 1) > 1
+                                                                      for a in shown if not a.is_barrier) else ""),
+                           loc)
     for a in allocs:
         a.op.attributes["offset"] = a.offset
     kernel.attributes["smem_bytes"] = total

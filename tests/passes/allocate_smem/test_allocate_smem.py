@@ -53,8 +53,9 @@ def test_too_much_shared_memory_names_the_tiles_largest_first() -> None:
         allocate_smem(m, Options(), DEFAULT_TARGET)
     msg = e.value.message
     assert msg.startswith("kernel 'big' needs 237584 B of shared memory, sm_90a has 232448: ")
-    assert msg.index("%t1 131072 B (tile<1024x64xbf16") < msg.index("%t2 65536 B") < msg.index("%t3 32768 B") \
+    assert msg.index("%t1 131072 B (a 1024x64 bf16 tile)") < msg.index("%t2 65536 B") < msg.index("%t3 32768 B") \
         < msg.index("%t0 8192 B") < msg.index("2 mbarriers 16 B")
+    assert msg.endswith("; use smaller tiles (BM, BN, BK)")
     assert e.value.loc is not None
     # Nothing was half-written: the offsets are still unplaced.
     assert all(op.attributes["offset"] == -1 for op in m.walk() if op.name == "hopper.smem_alloc")
@@ -70,8 +71,9 @@ def test_through_the_pass_manager_the_error_is_located() -> None:
     m = parse_module(kernel([1024, 1024]), "big.tkir")
     with pytest.raises(TkcPassError) as e:
         PassManager("allocate-smem").run(m)
-    # What the kernel asks for is the message, at the kernel's line; no reproducer: nothing crashed.
-    assert str(e.value).startswith("big.tkir:1:1: error: kernel 'big' needs 262144 B")
+    # What the kernel asks for is the message, at its largest tile's line (the first of the two
+    # equal ones); no reproducer: nothing crashed.
+    assert str(e.value).startswith("big.tkir:3:3: error: kernel 'big' needs 262144 B")
     assert "reproducer" not in str(e.value)
 
 
@@ -124,5 +126,6 @@ def test_a_ring_too_large_names_its_stages() -> None:
 }
 """
     with pytest.raises(TkcPassError, match=r"needs 262208 B of shared memory, sm_90a has 232448: %r 262144 B "
-                                           r"\(8 stages of tile<256x64xbf16, .*\), 8 mbarriers 64 B"):
+                                           r"\(8 stages of a 256x64 bf16 tile\), 8 mbarriers 64 B; use smaller "
+                                           r"tiles \(BM, BN, BK\) or fewer stages \(-D stages=2\)\n"):
         allocate_smem(parse_module(text, "rings.tkir"), Options(), DEFAULT_TARGET)
