@@ -187,7 +187,8 @@ def test_tensor_map_must_match_the_destination():
 
 
 def test_tensor_strides_must_suit_a_tensor_map():
-    with pytest.raises(TkcEmulatorError, match=r"hopper.tma_load.*byte strides \[200\]"):
+    with pytest.raises(TkcEmulatorError, match=r"hopper.tma_load.*byte strides \[200\].*pad its last axis, or "
+                                             r"compile with the pin tma=False \(-D tma=false\)"):
         run_broken(GEMM, mnk=(64, 64, 100))
 
 

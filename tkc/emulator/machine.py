@@ -1082,8 +1082,9 @@ def _tensor_map(wg: _Warpgroup, op: Operation, tensor: np.ndarray, lay: Any) -> 
     eb = lay.elem_bytes
     strides = [eb * int(np.prod(tensor.shape[a + 1:])) for a in range(tensor.ndim - 1)]
     if any(st % 16 for st in strides):
-        raise _fault(op, f"a {tensor.shape} tensor has byte strides {strides}; a tensor map needs "
-                         f"multiples of 16 (cuTensorMapEncodeTiled rejects it)")
+        raise _fault(op, f"a {tensor.shape} tensor has byte strides {strides}; TMA needs outer strides "
+                         f"that are multiples of 16 bytes (cuTensorMapEncodeTiled rejects others): pad its "
+                         f"last axis, or compile with the pin tma=False (-D tma=false) to load it without TMA")
     return box
 
 
