@@ -54,8 +54,8 @@ def _grid_op(kernel: Operation) -> Operation:
     for op in kernel.regions[0].block.ops:
         if op.name == "tile.grid":
             return op
-    raise TkcInterpretError(f"kernel @{kernel.sym_name} has no grid(...) statement; pass grid=",
-                            kernel.loc)
+    raise TkcInterpretError(f"kernel @{kernel.sym_name} has no grid(...) statement: write one in the kernel, "
+                            f"or pass the launch's (grid= from Python, --grid from tkc run)", kernel.loc)
 
 
 def eval_grid(kernel: Operation, env: dict[Value, Any], sms: int = 0) -> tuple[int, ...]:

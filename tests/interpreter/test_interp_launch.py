@@ -54,9 +54,10 @@ def test_launch_grid_gemm():
 
 def test_no_grid_statement():
     kernel = compile_ir(SIG_IR.replace("  tile.grid %g, %g2\n", ""))
-    with pytest.raises(TkcInterpretError, match=r"has no grid\(\.\.\.\) statement; pass grid="):
+    with pytest.raises(TkcInterpretError, match=r"has no grid\(\.\.\.\) statement: write one in the kernel, or "
+                                                r"pass the launch.s \(grid= from Python, --grid from tkc run\)"):
         launch_grid(kernel, sig_args())
-    with pytest.raises(TkcInterpretError, match="pass grid="):
+    with pytest.raises(TkcInterpretError, match="grid= from Python"):
         run_kernel(kernel, sig_args())
     run_kernel(kernel, sig_args(), grid=(2,))  # fine with an explicit grid
 
