@@ -72,9 +72,6 @@ def _check_tensor(name: str, t: TensorType, x: Any, dims: dict[str, tuple[int, s
         if x.layout != sys.modules["torch"].strided:
             raise TkcLaunchError(f"{name}: a {str(x.layout).removeprefix('torch.')} tensor; kernels take dense "
                                  f"tensors (pass {name}.to_dense())")
-        if x.is_meta:
-            raise TkcLaunchError(f"{name}: a meta tensor holds no data; pass a CUDA tensor (or a CPU one to the "
-                                 f"interpreter)")
         if dtypes.from_torch(x.dtype) != t.dtype:
             raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}")
     elif numpy_ok and isinstance(x, np.ndarray):

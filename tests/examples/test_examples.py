@@ -187,3 +187,19 @@ def test_arguments_by_keyword(monkeypatch):
         mod.rmsnorm(x, w, poisoned(16, 256), 1e-6, x=x)
     with pytest.raises(TkcLaunchError, match=r"argument 'w' is missing before 'y'"):
         mod.rmsnorm(x, y=poisoned(16, 256), eps=1e-6)
+
+
+def test_a_meta_tensor_binds_but_does_not_run():
+    # Meta tensors carry shapes (tkc.schedule binds them to pick pins); running one in the
+    # interpreter is a launch error, not torch's "Cannot copy out of meta tensor".
+    import tkc
+    from tkc.errors import TkcLaunchError
+
+    spec = importlib.util.spec_from_file_location("rmsnorm_example4", EXAMPLES / "rmsnorm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = torch.empty(16, 256, dtype=torch.bfloat16, device="meta")
+    w, y = torch.zeros(256, dtype=torch.bfloat16), poisoned(16, 256)
+    with pytest.raises(TkcLaunchError, match=r"^error: x: a meta tensor holds no data; pass a CPU tensor to the "
+                                             r"interpreter \(or a CUDA one to the GPU\)$"):
+        tkc.interpret(mod.rmsnorm, x, w, y, 1e-6)

@@ -54,8 +54,6 @@ def test_bind_returns_dims():
     (5, 1, r"^error: f: expected a scalar of type i1, got int 1$"),
     (0, torch.zeros(40, 16, dtype=torch.bfloat16).to_sparse(),
      r"^error: a: a sparse_coo tensor; kernels take dense tensors \(pass a.to_dense\(\)\)$"),
-    (0, torch.zeros(40, 16, dtype=torch.bfloat16, device="meta"),
-     r"^error: a: a meta tensor holds no data; pass a CUDA tensor \(or a CPU one to the interpreter\)$"),
 ])
 def test_signature_errors(index, value, message):
     a = args()
