@@ -51,8 +51,8 @@ def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, 
             env[p] = working[id(x)] = x
         else:
             if signature.is_torch(x) and x.is_meta:  # shapes only: fine for binding, not for running
-                raise TkcLaunchError(f"{p.name_hint or f'argument {p.index}'}: a meta tensor holds no data; pass "
-                                     f"a CPU tensor to the interpreter (or a CUDA one to the GPU)")
+                raise TkcLaunchError(f"{param_name(p)}: a meta tensor holds no data; pass a CPU tensor to the "
+                                     f"interpreter (or a CUDA one to the GPU)")
             st = dtypes.from_torch_tensor(x)[0] if signature.is_torch(x) else x
             env[p] = working[id(x)] = round_to(st, p.type.dtype)
     return env, working

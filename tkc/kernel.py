@@ -125,23 +125,24 @@ class Kernel:
     @property
     def params(self) -> list[str]:
         """The kernel's parameter names, in order (tensors, scalars and constants)."""
-        return [p.name for p in (self._tree.body[0] if self._python_function else self._def).params]
+        return [p.name for p in self._function().params]
+
+    def _function(self) -> Any:
+        """The kernel's function in the parsed source."""
+        return self._tree.body[0] if self._python_function else self._def
 
     @functools.cached_property
     def arguments(self) -> tuple[str, ...]:
-        """The names of the parameters a call passes (tensors and scalars: not ``const``), in order."""
-        from tkc.frontend import ast
+        """The names of the parameters a call passes (tensors and scalars: not constants), in order."""
+        from tkc.frontend.lower import is_const_annotation
 
-        params = (self._tree.body[0] if self._python_function else self._def).params
-        return tuple(p.name for p in params
-                     if not (isinstance(p.annotation, ast.Name) and p.annotation.id == "const"))
+        return tuple(p.name for p in self._function().params if not is_const_annotation(p.annotation))
 
     def bind(self, args: tuple | list, consts: dict[str, Any]) -> tuple[tuple | list, dict[str, Any]]:
         """``args`` with the arguments ``consts`` names by keyword (``k(x, y=y)``) put in their
         places, and the constants left; a name given twice, or a keyword past a missing
         argument, is an error here rather than a constant nobody reads."""
-        named = [n for n in self.arguments if n in consts]
-        if not named:
+        if not any(n in consts for n in self.arguments):
             return args, consts
         consts = dict(consts)
         given = list(args)

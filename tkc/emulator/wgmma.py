@@ -28,7 +28,7 @@ from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.emulator.smem import SharedMemory
 from tkc.errors import TkcEmulatorError
-from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, descriptor_address
+from tkc.ir.layouts import WgmmaAccumulator, WgmmaOperandA, descriptor_address, mma_k_step
 
 Fragment = WgmmaAccumulator | WgmmaOperandA
 
@@ -90,8 +90,8 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
     if dtype.bits != dtype_b.bits or not dtype.is_float:
         raise TkcEmulatorError(f"{op}: operand types {dtype} x {dtype_b} are not a wgmma float pair")
     eb = dtype.bits // 8
-    if k != 32 // eb:
-        raise TkcEmulatorError(f"{op}: a {dtype} wgmma has K={32 // eb} (32 B of K), got k={k}")
+    if k != mma_k_step(dtype.bits):
+        raise TkcEmulatorError(f"{op}: a {dtype} wgmma has K={mma_k_step(dtype.bits)} (32 B of K), got k={k}")
     if (trans_a or trans_b) and eb != 2:
         raise TkcEmulatorError(f"{op}: MN-major operands are f16/bf16 only (PTX-FACTS §1, tA/tB)")
     if scale_a not in (1, -1) or scale_b not in (1, -1):

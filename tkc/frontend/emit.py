@@ -19,7 +19,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Value
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
-from tkc.ir.layouts import MMA_K_BYTES
+from tkc.ir.layouts import mma_k_step
 from tkc.ir.types import ScalarType, TileType, Type, shape_of
 
 #: What each operator symbol or two-operand function name builds (the declarations'
@@ -355,7 +355,7 @@ class Emitter:
         if ta.dtype != tb.dtype and not (ta.dtype.bits == 8 and tb.dtype.bits == 8):
             raise TkcTypeError(f"dtype mismatch in '@': {ta.dtype.name} and {tb.dtype.name}; "
                                f"cast one side with .to(...)", loc)
-        step = MMA_K_BYTES * 8 // ta.dtype.bits  # K elements of one tensor-core instruction
+        step = mma_k_step(ta.dtype.bits)
         if ta.shape[1] % step:
             raise TkcTypeError(f"{ta.dtype.name} products take K in steps of {step}: this one has K = {ta.shape[1]}; "
                                f"make the K block a multiple of {step}", loc)

@@ -37,6 +37,14 @@ ARG_REDUCTIONS = ("argmax", "argmin")
 #: What ``x.name(...)`` may call on a tile (or a tensor slice, loaded first).
 METHODS = ("to", "reshape", *REDUCTIONS, *ARG_REDUCTIONS, *SCANS, *MATH_FUNCS)
 CONST_ANNOTATIONS = ("const", "constexpr")
+
+
+def is_const_annotation(a: ast.Expr | None) -> bool:
+    """Whether a parameter's annotation makes it a compile-time constant (``const``,
+    ``tkc.constexpr``...), which a launch does not pass."""
+    if isinstance(a, ast.Name):
+        return a.id in CONST_ANNOTATIONS
+    return isinstance(a, ast.Attribute) and a.attr in CONST_ANNOTATIONS
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
 DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool")
 #: torch's and numpy's names for the dtypes, for what a user from there writes first.
@@ -175,7 +183,7 @@ class KernelLowering:
             if p.annotation is None:
                 raise TkcTypeError(f"parameter '{p.name}' needs a type: a tensor like bf16[M, K], "
                                    f"a scalar dtype like f32, or const", p.loc)
-            if self._is_const_annotation(p.annotation):
+            if is_const_annotation(p.annotation):
                 if p.name in self.consts_in:
                     v = self.consts_in[p.name]
                     self._check_kind_of_default(p, v, before)
@@ -238,12 +246,6 @@ class KernelLowering:
         raise TkcUsageError(f"{p.name}={shown}: constant '{p.name}' of kernel '{self.fn.name}' takes {kind} "
                             f"(its default is {str(d.value).lower() if isinstance(d.value, bool) else d.value})",
                             p.loc)
-
-    @staticmethod
-    def _is_const_annotation(a: ast.Expr) -> bool:
-        if isinstance(a, ast.Name):
-            return a.id in CONST_ANNOTATIONS
-        return isinstance(a, ast.Attribute) and a.attr in CONST_ANNOTATIONS
 
     def _param_type(self, p: ast.Param, consts: dict[str, object]) -> Type:
         a = p.annotation

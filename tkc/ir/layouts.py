@@ -50,6 +50,11 @@ from tkc.ir.types import LAYOUT_PARSERS
 MMA_K_BYTES = 32
 
 
+def mma_k_step(bits: int) -> int:
+    """K elements of one tensor-core instruction for operands of ``bits`` bits."""
+    return MMA_K_BYTES * 8 // bits
+
+
 SWIZZLES = (0, 32, 64, 128)
 # CU_TENSOR_MAP_SWIZZLE_{NONE,32B,64B,128B} (PTX-FACTS §3).
 _TMA_SWIZZLE_ENUM = {0: 0, 32: 1, 64: 2, 128: 3}
@@ -197,7 +202,7 @@ class SharedLayout:
     @property
     def k_per_step(self) -> int:
         """K elements of one wgmma: 32 B of K (k16 for 16-bit, k32 for 8-bit, k8 for tf32)."""
-        return MMA_K_BYTES // self.elem_bytes
+        return mma_k_step(8 * self.elem_bytes)
 
     @property
     def k_steps(self) -> int:

@@ -495,7 +495,7 @@ register(SigmoidOp)
 # erf in two pieces, each a polynomial fitted for it by weighted least squares on Chebyshev nodes:
 # below 1 in size x P(x^2) (erf(x)/x is even and smooth there; 2**-22.4 relative in f32), above
 # 1 - 2**Q(|x|) with Q ~ log2 erfc on [1, 3.92] (2**-23.5 absolute before ex2.approx's own
-# error; |x| is held at 3.92, past which erf rounds to 1).  Fourteen multiply-adds, one ex2 and
+# error; |x| is held at 3.92, past which erf rounds to 1).  Eleven multiply-adds, one ex2 and
 # no division or square root: a GEMM's GELU epilogue runs it on every accumulator.
 _ERF_SMALL = [1.1283791065216064, -0.3761235475540161, 0.11280414462089539, -0.026717770844697952,
               0.00492485286667943, -0.0005660386523231864]

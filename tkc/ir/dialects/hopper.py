@@ -1222,14 +1222,14 @@ def _check_register_move(op: Operation) -> None:
     ``broadcast`` are register copies, ``convert_layout`` without scratch finds each new value in
     its own thread, and a wgmma's A and B take the same K steps (elementwise ops take operands of
     their result's type, layout included: their own check)."""
-    from tkc.ir.layouts import MMA_K_BYTES, broadcast_slots, expand_is_free, register_map
+    from tkc.ir.layouts import broadcast_slots, expand_is_free, mma_k_step, register_map
 
     if op.name == "hopper.wgmma":
         a = op.operand_layout("a") if _smem(op.a.type) else op.a.type.layout
         b = op.operand_layout("b")
         if a.k_steps != b.k_steps:
             raise op.error(f"A ({a}) takes {a.k_steps} K steps and B ({b}) {b.k_steps}")
-        k, step = op.a.type.shape[1], MMA_K_BYTES * 8 // op.a.type.dtype.bits
+        k, step = op.a.type.shape[1], mma_k_step(op.a.type.dtype.bits)
         if k % step:
             raise op.error(f"K = {k} is not a whole number of {op.a.type.dtype.name} K steps ({step} each)")
         return

@@ -410,9 +410,8 @@ class StackOp(Operation):
     """Tiles of one type as the elements of a new axis (element ``p`` of it from ``xs[p]``);
     not written in kernels (the language has no ``stack``).  With register layouts the operands
     are in the slice of the result's layout along that axis, which each thread holds whole: a
-    stack moves nothing.  The pass
-    ``merge-steps`` makes it from stepped slices stored together (``y[:, 0:D:2] = a``,
-    ``y[:, 1:D:2] = b``)."""
+    stack moves nothing.  The pass ``merge-steps`` makes it from stepped slices stored together
+    (``y[:, 0:D:2] = a``, ``y[:, 1:D:2] = b``)."""
 
     name = "tile.stack"
     OPERANDS = ("*xs",)
