@@ -2,8 +2,10 @@
 (every second element) and ``t[:, 5]`` (one index, the axis dropped) become a reshape and a
 ``tile.take``.  The interpreter takes numpy's
 elements; lowered, an accumulator's halves are registers its threads already hold (no
-conversion), a tile whose threads split the axis moves once through shared memory; the
-emulator agrees with the interpreter and the dumps read back."""
+conversion), a block of a tile whose threads split the axis moves it once through shared
+memory, and a few single rows or columns of such a tile are masked sums over the axis (nothing
+moves but through the reduction); the emulator agrees with the interpreter, -0.0, infinities
+and NaN included, and the dumps read back."""
 
 from __future__ import annotations
 
@@ -39,6 +41,26 @@ def columns(x: f32[M, 128], y: f32[M, 64], z: f32[M, 128], c: f32[M]):
 """
 
 
+PICKS = """@kernel
+def picks(x: f32[M, 128], y: f32[P, 128], z: f32[M, 2]):
+    grid(cdiv(M, 64))
+    p = program_id(0)
+    r = p * 64
+    t = x[r:r+64, :]
+    y[p, :] = t[23, :]
+    z[r:r+64, 0] = t[:, 5]
+    z[r:r+64, 1] = t[:, -1]
+"""
+
+MANY = """@kernel
+def many(x: bf16[M, 64], z: bf16[M]):
+    grid(cdiv(M, 64))
+    r = program_id(0) * 64
+    t = x[r:r+64, :]
+    z[r:r+64] = t[:, 0] + t[:, 1] + t[:, 2] + t[:, 3] + t[:, 4]
+"""
+
+
 def _compile(src, stop):
     return compile_kernel(src, {}, stop=stop, cache=False)
 
@@ -52,7 +74,8 @@ def test_the_interpreter_takes_numpys_elements() -> None:
     np.testing.assert_array_equal(args[3], x[:, 5] + x[:, 127])
 
 
-@pytest.mark.parametrize("src, dims", [(HALVES, {"M": 200, "K": 200}), (BLOCKED, {"M": 100})])
+@pytest.mark.parametrize("src, dims", [(HALVES, {"M": 200, "K": 200}), (BLOCKED, {"M": 100}),
+                                       (PICKS, {"M": 150, "P": 3}), (MANY, {"M": 100})])
 def test_emulator_matches_interpreter(src, dims) -> None:
     tile_ir = _compile(src, "tkir").kernel_op
     args = random_args(tile_ir, dims, 2)
@@ -69,9 +92,36 @@ def test_an_accumulators_halves_are_its_threads_registers() -> None:
 def test_a_split_axis_moves_once() -> None:
     kernel = _compile(BLOCKED, "hopper").kernel_op
     convs = [op for op in kernel.walk() if op.name == "hopper.convert_layout" and op.x.type.shape == (64, 128)]
-    # t once for its two halves, once for its two columns; never a 3-D tile.
-    assert len(convs) == 2
+    # t once for its two halves; its two columns are sums; never a 3-D tile.
+    assert len(convs) == 1
     assert all(op.result.type.rank <= 2 for op in kernel.walk() if op.name == "hopper.convert_layout")
+
+
+def test_a_few_picks_are_sums_and_move_no_tile() -> None:
+    kernel = _compile(PICKS, "hopper").kernel_op
+    names = [op.name for op in kernel.walk()]
+    assert names.count("hopper.reduce") == 3 and "tile.take" not in names
+    assert not [op for op in kernel.walk() if op.name == "hopper.convert_layout" and op.x.type.rank == 2]
+
+
+def test_many_picks_share_one_move() -> None:
+    kernel = _compile(MANY, "hopper").kernel_op
+    convs = [op for op in kernel.walk() if op.name == "hopper.convert_layout" and op.x.type.shape == (64, 64)]
+    assert len(convs) == 1 and [op.name for op in kernel.walk()].count("tile.take") == 5
+
+
+def test_picked_specials_are_exact() -> None:
+    """-0.0 stays -0.0 (the sum's zero is -0.0), infinities and NaN come through."""
+    tile_ir = _compile(PICKS, "tkir").kernel_op
+    args = random_args(tile_ir, {"M": 70, "P": 2}, 3)
+    x = args[0]
+    x[23, :4] = [-0.0, np.inf, -np.inf, np.nan]
+    x[:8, 5] = [-0.0, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45, -3.0e38]
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(PICKS, stop)).kernel_op, args, 3)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+        np.testing.assert_array_equal(g, w)
+    assert np.signbit(got[1][0, 0]) and np.isnan(got[1][0, 3]) and np.signbit(got[2][5, 0])
 
 
 def test_the_dump_reads_back() -> None:

@@ -50,7 +50,8 @@ from __future__ import annotations
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, uses
-from tkc.ir.dialects import hopper
+from tkc import dtypes
+from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.blackwell import HALF_ROWS
 from tkc.ir.layouts import (
     MAX_SLICES,
@@ -81,6 +82,13 @@ _LAYOUT_KEEPING = ("tile.cluster_reduce", "tile.scan")
 
 # Ops whose values are computed again, rather than converted, when a user needs another layout.
 _REMATERIALIZED = ("tile.constant", "tile.splat", "tile.arange")
+
+#: Dtypes whose takes may be masked sums (``_take_by_sum``): a sum of one element and zeros is
+#: that element exactly in them, and every level reduces them.
+_SUM_PICKED = (dtypes.f32, dtypes.f16, dtypes.bf16, dtypes.i32)
+#: Up to this many picks of one 2-D tile along one axis are masked sums; more share one move of
+#: the tile (``_picks_by_sum``).
+_MAX_SUM_PICKS = 4
 
 
 #: The most values a thread's register tile may hold, in units of the target's registers a
@@ -160,6 +168,7 @@ class _Selector:
         self.lay: dict[Value, object] = {}
         self.smem: set[Value] = set()
         self._take_conversions: dict[tuple, Value] = {}
+        self._picks: dict[tuple[Value, int], int] | None = None  # takes of a 2-D tile on an axis
 
     def _unsupported(self, op: Operation, message: str) -> TkcUnsupportedError:
         return TkcUnsupportedError(f"{self.target.name}: {message}", op.loc)
@@ -772,6 +781,9 @@ class _Selector:
                 # trades 1-D and 2-D tiles) to where its reshape holds the axis whole.
                 self._need(split, 0, flat)
                 self.lay[whole] = want
+            elif take and self._picks_by_sum(op):
+                self._take_by_sum(op)
+                return
             elif take:
                 self._need_once(op, want)
             else:
@@ -783,6 +795,58 @@ class _Selector:
         else:
             for i in range(len(op.operands)):
                 self._need(op, i, part)
+
+    def _picks_by_sum(self, op: Operation) -> bool:
+        """Whether ``t[23, :]`` (a take of one index from a 2-D tile whose threads split the
+        axis) is better made as a masked sum over the axis than by moving the whole tile to a
+        layout that holds the axis whole in each thread.  The move costs shared memory of the
+        tile's size (several times it where that layout repeats the other axis's elements) and
+        its registers stay live; the sum costs a select and an add per held element and the
+        reduction's shuffles.  A few picks of one tile are sums; more share one move."""
+        x = op.x
+        if x.type.rank != 2 or x.type.dtype not in _SUM_PICKED or x not in self.lay:
+            return False
+        if self._picks is None:
+            self._picks = {}
+            for t in self.kernel.walk():
+                if t.name == "tile.take" and t.x.type.rank == 2:
+                    self._picks[t.x, t.axis] = self._picks.get((t.x, t.axis), 0) + 1
+        return self._picks.get((x, op.axis), 0) <= _MAX_SUM_PICKS
+
+    def _take_by_sum(self, op: Operation) -> None:
+        """``t.take(i, axis)`` as ``where(arange == i, t, zero).sum(axis)``, every value in
+        ``t``'s layout or its slices (no element moves but through the reduction).  The zero is
+        -0.0 for floats, so the sum is the picked element exactly, -0.0 and infinities too."""
+        x, axis = op.x, op.axis
+        lay, other = self.lay[x], 1 - axis
+        t = x.type
+        b = Builder.before(op)
+        n = t.shape[axis]
+        col = Slice(lay, other, True)
+        col_shape = (n, 1) if axis == 0 else (1, n)
+        iota = b.value(tile.ArangeOp, [], TileType((n,), dtypes.i32), {"start": 0})
+        self.lay[iota] = Slice(lay, other)
+        iota2 = b.value(tile.ExpandDimsOp, [iota], TileType(col_shape, dtypes.i32), {"axis": other})
+        index = b.value(tile.ConstantOp, [], TileType(col_shape, dtypes.i32), {"value": op.index})
+        hit = b.value(tile.CmpOp, [iota2, index], TileType(col_shape, dtypes.i1), {"pred": "eq"})
+        hits = b.value(tile.BroadcastOp, [hit], TileType(t.shape, dtypes.i1))
+        zero = b.value(tile.ConstantOp, [], t.with_shape(t.shape), {"value": -0.0 if t.dtype.is_float else 0})
+        picked = b.value(tile.SelectOp, [hits, x, zero], t.with_shape(t.shape))
+        total = b.value(tile.ReduceOp, [picked], op.result.type, {"kind": "sum", "axis": axis})
+        for v in (iota2, index, hit):
+            self.lay[v] = col
+        for v in (hits, zero, picked):
+            self.lay[v] = lay
+        want = self.lay.get(op.result)
+        self.lay[total] = Slice(lay, axis)
+        result = total
+        if want is not None and want != self.lay[total]:
+            result = Builder.before(op).value(hopper.ConvertLayoutOp, [total], total.type, loc=op.loc)
+            self.lay[result] = want
+        for u in uses(self.kernel).get(op.result, []):
+            u.operands = [result if v is op.result else v for v in u.operands]
+        self.lay.pop(op.result, None)
+        op.erase()
 
     def _need_once(self, op: Operation, layout: object) -> None:
         """``_need`` for a take's operand, reusing a conversion of the same value to the same
