@@ -70,6 +70,13 @@ class _LoopLocal:
         self.name, self.where, self.loc = name, where, loc
 
 
+def _dim_names(annotation: ast.Expr | None) -> list[ast.Name]:
+    """The symbolic dims of a tensor annotation (``M`` and ``K`` of ``bf16[M, K]``)."""
+    if not isinstance(annotation, ast.Subscript):
+        return []
+    return [i for i in annotation.index if isinstance(i, ast.Name)]
+
+
 def _is_kernel_decorator(d: ast.Expr) -> bool:
     if isinstance(d, ast.Call):
         d = d.func
@@ -1270,6 +1277,13 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
             raise TkcTypeError(f"kernel '{k.name}' is defined twice", k.loc)
     known = {p.name for k in kernels for p in k.params}
     unknown = sorted(set(consts) - known - set(PINS))
+    dims: dict[str, ast.Name] = {}
+    for n in (n for k in kernels for p in k.params for n in _dim_names(p.annotation) if n.id in unknown):
+        dims.setdefault(n.id, n)
+    if dims:
+        name, node = next(iter(dims.items()))
+        raise TkcUsageError(f"'{name}' is a tensor dim, not a constant: its size comes from the tensors passed "
+                            f"(tkc run: --dim {name}={consts[name]})", node.loc)
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
                             f"{', '.join(sorted(known)) or 'none'} (pins: {', '.join(PINS)})", kernels[0].loc)
