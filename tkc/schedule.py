@@ -37,6 +37,9 @@ programs share the SMs.
     caller, in a long loop walked one program a tile: the largest candidate that compiles
     without spilling.  More rows a K/V block mean fewer loads a product; 192-row tiles were in
     the fastest schedule of every D = 64 row from 2k tokens, and do not fit at D = 128 or 256.
+  - ``tma_store = False`` in a long loop walked one program a tile, every program as long,
+    whose stored tiles have rows of at most ``NARROW_ROW`` bytes (D = 64): the output stored
+    from registers ran 1.01-1.08x faster (a measured rule: the loop is the same either way).
 - **An attention-shaped loop in a walk of the program's own** (a loop over tiles the kernel
   writes itself, such as ring attention's ``grid(num_sms())`` programs, multi-GPU kernels
   among them): ``defer_last`` only; the grid and the walk are the kernel's.  Ring attention
@@ -65,19 +68,23 @@ SHORT_LOOP = 8
 #: The longest program's share of one SM's work above which a loop whose trip counts differ
 #: between programs is walked by persistent programs.
 TAIL = 0.2
+#: The widest row (bytes) of the tiles a kernel stores after its loop for which one-program-a-tile
+#: attention stores them from registers rather than by TMA.
+NARROW_ROW = 128
 #: The target whose timings the model is fitted to.
 FITTED_TARGET = "sm_90a"
 #: The SMs assumed where no GPU says (an H100 SXM's or an H200's count).
 DEFAULT_SMS = 132
 
-__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "SHORT_LOOP", "TAIL", "Chooser", "chooser", "device_sms", "spill_free"]
+__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "NARROW_ROW", "SHORT_LOOP", "TAIL", "Chooser", "chooser", "device_sms",
+           "spill_free"]
 
 
 class Chooser:
     """The shape-dependent schedule of one kernel: :meth:`pins` for a launch's arguments."""
 
     #: The pins this module may set.
-    PINS = ("defer_last", "persistent")
+    PINS = ("defer_last", "persistent", "tma_store")
 
     def __init__(self, kernel: Operation, loop: Operation, given: set[str], walked: bool = False):
         self.kernel, self.loop, self.given = kernel, loop, given
@@ -146,6 +153,12 @@ class Chooser:
             # from tile to tile and the loop's descriptor arithmetic leaves the uniform
             # datapath: 0.93-0.99x from 2k tokens (D = 128 and 64; benchmarks/RESULTS.md).
             pins["outer_stages"] = 1
+        if mean > SHORT_LOOP and not pins.get("persistent") and first == last and "tma_store" not in self.given \
+                and _narrow_output(self.kernel):
+            # One program a tile, every one as long, rows of at most NARROW_ROW bytes stored:
+            # from registers (D = 64 without a mask, 2k-16k tokens: 1.01-1.08x in two sweeps;
+            # with a mask's uneven programs 0.95-1.00x, and rows of 256 bytes or more 0.93-0.99x).
+            pins["tma_store"] = False
         if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
             # A long loop, one program a tile: the largest tile that compiles without spilling
             # (more rows a K/V block, fewer loads a product; 192-row tiles at D = 64: 1.12-1.28x).
@@ -210,6 +223,13 @@ def _walked_attention_loop(kernel: Operation) -> Operation | None:
         return None
     ops = found[0].parent.ops
     return found[0] if any(op.name == "tile.load" for op in ops[:ops.index(found[0])]) else None
+
+
+def _narrow_output(kernel: Operation) -> bool:
+    """Whether every tile the kernel stores at its top level (after its loop) has rows of at most
+    ``NARROW_ROW`` bytes, and it stores one."""
+    stores = [op for op in kernel.regions[0].block.ops if op.name == "tile.store"]
+    return bool(stores) and all(op.box[-1] * op.value.type.dtype.bits // 8 <= NARROW_ROW for op in stores)
 
 
 def _attention_shaped(loop: Operation) -> bool:

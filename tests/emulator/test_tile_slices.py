@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from device_checks import interpret_and_emulate, lowered
+from device_checks import interpret_and_emulate, interpret_and_run_on_gpu, lowered
 
 from tkc.compiler import compile_kernel
 from tkc.interpreter import random_args, run_kernel
@@ -122,6 +122,15 @@ def test_picked_specials_are_exact() -> None:
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
         np.testing.assert_array_equal(g, w)
     assert np.signbit(got[1][0, 0]) and np.isnan(got[1][0, 3]) and np.signbit(got[2][5, 0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("src, dims", [(PICKS, {"M": 150, "P": 3}), (MANY, {"M": 100}), (BLOCKED, {"M": 100})])
+def test_picks_on_the_gpu(src, dims) -> None:
+    _, want, got = interpret_and_run_on_gpu(lambda stop: _compile(src, stop), dims)
+    for w, g in zip(want, got):
+        if isinstance(w, np.ndarray):
+            np.testing.assert_array_equal(g, w.astype(g.dtype))
 
 
 def test_the_dump_reads_back() -> None:

@@ -225,8 +225,14 @@ class KernelLowering:
 
     def _choices(self, p: ast.Param, before: Scope) -> list[int] | None:
         """The candidates of a constant declared ``BM: const = choose(128, 192)`` (tkc.schedule
-        picks one per launch), or None for any other default."""
+        picks one per launch), also as the branch a conditional default takes (``BN: const =
+        choose(64, 80) if D > 128 else 128``), or None for any other default."""
         d = p.default
+        while isinstance(d, ast.IfExp):
+            cond = self.expr(d.cond, before)
+            if not isinstance(cond, Const):
+                return None  # evaluated as a default, which says what is wrong
+            d = d.then if cond.value else d.orelse
         if not (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "choose"):
             return None
         values = [self.expr(a, before) for a in d.args]
