@@ -201,13 +201,14 @@ def attn_configs(D: int, causal: bool) -> list[dict]:
     return [{"D": D, "causal": causal, **c} for c in ATTN_CONFIGS[D]]
 
 
-def attention_rows(quick: bool, runs: int, progress: TextIO | None = None) -> list[Row]:
+def attention_rows(quick: bool, runs: int, progress: TextIO | None = None,
+                   head_dims: list[int] | None = None) -> list[Row]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash (FA2)": SDPBackend.FLASH_ATTENTION,
                 "mem-efficient": SDPBackend.EFFICIENT_ATTENTION}
     seqlens = [1024, 4096, 16384] if quick else [512, 1024, 2048, 4096, 8192, 16384]
-    dims = [64, 128] if quick else [64, 128, 256]
+    dims = head_dims or ([64, 128] if quick else [64, 128, 256])
     rows = []
     for D in dims:
         H = 2048 // D
@@ -397,6 +398,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and timed runs")
     ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups")
+    ap.add_argument("--dims", type=lambda t: [int(d) for d in t.split(",")], default=None,
+                    help="attention head dims, comma-separated (default: 64,128,256; 64,128 with --quick)")
     ap.add_argument("--runs", type=int, default=None,
                     help="timed runs per contender, in three rounds taken in turns with the others")
     ap.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section, no plots")
@@ -416,7 +419,7 @@ def main() -> None:
     if "gemm" in groups:
         rows += gemm_rows(args.quick, runs, progress)
     if "attn" in groups:
-        rows += attention_rows(args.quick, runs, progress)
+        rows += attention_rows(args.quick, runs, progress, args.dims)
     if "norm" in groups:
         rows += norm_rows(args.quick, runs, progress)
     if "overhead" in groups:
