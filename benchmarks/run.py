@@ -42,6 +42,7 @@ import tkc  # noqa: E402
 from tkc import autotune  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
+from tkc.pins import Options  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 # FlashAttention-3 forward, bf16, H100 SXM, seqlen 16k, head dim 128 (background/performance-anchors).
@@ -95,7 +96,8 @@ def default_contender(contenders: dict, row: Row, kernel: tkc.Kernel, args: list
         return "tkc default " + wrong
     contenders["tkc default"] = call
     pins = kernel.pins(*args, **consts)
-    on = [k if v is True else f"{k}={v}" for k, v in pins.items() if v is not False]
+    defaults = Options()
+    on = [k if v is True else f"{k}={v}" for k, v in pins.items() if v != getattr(defaults, k, None)]
     return f"tkc default: {', '.join(on) or 'no pins'} (tkc.schedule)"
 
 
