@@ -294,9 +294,18 @@ class SharedMemory:
 
     def read_elements(self, addrs: object, dtype: DType, *, reader: str, proxy: str = "generic") -> np.ndarray:
         """Gather ``dtype`` values at ``addrs`` (any shape)."""
+        return self.read_bytes(self.element_bytes(addrs, dtype, reader), dtype, reader=reader, proxy=proxy)
+
+    def element_bytes(self, addrs: object, dtype: DType, who: str) -> np.ndarray:
+        """The byte addresses of ``dtype`` elements at ``addrs`` (one more axis, the element's
+        bytes), checked to lie in this shared memory and be aligned: what ``read_bytes``
+        takes, computed once by a reader that reads the same addresses again (wgmma)."""
+        return self._byte_addrs(np.asarray(addrs), dtype, who)
+
+    def read_bytes(self, b: np.ndarray, dtype: DType, *, reader: str, proxy: str = "generic") -> np.ndarray:
+        """Gather ``dtype`` values whose bytes are at ``b`` (from ``element_bytes``)."""
         if proxy not in ("generic", "async"):
             raise ValueError(f"proxy is 'generic' or 'async', not {proxy!r}")
-        b = self._byte_addrs(np.asarray(addrs), dtype, reader)
         if self.check_uninitialized:
             never = self._writer[b] == 0
             if never.any():

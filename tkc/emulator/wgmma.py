@@ -22,6 +22,8 @@ lease, ``SharedMemory.begin_read``; ``machine._Warpgroup.overwrite``).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from tkc import dtypes
@@ -44,10 +46,42 @@ def _a8_register(t: int, r: int, byte: int) -> tuple[int, int]:
     lane = t % 32
     return t // 32 % 4 * 16 + lane // 4 + 8 * (r & 1), lane % 4 * 4 + byte + 16 * (r >> 1)
 
+@lru_cache(maxsize=64)
 def _grid(layout: Fragment) -> tuple[np.ndarray, np.ndarray]:
+    # Cached: a kernel's wgmmas ask for the same few layouts thousands of times.  Read-only,
+    # so no caller changes what another gets.
     t = np.arange(layout.threads)[:, None]
     i = np.arange(layout.regs)[None, :]
-    return layout.coords(t, i)
+    rows, cols = (np.broadcast_to(c, (layout.threads, layout.regs)).copy() for c in layout.coords(t, i))
+    rows.flags.writeable = cols.flags.writeable = False
+    return rows, cols
+
+
+def _read_operand(smem: SharedMemory, desc: int, major: str, rows: int, k: int, dtype: DType,
+                  reader: str) -> np.ndarray:
+    """The ``rows`` x ``k`` operand ``desc`` points at, read through the async proxy."""
+    b = _operand_bytes(smem, desc, major, rows, k, dtype, reader)
+    return smem.read_bytes(b, dtype, reader=reader, proxy="async")
+
+
+def _operand_bytes(smem: SharedMemory, desc: int, major: str, rows: int, k: int, dtype: DType,
+                   reader: str) -> np.ndarray:
+    # A loop's wgmmas read the same stages through the same descriptors thousands of times: the
+    # decoded, checked byte addresses are kept per descriptor (and shared memory size, which the
+    # check reads); an address the check refuses raises for each reader and is never kept.
+    key = (desc, major, rows, k, dtype, smem.size)
+    b = _OPERAND_BYTES.get(key)
+    if b is None:
+        addr = descriptor_address(desc, major, np.arange(rows)[:, None], np.arange(k)[None, :], dtype)
+        b = smem.element_bytes(addr, dtype, reader)
+        b.flags.writeable = False
+        if len(_OPERAND_BYTES) >= 4096:
+            _OPERAND_BYTES.clear()
+        _OPERAND_BYTES[key] = b
+    return b
+
+
+_OPERAND_BYTES: dict[tuple, np.ndarray] = {}
 
 
 def fragment_to_tile(frag: np.ndarray, layout: Fragment) -> np.ndarray:
@@ -102,7 +136,6 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
         raise TkcEmulatorError(f"{op}: accumulator must be float32 of shape "
                                f"({acc_layout.threads}, {acc_layout.regs}), got {acc.dtype} {acc.shape}")
 
-    kk = np.arange(k)[None, :]
     if isinstance(a, np.ndarray):
         if trans_a:
             raise TkcEmulatorError(f"{op}: A from registers has no transpose")
@@ -118,10 +151,8 @@ def wgmma(acc: np.ndarray, smem: SharedMemory, a: int | np.ndarray, desc_b: int,
         if not np.array_equal(dtypes.round_to(a_tile, dtype), a_tile, equal_nan=True):
             raise TkcEmulatorError(f"{op}: A registers hold values that are not {dtype} (convert them first)")
     else:
-        a_addr = descriptor_address(int(a), "mn" if trans_a else "k", np.arange(64)[:, None], kk, dtype)
-        a_tile = smem.read_elements(a_addr, dtype, reader=f"{op} (A)", proxy="async")
-    b_addr = descriptor_address(int(desc_b), "mn" if trans_b else "k", np.arange(n)[:, None], kk, dtype_b)
-    b_tile = smem.read_elements(b_addr, dtype_b, reader=f"{op} (B)", proxy="async")
+        a_tile = _read_operand(smem, int(a), "mn" if trans_a else "k", 64, k, dtype, f"{op} (A)")
+    b_tile = _read_operand(smem, int(desc_b), "mn" if trans_b else "k", n, k, dtype_b, f"{op} (B)")
 
     d = (a_tile.astype(np.float64) @ b_tile.astype(np.float64).T) * (scale_a * scale_b)
     rows, cols = _grid(acc_layout)

@@ -208,6 +208,7 @@ class SharedLayout:
     def k_steps(self) -> int:
         return (self.cols if self.major == "k" else self.rows) // self.k_per_step
 
+    @lru_cache(maxsize=4096)  # noqa: B019 - layouts are values; the emulator asks per wgmma
     def descriptor(self, base_addr: int, k_step: int = 0, mn_start: int = 0, mn_8bit: bool = False) -> int:
         """The 64-bit wgmma matrix descriptor (PTX-FACTS §2) for K-step ``k_step`` of the rows
         (K-major) or cols (MN-major) starting at ``mn_start``.  Canonical layouts per
