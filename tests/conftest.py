@@ -12,6 +12,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 import tkc
 
 if importlib.util.find_spec("tkc.runtime") is None:  # pragma: no cover - depends on the install
@@ -23,3 +25,19 @@ if importlib.util.find_spec("tkc.runtime") is None:  # pragma: no cover - depend
     sys.modules["tkc.runtime"] = _mod
     tkc.runtime = _mod  # type: ignore[attr-defined]
     _spec.loader.exec_module(_mod)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true",
+                     help="also run the tests marked slow (the same checks in more variants)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --slow, tests marked slow are deselected: the default run stays within CI's
+    ten minutes on two cores."""
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -440,9 +440,11 @@ def _poison_outputs(kernel: Operation, args: list[Any]) -> None:
     most negative integer), so an element the executor fails to write cannot match the
     reference by keeping the input's random value."""
     params = kernel.regions[0].block.args
-    # Atomics read what is there, so only tensors written by stores alone are poisoned.
+    # Atomics read what is there, and so does a kernel that loads a tensor it stores to (an
+    # in-place update): only tensors written by stores alone, and never read, are poisoned.
     stored = {op.operands[0] for op in kernel.walk() if op.name in ("tile.store", "tile.masked_store")}
     stored -= {op.operands[0] for op in kernel.walk() if tile.is_atomic(op)}
+    stored -= tile.read_and_written(kernel)
     for i, p in enumerate(params):
         if p in stored:
             a = np.array(args[i], copy=True)

@@ -567,9 +567,19 @@ def assert_same_run(tile: Module, hopper: Module, dims: dict, seed: int, atol: f
             assert np.count_nonzero(~np.isclose(g, w, rtol=0, atol=0, equal_nan=True)) <= max(0.02 * w.size, 2)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("name, consts, dims, atol", DIFFERENTIAL,
-                         ids=[c[0] + "".join(f"-{k}{v}" for k, v in c[1].items()) for c in DIFFERENTIAL])
+def _differential_cases() -> list:
+    """Every case in every variant; the default run takes each case in one variant, in turn,
+    so every case and every variant runs (``--slow``: all of them)."""
+    out = []
+    for i, case in enumerate(DIFFERENTIAL):
+        name = case[0] + "".join(f"-{k}{v}" for k, v in case[1].items())
+        for j, variant in enumerate(VARIANTS):
+            marks = () if j == i % len(VARIANTS) else (pytest.mark.slow,)
+            out.append(pytest.param(*case, variant, marks=marks, id=f"{name}-{variant}"))
+    return out
+
+
+@pytest.mark.parametrize("name, consts, dims, atol, variant", _differential_cases())
 def test_examples_emulate_like_the_interpreter(name, consts, dims, atol, variant):
     tile, hopper = compile_both(name, consts, variant)
     ops = {op.name for op in hopper.walk()}

@@ -222,7 +222,7 @@ def test_emulator_matches_interpreter(name: str) -> None:
 
 
 @needs_ptxas
-@pytest.mark.parametrize("size", ["small", "full"])
+@pytest.mark.parametrize("size", [pytest.param("small", marks=pytest.mark.slow), "full"])  # small: emulated below
 @pytest.mark.parametrize("name", list(CASES))
 def test_assembles_without_spills(name: str, size: str) -> None:
     case = CASES[name]

@@ -113,6 +113,8 @@ class _Lowering:
             raise TkcUsageError("lower-to-hopper runs after select-layouts (the tiles have no layouts yet)",
                                 self.kernel.loc)
         self._drop_views()
+        self.written = tile.read_and_written(self.kernel)
+        self._order_own_accesses()
         for block in self._blocks(self.kernel):
             self._lower_tma_groups(block)
         for op in list(self.kernel.walk()):
@@ -126,6 +128,28 @@ class _Lowering:
             # Every CTA of the cluster is running, and its barriers initialized, before any
             # stores into another's shared memory.
             self.top.create(hopper.ClusterBarrierOp)
+
+    def _order_own_accesses(self) -> None:
+        """A tensor the kernel reads and writes (``tile.read_and_written``): a barrier of the
+        threads running the code (``hopper.sync``) before each write that an access of it may
+        precede (earlier in the kernel, or anywhere in a loop around the write) and after each
+        write that one may follow, since the thread that reads or writes an element next need
+        not be the one that wrote it."""
+        if not self.written:
+            return
+        order = {op: i for i, op in enumerate(self.kernel.walk())}
+        access = tile.TENSOR_WRITES | tile.TENSOR_READS
+        for w in [op for op in order if op.name in tile.TENSOR_WRITES and op.operands[0] in self.written]:
+            others = [op for op in order if op is not w and op.name in access and op.operands[0] is w.operands[0]]
+            loops = [a for a in w.ancestors() if a.name == "tile.for"]
+            again = any(o in loops[-1].walk() for o in others) if loops else False  # a loop runs it again
+            before = again or any(order[o] < order[w] for o in others)
+            after = again or any(order[o] > order[w] for o in others)
+            block = w.parent
+            if before:
+                block.insert(block.ops.index(w), hopper.SyncOp([], [], loc=w.loc))
+            if after:
+                block.insert(block.ops.index(w) + 1, hopper.SyncOp([], [], loc=w.loc))
 
     @staticmethod
     def _blocks(op: Operation) -> list[Block]:
@@ -365,6 +389,8 @@ class _Lowering:
         and one other (attention's ``o[b, h, rows, :]``, or ``o[b, rows, h, :]`` on a [B, N, H, D]
         tensor), and the pins ``tma`` and ``tma_store`` not false."""
         adding = op.name == "tile.atomic"
+        if op.tensor in self.written:
+            return None  # an asynchronous copy would land after the program's next access
         if not (self.options.tma and self.options.tma_store) or op.attributes.get("steps") \
                 or op.attributes.get("sem", "relaxed") != "relaxed":
             return None

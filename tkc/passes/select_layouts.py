@@ -114,12 +114,16 @@ def _def(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
-def tma_loadable(op: Operation, target: Target) -> str | None:
+def tma_loadable(op: Operation, target: Target, written: frozenset = frozenset()) -> str | None:
     """Why ``op`` (a ``tile.load``) cannot be a TMA copy into a shared tile, or None if it can:
     its tile must be the tensor's last axis and one other (the others squeezed: ``x[b, h, rows, :]``,
     ``k[rows, h, :]``), of a tensor of at most 5 axes, 8- or 16-bit, rows a multiple of 8, rows
-    at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill)."""
+    at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill); and not of a
+    tensor the kernel also writes (``written``: ``tile.read_and_written``), whose reads must
+    follow its writes in program order."""
     t, tile = op.tensor.type, op.result.type
+    if op.tensor in written:
+        return "the kernel also writes this tensor"
     if t.rank < 2 or t.rank - 1 in (op.squeeze or []) or tile.rank != 2:
         return "its tile is not along the tensor's last axis and one other"
     if t.rank > 5:
@@ -169,6 +173,7 @@ class _Selector:
         self.smem: set[Value] = set()
         self._take_conversions: dict[tuple, Value] = {}
         self._picks: dict[tuple[Value, int], int] | None = None  # takes of a 2-D tile on an axis
+        self.written = tile.read_and_written(kernel)  # tensors whose loads TMA must not copy
 
     def _unsupported(self, op: Operation, message: str) -> TkcUnsupportedError:
         return TkcUnsupportedError(f"{self.target.name}: {message}", op.loc)
@@ -305,7 +310,8 @@ class _Selector:
                 load = _def(src)
                 transposed = src is not v
                 loaded = load is not None and load.name == "tile.load"
-                why = ((tma_loadable(load, self.target) or ("" if tma else "the kernel pins tma = False"))
+                why = ((tma_loadable(load, self.target, self.written)
+                        or ("" if tma else "the kernel pins tma = False"))
                        if loaded else "")
                 staged = not loaded or bool(why)
                 if transposed and load is not None and load.name == "hopper.to_smem":
@@ -390,7 +396,7 @@ class _Selector:
         the consumers transpose in shared memory (:meth:`_transpose_b`)."""
         load = _def(mma.b)
         return (self.target.mma != "tcgen05" and tma and mma.b.type.dtype.bits == 8 and load is not None
-                and load.name == "tile.load" and not tma_loadable(load, self.target))
+                and load.name == "tile.load" and not tma_loadable(load, self.target, self.written))
 
     def _transpose_b(self, mma: Operation, load: Operation, kperm: bool) -> None:
         """An 8-bit B operand [K, N] copied by TMA as it lies (N contiguous, MN-major) and

@@ -977,6 +977,23 @@ def has_rank_barrier(kernel: Operation) -> bool:
     return any(op.name == "tile.rank_barrier" for op in kernel.walk())
 
 
+#: Ops that write a tensor (operand 0) and ops that read one, for :func:`read_and_written`.
+TENSOR_WRITES = frozenset({"tile.store", "tile.masked_store", "tile.atomic", "tile.atomic_cas"})
+TENSOR_READS = frozenset({"tile.load", "tile.gather"})
+
+
+def read_and_written(kernel: Operation) -> frozenset:
+    """The tensor parameters ``kernel`` both reads and writes (``hs[t] = f(hs[t - 1])``,
+    ``x[r] = x[r] * 2``).  A program's own accesses to such a tensor must happen in program
+    order for every thread: the passes copy them through no TMA (an asynchronous copy would
+    land out of that order) and put a barrier around each write (another thread may read or
+    write the element next)."""
+    params = set(kernel.regions[0].block.args)
+    reads = {op.operands[0] for op in kernel.walk() if op.name in TENSOR_READS and op.operands}
+    writes = {op.operands[0] for op in kernel.walk() if op.name in TENSOR_WRITES and op.operands}
+    return frozenset(reads & writes & params)
+
+
 def uses_ranks(kernel: Operation) -> bool:
     """Whether ``kernel`` is a multi-GPU kernel: a tensor parameter ``@ ranks``, or an op of
     ``RANK_OPS`` (a wait on a local flag included: it needs the ranks' scheduler)."""

@@ -1,0 +1,105 @@
+"""A tensor a kernel both reads and writes (``tile.read_and_written``): a program's own reads and
+writes of it happen in program order for every thread.  Its loads are no TMA copies (a ring
+would fetch ``hs[t - 1]`` before the iteration that writes it), its stores no TMA stores (the
+copy lands after the program's next read), and a barrier of the running threads stands between
+each write and the accesses around it.  ``tkc run --check`` keeps such a tensor's random input
+(poisoning it would make both sides compute from NaN and agree)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from device_checks import interpret_and_emulate, interpret_and_run_on_gpu, lowered
+
+from tkc.compiler import compile_kernel
+from tkc.interpreter import random_args
+from tkc.ir.dialects.tile import read_and_written
+
+RECURRENCE = """@kernel
+def rec(w: bf16[64, 64], hs: bf16[T, 64, 64]):
+    grid(1)
+    for t in range(1, T):
+        acc = hs[t - 1, 0:64, 0:64] @ w[0:64, 0:64]
+        hs[t, 0:64, 0:64] = (acc * 0.125).to(bf16)
+"""
+
+READ_BACK = """@kernel
+def back(x: bf16[M, 64], w: bf16[64, 64], y: bf16[M, 64], z: f32[M, 64]):
+    grid(cdiv(M, 64))
+    p = program_id(0)
+    acc = x[p*64:(p+1)*64, 0:64] @ w[0:64, 0:64]
+    y[p*64:(p+1)*64, 0:64] = acc.to(bf16)
+    z[p*64:(p+1)*64, 0:64] = y[p*64:(p+1)*64, 0:64].to(f32) * 2.0
+"""
+
+IN_PLACE = """@kernel
+def twice(x: f32[N]):
+    grid(cdiv(N, 16))
+    p = program_id(0)
+    x[p*16:(p+1)*16] = x[p*16:(p+1)*16] * 2.0
+"""
+
+
+def _compile(src, stop):
+    return compile_kernel(src, {}, stop=stop, cache=False)
+
+
+def test_the_tensors_read_and_written() -> None:
+    names = lambda src: {v.name_hint for v in read_and_written(_compile(src, "tkir").kernel_op)}  # noqa: E731
+    assert names(RECURRENCE) == {"hs"} and names(READ_BACK) == {"y"} and names(IN_PLACE) == {"x"}
+
+
+@pytest.mark.parametrize("src, dims", [(RECURRENCE, {"T": 6}), (READ_BACK, {"M": 100})])
+def test_emulator_matches_interpreter(src, dims) -> None:
+    tile_ir = _compile(src, "tkir").kernel_op
+    args = random_args(tile_ir, dims, 1)
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(src, stop)).kernel_op, args, 1)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=2**-7, atol=1e-3)
+
+
+def test_no_tma_for_a_tensor_read_and_written_and_a_barrier_after_its_store() -> None:
+    kernel = _compile(READ_BACK, "hopper").kernel_op
+    ops = list(kernel.walk())
+    y = kernel.regions[0].block.args[2]
+    names = [op.name for op in ops]
+    assert not [op for op in ops if op.name in ("hopper.tma_store", "hopper.tma_load") and op.operands[0] is y]
+    store = next(i for i, op in enumerate(ops) if op.name == "hopper.store" and op.operands[0] is y)
+    load = next(i for i, op in enumerate(ops) if op.name == "hopper.load" and op.operands[0] is y)
+    assert store < load and "hopper.sync" in names[store:load]
+    # x and w, which nothing writes, still arrive by TMA
+    assert names.count("hopper.tma_load") == 2
+
+
+def test_a_recurrence_keeps_its_loads_in_program_order() -> None:
+    kernel = _compile(RECURRENCE, "hopper").kernel_op
+    hs = kernel.regions[0].block.args[1]
+    assert not [op for op in kernel.walk() if op.name == "hopper.tma_load" and op.operands[0] is hs]
+
+
+def test_run_check_keeps_the_input_of_a_tensor_updated_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkc import runner
+
+    kernel = _compile(IN_PLACE, "tkir").kernel_op
+    args = random_args(kernel, {"N": 40}, 0)
+    result = runner.run(kernel, args, "emulate", check=True)
+    assert result.ok and not np.isnan(result.outputs[0][2]).any()
+    import tkc.emulator
+
+    real = tkc.emulator.emulate
+
+    def off(k, a, **kw):  # an executor that doubles one element twice
+        real(k, a, **kw)
+        a[0][3] *= 2
+
+    monkeypatch.setattr(tkc.emulator, "emulate", off)
+    assert not runner.run(kernel, random_args(kernel, {"N": 40}, 0), "emulate", check=True).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("src, dims", [(RECURRENCE, {"T": 9}), (READ_BACK, {"M": 1000}), (IN_PLACE, {"N": 1000})])
+def test_on_the_gpu(src, dims) -> None:
+    _, want, got = interpret_and_run_on_gpu(lambda stop: _compile(src, stop), dims)
+    for w, g in zip(want, got):
+        if isinstance(w, np.ndarray):
+            np.testing.assert_allclose(g, w, rtol=2**-7, atol=1e-3)
