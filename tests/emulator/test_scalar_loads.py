@@ -1,5 +1,5 @@
-"""A scalar read from a tensor at runtime indices (``n = lens[b]``) as a slice offset, a loop
-bound and a condition, in a kernel without products and in a warp-specialized GEMM: the
+"""A scalar read from a tensor at runtime indices (``n = lens[b]``, or ``lens[b]`` written in place)
+as a slice offset, a loop bound and a condition, in a kernel without products and in a warp-specialized GEMM: the
 interpreter and the emulator agree, ptxas takes it, and on a GPU it matches the interpreter."""
 
 from __future__ import annotations
@@ -47,10 +47,23 @@ def gemmk(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], ks: i32[S], BM: const = 1
         acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
     c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
 """
+# The element read written straight into range() and a slice start (not first bound to a name).
+INLINE = """@kernel
+def inline(x: f32[M, N], lens: i32[B], ids: i32[B], y: f32[B, N], BN: const = 64):
+    grid(B)
+    b = program_id(0)
+    acc = zeros([BN], f32)
+    for j in range(1, cdiv(lens[b], BN) + 1):
+        acc += x[ids[b], (j-1)*BN:j*BN]
+    y[b, 0:BN] = acc
+    for j in range(lens[b] // BN):
+        y[b, j*BN:(j+1)*BN] = x[ids[b], j*BN:(j+1)*BN] + y[b, j*BN:(j+1)*BN]
+"""
 CASES = {
     "gather": (GATHER, {"M": 40, "N": 150, "B": 7}, (-2, 45)),   # indices before, past and inside x
     "segment": (SEGMENT, {"M": 5, "N": 150, "B": 5}, (0, 150)),  # lengths 0 (nothing stored) to N
     "gemm_k": (GEMM_K, {"M": 130, "N": 136, "K": 200, "S": 1}, (1, 200)),
+    "inline": (INLINE, {"M": 160, "N": 150, "B": 5}, (0, 150)),
 }
 
 

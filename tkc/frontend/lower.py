@@ -422,7 +422,7 @@ class KernelLowering:
             raise TkcTypeError(f"{kind.name}() takes no keyword arguments", it.keywords[0].loc)
         if not 1 <= len(it.args) <= 3:
             raise TkcTypeError(f"{kind.name}() takes 1 to 3 arguments, got {len(it.args)}", it.loc)
-        bounds = [self.expr(a) for a in it.args]
+        bounds = [self._element(self.expr(a)) for a in it.args]
         for a, n in zip(bounds, it.args):
             if not self._is_index(a):
                 raise TkcTypeError(f"range bounds are i32 or i64 scalars, got {self._kind(a)}", n.loc)
@@ -784,6 +784,14 @@ class KernelLowering:
             return v.value
         raise TkcTypeError(f"{what} must be a compile-time integer constant, got {self._kind(v)}", node.loc)
 
+    def _element(self, v: object) -> object:
+        """``v``, or the scalar it reads where it is one element of a tensor (``n[0]``,
+        ``lens[b]``: every axis indexed, none sliced), as a loop bound or slice offset takes it."""
+        if isinstance(v, View) and len(v.index) == v.tensor.type.rank \
+                and not any(i is None or isinstance(i, (ast.Slice, ast.NoneLit)) for i in v.index):
+            return self.load(v, None)
+        return v
+
     @staticmethod
     def _is_index(v: object) -> bool:
         """An integer constant or an i32/i64 scalar: what offsets and loop bounds take."""
@@ -865,7 +873,7 @@ class KernelLowering:
         offsets, box, squeeze, steps = [], [], [], []
 
         def ev(x: ast.Expr) -> object:  # in the scope that wrote the slice
-            return self.expr(x, view.scope)
+            return self._element(self.expr(x, view.scope))
 
         for axis in range(t.rank):
             item = index[axis] if axis < len(index) else None
