@@ -47,14 +47,14 @@ def gemmk(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], ks: i32[S], BM: const = 1
         acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
     c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
 """
-# The element read written straight into range() and a slice start (not first bound to a name).
+# The element read written straight into range() and an index (not first bound to a name).
 INLINE = """@kernel
 def inline(x: f32[M, N], lens: i32[B], ids: i32[B], y: f32[B, N], BN: const = 64):
     grid(B)
     b = program_id(0)
     acc = zeros([BN], f32)
-    for j in range(1, cdiv(lens[b], BN) + 1):
-        acc += x[ids[b], (j-1)*BN:j*BN]
+    for j in range(0, lens[b], 16):
+        acc += x[ids[b], 0:BN]
     y[b, 0:BN] = acc
     for j in range(lens[b] // BN):
         y[b, j*BN:(j+1)*BN] = x[ids[b], j*BN:(j+1)*BN] + y[b, j*BN:(j+1)*BN]

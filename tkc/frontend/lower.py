@@ -873,7 +873,7 @@ class KernelLowering:
         offsets, box, squeeze, steps = [], [], [], []
 
         def ev(x: ast.Expr) -> object:  # in the scope that wrote the slice
-            return self._element(self.expr(x, view.scope))
+            return self.expr(x, view.scope)
 
         for axis in range(t.rank):
             item = index[axis] if axis < len(index) else None
@@ -886,8 +886,11 @@ class KernelLowering:
                 loc = item.loc if item is not None else view.node.loc
                 for v, n in ((lo, "start"), (hi, "stop")):
                     if not self._is_index(v):
-                        raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got {self._kind(v)}",
-                                           loc)
+                        hint = ""
+                        if isinstance(v, View):  # x[ids[b]:ids[b]+1]: two reads, which need not agree
+                            hint = "; read the element into a name first (n = ids[b], then x[n:n+1])"
+                        raise TkcTypeError(f"slice {n} on axis {axis} must be an integer, got "
+                                           f"{self._kind(v)}{hint}", loc)
                 step = 1
                 if item is not None and item.step is not None:
                     sv = ev(item.step)
