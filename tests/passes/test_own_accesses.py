@@ -103,3 +103,29 @@ def test_on_the_gpu(src, dims) -> None:
     for w, g in zip(want, got):
         if isinstance(w, np.ndarray):
             np.testing.assert_allclose(g, w, rtol=2**-7, atol=1e-3)
+
+
+TWICE = """@kernel
+def twice_written(x: bf16[M, 64], w: bf16[64, 64], y: bf16[M, 64]):
+    grid(cdiv(M, 64))
+    p = program_id(0)
+    acc = x[p*64:(p+1)*64, 0:64] @ w[0:64, 0:64]
+    y[p*64:(p+1)*64, 0:64] = acc.to(bf16)
+    y[p*64, 0:64] = zeros([64], bf16)
+"""
+
+
+def test_the_emulator_refuses_a_write_over_a_tma_store_in_flight() -> None:
+    """Two writes of one element by one program, the first a TMA store (y is never read, so it
+    keeps its TMA epilogue): on the GPU the copy may land after the second; the emulator says so."""
+    from tkc.errors import TkcEmulatorError
+
+    kernel = _compile(TWICE, "hopper").kernel_op
+    assert [op.name for op in kernel.walk()].count("hopper.tma_store") == 1
+    args = random_args(_compile(TWICE, "tkir").kernel_op, {"M": 128}, 0)
+    from tkc.emulator.machine import emulate
+
+    with pytest.raises(TkcEmulatorError, match=r"writes element \[0, 0\] of 'y' while this program's TMA store "
+                                               r"at line 6 still writes it") as e:
+        emulate(kernel, args)
+    assert e.value.loc is not None and e.value.loc.line == 7

@@ -181,6 +181,10 @@ class _CTA:
         self.log = log  # who wrote which element: write-write races between CTAs (tkc/races.py)
         self.who: Any = pid  # this CTA in ``log``'s messages (a multi-GPU launch: its index among every rank's)
         self.fetched: dict[Operation, np.ndarray] = {}  # the old value of a hopper.atomic_fetch
+        # One GPU: this program's TMA stores, in flight until it ends (its last wait is
+        # ``.read``: the shared tile is free, the global writes need not have landed).  A
+        # multi-GPU launch tracks them itself (``ranks.Launch``), until the role's next release.
+        self.flying: list[tuple[int, list[tuple[int, int]], Operation]] = []
         threads = kernel.threads
         if not isinstance(threads, int) or threads <= 0 or threads % 128:
             raise TkcEmulatorError(f"kernel @{kernel.sym_name} needs a 'threads' attribute, a positive "
@@ -810,6 +814,8 @@ def _load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, *offsets: Any) -> n
         if bool(inb) and wg.cta.launch is not None:
             wg.cta.launch.check_read(tensor, idx)
             wg.cta.launch.read(wg, op, tensor, idx)
+        elif bool(inb) and wg.cta.flying:
+            _landed(wg, op, tensor, idx)
         return np.asarray(tensor[idx] if bool(inb) else other, dt.np_storage)
     return _read(wg, op, tensor, offsets, wg.coords(op, _reg_layout(op, op.result.type)))
 
@@ -822,6 +828,8 @@ def _read(wg: _Warpgroup, op: Operation, tensor: np.ndarray, offsets: Sequence[A
     if wg.cta.launch is not None:
         wg.cta.launch.check_read(tensor, idx, inb)
         wg.cta.launch.read(wg, op, tensor, tuple(i[inb] for i in idx))
+    elif wg.cta.flying:
+        _landed(wg, op, tensor, idx, inb)
     safe = tuple(np.where(inb, i, 0) for i in idx)
     other = round_to(0 if op.other is None else op.other, dt)
     if tensor.size == 0:
@@ -837,7 +845,25 @@ def _gather(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: np.ndarray
     return _read(wg, op, tensor, offsets, coords)
 
 
+def _landed(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: tuple, mask: Any = None,
+            access: str = "reads", atomic: bool = False) -> None:
+    """One GPU: an access of ``tensor[index]`` by the program that TMA-stores some of it, before
+    its program ends, is an error (the copy lands at no fixed time).  Atomic adds into an
+    element its TMA reduction adds to commute and are fine."""
+    for key, box, store in wg.cta.flying:
+        if key != id(tensor) or atomic and store.attributes.get("reduce") == "add":
+            continue
+        element = ranks.first_inside(box, index, mask)
+        if element is not None:
+            raise _fault(op, f"{access} element {element} of '{param_name(op.tensor)}' while this program's TMA "
+                             f"store at {ranks._line(store)} still writes it (a TMA store lands at no fixed time "
+                             f"before the program ends): write each element once, or compute from the tile "
+                             f"you stored instead of reading it back")
+
+
 def _log_write(wg: _Warpgroup, op: Operation, tensor: np.ndarray, index: Any, atomic: bool) -> None:
+    if wg.cta.launch is None and wg.cta.flying:
+        _landed(wg, op, tensor, index if isinstance(index, tuple) else (index,), access="writes", atomic=atomic)
     log = wg.cta.log
     if log is not None:
         race = log.write(tensor, index, wg.cta.who, op.loc, atomic)
@@ -1129,6 +1155,8 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
         wg.cta.launch.check_read(tensor, region)
         if wg.leader:  # thread 0 issues the copy
             wg.cta.launch.read(wg, op, tensor, region)
+    elif at.index is not None and wg.cta.flying:
+        _landed(wg, op, tensor, _tile_region(op, at, tensor, lay))
     n = op.attributes.get("multicast") or 1
     if n == 1:
         tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
@@ -1168,6 +1196,8 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
         tma_store(wg.cta.smem, src.base, lay, tensor[at.index], at.origin, at.box, op=who, add=add)
         if wg.cta.launch is not None:  # in flight until the role's next release
             wg.cta.launch.store(wg, op, tensor, written)
+        else:  # in flight until the program ends
+            wg.cta.flying.append((id(tensor), ranks.box_of(written), op))
     wg.cta.written.add(id(tensor))
     wg.bulk.append(wg.cta.smem.begin_read(src.base, lay.size_bytes, reader=who))
 

@@ -91,8 +91,7 @@ class RankLaunch:
     def store(self, wg: Any, op: Operation, tensor: np.ndarray, index: tuple) -> None:
         """A TMA store by ``wg`` writes ``tensor[index]`` (ints and slices): in flight until
         the role's next release."""
-        box = [(int(i), int(i) + 1) if not isinstance(i, slice) else (i.start, i.stop) for i in index]
-        self.flying.setdefault(id(tensor), []).append((box, op, wg))
+        self.flying.setdefault(id(tensor), []).append((box_of(index), op, wg))
 
     def drain(self, wg: Any) -> None:
         """``cp.async.bulk.wait_group 0`` by ``wg``'s thread 0: its TMA stores have landed
@@ -113,19 +112,11 @@ class RankLaunch:
         flying = self.flying.get(id(tensor), ())
         if not flying:
             return
-        n = len(index)
-        index = tuple(np.arange(i.start, i.stop).reshape([-1 if b == a else 1 for b in range(n)])
-                      if isinstance(i, slice) else np.asarray(i)[mask] if mask is not None else i
-                      for a, i in enumerate(index))
-        index = np.broadcast_arrays(*(np.asarray(i) for i in index))
         for box, store, wg in flying:
-            inside = np.ones(index[0].shape, bool)
-            for i, (lo, hi) in zip(index, box):
-                inside &= (i >= lo) & (i < hi)
-            if inside.any():
-                at = tuple(np.argwhere(inside)[0])
+            element = first_inside(box, index, mask)
+            if element is not None:
                 raise TkcEmulatorError(
-                    f"reads element {[int(i[at]) for i in index]} of {self.tensor(tensor)} while the TMA store at "
+                    f"reads element {element} of {self.tensor(tensor)} while the TMA store at "
                     f"{_line(store)} by {self.labels[wg]} still writes it: a TMA store has landed only once its "
                     f"role releases after it (signal(), barrier_all() or an atomic with sem release or acq_rel "
                     f"first waits for the role's bulk copies: cp.async.bulk.wait_group 0)")
@@ -217,6 +208,28 @@ def _leads(wg: Any) -> bool:
     finished (a role meets a barrier once, through its first warpgroup)."""
     role = wg.role_op or wg.last_role
     return wg.g == (role.first if role is not None else 0)
+
+
+def box_of(index: tuple) -> list[tuple[int, int]]:
+    """The box ``[lo, hi)`` per axis of a region ``tensor[index]`` (ints and slices)."""
+    return [(int(i), int(i) + 1) if not isinstance(i, slice) else (i.start, i.stop) for i in index]
+
+
+def first_inside(box: list[tuple[int, int]], index: tuple, mask: np.ndarray | None = None) -> list[int] | None:
+    """The first element of ``tensor[index]`` (per axis an integer array, broadcast together, or a
+    slice; only where ``mask`` holds) inside ``box``, or None."""
+    n = len(index)
+    index = tuple(np.arange(i.start, i.stop).reshape([-1 if b == a else 1 for b in range(n)])
+                  if isinstance(i, slice) else np.asarray(i)[mask] if mask is not None else i
+                  for a, i in enumerate(index))
+    index = np.broadcast_arrays(*(np.asarray(i) for i in index))
+    inside = np.ones(index[0].shape, bool)
+    for i, (lo, hi) in zip(index, box):
+        inside &= (i >= lo) & (i < hi)
+    if not inside.any():
+        return None
+    at = tuple(np.argwhere(inside)[0])
+    return [int(i[at]) for i in index]
 
 
 def _line(op: Operation) -> str:
