@@ -221,7 +221,9 @@ def test_warps_pin_spreads_a_row_over_more_threads():
 
 @pytest.mark.parametrize("name,consts,message", [
     ("softmax.tk", {"warps": 6}, "warps = 6: a program runs whole warpgroups: give a multiple of 4"),
-    ("gemm.tk", {"warps": 8}, "warps = 8: products of 128 rows set the warps (8); leave the pin out"),
+    ("gemm.tk", {"warps": 8}, "warps = 8: the pin sets the warps of kernels without products; this kernel's "
+                              "products of 128 rows set its own, so leave the pin out"),
+    ("softmax.tk", {"warps": 64}, "warps = 64: a program has at most 32 warps (1024 threads)"),
 ])
 def test_warps_pin_refused(name, consts, message):
     with pytest.raises(TkcUnsupportedError) as e:

@@ -763,7 +763,9 @@ def choose_blocked(shape: tuple[int, ...], elem_bytes: int, threads: int) -> Blo
                 return lay
             replicated = replicated or lay  # only if every choice has replicas
     if replicated is None:
-        raise ValueError(f"no blocked layout for a {_dims_text(shape)} tile over {threads} threads: {error}")
+        pow2 = _dims_text(tuple(1 << (x - 1).bit_length() for x in shape))
+        raise ValueError(f"a {_dims_text(shape)} tile does not spread over the program's {threads} threads "
+                         f"({error}): give it power-of-two extents, e.g. {pow2}")
     return replicated
 
 
@@ -1265,7 +1267,8 @@ def reduce_plan(layout: DistributedLayout, axis: int) -> ReducePlan:
             return True
         if np.all(kept & ~differs) or not np.any(kept):
             return False
-        raise ValueError(f"{layout} cannot be reduced along axis {axis} with xor shuffles")
+        raise ValueError(f"the {layout.threads // 32} warps holding this tile cannot combine it along axis {axis} "
+                         f"by shuffles: that needs a power-of-two number of warps (pin warps = 4, 8 or 16)")
 
     shuffle = tuple(m for m in (1, 2, 4, 8, 16) if applies(m))
     warps = layout.threads // 32

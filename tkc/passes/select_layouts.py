@@ -195,9 +195,12 @@ class _Selector:
                 raise self._unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
         warps = self.options.warps
-        if warps is not None and (warps % 4 or ms):
-            why = (f"products of {ms[0][1]} rows set the warps ({ms[0][1] // 16}); leave the pin out"
-                   if ms else "a program runs whole warpgroups: give a multiple of 4")
+        most = self.target.max_threads // self.target.warp_size
+        if warps is not None and (warps % 4 or warps > most or ms):
+            why = ("the pin sets the warps of kernels without products; this kernel's products of "
+                   f"{ms[0][1]} rows set its own, so leave the pin out" if ms else
+                   "a program runs whole warpgroups: give a multiple of 4" if warps % 4 else
+                   f"a program has at most {most} warps ({self.target.max_threads} threads)")
             raise self._unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
         if not ms:
             return (warps if warps is not None else 4) // 4, 1
