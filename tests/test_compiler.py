@@ -197,6 +197,23 @@ def test_dumps_of_a_failing_pass_are_shown(tmp_path: Path) -> None:
     assert "IR Dump After dce (4)" in out.getvalue()
 
 
+def test_lower_to_hopper_runs_once(tmp_path: Path) -> None:
+    with pytest.raises(TkcUsageError, match="lower-to-hopper runs once: this kernel is hopper IR already"):
+        compile_kernel(GEMM, stop="hopper", hopper_pipeline="select-layouts,lower-to-hopper,lower-to-hopper",
+                       cache=False)
+
+
+def test_loading_a_file_without_a_kernel_says_so(tmp_path: Path) -> None:
+    import tkc
+    from tkc.errors import TkcSyntaxError
+
+    path = tmp_path / "none.tk"
+    path.write_text("def f(x):\n    return x\n")
+    with pytest.raises(TkcSyntaxError, match="no kernel found: mark a function with @kernel") as e:
+        tkc.load(path)
+    assert e.value.loc.line == 1
+
+
 def test_version_changes_with_the_compiler() -> None:
     import tkc
 

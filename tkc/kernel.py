@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from tkc.errors import TkcError, TkcLaunchError, TkcTmaStrideError, TkcUsageError
+from tkc.errors import Loc, TkcError, TkcLaunchError, TkcSyntaxError, TkcTmaStrideError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.options import interpret_requested
@@ -96,6 +96,8 @@ class Kernel:
         funcs = [s for s in tree.body if isinstance(s, ast.FunctionDef)
                  and any(_is_kernel_decorator(d) for d in s.decorators)]
         chosen = [f for f in funcs if name is None or f.name == name]
+        if not funcs:
+            raise TkcSyntaxError("no kernel found: mark a function with @kernel", Loc(file, 1, 1, text))
         if len(chosen) != 1:
             names = ", ".join(f.name for f in funcs) or "none"
             what = f"no kernel '{name}'" if name is not None else "several kernels; name one"

@@ -192,8 +192,7 @@ class KernelLowering:
                                    f"a scalar dtype like f32, or const", p.loc)
             if is_const_annotation(p.annotation):
                 if p.name in self.consts_in:
-                    v = self.consts_in[p.name]
-                    self._check_kind_of_default(p, v, before)
+                    v = self._check_kind_of_default(p, self.consts_in[p.name], before)
                 elif (options := self._choices(p, before)) is not None:
                     v = options[0]  # where no launch picks (tkc compile, the interpreter)
                     self.choices[p.name] = options
@@ -245,16 +244,22 @@ class KernelLowering:
             raise TkcTypeError(f"choose() lists {p.name}'s candidates once each", d.loc)
         return options
 
-    def _check_kind_of_default(self, p: ast.Param, value: object, before: Scope) -> None:
-        """A constant whose default is true/false takes true or false, and one whose default is a
-        number takes a number (``causal=2`` would otherwise read as true)."""
+    def _check_kind_of_default(self, p: ast.Param, value: object, before: Scope) -> object:
+        """``value`` for a constant: one whose default is true/false takes true or false, and one
+        whose default is a number takes a number (``causal=2`` would otherwise read as true); one
+        whose default is an integer takes an integer (``BN=128.0`` is 128; ``BN=128.5`` would
+        otherwise surface as a float mixed into the grid's integer arithmetic, far from here)."""
         if p.default is None:
-            return
+            return value
         options = self._choices(p, before)
         d = Const(options[0]) if options is not None else self.expr(p.default, before)
-        if not isinstance(d, Const) or isinstance(d.value, bool) == isinstance(value, bool):
-            return
-        kind = "true or false" if isinstance(d.value, bool) else "a number"
+        if not isinstance(d, Const):
+            return value
+        whole = type(d.value) is int and isinstance(value, float) and value.is_integer()
+        fraction = type(d.value) is int and isinstance(value, float) and not whole
+        if isinstance(d.value, bool) == isinstance(value, bool) and not fraction:
+            return int(value) if whole else value
+        kind = "true or false" if isinstance(d.value, bool) else "an integer" if fraction else "a number"
         shown = str(value).lower() if isinstance(value, bool) else value
         raise TkcUsageError(f"{p.name}={shown}: constant '{p.name}' of kernel '{self.fn.name}' takes {kind} "
                             f"(its default is {str(d.value).lower() if isinstance(d.value, bool) else d.value})",
@@ -374,8 +379,10 @@ class KernelLowering:
         if isinstance(target, ast.Name):
             if isinstance(v, View):
                 v = self.load(v, None)
-            if isinstance(self._lookup_quiet(target), Tensor) and not isinstance(v, Tensor):
-                # Rebinding the name would leave the tensor unwritten, without a word.
+            bound = self._lookup_quiet(target)
+            if isinstance(bound, Tensor) and (not isinstance(v, Tensor) or bound.name == target.id and v is not bound):
+                # Rebinding the name (a parameter's, even to another tensor) would send the
+                # stores after it elsewhere and leave the tensor unwritten, without a word.
                 raise TkcTypeError(f"'{target.id}' is a tensor: store into it with {target.id}[...] = ..., "
                                    f"or give the new value another name", target.loc)
             if isinstance(v, Dyn) and v.value.name_hint is None:

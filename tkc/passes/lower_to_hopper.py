@@ -112,6 +112,8 @@ class _Lowering:
         if "threads" not in self.kernel.attributes:
             raise TkcUsageError("lower-to-hopper runs after select-layouts (the tiles have no layouts yet)",
                                 self.kernel.loc)
+        if "tma_maps" in self.kernel.attributes:
+            raise TkcUsageError("lower-to-hopper runs once: this kernel is hopper IR already", self.kernel.loc)
         self._drop_views()
         self.written = tile.read_and_written(self.kernel)
         self._order_own_accesses()
