@@ -125,14 +125,6 @@ def to_ctypes(values: Sequence[tuple[str, int | float]]) -> list[Any]:
     return [_CTYPES[kind](v) for kind, v in values]
 
 
-def _grid(grid: Any) -> tuple[int, ...]:
-    t = (grid,) if isinstance(grid, int) else tuple(grid) if isinstance(grid, (tuple, list)) else None
-    if t is None or not 1 <= len(t) <= 3 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
-                                                    for g in t):
-        raise TkcLaunchError(f"grid must be 1 to 3 non-negative integers, got {grid!r}")
-    return t
-
-
 def _check_device(target: str, device: Any) -> None:
     import torch
 
@@ -477,7 +469,7 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
 
     _torch = torch
 
-    from tkc.grid import launch_grid
+    from tkc.grid import check_grid, launch_grid
     from tkc.runtime import args as arg_checks
 
     if "hopper" not in compiled.asm:
@@ -509,7 +501,7 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
             sms = cluster * held
         grid = launch_grid(compiled.kernel_op, args, sms=sms)
     else:
-        grid = _grid(grid)
+        grid = check_grid(grid, compiled.kernel_op)
     if grid[0] % cluster:
         raise TkcLaunchError(f"kernel '{compiled.name}' runs in clusters of {cluster} CTAs along x: its grid "
                              f"{grid} must have a multiple of {cluster} there")

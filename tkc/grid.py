@@ -116,13 +116,30 @@ def shape_env(kernel: Operation, args: Sequence[Any]) -> dict[Value, Any]:
             for p, x in zip(kernel.regions[0].block.args, args)}
 
 
-def check_grid(grid: Any) -> tuple[int, ...]:
+def check_grid(grid: Any, kernel: Operation | Module | None = None) -> tuple[int, ...]:
+    """A caller's grid as a tuple: 1 to 3 non-negative integers, and (given the ``kernel``) no
+    axis past those of the kernel's own ``grid(...)`` longer than 1: the programs along it would
+    all have program_id 0 there and redo the same work, as a persistent kernel's walk (its grid
+    one axis, the programs walking its tiles) would on a caller's two-axis grid."""
     if isinstance(grid, (int, np.integer)):
         grid = (grid,)
     ok = isinstance(grid, (tuple, list)) and 1 <= len(grid) <= 3 and all(
         isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 0 for g in grid)
     if not ok:
         raise TkcLaunchError(f"grid must be 1 to 3 non-negative integers, got {grid!r}")
-    return tuple(int(g) for g in grid)
+    grid = tuple(int(g) for g in grid)
+    if kernel is not None:
+        k = as_kernel(kernel)
+        own = next((op for op in k.regions[0].block.ops if op.name == "tile.grid"), None)
+        axes = len(own.operands) if own is not None else 3
+        if any(g != 1 for g in grid[axes:]):
+            walks = any(op.name == "tile.num_sms" for op in k.walk())
+            what = ("it is persistent: give one extent, the programs that walk its tiles, or compile with "
+                    "persistent=false for one program a tile") if walks and axes == 1 else \
+                f"give {axes} extent{'s' if axes > 1 else ''}"
+            raise TkcLaunchError(f"grid {grid}: kernel '{k.attributes.get('sym_name')}' has a grid of {axes} "
+                                 f"ax{'es' if axes > 1 else 'is'}, whose programs would repeat each other's work "
+                                 f"along the others; {what}")
+    return grid
 
 

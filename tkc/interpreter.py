@@ -74,7 +74,7 @@ def run_kernel(kernel: Operation | Module, args: Sequence[Any], grid: Any = None
     env, working = bind_arguments(kernel, args)
     ctx = Program(None, (), env, log=WriteLog(tensor_names(params, env)))
     with np.errstate(all="ignore"):
-        ctx.grid = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid)
+        ctx.grid = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid, kernel)
         try:
             if tile.has_cluster_reductions(kernel):
                 _run_clusters(ctx, kernel, env)

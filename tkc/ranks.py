@@ -383,7 +383,7 @@ def check_launch(kernel: Operation, envs: list[dict], grid: Any, sms: int = 0) -
     _check_symmetric(params, envs)
     _check_separate(params, envs)
     with np.errstate(all="ignore"):
-        grids = [eval_grid(kernel, dict(env), sms) if grid is None else check_grid(grid) for env in envs]
+        grids = [eval_grid(kernel, dict(env), sms) if grid is None else check_grid(grid, kernel) for env in envs]
     if any(g != grids[0] for g in grids):
         raise TkcLaunchError(f"every rank launches the same grid; the ranks' arguments give {grids}")
     return grids[0]

@@ -248,3 +248,23 @@ def test_read_only_output_is_a_launch_error(out: str):
     tkc.interpret(kernel, *args.values())
     assert np.array_equal(args["y"], args["x"]) and np.array_equal(args["z"], args["x"])
 
+
+
+def test_a_grid_with_more_axes_than_the_kernels_is_refused() -> None:
+    """A persistent GEMM's grid is one axis (its programs walk the tiles): a caller's (1, 2)
+    would run every tile twice.  Refused before anything runs, in the emulator and the
+    interpreter alike."""
+    from tkc.compiler import compile_kernel
+    from tkc.emulator.machine import emulate
+    from tkc.errors import TkcLaunchError
+    from tkc.interpreter import random_args, run_kernel
+
+    src = Path(__file__).parents[2] / "examples" / "gemm.tk"
+    hopper = compile_kernel(src, {"BM": 64, "BN": 64, "BK": 32, "persistent": True}, stop="hopper", cache=False)
+    tile_ir = compile_kernel(src, {"BM": 64, "BN": 64, "BK": 32}, stop="tkir", cache=False).kernel_op
+    args = random_args(tile_ir, {"M": 100, "N": 72, "K": 40}, 0)
+    with pytest.raises(TkcLaunchError, match=r"grid \(1, 2\): kernel 'gemm' has a grid of 1 axis.*it is persistent"):
+        emulate(hopper.kernel_op, args, grid=(1, 2))
+    with pytest.raises(TkcLaunchError, match=r"grid \(1, 1, 2\): kernel 'gemm' has a grid of 2 axes"):
+        run_kernel(tile_ir, args, grid=(1, 1, 2))
+    run_kernel(tile_ir, args, grid=(2, 1, 1))  # trailing extents of 1 are fine

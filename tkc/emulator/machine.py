@@ -1402,7 +1402,7 @@ def emulate(kernel: Module | Operation, args: Sequence[Any], grid: Any = None, s
     written: set[int] = set()
     log = WriteLog(tensor_names(params, env))
     with np.errstate(all="ignore"):
-        shape = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid)
+        shape = eval_grid(kernel, dict(env)) if grid is None else check_grid(grid, kernel)
         cluster = kernel.cluster or 1
         if shape[0] % cluster:
             raise TkcEmulatorError(f"kernel @{kernel.sym_name} runs in clusters of {cluster} CTAs along x: its "
