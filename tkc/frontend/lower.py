@@ -363,7 +363,8 @@ class KernelLowering:
         elif isinstance(s, ast.Return):
             raise TkcUnsupportedError(
                 "'return' is allowed only as the last statement of a helper function"
-                if self.call_stack else "a kernel does not return values; store results into a tensor",
+                if self.call_stack else "a kernel returns nothing and cannot stop early: store results into a "
+                                        "tensor, and put what should not run under an if",
                 s.loc)
         elif isinstance(s, ast.While):
             raise TkcUnsupportedError("'while' loops are not supported; use 'for ... in range(...)'", s.loc)
