@@ -25,6 +25,11 @@ hand-written Hopper kernel:
   (thread 0, asynchronous, clipped at the tensor's edges), a ``hopper.tma_store_wait``
   before a loop writes the tile again and one before the kernel ends.  The pins ``tma`` and
   ``tma_store`` set to false keep the per-thread stores.
+- A tensor the kernel both reads and writes (``tile.read_and_written``: ``hs[t] = f(hs[t -
+  1])``, a GEMM's output read back) is stored thread by thread, never by TMA (the copy would
+  land after the program's next access; ``select-layouts`` keeps its loads off TMA too), with a
+  ``hopper.sync`` before each write an access may precede and after each one an access may
+  follow: the next thread to touch an element need not be the one that wrote it.
 - Register loads and stores become per-thread ``hopper.load``/``hopper.store``; reductions
   ``hopper.reduce`` with their layout's plan (and a scratch tile when warps must trade
   partial results); conversions between layouts that place values on different threads get
