@@ -147,6 +147,17 @@ def test_run_emulated_with_check(example: str, ranks: str) -> None:
     assert f"(rank {int(ranks) - 1})" in r.output
 
 
+def test_tiles_that_wait_for_each_other_stay_one_program_a_tile() -> None:
+    """The persistent pass leaves a kernel with waits alone by default: walking its tiles, one
+    program would wait for a flag only a tile it reaches later raises."""
+    path = Path(__file__).parents[1] / "data" / "ranks" / "cross_tile_wait.tk"
+    kernel = compile_kernel(path, {}, stop="hopper", cache=False).kernel_op
+    assert not any(op.name == "tile.num_sms" for op in kernel.walk())
+    r = CliRunner().invoke(cli, ["run", str(path), "--ranks", "2", "--backend", "emulate", "--check", "--dim", "M=192",
+                                 "--dim", "N=128", "--dim", "K=64"], env={"TKC_INTERPRET": None})
+    assert r.exit_code == 0 and "MISMATCH" not in r.output, r.output
+
+
 # ------------------------------------------------------------------ protocol errors
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_wait_nobody_signals_is_a_deadlock_across_ranks(seed: int) -> None:

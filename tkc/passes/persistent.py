@@ -33,8 +33,9 @@ program (multi-GPU kernels: the ranks have reached the kernel) stays before the 
 that ends every program (the ranks are done with each other's memory) after it: met once per
 program rather than once per tile.
 
-On by default for GEMM-shaped kernels: a 2-D grid, products in a loop, and no load outside a
-loop (attention loads its Q tile per program: not GEMM-shaped).  The kernel constant
+On by default for GEMM-shaped kernels: a 2-D grid, products in a loop, no load outside a
+loop (attention loads its Q tile per program: not GEMM-shaped) and no ``wait`` (a tile waiting
+for a flag a later tile of the same walk raises would never see it).  The kernel constant
 ``persistent`` pins it (``True`` on any kernel whose grid it can take, ``False`` off).
 
 Must not: change which tiles are computed or what any tile computes.
@@ -89,7 +90,10 @@ def _gemm_shaped(kernel: Operation, grid: Operation) -> bool:
                       for op in kernel.walk())
     load_outside = any(op.name == "tile.load" and not any(p.name == "tile.for" for p in op.ancestors())
                        for op in kernel.walk())
-    return len(grid.operands) == 2 and mma_in_loop and not load_outside and grid.parent is body
+    # A tile that waits for a flag another tile raises would, walked by one program, wait for a
+    # tile that program only reaches later: a deadlock the launch of one program a tile has not.
+    waits = any(op.name == "tile.wait" for op in kernel.walk())
+    return len(grid.operands) == 2 and mma_in_loop and not load_outside and not waits and grid.parent is body
 
 
 def _persist(kernel: Operation, options: Options) -> None:
