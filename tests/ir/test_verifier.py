@@ -528,7 +528,6 @@ def test_value_of_another_kernel() -> None:
     m2, _, b2 = _kernel()
     b2.create(T.GridOp, [x])
     b2.create(T.ReturnOp)
-    m2.ops[0].attributes["sym_name"] = "other"
     m = Module([m1.ops[0], m2.ops[0]])
     _rejects(m, r"'tile.grid': operand .* outside its scope")
 
@@ -666,14 +665,3 @@ def test_box_extents_are_ints_not_bools() -> None:
     with pytest.raises(TkcVerifyError, match="box must give a positive extent"):
         verify(parse_module(text))
 
-
-def test_two_kernels_of_one_name_are_rejected() -> None:
-    from tkc.compiler import compile_kernel
-    from tkc.ir.printer import print_module
-    from tkc.ir.verifier import verify
-
-    src = ("@kernel\ndef k(y: f32[N]):\n    grid(cdiv(N, 16))\n    i = program_id(0)\n"
-           "    y[i*16:(i+1)*16] = zeros([16], f32)\n")
-    one = print_module(Module([compile_kernel(src, {}, stop="tkir", cache=False).kernel_op]))
-    with pytest.raises(TkcVerifyError, match="a second kernel named @k"):
-        verify(parse_module(one + "\n" + one, "<two>"))

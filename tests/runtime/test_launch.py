@@ -153,11 +153,13 @@ def test_tile_ir_only_is_not_launchable(no_driver: None) -> None:
 
 
 def test_grid_override_is_checked() -> None:
-    assert launch_mod._grid(4) == (4,)
-    assert launch_mod._grid([2, 3]) == (2, 3)
+    from tkc.grid import check_grid
+
+    assert check_grid(4) == (4,)
+    assert check_grid([2, 3]) == (2, 3)
     for bad in ((), (1, 2, 3, 4), (1.5,), (True,), (-1,), "4"):
         with pytest.raises(TkcLaunchError, match="grid must be 1 to 3 non-negative integers"):
-            launch_mod._grid(bad)
+            check_grid(bad)
 
 
 # ------------------------------------------------------------- @tkc.kernel

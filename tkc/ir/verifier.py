@@ -26,14 +26,9 @@ def verify(m: Module) -> None:
     import tkc.ir.dialects  # noqa: F401  (registers the op kinds)
     from tkc.ir.dialects.hopper import verify_kernel
 
-    names: set[object] = set()
     for op in m.ops:
         if not op.has_trait("isolated"):
             raise op.error("only kernels may appear at the top level of a module")
-        name = op.attributes.get("sym_name")
-        if name is not None and name in names:
-            raise op.error(f"a second kernel named @{name}: a module's kernels have one name each")
-        names.add(name)
         _verify_op(op, [set()])
         if op.name == "tile.kernel":
             verify_kernel(op)
