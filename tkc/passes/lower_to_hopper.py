@@ -25,8 +25,9 @@ hand-written Hopper kernel:
   (thread 0, asynchronous, clipped at the tensor's edges), a ``hopper.tma_store_wait``
   before a loop writes the tile again and one before the kernel ends.  The pins ``tma`` and
   ``tma_store`` set to false keep the per-thread stores.
-- A tensor the kernel both reads and writes (``tile.read_and_written``: ``hs[t] = f(hs[t -
-  1])``, a GEMM's output read back) is stored thread by thread, never by TMA (the copy would
+- A tensor the kernel both reads and writes, or writes twice over the same elements
+  (``tile.ordered_tensors``: ``hs[t] = f(hs[t - 1])``, a GEMM's output read back or a row of it
+  written again) is stored thread by thread, never by TMA (the copy would
   land after the program's next access; ``select-layouts`` keeps its loads off TMA too), with a
   ``hopper.sync`` before each write an access may precede and after each one an access may
   follow: the next thread to touch an element need not be the one that wrote it.
@@ -120,7 +121,7 @@ class _Lowering:
         if "tma_maps" in self.kernel.attributes:
             raise TkcUsageError("lower-to-hopper runs once: this kernel is hopper IR already", self.kernel.loc)
         self._drop_views()
-        self.written = tile.read_and_written(self.kernel)
+        self.written = tile.ordered_tensors(self.kernel)
         self._order_own_accesses()
         for block in self._blocks(self.kernel):
             self._lower_tma_groups(block)
@@ -137,7 +138,8 @@ class _Lowering:
             self.top.create(hopper.ClusterBarrierOp)
 
     def _order_own_accesses(self) -> None:
-        """A tensor the kernel reads and writes (``tile.read_and_written``): a barrier of the
+        """A tensor whose accesses keep program order (``tile.ordered_tensors``: one the kernel
+        reads and writes, or writes twice over the same elements): a barrier of the
         threads running the code (``hopper.sync``) before each write that an access of it may
         precede (earlier in the kernel, or anywhere in a loop around the write) and after each
         write that one may follow, since the thread that reads or writes an element next need

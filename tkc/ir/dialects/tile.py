@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.errors import TkcVerifyError
-from tkc.ir.core import Operation, Region, register
+from tkc.ir.core import Operation, OpResult, Region, Value, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
 from tkc.ir.dialects.elementwise import CMP_PREDICATES, ELEMENTWISE_OPS, is_value_type  # noqa: F401
 from tkc.pins import MAX_CLUSTER, is_cluster_size
@@ -992,6 +992,74 @@ def read_and_written(kernel: Operation) -> frozenset:
     reads = {op.operands[0] for op in kernel.walk() if op.name in TENSOR_READS and op.operands}
     writes = {op.operands[0] for op in kernel.walk() if op.name in TENSOR_WRITES and op.operands}
     return frozenset(reads & writes & params)
+
+
+def ordered_tensors(kernel: Operation) -> frozenset:
+    """The tensor parameters whose accesses by one program must keep program order on every
+    thread: those it reads and writes (:func:`read_and_written`), and those it writes twice,
+    the second write after the first in one pass over the code (not in the other branch of an
+    if, nor in a loop's next iteration or after the loop, which write its next tile), where the
+    two boxes may share an element (``y[r] = acc`` then ``y[r, 0] = 0``; two atomics excepted:
+    each applies whole)."""
+    out = set(read_and_written(kernel))
+    params = set(kernel.regions[0].block.args)
+
+    def writes(op: Operation) -> list[Operation]:  # op itself, or the writes in its regions
+        return [w for w in op.walk() if w.name in TENSOR_WRITES and w.operands and w.operands[0] in params]
+
+    for op in kernel.walk():
+        for block in (b for r in op.regions for b in r.blocks):
+            groups = [writes(o) for o in block.ops]  # a write under one op (an if's branches) vs a later op's
+            for i, first in enumerate(groups):
+                if block.ops[i].name == "tile.for":
+                    continue  # a loop writes a tile an iteration; what comes after writes the next
+                for a in first:
+                    out.update(a.operands[0] for later in groups[i + 1:] for b in later
+                               if b.operands[0] is a.operands[0] and not (is_atomic(a) and is_atomic(b))
+                               and _boxes_may_meet(a, b))
+    return frozenset(out)
+
+
+def _boxes_may_meet(a: Operation, b: Operation) -> bool:
+    """Whether two accesses' boxes may share an element: not where on some axis both start at
+    one value plus constants and their extents do not meet (``y[r, 0:64]``, ``y[r, 64:128]``)."""
+    for axis, (oa, ob) in enumerate(zip(a.offsets, b.offsets)):
+        (base_a, lo_a), (base_b, lo_b) = _base_plus(oa), _base_plus(ob)
+        if base_a is not base_b:
+            continue
+        if lo_a + _extent(a, axis) <= lo_b or lo_b + _extent(b, axis) <= lo_a:
+            return False
+    return True
+
+
+def _extent(op: Operation, axis: int) -> int:
+    box, steps = op.attributes["box"], op.attributes.get("steps") or []
+    return (box[axis] - 1) * (steps[axis] if axis < len(steps) else 1) + 1
+
+
+def _base_plus(v: Value) -> tuple[Value | None, int]:
+    """``v`` as (a value, a constant) it is the sum of: ``r + 64`` -> (r, 64), 64 -> (None, 64)."""
+    total = 0
+    while isinstance(v, OpResult):
+        op = v.owner
+        if op.name == "tile.constant" and type(op.attributes.get("value")) is int:
+            return None, total + op.attributes["value"]
+        if op.name == "tile.add" and _int_constant(op.operands[0]) is not None:  # 32 + k
+            total += _int_constant(op.operands[0])
+            v = op.operands[1]
+            continue
+        c = _int_constant(op.operands[1]) if op.name in ("tile.add", "tile.sub") else None
+        if c is None:
+            break
+        total += c if op.name == "tile.add" else -c
+        v = op.operands[0]
+    return v, total
+
+
+def _int_constant(v: Value) -> int | None:
+    if isinstance(v, OpResult) and v.owner.name == "tile.constant" and type(v.owner.attributes.get("value")) is int:
+        return v.owner.attributes["value"]
+    return None
 
 
 def uses_ranks(kernel: Operation) -> bool:
