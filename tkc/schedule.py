@@ -157,7 +157,7 @@ class Chooser:
                 and _narrow_output(self.kernel):
             # One program a tile, every one as long, rows of at most NARROW_ROW bytes stored:
             # from registers (D = 64 without a mask, 2k-16k tokens: 1.01-1.08x in two sweeps;
-            # with a mask's uneven programs 0.95-1.00x, and rows of 256 bytes or more 0.93-0.99x).
+            # with a mask's uneven programs 0.95-1.00x, and rows of 256 bytes or more 0.83-0.99x).
             pins["tma_store"] = False
         if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
             # A long loop, one program a tile: the largest tile that compiles without spilling

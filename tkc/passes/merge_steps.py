@@ -35,7 +35,6 @@ from __future__ import annotations
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Value, replace_all_uses
 from tkc.ir.dialects import tile
-from tkc.ir.dialects.elementwise import constant_value
 from tkc.ir.types import ScalarType, TileType
 from tkc.pins import Options
 from tkc.target import Target
@@ -56,26 +55,7 @@ def merge_steps(module: Module, *_: Options | Target) -> None:
 def _last_offset(op: Operation) -> tuple[Value | None, int]:
     """The access's offset along the tensor's last axis as (value, constant): ``k + 1`` and
     ``(k + 128) + 1`` are ``(k, 1)`` and ``(k, 129)``, a constant ``c`` is ``(None, c)``."""
-    return _split_constant(op.offsets[-1])
-
-
-def _constant(v: Value) -> int | None:
-    c = constant_value(v)
-    return c if isinstance(c, int) and not isinstance(c, bool) else None
-
-
-def _split_constant(v: Value) -> tuple[Value | None, int]:
-    c = _constant(v)
-    if c is not None:
-        return None, c
-    d = getattr(v, "owner", None)
-    if d is not None and d.name == "tile.add":
-        for x, y in ((d.operands[0], d.operands[1]), (d.operands[1], d.operands[0])):
-            c = _constant(y)
-            if c is not None:
-                base, more = _split_constant(x)
-                return base, c + more
-    return v, 0
+    return tile.split_constant(op.offsets[-1])
 
 
 def _key(op: Operation) -> tuple | None:

@@ -47,10 +47,10 @@ shared memory (``allocate-smem``).
 
 from __future__ import annotations
 
+from tkc import dtypes
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
-from tkc.ir.core import Module, Operation, Value, uses
-from tkc import dtypes
+from tkc.ir.core import Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.blackwell import HALF_ROWS
 from tkc.ir.layouts import (
@@ -839,8 +839,8 @@ class _Selector:
         index = b.value(tile.ConstantOp, [], TileType(col_shape, dtypes.i32), {"value": op.index})
         hit = b.value(tile.CmpOp, [iota2, index], TileType(col_shape, dtypes.i1), {"pred": "eq"})
         hits = b.value(tile.BroadcastOp, [hit], TileType(t.shape, dtypes.i1))
-        zero = b.value(tile.ConstantOp, [], t.with_shape(t.shape), {"value": -0.0 if t.dtype.is_float else 0})
-        picked = b.value(tile.SelectOp, [hits, x, zero], t.with_shape(t.shape))
+        zero = b.value(tile.ConstantOp, [], TileType(t.shape, t.dtype), {"value": -0.0 if t.dtype.is_float else 0})
+        picked = b.value(tile.SelectOp, [hits, x, zero], TileType(t.shape, t.dtype))
         total = b.value(tile.ReduceOp, [picked], op.result.type, {"kind": "sum", "axis": axis})
         for v in (iota2, index, hit):
             self.lay[v] = col
@@ -852,8 +852,7 @@ class _Selector:
         if want is not None and want != self.lay[total]:
             result = Builder.before(op).value(hopper.ConvertLayoutOp, [total], total.type, loc=op.loc)
             self.lay[result] = want
-        for u in uses(self.kernel).get(op.result, []):
-            u.operands = [result if v is op.result else v for v in u.operands]
+        replace_all_uses(self.kernel, op.result, result)
         self.lay.pop(op.result, None)
         op.erase()
 

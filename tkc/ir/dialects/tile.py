@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.errors import TkcVerifyError
-from tkc.ir.core import Operation, OpResult, Region, Value, register
+from tkc.ir.core import Operation, Region, Value, register
 from tkc.ir.dialects.elementwise import *  # noqa: F403  (the elementwise ops are tile ops)
-from tkc.ir.dialects.elementwise import CMP_PREDICATES, ELEMENTWISE_OPS, is_value_type  # noqa: F401
+from tkc.ir.dialects.elementwise import CMP_PREDICATES, ELEMENTWISE_OPS, constant_value, is_value_type  # noqa: F401
 from tkc.pins import MAX_CLUSTER, is_cluster_size
 from tkc.ir.types import ScalarType, TensorType, TileType, Type, shape_of
 
@@ -1024,7 +1024,7 @@ def _boxes_may_meet(a: Operation, b: Operation) -> bool:
     """Whether two accesses' boxes may share an element: not where on some axis both start at
     one value plus constants and their extents do not meet (``y[r, 0:64]``, ``y[r, 64:128]``)."""
     for axis, (oa, ob) in enumerate(zip(a.offsets, b.offsets)):
-        (base_a, lo_a), (base_b, lo_b) = _base_plus(oa), _base_plus(ob)
+        (base_a, lo_a), (base_b, lo_b) = split_constant(oa), split_constant(ob)
         if base_a is not base_b:
             continue
         if lo_a + _extent(a, axis) <= lo_b or lo_b + _extent(b, axis) <= lo_a:
@@ -1037,29 +1037,26 @@ def _extent(op: Operation, axis: int) -> int:
     return (box[axis] - 1) * (steps[axis] if axis < len(steps) else 1) + 1
 
 
-def _base_plus(v: Value) -> tuple[Value | None, int]:
-    """``v`` as (a value, a constant) it is the sum of: ``r + 64`` -> (r, 64), 64 -> (None, 64)."""
-    total = 0
-    while isinstance(v, OpResult):
-        op = v.owner
-        if op.name == "tile.constant" and type(op.attributes.get("value")) is int:
-            return None, total + op.attributes["value"]
-        if op.name == "tile.add" and _int_constant(op.operands[0]) is not None:  # 32 + k
-            total += _int_constant(op.operands[0])
-            v = op.operands[1]
-            continue
-        c = _int_constant(op.operands[1]) if op.name in ("tile.add", "tile.sub") else None
-        if c is None:
-            break
-        total += c if op.name == "tile.add" else -c
-        v = op.operands[0]
-    return v, total
+def int_constant(v: Value) -> int | None:
+    """``v``'s value where it is an integer constant, else None."""
+    c = constant_value(v)
+    return c if type(c) is int else None
 
 
-def _int_constant(v: Value) -> int | None:
-    if isinstance(v, OpResult) and v.owner.name == "tile.constant" and type(v.owner.attributes.get("value")) is int:
-        return v.owner.attributes["value"]
-    return None
+def split_constant(v: Value) -> tuple[Value | None, int]:
+    """``v`` as (a value, a constant) it is the sum of: ``k + 1`` and ``(k + 128) + 1`` are
+    ``(k, 1)`` and ``(k, 129)``, ``32 + k`` is ``(k, 32)``, a constant ``c`` is ``(None, c)``."""
+    c = int_constant(v)
+    if c is not None:
+        return None, c
+    d = getattr(v, "owner", None)
+    if d is not None and d.name == "tile.add":
+        for x, y in ((d.operands[0], d.operands[1]), (d.operands[1], d.operands[0])):
+            c = int_constant(y)
+            if c is not None:
+                base, more = split_constant(x)
+                return base, c + more
+    return v, 0
 
 
 def uses_ranks(kernel: Operation) -> bool:
