@@ -37,12 +37,15 @@ FFN 28672), and a smaller one (2048 tokens, 4096, 14336); ``--quick`` runs the s
   ring attention should stay within 10% of).
 * ``moe_dispatch``: an expert-parallel MoE layer's dispatch + expert GEMMs, top-1 routing drawn
   uniformly, every rank's tokens sorted by expert before the call: examples/moe_dispatch.tk
-  (every row pushed once into its expert's rank, then the grouped GEMM from local memory, source
-  by source as the rows arrive; 64-row tiles where experts get under 128 rows a source) against
+  (the rank's own rows copied by every program, then the others pushed once into their expert's
+  rank by a few programs while the rest multiply the own rows; the grouped GEMM from local
+  memory, source by source as the rows arrive; 64-row tiles where experts get under 128 rows a
+  source) against
   the NCCL sequence a MoE layer runs (rows gathered into send order, ``all_to_all_single``, rows
   regrouped by local expert, ``torch._grouped_mm``), with the split sizes known ahead (the
-  peer's counts exchange and host sync are not timed: it is favoured).  FLOPs: the mean rank's,
-  2 tokens D F.
+  peer's counts exchange and host sync are not timed: it is favoured), and that grouped GEMM
+  alone on rows already in place (the rate with no communication).  FLOPs: the mean rank's, 2
+  tokens D F.
 * ``collectives``: all-gather and reduce-scatter of 16 MB to 1 GB (the gathered or reduced
   tensor's size): examples/allgather.tk and reducescatter.tk against NCCL, bus bandwidth as
   nccl-tests counts it ((R - 1) / R of that size over the time), 10 calls back to back a
@@ -54,9 +57,9 @@ inputs (relative error of the whole output); exit status 1 if one is off.
 rank (benchmarks/timeline.py): a lane per (contender, rank) in benchmarks/timeline_multi_gpu.png
 (``_4`` etc. beyond two ranks), and in RESULTS.md each call's length and its slowest rank's
 time by kind of kernel (tkc, cuBLAS, NCCL, ...) and idle between kernels.
-``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter, GEMM + all-reduce
-and ring attention examples of DIR too (another version of them, such as an edited copy), as
-contenders ``tkc DIR`` timed in turns with the rest.  ``--consts NAME=VALUE,...``
+``--also DIR`` (repeatable): the all-gather + GEMM, GEMM + reduce-scatter, GEMM + all-reduce,
+ring attention and MoE dispatch examples of DIR too (other versions of them, such as edited
+copies), as contenders ``tkc DIR`` timed in turns with the rest.  ``--consts NAME=VALUE,...``
 (repeatable): each version of those with these compile-time constants (or pins) too, as
 contender ``tkc [DIR] NAME=VALUE,...`` (a sweep of a tuning constant; a kernel without one of
 the names leaves that contender out).
@@ -397,16 +400,19 @@ def moe_dispatch(T: int, D: int, F: int, experts: int, tiles: dict[str, int] | N
     every = [torch.empty_like(offsets) for _ in range(R)]
     dist.all_gather(every, offsets)
     off = torch.stack(every).tolist()  # off[src][e]: where expert e's rows start on rank src
-    y = torch.empty(R, T, F, dtype=BF16, device="cuda")
     recv, arrived = tkc.symmetric_empty((R, T, D), BF16), tkc.symmetric_zeros((R,), torch.int32)
-    k = tkc.load(EXAMPLES / "moe_dispatch.tk")
-    args = [x, order, symmetric(offsets), w, y, recv, arrived]
+    sym_offsets = symmetric(offsets)
     if tiles is None:
         tiles = {"BT": 64} if T // experts < 128 else {}  # rows an expert gets from a source
+    ours, ys = {}, {}
+    for name, (k, consts) in variants("moe_dispatch.tk").items():
+        y = ys[name] = torch.empty(R, T, F, dtype=BF16, device="cuda")
 
-    def ours() -> None:
-        arrived.zero_()  # before a launch that starts with barrier_all(): no peer counts into it earlier
-        k(*args, **tiles)
+        def call(k: tkc.Kernel = k, y: torch.Tensor = y, consts: dict = consts) -> None:
+            arrived.zero_()  # before a launch that starts with barrier_all(): no peer counts into it earlier
+            k(x, order, sym_offsets, w, y, recv, arrived, **{**tiles, **consts})
+
+        ours[name] = call
 
     # The NCCL sequence: send rows in expert order (so in destination-rank order), receive them
     # grouped by source, regroup them by local expert, one grouped GEMM.
@@ -441,8 +447,12 @@ def moe_dispatch(T: int, D: int, F: int, experts: int, tiles: dict[str, int] | N
             start = end
         return torch.cat(out)
 
-    contenders = {"tkc": ours, "NCCL all-to-all + grouped GEMM": unfused}
-    outputs = {"tkc": lambda: y.reshape(R * T, F).index_select(0, place_idx),
+    unfused()  # the grouped rows for the GEMM alone from its first call
+    alone = grouped[0].clone()
+    contenders = {**ours, "NCCL all-to-all + grouped GEMM": unfused,
+                  # the rank's expert GEMMs with no communication: the rate to compare with
+                  "grouped GEMM alone, no communication": lambda: torch._grouped_mm(alone, w, offs=group_ends)}
+    outputs = {**{name: (lambda y=y: y.reshape(R * T, F).index_select(0, place_idx)) for name, y in ys.items()},
                "NCCL all-to-all + grouped GEMM": lambda: grouped[1]}
     return contenders, {"outputs": outputs, "reference": reference}, 2.0 * T * D * F
 
@@ -503,9 +513,9 @@ def main() -> None:
     def more(ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--check", action="store_true", help="check every contender's result and stop")
         ap.add_argument("--also", action="append", default=[], metavar="DIR",
-                        help="time DIR's versions of the three fused GEMMs beside examples/'s")
+                        help="time DIR's versions of the multi-GPU examples beside examples/'s")
         ap.add_argument("--consts", action="append", default=[], metavar="NAME=VALUE,...",
-                        help="time every version of those three with these constants too")
+                        help="time every version of those with these constants too")
         ap.add_argument("--calls", type=int, default=1, metavar="N",
                         help="time N calls back to back in every row but the collectives' (default 1: each call "
                              "after the ranks are in step)")

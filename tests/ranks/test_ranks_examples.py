@@ -73,6 +73,16 @@ def test_moe_dispatch(ranks: int, seed: int) -> None:
     case.check()
 
 
+@pytest.mark.parametrize(("sms", "lead"), [(2, 2), (3, 0), (7, 5), (9, 1)])
+def test_moe_dispatch_deals_every_item_once(sms: int, lead: int) -> None:
+    # the pushers (min(PUSHERS, programs // 2)) join the expert GEMMs LEAD items late: every
+    # (source, expert, row tile, column tile) item is still taken by some program (y starts NaN)
+    case = cases.moe_dispatch(3, sms, T=56, D=48, F=40, EL=2)
+    tkc.interpret_ranks(tkc.load(EXAMPLES / "moe_dispatch.tk"), case.args, seed=sms, sms=sms, BT=16, BF=16, BK=16,
+                        LEAD=lead)
+    case.check()
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_moe_pulled_from_peers(ranks: int) -> None:
     """The pull form (each expert gathers its rows from the peers' memory in its K loop)."""
