@@ -340,3 +340,47 @@ def big(x: f32[M, N], y: f32[M, N]):
                                                   r"program's 128 threads' registers") as e:
         compile_kernel(src, stop="hopper", cache=False)  # refused by select-layouts, before any code generation
     assert e.value.loc.line == 4
+
+
+# ------------------------------------------------------------------ warps of kernels without products
+_WIDE = """
+@kernel
+def scale(x: f32[M, N], y: f32[M, N], BM: const = 128, BN: const = 256):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    r = program_id(0) * BM
+    c = program_id(1) * BN
+    y[r:r+BM, c:c+BN] = x[r:r+BM, c:c+BN] * 2.0
+"""
+
+
+def test_a_kernel_without_products_that_spills_on_four_warps_gets_more(tmp_path: Path, ptxas: Path) -> None:
+    # 128 x 256 f32 values over one warpgroup are 256 a thread: ptxas spills them on 4 warps
+    pinned = compile_kernel(_WIDE, {"warps": 4}, cache=False, ptxas=True)
+    assert pinned.resources.spills and pinned.kernel_op.attributes["threads"] == 128 and not pinned.remarks
+    wide = compile_kernel(_WIDE, cache_dir=tmp_path, ptxas=True)
+    assert not wide.resources.spills and wide.kernel_op.attributes["threads"] == 256
+    assert len(wide.remarks) == 1 and "spills" in wide.remarks[0] and "compiled on 8 warps instead" in wide.remarks[0]
+    assert "<string>:3:1: note: kernel 'scale'" in wide.remarks[0]
+    hit = compile_kernel(_WIDE, cache_dir=tmp_path, ptxas=True)  # the wider kernel is what the cache keeps
+    assert hit.cache_hit and hit.asm["cubin"] == wide.asm["cubin"] and hit.remarks == wide.remarks
+    # the PTX stage makes the same choice; stages before ptxas cannot, and keep the default
+    assert compile_kernel(_WIDE, stop="ptx", cache=False).asm["ptx"] == wide.asm["ptx"]
+    assert compile_kernel(_WIDE, stop="hopper", cache=False).kernel_op.attributes["threads"] == 128
+
+
+def test_a_kernel_that_fits_four_warps_keeps_them(ptxas: Path) -> None:
+    narrow = compile_kernel(_WIDE, {"BN": 64}, cache=False, ptxas=True)
+    assert not narrow.resources.spills and narrow.kernel_op.attributes["threads"] == 128 and not narrow.remarks
+
+
+def test_the_cli_says_when_a_kernel_gets_more_warps(tmp_path: Path, ptxas: Path) -> None:
+    from click.testing import CliRunner
+
+    from tkc.cli import cli
+
+    src = tmp_path / "scale.tk"
+    src.write_text(_WIDE)
+    r = CliRunner().invoke(cli, ["compile", str(src), "-o", str(tmp_path / "scale.ptx"), "--resource-usage"])
+    assert r.exit_code == 0, r.output
+    assert f"{src}:3:1: note: kernel 'scale' spills" in r.output and "256 threads" in r.output
+    assert "0 B spill stores" in r.output

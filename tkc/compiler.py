@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcUnsupportedError, TkcUsageError, remarks
+from tkc.errors import TkcRemark, TkcUnsupportedError, TkcUsageError, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -418,6 +418,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     file = file or (str(source) if isinstance(source, Path) else "<string>")
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
+    hopper_request = hopper_pipeline
     if past_tkir and hopper_pipeline is None:
         hopper_pipeline = backend_pipeline(tgt_value)
     # ptxas runs for a cubin, and for PTX when one is found (not refused): a kernel without
@@ -462,14 +463,67 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     if b.assembled is not None:
         result.resources = b.assembled.kernels.get(name)
         result.ptxas_warnings = tuple(b.assembled.warnings)
+        shown = opts.timing or opts.dump_before or opts.dump_after or opts.dump_dir  # of this compilation
+        if hopper_request is None and not shown and result.resources is not None and result.resources.spills:
+
+            def on_warps(warps: int) -> Compiled:
+                again = _frontend(source, text, consts, file, first_line, python_function)
+                op = _one_kernel(again, kernel, file)
+                op.attributes["consts"] = {**(op.attributes.get("consts") or {}), "warps": warps}
+                return compile_kernel(again, target=target, pipeline=pipeline, stop=stop, ptxas=ptxas,
+                                      opt_level=opt_level, pass_options=opts, cache=False, file=file)
+
+            wider = _on_more_warps(b, result, chosen.loc, on_warps)
+            if wider is not None:
+                wider.cache_key = key
+                result = wider
 
     if key is not None:
         from tkc.runtime import cache as disk
 
         # The cubin first: the JSON entry is what marks the whole entry as present.
-        if "cubin" not in b.asm or disk.put(key, _CUBIN, b.asm["cubin"], cache_dir):
+        if "cubin" not in result.asm or disk.put(key, _CUBIN, result.asm["cubin"], cache_dir):
             disk.put(key, _ENTRY, result._entry(), cache_dir)
     return result
+
+
+#: The warps a kernel without products is compiled on again when ptxas spills its registers on
+#: the default four (``_on_more_warps``), in order.
+MORE_WARPS = (8, 16)
+
+
+def _on_more_warps(b: _Build, first: Compiled, loc: Any, compile_on: Callable[[int], Compiled]) -> Compiled | None:
+    """A kernel without products runs one warpgroup unless the pin ``warps`` says otherwise; its
+    tiles then spread over 128 threads, and one of 128 x 256 f32 values (256 a thread) spills
+    however ptxas packs it.  Where ptxas spills such a kernel on the default warps, it is
+    compiled again on :data:`MORE_WARPS` in turn until one does not spill, and the one that
+    spills least is kept where it spills less than the first, with a remark saying so (None:
+    none did, or the kernel's warps are not the pass's to choose: products, TMA copies or warp
+    roles set them)."""
+    from tkc.codegen import occupancy
+
+    if b.options.warps is not None or not occupancy.applies(b.module.kernel(b.name), b.options):
+        return None
+
+    def spilled(c: Compiled) -> int:
+        return c.resources.spill_stores + c.resources.spill_loads
+
+    best, best_warps = first, 4
+    for warps in MORE_WARPS:
+        if warps * b.target.warp_size > b.target.max_threads:
+            break
+        again = compile_on(warps)
+        if again.resources is not None and spilled(again) < spilled(best):
+            best, best_warps = again, warps
+            if not spilled(again):
+                break
+    if best is first:
+        return None
+    still = f", where it spills {best.resources.spill_stores} B" if spilled(best) else ", where it does not"
+    why = (f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers on 4 warps (its tiles' values "
+           f"spread over 128 threads); compiled on {best_warps} warps instead{still} (-D warps=N chooses)")
+    best.remarks = (*best.remarks, str(TkcRemark(why, loc)))
+    return best
 
 
 def _resolve_ptxas(wanted: bool | None) -> Path | None:

@@ -39,7 +39,8 @@ class Options:
                    "address fixed through the loop (default 2 where shared memory allows)", "pipeline-loops")
     warp_specialize: bool = _pin(True, bool, "a producer warpgroup issues the copies", "specialize-warps")
     warps: int | None = _pin(None, int, "warps per program of a kernel without products, a multiple of 4 (default 4: "
-                                        "one warpgroup); wide rows spread over more threads stay in registers",
+                                        "one warpgroup, or 8 or 16 where ptxas spills it on 4); wide rows spread "
+                                        "over more threads stay in registers",
                              "select-layouts")
     ctas_per_sm: int | None = _pin(
         None, int, "programs resident on one SM at once: registers (.minnctapersm) and shared memory are budgeted "

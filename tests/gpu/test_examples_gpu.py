@@ -794,3 +794,23 @@ def test_scalar_divisions_by_a_loop_invariant_divisor() -> None:
             ok = (got.cpu().numpy() == want) | chosen
             assert ok.all(), f"{op.name}: {int((~ok).sum())} wrong, first at (d, x) = " \
                              f"{[(ds[i], xs[j]) for i, j in zip(*np.nonzero(~ok))][:3]}"
+
+
+@pytest.mark.parametrize("M,N", [(300, 700), (128, 256)])
+def test_a_kernel_built_again_on_more_warps(rng, M: int, N: int) -> None:
+    """Its 128 x 256 f32 tiles spill on four warps; the launch runs the eight-warp build (256
+    threads), row sums and tails included."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from wide_kernel import scaled
+
+    g, seed = rng
+    x = torch.randn(M, N, generator=g, device="cpu").cuda()
+    y = torch.full((M, N), float("nan"), device="cuda")
+    scaled(x, y)
+    compiled = scaled.compiled_for([x, y], ())
+    assert compiled.kernel_op.attributes["threads"] == 256 and not compiled.resources.spills
+    ref = torch.empty_like(x)
+    for c in range(0, N, 256):
+        block = x[:, c:c + 256]
+        ref[:, c:c + 256] = block * 2.0 + block.sum(1, keepdim=True)
+    check("scaled on 8 warps", y, ref, seed, atol=1e-3, rtol=1e-5)
