@@ -690,3 +690,35 @@ def test_run_of_a_file_of_several_kernels_fails_when_one_check_does(monkeypatch:
     r = tkc_cli("run", str(EXAMPLES / "attn_train.tk"), "--check", "--backend", "emulate", "-D", "D=64")
     assert r.exit_code == 1
     assert r.output.count("== ") == 3 and "checks failed for attn_bwd_pre" in r.output
+
+
+def test_a_hopper_ir_dump_compiles_and_runs_without_pipeline_flags(tmp_path: Path) -> None:
+    # IR the backend passes made skips the pipelines by itself: the same PTX as from the source
+    dump = tmp_path / "gemm.hopper.tkir"
+    assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", str(dump)).exit_code == 0
+    r = tkc_cli("compile", str(dump), "--emit", "ptx", "-o", str(tmp_path / "from_dump.ptx"))
+    assert r.exit_code == 0, r.output
+    assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", str(tmp_path / "direct.ptx")).exit_code == 0
+    assert (tmp_path / "from_dump.ptx").read_text() == (tmp_path / "direct.ptx").read_text()
+    assert not (tmp_path / "tkc-reproducers").exists()
+    dims = ["--dim", "M=100", "--dim", "N=128", "--dim", "K=64"]
+    r = tkc_cli("run", str(dump), *dims)
+    assert r.exit_code == 0 and "emulate (lowered IR: the emulator runs it on the CPU)" in r.output, r.output
+    r = tkc_cli("run", str(dump), *dims, "--check")
+    assert r.exit_code == 1 and "the backend passes lowered (hopper ops); the interpreter runs tile IR" in r.output
+
+
+def test_run_takes_no_negative_seed() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--seed", "-1")
+    assert r.exit_code == 2 and "Invalid value for '--seed'" in r.output and "internal" not in r.output
+
+
+def test_a_python_file_that_fails_to_import_is_the_users_error(tmp_path: Path) -> None:
+    (tmp_path / "raises.py").write_text("import tkc\nx = 1\nraise ValueError('boom')\n")
+    (tmp_path / "syntax.py").write_text("import tkc\ndef f(:\n")
+    (tmp_path / "imports.py").write_text("from tkc.ops.kernels.rmsnorm import rmsnorm  # noqa: F401\n")
+    for name, said in (("raises", "raises.py:3: importing .*raises.py raised ValueError: boom"),
+                       ("syntax", "syntax.py:2: invalid syntax: importing .*syntax.py failed"),
+                       ("imports", "imports.py defines no @tkc.kernel function")):
+        r = tkc_cli("compile", str(tmp_path / f"{name}.py"), "-o", str(tmp_path / "x.ptx"))
+        assert r.exit_code == 1 and re.search(said, r.output) and "internal" not in r.output, r.output

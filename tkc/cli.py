@@ -224,8 +224,22 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
     if spec is None or spec.loader is None:
         raise TkcUsageError(f"{path}: cannot import it as Python")
     module_obj = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module_obj)
-    kernels = [v for v in vars(module_obj).values() if isinstance(v, Kernel)]
+    try:
+        spec.loader.exec_module(module_obj)
+    except TkcError:
+        raise
+    except SyntaxError as e:
+        raise TkcUsageError(f"{e.filename or path}:{e.lineno}: {e.msg}: importing {path} failed") from None
+    except Exception as e:  # noqa: BLE001 - whatever the file's top level raises, said as its error
+        import traceback
+
+        here = Path(path).resolve()
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == here]
+        where = f"{path}:{frames[-1].lineno}: " if frames else f"{path}: "
+        raise TkcUsageError(f"{where}importing {path} raised {type(e).__name__}: {e}") from None
+    # the file's own kernels, not those it imports (tkc.ops' kernels, say)
+    mine = Path(path).resolve()
+    kernels = [v for v in vars(module_obj).values() if isinstance(v, Kernel) and Path(v.file).resolve() == mine]
     if not kernels:
         raise TkcUsageError(f"{path} defines no @tkc.kernel function")
     known = {n for k in kernels for n in k.params} | set(PINS)
@@ -366,6 +380,8 @@ def compile_command(file: str, output: str, emit: str | None, pipeline: str, hop
         raise TkcUsageError("--emit cubin writes a binary file; name it with -o FILE.cubin")
     from tkc.compiler import compile_kernel
 
+    # the default pipelines unless changed (None: IR the backend passes made skips them)
+    pipeline = None if pipeline == DEFAULT_PIPELINE else pipeline
     compiled = compile_kernel(module, target=target, pipeline=pipeline, hopper_pipeline=hopper_pipeline,
                               stop="cubin" if resource_usage else emit,
                               ptxas=True if emit == "cubin" or resource_usage else None,
@@ -443,7 +459,7 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--int-range", callback=_parse_int_range, metavar="LO,HI",
               help=f"The range integer tensors are drawn from, both ends included (default: "
                    f"{INT_RANGE[0]},{INT_RANGE[1]}).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--kernel", metavar="NAME", help="The kernel to run when the file has several (default: each in turn).")
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
@@ -501,6 +517,15 @@ def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, 
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
         what = f"no kernel '{kernel}'" if kernel else "no kernels"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
+    from tkc.compiler import is_lowered
+
+    if is_lowered(k):  # IR the backend passes made: the emulator or a GPU runs it, not the interpreter
+        if check or interpret_flag or backend == "interpret":
+            raise TkcUsageError(f"{file} is IR the backend passes lowered (hopper ops); the interpreter runs tile IR, "
+                                f"so it cannot run or --check it: run it with --backend emulate or gpu, or pass "
+                                f"the .tk source")
+        if backend is None and chosen == "interpret":
+            chosen, why = "emulate", "lowered IR: the emulator runs it on the CPU"
     world = _torchrun_ranks(k, backend, ranks, file)
     ranks = world or ranks
     sizes = _dim_sizes(k, dims)

@@ -274,6 +274,11 @@ def _frontend(source: str | Path | Module | Operation, text: str, consts: Mappin
     return compile_source(text, file, dict(consts), first_line=first_line, python_function=python_function)
 
 
+def is_lowered(kernel: Operation) -> bool:
+    """Whether ``kernel`` is IR the backend passes made (hopper or blackwell ops in it)."""
+    return any(op.name.partition(".")[0] in ("hopper", "blackwell") for op in kernel.walk())
+
+
 def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
     kernels = [op for op in module.ops if op.name == "tile.kernel"]
     chosen = [k for k in kernels if name is None or k.attributes.get("sym_name") == name]
@@ -417,8 +422,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     consts = dict(consts or {})
     file = file or (str(source) if isinstance(source, Path) else "<string>")
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
+    pipeline_request, hopper_request = pipeline, hopper_pipeline
     pipeline = DEFAULT_PIPELINE if pipeline is None else pipeline
-    hopper_request = hopper_pipeline
     if past_tkir and hopper_pipeline is None:
         hopper_pipeline = backend_pipeline(tgt_value)
     # ptxas runs for a cubin, and for PTX when one is found (not refused): a kernel without
@@ -450,6 +455,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     module = _frontend(source, text, consts, file, first_line, python_function)
     chosen = _one_kernel(module, kernel, file)
     name = chosen.attributes["sym_name"]
+    if pipeline_request is None and hopper_request is None and is_lowered(chosen):
+        pipeline = hopper_pipeline = ""  # IR a backend pass left (a .hopper.tkir dump): lowered already
     options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
     b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
                _Dumps())

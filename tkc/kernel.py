@@ -340,6 +340,9 @@ def kernel(fn: Callable[..., Any]) -> Kernel:
 def load(path: str | os.PathLike, name: str | None = None) -> Kernel:
     """The kernel ``name`` of a ``.tk`` file (its only kernel by default), called like a
     ``@tkc.kernel``: ``gemm = tkc.load("gemm.tk"); gemm(a, b, c)``."""
+    if os.fspath(path).endswith(".py"):
+        raise TkcUsageError(f"tkc.load reads .tk files; {os.fspath(path)} is Python, whose @tkc.kernel functions "
+                            f"are kernels already: import it")
     return Kernel.from_file(path, name)
 
 

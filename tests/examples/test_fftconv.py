@@ -20,6 +20,7 @@ import torch
 from device_checks import assert_no_spills, interpret_and_emulate, lowered, needs_ptxas, require_gpu
 import tkc.ops.fftconv as fc
 from tkc.compiler import compile_kernel
+from tkc.errors import TkcUsageError
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -53,8 +54,19 @@ def test_plans() -> None:
     assert (fc.plan(2048).L, fc.plan(2048).P, fc.plan(2048).KP) == (16384, 16, 16)
     assert (fc.plan(65536).L, fc.plan(65536).P, fc.plan(65536).Q, fc.plan(65536).KP) == (131072, 64, 2048, 32)
     for bad in (512, 3000, 131072):
-        with pytest.raises(ValueError, match="N = 1024 to 65536"):
+        with pytest.raises(TkcUsageError, match=f"has {bad} values a channel; it takes 1024 to 65536"):
             fc.plan(bad)
+
+
+def test_arguments_it_does_not_take_are_tkc_errors() -> None:
+    u, k = torch.randn(2, 4, 1024, dtype=torch.bfloat16), torch.randn(4, 1024)
+    for call, said in ((lambda: fc.fft_conv(u[..., :512], k), "u has 512 values a row, the filter 1024"),
+                       (lambda: fc.fft_conv(u[0], k), "u must have three dims"),
+                       (lambda: fc.fft_conv(u, k, BB=0), "BB, the rows of a channel a program takes"),
+                       (lambda: fc.fft_conv(u, k[:3]), "u has 4 channels, the filter 3"),
+                       (lambda: fc.fft_conv(u.float(), k), "u is torch.float32")):
+        with pytest.raises(TkcUsageError, match=said):
+            call()
 
 
 def _configs() -> dict[str, tuple[str, dict]]:

@@ -78,6 +78,10 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.attention(q, bf16(1, 4, 41, 64), bf16(1, 4, 41, 64))
     with pytest.raises(TkcUsageError, match="q must have four dims"):
         tkc.ops.attention(bf16(4, 40, 64), bf16(4, 40, 64), bf16(4, 40, 64))
+    # masked scores are -inf and the kernels scale a row's largest score: a scale of 0 made NaN
+    for bad in (0.0, -0.5, float("nan")):
+        with pytest.raises(TkcUsageError, match="attention: scale must be a positive number"):
+            tkc.ops.attention(q, q, q, scale=bad)
 
 
 def test_a_small_block_trains_under_compile_like_its_torch_twin() -> None:

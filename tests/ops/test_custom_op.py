@@ -122,3 +122,13 @@ def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:
         tkc.load(EXAMPLES / "gemm.tk", "nope")
     with pytest.raises(TkcUsageError, match="cannot read"):
         tkc.load(tmp_path / "missing.tk")
+
+
+def test_const_args_is_a_sequence_of_names_and_load_reads_tk_files() -> None:
+    from tkc.ops.kernels.rmsnorm import rmsnorm
+
+    with pytest.raises(TkcUsageError, match=r"const_args is a sequence of constants' names, e.g. \('BN',\)"):
+        tkc.ops.custom_op("tkc_test::one_string", rmsnorm, const_args="BN")
+    rms_py = Path(__file__).parents[2] / "examples" / "rmsnorm.py"
+    with pytest.raises(TkcUsageError, match="tkc.load reads .tk files; .*rmsnorm.py is Python"):
+        tkc.load(rms_py)

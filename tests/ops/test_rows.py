@@ -74,3 +74,10 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.rms_norm(x.bfloat16(), bf16(2, 32))
     with pytest.raises(TkcUsageError, match="softmax: x must have at least one dim"):
         tkc.ops.softmax(torch.tensor(1.0, dtype=torch.bfloat16))
+    for op in (tkc.ops.rms_norm, tkc.ops.layer_norm):
+        with pytest.raises(TkcUsageError, match=f"{op.__name__}: x must have at least one dim, got shape"):
+            op(torch.tensor(1.0, dtype=torch.bfloat16), bf16(1))
+    with pytest.raises(TkcUsageError, match="rms_norm: weight must be a torch tensor, got NoneType"):
+        tkc.ops.rms_norm(x.bfloat16(), None)
+    with pytest.raises(TkcUsageError, match="softmax: x must be a torch tensor, got list"):
+        tkc.ops.softmax([[1.0, 2.0]])

@@ -86,5 +86,22 @@ def test_errors_before_any_kernel_runs() -> None:
         f(q[None], k, v, cu, 20)
     with pytest.raises(TkcUsageError, match="cu_seqlens must have one dim of at least two offsets"):
         f(q, k, v, cu[:1], 20)
-    with pytest.raises(TkcUsageError, match="max_seqlen is the longest sequence's length, an int of at least 1"):
-        f(q, k, v, cu, 0)
+    for bad in (0, 27.0, None, True):
+        with pytest.raises(TkcUsageError, match="max_seqlen is the longest sequence's length, an int of at least 1"):
+            f(q, k, v, cu, bad)
+    for bad in (0.0, -1.0, float("inf"), "a"):
+        with pytest.raises(TkcUsageError, match="varlen_attention: scale must be a positive number"):
+            f(q, k, v, cu, 20, scale=bad)
+
+
+def test_tokens_past_the_last_offset_get_zero_gradients() -> None:
+    # 50 tokens, sequences of 30 and 10: tokens 40-49 belong to none (a padded batch)
+    q, k, v = (torch.randn(50, 2, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 30, 40], dtype=torch.int32)
+    o = tkc.ops.varlen_attention(q, k, v, cu, 30)
+    g = torch.randn_like(o)
+    g[40:] = 0
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), g)
+    for name, d in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert d[40:].eq(0).all(), name
+        assert d[:40].isfinite().all() and d[:40].abs().sum() > 0, name

@@ -54,6 +54,10 @@ def test_bind_returns_dims():
     (5, 1, r"^error: f: expected a scalar of type i1, got int 1$"),
     (0, torch.zeros(40, 16, dtype=torch.bfloat16).to_sparse(),
      r"^error: a: a sparse_coo tensor; kernels take dense tensors \(pass a.to_dense\(\)\)$"),
+    # an expanded view: its elements along axis 0 share memory (a kernel writing it races with itself)
+    (0, torch.zeros(1, 16, dtype=torch.bfloat16).expand(40, 16),
+     r"^error: a: axis 0 has stride 0 \(an expanded view, whose 40 elements there share one place in memory\); "
+     r"kernels take tensors whose elements each have their own: pass a.contiguous\(\)$"),
 ])
 def test_signature_errors(index, value, message):
     a = args()

@@ -54,7 +54,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         raise TkcUsageError(f"tkc.ops.attention: q's {H} heads must be a multiple of k's and v's {KVH}")
     if D not in TILES:
         raise TkcUsageError(f"tkc.ops.attention: the head dim is {D}; its kernels take {' or '.join(map(str, TILES))}")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = checks.scale("attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
     o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=bool(causal))
     return o

@@ -13,8 +13,10 @@ from tkc.errors import TkcUsageError
 
 
 def dtype(op: str, want: Any, **tensors: Any) -> None:
-    """Every tensor has dtype ``want`` (a torch dtype)."""
+    """Every one is a tensor of dtype ``want`` (a torch dtype)."""
     for name, t in tensors.items():
+        if not hasattr(t, "dtype") or not hasattr(t, "is_cuda"):
+            raise TkcUsageError(f"tkc.ops.{op}: {name} must be a torch tensor, got {type(t).__name__}")
         if t.dtype != want:
             raise TkcUsageError(f"tkc.ops.{op}: {name} is {t.dtype}, but its kernel takes {want} "
                                 f"(convert with .to({want}))")
@@ -22,10 +24,27 @@ def dtype(op: str, want: Any, **tensors: Any) -> None:
 
 def rank(op: str, name: str, t: Any, ranks: str, ok: bool) -> None:
     if not ok:
-        raise TkcUsageError(f"tkc.ops.{op}: {name} must have {ranks}, got shape {tuple(t.shape)}")
+        got = f"shape {tuple(t.shape)}" if hasattr(t, "shape") else f"a {type(t).__name__}"
+        raise TkcUsageError(f"tkc.ops.{op}: {name} must have {ranks}, got {got}")
 
 
 def same(op: str, what: str, a: tuple[str, Any], b: tuple[str, Any]) -> None:
     """``a`` and ``b``, each (description, size), agree."""
     if a[1] != b[1]:
         raise TkcUsageError(f"tkc.ops.{op}: {what}: {a[0]} is {a[1]} but {b[0]} is {b[1]}")
+
+
+def scale(op: str, value: Any, default: float) -> float:
+    """The softmax scale: ``default`` for None, else a positive finite number (the kernels scale
+    a row's largest score, which stays the largest only for a positive scale, and mask scores
+    with -inf, which a scale of 0 turns into NaN)."""
+    if value is None:
+        return default
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TkcUsageError(f"tkc.ops.{op}: scale must be a positive number, got {value!r}") from None
+    if not 0.0 < value < float("inf"):
+        raise TkcUsageError(f"tkc.ops.{op}: scale must be a positive number, got {value!r} (its kernels take the "
+                            f"row maximum of the scores before scaling them)")
+    return value

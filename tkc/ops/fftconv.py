@@ -21,7 +21,9 @@ from functools import partial
 
 import torch
 
+from tkc.errors import TkcUsageError
 from tkc.kernel import interpret, load
+from tkc.ops import checks
 from tkc.ops.kernels import path
 
 __all__ = ["Filter", "fft_conv", "plan", "reference"]
@@ -53,7 +55,8 @@ def plan(N: int) -> Plan:
     if N == 1024:
         return Plan(N, 2 * N, N1=32)
     if N & (N - 1) or not 2048 <= N <= 65536:
-        raise ValueError(f"fft_conv takes N = 1024 to 65536, a power of two, not {N}")
+        raise TkcUsageError(f"tkc.ops.fft_conv: the filter has {N} values a channel; it takes 1024 to 65536, a "
+                            f"power of two (pad the sequence and the filter with zeros)")
     Q1 = 16 if N <= 16384 else 32
     L = max(2 * N, 16 * Q1 * 64)
     return Plan(N, L, P=L // (Q1 * 64), Q1=Q1)
@@ -114,6 +117,7 @@ class Filter:
 
     @classmethod
     def of(cls, k: torch.Tensor) -> Filter:
+        checks.rank("fft_conv", "k", k, "two dims [H, N]", getattr(k, "dim", lambda: 0)() == 2)
         p = plan(k.shape[-1])
         return cls(p, response(k, p).to(k.device), constants(p, k.device))
 
@@ -130,9 +134,16 @@ def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, C
     """The kernel launches of ``fft_conv(u, f)`` in order, as (name, call), and the output
     they write."""
     p, c = f.plan, f.consts
+    checks.dtype("fft_conv", torch.bfloat16, u=u)
+    checks.rank("fft_conv", "u", u, "three dims [B, H, N]", u.dim() == 3)
     B, H, N = u.shape
     if N != p.N:
-        raise ValueError(f"u has {N} values a row, the filter {p.N}")
+        raise TkcUsageError(f"tkc.ops.fft_conv: u has {N} values a row, the filter {p.N}: give them one length")
+    if H != f.kf.shape[0]:
+        raise TkcUsageError(f"tkc.ops.fft_conv: u has {H} channels, the filter {f.kf.shape[0]}")
+    if isinstance(BB, bool) or not isinstance(BB, int) or BB < 1:
+        raise TkcUsageError(f"tkc.ops.fft_conv: BB, the rows of a channel a program takes, is a positive int, "
+                            f"got {BB!r}")
     u = u.contiguous()
     y = torch.empty_like(u)
     if not p.P:

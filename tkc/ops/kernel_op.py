@@ -366,6 +366,9 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     """
     if not isinstance(kernel, Kernel):
         raise TkcUsageError(f"tkc.ops.custom_op takes a @tkc.kernel or tkc.load(...), got {type(kernel).__name__}")
+    if isinstance(const_args, str):
+        raise TkcUsageError(f"{name}: const_args is a sequence of constants' names, e.g. ({const_args!r},), got the "
+                            f"string {const_args!r}")
     ns, _, opname = name.partition("::")
     if not (ns.isidentifier() and opname.isidentifier()):
         raise TkcUsageError(f"an operator's name is 'namespace::name', got {name!r}")

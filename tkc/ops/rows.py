@@ -53,12 +53,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dim of a bf16 ``x`` (any
     leading dims) with a bf16 ``weight``; statistics in fp32.  Forward: the tkc kernel
     ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
-    if x.dim() == 2:  # rows already: arguments like an earlier call's passed the checks below
+    if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: like an earlier call's, which passed the checks
         y = planned(_rms_norm, (x, weight, eps), {})
         if y is not MISS:
             return y
-    if x.dtype is not _BF16 or weight.dtype is not _BF16:
+    if getattr(x, "dtype", None) is not _BF16 or getattr(weight, "dtype", None) is not _BF16:
         checks.dtype("rms_norm", _BF16, x=x, weight=weight)
+    checks.rank("rms_norm", "x", x, "at least one dim", x.dim() >= 1)
     w = _weight("rms_norm", "weight", weight, x)
     return _shaped(call(_rms_norm, _rows("rms_norm", x), w, float(eps)), x)
 
@@ -68,11 +69,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     """LayerNorm over the last dim of a bf16 ``x`` (any leading dims), with a bf16 ``weight``
     and ``bias`` (ones and zeros when None); statistics in fp32.  Forward: the tkc kernel
     ``layernorm`` (tkc/ops/kernels/layernorm.tk); backward: torch ops."""
-    if x.dim() == 2:  # rows already: arguments like an earlier call's passed the checks below
+    if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: like an earlier call's, which passed the checks
         y = planned(_layer_norm, (x, weight, bias, eps), {})
         if y is not MISS:
             return y
-    n = x.shape[-1] if x.dim() else 0
+    checks.dtype("layer_norm", torch.bfloat16, x=x)
+    checks.rank("layer_norm", "x", x, "at least one dim", x.dim() >= 1)
+    n = x.shape[-1]
     weight = torch.ones(n, dtype=x.dtype, device=x.device) if weight is None else weight
     bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
     checks.dtype("layer_norm", torch.bfloat16, x=x, weight=weight, bias=bias)
@@ -83,11 +86,11 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
     the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
-    if x.dim() == 2:  # rows already: an x like an earlier call's passed the checks below
+    if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: an x like an earlier call's passed the checks
         y = planned(_softmax, (x,), {})
         if y is not MISS:
             return y
-    if x.dtype is not _BF16:
+    if getattr(x, "dtype", None) is not _BF16:
         checks.dtype("softmax", _BF16, x=x)
     return _shaped(call(_softmax, _rows("softmax", x)), x)
 

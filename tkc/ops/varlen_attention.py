@@ -11,6 +11,7 @@ falls back to torch.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -45,8 +46,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     and ``max_seqlen`` (an int) at least the longest one's length.  ``D`` 64 or 128, ``scale``
     ``1/sqrt(D)`` by default; ``causal`` masks keys after the query's position in its sequence.
     Returns ``[T, H, D]``.  Forward and backward run the tkc kernels of varlen_attn_train.tk
-    (tkc/ops/kernels); tokens past ``cu_seqlens[-1]`` are not attended to and their output is
-    not written."""
+    (tkc/ops/kernels); tokens past ``cu_seqlens[-1]`` are not attended to, their output is not
+    written and their gradients are zero."""
     checks.dtype("varlen_attention", torch.bfloat16, q=q, k=k, v=v)
     checks.dtype("varlen_attention", torch.int32, cu_seqlens=cu_seqlens)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -63,13 +64,13 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if D not in TILES:
         raise TkcUsageError(f"tkc.ops.varlen_attention: the head dim is {D}; its kernels take "
                             f"{' or '.join(map(str, TILES))}")
-    if isinstance(max_seqlen, torch.Tensor) or max_seqlen < 1:
+    if isinstance(max_seqlen, (torch.Tensor, bool)) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < 1:
         raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
                             f"of at least 1, got {max_seqlen!r}")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = checks.scale("varlen_attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
-    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale, max_seqlen,
-                   D=D, BM=bm, BN=bn, causal=bool(causal))
+    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale,
+                   int(max_seqlen), D=D, BM=bm, BN=bn, causal=bool(causal))
     return o
 
 
@@ -89,6 +90,12 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
     dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, ctx.scale, ctx.max_len, D=ctx.D, BM=bm, BN=bn,
                       causal=ctx.causal)
+    # Tokens past cu_seqlens[-1] belong to no sequence: the kernel writes none of their dK and dV
+    # rows (dQ's are zeros it adds to), and their gradient is zero.  Masked on the device, so that
+    # the backward reads no offset back to the host.
+    past = torch.arange(dk.shape[0], device=dk.device) >= cu[-1]
+    dk.masked_fill_(past[:, None, None], 0)
+    dv.masked_fill_(past[:, None, None], 0)
     return dq.to(q.dtype), dk, dv, None, None, None
 
 
