@@ -171,6 +171,22 @@ def test_varlen_attention_matches_torch(H: int, KVH: int, D: int, lengths: list,
         close(got.grad, exp, 3e-2)
 
 
+def test_varlen_tokens_past_the_last_offset_get_zero_gradients() -> None:
+    """A padded batch: 300 tokens, sequences ending at 250; the padding's dQ, dK and dV are zero
+    (dK and dV were whatever the allocator left), on the device, in a CUDA graph's stream too."""
+    q, k, v = (torch.randn(300, 4, 128, dtype=torch.bfloat16, device="cuda").requires_grad_() for _ in range(3))
+    k.data.fill_(float("nan"))  # the allocator could have left NaN: the padding's rows must not pass it on
+    k.data[:250] = torch.randn(250, 4, 128, dtype=torch.bfloat16, device="cuda")
+    cu = torch.tensor([0, 100, 250], dtype=torch.int32, device="cuda")
+    o = tkc.ops.varlen_attention(q, k, v, cu, 150)
+    g = torch.randn_like(o)
+    g[250:] = 0
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), g)
+    for name, d in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert d[250:].eq(0).all(), name
+        assert d[:250].isfinite().all(), name
+
+
 def test_a_training_step_with_attention_replays_in_a_cuda_graph() -> None:
     """Forward and backward (dQ accumulated atomically, so equal to eager within rounding, not
     bit for bit) of rms_norm -> attention (GQA) -> matmul, captured once and replayed."""
