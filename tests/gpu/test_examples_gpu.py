@@ -804,7 +804,7 @@ def test_a_kernel_built_again_on_more_warps(rng, M: int, N: int) -> None:
     from wide_kernel import scaled
 
     g, seed = rng
-    x = torch.randn(M, N, generator=g, device="cpu").cuda()
+    x = torch.randn(M, N, generator=g, device="cuda")
     y = torch.full((M, N), float("nan"), device="cuda")
     scaled(x, y)
     compiled = scaled.compiled_for([x, y], ())
