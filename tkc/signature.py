@@ -115,4 +115,7 @@ def check_scalar(name: str, dt: DType, x: Any) -> Any:
         raise TkcLaunchError(f"{name}: expected a scalar of type {dt.name}, got {type(x).__name__}{shown}")
     if dt.is_int and not dt.min <= int(x) <= dt.max:
         raise TkcLaunchError(f"{name}: {x} does not fit in {dt.name}")
+    if dt.is_float and is_int and abs(int(x)) > sys.float_info.max:
+        raise TkcLaunchError(f"{name}: an integer of {len(str(abs(int(x))))} digits is out of the range of a float "
+                             f"(at most about 1.8e308; an f32 takes up to 3.4e38)")
     return x
