@@ -86,7 +86,7 @@ def _check_tensor(name: str, t: TensorType, x: Any, dims: dict[str, tuple[int, s
     if len(shape) != t.rank:
         raise TkcLaunchError(f"{name}: expected rank {t.rank} for {t}, got shape {shape}")
     for axis, (size, stride) in enumerate(zip(shape, x.stride() if is_torch(x) else x.strides)):
-        if stride == 0 and size > 1:  # an expanded view: a kernel writing it would race with itself
+        if stride == 0 and size > 1 and 0 not in shape:  # an expanded view: writing it would race with itself
             raise TkcLaunchError(f"{name}: axis {axis} has stride 0 (an expanded view, whose {size} elements there "
                                  f"share one place in memory); kernels take tensors whose elements each have "
                                  f"their own: pass {name}.contiguous()")
