@@ -53,3 +53,28 @@ def assert_gradients_close(got: tuple, want: tuple) -> None:
     a few bf16 ulps of the largest."""
     for g, w in zip(got, want):
         torch.testing.assert_close(g.double(), w, rtol=2e-2, atol=2e-2 * max(1.0, w.abs().max().item()))
+
+
+def assert_padding_gets_zero_gradients(tokens: int, lengths: list[int], H: int, D: int, device: str = "cpu") -> None:
+    """A padded batch: ``tokens`` tokens, sequences of ``lengths`` packed from the first; the
+    padding after them (finite values of its own, large) gets zero dQ, dK and dV through
+    ``tkc.ops.varlen_attention``, and the sequences' gradients are finite and not all zero, even
+    where the output rows the forward did not write hold NaN."""
+    import tkc.ops
+
+    end = sum(lengths)
+    q, k, v = (torch.randn(tokens, H, D, dtype=torch.bfloat16, device=device) for _ in range(3))
+    for t in (q, k, v):
+        t[end:] *= 1000
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    cu = torch.tensor(offsets, dtype=torch.int32, device=device)
+    o = tkc.ops.varlen_attention(q, k, v, cu, max(lengths))
+    o.data[end:] = float("nan")  # the output rows the forward leaves alone hold whatever memory did
+    g = torch.randn_like(o)
+    g[end:] = 0
+    for name, d in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), g)):
+        assert d[end:].eq(0).all(), name
+        assert d[:end].isfinite().all() and d[:end].abs().sum() > 0, name

@@ -87,13 +87,16 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     q, k, v, o, lse, cu = ctx.saved_tensors
     do = do.contiguous()
     _, (bm, bn) = TILES[ctx.D]
+    # Tokens past cu_seqlens[-1] belong to no sequence: the forward wrote no output row for them,
+    # so their delta = rowsum(dO * O) is made 0 (the last sequence's tiles read it and weigh it by
+    # 0, and uninitialised memory may be NaN), the kernel writes none of their dK and dV rows (dQ's
+    # are zeros it adds to), and their gradient is zero.  Masked on the device, so that the
+    # backward reads no offset back to the host.
+    past = torch.arange(q.shape[0], device=q.device) >= cu[-1]
     delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
+    delta.masked_fill_(past[None, :], 0)
     dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, ctx.scale, ctx.max_len, D=ctx.D, BM=bm, BN=bn,
                       causal=ctx.causal)
-    # Tokens past cu_seqlens[-1] belong to no sequence: the kernel writes none of their dK and dV
-    # rows (dQ's are zeros it adds to), and their gradient is zero.  Masked on the device, so that
-    # the backward reads no offset back to the host.
-    past = torch.arange(dk.shape[0], device=dk.device) >= cu[-1]
     dk.masked_fill_(past[:, None, None], 0)
     dv.masked_fill_(past[:, None, None], 0)
     return dq.to(q.dtype), dk, dv, None, None, None
