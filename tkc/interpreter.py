@@ -97,10 +97,11 @@ def run_ranks(kernel: Operation | Module, rank_args: Sequence[Sequence[Any]], gr
     every rank's outputs in place; ``seed`` picks how the programs of all ranks interleave.
     ``sms``: what ``num_sms()`` reads (a GPU's SM count, so ``grid(num_sms())`` launches as
     many programs as there; default: a few, the CPU's stand-in)."""
-    from tkc.ranks import run_programs
+    from tkc.ranks import check_own_memory, run_programs
 
     kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args
+    check_own_memory(params, rank_args)
     bound = [bind_arguments(kernel, args) for args in rank_args]
     written: set[int] = set()
     try:

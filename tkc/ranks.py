@@ -406,6 +406,35 @@ def flag_params(kernel: Operation) -> list[Any]:
     return flags
 
 
+def check_own_memory(params: Sequence[Any], rank_args: Sequence[Sequence[Any]]) -> None:
+    """Every rank has memory of its own: no tensor argument of one rank shares memory with one
+    of another (a numpy view of it, the same torch tensor): the executors copy each rank's
+    arguments, so ranks sharing memory would each see their own copy and the last write back
+    would win, silently."""
+    seen: list[tuple[int, str, Any]] = []
+    for r, args in enumerate(rank_args):
+        for p, a in zip(params, args):
+            if not isinstance(p.type, TensorType):
+                continue
+            for r2, name2, b in seen:
+                if r2 != r and _share(a, b):
+                    raise TkcLaunchError(f"'{p.name_hint}' of rank {r} shares memory with '{name2}' of rank {r2}; "
+                                         f"every rank has memory of its own (pass a copy per rank)")
+            seen.append((r, p.name_hint, a))
+
+
+def _share(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        try:  # bounds that overlap, then whether an element is shared (strided views may interleave)
+            return bool(np.may_share_memory(a, b)) and bool(np.shares_memory(a, b, max_work=10**6))
+        except np.exceptions.TooHardError:
+            return True
+    if hasattr(a, "untyped_storage") and hasattr(b, "untyped_storage"):
+        return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() \
+            and a.numel() > 0 and b.numel() > 0
+    return False
+
+
 def _check_separate(params: Sequence[Any], envs: list[dict]) -> None:
     """Every rank has memory of its own: no array is an argument of two ranks."""
     owner: dict[int, int] = {}

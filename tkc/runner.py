@@ -333,7 +333,7 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
                        outputs, notes=notes)
     if reference is not None:
         if backend == "emulate":
-            run(kernel, reference, grid=None if walks_tiles(executed) else grid, seed=seed)
+            run(kernel, reference, grid=reference_grid(kernel, executed, grid), seed=seed)
         else:
             run(kernel, reference, grid=grid, seed=seed + 1)
         wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
@@ -416,7 +416,7 @@ def run_ranks_gpu(kernel: Operation, args: list[Any], flags: list[int], grid: tu
             reference = [i for i, _ in every]
             try:
                 # num_sms() as on this GPU: a kernel's flags may count its programs (ring_attn's ready)
-                interpret_ranks(kernel, reference, grid=None if walks_tiles(compiled.kernel_op) else user_grid,
+                interpret_ranks(kernel, reference, grid=reference_grid(kernel, compiled.kernel_op, user_grid),
                                 seed=seed, sms=device_sms())
             except Exception as e:  # every rank stops: the others wait for the comparison
                 failure = e
@@ -456,6 +456,15 @@ def _timed(fn: Any) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+def reference_grid(kernel: Operation, executed: Operation, grid: Any) -> Any:
+    """The grid the interpreter checks a multi-GPU run of ``executed`` (``kernel`` lowered) on
+    ``grid`` with: the same, unless the persistent pass made ``executed`` walk tiles that
+    ``kernel`` takes a program each (its own grid then).  A kernel whose source walks tiles on
+    ``num_sms()`` programs runs the caller's count in both: its flags may count its programs
+    (moe_dispatch's ``arrived``, ring attention's pushers)."""
+    return None if walks_tiles(executed) and not walks_tiles(kernel) else grid
 
 
 def walks_tiles(kernel: Operation) -> bool:

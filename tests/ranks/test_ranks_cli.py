@@ -62,3 +62,14 @@ def test_without_torchrun_the_interpreter_runs_them() -> None:
     r = CliRunner().invoke(cli, ["run", str(EXAMPLES / "allgather_gemm.tk"), "--ranks", "2", *GEMM],
                            env={"TKC_INTERPRET": None, "WORLD_SIZE": None})
     assert r.exit_code == 0 and "2 ranks of grid" in r.output, r.output
+
+
+def test_a_callers_grid_is_the_checks_grid_for_a_kernel_whose_flags_count_programs() -> None:
+    # moe_dispatch counts its programs in arrived: the interpreter's reference must run the same
+    # 3 programs as the emulator, not num_sms()'s (a MISMATCH of arrived before)
+    r = _run("run", str(EXAMPLES / "moe_dispatch.tk"), "--ranks", "2", "--grid", "3", "--backend", "emulate",
+             "--check", "--dim", "F=96")
+    assert r.exit_code == 0, r.output
+    checks = [line for line in r.output.splitlines() if "check " in line]
+    assert any("check arrived (rank 1)" in line for line in checks), r.output
+    assert all(line.endswith(": ok") for line in checks), r.output

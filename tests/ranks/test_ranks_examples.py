@@ -126,3 +126,36 @@ def test_reducescatter(ranks: int) -> None:
     for r in range(ranks):
         cases.close(out[r], total[r * MS:(r + 1) * MS])
         assert torch.equal(args[r][3], torch.full_like(args[r][3], ranks - 1))  # every peer counted every tile
+
+
+def test_ranks_that_share_memory_are_refused(tmp_path: Path) -> None:
+    """Each executor copies a rank's arguments: ranks passing one array (or views of it) would
+    each see a copy of their own and the last write back would win, silently."""
+    from tkc.errors import TkcLaunchError
+
+    path = tmp_path / "shift.tk"
+    path.write_text("""
+@kernel
+def shift(x: f32[N] @ ranks, y: f32[N]):
+    grid(1)
+    barrier_all()
+    x.on((rank() + 1) % num_ranks())[0:16] = y[0:16] + 1.0
+    barrier_all()
+    y[0:16] = x[0:16]
+""")
+    k = tkc.load(path)
+    x = np.zeros(32, np.float32)
+    t = torch.zeros(16)
+
+    def ys() -> list:
+        return [np.full(16, 10, np.float32), np.full(16, 20, np.float32)]
+
+    for a, b in ((x[:16], x[:16]), (t, t)):
+        y0, y1 = ys()
+        with pytest.raises(TkcLaunchError, match="'x' of rank 1 shares memory with 'x' of rank 0"):
+            tkc.interpret_ranks(k, [[a, y0], [b, y1]])
+    # disjoint halves of one array, and interleaved elements, are memory of their own
+    for a, b in ((x[:16], x[16:]), (x[0::2], x[1::2])):
+        y0, y1 = ys()
+        tkc.interpret_ranks(k, [[a, y0], [b, y1]])
+        assert y0.tolist() == [21.0] * 16 and y1.tolist() == [11.0] * 16

@@ -1436,10 +1436,11 @@ def emulate_ranks(kernel: Module | Operation, rank_args: Sequence[Sequence[Any]]
     in one scheduler, interleaved in an order ``seed`` picks, so a CTA's waits for its peers
     are met as on the GPU (tkc/emulator/ranks.py); a launch that cannot finish is an error
     naming every waiting warpgroup with its rank, CTA, role and line."""
-    from tkc.ranks import check_launch
+    from tkc.ranks import check_launch, check_own_memory
 
     kernel = as_kernel(kernel)
     params = kernel.regions[0].block.args
+    check_own_memory(params, rank_args)
     bound = [bind_arguments(kernel, args) for args in rank_args]
     envs = [env for env, _ in bound]
     written: set[int] = set()
