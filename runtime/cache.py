@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tkc.dtypes import DType
 from tkc.errors import TkcUsageError
 from tkc.options import knobs
@@ -43,6 +45,8 @@ _HEADER = len(_MAGIC) + 8 + 32  # magic, payload length (u64 LE), sha256
 
 def _canon(x: Any, where: str) -> Any:
     """A JSON-able value that is equal for equal inputs and differs for different ones."""
+    if isinstance(x, np.generic):  # a numpy scalar (BM=np.int64(64)) keys as the Python value it is
+        x = x.item()
     if x is None or isinstance(x, (bool, str)):
         return x
     if isinstance(x, enum.Enum):

@@ -722,3 +722,11 @@ def test_a_python_file_that_fails_to_import_is_the_users_error(tmp_path: Path) -
                        ("imports", "imports.py defines no @tkc.kernel function")):
         r = tkc_cli("compile", str(tmp_path / f"{name}.py"), "-o", str(tmp_path / "x.ptx"))
         assert r.exit_code == 1 and re.search(said, r.output) and "internal" not in r.output, r.output
+
+
+def test_a_runtime_argument_is_not_a_constant() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "attn.tk"), "-D", "sm_scale=0.5", "-o", "a.ptx")
+    assert r.exit_code == 1 and "'sm_scale' is an argument given at each call, not a constant: pass it there " \
+                                "(tkc run: --scalar sm_scale=0.5)" in r.output, r.output
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "-D", "x=3", "--dim", "M=4", "--dim", "N=64")
+    assert r.exit_code == 1 and "'x' is an argument given at each call, not a constant" in r.output, r.output

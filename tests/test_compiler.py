@@ -384,3 +384,11 @@ def test_the_cli_says_when_a_kernel_gets_more_warps(tmp_path: Path, ptxas: Path)
     assert r.exit_code == 0, r.output
     assert f"{src}:3:1: note: kernel 'scale' spills" in r.output and "256 threads" in r.output
     assert "0 B spill stores" in r.output
+
+
+def test_numpy_constants_key_the_cache_as_the_values_they_are(tmp_path: Path) -> None:
+    import numpy as np
+
+    first = compile_kernel(GEMM, {"BM": np.int64(64)}, stop="ptx", cache_dir=tmp_path)
+    again = compile_kernel(GEMM, {"BM": 64}, stop="ptx", cache_dir=tmp_path)
+    assert again.cache_hit and again.asm["ptx"] == first.asm["ptx"]

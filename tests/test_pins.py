@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from tkc.errors import Loc, TkcUsageError
-from tkc.pins import PINS, Options
+from tkc.pins import PINS, Options, check_pins
 from tkc.target import DEFAULT_TARGET
 
 
@@ -55,3 +56,15 @@ def test_cluster_sizes_are_the_targets() -> None:
     assert Options.from_consts({"cluster": 8}, target=wide).cluster == 8
     with pytest.raises(TkcUsageError, match="a cluster has 1, 2, 4 or 8 programs"):
         Options.from_consts({"cluster": 16}, target=wide)
+
+
+@pytest.mark.parametrize("pin, value, said", [
+    ("stages", 10**23, "at most 32 (a ring's stages each take shared memory)"),
+    ("prefetch", 100_000, "at most 64 (each iteration ahead is unrolled before the loop)"),
+    ("ctas_per_sm", 33, "at most 32 (an SM holds at most 32 programs)"),
+    ("wait_timeout_ms", 2**64, "at most 3600000"),
+])
+def test_count_pins_have_a_ceiling(pin: str, value: int, said: str) -> None:
+    # a huge prefetch unrolled for minutes, a huge stages crashed a pass, a huge timeout wrapped
+    with pytest.raises(TkcUsageError, match=f"pin {pin} = {value}: {re.escape(said)}"):
+        check_pins({pin: value})

@@ -50,9 +50,13 @@ def _compile(kernel: Any, consts: Mapping[str, Any], target: str) -> Any:
 
 
 def _source(kernel: Any) -> str:
+    """What the kernel is: its source, with its name (a .tk file may hold several kernels
+    taking the same arguments, each tuned on its own)."""
     from tkc.kernel import Kernel
 
-    return kernel.source if isinstance(kernel, Kernel) else Path(kernel).read_text()
+    if isinstance(kernel, Kernel):
+        return f"{kernel.name}\n{kernel.source}"
+    return Path(kernel).read_text()
 
 
 def _signature(args: Sequence[Any]) -> list:

@@ -135,10 +135,19 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         if not ok:
             expected = "true or false" if want is bool else "a positive integer" if least else "an integer >= 0"
             raise TkcUsageError(f"pin {name} = {value!r}: expected {expected}", loc)
+        most = _MOST.get(name)
+        if most is not None and value > most:
+            raise TkcUsageError(f"pin {name} = {value!r}: at most {most} ({_MOST_WHY[name]})", loc)
 
 
 #: Count pins whose 0 turns their pass off.
 _ZERO_MEANS_OFF = frozenset({"prefetch"})
+#: The largest value of count pins that a pass unrolls, allocates or counts with, and why.
+_MOST = {"stages": 32, "outer_stages": 32, "prefetch": 64, "ctas_per_sm": 32, "wait_timeout_ms": 3_600_000}
+_MOST_WHY = {"stages": "a ring's stages each take shared memory",
+             "outer_stages": "a ring's stages each take shared memory",
+             "prefetch": "each iteration ahead is unrolled before the loop",
+             "ctas_per_sm": "an SM holds at most 32 programs", "wait_timeout_ms": "an hour"}
 
 
 #: The most CTAs any cluster has (CUDA's non-portable limit).  Where no target is at hand (the

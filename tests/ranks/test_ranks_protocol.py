@@ -334,7 +334,7 @@ def test_tile_ir_of_a_multi_gpu_kernel() -> None:
 def test_ranks_do_not_share_an_array(tmp_path: Path) -> None:
     k = _load(tmp_path, OVERWRITE)
     y = np.zeros(16, np.float32)
-    with pytest.raises(TkcLaunchError, match="'y': rank 0 and rank 1 pass the same array"):
+    with pytest.raises(TkcLaunchError, match="'y' of rank 1 shares memory with 'y' of rank 0"):
         tkc.interpret_ranks(k, [[np.ones(16, np.float32), y], [np.ones(16, np.float32), y]])
 
 

@@ -1312,6 +1312,13 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
     if unknown:
         raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
                             f"{', '.join(sorted(known)) or 'none'} (pins: {', '.join(PINS)})", kernels[0].loc)
+    runtime = [p for k in kernels for p in k.params
+               if p.name in consts and p.name not in PINS and not is_const_annotation(p.annotation)]
+    if runtime:
+        p = runtime[0]
+        scalar = not isinstance(p.annotation, ast.Subscript)  # a tensor's annotation has its dims
+        raise TkcUsageError(f"'{p.name}' is an argument given at each call, not a constant: pass it there"
+                            + (f" (tkc run: --scalar {p.name}={consts[p.name]})" if scalar else ""), p.loc)
     m = Module()
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
