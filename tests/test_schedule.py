@@ -255,3 +255,19 @@ def test_a_bad_choose_is_an_error_at_its_place(default: str, message: str) -> No
     with pytest.raises(TkcTypeError, match=message) as e:
         compile_source(CHOOSE.format(default=default), "k.tk", {})
     assert e.value.loc.line == 2 and e.value.loc.col == 41
+
+
+def test_pins_a_kernel_declares_are_not_overridden(tmp_path) -> None:
+    """A pin declared as a parameter (``defer_last: const = False``) is the kernel author's
+    choice, as one the caller passes: the launch's schedule leaves it (and still picks the rest)."""
+    src = (EXAMPLES / "attn.tk").read_text()
+    declared = src.replace("causal: const = False", "causal: const = False, persistent: const = False, "
+                           "defer_last: const = False, tma_store: const = True", 1)
+    assert declared != src
+    (tmp_path / "attn_declared.tk").write_text(declared)
+    mine, plain = tkc.load(tmp_path / "attn_declared.tk"), tkc.load(EXAMPLES / "attn.tk")
+    for n in (512, 4096):
+        q, k, v, o = (torch.zeros(1, 2, n, 64, dtype=torch.bfloat16) for _ in range(4))
+        theirs = plain.pins(q, k, v, o, 0.1, D=64)
+        assert theirs.get("defer_last") is True  # what the schedule picks when nothing is declared
+        assert mine.pins(q, k, v, o, 0.1, D=64) == {c: v for c, v in theirs.items() if c == "BM"}

@@ -61,6 +61,7 @@ from tkc.errors import TkcError
 from tkc.grid import check_args, check_grid, eval_grid, eval_slice, shape_env
 from tkc.ir.core import Operation, OpResult, Value
 from tkc.ir.types import TensorType
+from tkc.pins import PINS as ALL_PINS
 from tkc.target import DEFAULT_TARGET
 
 #: Average iterations a program's loop makes at or below which persistent programs pay.
@@ -192,7 +193,10 @@ def spill_free(build: Callable[[], Any]) -> bool:
 def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.name) -> Chooser | None:
     """The shape-dependent schedule of ``kernel`` (tile IR, before the passes) for ``target``
     when the caller set the pins in ``given``; None when its schedule does not depend on
-    shapes.  The model is fitted to sm_90a (an H200): other targets get no pins."""
+    shapes.  The model is fitted to sm_90a (an H200): other targets get no pins.  A pin the
+    kernel declares as a parameter (``defer_last: const = False``) is given as much as one the
+    caller sets: either is in the kernel's constants."""
+    given = given | {n for n in kernel.attributes.get("consts") or {} if n in ALL_PINS}
     open_choices = set(kernel.attributes.get("choices", {})) - given
     ranks = any(isinstance(p.type, TensorType) and p.type.ranks for p in kernel.regions[0].block.args)
     if target != FITTED_TARGET or set(Chooser.PINS) <= given and not open_choices:
