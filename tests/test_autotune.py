@@ -54,3 +54,13 @@ def test_turns_cancel_a_clock_that_slows_down() -> None:
     assert min(range(3), key=medians.__getitem__) == 1
     assert sorted(calls) == [0] * 6 + [1] * 6 + [2] * 6
     assert calls[:6] == [0, 1, 2, 1, 2, 0]  # round r starts at timer r
+
+
+def test_two_kernels_of_one_file_are_tuned_apart() -> None:
+    # the disk cache's key holds what _source gives: kernels of one file taking the same
+    # arguments shared a tuned result before it held their names
+    from tkc.autotune import _source
+
+    path = Path(__file__).parents[1] / "examples" / "attn_train.tk"
+    fwd, bwd = tkc.load(path, "attn_fwd"), tkc.load(path, "attn_bwd")
+    assert fwd.source == bwd.source and _source(fwd) != _source(bwd)

@@ -455,8 +455,9 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     module = _frontend(source, text, consts, file, first_line, python_function)
     chosen = _one_kernel(module, kernel, file)
     name = chosen.attributes["sym_name"]
-    if pipeline_request is None and hopper_request is None and is_lowered(chosen):
-        pipeline = hopper_pipeline = ""  # IR a backend pass left (a .hopper.tkir dump): lowered already
+    lowered = is_lowered(chosen)  # IR a backend pass left (a .hopper.tkir dump): its warps are set
+    if pipeline_request is None and hopper_request is None and lowered:
+        pipeline = hopper_pipeline = ""
     options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
     b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
                _Dumps())
@@ -471,7 +472,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         result.resources = b.assembled.kernels.get(name)
         result.ptxas_warnings = tuple(b.assembled.warnings)
         shown = opts.timing or opts.dump_before or opts.dump_after or opts.dump_dir  # of this compilation
-        if hopper_request is None and not shown and result.resources is not None and result.resources.spills:
+        if hopper_request is None and not lowered and not shown and result.resources is not None \
+                and result.resources.spills:
 
             def on_warps(warps: int) -> Compiled:
                 again = _frontend(source, text, consts, file, first_line, python_function)

@@ -373,15 +373,15 @@ def run_programs(kernel: Operation, envs: list[dict], grid: Any, seed: int, writ
 
 def check_launch(kernel: Operation, envs: list[dict], grid: Any, sms: int = 0) -> tuple[int, ...]:
     """Check a launch on ``len(envs)`` ranks (parameters bound in ``envs``) and return its
-    grid: at least one rank, ``@ ranks`` tensors of one shape, no array shared by two ranks,
-    the same grid on every rank."""
+    grid: at least one rank, ``@ ranks`` tensors of one shape, the same grid on every rank
+    (that no two ranks share memory is :func:`check_own_memory`'s, on the caller's arrays,
+    before they are copied into ``envs``)."""
     if len(envs) < 1:
         raise TkcLaunchError("a launch needs at least one rank")
     if tile.has_cluster_reductions(kernel):
         raise TkcUnsupportedError("cluster reductions in a multi-GPU kernel are not supported", kernel.loc)
     params = kernel.regions[0].block.args
     _check_symmetric(params, envs)
-    _check_separate(params, envs)
     with np.errstate(all="ignore"):
         grids = [eval_grid(kernel, dict(env), sms) if grid is None else check_grid(grid, kernel) for env in envs]
     if any(g != grids[0] for g in grids):
@@ -429,20 +429,18 @@ def _share(a: Any, b: Any) -> bool:
             return bool(np.may_share_memory(a, b)) and bool(np.shares_memory(a, b, max_work=10**6))
         except np.exceptions.TooHardError:
             return True
-    if hasattr(a, "untyped_storage") and hasattr(b, "untyped_storage"):
-        return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() \
-            and a.numel() > 0 and b.numel() > 0
+    if hasattr(a, "data_ptr") and hasattr(b, "data_ptr") and a.device == b.device:
+        (a0, a1), (b0, b1) = _extent(a), _extent(b)
+        return a0 < b1 and b0 < a1  # byte ranges that overlap (disjoint slices of one tensor do not)
     return False
 
 
-def _check_separate(params: Sequence[Any], envs: list[dict]) -> None:
-    """Every rank has memory of its own: no array is an argument of two ranks."""
-    owner: dict[int, int] = {}
-    for r, env in enumerate(envs):
-        for p in params:
-            if isinstance(p.type, TensorType) and owner.setdefault(id(env[p]), r) != r:
-                raise TkcLaunchError(f"'{p.name_hint}': rank {owner[id(env[p])]} and rank {r} pass the same array; "
-                                     f"every rank has memory of its own (pass a copy per rank)")
+def _extent(t: Any) -> tuple[int, int]:
+    """The bytes a torch tensor's elements span, [first, last + 1) (empty: none)."""
+    if t.numel() == 0:
+        return 0, 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
 def _check_symmetric(params: Sequence[Any], envs: list[dict]) -> None:

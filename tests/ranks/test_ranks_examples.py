@@ -73,10 +73,11 @@ def test_moe_dispatch(ranks: int, seed: int) -> None:
     case.check()
 
 
-@pytest.mark.parametrize(("sms", "lead"), [(2, 2), (3, 0), (7, 5), (9, 1)])
+@pytest.mark.parametrize(("sms", "lead"), [(1, 2), (2, 2), (3, 0), (7, 5), (9, 1)])
 def test_moe_dispatch_deals_every_item_once(sms: int, lead: int) -> None:
-    # the pushers (min(PUSHERS, programs // 2)) join the expert GEMMs LEAD items late: every
-    # (source, expert, row tile, column tile) item is still taken by some program (y starts NaN)
+    # the pushers (min(PUSHERS, programs // 2), one at least) join the expert GEMMs LEAD items
+    # late: every (source, expert, row tile, column tile) item is still taken by some program (y
+    # starts NaN); one program pushes and multiplies everything
     case = cases.moe_dispatch(3, sms, T=56, D=48, F=40, EL=2)
     tkc.interpret_ranks(tkc.load(EXAMPLES / "moe_dispatch.tk"), case.args, seed=sms, sms=sms, BT=16, BF=16, BK=16,
                         LEAD=lead)
@@ -154,8 +155,11 @@ def shift(x: f32[N] @ ranks, y: f32[N]):
         y0, y1 = ys()
         with pytest.raises(TkcLaunchError, match="'x' of rank 1 shares memory with 'x' of rank 0"):
             tkc.interpret_ranks(k, [[a, y0], [b, y1]])
-    # disjoint halves of one array, and interleaved elements, are memory of their own
-    for a, b in ((x[:16], x[16:]), (x[0::2], x[1::2])):
+    # disjoint halves of one array or tensor, and interleaved elements, are memory of their own
+    t32 = torch.zeros(32)
+    for a, b in ((x[:16], x[16:]), (x[0::2], x[1::2]), (t32[:16], t32[16:])):
         y0, y1 = ys()
         tkc.interpret_ranks(k, [[a, y0], [b, y1]])
         assert y0.tolist() == [21.0] * 16 and y1.tolist() == [11.0] * 16
+    with pytest.raises(TkcLaunchError, match="shares memory"):  # overlapping slices of one tensor
+        tkc.interpret_ranks(k, [[t32[:16], ys()[0]], [t32[8:24], ys()[1]]])

@@ -117,7 +117,7 @@ class Filter:
 
     @classmethod
     def of(cls, k: torch.Tensor) -> Filter:
-        checks.rank("fft_conv", "k", k, "two dims [H, N]", getattr(k, "dim", lambda: 0)() == 2)
+        checks.rank("fft_conv", "k", k, "two dims [H, N]", hasattr(k, "dim") and k.dim() == 2)
         p = plan(k.shape[-1])
         return cls(p, response(k, p).to(k.device), constants(p, k.device))
 
