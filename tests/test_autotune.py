@@ -64,3 +64,20 @@ def test_two_kernels_of_one_file_are_tuned_apart() -> None:
     path = Path(__file__).parents[1] / "examples" / "attn_train.tk"
     fwd, bwd = tkc.load(path, "attn_fwd"), tkc.load(path, "attn_bwd")
     assert fwd.source == bwd.source and _source(fwd) != _source(bwd)
+
+
+def test_a_kernel_is_timed_with_the_pins_its_launch_adds(monkeypatch) -> None:
+    """``kernel(*args, **best.consts)`` launches with tkc.schedule's pins for the shapes: the
+    build autotune times must be that one, not the configuration alone."""
+    import torch
+
+    from tkc.autotune import _compile
+
+    k = tkc.load(Path(__file__).resolve().parents[1] / "examples" / "attn.tk")
+    built = []
+    monkeypatch.setattr(type(k), "specialize", lambda self, **c: built.append(c))
+    args = [torch.empty(32, 16, 512, 128, dtype=torch.bfloat16, device="meta")] * 4 + [0.1]
+    _compile(k, {"D": 128}, "sm_90a", args)
+    _compile(k, {"D": 128, "persistent": False}, "sm_90a", args)
+    assert built == [{"D": 128, "defer_last": True, "persistent": True},
+                     {"D": 128, "persistent": False, "defer_last": True}]

@@ -271,3 +271,36 @@ def test_pins_a_kernel_declares_are_not_overridden(tmp_path) -> None:
         theirs = plain.pins(q, k, v, o, 0.1, D=64)
         assert theirs.get("defer_last") is True  # what the schedule picks when nothing is declared
         assert mine.pins(q, k, v, o, 0.1, D=64) == {c: v for c, v in theirs.items() if c == "BM"}
+
+
+def test_pins_binds_arguments_given_by_keyword() -> None:
+    k = tkc.load(EXAMPLES / "attn.tk")
+    q, kk, v, o, scale = attn_args(32, 16, 512, 128)
+    assert k.pins(q, kk, v, o, sm_scale=scale, D=128) == k.pins(q, kk, v, o, scale, D=128) \
+        == {"defer_last": True, "persistent": True}
+
+
+def test_a_kernels_schedule_is_kept_per_target() -> None:
+    """The schedule model is fitted to sm_90a: the same kernel asked on sm_100a picks nothing,
+    whichever target asked first."""
+    k = tkc.load(EXAMPLES / "attn.tk")
+    args = attn_args(32, 16, 512, 128)
+    assert k.pins(*args, D=128) == {"defer_last": True, "persistent": True}
+    k.target = "sm_100a"
+    assert k.pins(*args, D=128) == {}
+    k.target = "sm_90a"
+    assert k.pins(*args, D=128) == {"defer_last": True, "persistent": True}
+
+
+def test_constants_equal_in_python_but_of_other_types_are_kept_apart() -> None:
+    """1, 1.0 and True are one dict key in Python; to the compiler a bool pin takes True, not 1,
+    so the in-process caches must not hand one's compilation to the other."""
+    from tkc.errors import TkcError
+    from tkc.kernel import consts_key
+
+    assert consts_key({"a": 1}) != consts_key({"a": True}) != consts_key({"a": 1.0})
+    assert consts_key({"b": 2, "a": 1}) == consts_key({"a": 1, "b": 2})
+    k = tkc.load(EXAMPLES / "attn.tk")
+    k.compile(D=128, causal=True)
+    with pytest.raises(TkcError, match="causal"):
+        k.compile(D=128, causal=1)  # refused as it is on a first call, not the True build reused

@@ -40,12 +40,14 @@ class AutotuneResult:
     cache_hit: bool = False
 
 
-def _compile(kernel: Any, consts: Mapping[str, Any], target: str) -> Any:
+def _compile(kernel: Any, consts: Mapping[str, Any], target: str, args: Sequence[Any]) -> Any:
     from tkc.compiler import compile_kernel
     from tkc.kernel import Kernel
 
     if isinstance(kernel, Kernel):
-        return kernel.specialize(**consts)  # for kernel.target
+        # With the pins a call with these constants adds for these shapes (tkc.schedule), so
+        # the build timed is the one ``kernel(*args, **best.consts)`` then launches.
+        return kernel.specialize(**consts, **kernel.pins(*args, **consts))  # for kernel.target
     return compile_kernel(Path(kernel), dict(consts), target=target)
 
 
@@ -107,15 +109,18 @@ def autotune(kernel: Any, args: Sequence[Any], configs: Sequence[Mapping[str, An
                    {"args": _signature(args), "device": device, "runs": runs, "rounds": rounds,
                     "flush_bytes": flush_bytes}) if cache else None
     if key is not None and (hit := disk.get(key, _ENTRY)) is not None:
-        saved = json.loads(hit)
-        return AutotuneResult(saved["consts"], saved["seconds"], [tuple(t) for t in saved["timings"]], True)
+        try:
+            saved = json.loads(hit)
+            return AutotuneResult(saved["consts"], saved["seconds"], [tuple(t) for t in saved["timings"]], True)
+        except (ValueError, KeyError, TypeError):
+            pass  # an entry this version cannot read: time again and replace it
     name = getattr(kernel, "name", Path(str(kernel)).stem)
     timings: list[tuple[dict[str, Any], float | None, str]] = []
     runnable: list[tuple[int, Any]] = []  # (index into timings, compiled kernel)
     for n, consts in enumerate(configs, 1):
         label = _label(consts)
         try:
-            compiled = _compile(kernel, consts, target)
+            compiled = _compile(kernel, consts, target, args)
             launch(compiled, args)  # fails here, not in the middle of the timing rounds
             runnable.append((len(timings), compiled))
             timings.append((consts, None, ""))

@@ -157,6 +157,13 @@ class Compiled:
 
     @classmethod
     def _from_entry(cls, data: bytes, cubin: bytes | None, key: str) -> Compiled | None:
+        try:
+            return cls._parse_entry(data, cubin, key)
+        except (ValueError, KeyError, TypeError):
+            return None  # an entry this version cannot read (not JSON, other fields): a miss
+
+    @classmethod
+    def _parse_entry(cls, data: bytes, cubin: bytes | None, key: str) -> Compiled | None:
         from tkc.codegen.ptxas import ResourceUsage
 
         d = json.loads(data)

@@ -32,6 +32,13 @@ from tkc.target import DEFAULT_TARGET
 _runtime: Any = None  # tkc.runtime.launch, bound by the first GPU call
 
 
+def consts_key(consts: dict[str, Any]) -> tuple:
+    """The key of a set of constants in the in-process caches: each value with its type, since
+    1, 1.0 and True are equal (and hash alike) in Python but not to the compiler (a bool pin
+    takes True, not 1; a float constant folds differently), as the disk cache keeps them apart."""
+    return tuple(sorted((n, type(v), v) for n, v in consts.items()))
+
+
 @functools.cache
 def _launch() -> Callable[..., Any]:
     """``tkc.runtime.launch.launch``, imported on the first GPU call: importing tkc loads no
@@ -69,7 +76,7 @@ class Kernel:
         self.first_line = first_line
         self._compiled: dict[tuple, Module] = {}
         self._specialized: dict[tuple, Any] = {}
-        self._schedules: dict[tuple, Any] = {}  # consts key -> tkc.schedule.Chooser or None
+        self._schedules: dict[tuple, Any] = {}  # (target, consts key) -> tkc.schedule.Chooser or None
         from tkc.frontend.parser import parse
 
         # Parse now so a syntax error shows at import time, like Python's own.
@@ -163,7 +170,7 @@ class Kernel:
         """The kernel's tile IR for these constants, after ``pipeline`` (default: the default
         pipeline), through :func:`tkc.compiler.compile_kernel`'s tile stage.  Cached per
         (pipeline, constants) in this process; the module keeps its source locations."""
-        key = (pipeline, tuple(sorted(consts.items())))
+        key = (pipeline, consts_key(consts))
         module = self._compiled.get(key)
         if module is None:
             from tkc.compiler import compile_kernel
@@ -184,7 +191,7 @@ class Kernel:
         :class:`tkc.compiler.Compiled` (PTX, and a cubin when ptxas is found).  Compiled once
         per (target, constants) in this process and kept in the disk cache across
         processes.  Dtypes need no key of their own: the annotations fix them."""
-        key = (self.target, tuple(sorted(consts.items())))
+        key = (self.target, consts_key(consts))
         compiled = self._specialized.get(key)
         if compiled is None:
             from tkc.compiler import compile_kernel
@@ -208,11 +215,11 @@ class Kernel:
     def __call__(self, *args: Any, grid: Any = None, **consts: Any) -> None:
         if consts:
             args, consts = self.bind(args, consts)
-        self.call(args, consts, tuple(sorted(consts.items())) if consts else (), grid)
+        self.call(args, consts, consts_key(consts) if consts else (), grid)
 
     def call(self, args: tuple | list, consts: dict[str, Any], key: tuple, grid: Any = None) -> None:
         """``self(*args, grid=grid, **consts)`` for a caller that calls it again and again with
-        the same constants and keeps ``key``, ``tuple(sorted(consts.items()))`` (a
+        the same constants and keeps ``key``, ``consts_key(consts)`` (a
         ``tkc.ops`` operator): a launch like an earlier one costs a few dict lookups here
         before the runtime's plan."""
         if interpret_requested():
@@ -221,7 +228,7 @@ class Kernel:
         # The pins tkc.schedule picks for these shapes where the caller set none (pins never
         # change what a kernel computes, so the interpreter above needs none).  A plan of the
         # last launch's compilation fits only arguments of its shapes, whose pick it is.
-        schedule = self._schedules.get(key, _UNKNOWN)
+        schedule = self._schedules.get((self.target, key), _UNKNOWN)
         if schedule is _UNKNOWN:
             schedule = self._chooser(consts, key)
         if schedule is not None:
@@ -246,7 +253,7 @@ class Kernel:
                     raise
                 # a schedule the passes refuse for this kernel: the caller's own, from now on
                 consts = {c: v for c, v in consts.items() if c not in picked}
-                schedule.picked[schedule.key(args, grid)] = (consts, tuple(sorted(consts.items())))
+                schedule.picked[schedule.key(args, grid)] = (consts, consts_key(consts))
                 compiled = self.specialize(**consts)
             _launch()(compiled, args, grid=grid)
         except TkcTmaStrideError:
@@ -269,9 +276,9 @@ class Kernel:
             schedule.last = compiled
 
     def compiled_for(self, args: tuple | list, key: tuple, grid: Any = None) -> Any:
-        """The compilation a GPU call with constants ``key`` (``tuple(sorted(consts.items()))``)
+        """The compilation a GPU call with constants ``key`` (``consts_key(consts)``)
         on ``args`` launched, with the pins tkc.schedule added; None before such a call."""
-        schedule = self._schedules.get(key)
+        schedule = self._schedules.get((self.target, key))
         if schedule is not None:
             picked = schedule.picked.get(schedule.key(args, grid))
             if picked is None:
@@ -282,8 +289,10 @@ class Kernel:
     def pins(self, *args: Any, grid: Any = None, **consts: Any) -> dict[str, Any]:
         """The pins a call ``self(*args, grid=grid, **consts)`` on the GPU adds to ``consts``
         (tkc.schedule's choice for these shapes; {} when its schedule does not depend on them)."""
-        key = tuple(sorted(consts.items()))
-        schedule = self._schedules.get(key, _UNKNOWN)
+        if consts:
+            args, consts = self.bind(args, consts)
+        key = consts_key(consts)
+        schedule = self._schedules.get((self.target, key), _UNKNOWN)
         if schedule is _UNKNOWN:
             schedule = self._chooser(consts, key)
         if schedule is None:
@@ -302,7 +311,8 @@ class Kernel:
         kept under ``key`` for the calls after."""
         from tkc import schedule
 
-        chosen = self._schedules[key] = schedule.chooser(self.kernel_op(**consts), set(consts), self.target)
+        chosen = schedule.chooser(self.kernel_op(**consts), set(consts), self.target)
+        self._schedules[self.target, key] = chosen
         return chosen
 
     def _scheduled(self, schedule: Any, args: tuple | list, grid: Any, consts: dict[str, Any],
@@ -315,7 +325,7 @@ class Kernel:
             from tkc.schedule import device_sms
 
             chosen = {**consts, **schedule.pins(args, grid, device_sms(), lambda pins: self._clean({**consts, **pins}))}
-            picked = schedule.picked[shapes] = (chosen, tuple(sorted(chosen.items())))
+            picked = schedule.picked[shapes] = (chosen, consts_key(chosen))
         return picked
 
 

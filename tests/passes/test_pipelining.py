@@ -499,3 +499,18 @@ def test_the_examples_compile_without_remarks(name):
     kernels = re.findall(r"^def (\w+)\(", (EXAMPLES / name).read_text(), re.M)
     for kernel in kernels if name == "attn_train.tk" else [None]:
         assert compile_kernel(EXAMPLES / name, {}, stop="hopper", cache=False, kernel=kernel).remarks == ()
+
+
+def test_an_outer_stages_pin_that_does_not_fit_is_cut_with_a_remark():
+    """D = 256 leaves room for one per-tile Q stage beside the K/V ring: a pin of 2 gets one,
+    and says so at the loop rather than silently."""
+    from tkc.compiler import compile_kernel
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "attn.tk"
+    c = compile_kernel(path, {"D": 256, "causal": True, "persistent": True, "outer_stages": 2}, stop="hopper",
+                       cache=False)
+    assert re.search(r"%q_smem = hopper.smem_alloc \{offset = -?\d+, stages = 1\}", c.asm["hopper"])
+    notes = [r for r in c.remarks if "outer_stages = 2 does not fit" in r]
+    assert len(notes) == 1 and "1 stage(s)" in notes[0], c.remarks
+    fits = compile_kernel(path, {"D": 128, "persistent": True, "outer_stages": 2}, stop="hopper", cache=False)
+    assert not [r for r in fits.remarks if "outer_stages" in r]

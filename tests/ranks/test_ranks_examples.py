@@ -52,17 +52,26 @@ def test_ring_attn(ranks: int) -> None:
     case.check()
 
 
-@pytest.mark.parametrize("sms", [0, 6])
+@pytest.mark.parametrize("sms", [0, 1, 6])
 def test_num_sms_reads_the_gpu_it_is_given(sms: int) -> None:
     # ring_attn's ready counts the programs that pushed to a rank: min(PUSHERS, num_sms() // 2)
-    # of them, so a GPU's results match the interpreter's only with that GPU's SM count (tkc run
+    # of them (one at least), so a GPU's results match the interpreter's only with that GPU's SM count (tkc run
     # --check)
     case = cases.ring_attn(2, 0, B=1, H=2, N=40, D=32)
     tkc.interpret_ranks(tkc.load(EXAMPLES / "ring_attn.tk"), case.args, sms=sms, D=32, BM=32, BN=32, PUSHERS=64)
     case.check()
     for r, args in enumerate(case.args):
         # the peer's pushers counted in; its own count stays 0 (a rank's own blocks are not pushed)
-        assert np.asarray(args[4]).tolist() == [0 if s == r else (sms or CPU_SMS) // 2 for s in range(2)]
+        assert np.asarray(args[4]).tolist() == [0 if s == r else max((sms or CPU_SMS) // 2, 1) for s in range(2)]
+
+
+@pytest.mark.parametrize(("sms", "pushers"), [(1, 16), (3, 0)])
+def test_ring_attn_pushes_with_one_program_or_no_pushers_asked(sms: int, pushers: int) -> None:
+    # one pusher at least: with none, every wait passed at once and read slots nobody wrote
+    case = cases.ring_attn(2, 1, B=1, H=2, N=40, D=32)
+    tkc.interpret_ranks(tkc.load(EXAMPLES / "ring_attn.tk"), case.args, sms=sms, D=32, BM=32, BN=32,
+                        PUSHERS=pushers)
+    case.check()
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

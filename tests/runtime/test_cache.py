@@ -136,3 +136,12 @@ def test_many_processes_same_key(tmp_path):
     assert final is not None and final == _payload(final[0])
     leftovers = [p.name for p in Path(cache.entry_path(K, "x", tmp_path)).parent.iterdir()]
     assert leftovers == ["kernel.cubin"]
+
+
+@pytest.mark.parametrize("entry", [b"{not json", b"[]", b'{"asm": {}}', b'{"name": 1, "asm": 3, "cubin": false}'])
+def test_an_entry_the_compiler_cannot_read_is_a_miss(entry):
+    """Past the header's checksum, an entry whose JSON this version cannot read (another
+    version's fields) compiles again instead of raising."""
+    from tkc.compiler import Compiled
+
+    assert Compiled._from_entry(entry, None, K) is None

@@ -30,7 +30,7 @@ from tkc.errors import TkcUsageError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import ScalarType, TensorType
-from tkc.kernel import Kernel, interpret
+from tkc.kernel import Kernel, consts_key, interpret
 from tkc.options import interpret_requested
 
 __all__ = ["INPUT", "MISS", "MUTATED", "OUTPUT", "ZEROED", "call", "custom_op", "planned", "register_autograd",
@@ -80,7 +80,7 @@ class _Spec:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     run_consts: dict[str, Any] = field(default_factory=dict)  # what the kernel is called with
-    run_key: tuple = ()  # tuple(sorted(run_consts.items())): Kernel.call's key
+    run_key: tuple = ()  # consts_key(run_consts): Kernel.call's key
     order: tuple[int, ...] = ()  # each parameter's place in (*inputs, *outputs)
     tensor_order: tuple[int, ...] | None = None  # each tensor parameter's place among those (None: in order)
 
@@ -99,7 +99,7 @@ class _KernelOp:
         self.fixed = {n: v for n, v in first.consts.items() if n not in const_args}
         self.const_args = {n: first.consts[n] for n in const_args}
         self.first = first = _runnable(first, self.fixed)
-        self._specs: dict[tuple, _Spec] = {tuple(sorted(self.const_args.items())): first}
+        self._specs: dict[tuple, _Spec] = {consts_key(self.const_args): first}
         self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
         # (kernel target, keyword constants, launch key of the inputs) -> how such a call runs
         self._plans: dict[tuple, _Planned] = {}
@@ -125,7 +125,7 @@ class _KernelOp:
         return _Spec(dict(op.attributes.get("consts") or {}), params, rs, inputs, outputs)
 
     def spec(self, call_consts: dict[str, Any]) -> _Spec:
-        key = tuple(sorted(call_consts.items()))
+        key = consts_key(call_consts)
         spec = self._specs.get(key)
         if spec is None:
             spec = self._spec_of({**self.fixed, **call_consts})
@@ -309,7 +309,7 @@ def _runnable(spec: _Spec, consts: dict[str, Any]) -> _Spec:
     where = {i: n for n, i in enumerate((*spec.inputs, *spec.outputs))}
     tensors = [i for i in (*spec.inputs, *spec.outputs) if isinstance(spec.params[i][1], TensorType)]
     tensor_order = tuple(tensors.index(i) for i, (_, t) in enumerate(spec.params) if isinstance(t, TensorType))
-    return replace(spec, run_consts=dict(consts), run_key=tuple(sorted(consts.items())),
+    return replace(spec, run_consts=dict(consts), run_key=consts_key(consts),
                    order=tuple(where[i] for i in range(len(spec.params))),
                    tensor_order=None if tensor_order == tuple(range(len(tensors))) else tensor_order)
 

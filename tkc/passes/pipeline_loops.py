@@ -171,6 +171,9 @@ class _Pipeliner:
         # A group around a ring is copied once per run of the inner loop: a second stage lets
         # the next copy land during the inner loop, a third would have nothing left to hide.
         if outer:
+            if self.outer_pin is not None and self.outer_pin > max(room, 1):
+                remark(f"outer_stages = {self.outer_pin} does not fit in shared memory beside this loop's "
+                       f"inner ring: {max(room, 1)} stage(s) of its tiles", g.loop.loc)
             return max(1, min(self.outer_pin or OUTER_STAGES, room))
         # An inner ring with two stages leaves the group around it its second stage before
         # taking a third: a persistent program's next Q then lands during this tile's loop
