@@ -106,7 +106,7 @@ def test_a_count_one_short_is_a_race_on_the_last_peers_slot(tmp_path: Path, seed
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_missing_barrier_writes_a_peers_buffer_too_early(tmp_path: Path, seed: int) -> None:
-    k, text = _planted(tmp_path, "allgather_gemm.tk", "    barrier_all()\n", "")
+    k, text = _planted(tmp_path, "allgather_gemm.tk", "        barrier_all()\n", "")
     err = _error(k, _allgather_args(2), seed)
     msg = str(err)
     assert "data race on element" in msg and "of 'ag' of rank" in msg, msg
