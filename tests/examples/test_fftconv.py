@@ -67,6 +67,15 @@ def test_arguments_it_does_not_take_are_tkc_errors() -> None:
                        (lambda: fc.fft_conv(u.float(), k), "u is torch.float32")):
         with pytest.raises(TkcUsageError, match=said):
             call()
+    with pytest.raises(TkcUsageError, match="k must be real"):
+        fc.fft_conv(u, k.to(torch.complex64))
+    with pytest.raises(TkcUsageError, match="fft_conv has no backward"):
+        fc.fft_conv(u, k.requires_grad_())
+
+
+def test_no_channels_give_an_empty_output() -> None:
+    y = fc.fft_conv(torch.ones(1, 0, 1024, dtype=torch.bfloat16), torch.ones(0, 1024))
+    assert y.shape == (1, 0, 1024)
 
 
 def _configs() -> dict[str, tuple[str, dict]]:

@@ -82,6 +82,11 @@ def test_errors_before_any_kernel_runs() -> None:
     for bad in (0.0, -0.5, float("nan")):
         with pytest.raises(TkcUsageError, match="attention: scale must be a positive number"):
             tkc.ops.attention(q, q, q, scale=bad)
+    for bad in (1e39, 1e-46):  # positive doubles that are inf or 0 as the kernels' f32
+        with pytest.raises(TkcUsageError, match="attention: scale must lie within f32's normal range"):
+            tkc.ops.attention(q, q, q, scale=bad)
+    with pytest.raises(TkcUsageError, match="tensors must be on one device, got cpu and meta"):
+        tkc.ops.attention(q, q.to("meta"), q)
 
 
 def test_a_small_block_trains_under_compile_like_its_torch_twin() -> None:

@@ -132,3 +132,33 @@ def test_const_args_is_a_sequence_of_names_and_load_reads_tk_files() -> None:
     rms_py = Path(__file__).parents[2] / "examples" / "rmsnorm.py"
     with pytest.raises(TkcUsageError, match="tkc.load reads .tk files; .*rmsnorm.py is Python"):
         tkc.load(rms_py)
+
+
+DEPENDENT = """@kernel
+def scale(x: f32[N], y: f32[N], k: const = 2, factor: const = k * 10, BN: const = 32):
+    grid(cdiv(N, BN))
+    i = program_id(0) * BN
+    y[i:i+BN] = x[i:i+BN] * factor
+"""
+
+
+def test_a_default_that_reads_a_const_arg_follows_the_call(tmp_path: Path) -> None:
+    """factor = k * 10 is the kernel's for the call's k, not fixed at the registration's."""
+    (tmp_path / "dep.tk").write_text(DEPENDENT)
+    op = tkc.ops.custom_op("tkctest::dependent", tkc.load(tmp_path / "dep.tk"), const_args=("k",))
+    x = torch.ones(8)
+    torch.testing.assert_close(op(x), 20 * x)
+    torch.testing.assert_close(op(x, k=5), 50 * x)
+
+
+def test_the_attention_backward_gets_the_kernels_pins_for_its_head_dim() -> None:
+    """attn_train.tk's attn_bwd turns overlap_products and refill_first on at D = 128 only (at
+    D = 64 they spill): the operator must not carry D = 128's into a D = 64 call."""
+    from tkc.ops.attention import _bwd
+
+    impl = _bwd.tkc_impl
+    d64 = impl.spec({"D": 64, "BM": 128, "BN": 128, "causal": True}).run_consts
+    d128 = impl.spec({"D": 128, "BM": 64, "BN": 128, "causal": False}).run_consts
+    assert "overlap_products" not in d64 and "refill_first" not in d64
+    assert impl.kernel.lower(**d64).kernel("attn_bwd").attributes["consts"]["overlap_products"] is False
+    assert impl.kernel.lower(**d128).kernel("attn_bwd").attributes["consts"]["overlap_products"] is True

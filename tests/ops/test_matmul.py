@@ -45,3 +45,7 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.matmul(bf16(2, 4, 8), bf16(2, 8, 4))
     with pytest.raises(TkcUsageError, match="a must have at least two dims"):
         tkc.ops.matmul(bf16(8), bf16(8, 4))
+    with pytest.raises(TkcUsageError, match="matmul: a must be a torch tensor, got list"):
+        tkc.ops.matmul([[1.0]], bf16(1, 4))
+    with pytest.raises(TkcUsageError, match="matmul: b must be a torch tensor, got NoneType"):
+        tkc.ops.matmul(bf16(4, 8), None)

@@ -81,3 +81,10 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.rms_norm(x.bfloat16(), None)
     with pytest.raises(TkcUsageError, match="softmax: x must be a torch tensor, got list"):
         tkc.ops.softmax([[1.0, 2.0]])
+    for bad in ("a", None, True):
+        with pytest.raises(TkcUsageError, match="rms_norm: eps must be a number"):
+            tkc.ops.rms_norm(x.bfloat16(), bf16(64), bad)
+    with pytest.raises(TkcUsageError, match="layer_norm: eps must be a number, got str"):
+        tkc.ops.layer_norm(x.bfloat16(), eps="a")
+    with pytest.raises(TkcUsageError, match="tensors must be on one device, got cpu and meta"):
+        tkc.ops.rms_norm(x.bfloat16(), bf16(64).to("meta"))

@@ -93,6 +93,13 @@ def test_errors_before_any_kernel_runs() -> None:
     for bad in (0.0, -1.0, float("inf"), "a"):
         with pytest.raises(TkcUsageError, match="varlen_attention: scale must be a positive number"):
             f(q, k, v, cu, 20, scale=bad)
+    # offsets on the host are checked (past the tokens or going down read memory of no sequence)
+    for bad, said in (([0, 20, 41], "they run from 0 to 41"), ([0, 30, 20], r"cu_seqlens\[2\] = 20 is below"),
+                      ([4, 20, 40], "they run from 4 to 40")):
+        with pytest.raises(TkcUsageError, match=f"cu_seqlens must rise from 0 to at most the 40 tokens; {said}"):
+            f(q, k, v, torch.tensor(bad, dtype=torch.int32), 30)
+    with pytest.raises(TkcUsageError, match="max_seqlen is 16, but a sequence has 20 tokens"):
+        f(q, k, v, cu, 16)
 
 
 def test_tokens_past_the_last_offset_get_zero_gradients() -> None:

@@ -199,8 +199,8 @@ def test_a_rank_that_skips_a_barrier_leaves_the_others_waiting() -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_rank_that_skips_a_barrier_of_a_warp_specialized_kernel(seed: int) -> None:
     # rank() in the condition would not compile; a scalar argument that differs across ranks does
-    text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("        barrier_all()\n",
-                                                                 "        if skipper != 1:\n            barrier_all()\n")
+    text = (EXAMPLES / "allgather_gemm.tk").read_text()
+    text = text.replace("        barrier_all()\n", "        if skipper != 1:\n            barrier_all()\n")
     text = text.replace("ready: i32[P, GM] @ ranks,", "ready: i32[P, GM] @ ranks, skipper: i32,")
     k = compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op
     assert any(op.name == "hopper.role" for op in k.walk())
@@ -398,8 +398,8 @@ def test_moe_dispatch_a_written_while_its_wgmma_is_in_flight(seed: int) -> None:
 
 def test_a_barrier_under_a_branch_in_a_warp_specialized_kernel() -> None:
     """A barrier_all() under an if reaches both roles (it completes once every role arrived)."""
-    text = (EXAMPLES / "allgather_gemm.tk").read_text().replace("        barrier_all()\n",
-                                                                 "        if num_ranks() > 0:\n            barrier_all()\n")
+    text = (EXAMPLES / "allgather_gemm.tk").read_text()
+    text = text.replace("        barrier_all()\n", "        if num_ranks() > 0:\n            barrier_all()\n")
     case = cases.allgather_gemm(2, 0, M=80, K=72, N=48)
     emulate_ranks(compile_kernel(text, GEMM, stop="hopper", cache=False).kernel_op, case.args)
     case.check()

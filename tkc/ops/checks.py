@@ -47,4 +47,24 @@ def scale(op: str, value: Any, default: float) -> float:
     if not 0.0 < value < float("inf"):
         raise TkcUsageError(f"tkc.ops.{op}: scale must be a positive number, got {value!r} (its kernels take the "
                             f"row maximum of the scores before scaling them)")
+    if not _F32_TINY <= value <= _F32_MAX:
+        # the kernels take it as an f32: past these it is inf or 0 (or a subnormal a GPU flushes
+        # to 0) there, and the scores NaN
+        raise TkcUsageError(f"tkc.ops.{op}: scale must lie within f32's normal range ({_F32_TINY:.7g} to "
+                            f"{_F32_MAX:.7g}), got {value!r}")
     return value
+
+
+_F32_TINY = 1.1754943508222875e-38  # the smallest positive normal f32
+_F32_MAX = 3.4028234663852886e38
+
+
+def number(op: str, name: str, value: Any) -> float:
+    """A real number argument (``eps``) as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise TkcUsageError(f"tkc.ops.{op}: {name} must be a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TkcUsageError(f"tkc.ops.{op}: {name} must be a number, got {value!r}") from None
+

@@ -100,7 +100,10 @@ def response(k: torch.Tensor, p: Plan) -> torch.Tensor:
     """The filter k [H, N]'s DFT of length L divided by L, f32, in the order of the kernels:
     [H, 2, 64, N1] (one kernel: index k1 + N1 k2 at [k2, k1]) or [H, P, 2, 64, Q1] (three:
     index k1 + P (q1 + Q1 q2) at [k1, :, q2, q1])."""
-    kf = torch.fft.fft(k.double(), p.L) / p.L
+    if k.shape[0]:
+        kf = torch.fft.fft(k.double(), p.L) / p.L
+    else:  # no channels (torch.fft refuses an empty batch)
+        kf = torch.zeros(0, p.L, dtype=torch.complex128, device=k.device)
     if not p.P:
         return _planes(kf.reshape(-1, 64, p.N1), torch.float32)
     kf = kf.reshape(-1, 64, p.Q1, p.P).permute(0, 3, 1, 2)    # [H, k1, q2, q1]
@@ -118,6 +121,8 @@ class Filter:
     @classmethod
     def of(cls, k: torch.Tensor) -> Filter:
         checks.rank("fft_conv", "k", k, "two dims [H, N]", hasattr(k, "dim") and k.dim() == 2)
+        if k.is_complex():
+            raise TkcUsageError(f"tkc.ops.fft_conv: k must be real (the filter's taps), got {k.dtype}")
         p = plan(k.shape[-1])
         return cls(p, response(k, p).to(k.device), constants(p, k.device))
 
@@ -163,6 +168,9 @@ def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, C
 def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
+        raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
+                            "call it under torch.no_grad() or on detached tensors")
     calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
     for _, call in calls:
         call()

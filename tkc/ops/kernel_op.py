@@ -96,9 +96,12 @@ class _KernelOp:
         if unknown:
             raise TkcUsageError(f"{name}: {', '.join(unknown)} is not a constant of kernel '{kernel.name}' "
                                 f"(its constants: {', '.join(first.consts) or 'none'})")
-        self.fixed = {n: v for n, v in first.consts.items() if n not in const_args}
+        # The constants given at registration; every other one is the kernel's default for the
+        # call's constants (a default may read a constant the call sets: `BM = 64 if D == 128
+        # else 128`), so it is not fixed at its value for the registration's.
+        self.fixed = {n: v for n, v in consts.items() if n not in const_args}
         self.const_args = {n: first.consts[n] for n in const_args}
-        self.first = first = _runnable(first, self.fixed)
+        self.first = first = _runnable(first, {**self.fixed, **self.const_args})
         self._specs: dict[tuple, _Spec] = {consts_key(self.const_args): first}
         self._shapes: dict[tuple, list[tuple[Any, tuple[int, ...], torch.dtype]]] = {}
         # (kernel target, keyword constants, launch key of the inputs) -> how such a call runs
@@ -179,7 +182,7 @@ class _KernelOp:
 
     def fake(self, *values: Any, **kwargs: Any) -> Any:
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
-        return _result(self._outputs(spec, values, _first_tensor(values).device, fake=True))
+        return _result(self._outputs(spec, values, _one_device(self.name, values), fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
         first = _first_tensor(values)
@@ -190,7 +193,7 @@ class _KernelOp:
                 if out is not MISS:
                     return out
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()}) if self.const_args else self.first
-        outs = self._outputs(spec, values, first.device, fake=False)
+        outs = self._outputs(spec, values, _one_device(self.name, values), fake=False)
         every = (*values, *outs)
         full = [every[j] for j in spec.order]
         if first.is_cuda:
@@ -323,6 +326,18 @@ def _first_tensor(values: tuple) -> torch.Tensor:
         if isinstance(v, torch.Tensor):
             return v
     raise AssertionError("an operator of a kernel has an input tensor (checked at registration)")
+
+
+def _one_device(op: str, values: tuple) -> torch.device:
+    """The device of the operator's input tensors, which must share one: it is where the
+    outputs go and the kernel runs (a meta tensor among CPU ones would send the call to the
+    fake implementation, a CPU one among CUDA ones be read by no kernel)."""
+    device = _first_tensor(values).device
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.device != device:
+            raise TkcUsageError(f"{op}: its tensors must be on one device, got {device} and {v.device} (move them "
+                                f"with .to({str(device)!r}))")
+    return device
 
 
 def _result(outs: list[torch.Tensor]) -> Any:

@@ -28,6 +28,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for a bf16 ``a`` of shape ``[..., M, K]`` and a bf16 ``b`` of ``[K, N]``,
     accumulated in fp32, through the tkc kernel ``gemm`` (tkc/ops/kernels/gemm.tk), whose
     backward runs it too."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        checks.dtype("matmul", _BF16, a=a, b=b)
     if a.dim() == 2:  # arguments like an earlier call's passed the checks below
         c = planned(_matmul, (a, b), {})
         if c is not MISS:

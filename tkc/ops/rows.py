@@ -61,7 +61,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         checks.dtype("rms_norm", _BF16, x=x, weight=weight)
     checks.rank("rms_norm", "x", x, "at least one dim", x.dim() >= 1)
     w = _weight("rms_norm", "weight", weight, x)
-    return _shaped(call(_rms_norm, _rows("rms_norm", x), w, float(eps)), x)
+    return _shaped(call(_rms_norm, _rows("rms_norm", x), w, checks.number("rms_norm", "eps", eps)), x)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -80,7 +80,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
     bias = torch.zeros(n, dtype=x.dtype, device=x.device) if bias is None else bias
     checks.dtype("layer_norm", torch.bfloat16, x=x, weight=weight, bias=bias)
     w, b = _weight("layer_norm", "weight", weight, x), _weight("layer_norm", "bias", bias, x)
-    return _shaped(call(_layer_norm, _rows("layer_norm", x), w, b, float(eps)), x)
+    return _shaped(call(_layer_norm, _rows("layer_norm", x), w, b, checks.number("layer_norm", "eps", eps)), x)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,22 @@ _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts=
                  const_args=("D", "BM", "BN", "causal"))
 
 
+def _check_offsets(cu: list[int], tokens: int, max_seqlen: int) -> None:
+    """cu_seqlens from 0 up to at most the token count, never down, no sequence
+    longer than max_seqlen: checked where the offsets are on the host (on a GPU reading them
+    would wait for the device; there they are the caller's promise, as in flash-attn)."""
+    bad = next((i for i in range(1, len(cu)) if cu[i] < cu[i - 1]), None)
+    if cu[0] != 0 or cu[-1] > tokens or bad is not None:
+        what = (f"cu_seqlens[{bad}] = {cu[bad]} is below cu_seqlens[{bad - 1}] = {cu[bad - 1]}" if bad is not None
+                else f"they run from {cu[0]} to {cu[-1]}")
+        raise TkcUsageError(f"tkc.ops.varlen_attention: cu_seqlens must rise from 0 to at most the {tokens} tokens; "
+                            f"{what}")
+    longest = max(b - a for a, b in zip(cu, cu[1:]))
+    if longest > max_seqlen:
+        raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is {max_seqlen}, but a sequence has {longest} "
+                            f"tokens (pass the longest length)")
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                      max_seqlen: int, causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Attention of each of several sequences packed one after another: bf16 ``q`` of shape
@@ -45,6 +61,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     sequence count plus one, from 0 to ``T``, on the tensors' device; sequences may be empty)
     and ``max_seqlen`` (an int) at least the longest one's length.  ``D`` 64 or 128, ``scale``
     ``1/sqrt(D)`` by default; ``causal`` masks keys after the query's position in its sequence.
+    ``cu_seqlens`` and ``max_seqlen`` are checked when ``cu_seqlens`` is a CPU tensor, not on a GPU.
     Returns ``[T, H, D]``.  Forward and backward run the tkc kernels of varlen_attn_train.tk
     (tkc/ops/kernels); tokens past ``cu_seqlens[-1]`` are not attended to, their output is not
     written and their gradients are zero."""
@@ -67,6 +84,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if isinstance(max_seqlen, (torch.Tensor, bool)) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < 1:
         raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
                             f"of at least 1, got {max_seqlen!r}")
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_offsets([int(c) for c in cu_seqlens.tolist()], q.shape[0], int(max_seqlen))
     scale = checks.scale("varlen_attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
     o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale,
