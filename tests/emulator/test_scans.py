@@ -203,6 +203,11 @@ ARG_CASES = {
     "argmin_cols_i32": (_block("i32", "t.argmin(0, keepdim=True)", "i32"), {"BM": 64},
                         {"M": 100, "N": 64}, "argmin", 0),
     "argmin_1d": (ARG1, {}, {"N": 1000, "B": 4}, "argmin", 0),
+    # one-row tiles (softmax.tk's BM = 1): along the row, and across the one row (index 0)
+    "argmax_one_row": (_block("f32", "t.argmax(AX, keepdim=True)", "i32"), {"BM": 1, "AX": 1},
+                       {"M": 5, "N": 100}, "argmax", 1),
+    "argmin_across_one_row": (_block("f32", "t.argmin(AX, keepdim=True)", "i32"), {"BM": 1, "AX": 0},
+                              {"M": 5, "N": 100}, "argmin", 0),
 }
 
 

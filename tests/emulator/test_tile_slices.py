@@ -60,6 +60,41 @@ def many(x: bf16[M, 64], z: bf16[M]):
     z[r:r+64] = t[:, 0] + t[:, 1] + t[:, 2] + t[:, 3] + t[:, 4]
 """
 
+# A pick broadcast back against another tile: its slice of that tile's layout is repeated
+# across the threads splitting the columns, and stacking it repeated the picked tile 32 times
+# (a 64 x 128 f32 tile was refused as 2048 values a thread).
+BROADCAST_PICK = """@kernel
+def bpick(x0: f32[M, N], x1: f32[M, N], y: f32[M, N]):
+    grid(cdiv(M, 64))
+    r = program_id(0) * 64
+    a = x0[r:r+64, 0:128]
+    b = x1[r:r+64, 0:128]
+    y[r:r+64, 0:128] = a * b[:, -1][:, None]
+"""
+
+# Picks along both axes of a tile made by a reshape round trip, one also used whole: the
+# reshape's block path moved the tile for one pick under the other's (invalid IR).
+RESHAPED_PICKS = """@kernel
+def rpicks(x: f32[M, N], w: f32[N, N], yr: f32[M], yc: f32[M, N], yd: f32[M, N]):
+    grid(cdiv(M, 32))
+    r = program_id(0) * 32
+    t = x[r:r+32, 0:32]
+    u = t.reshape(1024).reshape(32, 32)
+    yr[r:r+32] = u[:, -1]
+    yc[r, 0:32] = u[7, :]
+    yd[r:r+32, 0:32] = u - t[7, :][None, :]
+"""
+
+# The same with a product's accumulator beside it (its column maxima in a slice of #wgmma_acc).
+ACC_PICK = """@kernel
+def apick(x: f32[M, N], w: f32[N, N], yc: f32[M, N]):
+    grid(cdiv(M, 64))
+    r = program_id(0) * 64
+    acc = x[r:r+64, 0:32].to(bf16) @ w[0:32, 0:64].to(bf16)
+    u = x[r:r+64, 0:64].reshape(4096).reshape(64, 64)
+    yc[r, 0:64] = acc.max(0) + u[-1, :]
+"""
+
 
 def _compile(src, stop):
     return compile_kernel(src, {}, stop=stop, cache=False)
@@ -75,7 +110,9 @@ def test_the_interpreter_takes_numpys_elements() -> None:
 
 
 @pytest.mark.parametrize("src, dims", [(HALVES, {"M": 200, "K": 200}), (BLOCKED, {"M": 100}),
-                                       (PICKS, {"M": 150, "P": 3}), (MANY, {"M": 100})])
+                                       (PICKS, {"M": 150, "P": 3}), (MANY, {"M": 100}),
+                                       (BROADCAST_PICK, {"M": 133, "N": 61}), (RESHAPED_PICKS, {"M": 133, "N": 61}),
+                                       (ACC_PICK, {"M": 133, "N": 61})])
 def test_emulator_matches_interpreter(src, dims) -> None:
     tile_ir = _compile(src, "tkir").kernel_op
     args = random_args(tile_ir, dims, 2)
@@ -102,6 +139,14 @@ def test_a_few_picks_are_sums_and_move_no_tile() -> None:
     names = [op.name for op in kernel.walk()]
     assert names.count("hopper.reduce") == 3 and "tile.take" not in names
     assert not [op for op in kernel.walk() if op.name == "hopper.convert_layout" and op.x.type.rank == 2]
+
+
+def test_a_pick_broadcast_against_a_tile_is_a_sum_in_its_layout() -> None:
+    kernel = _compile(BROADCAST_PICK, "hopper").kernel_op
+    names = [op.name for op in kernel.walk()]
+    assert "tile.take" not in names and "hopper.convert_layout" not in names
+    assert all(getattr(v.type.layout, "regs", 0) <= 64 for op in kernel.walk() for v in op.results
+               if getattr(v.type, "layout", None) is not None)
 
 
 def test_many_picks_share_one_move() -> None:

@@ -93,7 +93,8 @@ def _arg_reduce(op: Operation, b: Builder):
     m = b.value(tile.ReduceOp, [x], t.with_shape(kept) if kept else ScalarType(t.dtype), {"kind": kind, "axis": axis})
     if kept:
         m = b.value(tile.ExpandDimsOp, [m], t.with_shape(t.shape[:axis] + (1,) + t.shape[axis + 1:]), {"axis": axis})
-        m = b.value(tile.BroadcastOp, [m], t)
+        if n != 1:  # (a broadcast changes one axis: none here)
+            m = b.value(tile.BroadcastOp, [m], t)
     else:
         m = b.value(tile.SplatOp, [m], t)
     mask = t.with_dtype(dtypes.i1)
@@ -107,7 +108,8 @@ def _arg_reduce(op: Operation, b: Builder):
         other = 1 - axis
         index = b.value(tile.ExpandDimsOp, [index], TileType((1, n) if axis == 1 else (n, 1), dtypes.i32),
                         {"axis": other})
-        index = b.value(tile.BroadcastOp, [index], it)
+        if t.shape[other] != 1:
+            index = b.value(tile.BroadcastOp, [index], it)
     elif t.rank != 1:
         return None
     past = b.value(tile.ConstantOp, [], it, {"value": n})

@@ -47,6 +47,8 @@ shared memory (``allocate-smem``).
 
 from __future__ import annotations
 
+import math
+
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
@@ -595,7 +597,12 @@ class _Selector:
         elif name == "tile.transpose" and op.result in lay:
             changed |= self._propose(op.x, transpose_layout(lay[op.result]))
         elif name == "tile.take" and op.result in lay:
-            changed |= self._propose(op.x, stack_layout(lay[op.result], op.axis, op.x.type.shape[op.axis]))
+            stacked = stack_layout(lay[op.result], op.axis, op.x.type.shape[op.axis])
+            # Not where that repeats the tile in many threads (a pick broadcast back against a
+            # tile, b[:, -1][:, None] * a: its slice of a's layout is repeated across the
+            # threads that split a's columns): _take_layout then picks from the tile's own.
+            if getattr(stacked, "regs", 0) * self.threads <= 2 * math.prod(op.x.type.shape):
+                changed |= self._propose(op.x, stacked)
         elif name == "tile.stack" and op.result in lay and take_registers(lay[op.result], op.axis, 0) is not None:
             for v in op.operands:
                 changed |= self._propose(v, take_layout(lay[op.result], op.axis))
@@ -782,9 +789,13 @@ class _Selector:
         if take_registers(want, op.axis, 0) is None:
             part = self.lay[op.result] if take else self.lay[op.operands[0]]
             want = stack_layout(part, op.axis, whole.type.shape[op.axis])
+            # a part's layout repeated across threads (a slice of a 2-D layout) stacks into a
+            # tile repeated as often: a masked sum picks from the tile's own layout instead
+            repeated = getattr(want, "regs", 0) * self.threads > 2 * math.prod(whole.type.shape)
             split = _def(whole) if take else None
             flat = _reshaped(want, split.x.type.shape) if split is not None and split.name == "tile.reshape" \
-                and split.x.type.rank <= 2 and split.x not in self.smem else None
+                and split.x.type.rank <= 2 and split.x not in self.smem and not repeated \
+                and self._only_takes_along(whole, op.axis) else None
             if flat is not None:
                 # A block of a register tile (t[:, 0:64]): the tile itself moves (shared memory
                 # trades 1-D and 2-D tiles) to where its reshape holds the axis whole.
@@ -804,6 +815,12 @@ class _Selector:
         else:
             for i in range(len(op.operands)):
                 self._need(op, i, part)
+
+    def _only_takes_along(self, v: Value, axis: int) -> bool:
+        """Whether every use of ``v`` is a take along ``axis`` (so ``v`` itself may move to the
+        layout those takes want: another use is already typed with ``v``'s layout)."""
+        users = uses(self.kernel).get(v, [])
+        return bool(users) and all(u.name == "tile.take" and u.axis == axis for u in users)
 
     def _picks_by_sum(self, op: Operation) -> bool:
         """Whether ``t[23, :]`` (a take of one index from a 2-D tile whose threads split the
