@@ -67,4 +67,3 @@ def number(op: str, name: str, value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TkcUsageError(f"tkc.ops.{op}: {name} must be a number, got {value!r}") from None
-
