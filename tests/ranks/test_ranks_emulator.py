@@ -351,6 +351,23 @@ def test_a_signal_after_a_tma_store_lets_it_land(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_tiles_releasing_atomic_releases_every_threads_writes(seed: int) -> None:
+    """A tile atomic_add with sem="release" releases the program's writes, as the interpreter
+    says: the lowering makes the threads meet (and the TMA stores land) before each thread's
+    red.release, so the peer that waits for one element of the tile reads x whole."""
+    text = PUT.replace("flags: i32[R] @ ranks,", "flags: i32[R, 16] @ ranks,").replace(
+        "signal(flags.on(nxt)[rank()], 1)",
+        'atomic_add(flags.on(nxt)[rank(), 0:16], full([16], 1, i32), sem="release")').replace(
+        "wait(flags[prv] >= 1)", "wait(flags[prv, 3] >= 1)")
+    args = _put_args(3)
+    for a in args:
+        a[4] = torch.zeros(3, 16, dtype=torch.int32)
+    emulate_ranks(_compiled(text), args, seed=seed)
+    for r in range(3):
+        cases.close(args[r][3], args[(r + 2) % 3][0].float() @ args[(r + 2) % 3][1].float())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("reader", ["hopper.load", "hopper.tma_load"])
 def test_a_read_of_a_tma_store_still_in_flight(seed: int, reader: str) -> None:
     """A relaxed flag orders nothing: the peer's TMA store into x may still be in flight when

@@ -16,9 +16,9 @@ An f32 ``max``/``min`` has no PTX instruction: it is an ``s32`` max (min) of the
 value's sign is clear and a ``u32`` min (max) where it is set (tkc/semantics.py:atomic_update
 is the same formula).  ``exch`` and ``cas`` move bits.  Orderings are PTX's ``.sem`` at
 ``.gpu`` scope, ``.sys`` on a ``@ ranks`` tensor (peers' GPUs); ``red`` takes ``relaxed`` and
-``release``, which is all a tile's atomic may ask.  A releasing atomic on one element first
-lets the program's TMA stores complete and its threads meet (``lower_ranks.before_release``),
-so its release covers every thread's writes.
+``release``, which is all a tile's atomic may ask.  A releasing atomic (on one element or a
+tile) first lets the program's TMA stores complete and its threads meet
+(``lower_ranks.before_release``), so its release covers every thread's writes.
 """
 
 from __future__ import annotations
@@ -103,6 +103,10 @@ def _vectorizes(kind: str, dt: DType, n: int) -> bool:
 
 def _tile_atomic(lw: Lowerer, op: Operation, t: TileType) -> None:
     b = lw.b
+    if _releases(op):
+        # each thread's red.release orders its own writes: meeting first makes every
+        # thread's writes (and the TMA stores) precede each of them, as the language says
+        before_release(lw)
     kind = tile.atomic_kind(op)
     tensor: TensorArg = lw.get(op.tensor)
     dt = tensor.type.dtype

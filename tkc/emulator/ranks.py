@@ -49,6 +49,7 @@ from tkc.ir.types import ScalarType
 from tkc.races import HappensBefore
 from tkc.ranks import barrier_count, deadlock, flag_state, never_satisfied, out_of_range
 from tkc.semantics import _CMP as semantics_cmp
+from tkc.semantics import _box_slices
 
 __all__ = ["RankLaunch", "HANDLERS", "CO_HANDLERS", "releasing"]
 
@@ -299,26 +300,35 @@ def _barrier(wg: Any, op: Operation) -> Co:
 
 def releasing(handler: Callable[..., Any], co: bool) -> Callable[..., Co]:
     """``handler`` (an atomic; ``co``: a coroutine) as a multi-GPU launch runs it: one that
-    releases on one element first completes the role's TMA stores and, unless the handler's
-    own first barrier does it, lets the role's threads meet (``lower_ranks.before_release``)."""
+    releases first completes the role's TMA stores and, unless the handler's own first barrier
+    does it, lets the role's threads meet (``lower_ranks.before_release``), so a tile's release
+    (every thread's ``red.release`` of its own values) covers every thread's writes, as one
+    element's does."""
 
     def run(wg: Any, op: Operation, *args: Any) -> Co:
         sem = op.attributes.get("sem") or "relaxed"
         one = isinstance(op.value.type, ScalarType)
-        if sem in ("release", "acq_rel") and one:
+        if sem in ("release", "acq_rel"):
             if wg.leader:
                 wg.cta.launch.drain(wg)
             if not co:
                 yield from wg.bar_sync(op)
         out = handler(wg, op, *args)
         out = (yield from out) if co else out
-        if sem != "relaxed" and one and wg.leader:  # thread 0 issued it: its ordering, for the CTA
-            log, tensor, element = wg.cta.launch.log, args[0], _element(op, args)
-            if element is not None:
-                if sem in ("acquire", "acq_rel") and op.results:
-                    log.acquire(tensor, element, wg.cta.who)
-                if sem in ("release", "acq_rel"):
-                    log.release(tensor, element, wg.cta.who)
+        if sem != "relaxed" and wg.leader:  # its ordering, for the CTA (a tile: every thread's)
+            log, tensor = wg.cta.launch.log, args[0]
+            if one:
+                element = _element(op, args)
+                if element is not None:
+                    if sem in ("acquire", "acq_rel") and op.results:
+                        log.acquire(tensor, element, wg.cta.who)
+                    if sem in ("release", "acq_rel"):
+                        log.release(tensor, element, wg.cta.who)
+            elif sem in ("release", "acq_rel"):
+                n = 2 if atomic_kind(op) == "cas" else 1
+                box = _box_slices(tensor.shape, args[1 + n:], op.attributes["box"])
+                if box is not None:
+                    log.release(tensor, box[0], wg.cta.who)
         return out
 
     return run
