@@ -514,3 +514,36 @@ def test_an_outer_stages_pin_that_does_not_fit_is_cut_with_a_remark():
     assert len(notes) == 1 and "1 stage(s)" in notes[0], c.remarks
     fits = compile_kernel(path, {"D": 128, "persistent": True, "outer_stages": 2}, stop="hopper", cache=False)
     assert not [r for r in fits.remarks if "outer_stages" in r]
+
+
+# A product after the K loop whose B is computed in registers: all consumers store it to shared
+# memory, then each reads the whole of it (the barrier between was left before the roles).
+REGISTER_B_AFTER_THE_LOOP = """@kernel
+def k(xb: bf16[M, N], wb: bf16[N, N], o: f32[G, 128, 16]):
+    grid(cdiv(M, 128))
+    p = program_id(0)
+    r = p * 128
+    acc = zeros([128, 128], f32)
+    for kk in range(cdiv(N, 32)):
+        acc += xb[r:r+128, kk*32:(kk+1)*32] @ wb[kk*32:(kk+1)*32, 0:128]
+    o[p, :, :] = acc.to(bf16) @ (wb[0:128, 0:16] * 2.0).to(bf16)
+"""
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_a_barrier_after_the_loop_stays_the_consumers(target: str) -> None:
+    import numpy as np
+    from device_checks import interpret_and_emulate
+
+    from tkc.compiler import compile_kernel
+    from tkc.interpreter import random_args
+
+    hopper = compile_kernel(REGISTER_B_AFTER_THE_LOOP, {}, stop="hopper", cache=False, target=target).kernel_op
+    roles = [op for op in hopper.walk() if op.name == "hopper.role"]
+    assert len(roles) == 2, "warp-specialized"
+    consumers = roles[-1] if roles[-1].attributes.get("name") == "consumers" else roles[0]
+    assert any(op.name == "hopper.sync" for op in consumers.walk())
+    tile_ir = compile_kernel(REGISTER_B_AFTER_THE_LOOP, {}, stop="tkir", cache=False).kernel_op
+    args = random_args(tile_ir, {"M": 256, "N": 256, "G": 2}, 0)
+    want, got = interpret_and_emulate(tile_ir, hopper, args, 0)
+    np.testing.assert_allclose(got[2], want[2], rtol=2e-2, atol=2e-2)

@@ -238,8 +238,15 @@ class _Specializer:
     # -------------------------------------------------------------- rewrite
     def _split(self, producer: set[Operation], warpgroups: int) -> None:
         body = self.body
-        moved = [op for op in body.ops if op.name not in _SETUP and op.name != "tile.return"
-                 and not (op.results and not op.regions and all(r in self.common for r in op.results))]
+
+        def work(op: Operation) -> bool:
+            return op.name not in _SETUP and op.name != "tile.return" and not (
+                op.results and not op.regions and all(r in self.common for r in op.results))
+
+        # A top-level barrier after the work has begun is the consumers' (a register tile stored
+        # for a product after the K loop, read by all warpgroups): set-up barriers come first.
+        begun = next((i for i, op in enumerate(body.ops) if work(op)), len(body.ops))
+        moved = [op for i, op in enumerate(body.ops) if work(op) or (op.name == "hopper.barrier" and i > begun)]
         # The producer: a filtered copy of what it needs, in order.
         prod_block = Block()
         mapping: dict[Value, Value] = {}
