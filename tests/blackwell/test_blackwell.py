@@ -319,3 +319,27 @@ def test_multi_gpu_kernels_are_refused_for_sm_100a_in_words(example: str) -> Non
                                                   "compile this one for sm_90a") as e:
         compile_kernel(ROOT / "examples" / example, target="sm_100a", stop="hopper", cache=False)
     assert e.value.loc is not None and e.value.loc.line > 1
+
+
+# Products outside any loop, in the kernel's own block (one warpgroup, no roles): the columns'
+# allocation and the barrier are inserted at the top of that block, which left the MMA behind
+# its commit, wait and load.
+AT_TOP = """@kernel
+def mm(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], d: bf16[M, N]):
+    grid(cdiv(M, 128))
+    r = program_id(0) * 128
+    c[r:r+128, 0:128] = a[r:r+128, 0:64] @ b[0:64, 0:128]
+    acc = zeros([128, 64], f32)
+    acc += a[r:r+128, 0:32] @ b[0:32, 0:64]
+    d[r:r+128, 0:64] = acc.to(bf16)
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_products_outside_a_loop_issue_before_their_load(seed: int) -> None:
+    kernel = compile_kernel(AT_TOP, {}, stop="tkir", cache=False).kernel_op
+    ops = [op.name for op in compile_kernel(AT_TOP, {}, stop="hopper", cache=False, target=SM100).kernel_op.walk()]
+    assert ops.index("blackwell.mma") < ops.index("blackwell.commit") < ops.index("blackwell.tmem_load")
+    args = random_args(kernel, {"M": 200, "N": 128, "K": 64}, seed)
+    result = run(kernel, args, "emulate", check=True, seed=seed, target=SM100)
+    assert result.ok, result.checked

@@ -142,19 +142,23 @@ class _Lowering:
         container = hopper.enclosing_role(w) or self.kernel
         loop = w.parent.parent_op
         j = self._carried_sum(w, loop, uses(self.kernel)) if loop is not None and loop.name == "tile.for" else None
-        b = Builder.before(w)
-        b.loc = w.loc
+        # The columns and the barrier first: they insert ops at the top of the role (or the
+        # kernel), which may be this product's own block, so the builder takes its place after.
         if j is None:
             tmem, columns = self._columns_at_once(container, w)
-            accumulate = b.value(tile.ConstantOp, [], I1, {"value": False})
         else:
             # acc += a @ b over the loop, from zero: accumulated in columns of its own, read
             # once behind the loop (attention backward's dV and dK: no registers in the loop).
             tmem, columns = self._allocate(container, w), None
+        full = self._barrier(w)
+        b = Builder.before(w)
+        b.loc = w.loc
+        if j is None:
+            accumulate = b.value(tile.ConstantOp, [], I1, {"value": False})
+        else:
             accumulate = b.value(tile.CmpOp, [loop.regions[0].block.args[0], loop.operands[0]], I1,
                                  {"pred": "ne"})
         mma = self._mma(b, w, tmem, accumulate, ready)
-        full = self._barrier(w)
         b.create(blackwell.CommitOp, [full])
         # The role waits every iteration all the same: its operands' tiles are reused behind it.
         b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
