@@ -40,6 +40,13 @@ def _binary_builtin(op: str) -> Callable:
             return lw._reduce(op, a["x"], a, e)
         a = lw.bind(f"{op}()", e, args, kwargs, [("a", REQUIRED), ("b", REQUIRED)])
         x, y = lw.value_of(a["a"], e), lw.value_of(a["b"], e)
+        if op in ("max", "min") and not kwargs and isinstance(x, Dyn) and isinstance(x.type, TileType) \
+                and isinstance(y, Const) and isinstance(y.value, int) and not isinstance(y.value, bool):
+            # torch's max(x, 1) reduces along axis 1, sum(x, 1) does here: the elementwise
+            # reading would be silently different
+            raise TkcTypeError(f"{op}(x, {y.value}) of a tile: write x.{op}({y.value}) (or {op}(x, axis={y.value})) "
+                               f"for the {op}imum along axis {y.value}, or {op}imum(x, {y.value}) for the "
+                               f"elementwise {op}imum", e.loc)
         return lw.em.binary(op, x, y, e.loc)
     return impl
 
