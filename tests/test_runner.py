@@ -188,3 +188,20 @@ def test_the_same_infinity_on_both_sides_is_no_mismatch() -> None:
     for got in ([np.inf, np.inf, 1.0, np.nan], [np.inf, -np.inf, np.inf, np.nan], [np.nan, -np.inf, 1.0, np.nan],
                 [np.inf, -np.inf, 1.0, 0.0]):
         assert runner._compare("y", t, np.array(got, np.float32), want).bad == 1
+
+
+def test_a_check_reports_the_kernels_own_race_in_the_interpreters_words() -> None:
+    """With --check the reference runs before the emulator: a kernel's own mistake (two
+    programs storing one element) is the interpreter's error, not the emulator's (which names
+    its CTAs, roles and hopper ops)."""
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcError
+    from tkc.interpreter import random_args
+    from tkc.runner import run
+
+    src = "@kernel\ndef s(a: f32[M, N], c: f32[M, N]):\n    grid(2)\n    c[0:64, 0:64] = a[0:64, 0:64]\n"
+    kernel = compile_kernel(src, {}, stop="tkir", cache=False).kernel_op
+    with pytest.raises(TkcError) as e:
+        run(kernel, random_args(kernel, {"M": 64, "N": 64}, 0), "emulate", check=True)
+    assert e.value.message.startswith("write-write race on element [0, 0] of 'c'"), e.value.message
+    assert "hopper." not in e.value.message and "CTA" not in e.value.message

@@ -273,6 +273,10 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         executed = hopper = compiled.kernel_op
         notes = list(compiled.remarks)
         grid = user_grid or launch_grid(hopper, args)
+        if reference is not None:
+            # The reference first: a mistake of the kernel's own (a race, a read out of bounds)
+            # is then the interpreter's error, in the language's words, not the emulator's.
+            run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
         seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
     else:
         seconds, repeat, grid, compiled = _run_gpu(kernel, work, user_grid, repeat, target)
@@ -283,7 +287,8 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
     result = RunResult(name, backend, grid, seconds, outputs, repeats=repeat,
                        notes=notes if backend != "interpret" else [])
     if reference is not None:
-        run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
+        if backend != "emulate":
+            run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
         rounded = rounding(kernel)
         result.checked = [_compare(n, t, out, np.asarray(ref), rounded) for (n, t, out), ref, p in
                           zip(outputs, [r for r, p in zip(reference, params) if isinstance(p.type, TensorType)],

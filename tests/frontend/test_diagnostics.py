@@ -168,3 +168,25 @@ def k(x: f32[M, N]):
     t = x[0:16, 0:16]
     a = {expr}
 """)
+
+
+def test_a_python_variable_in_a_kernel_says_the_kernel_does_not_see_it(tmp_path: Path) -> None:
+    import importlib.util
+
+    import numpy as np
+
+    import tkc
+    from tkc.errors import TkcNameError
+
+    path = tmp_path / "kernel_with_a_global.py"
+    path.write_text("from __future__ import annotations\nimport tkc\nSCALE = 3.0\n\n\n@tkc.kernel\n"
+                    "def k(x: f32[N], y: f32[N], BN: const = 64):\n    grid(cdiv(N, BN))\n    i = program_id(0)\n"
+                    "    y[i*BN:(i+1)*BN] = x[i*BN:(i+1)*BN] * SCALE\n")
+    spec = importlib.util.spec_from_file_location("kernel_with_a_global", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TkcNameError) as e:
+        tkc.interpret(module.k, np.zeros(64, np.float32), np.zeros(64, np.float32))
+    assert "name 'SCALE' is not defined in the kernel: an @tkc.kernel function sees none of Python's names" \
+        in e.value.message
+    assert (e.value.loc.line, e.value.loc.col) == (10, 43)

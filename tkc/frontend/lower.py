@@ -138,6 +138,7 @@ class KernelLowering:
         self.scope = Scope()
         self.call_stack: list[str] = []
         self.grid_seen = False
+        self.python_function = False  # an @tkc.kernel function (its Python names are not seen)
         self.choices: dict[str, list[int]] = {}  # constants declared choose(...) and not given
 
     # ================================================================ entry
@@ -722,6 +723,11 @@ class KernelLowering:
             near = difflib.get_close_matches(e.id, sorted(mine), n=1)
             if near:
                 hint = f"; did you mean '{near[0]}'?"
+            elif self.python_function:
+                # a module's variable, a closure's or a helper defined outside the kernel
+                hint = (f" in the kernel: an @tkc.kernel function sees none of Python's names, only its "
+                        f"parameters, its own helpers and the builtins; make it a parameter "
+                        f"({e.id}: const = ... for a constant) or define the helper inside the kernel")
             else:
                 near = [_DTYPE_ALIASES[e.id]] if e.id in _DTYPE_ALIASES else difflib.get_close_matches(
                     e.id, sorted({*BUILTIN_FUNCS, *DTYPE_NAMES}), n=1)
@@ -1325,6 +1331,7 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
         # Pins the kernel does not declare still reach the passes through its consts.
         pins = {n: v for n, v in consts.items() if n in PINS and n not in mine}
         lowering = KernelLowering(k, helpers, mine, pins)
+        lowering.python_function = python_function
         try:
             kernel = lowering.lower()
             kernel.attributes["consts"].update(pins)
