@@ -62,11 +62,13 @@ def check_layout(name: str, shape: Sequence[int], strides: Sequence[int], elem_b
 
 
 def check_launch(kernel_name: str, params: Sequence[signature.Param], args: Sequence[Any],
-                 tma: Collection[str] = (), device: Any = None) -> dict[str, int]:
+                 tma: Collection[str] = (), device: Any = None, writes: frozenset[int] = frozenset()) -> dict[str, int]:
     """Check ``args`` for a GPU launch of a kernel with ``params`` and return the symbolic
     dims.  ``tma`` names the tensor parameters accessed through tensor maps; ``device``
-    defaults to torch's current CUDA device."""
+    defaults to torch's current CUDA device; ``writes``: the positions of the tensors the
+    kernel writes (:func:`tkc.signature.written`), which must share memory with no other."""
     dims = signature.bind(kernel_name, params, args, numpy_ok=False)
+    signature.check_separate(kernel_name, params, args, writes)
     tensors = [(name, x) for (name, t), x in zip(params, args) if isinstance(t, TensorType)]
     if device is None:
         import torch

@@ -143,13 +143,14 @@ class LaunchState:
     checked launch plans (:class:`_Plan`), at most ``_MAX_PLANS``, the last one launched, and
     ``compiled.ranks``."""
 
-    __slots__ = ("functions", "plans", "ranks", "last")
+    __slots__ = ("functions", "plans", "ranks", "last", "writes")
 
     def __init__(self) -> None:
         self.functions: dict[int, driver.Function] = {}
         self.plans: dict[tuple, _Plan] = {}
         self.ranks: Any = _UNKNOWN  # compiled.ranks, once asked
         self.last: _Plan | None = None  # the plan of the last launch, tried first (its ``match``)
+        self.writes: frozenset[int] | None = None  # the tensor parameters the kernel writes, once asked
 
 
 _UNKNOWN = object()
@@ -277,14 +278,17 @@ class _Plan:
     it (the thread is part of the plan's key): no other thread's addresses can reach the driver
     between one thread's rebasing and its launch."""
 
-    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "stream", "match", "rematches")
+    __slots__ = ("grid", "go", "addresses", "slots", "maps", "aligned", "stream", "match", "rematches", "apart")
 
     def __init__(self, grid: tuple[int, ...], go: Any, addresses: list[int], slots: ctypes.Array | None = None,
                  maps: Sequence[_MapSlot] = (), aligned: Sequence[int] = (), stream: Any = None,
-                 match: Match | None = None):
+                 match: Match | None = None, apart: Sequence[tuple[int, int, int, int]] = ()):
         self.grid, self.go, self.addresses = grid, go, addresses
         self.slots, self.maps, self.aligned, self.stream = slots, maps, aligned, stream
         self.match, self.rematches = match, 0
+        # (written tensor, other tensor, their byte spans), in tensor order: tensors that must
+        # not overlap (tkc.signature.check_separate), checked on every new set of addresses
+        self.apart = apart
 
     def launch(self, addresses: list[int], device: int, stream: int | None = None) -> bool:
         """Launch on the tensors at ``addresses`` on torch's current stream of ``device`` (or
@@ -303,6 +307,9 @@ class _Plan:
         for i in self.aligned:
             if addresses[i] % 16:
                 return False
+        for w, j, span_w, span_j in self.apart:
+            if addresses[w] < addresses[j] + span_j and addresses[j] < addresses[w] + span_w:
+                return False  # a written tensor overlapping another: the checked launch says so
         if self.slots is not None:
             self.slots[:] = addresses
         for m in self.maps:
@@ -312,6 +319,13 @@ class _Plan:
 
 
 _MAX_MAPS = 8  # per TMA operand of a plan; the caching allocator hands out a few addresses again and again
+
+
+def _apart(tensors: Sequence[int], writes: frozenset[int], args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+    """:attr:`_Plan.apart` of a launch on ``args`` (``tensors``: the tensor parameters' positions)."""
+    spans = [hi - lo for lo, hi in (signature.byte_range(args[i]) for i in tensors)]
+    return tuple((a, b, spans[a], spans[b]) for a, i in enumerate(tensors) if i in writes
+                 for b, k in enumerate(tensors) if b != a and spans[a] and spans[b] and not (k in writes and b < a))
 
 
 class _MapSlot:
@@ -483,7 +497,9 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     params = compiled.params
     maps = tma_operands(params, compiled.tma_maps)
     tma_names = {params[i][0] for i, _, _ in maps}
-    arg_checks.check_launch(compiled.name, params, args, tma=tma_names)
+    if state.writes is None:
+        state.writes = signature.written(compiled.kernel_op)
+    arg_checks.check_launch(compiled.name, params, args, tma=tma_names, writes=state.writes)
     device = torch.device("cuda", torch.cuda.current_device())
     _check_device(compiled.target, device)
     # A persistent kernel sizes its grid by the SM count (tile.num_sms): this device's, or
@@ -533,7 +549,8 @@ def _launch_checked(compiled: Any, args: Sequence[Any], grid: Any, stream: int |
     named = [_MapSlot(tensors.index(i), params[i][0], tm, prepared.ptrs, len(values) + n)
              for n, ((i, _, _), tm) in enumerate(zip(maps, maps_enc))]
     match = Match.of(args, device.index) if key is not None and key[2] is None else None  # key[2]: the grid given
-    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned, stream_of, match))
+    _keep_plan(compiled, key, _Plan(grid, go, addresses, slots, named, aligned, stream_of, match,
+                                    _apart(tensors, state.writes, args)))
     return grid
 
 

@@ -39,6 +39,7 @@ def bind_arguments(kernel: Operation, args: Sequence[Any]) -> tuple[dict[Value, 
     and writeable (the kernel then runs in place), else a rounded copy.  A tensor passed
     twice stays one tensor.  Arguments are checked first (:func:`tkc.signature.bind`)."""
     check_args(kernel, args)
+    signature.check_separate(kernel.sym_name, signature.kernel_params(kernel), args, signature.written(kernel))
     env: dict[Value, Any] = {}
     working: dict[int, np.ndarray] = {}
     for p, x in zip(kernel.regions[0].block.args, args):

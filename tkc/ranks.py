@@ -36,6 +36,7 @@ from tkc.ir.core import Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.races import HappensBefore
+from tkc.signature import shares_memory
 from tkc.frontend.emit import CMP_PREDS
 from tkc.semantics import _CMP as semantics_cmp
 from tkc.semantics import Program, _box_slices, gather_elements
@@ -417,30 +418,10 @@ def check_own_memory(params: Sequence[Any], rank_args: Sequence[Sequence[Any]]) 
             if not isinstance(p.type, TensorType):
                 continue
             for r2, name2, b in seen:
-                if r2 != r and _share(a, b):
+                if r2 != r and shares_memory(a, b):
                     raise TkcLaunchError(f"'{p.name_hint}' of rank {r} shares memory with '{name2}' of rank {r2}; "
                                          f"every rank has memory of its own (pass a copy per rank)")
             seen.append((r, p.name_hint, a))
-
-
-def _share(a: Any, b: Any) -> bool:
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        try:  # bounds that overlap, then whether an element is shared (strided views may interleave)
-            return bool(np.may_share_memory(a, b)) and bool(np.shares_memory(a, b, max_work=10**6))
-        except np.exceptions.TooHardError:
-            return True
-    if hasattr(a, "data_ptr") and hasattr(b, "data_ptr") and a.device == b.device:
-        (a0, a1), (b0, b1) = _extent(a), _extent(b)
-        return a0 < b1 and b0 < a1  # byte ranges that overlap (disjoint slices of one tensor do not)
-    return False
-
-
-def _extent(t: Any) -> tuple[int, int]:
-    """The bytes a torch tensor's elements span, [first, last + 1) (empty: none)."""
-    if t.numel() == 0:
-        return 0, 0
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
 def _check_symmetric(params: Sequence[Any], envs: list[dict]) -> None:

@@ -3,7 +3,9 @@
 Owns the device-independent half of "do these arguments fit this kernel": the
 argument count, tensor vs scalar, element dtype, rank, fixed dims, symbolic
 dims that must agree across tensors (``dim M is 128 from a (axis 0) but 96
-from c (axis 0)``) and scalar kinds and ranges.  The interpreter
+from c (axis 0)``), scalar kinds and ranges, and that a tensor the kernel writes shares no
+memory with another argument (:func:`check_separate`; numpy's overlap test, a torch
+tensor's byte range).  The interpreter
 (``tkc.interpreter``) and the GPU runtime (``tkc.runtime.args``) both call
 :func:`bind`, so a wrong argument gets the same message whichever runs it.
 
@@ -26,7 +28,8 @@ from tkc.dtypes import DType
 from tkc.errors import TkcLaunchError
 from tkc.ir.types import ScalarType, TensorType, Type
 
-__all__ = ["Param", "kernel_params", "bind", "check_scalar", "is_torch"]
+__all__ = ["Param", "kernel_params", "bind", "check_scalar", "check_separate", "is_torch", "shares_memory",
+           "written"]
 
 #: A kernel parameter as the checks see it: its name and its IR type.
 Param = tuple[str, Type]
@@ -36,6 +39,61 @@ def kernel_params(kernel: Any) -> list[Param]:
     """``(name, type)`` of each parameter of a ``tile.kernel`` op.  A parameter with no
     source name is called ``argument <i>``."""
     return [(a.name_hint or f"argument {a.index}", a.type) for a in kernel.regions[0].block.args]
+
+
+#: Ops that write their first operand, a tensor (or a peer's copy of one), at either level.
+WRITES = frozenset({"tile.store", "tile.masked_store", "tile.atomic", "tile.atomic_cas", "hopper.store",
+                    "hopper.tma_store", "hopper.atomic_fetch"})
+
+
+def written(kernel: Any) -> frozenset[int]:
+    """The positions of the tensor parameters a kernel (tile or hopper IR) writes."""
+    params = list(kernel.regions[0].block.args)
+    out = set()
+    for op in kernel.walk():
+        if op.name in WRITES and op.operands:
+            t = op.operands[0]
+            owner = getattr(t, "owner", None)
+            if owner is not None and owner.name == "tile.peer":
+                t = owner.operands[0]
+            if t in params:
+                out.add(params.index(t))
+    return frozenset(out)
+
+
+def check_separate(kernel_name: str, params: Sequence[Param], args: Sequence[Any], writes: frozenset[int]) -> None:
+    """No tensor the kernel writes shares memory with another of its arguments: programs run
+    in no fixed order and the compiler moves reads (docs/language.md), so a launch on
+    overlapping tensors gives no defined result.  One tensor passed to two parameters the
+    kernel only reads is fine."""
+    for w in sorted(writes):
+        for j, ((name, t), x) in enumerate(zip(params, args)):
+            if j != w and isinstance(t, TensorType) and shares_memory(args[w], x):
+                what = "also writes" if j in writes else "reads"
+                raise TkcLaunchError(f"kernel @{kernel_name}: '{params[w][0]}' shares memory with '{name}', which "
+                                     f"the kernel {what}; a tensor it writes must not overlap another argument "
+                                     f"(programs run in no fixed order): pass a separate tensor, e.g. a .clone()")
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether two arrays (numpy) or tensors (torch, one device) share an element's memory."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        try:  # bounds that overlap, then whether an element is shared (strided views may interleave)
+            return bool(np.may_share_memory(a, b)) and bool(np.shares_memory(a, b, max_work=10**6))
+        except np.exceptions.TooHardError:
+            return True
+    if is_torch(a) and is_torch(b) and a.device == b.device and a.device.type != "meta":  # (meta: no memory)
+        (a0, a1), (b0, b1) = byte_range(a), byte_range(b)
+        return a0 < b1 and b0 < a1  # byte ranges that overlap (disjoint slices of one tensor do not)
+    return False
+
+
+def byte_range(t: Any) -> tuple[int, int]:
+    """The bytes a torch tensor's elements span, [first, last + 1) (empty: none)."""
+    if t.numel() == 0:
+        return 0, 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
 def is_torch(x: Any) -> bool:

@@ -135,7 +135,14 @@ tile.kernel @k {
     run_kernel(kernel, [x, o])
     assert (o == 1.0).all()
     assert (x == 1 + 2.0**-10).all()  # an input the kernel does not store to is left alone
-    run_kernel(kernel, [o, o])  # the same array twice is one tensor
+    # one array as the tensor read and the one written: refused (docs/language.md: a written
+    # tensor must not overlap a read one), as a view into it is
+    with pytest.raises(TkcLaunchError, match="'o' shares memory with 'x', which the kernel reads"):
+        run_kernel(kernel, [o, o])
+    big = np.zeros(24, np.float32)
+    with pytest.raises(TkcLaunchError, match="'o' shares memory with 'x'"):
+        run_kernel(kernel, [big[8:], big[:16]])
+    run_kernel(kernel, [big[:8].repeat(2), big[8:]])  # separate memory: fine
 
 
 def test_unknown_op_is_located_error():

@@ -128,7 +128,7 @@ def test_index_dtype_mismatch_is_refused_before_launch(no_driver: None, given: o
 def test_tma_tensors_are_named_to_the_layout_checks(no_driver: None, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = {}
 
-    def check_launch(name, params, args, tma=(), device=None):
+    def check_launch(name, params, args, tma=(), device=None, writes=frozenset()):
         seen.update(name=name, tma=set(tma))
         raise TkcLaunchError("stop here")
 

@@ -252,6 +252,25 @@ def test_a_new_output_tensor_at_each_call_reuses_the_plan(gpu: types.SimpleNames
     assert gpu.checks == 1
 
 
+def test_an_output_overlapping_an_input_is_refused_before_the_driver(gpu: types.SimpleNamespace) -> None:
+    """A plan made on separate tensors is not taken when a later call's output overlaps an
+    input (its addresses are checked apart): the checked launch refuses it, nothing launched."""
+    c, (a, b, out) = gemm(), gemm_args(128, 128, 128)
+    launch_mod.launch(c, [a, b, out])
+    launch_mod.launch(c, [a, b, cuda_like(torch.zeros(128, 128, dtype=torch.bfloat16))])
+    assert gpu.checks == 1 and len(gpu.lib.launches) == 2
+    with pytest.raises(TkcLaunchError, match="'c' shares memory with 'a', which the kernel reads"):
+        launch_mod.launch(c, [a, b, a])
+    base = torch.zeros(3 * 128 * 128, dtype=torch.bfloat16)
+    with pytest.raises(TkcLaunchError, match="'c' shares memory with 'b'"):  # views that overlap by half
+        launch_mod.launch(c, [a, cuda_like(base[:128 * 128].view(128, 128)),
+                              cuda_like(base[64 * 128:192 * 128].view(128, 128))])
+    assert len(gpu.lib.launches) == 2 and gpu.checks == 3
+    launch_mod.launch(c, [a, cuda_like(base[:128 * 128].view(128, 128)),
+                          cuda_like(base[128 * 128:256 * 128].view(128, 128))])  # adjacent: fine
+    assert len(gpu.lib.launches) == 3
+
+
 def test_a_plan_keeps_a_bounded_number_of_tensor_maps(gpu: types.SimpleNamespace,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch_mod, "_MAX_MAPS", 3)
