@@ -921,6 +921,15 @@ class KernelLowering:
                                        f"extents must be compile-time constants, e.g. i*BM:(i+1)*BM", loc)
                 if ext.const < 1:
                     raise TkcTypeError(f"slice on axis {axis} has extent {ext.const}; it must be positive", loc)
+                if fa.is_const and fa.const < 0:
+                    # as a negative index is: Python's x[-16:] counts from the end, here it would
+                    # read 16 masked zeros before the first element
+                    raise TkcTypeError(f"slice start {fa.const} on axis {axis} of '{view.tensor.name}': tensor "
+                                       f"indices count from 0 (a slice may run past the end, where it reads 0, "
+                                       f"but not start before 0)", loc)
+                if fa.is_const and isinstance(t.dims[axis], int) and fa.const >= t.dims[axis]:
+                    raise TkcTypeError(f"slice on axis {axis} of '{view.tensor.name}' starts at {fa.const}, past "
+                                       f"its {t.dims[axis]} elements", loc)
                 offsets.append(self.value_of(lo, view.node))
                 box.append(-(-ext.const // step))
                 steps.append(step)
