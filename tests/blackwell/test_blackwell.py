@@ -343,3 +343,32 @@ def test_products_outside_a_loop_issue_before_their_load(seed: int) -> None:
     args = random_args(kernel, {"M": 200, "N": 128, "K": 64}, seed)
     result = run(kernel, args, "emulate", check=True, seed=seed, target=SM100)
     assert result.ok, result.checked
+
+
+# Sums 256 and 16 wide: 3 or 4 epilogue warpgroups cannot each read whole 8-column groups of
+# the 16-wide one; 2 can (the count went up to 4 and stopped there, refused).
+WIDE_AND_NARROW = """@kernel
+def k(xb: bf16[M, N], wb: bf16[N, N], o: f32[G, 128, 256], o1: f32[G, 128, 16]):
+    grid(cdiv(M, 128))
+    p = program_id(0)
+    r = p * 128
+    acc0 = zeros([128, 256], f32)
+    for kk in range(cdiv(N, 32)):
+        acc0 += xb[r:r+128, kk*32:(kk+1)*32] @ wb[kk*32:(kk+1)*32, 0:256]
+    acc1 = zeros([128, 16], f32)
+    for kk in range(cdiv(N, 32)):
+        acc1 += xb[r:r+128, kk*32:(kk+1)*32] @ wb[kk*32:(kk+1)*32, 0:16]
+    o[p, :, :] = acc0
+    o1[p, :, :] = acc1
+"""
+
+
+def test_epilogue_warpgroups_that_split_every_width_are_found_below_the_columns_count() -> None:
+    kernel = compile_kernel(WIDE_AND_NARROW, {}, stop="tkir", cache=False).kernel_op
+    hopper = compile_kernel(WIDE_AND_NARROW, {}, stop="hopper", cache=False, target=SM100).kernel_op
+    assert any(isinstance(op.result.type.layout, TmemAccumulator) and op.result.type.layout.warpgroups == 2
+               for op in hopper.walk() if op.results and getattr(op.result.type, "layout", None) is not None
+               and isinstance(op.result.type.layout, TmemAccumulator))
+    args = random_args(kernel, {"M": 256, "N": 256, "G": 2}, 0)
+    result = run(kernel, args, "emulate", check=True, target=SM100)
+    assert result.ok, result.checked

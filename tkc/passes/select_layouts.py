@@ -260,10 +260,20 @@ class _Selector:
         if any(summed) and not all(summed):
             need = max(sum(n for n, kept in zip(widths, summed) if not kept),
                        max(n for n, kept in zip(widths, summed) if kept))
-        consumers = self.options.consumers or max(-(-need // 128), 2 if len(ms) > 1 else 1)
-        while self.options.consumers is None and consumers < 4 \
-                and any(op.acc.type.shape[1] % (8 * consumers) for op, _ in ms):
-            consumers += 1  # each warpgroup reads whole 8-column groups (S 64 wide beside O 256: 4)
+        consumers = self.options.consumers
+        if consumers is None:
+            # Each warpgroup reads whole 8-column groups of every accumulator (S 64 wide beside O
+            # 256: 4).  From the count the columns ask for up to 4, else fewer (more columns a
+            # thread: a 256- and a 16-wide sum take 2).
+            least = max(-(-need // 128), 2 if len(ms) > 1 else 1)
+            fits = [c for c in (*range(least, 5), *range(least - 1, 0, -1))
+                    if not any(op.acc.type.shape[1] % (8 * c) for op, _ in ms)]
+            if not fits:
+                shown = ", ".join(str(op.acc.type.shape[1]) for op, _ in ms)
+                raise self._unsupported(ms[0][0], f"the products' widths ({shown}) split over no count of epilogue "
+                                                  f"warpgroups (1 to 4) reading 8 columns each of every one: make "
+                                                  f"each width a multiple of 32")
+            consumers = fits[0]
         for op, _ in ms:
             n = op.acc.type.shape[1]
             if n % (8 * consumers):
