@@ -717,8 +717,14 @@ def test_a_python_file_that_fails_to_import_is_the_users_error(tmp_path: Path) -
     (tmp_path / "raises.py").write_text("import tkc\nx = 1\nraise ValueError('boom')\n")
     (tmp_path / "syntax.py").write_text("import tkc\ndef f(:\n")
     (tmp_path / "imports.py").write_text("from tkc.ops.kernels.rmsnorm import rmsnorm  # noqa: F401\n")
-    for name, said in (("raises", "raises.py:3: importing .*raises.py raised ValueError: boom"),
-                       ("syntax", "syntax.py:2: invalid syntax: importing .*syntax.py failed"),
+    (tmp_path / "noann.py").write_text("import tkc\n\n\n@tkc.kernel\ndef k(x: f32[N]):\n    grid(1)\n")
+    for name, said in (("raises", r"raises.py:3:1: error: importing .*raises.py raised ValueError: boom\n"
+                                  r"raise ValueError\('boom'\)\n\^"),
+                       ("syntax", r"syntax.py:2:7: error: invalid syntax \(importing .*syntax.py as Python\)\n"
+                                  r"def f\(:\n      \^"),
+                       ("noann", r"noann.py:5:\d+: error: importing .*noann.py raised NameError: name 'f32' is not "
+                                 r"defined; a kernel's annotations \(f32\[M, N\]\) are not Python: put `from "
+                                 r"__future__ import annotations` at the top of the file"),
                        ("imports", "imports.py defines no @tkc.kernel function")):
         r = tkc_cli("compile", str(tmp_path / f"{name}.py"), "-o", str(tmp_path / "x.ptx"))
         assert r.exit_code == 1 and re.search(said, r.output) and "internal" not in r.output, r.output

@@ -24,7 +24,7 @@ import numpy as np
 
 import tkc
 from tkc import dtypes, options
-from tkc.errors import TkcError, TkcUsageError
+from tkc.errors import Loc, TkcError, TkcSyntaxError, TkcUsageError
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -229,14 +229,28 @@ def _load_python(path: str, consts: dict[str, int | float | bool]) -> Module:
     except TkcError:
         raise
     except SyntaxError as e:
-        raise TkcUsageError(f"{e.filename or path}:{e.lineno}: {e.msg}: importing {path} failed") from None
+        if e.lineno is None or (e.filename and Path(e.filename).resolve() != Path(path).resolve()):
+            raise TkcUsageError(f"{e.filename or path}:{e.lineno}: {e.msg}: importing {path} failed") from None
+        raise TkcSyntaxError(f"{e.msg} (importing {path} as Python)",
+                             Loc(str(path), e.lineno, e.offset or 1, _read_text(path))) from None
     except Exception as e:  # noqa: BLE001 - whatever the file's top level raises, said as its error
         import traceback
 
+        from tkc.frontend.lower import DTYPE_NAMES
+
         here = Path(path).resolve()
         frames = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == here]
-        where = f"{path}:{frames[-1].lineno}: " if frames else f"{path}: "
-        raise TkcUsageError(f"{where}importing {path} raised {type(e).__name__}: {e}") from None
+        hint = ""
+        if isinstance(e, NameError) and getattr(e, "name", None) in DTYPE_NAMES:
+            # the annotations of an @tkc.kernel function evaluated as Python
+            hint = ("; a kernel's annotations (f32[M, N]) are not Python: put `from __future__ import annotations` "
+                    "at the top of the file")
+        message = f"importing {path} raised {type(e).__name__}: {e}{hint}"
+        if not frames:
+            raise TkcUsageError(f"{path}: {message}") from None
+        col = getattr(frames[-1], "colno", None)
+        loc = Loc(str(path), frames[-1].lineno or 1, (col or 0) + 1, _read_text(path))
+        raise TkcUsageError(message, loc) from None
     # the file's own kernels, not those it imports (tkc.ops' kernels, say)
     mine = Path(path).resolve()
     kernels = [v for v in vars(module_obj).values() if isinstance(v, Kernel) and Path(v.file).resolve() == mine]
