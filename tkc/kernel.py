@@ -64,6 +64,8 @@ class Kernel:
     target = DEFAULT_TARGET.name
 
     def __init__(self, fn: Callable[..., Any]):
+        if not callable(fn) or not hasattr(fn, "__code__"):
+            raise TkcUsageError(f"@tkc.kernel decorates a Python function, got {type(fn).__name__}")
         try:
             lines, first_line = inspect.getsourcelines(fn)
             self.file = inspect.getsourcefile(fn) or "<unknown>"
@@ -93,7 +95,11 @@ class Kernel:
         from tkc.frontend.lower import _is_kernel_decorator
         from tkc.frontend.parser import parse
 
-        file = os.fspath(path)
+        try:
+            file = os.fspath(path)
+        except TypeError:
+            raise TkcUsageError(f"tkc.load takes the path of a .tk file (a str or a Path), got "
+                                f"{type(path).__name__}") from None
         try:
             with open(file, encoding="utf-8") as f:
                 text = f.read()
@@ -162,7 +168,12 @@ class Kernel:
                                          f"and by keyword)")
                 if i > len(given):
                     missing = self.arguments[len(given)]
-                    raise TkcLaunchError(f"kernel @{self.name}: argument '{missing}' is missing before '{name}'")
+                    from tkc.pins import PINS
+
+                    # a misspelt keyword (yy= for y=) is what usually leaves an argument missing
+                    stray = [n for n in consts if n not in self.params and n not in PINS]
+                    also = f" ('{stray[0]}' is no parameter of it)" if stray else ""
+                    raise TkcLaunchError(f"kernel @{self.name}: argument '{missing}' is missing before '{name}'{also}")
                 given.append(consts.pop(name))
         return given, consts
 
@@ -350,7 +361,7 @@ def kernel(fn: Callable[..., Any]) -> Kernel:
 def load(path: str | os.PathLike, name: str | None = None) -> Kernel:
     """The kernel ``name`` of a ``.tk`` file (its only kernel by default), called like a
     ``@tkc.kernel``: ``gemm = tkc.load("gemm.tk"); gemm(a, b, c)``."""
-    if os.fspath(path).endswith(".py"):
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path).endswith(".py"):
         raise TkcUsageError(f"tkc.load reads .tk files; {os.fspath(path)} is Python, whose @tkc.kernel functions "
                             f"are kernels already: import it")
     return Kernel.from_file(path, name)

@@ -170,7 +170,8 @@ def check_scalar(name: str, dt: DType, x: Any) -> Any:
     ok = is_bool if dt.is_bool else is_int if dt.is_int else (is_int or isinstance(x, (float, np.floating)))
     if not ok:
         shown = f" {x!r}" if isinstance(x, (int, float, str, np.generic)) else ""
-        raise TkcLaunchError(f"{name}: expected a scalar of type {dt.name}, got {type(x).__name__}{shown}")
+        kind = "bool" if dt.is_bool else dt.name
+        raise TkcLaunchError(f"{name}: expected a scalar of type {kind}, got {type(x).__name__}{shown}")
     if dt.is_int and not dt.min <= int(x) <= dt.max:
         raise TkcLaunchError(f"{name}: {x} does not fit in {dt.name}")
     if dt.is_float and is_int and abs(int(x)) > sys.float_info.max:

@@ -185,8 +185,16 @@ def test_arguments_by_keyword(monkeypatch):
         check(y, want, seed, **BF16)
     with pytest.raises(TkcLaunchError, match=r"got two values for argument 'x' \(by position and by keyword\)"):
         mod.rmsnorm(x, w, poisoned(16, 256), 1e-6, x=x)
-    with pytest.raises(TkcLaunchError, match=r"argument 'w' is missing before 'y'"):
+    with pytest.raises(TkcLaunchError, match=r"argument 'w' is missing before 'y'$"):
         mod.rmsnorm(x, y=poisoned(16, 256), eps=1e-6)
+    with pytest.raises(TkcLaunchError, match=r"argument 'w' is missing before 'y' \('ww' is no parameter of it\)"):
+        mod.rmsnorm(x, ww=w, y=poisoned(16, 256), eps=1e-6)
+    from tkc.errors import TkcUsageError
+
+    with pytest.raises(TkcUsageError, match="@tkc.kernel decorates a Python function, got int"):
+        tkc.kernel(5)
+    with pytest.raises(TkcUsageError, match=r"tkc.load takes the path of a .tk file \(a str or a Path\), got int"):
+        tkc.load(5)
 
 
 def test_a_meta_tensor_binds_but_does_not_run():

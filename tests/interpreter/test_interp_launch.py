@@ -86,7 +86,7 @@ def test_bad_grid(grid):
     (lambda a: a.__setitem__(3, True), "s: expected a scalar of type f32, got bool True"),
     (lambda a: a.__setitem__(4, 2.0), "n: expected a scalar of type i32, got float 2.0"),
     (lambda a: a.__setitem__(4, 2**31), "n: 2147483648 does not fit in i32"),
-    (lambda a: a.__setitem__(5, 1), "f: expected a scalar of type i1, got int 1"),
+    (lambda a: a.__setitem__(5, 1), "f: expected a scalar of type bool, got int 1"),
     (lambda a: a.__setitem__(4, np.zeros(3, np.int32)), "n: expected a scalar of type i32, got ndarray$"),
 ])
 def test_launch_errors(mutate, message):

@@ -52,7 +52,7 @@ def test_bind_returns_dims():
     (3, 10**400, r"^error: s: an integer of 401 digits is out of the range of a float"),
     (4, 2**31, r"^error: n: 2147483648 does not fit in i32$"),
     (4, -(2**31) - 1, r"^error: n: -2147483649 does not fit in i32$"),
-    (5, 1, r"^error: f: expected a scalar of type i1, got int 1$"),
+    (5, 1, r"^error: f: expected a scalar of type bool, got int 1$"),
     (0, torch.zeros(40, 16, dtype=torch.bfloat16).to_sparse(),
      r"^error: a: a sparse_coo tensor; kernels take dense tensors \(pass a.to_dense\(\)\)$"),
     # an expanded view: its elements along axis 0 share memory (a kernel writing it races with itself)

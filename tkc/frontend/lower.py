@@ -204,8 +204,8 @@ class KernelLowering:
                                            f"bool", p.default.loc)
                     v = d.value
                 else:
-                    raise TkcTypeError(f"constant '{p.name}' has no value; give it a default or "
-                                       f"pass -D {p.name}=...", p.loc)
+                    raise TkcTypeError(f"constant '{p.name}' has no value; give it a default, or its value at "
+                                       f"the call ({p.name}=... from Python, -D {p.name}=... with tkc)", p.loc)
                 if isinstance(v, np.generic) and isinstance(v.item(), (int, float, bool)):
                     v = v.item()  # BM=np.int64(64): a shape computed with numpy
                 if not isinstance(v, (int, float, bool)):
