@@ -202,12 +202,26 @@ def _size_and_align(op: Operation) -> tuple[int, int]:
 
 
 def _describe(a: _Alloc) -> str:
-    """``%b_smem 262144 B (4 stages of a 512x256 bf16 tile)``: what a kernel author can map
-    back to a slice of the source (its tensor's name) and its constants."""
+    """``the tiles of 'b' 262144 B (4 stages of a 512x256 bf16 tile)``: what a kernel author can map
+    back to a slice of the source (its tensor's name, or the line that stages a tile) and its
+    constants."""
     stages = a.op.attributes.get("stages", 1)
     t = a.op.result.type
     tile = f"a {'x'.join(map(str, t.shape))} {t.dtype.name} tile" if isinstance(t, TileType) else str(t)
-    return f"{a.name} {a.size} B ({f'{stages} stages of ' if stages > 1 else ''}{tile})"
+    return f"{_source_name(a)} {a.size} B ({f'{stages} stages of ' if stages > 1 else ''}{tile})"
+
+
+def _source_name(a: _Alloc) -> str:
+    """The allocation in the source's words: the copies of a tensor (``%k_smem``: "the tiles of 'k'"),
+    the staging of a store (``%c_out0``: "the store of c"), else where a tile is staged."""
+    hint = a.op.result.name_hint or ""
+    for suffix, words in (("_smem", "the tiles of '{}'"), ("_out", "the store of '{}'")):
+        base, _, rest = hint.rpartition(suffix)
+        if base and base[0].isalpha() and (rest == "" or rest.isdigit()):
+            return words.format(base)
+    loc = a.op.loc
+    source = loc is not None and loc.line and not str(loc.file).endswith(".tkir")  # (IR input: its names)
+    return f"a tile staged at line {loc.line}" if source else a.name
 
 
 def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> None:
@@ -256,11 +270,13 @@ def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> Non
         # At the largest tile's source line where it has one (the slice its copies fill).
         loc = next((a.op.loc for a in shown if not a.is_barrier and a.op.loc is not None and a.op.loc.line),
                    kernel.loc)
+        fewer = [" or fewer stages (-D stages=2)"] if any(a.op.attributes.get("stages", 1) > 1
+                                                          for a in shown if not a.is_barrier) else []
+        if ctas > 1:
+            fewer.append(f" or fewer programs an SM (-D ctas_per_sm={ctas - 1})")
         raise TkcPassError(f"kernel '{kernel.attributes.get('sym_name')}' needs {total} B of shared memory, "
-                           f"{room}: " + ", ".join(parts) + "; use smaller tiles (BM, BN, BK)"
-                           + (" or fewer stages (-D stages=2)" if any(a.op.attributes.get("stages", 1) > 1
-                                                                      for a in shown if not a.is_barrier) else ""),
-                           loc)
+                           f"{room}: " + ", ".join(parts) + "; use smaller tiles (the constants that size them)"
+                           + "".join(fewer), loc)
     for a in allocs:
         a.op.attributes["offset"] = a.offset
     kernel.attributes["smem_bytes"] = total
