@@ -260,10 +260,9 @@ def test_a_vector_widened_to_a_row_block_takes_its_slice():
 @pytest.mark.parametrize("body,message", [
     ("c[0:32, 0:64] = a[0:32, 0:64] @ b[0:64, 0:64]", "64 rows per warpgroup"),
     ("c[0:64, 0:512] = a[0:64, 0:64] @ b[0:64, 0:512]", "8 to 256 columns in steps of 8; this product has 512"),
-    ("c[0:64, 0:64] = (x[0:64, 0:64] * 2.0) @ y[0:64, 0:64]", "A operand of @ cannot go to shared memory: "
-                                                             "wgmma takes 16- and 8-bit operands, not f32"),
-    ("c[0:64, 0:64] = x[0:64, 0:64] @ y[0:64, 0:64]", "A operand of @ cannot go to shared memory: "
-                                                     "wgmma takes 16- and 8-bit operands, not f32"),
+    ("c[0:64, 0:64] = (x[0:64, 0:64] * 2.0) @ y[0:64, 0:64]", "the A operand of @ is f32: @ takes 16- and "
+                                                             "8-bit operands (cast the tile first, e.g. .to(bf16))"),
+    ("c[0:64, 0:64] = x[0:64, 0:64] @ y[0:64, 0:64]", "the A operand of @ is f32: @ takes 16- and 8-bit operands"),
 ])
 def test_unsupported_is_located(body, message):
     m = compile_source(_src(body, "a: bf16[M, K], b: bf16[K, N], c: f32[M, N], x: f32[M, K], y: f32[K, N]"), "bad.tk")

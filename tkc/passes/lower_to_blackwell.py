@@ -281,7 +281,8 @@ class _Lowering:
             return b.value(tile.ConstantOp, [], I32, {"value": 0})
         container = loop.parent.parent_op if loop.parent else None
         if loop.name != "tile.for" or container is None or container.name not in ("hopper.role", "tile.kernel"):
-            raise _unsupported(w, "a product nested deeper than one loop of its role is not lowered to tcgen05 yet")
+            raise _unsupported(w, "a product read at once in a loop that is itself inside another loop is not "
+                                  "lowered to tcgen05 yet; it compiles for Hopper")
         iv, (lb, _, step) = loop.regions[0].block.args[0], loop.operands[:3]
         run = iv if _is_zero(lb) else b.value(tile.SubOp, [iv, lb], I32)
         if not _is_constant(step, 1):
@@ -392,7 +393,9 @@ class _Lowering:
         if not following or following[0].name != "hopper.wgmma_wait_group":
             n = sum(op.name == "hopper.wgmma" for op in body.ops)
             why = (f"this loop accumulates {n} products" if n > 1 else
-                   "this product's tiles are not copied a few iterations ahead (a TMA ring of 2 or more stages)")
+                   "this product's tiles are not copied a few iterations ahead (a TMA ring of 2 or more stages: "
+                   "the note at the loop says why, e.g. two stages not fitting in shared memory, where smaller "
+                   "tiles or fewer programs an SM make room)")
             raise _unsupported(w, f"one product a loop is lowered, accumulating over tiles copied ahead as gemm.tk "
                                   f"does; {why}: not yet on this target (it compiles for Hopper)")
         j = body.args.index(w.acc) - 1

@@ -131,7 +131,7 @@ def tma_loadable(op: Operation, target: Target, written: frozenset = frozenset()
     if t.rank > 5:
         return f"TMA copies tensors of at most 5 axes, this one has {t.rank}"
     if t.dtype.bits not in target.mma_operand_bits:
-        return f"wgmma takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first)"
+        return f"@ takes 16- and 8-bit operands, not {t.dtype.name} (cast the tile first, e.g. .to(bf16))"
     misfit = core_matrix_misfit(*tile.shape, t.dtype)
     if misfit:
         return misfit
@@ -337,9 +337,9 @@ class _Selector:
                     continue  # computed in registers: converted to #wgmma_a(8) later, no shared memory
                 # (tcgen05.mma reads A from shared or tensor memory: a register A is staged below.)
                 if staged and src.type.dtype.bits not in self.target.mma_operand_bits:
-                    raise self._unsupported(mma, f"the {which.upper()} operand of @ cannot go to shared memory: "
-                                            + (why or f"wgmma takes 16- and 8-bit operands, not "
-                                                      f"{src.type.dtype.name} (cast the tile first)"))
+                    raise self._unsupported(mma, f"the {which.upper()} operand of @ is {src.type.dtype.name}: "
+                                            + (why or "@ takes 16- and 8-bit operands (cast the tile first, e.g. "
+                                                      ".to(bf16))"))
                 # A is MxK, B is KxN; the stored tile's contiguous axis decides the major.
                 k_contiguous = (which == "a") != transposed
                 major = "k" if k_contiguous else "mn"
