@@ -736,3 +736,16 @@ def test_a_runtime_argument_is_not_a_constant() -> None:
                                 "(tkc run: --scalar sm_scale=0.5)" in r.output, r.output
     r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "-D", "x=3", "--dim", "M=4", "--dim", "N=64")
     assert r.exit_code == 1 and "'x' is an argument given at each call, not a constant" in r.output, r.output
+
+
+def test_a_name_given_twice_with_two_values_is_refused() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BN=64", "-D", "BN=128", "-o", "x.tkir")
+    assert r.exit_code == 2 and "BN is given twice (64 and 128): give it once" in r.output, r.output
+    r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--dim", "M=4", "--dim", "M=8", "--dim", "N=64")
+    assert r.exit_code == 2 and "M is given twice (4 and 8): give it once" in r.output, r.output
+
+
+def test_a_misspelt_constant_gets_a_suggestion_among_the_constants() -> None:
+    r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BNN=64", "-o", "x.tkir")
+    assert r.exit_code == 1 and "unknown constant 'BNN'; did you mean 'BN'? (the kernel's constants: BK, BM, BN;" \
+        in r.output, r.output

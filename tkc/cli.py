@@ -98,11 +98,19 @@ def _parse_defines(ctx: click.Context, param: click.Parameter, items: tuple[str,
         if not eq or not name.isidentifier():
             raise click.BadParameter(f"'{item}' is not NAME=VALUE", ctx, param)
         try:
-            out[name] = parse_value(text.strip())
+            value = parse_value(text.strip())
         except ValueError:
             raise click.BadParameter(f"'{item}': the value is not an int, a float, true or false",
                                      ctx, param) from None
+        _once(out, name, value, ctx, param)
     return out
+
+
+def _once(out: dict, name: str, value: object, ctx: click.Context, param: click.Parameter) -> None:
+    """``out[name] = value``, refusing a name given twice with two values (the last would win)."""
+    if name in out and (type(out[name]), out[name]) != (type(value), value):
+        raise click.BadParameter(f"{name} is given twice ({out[name]} and {value}): give it once", ctx, param)
+    out[name] = value
 
 
 def _parse_dims(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
@@ -111,7 +119,7 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, items: tuple[str, ..
         name, eq, text = item.partition("=")
         if not eq or not name.isidentifier() or not text.strip().isdigit() or int(text) < 1:
             raise click.BadParameter(f"'{item}' is not NAME=SIZE with a positive size", ctx, param)
-        out[name] = int(text)
+        _once(out, name, int(text), ctx, param)
     return out
 
 
@@ -122,10 +130,11 @@ def _parse_scalars(ctx: click.Context, param: click.Parameter, items: tuple[str,
         try:
             if not eq or not name.isidentifier():
                 raise ValueError
-            out[name] = parse_value(text.strip())
+            value = parse_value(text.strip())
         except ValueError:
             raise click.BadParameter(f"'{item}' is not NAME=VALUE with an int, a float, true or false",
                                      ctx, param) from None
+        _once(out, name, value, ctx, param)
     return out
 
 

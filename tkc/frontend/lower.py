@@ -1325,8 +1325,12 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
         raise TkcUsageError(f"'{name}' is a tensor dim, not a constant: its size comes from the tensors passed "
                             f"(tkc run: --dim {name}={consts[name]})", node.loc)
     if unknown:
-        raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}; the kernel's parameters are "
-                            f"{', '.join(sorted(known)) or 'none'} (pins: {', '.join(PINS)})", kernels[0].loc)
+        constants = sorted({p.name for k in kernels for p in k.params if is_const_annotation(p.annotation)})
+        near = difflib.get_close_matches(unknown[0], [*constants, *PINS], n=1)
+        raise TkcUsageError(f"unknown constant {', '.join(map(repr, unknown))}"
+                            + (f"; did you mean '{near[0]}'?" if near else "")
+                            + f" (the kernel's constants: {', '.join(constants) or 'none'}; pins: {', '.join(PINS)})",
+                            kernels[0].loc)
     runtime = [p for k in kernels for p in k.params
                if p.name in consts and p.name not in PINS and not is_const_annotation(p.annotation)]
     if runtime:
