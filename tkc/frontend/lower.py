@@ -731,9 +731,8 @@ class KernelLowering:
             else:
                 near = [_DTYPE_ALIASES[e.id]] if e.id in _DTYPE_ALIASES else difflib.get_close_matches(
                     e.id, sorted({*BUILTIN_FUNCS, *DTYPE_NAMES}), n=1)
-                hint = (f"; did you mean '{near[0]}'?" if near else "") + (
-                    f" (the builtins are {', '.join(sorted(n for n in BUILTIN_FUNCS if n not in NAMESPACES))}; "
-                    f"the dtypes {', '.join(DTYPE_NAMES)}; tkc ops describes each op)")
+                hint = f"; did you mean '{near[0]}'?" if near else \
+                    " (no parameter, local name or builtin has that name: `tkc ops` lists the builtins)"
             raise TkcNameError(f"name '{e.id}' is not defined{hint}", e.loc)
         if isinstance(v, _LoopLocal):
             raise TkcNameError(f"'{e.id}' is assigned only inside {v.where} (line {v.loc.line}); "
