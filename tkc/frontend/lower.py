@@ -400,6 +400,9 @@ class KernelLowering:
                 self.assign(t, item, value_node)
         elif isinstance(target, ast.Subscript):
             base = self.expr(target.value)
+            if isinstance(base, View):  # c[0:64, 0:64][0:16, :] = ...
+                raise TkcUnsupportedError("a slice of a slice cannot be assigned: index the tensor once "
+                                          "(c[r:r+16, 0:64] = ...)", target.loc)
             if not isinstance(base, Tensor):
                 raise TkcUnsupportedError(f"only tensor slices can be assigned; this is {self._kind(base)}",
                                           target.loc)
@@ -779,7 +782,8 @@ class KernelLowering:
             return self.load(v, None)
         if isinstance(v, (Const, Dyn)):
             return v
-        raise TkcTypeError(f"expected a value, got {self._kind(v)}", node.loc)
+        hint = f": slice it, e.g. {v.name}[i*BN:(i+1)*BN]" if isinstance(v, Tensor) else ""
+        raise TkcTypeError(f"expected a value, got {self._kind(v)}{hint}", node.loc)
 
     def dyn(self, v: object, node: ast.Node, like: Type | None = None) -> Dyn:
         """An IR value: constants are materialized (in ``like``'s dtype)."""
@@ -832,7 +836,8 @@ class KernelLowering:
         if isinstance(v, Text):
             return f"the string {v.value!r}"
         if isinstance(v, TupleV):
-            return f"a tuple of {len(v.items)}" if v.items else "no value (a helper without 'return')"
+            return f"a tuple of {len(v.items)}" if v.items else \
+                "no value (a helper without 'return', or an atomic on a tile, which returns nothing)"
         return "this expression"
 
     # ---------------------------------------------------------------- memory
