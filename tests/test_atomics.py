@@ -241,7 +241,7 @@ def test_two_programs_writing_one_element_is_a_race(src: str, line: int, how: st
     ("atomic_cas(y[0:16], x[0:16], x[0:16])", r"atomic_cas\(\) swaps one element"),
     ("z = atomic_add(y[0:16], x[0:16])\n    y[0:16] = z", r"expected a value to store into 'y', got no value"),
     ("atomic_add(x, 1.0)", r"takes a tensor slice or element like x\[i\]"),
-    ("atomic_add(y[0:16], x[0:16].to(bf16))", r"storing tile<16xbf16> into f32 tensor 'y'"),
+    ("atomic_add(y[0:16], x[0:16].to(bf16))", r"adding tile<16xbf16> into f32 tensor 'y'"),
 ])
 def test_misuse_is_a_located_error(body: str, message: str) -> None:
     src = f"@kernel\ndef k(x: f32[N], y: f32[N], h: bf16[N]):\n    grid(1)\n    {body}\n"

@@ -1084,17 +1084,18 @@ class KernelLowering:
                                f"{self._kind(v)}", loc)
         if isinstance(v, Const):
             v = self.em.materialize(v, ScalarType(t.dtype), loc)
+        doing = "storing" if verb == "store" else "adding" if "atomic_add" in verb else "combining"
         if v.type.dtype != t.dtype:
-            raise TkcTypeError(f"storing {v.type} into {t.dtype.name} tensor '{view.tensor.name}'; "
+            raise TkcTypeError(f"{doing} {v.type} into {t.dtype.name} tensor '{view.tensor.name}'; "
                                f"cast with .to({t.dtype.name})", loc)
         if kept:
             if v.type.shape if isinstance(v.type, TileType) else False:
                 if len(v.type.shape) != len(kept) or any(
                         a != b and a != 1 for a, b in zip(v.type.shape, kept)):
-                    raise TkcTypeError(f"storing {v.type} into a slice of shape {list(kept)}", loc)
+                    raise TkcTypeError(f"{doing} {v.type} into a slice of shape {list(kept)}", loc)
             v = self.em.broadcast_to(v, kept, loc)
         elif isinstance(v.type, TileType):
-            raise TkcTypeError(f"storing {v.type} into a single element", loc)
+            raise TkcTypeError(f"{doing} {v.type} into a single element", loc)
         return v
 
     # ---------------------------------------------------------------- ranks
