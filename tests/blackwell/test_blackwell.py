@@ -372,3 +372,20 @@ def test_epilogue_warpgroups_that_split_every_width_are_found_below_the_columns_
     args = random_args(kernel, {"M": 256, "N": 256, "G": 2}, 0)
     result = run(kernel, args, "emulate", check=True, target=SM100)
     assert result.ok, result.checked
+
+
+def test_an_accumulator_carried_into_its_k_loop_is_refused_saying_so() -> None:
+    src = """@kernel
+def s(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], n: i32):
+    grid(cdiv(M, 128))
+    r = program_id(0) * 128
+    acc = zeros([128, 64], f32)
+    for i in range(n):
+        for k in range(cdiv(K, 64)):
+            acc += a[r:r+128, k*64:(k+1)*64] @ b[k*64:(k+1)*64, 0:64]
+    c[r:r+128, 0:64] = acc
+"""
+    with pytest.raises(TkcUnsupportedError, match=r"zero just before the loop of its products .* here it is not zero "
+                                                  r"at the loop") as e:
+        compile_kernel(src, {}, stop="hopper", cache=False, target=SM100)
+    assert e.value.loc is not None and e.value.loc.line == 8

@@ -399,10 +399,14 @@ class _Lowering:
             raise _unsupported(w, f"one product a loop is lowered, accumulating over tiles copied ahead as gemm.tk "
                                   f"does; {why}: not yet on this target (it compiles for Hopper)")
         j = body.args.index(w.acc) - 1
-        if not _is_zero(loop.operands[3 + j]) or users.get(w.acc, []) != [w] \
-                or body.terminator.operands[j] is not w.result or users.get(w.result, []) != [body.terminator]:
-            raise _unsupported(w, "only an accumulator that starts at zero and only accumulates products (acc += "
-                                  "a @ b) is kept in tensor memory")
+        if not _is_zero(loop.operands[3 + j]):
+            raise _unsupported(w, "only an accumulator that is zero just before the loop of its products is kept "
+                                  "in tensor memory (acc = zeros(...) then acc += a @ b); here it is not zero at the "
+                                  "loop (carried from a loop around it, say)")
+        if users.get(w.acc, []) != [w] or body.terminator.operands[j] is not w.result \
+                or users.get(w.result, []) != [body.terminator]:
+            raise _unsupported(w, "only an accumulator that only accumulates products (acc += a @ b) is kept in "
+                                  "tensor memory; this one is also read or changed in the loop")
         ring, stage_ix = self._released_ring(w, body)
         wait = self._accumulator_wait(loop, j, users)
         container = hopper.enclosing_role(w) or self.kernel
