@@ -182,3 +182,21 @@ def test_the_dump_reads_back() -> None:
     text = _compile(BLOCKED, "hopper").asm["hopper"]
     assert "#stack<" in text
     verify(parse_module(text, "<dump>"))
+
+
+@pytest.mark.parametrize("src, shape", [
+    ("    v = x[p*64:p*64+64, 0:1]\n    o[p, :, :] = v[32:64, :]\n", "64x1"),
+    ("    v = x[p:p+1, 0:128]\n    o[p, 0:1, 0:32] = v[:, 32:64]\n", "1x128"),
+])
+def test_a_block_of_a_narrow_tile_the_threads_cannot_pick_says_what_to_do(src: str, shape: str) -> None:
+    """A 64 x 1 tile's threads hold it in an order its half cannot be picked from, and it is too
+    small to move whole (the 3-D reshape cannot trade through shared memory): the slice is refused
+    at its line in the language's words, not as a 3-D tile the kernel never wrote."""
+    from tkc.errors import TkcUnsupportedError
+
+    text = f"@kernel\ndef k(x: f32[M, N], o: f32[G, 32, 32]):\n    grid(cdiv(M, 64))\n    p = program_id(0)\n{src}"
+    with pytest.raises(TkcUnsupportedError) as e:
+        compile_kernel(text, {}, stop="hopper", cache=False)
+    assert e.value.message.startswith(f"this slice of a {shape} register tile cannot be taken from the threads "
+                                      "that hold it: slice the tensor instead"), e.value.message
+    assert e.value.loc.line == 6 and "3-D" not in e.value.message

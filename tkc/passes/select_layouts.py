@@ -814,6 +814,15 @@ class _Selector:
             elif take and self._picks_by_sum(op):
                 self._take_by_sum(op)
                 return
+            elif take and whole.type.rank > 2 and split is not None and split.name == "tile.reshape" \
+                    and split.x.type.rank <= 2:
+                # A block or stepped slice of a register tile (v[32:64, :]) whose threads hold it in
+                # an order the block cannot be picked from, and too small a tile to move whole
+                # (only 1-D and 2-D tiles trade values through shared memory).
+                shape = "x".join(map(str, split.x.type.shape))
+                raise TkcUnsupportedError(f"this slice of a {shape} register tile cannot be taken from the "
+                                          f"threads that hold it: slice the tensor instead (load the rows or "
+                                          f"columns you need), or take the slice of a wider tile", op.loc)
             elif take:
                 self._need_once(op, want)
             else:
