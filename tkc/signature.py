@@ -41,17 +41,14 @@ def kernel_params(kernel: Any) -> list[Param]:
     return [(a.name_hint or f"argument {a.index}", a.type) for a in kernel.regions[0].block.args]
 
 
-#: Ops that write their first operand, a tensor (or a peer's copy of one), at either level.
-WRITES = frozenset({"tile.store", "tile.masked_store", "tile.atomic", "tile.atomic_cas", "hopper.store",
-                    "hopper.tma_store", "hopper.atomic_fetch"})
-
-
 def written(kernel: Any) -> frozenset[int]:
     """The positions of the tensor parameters a kernel (tile or hopper IR) writes."""
+    from tkc.ir.dialects.hopper import LOWERED_WRITES
+
     params = list(kernel.regions[0].block.args)
     out = set()
     for op in kernel.walk():
-        if op.name in WRITES and op.operands:
+        if op.name in LOWERED_WRITES and op.operands:
             t = op.operands[0]
             owner = getattr(t, "owner", None)
             if owner is not None and owner.name == "tile.peer":

@@ -64,7 +64,7 @@ import llvmlite.ir as ir
 from tkc.codegen import nvvm
 from tkc.codegen.runs import vectorized
 from tkc.ir.core import Operation, uses
-from tkc.ir.dialects import tile
+from tkc.ir.dialects import hopper
 from tkc.ir.types import TileType
 
 if TYPE_CHECKING:  # the lowering state sits above the values it holds
@@ -86,10 +86,6 @@ def _through(op: Operation) -> bool:
                                                                          and op.scratch))
 
 
-#: Ops that write a tensor, besides the atomics (``tile.is_atomic``).
-_WRITES = frozenset({"hopper.store", "hopper.tma_store", "tile.masked_store"})
-
-
 class StorePlan(NamedTuple):
     """What a kernel's stores emit where they use it (module doc): the deferred loads, the
     stores' cones, and the loads kept packed."""
@@ -102,7 +98,7 @@ class StorePlan(NamedTuple):
 def store_plan(kernel: Operation) -> StorePlan:
     """The :class:`StorePlan` of ``kernel`` (a hopper-level ``tile.kernel``)."""
     users = uses(kernel)
-    written = {op.tensor for op in kernel.walk() if op.name in _WRITES or tile.is_atomic(op)}
+    written = {op.tensor for op in kernel.walk() if op.name in hopper.LOWERED_WRITES}
     loads = [op for op in kernel.walk() if op.name == "hopper.load" and isinstance(op.result.type, TileType)]
     deferred = frozenset(op for op in loads if op.tensor not in written and _worth_deferring(op)
                          and _broadcast_into(op, _sole_store(op, users)))

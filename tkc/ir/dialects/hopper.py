@@ -14,9 +14,13 @@ from typing import Any
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, check_steps, tensor_param
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, TENSOR_WRITES, check_steps, tensor_param
 from tkc.ir.layouts import first_holders, read_as
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
+
+#: Ops that write a tensor (operand 0, or a peer's copy of one) at the tile level and once
+#: lowered: the tile level's, the lowered stores and the atomic whose old value is read.
+LOWERED_WRITES = TENSOR_WRITES | {"hopper.store", "hopper.tma_store", "hopper.atomic_fetch"}
 
 I32 = ScalarType(dtypes.i32)
 
