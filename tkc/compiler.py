@@ -327,15 +327,6 @@ def _tile_ir(b: _Build) -> str:
 
 def _hopper_ir(b: _Build) -> str:
     """``HOPPER_PIPELINE`` (unless replaced): tile IR to hopper IR."""
-    from tkc.ir.dialects.tile import uses_ranks
-
-    kernel = b.module.kernel(b.name)
-    if b.target.dialect == "blackwell" and kernel.name == "tile.kernel" and uses_ranks(kernel):
-        # Not lowered for tcgen05 yet: the waits of its accumulators do not follow a barrier
-        # across ranks before the tile walk (the emulator reads tensor memory early).
-        raise TkcUnsupportedError(f"{b.target.name}: multi-GPU kernels (tensors @ ranks, barrier_all, signal, "
-                                  f"wait) are not lowered for this target yet; compile this one for sm_90a",
-                                  kernel.loc)
     _run_passes(b.module, b.hopper_pipeline, b.opts, b.dumps, b.options, b.target)
     return print_module(b.module, locs=b.opts.locs)
 

@@ -249,13 +249,17 @@ def _store_words(b: ir.IRBuilder, bits: list[ir.Value], dt: DType, vals: list[ir
     return _pack(b, bits, dt)
 
 
-def _store_vector(b: ir.IRBuilder, addr: ir.Value, words: list[ir.Value]) -> None:
-    """Store ``words`` (consecutive elements from ``addr``, aligned to their size) in one access."""
+def _store_vector(b: ir.IRBuilder, addr: ir.Value, words: list[ir.Value], ok: ir.Value | None = None) -> None:
+    """Store ``words`` (consecutive elements from ``addr``, aligned to their size) in one access,
+    only where ``ok`` (an i1) holds when it is given."""
     w, ty = len(words), words[0].type
     suffix, cons = {64: ("b64", "l"), 32: ("b32", "r")}.get(ty.width, ("b16", "h"))
-    asm = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
-    fty = ir.FunctionType(ir.VoidType(), [nvvm.ptr(nvvm.GLOBAL), *[ty] * w])
-    b.asm(fty, asm, ",".join(["l"] + [cons] * w), [addr, *words], side_effect=True)
+    st = f"{STORE}{_vector_op(w)}.{suffix} [$0], {_vector_operand([f'${j + 1}' for j in range(w)])};"
+    types, constraints, args = [nvvm.ptr(nvvm.GLOBAL), *[ty] * w], ["l"] + [cons] * w, [addr, *words]
+    if ok is not None:
+        st = f"{{ .reg .pred p; setp.ne.b32 p, ${w + 1}, 0; @p {st} }}"
+        types, constraints, args = [*types, I32], [*constraints, "r"], [*args, _pred(b, ok)]
+    b.asm(ir.FunctionType(ir.VoidType(), types), st, ",".join(constraints), args, side_effect=True)
 
 
 def _value_of(b: ir.IRBuilder, bits: ir.Value, dt: DType) -> ir.Value:
@@ -575,16 +579,44 @@ def gather(lw: Lowerer, op: Operation) -> None:
 
 def masked_store(lw: Lowerer, op: Operation) -> None:
     """``tile.masked_store``: one predicated store per value, where it lies in the tensor and
-    its mask value is true (no vector accesses: a mask may cut any run)."""
+    its mask value is true.  Where every run of the access has one mask value for all its
+    elements (a row mask broadcast along the row a thread holds: MoE's and varlen attention's
+    last rows) and runs reach 16 bytes, a tile inside the tensor takes each run's vector access
+    under that predicate instead: a 128 x 256 accumulator held a row a thread (sm_100a's
+    ``#tmem_acc``) then stores 16 bytes at a time, not an address and a predicate for each of
+    its 128 values (a masked bf16 store of it spilled 36 B, now 4)."""
     b = lw.b
     t = op.value.type
     tensor: TensorArg = lw.get(op.tensor)
     dt = tensor.type.dtype
-    acc = _access(lw, op, t).kept_local(lw)
+    acc = _access(lw, op, t)
     vals, mask = lw.tile(op, op.value), lw.tile(op, op.mask)
-    for i, (v, m) in enumerate(zip(vals, mask)):
-        e = _global_element(lw, op, acc.tensor, acc.offs, acc.coord(i))
-        _store_element(b, e.addr, b.and_(e.ok, m), _bits_of(b, v, dt), dt)
+
+    def elements(a: _Access) -> list:
+        for i, (v, m) in enumerate(zip(vals, mask)):
+            e = _global_element(lw, op, a.tensor, a.offs, a.coord(i))
+            _store_element(b, e.addr, b.and_(e.ok, m), _bits_of(b, v, dt), dt)
+        return []
+
+    # Runs shorter than 16 bytes (wgmma's accumulator holds 2 columns of a row together) keep
+    # the one path: a branch between both sides held more registers than it saved (MoE's
+    # masked store spilled 44 B on sm_90a with it).
+    if max(n for _, n in acc.runs) * elem_bytes(dt) < 16 or any(m is not mask[first] for first, n in acc.runs
+                                                                for m in mask[first:first + n]):
+        elements(acc.kept_local(lw))
+        return
+
+    def whole_tile() -> list:  # each side converts the values itself: nothing converted lives across
+        for first, n in acc.runs:
+            addr = acc.addr(lw, op, first)
+            bits = [_bits_of(b, v, dt) for v in vals[first:first + n]]
+            if n > 1:
+                _store_vector(b, addr, _run_words(b, vals[first:first + n], bits, dt), mask[first])
+            else:
+                _store_element(b, addr, mask[first], bits[0], dt)
+        return []
+
+    _either(lw, acc.whole_tile(lw, op), whole_tile, lambda: elements(acc.kept_local(lw)), "st.masked")
 
 
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:

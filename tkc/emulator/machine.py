@@ -331,7 +331,7 @@ def _run_cluster(ctas: list[_CTA], seed: int) -> None:
     """Run the warpgroups of a cluster's CTAs (one CTA without a cluster) interleaved."""
     _join_cluster(ctas)
     warpgroups = [_Warpgroup(cta, g) for cta in ctas for g in range(cta.warpgroups)]
-    run([(wg.cta.name(wg.g), wg.run()) for wg in warpgroups], seed)
+    run([(wg.waiter, wg.run()) for wg in warpgroups], seed)
     for wg in warpgroups:
         wg.left_behind(None, lambda w: True)
 
@@ -361,6 +361,9 @@ class _Warpgroup:
 
     def __init__(self, cta: _CTA, g: int):
         self.cta, self.g = cta, g
+        # Its name to the scheduler, which records under it the mbarrier phases it waited for
+        # (tensor memory's reads check those): a rank's warpgroups carry the rank and CTA too.
+        self.waiter = cta.name(g)
         self.env: dict[Value, Any] = dict(cta.params)
         self.groups: list[_Group] = []  # committed wgmma groups not yet waited for
         self.bulk: list[Any] = []  # read leases of committed TMA stores not yet waited for
@@ -1477,7 +1480,7 @@ def _run_ranks(launch: ranks.RankLaunch, ctas: list[_CTA], seed: int) -> None:
     for cta in ctas:
         for g in range(cta.warpgroups):
             wg = _Warpgroup(cta, g)
-            launch.labels[wg] = f"rank {cta.gpu} CTA {cta.pid} {cta.name(g)}"
+            wg.waiter = launch.labels[wg] = f"rank {cta.gpu} CTA {cta.pid} {cta.name(g)}"
             warpgroups.append(wg)
 
     def role(wg: _Warpgroup) -> Co:

@@ -216,7 +216,7 @@ def _tmem_read(wg: Any, op: Operation, addr: Any, written: Any) -> np.ndarray:
     if not writes:
         raise TkcEmulatorError("reads tensor memory before waiting for a commit of the MMAs that write it (none "
                                "has been issued yet)")
-    waiter = wg.cta.name(wg.g)
+    waiter = wg.waiter
     for w in writes:
         if not w.committed:
             raise TkcEmulatorError(f"reads tensor memory that {_describe(w.op)} is still writing (no "

@@ -41,6 +41,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import blackwell, hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType
+from tkc.passes.phases import Waits, thread_phases
 from tkc.pins import Options
 from tkc.target import Target
 
@@ -54,6 +55,10 @@ def lower_to_blackwell(module: Module, options: Options, target: Target) -> None
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
             _Lowering(kernel, target).run()
+
+
+#: Ops at which every thread of a role meets (``hopper.tma_store_wait {sync = false}`` does not).
+_MEETINGS = frozenset({hopper.SyncOp.name, "hopper.tma_store", "hopper.tma_store_wait"})
 
 
 def _unsupported(op: Operation, message: str) -> TkcUnsupportedError:
@@ -94,6 +99,9 @@ class _Lowering:
         # Per role (or kernel): the columns of each product read at once, [first, width, its MMAs]
         # (several MMAs: products that share the columns once the budget is spent).
         self.at_once: dict[Operation, list[list]] = {}
+        # The role's waits for the accumulators' commits, their parities threaded at the end.
+        self.waits: dict[Operation, Waits] = {}
+        self.consts: dict[int, Value] = {}
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
@@ -110,6 +118,11 @@ class _Lowering:
                 self._product(w)
         for alloc, dealloc, used in self.allocs.values():
             alloc.attributes["cols"] = dealloc.attributes["cols"] = blackwell.tmem_columns(used)
+        # Each commit is waited for once, in the committing role's program order: the parity of a
+        # wait is the count of earlier ones, however the loops around it run (MoE's expert loop
+        # in its rank loop, ring attention's blocks in its rank loop, a tile loop's if).
+        for container in dict.fromkeys(hopper.enclosing_role(w) or self.kernel for w in self.waits):
+            thread_phases(container.regions[0].block, self.waits, self._const)
 
     # ---------------------------------------------- a product waited for at once
     @staticmethod
@@ -120,11 +133,6 @@ class _Lowering:
         backward's dV and dK, summed in tensor memory)."""
         ops = w.parent.ops
         i = ops.index(w)
-        loop = w.parent.parent_op
-        carried = loop is not None and loop.name == "tile.for" and w.acc in loop.regions[0].block.args[1:]
-        outer = loop.parent.parent_op if carried and loop.parent else None
-        if carried and (outer is None or outer.name not in ("hopper.role", "tile.kernel")):
-            return False  # a K loop inside a tile loop: the one-product path says what it takes
         return (i + 1 < len(ops) and ops[i + 1].name == "hopper.wgmma_wait"
                 and ops[i + 1].pending == 0 and uses(_kernel_of(w)).get(w.result, []) == [ops[i + 1]])
 
@@ -161,7 +169,7 @@ class _Lowering:
         mma = self._mma(b, w, tmem, accumulate, ready)
         b.create(blackwell.CommitOp, [full])
         # The role waits every iteration all the same: its operands' tiles are reused behind it.
-        b.create(hopper.MBarrierWaitOp, [full, self._iteration_parity(w, b)])
+        self._wait(b, full)
         if j is None:
             yes = b.value(tile.ConstantOp, [], I1, {"value": True})
             # A register accumulator the product adds to (O alpha) is added chunk by chunk.
@@ -174,6 +182,7 @@ class _Lowering:
             after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, w.loc)
             ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
             self._load_behind(loop, j, tmem, w, after, ran)
+            self._meet_before_rerun(loop, [tmem])
         wait.erase()
         w.erase()
         for op in ready:
@@ -273,22 +282,6 @@ class _Lowering:
         ranges.append([first, n, []])
         return tmem, ranges[-1]
 
-    def _iteration_parity(self, w: Operation, b: Builder) -> Value:
-        """The parity of the commit a product waits for, one commit a run: 0 when it runs once,
-        else the iteration of the loop around it (directly in its role) & 1."""
-        loop = w.parent.parent_op
-        if loop is None or loop.name in ("hopper.role", "tile.kernel"):
-            return b.value(tile.ConstantOp, [], I32, {"value": 0})
-        container = loop.parent.parent_op if loop.parent else None
-        if loop.name != "tile.for" or container is None or container.name not in ("hopper.role", "tile.kernel"):
-            raise _unsupported(w, "a product read at once in a loop that is itself inside another loop is not "
-                                  "lowered to tcgen05 yet; it compiles for Hopper")
-        iv, (lb, _, step) = loop.regions[0].block.args[0], loop.operands[:3]
-        run = iv if _is_zero(lb) else b.value(tile.SubOp, [iv, lb], I32)
-        if not _is_constant(step, 1):
-            run = b.value(tile.FloorDivOp, [run, step], I32)
-        return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
-
     # ------------------------------------------- several products of one loop
     def _accumulated_together(self, w: Operation) -> list[Operation] | None:
         """The products of ``w``'s loop when there are several and each is ``acc_j += a @ b``
@@ -360,12 +353,13 @@ class _Lowering:
         after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, products[-1].loc)
         full = self._barrier(products[-1])
         after.create(blackwell.CommitOp, [full])
-        after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
+        self._wait(after, full)
         ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
         for j, tmem, w in loaded:
             self._load_behind(loop, j, tmem, w, after, ran)
         for ring in rings:
             self._one_arrival(ring)
+        self._meet_before_rerun(loop, [tmem for _, tmem, _ in loaded])
 
     def _load_behind(self, loop: Operation, j: int, tmem: Value, w: Operation, after: Builder, ran: Value) -> None:
         """``loop``'s result ``j`` (the sum ``w`` accumulated at ``tmem``) read from tensor
@@ -428,7 +422,7 @@ class _Lowering:
         full = self._barrier(w)
         after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, wait.loc)
         after.create(blackwell.CommitOp, [full])
-        after.create(hopper.MBarrierWaitOp, [full, self._runs_parity(loop, after)])
+        self._wait(after, full)
         ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
         acc = after.value(blackwell.TmemLoadOp, [tmem, ran], wait.result.type)
         acc.name_hint = wait.result.name_hint
@@ -436,6 +430,28 @@ class _Lowering:
         wait.erase()
         release.erase()
         self._one_arrival(ring)
+        self._meet_before_rerun(loop, [tmem])
+
+    def _meet_before_rerun(self, loop: Operation, tmems: list[Value]) -> None:
+        """A role barrier before ``loop`` (whose sums in ``tmems`` are read behind it) where a
+        loop around it in the role runs it again (a persistent kernel's tile loop) and the role
+        does not meet between those reads and the loop's next run.  One thread issues the next
+        run's first MMA into the columns each warp reads on its own: without a meeting it
+        overwrites a tile's sums before a slower warp (or warpgroup) has loaded them.  A TMA
+        store's epilogue meets already (its barrier before the copy)."""
+        container = hopper.enclosing_role(loop) or self.kernel
+        if not any(p.name == "tile.for" for p in loop.ancestors() if container in p.ancestors()):
+            return
+        block = loop.parent
+        loads = [i for i, op in enumerate(block.ops)
+                 if any(x.name == blackwell.TmemLoadOp.name and x.operands[0] in tmems for x in op.walk())]
+        last = max(loads, default=block.ops.index(loop))
+        between = block.ops[last + 1:]
+        if block.parent_op.name == "tile.for":  # and, in the next iteration, the ops before the loop
+            between = between + block.ops[:block.ops.index(loop)]
+        if any(op.name in _MEETINGS and op.attributes.get("sync", True) for op in between):
+            return
+        Builder.before(loop).create(hopper.SyncOp, [])
 
     def _accumulating_mma(self, w: Operation, loop: Operation, tmem: Value, ready: list[Operation]) -> Builder:
         """``blackwell.mma`` in place of the loop's product ``w`` into ``tmem``, accumulating from
@@ -463,19 +479,17 @@ class _Lowering:
         b.create(hopper.MBarrierInitOp, [bar], [], {"count": 1})
         return bar
 
-    def _runs_parity(self, loop: Operation, b: Builder) -> Value:
-        """The parity of the loop's current run: 0 when it runs once, else the position of the
-        iteration of the loop around it (a persistent kernel's tile loop) & 1."""
-        outer = loop.parent.parent_op
-        if outer is None or outer.name in ("hopper.role", "tile.kernel"):
-            return b.value(tile.ConstantOp, [], I32, {"value": 0})
-        container = outer.parent.parent_op if outer.parent else None
-        if outer.name != "tile.for" or container is None or container.name not in ("hopper.role", "tile.kernel"):
-            raise _unsupported(loop, "a K loop nested deeper than one loop (a persistent kernel's tile loop) is not "
-                                     "lowered to tcgen05 yet")
-        iv, (lb, _, step) = outer.regions[0].block.args[0], outer.operands[:3]
-        run = b.value(tile.FloorDivOp, [b.value(tile.SubOp, [iv, lb], I32), step], I32)
-        return b.value(tile.AndOp, [run, b.value(tile.ConstantOp, [], I32, {"value": 1})], I32)
+    def _wait(self, b: Builder, full: Value) -> None:
+        """The role's wait for the next phase of ``full`` (one commit, one wait), its parity
+        threaded through the loops and ``if``s around it once every product is lowered."""
+        wait = b.create(hopper.MBarrierWaitOp, [full, full])  # the parity: set by thread_phases
+        self.waits[wait] = Waits(full, 1, 2)
+
+    def _const(self, value: int) -> Value:
+        if value not in self.consts:
+            body = self.kernel.regions[0].block
+            self.consts[value] = Builder(body, 0, self.kernel.loc).value(tile.ConstantOp, [], I32, {"value": value})
+        return self.consts[value]
 
     def _operands_wait(self, w: Operation, body) -> Operation:
         """The wait on the full ring before the product: the only reader of its tiles."""

@@ -42,12 +42,12 @@ Shared tiles are created with ``offset = -1``: placing them is ``allocate-smem``
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 from tkc import dtypes
 from tkc.errors import TkcUnsupportedError, TkcUsageError
 from tkc.ir.builder import Builder
-from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value, replace_all_uses, uses
+from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.hopper import SLOT_ROW, is_vector_box
 from tkc.ir.layouts import (
@@ -64,6 +64,7 @@ from tkc.ir.layouts import (
     scan_plan,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
+from tkc.passes.phases import Waits, thread_phases
 from tkc.passes.pipeline_loops import ring_room
 from tkc.pins import Options
 from tkc.target import Target
@@ -83,16 +84,6 @@ def lower_to_hopper(module: Module, options: Options, target: Target) -> None:
             _Lowering(kernel, options, target).run()
 
 
-class _Waits(NamedTuple):
-    """How an op waits on ``barrier``: operand ``operand`` takes its phase, counted through
-    loops modulo ``period`` (2: the parity of an mbarrier wait; 4: a cluster reduction's count
-    of exchanges, which alternate between two barriers)."""
-
-    barrier: Value
-    operand: int
-    period: int
-
-
 def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
@@ -108,7 +99,7 @@ class _Lowering:
         self.body: Block = kernel.regions[0].block
         self.top = Builder(self.body, 0, kernel.loc)  # allocations go first, in creation order
         self.barriers: list[Value] = []
-        self.waits: dict[Operation, _Waits] = {}  # an op that waits on a barrier -> how
+        self.waits: dict[Operation, Waits] = {}  # an op that waits on a barrier -> how
         self.maps: list[list] = []
         self.consts: dict[int, Value] = {}
         self.stores_pending = False  # a hopper.tma_store exists: the kernel ends with a wait
@@ -130,7 +121,7 @@ class _Lowering:
             if lower is not None:
                 lower(self, op)
         self._init_barriers()
-        self._thread_phases(self.body, {}, in_loop=False)
+        thread_phases(self.body, self.waits, self._const)
         self.kernel.attributes["tma_maps"] = self.maps
         if tile.has_cluster_reductions(self.kernel):
             # Every CTA of the cluster is running, and its barriers initialized, before any
@@ -278,8 +269,8 @@ class _Lowering:
                 replace_all_uses(self.kernel, ld.result, read)
             else:
                 replace_all_uses(self.kernel, ld.result, dst)
-        wait = b.create(hopper.MBarrierWaitOp, [bar, bar], loc=last.loc)  # parity set by _thread_phases
-        self.waits[wait] = _Waits(bar, 1, 2)
+        wait = b.create(hopper.MBarrierWaitOp, [bar, bar], loc=last.loc)  # parity set by thread_phases
+        self.waits[wait] = Waits(bar, 1, 2)
         for ld in [*loads, *vectors]:
             ld.erase()
 
@@ -292,53 +283,10 @@ class _Lowering:
         self.top.create(hopper.BarrierOp, attrs={"id": 0})
 
     # ----------------------------------------------------------------- phases
-    def _waited(self, op: Operation) -> list[Value]:
-        """Barriers waited on anywhere inside ``op``'s regions, in first-wait order."""
-        out: list[Value] = []
-        for inner in op.walk():
-            if inner in self.waits and self.waits[inner].barrier not in out:
-                out.append(self.waits[inner].barrier)
-        return out
-
     def _const(self, value: int) -> Value:
         if value not in self.consts:
             self.consts[value] = self.top.value(tile.ConstantOp, [], I32, {"value": value})
         return self.consts[value]
-
-    def _thread_phases(self, block: Block, cur: dict[Value, Value], in_loop: bool) -> dict[Value, Value]:
-        for op in list(block.ops):
-            if op in self.waits:
-                bar, operand, period = self.waits[op]
-                if bar not in cur:
-                    cur[bar] = self._const(0)
-                op.operands[operand] = cur[bar]
-                if in_loop:
-                    b = Builder(block, block.ops.index(op) + 1, op.loc)
-                    if period == 2:  # a parity
-                        cur[bar] = b.value(tile.XorOp, [cur[bar], self._const(1)], I32)
-                    else:
-                        step = b.value(tile.AddOp, [cur[bar], self._const(1)], I32)
-                        cur[bar] = b.value(tile.AndOp, [step, self._const(period - 1)], I32)
-            elif op.name in ("tile.for", "tile.if") and (bars := self._waited(op)):
-                for bar in bars:
-                    cur.setdefault(bar, self._const(0))
-                if op.name == "tile.for":
-                    body = op.regions[0].block
-                    inner = {}
-                    for bar in bars:
-                        op.operands.append(cur[bar])
-                        inner[bar] = body.add_arg(I32, "phase")
-                    out = self._thread_phases(body, inner, in_loop=True)
-                    body.terminator.operands.extend(out[bar] for bar in bars)
-                else:
-                    for r in op.regions:
-                        out = self._thread_phases(r.blocks[0], dict(cur), in_loop)
-                        r.blocks[0].terminator.operands.extend(out[bar] for bar in bars)
-                for bar in bars:
-                    res = OpResult(I32, op, len(op.results), "phase")
-                    op.results.append(res)
-                    cur[bar] = res
-        return cur
 
     # -------------------------------------------------------------- op by op
     def _mma(self, op: Operation) -> None:
@@ -625,13 +573,13 @@ class _Lowering:
         self.barriers.append(bar)
         b = Builder.before(op)
         new = b.value(hopper.ClusterReduceOp, [op.x, scratch, bar, bar], op.result.type,
-                      {"kind": op.kind})  # phase set by _thread_phases
+                      {"kind": op.kind})  # phase set by thread_phases
         if copies == 2 and any(mask for mask, _ in first_holders(op.x.type.layout) or ()):
             # Some threads send nothing (a replicated element goes out from one): the CTA meets
             # after its reads, so that its next exchange's stores, which let a peer start the
             # one after into this buffer, follow every thread's reads.
             b.create(hopper.BarrierOp, attrs={"id": 0})
-        self.waits[new.owner] = _Waits(bar, 3, 4)  # buffer phase % 2, parity phase // 2
+        self.waits[new.owner] = Waits(bar, 3, 4)  # buffer phase % 2, parity phase // 2
         replace_all_uses(self.kernel, op.result, new)
         op.erase()
 
