@@ -96,8 +96,12 @@ def _args(name: str, seed: int) -> list:
 
 
 def _interpret(name: str, args: list) -> list:
+    return _interpret_text(CASES[name][0], args)
+
+
+def _interpret_text(text: str, args: list) -> list:
     out = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    run_kernel(compile_kernel(CASES[name][0], stop="tkir", cache=False).kernel_op, out)
+    run_kernel(compile_kernel(text, stop="tkir", cache=False).kernel_op, out)
     return out
 
 
@@ -138,6 +142,52 @@ def test_float_max_and_min_order_the_bits_as_the_gpu_does() -> None:
     np.testing.assert_array_equal(got_min, np.minimum(old, new))
     assert np.signbit(atomic_update("max", dtypes.f32, np.float32(-0.0), np.float32(0.0))) == False  # noqa: E712
     assert np.signbit(atomic_update("min", dtypes.f32, np.float32(0.0), np.float32(-0.0)))
+
+
+def test_a_nan_value_wins_every_max_and_loses_every_min_whatever_its_sign() -> None:
+    old = np.array([-np.inf, -1.0, 0.0, 2.0, np.inf], np.float32)
+    for nan in (np.float32(np.nan), -np.float32(np.nan)):  # numpy's sqrt(-1) is the negative one
+        got_max = atomic_update("max", dtypes.f32, old.copy(), np.full_like(old, nan))
+        assert (got_max.view(np.uint32) == 0x7FFFFFFF).all()
+        np.testing.assert_array_equal(atomic_update("min", dtypes.f32, old.copy(), np.full_like(old, nan)), old)
+
+
+# NaNs of both signs in one column (numpy's sqrt of a negative is -NaN): the reduction's NaN
+# differs between executors (which one wins a tree), the atomic's result must not.
+NAN_MAX = """@kernel
+def nan_max(x: f32[M, N], y: f32[N], z: f32[N]):
+    grid(1)
+    t = x[0:16, 0:64]
+    v = sqrt(-abs(t))
+    w = where(t > 1.0, v, where(t < -1.0, -v, t))
+    atomic_max(y[0:64], w.max(0))
+    atomic_min(z[0:64], w.min(0))
+"""
+
+
+def _nan_args(seed: int) -> list:
+    x = np.random.default_rng(seed).standard_normal((16, 64)).astype(np.float32) * 2
+    return [x, np.full(64, -5.0, np.float32), np.full(64, 5.0, np.float32)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_nan_values_agree_between_executors(seed: int) -> None:
+    want = _interpret_text(NAN_MAX, _nan_args(seed))
+    got = _nan_args(seed)
+    emulate(compile_kernel(NAN_MAX, stop="hopper", cache=False).kernel_op, got, seed=seed)
+    assert np.isnan(want[1]).any() and not np.isnan(want[2]).any()
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+@pytest.mark.gpu
+def test_nan_values_on_gpu_as_in_the_interpreter() -> None:
+    require_gpu()
+    args = _nan_args(0)
+    want = _interpret_text(NAN_MAX, [a.copy() for a in args])
+    got = run_on_gpu(compile_kernel(NAN_MAX, cache=False), args)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from device_checks import require_gpu, assert_no_spills, assert_refused, needs_ptxas, run_on_gpu
+from tkc import dtypes
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.errors import TkcEmulatorError, TkcError, TkcInterpretError
@@ -82,3 +83,20 @@ def test_on_gpu_as_in_the_interpreter() -> None:
     args = _args(3)
     got = run_on_gpu(compile_kernel(SEGMENTS, cache=False), args)
     np.testing.assert_array_equal(got[2], _want(args[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+def test_row_masks_take_vector_stores_on_gpu(dt: str) -> None:
+    # a mask that is one value a row: 16-byte runs under its predicate where the tile lies
+    # inside the tensor (D = 128: whole tiles; D = 100: the edge path beside them)
+    require_gpu()
+    src = SEGMENTS.replace("f32[T, D]", f"{dt}[T, D]").replace("(s + 1).to(f32)", f"(s + 1).to({dt})")
+    assert "@p st.global.cs.v" in compile_kernel(src, stop="ptx", cache=False).asm["ptx"]
+    for d in (128, 100):
+        x = dtypes.round_to(np.random.default_rng(d).standard_normal((200, d)), getattr(dtypes, dt)).astype(np.float32)
+        args = [x, STARTS.copy(), np.full((200, d), np.nan, np.float32)]
+        want = [a.copy() for a in args]
+        run_kernel(compile_kernel(src, stop="tkir", cache=False).kernel_op, want)
+        got = run_on_gpu(compile_kernel(src, cache=False), args)
+        np.testing.assert_array_equal(got[2], want[2])

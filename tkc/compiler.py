@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcRemark, TkcUnsupportedError, TkcUsageError, remarks
+from tkc.errors import TkcRemark, TkcUsageError, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module

@@ -265,6 +265,10 @@ def _log_write(ctx: Program, op: Operation, tensor: np.ndarray, index: Any, atom
         raise TkcInterpretError(race.message(ctx.who, atomic), op.loc)
 
 
+#: The NaN an f32 atomic max/min takes for any NaN value (the GPU's ``max.NaN`` result).
+CANONICAL_NAN = 0x7FFFFFFF
+
+
 def atomic_update(kind: str, dt: Any, old: np.ndarray, value: np.ndarray,
                   expected: np.ndarray | None = None) -> np.ndarray:
     """The new elements of an atomic ``kind`` from the ``old`` ones and ``value`` (storage form).
@@ -272,7 +276,9 @@ def atomic_update(kind: str, dt: Any, old: np.ndarray, value: np.ndarray,
     ``add`` rounds each sum once to the dtype (i32 wraps).  An f32 ``max``/``min`` is what the
     GPU does, which has no float atomic max: an integer max (min) of the bits where ``value``'s
     sign is clear, an unsigned min (max) where it is set -- the float order for every pair of
-    non-NaN values, -0.0 below +0.0; a NaN wins or loses by its sign bit.  ``cas`` compares bits."""
+    non-NaN values, -0.0 below +0.0.  A NaN ``value`` is first made the one NaN 0x7fffffff (the
+    GPU's own): it wins every max and loses every min, whatever sign the arithmetic that made it
+    left (numpy's NaNs are negative, the GPU's positive).  ``cas`` compares bits."""
     if kind == "add":
         if dt.is_float:
             return round_to(old.astype(np.float32) + value.astype(np.float32), dt)
@@ -280,7 +286,8 @@ def atomic_update(kind: str, dt: Any, old: np.ndarray, value: np.ndarray,
     if kind in ("max", "min"):
         if not dt.is_float:
             return (np.maximum if kind == "max" else np.minimum)(old, value)
-        ob, vb = old.astype(np.float32).view(np.int32), np.asarray(value, np.float32).view(np.int32)
+        v = np.asarray(value, np.float32)
+        ob, vb = old.astype(np.float32).view(np.int32), np.where(np.isnan(v), np.int32(CANONICAL_NAN), v.view(np.int32))
         signed, unsigned = (np.maximum, np.minimum) if kind == "max" else (np.minimum, np.maximum)
         bits = np.where(vb >= 0, signed(ob, vb), unsigned(ob.view(np.uint32), vb.view(np.uint32)).view(np.int32))
         return bits.astype(np.int32).view(np.float32)

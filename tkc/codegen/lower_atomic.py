@@ -27,6 +27,7 @@ import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
 from tkc.codegen.lower_global import _access, _bits_of, _either, _global_element, _value_of
+from tkc.semantics import CANONICAL_NAN
 from tkc.codegen.lower_ranks import acquired, before_release, system_scope
 from tkc.codegen.lower_values import const_i32
 from tkc.codegen.lowerer import Lowerer, TensorArg
@@ -112,7 +113,7 @@ def _tile_atomic(lw: Lowerer, op: Operation, t: TileType) -> None:
     dt = tensor.type.dtype
     acc = _access(lw, op, t)
     vals = lw.tile(op, op.value)
-    bits = [_bits_of(b, v, dt) for v in vals]
+    bits = [_atomic_bits(b, kind, v, dt) for v in vals]
     holders = first_holders(t.layout)
     if holders is None:  # select-layouts never picks such a layout for an atomic's value
         raise ValueError(f"the values of {t.layout} are held by threads that no mask names")
@@ -143,6 +144,16 @@ def _tile_atomic(lw: Lowerer, op: Operation, t: TileType) -> None:
     _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "atomic.tile")
 
 
+def _atomic_bits(b: ir.IRBuilder, kind: str, v: ir.Value, dt: DType) -> ir.Value:
+    """The bits an atomic takes for the register value ``v``: an f32 max/min's NaN as the one
+    NaN 0x7fffffff (the bit order decides by the sign, which a NaN from arithmetic has
+    differently on the GPU and on the host: tkc/semantics.py:atomic_update)."""
+    bits = _bits_of(b, v, dt)
+    if kind in ("max", "min") and dt.name == "f32":
+        bits = b.select(b.fcmp_unordered("uno", v, v), ir.Constant(I32, CANONICAL_NAN), bits)
+    return bits
+
+
 def _operand(b: ir.IRBuilder, bits: ir.Value, dt: DType) -> ir.Value:
     return bits if dt.bits == 32 else b.trunc(bits, I16) if bits.type.width > 16 else bits
 
@@ -153,8 +164,9 @@ def _element(lw: Lowerer, op: Operation) -> tuple[DType, ir.Value, ir.Value, lis
     tensor: TensorArg = lw.get(op.tensor)
     dt = tensor.type.dtype
     e = _global_element(lw, op, tensor, [lw.get(v) for v in op.offsets], ())
-    values = [op.expected, op.value] if tile.atomic_kind(op) == "cas" else [op.value]
-    return dt, e.addr, e.ok, [_operand(b, _bits_of(b, lw.get(v), dt), dt) for v in values]
+    kind = tile.atomic_kind(op)
+    values = [op.expected, op.value] if kind == "cas" else [op.value]
+    return dt, e.addr, e.ok, [_operand(b, _atomic_bits(b, kind, lw.get(v), dt), dt) for v in values]
 
 
 def _atom(lw: Lowerer, op: Operation, kind: str, dt: DType, addr: ir.Value, ok: ir.Value,
