@@ -63,7 +63,7 @@ def test_run_prints_the_remarks_on_the_kernel_it_ran() -> None:
 def test_console_script_runs() -> None:
     # The installed entry point, through a real process: exit codes and streams included.
     code = "from tkc.cli import main; main()"
-    r = subprocess.run([sys.executable, "-c", code, "compile", str(EXAMPLES / "gemm.tk"), "-D", "stages=1",
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(EXAMPLES / "gemm.tk"), "-D", "BM=32",
                         "--target", "sm_100a", "--emit", "ptx"], capture_output=True, text=True)  # refused
     assert r.returncode == 1
     assert r.stdout == ""
@@ -262,7 +262,7 @@ def test_compile_defines_are_checked() -> None:
     assert r.exit_code == 2
     r = tkc_cli("compile", str(GEMM_TKIR), "-D", "BM=64")
     assert r.exit_code == 1
-    assert "is already tile IR" in r.stderr
+    assert "is IR, whose constants and pins were fixed" in r.stderr
 
 
 def test_define_values() -> None:
@@ -706,6 +706,12 @@ def test_a_hopper_ir_dump_compiles_and_runs_without_pipeline_flags(tmp_path: Pat
     assert r.exit_code == 0 and "emulate (lowered IR: the emulator runs it on the CPU)" in r.output, r.output
     r = tkc_cli("run", str(dump), *dims, "--check")
     assert r.exit_code == 1 and "the backend passes lowered (hopper ops); the interpreter runs tile IR" in r.output
+    # without --dim: the sizes its TMA boxes and loads span, one tile and a tail (3 was the
+    # default of every dim, whose rows TMA cannot copy)
+    r = tkc_cli("run", str(dump))
+    assert r.exit_code == 0 and "a: bf16[192x96]" in r.output and "c: bf16[192x288]" in r.output, r.output
+    r = tkc_cli("run", str(dump), "-D", "tma=false")
+    assert r.exit_code != 0 and "is IR, whose constants and pins were fixed when it was made" in r.output
 
 
 def test_run_takes_no_negative_seed() -> None:
@@ -749,3 +755,14 @@ def test_a_misspelt_constant_gets_a_suggestion_among_the_constants() -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-D", "BNN=64", "-o", "x.tkir")
     assert r.exit_code == 1 and "unknown constant 'BNN'; did you mean 'BN'? (the kernel's constants: BK, BM, BN;" \
         in r.output, r.output
+
+
+def test_an_empty_ir_file_and_a_file_of_several_kernels_say_what_to_do(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.tkir"
+    empty.write_text("")
+    for cmd in ("compile", "opt"):
+        r = tkc_cli(cmd, str(empty))
+        assert r.exit_code == 1 and "holds no kernel" in r.stderr, r.output
+    r = tkc_cli("compile", str(EXAMPLES / "attn_train.tk"), "--emit", "ptx", "-o", str(tmp_path / "x.ptx"))
+    assert r.exit_code == 1 and "has several kernels (attn_fwd, attn_bwd_pre, attn_bwd): name one with --kernel NAME" \
+        in r.stderr, r.output

@@ -209,8 +209,13 @@ def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
     or a ``.tkir`` file as tile IR."""
     if path.endswith(".tkir") or path == "-":
         if consts:
-            raise TkcUsageError(f"-D sets constants of .tk and .py sources; {path} is already tile IR")
-        return parse_module(_read_text(path), path)
+            raise TkcUsageError(f"-D sets constants of .tk and .py sources; {path} is IR, whose constants and "
+                                f"pins were fixed when it was made: compile the source with -D instead")
+        module = parse_module(_read_text(path), path)
+        if not any(op.name == "tile.kernel" for op in module.ops):
+            raise TkcUsageError(f"{path} holds no kernel: IR files hold the tile.kernel ops that tkc opt or "
+                                f"tkc compile printed")
+        return module
     if path.endswith(".tk"):
         from tkc.frontend import compile_file
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcRemark, TkcUsageError, remarks
+from tkc.errors import TkcRemark, TkcUsageError, kernel_choice_error, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -290,9 +290,7 @@ def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
     kernels = [op for op in module.ops if op.name == "tile.kernel"]
     chosen = [k for k in kernels if name is None or k.attributes.get("sym_name") == name]
     if len(chosen) != 1:
-        names = ", ".join(str(k.attributes.get("sym_name")) for k in kernels) or "none"
-        what = f"no kernel '{name}'" if name is not None else "several kernels; name one"
-        raise TkcUsageError(f"{file} has {what} (its kernels: {names})")
+        raise kernel_choice_error(file, name, [str(k.attributes.get("sym_name")) for k in kernels])
     for k in kernels:
         if k is not chosen[0]:
             k.erase()  # the passes and codegen see only the kernel being compiled

@@ -148,3 +148,12 @@ def remark(message: str, loc: Loc | None) -> None:
     collected = _REMARKS.get()
     if collected is not None and not any(r.message == message and r.loc == loc for r in collected):
         collected.append(TkcRemark(message, loc))
+
+
+def kernel_choice_error(file: str, name: str | None, names: list[str]) -> TkcUsageError:
+    """The error for a file whose kernels do not pick one: ``name`` is not among ``names``, or
+    none was named among several."""
+    listed = ", ".join(names) or "none"
+    if name is not None:
+        return TkcUsageError(f"{file} has no kernel '{name}' (its kernels: {listed})")
+    return TkcUsageError(f"{file} has several kernels ({listed}): name one with --kernel NAME (kernel= in Python)")

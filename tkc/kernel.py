@@ -22,7 +22,8 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from tkc.errors import Loc, TkcError, TkcLaunchError, TkcSyntaxError, TkcTmaStrideError, TkcUsageError
+from tkc.errors import (Loc, TkcError, TkcLaunchError, TkcSyntaxError, TkcTmaStrideError, TkcUsageError,
+                        kernel_choice_error)
 from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.options import interpret_requested
@@ -112,9 +113,7 @@ class Kernel:
         if not funcs:
             raise TkcSyntaxError("no kernel found: mark a function with @kernel", Loc(file, 1, 1, text))
         if len(chosen) != 1:
-            names = ", ".join(f.name for f in funcs) or "none"
-            what = f"no kernel '{name}'" if name is not None else "several kernels; name one"
-            raise TkcUsageError(f"{file} has {what} (its kernels: {names})")
+            raise kernel_choice_error(file, name, [f.name for f in funcs])
         self = cls.__new__(cls)
         self.fn, self.name, self.file, self.first_line = None, chosen[0].name, file, 1
         self.source = self._text = text

@@ -174,8 +174,10 @@ def default_dims(kernel: Operation) -> dict[str, int]:
     16-byte multiples only; ``UNTILED_DIM`` for a dim no box spans."""
     boxes: dict[str, set[int]] = {d: set() for d in dim_names(kernel)}
     for op in kernel.walk():
-        if op.name in ("tile.load", "tile.store", "tile.gather", "tile.masked_store", "tile.atomic") \
-                and isinstance(op.operands[0].type, TensorType):
+        # tile IR's accesses, and hopper IR's (TMA copies, per-thread loads and stores), which
+        # carry the box too: a dumped kernel run by `tkc run` gets the source's sizes
+        if "box" in op.attributes and op.operands and isinstance(op.operands[0].type, TensorType) \
+                and len(op.attributes["box"]) == len(op.operands[0].type.dims):
             for d, b in zip(op.operands[0].type.dims, op.attributes["box"]):
                 if isinstance(d, str) and b > 1:
                     boxes[d].add(b)

@@ -85,6 +85,15 @@ def _is_kernel_decorator(d: ast.Expr) -> bool:
     return isinstance(d, ast.Attribute) and d.attr == "kernel"
 
 
+def _no_decorators(f: ast.FunctionDef) -> None:
+    """A helper function takes no decorator: nothing would apply it (``@kernel`` marks kernels)."""
+    if f.decorators:
+        d = f.decorators[0]
+        what = "@kernel marks a kernel, which is not nested in another" if _is_kernel_decorator(d) else \
+            "helpers are inlined where they are called, so a decorator would be ignored: remove it"
+        raise TkcUnsupportedError(f"a helper function takes no decorator; {what}", d.loc)
+
+
 def _assigned_names(stmts: list[ast.Stmt]) -> list[str]:
     """Names a block of statements may bind, in order of first appearance."""
     out: list[str] = []
@@ -358,6 +367,7 @@ class KernelLowering:
         elif isinstance(s, ast.If):
             self._if(s)
         elif isinstance(s, ast.FunctionDef):
+            _no_decorators(s)
             self.scope.names[s.name] = Function(s, self.scope)
         elif isinstance(s, ast.Pass):
             pass
@@ -918,6 +928,13 @@ class KernelLowering:
                     step = sv.value
                 fa, fb = self.em.affine_of(lo), self.em.affine_of(hi)
                 ext = fb - fa
+                if fa.is_const and fa.const < 0:
+                    # as a negative index is: Python's x[-16:] counts from the end, here it would
+                    # read 16 masked zeros before the first element (checked first: x[-16:] also
+                    # spans the runtime size)
+                    raise TkcTypeError(f"slice start {fa.const} on axis {axis} of '{view.tensor.name}': tensor "
+                                       f"indices count from 0 (a slice may run past the end, where it reads 0, "
+                                       f"but not start before 0)", loc)
                 if not ext.is_const:
                     size = f"the runtime size {t.dims[axis]}" if item is None or item.upper is None \
                         else "a runtime extent"
@@ -925,12 +942,6 @@ class KernelLowering:
                                        f"extents must be compile-time constants, e.g. i*BM:(i+1)*BM", loc)
                 if ext.const < 1:
                     raise TkcTypeError(f"slice on axis {axis} has extent {ext.const}; it must be positive", loc)
-                if fa.is_const and fa.const < 0:
-                    # as a negative index is: Python's x[-16:] counts from the end, here it would
-                    # read 16 masked zeros before the first element
-                    raise TkcTypeError(f"slice start {fa.const} on axis {axis} of '{view.tensor.name}': tensor "
-                                       f"indices count from 0 (a slice may run past the end, where it reads 0, "
-                                       f"but not start before 0)", loc)
                 if fa.is_const and isinstance(t.dims[axis], int) and fa.const >= t.dims[axis]:
                     raise TkcTypeError(f"slice on axis {axis} of '{view.tensor.name}' starts at {fa.const}, past "
                                        f"its {t.dims[axis]} elements", loc)
@@ -1316,6 +1327,10 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
     if not kernels:
         raise TkcSyntaxError("no kernel found: mark a function with @kernel", Loc(tree.file, 1, 1, tree.source))
     helpers = {f.name: Function(f, None) for f in funcs if f not in kernels}
+    if not python_function:
+        for f in funcs:
+            if f not in kernels:
+                _no_decorators(f)
     names = [k.name for k in kernels]
     for k in kernels:
         if names.count(k.name) > 1:
