@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 from typing import Any
@@ -366,11 +367,17 @@ def ops_command(dialect: str) -> None:
             click.echo(f"  tile.scan      {kind:<12} {'float/int':<15} {what}")
     names = sorted(n for n in OPS if n.startswith(dialect + ".") and not (
         dialect == "tile" and issubclass(OPS[n], E.ElementwiseOp)))
-    click.echo("Other ops:" if dialect == "tile" else f"Ops of the {dialect} dialect:")
+    click.echo("Other ops (how each is written, what it does, an example):" if dialect == "tile"
+               else f"Ops of the {dialect} dialect:")
     for name in names:
-        doc = (OPS[name].__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        doc = " ".join(doc.split())
-        click.echo(f"  {name:<26} {doc[:100] + ('...' if len(doc) > 100 else '')}")
+        cls = OPS[name]
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        written = getattr(cls, "SURFACE", None) if dialect == "tile" else None
+        click.echo(f"  {name:<22} {written}" if written else f"  {name}")
+        for line in textwrap.wrap(doc, 96):
+            click.echo(f"  {'':<22} {line}")
+        if written and getattr(cls, "EXAMPLE", ""):
+            click.echo(f"  {'':<22} e.g. {cls.EXAMPLE}")
 
 
 @cli.command("compile")

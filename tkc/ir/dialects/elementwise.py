@@ -136,6 +136,8 @@ class ConstantOp(Operation):
     """A scalar constant, or a tile with every element equal to ``value``."""
 
     name = "tile.constant"
+    SURFACE = 'a literal; zeros, ones, full of a constant'
+    EXAMPLE = 'acc = zeros([BM, BN], f32)'
     RESULTS = ("result",)
     ATTRS = {"value": (int, float, bool)}
     TRAITS = frozenset({"pure", "constant"})
@@ -169,6 +171,8 @@ class CmpOp(Operation):
     unequal to everything."""
 
     name = "tile.cmp"
+    SURFACE = '<, <=, >, >=, ==, !='
+    EXAMPLE = 'keep = rows < n'
     OPERANDS = ("lhs", "rhs")
     RESULTS = ("result",)
     ATTRS = {"pred": str}
@@ -189,6 +193,8 @@ class SelectOp(Operation):
     """``where(cond, a, b)``: cond is i1 of the same shape (or a scalar)."""
 
     name = "tile.select"
+    SURFACE = 'where'
+    EXAMPLE = 'p = where(cols <= rows, p, 0.0)'
     OPERANDS = ("cond", "a", "b")
     RESULTS = ("result",)
     TRAITS = frozenset({"pure", "elementwise"})

@@ -68,6 +68,7 @@ class RandOp(Operation):
     scalar or tile; the result f32 of the offsets' shape."""
 
     name = "tile.rand"
+    SURFACE = "rand"
     OPERANDS = ("seed", "offset")
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})

@@ -39,6 +39,8 @@ class KernelOp(Operation):
     ``consts`` is the first)."""
 
     name = "tile.kernel"
+    SURFACE = '@kernel def f(...)'
+    EXAMPLE = '@kernel  def gemm(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], BM: const = 128):'
     # threads / smem_bytes / tma_maps / cluster: set by the Hopper passes (docs/hopper.md section 4).
     ATTRS = {"sym_name": str, "consts?": dict, "choices?": dict, "threads?": int, "smem_bytes?": int,
              "tma_maps?": list, "cluster?": int}
@@ -69,6 +71,8 @@ class ReturnOp(Operation):
     """Ends a kernel body."""
 
     name = "tile.return"
+    SURFACE = "(the end of a kernel's body)"
+    EXAMPLE = ''
     TRAITS = frozenset({"terminator"})
 
     def verify(self) -> None:
@@ -82,6 +86,8 @@ class YieldOp(Operation):
     """Ends a loop body, a branch or a role: the values it carries out."""
 
     name = "tile.yield"
+    SURFACE = '(the end of a loop body or a branch)'
+    EXAMPLE = ''
     OPERANDS = ("*values",)
     TRAITS = frozenset({"terminator"})
 
@@ -101,6 +107,8 @@ class GridOp(Operation):
     """The launch grid: 1-3 extents, computed from dims and constants only."""
 
     name = "tile.grid"
+    SURFACE = 'grid'
+    EXAMPLE = 'grid(cdiv(M, BM), cdiv(N, BN))'
     OPERANDS = ("*extents",)
 
     def verify(self) -> None:
@@ -120,6 +128,8 @@ class ForOp(Operation):
     carried values after the last iteration."""
 
     name = "tile.for"
+    SURFACE = 'for ... in range / static_range'
+    EXAMPLE = 'for k in range(cdiv(K, BK)):'
     OPERANDS = ("lb", "ub", "step", "*init")
     RESULTS = ("*results",)
     REGIONS = 1
@@ -160,6 +170,8 @@ class IfOp(Operation):
     """Two regions (then, else), each ending in ``tile.yield`` of the results."""
 
     name = "tile.if"
+    SURFACE = 'if / else'
+    EXAMPLE = 'if pn <= pm:'
     OPERANDS = ("cond",)
     RESULTS = ("*results",)
     REGIONS = 2
@@ -187,6 +199,8 @@ class ProgramIdOp(Operation):
     """``program_id(axis)``: this program's index along a grid axis."""
 
     name = "tile.program_id"
+    SURFACE = 'program_id'
+    EXAMPLE = 'pm = program_id(0)'
     RESULTS = ("result",)
     ATTRS = {"axis": int}
     TRAITS = frozenset({"pure"})
@@ -201,6 +215,8 @@ class NumProgramsOp(ProgramIdOp):
     """``num_programs(axis)``: the grid's extent along an axis."""
 
     name = "tile.num_programs"
+    SURFACE = 'num_programs'
+    EXAMPLE = 'step = num_programs(0)'
 
 
 @register
@@ -210,6 +226,8 @@ class NumSmsOp(Operation):
     ``tkc.semantics.CPU_SMS``."""
 
     name = "tile.num_sms"
+    SURFACE = 'num_sms'
+    EXAMPLE = 'grid(num_sms())'
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
 
@@ -223,6 +241,8 @@ class DimOp(Operation):
     """The runtime size of one axis of a tensor parameter."""
 
     name = "tile.dim"
+    SURFACE = "(a tensor's dim name)"
+    EXAMPLE = 'n = N.to(f32)'
     OPERANDS = ("tensor",)
     RESULTS = ("result",)
     ATTRS = {"axis": int}
@@ -241,6 +261,8 @@ class ArangeOp(Operation):
     """The 1-D i32 tile [start, start + n)."""
 
     name = "tile.arange"
+    SURFACE = 'arange'
+    EXAMPLE = 'rows = r + arange(BM)'
     RESULTS = ("result",)
     ATTRS = {"start": int}
     TRAITS = frozenset({"pure"})
@@ -260,6 +282,8 @@ class CastOp(Operation):
     saturating for fp8; truncation toward zero for float -> int)."""
 
     name = "tile.cast"
+    SURFACE = 'x.to(dtype)'
+    EXAMPLE = 'c[r:r+BM, 0:BN] = acc.to(bf16)'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     TRAITS = frozenset({"pure", "elementwise"})
@@ -276,6 +300,8 @@ class SplatOp(Operation):
     """A tile with every element equal to a scalar."""
 
     name = "tile.splat"
+    SURFACE = 'full (of a runtime scalar); a scalar broadcast against a tile'
+    EXAMPLE = 'b = full([BM, 1], bias_value, f32)'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
@@ -291,6 +317,8 @@ class BroadcastOp(Operation):
     """Repeat size-1 axes to the result shape (same rank)."""
 
     name = "tile.broadcast"
+    SURFACE = '(numpy broadcasting)'
+    EXAMPLE = 'y = x * w[None, :]'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
@@ -307,6 +335,8 @@ class ExpandDimsOp(Operation):
     """Insert a size-1 axis at ``axis``."""
 
     name = "tile.expand_dims"
+    SURFACE = 'x[:, None], x[None, :]'
+    EXAMPLE = 's = s - m[:, None]'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     ATTRS = {"axis": int}
@@ -331,6 +361,8 @@ class TransposeOp(Operation):
     layout, ``tkc.ir.layouts.transposes``): it moves nothing."""
 
     name = "tile.transpose"
+    SURFACE = 'x.T'
+    EXAMPLE = 's = q @ k.T'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
@@ -353,6 +385,8 @@ class ReshapeOp(Operation):
     (``tkc.ir.layouts.same_registers``): a reshape moves nothing."""
 
     name = "tile.reshape"
+    SURFACE = 'x.reshape'
+    EXAMPLE = 'y = x.reshape([64, 2])'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
@@ -389,6 +423,8 @@ class TakeOp(Operation):
     the pass ``merge-steps`` makes takes of stepped slices (``x[:, 0:D:2]``) read as one range."""
 
     name = "tile.take"
+    SURFACE = 'x[:, i], x[i, :]'
+    EXAMPLE = 'col = t[:, 5]'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     ATTRS = {"axis": int, "index": int}
@@ -414,6 +450,8 @@ class StackOp(Operation):
     (``y[:, 0:D:2] = a``, ``y[:, 1:D:2] = b``)."""
 
     name = "tile.stack"
+    SURFACE = '(made by the compiler)'
+    EXAMPLE = ''
     OPERANDS = ("*xs",)
     RESULTS = ("result",)
     ATTRS = {"axis": int}
@@ -445,6 +483,8 @@ class ReduceOp(Operation):
     round once to the dtype; a mean takes float tiles only."""
 
     name = "tile.reduce"
+    SURFACE = 'sum, mean, max, min, x.sum(axis)'
+    EXAMPLE = 'm = s.max(1)'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     ATTRS = {"kind": str, "axis": int}
@@ -500,6 +540,8 @@ class ArgReduceOp(_AlongAxis):
     and the smallest (the first NaN wins), as in torch.  Bool tiles are refused."""
 
     name = "tile.arg_reduce"
+    SURFACE = 'argmax, argmin'
+    EXAMPLE = 'i = argmax(s, 1)'
     _KINDS = ARG_KINDS
 
     def _result(self, a: TileType) -> Type:
@@ -517,6 +559,8 @@ class ScanOp(_AlongAxis):
     the dtype; i32 wraps; bool tiles are refused."""
 
     name = "tile.scan"
+    SURFACE = 'cumsum, cumprod'
+    EXAMPLE = 'c = x.cumsum(1)'
     _KINDS = SCAN_KINDS
 
     def _result(self, a: TileType) -> Type:
@@ -531,6 +575,8 @@ class ClusterReduceOp(Operation):
     must reach each of these ops as often as its peers, in the same order."""
 
     name = "tile.cluster_reduce"
+    SURFACE = 'cluster_sum, cluster_max, cluster_min'
+    EXAMPLE = 'total = cluster_sum(part)'
     OPERANDS = ("x",)
     RESULTS = ("result",)
     ATTRS = {"kind": str}
@@ -564,6 +610,8 @@ class MmaOp(Operation):
     another major than its layout's (``hopper.wgmma`` takes them over)."""
 
     name = "tile.mma"
+    SURFACE = '@'
+    EXAMPLE = 'acc += a @ b'
     OPERANDS = ("a", "b", "acc")
     RESULTS = ("result",)
     ATTRS = {"a_major?": str, "b_major?": str}
@@ -628,6 +676,8 @@ class LoadOp(_Access):
     ``a`` when given).  Elements outside the tensor read as ``other`` (0 when absent)."""
 
     name = "tile.load"
+    SURFACE = 'x[a:b, c:d], load(..., other=)'
+    EXAMPLE = 't = x[r:r+BM, 0:64]'
     OPERANDS = ("tensor", "*offsets")
     RESULTS = ("result",)
     ATTRS = {"box": list, "squeeze?": list, "other?": (int, float, bool), "steps?": list}
@@ -653,6 +703,8 @@ class GatherOp(_Access):
     the result's extent on ``axis``.  Elements outside the tensor read ``other`` (0)."""
 
     name = "tile.gather"
+    SURFACE = 'x[idx, c:d] (an i32 index tile)'
+    EXAMPLE = 'rows = emb[ids, 0:D]'
     OPERANDS = ("tensor", "index", "*offsets")
     RESULTS = ("result",)
     ATTRS = {"axis": int, "box": list, "squeeze?": list, "other?": (int, float, bool)}
@@ -673,6 +725,8 @@ class StoreOp(_Access):
     """Write a tile into a box of a tensor; elements outside are not written."""
 
     name = "tile.store"
+    SURFACE = 'x[a:b, c:d] = v'
+    EXAMPLE = 'c[r:r+BM, 0:BN] = acc.to(bf16)'
     OPERANDS = ("tensor", "value", "*offsets")
     ATTRS = {"box": list, "squeeze?": list, "steps?": list}
 
@@ -686,6 +740,8 @@ class MaskedStoreOp(_Access):
     other elements, and elements outside the tensor, are not written."""
 
     name = "tile.masked_store"
+    SURFACE = 'store(view, v, mask=)'
+    EXAMPLE = 'store(y[r:r+BM, :], t, mask=keep[:, None])'
     OPERANDS = ("tensor", "value", "mask", "*offsets")
     ATTRS = {"box": list, "squeeze?": list}
 
@@ -743,6 +799,8 @@ class AtomicOp(_AtomicAccess):
     value.  ``sem`` orders the program's other memory accesses around it (default relaxed)."""
 
     name = "tile.atomic"
+    SURFACE = 'atomic_add, atomic_max, atomic_min, atomic_exch, signal'
+    EXAMPLE = 'atomic_add(c[r:r+BM, 0:BN], acc)'
     OPERANDS = ("tensor", "value", "*offsets")
     RESULTS = ("*results",)
     ATTRS = {"kind": str, "box": list, "squeeze?": list, "sem?": str}
@@ -759,6 +817,8 @@ class AtomicCasOp(_AtomicAccess):
     ``value``; returns the old element either way."""
 
     name = "tile.atomic_cas"
+    SURFACE = 'atomic_cas'
+    EXAMPLE = 'old = atomic_cas(flag[0], 0, 1)'
     OPERANDS = ("tensor", "expected", "value", "*offsets")
     RESULTS = ("*results",)
     ATTRS = {"box": list, "squeeze?": list, "sem?": str}
@@ -789,6 +849,8 @@ class RankOp(NumSmsOp):
     """``rank()``: the rank (GPU) this program runs on, 0..num_ranks()-1."""
 
     name = "tile.rank"
+    SURFACE = 'rank'
+    EXAMPLE = 'me = rank()'
 
 
 @register
@@ -796,6 +858,8 @@ class NumRanksOp(RankOp):
     """``num_ranks()``: how many ranks the launch has (1 on a single GPU)."""
 
     name = "tile.num_ranks"
+    SURFACE = 'num_ranks'
+    EXAMPLE = 'dst = (rank() + 1) % num_ranks()'
 
 
 def _kernel_param(v) -> bool:
@@ -811,6 +875,8 @@ class PeerOp(Operation):
     ``r``'s memory.  A rank outside 0..num_ranks()-1 is an error at run time."""
 
     name = "tile.peer"
+    SURFACE = 'x.on(r)'
+    EXAMPLE = 'out.on(dst)[rank(), r:r+BM, :] = t'
     OPERANDS = ("tensor", "rank")
     RESULTS = ("result",)
     TRAITS = frozenset({"pure"})
@@ -849,6 +915,8 @@ class WaitOp(_Access):
     runs it (``specialize-warps``)."""
 
     name = "tile.wait"
+    SURFACE = 'wait'
+    EXAMPLE = 'wait(ready[src] >= 1)'
     OPERANDS = ("tensor", "value", "*offsets")
     ATTRS = {"pred": str, "box": list, "squeeze?": list, "copies?": bool}
 
@@ -872,6 +940,8 @@ class RankBarrierOp(Operation):
     (release and acquire at system scope)."""
 
     name = "tile.rank_barrier"
+    SURFACE = 'barrier_all'
+    EXAMPLE = 'barrier_all()'
 
     def verify(self) -> None:
         """Every rank meets a barrier equally often (program ``p`` counts its arrivals on
