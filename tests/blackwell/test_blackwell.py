@@ -384,3 +384,33 @@ def s(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], n: i32):
                                                   r"at the loop") as e:
         compile_kernel(src, {}, stop="hopper", cache=False, target=SM100)
     assert e.value.loc is not None and e.value.loc.line == 8
+
+
+# ---------------------------------------------------------------- clusters: B copied once a cluster
+@pytest.mark.parametrize(("cluster", "dims", "seed"), [
+    (2, {"M": 700, "N": 600, "K": 200}, 0),
+    (4, {"M": 1100, "N": 600, "K": 200}, 1),
+])
+def test_a_cluster_shares_b_and_each_commit_frees_the_stage_in_every_cta(cluster: int, dims: dict, seed: int) -> None:
+    kernel = tile_kernel({"cluster": cluster})
+    result = run(kernel, random_args(kernel, dims, seed), "emulate", check=True, seed=seed, target=SM100)
+    assert result.ok, result.checked
+    text = lowered({"cluster": cluster})
+    assert "multicast = " in text and re.search(r"blackwell.commit %\w+ \{cluster = true\}", text)
+    # the empty ring's stages complete on one commit from each CTA of the cluster
+    assert re.search(rf"hopper.mbarrier_init %empty \{{count = {cluster}\}}", text), text
+
+
+@needs_ptxas
+def test_a_clusters_commit_is_multicast_in_ptx() -> None:
+    c = compile_kernel(GEMM, {"cluster": 2}, target=SM100, stop="cubin", cache=False, ptxas=True)
+    assert "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64" in c.asm["ptx"]
+    assert c.resources.spill_stores == 0
+
+
+def test_a_commit_that_frees_only_its_own_ctas_stage_deadlocks() -> None:
+    text = lowered({"cluster": 2})
+    broken = re.sub(r"(blackwell.commit %\w+) \{cluster = true\}", r"\1", text)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match="deadlock"):
+        emulate_text(broken, {"M": 700, "N": 600, "K": 200})

@@ -128,9 +128,17 @@ def _mma(lw: Lowerer, op: Operation) -> None:
 def _commit(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     bar = lw.smem_addr(lw.offset(lw.barrier(op, op.barrier)))
-    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), lambda: _asm(
-        lw, "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [$0];", "r,~{memory}", [bar]),
-        "tcgen05_commit")
+    commit = "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster"
+
+    def issue() -> None:
+        if op.attributes.get("cluster"):
+            # one arrival on the barrier at this offset in every CTA of the cluster (ctaMask)
+            mask = ir.Constant(ir.IntType(16), (1 << lw.kernel.attributes["cluster"]) - 1)
+            _asm(lw, f"{commit}.multicast::cluster.b64 [$0], $1;", "r,h,~{memory}", [bar, mask])
+        else:
+            _asm(lw, f"{commit}.b64 [$0];", "r,~{memory}", [bar])
+
+    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_commit")
 
 
 def _chunk(regs: int) -> int:

@@ -195,7 +195,9 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
                 lease.release()
             w.committed = True
         w.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
-    bar.arrive()
+    # ``.multicast::cluster``: the same arrival on the barrier at this offset in every CTA
+    for b in wg.cta.in_peers(bar) if op.attributes.get("cluster") else (bar,):
+        b.arrive()
     return None
 
 

@@ -342,9 +342,9 @@ class _Lowering:
         last = max(i for i, op in enumerate(body.ops) if op.name == blackwell.MmaOp.name)
         rings = []
         for op in list(body.ops[last + 1:]):
-            if op.name == "hopper.mbarrier_arrive" and not op.attributes.get("cluster") \
+            if op.name == "hopper.mbarrier_arrive" \
                     and _owner(op.barrier) is not None and _owner(op.barrier).name == "hopper.stage":
-                Builder.before(op).create(blackwell.CommitOp, [op.barrier])
+                Builder.before(op).create(blackwell.CommitOp, [op.barrier], [], self._commit_attrs(op))
                 rings.append(_owner(op.barrier).operands[0])
                 op.erase()
         if not rings:
@@ -401,7 +401,7 @@ class _Lowering:
                 or users.get(w.result, []) != [body.terminator]:
             raise _unsupported(w, "only an accumulator that only accumulates products (acc += a @ b) is kept in "
                                   "tensor memory; this one is also read or changed in the loop")
-        ring, stage_ix = self._released_ring(w, body)
+        ring, stage_ix, shared = self._released_ring(w, body)
         wait = self._accumulator_wait(loop, j, users)
         container = hopper.enclosing_role(w) or self.kernel
         tmem = self._allocate(container, w)
@@ -411,7 +411,7 @@ class _Lowering:
         ready = self._operands_wait(w, body)
         b = self._accumulating_mma(w, loop, tmem, [ready])
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
-        b.create(blackwell.CommitOp, [stage])
+        b.create(blackwell.CommitOp, [stage], [], {"cluster": True} if shared else {})
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
         w.erase()
 
@@ -498,25 +498,27 @@ class _Lowering:
             raise _unsupported(w, "the K loop must wait once for its tiles (one TMA ring) to be lowered to tcgen05")
         return waits[0]
 
-    def _released_ring(self, w: Operation, body) -> tuple[Value, Value]:
+    def _released_ring(self, w: Operation, body) -> tuple[Value, Value, bool]:
         """The empty ring the wgmma's stage is released on (pipeline-loops' ``wgmma_wait_group``
-        and arrival after it, both removed) and the stage index of its tiles."""
+        and arrival after it, both removed), the stage index of its tiles, and whether the
+        release arrives on every CTA of the cluster (``multicast``: its copies fill every CTA's
+        stage, so each CTA's commit releases the stage in all of them)."""
         i = body.ops.index(w)
         release = next((op for op in body.ops[i + 2:] if op.name == "tile.if"), None)
         after = [body.ops[i + 1], release] if i + 1 < len(body.ops) else []
         if len(after) < 2 or after[0].name != "hopper.wgmma_wait_group" or release is None:
             raise _unsupported(w, "the K loop must be pipelined (a TMA ring of stages >= 2) to be lowered to tcgen05")
         arrives = [op for op in after[1].walk() if op.name == "hopper.mbarrier_arrive"]
-        if len(arrives) != 1 or arrives[0].attributes.get("cluster"):
-            raise _unsupported(w, "a stage released on several barriers, or across a cluster, is not lowered to "
-                                  "tcgen05 yet")
+        if len(arrives) != 1:
+            raise _unsupported(w, "a stage released on several barriers is not lowered to tcgen05 yet")
         ring = _owner(arrives[0].barrier).operands[0]
         a_stage = _owner(w.a)
         if a_stage is None or a_stage.name != "hopper.stage":
             raise _unsupported(w, "A must be a stage of the loop's TMA ring")
+        shared = bool(arrives[0].attributes.get("cluster"))
         for op in after:
             op.erase()
-        return ring, a_stage.operands[1]
+        return ring, a_stage.operands[1], shared
 
     def _accumulator_wait(self, loop: Operation, j: int, users: dict) -> Operation:
         result = loop.results[j]
@@ -534,11 +536,21 @@ class _Lowering:
                 return op
         raise _unsupported(loop, "no release of the loop's last stage follows it")
 
+    @staticmethod
+    def _commit_attrs(arrive: Operation) -> dict:
+        """The commit replacing the role's ``arrive`` on a ring stage: on every CTA of the
+        cluster where the arrival was (a stage ``multicast`` fills in every CTA)."""
+        return {"cluster": True} if arrive.attributes.get("cluster") else {}
+
     def _one_arrival(self, ring: Value) -> None:
-        """The ring's stages complete on one commit each."""
+        """The ring's stages complete on one commit each: one a CTA of the cluster where the
+        commits arrive on every CTA's stage."""
+        shared = any(op.name == blackwell.CommitOp.name and op.attributes.get("cluster")
+                     and _owner(op.barrier) is not None and _owner(op.barrier).operands[0] is ring
+                     for op in self.kernel.walk())
         for op in self.kernel.walk():
             if op.name == "hopper.mbarrier_init" and op.barrier is ring:
-                op.attributes["count"] = 1
+                op.attributes["count"] = self.kernel.attributes.get("cluster", 1) if shared else 1
             if op.name == "hopper.mbarrier_arrive" and _owner(op.barrier) is not None \
                     and _owner(op.barrier).operands[0] is ring:
                 raise _unsupported(op, "a ring stage released by both threads and tcgen05.commit")

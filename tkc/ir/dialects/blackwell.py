@@ -186,13 +186,20 @@ class MmaOp(Operation):
 class CommitOp(Operation):
     """``tcgen05.commit.mbarrier::arrive::one``, by the thread that issued the MMAs: one
     arrival on ``barrier`` once every MMA it issued before has completed (the accumulator
-    written, the shared tiles read)."""
+    written, the shared tiles read).  With ``cluster``, one arrival on the barrier at that
+    offset in every CTA of the kernel's cluster (``.multicast::cluster``: a ring stage the
+    ``multicast`` pass fills in every CTA is free once each CTA's MMAs have read it)."""
 
     name = "blackwell.commit"
     OPERANDS = ("barrier",)
+    ATTRS = {"cluster?": bool}
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
+        if self.attributes.get("cluster"):
+            kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
+            if kernel is None or kernel.attributes.get("cluster", 1) < 2:
+                raise self.error("a commit on every CTA of the cluster needs a kernel in clusters (cluster >= 2)")
 
 
 @register
