@@ -24,7 +24,12 @@ protocol (docs/blackwell.md):
   carries) is an MMA into columns of its own, a commit onto a barrier of its own, the role's
   wait and ``tmem_load`` in place, added to its register accumulator; the role's waits for its
   operands' copies move into the MMA; a role barrier keeps the warps together where the loop
-  has none, and guards columns products share once the 512 are spent.
+  has none, and guards columns products share once the 512 are spent;
+- each wait for a commit takes its parity from a count threaded through every loop and ``if``
+  around it (``tkc/passes/phases.py``), and a K loop that a loop around it runs again (a
+  persistent tile loop) gets a role barrier before it unless its epilogue meets already;
+- under ``cluster`` (the ``multicast`` pass) a stage filled in every CTA is freed by a commit
+  that arrives on every CTA's ``empty`` barrier.
 
 Products of 64 rows (M = 64) are read as ``#wgmma_acc`` tiles (``select-layouts``); nothing
 here depends on the row count but the MMA's ``m``.
