@@ -212,9 +212,10 @@ class _Lowering:
         the rings ahead of the other warps.  Such a product gets a role barrier before it
         (the loads end in ``tcgen05.fence::before_thread_sync``, the MMA starts with
         ``::after_thread_sync``)."""
-        loop = w.parent.parent_op
-        if loop is None or loop.name != "tile.for":
-            return False
+        container = hopper.enclosing_role(w) or _kernel_of(w)
+        if not any(p.name == "tile.for" for p in w.ancestors() if container in p.ancestors()):
+            return False  # issued once
+        # under an ``if`` in the loop too (taken on some iterations): its block must meet
         return not any(op.name == hopper.SyncOp.name for op in w.parent.ops)
 
     def _operands_ready(self, w: Operation) -> list[Operation]:
@@ -304,6 +305,10 @@ class _Lowering:
         if any(self._carried_sum(p, loop, users) is None or not (hopper._smem(p.a.type) and hopper._smem(p.b.type))
                for p in products):
             return None
+        last = body.ops.index(products[-1])
+        if not any(op.name == "hopper.mbarrier_arrive" and _owner(op.barrier) is not None
+                   and _owner(op.barrier).name == "hopper.stage" for op in body.ops[last + 1:]):
+            return None  # no ring (stages = 1): each is a sum read at once, kept in tensor memory
         return products
 
     @staticmethod
@@ -354,6 +359,7 @@ class _Lowering:
                 op.erase()
         if not rings:
             raise _unsupported(products[0], "the loop's products release no TMA ring stage behind them")
+        self._refills_together(body)
 
         after = Builder(loop.parent, loop.parent.ops.index(loop) + 1, products[-1].loc)
         full = self._barrier(products[-1])
@@ -417,6 +423,7 @@ class _Lowering:
         b = self._accumulating_mma(w, loop, tmem, [ready])
         stage = b.value(hopper.StageOp, [ring, stage_ix], ring.type)
         b.create(blackwell.CommitOp, [stage], [], {"cluster": True} if shared else {})
+        self._refills_together(body)
         body.terminator.operands[j] = w.acc  # the loop no longer carries the accumulator
         w.erase()
 
@@ -436,6 +443,16 @@ class _Lowering:
         release.erase()
         self._one_arrival(ring)
         self._meet_before_rerun(loop, [tmem])
+
+    @staticmethod
+    def _refills_together(body) -> None:
+        """A role barrier before the first MMA of a K loop whose role refills its own ring (a
+        kernel without a producer warpgroup: ``warp_specialize = false``, or too little shared
+        memory for one).  Only the MMA warp waits for the tiles, and the stage frees on the
+        commit alone, so the other warps, which wait for the freed stage before each refill,
+        would otherwise fall behind the MMA warp by more than a round of the ring."""
+        if any(x.name == "hopper.tma_load" for op in body.ops for x in op.walk()):
+            _Lowering._sync_before(next(op for op in body.ops if op.name == blackwell.MmaOp.name))
 
     def _meet_before_rerun(self, loop: Operation, tmems: list[Value]) -> None:
         """A role barrier before ``loop`` (whose sums in ``tmems`` are read behind it) where a
