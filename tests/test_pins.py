@@ -68,3 +68,22 @@ def test_count_pins_have_a_ceiling(pin: str, value: int, said: str) -> None:
     # a huge prefetch unrolled for minutes, a huge stages crashed a pass, a huge timeout wrapped
     with pytest.raises(TkcUsageError, match=f"pin {pin} = {value}: {re.escape(said)}"):
         check_pins({pin: value})
+
+
+def test_a_producer_budget_that_leaves_the_consumers_nothing_is_refused_naming_the_pin() -> None:
+    # paged_decode declares ctas_per_sm = 2: a 256-register producer leaves its one consumer
+    # warpgroup none (specialize-warps left IR whose setmaxnreg.inc would wait forever)
+    from pathlib import Path
+
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcCodegenError
+
+    examples = Path(__file__).parents[1] / "examples"
+    with pytest.raises(TkcUsageError, match=r"pin producer_regs = 256: with 1 consumer warpgroup and 2 programs an "
+                                            r"SM the consumers would keep 0 registers a thread") as e:
+        compile_kernel(examples / "paged_decode.tk", {"producer_regs": 256}, kernel="paged_decode", stop="hopper",
+                       cache=False)
+    assert e.value.loc is not None
+    with pytest.raises(TkcCodegenError, match=r"the pin producer_regs = 256 leaves the consumers 120 registers a "
+                                              r"thread.*give the producer fewer registers"):
+        compile_kernel(examples / "gemm.tk", {"producer_regs": 256}, stop="llvm", cache=False)

@@ -16,7 +16,7 @@ from tkc import dtypes
 from device_checks import needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
-from tkc.errors import TkcEmulatorError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
+from tkc.errors import TkcEmulatorError, TkcError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
 from tkc.interpreter import random_args
 from tkc.ir.dialects import blackwell
 from tkc.ir.layouts import SharedLayout, TmemAccumulator
@@ -414,3 +414,22 @@ def test_a_commit_that_frees_only_its_own_ctas_stage_deadlocks() -> None:
     assert broken != text
     with pytest.raises(TkcEmulatorError, match="deadlock"):
         emulate_text(broken, {"M": 700, "N": 600, "K": 200})
+
+
+@pytest.mark.parametrize(("path", "consts", "pin"), [
+    (GEMM, {"pingpong": True}, "pingpong = true"),
+    (ROOT / "examples" / "attn.tk", {"issue_ahead": True}, "issue_ahead = true"),
+    (GEMM, {"tma": False}, "tma = false"),
+])
+def test_wgmma_only_pins_are_refused_naming_the_pin(path: Path, consts: dict, pin: str) -> None:
+    with pytest.raises(TkcUnsupportedError, match=f"the pin {pin} is for sm_90a: .*; drop it for this target") as e:
+        compile_kernel(path, consts, target=SM100, stop="hopper", cache=False)
+    assert e.value.loc is not None and e.value.loc.line > 1
+
+
+def test_a_half_ringed_loop_of_two_products_is_refused_for_shared_memory_not_a_crash() -> None:
+    # BK = 128, stages = 3: wu's tiles fall out of the ring; the stage check met a barrier
+    # that is no ring stage (an IndexError)
+    with pytest.raises(TkcError, match="needs 26\\d+ B of shared memory, sm_100a has"):
+        compile_kernel(ROOT / "examples" / "gemm_swiglu.tk", {"BK": 128, "stages": 3}, target=SM100, stop="hopper",
+                       cache=False)

@@ -49,11 +49,16 @@ from tkc.target import DEFAULT_TARGET, TARGETS, Target, target as lookup_target
 __all__ = ["kernel_to_llvm", "kernel_to_ptx"]
 
 
-def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
+def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int, producer_regs: int | None = None) -> None:
     """Refuse, at the product, a wgmma accumulator that takes every register its thread has
     (the role's ``setmaxnreg`` budget, else the entry budget), or that leaves ptxas fewer than
-    it needs for the instruction within the entry budget: ptxas would stop with C7602."""
+    it needs for the instruction within the entry budget: ptxas would stop with C7602.  A
+    pinned ``producer_regs`` is named where it takes the consumers' registers."""
     why = f"ctas_per_sm = {ctas} leaves" if ctas > 1 else "there are"
+    fix = "fewer programs per SM, or a narrower tile"
+    if producer_regs:
+        why = f"the pin producer_regs = {producer_regs} leaves the consumers"
+        fix = "give the producer fewer registers (the default is 24), or a narrower tile"
     for op in kernel.walk():
         if op.name != "hopper.wgmma":
             continue
@@ -62,11 +67,11 @@ def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int) -> None:
         need = getattr(op.result.type.layout, "regs", 0)
         if need >= budget:
             raise TkcCodegenError(f"{why} {budget} registers a thread, and this product's accumulator alone "
-                                  f"takes {need}: fewer programs per SM, or a narrower tile", op.loc)
+                                  f"takes {need}: {fix}", op.loc)
         if need + WGMMA_EXTRA_REGISTERS > entry:
             raise TkcCodegenError(f"{why} {entry} registers a thread at kernel entry, and ptxas compiles this "
                                   f"product within them: its {need}-register accumulator needs "
-                                  f"{need + WGMMA_EXTRA_REGISTERS}; fewer programs per SM, or a narrower tile", op.loc)
+                                  f"{need + WGMMA_EXTRA_REGISTERS}; {fix}", op.loc)
 
 
 # --------------------------------------------------------------------------- structure
@@ -357,7 +362,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
     # The .ll text names its target, so llc/opt can read it alone (emit_ptx sets the same).
     module.triple, module.data_layout = t.triple, t.data_layout
     ctas = options.programs_per_sm
-    _check_accumulators_fit(kernel, entry_registers(threads, ctas, t), ctas)
+    _check_accumulators_fit(kernel, entry_registers(threads, ctas, t), ctas, options.producer_regs)
     cluster = kernel.attributes.get("cluster") or 1
     fn = nvvm.kernel(module, name, _param_types(kernel), maxntid=threads, minctasm=ctas,
                      cluster_dim=(cluster, 1, 1) if cluster > 1 else None)

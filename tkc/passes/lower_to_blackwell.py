@@ -59,7 +59,30 @@ def lower_to_blackwell(module: Module, options: Options, target: Target) -> None
         return
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
+            _refuse_pins(kernel, options)
             _Lowering(kernel, target).run()
+
+
+#: Pins whose schedule is wgmma's (turns between warpgroups, products issued an iteration early
+#: or waited for in pieces) or whose tiles tcgen05 cannot read (per-thread loads), named in the
+#: refusal instead of the lowering's own words at the product.
+_HOPPER_ONLY_PINS = (
+    ("pingpong", True, "its turns order two warpgroups' wgmma groups, and one thread issues every tcgen05.mma"),
+    ("issue_ahead", True, "it issues a wgmma an iteration early; tcgen05's products are issued by one thread "
+                          "as their tiles land"),
+    ("tma", False, "the tcgen05 lowering takes its operands from shared tiles TMA fills; per-thread loads of "
+                   "them are not lowered for it yet"),
+)
+
+
+def _refuse_pins(kernel: Operation, options: Options) -> None:
+    product = next((op for op in kernel.walk() if op.name == "hopper.wgmma"), None)
+    if product is None:
+        return
+    for name, value, why in _HOPPER_ONLY_PINS:
+        if getattr(options, name) == value:
+            raise TkcUnsupportedError(f"the pin {name} = {str(value).lower()} is for sm_90a: {why}; drop it for "
+                                      f"this target", product.loc)
 
 
 #: Ops at which every thread of a role meets (``hopper.tma_store_wait {sync = false}`` does not).
@@ -85,6 +108,12 @@ def _in_block(op: Operation, block) -> Operation | None:
     while op is not None and op.parent is not block:
         op = op.parent.parent_op if op.parent else None
     return op
+
+
+def _stage_of(bar: Value, ring: Value) -> bool:
+    """Whether the barrier ``bar`` is a stage of the barrier ring ``ring``."""
+    op = _owner(bar)
+    return op is not None and op.name == "hopper.stage" and op.operands[0] is ring
 
 
 def _is_constant(v: Value, value: object) -> bool:
@@ -568,13 +597,11 @@ class _Lowering:
         """The ring's stages complete on one commit each: one a CTA of the cluster where the
         commits arrive on every CTA's stage."""
         shared = any(op.name == blackwell.CommitOp.name and op.attributes.get("cluster")
-                     and _owner(op.barrier) is not None and _owner(op.barrier).operands[0] is ring
-                     for op in self.kernel.walk())
+                     and _stage_of(op.barrier, ring) for op in self.kernel.walk())
         for op in self.kernel.walk():
             if op.name == "hopper.mbarrier_init" and op.barrier is ring:
                 op.attributes["count"] = self.kernel.attributes.get("cluster", 1) if shared else 1
-            if op.name == "hopper.mbarrier_arrive" and _owner(op.barrier) is not None \
-                    and _owner(op.barrier).operands[0] is ring:
+            if op.name == "hopper.mbarrier_arrive" and _stage_of(op.barrier, ring):
                 raise _unsupported(op, "a ring stage released by both threads and tcgen05.commit")
 
     def _allocate(self, container: Operation, w: Operation) -> Value:
