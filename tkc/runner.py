@@ -328,6 +328,11 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
         compiled = compile_kernel(kernel, stop="hopper", cache=False, target=target)
         executed = hopper = compiled.kernel_op
         notes = list(compiled.remarks)
+        if reference is not None:
+            # The reference first, as ``run`` does: a mistake of the kernel's own (a race, a rank
+            # out of range, a wait nobody signals) is then the interpreter's error, in the
+            # language's words, not the emulator's about the lowered ops.
+            run(kernel, reference, grid=reference_grid(kernel, executed, grid), seed=seed)
         seconds = _timed(lambda: emulate_ranks(hopper, work, grid=grid, seed=seed))
     else:
         notes = []
@@ -339,9 +344,7 @@ def run_ranks(kernel: Operation, rank_args: list[list[Any]], grid: tuple[int, ..
     result = RunResult(kernel.attributes["sym_name"], backend, grid or launch_grid(executed, rank_args[0]), seconds,
                        outputs, notes=notes)
     if reference is not None:
-        if backend == "emulate":
-            run(kernel, reference, grid=reference_grid(kernel, executed, grid), seed=seed)
-        else:
+        if backend != "emulate":
             run(kernel, reference, grid=grid, seed=seed + 1)
         wants = [np.asarray(args[i]) for args in reference for i, _ in tensors]
         rounded = rounding(kernel) if backend == "emulate" else Rounding(summed=atomic_sums(kernel))

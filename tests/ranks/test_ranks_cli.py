@@ -73,3 +73,17 @@ def test_a_callers_grid_is_the_checks_grid_for_a_kernel_whose_flags_count_progra
     checks = [line for line in r.output.splitlines() if "check " in line]
     assert any("check arrived (rank 1)" in line for line in checks), r.output
     assert all(line.endswith(": ok") for line in checks), r.output
+
+
+def test_emulate_check_says_a_kernels_own_mistake_in_the_languages_words(tmp_path: Path) -> None:
+    # the interpreter's reference runs first: a rank out of range is its error at the line, not
+    # the emulator's about 'tile.peer' in a role of a CTA
+    src = tmp_path / "off_by_one.tk"
+    src.write_text("@kernel\ndef k(x: f32[M, N], buf: f32[M, N] @ ranks, BM: const = 64, BN: const = 64):\n"
+                   "    grid(cdiv(M, BM))\n    r = program_id(0) * BM\n    barrier_all()\n"
+                   "    buf.on(rank() + 1)[r:r+BM, 0:BN] = x[r:r+BM, 0:BN]\n    barrier_all()\n")
+    r = CliRunner().invoke(cli, ["run", str(src), "--ranks", "2", "--backend", "emulate", "--check"],
+                           env={"TKC_INTERPRET": None})
+    assert r.exit_code == 1
+    assert "off_by_one.tk:6:5: error: rank 2 is out of range: the launch has 2 ranks (0..1)" in r.output, r.output
+    assert "tile.peer" not in r.output and "role" not in r.output

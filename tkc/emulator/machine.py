@@ -371,6 +371,7 @@ class _Warpgroup:
         self.last_role: Operation | None = None  # the role it ran last (kept once it ends)
         self.unmet: list[_Unmet] = []  # waits this warpgroup's warps have not met since (left_behind)
         self.committed = self.completed = 0  # wgmma groups committed / completed, in order
+        self.license = 0  # when the newest barrier phase it waited for completed (smem's CLOCK)
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
     # warpgroup's index and ``threads`` the thread count that layouts see.
@@ -981,6 +982,10 @@ def _mbarrier_arrive(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
     # barrier at this offset, with ``cluster``).
     for b in wg.cta.in_peers(bar) if op.attributes.get("cluster") else (bar,):
         b.arrive(128 if op.attributes.get("threads") else 1)  # every thread of the warpgroup, or its first
+    if op.attributes.get("threads"):
+        # Every warp arrives, each behind its own waits: the barrier cannot complete while a
+        # warp still spins on an earlier wait, so those waits are met here.
+        wg.left_behind(op, lambda w: True)
 
 
 def _cluster_barrier(wg: _Warpgroup, op: Operation) -> Co:
@@ -1162,7 +1167,7 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
         _landed(wg, op, tensor, _tile_region(op, at, tensor, lay))
     n = op.attributes.get("multicast") or 1
     if n == 1:
-        tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg))
+        tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg), license=wg.license)
         return
     # Multicast: this CTA's share of the boxes into every CTA of the cluster.  Its peers
     # issue the same copy (their k-th issue of this op) at the same coordinates and offsets,
@@ -1178,7 +1183,7 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
                          f"{list(other[1][0])} at {other[1][1]:#x}: a multicast copy is the same in every CTA")
     count = lay.tma_box().count
     tma_load(plane, at.origin, at.box, lay, [c.smem for c in cta.peers], dst.base,
-             cta.in_peers(bar), op=_who(op, wg), boxes=range(cta.rank, count[0] * count[1], n))
+             cta.in_peers(bar), op=_who(op, wg), boxes=range(cta.rank, count[0] * count[1], n), license=wg.license)
 
 
 def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile, *offsets: Any) -> Co:
@@ -1242,6 +1247,8 @@ def _turn(wg: _Warpgroup, op: Operation) -> Co:
 def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) -> Co:
     yield Wait(bar, int(parity), _describe(op))
     wg.passed(op, bar)
+    # what this warpgroup has seen released: its copies may overwrite what landed before it
+    wg.license = max(wg.license, bar.completed_at.get(bar._observed.get(wg.waiter, -1), 0))
 
 
 # ------------------------------------------------------------------ wgmma

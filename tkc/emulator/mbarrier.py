@@ -26,6 +26,9 @@ This module knows nothing about shared memory, TMA or scheduling.
 
 from __future__ import annotations
 
+from typing import Any
+
+from tkc.emulator.smem import CLOCK
 from tkc.errors import TkcEmulatorError
 
 __all__ = ["MBarrier", "MBarrierError", "PhaseError"]
@@ -51,6 +54,12 @@ class MBarrier:
         self.tx = 0
         self.phase = 0
         self._observed: dict[str, int] = {}  # waiter -> last phase index it waited for
+        # (shared memory, first byte, bytes, phase) of the TMA copies that completed on this
+        # barrier in that phase and not every waiter has waited for since: once each has, they
+        # have seen the data arrive (read or not: a tile read only under an ``if``), and a later
+        # copy over it loses nothing (``SharedMemory.seen``).
+        self.delivered: list[tuple[Any, int, int, int]] = []
+        self.completed_at: dict[int, int] = {}  # phase -> when (CLOCK) it completed
         if count is not None:
             self.init(count)
 
@@ -82,6 +91,7 @@ class MBarrier:
     def _maybe_complete(self) -> None:
         assert self.count is not None
         if self.pending == 0 and self.tx == 0:
+            self.completed_at[self.phase] = next(CLOCK)
             self.phase += 1
             self.pending = self.count
 
@@ -162,4 +172,8 @@ class MBarrier:
         ok = self.wait_status(parity, waiter)
         if ok:
             self._observed[waiter] = self._target(parity, waiter)
+            oldest = min(self._observed.values())
+            for smem, lo, nbytes, _ in [d for d in self.delivered if d[3] <= oldest]:
+                smem.seen(lo, nbytes)
+            self.delivered = [d for d in self.delivered if d[3] > oldest]
         return ok

@@ -16,9 +16,10 @@ This module owns three things:
     fence.proxy.async.shared::cta before wgmma reads it");
   - reading bytes nobody wrote is an error (the GPU would read garbage);
   - *lost writes*: an async-proxy write (TMA) over bytes that an earlier async-proxy write
-    put there and nothing has read since is an error: in a pipeline the producer refilled a
-    stage whose data the consumer never saw (``check_lost_writes=False`` turns this off for a
-    kernel that loads data it does not read);
+    put there and nothing has read since, nor waited for on the barrier that copy completed
+    on (``seen``), is an error: in a pipeline the producer refilled a stage whose data the
+    consumer never saw (a stage waited for and released unread, a tile read only under an
+    ``if``, is not; ``check_lost_writes=False`` turns this off);
   - *read leases*: ``begin_read(base, nbytes, reader)`` marks a range (a pipeline stage) as
     being read until ``lease.release()``; any write landing on it meanwhile raises a race
     error naming the range (or its ``add_region`` name), the writer and the reader.
@@ -27,6 +28,8 @@ It does not know about barriers, TMA boxes or wgmma; those modules call it.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from dataclasses import dataclass, field
 
@@ -155,6 +158,11 @@ class ReadLease:
         self.smem._leases.remove(self)
 
 
+#: Event times across every barrier and shared memory of a run: a copy's landing and a barrier
+#: phase's completion are ordered by them (the lost-write check).
+CLOCK = itertools.count(1)
+
+
 class SharedMemory:
     """``size_bytes`` of shared memory (``data``, uint8) plus who last wrote each byte."""
 
@@ -166,6 +174,9 @@ class SharedMemory:
         self.check_uninitialized = check_uninitialized
         self.check_lost_writes = check_lost_writes
         self._unread_async = np.zeros(size_bytes, bool)  # written by the async proxy, not read since
+        # ... nor waited for by every waiter of the barrier the copy completed on (``seen``)
+        self._unseen = np.zeros(size_bytes, bool)
+        self._async_at = np.zeros(size_bytes, np.int64)  # when (CLOCK) the async proxy last wrote
         self._writer = np.zeros(size_bytes, np.int32)  # index into _writers; 0 = never written
         self._writers: list[str] = ["<never written>"]
         self._writer_ids: dict[str, int] = {}
@@ -223,13 +234,14 @@ class SharedMemory:
 
     # ---------------------------------------------------------------- tiles
     def write_tile(self, base: int, layout: SharedLayout, values: object, *, writer: str = "st.shared",
-                   proxy: str = "generic") -> None:
+                   proxy: str = "generic", license: int | None = None) -> None:
         """Store a ``layout.rows x layout.cols`` tile at ``base`` through ``layout.offset``."""
         v = np.asarray(values)
         if v.shape != (layout.rows, layout.cols):
             raise ValueError(f"tile of shape {v.shape} does not match {layout}")
         self._check_tile(base, layout, writer)
-        self.write_elements(base + self._tile_offsets(layout), v, layout.dtype, writer=writer, proxy=proxy)
+        self.write_elements(base + self._tile_offsets(layout), v, layout.dtype, writer=writer, proxy=proxy,
+                            license=license)
 
     def read_tile(self, base: int, layout: SharedLayout, *, reader: str = "ld.shared",
                   proxy: str = "generic") -> np.ndarray:
@@ -266,8 +278,11 @@ class SharedMemory:
         return a[..., None] + np.arange(eb)
 
     def write_elements(self, addrs: object, values: object, dtype: DType, *, writer: str,
-                       proxy: str = "generic") -> None:
-        """Scatter ``values`` (same shape as ``addrs``) as ``dtype`` bytes to ``addrs``."""
+                       proxy: str = "generic", license: int | None = None) -> None:
+        """Scatter ``values`` (same shape as ``addrs``) as ``dtype`` bytes to ``addrs``.
+        ``license``: for a copy, when (``CLOCK``) the barrier phase its issuer last waited for
+        completed; unread bytes its consumers all waited for and released after they landed
+        (a tile read only under an ``if``) are then free to overwrite."""
         if proxy not in ("generic", "async"):
             raise ValueError(f"proxy is 'generic' or 'async', not {proxy!r}")
         b = self._byte_addrs(np.asarray(addrs), dtype, writer)
@@ -279,7 +294,8 @@ class SharedMemory:
                     f"race on {self.describe(lease.lo, lease.hi)}: {writer!r} writes it while {lease.reader!r} "
                     f"is still reading it (the reader has not released the stage)")
         if self.check_lost_writes and proxy == "async":
-            lost = self._unread_async[b]
+            lost = self._unread_async[b] if license is None else \
+                self._unseen[b] | (self._unread_async[b] & (self._async_at[b] > license))
             if lost.any():
                 a = int(b[lost].min())
                 raise RaceError(f"lost data in {self.describe(a, a + 1)}: {writer!r} overwrites what "
@@ -290,7 +306,15 @@ class SharedMemory:
             self._writers.append(writer)
         self._writer[b] = wid
         self._generic_unfenced[b] = proxy == "generic"
-        self._unread_async[b] = proxy == "async"
+        self._unread_async[b] = self._unseen[b] = proxy == "async"
+        if proxy == "async":
+            self._async_at[b] = next(CLOCK)
+
+    def seen(self, base: int, nbytes: int) -> None:
+        """Every waiter of the barrier a TMA copy into ``[base, base + nbytes)`` completed on
+        has passed that phase: those bytes arrived where the program looked for them, read or
+        not (a copy over them still needs its issuer to have waited for their release)."""
+        self._unseen[base:base + nbytes] = False
 
     def read_elements(self, addrs: object, dtype: DType, *, reader: str, proxy: str = "generic") -> np.ndarray:
         """Gather ``dtype`` values at ``addrs`` (any shape)."""
@@ -319,5 +343,5 @@ class SharedMemory:
                 raise TkcEmulatorError(
                     f"{reader!r} (async proxy) reads {self.describe(a, a + 1)} written by "
                     f"{self.last_writer(a)!r} through the generic proxy with no fence.proxy.async since")
-        self._unread_async[b] = False
+        self._unread_async[b] = self._unseen[b] = False
         return decode(self.data[b], dtype)

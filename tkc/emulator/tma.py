@@ -58,7 +58,7 @@ def _window(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int],
 
 def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int], layout: SharedLayout,
              smem: SharedMemory | Sequence[SharedMemory], dst_base: int, barrier: MBarrier | Sequence[MBarrier], *,
-             op: str = "tma_load", boxes: Sequence[int] | None = None) -> None:
+             op: str = "tma_load", boxes: Sequence[int] | None = None, license: int | None = None) -> None:
     """``cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes`` for
     every box of the tile at ``dst_base``; then ``barrier.complete_tx(layout.size_bytes)``.
 
@@ -73,7 +73,8 @@ def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int]
     bars = [barrier] if isinstance(barrier, MBarrier) else list(barrier)
     if boxes is None:
         for m, bar in zip(mems, bars):
-            m.write_tile(dst_base, layout, tile, writer=op, proxy="async")
+            m.write_tile(dst_base, layout, tile, writer=op, proxy="async", license=license)
+            bar.delivered.append((m, dst_base, layout.size_bytes, bar.phase))
             bar.complete_tx(layout.size_bytes, by=op)
         return
     tb = layout.tma_box()
@@ -82,7 +83,8 @@ def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int]
     mine = np.isin(number, list(boxes))
     addrs = dst_base + layout.offset(r[mine], c[mine])
     for m, bar in zip(mems, bars):
-        m.write_elements(addrs, tile[mine], layout.dtype, writer=op, proxy="async")
+        m.write_elements(addrs, tile[mine], layout.dtype, writer=op, proxy="async", license=license)
+        bar.delivered.append((m, dst_base, layout.size_bytes, bar.phase))
         bar.complete_tx(int(mine.sum()) * layout.elem_bytes, by=op)
 
 

@@ -328,8 +328,17 @@ class _Pipeliner:
         # after P V, so the producer refills K while P V still reads V.
         distinct = list(dict.fromkeys(full))
         # A stage the threads read themselves (hopper.smem_load: a vector copied beside the
-        # tiles) is released by every thread, right behind its read.
+        # tiles) is released by every thread, right behind its read.  So is a stage whose last
+        # reader is a loop or an if (a persistent tile's Q, read in its K/V loop): that loop may
+        # run no iteration (varlen's empty sequence, paged decode's empty split), and then no
+        # wgmma brings the warps together between their waits and the release; released by
+        # one thread, the stage could be refilled twice while a warp still spins on its wait.
         by_threads = {ring for ring, first in zip(full, first_use) if first.name == "hopper.smem_load"}
+        for ring in distinct:
+            dsts = [d for d, r in zip(g.dsts, full) if r is ring]
+            last = max((op for op in body.ops if self._reads_stage(op, dsts)), key=body.ops.index)
+            if last.name in ("tile.for", "tile.if"):
+                by_threads.add(ring)
         empties = {ring: self._ring(init, self.warpgroups * (self.warpgroup_threads if ring in by_threads else 1), loc,
                                     "empty" if len(distinct) == 1 else
                                     ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
