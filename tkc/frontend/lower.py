@@ -734,6 +734,10 @@ class KernelLowering:
             # builtins are listed rather than guessed at ('sinh' is no misspelling of 'sin').
             mine = self.scope.all_names() | set(self.helpers)
             near = difflib.get_close_matches(e.id, sorted(mine), n=1)
+            if e.id == "choose":
+                raise TkcNameError("choose(...) is written only as a constant's default in the signature "
+                                   "(BM: const = choose(64, 128)), where the compiler picks one of its values",
+                                   e.loc)
             if near:
                 hint = f"; did you mean '{near[0]}'?"
             elif self.python_function:

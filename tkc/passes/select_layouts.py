@@ -112,6 +112,14 @@ def _reshaped(layout: object, shape: tuple[int, ...]) -> object | None:
         return None
 
 
+def _redirect(user: Operation, old: Value, new: Value, slot: int | None) -> None:
+    """``user`` reads ``new`` where it read ``old``: in its operand ``slot`` only, when given."""
+    if slot is not None:
+        user.operands[slot] = new
+    else:
+        user.operands = [new if x is old else x for x in user.operands]
+
+
 def _def(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
@@ -370,11 +378,14 @@ class _Selector:
                     # lower-to-hopper), and wgmma reads the shared copy: one copy for every
                     # product reading it in this layout (FFT conv's B operands, two products each).
                     user = view if transposed else mma
+                    # only this operand: ``p @ p`` reads one register tile as A and as B, each
+                    # staged in its own layout
+                    slot = None if transposed else ("a", "b").index(which)
                     copy = staged_copies.get((src, layout))
                     if copy is None:
-                        copy = staged_copies[(src, layout)] = self._stage(src, layout, user)
+                        copy = staged_copies[(src, layout)] = self._stage(src, layout, user, slot)
                     else:
-                        user.operands = [copy if x is src else x for x in user.operands]
+                        _redirect(user, src, copy, slot)
                     src = copy
                     if transposed:
                         view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
@@ -445,16 +456,17 @@ class _Selector:
         mma.operands = [t if (x is src or x is load.result) and i == 1 else x for i, x in enumerate(mma.operands)]
         self.smem.add(t)
 
-    def _stage(self, src: Value, layout: SharedLayout, user: Operation) -> Value:
+    def _stage(self, src: Value, layout: SharedLayout, user: Operation, slot: int | None = None) -> Value:
         """A ``hopper.to_smem`` of ``src`` right after it is defined (so a tile loaded before a
-        loop is stored once), which ``user`` reads instead."""
+        loop is stored once), which ``user`` reads instead (its operand ``slot`` only, when
+        given)."""
         d = _def(src)
         if d is not None:
             b = Builder(d.parent, d.parent.ops.index(d) + 1, d.loc)
         else:
             b = Builder.before(user)
         staged = b.value(hopper.ToSmemOp, [src], TileType(src.type.shape, src.type.dtype, "smem", layout))
-        user.operands = [staged if x is src else x for x in user.operands]
+        _redirect(user, src, staged, slot)
         self.smem.add(staged)
         return staged
 
