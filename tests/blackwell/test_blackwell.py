@@ -422,7 +422,7 @@ def test_a_commit_that_frees_only_its_own_ctas_stage_deadlocks() -> None:
     (GEMM, {"tma": False}, "tma = false"),
 ])
 def test_wgmma_only_pins_are_refused_naming_the_pin(path: Path, consts: dict, pin: str) -> None:
-    with pytest.raises(TkcUnsupportedError, match=f"the pin {pin} is for sm_90a: .*; drop it for this target") as e:
+    with pytest.raises(TkcUnsupportedError, match=f"the pin {pin} is for wgmma targets: .*; drop it for sm_100a") as e:
         compile_kernel(path, consts, target=SM100, stop="hopper", cache=False)
     assert e.value.loc is not None and e.value.loc.line > 1
 

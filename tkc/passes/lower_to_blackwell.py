@@ -59,7 +59,7 @@ def lower_to_blackwell(module: Module, options: Options, target: Target) -> None
         return
     for kernel in module.ops:
         if kernel.name == "tile.kernel":
-            _refuse_pins(kernel, options)
+            _refuse_pins(kernel, options, target)
             _Lowering(kernel, target).run()
 
 
@@ -75,14 +75,14 @@ _HOPPER_ONLY_PINS = (
 )
 
 
-def _refuse_pins(kernel: Operation, options: Options) -> None:
+def _refuse_pins(kernel: Operation, options: Options, target: Target) -> None:
     product = next((op for op in kernel.walk() if op.name == "hopper.wgmma"), None)
     if product is None:
         return
     for name, value, why in _HOPPER_ONLY_PINS:
         if getattr(options, name) == value:
-            raise TkcUnsupportedError(f"the pin {name} = {str(value).lower()} is for sm_90a: {why}; drop it for "
-                                      f"this target", product.loc)
+            raise TkcUnsupportedError(f"the pin {name} = {str(value).lower()} is for wgmma targets: {why}; drop it "
+                                      f"for {target.name}", product.loc)
 
 
 #: Ops at which every thread of a role meets (``hopper.tma_store_wait {sync = false}`` does not).
