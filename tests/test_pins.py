@@ -87,3 +87,13 @@ def test_a_producer_budget_that_leaves_the_consumers_nothing_is_refused_naming_t
     with pytest.raises(TkcCodegenError, match=r"the pin producer_regs = 256 leaves the consumers 120 registers a "
                                               r"thread.*give the producer fewer registers"):
         compile_kernel(examples / "gemm.tk", {"producer_regs": 256}, stop="llvm", cache=False)
+
+
+def test_a_cluster_reduction_with_a_cluster_of_three_says_what_was_given() -> None:
+    from tkc.compiler import compile_kernel
+    from tkc.errors import TkcTypeError
+
+    src = ("@kernel\ndef k(x: f32[M, N], y: f32[M, N]):\n    grid(cdiv(M, 64))\n    r = program_id(0) * 64\n"
+           "    y[r:r+64, 0:64] = cluster_sum(x[r:r+64, 0:64])\n")
+    with pytest.raises(TkcTypeError, match=r"declare or pass the pin cluster \(2 or 4\) \(cluster = 3 was given\)"):
+        compile_kernel(src, {"cluster": 3}, stop="tkir", cache=False)

@@ -149,8 +149,9 @@ def _cluster_reduce(kind: str) -> Callable:
                                f"got {x.type if isinstance(x, Dyn) else 'a constant'}", e.loc)
         cluster = lw.kernel_consts.get("cluster")
         if not is_cluster_size(cluster) or cluster < 2:
+            given = "" if cluster in (None, 1) else f" (cluster = {cluster!r} was given)"
             raise TkcTypeError(f"cluster_{kind}() combines the programs of a cluster: declare or pass the "
-                               f"pin cluster (2 or 4)", e.loc)
+                               f"pin cluster (2 or 4){given}", e.loc)
         return Dyn(lw.b.value(T.ClusterReduceOp, [x.value], x.type, {"kind": kind}, loc=e.loc))
     return impl
 
