@@ -100,3 +100,15 @@ def test_row_masks_take_vector_stores_on_gpu(dt: str) -> None:
         run_kernel(compile_kernel(src, stop="tkir", cache=False).kernel_op, want)
         got = run_on_gpu(compile_kernel(src, cache=False), args)
         np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_an_emulated_run_without_check_says_the_kernels_race_in_the_languages_words() -> None:
+    # without --check the interpreter had not run: the emulator's error named 'tile.masked_store'
+    # in a role of a CTA
+    from tkc.runner import run
+
+    racy = SEGMENTS.replace("mask=(rows + i * BM < end)[:, None]", "mask=(rows + i * BM < end + 1)[:, None]")
+    kernel = compile_kernel(racy, stop="tkir", cache=False).kernel_op
+    with pytest.raises(TkcInterpretError, match=r"write-write race on element \[7, 0\] of 'y'") as e:
+        run(kernel, _args(0), "emulate")
+    assert "tile.masked_store" not in str(e.value) and "role" not in str(e.value)

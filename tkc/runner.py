@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from tkc import dtypes, options
-from tkc.errors import TkcUsageError
+from tkc.errors import TkcEmulatorError, TkcUsageError
 from tkc.ir.core import OpResult, Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
@@ -279,7 +279,15 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
             # The reference first: a mistake of the kernel's own (a race, a read out of bounds)
             # is then the interpreter's error, in the language's words, not the emulator's.
             run_kernel(kernel, reference, grid=None if walks_tiles(executed) else user_grid)
-        seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
+        try:
+            seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
+        except TkcEmulatorError:
+            if reference is None:
+                # Without --check the interpreter has not run: a mistake of the kernel's own (a
+                # race, a read out of bounds) is its error, in the language's words; else the
+                # emulator's stands (the lowering's fault).
+                run_kernel(kernel, copy.deepcopy(args), grid=None if walks_tiles(executed) else user_grid)
+            raise
     else:
         seconds, repeat, grid, compiled = _run_gpu(kernel, work, user_grid, repeat, target)
         executed, notes = compiled.kernel_op, list(compiled.remarks)
