@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tkc.errors import Loc, TkcUsageError
+from tkc.registers import SETMAXNREG_MAX, SETMAXNREG_MIN, setmaxnreg_budget
 from tkc.target import DEFAULT_TARGET, Target
 
 
@@ -103,8 +104,9 @@ class Options:
         pins = {name: value for name, value in (consts or {}).items() if name in PINS}
         check_pins(pins, loc)
         regs = pins.get("producer_regs")
-        if regs is not None and not (24 <= regs <= 256 and regs % 8 == 0):
-            raise TkcUsageError(f"pin producer_regs = {regs}: setmaxnreg takes a multiple of 8 from 24 to 256", loc)
+        if regs is not None and not setmaxnreg_budget(regs):
+            raise TkcUsageError(f"pin producer_regs = {regs}: setmaxnreg takes a multiple of 8 from "
+                                f"{SETMAXNREG_MIN} to {SETMAXNREG_MAX}", loc)
         sizes = target.cluster_sizes
         if pins.get("cluster", 1) not in sizes:
             raise TkcUsageError(f"pin cluster = {pins['cluster']}: a cluster has "

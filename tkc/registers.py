@@ -20,6 +20,14 @@ from tkc.target import Target
 #: two CTAs an SM) ptxas 13 stopped with C7602 asking for 82 for a 56-register accumulator and
 #: 90 for a 64-register one, and compiled a 48-register one.
 WGMMA_EXTRA_REGISTERS = 26
+#: ``setmaxnreg``'s budgets (PTX-FACTS §5): an immediate multiple of 8 from 24 to 256.
+SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
+
+
+def setmaxnreg_budget(regs: object) -> bool:
+    """Whether ``regs`` is a budget ``setmaxnreg`` takes."""
+    return isinstance(regs, int) and not isinstance(regs, bool) and regs % 8 == 0 \
+        and SETMAXNREG_MIN <= regs <= SETMAXNREG_MAX
 
 
 def entry_registers(threads: int, ctas_per_sm: int, target: Target) -> int:

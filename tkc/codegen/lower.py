@@ -58,7 +58,7 @@ def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int, producer_r
     fix = "fewer programs per SM, or a narrower tile"
     if producer_regs:
         why = f"the pin producer_regs = {producer_regs} leaves the consumers"
-        fix = "give the producer fewer registers (the default is 24), or a narrower tile"
+        fix = "give the producer fewer registers, or a narrower tile"
     for op in kernel.walk():
         if op.name != "hopper.wgmma":
             continue

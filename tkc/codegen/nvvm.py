@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import llvmlite.ir as ir
 
 from tkc.errors import TkcCodegenError
+from tkc.registers import SETMAXNREG_MAX, SETMAXNREG_MIN, setmaxnreg_budget
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -267,8 +268,8 @@ def sreg(builder: ir.IRBuilder, reg: str, result: str = "") -> ir.Instruction:
 
 def setmaxnreg(builder: ir.IRBuilder, regs: int, inc: bool) -> ir.Instruction:
     """``setmaxnreg.{inc,dec}.sync.aligned.u32 regs`` (PTX-FACTS §5: immediate, multiple of 8, 24..256)."""
-    if not isinstance(regs, int) or regs % 8 or not 24 <= regs <= 256:
-        raise TkcCodegenError(f"setmaxnreg {regs!r}: expected a multiple of 8 in [24, 256]")
+    if not setmaxnreg_budget(regs):
+        raise TkcCodegenError(f"setmaxnreg {regs!r}: expected a multiple of 8 in [{SETMAXNREG_MIN}, {SETMAXNREG_MAX}]")
     return call(builder, f"setmaxnreg.{'inc' if inc else 'dec'}.sync.aligned.u32", regs)
 
 

@@ -371,7 +371,7 @@ class _Warpgroup:
         self.last_role: Operation | None = None  # the role it ran last (kept once it ends)
         self.unmet: list[_Unmet] = []  # waits this warpgroup's warps have not met since (left_behind)
         self.committed = self.completed = 0  # wgmma groups committed / completed, in order
-        self.license = 0  # when the newest barrier phase it waited for completed (smem's CLOCK)
+        self.license = 0  # when the newest barrier phase it waited for completed (clock.CLOCK)
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
     # warpgroup's index and ``threads`` the thread count that layouts see.
@@ -1248,7 +1248,7 @@ def _mbarrier_wait(wg: _Warpgroup, op: Operation, bar: MBarrier, parity: Any) ->
     yield Wait(bar, int(parity), _describe(op))
     wg.passed(op, bar)
     # what this warpgroup has seen released: its copies may overwrite what landed before it
-    wg.license = max(wg.license, bar.completed_at.get(bar._observed.get(wg.waiter, -1), 0))
+    wg.license = max(wg.license, bar.completed_when(wg.waiter))
 
 
 # ------------------------------------------------------------------ wgmma

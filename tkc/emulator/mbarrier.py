@@ -21,14 +21,16 @@ Errors (``MBarrierError``) for the misuses that hang or silently corrupt on the 
 ``try_wait(parity)`` gives the hardware answer (true iff the most recently completed phase has
 that parity, with phase -1 counting as complete at init), after the wrong-phase check.
 
-This module knows nothing about shared memory, TMA or scheduling.
+This module knows nothing about shared memory, TMA or scheduling: it times each phase's
+completion (``clock.CLOCK``) and calls back who asked to hear once every waiter passed a phase
+(``when_seen``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
-from tkc.emulator.smem import CLOCK
+from tkc.emulator.clock import CLOCK
 from tkc.errors import TkcEmulatorError
 
 __all__ = ["MBarrier", "MBarrierError", "PhaseError"]
@@ -54,12 +56,11 @@ class MBarrier:
         self.tx = 0
         self.phase = 0
         self._observed: dict[str, int] = {}  # waiter -> last phase index it waited for
-        # (shared memory, first byte, bytes, phase) of the TMA copies that completed on this
-        # barrier in that phase and not every waiter has waited for since: once each has, they
-        # have seen the data arrive (read or not: a tile read only under an ``if``), and a later
-        # copy over it loses nothing (``SharedMemory.seen``).
-        self.delivered: list[tuple[Any, int, int, int]] = []
-        self.completed_at: dict[int, int] = {}  # phase -> when (CLOCK) it completed
+        # (phase, what to call) once every waiter the barrier has seen passed that phase: a TMA
+        # copy that completed on it marks its bytes seen (read or not: a tile read only under
+        # an ``if``), so a later copy over them loses nothing (``SharedMemory.seen``).
+        self._when_seen: list[tuple[int, Callable[[], None]]] = []
+        self.completed_at: dict[int, int] = {}  # phase -> when (clock.CLOCK) it completed
         if count is not None:
             self.init(count)
 
@@ -173,7 +174,15 @@ class MBarrier:
         if ok:
             self._observed[waiter] = self._target(parity, waiter)
             oldest = min(self._observed.values())
-            for smem, lo, nbytes, _ in [d for d in self.delivered if d[3] <= oldest]:
-                smem.seen(lo, nbytes)
-            self.delivered = [d for d in self.delivered if d[3] > oldest]
+            for _, fn in [h for h in self._when_seen if h[0] <= oldest]:
+                fn()
+            self._when_seen = [h for h in self._when_seen if h[0] > oldest]
         return ok
+
+    def when_seen(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once every waiter has passed the current phase."""
+        self._when_seen.append((self.phase, fn))
+
+    def completed_when(self, waiter: str) -> int:
+        """When (``clock.CLOCK``) the newest phase ``waiter`` waited for completed (0: none)."""
+        return self.completed_at.get(self._observed.get(waiter, -1), 0)

@@ -29,12 +29,11 @@ It does not know about barriers, TMA boxes or wgmma; those modules call it.
 
 from __future__ import annotations
 
-import itertools
-
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tkc.emulator.clock import CLOCK
 from tkc import dtypes
 from tkc.dtypes import DType
 from tkc.errors import TkcEmulatorError
@@ -156,11 +155,6 @@ class ReadLease:
                                    f"{self.reader!r} released twice")
         self.active = False
         self.smem._leases.remove(self)
-
-
-#: Event times across every barrier and shared memory of a run: a copy's landing and a barrier
-#: phase's completion are ordered by them (the lost-write check).
-CLOCK = itertools.count(1)
 
 
 class SharedMemory:

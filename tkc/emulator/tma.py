@@ -74,7 +74,7 @@ def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int]
     if boxes is None:
         for m, bar in zip(mems, bars):
             m.write_tile(dst_base, layout, tile, writer=op, proxy="async", license=license)
-            bar.delivered.append((m, dst_base, layout.size_bytes, bar.phase))
+            bar.when_seen(lambda m=m: m.seen(dst_base, layout.size_bytes))
             bar.complete_tx(layout.size_bytes, by=op)
         return
     tb = layout.tma_box()
@@ -84,7 +84,7 @@ def tma_load(global_array: np.ndarray, coords: Sequence[int], box: Sequence[int]
     addrs = dst_base + layout.offset(r[mine], c[mine])
     for m, bar in zip(mems, bars):
         m.write_elements(addrs, tile[mine], layout.dtype, writer=op, proxy="async", license=license)
-        bar.delivered.append((m, dst_base, layout.size_bytes, bar.phase))
+        bar.when_seen(lambda m=m: m.seen(dst_base, layout.size_bytes))
         bar.complete_tx(int(mine.sum()) * layout.elem_bytes, by=op)
 
 

@@ -333,12 +333,11 @@ class _Pipeliner:
         # run no iteration (varlen's empty sequence, paged decode's empty split), and then no
         # wgmma brings the warps together between their waits and the release; released by
         # one thread, the stage could be refilled twice while a warp still spins on its wait.
-        by_threads = {ring for ring, first in zip(full, first_use) if first.name == "hopper.smem_load"}
-        for ring in distinct:
-            dsts = [d for d, r in zip(g.dsts, full) if r is ring]
-            last = max((op for op in body.ops if self._reads_stage(op, dsts)), key=body.ops.index)
-            if last.name in ("tile.for", "tile.if"):
-                by_threads.add(ring)
+        last_reader = {ring: max((op for op in body.ops if self._reads_stage(op, [d for d, r in zip(g.dsts, full)
+                                                                                 if r is ring])),
+                                 key=body.ops.index) for ring in distinct}
+        by_threads = {ring for ring, first in zip(full, first_use) if first.name == "hopper.smem_load"} | \
+            {ring for ring, op in last_reader.items() if op.name in ("tile.for", "tile.if")}
         empties = {ring: self._ring(init, self.warpgroups * (self.warpgroup_threads if ring in by_threads else 1), loc,
                                     "empty" if len(distinct) == 1 else
                                     ring.name_hint.removesuffix("_full") + "_empty") for ring in distinct}
@@ -379,8 +378,7 @@ class _Pipeliner:
         # Each ring's stage is released once the last wgmma reading its tiles has completed.
         releases = []
         for ring, free in empties.items():
-            dsts = [d for d, r in zip(g.dsts, full) if r is ring]
-            last = max(body.ops.index(op) for op in body.ops if self._reads_stage(op, dsts))
+            last = body.ops.index(last_reader[ring])
             if body.ops[last].name == "hopper.smem_copy":
                 # Every thread's reads of the stage are done at the barrier behind the copy.
                 last = next(i for i in range(last, len(body.ops)) if body.ops[i].name == "hopper.barrier")

@@ -56,7 +56,7 @@ from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import TileType
 from tkc.pins import Options
-from tkc.registers import register_pool
+from tkc.registers import SETMAXNREG_MIN, register_pool
 from tkc.target import Target
 
 PRODUCER_REGS = 24
@@ -66,8 +66,6 @@ PRODUCER_REGS = 24
 # (benchmarks/RESULTS.md, 2026-11-27, the pin producer_regs).
 RANK_PRODUCER_REGS = 40
 MAX_CONSUMER_REGS = 240
-#: The fewest registers a thread ``setmaxnreg`` gives (PTX: a multiple of 8 from 24 to 256).
-MIN_REGS = 24
 
 # Top-level ops every warpgroup runs before the roles: shared memory set-up.
 _SETUP = ("hopper.smem_alloc", "hopper.mbarrier_alloc", "hopper.mbarrier_init", "hopper.fence_mbarrier_init",
@@ -271,11 +269,11 @@ class _Specializer:
         ranks = any(op.name in tile.RANK_OPS for op in producer)
         producer_regs = self.options.producer_regs or (RANK_PRODUCER_REGS if ranks else PRODUCER_REGS)
         regs = consumer_regs(warpgroups, self.options.programs_per_sm, self.target, producer_regs)
-        if regs < MIN_REGS and self.options.producer_regs:
+        if regs < SETMAXNREG_MIN and self.options.producer_regs:
             raise TkcUsageError(f"pin producer_regs = {producer_regs}: with {warpgroups} consumer warpgroup"
                                 f"{'s' if warpgroups > 1 else ''} and {self.options.programs_per_sm} program"
                                 f"{'s' if self.options.programs_per_sm > 1 else ''} an SM the consumers would "
-                                f"keep {max(regs, 0)} registers a thread (setmaxnreg takes {MIN_REGS} at least); "
+                                f"keep {max(regs, 0)} registers a thread (setmaxnreg takes {SETMAXNREG_MIN} at least); "
                                 f"give the producer fewer (-D producer_regs=40) or run fewer programs an SM",
                                 self.kernel.loc)
         # The producer's copies are issued by one thread, so one warp runs its loops: the

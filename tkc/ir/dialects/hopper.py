@@ -17,6 +17,7 @@ from tkc.ir.core import Operation, register
 from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, TENSOR_WRITES, check_steps, tensor_param
 from tkc.ir.layouts import first_holders, read_as
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
+from tkc.registers import SETMAXNREG_MAX, SETMAXNREG_MIN, setmaxnreg_budget
 
 #: Ops that write a tensor (operand 0, or a peer's copy of one) at the tile level and once
 #: lowered: the tile level's, the lowered stores and the atomic whose old value is read.
@@ -211,8 +212,9 @@ class RoleOp(Operation):
     def verify(self) -> None:
         if self.first < 0 or self.warpgroups < 1:
             raise self.error("a role spans at least one warpgroup from first >= 0")
-        if self.regs and (self.regs % 8 or not 24 <= self.regs <= 256):
-            raise self.error("setmaxnreg takes a multiple of 8 in [24, 256] (0: keep the budget)")
+        if self.regs and not setmaxnreg_budget(self.regs):
+            raise self.error(f"setmaxnreg takes a multiple of 8 in [{SETMAXNREG_MIN}, {SETMAXNREG_MAX}] "
+                             f"(0: keep the budget)")
         parent = self.parent.parent_op if self.parent else None
         if parent is None or parent.name != "tile.kernel":
             raise self.error("roles sit directly in the kernel body")
