@@ -33,16 +33,23 @@ def _agrees(text: str, dims: dict[str, int], consts: dict | None = None, seeds=(
 # A persistent K loop whose epilogue stores from registers (no TMA store, whose barrier the role
 # meets at): one thread issued the next tile's first MMA into the columns while another warp (or
 # the second epilogue warpgroup) still had this tile's sums to load.
-ROW_SUMS = """@kernel
-def row_sums(a: bf16[M, K], b: bf16[K, N], rs: f32[M, NB], BM: const = 128, BN: const = 64, BK: const = 64):
+def k_loop(step: str, epilogue: str, a: str = "bf16", out: str = "M, N") -> str:
+    """A 2-D grid of 128 x 64 tiles, each a K loop (``step``, over the tiles ``{A}`` and ``{B}``)
+    into ``acc`` from zero, then ``epilogue``: the kernels below differ only there."""
+    step = step.format(A="a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK]", B="b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]")
+    return f"""@kernel
+def k_loop(a: {a}[M, K], b: bf16[K, N], out: f32[{out}], BM: const = 128, BN: const = 64, BK: const = 64):
     grid(cdiv(M, BM), cdiv(N, BN))
     pm = program_id(0)
     pn = program_id(1)
     acc = zeros([BM, BN], f32)
     for k in range(cdiv(K, BK)):
-        acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
-    rs[pm*BM:(pm+1)*BM, pn] = acc.sum(1)
+        {step}
+    {epilogue}
 """
+
+
+ROW_SUMS = k_loop("acc += {A} @ {B}", "out[pm*BM:(pm+1)*BM, pn] = acc.sum(1)", out="M, NB")
 
 
 def test_a_persistent_k_loop_meets_before_the_next_tiles_products() -> None:
@@ -64,16 +71,8 @@ def test_a_tma_store_epilogue_needs_no_second_meeting() -> None:
 def test_a_register_a_operand_in_a_persistent_k_loop() -> None:
     # read at once in a K loop inside the persistent tile loop (A cast in registers, staged):
     # refused before, as if its tiles had no TMA ring
-    _agrees("""@kernel
-def cast_a(a: f32[M, K], b: bf16[K, N], c: f32[M, N], BM: const = 128, BN: const = 64, BK: const = 64):
-    grid(cdiv(M, BM), cdiv(N, BN))
-    pm = program_id(0)
-    pn = program_id(1)
-    acc = zeros([BM, BN], f32)
-    for k in range(cdiv(K, BK)):
-        acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK].to(bf16) @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
-    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc
-""", {"M": 1000, "N": 520, "K": 200}, seeds=(0,))
+    _agrees(k_loop("acc += {A}.to(bf16) @ {B}", "out[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc", a="f32"),
+            {"M": 1000, "N": 520, "K": 200}, seeds=(0,))
 
 
 def test_a_product_under_an_if() -> None:
@@ -92,16 +91,8 @@ def lower(q: bf16[M, 64], k: bf16[N, 64], o: f32[M, N], BM: const = 128, BN: con
 
 def test_a_product_read_at_once_in_a_loop_of_a_loop() -> None:
     # acc = acc * 0.5 + a @ b in a K loop the persistent tile loop runs again
-    _agrees("""@kernel
-def halves(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], BM: const = 128, BN: const = 64, BK: const = 64):
-    grid(cdiv(M, BM), cdiv(N, BN))
-    pm = program_id(0)
-    pn = program_id(1)
-    acc = zeros([BM, BN], f32)
-    for k in range(cdiv(K, BK)):
-        acc = acc * 0.5 + a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
-    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc
-""", {"M": 1000, "N": 264, "K": 200}, seeds=(0,))
+    _agrees(k_loop("acc = acc * 0.5 + {A} @ {B}", "out[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc"),
+            {"M": 1000, "N": 264, "K": 200}, seeds=(0,))
 
 
 # The consumers refill their own ring (no producer warpgroup): only the MMA warp waits for the
