@@ -454,7 +454,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     lowered = is_lowered(chosen)  # IR a backend pass left (a .hopper.tkir dump): its warps are set
     if pipeline_request is None and hopper_request is None and lowered:
         pipeline = hopper_pipeline = ""
-    options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, tgt_value)
+    # Tile IR is the same for every target: its pins are checked against one only past it.
+    options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, None if stop == "tkir" else tgt_value)
     b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
                _Dumps())
     with remarks() as notes:

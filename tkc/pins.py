@@ -72,6 +72,10 @@ class Options:
     cluster: int = _pin(1, int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs "
                                 "of a cluster take tiles of one column, and each copy they share (a GEMM's B tiles) "
                                 "is read once and multicast into all of them (default 1)", "persistent, multicast")
+    cta_pairs: bool = _pin(False, bool, "sm_100a: the two programs of a cluster issue one tcgen05 MMA of 256 rows "
+                                        "together (cta_group::2): each copies its own rows of A and half of B's "
+                                        "columns, and the even one's thread multiplies for both (sets cluster = 2; "
+                                        "default: off)", "persistent, multicast, pair-ctas")
     tma_store: bool = _pin(True, bool, "a product's result is stored by TMA from a shared tile, which drains while "
                                        "the next tile computes (false: each thread stores its values)",
                            "lower-to-hopper")
@@ -97,21 +101,34 @@ class Options:
 
     @classmethod
     def from_consts(cls, consts: dict[str, object] | None, loc: Loc | None = None,
-                    target: Target = DEFAULT_TARGET) -> Options:
+                    target: Target | None = None) -> Options:
         """The pins among a kernel's ``consts`` (other constants are left out), each checked
-        (:func:`check_pins`, and the cluster's size on ``target``); a TkcUsageError at ``loc``
-        otherwise."""
+        (:func:`check_pins`, and the cluster's size and CTA pairs on ``target``; the default
+        target's cluster sizes where none is given, for callers that read a pin the target does
+        not change); a TkcUsageError at ``loc`` otherwise."""
         pins = {name: value for name, value in (consts or {}).items() if name in PINS}
         check_pins(pins, loc)
         regs = pins.get("producer_regs")
         if regs is not None and not setmaxnreg_budget(regs):
             raise TkcUsageError(f"pin producer_regs = {regs}: setmaxnreg takes a multiple of 8 from "
                                 f"{SETMAXNREG_MIN} to {SETMAXNREG_MAX}", loc)
-        sizes = target.cluster_sizes
+        if pins.get("cta_pairs"):
+            if target is not None and target.mma != "tcgen05":
+                raise TkcUsageError(f"pin cta_pairs = true: CTA pairs are tcgen05's (sm_100a); {target.name} has "
+                                    f"none, drop the pin", loc)
+            if pins.setdefault("cluster", 2) != 2:
+                raise TkcUsageError(f"pin cta_pairs = true: a pair is a cluster of 2 programs, not "
+                                    f"cluster = {pins['cluster']}", loc)
+        sizes = (target or DEFAULT_TARGET).cluster_sizes
         if pins.get("cluster", 1) not in sizes:
             raise TkcUsageError(f"pin cluster = {pins['cluster']}: a cluster has "
                                 f"{', '.join(map(str, sizes[:-1]))} or {sizes[-1]} programs", loc)
         return cls(**pins)
+
+    @property
+    def cluster_pin(self) -> str:
+        """The pin that gave the kernel its cluster, as messages name it."""
+        return "cta_pairs = true (a cluster of 2)" if self.cta_pairs else f"cluster = {self.cluster}"
 
     @property
     def programs_per_sm(self) -> int:

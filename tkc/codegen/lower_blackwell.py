@@ -59,14 +59,28 @@ def _first_warp(lw: Lowerer) -> ir.Value:
     return lw.b.icmp_unsigned("<", lw.tid, const_i32(32))
 
 
+def _group(op: Operation) -> str:
+    """The op's ``cta_group`` (a CTA pair's ops are ``::2``; a kernel uses one throughout)."""
+    return "cta_group::2" if op.attributes.get("pair") else "cta_group::1"
+
+
+def _in_even_cta(lw: Lowerer, cond: ir.Value) -> ir.Value:
+    """``cond`` and this CTA is its pair's even one (the one that issues a pair's MMAs)."""
+    b = lw.b
+    rank = nvvm.sreg(b, "cluster.ctarank", "pair.rank")
+    return b.and_(cond, b.icmp_unsigned("==", b.and_(rank, const_i32(1)), const_i32(0)))
+
+
 def _tmem_alloc(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     slot = _slot(lw)
     addr = b.trunc(b.ptrtoint(slot, I64), I32)
 
     def alloc() -> None:
-        _asm(lw, f"tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [$0], {op.cols};", "r,~{memory}", [addr])
-        _asm(lw, "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", "~{memory}")
+        # A pair's (cta_group::2): the same warp of each CTA, the same columns in both.
+        g = _group(op)
+        _asm(lw, f"tcgen05.alloc.{g}.sync.aligned.shared::cta.b32 [$0], {op.cols};", "r,~{memory}", [addr])
+        _asm(lw, f"tcgen05.relinquish_alloc_permit.{g}.sync.aligned;", "~{memory}")
 
     lw.if_then(_first_warp(lw), alloc, "tmem_alloc")
     _asm(lw, "tcgen05.fence::before_thread_sync;", "~{memory}")
@@ -81,7 +95,7 @@ def _tmem_dealloc(lw: Lowerer, op: Operation) -> None:
     lw.sync()
     _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
     lw.if_then(_first_warp(lw), lambda: _asm(
-        lw, f"tcgen05.dealloc.cta_group::1.sync.aligned.b32 $0, {op.cols};", "r,~{memory}", [tmem]), "tmem_dealloc")
+        lw, f"tcgen05.dealloc.{_group(op)}.sync.aligned.b32 $0, {op.cols};", "r,~{memory}", [tmem]), "tmem_dealloc")
 
 
 def _mma(lw: Lowerer, op: Operation) -> None:
@@ -89,7 +103,7 @@ def _mma(lw: Lowerer, op: Operation) -> None:
     sa, sb = lw.shared(op, op.a), lw.shared(op, op.b)
     la, lb = op.operand_layout("a"), op.operand_layout("b")
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
-    idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.m, op.n))
+    idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.instruction_m, op.n))
     tmem = lw.get(op.tmem)
     accumulate = b.zext(lw.get(op.accumulate), I32)
 
@@ -111,7 +125,7 @@ def _mma(lw: Lowerer, op: Operation) -> None:
             _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
                      f"cvt.u64.u32 da, $1;\n\tadd.s64 da, da, {da};\n\t"
                      f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t"
-                     f"tcgen05.mma.cta_group::1.kind::{kind} [$0], da, db, $3, p;\n\t}}",
+                     f"tcgen05.mma.{_group(op)}.kind::{kind} [$0], da, db, $3, p;\n\t}}",
                  "r,r,r,r,r,~{memory}", [tmem, a4, b4, idesc, acc])
 
     def warp() -> None:
@@ -122,23 +136,29 @@ def _mma(lw: Lowerer, op: Operation) -> None:
         _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
         lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_mma")
 
-    lw.if_then(_first_warp(lw), warp, "mma_warp")
+    # A pair's MMA: the even CTA's first warp waits (on its own barrier, which counts both
+    # CTAs' copies) and issues for both; the odd CTA skips it.
+    first = _first_warp(lw)
+    lw.if_then(_in_even_cta(lw, first) if op.attributes.get("pair") else first, warp, "mma_warp")
 
 
 def _commit(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     bar = lw.smem_addr(lw.offset(lw.barrier(op, op.barrier)))
-    commit = "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster"
+    commit = f"tcgen05.commit.{_group(op)}.mbarrier::arrive::one.shared::cluster"
+    pair = bool(op.attributes.get("pair"))
 
     def issue() -> None:
-        if op.attributes.get("cluster"):
-            # one arrival on the barrier at this offset in every CTA of the cluster (ctaMask)
-            mask = ir.Constant(ir.IntType(16), (1 << lw.kernel.attributes["cluster"]) - 1)
+        if op.attributes.get("cluster") or pair:
+            # one arrival on the barrier at this offset in every CTA of the cluster (a pair's:
+            # both CTAs, whose tensor memory its MMAs wrote); the mask is a 16-bit register
+            mask = ir.Constant(ir.IntType(16), 0b11 if pair else (1 << lw.kernel.attributes["cluster"]) - 1)
             _asm(lw, f"{commit}.multicast::cluster.b64 [$0], $1;", "r,h,~{memory}", [bar, mask])
         else:
             _asm(lw, f"{commit}.b64 [$0];", "r,~{memory}", [bar])
 
-    lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_commit")
+    thread0 = b.icmp_unsigned("==", lw.tid, const_i32(0))
+    lw.if_then(_in_even_cta(lw, thread0) if pair else thread0, issue, "tcgen05_commit")
 
 
 def _chunk(regs: int) -> int:

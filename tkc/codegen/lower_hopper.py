@@ -371,7 +371,20 @@ def _cluster_barrier(lw: Lowerer, op: Operation) -> None:
 
 
 def _expect_tx(lw: Lowerer, op: Operation) -> None:
+    if op.attributes.get("pair"):
+        # On the pair's even CTA's barrier (mapa to rank & ~1), which counts both CTAs' copies.
+        addr = lw.b.ptrtoint(_bar(lw, op), nvvm.I32)
+        lw.b.asm(ir.FunctionType(ir.VoidType(), [nvvm.I32]),
+                 f"{{\n.reg .b32 r;\n{_EVEN_CTA_BARRIER}"
+                 f"mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [r], {op.bytes};\n}}",
+                 "r,~{memory}", [addr], side_effect=True)
+        return
     nvvm.call(lw.b, "mbarrier.arrive.expect.tx.scope.cta.space.cta", _bar(lw, op), op.bytes)
+
+
+#: PTX that leaves in ``r`` the shared::cluster address of the barrier at ``$0``'s offset in the
+#: even CTA of this CTA's pair (``mapa`` to ``%cluster_ctarank & ~1``).
+_EVEN_CTA_BARRIER = "mov.u32 r, %cluster_ctarank;\nand.b32 r, r, 0xfffffffe;\nmapa.shared::cluster.u32 r, $0, r;\n"
 
 
 def _mbarrier_wait(lw: Lowerer, op: Operation) -> None:
@@ -490,6 +503,19 @@ def _tma_load(lw: Lowerer, op: Operation) -> None:
             nvvm.call(b, f"cp.async.bulk.tensor.g2s.tile.{rank}d", b.addrspacecast(p, nvvm.ptr(nvvm.SHARED_CLUSTER)),
                       bar, tensor_map(lw, op, lw.tmaps[op.map]), *coords, mask, 0, 1 if mask else 0, 0)
 
+    if op.attributes.get("pair"):
+        # A CTA pair's copy: into this CTA, its bytes completing on the even CTA's barrier.
+        addr = b.ptrtoint(bar, nvvm.I32)
+        tmap = tensor_map(lw, op, lw.tmaps[op.map])
+        coord_regs = ", ".join(f"${3 + i}" for i in range(rank))
+        fty = ir.FunctionType(ir.VoidType(), [nvvm.I32, nvvm.I32, tmap.type] + [nvvm.I32] * rank)
+        for p, coords in boxes:
+            b.asm(fty, f"{{\n.reg .b32 r;\n{_EVEN_CTA_BARRIER.replace('$0', '$1')}"
+                       f"cp.async.bulk.tensor.{rank}d.cta_group::2.shared::cluster.global.mbarrier::complete_tx::bytes "
+                       f"[$0], [$2, {{{coord_regs}}}], [r];\n}}",
+                  ",".join(["r", "r", "l"] + ["r"] * rank) + ",~{memory}",
+                  [b.ptrtoint(p, nvvm.I32), addr, tmap, *coords], side_effect=True)
+        return
     if n == 1:
         issue(boxes, 0)
         return

@@ -269,6 +269,17 @@ class _CTA:
         self.peers_running(f"its barrier {self.bar_names[off]!r}")
         return [peer._mbarrier(off, self.bar_names[off]) for peer in self.peers]
 
+    def in_even(self, bar: MBarrier) -> MBarrier:
+        """The barrier at ``bar``'s offset in the even CTA of this CTA's pair (``pair``: a CTA
+        pair's copies and arrivals complete on the even CTA's barrier, which its MMA waits on)."""
+        off = self.offset_of(bar)
+        self.peers_running(f"its barrier {self.bar_names[off]!r}")
+        return self.peers[self.rank & ~1]._mbarrier(off, self.bar_names[off])
+
+    def pair(self) -> list[_CTA]:
+        """The CTAs of this CTA's pair, the even one first."""
+        return self.peers[self.rank & ~1:(self.rank & ~1) + 2]
+
     def peers_running(self, what: str) -> None:
         """A CTA whose warpgroups have all run to the end has exited: its shared memory is gone,
         and reaching ``what`` in it is an error."""
@@ -1044,7 +1055,7 @@ def _cluster_reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, scratch: SmemT
 
 
 def _expect_tx(wg: _Warpgroup, op: Operation, bar: MBarrier) -> None:
-    bar.arrive_expect_tx(op.bytes)
+    (wg.cta.in_even(bar) if op.attributes.get("pair") else bar).arrive_expect_tx(op.bytes)
 
 
 def _smem_store(wg: _Warpgroup, op: Operation, value: np.ndarray, dst: SmemTile) -> None:
@@ -1166,6 +1177,8 @@ def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, 
     elif at.index is not None and wg.cta.flying:
         _landed(wg, op, tensor, _tile_region(op, at, tensor, lay))
     n = op.attributes.get("multicast") or 1
+    if op.attributes.get("pair"):  # into this CTA, its bytes on the pair's even CTA's barrier
+        bar = wg.cta.in_even(bar)
     if n == 1:
         tma_load(plane, at.origin, at.box, lay, wg.cta.smem, dst.base, bar, op=_who(op, wg), license=wg.license)
         return

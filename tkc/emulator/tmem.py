@@ -143,23 +143,39 @@ def _describe(op: Operation) -> str:
 
 def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *ready: Any) -> Any:
     # The first warp waits for the operands and issues; the role's other warps skip the op.
-    # (Not a wait of the warpgroup's four warps: only the issuing warp spins on it.)
-    if not wg.leader:
+    # (Not a wait of the warpgroup's four warps: only the issuing warp spins on it.)  A pair's
+    # MMA is issued by the even CTA alone, for both.
+    pair = bool(op.attributes.get("pair"))
+    if not wg.leader or (pair and wg.cta.rank % 2):
         return None
     for bar, parity in zip(ready[::2], ready[1::2]):
         yield Wait(bar, int(parity), f"{_describe(op)} (the MMA warp's wait for its operands)")
-    tm = tmem_of(wg.cta)
-    smem = wg.cta.smem
+    ctas = wg.cta.pair() if pair else [wg.cta]
+    if len(ctas) != (2 if pair else 1):
+        raise TkcEmulatorError("a CTA pair's MMA needs the odd CTA of the pair, and this cluster has none")
     la, lb = op.operand_layout("a"), op.operand_layout("b")
     m, n = op.m, op.n
+    n_here = n // len(ctas)  # a pair: each CTA holds half of B's columns
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
-    f = decode_idesc(blackwell.instr_descriptor(la, lb, m, n), kind)
-    if (f["m"], f["n"]) != (m, n):
-        raise TkcEmulatorError(f"the instruction descriptor says {f['m']}x{f['n']}, the op {m}x{n}")
-    cols = tm.columns(op, int(addr), n)
+    f = decode_idesc(blackwell.instr_descriptor(la, lb, op.instruction_m, n), kind)
+    if (f["m"], f["n"]) != (op.instruction_m, n):
+        raise TkcEmulatorError(f"the instruction descriptor says {f['m']}x{f['n']}, the op {op.instruction_m}x{n}")
     who = f"{_describe(op)} ({wg.role})"  # the reader in shared-memory race messages
-    leases = [smem.begin_read(a.base, la.size_bytes, reader=who), smem.begin_read(b.base, lb.size_bytes, reader=who)]
-    d = np.zeros((m, n), np.float64)
+    tms, cols, leases, a_rows, b_rows = [], [], [], [], []
+    for cta in ctas:
+        tm = tmem_of(cta)
+        try:
+            cols.append(tm.columns(op, int(addr), n))
+        except TkcEmulatorError as e:
+            if not pair:
+                raise
+            raise TkcEmulatorError(f"in CTA rank {cta.rank} of the pair: {e}") from None
+        tms.append(tm)
+        smem = cta.smem
+        leases.append([smem.begin_read(a.base, la.size_bytes, reader=who),
+                       smem.begin_read(b.base, lb.size_bytes, reader=who)])
+        a_rows.append(np.zeros((m, 0)))
+        b_rows.append(np.zeros((n_here, 0)))
     k = la.k_per_step
     kk = np.arange(k)[None, :]
     for s in range(la.k_steps):
@@ -167,36 +183,48 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
         if not (da & db & blackwell.DESC_VERSION):
             raise TkcEmulatorError("a shared-memory descriptor lacks the tcgen05 version bit (46)")
         a_addr = descriptor_address(da, "mn" if f["a_mn"] else "k", np.arange(m)[:, None], kk, f["a"])
-        b_addr = descriptor_address(db, "mn" if f["b_mn"] else "k", np.arange(n)[:, None], kk, f["b"])
-        at = smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
-        bt = smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
-        d += at.astype(np.float64) @ bt.astype(np.float64).T
+        b_addr = descriptor_address(db, "mn" if f["b_mn"] else "k", np.arange(n_here)[:, None], kk, f["b"])
+        # A pair's descriptors hold the even CTA's offsets; the odd CTA's tiles are read at the same ones.
+        for v, cta in enumerate(ctas):
+            at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
+            bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
+            a_rows[v] = np.concatenate([a_rows[v], at.astype(np.float64)], axis=1)
+            b_rows[v] = np.concatenate([b_rows[v], bt.astype(np.float64)], axis=1)
+    d = np.concatenate(a_rows) @ np.concatenate(b_rows).T  # (m * CTAs) x n
     lanes = blackwell.accumulator_lanes(m)  # the data-path layout of an M-row product
-    if bool(accumulate):
-        if not tm.written[lanes, cols].all():
-            raise TkcEmulatorError("accumulates onto tensor memory no MMA has written (the first MMA of an "
-                                   "accumulator must not accumulate)")
-        d += tm.data[lanes, cols].astype(np.float64)
-    tm.data[lanes, cols] = d.astype(np.float32)
-    tm.written[lanes, cols] = True
-    replaced = tm.written_by(cols)  # the committed ones are superseded; the others await a commit
-    tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
-    tm.writes.append(_Write(op, cols, leases))
+    for v, (tm, c) in enumerate(zip(tms, cols)):
+        rows = d[v * m:(v + 1) * m]
+        if bool(accumulate):
+            if not tm.written[lanes, c].all():
+                raise TkcEmulatorError("accumulates onto tensor memory no MMA has written (the first MMA of an "
+                                       "accumulator must not accumulate)")
+            rows = rows + tm.data[lanes, c].astype(np.float64)
+        tm.data[lanes, c] = rows.astype(np.float32)
+        tm.written[lanes, c] = True
+        replaced = tm.written_by(c)  # the committed ones are superseded; the others await a commit
+        tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
+        tm.writes.append(_Write(op, c, leases[v]))
     return None
 
 
 def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
-    if not wg.leader:
+    pair = bool(op.attributes.get("pair"))
+    if not wg.leader or (pair and wg.cta.rank % 2):
         return None
-    tm = tmem_of(wg.cta)
-    for w in tm.writes:
-        if not w.committed:
-            for lease in w.leases:
-                lease.release()
-            w.committed = True
-        w.commits.append((bar, bar.phase))  # the phase this arrival completes (count 1)
-    # ``.multicast::cluster``: the same arrival on the barrier at this offset in every CTA
-    for b in wg.cta.in_peers(bar) if op.attributes.get("cluster") else (bar,):
+    # ``.multicast::cluster`` (a pair's commit too): the same arrival on the barrier at this
+    # offset in every CTA of the cluster (the pair, whose tensor memory the MMAs wrote).
+    bars = wg.cta.in_peers(bar) if op.attributes.get("cluster") or pair else [bar]
+    # The MMAs this commit tracks wrote this CTA's tensor memory, and the odd CTA's for a pair
+    # (whose cluster is the pair: ``bars`` is its barrier in each, in rank order).
+    for cta, b in zip(wg.cta.pair(), bars) if pair else [(wg.cta, bar)]:
+        tm = tmem_of(cta)
+        for w in tm.writes:
+            if not w.committed:
+                for lease in w.leases:
+                    lease.release()
+                w.committed = True
+            w.commits.append((b, b.phase))  # the phase this arrival completes (count 1)
+    for b in bars:
         b.arrive()
     return None
 

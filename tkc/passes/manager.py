@@ -87,10 +87,11 @@ class PassManager:
                 raise TkcUsageError(f"unknown {what} '{n}'; known passes: {known}")
 
     # ------------------------------------------------------------------ run
-    def run(self, module: Module, options: Options | None = None, target: Target = DEFAULT_TARGET) -> None:
+    def run(self, module: Module, options: Options | None = None, target: Target | None = None) -> None:
         """Verify ``module``, then run each pass on it in place with ``options`` (default: the
-        pins of the module's kernels) and ``target``, verifying after each.  A failure raises
-        TkcPassError naming the pass, the reason and the reproducer file."""
+        pins of the module's kernels) and ``target`` (None: the target-independent passes, given
+        the default target, and pins not checked against a target), verifying after each.  A
+        failure raises TkcPassError naming the pass, the reason and the reproducer file."""
         opts = self.options
         stream = opts.stream or sys.stderr
         dumper = _Dumper(opts, stream)
@@ -99,6 +100,7 @@ class PassManager:
         verify(module)  # a broken input is not the first pass's fault
         verify_time = time.perf_counter() - t
         groups = [(options, None)] if options is not None else _kernel_groups(module, target)
+        target = target or DEFAULT_TARGET
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
@@ -146,7 +148,7 @@ class PassManager:
         return err
 
 
-def _kernel_groups(module: Module, target: Target) -> list[tuple[Options, list[Operation] | None]]:
+def _kernel_groups(module: Module, target: Target | None) -> list[tuple[Options, list[Operation] | None]]:
     """The module's kernels grouped by their pins (checked): each group's passes run with its
     own :class:`Options`.  One group (``None``: the whole module) when every kernel pins alike."""
     groups: dict[Options, list[Operation]] = {}

@@ -41,28 +41,28 @@ def multicast(module: Module, options: Options, target: Target) -> None:
         return
     for kernel in module.ops:
         if kernel.name == "tile.kernel" and not tile.has_cluster_reductions(kernel):
-            _share(kernel, options.cluster)
+            _share(kernel, options.cluster, options.cluster_pin)
 
 
-def _share(kernel: Operation, n: int) -> None:
+def _share(kernel: Operation, n: int, pin: str) -> None:
     grid = next((op for op in kernel.regions[0].block.ops if op.name == "tile.grid"), None)
     size = getattr(grid.operands[0], "owner", None) if grid is not None and len(grid.operands) == 1 else None
     if size is None or size.name != "tile.mul" or not any(_multiple_of(v, n) for v in size.operands):
-        raise TkcUnsupportedError(f"cluster = {n}: expected the 1-D grid of whole clusters that persistent "
+        raise TkcUnsupportedError(f"{pin}: expected the 1-D grid of whole clusters that persistent "
                                   f"gives a kernel whose programs walk cluster tiles (run persistent first)",
                                   (grid or kernel).loc)
     same = _SameInCluster(n)
     loads = [op for op in kernel.walk() if op.name == "hopper.tma_load"]
     producers = [op for op in loads if _role_name(op) == "producer"]
     if not producers:
-        raise TkcUnsupportedError(f"cluster = {n}: the cluster's CTAs share copies issued by a producer "
+        raise TkcUnsupportedError(f"{pin}: the cluster's CTAs share copies issued by a producer "
                                   f"warpgroup, and this kernel has none (warp_specialize = false, or no ring)",
                                   kernel.loc)
     # A vector's copy (pin tma_vectors) is one TMA box, read by every thread: not shared.
     shared = [op for op in producers if all(same(v) for v in op.operands[1:]) and _same_path(op, same)
               and not hopper.is_vector_box(op.box, op.dst.type.layout)]
     if not shared:
-        raise TkcUnsupportedError(f"cluster = {n}: no copy is the same in every CTA of a cluster (each reads "
+        raise TkcUnsupportedError(f"{pin}: no copy is the same in every CTA of a cluster (each reads "
                                   f"along the cluster's rows)", kernel.loc)
     empties: dict[Operation, None] = {}
     for op in shared:
@@ -79,7 +79,7 @@ def _share(kernel: Operation, n: int) -> None:
     fence = next((op for op in body.ops if op.name == "hopper.fence_mbarrier_init"), None)
     after = body.ops[body.ops.index(fence) + 1] if fence is not None else None
     if after is None or after.name != "hopper.barrier":
-        raise TkcUnsupportedError(f"cluster = {n}: expected the CTA barrier after the mbarriers' "
+        raise TkcUnsupportedError(f"{pin}: expected the CTA barrier after the mbarriers' "
                                   f"initialization", kernel.loc)
     Builder(body, body.ops.index(after), after.loc).create(hopper.ClusterBarrierOp)
     after.erase()

@@ -106,7 +106,7 @@ def _persist(kernel: Operation, options: Options) -> None:
                                       kernel.loc)
         return
     # A cluster's programs walk the tiles together: only a persistent kernel has them.
-    needs = f"cluster = {cluster}: a cluster's programs walk a persistent GEMM-shaped kernel's tiles together"
+    needs = f"{options.cluster_pin}: a cluster's programs walk a persistent GEMM-shaped kernel's tiles together"
     if pin is False:
         if cluster > 1:
             raise TkcUnsupportedError(f"{needs}, and this one is pinned persistent = False", kernel.loc)
@@ -122,14 +122,14 @@ def _persist(kernel: Operation, options: Options) -> None:
         return
     streamed, bounded = _grid_axes(kernel)
     if cluster > 1 and not (len(grid.operands) == 2 and streamed >= {0, 1} and 0 not in bounded):
-        raise TkcUnsupportedError(f"cluster = {cluster}: a cluster's programs share the copies of a GEMM-shaped "
+        raise TkcUnsupportedError(f"{options.cluster_pin}: a cluster's programs share the copies of a GEMM-shaped "
                                   f"kernel (a 2-D grid whose loops read along both axes, with bounds that do not "
                                   f"depend on axis 0)", grid.loc)
     atomic = next((op for op in kernel.walk() if tile.is_atomic(op)), None)
     if cluster > 1 and atomic is not None:
         # A cluster's programs past the last tile row still run the body (for the copies they
         # share): their stores fall outside the tensors, but an atomic would land.
-        raise TkcUnsupportedError(f"cluster = {cluster} with an atomic: the cluster's programs past the last "
+        raise TkcUnsupportedError(f"{options.cluster_pin} with an atomic: the cluster's programs past the last "
                                   f"tile row would apply it too; use cluster = 1 here", atomic.loc)
     body = kernel.regions[0].block
     b = Builder(body, body.ops.index(grid), grid.loc)

@@ -21,7 +21,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem
+from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem, check_pair
 from tkc.ir.layouts import SharedLayout, TmemAccumulator, WgmmaAccumulator, read_as
 from tkc.ir.types import ScalarType, TileType
 
@@ -98,13 +98,25 @@ def _check_in_role_or_kernel(op: Operation) -> None:
 class TmemAllocOp(Operation):
     """``tcgen05.alloc`` of ``cols`` columns (a power of two in [32, 512]) by the first warp of
     the role, ``relinquish_alloc_permit``, then every thread of the role reads the address
-    (lane << 16 | column) the allocation wrote to shared memory, after a role barrier."""
+    (lane << 16 | column) the allocation wrote to shared memory, after a role barrier.  With
+    ``pair``, ``.cta_group::2``: each CTA of the pair allocates the same columns, which its
+    pair's MMAs write (a kernel uses one ``cta_group`` throughout)."""
 
     name = "blackwell.tmem_alloc"
     RESULTS = ("result",)
-    ATTRS = {"cols": int}
+    ATTRS = {"cols": int, "pair?": bool}
 
     def verify(self) -> None:
+        pair = bool(self.attributes.get("pair"))
+        if pair:
+            check_pair(self)
+        kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
+        for op in kernel.walk() if kernel is not None else ():
+            paired = bool(op.attributes.get("pair"))
+            if op.name.startswith("blackwell.") and op.name != TmemLoadOp.name and paired != pair:
+                raise op.error(f"a kernel's tcgen05 ops are all a CTA pair's (pair, cta_group::2) or none is: this "
+                               f"one {'is not' if pair else 'is'}, its tensor memory's allocation "
+                               f"{'is' if pair else 'is not'}")
         c = self.cols
         if c < 32 or c > TMEM_COLUMNS or c & (c - 1):
             raise self.error(f"tcgen05.alloc takes a power of two in [32, {TMEM_COLUMNS}] columns, got {c}")
@@ -120,12 +132,14 @@ class TmemDeallocOp(Operation):
 
     name = "blackwell.tmem_dealloc"
     OPERANDS = ("tmem",)
-    ATTRS = {"cols": int}
+    ATTRS = {"cols": int, "pair?": bool}
 
     def verify(self) -> None:
         owner = getattr(self.tmem, "owner", None)
         if owner is None or owner.name != TmemAllocOp.name:
             raise self.error("frees what a blackwell.tmem_alloc allocated")
+        if bool(self.attributes.get("pair")) != bool(owner.attributes.get("pair")):
+            raise self.error("frees with the cta_group (pair) its allocation used")
         if self.cols != owner.cols:
             raise self.error(f"frees {self.cols} columns of an allocation of {owner.cols}")
         _check_in_role_or_kernel(self)
@@ -141,15 +155,30 @@ class MmaOp(Operation):
     A shared operand may be read with the other major (``a_major``/``b_major``, as wgmma's).
     The role's other warps do nothing here (nor spin on ``ready``).  Asynchronous: the result
     is in tensor memory once a later ``blackwell.commit`` of that thread has arrived on its
-    mbarrier."""
+    mbarrier.
+
+    With ``pair`` (CTA pairs): ``tcgen05.mma.cta_group::2``, issued in the pair's even CTA only
+    (the odd one skips the op): one MMA of ``2 m`` rows whose A is each CTA's ``m`` x K tile and
+    whose B is each CTA's half of the ``n`` columns (``b`` is ``n / 2`` wide), both at the same
+    shared offsets in the two CTAs; rows ``[0, m)`` of the result land in the even CTA's tensor
+    memory at ``tmem``, rows ``[m, 2 m)`` in the odd one's at the same address."""
 
     name = "blackwell.mma"
     OPERANDS = ("tmem", "a", "b", "accumulate", "*ready")
-    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str}
+    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str, "pair?": bool}
 
     def operand_layout(self, which: str) -> SharedLayout:
         """The shared layout this MMA reads operand ``which`` ('a' or 'b') through."""
         return read_as(getattr(self, which).type.layout, self.attributes.get(f"{which}_major"))
+
+    @property
+    def pair(self) -> bool:
+        return bool(self.attributes.get("pair"))
+
+    @property
+    def instruction_m(self) -> int:
+        """The M of the instruction: ``m``, or both CTAs' rows for a pair."""
+        return 2 * self.m if self.pair else self.m
 
     def waits(self) -> list[tuple[object, object]]:
         """The (mbarrier, parity) pairs the MMA warp waits for before it issues."""
@@ -170,11 +199,20 @@ class MmaOp(Operation):
         la, lb = self.operand_layout("a"), self.operand_layout("b")
         am, ak = (la.rows, la.cols) if la.major == "k" else (la.cols, la.rows)
         bn, bk = (lb.rows, lb.cols) if lb.major == "k" else (lb.cols, lb.rows)
-        if am != self.m or bn != self.n or ak != bk:
+        if self.pair:
+            check_pair(self)
+            if self.m != TMEM_LANES or self.n % 32 or not 32 <= self.n <= 256:
+                raise self.error(f"tcgen05.mma.cta_group::2 here is 128 rows a CTA with N in 32..256 in steps of 32 "
+                                 f"(each CTA's half of B a multiple of 16), got {self.m}x{self.n}")
+            if am != self.m or bn != self.n // 2 or ak != bk:
+                raise self.error(f"shapes do not agree: A {am}x{ak} and B {bk}x{bn} in each CTA of the pair, "
+                                 f"accumulator {self.m}x{self.n} in each (B is half of its {self.n} columns)")
+        elif am != self.m or bn != self.n or ak != bk:
             raise self.error(f"shapes do not agree: A {am}x{ak}, B {bk}x{bn}, accumulator {self.m}x{self.n}")
         # 8-bit MN-major B (transposed) takes N in steps of 16 (PTX ISA, "8bit transpose B").
         step = 8 if self.m == HALF_ROWS and not (lb.major == "mn" and lb.elem_bytes == 1) else 16
-        if self.m not in (HALF_ROWS, TMEM_LANES) or not (self.n % step == 0 and step <= self.n <= 256):
+        if not self.pair and (self.m not in (HALF_ROWS, TMEM_LANES)
+                              or not (self.n % step == 0 and step <= self.n <= 256)):
             raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, or M = 64 "
                              f"with N in 8..256 in steps of 8, got {self.m}x{self.n}")
         if mma_kind(a.dtype, b.dtype) is None:
@@ -188,14 +226,20 @@ class CommitOp(Operation):
     arrival on ``barrier`` once every MMA it issued before has completed (the accumulator
     written, the shared tiles read).  With ``cluster``, one arrival on the barrier at that
     offset in every CTA of the kernel's cluster (``.multicast::cluster``: a ring stage the
-    ``multicast`` pass fills in every CTA is free once each CTA's MMAs have read it)."""
+    ``multicast`` pass fills in every CTA is free once each CTA's MMAs have read it).  With
+    ``pair`` (the MMAs are a CTA pair's, ``.cta_group::2``): by the pair's even CTA, which
+    issued them, one arrival on the barrier at this offset in both CTAs of the pair."""
 
     name = "blackwell.commit"
     OPERANDS = ("barrier",)
-    ATTRS = {"cluster?": bool}
+    ATTRS = {"cluster?": bool, "pair?": bool}
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
+        if self.attributes.get("pair"):
+            check_pair(self)
+            if self.attributes.get("cluster"):
+                raise self.error("a pair's commit arrives in both CTAs of the pair (pair), not with cluster")
         if self.attributes.get("cluster"):
             kernel = next((p for p in self.ancestors() if p.name == "tile.kernel"), None)
             if kernel is None or kernel.attributes.get("cluster", 1) < 2:

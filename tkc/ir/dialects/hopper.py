@@ -345,14 +345,18 @@ def enclosing_role(op: Operation) -> Operation | None:
 
 @register
 class ExpectTxOp(Operation, _OneThread):
-    """``mbarrier.arrive.expect_tx``: one arrival and ``bytes`` more expected this phase."""
+    """``mbarrier.arrive.expect_tx``: one arrival and ``bytes`` more expected this phase.  With
+    ``pair`` (CTA pairs, ``pair-ctas``), on the barrier at this offset in the pair's even CTA,
+    which waits for both CTAs' copies before it multiplies for both."""
 
     name = "hopper.expect_tx"
     OPERANDS = ("barrier",)
-    ATTRS = {"bytes": int}
+    ATTRS = {"bytes": int, "pair?": bool}
 
     def verify(self) -> None:
         _check_barrier(self, self.barrier)
+        if self.attributes.get("pair"):
+            check_pair(self)
         if self.bytes <= 0 or self.bytes % 16:
             raise self.error("bytes must be a positive multiple of 16")
         if self.bytes >= MAX_ARRIVALS:
@@ -422,15 +426,23 @@ class TmaLoadOp(Operation, _OneThread):
     With ``multicast`` (the kernel's cluster size), every CTA of the cluster issues the same
     copy (same offsets) and they share it: the CTA of rank ``r`` copies the tile's TMA boxes
     ``r, r + multicast, ...`` into ``dst`` of every CTA and completes their bytes on each CTA's
-    ``barrier`` (same offsets), so each CTA still receives the whole tile, read once from L2."""
+    ``barrier`` (same offsets), so each CTA still receives the whole tile, read once from L2.
+
+    With ``pair`` (CTA pairs, ``pair-ctas``), the copy lands in this CTA's ``dst`` and completes
+    its bytes on the barrier at ``barrier``'s offset in the pair's even CTA (``.cta_group::2``),
+    whose MMA reads both CTAs' tiles."""
 
     name = "hopper.tma_load"
     OPERANDS = ("tensor", "dst", "barrier", "*offsets")
-    ATTRS = {"map": int, "box": list, "multicast?": int}
+    ATTRS = {"map": int, "box": list, "multicast?": int, "pair?": bool}
 
     def verify(self) -> None:
         _check_tma(self, self.tensor, self.dst, self.box, loading=True)
         _check_barrier(self, self.barrier)
+        if self.attributes.get("pair"):
+            check_pair(self)
+            if self.attributes.get("multicast"):
+                raise self.error("a pair's copy lands in its own CTA (pair), not in every CTA (multicast)")
         mc = self.attributes.get("multicast")
         if mc is not None and _check_cluster(self, "multicasts to a cluster") != mc:
             raise self.error(f"multicast = {mc}, but the kernel's cluster has {_cluster_of(self)} CTAs")
@@ -439,6 +451,12 @@ class TmaLoadOp(Operation, _OneThread):
 def _cluster_of(op: Operation) -> int:
     kernel = next((p for p in op.ancestors() if p.name == "tile.kernel"), None)
     return (kernel.attributes.get("cluster") or 1) if kernel is not None else 1
+
+
+def check_pair(op: Operation) -> None:
+    """``op`` (``pair``) works across a CTA pair: its kernel runs in clusters of 2."""
+    if _cluster_of(op) != 2:
+        raise op.error(f"works across a CTA pair (pair), but the kernel's cluster has {_cluster_of(op)} CTAs, not 2")
 
 
 def _check_cluster(op: Operation, what: str) -> int:
