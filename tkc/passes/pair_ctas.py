@@ -222,10 +222,13 @@ class _Pairing:
             b = Builder.before(loop)
             b.loc = loop.loc
             waits[b.create(hopper.MBarrierWaitOp, [empty, empty])] = Waits(empty, 1, 2)  # parity: below
-            loads = [op for op in block.ops[block.ops.index(loop):] if op.name == blackwell.TmemLoadOp.name]
-            if not loads:
+            # The op of this block holding the last read of the sums (a load under an `if` counts
+            # as the `if`): both CTAs' warps are past it at the meeting that follows.
+            reads = [i for i, op in enumerate(block.ops) if i > block.ops.index(loop)
+                     and any(inner.name == blackwell.TmemLoadOp.name for inner in op.walk())]
+            if not reads:
                 raise _refuse(loop, "the sums of this K loop are read outside the loop around it")
-            last = block.ops.index(loads[-1])
+            last = reads[-1]
             meeting = next((op for op in block.ops[last + 1:] if op.name in _MEETINGS
                             or (op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True))), None)
             if meeting is None:
