@@ -72,6 +72,11 @@ class Options:
     cluster: int = _pin(1, int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs "
                                 "of a cluster take tiles of one column, and each copy they share (a GEMM's B tiles) "
                                 "is read once and multicast into all of them (default 1)", "persistent, multicast")
+    overlap_epilogue: bool = _pin(
+        False, bool, "sm_100a: a persistent GEMM's MMAs are issued by the producer's thread into one of two "
+                     "accumulators in tensor memory, so a tile's epilogue runs while the next tile multiplies "
+                     "(default: off until measured on a Blackwell GPU: the epilogue's warpgroups issue them "
+                     "into one)", "overlap-epilogue")
     cta_pairs: bool = _pin(False, bool, "sm_100a: the two programs of a cluster issue one tcgen05 MMA of 256 rows "
                                         "together (cta_group::2): each copies its own rows of A and half of B's "
                                         "columns, and the even one's thread multiplies for both (sets cluster = 2; "

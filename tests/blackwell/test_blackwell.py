@@ -28,6 +28,9 @@ from tkc.runner import run
 ROOT = Path(__file__).resolve().parents[2]
 GEMM = ROOT / "examples" / "gemm.tk"
 SM100 = "sm_100a"
+#: The one-accumulator structure (the epilogue's warpgroups issue the MMAs): what the tests of
+#: the tensor-memory protocol edit; the overlap-epilogue structure has its own tests.
+ONE_ACC = {"overlap_epilogue": False}
 
 
 def lowered(consts: dict | None = None, path: Path = GEMM) -> str:
@@ -79,7 +82,7 @@ def test_tmem_accumulator_layout() -> None:
 
 
 def test_ir_round_trips_and_is_verified() -> None:
-    text = lowered()
+    text = lowered(ONE_ACC)
     assert print_module(parse_module(text, "g.tkir")) == text
     for op in ("blackwell.tmem_alloc {cols = 256}", "blackwell.mma", "blackwell.commit", "blackwell.tmem_load",
                "blackwell.tmem_dealloc", "#tmem_acc<256, wg=2>"):
@@ -154,7 +157,7 @@ def test_several_products_issue_in_order_and_commit_each_ring() -> None:
     """SwiGLU's loop: two MMAs into their own columns from one thread, each after its B's
     copy, then a commit onto each ring's empty stage (no thread arrives there any more), one
     commit behind the loop, and each accumulator read where the epilogue first needs it."""
-    text = lowered(path=ROOT / "examples" / "gemm_swiglu.tk")
+    text = lowered(ONE_ACC, path=ROOT / "examples" / "gemm_swiglu.tk")
     loop = text[text.index("blackwell.mma"):text.index("blackwell.commit %acc_full")]
     assert loop.count("blackwell.mma") == 2 and loop.count("blackwell.commit") == 2
     assert "hopper.mbarrier_arrive" not in loop and "wgmma" not in text
@@ -166,7 +169,7 @@ def test_several_products_issue_in_order_and_commit_each_ring() -> None:
 
 def test_a_ring_stage_left_uncommitted_deadlocks() -> None:
     """Without the commit that releases the up ring's stage, the producer waits forever."""
-    text = lowered(path=ROOT / "examples" / "gemm_swiglu.tk")
+    text = lowered(ONE_ACC, path=ROOT / "examples" / "gemm_swiglu.tk")
     broken = re.sub(r"(= hopper.stage %empty_1, [^\n]*)\n *blackwell.commit %\w+[^\n]*", r"\1", text, count=1)
     assert broken != text
     with pytest.raises(TkcEmulatorError, match="deadlock|never"):
@@ -175,7 +178,7 @@ def test_a_ring_stage_left_uncommitted_deadlocks() -> None:
 
 def test_emulated_gemm_matches_numpy() -> None:
     """Not only the interpreter: the product itself, with its bf16 output rounding."""
-    args = emulate_text(lowered(), {"M": 130, "N": 264, "K": 72}, seed=5)
+    args = emulate_text(lowered(ONE_ACC), {"M": 130, "N": 264, "K": 72}, seed=5)
     a, b, c = (np.asarray(x, np.float64) for x in args)  # bf16 values in float32 storage
     want = dtypes.round_to(a.astype(np.float64) @ b.astype(np.float64), dtypes.bf16)
     np.testing.assert_allclose(c, want, rtol=2 ** -7, atol=1e-2)
@@ -192,7 +195,7 @@ DIMS = {"M": 130, "N": 264, "K": 72}
 
 
 def test_reading_tensor_memory_before_the_commits_barrier() -> None:
-    text = lowered()
+    text = lowered(ONE_ACC)
     broken = edit(text, _epilogue_wait(text), "")
     with pytest.raises(TkcEmulatorError, match="reads tensor memory before waiting for a commit of the MMAs"):
         emulate_text(broken, DIMS)
@@ -202,26 +205,26 @@ ALLOC = "%tmem = blackwell.tmem_alloc {cols = 256} : i32"
 
 
 def test_a_second_allocation() -> None:
-    broken = edit(lowered(), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 32} : i32")
+    broken = edit(lowered(ONE_ACC), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 32} : i32")
     with pytest.raises(TkcEmulatorError, match="double alloc"):
         emulate_text(broken, DIMS)
 
 
 def test_a_column_budget_overrun() -> None:
-    broken = edit(lowered(), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 512} : i32")
+    broken = edit(lowered(ONE_ACC), ALLOC, ALLOC + "\n    %tmem2 = blackwell.tmem_alloc {cols = 512} : i32")
     with pytest.raises(TkcEmulatorError, match="column budget overrun"):
         emulate_text(broken, DIMS)
 
 
 def test_a_missing_dealloc() -> None:
-    text = lowered()
+    text = lowered(ONE_ACC)
     broken = re.sub(r"\n *blackwell.tmem_dealloc %tmem \{cols = 256\}[^\n]*", "", text)
     with pytest.raises(TkcEmulatorError, match="still allocated when the CTA exits"):
         emulate_text(broken, DIMS)
 
 
 def test_a_warp_reading_outside_its_lane_quarter(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = lowered()
+    text = lowered(ONE_ACC)
     # A layout whose warps are one quarter off: warp w would read lanes 32 (w + 1) on.
     from tkc.emulator import machine
 
@@ -237,7 +240,7 @@ def test_a_warp_reading_outside_its_lane_quarter(monkeypatch: pytest.MonkeyPatch
 
 def test_accumulating_onto_unwritten_tensor_memory() -> None:
     """The first MMA of a tile must overwrite: accumulating from the start reads garbage."""
-    text = lowered()
+    text = lowered(ONE_ACC)
     broken = re.sub(r"(%\d+) = tile.cmp (%k_1), (%\d+) \{pred = \"ne\"\} : i1",
                     r'\1 = tile.cmp \2, \3 {pred = "ge"} : i1', text, count=1)
     assert broken != text

@@ -41,6 +41,45 @@ def test_a_pair_agrees_with_the_interpreter(name: str, dims: dict, seed: int) ->
     assert result.ok, result.checked
 
 
+DUAL = """@kernel
+def dual(a: bf16[M, K], b: bf16[K, N], d: bf16[M, K2], e: bf16[K2, N], c: bf16[M, N],
+         BM: const = 128, BN: const = 128, BK: const = 64):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([BM, BN], f32)
+    for k in range(cdiv(K, BK)):
+        acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ b[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+    acc2 = zeros([BM, BN], f32)
+    for k in range(cdiv(K2, BK)):
+        acc2 += d[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ e[k*BK:(k+1)*BK, pn*BN:(pn+1)*BN]
+    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = (acc + acc2).to(bf16)
+"""
+GRAM = """@kernel
+def gram(a: bf16[M, K], c: bf16[M, M], BM: const = 128, BN: const = 128, BK: const = 64):
+    grid(cdiv(M, BM), cdiv(M, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([BM, BN], f32)
+    for k in range(cdiv(K, BK)):
+        acc += a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK] @ a[pn*BN:(pn+1)*BN, k*BK:(k+1)*BK].T
+    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc.to(bf16)
+"""
+
+
+@pytest.mark.parametrize(("src", "dims"), [
+    # two K loops a tile: one wait for the pair's columns before the first, one arrival after both
+    # sums are read (a wait before each deadlocked)
+    (DUAL, {"M": 600, "N": 600, "K": 136, "K2": 200}),
+    # A and B from one tensor with one box: B's halved copies take a tensor map of their own
+    (GRAM, {"M": 600, "K": 136}),
+])
+def test_a_pair_of_kernels_of_other_shapes_agrees(src: str, dims: dict) -> None:
+    kernel = compile_kernel(src, PAIRS, stop="tkir", cache=False).kernel_op
+    result = run(kernel, random_args(kernel, dims, 0), "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
+
+
 def test_each_cta_holds_half_of_b_and_the_even_ctas_barrier_counts_both() -> None:
     text = lowered(PAIRS)
     plain = lowered({"cluster": 2})
@@ -57,6 +96,9 @@ def test_each_cta_holds_half_of_b_and_the_even_ctas_barrier_counts_both() -> Non
     assert "hopper.mbarrier_init %acc_empty {count = 4}" in text
     assert re.search(r"hopper.mbarrier_wait %acc_empty, %\w+", text)
     assert text.count("hopper.mbarrier_arrive %acc_empty {cluster = true}") == 2  # on entry, and after each tile
+    # and both CTAs' epilogues have read the last tile's sums before the columns are freed
+    consumers = text[text.index('name = "consumers"'):]
+    assert re.search(r"hopper.mbarrier_wait %acc_empty, %\w+[^\n]*\n *blackwell.tmem_dealloc", consumers)
     smem = [int(x) for x in re.findall(r"smem_bytes = (\d+)", text + plain)]
     assert smem[0] < smem[1]
 

@@ -187,8 +187,12 @@ class _Pairing:
             rank = b.value(tile.RemOp, [pid, self._const(2)], I32)
             shift = b.value(tile.MulOp, [rank, self._const(box[a])], I32)
             op.operands[3 + a] = b.value(tile.AddOp, [op.operands[3 + a], shift], I32)
+            # A map of their own: another copy of the tensor (a Gram product's A) keeps its box.
             maps = self.kernel.attributes["tma_maps"]
-            maps[op.map] = [maps[op.map][0], hopper.tma_map_box(box, half), half.swizzle]
+            entry = [maps[op.map][0], hopper.tma_map_box(box, half), half.swizzle]
+            if entry not in maps:
+                maps.append(entry)
+            op.attributes["map"] = maps.index(entry)
             # The expect_tx that armed this copy's stage: the last one on its ring before it.
             ring = _alloc_of(op.barrier)
             armed = [e for e in op.parent.ops[:op.parent.ops.index(op)]
@@ -209,10 +213,15 @@ class _Pairing:
             k_loops[loop] = None
         waits: dict[Operation, Waits] = {}
         roles: dict[Operation, Value] = {}
+        guarded: set[Operation] = set()
         for loop in k_loops:
             outer = loop.parent.parent_op
             if outer is None or outer.name != "tile.for":
                 continue
+            if outer in guarded:
+                continue  # one wait and one arrival a tile, around all of its K loops
+            guarded.add(outer)
+            loop = next(op for op in loop.parent.ops if op in k_loops)  # the tile's first K loop
             role = hopper.enclosing_role(loop)
             container = role or self.kernel
             if container not in roles:
@@ -235,6 +244,14 @@ class _Pairing:
                 meeting = Builder(block, last + 1, loop.loc).create(hopper.SyncOp)
             Builder(block, block.ops.index(meeting) + 1, loop.loc).create(
                 hopper.MBarrierArriveOp, [empty], [], {"cluster": True})
+        # Before the pair's columns are freed, both CTAs' epilogues have read the last tile's sums
+        # (dealloc.cta_group::2 needs no access of the peer's in flight): a last wait in each role.
+        for container, empty in roles.items():
+            top = container.regions[0].block
+            dealloc = next((op for op in top.ops if op.name == blackwell.TmemDeallocOp.name), None)
+            if dealloc is not None:
+                b = Builder.before(dealloc)
+                waits[b.create(hopper.MBarrierWaitOp, [empty, empty])] = Waits(empty, 1, 2)
         for container in dict.fromkeys(hopper.enclosing_role(w) or self.kernel for w in waits):
             thread_phases(container.regions[0].block, waits, self._const)
 

@@ -21,6 +21,7 @@ from tkc.passes.defer_last import defer_last
 from tkc.passes.issue_ahead import issue_ahead
 from tkc.passes.licm import licm
 from tkc.passes.lower_to_blackwell import lower_to_blackwell
+from tkc.passes.overlap_epilogue import overlap_epilogue
 from tkc.passes.pair_ctas import pair_ctas
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.merge_barriers import merge_barriers
@@ -69,6 +70,7 @@ PASSES: dict[str, PassFn] = {
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- tcgen05 targets: the same passes, then the products move to tensor memory
     "lower-to-blackwell": lower_to_blackwell,  # wgmma -> tcgen05.mma + commit, accumulators in TMEM
+    "overlap-epilogue": overlap_epilogue,  # a GEMM's MMAs by the producer's thread, two accumulators
     "pair-ctas": pair_ctas,  # cta_pairs: one tcgen05.mma.cta_group::2 for the two CTAs of a cluster
 }
 
@@ -83,7 +85,7 @@ HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
 BLACKWELL_PIPELINE = HOPPER_PIPELINE.replace(",cse,dce,allocate-smem",
-                                             ",lower-to-blackwell,pair-ctas,cse,dce,allocate-smem")
+                                             ",lower-to-blackwell,cse,dce,overlap-epilogue,pair-ctas,cse,dce,allocate-smem")
 
 
 def backend_pipeline(target: Target) -> str:

@@ -237,8 +237,9 @@ class RoleOp(Operation):
 # (the same in every thread), ring stages, waits, and what thread 0 alone issues (copies).
 # A peer's copy (``tile.peer``) is one address every thread loads for itself, like a scalar;
 # a wait for a flag and a barrier across ranks are one thread's, then the role's warps meet.
+# A tcgen05 MMA is the first warp's (it waits, its thread 0 issues), a commit thread 0's.
 _FEW_WARPS = ("tile.for", "tile.if", "tile.yield", "hopper.stage", "hopper.mbarrier_wait", "tile.peer",
-              "tile.wait", "tile.rank_barrier")
+              "tile.wait", "tile.rank_barrier", "blackwell.mma", "blackwell.commit")
 
 
 def _runs_on_few_warps(op: Operation) -> bool:
