@@ -16,10 +16,11 @@ from tkc.dtypes import DType
 from tkc.errors import Loc, TkcTypeError
 from tkc.frontend.values import Affine, Const, Dyn
 from tkc.ir.builder import Builder
-from tkc.ir.core import Value
+from tkc.ir.core import OpResult, Value
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.layouts import mma_k_step
+from tkc.passes.cse import op_key
 from tkc.ir.types import ScalarType, TileType, Type, shape_of
 
 #: What each operator symbol or two-operand function name builds (the declarations'
@@ -73,6 +74,8 @@ class Emitter:
     def __init__(self, builder: Builder):
         self.b = builder
         self.affine: dict[Value, Affine] = {}
+        self.first: dict[Value, Value] = {}  # a value -> the first one built as the same computation
+        self.computed: dict[object, Value] = {}  # op_key (of first values) and result index -> value
 
     # ------------------------------------------------------------- constants
     def constant(self, value: int | float | bool, t: Type, loc: Loc) -> Dyn:
@@ -110,7 +113,32 @@ class Emitter:
             return Affine((), int(v.value)) if isinstance(v.value, int) else None
         if v.type not in (T.I32, T.I64):
             return None
-        return self.affine.get(v.value) or Affine.atom(v.value)
+        return self.affine.get(v.value) or Affine.atom(self.same(v.value))
+
+    def same(self, v: Value) -> Value:
+        """The first value built as the same pure computation as ``v``: one op and attributes
+        on equal operands (``cse``'s key), so that ``(i % 4)*BN:(i % 4 + 1)*BN`` spells one
+        atom twice and its extent is BN.  Loads and other ops with effects are only ever
+        equal to themselves: a store between two reads may change the second."""
+        stack = [v]
+        while stack:  # operand chains may be long: no recursion
+            x = stack[-1]
+            if x in self.first:
+                stack.pop()
+                continue
+            op = x.owner if isinstance(x, OpResult) else None
+            if op is None or op.regions or not op.has_trait("pure"):
+                self.first[x] = x
+                stack.pop()
+                continue
+            todo = [o for o in op.operands if o not in self.first]
+            if todo:
+                stack.extend(todo)
+                continue
+            key = op_key(op, [self.first[o] for o in op.operands])
+            self.first[x] = x if key is None else self.computed.setdefault((key, x.index), x)
+            stack.pop()
+        return self.first[v]
 
     def index(self, x: Dyn | Const, loc: Loc) -> Dyn:
         """An integer scalar as the i32 that tensor offsets and loop bounds are.  An i64 is

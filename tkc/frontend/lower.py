@@ -25,7 +25,7 @@ from tkc.frontend.values import (
 )
 from tkc.ir.builder import Builder
 from tkc.pins import PINS, check_pins
-from tkc.ir.core import Block, Module, Region
+from tkc.ir.core import Block, Module, OpResult, Region, Value
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
@@ -75,6 +75,13 @@ def _dim_names(annotation: ast.Expr | None) -> list[ast.Name]:
     if not isinstance(annotation, ast.Subscript):
         return []
     return [i for i in annotation.index if isinstance(i, ast.Name)]
+
+
+def _is_input(v: Value) -> bool:
+    """Whether ``v`` is a runtime input of the program rather than computed from others: a
+    parameter, a loop index, program_id(0), a tensor's dim.  A slice that starts at inputs alone
+    and has no constant extent surely spans a runtime one (x[0:i], x[i:j])."""
+    return not isinstance(v, OpResult) or not any(isinstance(o, OpResult) for o in v.owner.operands)
 
 
 def _is_kernel_decorator(d: ast.Expr) -> bool:
@@ -939,6 +946,13 @@ class KernelLowering:
                     raise TkcTypeError(f"slice start {fa.const} on axis {axis} of '{view.tensor.name}': tensor "
                                        f"indices count from 0 (a slice may run past the end, where it reads 0, "
                                        f"but not start before 0)", loc)
+                if not ext.is_const and item is not None and item.upper is not None \
+                        and not all(_is_input(v) for v, _ in fa.terms):
+                    # a start computed from other values (through a load, say) that the stop does not
+                    # visibly repeat: the bounds may well differ by a constant, only not provably
+                    raise TkcTypeError(f"cannot prove that the slice on axis {axis} of '{view.tensor.name}' has "
+                                       f"a compile-time constant extent (stop - start); name the start first "
+                                       f"so both bounds use it: g = ...; x[g*BN:(g+1)*BN]", loc)
                 if not ext.is_const:
                     size = f"the runtime size {t.dims[axis]}" if item is None or item.upper is None \
                         else "a runtime extent"

@@ -44,7 +44,7 @@ def _cse_block(block: Block, root: Operation, scopes: list[dict[Hashable, Operat
             continue
         if not op.has_trait("pure"):
             continue
-        key = _key(op)
+        key = op_key(op)
         if key is None:
             continue
         earlier = next((s[key] for s in reversed(scopes) if key in s), None)
@@ -59,10 +59,12 @@ def _cse_block(block: Block, root: Operation, scopes: list[dict[Hashable, Operat
         block.ops[:] = [op for op in block.ops if op.parent is block]
 
 
-def _key(op: Operation) -> Hashable | None:
+def op_key(op: Operation, operands: list[Value] | None = None) -> Hashable | None:
     """What makes two pure ops interchangeable; None when something in it is
-    not hashable (e.g. a layout object), which just means "never merged"."""
-    operands: tuple = tuple(op.operands)
+    not hashable (e.g. a layout object), which just means "never merged".
+    ``operands`` stands for the op's own where the caller knows equal ones (the
+    frontend's proof that a slice's extent is constant)."""
+    operands: tuple = tuple(op.operands if operands is None else operands)
     if op.has_trait("commutative"):
         # Values hash by identity, so any fixed order of the pair will do.
         operands = tuple(sorted(operands, key=id))
