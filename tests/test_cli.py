@@ -701,6 +701,38 @@ def test_run_of_a_file_of_several_kernels_fails_when_one_check_does(monkeypatch:
     assert r.output.count("== ") == 3 and "checks failed for attn_bwd_pre" in r.output
 
 
+def test_run_of_a_file_of_several_kernels_gives_each_the_dims_and_scalars_it_has() -> None:
+    """attn_train.tk's attn_bwd_pre has neither KVH nor sm_scale: the flags apply to the kernels
+    that have them (it stopped there, "the kernel has no dim KVH", and attn_bwd never ran)."""
+    r = tkc_cli("run", str(EXAMPLES / "attn_train.tk"), "--interpret", "--dim", "KVH=1", "--dim", "H=2",
+                "--dim", "N=64", "--scalar", "sm_scale=0.1")
+    assert r.exit_code == 0, r.output
+    assert re.findall(r"^== (\w+)$", r.output, re.M) == ["attn_fwd", "attn_bwd_pre", "attn_bwd"]
+    lines = r.output.splitlines()
+    assert lines.count("  dims: B=3 (default), H=2 (--dim), N=64 (--dim), KVH=1 (--dim)") == 2
+    assert "  dims: B=3 (default), H=2 (--dim), N=64 (--dim)" in lines
+    assert lines.count("  scalars: sm_scale=0.1 (--scalar)") == 2
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--dim=KVX=1", "error: --dim KVX: no kernel of {file} has a dim KVX; the dims of its kernels: attn_fwd: B, H, "
+                    "N, KVH; attn_bwd_pre: B, H, N; attn_bwd: B, H, N, KVH"),
+    ("--scalar=scale=1", "error: --scalar scale: no kernel of {file} has a scalar scale; the scalars of its kernels: "
+                         "attn_fwd: sm_scale; attn_bwd_pre: none; attn_bwd: sm_scale"),
+])
+def test_run_of_a_file_of_several_kernels_refuses_a_flag_none_of_them_has(flag: str, message: str) -> None:
+    file = str(EXAMPLES / "attn_train.tk")
+    r = tkc_cli("run", file, "--interpret", flag)
+    assert r.exit_code == 1 and "== " not in r.output
+    assert message.format(file=file) in r.stderr
+
+
+def test_run_of_one_kernel_picked_refuses_a_dim_it_lacks() -> None:
+    r = tkc_cli("run", str(EXAMPLES / "attn_train.tk"), "--interpret", "--kernel", "attn_bwd_pre", "--dim", "KVH=1")
+    assert r.exit_code == 1
+    assert "the kernel has no dim KVH; its dims: B, H, N" in r.stderr
+
+
 def test_a_hopper_ir_dump_compiles_and_runs_without_pipeline_flags(tmp_path: Path) -> None:
     # IR the backend passes made skips the pipelines by itself: the same PTX as from the source
     dump = tmp_path / "gemm.hopper.tkir"

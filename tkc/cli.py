@@ -517,12 +517,15 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
         names = [str(op.attributes.get("sym_name")) for op in module.ops]
         if len(names) > 1:
             # A file of several kernels (a forward and its backward): each in turn, on its own
-            # random inputs; exit 1 at the end if any check failed.
+            # random inputs, with the --dim and --scalar values it has; exit 1 at the end if any
+            # check failed.
+            own = _own_dims_and_scalars(file, module, dims, scalars)
             failed = []
             for name in names:
                 click.echo(f"== {name}")
                 try:
-                    _run_one(*args, name, grid, target, ranks)
+                    _run_one(file, backend, interpret_flag, check, repeat, consts, *own[name], int_range, seed,
+                             name, grid, target, ranks)
                 except SystemExit as e:
                     if e.code:
                         failed.append(name)
@@ -729,6 +732,29 @@ def _run_ranks_gpu(k: Operation, args: list[Any], sizes: dict[str, int], dims: d
                              f"of {result.repeats} launches {result.seconds * 1e6:.1f} us",
                      (k, sizes, dims, args, given, int_range), "zeroed before every launch", flags,
                      f"GPU against interpreter on {world} simulated ranks (seed {seed})")
+
+
+def _own_dims_and_scalars(file: str, module: Module, dims: dict[str, int], scalars: dict[str, int | float | bool]
+                          ) -> dict[str, tuple[dict[str, int], dict[str, int | float | bool]]]:
+    """Per kernel of a file run in turn, the --dim and --scalar values it has (attn_train.tk's
+    forward has KVH, its backward's first kernel not); one that no kernel of the file has is an
+    error, which lists what each has."""
+    from tkc import runner
+
+    has = {str(k.attributes.get("sym_name")): (runner.dim_names(k), _scalar_names(k)) for k in module.ops}
+    for i, (flag, given) in enumerate((("--dim", dims), ("--scalar", scalars))):
+        extra = [n for n in given if not any(n in h[i] for h in has.values())]
+        if extra:
+            what = flag[2:]
+            each = "; ".join(f"{k}: {', '.join(h[i]) or 'none'}" for k, h in has.items())
+            raise TkcUsageError(f"{flag} {', '.join(extra)}: no kernel of {file} has a {what} {', '.join(extra)}; "
+                                f"the {what}s of its kernels: {each}")
+    return {k: ({n: v for n, v in dims.items() if n in d}, {n: v for n, v in scalars.items() if n in sc})
+            for k, (d, sc) in has.items()}
+
+
+def _scalar_names(kernel: Operation) -> list[str]:
+    return [_name(a) for a in kernel.regions[0].block.args if not isinstance(a.type, TensorType)]
 
 
 def _dim_sizes(kernel: Operation, dims: dict[str, int]) -> dict[str, int]:
