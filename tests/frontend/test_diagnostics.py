@@ -190,3 +190,25 @@ def test_a_python_variable_in_a_kernel_says_the_kernel_does_not_see_it(tmp_path:
     assert "name 'SCALE' is not defined in the kernel: an @tkc.kernel function sees none of Python's names" \
         in e.value.message
     assert (e.value.loc.line, e.value.loc.col) == (10, 43)
+
+
+def test_a_kernel_with_quoted_annotations_runs(tmp_path: Path) -> None:
+    """Under @tkc.kernel a string annotation is the type it holds (it was refused: "cannot read
+    the type of parameter 'x'"), with no `from __future__ import annotations` needed."""
+    import importlib.util
+
+    import torch
+
+    import tkc
+
+    path = tmp_path / "quoted.py"
+    path.write_text("import tkc\n\n\n@tkc.kernel\n"
+                    "def k(x: \"f32[N]\", y: 'f32[N]', s: \"f32\", BN: \"const\" = 64):\n"
+                    "    grid(cdiv(N, BN))\n    i = program_id(0)\n"
+                    "    y[i*BN:(i+1)*BN] = x[i*BN:(i+1)*BN] * s\n")
+    spec = importlib.util.spec_from_file_location("quoted", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x, y = torch.randn(70), torch.zeros(70)
+    tkc.interpret(module.k, x, y, 3.0)
+    torch.testing.assert_close(y, x * 3.0)

@@ -406,6 +406,34 @@ def test_indented_source_with_first_line():
     assert err.message == "unindent does not match any outer indentation level"
 
 
+def test_a_string_annotation_is_read_as_the_type_it_holds():
+    quoted = parse('def k(x: "f32[N]", s: \'tkc.f32\', BN: "const" = 64):\n    t: "f32" = 1.0\n', "q.py")
+    bare = parse("def k(x: f32[N], s: tkc.f32, BN: const = 64):\n    t: f32 = 1.0\n", "b.py")
+    fq, fb = quoted.body[0], bare.body[0]
+    assert [sx(p.annotation) for p in fq.params] == [sx(p.annotation) for p in fb.params]
+    assert sx(fq.body[0].annotation) == sx(fb.body[0].annotation)
+    assert_located(quoted)
+    # located at the characters inside the string
+    assert (fq.params[0].annotation.loc.line, fq.params[0].annotation.loc.col) == (1, 11)
+    assert (fq.params[0].annotation.index[0].loc.line, fq.params[0].annotation.index[0].loc.col) == (1, 15)
+
+
+@pytest.mark.parametrize("src, line, col, message", [
+    ('def k(x: "f32[N"):\n    pass\n', 1, 14, "cannot read the annotation 'f32[N': '[' was never closed"),
+    ('def k(x: "f32[N]]"):\n    pass\n', 1, 17, "cannot read the annotation 'f32[N]]': unexpected ']'"),
+    ('def k(x):\n    t: "f32 +" = 1.0\n', 2, 14, "cannot read the annotation 'f32 +': unexpected end of"),
+    ('def k(x: ""):\n    pass\n', 1, 10, "cannot read the annotation '' as a type; write a tensor like"),
+    ('def k(x: "x = 1"):\n    pass\n', 1, 10, "cannot read the annotation 'x = 1' as a type"),
+    # not written plainly (an escape): located at the string
+    ('def k(x: "f32[\\x4e"):\n    pass\n', 1, 10, "cannot read the annotation 'f32[N': '[' was never closed"),
+])
+def test_a_string_annotation_that_does_not_parse_says_so(src, line, col, message):
+    err = error(src)
+    assert type(err) is TkcSyntaxError, err
+    assert err.message.startswith(message), err.message
+    assert (err.loc.line, err.loc.col) == (line, col), str(err)
+
+
 def test_parse_from_threads():
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda i: parse(GEMM, f"{i}.tk"), range(40)))

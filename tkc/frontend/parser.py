@@ -172,6 +172,20 @@ class _Source:
         return self.loc(len(lines), len(lines[-1]) + 1)
 
 
+class _Annotation(_Source):
+    """The text of a string annotation (``x: "f32[N]"``), located in the file that holds it: at
+    its own characters where the string is written plainly on one line, else at the string."""
+
+    def __init__(self, text: str, outer: _Source, at: Loc, plain: bool):
+        self.text, self.file, self.at, self.plain = text, outer.file, at, plain
+        self.offset, self.shown = 0, at.source
+
+    def loc(self, line: int | None, col: int | None) -> Loc:
+        if not self.plain:
+            return self.at
+        return Loc(self.at.file, self.at.line, self.at.col + (col or 1), self.at.source)
+
+
 def parse(source: str, file: str, first_line: int = 1) -> ast.Module:
     """Parse tile-language text.  ``first_line`` is the file line of the text's first
     line (for a function taken out of a Python file); the text may be indented as a
@@ -341,7 +355,25 @@ class _ToAst(Transformer_NonRecursive):
         if not isinstance(target, ast.Name):
             raise TkcUnsupportedError(f"an annotation on anything but a plain name {_NOT_SUPPORTED}",
                                       target.loc)
-        return ast.AnnAssign(target, annotation, value, loc=self._loc(meta))
+        return ast.AnnAssign(target, self._annotation(annotation), value, loc=self._loc(meta))
+
+    def _annotation(self, a: ast.Expr | None) -> ast.Expr | None:
+        """A string annotation (``x: "f32[N]"``, as ``from __future__ import annotations`` or a
+        forward reference writes it) read as the expression it holds; any other unchanged."""
+        if not isinstance(a, ast.Str):
+            return a
+        raw = "" if isinstance(self.src, _Annotation) else \
+            self.src.text.split("\n")[a.loc.line - self.src.offset - 1][a.loc.col - 1:]
+        quote = raw[:1]
+        plain = quote in ("'", '"') and raw[1:len(a.value) + 2] == a.value + quote
+        try:
+            body = _parse(_Annotation(a.value, self.src, a.loc, plain)).body
+        except TkcError as e:
+            raise type(e)(f"cannot read the annotation {a.value!r}: {e.message}", e.loc) from None
+        if len(body) != 1 or not isinstance(body[0], ast.ExprStmt):
+            raise TkcSyntaxError(f"cannot read the annotation {a.value!r} as a type; write a tensor like "
+                                 f"'bf16[M, K]', a scalar dtype like 'f32', or 'const'", a.loc)
+        return body[0].value
 
     def return_stmt(self, meta, c):
         return ast.Return(c[0], loc=self._loc(meta))
@@ -382,7 +414,7 @@ class _ToAst(Transformer_NonRecursive):
 
     def param(self, meta, c):
         name, annotation, default = c
-        return ast.Param(str(name), annotation, default, loc=self._loc(meta))
+        return ast.Param(str(name), self._annotation(annotation), default, loc=self._loc(meta))
 
     def if_stmt(self, meta, c):
         cond, body, *elifs, orelse = c
