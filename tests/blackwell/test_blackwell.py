@@ -57,6 +57,25 @@ def emulate_text(text: str, dims: dict[str, int], seed: int = 0) -> list:
     return args
 
 
+def broken_ir(consts: dict, change) -> str:
+    """The gemm's sm_100a IR with ``consts``, changed by ``change`` (which must change it)."""
+    text = lowered(consts)
+    broken = change(text)
+    assert broken != text
+    return broken
+
+
+def emulator_errors(text: str, dims: dict[str, int], seeds=range(4)) -> list[str]:
+    """The emulator's errors on ``text`` over several schedules (seeds); a race shows on some."""
+    errors = []
+    for seed in seeds:
+        try:
+            emulate_text(text, dims, seed)
+        except TkcEmulatorError as e:
+            errors.append(str(e))
+    return errors
+
+
 # ---------------------------------------------------------------- the dialect
 def test_descriptors_are_ptx_facts_section_7() -> None:
     """bf16 x bf16 -> f32, M = N = 128, both K-major: 0x08200490; the 128B-swizzled K-major

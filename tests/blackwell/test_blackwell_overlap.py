@@ -17,7 +17,7 @@ from tkc.errors import TkcEmulatorError
 from tkc.interpreter import random_args
 from tkc.runner import run
 
-from test_blackwell import SM100, emulate_text, lowered, tile_kernel
+from test_blackwell import SM100, broken_ir, emulate_text, emulator_errors, lowered, tile_kernel
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ON = {"overlap_epilogue": True}
@@ -56,23 +56,10 @@ def test_the_producer_issues_the_mmas_into_two_halves() -> None:
     assert k_loop.index("blackwell.commit") < k_loop.index("tile.if")
 
 
-def _broken(edit) -> str:
-    text = lowered(ON)
-    broken = edit(text)
-    assert broken != text
-    return broken
-
-
 def test_without_the_producers_wait_a_tile_overwrites_a_half_the_epilogue_reads() -> None:
     # the producer's wait for its half (the first stage of %acc_empty in program order)
     wait = r"(= hopper.stage %acc_empty, %\w+ : mbarrier[^\n]*)\n *hopper.mbarrier_wait [^\n]*"
-    broken = _broken(lambda t: re.sub(wait, r"\1", t, count=1))
-    errors = []
-    for seed in range(4):
-        try:
-            emulate_text(broken, DIMS, seed)
-        except TkcEmulatorError as e:
-            errors.append(str(e))
+    errors = emulator_errors(broken_ir(ON, lambda t: re.sub(wait, r"\1", t, count=1)), DIMS)
     # the next tile's MMA writes the half under the epilogue's loads, or the producer runs a
     # whole phase of %acc_full ahead of the epilogue's wait
     assert errors and all("reads tensor memory" in e or "completed without this waiter seeing" in e
@@ -80,7 +67,7 @@ def test_without_the_producers_wait_a_tile_overwrites_a_half_the_epilogue_reads(
 
 
 def test_an_epilogue_that_never_frees_its_half_deadlocks() -> None:
-    broken = _broken(lambda t: re.sub(r"\n *hopper.mbarrier_arrive %\d+[^\n]*", "", t, count=1))
+    broken = broken_ir(ON, lambda t: re.sub(r"\n *hopper.mbarrier_arrive %\d+[^\n]*", "", t, count=1))
     with pytest.raises(TkcEmulatorError, match="deadlock"):
         emulate_text(broken, DIMS)
 
