@@ -18,8 +18,9 @@ same persistent tile loop around one K loop of sums (docs/blackwell.md §4d):
   tile's K loop, the epilogue for it to be full, each at parity ``(i // 2) & 1``.
 
 Kernels of another shape (attention's products read at once, no producer, more than 256
-columns of sums a tile), multi-GPU kernels and kernels in clusters (ptxas spilled 8-28 B with
-the MMAs beside their producers' other work) are left as they are.  Runs after
+columns of sums a tile, an epilogue doing more than converting and storing them, several
+programs an SM), multi-GPU kernels and kernels in clusters (ptxas spilled 8-28 B with the MMAs
+beside their producers' other work) are left as they are.  Runs after
 ``lower-to-blackwell`` and a clean-up, before ``pair-ctas``.
 
 Must not: change what the epilogue reads, or let a tile's MMAs write the half the epilogue is
@@ -32,7 +33,7 @@ from tkc import dtypes
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, clone, replace_all_uses, uses
 from tkc.ir.dialects import blackwell, hopper, tile
-from tkc.ir.types import MBARRIER, ScalarType
+from tkc.ir.types import MBARRIER, ScalarType, TileType
 from tkc.passes.phases import Waits, thread_phases
 from tkc.pins import Options
 from tkc.registers import SETMAXNREG_MIN, register_pool
@@ -40,9 +41,9 @@ from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 #: The producer's registers a thread when it issues the MMAs too: with fewer, ptxas 13.0
-#: spilled 4-12 B in gemm.tk and gemm_fp8.tk (96: 12 B, 104: 4 B, 112 and up: none; the
-#: epilogue's warpgroups keep 192 at 384 threads, enough for a 128 x 256 f32 sum).
-MMA_PRODUCER_REGS = 120
+#: spilled 4-12 B in gemm.tk (96: 12 B, 104: 4 B, 112: none; 120: 12 B storing f32); the
+#: epilogue's warpgroups keep 184 at 384 threads, enough for a 128 x 256 f32 sum.
+MMA_PRODUCER_REGS = 136
 #: Ops at which every thread of a role meets (as lower-to-blackwell's).
 _MEETINGS = frozenset({hopper.SyncOp.name, "hopper.tma_store"})
 #: Ops a tile's index arithmetic is made of, copied from the epilogue's loop into the producer's.
@@ -52,8 +53,11 @@ _NOT_PURE = frozenset({"tile.for", "tile.if", "tile.yield", "tile.store", "tile.
 
 def overlap_epilogue(module: Module, options: Options, target: Target) -> None:
     # In clusters (multicast copies, CTA pairs) ptxas spilled 8-16 B with the MMAs in the
-    # producer, whatever its budget; those kernels keep the one-accumulator structure.
-    if target.mma != "tcgen05" or not options.overlap_epilogue or options.cluster > 1:
+    # producer, whatever its budget; those kernels keep the one-accumulator structure.  With
+    # several programs an SM, two accumulators each would take more than the SM's tensor memory
+    # (the next program's tcgen05.alloc would wait for this one to end).
+    if target.mma != "tcgen05" or not options.overlap_epilogue or options.cluster > 1 \
+            or options.programs_per_sm > 1:
         return
     for kernel in module.ops:
         # A multi-GPU kernel's producer runs its waits and barriers too: with the MMAs beside
@@ -62,6 +66,14 @@ def overlap_epilogue(module: Module, options: Options, target: Target) -> None:
             split = _Split.find(kernel, target)
             if split is not None:
                 split.run(options)
+
+
+#: The register-tile ops of an epilogue that only converts and stores the sums.
+_EPILOGUE_OPS = frozenset({blackwell.TmemLoadOp.name, "tile.cast", "hopper.smem_store", "hopper.store"})
+
+
+def _reg_tile(v: Value) -> bool:
+    return isinstance(v.type, TileType) and v.type.space == "reg"
 
 
 def _pure(op: Operation) -> bool:
@@ -123,6 +135,13 @@ class _Split:
         if len(kbody.args) != 1 or any(m.parent is not kbody for m in mmas) or not all(
                 op.name in movable or _pure(op) for op in kbody.ops):
             return None
+        # An epilogue that converts and stores the sums: with more register work beside them
+        # (bias and GELU, a residual, RoPE, scales, SwiGLU) its warpgroups' share of the
+        # registers left by the producer's 136 spilled 8-740 B.
+        for op in tl.walk():
+            if op is not tl and kl not in op.ancestors() and op is not kl and not (
+                    op.name in _EPILOGUE_OPS or not any(_reg_tile(v) for v in (*op.operands, *op.results))):
+                return None
         # Behind the K loop: the commit onto %acc_full and the epilogue's wait for it.
         tops = tl.regions[0].block.ops
         after = tops[tops.index(kl) + 1:]
