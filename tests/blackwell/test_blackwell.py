@@ -455,3 +455,12 @@ def test_a_half_ringed_loop_of_two_products_is_refused_for_shared_memory_not_a_c
     with pytest.raises(TkcError, match="needs 26\\d+ B of shared memory, sm_100a has"):
         compile_kernel(ROOT / "examples" / "gemm_swiglu.tk", {"BK": 128, "stages": 3}, target=SM100, stop="hopper",
                        cache=False)
+
+
+def test_an_epilogue_slice_lies_in_one_warpgroups_columns() -> None:
+    # BN = 192 over two warpgroups (96 columns each): the TMA store's 64-column slices straddled
+    # them ("pass 'lower-to-hopper' failed"); now 32-column slices
+    kernel = tile_kernel({"BN": 192})
+    result = run(kernel, random_args(kernel, {"M": 300, "N": 400, "K": 72}, 0), "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
+    assert "box = [128, 32]" in lowered({"BN": 192})

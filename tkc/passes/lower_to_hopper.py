@@ -53,6 +53,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, is_vector_box
 from tkc.ir.layouts import (
     vector_scratch,
     SharedLayout,
+    TmemAccumulator,
     Transposed,
     WgmmaAccumulator,
     is_accumulator,
@@ -410,6 +411,12 @@ class _Lowering:
         eb = layout.dtype.bits // 8
         if rows * cols * eb > EPILOGUE_BYTES:
             while 2 * rows * width * eb > EPILOGUE_BYTES and width % 32 == 0:
+                width //= 2
+        acc = op.value.type.layout
+        if isinstance(acc, TmemAccumulator) and acc.warpgroups > 1:
+            # A slice is stored by the warpgroup that holds its columns: it must not straddle two
+            # (BN = 192 over two warpgroups: 96 columns each, so 32-column slices).
+            while (cols // acc.warpgroups) % width and width % 16 == 0:
                 width //= 2
         reused = None
         if not self._leaves_two_stages(min(cols // width, 2) * rows * width * eb):
