@@ -85,8 +85,19 @@ def _refuse_pins(kernel: Operation, options: Options, target: Target) -> None:
                                       f"for {target.name}", product.loc)
 
 
-#: Ops at which every thread of a role meets (``hopper.tma_store_wait {sync = false}`` does not).
-_MEETINGS = frozenset({hopper.SyncOp.name, "hopper.tma_store", "hopper.tma_store_wait"})
+def behind_reads(block, start: int, loc) -> Builder | None:
+    """A builder behind the point of ``block`` where every warp of its role has read tensor
+    memory: the first meeting (``hopper.role_meets``) after the last op from index ``start`` on
+    that holds a ``blackwell.tmem_load`` (a load under an ``if`` counts as the ``if``), a new
+    role barrier where none follows.  None where no op from ``start`` on reads tensor memory."""
+    reads = [i for i, op in enumerate(block.ops) if i >= start
+             and any(inner.name == blackwell.TmemLoadOp.name for inner in op.walk())]
+    if not reads:
+        return None
+    meeting = next((op for op in block.ops[reads[-1] + 1:] if hopper.role_meets(op)), None)
+    if meeting is None:
+        meeting = Builder(block, reads[-1] + 1, loc).create(hopper.SyncOp)
+    return Builder(block, block.ops.index(meeting) + 1, loc)
 
 
 def _unsupported(op: Operation, message: str) -> TkcUnsupportedError:
@@ -500,7 +511,7 @@ class _Lowering:
         between = block.ops[last + 1:]
         if block.parent_op.name == "tile.for":  # and, in the next iteration, the ops before the loop
             between = between + block.ops[:block.ops.index(loop)]
-        if any(op.name in _MEETINGS and op.attributes.get("sync", True) for op in between):
+        if any(hopper.role_meets(op) for op in between):
             return
         Builder.before(loop).create(hopper.SyncOp, [])
 

@@ -413,9 +413,10 @@ class _Lowering:
             while 2 * rows * width * eb > EPILOGUE_BYTES and width % 32 == 0:
                 width //= 2
         acc = op.value.type.layout
-        if isinstance(acc, TmemAccumulator) and acc.warpgroups > 1:
-            # A slice is stored by the warpgroup that holds its columns: it must not straddle two
-            # (BN = 192 over two warpgroups: 96 columns each, so 32-column slices).
+        if isinstance(acc, TmemAccumulator) and acc.warpgroups > 1 and width < cols:
+            # A column slice is stored by the warpgroup that holds its columns: it must not
+            # straddle two (BN = 192 over two warpgroups: 96 columns each, so 32-column slices).
+            # The whole tile (no slices) is stored by every warpgroup, each its own columns.
             while (cols // acc.warpgroups) % width and width % 16 == 0:
                 width //= 2
         reused = None

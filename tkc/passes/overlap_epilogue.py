@@ -34,6 +34,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, clone, replace_all_uses, uses
 from tkc.ir.dialects import blackwell, hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType, TileType
+from tkc.passes.lower_to_blackwell import behind_reads
 from tkc.passes.phases import Waits, thread_phases
 from tkc.pins import Options
 from tkc.registers import SETMAXNREG_MIN, register_pool
@@ -44,10 +45,8 @@ I32 = ScalarType(dtypes.i32)
 #: spilled 4-12 B in gemm.tk (96: 12 B, 104: 4 B, 112: none; 120: 12 B storing f32); the
 #: epilogue's warpgroups keep 184 at 384 threads, enough for a 128 x 256 f32 sum.
 MMA_PRODUCER_REGS = 136
-#: Ops at which every thread of a role meets (as lower-to-blackwell's).
-_MEETINGS = frozenset({hopper.SyncOp.name, "hopper.tma_store"})
 #: Ops a tile's index arithmetic is made of, copied from the epilogue's loop into the producer's.
-_PURE = ("tile.", )
+_PURE = "tile."
 _NOT_PURE = frozenset({"tile.for", "tile.if", "tile.yield", "tile.store", "tile.atomic"})
 
 
@@ -87,10 +86,6 @@ def _same_values(xs: list[Value], ys: list[Value]) -> bool:
     separate ops)."""
     return len(xs) == len(ys) and all(x is y or tile.constant_value(x) is not None
                                       and tile.constant_value(x) == tile.constant_value(y) for x, y in zip(xs, ys))
-
-
-def _meets(op: Operation) -> bool:
-    return op.name in _MEETINGS or (op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True))
 
 
 class _Split:
@@ -310,16 +305,8 @@ class _Split:
 
     def _free_behind_reads(self, empty: Value, half: Value) -> None:
         """One arrival a warpgroup on ``%acc_empty``'s half once every warp of the epilogue
-        has read it: behind the first meeting after the last ``tmem_load`` (a role barrier
-        where none follows)."""
-        block = self.tl.regions[0].block
-        reads = [i for i, op in enumerate(block.ops)
-                 if any(inner.name == blackwell.TmemLoadOp.name for inner in op.walk())]
-        last = reads[-1]
-        meeting = next((op for op in block.ops[last + 1:] if _meets(op)), None)
-        if meeting is None:
-            meeting = Builder(block, last + 1, self.tl.loc).create(hopper.SyncOp)
-        b = Builder(block, block.ops.index(meeting) + 1, self.tl.loc)
+        has read it (``lower_to_blackwell.behind_reads``)."""
+        b = behind_reads(self.tl.regions[0].block, 0, self.tl.loc)
         b.create(hopper.MBarrierArriveOp, [self._stage(b, empty, half)])
 
     def _registers(self, options: Options) -> None:

@@ -35,13 +35,12 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, uses
 from tkc.ir.dialects import blackwell, hopper, tile
 from tkc.ir.types import MBARRIER, ScalarType, TileType
+from tkc.passes.lower_to_blackwell import behind_reads
 from tkc.passes.phases import Waits, thread_phases
 from tkc.pins import Options
 from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
-#: Ops at which every thread of a role meets (as lower-to-blackwell's).
-_MEETINGS = frozenset({hopper.SyncOp.name, "hopper.tma_store"})
 
 
 def pair_ctas(module: Module, options: Options, target: Target) -> None:
@@ -94,7 +93,7 @@ class _Pairing:
         for ring in fulls:
             if ring is None:
                 raise _refuse(mmas[0], "the product's operands must come from a TMA ring")
-            self._pair_ring(ring, operands, all_users)
+            self._pair_ring(ring, operands)
         for b_alloc, axis in halves.items():
             self._halve(b_alloc, axis, all_users)
         for op in k.walk():
@@ -139,7 +138,7 @@ class _Pairing:
         raise _refuse(ring, "its barriers are not initialized before the roles")
 
     # ------------------------------------------------------------------ the rings
-    def _pair_ring(self, ring: Operation, operands: set, all_users) -> None:
+    def _pair_ring(self, ring: Operation, operands: set) -> None:
         """The ring the MMAs wait on: every copy completing on it lands in its own CTA and
         completes on the even CTA's barrier, which counts both CTAs' ``expect_tx``."""
         for op in self.kernel.walk():
@@ -231,19 +230,11 @@ class _Pairing:
             b = Builder.before(loop)
             b.loc = loop.loc
             waits[b.create(hopper.MBarrierWaitOp, [empty, empty])] = Waits(empty, 1, 2)  # parity: below
-            # The op of this block holding the last read of the sums (a load under an `if` counts
-            # as the `if`): both CTAs' warps are past it at the meeting that follows.
-            reads = [i for i, op in enumerate(block.ops) if i > block.ops.index(loop)
-                     and any(inner.name == blackwell.TmemLoadOp.name for inner in op.walk())]
-            if not reads:
+            # Both CTAs' warps have read the sums (every K loop's of the tile) when they arrive.
+            after = behind_reads(block, block.ops.index(loop) + 1, loop.loc)
+            if after is None:
                 raise _refuse(loop, "the sums of this K loop are read outside the loop around it")
-            last = reads[-1]
-            meeting = next((op for op in block.ops[last + 1:] if op.name in _MEETINGS
-                            or (op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True))), None)
-            if meeting is None:
-                meeting = Builder(block, last + 1, loop.loc).create(hopper.SyncOp)
-            Builder(block, block.ops.index(meeting) + 1, loop.loc).create(
-                hopper.MBarrierArriveOp, [empty], [], {"cluster": True})
+            after.create(hopper.MBarrierArriveOp, [empty], [], {"cluster": True})
         # Before the pair's columns are freed, both CTAs' epilogues have read the last tile's sums
         # (dealloc.cta_group::2 needs no access of the peer's in flight): a last wait in each role.
         for container, empty in roles.items():

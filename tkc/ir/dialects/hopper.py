@@ -308,6 +308,14 @@ class SyncOp(Operation):
     name = "hopper.sync"
 
 
+def role_meets(op: Operation) -> bool:
+    """Whether every thread of the role running ``op`` meets at it: a role barrier, a TMA
+    store (its threads meet before thread 0 copies), or a wait for TMA stores but with
+    ``sync = false``."""
+    return op.name in (SyncOp.name, "hopper.tma_store") or (
+        op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True))
+
+
 #: The named barriers of ``hopper.turn``: warpgroup ``g`` of a two-warpgroup role waits on
 #: ``TURN_BARRIER + g``.  0 is the CTA's, ``1 + first`` a role's internal one (first <= 1).
 TURN_BARRIER = 3
