@@ -755,6 +755,54 @@ def test_a_hopper_ir_dump_compiles_and_runs_without_pipeline_flags(tmp_path: Pat
     assert r.exit_code != 0 and "is IR, whose constants and pins were fixed when it was made" in r.output
 
 
+def test_tile_ir_of_a_kernel_with_a_schedule_runs_as_printed(tmp_path: Path) -> None:
+    # attn.tk's schedule picks pins for the shapes it runs on; IR's pins were fixed when it was
+    # printed, so none is chosen for it (they were reported as a -D the user never gave)
+    ir = tmp_path / "attn.tkir"
+    assert tkc_cli("compile", str(EXAMPLES / "attn.tk"), "-o", str(ir)).exit_code == 0
+    r = tkc_cli("run", str(ir), "--backend", "emulate", "--dim", "N=80", "--dim", "B=1", "--dim", "H=1")
+    assert r.exit_code == 0 and "emulated in" in r.output and "-D" not in r.output, r.output
+
+
+def test_ir_passes_refuse_ir_of_another_level(tmp_path: Path) -> None:
+    # tkc opt runs any pass on any dump: one that takes another level says which, at the kernel
+    tile, hopper = tmp_path / "gemm.tkir", tmp_path / "gemm.hopper.tkir"
+    for out in (tile, hopper):
+        assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", str(out)).exit_code == 0
+    for ir, p, says in [(tile, "allocate-smem", "allocate-smem runs after lower-to-hopper, on hopper IR: this kernel "
+                                                "is tile IR (the tiles have no layouts yet)"),
+                        (tile, "lower-to-blackwell", "lower-to-blackwell runs after lower-to-hopper"),
+                        (hopper, "select-layouts", "select-layouts runs on tile IR whose tiles have no layouts yet: "
+                                                   "this kernel is hopper IR already"),
+                        (hopper, "decompose", "decompose runs on tile IR"),
+                        (hopper, "lower-to-hopper", "lower-to-hopper runs once: this kernel is hopper IR already")]:
+        r = tkc_cli("opt", str(ir), "-p", p)
+        assert r.exit_code == 1 and says in r.stderr and "gemm.tk:3:1" in r.stderr, (p, r.stderr)
+        assert "reproducer" not in r.stderr and "failed" not in r.stderr
+    assert not (tmp_path / "tkc-reproducers").exists()
+
+
+def test_lowered_ir_knows_its_target(tmp_path: Path) -> None:
+    hopper, blackwell = tmp_path / "gemm.hopper.tkir", tmp_path / "gemm100.hopper.tkir"
+    assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", str(hopper)).exit_code == 0
+    assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--target", "sm_100a", "-D", "cta_pairs=true",
+                   "-o", str(blackwell)).exit_code == 0
+    assert 'target = "sm_90a"' in hopper.read_text() and 'target = "sm_100a"' in blackwell.read_text()
+    # sm_90a's products and layouts compiled for sm_100a: refused at the kernel, before LLVM
+    for extra in ([], ["--hopper-pipeline", "lower-to-blackwell"]):
+        r = tkc_cli("compile", str(hopper), "--target", "sm_100a", *extra, "-o", str(tmp_path / "x.ptx"))
+        assert r.exit_code == 1 and "gemm.tk:3:1" in r.stderr, r.stderr
+        assert "this kernel was lowered for sm_90a (its layouts and products are that GPU's), not sm_100a: compile " \
+               "its source or tile IR with --target sm_100a" in r.stderr and "llvm" not in r.stderr
+    r = tkc_cli("opt", str(blackwell), "-p", "cse", "--target", "sm_90a")
+    assert r.exit_code == 1 and "this kernel was lowered for sm_100a" in r.stderr
+    # tkc run and tkc opt take the dump's own target (its pin cta_pairs is refused on sm_90a)
+    r = tkc_cli("run", str(blackwell), "--backend", "emulate")
+    assert r.exit_code == 0 and "emulated in" in r.output, r.output
+    r = tkc_cli("opt", str(blackwell), "-p", "cse,dce")
+    assert r.exit_code == 0 and 'target = "sm_100a"' in r.output, r.stderr
+
+
 def test_run_takes_no_negative_seed() -> None:
     r = tkc_cli("run", str(EXAMPLES / "softmax.tk"), "--seed", "-1")
     assert r.exit_code == 2 and "Invalid value for '--seed'" in r.output and "internal" not in r.output

@@ -205,10 +205,16 @@ def _write_output(path: str, text: str) -> None:
         raise TkcUsageError(f"cannot write {path}: {e.strerror}") from None
 
 
+def _is_ir(path: str) -> bool:
+    """Whether ``path`` holds IR (a ``.tkir`` file or standard input), whose constants and pins
+    were fixed when it was printed."""
+    return path.endswith(".tkir") or path == "-"
+
+
 def _load(path: str, consts: dict[str, int | float | bool]) -> Module:
     """A ``.tk`` source through the frontend, the ``@tkc.kernel`` functions of a ``.py`` file,
     or a ``.tkir`` file as tile IR."""
-    if path.endswith(".tkir") or path == "-":
+    if _is_ir(path):
         if consts:
             raise TkcUsageError(f"-D sets constants of .tk and .py sources; {path} is IR, whose constants and "
                                 f"pins were fixed when it was made: compile the source with -D instead")
@@ -309,14 +315,17 @@ def cli() -> None:
 @click.option("-p", "--passes", default="", metavar="PASS,...",
               help="Comma-separated passes to run (none: parse, verify, print).")
 @click.option("-o", "--output", default="-", metavar="OUT", help="Output file ('-': stdout).")
+@click.option("--target", type=click.Choice(list(TARGETS)), default=None,
+              help=f"The GPU the passes lower for (default {DEFAULT_TARGET.name}; the kernels' pins are "
+                   f"checked against it when given).")
 @_dump_flags
-def opt(file: str, passes: str, output: str, dump_ir_before: tuple[str, ...],
+def opt(file: str, passes: str, output: str, target: str | None, dump_ir_before: tuple[str, ...],
         dump_ir_after: tuple[str, ...], dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
     """Run passes over tile IR (a .tkir file, or a .tk/.py source through the frontend) and
     print the result."""
     pm = PassManager(passes, _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
     module = _load(file, {})
-    pm.run(module)
+    pm.run(module, target=TARGETS[target] if target else None)
     _write_output(output, print_module(module, locs=not no_locs))
 
 
@@ -499,8 +508,9 @@ def _print_store_plan(compiled: Any) -> None:
 @click.option("--grid", callback=_parse_grid, metavar="G0[,G1[,G2]]",
               help="Launch grid (default: the kernel's grid(...)); of a persistent kernel, the "
                    "programs that walk its tiles.")
-@click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
-              help="The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU).")
+@click.option("--target", type=click.Choice(list(TARGETS)), default=None,
+              help=f"The GPU the emulate and gpu backends compile for (emulate: its lowered IR on the CPU; "
+                   f"default {DEFAULT_TARGET.name}, or the target a lowered IR file was made for).")
 @click.option("--ranks", type=click.IntRange(min=1), default=None, metavar="R",
               help="Run a multi-GPU kernel on R simulated ranks in the interpreter or the emulator (default 1 for "
                    "one), each on its own random inputs, its flags at zero; --seed also picks how the ranks' programs "
@@ -509,7 +519,7 @@ def _print_store_plan(compiled: Any) -> None:
                    "torchrun --nproc-per-node R -m tkc run FILE --backend gpu [--check: against the interpreter].")
 def run_command(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
                 dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
-                kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
+                kernel: str | None, grid: tuple | None, target: str | None, ranks: int | None) -> None:
     """Compile a kernel, run it on random inputs and print output statistics."""
     args = (file, backend, interpret_flag, check, repeat, consts, dims, scalars, int_range, seed)
     if kernel is None:
@@ -538,8 +548,9 @@ def run_command(file: str, backend: str | None, interpret_flag: bool, check: boo
 
 def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, repeat: int, consts: dict,
              dims: dict[str, int], scalars: dict[str, int | float | bool], int_range: tuple[int, int], seed: int,
-             kernel: str | None, grid: tuple | None, target: str, ranks: int | None) -> None:
-    """``tkc run`` of one kernel of ``file`` (``kernel``: its name, None for the file's only one)."""
+             kernel: str | None, grid: tuple | None, target: str | None, ranks: int | None) -> None:
+    """``tkc run`` of one kernel of ``file`` (``kernel``: its name, None for the file's only one;
+    ``target`` None: the one a lowered IR file names, else the default)."""
     from tkc import runner
 
     if interpret_flag and backend not in (None, "interpret"):
@@ -555,8 +566,9 @@ def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, 
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
         what = f"no kernel '{kernel}'" if kernel else "no kernels"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
-    from tkc.compiler import is_lowered
+    from tkc.passes.pipeline import is_lowered
 
+    target = target or k.attributes.get("target") or DEFAULT_TARGET.name
     if is_lowered(k):  # IR the backend passes made: the emulator or a GPU runs it, not the interpreter
         if check or interpret_flag or backend == "interpret":
             raise TkcUsageError(f"{file} is IR the backend passes lowered (hopper ops); the interpreter runs tile IR, "
@@ -614,11 +626,12 @@ def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str
               file: str) -> dict[str, Any]:
     """The pins tkc.schedule picks for a run of ``k`` on ``args`` by ``backend`` (the lowered
     kernel runs them: the GPU, or the emulator as a GPU of DEFAULT_SMS SMs would), as a call
-    from Python of these shapes gets them; {} for the interpreter, which pins do not change."""
+    from Python of these shapes gets them; {} for the interpreter, which pins do not change,
+    and for IR, whose pins were fixed when it was printed."""
     from tkc import schedule
     from tkc.compiler import compile_kernel
 
-    chooser = schedule.chooser(k, set(consts), target)
+    chooser = None if _is_ir(file) else schedule.chooser(k, set(consts), target)
     if chooser is None or backend == "interpret":
         return {}
     sms = schedule.device_sms() if backend == "gpu" else schedule.DEFAULT_SMS

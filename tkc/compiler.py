@@ -37,6 +37,7 @@ from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager, PassOptions
+from tkc.passes.pipeline import is_lowered
 from tkc.pins import PINS, Options
 from tkc.signature import Param, kernel_params
 from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
@@ -279,11 +280,6 @@ def _frontend(source: str | Path | Module | Operation, text: str, consts: Mappin
     from tkc.frontend import compile_source
 
     return compile_source(text, file, dict(consts), first_line=first_line, python_function=python_function)
-
-
-def is_lowered(kernel: Operation) -> bool:
-    """Whether ``kernel`` is IR the backend passes made (hopper or blackwell ops in it)."""
-    return any(op.name.partition(".")[0] in ("hopper", "blackwell") for op in kernel.walk())
 
 
 def _one_kernel(module: Module, name: str | None, file: str) -> Operation:

@@ -19,6 +19,7 @@ from tkc.ir.verifier import verify
 from tkc.options import Knobs
 from tkc.passes.manager import PassManager, PassOptions
 from tkc.passes.pipeline import DEFAULT_PIPELINE, PASSES
+from tkc.target import TARGETS, Target
 
 GEMM = Path(__file__).parent / "pipeline" / "gemm_frontend.tkir"
 HEADER = re.compile(r"^// -----// IR Dump (Before|After) (\S+) \((\d+)\) //----- //$", re.M)
@@ -159,7 +160,7 @@ def test_crashing_pass_leaves_a_reproducer(in_tmp: Path, monkeypatch: pytest.Mon
     assert f"reproducer: {path}" in msg and f"rerun with: tkc opt {path} -p explode" in msg
     text = path.read_text()
     assert text.splitlines()[0] == f"// reproduce: tkc opt {path} -p explode"
-    assert "// pipeline: canonicalize,explode,dce (pass 2, 'explode', failed)" in text
+    assert "// pipeline: canonicalize,explode,dce (pass 2, 'explode', failed; target sm_90a)" in text
     # The reproducer holds the input of the failing pass: canonicalize already ran.
     reproduced = parse_module(text, str(path))
     verify(reproduced)
@@ -172,6 +173,24 @@ def test_crashing_pass_leaves_a_reproducer(in_tmp: Path, monkeypatch: pytest.Mon
     assert "pass 'explode' failed: ValueError: boom" in again.stderr
     ok = runner.invoke(cli, ["opt", str(path), "-p", "dce"])
     assert ok.exit_code == 0, ok.stderr
+
+
+def test_a_failure_on_another_target_reproduces_with_it(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The passes lower differently for each target: the command a reproducer prints names it
+    def only_on_sm_100a(module: Module, options: object, target: Target) -> None:
+        if target.name == "sm_100a":
+            raise ValueError("boom on sm_100a")
+
+    monkeypatch.setitem(PASSES, "picky-target", only_on_sm_100a)
+    with pytest.raises(TkcPassError) as info:
+        PassManager("picky-target").run(gemm(), target=TARGETS["sm_100a"])
+    path = info.value.reproducer
+    assert f"rerun with: tkc opt {path} -p picky-target --target sm_100a" in str(info.value)
+    assert path.read_text().splitlines()[0] == f"// reproduce: tkc opt {path} -p picky-target --target sm_100a"
+    runner = CliRunner()
+    again = runner.invoke(cli, ["opt", str(path), "-p", "picky-target", "--target", "sm_100a"])
+    assert again.exit_code == 1 and "boom on sm_100a" in again.stderr
+    assert runner.invoke(cli, ["opt", str(path), "-p", "picky-target"]).exit_code == 0
 
 
 def test_located_error_in_a_pass(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:

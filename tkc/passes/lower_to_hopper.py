@@ -45,7 +45,7 @@ import math
 from typing import Any
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError, TkcUsageError
+from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
@@ -107,11 +107,6 @@ class _Lowering:
         self._read_only: dict[Value, bool] = {}  # a tensor parameter -> whether the kernel only reads it
 
     def run(self) -> None:
-        if "threads" not in self.kernel.attributes:
-            raise TkcUsageError("lower-to-hopper runs after select-layouts (the tiles have no layouts yet)",
-                                self.kernel.loc)
-        if "tma_maps" in self.kernel.attributes:
-            raise TkcUsageError("lower-to-hopper runs once: this kernel is hopper IR already", self.kernel.loc)
         self._drop_views()
         self.written = tile.ordered_tensors(self.kernel)
         self._order_own_accesses()

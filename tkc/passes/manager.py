@@ -28,9 +28,9 @@ from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
 from tkc.options import Knobs
-from tkc.passes.pipeline import PASSES, PassFn
+from tkc.passes.pipeline import PASSES, TAKES, PassFn, level
 from tkc.pins import Options
-from tkc.target import DEFAULT_TARGET, Target
+from tkc.target import DEFAULT_TARGET, TARGETS, Target
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,16 @@ class PassManager:
         t = time.perf_counter()
         verify(module)  # a broken input is not the first pass's fault
         verify_time = time.perf_counter() - t
+        _check_target(module, target)
         groups = [(options, None)] if options is not None else _kernel_groups(module, target)
-        target = target or DEFAULT_TARGET
+        target = target or _lowered_for(module) or DEFAULT_TARGET
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
             before_text = print_module(module) if opts.reproducer_dir is not None else None
             if _selected(opts.dump_before, name):
                 dumper.dump(module, "Before", name, index)
+            _check_level(name, module)
             t = time.perf_counter()
             try:
                 for group_options, kernels in groups:
@@ -114,15 +116,16 @@ class PassManager:
             except (TkcUnsupportedError, TkcUsageError, TkcPassError):
                 raise  # the kernel asks for what the pass cannot do: the message says so, at its line
             except TkcError as e:
-                raise self._failure(name, index, _describe(e), before_text) from e
+                raise self._failure(name, index, _describe(e), before_text, target) from e
             except Exception as e:  # a crash in a pass still deserves a reproducer
-                raise self._failure(name, index, f"{type(e).__name__}: {e}", before_text) from e
+                raise self._failure(name, index, f"{type(e).__name__}: {e}", before_text, target) from e
             times.append((name, time.perf_counter() - t))
             t = time.perf_counter()
             try:
                 verify(module)
             except TkcVerifyError as e:
-                raise self._failure(name, index, "it left invalid IR: " + _describe(e), before_text) from e
+                raise self._failure(name, index, "it left invalid IR: " + _describe(e), before_text,
+                                    target) from e
             verify_time += time.perf_counter() - t
             if _selected(opts.dump_after, name) or (opts.dump_dir and not opts.dump_before
                                                      and not opts.dump_after):
@@ -131,21 +134,59 @@ class PassManager:
         if opts.timing:
             _print_timing(times, verify_time, stream)
 
-    def _failure(self, name: str, index: int, reason: str, before_text: str | None) -> TkcPassError:
+    def _failure(self, name: str, index: int, reason: str, before_text: str | None,
+                 target: Target) -> TkcPassError:
         message = f"pass '{name}' failed: {reason}"
         path = None
         if before_text is not None:
             try:
                 path = _write_reproducer(self.options.reproducer_dir, name, index, self.pipeline,
-                                         reason, before_text)
+                                         reason, before_text, target)
             except OSError as e:
                 message += f"\n  (could not write a reproducer: {e})"
         if path is not None:
-            message += f"\n  reproducer: {path}\n  rerun with: tkc opt {path} -p {name}"
+            message += f"\n  reproducer: {path}\n  rerun with: {_rerun(path, name, target)}"
         err = TkcPassError(message)
         err.pass_name = name
         err.reproducer = path
         return err
+
+
+#: Each level of :data:`tkc.passes.pipeline.TAKES`: where a pass taking it runs, and a kernel
+#: at it, in a refusal's words.
+_RUNS = {"tile": "on tile IR whose tiles have no layouts yet", "laid-out": "after select-layouts",
+         "lowered": "after lower-to-hopper, on hopper IR"}
+_IS = {"tile": "tile IR (the tiles have no layouts yet)", "laid-out": "tile IR with its layouts selected",
+       "lowered": "hopper IR already"}
+
+
+def _check_level(name: str, module: Module) -> None:
+    """Refuse, at the kernel's line, a kernel at a level pass ``name`` does not take (a dump
+    given to ``tkc opt -p``, a pipeline in the wrong order)."""
+    wants = TAKES.get(name)
+    for op in module.ops:
+        at = level(op) if wants is not None and op.name == "tile.kernel" else wants
+        if at == wants or (wants == "lowered" and at == "laid-out"):  # (hand-written hopper IR)
+            continue
+        if name == "lower-to-hopper" and at == "lowered":
+            raise TkcUsageError(f"{name} runs once: this kernel is hopper IR already", op.loc)
+        raise TkcUsageError(f"{name} runs {_RUNS[wants]}: this kernel is {_IS[at]}", op.loc)
+
+
+def _lowered_for(module: Module) -> Target | None:
+    """The target the module's kernels were laid out for (select-layouts records it), if any."""
+    names = {op.attributes.get("target") for op in module.ops if op.name == "tile.kernel"} - {None}
+    return TARGETS.get(next(iter(names))) if len(names) == 1 else None
+
+
+def _check_target(module: Module, target: Target | None) -> None:
+    """Refuse, at its line, a kernel laid out for another target than the one compiled for:
+    its layouts and products are that GPU's (a sm_90a dump compiled with --target sm_100a)."""
+    for op in module.ops:
+        was = op.attributes.get("target") if op.name == "tile.kernel" else None
+        if target is not None and was is not None and was != target.name:
+            raise TkcUsageError(f"this kernel was lowered for {was} (its layouts and products are that GPU's), not "
+                                f"{target.name}: compile its source or tile IR with --target {target.name}", op.loc)
 
 
 def _kernel_groups(module: Module, target: Target | None) -> list[tuple[Options, list[Operation] | None]]:
@@ -228,8 +269,15 @@ class _Dumper:
 
 
 # -------------------------------------------------------------- reproducers
+def _rerun(path: Path, name: str, target: Target) -> str:
+    """The command that runs pass ``name`` on the reproducer ``path`` for ``target`` again (the
+    target named unless it is the default: the passes lower differently for each)."""
+    on = "" if target == DEFAULT_TARGET else f" --target {target.name}"
+    return f"tkc opt {path} -p {name}{on}"
+
+
 def _write_reproducer(directory: Path, name: str, index: int, pipeline: str, reason: str,
-                      ir_text: str) -> Path:
+                      ir_text: str, target: Target) -> Path:
     """The IR that went into the failing pass, with how to rerun it."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -239,8 +287,8 @@ def _write_reproducer(directory: Path, name: str, index: int, pipeline: str, rea
         path = directory / f"{stamp}-{n}-{name}.tkir"
         n += 1
     lines = [
-        f"// reproduce: tkc opt {path} -p {name}",
-        f"// pipeline: {pipeline} (pass {index}, '{name}', failed)",
+        f"// reproduce: {_rerun(path, name, target)}",
+        f"// pipeline: {pipeline} (pass {index}, '{name}', failed; target {target.name})",
         *(f"// error: {line}" for line in reason.splitlines()),
     ]
     path.write_text("\n".join(lines) + "\n" + ir_text)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tkc.ir.core import Module
+from tkc.ir.core import Module, Operation
 from tkc.passes.allocate_smem import allocate_smem
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.count_divisions import count_divisions
@@ -73,6 +73,32 @@ PASSES: dict[str, PassFn] = {
     "overlap-epilogue": overlap_epilogue,  # a GEMM's MMAs by the producer's thread, two accumulators
     "pair-ctas": pair_ctas,  # cta_pairs: one tcgen05.mma.cta_group::2 for the two CTAs of a cluster
 }
+
+#: The IR a pass takes, where it takes one level only: ``"tile"`` (no layouts yet: before
+#: select-layouts), ``"laid-out"`` (layouts selected, not yet lowered) or ``"lowered"`` (past
+#: lower-to-hopper: TMA maps, barriers, shared allocations; a hand-written kernel of hopper ops
+#: with no TMA maps is taken as this level too).  The pass manager refuses a kernel of another
+#: level at its line (``tkc opt`` runs any pass on any dump).  The cleanups take all.
+TAKES: dict[str, str] = {
+    **dict.fromkeys(("decompose", "merge-steps", "persistent", "order-memory", "select-layouts"), "tile"),
+    "lower-to-hopper": "laid-out",
+    **dict.fromkeys(("pipeline-loops", "specialize-warps", "issue-ahead", "defer-last", "overlap-products",
+                     "multicast", "prefetch-loads", "merge-barriers", "count-divisions", "allocate-smem",
+                     "lower-to-blackwell", "overlap-epilogue", "pair-ctas"), "lowered"),
+}
+
+
+def is_lowered(kernel: Operation) -> bool:
+    """Whether ``kernel`` is IR the backend passes made (hopper or blackwell ops in it)."""
+    return any(op.name.partition(".")[0] in ("hopper", "blackwell") for op in kernel.walk())
+
+
+def level(kernel: Operation) -> str:
+    """The level of :data:`TAKES` ``kernel`` is at."""
+    if "tma_maps" in kernel.attributes:
+        return "lowered"
+    return "laid-out" if "threads" in kernel.attributes or is_lowered(kernel) else "tile"
+
 
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the
 #: target-independent cleanups.

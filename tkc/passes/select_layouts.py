@@ -303,6 +303,7 @@ class _Selector:
             self._check_fits(v, layout)
             v.type = TileType(v.type.shape, v.type.dtype, "reg", layout)
         self.kernel.attributes["threads"] = self.threads
+        self.kernel.attributes["target"] = self.target.name  # the layouts are this target's
 
     def _check_fits(self, v: Value, layout: object) -> None:
         """A register tile of more values a thread than ``REGISTER_TILE_LIMIT`` times the

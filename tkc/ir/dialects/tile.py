@@ -41,9 +41,10 @@ class KernelOp(Operation):
     name = "tile.kernel"
     SURFACE = '@kernel def f(...)'
     EXAMPLE = '@kernel  def gemm(a: bf16[M, K], b: bf16[K, N], c: bf16[M, N], BM: const = 128):'
-    # threads / smem_bytes / tma_maps / cluster: set by the Hopper passes (docs/hopper.md section 4).
-    ATTRS = {"sym_name": str, "consts?": dict, "choices?": dict, "threads?": int, "smem_bytes?": int,
-             "tma_maps?": list, "cluster?": int}
+    # threads / target / smem_bytes / tma_maps / cluster: set by the Hopper passes (docs/hopper.md
+    # section 4; target: the GPU select-layouts chose the layouts for).
+    ATTRS = {"sym_name": str, "consts?": dict, "choices?": dict, "threads?": int, "target?": str,
+             "smem_bytes?": int, "tma_maps?": list, "cluster?": int}
     REGIONS = 1
     TRAITS = frozenset({"isolated"})
 
