@@ -52,14 +52,25 @@ UNKNOWN = Loc("<unknown>", 0, 0)
 
 
 class TkcError(Exception):
-    """Base class: a message, and a location when one is known."""
+    """Base class: ``TkcError(message, loc=None)``, a message and a location when one is known.
+
+    It has no ``__init__`` of its own (the arguments stay ``args``): torch.compile traces a
+    check that raises one inside a compiled function (``tkc.ops``' argument checks), and an
+    ``__init__`` that calls ``super()`` is what it cannot trace, which lost the message."""
 
     kind = "error"
 
-    def __init__(self, message: str, loc: Loc | None = None):
-        super().__init__(message)
-        self.message = message
-        self.loc = loc
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    @property
+    def loc(self) -> Loc | None:
+        return self.__dict__.get("_loc", self.args[1] if len(self.args) > 1 else None)
+
+    @loc.setter
+    def loc(self, loc: Loc | None) -> None:
+        self._loc = loc
 
     def __str__(self) -> str:
         if self.loc is None or self.loc.line == 0:

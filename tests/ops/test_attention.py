@@ -70,7 +70,7 @@ def test_errors_before_any_kernel_runs() -> None:
     q = bf16(1, 4, 40, 64)
     with pytest.raises(TkcUsageError, match="attention: k is torch.float32"):
         tkc.ops.attention(q, torch.randn(1, 4, 40, 64), bf16(1, 4, 40, 64))
-    with pytest.raises(TkcUsageError, match="q's 4 heads must be a multiple of k's and v's 3"):
+    with pytest.raises(TkcUsageError, match=r"q's heads \(4\) must be a positive multiple of k's and v's \(3\)"):
         tkc.ops.attention(q, bf16(1, 3, 40, 64), bf16(1, 3, 40, 64))
     with pytest.raises(TkcUsageError, match="the head dim is 32; its kernels take 64 or 128"):
         tkc.ops.attention(bf16(1, 1, 40, 32), bf16(1, 1, 40, 32), bf16(1, 1, 40, 32))
@@ -87,6 +87,42 @@ def test_errors_before_any_kernel_runs() -> None:
             tkc.ops.attention(q, q, q, scale=bad)
     with pytest.raises(TkcUsageError, match="tensors must be on one device, got cpu and meta"):
         tkc.ops.attention(q, q.to("meta"), q)
+
+
+def test_the_operators_themselves_refuse_what_their_kernels_do_not_take() -> None:
+    # torch.ops.tkc.attn_fwd is public: 3 query heads over 2 kv heads read a kv head past the
+    # last (zeros here, another tensor's memory on a GPU) and a negative scale made NaN
+    q, k = bf16(1, 3, 20, 64), bf16(1, 2, 20, 64)
+    with pytest.raises(TkcUsageError, match=r"attn_fwd: q's heads \(3\) must be a positive multiple of k's"):
+        torch.ops.tkc.attn_fwd(q, k, k, 0.125, D=64)
+    with pytest.raises(TkcUsageError, match="attn_fwd: q's heads .* of k's and v's \\(0\\)"):
+        torch.ops.tkc.attn_fwd(q, bf16(1, 0, 20, 64), bf16(1, 0, 20, 64), 0.125, D=64)
+    with pytest.raises(TkcUsageError, match="attn_fwd: scale must be a positive number"):
+        torch.ops.tkc.attn_fwd(q[:, :2], k, k, -1.0, D=64)
+    lse, delta = torch.zeros(1, 3, 20), torch.zeros(1, 3, 20)
+    with pytest.raises(TkcUsageError, match="attn_bwd: q's heads"):
+        torch.ops.tkc.attn_bwd(q, k, k, q, lse, delta, 0.125, D=64)
+    # and under torch.compile, through the fake implementation
+    f = torch.compile(lambda q, k: torch.ops.tkc.attn_fwd(q, k, k, 0.125, D=64), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="must be a positive multiple"):
+        f(q, k)
+    with pytest.raises(TkcUsageError, match="attention: causal is True or False, got 'no'"):
+        tkc.ops.attention(q, q, q, causal="no")
+
+
+def test_an_argument_error_under_torch_compile_keeps_its_words() -> None:
+    # Dynamo traces the checks; an error it could not construct lost its message
+    f = torch.compile(lambda q, k: tkc.ops.attention(q, k, k), fullgraph=True, backend="eager")
+    with pytest.raises(Exception) as e:
+        f(bf16(1, 4, 40, 64), bf16(1, 3, 40, 64))
+    assert "must be a positive multiple of k's and v's (3)" in f"{e.value} {e.value.__cause__!r}"
+
+
+def test_gradients_of_gradients_are_refused_in_its_words() -> None:
+    q, k, v = (bf16(1, 2, 40, 64).requires_grad_() for _ in range(3))
+    (dq,) = torch.autograd.grad(tkc.ops.attention(q, k, v).float().sum(), q, create_graph=True)
+    with pytest.raises(TkcUsageError, match="tkc.ops.attention has no second-order gradient"):
+        dq.float().sum().backward()
 
 
 def test_a_small_block_trains_under_compile_like_its_torch_twin() -> None:

@@ -114,6 +114,12 @@ def test_registration_errors() -> None:
         tkc.ops.custom_op("tkctest::axpy_bad", k.axpy, const_args=("BK",))
     with pytest.raises(TkcUsageError, match=r"output y: tensor<f32\[P\]> has dims \(P\) that no input"):
         tkc.ops.custom_op("tkctest::fill", k.fill)
+    # torch would replace an operator of that name silently (tkc.ops.rms_norm then failed on
+    # the new schema, without a word of why)
+    assert tkc.ops.rms_norm is not None  # (tkc.ops registered tkc::rms_norm when imported)
+    for taken in ("tkc::rms_norm", "aten::add"):
+        with pytest.raises(TkcUsageError, match=f"{taken} is already an operator"):
+            tkc.ops.custom_op(taken, k.axpy)
 
 
 def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:

@@ -28,12 +28,23 @@ _FILE = path("attn_train.tk")
 TILES = {64: ((128, 128), (128, 128)), 128: ((128, 128), (64, 128))}
 _PRE_BM = 64
 
+
+
+def kernel_arguments(op: str, q: torch.Tensor, k: torch.Tensor, *more: Any, **_: Any) -> None:
+    """What attn_fwd and attn_bwd (and their varlen forms) take beyond their signatures, checked
+    for every call of the operators themselves (``torch.ops.tkc.attn_fwd``): query heads a
+    multiple of the kv heads (axis 1 of [B, H, N, D], or of varlen's [T, H, D]) and a
+    positive scale (the last of ``more``; varlen's is followed by max_len)."""
+    checks.heads(op, q.shape[1] if q.dim() == 4 else q.shape[-2], k.shape[1] if k.dim() == 4 else k.shape[-2])
+    checks.scale(op, more[-1] if q.dim() == 4 else more[-2], 1.0)
+
+
 _fwd = custom_op("tkc::attn_fwd", load(_FILE, "attn_fwd"), consts={"BM": 128, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"))
+                 const_args=("D", "BM", "BN", "causal"), check=lambda *a, **kw: kernel_arguments("attn_fwd", *a))
 _bwd_pre = custom_op("tkc::attn_bwd_pre", load(_FILE, "attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"))
 _bwd = custom_op("tkc::attn_bwd", load(_FILE, "attn_bwd"), consts={"BM": 64, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"))
+                 const_args=("D", "BM", "BN", "causal"), check=lambda *a, **kw: kernel_arguments("attn_bwd", *a))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -49,14 +60,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     checks.same("attention", "k and v must have one shape", ("k's shape", tuple(k.shape)), ("v's", tuple(v.shape)))
     for axis, what in ((0, "batch"), (2, "sequence length"), (3, "head dim")):
         checks.same("attention", f"q and k must have one {what}", ("q's", q.shape[axis]), ("k's", k.shape[axis]))
-    H, KVH, D = q.shape[1], k.shape[1], q.shape[3]
-    if KVH == 0 or H % KVH:
-        raise TkcUsageError(f"tkc.ops.attention: q's {H} heads must be a multiple of k's and v's {KVH}")
+    D = q.shape[3]
+    checks.heads("attention", q.shape[1], k.shape[1])
+    causal = checks.flag("attention", "causal", causal)
     if D not in TILES:
         raise TkcUsageError(f"tkc.ops.attention: the head dim is {D}; its kernels take {' or '.join(map(str, TILES))}")
     scale = checks.scale("attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
-    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=bool(causal))
+    o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), scale, D=D, BM=bm, BN=bn, causal=causal)
     return o
 
 
@@ -78,4 +89,17 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     return dq.to(q.dtype), dk, dv, None
 
 
+def no_double_backward(op: str) -> tuple[Any, Any]:
+    """A backward and setup for a backward kernel's operator: gradients of gradients (a second
+    ``backward`` through ``create_graph=True``) are refused in ``op``'s words."""
+
+    def backward(ctx: Any, *_: Any) -> tuple:
+        raise TkcUsageError(f"tkc.ops.{op} has no second-order gradient: its backward kernels are not "
+                            f"differentiated again (take gradients of the gradients with torch's attention)")
+
+    return backward, lambda ctx, inputs, output, keyword_only_inputs=None: None
+
+
 register_autograd(_fwd, _backward, _setup)
+register_autograd(_bwd, *no_double_backward("attention"))
+register_autograd(_bwd_pre, *no_double_backward("attention"))

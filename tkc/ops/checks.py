@@ -34,6 +34,20 @@ def same(op: str, what: str, a: tuple[str, Any], b: tuple[str, Any]) -> None:
         raise TkcUsageError(f"tkc.ops.{op}: {what}: {a[0]} is {a[1]} but {b[0]} is {b[1]}")
 
 
+def heads(op: str, H: int, KVH: int) -> None:
+    """Grouped-query attention's heads: ``H`` query heads, a positive multiple of the ``KVH``
+    key/value heads (query head ``h`` reads kv head ``h // (H // KVH)``)."""
+    if KVH < 1 or H < 1 or H % KVH:
+        raise TkcUsageError(f"tkc.ops.{op}: q's heads ({H}) must be a positive multiple of k's and v's ({KVH})")
+
+
+def flag(op: str, name: str, value: Any) -> bool:
+    """A True/False argument (``causal``): a bool, not anything Python reads as true."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # (numpy's bool too)
+        raise TkcUsageError(f"tkc.ops.{op}: {name} is True or False, got {value!r}")
+    return bool(value)
+
+
 def scale(op: str, value: Any, default: float) -> float:
     """The softmax scale: ``default`` for None, else a positive finite number (the kernels scale
     a row's largest score, which stays the largest only for a positive scale, and mask scores

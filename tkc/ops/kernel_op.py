@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,8 +89,9 @@ class _KernelOp:
     """The implementation behind one operator: ``run`` and ``fake`` take the operator's
     arguments as torch passes them (keyword-only constants left out when at their default)."""
 
-    def __init__(self, name: str, kernel: Kernel, consts: Mapping[str, Any], const_args: Sequence[str]):
-        self.name, self.kernel = name, kernel
+    def __init__(self, name: str, kernel: Kernel, consts: Mapping[str, Any], const_args: Sequence[str],
+                 check: Callable[..., None] | None = None):
+        self.name, self.kernel, self.check = name, kernel, check
         first = self._spec_of(dict(consts))  # defaults filled in: every constant has its value
         unknown = [n for n in const_args if n not in first.consts]
         if unknown:
@@ -181,10 +182,14 @@ class _KernelOp:
         return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
 
     def fake(self, *values: Any, **kwargs: Any) -> Any:
+        if self.check is not None:
+            self.check(*values, **kwargs)
         spec = self.spec({n: kwargs.get(n, v) for n, v in self.const_args.items()})
         return _result(self._outputs(spec, values, _one_device(self.name, values), fake=True))
 
     def run(self, *values: Any, **kwargs: Any) -> Any:
+        if self.check is not None:
+            self.check(*values, **kwargs)
         first = _first_tensor(values)
         if self._plans and first.is_cuda and not interpret_requested():
             found = self.planned(values, kwargs)
@@ -362,7 +367,7 @@ def _value_schema(v: Any) -> str:
 
 
 def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = None,
-              const_args: Sequence[str] = ()) -> Any:
+              const_args: Sequence[str] = (), check: Callable[..., None] | None = None) -> Any:
     """Register ``kernel`` (a ``@tkc.kernel`` or ``tkc.load("file.tk", "name")``) as the PyTorch
     operator ``name`` (``"namespace::op"``, then ``torch.ops.namespace.op``) and return it
     (a ``torch.library.CustomOpDef``: call it; give it gradients with :func:`register_autograd`).
@@ -377,7 +382,11 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     CUDA tensors run on the GPU (the interpreter with ``TKC_INTERPRET=1``), CPU tensors in
     the interpreter.  The fake implementation checks the inputs against the signature
     (dtypes, ranks, dims) and makes empty outputs, so ``torch.compile`` traces the operator
-    without running it.
+    without running it.  ``check``, if given, is called with the operator's arguments (as
+    the operator takes them) before every call and in the fake implementation, and raises a
+    ``TkcUsageError`` for what the signature allows but the kernel does not take (attention's
+    query heads a multiple of the kv heads).  A name that is already an operator (``aten::add``,
+    one of ``tkc.ops``', one registered before) is refused: torch would replace it silently.
     """
     if not isinstance(kernel, Kernel):
         raise TkcUsageError(f"tkc.ops.custom_op takes a @tkc.kernel or tkc.load(...), got {type(kernel).__name__}")
@@ -390,7 +399,14 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     for p in kernel.params:
         if keyword.iskeyword(p):
             raise TkcUsageError(f"{name}: a parameter named {p!r} cannot be an operator argument")
-    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args))
+    try:
+        getattr(getattr(torch.ops, ns), opname)
+    except (AttributeError, RuntimeError):
+        pass  # not an operator yet
+    else:
+        raise TkcUsageError(f"{name} is already an operator (torch would replace it): give tkc.ops.custom_op a "
+                            f"name of your own")
+    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args), check)
     op = torch.library.custom_op(name, impl.run, mutates_args=impl.mutated(), schema=impl.schema())
     op.register_fake(impl.fake)
     op.tkc_kernel = kernel  # what the operator runs, for readers and tests

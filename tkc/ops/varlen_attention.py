@@ -19,7 +19,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.attention import TILES
+from tkc.ops.attention import TILES, kernel_arguments, no_double_backward
 from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.kernels import path
 
@@ -29,11 +29,13 @@ _FILE = path("varlen_attn_train.tk")
 _PRE_BM = 64
 
 _fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts={"BM": 128, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"))
+                 const_args=("D", "BM", "BN", "causal"),
+                 check=lambda *a, **kw: kernel_arguments("varlen_attn_fwd", *a))
 _bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"))
 _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"))
+                 const_args=("D", "BM", "BN", "causal"),
+                 check=lambda *a, **kw: kernel_arguments("varlen_attn_bwd", *a))
 
 
 def _check_offsets(cu: list[int], tokens: int, max_seqlen: int) -> None:
@@ -75,21 +77,22 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                 ("v's", tuple(v.shape)))
     for axis, what in ((0, "token count"), (2, "head dim")):
         checks.same("varlen_attention", f"q and k must have one {what}", ("q's", q.shape[axis]), ("k's", k.shape[axis]))
-    H, KVH, D = q.shape[1], k.shape[1], q.shape[2]
-    if KVH == 0 or H % KVH:
-        raise TkcUsageError(f"tkc.ops.varlen_attention: q's {H} heads must be a multiple of k's and v's {KVH}")
+    D = q.shape[2]
+    checks.heads("varlen_attention", q.shape[1], k.shape[1])
+    causal = checks.flag("varlen_attention", "causal", causal)
     if D not in TILES:
         raise TkcUsageError(f"tkc.ops.varlen_attention: the head dim is {D}; its kernels take "
                             f"{' or '.join(map(str, TILES))}")
-    if isinstance(max_seqlen, (torch.Tensor, bool)) or not isinstance(max_seqlen, numbers.Integral) or max_seqlen < 1:
+    if isinstance(max_seqlen, (torch.Tensor, bool)) or not isinstance(max_seqlen, numbers.Integral) \
+            or not 1 <= max_seqlen < 2**31:
         raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
-                            f"of at least 1, got {max_seqlen!r}")
+                            f"from 1 to 2**31 - 1, got {max_seqlen!r}")
     if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_offsets([int(c) for c in cu_seqlens.tolist()], q.shape[0], int(max_seqlen))
     scale = checks.scale("varlen_attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
     o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale,
-                   int(max_seqlen), D=D, BM=bm, BN=bn, causal=bool(causal))
+                   int(max_seqlen), D=D, BM=bm, BN=bn, causal=causal)
     return o
 
 
@@ -122,3 +125,5 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
 
 
 register_autograd(_fwd, _backward, _setup)
+register_autograd(_bwd, *no_double_backward("varlen_attention"))
+register_autograd(_bwd_pre, *no_double_backward("varlen_attention"))
