@@ -26,13 +26,13 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcRemark, TkcUsageError, kernel_choice_error, remarks
+from tkc.errors import TkcError, TkcRemark, TkcUsageError, kernel_choice_error, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
@@ -468,14 +468,14 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         if hopper_request is None and not lowered and not shown and result.resources is not None \
                 and result.resources.spills:
 
-            def on_warps(warps: int) -> Compiled:
+            def pinned(pin: str, value: int) -> Compiled:
                 again = _frontend(source, text, consts, file, first_line, python_function)
                 op = _one_kernel(again, kernel, file)
-                op.attributes["consts"] = {**(op.attributes.get("consts") or {}), "warps": warps}
+                op.attributes["consts"] = {**(op.attributes.get("consts") or {}), pin: value}
                 return compile_kernel(again, target=target, pipeline=pipeline, stop=stop, ptxas=ptxas,
                                       opt_level=opt_level, pass_options=opts, cache=False, file=file)
 
-            wider = _on_more_warps(b, result, chosen.loc, on_warps)
+            wider = _on_more_warps(b, result, chosen.loc, pinned) or _on_more_consumers(b, result, chosen.loc, pinned)
             if wider is not None:
                 wider.cache_key = key
                 result = wider
@@ -494,37 +494,68 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
 MORE_WARPS = (8, 16)
 
 
-def _on_more_warps(b: _Build, first: Compiled, loc: Any, compile_on: Callable[[int], Compiled]) -> Compiled | None:
+def _on_more_warps(b: _Build, first: Compiled, loc: Any,
+                   compile_on: Callable[[str, int], Compiled]) -> Compiled | None:
     """A kernel without products runs one warpgroup unless the pin ``warps`` says otherwise; its
     tiles then spread over 128 threads, and one of 128 x 256 f32 values (256 a thread) spills
     however ptxas packs it.  Where ptxas spills such a kernel on the default warps, it is
-    compiled again on :data:`MORE_WARPS` in turn until one does not spill, and the one that
-    spills least is kept where it spills less than the first, with a remark saying so (None:
-    none did, or the kernel's warps are not the pass's to choose: products, TMA copies or warp
-    roles set them)."""
+    compiled again on :data:`MORE_WARPS` (:func:`_least_spills`; None: the kernel's warps are
+    not the pass's to choose: products, TMA copies or warp roles set them)."""
     from tkc.codegen import occupancy
 
     if b.options.warps is not None or not occupancy.applies(b.module.kernel(b.name), b.options):
         return None
+    counts = [w for w in MORE_WARPS if w * b.target.warp_size <= b.target.max_threads]
+    return _least_spills(first, counts, lambda w: compile_on("warps", w), lambda w, still: (
+        f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers on 4 warps (its tiles' values "
+        f"spread over 128 threads); compiled on {w} warps instead{still} (-D warps=N chooses)"), loc)
+
+
+def _on_more_consumers(b: _Build, first: Compiled, loc: Any,
+                       compile_on: Callable[[str, int], Compiled]) -> Compiled | None:
+    """On a tcgen05 target a product's accumulator is read by as few epilogue warpgroups as its
+    columns need (select-layouts: 128 columns a thread), so an epilogue that keeps more beside
+    it (a column softmax, an f32 bias row, a second tile) can spill where two warpgroups would
+    not.  Where ptxas spills such a kernel, it is compiled again with 2, 3 and 4 epilogue
+    warpgroups (the pin ``consumers``; counts its widths do not split into are skipped), as
+    :func:`_least_spills` keeps (None: not a tcgen05 kernel with products, or ``consumers``
+    pinned)."""
+    kernel = b.module.kernel(b.name)
+    if b.target.mma != "tcgen05" or b.options.consumers is not None \
+            or not any(op.name == "blackwell.mma" for op in kernel.walk()):
+        return None
+
+    def on(count: int) -> Compiled | None:
+        try:
+            return compile_on("consumers", count)
+        except TkcError:
+            return None  # (a count the products' widths do not split into, or the register budget)
+
+    return _least_spills(first, (2, 3, 4), on, lambda n, still: (
+        f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers beside its products' "
+        f"accumulators; read on {n} epilogue warpgroups instead{still} (-D consumers=N chooses)"), loc)
+
+
+def _least_spills(first: Compiled, values: Sequence[int], compile_on: Callable[[int], Compiled | None],
+                  why: Callable[[int, str], str], loc: Any) -> Compiled | None:
+    """``first`` (which spills) compiled again on each of ``values`` in turn until one does not
+    spill: the one that spills least, with a remark saying so, where it spills less than
+    ``first`` (None: none did)."""
 
     def spilled(c: Compiled) -> int:
         return c.resources.spill_stores + c.resources.spill_loads
 
-    best, best_warps = first, 4
-    for warps in MORE_WARPS:
-        if warps * b.target.warp_size > b.target.max_threads:
-            break
-        again = compile_on(warps)
-        if again.resources is not None and spilled(again) < spilled(best):
-            best, best_warps = again, warps
+    best, best_value = first, None
+    for value in values:
+        again = compile_on(value)
+        if again is not None and again.resources is not None and spilled(again) < spilled(best):
+            best, best_value = again, value
             if not spilled(again):
                 break
     if best is first:
         return None
     still = f", where it spills {best.resources.spill_stores} B" if spilled(best) else ", where it does not"
-    why = (f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers on 4 warps (its tiles' values "
-           f"spread over 128 threads); compiled on {best_warps} warps instead{still} (-D warps=N chooses)")
-    best.remarks = (*best.remarks, str(TkcRemark(why, loc)))
+    best.remarks = (*best.remarks, str(TkcRemark(why(best_value, still), loc)))
     return best
 
 

@@ -16,6 +16,7 @@ from tkc import dtypes
 from device_checks import needs_blackwell, needs_ptxas
 from tkc.compiler import compile_kernel
 from tkc.emulator import emulate
+from tkc.frontend import compile_file, compile_source
 from tkc.errors import TkcEmulatorError, TkcError, TkcLaunchError, TkcUnsupportedError, TkcVerifyError
 from tkc.interpreter import random_args
 from tkc.ir.dialects import blackwell
@@ -128,6 +129,60 @@ def test_a_k_loop_without_a_ring_sums_in_tensor_memory() -> None:
     # attention backward's dV (refused before, when the persistent tile loop was around it)
     kernel = tile_kernel({"stages": 1})
     args = random_args(kernel, {"M": 700, "N": 520, "K": 200}, 0)
+    result = run(kernel, args, "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
+
+
+@pytest.mark.parametrize("operands", [
+    "load(a[pm*BM:(pm+1)*BM, :], other=1.0) @ load(b[:, pn*BN:(pn+1)*BN], other=1.0)",  # no TMA: other=
+    "(a[pm*BM:(pm+1)*BM, :] * 2.0) @ maximum(b[:, pn*BN:(pn+1)*BN], 0.0)",             # both computed
+])
+def test_a_product_of_operands_no_copy_brings(tmp_path: Path, operands: str) -> None:
+    # No TMA ring, so no mbarrier the commit's could join: it gets its own (refused before with
+    # "no mbarriers are initialized before the roles")
+    src = tmp_path / "k.tk"
+    src.write_text("@kernel\n"
+                   "def k(a: bf16[M, 64], b: bf16[64, N], c: f32[M, N], BM: const = 128, BN: const = 64):\n"
+                   "    grid(cdiv(M, BM), cdiv(N, BN))\n"
+                   "    pm = program_id(0)\n"
+                   "    pn = program_id(1)\n"
+                   f"    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = {operands}\n")
+    kernel = compile_file(src).kernel("k")
+    result = run(kernel, random_args(kernel, {"M": 200, "N": 100}, 1), "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
+
+
+@needs_ptxas
+def test_an_epilogue_that_spills_is_read_on_more_warpgroups(tmp_path: Path) -> None:
+    # One 128-column product is read by one warpgroup (128 columns a thread); a column softmax
+    # beside it spilled 348 B on sm_100a (none on sm_90a).  Where ptxas spills, tkc compiles it
+    # again on more epilogue warpgroups and says so.
+    src = tmp_path / "colsoftmax.tk"
+    src.write_text("@kernel\n"
+                   "def k(a: bf16[128, 64], b: bf16[64, N], o: bf16[128, N], BN: const = 128):\n"
+                   "    grid(cdiv(N, BN))\n"
+                   "    pn = program_id(0)\n"
+                   "    s = a[:, :] @ b[:, pn*BN:(pn+1)*BN]\n"
+                   "    p = exp(s - s.max(0)[None, :])\n"
+                   "    o[:, pn*BN:(pn+1)*BN] = (p / p.sum(0)[None, :]).to(bf16)\n")
+    c = compile_kernel(src, target=SM100, stop="cubin", cache=False, ptxas=True)
+    assert c.resources.spill_stores == 0, c.resources
+    assert any("read on 2 epilogue warpgroups instead, where it does not (-D consumers=N chooses)" in r
+               for r in c.remarks), c.remarks
+    pinned = compile_kernel(src, {"consumers": 1}, target=SM100, stop="cubin", cache=False, ptxas=True)
+    assert pinned.resources.spill_stores > 0  # what the default was (a pin is kept as it is)
+    kernel = compile_file(src).kernel("k")
+    result = run(kernel, random_args(kernel, {"N": 200}, 2), "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
+
+
+@pytest.mark.parametrize("name", ["acc_from_bias", "nested_k_loop", "two_k_loops_one_acc"])
+@pytest.mark.parametrize("consts", [{}, {"persistent": True}], ids=["", "persistent"])
+def test_a_sum_that_does_not_start_at_zero_before_its_loop(name: str, consts: dict) -> None:
+    # The sum starts at zero in tensor memory and its start (a bias row, the sum of a loop
+    # before, an outer K loop's) is added where it is read behind the loop; refused before
+    kernel = compile_file(Path(__file__).parent / "kernels" / f"{name}.tk", consts).kernel("k")
+    args = random_args(kernel, {"M": 200, "N": 136, "K": 200}, 1)
     result = run(kernel, args, "emulate", check=True, target=SM100)
     assert result.ok, result.checked
 
@@ -391,7 +446,8 @@ def test_epilogue_warpgroups_that_split_every_width_are_found_below_the_columns_
     assert result.ok, result.checked
 
 
-def test_an_accumulator_carried_into_its_k_loop_is_refused_saying_so() -> None:
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_an_accumulator_carried_into_its_k_loop_adds_its_start(n: int) -> None:
     src = """@kernel
 def s(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], n: i32):
     grid(cdiv(M, 128))
@@ -402,10 +458,13 @@ def s(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], n: i32):
             acc += a[r:r+128, k*64:(k+1)*64] @ b[k*64:(k+1)*64, 0:64]
     c[r:r+128, 0:64] = acc
 """
-    with pytest.raises(TkcUnsupportedError, match=r"zero just before the loop of its products .* here it is not zero "
-                                                  r"at the loop") as e:
-        compile_kernel(src, {}, stop="hopper", cache=False, target=SM100)
-    assert e.value.loc is not None and e.value.loc.line == 8
+    # (refused before: only a sum zero right before its loop stayed in tensor memory; now each
+    # run of the K loop sums from zero there and adds the outer loop's sum as it is read)
+    kernel = compile_source(src, "s.tk", {}).kernel("s")
+    args = random_args(kernel, {"M": 200, "N": 64, "K": 136}, n)
+    args[-1] = np.int32(n)
+    result = run(kernel, args, "emulate", check=True, target=SM100)
+    assert result.ok, result.checked
 
 
 # ---------------------------------------------------------------- clusters: B copied once a cluster

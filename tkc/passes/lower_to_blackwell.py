@@ -444,10 +444,11 @@ class _Lowering:
             raise _unsupported(w, f"one product a loop is lowered, accumulating over tiles copied ahead as gemm.tk "
                                   f"does; {why}: not yet on this target (it compiles for Hopper)")
         j = body.args.index(w.acc) - 1
-        if not _is_zero(loop.operands[3 + j]):
-            raise _unsupported(w, "only an accumulator that is zero just before the loop of its products is kept "
-                                  "in tensor memory (acc = zeros(...) then acc += a @ b); here it is not zero at the "
-                                  "loop (carried from a loop around it, say)")
+        # The sum starts at zero in tensor memory; a value the accumulator starts from (a bias
+        # row, a loop's sum before this one, an outer loop's carried sum) is added as it is read
+        # behind the loop.
+        start = loop.operands[3 + j]
+        addend = [] if _is_zero(start) else [start]
         if users.get(w.acc, []) != [w] or body.terminator.operands[j] is not w.result \
                 or users.get(w.result, []) != [body.terminator]:
             raise _unsupported(w, "only an accumulator that only accumulates products (acc += a @ b) is kept in "
@@ -476,7 +477,7 @@ class _Lowering:
         after.create(blackwell.CommitOp, [full])
         self._wait(after, full)
         ran = after.value(tile.CmpOp, [loop.operands[1], loop.operands[0]], I1, {"pred": "gt"})
-        acc = after.value(blackwell.TmemLoadOp, [tmem, ran], wait.result.type)
+        acc = after.value(blackwell.TmemLoadOp, [tmem, ran, *addend], wait.result.type)
         acc.name_hint = wait.result.name_hint
         replace_all_uses(self.kernel, wait.result, acc)
         wait.erase()
@@ -532,13 +533,17 @@ class _Lowering:
         """A new mbarrier of one arrival (the accumulator's commit), initialized with the others."""
         body = self.kernel.regions[0].block
         init = next((op for op in body.ops if op.name == "hopper.mbarrier_init"), None)
-        if init is None:
-            raise _unsupported(w, "no mbarriers are initialized before the roles")
+        fresh = init is None  # no TMA copy (operands a kernel computes or loads with other=): the first
+        if fresh:
+            init = next(op for op in body.ops if op.name not in ("tile.constant", "hopper.smem_alloc"))
         b = Builder.before(init)
         b.loc = w.loc
         bar = b.value(hopper.MBarrierAllocOp, [], MBARRIER, {"offset": -1})
         bar.name_hint = "acc_full"
         b.create(hopper.MBarrierInitOp, [bar], [], {"count": 1})
+        if fresh:  # as lower-to-hopper initializes its barriers: seen by the async proxy, then by every thread
+            b.create(hopper.FenceMBarrierInitOp)
+            b.create(hopper.BarrierOp, attrs={"id": 0})
         return bar
 
     def _wait(self, b: Builder, full: Value) -> None:
