@@ -85,7 +85,7 @@ def test_errors_before_any_kernel_runs() -> None:
     for bad in (1e39, 1e-46):  # positive doubles that are inf or 0 as the kernels' f32
         with pytest.raises(TkcUsageError, match="attention: scale must lie within f32's normal range"):
             tkc.ops.attention(q, q, q, scale=bad)
-    with pytest.raises(TkcUsageError, match="tensors must be on one device, got cpu and meta"):
+    with pytest.raises(TkcUsageError, match=r"attention: q and k must be on one device, got cpu and meta"):
         tkc.ops.attention(q, q.to("meta"), q)
 
 

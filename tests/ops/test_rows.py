@@ -86,5 +86,7 @@ def test_errors_before_any_kernel_runs() -> None:
             tkc.ops.rms_norm(x.bfloat16(), bf16(64), bad)
     with pytest.raises(TkcUsageError, match="layer_norm: eps must be a number, got str"):
         tkc.ops.layer_norm(x.bfloat16(), eps="a")
-    with pytest.raises(TkcUsageError, match="tensors must be on one device, got cpu and meta"):
+    with pytest.raises(TkcUsageError, match="rms_norm: x and weight must be on one device, got cpu and meta"):
         tkc.ops.rms_norm(x.bfloat16(), bf16(64).to("meta"))
+    with pytest.raises(TkcUsageError, match="matmul: a and b must be on one device, got cpu and meta"):
+        tkc.ops.matmul(x.bfloat16(), bf16(64, 8).to("meta"))

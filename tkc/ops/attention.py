@@ -55,6 +55,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     keys after the query's position.  Forward and backward run the tkc kernels of
     attn_train.tk (tkc/ops/kernels)."""
     checks.dtype("attention", torch.bfloat16, q=q, k=k, v=v)
+    checks.device("attention", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         checks.rank("attention", name, t, "four dims [B, heads, N, D]", t.dim() == 4)
     checks.same("attention", "k and v must have one shape", ("k's shape", tuple(k.shape)), ("v's", tuple(v.shape)))

@@ -22,6 +22,15 @@ def dtype(op: str, want: Any, **tensors: Any) -> None:
                                 f"(convert with .to({want}))")
 
 
+def device(op: str, **tensors: Any) -> None:
+    """Every one on the first one's device (the kernel runs there and its outputs go there)."""
+    (first, t0), *rest = tensors.items()
+    for name, t in rest:
+        if t.device != t0.device:
+            raise TkcUsageError(f"tkc.ops.{op}: {first} and {name} must be on one device, got {t0.device} and "
+                                f"{t.device} (move them with .to({str(t0.device)!r}))")
+
+
 def rank(op: str, name: str, t: Any, ranks: str, ok: bool) -> None:
     if not ok:
         got = f"shape {tuple(t.shape)}" if hasattr(t, "shape") else f"a {type(t).__name__}"

@@ -36,6 +36,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return c
     if a.dtype is not _BF16 or b.dtype is not _BF16:
         checks.dtype("matmul", _BF16, a=a, b=b)
+    checks.device("matmul", a=a, b=b)
     if a.dim() < 2 or b.dim() != 2 or a.shape[-1] != b.shape[0]:  # checked cheaply, worded on failure
         checks.rank("matmul", "a", a, "at least two dims", a.dim() >= 2)
         checks.rank("matmul", "b", b, "two dims (a batch of b is not supported)", b.dim() == 2)

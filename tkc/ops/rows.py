@@ -42,6 +42,8 @@ def _shaped(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _weight(op: str, name: str, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if w.device != x.device:
+        checks.device(op, x=x, **{name: w})
     if w.dim() != 1 or x.dim() == 0 or w.shape[0] != x.shape[-1]:  # checked cheaply, worded on failure
         checks.rank(op, name, w, "one dim", w.dim() == 1)
         checks.same(op, f"{name} must span x's last dim", (f"{name}'s size", w.shape[0]),

@@ -69,6 +69,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     written and their gradients are zero."""
     checks.dtype("varlen_attention", torch.bfloat16, q=q, k=k, v=v)
     checks.dtype("varlen_attention", torch.int32, cu_seqlens=cu_seqlens)
+    checks.device("varlen_attention", q=q, k=k, v=v, cu_seqlens=cu_seqlens)
     for name, t in (("q", q), ("k", k), ("v", v)):
         checks.rank("varlen_attention", name, t, "three dims [tokens, heads, D]", t.dim() == 3)
     checks.rank("varlen_attention", "cu_seqlens", cu_seqlens, "one dim of at least two offsets",
