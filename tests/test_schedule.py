@@ -107,6 +107,18 @@ def test_a_loop_bound_read_from_a_tensor_gets_no_pins() -> None:
     assert ch.pins([sized(16, 4096, 128)] * 4 + [sized(5, dtype=torch.int32), 0.1, 1024], None, 132) == {}
 
 
+def test_products_ptxas_serializes_are_not_clean() -> None:
+    # C7512: wgmma serialized for want of registers (D = 64 with 192 x 192 tiles), which costs
+    # more than a few bytes of spills would: a larger tile is not taken on such a build
+    def built(spills: int, warnings: tuple) -> SimpleNamespace:
+        return SimpleNamespace(resources=ResourceUsage("attn", spill_stores=spills), ptxas_warnings=warnings)
+
+    serialized = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized",)
+    assert spill_free(lambda: built(0, ()))
+    assert not spill_free(lambda: built(0, serialized))
+    assert not spill_free(lambda: built(8, ()))
+
+
 @functools.cache
 def _clean(items: tuple) -> bool:
     # refused at D = 128 with 192 rows: the accumulator does not fit
@@ -162,7 +174,8 @@ def test_a_call_compiles_the_picked_schedule_once_per_shape(monkeypatch: pytest.
 
     def specialize(**consts):
         spills = 340 if consts.get("D", 128) == 128 and consts.get("BM") == 192 else 0
-        return SimpleNamespace(consts=consts, resources=ResourceUsage("attn", spill_stores=spills, spill_loads=spills))
+        return SimpleNamespace(consts=consts, resources=ResourceUsage("attn", spill_stores=spills, spill_loads=spills),
+                               ptxas_warnings=())
 
     class Props:
         multi_processor_count = 132

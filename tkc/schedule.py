@@ -181,13 +181,15 @@ def device_sms() -> int:
 
 
 def spill_free(build: Callable[[], Any]) -> bool:
-    """Whether ``build()`` (a compilation to cubin) succeeds without ptxas spilling; False where
-    the compiler refuses it or ptxas did not run."""
+    """Whether ``build()`` (a compilation to cubin) succeeds without ptxas spilling or
+    serializing its products; False where the compiler refuses it or ptxas did not run."""
     try:
-        resources = build().resources
+        built = build()
     except TkcError:
         return False
-    return resources is not None and not resources.spills
+    # ptxas's C7512 (wgmma serialized for want of registers) costs more than a spill would
+    return built.resources is not None and not built.resources.spills \
+        and not any("C7512" in w for w in built.ptxas_warnings)
 
 
 def chooser(kernel: Operation, given: set[str], target: str = DEFAULT_TARGET.name) -> Chooser | None:
