@@ -64,8 +64,8 @@ def test_the_callers_pins_stay() -> None:
     assert attn_pins(512, persistent=False) == {"defer_last": True}
     assert attn_pins(512, issue_ahead=True) == {"persistent": True}
     k = tkc.load(EXAMPLES / "attn.tk")
-    every = {"defer_last", "persistent", "tma_store", "BM"}
-    assert chooser(k.kernel_op(defer_last=False, persistent=True, BM=128), every) is None
+    every = {"defer_last", "persistent", "tma_store", "BM", "BN"}
+    assert chooser(k.kernel_op(defer_last=False, persistent=True, BM=128, BN=128), every) is None
     assert chooser(k.kernel_op(defer_last=False, persistent=True), every - {"BM"}) is not None  # BM is open
     # a caller's grid is one program a tile; other targets than the one the model was fitted to get nothing
     assert chooser(k.kernel_op(D=128), {"D"}).pins(attn_args(32, 16, 512, 128), (4, 512), 132) == {"defer_last": True}
@@ -149,7 +149,8 @@ def test_the_picks_are_within_3_percent_of_the_fastest_timed_schedule() -> None:
         s = row["shape"]
         base = {"D": s["D"], "causal": s["causal"]}
         pins = chooser(k.kernel_op(**base), set(base)).pins(attn_args(s["B"], s["H"], s["N"], s["D"]), None, 132,
-                                                             lambda p, base=base: compiles_clean({**base, **p}))
+                                                             lambda p, base=base: compiles_clean({**base, **p}),
+                                                             lambda p, base=base: k.kernel_op(**base, **p))
         pick = {**base, **({"BN": 64} if s["D"] == 256 else {}),
                 **{p: v for p, v in pins.items() if v or p == "tma_store"}}
         if pick.pop("outer_stages", None) == 1:
@@ -168,12 +169,15 @@ def test_the_picks_are_within_3_percent_of_the_fastest_timed_schedule() -> None:
 
 def test_a_call_compiles_the_picked_schedule_once_per_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernel.call with the GPU faked: the constants each launch runs with, a larger tile taken
-    only where it compiles without spilling (the fake spills at D = 128 with 192 rows)."""
+    only where it compiles without spilling (the fake spills at D = 128 with 192 rows, and with
+    192 keys without a mask, as ptxas does)."""
     k = tkc.load(EXAMPLES / "attn.tk")
     launched: list = []
 
     def specialize(**consts):
-        spills = 340 if consts.get("D", 128) == 128 and consts.get("BM") == 192 else 0
+        d128 = consts.get("D", 128) == 128
+        spills = 340 if d128 and consts.get("BM") == 192 else 8 if d128 and consts.get("BN") == 192 \
+            and not consts.get("causal") else 0
         return SimpleNamespace(consts=consts, resources=ResourceUsage("attn", spill_stores=spills, spill_loads=spills),
                                ptxas_warnings=())
 
@@ -194,10 +198,14 @@ def test_a_call_compiles_the_picked_schedule_once_per_shape(monkeypatch: pytest.
     k(*attn_args(1, 16, 16384, 128), D=128)
     k(*attn_args(1, 32, 16384, 64), D=64)
     k(*attn_args(32, 16, 512, 128), D=128, persistent=False)
+    k(*attn_args(1, 16, 16384, 128), D=128, causal=True)  # up to 86 blocks of 192 keys: long
+    k(*attn_args(4, 16, 4096, 128), D=128, causal=True)   # 11 on average with 192: 128-key blocks
     assert launched == [{"D": 128, "defer_last": True, "persistent": True}] * 2 + [
         {"D": 128, "defer_last": True, "persistent": False},
         {"D": 64, "defer_last": True, "persistent": False, "tma_store": False, "BM": 192},
-        {"D": 128, "persistent": False, "defer_last": True}]
+        {"D": 128, "persistent": False, "defer_last": True},
+        {"D": 128, "causal": True, "defer_last": True, "persistent": False, "BN": 192},
+        {"D": 128, "causal": True, "defer_last": True, "persistent": False}]
 
 
 def test_pins_says_what_a_call_would_add() -> None:

@@ -637,7 +637,8 @@ def _schedule(k: Any, args: list, grid: tuple | None, consts: dict, backend: str
     sms = schedule.device_sms() if backend == "gpu" else schedule.DEFAULT_SMS
     name = k.attributes["sym_name"]
     return chooser.pins(args, grid, sms, lambda pins: schedule.spill_free(
-        lambda: compile_kernel(_only_kernel(_load(file, {**consts, **pins}), name, file), target=target)))
+        lambda: compile_kernel(_only_kernel(_load(file, {**consts, **pins}), name, file), target=target)),
+        lambda pins: _load(file, {**consts, **pins}).kernel(name))
 
 
 def _print_outputs(result: Any, pair: str) -> None:

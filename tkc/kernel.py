@@ -334,7 +334,8 @@ class Kernel:
         if picked is None:
             from tkc.schedule import device_sms
 
-            chosen = {**consts, **schedule.pins(args, grid, device_sms(), lambda pins: self._clean({**consts, **pins}))}
+            chosen = {**consts, **schedule.pins(args, grid, device_sms(), lambda pins: self._clean({**consts, **pins}),
+                                                lambda pins: self.kernel_op(**consts, **pins))}
             picked = schedule.picked[shapes] = (chosen, consts_key(chosen))
         return picked
 

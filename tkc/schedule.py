@@ -37,6 +37,9 @@ programs share the SMs.
     caller, in a long loop walked one program a tile: the largest candidate that compiles
     without spilling.  More rows a K/V block mean fewer loads a product; 192-row tiles were in
     the fastest schedule of every D = 64 row from 2k tokens, and do not fit at D = 128 or 256.
+    A candidate that shortens the loop itself (attn.tk's 192-key blocks at D = 128) only where
+    the loop keeps ``LONG_LOOP`` iterations with it: causal from 8k tokens, 1.02-1.05x; at
+    2k-4k it cost 1-6%.
   - ``tma_store = False`` in a long loop walked one program a tile, every program as long,
     whose stored tiles have rows of at most ``NARROW_ROW`` bytes (D = 64): the output stored
     from registers ran 1.01-1.08x faster (a measured rule: the loop is the same either way).
@@ -66,6 +69,10 @@ from tkc.target import DEFAULT_TARGET
 
 #: Average iterations a program's loop makes at or below which persistent programs pay.
 SHORT_LOOP = 8
+#: Average iterations below which a larger tile that shortens the loop (a key block of 192
+#: rows instead of 128) is not taken: its longer fill and drain then cost more than its fewer
+#: loads save (benchmarks/RESULTS.md, 2026-11-28).
+LONG_LOOP = 16
 #: The longest program's share of one SM's work above which a loop whose trip counts differ
 #: between programs is walked by persistent programs.
 TAIL = 0.2
@@ -77,8 +84,8 @@ FITTED_TARGET = "sm_90a"
 #: The SMs assumed where no GPU says (an H100 SXM's or an H200's count).
 DEFAULT_SMS = 132
 
-__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "NARROW_ROW", "SHORT_LOOP", "TAIL", "Chooser", "chooser", "device_sms",
-           "spill_free"]
+__all__ = ["DEFAULT_SMS", "FITTED_TARGET", "LONG_LOOP", "NARROW_ROW", "SHORT_LOOP", "TAIL", "Chooser", "chooser",
+           "device_sms", "spill_free"]
 
 
 class Chooser:
@@ -119,12 +126,15 @@ class Chooser:
         return max(0, -(-(hi - lo) // step)) if step > 0 else 0
 
     def pins(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int,
-             clean: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+             clean: Callable[[dict[str, Any]], bool] | None = None,
+             relowered: Callable[[dict[str, Any]], Operation] | None = None) -> dict[str, Any]:
         """The pins (and ``choose(...)`` constants) for a launch on ``args`` (``grid``: the
         caller's, else the kernel's) on a GPU of ``sms`` SMs; {} where the shapes do not say (a
         bound read from a tensor).  A caller's grid is one program per tile: no persistent
         programs then.  ``clean(pins)``: whether the kernel with these pins compiles without
-        spilling (a larger tile is picked only then; None: no larger tile)."""
+        spilling (a larger tile is picked only then; None: no larger tile).  ``relowered(pins)``:
+        the kernel's tile IR with them, whose loop says whether a larger tile shortens it (a
+        key block), taken then only where the loop stays ``LONG_LOOP`` long (None: not asked)."""
         grid_given = grid
         try:
             check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
@@ -163,12 +173,35 @@ class Chooser:
         if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
             # A long loop, one program a tile: the largest tile that compiles without spilling
             # (more rows a K/V block, fewer loads a product; 192-row tiles at D = 64: 1.12-1.28x).
+            # A tile that shortens the loop itself (192-key blocks) pays only where the loop
+            # stays long with it: causal D = 128 at 8k-16k tokens 1.02-1.05x, at 2k-4k 0.94-0.99x.
             for name, options in self.choices.items():
                 for size in sorted((o for o in options if o > options[0]), reverse=True):
-                    if clean({**pins, name: size}):
+                    trial = {**pins, name: size}
+                    if relowered is not None:
+                        shorter = self._mean_trips(relowered(trial), args, grid_given, sms)
+                        if shorter is not None and shorter < mean and shorter < LONG_LOOP:
+                            continue
+                    if clean(trial):
                         pins[name] = size
                         break
         return pins
+
+    def _mean_trips(self, kernel: Operation, args: Sequence[Any], grid: Sequence[int] | None,
+                    sms: int) -> float | None:
+        """The mean of the first and last programs' iterations of ``kernel``'s attention loop
+        (this kernel with other constants) for a launch on ``args``; None where it does not say."""
+        loop = _attention_loop(kernel)
+        if loop is None:
+            return None
+        other = Chooser(kernel, loop, self.given)
+        try:
+            env = shape_env(kernel, args)
+            grid = check_grid(grid) if grid is not None else eval_grid(kernel, dict(env), sms)
+            first = other.trips(env, tuple(0 for _ in grid), sms)
+            return (first + other.trips(env, tuple(g - 1 for g in grid), sms)) / 2
+        except TkcError:
+            return None
 
 
 def device_sms() -> int:
