@@ -531,9 +531,15 @@ def _on_more_consumers(b: _Build, first: Compiled, loc: Any,
         except TkcError:
             return None  # (a count the products' widths do not split into, or the register budget)
 
-    return _least_spills(first, (2, 3, 4), on, lambda n, still: (
+    best = _least_spills(first, (2, 3, 4), on, lambda n, still: (
         f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers beside its products' "
         f"accumulators; read on {n} epilogue warpgroups instead{still} (-D consumers=N chooses)"), loc)
+    # More warpgroups also leave each thread fewer registers (65536 over the CTA): a build that
+    # still spills more than half as much is no clear gain (gemm_fp8_scaled's per-row scales:
+    # 164 B on two, 160 B on four).
+    if best is not None and 2 * best.resources.spill_stores > first.resources.spill_stores:
+        return None
+    return best
 
 
 def _least_spills(first: Compiled, values: Sequence[int], compile_on: Callable[[int], Compiled | None],
