@@ -618,8 +618,10 @@ def test_a_pass_error_shows_the_source_line_and_a_caret() -> None:
                 "-o", "a.ptx")
     assert r.exit_code == 1
     lines = r.stderr.splitlines()
-    assert lines[0].endswith("attn.tk:9:1: error: defer_last = true and issue_ahead = true move the same loop's "
-                             "products in opposite directions; pin one of them")
+    at = next(i for i, line in enumerate((EXAMPLES / "attn.tk").read_text().splitlines(), 1)
+              if line.startswith("def attn("))
+    assert lines[0].endswith(f"attn.tk:{at}:1: error: defer_last = true and issue_ahead = true move the same "
+                             "loop's products in opposite directions; pin one of them")
     assert lines[1].startswith("def attn(q: bf16[B, H, N, D]") and lines[2] == "^"
 
 
@@ -780,6 +782,34 @@ def test_ir_passes_refuse_ir_of_another_level(tmp_path: Path) -> None:
         assert r.exit_code == 1 and says in r.stderr and "gemm.tk:3:1" in r.stderr, (p, r.stderr)
         assert "reproducer" not in r.stderr and "failed" not in r.stderr
     assert not (tmp_path / "tkc-reproducers").exists()
+    # a select-layouts dump is laid out, not lowered: the passes after lower-to-hopper refuse it,
+    # and hand-written hopper IR (hopper ops, no TMA maps, no threads) is hopper IR
+    assert tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "--emit", "hopper", "--dump-dir", "d", "-o",
+                   str(tmp_path / "x.hopper.tkir")).exit_code == 0
+    laid_out = next((tmp_path / "d").glob("*-select-layouts.tkir"))
+    for p in ("pipeline-loops", "allocate-smem", "lower-to-blackwell"):
+        r = tkc_cli("opt", str(laid_out), "-p", p)
+        assert r.exit_code == 1 and f"{p} runs after lower-to-hopper, on hopper IR: this kernel is tile IR with its " \
+            "layouts selected" in r.stderr, (p, r.stderr)
+    hand = tmp_path / "hand.tkir"
+    hand.write_text((ROOT / "tests/passes/allocate_smem/loops.tkir").read_text().replace("{threads = 128}", ""))
+    r = tkc_cli("opt", str(hand), "-p", "lower-to-hopper")
+    assert r.exit_code == 1 and "lower-to-hopper runs once: this kernel is hopper IR already" in r.stderr, r.stderr
+    r = tkc_cli("opt", str(hand), "-p", "select-layouts")
+    assert r.exit_code == 1 and "this kernel is hopper IR already" in r.stderr, r.stderr
+
+
+def test_a_select_layouts_dump_compiles_on_from_there(tmp_path: Path) -> None:
+    # the backend passes after select-layouts, not the whole pipeline again (decompose refused it)
+    for example in ("gemm.tk", "layernorm.tk"):  # (layernorm's dump holds select-layouts' conversions)
+        d = tmp_path / example
+        assert tkc_cli("compile", str(EXAMPLES / example), "--emit", "hopper", "--dump-dir", str(d), "-o",
+                       str(tmp_path / "x.hopper.tkir")).exit_code == 0
+        dump = next(d.glob("*-select-layouts.tkir"))
+        r = tkc_cli("compile", str(dump), "-o", str(tmp_path / "from_dump.ptx"))
+        assert r.exit_code == 0, r.stderr
+        assert tkc_cli("compile", str(EXAMPLES / example), "-o", str(tmp_path / "direct.ptx")).exit_code == 0
+        assert (tmp_path / "from_dump.ptx").read_text() == (tmp_path / "direct.ptx").read_text()
 
 
 def test_lowered_ir_knows_its_target(tmp_path: Path) -> None:
@@ -801,6 +831,13 @@ def test_lowered_ir_knows_its_target(tmp_path: Path) -> None:
     assert r.exit_code == 0 and "emulated in" in r.output, r.output
     r = tkc_cli("opt", str(blackwell), "-p", "cse,dce")
     assert r.exit_code == 0 and 'target = "sm_100a"' in r.output, r.stderr
+    r = tkc_cli("compile", str(blackwell), "-o", str(tmp_path / "b.ptx"))  # and tkc compile
+    assert r.exit_code == 0 and ".target sm_100a" in (tmp_path / "b.ptx").read_text(), r.stderr
+    bogus = tmp_path / "bogus.hopper.tkir"
+    bogus.write_text(hopper.read_text().replace('target = "sm_90a"', 'target = "sm_80"'))
+    r = tkc_cli("opt", str(bogus), "-p", "cse")
+    assert r.exit_code == 1 and "gemm.tk:3:1" in r.stderr and "target = 'sm_80': the kernel was laid out for a " \
+        "GPU tkc does not compile for (sm_90a, sm_100a)" in r.stderr, r.stderr
 
 
 def test_run_takes_no_negative_seed() -> None:

@@ -402,13 +402,14 @@ def ops_command(dialect: str) -> None:
 @click.option("--kernel", metavar="NAME", help="Keep only this kernel.")
 @click.option("-D", "consts", multiple=True, metavar="NAME=VALUE", callback=_parse_defines,
               help="Set a compile-time constant (int, float, true/false).")
-@click.option("--target", type=click.Choice(list(TARGETS)), default=DEFAULT_TARGET.name, show_default=True,
-              help="The GPU the backend stages compile for.")
+@click.option("--target", type=click.Choice(list(TARGETS)), default=None,
+              help=f"The GPU the backend stages compile for (default {DEFAULT_TARGET.name}, or the target a "
+                   f"lowered IR file was made for).")
 @click.option("--resource-usage", is_flag=True,
               help="Run ptxas and print registers, spills and shared memory per kernel to stderr.")
 @_dump_flags
 def compile_command(file: str, output: str, emit: str | None, pipeline: str, hopper_pipeline: str | None,
-                    kernel: str | None, consts: dict, target: str, resource_usage: bool,
+                    kernel: str | None, consts: dict, target: str | None, resource_usage: bool,
                     dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...], dump_dir: Path | None,
                     pass_timing: bool, no_locs: bool) -> None:
     """Compile a .tk kernel (or .tkir IR) and write the --emit stage."""
@@ -424,6 +425,9 @@ def compile_command(file: str, output: str, emit: str | None, pipeline: str, hop
         raise TkcUsageError("--emit cubin writes a binary file; name it with -o FILE.cubin")
     from tkc.compiler import compile_kernel
 
+    from tkc.passes.pipeline import laid_out_for
+
+    target = target or laid_out_for(module.ops) or DEFAULT_TARGET.name
     # the default pipelines unless changed (None: IR the backend passes made skips them)
     pipeline = None if pipeline == DEFAULT_PIPELINE else pipeline
     compiled = compile_kernel(module, target=target, pipeline=pipeline, hopper_pipeline=hopper_pipeline,
@@ -568,7 +572,9 @@ def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, 
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
     from tkc.passes.pipeline import is_lowered
 
-    target = target or k.attributes.get("target") or DEFAULT_TARGET.name
+    from tkc.passes.pipeline import laid_out_for
+
+    target = target or laid_out_for([k]) or DEFAULT_TARGET.name
     if is_lowered(k):  # IR the backend passes made: the emulator or a GPU runs it, not the interpreter
         if check or interpret_flag or backend == "interpret":
             raise TkcUsageError(f"{file} is IR the backend passes lowered (hopper ops); the interpreter runs tile IR, "

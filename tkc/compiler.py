@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tkc import options as tkc_options
-from tkc.errors import TkcError, TkcRemark, TkcUsageError, kernel_choice_error, remarks
+from tkc.errors import TkcRemark, TkcUnsupportedError, TkcUsageError, kernel_choice_error, remarks
 from tkc.ir.core import Module, Operation
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.passes.manager import PassManager, PassOptions
-from tkc.passes.pipeline import is_lowered
+from tkc.passes.pipeline import after, level
 from tkc.pins import PINS, Options
 from tkc.signature import Param, kernel_params
 from tkc.target import DEFAULT_TARGET, Target, target as lookup_target
@@ -447,9 +447,12 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
     module = _frontend(source, text, consts, file, first_line, python_function)
     chosen = _one_kernel(module, kernel, file)
     name = chosen.attributes["sym_name"]
-    lowered = is_lowered(chosen)  # IR a backend pass left (a .hopper.tkir dump): its warps are set
-    if pipeline_request is None and hopper_request is None and lowered:
-        pipeline = hopper_pipeline = ""
+    at = level(chosen)
+    lowered = at == "lowered"  # IR a backend pass left (a .hopper.tkir dump): its warps are set
+    if pipeline_request is None and hopper_request is None and at != "tile":
+        # a dump goes on where it was made: lowered IR to codegen, a select-layouts dump through
+        # the backend passes after that one
+        pipeline, hopper_pipeline = "", "" if lowered else after(hopper_pipeline or "", "select-layouts")
     # Tile IR is the same for every target: its pins are checked against one only past it.
     options = Options.from_consts(chosen.attributes.get("consts"), chosen.loc, None if stop == "tkir" else tgt_value)
     b = _Build(module, name, tgt_value, options, pipeline, hopper_pipeline or "", opt_level, ptxas_path, opts,
@@ -520,24 +523,29 @@ def _on_more_consumers(b: _Build, first: Compiled, loc: Any,
     warpgroups (the pin ``consumers``; counts its widths do not split into are skipped), as
     :func:`_least_spills` keeps (None: not a tcgen05 kernel with products, or ``consumers``
     pinned)."""
+    from tkc.ir.layouts import TmemAccumulator
+
     kernel = b.module.kernel(b.name)
-    if b.target.mma != "tcgen05" or b.options.consumers is not None \
-            or not any(op.name == "blackwell.mma" for op in kernel.walk()):
+    if b.target.mma != "tcgen05" or b.options.consumers is not None:
         return None
+    read_by = [op.result.type.layout.warpgroups for op in kernel.walk() if op.name == "blackwell.tmem_load"
+               and isinstance(op.result.type.layout, TmemAccumulator)]
+    if not read_by:
+        return None  # (64-row products: one warpgroup reads them, whatever the pin says)
 
     def on(count: int) -> Compiled | None:
         try:
             return compile_on("consumers", count)
-        except TkcError:
-            return None  # (a count the products' widths do not split into, or the register budget)
+        except (TkcUnsupportedError, TkcUsageError):
+            return None  # a count the products' widths do not split into, or the registers do not fit
 
-    best = _least_spills(first, (2, 3, 4), on, lambda n, still: (
+    best = _least_spills(first, [n for n in (2, 3, 4) if n > max(read_by)], on, lambda n, still: (
         f"kernel '{b.name}' spills {first.resources.spill_stores} B of registers beside its products' "
         f"accumulators; read on {n} epilogue warpgroups instead{still} (-D consumers=N chooses)"), loc)
     # More warpgroups also leave each thread fewer registers (65536 over the CTA): a build that
     # still spills more than half as much is no clear gain (gemm_fp8_scaled's per-row scales:
     # 164 B on two, 160 B on four).
-    if best is not None and 2 * best.resources.spill_stores > first.resources.spill_stores:
+    if best is not None and 2 * _spilled(best) > _spilled(first):
         return None
     return best
 
@@ -548,21 +556,23 @@ def _least_spills(first: Compiled, values: Sequence[int], compile_on: Callable[[
     spill: the one that spills least, with a remark saying so, where it spills less than
     ``first`` (None: none did)."""
 
-    def spilled(c: Compiled) -> int:
-        return c.resources.spill_stores + c.resources.spill_loads
-
     best, best_value = first, None
     for value in values:
         again = compile_on(value)
-        if again is not None and again.resources is not None and spilled(again) < spilled(best):
+        if again is not None and again.resources is not None and _spilled(again) < _spilled(best):
             best, best_value = again, value
-            if not spilled(again):
+            if not _spilled(again):
                 break
     if best is first:
         return None
-    still = f", where it spills {best.resources.spill_stores} B" if spilled(best) else ", where it does not"
+    still = f", where it spills {best.resources.spill_stores} B" if _spilled(best) else ", where it does not"
     best.remarks = (*best.remarks, str(TkcRemark(why(best_value, still), loc)))
     return best
+
+
+def _spilled(c: Compiled) -> int:
+    """The bytes ptxas spills and reloads in ``c``."""
+    return c.resources.spill_stores + c.resources.spill_loads
 
 
 def _resolve_ptxas(wanted: bool | None) -> Path | None:

@@ -54,11 +54,14 @@ UNKNOWN = Loc("<unknown>", 0, 0)
 class TkcError(Exception):
     """Base class: ``TkcError(message, loc=None)``, a message and a location when one is known.
 
-    It has no ``__init__`` of its own (the arguments stay ``args``): torch.compile traces a
-    check that raises one inside a compiled function (``tkc.ops``' argument checks), and an
+    The arguments are kept as ``args`` (``message`` and ``loc`` read them): torch.compile traces
+    a check that raises one inside a compiled function (``tkc.ops``' argument checks), and an
     ``__init__`` that calls ``super()`` is what it cannot trace, which lost the message."""
 
     kind = "error"
+
+    def __init__(self, message: str, loc: Loc | None = None):
+        self.args = (message,) if loc is None else (message, loc)
 
     @property
     def message(self) -> str:

@@ -108,6 +108,9 @@ def test_the_operators_themselves_refuse_what_their_kernels_do_not_take() -> Non
         f(q, k)
     with pytest.raises(TkcUsageError, match="attention: causal is True or False, got 'no'"):
         tkc.ops.attention(q, q, q, causal="no")
+    import numpy as np
+
+    assert tkc.ops.attention(q, q, q, causal=np.True_).shape == q.shape  # numpy's bool is a bool
 
 
 def test_an_argument_error_under_torch_compile_keeps_its_words() -> None:
@@ -116,6 +119,20 @@ def test_an_argument_error_under_torch_compile_keeps_its_words() -> None:
     with pytest.raises(Exception) as e:
         f(bf16(1, 4, 40, 64), bf16(1, 3, 40, 64))
     assert "must be a positive multiple of k's and v's (3)" in f"{e.value} {e.value.__cause__!r}"
+
+
+def test_a_tkc_error_keeps_its_arguments() -> None:
+    # args-based for torch.compile, and still TkcError(message, loc=...) with a settable loc
+    import pickle
+
+    from tkc.errors import Loc
+
+    e = TkcUsageError("bad", loc=Loc("k.tk", 3, 5))
+    assert (e.message, e.loc.line, str(e)) == ("bad", 3, "k.tk:3:5: error: bad")
+    back = pickle.loads(pickle.dumps(e))
+    assert (type(back), back.message, back.loc) == (TkcUsageError, "bad", e.loc)
+    e.loc = None
+    assert str(e) == "error: bad"
 
 
 def test_gradients_of_gradients_are_refused_in_its_words() -> None:

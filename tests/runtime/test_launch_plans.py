@@ -715,7 +715,7 @@ def test_an_operator_with_a_plan_still_refuses_wrong_inputs(ops: types.SimpleNam
     misaligned = cuda_like(base[1:32 * 256 + 1].view(32, 256))  # 2 bytes further
     with pytest.raises(TkcLaunchError, match="x: the data pointer .* is not 16-byte aligned"):
         tkc.ops.rms_norm(misaligned, w)
-    with pytest.raises(TkcUsageError, match="its tensors must be on one device, got cuda:0 and cuda:1"):
+    with pytest.raises(TkcUsageError, match="rms_norm: x and weight must be on one device, got cuda:0 and cuda:1"):
         tkc.ops.rms_norm(x, cuda_like(w, index=1))
     assert len(ops.lib.launches) == 2
 

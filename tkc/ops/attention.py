@@ -29,8 +29,7 @@ TILES = {64: ((128, 128), (128, 128)), 128: ((128, 128), (64, 128))}
 _PRE_BM = 64
 
 
-
-def kernel_arguments(op: str, q: torch.Tensor, k: torch.Tensor, *more: Any, **_: Any) -> None:
+def kernel_arguments(op: str, q: torch.Tensor, k: torch.Tensor, *more: Any) -> None:
     """What attn_fwd and attn_bwd (and their varlen forms) take beyond their signatures, checked
     for every call of the operators themselves (``torch.ops.tkc.attn_fwd``): query heads a
     multiple of the kv heads (axis 1 of [B, H, N, D], or of varlen's [T, H, D]) and a

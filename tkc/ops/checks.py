@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tkc.errors import TkcUsageError
 
 
@@ -52,7 +54,7 @@ def heads(op: str, H: int, KVH: int) -> None:
 
 def flag(op: str, name: str, value: Any) -> bool:
     """A True/False argument (``causal``): a bool, not anything Python reads as true."""
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":  # (numpy's bool too)
+    if not isinstance(value, (bool, np.bool_)):
         raise TkcUsageError(f"tkc.ops.{op}: {name} is True or False, got {value!r}")
     return bool(value)
 

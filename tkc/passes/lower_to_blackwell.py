@@ -10,7 +10,8 @@ protocol (docs/blackwell.md):
   (``blackwell.tmem_alloc``, a power of two of columns) and frees it on exit;
 - ``hopper.wgmma`` and the role's wait for its tiles become ``blackwell.mma``, where the
   first warp waits and one thread issues, accumulating from the loop's second iteration on
-  (the zero accumulator the loop carried disappears; ``dce`` drops it), followed by
+  (the accumulator the loop carried disappears: a zero one ``dce`` drops, another start is
+  added where the sum is read behind the loop, ``tmem_load``'s addend), followed by
   ``blackwell.commit`` onto the ring's ``empty`` stage: the stage is released when the
   tensor core has read it, by one arrival (the ring's count becomes 1);
 - a loop of several such products (SwiGLU's gate and up, RoPE's two halves), each waited for
@@ -530,7 +531,8 @@ class _Lowering:
         return b
 
     def _barrier(self, w: Operation) -> Value:
-        """A new mbarrier of one arrival (the accumulator's commit), initialized with the others."""
+        """A new mbarrier of one arrival (the accumulator's commit), initialized with the others,
+        or first, with its fence and barrier, in a kernel that has none (no TMA copy)."""
         body = self.kernel.regions[0].block
         init = next((op for op in body.ops if op.name == "hopper.mbarrier_init"), None)
         fresh = init is None  # no TMA copy (operands a kernel computes or loads with other=): the first

@@ -28,7 +28,7 @@ from tkc.ir.core import Module, Operation
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
 from tkc.options import Knobs
-from tkc.passes.pipeline import PASSES, TAKES, PassFn, level
+from tkc.passes.pipeline import PASSES, TAKES, PassFn, laid_out_for, level
 from tkc.pins import Options
 from tkc.target import DEFAULT_TARGET, TARGETS, Target
 
@@ -101,7 +101,7 @@ class PassManager:
         verify_time = time.perf_counter() - t
         _check_target(module, target)
         groups = [(options, None)] if options is not None else _kernel_groups(module, target)
-        target = target or _lowered_for(module) or DEFAULT_TARGET
+        target = target or TARGETS.get(laid_out_for(module.ops) or "") or DEFAULT_TARGET
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
@@ -166,17 +166,11 @@ def _check_level(name: str, module: Module) -> None:
     wants = TAKES.get(name)
     for op in module.ops:
         at = level(op) if wants is not None and op.name == "tile.kernel" else wants
-        if at == wants or (wants == "lowered" and at == "laid-out"):  # (hand-written hopper IR)
+        if at == wants:
             continue
         if name == "lower-to-hopper" and at == "lowered":
             raise TkcUsageError(f"{name} runs once: this kernel is hopper IR already", op.loc)
         raise TkcUsageError(f"{name} runs {_RUNS[wants]}: this kernel is {_IS[at]}", op.loc)
-
-
-def _lowered_for(module: Module) -> Target | None:
-    """The target the module's kernels were laid out for (select-layouts records it), if any."""
-    names = {op.attributes.get("target") for op in module.ops if op.name == "tile.kernel"} - {None}
-    return TARGETS.get(next(iter(names))) if len(names) == 1 else None
 
 
 def _check_target(module: Module, target: Target | None) -> None:

@@ -8,7 +8,7 @@ Read it top to bottom to see what ``tkc compile`` does to a kernel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tkc.ir.core import Module, Operation
 from tkc.passes.allocate_smem import allocate_smem
@@ -77,8 +77,8 @@ PASSES: dict[str, PassFn] = {
 #: The IR a pass takes, where it takes one level only: ``"tile"`` (no layouts yet: before
 #: select-layouts), ``"laid-out"`` (layouts selected, not yet lowered) or ``"lowered"`` (past
 #: lower-to-hopper: TMA maps, barriers, shared allocations; a hand-written kernel of hopper ops
-#: with no TMA maps is taken as this level too).  The pass manager refuses a kernel of another
-#: level at its line (``tkc opt`` runs any pass on any dump).  The cleanups take all.
+#: is at this level too).  The pass manager refuses a kernel of another level at its line
+#: (``tkc opt`` runs any pass on any dump).  The cleanups take all.
 TAKES: dict[str, str] = {
     **dict.fromkeys(("decompose", "merge-steps", "persistent", "order-memory", "select-layouts"), "tile"),
     "lower-to-hopper": "laid-out",
@@ -88,6 +88,11 @@ TAKES: dict[str, str] = {
 }
 
 
+#: The hopper ops select-layouts itself places (conversions between layouts, register tiles
+#: staged in shared memory for a product): a kernel holding only these is laid out, not lowered.
+LAYOUT_OPS = frozenset({"hopper.convert_layout", "hopper.to_smem", "hopper.transpose_smem"})
+
+
 def is_lowered(kernel: Operation) -> bool:
     """Whether ``kernel`` is IR the backend passes made (hopper or blackwell ops in it)."""
     return any(op.name.partition(".")[0] in ("hopper", "blackwell") for op in kernel.walk())
@@ -95,9 +100,23 @@ def is_lowered(kernel: Operation) -> bool:
 
 def level(kernel: Operation) -> str:
     """The level of :data:`TAKES` ``kernel`` is at."""
-    if "tma_maps" in kernel.attributes:
+    if "tma_maps" in kernel.attributes or any(op.name.partition(".")[0] in ("hopper", "blackwell")
+                                              and op.name not in LAYOUT_OPS for op in kernel.walk()):
         return "lowered"
     return "laid-out" if "threads" in kernel.attributes or is_lowered(kernel) else "tile"
+
+
+def laid_out_for(ops: Iterable[Operation]) -> str | None:
+    """The target the kernels among ``ops`` (a module's) were laid out for (select-layouts
+    records it in each kernel), where they name one; None for tile IR."""
+    names = {op.attributes.get("target") for op in ops if op.name == "tile.kernel"} - {None}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def after(pipeline: str, name: str) -> str:
+    """The passes of ``pipeline`` after ``name`` (a dump made by ``name`` goes on with them)."""
+    names = pipeline.split(",")
+    return ",".join(names[names.index(name) + 1:]) if name in names else pipeline
 
 
 #: What ``tkc compile`` and ``tkc run`` run on tile IR by default: the

@@ -65,6 +65,13 @@ class KernelOp(Operation):
         if not is_cluster_size(self.attributes.get("cluster", 1)):
             raise self.error(f"cluster = {self.attributes['cluster']}: a cluster has a power of two of CTAs, "
                              f"at most {MAX_CLUSTER}")
+        made_for = self.attributes.get("target")
+        if made_for is not None:
+            from tkc.target import TARGETS
+
+            if made_for not in TARGETS:
+                raise self.error(f"target = {made_for!r}: the kernel was laid out for a GPU tkc does not compile for "
+                                 f"({', '.join(TARGETS)})")
 
 
 @register
