@@ -424,7 +424,6 @@ def compile_command(file: str, output: str, emit: str | None, pipeline: str, hop
     if emit == "cubin" and output == "-":
         raise TkcUsageError("--emit cubin writes a binary file; name it with -o FILE.cubin")
     from tkc.compiler import compile_kernel
-
     from tkc.passes.pipeline import laid_out_for
 
     target = target or laid_out_for(module.ops) or DEFAULT_TARGET.name
@@ -570,9 +569,7 @@ def _run_one(file: str, backend: str | None, interpret_flag: bool, check: bool, 
         names = ", ".join(str(op.attributes.get("sym_name")) for op in module.ops)
         what = f"no kernel '{kernel}'" if kernel else "no kernels"
         raise TkcUsageError(f"{file} has {what} (kernels: {names or 'none'})") from None
-    from tkc.passes.pipeline import is_lowered
-
-    from tkc.passes.pipeline import laid_out_for
+    from tkc.passes.pipeline import is_lowered, laid_out_for
 
     target = target or laid_out_for([k]) or DEFAULT_TARGET.name
     if is_lowered(k):  # IR the backend passes made: the emulator or a GPU runs it, not the interpreter

@@ -519,10 +519,10 @@ def _on_more_consumers(b: _Build, first: Compiled, loc: Any,
     """On a tcgen05 target a product's accumulator is read by as few epilogue warpgroups as its
     columns need (select-layouts: 128 columns a thread), so an epilogue that keeps more beside
     it (a column softmax, an f32 bias row, a second tile) can spill where two warpgroups would
-    not.  Where ptxas spills such a kernel, it is compiled again with 2, 3 and 4 epilogue
-    warpgroups (the pin ``consumers``; counts its widths do not split into are skipped), as
-    :func:`_least_spills` keeps (None: not a tcgen05 kernel with products, or ``consumers``
-    pinned)."""
+    not.  Where ptxas spills such a kernel, it is compiled again on more epilogue warpgroups
+    than it has, up to 4 (the pin ``consumers``; counts its widths do not split into are
+    skipped), as :func:`_least_spills` keeps, where that spills at most half as much (None:
+    not a tcgen05 kernel with 128-row accumulators, or ``consumers`` pinned)."""
     from tkc.ir.layouts import TmemAccumulator
 
     kernel = b.module.kernel(b.name)
@@ -555,7 +555,6 @@ def _least_spills(first: Compiled, values: Sequence[int], compile_on: Callable[[
     """``first`` (which spills) compiled again on each of ``values`` in turn until one does not
     spill: the one that spills least, with a remark saying so, where it spills less than
     ``first`` (None: none did)."""
-
     best, best_value = first, None
     for value in values:
         again = compile_on(value)

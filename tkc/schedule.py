@@ -140,14 +140,10 @@ class Chooser:
             check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
             if self.walked:
                 return {} if "defer_last" in self.given or "issue_ahead" in self.given else {"defer_last": True}
-            env = shape_env(self.kernel, args)
-            grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
-            tiles = math.prod(grid)
-            if not tiles:
-                return {}
-            first = self.trips(env, tuple(0 for _ in grid), sms)
-            last = self.trips(env, tuple(g - 1 for g in grid), sms)
+            tiles, first, last = self._ends(args, grid, sms)
         except TkcError:
+            return {}
+        if not tiles:
             return {}
         pins: dict[str, Any] = {}
         if "defer_last" not in self.given and "issue_ahead" not in self.given:
@@ -178,30 +174,29 @@ class Chooser:
             for name, options in self.choices.items():
                 for size in sorted((o for o in options if o > options[0]), reverse=True):
                     trial = {**pins, name: size}
-                    if relowered is not None:
-                        shorter = self._mean_trips(relowered(trial), args, grid_given, sms)
-                        if shorter is not None and shorter < mean and shorter < LONG_LOOP:
+                    if relowered is not None and (loop := _attention_loop(other := relowered(trial))) is not None:
+                        try:
+                            _, first_with, last_with = Chooser(other, loop, self.given)._ends(args, grid_given, sms)
+                        except TkcError:
+                            first_with = last_with = mean  # (it does not say: as long as before)
+                        shorter = (first_with + last_with) / 2
+                        if shorter < mean and shorter < LONG_LOOP:
                             continue
                     if clean(trial):
                         pins[name] = size
                         break
         return pins
 
-    def _mean_trips(self, kernel: Operation, args: Sequence[Any], grid: Sequence[int] | None,
-                    sms: int) -> float | None:
-        """The mean of the first and last programs' iterations of ``kernel``'s attention loop
-        (this kernel with other constants) for a launch on ``args``; None where it does not say."""
-        loop = _attention_loop(kernel)
-        if loop is None:
-            return None
-        other = Chooser(kernel, loop, self.given)
-        try:
-            env = shape_env(kernel, args)
-            grid = check_grid(grid) if grid is not None else eval_grid(kernel, dict(env), sms)
-            first = other.trips(env, tuple(0 for _ in grid), sms)
-            return (first + other.trips(env, tuple(g - 1 for g in grid), sms)) / 2
-        except TkcError:
-            return None
+    def _ends(self, args: Sequence[Any], grid: Sequence[int] | None, sms: int) -> tuple[int, int, int]:
+        """The tiles of a launch on ``args`` (``grid``: the caller's, else the kernel's) and the
+        loop's iterations in its first and last programs (0, 0 without tiles); a TkcError where
+        the shapes do not say (a bound read from a tensor)."""
+        env = shape_env(self.kernel, args)
+        grid = check_grid(grid) if grid is not None else eval_grid(self.kernel, dict(env), sms)
+        if not math.prod(grid):
+            return 0, 0, 0
+        return (math.prod(grid), self.trips(env, tuple(0 for _ in grid), sms),
+                self.trips(env, tuple(g - 1 for g in grid), sms))
 
 
 def device_sms() -> int:

@@ -535,7 +535,7 @@ class _Lowering:
         or first, with its fence and barrier, in a kernel that has none (no TMA copy)."""
         body = self.kernel.regions[0].block
         init = next((op for op in body.ops if op.name == "hopper.mbarrier_init"), None)
-        fresh = init is None  # no TMA copy (operands a kernel computes or loads with other=): the first
+        fresh = init is None  # no TMA copy (operands computed, or loaded with other=): this one is first
         if fresh:
             init = next(op for op in body.ops if op.name not in ("tile.constant", "hopper.smem_alloc"))
         b = Builder.before(init)

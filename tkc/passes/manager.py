@@ -101,7 +101,8 @@ class PassManager:
         verify_time = time.perf_counter() - t
         _check_target(module, target)
         groups = [(options, None)] if options is not None else _kernel_groups(module, target)
-        target = target or TARGETS.get(laid_out_for(module.ops) or "") or DEFAULT_TARGET
+        made_for = laid_out_for(module.ops)  # (a name the verifier found among TARGETS)
+        target = target or (TARGETS[made_for] if made_for else DEFAULT_TARGET)
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):

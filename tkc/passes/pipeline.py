@@ -100,10 +100,10 @@ def is_lowered(kernel: Operation) -> bool:
 
 def level(kernel: Operation) -> str:
     """The level of :data:`TAKES` ``kernel`` is at."""
-    if "tma_maps" in kernel.attributes or any(op.name.partition(".")[0] in ("hopper", "blackwell")
-                                              and op.name not in LAYOUT_OPS for op in kernel.walk()):
+    backend = {op.name for op in kernel.walk() if op.name.partition(".")[0] in ("hopper", "blackwell")}
+    if "tma_maps" in kernel.attributes or backend - LAYOUT_OPS:
         return "lowered"
-    return "laid-out" if "threads" in kernel.attributes or is_lowered(kernel) else "tile"
+    return "laid-out" if "threads" in kernel.attributes or backend else "tile"
 
 
 def laid_out_for(ops: Iterable[Operation]) -> str | None:
