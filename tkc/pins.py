@@ -99,6 +99,9 @@ class Options:
         "specialize-warps")
     prefetch: int = _pin(0, int, "loads in a loop fetch the box they read that many iterations ahead into L2 "
                                  "(thread 0, one bulk request a row; default 0: none)", "prefetch-loads")
+    stage_loads: int = _pin(0, int, "loads in a loop are copied that many iterations ahead into shared memory, "
+                                    "each thread its own values (cp.async), and read from there where the load "
+                                    "was (default 0: none)", "stage-loads")
     wait_timeout_ms: int | None = _pin(
         None, int, "a debugging aid: every mbarrier wait that has not passed after this many milliseconds prints "
                    "its source line, CTA, thread, barrier and parity, and stops the kernel (a hang becomes a "
@@ -165,12 +168,14 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
 
 
 #: Count pins whose 0 turns their pass off.
-_ZERO_MEANS_OFF = frozenset({"prefetch"})
+_ZERO_MEANS_OFF = frozenset({"prefetch", "stage_loads"})
 #: The largest value of count pins that a pass unrolls, allocates or counts with, and why.
-_MOST = {"stages": 32, "outer_stages": 32, "prefetch": 64, "ctas_per_sm": 32, "wait_timeout_ms": 3_600_000}
+_MOST = {"stages": 32, "outer_stages": 32, "prefetch": 64, "stage_loads": 7, "ctas_per_sm": 32,
+         "wait_timeout_ms": 3_600_000}
 _MOST_WHY = {"stages": "a ring's stages each take shared memory",
              "outer_stages": "a ring's stages each take shared memory",
              "prefetch": "each iteration ahead is unrolled before the loop",
+             "stage_loads": "a thread waits for its copies with cp.async.wait_group, which counts to 7",
              "ctas_per_sm": "an SM holds at most 32 programs", "wait_timeout_ms": "an hour"}
 
 

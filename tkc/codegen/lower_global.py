@@ -51,7 +51,7 @@ from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
                                       packs_in_pairs, to_mem, widen)
 from tkc.codegen.lowerer import Lowerer, TensorArg
-from tkc.codegen.runs import elem_bytes, runs_of
+from tkc.codegen.runs import elem_bytes, runs_of, vector_runs
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -902,5 +902,83 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
             b.asm(fty, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", [start, size], side_effect=True)
 
 
-HANDLERS = {"hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch, "tile.gather": gather,
+# --------------------------------------------------- hopper.async_load / async_read
+
+
+def _private_at(lw: Lowerer, layout: object, t: ir.Value, first: int, n: int, eb: int) -> ir.Value:
+    """Byte offset, in a tile of every thread's own copies, of thread ``t``'s run of ``n``
+    values at value ``first`` (``tkc.codegen.runs.private_offsets``)."""
+    return lw.b.add(const_i32(int(layout.threads) * first * eb), lw.b.mul(t, const_i32(n * eb)))
+
+
+def _own_thread(lw: Lowerer, layout: object) -> ir.Value:
+    """The thread index the private offsets of one op are computed from, opaque: LLVM would
+    otherwise compute every staged run's offset once, at the kernel's entry, and hold them all
+    through the kernel (a norm backward's rows and their rings: 40 registers more)."""
+    return lw.thread(layout, opaque=True).v
+
+
+def async_load(lw: Lowerer, op: Operation) -> None:
+    """Where the whole box is in bounds and each run one aligned access, a ``cp.async`` a run
+    (``.cg``, past L1, for 16 bytes); elsewhere the load's edge path, its words stored into the
+    thread's bytes at once (the same thread reads them back, after its own stores)."""
+    b = lw.b
+    t = op.tile_type
+    dst = lw.shared(op, op.dst)
+    eb = elem_bytes(t.dtype)
+    acc = _access(lw, op, t).kept_local(lw)  # addresses at the copy: see _own_thread
+    me = _own_thread(lw, t.layout)
+
+    def copies() -> list:
+        for first, n in acc.runs:
+            to = lw.smem_addr(lw.offset(dst, _private_at(lw, t.layout, me, first, n, eb)))
+            src = b.ptrtoint(acc.addr(lw, op, first), I64)
+            size = n * eb
+            nvvm.asm(b, f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [$0], [$1], {size};",
+                     "r,l,~{memory}", [to, src])
+        return []
+
+    def edge() -> list:
+        a = acc.kept_local(lw)
+        slots = _edge_slots(lw, op, a)
+        for first, n in a.runs:
+            at = lw.ptr(dst, _private_at(lw, t.layout, me, first, n, eb))
+            for q, word in enumerate(_read_slots(b, slots[first])):
+                b.store(word, b.gep(at, [const_i32(q * word.type.width // 8)], source_etype=nvvm.I8))
+        return []
+
+    _either(lw, acc.whole_tile(lw, op), copies, edge, "cp.async")
+
+
+def async_commit(lw: Lowerer, op: Operation) -> None:
+    nvvm.asm(lw.b, "cp.async.commit_group;", "~{memory}")
+
+
+def async_wait(lw: Lowerer, op: Operation) -> None:
+    nvvm.asm(lw.b, f"cp.async.wait_group {op.pending};", "~{memory}")
+
+
+def async_read(lw: Lowerer, op: Operation) -> None:
+    """Each run back with one shared load of its words."""
+    b = lw.b
+    t = op.result.type
+    src = lw.shared(op, op.src)
+    eb = elem_bytes(t.dtype)
+    values = []
+    me = _own_thread(lw, t.layout)
+    for first, n in vector_runs(t.layout, eb):
+        at = lw.ptr(src, _private_at(lw, t.layout, me, first, n, eb))
+        w, ty = _word_type(t.dtype, n)
+        if w == 1:
+            words = [b.load(at, typ=ty, align=n * eb)]
+        else:
+            vec = b.load(at, typ=ir.VectorType(ty, w), align=n * eb)
+            words = [b.extract_element(vec, const_i32(q)) for q in range(w)]
+        values += _run_values(b, words, t.dtype, n)
+    lw.set(op.result, values)
+
+
+HANDLERS = {"hopper.async_load": async_load, "hopper.async_commit": async_commit, "hopper.async_wait": async_wait,
+            "hopper.async_read": async_read,
+            "hopper.load": load, "hopper.store": store, "hopper.prefetch": prefetch, "tile.gather": gather,
             "tile.masked_store": masked_store}

@@ -76,3 +76,28 @@ def vectorized(load: Operation) -> bool:
     tile keeps)."""
     runs = runs_of(load, load.tensor.type, load.result.type)
     return runs is not None and all(n > 1 for _, n in runs)
+
+
+def private_offsets(layout: DistributedLayout, elem_bytes: int) -> np.ndarray:
+    """Byte offset of each value of each thread (``[threads, regs]``) in shared bytes that the
+    threads of ``layout`` each keep their own values in (``hopper.async_load`` /
+    ``hopper.async_read``): run by run (:func:`vector_runs`), every thread's run side by side,
+    so a run is one aligned vector access and a warp's accesses of one run are contiguous.
+    Replicated values are kept once per thread that holds them: nothing is shared, so no
+    thread waits for another's copy.  The bytes take ``threads * regs * elem_bytes``."""
+    threads, regs = int(layout.threads), int(layout.regs)
+    out = np.zeros((threads, regs), dtype=np.int64)
+    t = np.arange(threads)
+    for first, n in vector_runs(layout, elem_bytes):
+        for k in range(n):
+            out[:, first + k] = threads * first * elem_bytes + t * n * elem_bytes + k * elem_bytes
+    return out
+
+
+#: The sizes ``cp.async`` copies (bytes): a run of fewer bytes cannot be copied on its own.
+ASYNC_COPY_BYTES = (4, 8, 16)
+
+
+def async_copyable(layout: DistributedLayout, elem_bytes: int) -> bool:
+    """Whether every run of ``layout`` is a size one ``cp.async`` copies."""
+    return all(n * elem_bytes in ASYNC_COPY_BYTES for _, n in vector_runs(layout, elem_bytes))

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tkc import dtypes
+from tkc.codegen.runs import elem_bytes, private_offsets
 from tkc.dtypes import round_to
 from tkc.emulator import ranks, tmem
 from tkc.emulator.mbarrier import MBarrier
@@ -383,6 +384,10 @@ class _Warpgroup:
         self.unmet: list[_Unmet] = []  # waits this warpgroup's warps have not met since (left_behind)
         self.committed = self.completed = 0  # wgmma groups committed / completed, in order
         self.license = 0  # when the newest barrier phase it waited for completed (clock.CLOCK)
+        # hopper.async_load copies: those of the open group, and the committed groups whose
+        # copies have not landed (oldest first); each copy (addresses, values, dtype, op).
+        self.copies: list[tuple] = []
+        self.copy_groups: list[list[tuple]] = []
 
     # Inside a role, thread ids count from the role's first thread: ``local`` is this
     # warpgroup's index and ``threads`` the thread count that layouts see.
@@ -407,6 +412,10 @@ class _Warpgroup:
         if any(not grp.done for grp in self.groups):
             op = next(grp.op for grp in self.groups if not grp.done)
             raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
+        flying = [c for grp in [*self.copy_groups, self.copies] for c in grp]
+        if flying:
+            raise self._remember(_fault(flying[0][3], "is still copying when the kernel ends (no hopper.async_wait "
+                                                      "covers it)"))
         if self.bulk:
             raise self._remember(TkcEmulatorError(
                 f"{self.role}: a hopper.tma_store is still reading shared memory when the kernel ends "
@@ -1085,6 +1094,49 @@ def _smem_load(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
     return round_to(out, op.result.type.dtype)
 
 
+def _private(wg: _Warpgroup, tile: SmemTile, layout: Any, dt: Any) -> np.ndarray:
+    """Byte addresses of this warpgroup's threads' own copies of their values of ``layout`` in
+    ``tile`` (``private_offsets``)."""
+    offs = private_offsets(layout, elem_bytes(dt))
+    return tile.base + offs[128 * wg.local + np.arange(128)]
+
+
+def _async_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, *offsets: Any) -> None:
+    """The copy reads the tensor now (the kernel never writes it, so any time before the wait
+    reads the same values) and lands at the ``hopper.async_wait`` that covers its group."""
+    layout, dt = op.reg_layout, op.tensor.type.dtype
+    values = _read(wg, op, tensor, offsets, wg.coords(op, layout))
+    wg.copies.append((_private(wg, dst, layout, dt), values, dt, op))
+
+
+def _async_commit(wg: _Warpgroup, op: Operation) -> None:
+    wg.copy_groups.append(wg.copies)
+    wg.copies = []
+
+
+def _async_wait(wg: _Warpgroup, op: Operation) -> Co:
+    yield Yield(_describe(op))  # the copies run asynchronously until here: others may run
+    done = wg.copy_groups[: max(len(wg.copy_groups) - op.pending, 0)]
+    for grp in done:
+        for addrs, values, dt, load in grp:
+            wg.cta.smem.write_elements(addrs, values, dt, writer=_who(load, wg))
+    wg.copy_groups = wg.copy_groups[len(done):]
+
+
+def _async_read(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
+    """Each thread reads its own bytes; a copy into them still in flight is an error (the
+    hardware would hand back the bytes before it)."""
+    t = op.result.type
+    addrs = _private(wg, src, t.layout, t.dtype)
+    for grp in [*wg.copy_groups, wg.copies]:
+        for dst, _, _, load in grp:
+            if np.intersect1d(dst, addrs).size:
+                raise _fault(op, f"reads shared bytes that {_describe(load)} is still copying into: a "
+                                 f"hopper.async_wait must leave that copy's group landed first")
+    out = wg.cta.smem.read_elements(addrs, t.dtype, reader=_who(op, wg))
+    return round_to(out, t.dtype)
+
+
 def _smem_copy(wg: _Warpgroup, op: Operation, src: SmemTile, dst: SmemTile) -> None:
     """This warpgroup's threads' blocks of the transposing copy (``transpose_copy_block``), each
     element read where ``src`` keeps it and written where ``dst`` does (generic proxy)."""
@@ -1368,11 +1420,15 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "hopper.smem_store": _smem_store,
     "hopper.smem_copy": _smem_copy,
     "hopper.smem_load": _smem_load,
+    "hopper.async_load": _async_load,
+    "hopper.async_commit": _async_commit,
+    "hopper.async_read": _async_read,
     "hopper.fence_proxy_async": _fence_proxy_async,
     "hopper.wgmma": _wgmma,
 }
 
 _CO_HANDLERS: dict[str, Callable[..., Co]] = {
+    "hopper.async_wait": _async_wait,
     "hopper.atomic_fetch": _atomic_fetch,
     "tile.for": _for,
     "tile.if": _if,

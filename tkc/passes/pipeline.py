@@ -32,6 +32,7 @@ from tkc.passes.overlap_products import overlap_products
 from tkc.passes.persistent import persistent
 from tkc.passes.pipeline_loops import pipeline_loops
 from tkc.passes.prefetch_loads import prefetch_loads
+from tkc.passes.stage_loads import stage_loads
 from tkc.passes.select_layouts import select_layouts
 from tkc.passes.specialize_warps import specialize_warps
 from tkc.pins import Options
@@ -65,6 +66,7 @@ PASSES: dict[str, PassFn] = {
     "overlap-products": overlap_products,  # pin overlap_products: each product waited for where it is needed
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
+    "stage-loads": stage_loads,          # pin stage_loads: a loop's loads copied ahead into each thread's own smem
     "merge-barriers": merge_barriers,    # a loop's barriers that another one already orders are dropped
     "count-divisions": count_divisions,  # a loop's i // d, i % d by a runtime d: a carried quotient, remainder
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
@@ -83,7 +85,7 @@ TAKES: dict[str, str] = {
     **dict.fromkeys(("decompose", "merge-steps", "persistent", "order-memory", "select-layouts"), "tile"),
     "lower-to-hopper": "laid-out",
     **dict.fromkeys(("pipeline-loops", "specialize-warps", "issue-ahead", "defer-last", "overlap-products",
-                     "multicast", "prefetch-loads", "merge-barriers", "count-divisions", "allocate-smem",
+                     "multicast", "prefetch-loads", "stage-loads", "merge-barriers", "count-divisions", "allocate-smem",
                      "lower-to-blackwell", "overlap-epilogue", "pair-ctas"), "lowered"),
 }
 
@@ -125,7 +127,7 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
-                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
+                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).

@@ -53,7 +53,7 @@ def prefetch_loads(module: Module, options: Options, target: Target) -> None:
             if not isinstance(step, int) or step < 1:
                 continue
             plans = [(load, slice_) for load in loop.regions[0].block.ops if load.name == "hopper.load"
-                     and _worth_it(load) and (slice_ := _offset_slice(loop, load)) is not None]
+                     and _worth_it(load) and (slice_ := offset_slice(loop, load)) is not None]
             if plans:
                 _prefetch(loop, plans, step, distance)
 
@@ -70,7 +70,7 @@ def _worth_it(load: Operation) -> bool:
     return rows <= MAX_ROWS and load.box[-1] * load.tensor.type.dtype.bits // 8 >= MIN_ROW_BYTES
 
 
-def _offset_slice(loop: Operation, load: Operation) -> list[Operation] | None:
+def offset_slice(loop: Operation, load: Operation) -> list[Operation] | None:
     """The body ops the load's offsets are computed by from the induction variable, in body
     order; None when no offset depends on it, or one depends on anything in the body but
     scalar arithmetic (a loop-carried value, a tile)."""

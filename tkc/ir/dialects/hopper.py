@@ -977,6 +977,107 @@ class PrefetchOp(_GlobalAccess, _OneThread):
                              f"squeezed axes, and rows along the last axis (not squeezed)")
 
 
+# ------------------------------------------- global -> a thread's own shared bytes
+def parse_layout(text: str) -> Any:
+    """A register layout from its printed form (``#blocked<...>``), as tile types read it."""
+    import re
+
+    from tkc.ir.types import LAYOUT_PARSERS
+
+    m = re.fullmatch(r"#(\w+)(?:<(.*)>)?", text, re.S)
+    parse = LAYOUT_PARSERS.get(m.group(1)) if m else None
+    if parse is None:
+        raise ValueError(f"unknown layout {text!r}")
+    return parse(m.group(2) or "")
+
+
+@register
+class AsyncLoadOp(_GlobalAccess):
+    """Each thread starts copying its values of a register tile of ``layout`` (a tile of the
+    box's kept axes, the tensor's dtype) from a box of a global tensor into bytes of the shared
+    tile ``dst`` that are its own (``tkc.codegen.runs.private_offsets``), out-of-bounds values
+    as 0 (``cp.async``).  The copy joins the thread's open group (``hopper.async_commit``) and
+    has landed once a ``hopper.async_wait`` leaves fewer groups in flight than came after it;
+    only then may the thread read it (``hopper.async_read`` with the same layout).  No other
+    thread reads those bytes, so no barrier orders them.  The tensor must be one the kernel
+    never writes: the copy reads it at some time before the wait."""
+
+    name = "hopper.async_load"
+    OPERANDS = ("tensor", "dst", "*offsets")
+    ATTRS = {"box": list, "layout": str, "squeeze?": list}
+
+    @property
+    def other(self) -> None:
+        return None
+
+    @property
+    def reg_layout(self) -> Any:
+        return parse_layout(self.layout)
+
+    @property
+    def tile_type(self) -> TileType:
+        """The register tile the copy moves (what ``hopper.async_read`` gives back)."""
+        squeeze = self.squeeze or []
+        shape = tuple(b for i, b in enumerate(self.box) if i not in squeeze)
+        return TileType(shape, self.tensor.type.dtype, "reg", self.reg_layout)
+
+    def verify(self) -> None:
+        self._check_tensor(self.tensor.type, self.offsets)
+        try:
+            t = self.tile_type
+        except ValueError as e:
+            raise self.error(f"layout {self.layout!r}: {e}") from None
+        self._check(self.tensor.type, self.offsets, t)
+        if self.tensor.type.rank - 1 in (self.squeeze or []):
+            raise self.error("copies runs along the tensor's last axis: it cannot be squeezed")
+        _check_private(self, self.dst.type, t)
+
+
+def _check_private(op: Operation, s: Type, t: TileType) -> None:
+    """``s`` is a shared tile with room for every thread's own copy of ``t``'s values."""
+    need = t.layout.threads * t.layout.regs * max(t.dtype.bits // 8, 1)
+    if not _smem(s) or s.layout.size_bytes < need:
+        raise op.error(f"needs a shared tile of at least {need} bytes (every thread's own copy of {t}), got {s}")
+
+
+@register
+class AsyncCommitOp(Operation):
+    """Each thread closes its group of ``hopper.async_load`` copies (``cp.async.commit_group``);
+    an empty group is a group too."""
+
+    name = "hopper.async_commit"
+
+
+@register
+class AsyncWaitOp(Operation):
+    """Each thread waits until at most its newest ``pending`` groups of copies are in flight
+    (``cp.async.wait_group``): the copies of every older group have landed."""
+
+    name = "hopper.async_wait"
+    ATTRS = {"pending": int}
+
+    def verify(self) -> None:
+        if not 0 <= self.pending <= 7:
+            raise self.error("pending is 0..7")
+
+
+@register
+class AsyncReadOp(Operation):
+    """Each thread reads its values of the register tile back from its own bytes of ``src``,
+    where a ``hopper.async_load`` of the same layout copied them."""
+
+    name = "hopper.async_read"
+    OPERANDS = ("src",)
+    RESULTS = ("result",)
+
+    def verify(self) -> None:
+        _check_reg(self, self.result.type, "result")
+        _check_private(self, self.src.type, self.result.type)
+        if self.src.type.dtype != self.result.type.dtype:
+            raise self.error(f"{self.src.type} holds {self.src.type.dtype.name}, the result is "
+                             f"{self.result.type.dtype.name}")
+
+
 # ------------------------------------------------------------ between threads
 @register
 class ReduceOp(Operation):

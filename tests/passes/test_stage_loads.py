@@ -1,0 +1,182 @@
+"""The stage-loads pass (pin ``stage_loads``): which loads it copies ahead into each thread's
+own shared bytes, how far, and that the kernel computes the same: the emulator runs the
+staged hopper IR against the interpreter on rows with tails, and the protocol of the copies
+(a read before its wait, a copy still flying at the end) is an error in the emulator."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from device_checks import HAVE_PTXAS, assert_no_spills, interpret_and_emulate
+
+from tkc.codegen.runs import private_offsets
+from tkc.compiler import compile_kernel
+from tkc.emulator.machine import emulate
+from tkc.errors import TkcEmulatorError, TkcUsageError, TkcVerifyError
+from tkc.interpreter import random_args
+from tkc.ir.layouts import Blocked
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+
+# A norm backward's row loop: each program takes ROWS rows one after another, reads three rows
+# and two row statistics, writes one row and sums a weight gradient over its rows.
+ROWS = '''
+@kernel
+def rows(dy: bf16[M, N], h: bf16[M, N], dh: bf16[M, N], w: bf16[N], mu: f32[M], rs: f32[M],
+         dx: bf16[M, N], dw: f32[N], ROWS: const = 4, BN: const = 256):
+    grid(cdiv(M, ROWS))
+    acc = zeros([1, BN], f32)
+    wt = w[0:BN].to(f32)
+    for i in range(ROWS):
+        r = program_id(0) * ROWS + i
+        xhat = (h[r:r+1, 0:BN].to(f32) - mu[r:r+1][:, None]) * rs[r:r+1][:, None]
+        g = dy[r:r+1, 0:BN].to(f32) * wt[None, :]
+        c = (g * xhat).sum(1) / N.to(f32)
+        dx[r:r+1, 0:BN] = (rs[r:r+1][:, None] * (g - xhat * c[:, None]) + dh[r:r+1, 0:BN].to(f32)).to(bf16)
+        acc += g * xhat
+    atomic_add(dw[0:BN], acc.sum(0))
+'''
+
+
+def _hopper(src: str, consts: dict) -> str:
+    return compile_kernel(src, consts, stop="hopper", cache=False).asm["hopper"]
+
+
+@pytest.mark.parametrize("distance", [1, 2, 3])
+@pytest.mark.parametrize("dims", [{"M": 10, "N": 200}, {"M": 16, "N": 256}, {"M": 3, "N": 250}])
+def test_the_emulator_agrees_with_the_interpreter(distance, dims):
+    # Rows past M (10 and 3 are no multiple of ROWS = 4) and columns past N take the loads'
+    # edge path into the thread's bytes; a program with fewer rows than the distance issues
+    # copies only for rows its loop runs.
+    tile_ir = compile_kernel(ROWS, {"stage_loads": distance}, stop="tkir", cache=False)
+    staged = compile_kernel(ROWS, {"stage_loads": distance}, stop="hopper", cache=False)
+    assert "hopper.async_load" in staged.asm["hopper"]
+    args = random_args(tile_ir.kernel_op, dims, 3)
+    want, got = interpret_and_emulate(tile_ir.kernel_op, staged.kernel_op, args, seed=distance)
+    for i in (6, 7):  # dx, dw
+        np.testing.assert_allclose(np.asarray(got[i], np.float64), np.asarray(want[i], np.float64),
+                                   rtol=1e-2, atol=1e-3)
+
+
+def test_every_row_load_is_staged_with_its_prologue():
+    text = _hopper(ROWS, {"stage_loads": 2})
+    # h, dy, dh, mu and rs (read twice: two loads, which cse leaves) each: two copies before the
+    # loop and one in the body; a wait and a read at each load's first use.
+    loads = {"h": 1, "dy": 1, "dh": 1, "mu": 1, "rs": 2}
+    for name, n in loads.items():
+        assert len(re.findall(rf"hopper\.async_load %{name}\b", text)) == 3 * n, name
+        assert re.search(rf"%{name}_staged = hopper\.smem_alloc {{offset = \d+, stages = 3}}", text), name
+    assert text.count("hopper.async_commit") == 3
+    assert text.count("hopper.async_wait {pending = 2}") == 6
+    assert text.count("hopper.async_read") == 6
+    assert "hopper.load %w" in text  # outside the loop: left alone
+    assert not re.search(r"hopper\.load %(h|dy|dh|mu|rs)\b", text)
+
+
+def test_the_dump_reads_back():
+    text = _hopper(ROWS, {"stage_loads": 1})
+    module = parse_module(text)
+    verify(module)
+    assert print_module(module) == text
+
+
+@pytest.mark.parametrize("consts", [{}, {"stage_loads": 0}])
+def test_without_the_pin_nothing_changes(consts):
+    assert "async" not in _hopper(ROWS, consts)
+
+
+def test_the_pin_counts_to_seven():
+    with pytest.raises(TkcUsageError, match="stage_loads = 8: at most 7"):
+        _hopper(ROWS, {"stage_loads": 8})
+    with pytest.raises(TkcUsageError, match="stage_loads = -1"):
+        _hopper(ROWS, {"stage_loads": -1})
+
+
+def test_the_distance_shrinks_to_the_shared_memory_left():
+    # Three 16k-column bf16 rows take 96 KB a stage: two stages fit the 227 KB a program may
+    # take, so distance 1 whatever the pin asks.
+    text = _hopper(ROWS, {"stage_loads": 5, "BN": 16384, "warps": 16})
+    assert "hopper.async_wait {pending = 1}" in text and "stages = 2" in text
+
+
+OTHERS = '''
+@kernel
+def k(x: bf16[M, N], y: bf16[M, N], z: f32[M, N], BN: const = 256):
+    grid(M)
+    r = program_id(0)
+    acc = zeros([1, BN], f32)
+    for j in range(4):
+        acc += x[r:r+1, 0:BN].to(f32)                        # the same box every iteration
+        acc += y[(r + j) % M:(r + j) % M + 1, 0:BN].to(f32)  # y is written below
+        if j > 1:
+            acc += z[r:r+1, 0:BN]                             # under an if
+    y[r:r+1, 0:BN] = acc.to(bf16)
+'''
+
+
+def test_loads_that_do_not_qualify_are_left_alone():
+    assert "async" not in _hopper(OTHERS, {"stage_loads": 2})
+
+
+def _rows_ir() -> str:
+    """The staged kernel's hopper IR with distance 1."""
+    return _hopper(ROWS, {"stage_loads": 1})
+
+
+def _run(text: str) -> None:
+    module = parse_module(text)
+    kernel = module.kernel("rows")
+    args = random_args(kernel, {"M": 8, "N": 256}, 0)
+    emulate(kernel, args)
+
+
+def test_a_read_before_its_wait_is_an_error():
+    text = _rows_ir()
+    # Drop the wait before the first read: the body's copy of the next row is still flying when
+    # the read of this one... is fine, but the prologue's copy of row 0 has not landed.
+    first = text.index("hopper.async_wait {pending = 1}")
+    line_end = text.index("\n", first)
+    broken = text[:text.rindex("\n", 0, first) + 1] + text[line_end + 1:]
+    with pytest.raises(TkcEmulatorError, match="still copying into: a hopper.async_wait"):
+        _run(broken)
+
+
+def test_a_copy_flying_at_the_end_is_an_error():
+    text = _rows_ir()
+    broken = text.replace("hopper.async_wait {pending = 1}", "hopper.async_wait {pending = 2}")
+    with pytest.raises(TkcEmulatorError, match="still copying into|still copying when the kernel ends"):
+        _run(broken)
+
+
+def test_the_verifier_refuses_a_short_destination():
+    text = _rows_ir()
+    small = "tile<8x8xbf16, smem, #smem<8x8xbf16, k, sw0>>"
+    broken = re.sub(r"tile<(\d+)x8xbf16, smem, #smem<\1x8xbf16, k, sw0>>", small, text)
+    with pytest.raises(TkcVerifyError, match="needs a shared tile of at least 512 bytes"):
+        verify(parse_module(broken))
+
+
+def test_the_verifier_refuses_a_bad_layout():
+    text = _rows_ir().replace('layout = "#blocked<1x256', 'layout = "#nonsense<1x256', 1)
+    with pytest.raises(TkcVerifyError, match="unknown layout"):
+        verify(parse_module(text))
+
+
+def test_each_thread_keeps_its_runs_side_by_side_with_the_others():
+    layout = Blocked((1, 1024), 4, (1, 32), (1, 4))  # 128 threads, two runs of 4 bf16 (8 bytes) each
+    offs = private_offsets(layout, 2)
+    assert offs.shape == (128, 8)
+    assert sorted(offs.reshape(-1)) == list(range(0, 2048, 2))  # every byte of 128 x 8 values once
+    assert list(offs[1]) == [8, 10, 12, 14, 1032, 1034, 1036, 1038]  # beside thread 0's runs
+
+
+@pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas")
+def test_ptx_copies_with_cp_async_and_assembles_without_spills():
+    c = compile_kernel(ROWS, {"stage_loads": 2, "BN": 4096, "warps": 8}, stop="cubin", cache=False)
+    ptx = c.asm["ptx"]
+    assert "cp.async.ca.shared.global" in ptx and "cp.async.commit_group;" in ptx
+    assert "cp.async.wait_group 2;" in ptx
+    assert_no_spills(c)
