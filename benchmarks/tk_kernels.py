@@ -244,7 +244,7 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
             bwd_args = [dy, dh, h, w, mu, rstd, dx, dres, dw, db, seed, p]
             best_bwd = autotune(EXAMPLES / "layernorm_residual_bwd.tk", bwd_args,
                                 [{"BN": BN, "rms": rms, "dropout": dropout, "ROWS": r, "warps": n}
-                                 for r in (8, 32) for n in (4, 8, 16)], flush_bytes=L2_FLUSH_BYTES)
+                                 for r in (16, 32) for n in (8, 16)], flush_bytes=L2_FLUSH_BYTES)
             bwd = launcher("layernorm_residual_bwd.tk", best_bwd.consts)
 
             def ours_bwd(bwd=bwd):

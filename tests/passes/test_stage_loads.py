@@ -180,3 +180,34 @@ def test_ptx_copies_with_cp_async_and_assembles_without_spills():
     assert "cp.async.ca.shared.global" in ptx and "cp.async.commit_group;" in ptx
     assert "cp.async.wait_group 2;" in ptx
     assert_no_spills(c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distance", [1, 2])
+def test_on_the_gpu_as_the_interpreter(distance):
+    # Rows past M and columns past N on the edge path, the rest through cp.async.
+    from device_checks import interpret_and_run_on_gpu
+
+    args, want, got = interpret_and_run_on_gpu(
+        lambda stop: compile_kernel(ROWS, {"stage_loads": distance, "BN": 1024}, stop=stop, cache=False),
+        {"M": 37, "N": 1000})
+    for i in (6, 7):  # dx, dw
+        np.testing.assert_allclose(np.asarray(got[i], np.float64), np.asarray(want[i], np.float64),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_cross_entropy_staged_on_the_gpu_as_torch():
+    # A long vocabulary's blocks through cp.async, the last one a tail filled with -inf.
+    import torch
+    from device_checks import launch_tensors
+
+    from tkc.compiler import compile_kernel as compile_
+
+    path = __import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "cross_entropy.tk"
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 50_000, generator=g).to(torch.bfloat16)
+    labels = torch.randint(0, 50_000, (64,), generator=g)
+    got = launch_tensors(compile_(path, {"stage_loads": 2}), [logits, labels, torch.zeros(1)])
+    want = torch.nn.functional.cross_entropy(logits.float(), labels)
+    torch.testing.assert_close(got[2][0], want, rtol=1e-4, atol=1e-4)

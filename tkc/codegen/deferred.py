@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.runs import vectorized
+from tkc.codegen.runs import elem_bytes, vector_runs, vectorized
 from tkc.ir.core import Operation, uses
 from tkc.ir.dialects import hopper
 from tkc.ir.types import TileType
@@ -103,9 +103,19 @@ def store_plan(kernel: Operation) -> StorePlan:
     deferred = frozenset(op for op in loads if op.tensor not in written and _worth_deferring(op)
                          and _broadcast_into(op, _sole_store(op, users)))
     cones = frozenset(op for op in kernel.walk() if _through(op) and _sole_store(op, users) is not None)
-    packed = frozenset(op for op in loads if op not in deferred and op.result.type.dtype.name in ("bf16", "f16")
-                       and vectorized(op) and _live_until_a_store(op, users, cones))
+    # A staged load's read (stage-loads) keeps its words packed alike: its runs are vector reads.
+    reads = [op for op in kernel.walk() if op.name == "hopper.async_read"]
+    packed = frozenset(op for op in [*loads, *reads] if op not in deferred
+                       and op.result.type.dtype.name in ("bf16", "f16")
+                       and (vectorized(op) if op.name == "hopper.load" else _vector_reads(op))
+                       and _live_until_a_store(op, users, cones))
     return StorePlan(deferred, cones, packed)
+
+
+def _vector_reads(read: Operation) -> bool:
+    """Whether every run of a ``hopper.async_read`` is one vector read of words."""
+    t = read.result.type
+    return all(n > 1 for _, n in vector_runs(t.layout, elem_bytes(t.dtype)))
 
 
 def _worth_deferring(load: Operation) -> bool:

@@ -964,7 +964,7 @@ def async_read(lw: Lowerer, op: Operation) -> None:
     t = op.result.type
     src = lw.shared(op, op.src)
     eb = elem_bytes(t.dtype)
-    values = []
+    runs = []
     me = _own_thread(lw, t.layout)
     for first, n in vector_runs(t.layout, eb):
         at = lw.ptr(src, _private_at(lw, t.layout, me, first, n, eb))
@@ -974,8 +974,11 @@ def async_read(lw: Lowerer, op: Operation) -> None:
         else:
             vec = b.load(at, typ=ir.VectorType(ty, w), align=n * eb)
             words = [b.extract_element(vec, const_i32(q)) for q in range(w)]
-        values += _run_values(b, words, t.dtype, n)
-    lw.set(op.result, values)
+        runs.append((first, n, words))
+    if op in lw.plan.packed:  # kept as the words read, as a packed load's (tkc/codegen/deferred.py)
+        lw.set(op.result, Packed(runs, lambda b, ws, n: _run_values(b, ws, t.dtype, n), lw.regs(op, t)))
+    else:
+        lw.set(op.result, [v for _, n, words in runs for v in _run_values(b, words, t.dtype, n)])
 
 
 HANDLERS = {"hopper.async_load": async_load, "hopper.async_commit": async_commit, "hopper.async_wait": async_wait,

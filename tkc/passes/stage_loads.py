@@ -14,10 +14,11 @@ groups, and it waits for its own.
 
 A load qualifies when it sits directly in the body of a ``tile.for`` with a constant positive
 step, its result is a register tile whose every run ``cp.async`` can copy (4, 8 or 16 bytes:
-``async_copyable``), it reads the tensor along its last axis (not squeezed, no steps) with
-out-of-bounds values 0, the tensor is a parameter the kernel never writes (the copy reads it
-early), and an offset depends on the induction variable through scalar arithmetic in the body
-(``prefetch-loads``' rule).  Each staged load gets a ring of ``d + 1`` stages; the loop, with
+``async_copyable``), it reads the tensor along its last axis (not squeezed, no steps), the
+tensor is a parameter the kernel never writes (the copy reads it early), an offset depends on
+the induction variable through scalar arithmetic in the body (``prefetch-loads``' rule), and
+it is not a vector that a store broadcasts (``deferred``: the store loads it run by run, and
+every program reads it, so it is likely in L2).  Each staged load gets a ring of ``d + 1`` stages; the loop, with
 ``t = (j - lb) // step`` its iteration count so far, becomes
 
     before the loop, for a in 0 .. d-1:  if lb + a*step < ub: async_load(iteration a) -> stage a
@@ -45,6 +46,7 @@ issue a copy for an iteration the loop does not run.
 from __future__ import annotations
 
 from tkc import dtypes
+from tkc.codegen.deferred import store_plan
 from tkc.codegen.runs import async_copyable, elem_bytes
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, clone, replace_all_uses, uses
@@ -65,12 +67,16 @@ _READS = frozenset({"hopper.load", "hopper.prefetch", "hopper.tma_load", "tile.g
 def stage_loads(module: Module, options: Options, target: Target) -> None:
     for kernel in pinned_kernels(module, options.stage_loads > 0):
         room = target.smem_per_program(options.programs_per_sm) - _smem_taken(kernel)
+        # A vector that a store broadcasts is loaded by the store itself, run by run
+        # (tkc/codegen/deferred.py): few registers, and likely in L2 (every program reads it).
+        by_store = store_plan(kernel).deferred
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             step = tile.constant_value(loop.step)
             if not isinstance(step, int) or step < 1:
                 continue
             plans = [(load, slice_) for load in loop.regions[0].block.ops
-                     if _qualifies(kernel, load) and (slice_ := offset_slice(loop, load)) is not None]
+                     if load not in by_store and _qualifies(kernel, load)
+                     and (slice_ := offset_slice(loop, load)) is not None]
             stage_bytes = sum(_private_bytes(load.result.type) for load, _ in plans)
             distance = min(options.stage_loads, room // stage_bytes - 1) if plans else 0
             if distance >= 1:
@@ -92,7 +98,7 @@ def _qualifies(kernel: Operation, load: Operation) -> bool:
     if load.name != "hopper.load" or not isinstance(load.result.type, TileType):
         return False
     t, tensor = load.result.type, load.tensor
-    if load.other not in (None, 0) or load.attributes.get("steps") or tensor.type.rank - 1 in (load.squeeze or []):
+    if load.attributes.get("steps") or tensor.type.rank - 1 in (load.squeeze or []):
         return False
     if not async_copyable(t.layout, elem_bytes(t.dtype)):
         return False
@@ -134,6 +140,8 @@ def _stage(kernel: Operation, loop: Operation, plans: list[tuple[Operation, list
             attrs = {"box": list(load.box), "layout": str(load.result.type.layout)}
             if load.squeeze:
                 attrs["squeeze"] = list(load.squeeze)
+            if load.other is not None:
+                attrs["other"] = load.other
             then.append(hopper.AsyncLoadOp([load.tensor, dst.result, *(mapping.get(o, o) for o in load.offsets)],
                                            [], attrs, loc=load.loc))
         then.append(tile.YieldOp([], [], loc=loc))

@@ -996,7 +996,7 @@ class AsyncLoadOp(_GlobalAccess):
     """Each thread starts copying its values of a register tile of ``layout`` (a tile of the
     box's kept axes, the tensor's dtype) from a box of a global tensor into bytes of the shared
     tile ``dst`` that are its own (``tkc.codegen.runs.private_offsets``), out-of-bounds values
-    as 0 (``cp.async``).  The copy joins the thread's open group (``hopper.async_commit``) and
+    as ``other`` (0 by default; ``cp.async``).  The copy joins the thread's open group (``hopper.async_commit``) and
     has landed once a ``hopper.async_wait`` leaves fewer groups in flight than came after it;
     only then may the thread read it (``hopper.async_read`` with the same layout).  No other
     thread reads those bytes, so no barrier orders them.  The tensor must be one the kernel
@@ -1004,11 +1004,7 @@ class AsyncLoadOp(_GlobalAccess):
 
     name = "hopper.async_load"
     OPERANDS = ("tensor", "dst", "*offsets")
-    ATTRS = {"box": list, "layout": str, "squeeze?": list}
-
-    @property
-    def other(self) -> None:
-        return None
+    ATTRS = {"box": list, "layout": str, "squeeze?": list, "other?": (int, float, bool)}
 
     @property
     def reg_layout(self) -> Any:
