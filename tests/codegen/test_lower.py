@@ -56,7 +56,8 @@ def edge_buffer_bytes(kernel: Operation) -> int:
 
     total = 0
     for op in kernel.walk():
-        t = op.result.type if op.name == "hopper.load" else op.value.type if op.name == "hopper.store" else None
+        t = op.result.type if op.name == "hopper.load" else op.value.type if op.name == "hopper.store" \
+            else op.tile_type if op.name == "hopper.async_load" else None
         if isinstance(t, TileType):
             size = int(t.layout.regs) * bits_type(op.tensor.type.dtype).width // 8
             total += size + 6  # padding: before a 4-byte array, and a second run length
@@ -235,6 +236,13 @@ FIXTURES = {
     },
     "prefetch": {
         "cp.async.bulk.prefetch.L2.global": 1,  # thread 0, the box's one row
+    },
+    "staged_rows": {
+        "cp.async.cg.shared.global": 2,  # x's one 16-byte run a thread: before the loop and in it
+        "cp.async.ca.shared.global": 2,  # m's 4-byte value, each thread its own copy
+        "cp.async.commit_group;": 2,
+        "cp.async.wait_group 1;": 2,  # before each read
+        "ld.shared.v4.b32": 1,  # x's run read back at once
     },
     "role_sync": {
         "bar.sync \t0;": 1,  # hopper.sync outside the roles: the CTA

@@ -90,3 +90,24 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.rms_norm(x.bfloat16(), bf16(64).to("meta"))
     with pytest.raises(TkcUsageError, match="matmul: a and b must be on one device, got cpu and meta"):
         tkc.ops.matmul(x.bfloat16(), bf16(64, 8).to("meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("shape", [(37, 300), (3, 4100), (2, 517, 4096), (64, 8192)])
+def test_gradients_on_the_gpu_match_torch(op: str, shape: tuple[int, ...]) -> None:
+    # The backward kernels (tkc/ops/kernels/norm_backward.tk): rows past a program's share, a
+    # row longer than one block (4100, 8192: two sweeps), rows copied ahead through cp.async.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(sum(shape))
+    tk, ref, (w, b) = references(shape[-1])[op]
+    x = bf16(*shape, scale=2.0) + 1.0
+    leaves = [t.cuda().requires_grad_() for t in (x, w, b)]
+    f32 = [t.detach().float().requires_grad_() for t in leaves]
+    g = bf16(*shape).cuda()
+    tk(*leaves).backward(g)
+    ref(*f32).backward(g.float())
+    for got, exp in zip(leaves[:2 if op == "rms_norm" else 3], f32):
+        scale = exp.grad.abs().max().item()
+        torch.testing.assert_close(got.grad.float(), exp.grad, atol=2e-2 * scale, rtol=2e-2)
