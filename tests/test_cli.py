@@ -207,6 +207,10 @@ def test_resource_usage_names_the_loads_stores_emit_and_the_packed_rows() -> Non
     # GEMM's epilogue is a TMA store of its accumulator: nothing deferred, nothing packed.
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "gemm.cubin", "--resource-usage")
     assert len(r.stderr.splitlines()) == 1, r.stderr
+    # Rows read back from their stage (stage_loads) are named by their tensor.
+    r = tkc_cli("compile", str(EXAMPLES / "layernorm_residual_bwd.tk"), "-o", "bwd.cubin", "--resource-usage")
+    assert r.exit_code == 0, r.stderr
+    assert "layernorm_residual_bwd: kept packed until their stores: dh (staged)" in r.stderr
 
 
 def test_compile_cubin_without_ptxas_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:

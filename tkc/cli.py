@@ -475,8 +475,16 @@ def _print_store_plan(compiled: Any) -> None:
     kernel = compiled.kernel_op
     plan = store_plan(kernel)
 
+    def name(op: Any) -> str:
+        if op.name != "hopper.async_read":
+            return op.tensor.name_hint or "?"
+        # A staged load's read (stage-loads): named by its ring, "<tensor>_staged".
+        stage = getattr(op.src, "owner", None)
+        ring = stage.operands[0] if stage is not None and stage.name == "hopper.stage" else op.src
+        return (ring.name_hint or "?").removesuffix("_staged") + " (staged)"
+
     def tensors(ops: frozenset) -> str:
-        return ", ".join(dict.fromkeys(op.tensor.name_hint or "?" for op in kernel.walk() if op in ops))
+        return ", ".join(dict.fromkeys(name(op) for op in kernel.walk() if op in ops))
 
     parts = ([f"loaded by their stores, run by run: {tensors(plan.deferred)}"] if plan.deferred else []) + \
             ([f"kept packed until their stores: {tensors(plan.packed)}"] if plan.packed else [])

@@ -211,3 +211,95 @@ def test_cross_entropy_staged_on_the_gpu_as_torch():
     got = launch_tensors(compile_(path, {"stage_loads": 2}), [logits, labels, torch.zeros(1)])
     want = torch.nn.functional.cross_entropy(logits.float(), labels)
     torch.testing.assert_close(got[2][0], want, rtol=1e-4, atol=1e-4)
+
+
+def _staged_rows_fixture() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "codegen" / "kernels" / "staged_rows.tkir").read_text()
+
+
+def _emulate(text: str, name: str = "staged_rows") -> None:
+    kernel = parse_module(text).kernel(name)
+    emulate(kernel, random_args(kernel, {"M": 8, "N": 1024}, 0))
+
+
+def test_the_fixture_runs_as_written():
+    _emulate(_staged_rows_fixture())
+
+
+def test_a_read_of_another_threads_copy_is_an_error():
+    # The copies of x with runs of 4 values a thread, the reads with runs of 8: half of what a
+    # thread reads back another thread copied, which cp.async.wait_group does not wait for.
+    text = _staged_rows_fixture().replace('hopper.async_load %x, %8, %r, %2 {box = [1, 1024], layout = '
+                                          '"#blocked<1x1024, vec=8',
+                                          'hopper.async_load %x, %8, %r, %2 {box = [1, 1024], layout = '
+                                          '"#blocked<1x1024, vec=4')
+    text = text.replace('hopper.async_load %x, %17, %r_1, %2 {box = [1, 1024], layout = "#blocked<1x1024, vec=8',
+                        'hopper.async_load %x, %17, %r_1, %2 {box = [1, 1024], layout = "#blocked<1x1024, vec=4')
+    assert text.count("vec=4") == 2
+    with pytest.raises(TkcEmulatorError, match="reads shared bytes that thread \\d+'s copy put there"):
+        _emulate(text)
+
+
+def test_two_copies_into_the_same_bytes_in_flight_are_an_error():
+    text = _staged_rows_fixture()
+    line = next(ln for ln in text.splitlines() if "hopper.async_load %x, %8," in ln)
+    with pytest.raises(TkcEmulatorError, match="copies into shared bytes that .* still copies into"):
+        _emulate(text.replace(line, line + "\n" + line))
+
+
+def test_the_verifier_refuses_runs_cp_async_cannot_copy():
+    # Runs of one bf16 value (2 bytes) a thread: cp.async copies 4, 8 or 16.
+    text = _staged_rows_fixture().replace('"#blocked<1x1024, vec=8, lanes=1x32, warps=1x4>"}',
+                                          '"#blocked<1x1024, vec=1, lanes=1x32, warps=1x4>"}', 1)
+    with pytest.raises(TkcVerifyError, match="gives runs that cp.async cannot copy"):
+        verify(parse_module(text))
+
+
+BOOLS = '''
+@kernel
+def k(x: bool[M, N], y: f32[M, N], BN: const = 1024):
+    grid(1)
+    acc = zeros([1, BN], f32)
+    for i in range(M):
+        acc += where(x[i:i+1, 0:BN], 1.0, 0.0)
+        y[i:i+1, 0:BN] = acc
+'''
+
+
+def test_bool_tiles_are_left_alone():
+    assert "async" not in _hopper(BOOLS, {"stage_loads": 2})
+
+
+NESTED = '''
+@kernel
+def k(x: bf16[M, N], s: f32[M], y: f32[M], BN: const = 256):
+    grid(1)
+    for i in range(M):
+        acc = s[i:i+1]
+        for j in range(cdiv(N, BN)):
+            acc += x[i:i+1, j*BN:(j+1)*BN].to(f32).sum(1)
+        y[i:i+1] = acc
+'''
+
+
+def test_a_loop_around_a_staged_loop_is_left_alone():
+    # The inner loop's blocks are staged; the outer loop's s is not: its wait would count the
+    # inner loop's groups too.
+    text = _hopper(NESTED, {"stage_loads": 2})
+    assert re.search(r"hopper\.async_load %x\b", text) and "hopper.load %s" in text
+    tile_ir = compile_kernel(NESTED, {"stage_loads": 2}, stop="tkir", cache=False)
+    staged = compile_kernel(NESTED, {"stage_loads": 2}, stop="hopper", cache=False)
+    args = random_args(tile_ir.kernel_op, {"M": 5, "N": 700}, 1)
+    want, got = interpret_and_emulate(tile_ir.kernel_op, staged.kernel_op, args, seed=1)
+    np.testing.assert_allclose(np.asarray(got[2], np.float64), np.asarray(want[2], np.float64), rtol=1e-5)
+
+
+def test_every_sweep_of_a_tensor_is_staged():
+    # Softmax's two sweeps over x (the second once the first is staged): both through copies;
+    # the one-block rows' load is in no loop.
+    text = compile_kernel(__import__("pathlib").Path(__file__).resolve().parents[2] / "examples" / "softmax.tk",
+                          {"stage_loads": 2, "BN": 256}, stop="hopper", cache=False).asm["hopper"]
+    assert len(re.findall(r"hopper\.load %x\b", text)) == 1
+    assert len(re.findall(r"hopper\.async_load %x\b", text)) == 6  # two sweeps x (two before, one in)

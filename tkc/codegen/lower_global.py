@@ -918,24 +918,31 @@ def _own_thread(lw: Lowerer, layout: object) -> ir.Value:
     return lw.thread(layout, opaque=True).v
 
 
+def _cp_async(lw: Lowerer, to: ir.Value, src: ir.Value, size: int) -> None:
+    """``cp.async`` of ``size`` bytes (4, 8 or 16; ``.cg``, past L1, for 16) from global ``src``
+    to the 32-bit shared address ``to``."""
+    nvvm.asm(lw.b, f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [$0], [$1], {size};", "r,l,~{memory}",
+             [to, lw.b.ptrtoint(src, I64)])
+
+
 def async_load(lw: Lowerer, op: Operation) -> None:
-    """Where the whole box is in bounds and each run one aligned access, a ``cp.async`` a run
-    (``.cg``, past L1, for 16 bytes); elsewhere the load's edge path, its words stored into the
-    thread's bytes at once (the same thread reads them back, after its own stores)."""
+    """Where the whole box is in bounds and each run one aligned access, a ``cp.async`` a run;
+    elsewhere the load's edge path, its words stored into the thread's bytes at once (the same
+    thread reads them back, after its own stores).  (A run cut by the tensor's end could be
+    copied too, its bytes past the end zero-filled by ``cp.async``'s src-size: not yet run on a
+    GPU, so not used.)"""
     b = lw.b
     t = op.tile_type
     dst = lw.shared(op, op.dst)
-    eb = elem_bytes(t.dtype)
+    dt = t.dtype
+    eb = elem_bytes(dt)
     acc = _access(lw, op, t).kept_local(lw)  # addresses at the copy: see _own_thread
     me = _own_thread(lw, t.layout)
 
     def copies() -> list:
         for first, n in acc.runs:
             to = lw.smem_addr(lw.offset(dst, _private_at(lw, t.layout, me, first, n, eb)))
-            src = b.ptrtoint(acc.addr(lw, op, first), I64)
-            size = n * eb
-            nvvm.asm(b, f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [$0], [$1], {size};",
-                     "r,l,~{memory}", [to, src])
+            _cp_async(lw, to, acc.addr(lw, op, first), n * eb)
         return []
 
     def edge() -> list:

@@ -194,6 +194,7 @@ class _CTA:
         self.threads = threads
         smem_bytes = kernel.smem_bytes or 0
         self.smem = SharedMemory(max(smem_bytes, 1))
+        self.copy_owner: np.ndarray | None = None  # per smem byte, whose hopper.async_load landed there
         self.mbarriers: dict[int, MBarrier] = {}
         self.bar_names: dict[int, str] = {}  # offset -> the allocation's name, without a CTA rank
         # bar.sync over the CTA, one per id: an mbarrier every warpgroup arrives on once; and
@@ -412,7 +413,7 @@ class _Warpgroup:
         if any(not grp.done for grp in self.groups):
             op = next(grp.op for grp in self.groups if not grp.done)
             raise self._remember(_fault(op, "is still in flight when the kernel ends (no hopper.wgmma_wait)"))
-        flying = [c for grp in [*self.copy_groups, self.copies] for c in grp]
+        flying = _flying(self)
         if flying:
             raise self._remember(_fault(flying[0][3], "is still copying when the kernel ends (no hopper.async_wait "
                                                       "covers it)"))
@@ -1096,17 +1097,29 @@ def _smem_load(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
 
 def _private(wg: _Warpgroup, tile: SmemTile, layout: Any, dt: Any) -> np.ndarray:
     """Byte addresses of this warpgroup's threads' own copies of their values of ``layout`` in
-    ``tile`` (``private_offsets``)."""
-    offs = private_offsets(layout, elem_bytes(dt))
-    return tile.base + offs[128 * wg.local + np.arange(128)]
+    ``tile`` (``private_offsets``): ``[128, regs, element bytes]``."""
+    eb = elem_bytes(dt)
+    offs = private_offsets(layout, eb)
+    return tile.base + offs[128 * wg.local + np.arange(128)][..., None] + np.arange(eb)
+
+
+def _flying(wg: _Warpgroup) -> list[tuple]:
+    return [c for grp in [*wg.copy_groups, wg.copies] for c in grp]
 
 
 def _async_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, *offsets: Any) -> None:
     """The copy reads the tensor now (the kernel never writes it, so any time before the wait
-    reads the same values) and lands at the ``hopper.async_wait`` that covers its group."""
+    reads the same values) and lands at the ``hopper.async_wait`` that covers its group.  A copy
+    into bytes that an earlier copy still flies into is an error: the hardware does not order
+    them."""
     layout, dt = op.reg_layout, op.tensor.type.dtype
     values = _read(wg, op, tensor, offsets, wg.coords(op, layout))
-    wg.copies.append((_private(wg, dst, layout, dt), values, dt, op))
+    nbytes = _private(wg, dst, layout, dt)
+    for other, _, _, load in _flying(wg):
+        if np.intersect1d(other, nbytes).size:
+            raise _fault(op, f"copies into shared bytes that {_describe(load)} still copies into: a "
+                             f"hopper.async_wait must leave that copy landed first")
+    wg.copies.append((nbytes, values, dt, op))
 
 
 def _async_commit(wg: _Warpgroup, op: Operation) -> None:
@@ -1114,26 +1127,46 @@ def _async_commit(wg: _Warpgroup, op: Operation) -> None:
     wg.copies = []
 
 
+def _copy_owners(wg: _Warpgroup) -> np.ndarray:
+    """Per byte of shared memory, the thread whose ``hopper.async_load`` copy landed there last
+    (-1: none)."""
+    if wg.cta.copy_owner is None:
+        wg.cta.copy_owner = np.full(wg.cta.smem.data.size, -1, np.int32)
+    return wg.cta.copy_owner
+
+
 def _async_wait(wg: _Warpgroup, op: Operation) -> Co:
     yield Yield(_describe(op))  # the copies run asynchronously until here: others may run
     done = wg.copy_groups[: max(len(wg.copy_groups) - op.pending, 0)]
+    owners = _copy_owners(wg)
+    threads = (128 * wg.g + np.arange(128))[:, None, None]
     for grp in done:
-        for addrs, values, dt, load in grp:
-            wg.cta.smem.write_elements(addrs, values, dt, writer=_who(load, wg))
+        for nbytes, values, dt, load in grp:
+            wg.cta.smem.write_elements(nbytes[..., 0], values, dt, writer=_who(load, wg))
+            owners[nbytes] = np.broadcast_to(threads, nbytes.shape)
     wg.copy_groups = wg.copy_groups[len(done):]
 
 
 def _async_read(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
-    """Each thread reads its own bytes; a copy into them still in flight is an error (the
-    hardware would hand back the bytes before it)."""
+    """Each thread reads its own bytes, where its own copy landed: a copy into them still in
+    flight (the hardware would hand back the bytes before it), or bytes another thread's copy
+    wrote (``cp.async.wait_group`` waits for the thread's own copies only), is an error."""
     t = op.result.type
-    addrs = _private(wg, src, t.layout, t.dtype)
-    for grp in [*wg.copy_groups, wg.copies]:
-        for dst, _, _, load in grp:
-            if np.intersect1d(dst, addrs).size:
-                raise _fault(op, f"reads shared bytes that {_describe(load)} is still copying into: a "
-                                 f"hopper.async_wait must leave that copy's group landed first")
-    out = wg.cta.smem.read_elements(addrs, t.dtype, reader=_who(op, wg))
+    nbytes = _private(wg, src, t.layout, t.dtype)
+    for other, _, _, load in _flying(wg):
+        if np.intersect1d(other, nbytes).size:
+            raise _fault(op, f"reads shared bytes that {_describe(load)} is still copying into: a "
+                             f"hopper.async_wait must leave that copy's group landed first")
+    owner = _copy_owners(wg)[nbytes]
+    mine = (128 * wg.g + np.arange(128))[:, None, None]
+    if not np.all(owner == mine):
+        bad = np.argwhere(owner != mine)[0]
+        who = int(owner[tuple(bad)])
+        whose = "no copy" if who < 0 else f"thread {who}'s copy"
+        raise _fault(op, f"thread {128 * wg.g + int(bad[0])} reads shared bytes that {whose} put there: a thread "
+                         f"reads back only what its own hopper.async_load copied (the copy's layout must be the "
+                         f"read's)")
+    out = wg.cta.smem.read_elements(nbytes[..., 0], t.dtype, reader=_who(op, wg))
     return round_to(out, t.dtype)
 
 

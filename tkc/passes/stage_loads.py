@@ -33,7 +33,8 @@ the groups of iterations ``t + 1 .. t + d`` in flight.  Stage ``(t + d) % (d + 1
 one iteration ``t - 1`` read: its values were used in that iteration, before this one's copy
 is issued.  Loads that would not fit the shared memory left after the kernel's other tiles
 (``Target.smem_per_program`` at the ``ctas_per_sm`` pin) at distance ``d`` are staged at the
-largest distance that fits, or not at all.
+largest distance that fits, or not at all.  Inner loops are staged first, and a loop around a
+staged loop is not staged: its wait would count the inner loop's groups as well.
 
 Runs on hopper IR after ``prefetch-loads`` (for either target: ``cp.async`` is sm_80 and up),
 before ``allocate-smem``, which places the rings.  Without the pin, or with ``stage_loads =
@@ -61,7 +62,8 @@ from tkc.target import Target
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
 #: Ops of hopper IR that only read a tensor parameter.
-_READS = frozenset({"hopper.load", "hopper.prefetch", "hopper.tma_load", "tile.gather", "tile.dim"})
+_READS = frozenset({"hopper.load", "hopper.async_load", "hopper.prefetch", "hopper.tma_load", "tile.gather",
+                    "tile.dim"})
 
 
 def stage_loads(module: Module, options: Options, target: Target) -> None:
@@ -70,12 +72,16 @@ def stage_loads(module: Module, options: Options, target: Target) -> None:
         # A vector that a store broadcasts is loaded by the store itself, run by run
         # (tkc/codegen/deferred.py): few registers, and likely in L2 (every program reads it).
         by_store = store_plan(kernel).deferred
-        for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
+        users = uses(kernel)
+        # Inner loops first; a loop around a staged one is left alone: its wait would count the
+        # inner loop's groups too, and wait for more than its own copies.
+        for loop in reversed([op for op in kernel.walk() if op.name == "tile.for"]):
             step = tile.constant_value(loop.step)
-            if not isinstance(step, int) or step < 1:
+            if not isinstance(step, int) or step < 1 \
+                    or any(op.name == "hopper.async_commit" for op in loop.walk()):
                 continue
             plans = [(load, slice_) for load in loop.regions[0].block.ops
-                     if load not in by_store and _qualifies(kernel, load)
+                     if load not in by_store and _qualifies(kernel, load, users)
                      and (slice_ := offset_slice(loop, load)) is not None]
             stage_bytes = sum(_private_bytes(load.result.type) for load, _ in plans)
             distance = min(options.stage_loads, room // stage_bytes - 1) if plans else 0
@@ -94,17 +100,17 @@ def _private_bytes(t: TileType) -> int:
     return int(t.layout.threads) * int(t.layout.regs) * elem_bytes(t.dtype)
 
 
-def _qualifies(kernel: Operation, load: Operation) -> bool:
+def _qualifies(kernel: Operation, load: Operation, users: dict) -> bool:
     if load.name != "hopper.load" or not isinstance(load.result.type, TileType):
         return False
     t, tensor = load.result.type, load.tensor
     if load.attributes.get("steps") or tensor.type.rank - 1 in (load.squeeze or []):
         return False
-    if not async_copyable(t.layout, elem_bytes(t.dtype)):
+    if t.dtype.bits < 8 or not async_copyable(t.layout, elem_bytes(t.dtype)):  # shared tiles hold 8 bits up
         return False
     if not (isinstance(tensor, BlockArgument) and tensor.block is kernel.regions[0].block):
         return False  # a peer's copy (x.on(r)), or not a parameter
-    return all(u.name in _READS for u in uses(kernel).get(tensor, []))
+    return all(u.name in _READS for u in users.get(tensor, []))
 
 
 def _stage(kernel: Operation, loop: Operation, plans: list[tuple[Operation, list[Operation]]], step: int,

@@ -1026,6 +1026,10 @@ class AsyncLoadOp(_GlobalAccess):
         self._check(self.tensor.type, self.offsets, t)
         if self.tensor.type.rank - 1 in (self.squeeze or []):
             raise self.error("copies runs along the tensor's last axis: it cannot be squeezed")
+        from tkc.codegen.runs import async_copyable, elem_bytes
+
+        if t.dtype.bits < 8 or not async_copyable(t.layout, elem_bytes(t.dtype)):
+            raise self.error(f"layout {self.layout} gives runs that cp.async cannot copy (4, 8 or 16 bytes each)")
         _check_private(self, self.dst.type, t)
 
 
