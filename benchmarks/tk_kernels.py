@@ -188,11 +188,14 @@ def rope_rows(shapes: list[tuple[int, int, int, int]], runs: int) -> list[Row]:
 # ------------------------------------------------------------------ residual + LayerNorm / RMSNorm
 def liger_norm(rms: bool, N: int, eps: float, w: torch.Tensor, bias: torch.Tensor) -> torch.nn.Module | None:
     """liger-kernel's LigerRMSNorm / LigerLayerNorm module with weights ``w`` (and ``bias``),
-    where liger-kernel imports."""
+    where liger-kernel imports.  RMSNorm's backward writes dx over the incoming gradient by
+    default (``in_place``): the harness hands every contender the same dy, so it runs out of
+    place here (left in place, it overwrote dy at every timed call until the next variants'
+    references read NaN)."""
     try:
         if rms:
             from liger_kernel.transformers.rms_norm import LigerRMSNorm
-            m = LigerRMSNorm(N, eps=eps)
+            m = LigerRMSNorm(N, eps=eps, in_place=False)
         else:
             from liger_kernel.transformers.layer_norm import LigerLayerNorm
             m = LigerLayerNorm(N, eps=eps)
