@@ -60,6 +60,7 @@ from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation, defined_inside
 from tkc.ir.dialects import tile as T
+from tkc.ir.layouts import broadcast_slots
 from tkc.ir.types import TileType, element_dtype
 
 if TYPE_CHECKING:
@@ -403,14 +404,16 @@ def _transpose(lw: Lowerer, op: Operation) -> None:
 def _broadcast(lw: Lowerer, op: Operation) -> None:
     src, dst = op.x.type.layout, op.result.type.layout
     x = lw.tile(op, op.x, deferred=True)
-    n = lw.regs(op, op.result.type)
+    lw.regs(op, op.result.type)  # a register tile with a layout, or an error at op
     if src == dst:
         lw.set(op.result, x if isinstance(x, Deferred) else list(x))
         return
-    if getattr(src, "parent", None) != dst or not hasattr(src, "slot_of"):
-        raise TkcCodegenError(f"'{op.name}': broadcast goes from a keep slice to its parent, "
-                              f"not {src} -> {dst}", op.loc)
-    index = [int(src.slot_of(i)) for i in range(n)]
+    axes = [a for a, (s, d) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if s != d]
+    slots = broadcast_slots(src, dst, axes)
+    if slots is None:
+        raise TkcCodegenError(f"'{op.name}': broadcast goes from a keep slice to its parent, or from one "
+                              f"element every thread holds, not {src} -> {dst}", op.loc)
+    index = list(slots)
     lw.set(op.result, Picked(x, index) if isinstance(x, Deferred) else [x[j] for j in index])
 
 

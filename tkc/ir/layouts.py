@@ -1076,7 +1076,11 @@ def expand_is_free(src: DistributedLayout, dst: DistributedLayout, axis: int) ->
 def broadcast_slots(src: DistributedLayout, dst: DistributedLayout, axes: Sequence[int]) -> tuple[int, ...] | None:
     """For a broadcast along ``axes`` from the keep slice ``src`` to its parent ``dst``: the slot
     of ``src`` each value of ``dst`` copies (a register copy); None when ``src`` is not a keep
-    slice of ``dst`` or its slots do not hold the coordinates ``dst``'s values need."""
+    slice of ``dst`` or its slots do not hold the coordinates ``dst``'s values need.  A tile of
+    one element that every thread holds (``one_everywhere``) broadcasts to any layout of the
+    same threads: every value copies it (a rank-1 tile has no keep slice)."""
+    if one_everywhere(src) and src.threads == dst.threads:
+        return (0,) * int(dst.regs)
     slot_of = getattr(src, "slot_of", None)
     if slot_of is None or getattr(src, "parent", None) != dst:
         return None
@@ -1087,6 +1091,11 @@ def broadcast_slots(src: DistributedLayout, dst: DistributedLayout, axes: Sequen
         if not np.array_equal(cs[a][:, list(slots)], want):
             return None
     return slots
+
+
+def one_everywhere(layout: DistributedLayout) -> bool:
+    """Whether ``layout`` is of a one-element tile that every thread holds, in one register."""
+    return math.prod(layout.shape) == 1 and int(layout.regs) == 1
 
 
 @lru_cache(maxsize=256)

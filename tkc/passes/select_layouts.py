@@ -64,6 +64,7 @@ from tkc.ir.layouts import (
     WgmmaOperandA,
     WgmmaOperandA8,
     choose_blocked,
+    one_everywhere,
     choose_swizzle,
     core_matrix_misfit,
     read_as,
@@ -641,7 +642,7 @@ class _Selector:
                 changed |= self._propose(op.x, Slice(s, op.axis))
         elif name == "tile.broadcast" and op.result in lay:
             axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
-            if len(axes) == 1:
+            if len(axes) == 1 and op.result.type.rank > 1:  # a rank-1 tile has no keep slice
                 changed |= self._propose(op.x, Slice(lay[op.result], axes[0], True))
         elif name == "tile.mma":
             changed |= self._propose(op.acc, lay.get(op.result))
@@ -732,7 +733,12 @@ class _Selector:
             axes = [i for i, (a, b) in enumerate(zip(op.x.type.shape, op.result.type.shape)) if a != b]
             if len(axes) != 1:
                 raise self._unsupported(op, "broadcasts one axis at a time")
-            self._need(op, 0, Slice(lay[op.result], axes[0], True))
+            if op.result.type.rank == 1:
+                # One element to a row: every thread holds it (a rank-1 tile has no keep slice).
+                if not one_everywhere(lay[op.x]):
+                    self._need(op, 0, choose_blocked((1,), max(1, op.x.type.dtype.bits // 8), self.threads))
+            else:
+                self._need(op, 0, Slice(lay[op.result], axes[0], True))
         elif name == "tile.mma":
             self._need(op, 2, lay[op.result])
             if op.a not in self.smem:
