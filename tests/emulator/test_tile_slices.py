@@ -184,19 +184,28 @@ def test_the_dump_reads_back() -> None:
     verify(parse_module(text, "<dump>"))
 
 
-@pytest.mark.parametrize("src, shape", [
-    ("    v = x[p*64:p*64+64, 0:1]\n    o[p, :, :] = v[32:64, :]\n", "64x1"),
-    ("    v = x[p:p+1, 0:128]\n    o[p, 0:1, 0:32] = v[:, 32:64]\n", "1x128"),
-])
-def test_a_block_of_a_narrow_tile_the_threads_cannot_pick_says_what_to_do(src: str, shape: str) -> None:
-    """A 64 x 1 tile's threads hold it in an order its half cannot be picked from, and it is too
-    small to move whole (the 3-D reshape cannot trade through shared memory): the slice is refused
-    at its line in the language's words, not as a 3-D tile the kernel never wrote."""
-    from tkc.errors import TkcUnsupportedError
+NARROW = [
+    # A 64 x 1 tile's half, a 128-column row's block: fewer elements than threads, so the
+    # threads that pick the block must hold it repeated.
+    ("@kernel\ndef k(x: f32[M, N], o: f32[G, 32, 32]):\n    grid(cdiv(M, 64))\n    p = program_id(0)\n"
+     "    v = x[p*64:p*64+64, 0:1]\n    o[p, :, :] = v[32:64, :]\n", {"M": 130, "N": 140, "G": 3}, {}),
+    ("@kernel\ndef k(x: f32[M, N], o: f32[G, 32, 32]):\n    grid(cdiv(M, 64))\n    p = program_id(0)\n"
+     "    v = x[p:p+1, 0:128]\n    o[p, 0:1, 0:32] = v[:, 32:64]\n", {"M": 130, "N": 140, "G": 3}, {}),
+    # A row's block, and its even and odd elements (one load, merge-steps), over 8 warps.
+    ("@kernel\ndef k(x: bf16[M, N], s: f32[M], BN: const = 1024):\n    grid(M)\n    r = program_id(0)\n"
+     "    e = x[r:r+1, 0:BN].to(f32)\n    s[r:r+1] = e[:, 0:64].sum(1)\n", {"M": 5, "N": 600}, {"warps": 8}),
+    ("@kernel\ndef k(x: bf16[M, N], s: f32[M], BN: const = 64):\n    grid(M)\n    r = program_id(0)\n"
+     "    ev = x[r:r+1, 0:BN:2].to(f32)\n    od = x[r:r+1, 1:BN:2].to(f32)\n    s[r:r+1] = (ev * od).sum(1)\n",
+     {"M": 5, "N": 600}, {"warps": 8}),
+]
 
-    text = f"@kernel\ndef k(x: f32[M, N], o: f32[G, 32, 32]):\n    grid(cdiv(M, 64))\n    p = program_id(0)\n{src}"
-    with pytest.raises(TkcUnsupportedError) as e:
-        compile_kernel(text, {}, stop="hopper", cache=False)
-    assert e.value.message.startswith(f"this slice of a {shape} register tile cannot be taken from the threads "
-                                      "that hold it: slice the tensor instead"), e.value.message
-    assert e.value.loc.line == 6 and "3-D" not in e.value.message
+
+@pytest.mark.parametrize("src, dims, consts", NARROW)
+def test_a_block_of_a_tile_narrower_than_its_threads_moves_repeated(src: str, dims: dict, consts: dict) -> None:
+    """Its threads hold it in an order the block cannot be picked from, and no layout holds the
+    sliced axis whole in each thread without repeating the tile: the tile moves, repeated,
+    through shared memory (it was refused, or refused with advice that did not help)."""
+    tile_ir = compile_kernel(src, consts, stop="tkir", cache=False).kernel_op
+    c = lowered(lambda stop: compile_kernel(src, consts, stop=stop, cache=False))
+    want, got = interpret_and_emulate(tile_ir, c.kernel_op, random_args(tile_ir, dims, 4), seed=0)
+    np.testing.assert_allclose(np.asarray(got[-1], np.float64), np.asarray(want[-1], np.float64), rtol=1e-5)

@@ -822,9 +822,14 @@ class _Selector:
             # tile repeated as often: a masked sum picks from the tile's own layout instead
             repeated = getattr(want, "regs", 0) * self.threads > 2 * math.prod(whole.type.shape)
             split = _def(whole) if take else None
-            flat = _reshaped(want, split.x.type.shape) if split is not None and split.name == "tile.reshape" \
-                and split.x.type.rank <= 2 and split.x not in self.smem and not repeated \
-                and self._only_takes_along(whole, op.axis) else None
+            movable = split is not None and split.name == "tile.reshape" and split.x.type.rank <= 2 \
+                and split.x not in self.smem and self._only_takes_along(whole, op.axis)
+            flat = _reshaped(want, split.x.type.shape) if movable and not repeated else None
+            if flat is None and movable and take and whole.type.rank > 2 and not self._picks_by_sum(op):
+                # A tile narrower than the threads (a 64-column block of a row over 8 warps) has
+                # no layout holding the axis whole without repeating it: move it repeated rather
+                # than refuse it.
+                flat = _reshaped(want, split.x.type.shape)
             if flat is not None:
                 # A block of a register tile (t[:, 0:64]): the tile itself moves (shared memory
                 # trades 1-D and 2-D tiles) to where its reshape holds the axis whole.
