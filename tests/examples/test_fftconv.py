@@ -64,7 +64,8 @@ def test_arguments_it_does_not_take_are_tkc_errors() -> None:
                        (lambda: fc.fft_conv(u[0], k), "u must have three dims"),
                        (lambda: fc.fft_conv(u, k, BB=0), "BB, the rows of a channel a program takes"),
                        (lambda: fc.fft_conv(u, k[:3]), "u has 4 channels, the filter 3"),
-                       (lambda: fc.fft_conv(u.float(), k), "u is torch.float32")):
+                       (lambda: fc.fft_conv(u.float(), k), "u is torch.float32"),
+                       (lambda: fc.fft_conv(u, k.to("meta")), "u and k must be on one device, got cpu and meta")):
         with pytest.raises(TkcUsageError, match=said):
             call()
     with pytest.raises(TkcUsageError, match="k must be real"):

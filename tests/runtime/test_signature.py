@@ -50,6 +50,8 @@ def test_bind_returns_dims():
     (3, torch.tensor(1.0), r"^error: s: expected a scalar of type f32, got Tensor$"),
     (4, 2.0, r"^error: n: expected a scalar of type i32, got float 2.0$"),
     (3, 10**400, r"^error: s: an integer of 401 digits is out of the range of a float"),
+    (3, 1e39, r"^error: s: 1e\+39 is out of f32's range: it would round to infinity$"),
+    (3, -10**39, r"^error: s: -1000000000000000000000000000000000000000 is out of f32's range"),
     (4, 2**31, r"^error: n: 2147483648 does not fit in i32$"),
     (4, -(2**31) - 1, r"^error: n: -2147483649 does not fit in i32$"),
     (5, 1, r"^error: f: expected a scalar of type bool, got int 1$"),
