@@ -175,7 +175,8 @@ def check_scalar(name: str, dt: DType, x: Any) -> Any:
     if dt.is_float and is_int and abs(int(x)) > sys.float_info.max:
         raise TkcLaunchError(f"{name}: an integer of {len(str(abs(int(x))))} digits is out of the range of a float "
                              f"(at most about 1.8e308; an f32 takes up to 3.4e38)")
-    if dt.is_float and math.isfinite(float(x)) and not math.isfinite(float(round_to(float(x), dt))):
+    if dt.is_float and not -dt.max <= x <= dt.max and math.isfinite(float(x)) \
+            and not math.isfinite(float(round_to(float(x), dt))):
         # The kernel would compute with an infinity the caller never wrote (inf and nan pass as given).
         raise TkcLaunchError(f"{name}: {x!r} is out of {dt.name}'s range: it would round to infinity")
     return x
