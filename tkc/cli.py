@@ -836,14 +836,15 @@ def _set_scalars(kernel: Operation, args: list[Any], scalars: dict[str, int | fl
                                 f"{', '.join(map(str, params)) or 'none'}")
         i, dt = params[name]
         want = "true or false" if dt.is_bool else f"an integer in [{dt.min}, {dt.max}]" if dt.is_int else "a number"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if dt.is_float and number and (isinstance(value, int) or math.isfinite(value)) and abs(value) > dt.max:
+            raise TkcUsageError(f"--scalar {name}={_show(value)}: out of {dt.name}'s range "
+                                f"(at most {dt.max:.4g} in magnitude)")
         try:
             check_scalar(name, dt, value)
         except TkcLaunchError:
             raise TkcUsageError(f"--scalar {name}={_show(value)}: '{name}' is an {dt.name} scalar; give {want}"
                                 ) from None
-        if dt.is_float and math.isfinite(value) and abs(value) > dt.max:
-            raise TkcUsageError(f"--scalar {name}={_show(value)}: out of {dt.name}'s range "
-                                f"(at most {dt.max:.4g} in magnitude)")
         args[i] = value
     return set(scalars)
 
