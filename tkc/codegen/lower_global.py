@@ -51,7 +51,7 @@ from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
                                       packs_in_pairs, to_mem, widen)
 from tkc.codegen.lowerer import Lowerer, TensorArg
-from tkc.codegen.runs import elem_bytes, runs_of, vector_runs
+from tkc.codegen.runs import elem_bytes, private_run_offset, runs_of, vector_runs
 from tkc.codegen.nvvm import I16, I32, I64
 from tkc.dtypes import DType
 from tkc.ir.core import Operation
@@ -906,9 +906,8 @@ def prefetch(lw: Lowerer, op: Operation) -> None:
 
 
 def _private_at(lw: Lowerer, layout: object, t: ir.Value, first: int, n: int, eb: int) -> ir.Value:
-    """Byte offset, in a tile of every thread's own copies, of thread ``t``'s run of ``n``
-    values at value ``first`` (``tkc.codegen.runs.private_offsets``)."""
-    return lw.b.add(const_i32(int(layout.threads) * first * eb), lw.b.mul(t, const_i32(n * eb)))
+    """:func:`~tkc.codegen.runs.private_run_offset` of thread ``t``'s run of ``n`` values at ``first``."""
+    return as_value(private_run_offset(int(layout.threads), first, n, eb, Sym(lw.b, t)))
 
 
 def _own_thread(lw: Lowerer, layout: object) -> ir.Value:
@@ -946,9 +945,8 @@ def async_load(lw: Lowerer, op: Operation) -> None:
         return []
 
     def edge() -> list:
-        a = acc.kept_local(lw)
-        slots = _edge_slots(lw, op, a)
-        for first, n in a.runs:
+        slots = _edge_slots(lw, op, acc)
+        for first, n in acc.runs:
             at = lw.ptr(dst, _private_at(lw, t.layout, me, first, n, eb))
             for q, word in enumerate(_read_slots(b, slots[first])):
                 b.store(word, b.gep(at, [const_i32(q * word.type.width // 8)], source_etype=nvvm.I8))

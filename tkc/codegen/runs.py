@@ -12,6 +12,7 @@ Must not: emit IR, or know a layout formula (runs come from ``layout.coords``).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -78,20 +79,31 @@ def vectorized(load: Operation) -> bool:
     return runs is not None and all(n > 1 for _, n in runs)
 
 
+def private_run_offset(threads: int, first: int, n: int, elem_bytes: int, t: Any) -> Any:
+    """Byte offset, in shared bytes where the ``threads`` threads of a layout each keep their own
+    values (``hopper.async_load`` / ``hopper.async_read``), of thread ``t``'s run of ``n`` values
+    starting at value ``first``: run by run (:func:`vector_runs`), every thread's run side by side,
+    so a run is one aligned vector access and a warp's accesses of one run are contiguous.  ``t``
+    is a thread index: an int, a numpy array of them, or codegen's ``Sym``."""
+    return t * (n * elem_bytes) + threads * first * elem_bytes
+
+
 def private_offsets(layout: DistributedLayout, elem_bytes: int) -> np.ndarray:
-    """Byte offset of each value of each thread (``[threads, regs]``) in shared bytes that the
-    threads of ``layout`` each keep their own values in (``hopper.async_load`` /
-    ``hopper.async_read``): run by run (:func:`vector_runs`), every thread's run side by side,
-    so a run is one aligned vector access and a warp's accesses of one run are contiguous.
-    Replicated values are kept once per thread that holds them: nothing is shared, so no
-    thread waits for another's copy.  The bytes take ``threads * regs * elem_bytes``."""
+    """:func:`private_run_offset` of every value of every thread (``[threads, regs]``).
+    Replicated values are kept once per thread that holds them: nothing is shared, so no thread
+    waits for another's copy."""
     threads, regs = int(layout.threads), int(layout.regs)
     out = np.zeros((threads, regs), dtype=np.int64)
     t = np.arange(threads)
     for first, n in vector_runs(layout, elem_bytes):
         for k in range(n):
-            out[:, first + k] = threads * first * elem_bytes + t * n * elem_bytes + k * elem_bytes
+            out[:, first + k] = private_run_offset(threads, first, n, elem_bytes, t) + k * elem_bytes
     return out
+
+
+def private_bytes(layout: DistributedLayout, elem_bytes: int) -> int:
+    """The bytes every thread's own copy of its values of ``layout`` takes."""
+    return int(layout.threads) * int(layout.regs) * elem_bytes
 
 
 #: The sizes ``cp.async`` copies (bytes): a run of fewer bytes cannot be copied on its own.

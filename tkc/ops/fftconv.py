@@ -171,7 +171,7 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Te
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
-    if isinstance(u, torch.Tensor) and isinstance(k, torch.Tensor) and u.device != k.device:
+    if isinstance(u, torch.Tensor) and isinstance(k, torch.Tensor):
         checks.device("fft_conv", u=u, k=k)
     calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
     for _, call in calls:

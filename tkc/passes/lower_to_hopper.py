@@ -71,9 +71,6 @@ from tkc.pins import Options
 from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
-#: Ops that only read a tensor parameter (a load the pin ``tma_vectors`` copies by TMA must read
-#: a tensor nothing in the kernel writes).
-_READS = frozenset({"tile.load", "tile.gather", "tile.dim", "hopper.prefetch"})
 #: The shared memory a TMA-store epilogue takes at most when its tile is sliced: what a
 #: 128 x 128 bf16 tile or two 64-column slices of a 128 x 256 one take.
 EPILOGUE_BYTES = 32 * 1024
@@ -207,7 +204,7 @@ class _Lowering:
         if not (isinstance(param, BlockArgument) and param.block is self.body):
             return False
         if param not in self._read_only:
-            self._read_only[param] = all(u.name in _READS for u in uses(self.kernel).get(param, []))
+            self._read_only[param] = all(u.name in hopper.TENSOR_READ_ONLY for u in uses(self.kernel).get(param, []))
         return self._read_only[param]
 
     @staticmethod

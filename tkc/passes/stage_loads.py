@@ -18,8 +18,8 @@ step, its result is a register tile whose every run ``cp.async`` can copy (4, 8 
 tensor is a parameter the kernel never writes (the copy reads it early), an offset depends on
 the induction variable through scalar arithmetic in the body (``prefetch-loads``' rule), and
 it is not a vector that a store broadcasts (``deferred``: the store loads it run by run, and
-every program reads it, so it is likely in L2).  Each staged load gets a ring of ``d + 1`` stages; the loop, with
-``t = (j - lb) // step`` its iteration count so far, becomes
+every program reads it, so it is likely in L2).  Each staged load gets a ring of ``d + 1``
+stages; the loop, with ``t = (j - lb) // step`` its iteration count so far, becomes
 
     before the loop, for a in 0 .. d-1:  if lb + a*step < ub: async_load(iteration a) -> stage a
                                          async_commit
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from tkc import dtypes
 from tkc.codegen.deferred import store_plan
-from tkc.codegen.runs import async_copyable, elem_bytes
+from tkc.codegen.runs import async_copyable, elem_bytes, private_bytes
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value, clone, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
@@ -61,9 +61,6 @@ from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
 I1 = ScalarType(dtypes.i1)
-#: Ops of hopper IR that only read a tensor parameter.
-_READS = frozenset({"hopper.load", "hopper.async_load", "hopper.prefetch", "hopper.tma_load", "tile.gather",
-                    "tile.dim"})
 
 
 def stage_loads(module: Module, options: Options, target: Target) -> None:
@@ -83,7 +80,7 @@ def stage_loads(module: Module, options: Options, target: Target) -> None:
             plans = [(load, slice_) for load in loop.regions[0].block.ops
                      if load not in by_store and _qualifies(kernel, load, users)
                      and (slice_ := offset_slice(loop, load)) is not None]
-            stage_bytes = sum(_private_bytes(load.result.type) for load, _ in plans)
+            stage_bytes = sum(private_bytes(ld.result.type.layout, elem_bytes(ld.result.type.dtype)) for ld, _ in plans)
             distance = min(options.stage_loads, room // stage_bytes - 1) if plans else 0
             if distance >= 1:
                 _stage(kernel, loop, plans, step, distance)
@@ -93,11 +90,6 @@ def stage_loads(module: Module, options: Options, target: Target) -> None:
 def _smem_taken(kernel: Operation) -> int:
     """Bytes of shared memory the kernel's tiles and barriers take so far."""
     return sum(op.nbytes for op in kernel.walk() if op.name in ("hopper.smem_alloc", "hopper.mbarrier_alloc"))
-
-
-def _private_bytes(t: TileType) -> int:
-    """A stage's bytes: every thread's own copy of its values of ``t``."""
-    return int(t.layout.threads) * int(t.layout.regs) * elem_bytes(t.dtype)
 
 
 def _qualifies(kernel: Operation, load: Operation, users: dict) -> bool:
@@ -110,7 +102,7 @@ def _qualifies(kernel: Operation, load: Operation, users: dict) -> bool:
         return False
     if not (isinstance(tensor, BlockArgument) and tensor.block is kernel.regions[0].block):
         return False  # a peer's copy (x.on(r)), or not a parameter
-    return all(u.name in _READS for u in users.get(tensor, []))
+    return all(u.name in hopper.TENSOR_READ_ONLY for u in users.get(tensor, []))
 
 
 def _stage(kernel: Operation, loop: Operation, plans: list[tuple[Operation, list[Operation]]], step: int,

@@ -977,6 +977,13 @@ class PrefetchOp(_GlobalAccess, _OneThread):
                              f"squeezed axes, and rows along the last axis (not squeezed)")
 
 
+#: Ops that only read a tensor parameter, in tile IR and in hopper IR: a tensor whose every use
+#: is one of these is read-only in the kernel, so a copy may read it early (``tma_vectors``,
+#: ``stage-loads``).
+TENSOR_READ_ONLY = frozenset({"tile.load", "tile.gather", "tile.dim", "hopper.load", "hopper.async_load",
+                              "hopper.prefetch", "hopper.tma_load"})
+
+
 # ------------------------------------------- global -> a thread's own shared bytes
 def parse_layout(text: str) -> Any:
     """A register layout from its printed form (``#blocked<...>``), as tile types read it."""
@@ -1035,7 +1042,9 @@ class AsyncLoadOp(_GlobalAccess):
 
 def _check_private(op: Operation, s: Type, t: TileType) -> None:
     """``s`` is a shared tile with room for every thread's own copy of ``t``'s values."""
-    need = t.layout.threads * t.layout.regs * max(t.dtype.bits // 8, 1)
+    from tkc.codegen.runs import elem_bytes, private_bytes
+
+    need = private_bytes(t.layout, elem_bytes(t.dtype))
     if not _smem(s) or s.layout.size_bytes < need:
         raise op.error(f"needs a shared tile of at least {need} bytes (every thread's own copy of {t}), got {s}")
 
