@@ -239,7 +239,7 @@ def norm_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
             compiled = torch.compile(forward)
             lg = liger_norm(rms, N, eps, w, bias)
             fwd_args = [x, res, w, bias, h, y, mu, rstd, eps, seed, p]
-            warps = (8, 16) if dropout else (4, 8, 16)  # Philox's rounds need registers
+            warps = (4, 8, 16)
             best = autotune(EXAMPLES / "layernorm_residual.tk", fwd_args,
                             [{"BN": BN, "rms": rms, "dropout": dropout, "warps": n} for n in warps],
                             flush_bytes=L2_FLUSH_BYTES)

@@ -82,6 +82,9 @@ _PICKING = frozenset({"tile.expand_dims", "tile.broadcast", "hopper.convert_layo
 
 def _through(op: Operation) -> bool:
     """Whether a deferred value passes through ``op`` value by value."""
+    # rand computes four of its values in one call (lower_rand.py): never value by value.
+    if op.name == "tile.rand":
+        return False
     return op.has_trait("elementwise") or (op.name in _PICKING and not (op.name == "hopper.convert_layout"
                                                                          and op.scratch))
 

@@ -33,6 +33,7 @@ from tkc.codegen.lower_atomic import HANDLERS as ATOMIC
 from tkc.codegen.lower_elementwise import HANDLERS as ELEMENTWISE
 from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
+from tkc.codegen.lower_rand import HANDLERS as RAND
 from tkc.codegen import lower_ranks
 from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
@@ -376,7 +377,7 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
         # loads and stores of any type, as LLVM's own opaque pointers do.
         smem.type = nvvm.ptr(nvvm.SHARED)
     n_maps = len(kernel.attributes.get("tma_maps") or [])
-    handlers = {**ELEMENTWISE, **HOPPER, **BLACKWELL, **ATOMIC, **lower_ranks.HANDLERS, **STRUCTURE}
+    handlers = {**ELEMENTWISE, **RAND, **HOPPER, **BLACKWELL, **ATOMIC, **lower_ranks.HANDLERS, **STRUCTURE}
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], handlers, store_plan(kernel), options, t)
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:

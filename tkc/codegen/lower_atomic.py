@@ -26,7 +26,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from tkc.codegen import nvvm
-from tkc.codegen.lower_global import _access, _bits_of, _either, _global_element, _value_of
+from tkc.codegen.lower_global import _access, _bits_of, _global_element, _value_of
 from tkc.semantics import CANONICAL_NAN
 from tkc.codegen.lower_ranks import acquired, before_release, system_scope
 from tkc.codegen.lower_values import const_i32
@@ -141,7 +141,7 @@ def _tile_atomic(lw: Lowerer, op: Operation, t: TileType) -> None:
             _red_element(lw, op, kind, dt, e.addr, ok(i, e.ok), _operand(b, bits[i], dt))
         return []
 
-    _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "atomic.tile")
+    lw.either(acc.whole_tile(lw, op), whole_tile, edge, "atomic.tile")
 
 
 def _atomic_bits(b: ir.IRBuilder, kind: str, v: ir.Value, dt: DType) -> ir.Value:

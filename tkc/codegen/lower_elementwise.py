@@ -120,7 +120,7 @@ def _cdiv(b: ir.IRBuilder, x: ir.Value, y: ir.Value, floordiv: Fn | None = None)
 _I64 = ir.IntType(64)
 
 
-def _mulhi(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+def mulhi(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     """The high 32 bits of the unsigned product of i32 ``x`` and ``y``: ``mul.hi.u32`` on the
     GPU.  Not the 64-bit product shifted down: from that form ptxas 13.0 rewrote a remainder
     by a kernel parameter into a 64-bit product with the parameter widened by reading the
@@ -135,7 +135,7 @@ def _udiv_invariant(b: ir.IRBuilder, n: ir.Value, d: ir.Value, m: ir.Value) -> t
     """``(n / d, n % d)`` for unsigned i32 ``n`` and ``d >= 1`` from ``m = (2**32 - 1) / d``:
     ``q = (m n) >> 32`` is the quotient or one less (``m n / 2**32 > n / d - 1`` for ``n <
     2**32``), so one comparison of the remainder with ``d`` corrects it."""
-    q = _mulhi(b, m, n)
+    q = mulhi(b, m, n)
     r = b.sub(n, b.mul(q, d))
     over = b.icmp_unsigned(">=", r, d)
     return b.add(q, b.zext(over, n.type)), b.select(over, b.sub(r, d), r)

@@ -277,31 +277,6 @@ def _bits_of(b: ir.IRBuilder, v: ir.Value, dt: DType) -> ir.Value:
 # --------------------------------------------------------------------------- the ops
 
 
-def _either(lw: Lowerer, cond: ir.Value, then: Callable[[], list], otherwise: Callable[[], list],
-            name: str) -> list[ir.Value]:
-    """``then()`` where ``cond`` holds, else ``otherwise()``, as a branch (each side's
-    accesses and address arithmetic run only on its side); the values they return merge
-    pairwise in phis."""
-    b = lw.b
-    yes = lw.fn.append_basic_block(f"{name}.vec")
-    no = lw.fn.append_basic_block(f"{name}.elem")
-    done = lw.fn.append_basic_block(f"{name}.end")
-    b.cbranch(cond, yes, no)
-    ends = []
-    for block, body in ((yes, then), (no, otherwise)):
-        b.position_at_end(block)
-        ends.append((body(), b.block))
-        b.branch(done)
-    b.position_at_end(done)
-    out = []
-    for x, y in zip(ends[0][0], ends[1][0]):
-        phi = b.phi(x.type)
-        phi.add_incoming(x, ends[0][1])
-        phi.add_incoming(y, ends[1][1])
-        out.append(phi)
-    return out
-
-
 def _box_inside(lw: Lowerer, op: Operation, tensor: TensorArg, offs: list) -> ir.Value:
     """i1: the op's whole box is in bounds: on every axis ``0 <= off`` and ``off + box <=
     size``, in i64 so that neither sum can wrap."""
@@ -570,7 +545,7 @@ def gather(lw: Lowerer, op: Operation) -> None:
         if n > 1:
             whole = b.and_(fast[n], b.and_(b.icmp_unsigned("==", lo, const_i32(0)),
                                            b.icmp_unsigned("==", hi, const_i32(n))))
-            words = _either(lw, whole, lambda base=base, n=n: _load_vector(b, base, dt, n), elements, "ld.gather")
+            words = lw.either(whole, lambda base=base, n=n: _load_vector(b, base, dt, n), elements, "ld.gather")
         else:
             words = elements()
         out.extend(_run_values(b, words, dt, n))
@@ -616,7 +591,7 @@ def masked_store(lw: Lowerer, op: Operation) -> None:
                 _store_element(b, addr, mask[first], bits[0], dt)
         return []
 
-    _either(lw, acc.whole_tile(lw, op), whole_tile, lambda: elements(acc.kept_local(lw)), "st.masked")
+    lw.either(acc.whole_tile(lw, op), whole_tile, lambda: elements(acc.kept_local(lw)), "st.masked")
 
 
 def _load_packed(lw: Lowerer, op: Operation) -> Packed:
@@ -634,7 +609,7 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
         slots = _edge_slots(lw, op, a)
         return [x for first, _ in a.runs for x in _read_slots(b, slots[first])]
 
-    words = _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+    words = lw.either(acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
     runs, k = [], 0
     for first, n in acc.runs:
         w = _word_type(dt, n)[0]
@@ -671,7 +646,7 @@ def _load_edge_runs(lw: Lowerer, op: Operation, a: _Access, n: int, firsts: list
             return _pack(b, bits, dt) if n > 1 else bits
 
         words = elements() if ok is None else \
-            _either(lw, ok, lambda: _load_vector(b, base, dt, n), elements, "ld")
+            lw.either(ok, lambda: _load_vector(b, base, dt, n), elements, "ld")
         for q, x in enumerate(words):
             b.store(x, _slot(b, arr, b.add(b.mul(k, const_i32(w)), const_i32(q))))
 
@@ -717,7 +692,7 @@ def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
         slots = _edge_slots(lw, op, a)
         return [v for first, n in a.runs for v in values(_read_slots(b, slots[first]), n)]
 
-    return _either(lw, acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+    return lw.either(acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
 
 
 class _DeferredLoad(Deferred):
@@ -792,7 +767,7 @@ def store(lw: Lowerer, op: Operation) -> None:
     def words_of(first: int, n: int) -> list[ir.Value]:
         return _run_words(b, vals[first:first + n], bits[first:first + n], dt)
 
-    _either(lw, acc.whole_tile(lw, op), whole_tile, lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
+    lw.either(acc.whole_tile(lw, op), whole_tile, lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
 
 
 def _store_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, vals: list[ir.Value],
@@ -837,7 +812,7 @@ def _store_edge(lw: Lowerer, op: Operation, acc: _Access, words_of: Callable[[in
             if ok is None:
                 elements()
             else:
-                _either(lw, ok, lambda: _store_vector(b, base, words) or [], elements, "st")
+                lw.either(ok, lambda: _store_vector(b, base, words) or [], elements, "st")
 
         _edge_runs(lw, op, a, n, firsts, run)
     return []
@@ -874,7 +849,7 @@ def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, d
         with emitting(lw, whole=False):
             return _store_edge(lw, op, acc, words_of, dt)
 
-    _either(lw, whole, by_runs, edge, "st.tile")
+    lw.either(whole, by_runs, edge, "st.tile")
 
 
 def prefetch(lw: Lowerer, op: Operation) -> None:
@@ -952,7 +927,7 @@ def async_load(lw: Lowerer, op: Operation) -> None:
                 b.store(word, b.gep(at, [const_i32(q * word.type.width // 8)], source_etype=nvvm.I8))
         return []
 
-    _either(lw, acc.whole_tile(lw, op), copies, edge, "cp.async")
+    lw.either(acc.whole_tile(lw, op), copies, edge, "cp.async")
 
 
 def async_commit(lw: Lowerer, op: Operation) -> None:

@@ -252,6 +252,29 @@ class Lowerer:
         self.b.branch(done)
         self.b.position_at_end(done)
 
+    def either(self, cond: ir.Value, then: Callable[[], list], otherwise: Callable[[], list],
+               name: str) -> list[ir.Value]:
+        """``then()`` where ``cond`` holds, else ``otherwise()``, as a branch (each side's
+        instructions run only on its side); the values they return merge pairwise in phis."""
+        b = self.b
+        yes = self.fn.append_basic_block(f"{name}.vec")
+        no = self.fn.append_basic_block(f"{name}.elem")
+        done = self.fn.append_basic_block(f"{name}.end")
+        b.cbranch(cond, yes, no)
+        ends = []
+        for block, body in ((yes, then), (no, otherwise)):
+            b.position_at_end(block)
+            ends.append((body(), b.block))
+            b.branch(done)
+        b.position_at_end(done)
+        out = []
+        for x, y in zip(ends[0][0], ends[1][0]):
+            phi = b.phi(x.type)
+            phi.add_incoming(x, ends[0][1])
+            phi.add_incoming(y, ends[1][1])
+            out.append(phi)
+        return out
+
     # -------------------------------------------------------------------- ops
     def block(self, block: Block) -> list[Lowered] | None:
         """Lower a block's ops; returns the lowered ``tile.yield`` operands (None otherwise)."""

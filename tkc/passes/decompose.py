@@ -5,8 +5,8 @@ Each op says how it decomposes (``ElementwiseOp.decompose`` in
 polynomials, ``x ** y`` into ``exp2``/``log2`` with the sign rules); this pass only asks, for
 every op of the kernel that the target does not list as native, and puts the answer in its
 place.  ``argmax``/``argmin`` become a max (min) reduction, a compare and a min reduction of
-the indices that hold it (or a NaN).  ``rand`` becomes Philox's rounds in i64 tile arithmetic
-(``tkc/ir/dialects/philox.py``).
+the indices that hold it (or a NaN).  (``rand`` stays whole: codegen shares one Philox call
+among four values a thread holds, which tile ops could not say.)
 ``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
 float64: the two agree within the f32 sum's rounding, as a ``sum`` on the GPU does).  It runs first on the way
 to a target, before layouts are chosen, so the new ops get layouts like any other; the
@@ -37,8 +37,6 @@ def decompose(module: Module, options: Options, target: Target) -> None:
                 new = _mean(op, Builder.before(op))
             elif op.name == "tile.arg_reduce":
                 new = _arg_reduce(op, Builder.before(op))
-            elif op.name == "tile.rand":
-                new = op.decompose(Builder.before(op))
             else:
                 continue
             if new is not None:
