@@ -4,6 +4,7 @@ beside the copy bandwidth.
 
     python benchmarks/norm_backward.py                 # no dropout and dropout, three shapes
     python benchmarks/norm_backward.py --quick         # 16384 x 4096 only
+    python benchmarks/norm_backward.py --only ragged   # rows of 3000-5000, blocks past their end
 
 Each configuration's outputs are checked against the float64 torch reference of
 tests/examples/tk_reference.py before it is timed; the configurations and the copy are timed
@@ -53,10 +54,11 @@ def rows(shapes: list[tuple[int, int]], runs: int, dropout: bool) -> list[Row]:
             mean, rstd = mean.float(), rstd.float()
             want_dres, want_dw, want_db = ref.layernorm_residual_bwd(dy, dh, h, w, bias, EPS, rms)
             name = ("dropout + " if dropout else "") + ("RMSNorm" if rms else "LayerNorm")
-            row = Row("norm_backward", f"{name} backward, {M}x{N} bf16" + (f", p={p}" if dropout else ""), "GB/s")
+            row = Row("norm_backward", f"{name} backward, {M}x{N} bf16" + (f", p={p}" if dropout else "")
+                      + (f", BN={block(N)}" if block(N) != N else ""), "GB/s")
             contenders = {}
             for label, consts in (("tkc", {}), ("tkc, stage_loads=0", {"stage_loads": 0})):
-                k = compile_kernel(EXAMPLE, {"BN": N, "rms": rms, "dropout": dropout, **consts})
+                k = compile_kernel(EXAMPLE, {"BN": block(N), "rms": rms, "dropout": dropout, **consts})
                 args = [dy, dh, h, w, mean, rstd, dx, dres, dw, db, SEED, p]
 
                 def call(k=k, args=args) -> None:
@@ -83,7 +85,15 @@ def rows(shapes: list[tuple[int, int]], runs: int, dropout: bool) -> list[Row]:
     return out
 
 
-GROUPS = {"plain": lambda s, r: rows(s, r, False), "dropout": lambda s, r: rows(s, r, True)}
+def block(N: int) -> int:
+    """The one-block width a row of N takes: N rounded up to 512, so that a row that is not a
+    power of two reads past its end (copied in bounds, the rest zero-filled)."""
+    return -(-N // 512) * 512
+
+
+RAGGED = [(16384, 3000), (16384, 4000), (16384, 5000)]
+GROUPS = {"plain": lambda s, r: rows(s, r, False), "dropout": lambda s, r: rows(s, r, True),
+          "ragged": lambda s, r: rows(RAGGED[:1] if len(s) == 1 else RAGGED, r, False)}
 
 
 def main() -> None:

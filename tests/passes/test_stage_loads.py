@@ -179,18 +179,22 @@ def test_ptx_copies_with_cp_async_and_assembles_without_spills():
     ptx = c.asm["ptx"]
     assert "cp.async.ca.shared.global" in ptx and "cp.async.commit_group;" in ptx
     assert "cp.async.wait_group 2;" in ptx
+    # Boxes past the tensor's end copy the bytes in bounds and zero-fill the rest (src-size).
+    assert re.search(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], 8, %r\d+;", ptx)
     assert_no_spills(c)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("distance", [1, 2])
-def test_on_the_gpu_as_the_interpreter(distance):
-    # Rows past M and columns past N on the edge path, the rest through cp.async.
+@pytest.mark.parametrize("N", [1000, 1001])
+def test_on_the_gpu_as_the_interpreter(distance, N):
+    # Rows past M and columns past N: at N = 1000 copied with their bytes past the end
+    # zero-filled, at N = 1001 (rows not 16-byte aligned) on the edge path.
     from device_checks import interpret_and_run_on_gpu
 
     args, want, got = interpret_and_run_on_gpu(
         lambda stop: compile_kernel(ROWS, {"stage_loads": distance, "BN": 1024}, stop=stop, cache=False),
-        {"M": 37, "N": 1000})
+        {"M": 37, "N": N})
     for i in (6, 7):  # dx, dw
         np.testing.assert_allclose(np.asarray(got[i], np.float64), np.asarray(want[i], np.float64),
                                    rtol=2e-2, atol=2e-2)

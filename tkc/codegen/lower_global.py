@@ -40,6 +40,8 @@ Must not: choose a layout or know a layout formula; runs come from ``layout.coor
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -892,19 +894,25 @@ def _own_thread(lw: Lowerer, layout: object) -> ir.Value:
     return lw.thread(layout, opaque=True).v
 
 
-def _cp_async(lw: Lowerer, to: ir.Value, src: ir.Value, size: int) -> None:
+def _cp_async(lw: Lowerer, to: ir.Value, src: ir.Value, size: int, src_size: ir.Value | None = None) -> None:
     """``cp.async`` of ``size`` bytes (4, 8 or 16; ``.cg``, past L1, for 16) from global ``src``
-    to the 32-bit shared address ``to``."""
-    nvvm.asm(lw.b, f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [$0], [$1], {size};", "r,l,~{memory}",
-             [to, lw.b.ptrtoint(src, I64)])
+    to the 32-bit shared address ``to``; with ``src_size`` (i32, at most ``size``) only that
+    many bytes are read and the rest of the ``size`` written as zeros."""
+    kind = f"cp.async.{'cg' if size == 16 else 'ca'}.shared.global [$0], [$1], {size}"
+    if src_size is None:
+        nvvm.asm(lw.b, f"{kind};", "r,l,~{memory}", [to, lw.b.ptrtoint(src, I64)])
+    else:
+        nvvm.asm(lw.b, f"{kind}, $2;", "r,l,r,~{memory}", [to, lw.b.ptrtoint(src, I64), src_size])
 
 
 def async_load(lw: Lowerer, op: Operation) -> None:
-    """Where the whole box is in bounds and each run one aligned access, a ``cp.async`` a run;
-    elsewhere the load's edge path, its words stored into the thread's bytes at once (the same
-    thread reads them back, after its own stores).  (A run cut by the tensor's end could be
-    copied too, its bytes past the end zero-filled by ``cp.async``'s src-size: not yet run on a
-    GPU, so not used.)"""
+    """Where the whole box is in bounds and each run one aligned access, a ``cp.async`` a run.
+    Where runs are aligned but the box reaches past the tensor's end (a row shorter than its
+    block, the rows past M), and what lies outside reads 0: a ``cp.async`` a run still, of the
+    bytes in bounds (``src-size``; a run wholly outside reads none, from the tensor's start),
+    the rest zero-filled.  Elsewhere (a misaligned tensor, a negative last-axis offset, another
+    ``other``) the load's edge path, its words stored into the thread's bytes at once (the same
+    thread reads them back, after its own stores)."""
     b = lw.b
     t = op.tile_type
     dst = lw.shared(op, op.dst)
@@ -919,6 +927,14 @@ def async_load(lw: Lowerer, op: Operation) -> None:
             _cp_async(lw, to, acc.addr(lw, op, first), n * eb)
         return []
 
+    def filled() -> list:
+        for first, n in acc.runs:
+            base, _, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coord(first), n)
+            inside = b.icmp_unsigned(">", hi, const_i32(0))
+            to = lw.smem_addr(lw.offset(dst, _private_at(lw, t.layout, me, first, n, eb)))
+            _cp_async(lw, to, b.select(inside, base, acc.tensor.ptr), n * eb, b.mul(hi, const_i32(eb)))
+        return []
+
     def edge() -> list:
         slots = _edge_slots(lw, op, acc)
         for first, n in acc.runs:
@@ -927,7 +943,14 @@ def async_load(lw: Lowerer, op: Operation) -> None:
                 b.store(word, b.gep(at, [const_i32(q * word.type.width // 8)], source_etype=nvvm.I8))
         return []
 
-    lw.either(acc.whole_tile(lw, op), copies, edge, "cp.async")
+    other = op.attributes.get("other")
+    if other is None or (other == 0 and math.copysign(1.0, other) > 0):  # zero-filled bytes read +0
+        fast = b.icmp_signed(">=", acc.offs[-1], const_i32(0))  # a run's bytes in bounds: a prefix
+        for f in acc.fast.values():
+            fast = b.and_(fast, f)
+        lw.either(acc.whole_tile(lw, op), copies, lambda: lw.either(fast, filled, edge, "cp.async.fill"), "cp.async")
+    else:
+        lw.either(acc.whole_tile(lw, op), copies, edge, "cp.async")
 
 
 def async_commit(lw: Lowerer, op: Operation) -> None:
