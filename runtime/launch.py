@@ -34,8 +34,6 @@ from tkc.runtime import driver
 __all__ = ["LaunchState", "Match", "TensorArg", "address_slots", "call_key", "launch", "launch_planned", "launch_ranks",
            "launch_state", "param_values", "plan_of", "rematch", "to_ctypes", "tma_operands", "swizzle_enum"]
 
-_I32_MAX = 2**31 - 1
-
 
 class TensorArg(NamedTuple):
     """What the parameter list needs of a tensor: its address, shape and strides (elements)."""
@@ -84,9 +82,7 @@ def param_values(params: Sequence[signature.Param], args: Sequence[Any]) -> list
                 x = TensorArg(int(x.data_ptr()), tuple(x.shape), tuple(x.stride()))
             out.append(("u64", x.data_ptr))
             for axis, n in enumerate(x.shape):
-                if n > _I32_MAX:
-                    raise TkcLaunchError(f"{name}: axis {axis} has {n} elements; tkc kernels index with i32 "
-                                         f"(at most {_I32_MAX})")
+                signature.check_axis(name, axis, n)
                 out.append(("u32", int(n)))
             out += [("u64", int(s)) for s in x.strides]
         elif isinstance(t, ScalarType):

@@ -100,6 +100,17 @@ def is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+#: The most elements an axis may have: kernels index with i32.
+I32_MAX = 2**31 - 1
+
+
+def check_axis(name: str, axis: int, size: int) -> None:
+    """A tensor's axis of ``size`` elements fits the kernel's i32 indices."""
+    if size > I32_MAX:
+        raise TkcLaunchError(f"{name}: axis {axis} has {size} elements; tkc kernels index with i32 "
+                             f"(at most {I32_MAX})")
+
+
 def bind(kernel_name: str, params: Sequence[Param], args: Sequence[Any], *,
          numpy_ok: bool = True) -> dict[str, int]:
     """Check ``args`` against ``params`` and return the size of every symbolic dim.
@@ -141,6 +152,8 @@ def _check_tensor(name: str, t: TensorType, x: Any, dims: dict[str, tuple[int, s
     shape = tuple(x.shape)
     if len(shape) != t.rank:
         raise TkcLaunchError(f"{name}: expected rank {t.rank} for {t}, got shape {shape}")
+    for axis, size in enumerate(shape):
+        check_axis(name, axis, size)
     for axis, (size, stride) in enumerate(zip(shape, x.stride() if is_torch(x) else x.strides)):
         if stride == 0 and size > 1 and 0 not in shape:  # an expanded view: writing it would race with itself
             raise TkcLaunchError(f"{name}: axis {axis} has stride 0 (an expanded view, whose {size} elements there "

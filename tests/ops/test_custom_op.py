@@ -103,6 +103,10 @@ def test_wrong_inputs_are_tkc_errors_in_the_fake_implementation_too(ops: dict) -
         assert ops["axpy"](fx, fx, 1.0).shape == (40,)
         with pytest.raises(TkcLaunchError, match="expected rank 1"):
             ops["axpy"](fx, mode.from_tensor(torch.randn(4, 10)), 1.0)
+        # an axis past i32, refused before any kernel would index it (nothing is allocated)
+        big = torch.empty(2**31, device="meta")
+        with pytest.raises(TkcLaunchError, match="x: axis 0 has 2147483648 elements; tkc kernels index with i32"):
+            ops["axpy"](mode.from_tensor(big), mode.from_tensor(big), 1.0)
 
 
 def test_registration_errors() -> None:
