@@ -67,6 +67,10 @@ def test_compiles_without_graph_breaks() -> None:
     f(*eager, cu).backward()
     for a, b in zip(leaves, eager):
         torch.testing.assert_close(a.grad, b.grad)
+    # the compiled graph checks offsets on the host as an eager call does (in the operator)
+    with pytest.raises(TkcUsageError, match="cu_seqlens must rise from 0 to at most the 64 tokens; they run from 0 "
+                                            "to 99"):
+        torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v, torch.tensor([0, 40, 99], dtype=torch.int32))
 
 
 def test_errors_before_any_kernel_runs() -> None:

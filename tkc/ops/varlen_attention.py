@@ -15,6 +15,7 @@ import numbers
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
@@ -28,9 +29,18 @@ __all__ = ["varlen_attention"]
 _FILE = path("varlen_attn_train.tk")
 _PRE_BM = 64
 
+def _fwd_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scale: float, max_len: int,
+               **consts: Any) -> None:
+    """The forward operator's arguments; ``cu_seqlens`` and ``max_seqlen`` too where the offsets
+    are values on the host (not on a GPU, and not a fake tensor ``torch.compile`` traces with):
+    in the operator, so a compiled graph checks them as eager calls do."""
+    kernel_arguments("varlen_attn_fwd", q, k, v, cu, scale, max_len)
+    if cu.device.type == "cpu" and not is_fake(cu):
+        _check_offsets([int(c) for c in cu.tolist()], q.shape[0], int(max_len))
+
+
 _fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts={"BM": 128, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"),
-                 check=lambda *a, **kw: kernel_arguments("varlen_attn_fwd", *a))
+                 const_args=("D", "BM", "BN", "causal"), check=_fwd_check)
 _bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"))
 _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
@@ -63,7 +73,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     sequence count plus one, from 0 to ``T``, on the tensors' device; sequences may be empty)
     and ``max_seqlen`` (an int) at least the longest one's length.  ``D`` 64 or 128, ``scale``
     ``1/sqrt(D)`` by default; ``causal`` masks keys after the query's position in its sequence.
-    ``cu_seqlens`` and ``max_seqlen`` are checked when ``cu_seqlens`` is a CPU tensor, not on a GPU.
+    ``cu_seqlens`` and ``max_seqlen`` are checked when ``cu_seqlens`` is a CPU tensor (under
+    ``torch.compile`` too), not on a GPU.
     Returns ``[T, H, D]``.  Forward and backward run the tkc kernels of varlen_attn_train.tk
     (tkc/ops/kernels); tokens past ``cu_seqlens[-1]`` are not attended to, their output is not
     written and their gradients are zero."""
@@ -88,8 +99,6 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             or not 1 <= max_seqlen < 2**31:
         raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
                             f"from 1 to 2**31 - 1, got {max_seqlen!r}")
-    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
-        _check_offsets([int(c) for c in cu_seqlens.tolist()], q.shape[0], int(max_seqlen))
     scale = checks.scale("varlen_attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
     o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale,
