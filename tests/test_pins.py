@@ -63,6 +63,7 @@ def test_cluster_sizes_are_the_targets() -> None:
     ("prefetch", 100_000, "at most 64 (each iteration ahead is unrolled before the loop)"),
     ("ctas_per_sm", 33, "at most 32 (an SM holds at most 32 programs)"),
     ("wait_timeout_ms", 2**64, "at most 3600000"),
+    ("warps", 2048, "at most 32 (a program has at most 1024 threads)"),
 ])
 def test_count_pins_have_a_ceiling(pin: str, value: int, said: str) -> None:
     # a huge prefetch unrolled for minutes, a huge stages crashed a pass, a huge timeout wrapped
@@ -97,3 +98,34 @@ def test_a_cluster_reduction_with_a_cluster_of_three_says_what_was_given() -> No
            "    y[r:r+64, 0:64] = cluster_sum(x[r:r+64, 0:64])\n")
     with pytest.raises(TkcTypeError, match=r"declare or pass the pin cluster \(2 or 4\) \(cluster = 3 was given\)"):
         compile_kernel(src, {"cluster": 3}, stop="tkir", cache=False)
+
+
+SCALE = """
+@kernel
+def scale(x: f32[N], y: f32[N], BN: const = 128):
+    grid(cdiv(N, BN))
+    c = program_id(0) * BN
+    y[c:c+BN] = x[c:c+BN] * 2.0
+"""
+MM = """
+@kernel
+def mm(a: bf16[M, K], b: bf16[K, N], c: f32[M, N], BM: const = 128):
+    grid(cdiv(M, BM))
+    r = program_id(0) * BM
+    c[r:r+BM, 0:64] = a[r:r+BM, 0:64] @ b[0:64, 0:64]
+"""
+
+
+@pytest.mark.parametrize("src, consts, said", [
+    (SCALE, {"warps": 3}, "pin warps = 3: a program runs whole warpgroups: give a multiple of 4"),
+    (SCALE, {"warps": 64}, "pin warps = 64: at most 32"),
+    (MM, {"warps": 8}, "pin warps = 8: the pin sets the warps of kernels without products; this kernel's products "
+                       "of 128 rows set its own"),
+])
+def test_the_interpreter_refuses_the_warps_no_compilation_takes(src: str, consts: dict, said: str) -> None:
+    # the frontend checks them, so the tile IR the interpreter runs never has them
+    from tkc.compiler import compile_kernel
+
+    for stop in ("tkir", "ptx"):
+        with pytest.raises(TkcUsageError, match=re.escape(said)):
+            compile_kernel(src, consts, stop=stop, cache=False)

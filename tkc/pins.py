@@ -165,18 +165,33 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
         most = _MOST.get(name)
         if most is not None and value > most:
             raise TkcUsageError(f"pin {name} = {value!r}: at most {most} ({_MOST_WHY[name]})", loc)
+        if name == "warps" and value % 4:
+            raise TkcUsageError(f"pin warps = {value}: a program runs whole warpgroups: give a multiple of 4", loc)
+
+
+def check_kernel_pins(kernel: Any, loc: Loc | None = None) -> None:
+    """What a ``tile.kernel``'s pins must agree with in the kernel itself, on every target: the
+    pin ``warps`` is for kernels without products (a product's rows set the warps).  Checked
+    by the frontend, so the interpreter refuses what no compilation would take."""
+    warps = (kernel.attributes.get("consts") or {}).get("warps")
+    mma = next((op for op in kernel.walk() if op.name == "tile.mma"), None)
+    if warps is not None and mma is not None:
+        raise TkcUsageError(f"pin warps = {warps}: the pin sets the warps of kernels without products; this "
+                            f"kernel's products of {mma.acc.type.shape[0]} rows set its own, so leave the pin out",
+                            loc)
 
 
 #: Count pins whose 0 turns their pass off.
 _ZERO_MEANS_OFF = frozenset({"prefetch", "stage_loads"})
 #: The largest value of count pins that a pass unrolls, allocates or counts with, and why.
 _MOST = {"stages": 32, "outer_stages": 32, "prefetch": 64, "stage_loads": 7, "ctas_per_sm": 32,
-         "wait_timeout_ms": 3_600_000}
+         "wait_timeout_ms": 3_600_000, "warps": 32}
 _MOST_WHY = {"stages": "a ring's stages each take shared memory",
              "outer_stages": "a ring's stages each take shared memory",
              "prefetch": "each iteration ahead is unrolled before the loop",
              "stage_loads": "a thread waits for its copies with cp.async.wait_group, which counts to 7",
-             "ctas_per_sm": "an SM holds at most 32 programs", "wait_timeout_ms": "an hour"}
+             "ctas_per_sm": "an SM holds at most 32 programs", "wait_timeout_ms": "an hour",
+             "warps": "a program has at most 1024 threads"}
 
 
 #: The most CTAs any cluster has (CUDA's non-portable limit).  Where no target is at hand (the

@@ -24,7 +24,7 @@ from tkc.frontend.values import (
     NONE, REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
 )
 from tkc.ir.builder import Builder
-from tkc.pins import PINS, check_pins
+from tkc.pins import PINS, check_kernel_pins, check_pins
 from tkc.ir.core import Block, Module, OpResult, Region, Value
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
@@ -1387,6 +1387,7 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
             kernel = lowering.lower()
             kernel.attributes["consts"].update(pins)
             check_pins(kernel.attributes["consts"], k.loc)
+            check_kernel_pins(kernel, k.loc)
             m.body.append(kernel)
         except RecursionError:  # 'a + a + ... + a' a few thousand long: the tree is deeper than Python's stack
             raise TkcUnsupportedError("this statement is nested too deeply to compile; split it up",
