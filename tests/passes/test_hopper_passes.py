@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from tkc.errors import TkcUnsupportedError, TkcVerifyError
+from tkc.errors import TkcUnsupportedError, TkcUsageError, TkcVerifyError
 from tkc.frontend import compile_file, compile_source
 from tkc.interpreter import random_args, run_kernel
 from tkc.ir.layouts import Slice, register_map
@@ -220,13 +220,14 @@ def test_warps_pin_spreads_a_row_over_more_threads():
 
 
 @pytest.mark.parametrize("name,consts,message", [
-    ("softmax.tk", {"warps": 6}, "warps = 6: a program runs whole warpgroups: give a multiple of 4"),
-    ("gemm.tk", {"warps": 8}, "warps = 8: the pin sets the warps of kernels without products; this kernel's "
+    ("softmax.tk", {"warps": 6}, "pin warps = 6: a program runs whole warpgroups: give a multiple of 4"),
+    ("gemm.tk", {"warps": 8}, "pin warps = 8: the pin sets the warps of kernels without products; this kernel's "
                               "products of 128 rows set its own, so leave the pin out"),
-    ("softmax.tk", {"warps": 64}, "warps = 64: a program has at most 32 warps (1024 threads)"),
+    ("softmax.tk", {"warps": 64}, "pin warps = 64: at most 32 (a program has at most 1024 threads)"),
 ])
 def test_warps_pin_refused(name, consts, message):
-    with pytest.raises(TkcUnsupportedError) as e:
+    # refused where the kernel is written (tkc.pins), before any pass: the interpreter too
+    with pytest.raises(TkcUsageError) as e:
         after(name, consts, "select-layouts")
     assert message in str(e.value)
     assert e.value.loc is not None
