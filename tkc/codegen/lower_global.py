@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import llvmlite.ir as ir
@@ -224,13 +225,20 @@ def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[i
     return out
 
 
-def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int) -> list[ir.Value]:
-    """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access."""
+def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int, ok: ir.Value | None = None) -> list[ir.Value]:
+    """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access;
+    with ``ok``, only where it holds (zeros elsewhere)."""
     w, suffix, cons, ty = _words(n * elem_bytes(dt), elem_bytes(dt))
-    asm = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
+    ld = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
     ret = ty if w == 1 else ir.LiteralStructType([ty] * w)
-    raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), asm, ",".join([f"={cons}"] * w + ["l"]), [addr],
-                side_effect=True)
+    if ok is None:
+        raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), ld, ",".join([f"={cons}"] * w + ["l"]), [addr],
+                    side_effect=True)
+    else:
+        zero = " ".join(f"mov.b{ty.width} ${j}, 0;" for j in range(w))
+        asm = f"{{ .reg .pred p; setp.ne.b32 p, ${w + 1}, 0; {zero} @p {ld} }}"
+        raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL), I32]), asm,
+                    ",".join([f"={cons}"] * w + ["l", "r"]), [addr, _pred(b, ok)], side_effect=True)
     return [raw] if w == 1 else [b.extract_value(raw, j) for j in range(w)]
 
 
@@ -611,7 +619,7 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
         slots = _edge_slots(lw, op, a)
         return [x for first, _ in a.runs for x in _read_slots(b, slots[first])]
 
-    words = lw.either(acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+    words = _whole_masked_or_edge(lw, acc.whole_tile(lw, op), whole_tile, _masked_ok(lw, op, acc), edge, "ld.tile")
     runs, k = [], 0
     for first, n in acc.runs:
         w = _word_type(dt, n)[0]
@@ -621,9 +629,64 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
 
 
 def _load_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, dt: DType) -> list[ir.Value]:
-    """The whole side's access for the run of ``n`` values at ``first``: its words."""
-    addr = acc.addr(lw, op, first)
-    return _load_vector(lw.b, addr, dt, n) if n > 1 else [_load_element(lw.b, addr, _TRUE, dt)]
+    """The whole side's access for the run of ``n`` values at ``first``: its words (on the
+    masked side, zeros where the run lies outside the tensor)."""
+    addr, ok = _run_access(lw, op, acc, first)
+    return _load_vector(lw.b, addr, dt, n, ok) if n > 1 else [_load_element(lw.b, addr, ok or _TRUE, dt)]
+
+
+def _run_access(lw: Lowerer, op: Operation, acc: _Access, first: int) -> tuple[ir.Value, ir.Value | None]:
+    """The address of the run at ``first`` and, on the masked side, whether it lies inside the
+    tensor (its first element does: there every run lies wholly inside or wholly outside)."""
+    if not lw.masked:
+        return acc.addr(lw, op, first), None
+    e = _global_element(lw, op, acc.tensor, acc.offs, acc.coord(first))
+    return e.addr, e.ok
+
+
+@contextmanager
+def _masked_side(lw: Lowerer) -> Iterator[None]:
+    saved, lw.masked = lw.masked, True
+    try:
+        yield
+    finally:
+        lw.masked = saved
+
+
+def _masked_ok(lw: Lowerer, op: Operation, acc: _Access) -> ir.Value | None:
+    """i1: every run of the access lies wholly inside the tensor or wholly outside it, and
+    the inside ones may take their vector access: the tensor fast for each run length, and
+    along the last axis a non-negative offset and a size that are multiples of every run
+    length (each run starts at a multiple of its length).  Then the masked side (the whole
+    side with each run's access predicated on its run) serves a box past the tensor's end: a
+    row shorter than its block, on every row.  None where a load's ``other`` is not 0 (the
+    masked side fills with zeros)."""
+    other = op.attributes.get("other")
+    if other is not None and not (other == 0 and math.copysign(1.0, other) > 0):
+        return None
+    b = lw.b
+    step = math.lcm(*(n for _, n in acc.runs))
+    last, size = acc.offs[-1], acc.tensor.sizes[-1]
+    ok = b.icmp_signed(">=", last, const_i32(0))
+    for x in (last, size):
+        ok = b.and_(ok, b.icmp_unsigned("==", b.urem(x, const_i32(step)), const_i32(0)))
+    for f in acc.fast.values():
+        ok = b.and_(ok, f)
+    return ok
+
+
+def _whole_masked_or_edge(lw: Lowerer, whole: ir.Value, whole_side: Callable[[], list],
+                          masked: ir.Value | None, edge: Callable[[], list], name: str) -> list:
+    """``whole_side`` where the box is whole; else, where ``masked`` holds, ``whole_side``
+    again on the masked side; else ``edge``."""
+    if masked is None:
+        return lw.either(whole, whole_side, edge, name)
+
+    def masked_side() -> list:
+        with _masked_side(lw):
+            return whole_side()
+
+    return lw.either(whole, whole_side, lambda: lw.either(masked, masked_side, edge, f"{name}.masked"), name)
 
 
 def _run_values(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
@@ -694,7 +757,7 @@ def _load_tile(lw: Lowerer, op: Operation) -> list[ir.Value]:
         slots = _edge_slots(lw, op, a)
         return [v for first, n in a.runs for v in values(_read_slots(b, slots[first]), n)]
 
-    return lw.either(acc.whole_tile(lw, op), whole_tile, edge, "ld.tile")
+    return _whole_masked_or_edge(lw, acc.whole_tile(lw, op), whole_tile, _masked_ok(lw, op, acc), edge, "ld.tile")
 
 
 class _DeferredLoad(Deferred):
@@ -769,18 +832,19 @@ def store(lw: Lowerer, op: Operation) -> None:
     def words_of(first: int, n: int) -> list[ir.Value]:
         return _run_words(b, vals[first:first + n], bits[first:first + n], dt)
 
-    lw.either(acc.whole_tile(lw, op), whole_tile, lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
+    _whole_masked_or_edge(lw, acc.whole_tile(lw, op), whole_tile, _masked_ok(lw, op, acc),
+                          lambda: _store_edge(lw, op, acc, words_of, dt), "st.tile")
 
 
 def _store_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, vals: list[ir.Value],
                bits: list[ir.Value], dt: DType) -> None:
     """The whole side's access for the run of ``n`` values at ``first`` (``vals``, ``bits``)."""
     b = lw.b
-    addr = acc.addr(lw, op, first)
+    addr, ok = _run_access(lw, op, acc, first)
     if n > 1:
-        _store_vector(b, addr, _run_words(b, vals, bits, dt))
+        _store_vector(b, addr, _run_words(b, vals, bits, dt), ok)
     else:
-        _store_element(b, addr, _TRUE, bits[0], dt)
+        _store_element(b, addr, ok or _TRUE, bits[0], dt)
 
 
 def _run_words(b: ir.IRBuilder, vals: list[ir.Value], bits: list[ir.Value], dt: DType) -> list[ir.Value]:
@@ -828,10 +892,12 @@ def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, d
     array, then the store's edge loop: on either side a few runs of the loads are live."""
     b = lw.b
     loads = list(value.loads())
-    whole = acc.whole_tile(lw, op)
+    whole, masked = acc.whole_tile(lw, op), _masked_ok(lw, op, acc)
     for ld in loads:
         ld.prepare(lw)
         whole = b.and_(whole, ld.acc.whole_tile(lw, ld.op))
+        m = _masked_ok(lw, ld.op, ld.acc)
+        masked = None if m is None or masked is None else b.and_(masked, m)
 
     def by_runs() -> list:
         with emitting(lw, whole=True):
@@ -851,7 +917,7 @@ def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, d
         with emitting(lw, whole=False):
             return _store_edge(lw, op, acc, words_of, dt)
 
-    lw.either(whole, by_runs, edge, "st.tile")
+    _whole_masked_or_edge(lw, whole, by_runs, masked, edge, "st.tile")
 
 
 def prefetch(lw: Lowerer, op: Operation) -> None:
