@@ -350,6 +350,38 @@ def _ptx(b: _Build) -> str:
     if raised is not None:
         ctas, ptx, b.assembled = raised
         b.asm["llvm"] = occupancy.with_min_ctas(b.asm["llvm"], ctas, "llvm")
+    if ".masked." in b.asm["llvm"]:
+        ptx = _programs_without_masked_sides(b, op, ptx)
+    return ptx
+
+
+def _programs_without_masked_sides(b: _Build, op: Any, ptx: str) -> str:
+    """The masked sides of loads and stores (a row shorter than its block) raise ptxas's own
+    register count without raising what the kernel needs (LayerNorm: 80 registers and 6
+    programs an SM where, capped, it fits 71 and 7), so the search above, which starts from that
+    count, would give the kernel fewer programs an SM than it had without them.  The kernel is
+    compiled once more without them, searched alike, and asks for that many programs where
+    ptxas meets the cap without spilling."""
+    from tkc.codegen import occupancy
+    from tkc.codegen.lower import kernel_to_llvm
+    from tkc.codegen.ptxas import assemble
+    from tkc.codegen.target import emit_ptx
+
+    plain = emit_ptx(str(kernel_to_llvm(op, b.target, b.options, masked=False)), b.target, opt=b.opt_level)
+    first = assemble(plain, b.target)
+    threads, smem = op.attributes["threads"], op.attributes.get("smem_bytes") or 0
+    raised = occupancy.one_more_program(plain, b.name, threads, smem, first, b.target,
+                                        lambda text: assemble(text, b.target))
+    usage = (raised[2] if raised is not None else first).kernels.get(b.name)
+    if usage is None:
+        return ptx
+    want = occupancy.resident(usage.registers, threads, smem + usage.smem, b.target)
+    got = occupancy.at_least(ptx, b.name, threads, smem, want, b.assembled, b.target,
+                             lambda text: assemble(text, b.target))
+    if got is None:
+        return ptx
+    ptx, b.assembled = got
+    b.asm["llvm"] = occupancy.with_min_ctas(b.asm["llvm"], want, "llvm")
     return ptx
 
 

@@ -119,7 +119,19 @@ def test_layernorm_compiles_to_one_more_program(ptxas):
     chosen = compile_kernel(EXAMPLES / "layernorm.tk", {}, cache=False)
     assert ".minnctapersm 1\n" in pinned.asm["ptx"]
     n = chosen.programs_per_sm
-    assert n == pinned.programs_per_sm + 1
+    assert n >= pinned.programs_per_sm + 1
+    # Its masked sides (rows shorter than their block) raise ptxas's own count, not what the
+    # kernel needs: it gets one more program than ptxas first gives the kernel without them.
+    from tkc.codegen.lower import kernel_to_llvm
+    from tkc.codegen.ptxas import assemble
+    from tkc.codegen.target import emit_ptx
+
+    sm90 = target("sm_90a")
+    op = chosen.kernel_op
+    op.attributes["consts"] = {**op.attributes["consts"], "ctas_per_sm": 1}
+    plain = assemble(emit_ptx(str(kernel_to_llvm(op, sm90, masked=False)), sm90), sm90).kernels["layernorm"]
+    smem = (op.attributes.get("smem_bytes") or 0) + plain.smem
+    assert n == occupancy.resident(plain.registers, op.attributes["threads"], smem, sm90) + 1
     assert f".minnctapersm {n}\n" in chosen.asm["ptx"] and f'"nvvm.minctasm"="{n}"' in chosen.asm["llvm"]
     assert chosen.resources.spill_stores == chosen.resources.spill_loads == 0
     # Asking for the PTX alone makes the same choice when ptxas is there.

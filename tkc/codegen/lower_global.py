@@ -679,6 +679,8 @@ def _whole_masked_or_edge(lw: Lowerer, whole: ir.Value, whole_side: Callable[[],
                           masked: ir.Value | None, edge: Callable[[], list], name: str) -> list:
     """``whole_side`` where the box is whole; else, where ``masked`` holds, ``whole_side``
     again on the masked side; else ``edge``."""
+    if masked is None or not lw.masked_sides:
+        return lw.either(whole, whole_side, edge, name)
     if masked is None:
         return lw.either(whole, whole_side, edge, name)
 

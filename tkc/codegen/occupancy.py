@@ -91,3 +91,23 @@ def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: 
     if got is None or got.spills or resident(got.registers, threads, smem, target) < want:
         return None
     return want, raised, second
+
+
+def at_least(ptx: str, name: str, threads: int, smem_bytes: int, ctas: int, current: Any, target: Target,
+             assemble: Callable[[str], Any]) -> tuple[str, Any] | None:
+    """The PTX and ptxas's result with ``.minnctapersm`` set to ``ctas``, where ``current``
+    (ptxas's result for ``ptx``) holds fewer and ptxas meets the cap without spilling; else
+    None."""
+    usage = current.kernels.get(name)
+    if usage is None or usage.spills:
+        return None
+    smem = smem_bytes + usage.smem
+    if resident(usage.registers, threads, smem, target) >= ctas or resident(1, threads, smem, target) < ctas:
+        return None
+    raised = with_min_ctas(ptx, ctas)
+    got = assemble(raised)
+    usage = got.kernels.get(name)
+    if usage is None or usage.spills or resident(usage.registers, threads, smem, target) < ctas:
+        return None
+    return raised, got
+
