@@ -80,17 +80,9 @@ def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: 
     usage = first.kernels.get(name)
     if usage is None or usage.spills:
         return None  # a kernel that spills already would spill more under a lower cap
-    smem = smem_bytes + usage.smem
-    now = resident(usage.registers, threads, smem, target)
-    want = now + 1
-    if now < 1 or resident(1, threads, smem, target) < want:
-        return None
-    raised = with_min_ctas(ptx, want)
-    second = assemble(raised)
-    got = second.kernels.get(name)
-    if got is None or got.spills or resident(got.registers, threads, smem, target) < want:
-        return None
-    return want, raised, second
+    now = resident(usage.registers, threads, smem_bytes + usage.smem, target)
+    got = at_least(ptx, name, threads, smem_bytes, now + 1, first, target, assemble) if now >= 1 else None
+    return None if got is None else (now + 1, *got)
 
 
 def at_least(ptx: str, name: str, threads: int, smem_bytes: int, ctas: int, current: Any, target: Target,
