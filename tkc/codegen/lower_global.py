@@ -681,8 +681,6 @@ def _whole_masked_or_edge(lw: Lowerer, whole: ir.Value, whole_side: Callable[[],
     again on the masked side; else ``edge``."""
     if masked is None or not lw.masked_sides:
         return lw.either(whole, whole_side, edge, name)
-    if masked is None:
-        return lw.either(whole, whole_side, edge, name)
 
     def masked_side() -> list:
         with _masked_side(lw):
@@ -997,10 +995,12 @@ def async_load(lw: Lowerer, op: Operation) -> None:
 
     def filled() -> list:
         for first, n in acc.runs:
-            base, _, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coord(first), n)
-            inside = b.icmp_unsigned(">", hi, const_i32(0))
+            base, lo, hi = _run_bounds(lw, op, acc.tensor, acc.offs, acc.coord(first), n)
+            # (lo is 0 but where the run's i32 position wrapped: an offset near 2**31)
+            inside = b.and_(b.icmp_unsigned("==", lo, const_i32(0)), b.icmp_unsigned(">", hi, const_i32(0)))
             to = lw.smem_addr(lw.offset(dst, _private_at(lw, t.layout, me, first, n, eb)))
-            _cp_async(lw, to, b.select(inside, base, acc.tensor.ptr), n * eb, b.mul(hi, const_i32(eb)))
+            _cp_async(lw, to, b.select(inside, base, acc.tensor.ptr), n * eb,
+                      b.select(inside, b.mul(hi, const_i32(eb)), const_i32(0)))
         return []
 
     def edge() -> list:
