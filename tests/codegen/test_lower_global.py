@@ -89,25 +89,25 @@ def test_stores_stream(name: str, consts: tuple) -> None:
     assert stores and all(s.startswith("st.global.cs.") for s in stores), Counter(stores)
 
 
-@pytest.mark.parametrize("name,loads,load_ops,stores,store_ops,masked_loads", [
+@pytest.mark.parametrize("name,loads,load_ops,stores,store_ops", [
     # 1 x 4096 blocks over 128 threads: 4 runs of 8 bf16 columns a thread for each access.
     # The one-block branch loads x once and stores y; the two-sweep branch loads x twice
-    # and stores y.  x reads -inf past the row: no masked side for its loads.
-    ("softmax.tk", 3 * 4, 3, 2 * 4, 2, False),
+    # and stores y.
+    ("softmax.tk", 3 * 4, 3, 2 * 4, 2),
     # The one-block branch loads x, the weight and the bias; the two-sweep branch loads x's
     # block 0 (its mean shifts the sums), x in the loop and its last block after it, then
     # x, the weight and the bias again.  4 runs each.
-    ("layernorm.tk", 9 * 4, 9, 2 * 4, 2, True),
+    ("layernorm.tk", 9 * 4, 9, 2 * 4, 2),
     # 16 x 256 blocks: 4 rows x 1 run; the weight row is 1 run.
-    ("rmsnorm.py", 2 * 4 + 1, 3, 4, 1, True),
+    ("rmsnorm.py", 2 * 4 + 1, 3, 4, 1),
 ])
 def test_norms_move_16_bytes_per_access(name: str, loads: int, load_ops: int, stores: int,
-                                        store_ops: int, masked_loads: bool) -> None:
+                                        store_ops: int) -> None:
     got = _accesses(_ptx(name))
     # One vector access a run on the whole side and again on the masked side (a box past the
     # tensor's end by whole runs), and one in each op's edge loop (for the runs of a tile at
     # the tensor's edge that are still whole in bounds).
-    assert got["ld.global.v4.b32"] == loads * (2 if masked_loads else 1) + load_ops, got
+    assert got["ld.global.v4.b32"] == 2 * loads + load_ops, got
     assert got["st.global.v4.b32"] == 2 * stores + store_ops, got
     # The element path of a run, once in each op's edge loop: 8 element accesses.
     assert got["ld.global.b16"] == 8 * load_ops and got["st.global.b16"] == 8 * store_ops, got
@@ -193,10 +193,9 @@ def test_each_dtype_packs_its_runs() -> None:
 
     path = Path(__file__).parent / "kernels" / "elementwise.tkir"
     got = _accesses(kernel_to_ptx(parse_module(path.read_text(), str(path)).kernel()))
-    # Every load's vector access twice: on the whole side and in the edge loop (one run each;
-    # the loads read -1 and 1.0 past the end, so no masked side); every store's three times:
-    # the whole side, the masked side and the edge loop.
-    assert got["ld.global.v2.b32"] == 2 * 2, got  # the i32 and f32 loads: 8 B
+    # Every vector access three times: on the whole side, on the masked side (the loads' runs
+    # outside reading -1 and 1.0) and in the edge loop (one run each).
+    assert got["ld.global.v2.b32"] == 3 * 2, got  # the i32 and f32 loads: 8 B
     assert got["st.global.v2.b32"] == 3 * 1, got  # the i32 store
     # f16 and bf16 pairs are one b32 (their element paths b16); fp8 and i1 pairs one b16
     # (their element paths u8), i32 elements b32.

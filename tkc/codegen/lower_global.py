@@ -225,9 +225,10 @@ def _unpack(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[i
     return out
 
 
-def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int, ok: ir.Value | None = None) -> list[ir.Value]:
+def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int, ok: ir.Value | None = None,
+                 fill: list[ir.Value] | None = None) -> list[ir.Value]:
     """The words of ``n`` consecutive elements at ``addr`` (aligned to their size), one access;
-    with ``ok``, only where it holds (zeros elsewhere)."""
+    with ``ok``, only where it holds: elsewhere the words ``fill`` (zeros without)."""
     w, suffix, cons, ty = _words(n * elem_bytes(dt), elem_bytes(dt))
     ld = f"ld.global{_vector_op(w)}.{suffix} {_vector_operand([f'${j}' for j in range(w)])}, [${w}];"
     ret = ty if w == 1 else ir.LiteralStructType([ty] * w)
@@ -235,10 +236,11 @@ def _load_vector(b: ir.IRBuilder, addr: ir.Value, dt: DType, n: int, ok: ir.Valu
         raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL)]), ld, ",".join([f"={cons}"] * w + ["l"]), [addr],
                     side_effect=True)
     else:
-        zero = " ".join(f"mov.b{ty.width} ${j}, 0;" for j in range(w))
-        asm = f"{{ .reg .pred p; setp.ne.b32 p, ${w + 1}, 0; {zero} @p {ld} }}"
-        raw = b.asm(ir.FunctionType(ret, [nvvm.ptr(nvvm.GLOBAL), I32]), asm,
-                    ",".join([f"={cons}"] * w + ["l", "r"]), [addr, _pred(b, ok)], side_effect=True)
+        ins = [addr, _pred(b, ok), *(fill or [])]
+        first = " ".join(f"mov.b{ty.width} ${j}, {f'${w + 2 + j}' if fill else 0};" for j in range(w))
+        asm = f"{{ .reg .pred p; setp.ne.b32 p, ${w + 1}, 0; {first} @p {ld} }}"
+        raw = b.asm(ir.FunctionType(ret, [x.type for x in ins]), asm,
+                    ",".join([f"={cons}"] * w + ["l", "r"] + [cons] * len(fill or [])), ins, side_effect=True)
     return [raw] if w == 1 else [b.extract_value(raw, j) for j in range(w)]
 
 
@@ -630,9 +632,17 @@ def _load_packed(lw: Lowerer, op: Operation) -> Packed:
 
 def _load_run(lw: Lowerer, op: Operation, acc: _Access, first: int, n: int, dt: DType) -> list[ir.Value]:
     """The whole side's access for the run of ``n`` values at ``first``: its words (on the
-    masked side, zeros where the run lies outside the tensor)."""
+    masked side, the load's ``other`` where the run lies outside the tensor)."""
+    b = lw.b
     addr, ok = _run_access(lw, op, acc, first)
-    return _load_vector(lw.b, addr, dt, n, ok) if n > 1 else [_load_element(lw.b, addr, ok or _TRUE, dt)]
+    if ok is None:
+        return _load_vector(b, addr, dt, n) if n > 1 else [_load_element(b, addr, _TRUE, dt)]
+    other = op.attributes.get("other")
+    bits = None if other is None else _bits_of(b, constant(dt, other), dt)
+    if n > 1:
+        return _load_vector(b, addr, dt, n, ok, None if bits is None else _pack(b, [bits] * n, dt))
+    got = _load_element(b, addr, ok, dt)
+    return [got if bits is None else b.select(ok, got, bits)]
 
 
 def _run_access(lw: Lowerer, op: Operation, acc: _Access, first: int) -> tuple[ir.Value, ir.Value | None]:
@@ -653,17 +663,13 @@ def _masked_side(lw: Lowerer) -> Iterator[None]:
         lw.masked = saved
 
 
-def _masked_ok(lw: Lowerer, op: Operation, acc: _Access) -> ir.Value | None:
+def _masked_ok(lw: Lowerer, op: Operation, acc: _Access) -> ir.Value:
     """i1: every run of the access lies wholly inside the tensor or wholly outside it, and
     the inside ones may take their vector access: the tensor fast for each run length, and
     along the last axis a non-negative offset and a size that are multiples of every run
     length (each run starts at a multiple of its length).  Then the masked side (the whole
     side with each run's access predicated on its run) serves a box past the tensor's end: a
-    row shorter than its block, on every row.  None where a load's ``other`` is not 0 (the
-    masked side fills with zeros)."""
-    other = op.attributes.get("other")
-    if other is not None and not (other == 0 and math.copysign(1.0, other) > 0):
-        return None
+    row shorter than its block, on every row (a load's runs outside read its ``other``)."""
     b = lw.b
     step = math.lcm(*(n for _, n in acc.runs))
     last, size = acc.offs[-1], acc.tensor.sizes[-1]
