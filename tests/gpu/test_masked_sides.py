@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 CASES = [
     # aligned rows shorter than the block: the masked side (LayerNorm's loads, deferred weight
-    # and bias, its store; softmax's store)
+    # and bias, its store; softmax's loads, -inf past the row, and its store)
     ("layernorm.tk", {"BN": 4096}, {"M": 9, "N": 4000}),
     ("layernorm.tk", {"BN": 1024}, {"M": 9, "N": 2504}),  # two sweeps, the last block short
     ("layernorm_residual.tk", {"BN": 5120}, {"M": 5, "N": 5000}),
