@@ -656,6 +656,7 @@ def _run_access(lw: Lowerer, op: Operation, acc: _Access, first: int) -> tuple[i
 
 @contextmanager
 def _masked_side(lw: Lowerer) -> Iterator[None]:
+    """The accesses emitted inside are the masked side's (:func:`_run_access`)."""
     saved, lw.masked = lw.masked, True
     try:
         yield
@@ -682,10 +683,11 @@ def _masked_ok(lw: Lowerer, op: Operation, acc: _Access) -> ir.Value:
 
 
 def _whole_masked_or_edge(lw: Lowerer, whole: ir.Value, whole_side: Callable[[], list],
-                          masked: ir.Value | None, edge: Callable[[], list], name: str) -> list:
+                          masked: ir.Value, edge: Callable[[], list], name: str) -> list:
     """``whole_side`` where the box is whole; else, where ``masked`` holds, ``whole_side``
-    again on the masked side; else ``edge``."""
-    if masked is None or not lw.masked_sides:
+    again on the masked side; else ``edge`` (``whole_side`` and ``edge`` alone where the kernel
+    is compiled without masked sides, ``lw.masked_sides``)."""
+    if not lw.masked_sides:
         return lw.either(whole, whole_side, edge, name)
 
     def masked_side() -> list:
