@@ -367,7 +367,7 @@ def _programs_without_masked_sides(b: _Build, op: Any, ptx: str) -> str:
     from tkc.codegen.ptxas import assemble
     from tkc.codegen.target import emit_ptx
 
-    plain = emit_ptx(str(kernel_to_llvm(op, b.target, b.options, masked=False)), b.target, opt=b.opt_level)
+    plain = emit_ptx(str(kernel_to_llvm(op, b.target, b.options, masked_sides=False)), b.target, opt=b.opt_level)
     first = assemble(plain, b.target)
     threads, smem = op.attributes["threads"], op.attributes.get("smem_bytes") or 0
     raised = occupancy.one_more_program(plain, b.name, threads, smem, first, b.target,

@@ -172,13 +172,14 @@ def check_pins(consts: dict[str, object], loc: Loc | None = None) -> None:
 def check_kernel_pins(kernel: Any, loc: Loc | None = None) -> None:
     """What a ``tile.kernel``'s pins must agree with in the kernel itself, on every target: the
     pin ``warps`` is for kernels without products (a product's rows set the warps).  Checked
-    by the frontend, so the interpreter refuses what no compilation would take."""
+    by the frontend, so the interpreter refuses what no compilation would take, and by
+    ``select-layouts`` for tile IR read from a file; at the product, else at ``loc``."""
     warps = (kernel.attributes.get("consts") or {}).get("warps")
     mma = next((op for op in kernel.walk() if op.name == "tile.mma"), None)
     if warps is not None and mma is not None:
         raise TkcUsageError(f"pin warps = {warps}: the pin sets the warps of kernels without products; this "
                             f"kernel's products of {mma.acc.type.shape[0]} rows set its own, so leave the pin out",
-                            loc)
+                            mma.loc or loc)
 
 
 #: Count pins whose 0 turns their pass off.

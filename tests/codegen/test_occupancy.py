@@ -129,7 +129,7 @@ def test_layernorm_compiles_to_one_more_program(ptxas):
     sm90 = target("sm_90a")
     op = chosen.kernel_op
     op.attributes["consts"] = {**op.attributes["consts"], "ctas_per_sm": 1}
-    plain = assemble(emit_ptx(str(kernel_to_llvm(op, sm90, masked=False)), sm90), sm90).kernels["layernorm"]
+    plain = assemble(emit_ptx(str(kernel_to_llvm(op, sm90, masked_sides=False)), sm90), sm90).kernels["layernorm"]
     smem = (op.attributes.get("smem_bytes") or 0) + plain.smem
     assert n == occupancy.resident(plain.registers, op.attributes["threads"], smem, sm90) + 1
     assert f".minnctapersm {n}\n" in chosen.asm["ptx"] and f'"nvvm.minctasm"="{n}"' in chosen.asm["llvm"]

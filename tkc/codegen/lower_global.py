@@ -41,7 +41,6 @@ Must not: choose a layout or know a layout formula; runs come from ``layout.coor
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -673,10 +672,18 @@ def _masked_ok(lw: Lowerer, op: Operation, acc: _Access) -> ir.Value:
     row shorter than its block, on every row (a load's runs outside read its ``other``)."""
     b = lw.b
     step = math.lcm(*(n for _, n in acc.runs))
-    last, size = acc.offs[-1], acc.tensor.sizes[-1]
-    ok = b.icmp_signed(">=", last, const_i32(0))
-    for x in (last, size):
+    ok = _runs_aligned(lw, acc)
+    for x in (acc.offs[-1], acc.tensor.sizes[-1]):
         ok = b.and_(ok, b.icmp_unsigned("==", b.urem(x, const_i32(step)), const_i32(0)))
+    return ok
+
+
+def _runs_aligned(lw: Lowerer, acc: _Access) -> ir.Value:
+    """i1: each run may be one vector access (the tensor fast for its length) and starts at or
+    past the tensor's first column (a non-negative last-axis offset), so the part of a run
+    inside the tensor is a prefix of it."""
+    b = lw.b
+    ok = b.icmp_signed(">=", acc.offs[-1], const_i32(0))
     for f in acc.fast.values():
         ok = b.and_(ok, f)
     return ok
@@ -904,8 +911,7 @@ def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, d
     for ld in loads:
         ld.prepare(lw)
         whole = b.and_(whole, ld.acc.whole_tile(lw, ld.op))
-        m = _masked_ok(lw, ld.op, ld.acc)
-        masked = None if m is None or masked is None else b.and_(masked, m)
+        masked = b.and_(masked, _masked_ok(lw, ld.op, ld.acc))
 
     def by_runs() -> list:
         with emitting(lw, whole=True):
@@ -1021,10 +1027,8 @@ def async_load(lw: Lowerer, op: Operation) -> None:
 
     other = op.attributes.get("other")
     if other is None or (other == 0 and math.copysign(1.0, other) > 0):  # zero-filled bytes read +0
-        fast = b.icmp_signed(">=", acc.offs[-1], const_i32(0))  # a run's bytes in bounds: a prefix
-        for f in acc.fast.values():
-            fast = b.and_(fast, f)
-        lw.either(acc.whole_tile(lw, op), copies, lambda: lw.either(fast, filled, edge, "cp.async.fill"), "cp.async")
+        lw.either(acc.whole_tile(lw, op), copies,
+                  lambda: lw.either(_runs_aligned(lw, acc), filled, edge, "cp.async.fill"), "cp.async")
     else:
         lw.either(acc.whole_tile(lw, op), copies, edge, "cp.async")
 

@@ -2,8 +2,9 @@
 
 The op's meaning is ``tkc/ir/dialects/philox.py``'s (value of offset ``o``: word ``o & 3`` of
 the call whose counter is ``o >> 2``); this module only decides how many calls a thread makes.
-Ten rounds are about 19 wide multiplies and 60 other integer instructions, so at a
-call a value a dropout kernel is bound by them, not by memory.
+Ten rounds are about 90 PTX instructions (18 ``mul.hi``/``mul.lo`` pairs; two calls more in
+a kernel of 8 values a thread added 188 instructions with their stores), so at a call a value
+a dropout kernel is bound by them, not by memory.
 
 Values a thread holds four in a row along the tile's last axis (the coordinates of one
 group differ only there, by 0, 1, 2, 3: every row layout holds such runs) usually have
@@ -29,6 +30,7 @@ from tkc.ir.types import TileType
 
 if TYPE_CHECKING:
     from tkc.codegen.lowerer import Handler, Lowerer
+    from tkc.ir.core import Operation
 
 #: Values one call gives.
 GROUP = 4
@@ -96,7 +98,7 @@ def _groups(at: dict[tuple[int, ...], int]) -> tuple[list[list[int]], list[int]]
     return groups, [i for i in at.values() if i not in grouped]
 
 
-def _rand(lw: Lowerer, op) -> None:
+def _rand(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     key = _key(b, lw.get(op.seed))
     t = op.offset.type

@@ -77,7 +77,7 @@ from tkc.ir.layouts import (
     transpose_layout,
 )
 from tkc.ir.types import TileType
-from tkc.pins import Options
+from tkc.pins import Options, check_kernel_pins
 from tkc.target import Target
 
 #: Ops besides the elementwise ones whose result has their operand's layout.
@@ -193,6 +193,7 @@ class _Selector:
     def _warpgroups(self) -> tuple[int, int]:
         """Warpgroups, and the 64-row slices of a product each holds."""
         rows = self.target.mma_rows
+        check_kernel_pins(self.kernel)  # tile IR read from a file has not met the frontend's check
         ms = [(op, op.acc.type.shape[0]) for op in self.kernel.walk() if op.name == "tile.mma"]
         if self.target.mma == "tcgen05" and ms:
             return self._tcgen05_warpgroups(ms)
@@ -205,14 +206,12 @@ class _Selector:
             if m != ms[0][1]:
                 raise self._unsupported(op, f"all products of a kernel must have one row count ({ms[0][1]}), "
                                        f"this one has {m}")
+        # (the pin's value and its products rule: tkc.pins, checked with the kernel's constants)
         warps = self.options.warps
         most = self.target.max_threads // self.target.warp_size
-        if warps is not None and (warps % 4 or warps > most or ms):
-            why = ("the pin sets the warps of kernels without products; this kernel's products of "
-                   f"{ms[0][1]} rows set its own, so leave the pin out" if ms else
-                   "a program runs whole warpgroups: give a multiple of 4" if warps % 4 else
-                   f"a program has at most {most} warps ({self.target.max_threads} threads)")
-            raise self._unsupported(ms[0][0] if ms else self.kernel, f"warps = {warps}: {why}")
+        if warps is not None and warps > most:
+            raise self._unsupported(self.kernel, f"warps = {warps}: a program has at most {most} warps "
+                                                 f"({self.target.max_threads} threads)")
         if not ms:
             return (warps if warps is not None else 4) // 4, 1
         m, consumers = ms[0][1], self.options.consumers
@@ -232,9 +231,6 @@ class _Selector:
         pin ``consumers``, else the products' N summed / 128 rounded up, and two for several
         products."""
         rows = self.target.mma_rows
-        if self.options.warps is not None:
-            raise self._unsupported(ms[0][0], f"warps = {self.options.warps}: products set the warps; leave the pin "
-                                              f"out")
         for op, m in ms:
             n = op.acc.type.shape[1]
             if m not in (HALF_ROWS, rows):
