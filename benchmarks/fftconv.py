@@ -1,5 +1,5 @@
 """FFT long convolution (issue 27): examples/fftconv.tk (through tkc.ops.fft_conv: one
-kernel for N = 1k, three for 2k to 64k) beside torch.fft in fp32 (rfft, the product with the
+kernel for N = 1k and 2k, three for 4k to 64k) beside torch.fft in fp32 (rfft, the product with the
 filter's precomputed rfft, irfft) eager and under ``torch.compile``, at FlashFFTConv's shapes
 (B = 64, H = 768; fewer rows at 64k).  Every contender gets its filter's response made once
 beforehand (tkc's ``Filter``, torch's ``rfft(k, 2N)``) and returns bf16 [B, H, N].  Each row

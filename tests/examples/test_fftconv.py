@@ -1,5 +1,5 @@
 """FFT long convolution (issue 27): examples/fftconv.tk run by tkc.ops.fft_conv against a
-float64 torch.fft reference in the interpreter (one kernel for 1k, three for 2k to 64k), the
+float64 torch.fft reference in the interpreter (one kernel for 1k and 2k, three for 4k to 64k), the
 emulator against the interpreter on each kernel with the real DFT matrices, ptxas without
 spills for every configuration ``plan`` uses, and on a GPU against the same reference.
 
@@ -41,17 +41,19 @@ def _close(got: torch.Tensor, u: torch.Tensor, k: torch.Tensor) -> None:
         f"max error {err.abs().max():.4g}, largest value {want.abs().max():.4g}"
 
 
-@pytest.mark.parametrize("N,B,H,BB", [(1024, 3, 2, 2), (2048, 2, 1, 8), (4096, 3, 2, 2), (16384, 1, 2, 1),
-                                      (65536, 1, 1, 1)])
-def test_interpreter_matches_torch_fft(N: int, B: int, H: int, BB: int) -> None:
-    """B not a multiple of BB: the last program's rows past B read 0 and are not written."""
+@pytest.mark.parametrize("N,B,H,BB", [(1024, 3, 2, 2), (2048, 2, 1, 8), (2048, 3, 2, None), (4096, 3, 2, 2),
+                                      (16384, 1, 2, 1), (65536, 1, 1, 1)])
+def test_interpreter_matches_torch_fft(N: int, B: int, H: int, BB: int | None) -> None:
+    """B not a multiple of BB: the last program's rows past B read 0 and are not written (BB
+    None: the plan's rows a program)."""
     u, k = _inputs(N + B, B, H, N)
     _close(fc.fft_conv(u, k, BB=BB), u, k)
 
 
 def test_plans() -> None:
-    assert fc.plan(1024) == fc.Plan(1024, 2048, N1=32)
-    assert (fc.plan(2048).L, fc.plan(2048).P, fc.plan(2048).KP) == (16384, 16, 16)
+    assert fc.plan(1024) == fc.Plan(1024, 2048, N1=32, BB=8)
+    assert fc.plan(2048) == fc.Plan(2048, 4096, N1=64, BB=1)
+    assert (fc.plan(4096).L, fc.plan(4096).P, fc.plan(4096).KP) == (16384, 16, 16)
     assert (fc.plan(65536).L, fc.plan(65536).P, fc.plan(65536).Q, fc.plan(65536).KP) == (131072, 64, 2048, 32)
     for bad in (512, 3000, 131072):
         with pytest.raises(TkcUsageError, match=f"has {bad} values a channel; it takes 1024 to 65536"):
@@ -84,7 +86,7 @@ def _configs() -> dict[str, tuple[str, dict]]:
     for N in LENGTHS:
         p = fc.plan(N)
         if not p.P:
-            out[f"fftconv-N1={p.N1}"] = ("fftconv", {"N1": p.N1})
+            out[f"fftconv-N1={p.N1}-BB={p.BB}"] = ("fftconv", {"N1": p.N1, "BB": p.BB})
             continue
         out[f"fft_cols-P={p.P}-KP={p.KP}"] = ("fft_cols", {"P": p.P, "KP": p.KP})
         out[f"fft_rows-P={p.P}-Q1={p.Q1}"] = ("fft_rows", {"P": p.P, "Q1": p.Q1})
@@ -96,12 +98,13 @@ CONFIGS = _configs()
 
 
 def _compile(name: str, consts: dict, stop: str):
-    return compile_kernel(EXAMPLES / "fftconv.tk", {**consts, "BB": 2}, kernel=name, stop=stop, cache=False)
+    return compile_kernel(EXAMPLES / "fftconv.tk", {"BB": 2, **consts}, kernel=name, stop=stop, cache=False)
 
 
 def _emulator_args(name: str, N: int) -> list:
-    """The kernel's arguments for B = 3 (two programs of BB = 2, the second half empty), H = 1
-    and a row of N, with the real DFT matrices, twiddles and filter response."""
+    """The kernel's arguments for B = 3 (two programs of BB = 2, the second half empty; at 2k three
+    programs of one row, the plan's), H = 1 and a row of N, with the real DFT matrices, twiddles
+    and filter response."""
     p = fc.plan(N)
     u, k = _inputs(5, 3, 1, N)
     c, kf = fc.constants(p), fc.response(k, p)
@@ -118,10 +121,14 @@ def _emulator_args(name: str, N: int) -> list:
     return [a.float().numpy().copy() for a in args]  # the interpreter's bf16: f32 arrays of bf16 values
 
 
-@pytest.mark.parametrize("name,N", [("fftconv", 1024), ("fft_cols", 4096), ("fft_rows", 4096), ("ifft_cols", 4096)])
+@pytest.mark.parametrize("name,N", [("fftconv", 1024), ("fftconv", 2048), ("fft_cols", 4096), ("fft_rows", 4096),
+                                    ("ifft_cols", 4096)])
 def test_emulator_matches_interpreter(name: str, N: int) -> None:
     p = fc.plan(N)
-    consts = {"N1": p.N1} if not p.P else ({"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP})
+    if not p.P:
+        consts = {"N1": p.N1, "BB": min(p.BB, 2)}
+    else:
+        consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP}
     tile_ir = _compile(name, consts, "tkir").kernel_op
     hopper = lowered(lambda stop: _compile(name, consts, stop)).kernel_op
     args = _emulator_args(name, N)

@@ -3,9 +3,10 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
 
     y = tkc.ops.fft_conv(u, k)   # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
 
-``plan(N)`` says how a length is cut: N = 1k in one kernel (L = 2N = 32 * 64), N = 2k to 64k
-in three (L = P * Q, Q = 1024 or 2048, L = 2N or, below 8k, 16k so that every tile has 16 rows
-or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
+``plan(N)`` says how a length is cut: N = 1k and 2k in one kernel (L = 2N = N1 * 64; 2k one row
+a program, where a second row's loop spills the twiddles and the filter it keeps in registers),
+N = 4k to 64k in three (L = P * Q, Q = 1024 or 2048, L = 2N or, at 4k, 16k so that every tile
+has 16 rows or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
 response, computed once (the kernels' layout, divided by L), and the constant tensors of its
 length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
 interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
@@ -34,13 +35,15 @@ KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_col
 @dataclass(frozen=True)
 class Plan:
     """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * 64) or
-    three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read)."""
+    three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read); ``BB`` the rows of a
+    channel a program takes unless the caller says."""
 
     N: int
     L: int
     N1: int = 0
     P: int = 0
     Q1: int = 0
+    BB: int = 8
 
     @property
     def Q(self) -> int:
@@ -54,7 +57,9 @@ class Plan:
 def plan(N: int) -> Plan:
     if N == 1024:
         return Plan(N, 2 * N, N1=32)
-    if N & (N - 1) or not 2048 <= N <= 65536:
+    if N == 2048:  # 214 registers at one row a program; a loop over two spills 136 bytes
+        return Plan(N, 2 * N, N1=64, BB=1)
+    if N & (N - 1) or not 1024 <= N <= 65536:
         raise TkcUsageError(f"tkc.ops.fft_conv: the filter has {N} values a channel; it takes 1024 to 65536, a "
                             f"power of two (pad the sequence and the filter with zeros)")
     Q1 = 16 if N <= 16384 else 32
@@ -135,10 +140,12 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
         interpret(kernel, *args, **consts)
 
 
-def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
+def launches(u: torch.Tensor, f: Filter,
+             BB: int | None = None) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
     """The kernel launches of ``fft_conv(u, f)`` in order, as (name, call), and the output
-    they write."""
+    they write.  ``BB``: the rows of a channel a program takes (None: the plan's)."""
     p, c = f.plan, f.consts
+    BB = p.BB if BB is None else BB
     checks.dtype("fft_conv", torch.bfloat16, u=u)
     checks.rank("fft_conv", "u", u, "three dims [B, H, N]", u.dim() == 3)
     B, H, N = u.shape
@@ -165,9 +172,10 @@ def launches(u: torch.Tensor, f: Filter, BB: int = 8) -> tuple[list[tuple[str, C
             ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BB=BB))], y
 
 
-def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int = 8) -> torch.Tensor:
+def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
-    filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program."""
+    filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
+    the plan's, 8 or at 2k 1)."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
