@@ -99,17 +99,18 @@ def _fft_args(name: str, N: int) -> list:
     c, kf = fc.constants(p), fc.response(torch.randn(1, N, generator=g) / N ** 0.5, p)
     if name == "fftconv":
         R = p.N1 // 2
-        args = [u.view(3, 1, R, 64), kf, c["f1"], c["f2"], c["tw"], torch.zeros(3, 1, R, 64, dtype=torch.bfloat16)]
+        args = [u.view(3, 1, R, p.M2), kf, c["f1"], c["f2"], c["tw"],
+                torch.zeros(3, 1, R, p.M2, dtype=torch.bfloat16)]
     else:
         z = torch.randn(3, 1, 2 * p.P, p.Q1, 64, generator=g).to(torch.bfloat16)
         args = [z, kf, c["fq"], c["f2"], c["tq"], c["tl"], torch.zeros_like(z)]
     return [a.float().numpy().copy() for a in args]
 
 
-@pytest.mark.parametrize(("name", "N"), [("fftconv", 1024), ("fft_rows", 4096)])
+@pytest.mark.parametrize(("name", "N"), [("fftconv", 1024), ("fftconv", 4096), ("fft_rows", 8192)])
 def test_fft_passes_emulated_agree_with_the_interpreter(name: str, N: int) -> None:
     p = fc.plan(N)
-    consts = {"N1": p.N1, "BB": 2} if name == "fftconv" else {"P": p.P, "Q1": p.Q1, "BB": 2}
+    consts = {"N1": p.N1, "M2": p.M2, "BB": 2} if name == "fftconv" else {"P": p.P, "Q1": p.Q1, "BB": 2}
     tile_ir = compile_kernel(EXAMPLES / "fftconv.tk", consts, kernel=name, stop="tkir", cache=False).kernel_op
     lowered = compile_kernel(EXAMPLES / "fftconv.tk", consts, kernel=name, target=SM100, stop="hopper",
                              cache=False).kernel_op

@@ -1,5 +1,5 @@
 """FFT long convolution (issue 27): examples/fftconv.tk run by tkc.ops.fft_conv against a
-float64 torch.fft reference in the interpreter (one kernel for 1k and 2k, three for 4k to 64k), the
+float64 torch.fft reference in the interpreter (one kernel for 1k to 4k, three for 8k to 64k), the
 emulator against the interpreter on each kernel with the real DFT matrices, ptxas without
 spills for every configuration ``plan`` uses, and on a GPU against the same reference.
 
@@ -53,7 +53,8 @@ def test_interpreter_matches_torch_fft(N: int, B: int, H: int, BB: int | None) -
 def test_plans() -> None:
     assert fc.plan(1024) == fc.Plan(1024, 2048, N1=32, BB=8)
     assert fc.plan(2048) == fc.Plan(2048, 4096, N1=64, BB=1)
-    assert (fc.plan(4096).L, fc.plan(4096).P, fc.plan(4096).KP) == (16384, 16, 16)
+    assert fc.plan(4096) == fc.Plan(4096, 8192, N1=64, M2=128, BB=1)
+    assert (fc.plan(8192).L, fc.plan(8192).P, fc.plan(8192).KP) == (16384, 16, 16)
     assert (fc.plan(65536).L, fc.plan(65536).P, fc.plan(65536).Q, fc.plan(65536).KP) == (131072, 64, 2048, 32)
     for bad in (512, 3000, 131072):
         with pytest.raises(TkcUsageError, match=f"has {bad} values a channel; it takes 1024 to 65536"):
@@ -86,7 +87,7 @@ def _configs() -> dict[str, tuple[str, dict]]:
     for N in LENGTHS:
         p = fc.plan(N)
         if not p.P:
-            out[f"fftconv-N1={p.N1}-BB={p.BB}"] = ("fftconv", {"N1": p.N1, "BB": p.BB})
+            out[f"fftconv-N1={p.N1}-M2={p.M2}-BB={p.BB}"] = ("fftconv", {"N1": p.N1, "M2": p.M2, "BB": p.BB})
             continue
         out[f"fft_cols-P={p.P}-KP={p.KP}"] = ("fft_cols", {"P": p.P, "KP": p.KP})
         out[f"fft_rows-P={p.P}-Q1={p.Q1}"] = ("fft_rows", {"P": p.P, "Q1": p.Q1})
@@ -102,15 +103,16 @@ def _compile(name: str, consts: dict, stop: str):
 
 
 def _emulator_args(name: str, N: int) -> list:
-    """The kernel's arguments for B = 3 (two programs of BB = 2, the second half empty; at 2k three
-    programs of one row, the plan's), H = 1 and a row of N, with the real DFT matrices, twiddles
+    """The kernel's arguments for B = 3 (two programs of BB = 2, the second half empty; at 2k and
+    4k three programs of one row, the plan's), H = 1 and a row of N, with the real DFT matrices, twiddles
     and filter response."""
     p = fc.plan(N)
     u, k = _inputs(5, 3, 1, N)
     c, kf = fc.constants(p), fc.response(k, p)
     if not p.P:
         R = p.N1 // 2
-        args = [u.view(3, 1, R, 64), kf, c["f1"], c["f2"], c["tw"], torch.zeros(3, 1, R, 64, dtype=torch.bfloat16)]
+        args = [u.view(3, 1, R, p.M2), kf, c["f1"], c["f2"], c["tw"],
+                torch.zeros(3, 1, R, p.M2, dtype=torch.bfloat16)]
     else:
         R, Q = N // p.Q, p.Q
         z = torch.randn(3, 1, 2 * p.P, p.Q1, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -121,12 +123,12 @@ def _emulator_args(name: str, N: int) -> list:
     return [a.float().numpy().copy() for a in args]  # the interpreter's bf16: f32 arrays of bf16 values
 
 
-@pytest.mark.parametrize("name,N", [("fftconv", 1024), ("fftconv", 2048), ("fft_cols", 4096), ("fft_rows", 4096),
-                                    ("ifft_cols", 4096)])
+@pytest.mark.parametrize("name,N", [("fftconv", 1024), ("fftconv", 2048), ("fftconv", 4096), ("fft_cols", 8192),
+                                    ("fft_rows", 8192), ("ifft_cols", 8192)])
 def test_emulator_matches_interpreter(name: str, N: int) -> None:
     p = fc.plan(N)
     if not p.P:
-        consts = {"N1": p.N1, "BB": min(p.BB, 2)}
+        consts = {"N1": p.N1, "M2": p.M2, "BB": min(p.BB, 2)}
     else:
         consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP}
     tile_ir = _compile(name, consts, "tkir").kernel_op

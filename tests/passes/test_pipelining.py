@@ -289,6 +289,23 @@ def test_defer_last_leaves_loops_alone_without_the_pin_a_producer_or_two_product
         assert text.count("= hopper.wgmma %") == (2 if name == "attn.tk" else 1), (consts, name)
 
 
+@pytest.mark.parametrize("name, consts, why", [
+    ("attn_fp8.tk", {}, "reads no ring stage, only shared tiles rewritten every iteration"),
+    ("gemm.tk", {}, "it issues 1 product; the pin moves the second of a loop's two"),
+    ("attn.tk", {"warp_specialize": False}, "the loop issues its own copies")])
+def test_defer_last_says_why_it_leaves_a_kernel_as_it_is(name: str, consts: dict, why: str) -> None:
+    """A pinned defer_last that changes nothing is a note at each loop with products, never
+    silence; where it applies (attn.tk), no note."""
+    from tkc.compiler import compile_kernel
+
+    c = compile_kernel(EXAMPLES / name, {**consts, "defer_last": True}, stop="hopper", cache=False)
+    assert len(c.remarks) == 1 and why in c.remarks[0] and "note: defer_last = true leaves this loop as it is" \
+        in c.remarks[0], c.remarks
+    loop_line = int(c.remarks[0].split(":")[1])
+    assert (EXAMPLES / name).read_text().splitlines()[loop_line - 1].lstrip().startswith("for "), c.remarks
+    assert compile_kernel(EXAMPLES / "attn.tk", {"defer_last": True}, stop="hopper", cache=False).remarks == ()
+
+
 def test_defer_last_takes_one_turn_for_both_products_under_pingpong():
     """With pingpong, the loop issues S of block j and P V of block j - 1 in one turn; block 0's
     S and the last block's P V take a turn each, so both warpgroups take the same turns."""

@@ -3,14 +3,14 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
 
     y = tkc.ops.fft_conv(u, k)   # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
 
-``plan(N)`` says how a length is cut: N = 1k and 2k in one kernel (L = 2N = N1 * 64; 2k one row
-a program, where a second row's loop spills the twiddles and the filter it keeps in registers),
-N = 4k to 64k in three (L = P * Q, Q = 1024 or 2048, L = 2N or, at 4k, 16k so that every tile
-has 16 rows or more: the zero padding is longer, the result the same).  ``Filter`` holds a filter's
-response, computed once (the kernels' layout, divided by L), and the constant tensors of its
-length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
-interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
-not a ``torch.library`` op: no fake implementation for ``torch.compile`` and no backward yet.
+``plan(N)`` says how a length is cut: N = 1k to 4k in one kernel (L = 2N = N1 * M2, 32 x 64,
+64 x 64, 64 x 128; from 2k one row a program, where a loop over two spills the twiddles and
+the filter it keeps in registers), N = 8k to 64k in three (L = 2N = P * Q, Q = 1024 or
+2048).  ``Filter`` holds a filter's response, computed once (the kernels' layout, divided by
+L), and the constant tensors of its length; CUDA tensors run on the GPU, CPU ones (and
+everything with TKC_INTERPRET=1) in the interpreter.  Unlike the other operators it is a
+plain function launching its kernels in turn, not a ``torch.library`` op: no fake
+implementation for ``torch.compile`` and no backward yet.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_col
 
 @dataclass(frozen=True)
 class Plan:
-    """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * 64) or
+    """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * M2) or
     three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read); ``BB`` the rows of a
     channel a program takes unless the caller says."""
 
     N: int
     L: int
     N1: int = 0
+    M2: int = 64
     P: int = 0
     Q1: int = 0
     BB: int = 8
@@ -57,14 +58,16 @@ class Plan:
 def plan(N: int) -> Plan:
     if N == 1024:
         return Plan(N, 2 * N, N1=32)
-    if N == 2048:  # 214 registers at one row a program; a loop over two spills 136 bytes
+    # One row a program (ptxas: 206 and 254 registers, no spills; a loop over two spills)
+    if N == 2048:
         return Plan(N, 2 * N, N1=64, BB=1)
+    if N == 4096:  # products of 128 rows on two warpgroups
+        return Plan(N, 2 * N, N1=64, M2=128, BB=1)
     if N & (N - 1) or not 1024 <= N <= 65536:
         raise TkcUsageError(f"tkc.ops.fft_conv: the filter has {N} values a channel; it takes 1024 to 65536, a "
                             f"power of two (pad the sequence and the filter with zeros)")
     Q1 = 16 if N <= 16384 else 32
-    L = max(2 * N, 16 * Q1 * 64)
-    return Plan(N, L, P=L // (Q1 * 64), Q1=Q1)
+    return Plan(N, 2 * N, P=2 * N // (Q1 * 64), Q1=Q1)
 
 
 def _dft(n: int) -> torch.Tensor:
@@ -87,15 +90,15 @@ def _planes(x: torch.Tensor, dtype: torch.dtype, negated: bool = False) -> torch
 def constants(p: Plan, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """The DFT matrices (bf16) and twiddles (f32) the kernels of plan ``p`` read."""
     ar = torch.arange
-    f64 = _planes(_dft(64), torch.bfloat16, negated=True)
+    f2 = _planes(_dft(p.M2), torch.bfloat16, negated=True)  # M2 = 64 for the three kernels
     if not p.P:
-        out = {"f1": _planes(_dft(p.N1), torch.bfloat16), "f2": f64,
-               "tw": _planes(_twiddle(ar(64), ar(p.N1), p.L), torch.float32)}
+        out = {"f1": _planes(_dft(p.N1), torch.bfloat16), "f2": f2,
+               "tw": _planes(_twiddle(ar(p.M2), ar(p.N1), p.L), torch.float32)}
     else:
         n2 = ar(p.Q1)[None, :] * 64 + ar(64)[:, None]          # [q2, q1] -> n2 = 64 q1 + q2
         tl = _twiddle(ar(p.P), n2.reshape(-1), p.L).reshape(p.P, 64, p.Q1)
         out = {"fp": _planes(_dft(p.P), torch.bfloat16), "fq": _planes(_dft(p.Q1), torch.bfloat16, negated=True),
-               "f2": f64, "tq": _planes(_twiddle(ar(64), ar(p.Q1), p.Q), torch.float32),
+               "f2": f2, "tq": _planes(_twiddle(ar(64), ar(p.Q1), p.Q), torch.float32),
                "tl": torch.stack([tl.real, tl.imag]).float(),
                "tlc": _planes(_twiddle(ar(p.Q), ar(p.P), p.L), torch.float32)}
     return {k: v.to(device) for k, v in out.items()}
@@ -103,14 +106,14 @@ def constants(p: Plan, device: torch.device | str = "cpu") -> dict[str, torch.Te
 
 def response(k: torch.Tensor, p: Plan) -> torch.Tensor:
     """The filter k [H, N]'s DFT of length L divided by L, f32, in the order of the kernels:
-    [H, 2, 64, N1] (one kernel: index k1 + N1 k2 at [k2, k1]) or [H, P, 2, 64, Q1] (three:
+    [H, 2, M2, N1] (one kernel: index k1 + N1 k2 at [k2, k1]) or [H, P, 2, 64, Q1] (three:
     index k1 + P (q1 + Q1 q2) at [k1, :, q2, q1])."""
     if k.shape[0]:
         kf = torch.fft.fft(k.double(), p.L) / p.L
     else:  # no channels (torch.fft refuses an empty batch)
         kf = torch.zeros(0, p.L, dtype=torch.complex128, device=k.device)
     if not p.P:
-        return _planes(kf.reshape(-1, 64, p.N1), torch.float32)
+        return _planes(kf.reshape(-1, p.M2, p.N1), torch.float32)
     kf = kf.reshape(-1, 64, p.Q1, p.P).permute(0, 3, 1, 2)    # [H, k1, q2, q1]
     return torch.stack([kf.real, kf.imag], 2).float().contiguous()
 
@@ -160,8 +163,8 @@ def launches(u: torch.Tensor, f: Filter,
     y = torch.empty_like(u)
     if not p.P:
         R = p.N1 // 2
-        args = (u.view(B, H, R, 64), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, 64))
-        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, BB=BB))], y
+        args = (u.view(B, H, R, p.M2), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, p.M2))
+        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BB=BB))], y
     R, Q = N // p.Q, p.Q
     z = torch.empty(B, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
     w = torch.empty_like(z)
@@ -175,7 +178,7 @@ def launches(u: torch.Tensor, f: Filter,
 def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
-    the plan's, 8 or at 2k 1)."""
+    the plan's, 1 at 2k and 4k, else 8)."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")

@@ -317,6 +317,30 @@ def fold_zero_trip_for(op: Operation, rw: Rewrites) -> bool:
     return True
 
 
+def fold_one_trip_for(op: Operation, rw: Rewrites) -> bool:
+    """A ``tile.for`` whose constant bounds give one iteration is its body, run once with the
+    induction variable at the lower bound and the carried values at their inits.  A loop
+    keeps what it defines before it live across every iteration, so the body alone frees
+    registers (``range(BB)`` at ``BB = 1``: fftconv.tk at 4k fits only so)."""
+    lb, ub, step = tile.constant_value(op.lb), tile.constant_value(op.ub), tile.constant_value(op.step)
+    if lb is None or ub is None or step is None or step <= 0 or not lb < ub <= lb + step:
+        return False
+    rw.flush()  # the body's ops move: the round's pending edits land first
+    block = op.regions[0].block
+    term = block.terminator
+    iv, *carried = block.args
+    rw.renamed[iv] = op.lb
+    rw.renamed.update(zip(carried, op.init))
+    dest = op.parent
+    at = dest.ops.index(op)
+    for inner in [x for x in block.ops if x is not term]:
+        block.ops.remove(inner)
+        dest.insert(at, inner)
+        at += 1
+    _replace(op, list(term.operands), rw)
+    return True
+
+
 # ------------------------------------------------------------ the table
 # An elementwise op folds where its declaration allows (``FOLDS``: not exp, log, tanh... whose
 # numpy scalar and vector paths may differ in the last bit, so a fold on one element might not
@@ -337,5 +361,5 @@ PATTERNS["tile.broadcast"] += [fold_noop_conversion]
 PATTERNS["tile.transpose"] += [fold_double_transpose]
 PATTERNS["tile.select"] = [fold_select]
 PATTERNS["tile.if"] = [fold_constant_if]
-PATTERNS["tile.for"] = [fold_zero_trip_for]
+PATTERNS["tile.for"] = [fold_zero_trip_for, fold_one_trip_for]
 PATTERNS["tile.scan"] = [fold_unit_scan]

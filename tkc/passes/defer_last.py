@@ -39,6 +39,11 @@ turn, and the last W2 takes its own, so both warpgroups still take the same numb
 in the same order.  The pin cannot be combined with ``issue_ahead``, which moves the same
 loop's first product the other way.
 
+A kernel the pin leaves wholly as it is gets a remark at each consumer loop with products of
+its own, saying which of the above it misses (``tkc compile`` prints it as a note): FP8
+attention's P V reads V as the consumers transposed it into one shared tile, rewritten every
+iteration, and with V^T given its P goes through shared memory, so neither qualifies.
+
 Must not: change what any iteration computes.
 """
 
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tkc.errors import TkcUnsupportedError
+from tkc.errors import TkcUnsupportedError, remark
 from tkc.ir.core import Block, Module, Operation, Region, Value, clone
 from tkc.ir.dialects import tile
 from tkc.ir.types import TileType
@@ -60,10 +65,22 @@ def defer_last(module: Module, options: Options, target: Target) -> None:
         if options.issue_ahead:
             raise TkcUnsupportedError("defer_last = true and issue_ahead = true move the same loop's products "
                                       "in opposite directions; pin one of them", kernel.loc)
+        left: list[tuple[Operation, str]] = []
+        rotated = False
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
             plan = _plan(loop)
-            if plan is not None:
+            if isinstance(plan, _Plan):
                 _rotate(loop, plan)
+                rotated = True
+            elif plan is not None:
+                left.append((loop, plan))
+        if not rotated:
+            # A pin that changes nothing says so, at each loop it could have changed.
+            for loop, why in left:
+                remark(f"defer_last = true leaves this loop as it is: {why}", loop.loc)
+            if not left:
+                remark("defer_last = true changes nothing here: no loop of the consumer warpgroups issues "
+                       "products", kernel.loc)
 
 
 @dataclass
@@ -87,40 +104,50 @@ def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
-def _plan(loop: Operation) -> _Plan | None:
-    if tile.constant_value(loop.step) != 1:
-        return None
+def _plan(loop: Operation) -> _Plan | str | None:
+    """What moves where, or why the loop stays as it is (None: a loop without products of its
+    own, such as a persistent kernel's tile loop around its K loop, or one of the producer's)."""
     body: Block = loop.regions[0].block
     ops = body.ops
     inner = list(loop.walk())[1:]
+    products = [op for op in inner if op.name == "hopper.wgmma"]
+    producer = any(a.name == "hopper.role" and a.attributes.get("name") == "producer" for a in loop.ancestors())
+    if producer or not any(w.parent is body for w in products):
+        return None
     if any(op.name in ("hopper.tma_load", "hopper.expect_tx") for op in inner) or not any(
             a.name == "hopper.role" for a in loop.ancestors()):
-        return None  # the loop issues its own copies: releasing later could stall them
-    products = [op for op in inner if op.name == "hopper.wgmma"]
+        # Releasing a stage later could stall copies the loop issues itself.
+        return "the loop issues its own copies (no producer warpgroup)"
+    if tile.constant_value(loop.step) != 1:
+        return "its step is not 1"
     if len(products) != 2 or any(w.parent is not body for w in products):
-        return None
+        return (f"it issues {len(products)} product{'s' if len(products) != 1 else ''}; the pin moves the "
+                f"second of a loop's two, outside any branch, behind the next iteration's first")
     w1, w2 = products
     iv, carried = body.args[0], list(body.args[1:])
     users = {w: [o for o in inner if w.result in o.operands] for w in products}
     if any(len(u) != 1 or u[0].name != "hopper.wgmma_wait" or u[0].parent is not body for u in users.values()):
-        return None
+        return "its products are not each waited for once in the loop's body"
     u1, u2 = users[w1][0], users[w2][0]
     term = body.terminator
     if term is None or [o for o in inner if u2.result in o.operands] != [term] or \
             list(term.operands).count(u2.result) != 1:
-        return None
+        return "the second product's sum is read in the iteration, not only carried to the next"
     k = list(term.operands).index(u2.result)
     acc = carried[k]
     if not any(_owner(v) is not None and _owner(v).name == "hopper.stage" for v in w2.operands):
-        return None  # not reading a ring: no stage to release later
+        # Not reading a ring: no stage to hold for an iteration more.
+        return ("the second product reads no ring stage, only shared tiles rewritten every iteration (FP8 "
+                "attention's V, transposed in shared memory by the consumers), which a product issued an "
+                "iteration late would read after the next iteration's rewrite")
     if any((_ring_stages(op) or 2) < 2 for op in inner if op.name == "hopper.stage"):
-        return None  # a one-stage ring cannot hold stage j - 1 while stage j fills
+        return "a ring has one stage, which cannot hold the previous block while the next one lands"
     turns_w1, turns_w2 = turn_around(ops, w1), turn_around(ops, w2)
     if turns_w1 is None or turns_w2 is None:
-        return None
+        return "its products' turns (pingpong) are not each right around its product"
     i1, iu1, i2, iu2 = (ops.index(op) for op in (w1, u1, w2, u2))
     if not i1 < iu1 < i2:
-        return None
+        return "its first product is not waited for before the second is issued"
 
     defined = {r for op in inner for r in op.results} | set(body.args)
     iv_only = _iv_only(ops, iv, defined)
@@ -131,10 +158,8 @@ def _plan(loop: Operation) -> _Plan | None:
     # U2 and what follows it: releases of ring stages and the stage numbers they need.
     after = [op for op in ops[iu2 + 1:] if op is not term]
     if any(op.regions or not (op in iv_only or op.name == "hopper.mbarrier_arrive" and all(map(of_iv, op.operands)))
-           for op in after):
-        return None
-    if any(_owner(v) in after for v in term.operands):
-        return None
+           for op in after) or any(_owner(v) in after for v in term.operands):
+        return "more than the release of ring stages follows the second product's wait"
     # The ring waits between U1 and W2 (W2's operands' stages) move with W2.
     ring_waits = [op for op in ops[iu1 + 1:i2] if op.name == "hopper.mbarrier_wait" and all(map(of_iv, op.operands))]
     moved = sorted({*ring_waits, *turns_w2, w2, u2, *after}, key=ops.index)
@@ -142,8 +167,8 @@ def _plan(loop: Operation) -> _Plan | None:
     # W2's operands: from outside the loop, recomputed from the induction variable, or carried.
     operands: list[Value] = []
     for v in w2.operands:
-        if v in carried:
-            return None  # reads A (or another carried value) itself: a chain, pipeline-loops' business
+        if v in carried:  # a chain of products: pipeline-loops' business
+            return "the second product reads a value the loop carries as it is (a chain of sums)"
         if not of_iv(v) and v not in operands:
             operands.append(v)
     recompute = _closure([v for op in moved for v in op.operands if v not in operands], iv_only - set(moved), ops)
@@ -152,13 +177,15 @@ def _plan(loop: Operation) -> _Plan | None:
     rest = [op for op in ops if op not in moved and op is not term]
     first_use = next((op for op in rest if any(acc in o.operands for o in op.walk())), None)
     if first_use is None or rest.index(first_use) < rest.index(w1):
-        return None
+        return "the second product's sum is read before the first product is issued"
     # Nothing else reads shared memory, which the moved ring waits might guard.
     for op in rest:
         if op is w1 or op.name == "hopper.stage":
             continue
         if any(isinstance(v.type, TileType) and v.type.space == "smem" for o in op.walk() for v in o.operands):
-            return None
+            return ("the iteration reads or writes a shared tile outside its products (a register operand "
+                    "staged through shared memory for the second product, such as P, would be rewritten by the "
+                    "next iteration before a product issued an iteration late reads it)")
     return _Plan(w1=w1, u1=u1, w2=w2, u2=u2, turns_w1=turns_w1, moved=moved, recompute=recompute,
                  operands=operands, k=k, acc=acc, first_use=first_use)
 
