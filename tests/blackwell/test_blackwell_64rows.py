@@ -92,7 +92,7 @@ def test_on_a_blackwell_gpu(example: str, kernel: str | None, consts: dict, dims
 
 def _fft_args(name: str, N: int) -> list:
     """fftconv's and fft_rows' arguments with the real DFT matrices (on N(0, 1) matrices their
-    outputs reach 1e4, where the order of the sums decides): B = 3 over programs of BB = 2."""
+    outputs reach 1e4, where the order of the sums decides): B = 3 over programs of two rows."""
     p = fc.plan(N)
     g = torch.Generator().manual_seed(5)
     u = torch.randn(3, 1, N, generator=g).to(torch.bfloat16)
@@ -110,7 +110,7 @@ def _fft_args(name: str, N: int) -> list:
 @pytest.mark.parametrize(("name", "N"), [("fftconv", 1024), ("fftconv", 4096), ("fft_rows", 8192)])
 def test_fft_passes_emulated_agree_with_the_interpreter(name: str, N: int) -> None:
     p = fc.plan(N)
-    consts = {"N1": p.N1, "M2": p.M2, "BB": 2} if name == "fftconv" else {"P": p.P, "Q1": p.Q1, "BB": 2}
+    consts = {"N1": p.N1, "M2": p.M2, "BP": 1} if name == "fftconv" else {"P": p.P, "Q1": p.Q1, "BB": 2}
     tile_ir = compile_kernel(EXAMPLES / "fftconv.tk", consts, kernel=name, stop="tkir", cache=False).kernel_op
     lowered = compile_kernel(EXAMPLES / "fftconv.tk", consts, kernel=name, target=SM100, stop="hopper",
                              cache=False).kernel_op

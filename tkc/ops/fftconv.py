@@ -4,13 +4,13 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
     y = tkc.ops.fft_conv(u, k)   # u bf16 [B, H, N], k [H, N]: y[b, h] = causal conv of u[b, h] with k[h]
 
 ``plan(N)`` says how a length is cut: N = 1k to 4k in one kernel (L = 2N = N1 * M2, 32 x 64,
-64 x 64, 64 x 128; from 2k one row a program, where a loop over two spills the twiddles and
-the filter it keeps in registers), N = 8k to 64k in three (L = 2N = P * Q, Q = 1024 or
-2048).  ``Filter`` holds a filter's response, computed once (the kernels' layout, divided by
-L), and the constant tensors of its length; CUDA tensors run on the GPU, CPU ones (and
-everything with TKC_INTERPRET=1) in the interpreter.  Unlike the other operators it is a
-plain function launching its kernels in turn, not a ``torch.library`` op: no fake
-implementation for ``torch.compile`` and no backward yet.
+64 x 64, 64 x 128; rows in pairs, one complex row each; from 2k one pair a program, where a
+loop over two spills the twiddles and the filter it keeps in registers), N = 8k to 64k in
+three (L = 2N = P * Q, Q = 1024 or 2048).  ``Filter`` holds a filter's response, computed
+once (the kernels' layout, divided by L), and the constant tensors of its length; CUDA tensors
+run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the interpreter.  Unlike the
+other operators it is a plain function launching its kernels in turn, not a ``torch.library``
+op: no fake implementation for ``torch.compile`` and no backward yet.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_col
 class Plan:
     """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * M2) or
     three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read); ``BB`` the rows of a
-    channel a program takes unless the caller says."""
+    channel a program takes unless the caller says (in pairs for one kernel)."""
 
     N: int
     L: int
@@ -58,11 +58,11 @@ class Plan:
 def plan(N: int) -> Plan:
     if N == 1024:
         return Plan(N, 2 * N, N1=32)
-    # One row a program (ptxas: 206 and 254 registers, no spills; a loop over two spills)
+    # One pair of rows a program (ptxas: 206 and 254 registers, no spills; a loop over two spills)
     if N == 2048:
-        return Plan(N, 2 * N, N1=64, BB=1)
+        return Plan(N, 2 * N, N1=64, BB=2)
     if N == 4096:  # products of 128 rows on two warpgroups
-        return Plan(N, 2 * N, N1=64, M2=128, BB=1)
+        return Plan(N, 2 * N, N1=64, M2=128, BB=2)
     if N & (N - 1) or not 1024 <= N <= 65536:
         raise TkcUsageError(f"tkc.ops.fft_conv: the filter has {N} values a channel; it takes 1024 to 65536, a "
                             f"power of two (pad the sequence and the filter with zeros)")
@@ -92,7 +92,7 @@ def constants(p: Plan, device: torch.device | str = "cpu") -> dict[str, torch.Te
     ar = torch.arange
     f2 = _planes(_dft(p.M2), torch.bfloat16, negated=True)  # M2 = 64 for the three kernels
     if not p.P:
-        out = {"f1": _planes(_dft(p.N1), torch.bfloat16), "f2": f2,
+        out = {"f1": _planes(_dft(p.N1), torch.bfloat16, negated=True), "f2": f2,
                "tw": _planes(_twiddle(ar(p.M2), ar(p.N1), p.L), torch.float32)}
     else:
         n2 = ar(p.Q1)[None, :] * 64 + ar(64)[:, None]          # [q2, q1] -> n2 = 64 q1 + q2
@@ -164,7 +164,8 @@ def launches(u: torch.Tensor, f: Filter,
     if not p.P:
         R = p.N1 // 2
         args = (u.view(B, H, R, p.M2), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, p.M2))
-        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BB=BB))], y
+        # Rows in pairs: BB rounds up to an even count.
+        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BP=(BB + 1) // 2))], y
     R, Q = N // p.Q, p.Q
     z = torch.empty(B, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
     w = torch.empty_like(z)
@@ -178,7 +179,7 @@ def launches(u: torch.Tensor, f: Filter,
 def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
-    the plan's, 1 at 2k and 4k, else 8)."""
+    the plan's, 2 at 2k and 4k, else 8; from 1k to 4k rounded up to an even count)."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
