@@ -99,14 +99,14 @@ CONFIGS = _configs()
 
 
 def _compile(name: str, consts: dict, stop: str):
-    extra = {} if name == "fftconv" else {"BB": 2}
+    extra = {"BB": 2} if name == "fft_rows" else {}
     return compile_kernel(EXAMPLES / "fftconv.tk", {**extra, **consts}, kernel=name, stop=stop, cache=False)
 
 
 def _emulator_args(name: str, N: int) -> list:
     """The kernel's arguments for B = 3 (two programs of BB = 2 rows, or of one pair of rows, the
-    second half empty), H = 1 and a row of N, with the real DFT matrices, twiddles and filter
-    response."""
+    second half empty; three pairs between the column kernels, the third past B), H = 1 and a
+    row of N, with the real DFT matrices, twiddles and filter response."""
     p = fc.plan(N)
     u, k = _inputs(5, 3, 1, N)
     c, kf = fc.constants(p), fc.response(k, p)
@@ -131,7 +131,7 @@ def test_emulator_matches_interpreter(name: str, N: int) -> None:
     if not p.P:
         consts = {"N1": p.N1, "M2": p.M2, "BP": 1}
     else:
-        consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP}
+        consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP, "BP": 1}
     tile_ir = _compile(name, consts, "tkir").kernel_op
     hopper = lowered(lambda stop: _compile(name, consts, stop)).kernel_op
     args = _emulator_args(name, N)

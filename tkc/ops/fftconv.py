@@ -6,7 +6,7 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
 ``plan(N)`` says how a length is cut: N = 1k to 4k in one kernel (L = 2N = N1 * M2, 32 x 64,
 64 x 64, 64 x 128; rows in pairs, one complex row each; from 2k one pair a program, where a
 loop over two spills the twiddles and the filter it keeps in registers), N = 8k to 64k in
-three (L = 2N = P * Q, Q = 1024 or 2048).  ``Filter`` holds a filter's response, computed
+three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too).  ``Filter`` holds a filter's response, computed
 once (the kernels' layout, divided by L), and the constant tensors of its length; CUDA tensors
 run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the interpreter.  Unlike the
 other operators it is a plain function launching its kernels in turn, not a ``torch.library``
@@ -97,7 +97,8 @@ def constants(p: Plan, device: torch.device | str = "cpu") -> dict[str, torch.Te
     else:
         n2 = ar(p.Q1)[None, :] * 64 + ar(64)[:, None]          # [q2, q1] -> n2 = 64 q1 + q2
         tl = _twiddle(ar(p.P), n2.reshape(-1), p.L).reshape(p.P, 64, p.Q1)
-        out = {"fp": _planes(_dft(p.P), torch.bfloat16), "fq": _planes(_dft(p.Q1), torch.bfloat16, negated=True),
+        out = {"fp": _planes(_dft(p.P), torch.bfloat16, negated=True),
+               "fq": _planes(_dft(p.Q1), torch.bfloat16, negated=True),
                "f2": f2, "tq": _planes(_twiddle(ar(64), ar(p.Q1), p.Q), torch.float32),
                "tl": torch.stack([tl.real, tl.imag]).float(),
                "tlc": _planes(_twiddle(ar(p.Q), ar(p.P), p.L), torch.float32)}
@@ -161,25 +162,26 @@ def launches(u: torch.Tensor, f: Filter,
                             f"got {BB!r}")
     u = u.contiguous()
     y = torch.empty_like(u)
+    BP = (BB + 1) // 2  # rows go in pairs, one complex row each: BB rounds up to an even count
     if not p.P:
         R = p.N1 // 2
         args = (u.view(B, H, R, p.M2), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, p.M2))
-        # Rows in pairs: BB rounds up to an even count.
-        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BP=(BB + 1) // 2))], y
+        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BP=BP))], y
     R, Q = N // p.Q, p.Q
-    z = torch.empty(B, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
+    pairs = (B + 1) // 2
+    z = torch.empty(pairs, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
     w = torch.empty_like(z)
-    rows = (B, H, 2 * p.P, p.Q1, 64)
-    return [("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BB=BB)),
+    rows = (pairs, H, 2 * p.P, p.Q1, 64)
+    return [("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BP=BP)),
             ("fft_rows", partial(_run, "fft_rows", z.view(rows), f.kf, c["fq"], c["f2"], c["tq"], c["tl"],
                                  w.view(rows), P=p.P, Q1=p.Q1, BB=BB)),
-            ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BB=BB))], y
+            ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BP=BP))], y
 
 
 def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
-    the plan's, 2 at 2k and 4k, else 8; from 1k to 4k rounded up to an even count)."""
+    the plan's, 2 at 2k and 4k, else 8; rounded up to an even count: rows go in pairs)."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
