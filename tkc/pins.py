@@ -52,6 +52,10 @@ class Options:
         None, int, "warpgroups computing the products: their rows / 64 (the default), or rows / (64 S) for S = 2 "
                    "to 4, each warpgroup then issuing S 64-row wgmmas a K step into independent accumulators",
         "select-layouts, specialize-warps")
+    transpose_in_producer: bool = _pin(True, bool, "an 8-bit tile the consumers would transpose in shared memory "
+                                                   "each iteration (FP8 attention's V) is transposed by the producer "
+                                                   "warpgroup into a ring of its own (false: by the consumers)",
+                                       "transpose-in-producer")
     pingpong: bool = _pin(False, bool, "two consumer warpgroups take turns issuing wgmmas (default: off)",
                           "specialize-warps")
     issue_ahead: bool = _pin(False, bool, "a loop's first product is issued an iteration early, during the rest "

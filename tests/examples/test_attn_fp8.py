@@ -100,7 +100,10 @@ def test_reference_without_rounding_is_sdpa() -> None:
 
 @pytest.mark.parametrize("consts,N", [({"D": 64, "BM": 64, "BN": 64}, 150),
                                       ({"D": 64, "BM": 64, "BN": 64, "causal": True}, 150),
+                                      ({"D": 64, "causal": True}, 600),
                                       ({"D": 128, "causal": True}, 200),
+                                      ({"D": 128, "defer_last": True}, 333),
+                                      ({"D": 128, "causal": True, "transpose_in_producer": False}, 200),
                                       ({"D": 256, "causal": True}, 150)])
 def test_emulator_matches_interpreter_without_spills(consts: dict, N: int) -> None:
     tile_ir = _compile(consts, "tkir").kernel_op
@@ -118,9 +121,9 @@ def test_assembles_without_spills(D: int, causal: bool) -> None:
 
 
 def test_v_transposed_in_shared_memory_and_p_in_registers() -> None:
-    """P V reads V as it lies: a TMA copy of the MN-major tile and the consumers' transposed copy,
-    its K in the order the 8-bit A fragment reads it, so P goes to wgmma from registers (no
-    shared-memory store but O's epilogue).  The dump parses back to the same text."""
+    """P V reads V as it lies: a TMA copy of the MN-major tile and a transposed copy, its K in
+    the order the 8-bit A fragment reads it, so P goes to wgmma from registers (no shared-memory
+    store but O's epilogue).  The dump parses back to the same text."""
     c = _compile({}, "hopper")
     ops = list(c.kernel_op.walk())
     names = [op.name for op in ops]
@@ -132,7 +135,43 @@ def test_v_transposed_in_shared_memory_and_p_in_registers() -> None:
     assert print_module(parse_module(text, "attn_fp8.hopper")) == text
 
 
-@pytest.mark.parametrize("D,BN,threads,ways", [(128, 128, 256, 1), (64, 128, 256, 2), (64, 64, 128, 2)])
+def _role(kernel, name: str):
+    return next(op for op in kernel.walk() if op.name == "hopper.role" and op.attributes["name"] == name)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_the_producer_transposes_v_into_a_ring_of_two(D: int) -> None:
+    """transpose-in-producer: the producer warpgroup (all four warps, 40 registers) copies each
+    V stage transposed into a two-stage ring and releases V's stage itself; the consumers wait
+    for the ring's stage right before P V, read it, and release it behind P V's wait, so
+    defer_last applies (no note).  With the pin off the consumers copy, as before."""
+    kernel = _compile({"D": D}, "hopper").kernel_op
+    producer, consumers = _role(kernel, "producer"), _role(kernel, "consumers")
+    assert [op.name for op in producer.walk()].count("hopper.smem_copy") == 1
+    assert "hopper.smem_copy" not in [op.name for op in consumers.walk()]
+    assert "warps" not in producer.attributes and producer.attributes["regs"] == 40
+    assert consumers.attributes["regs"] == 232
+    pv = [op for op in consumers.walk() if op.name == "hopper.wgmma"][-1]
+    ring = pv.b.owner
+    assert ring.name == "hopper.stage" and ring.ring.owner.attributes["stages"] == 2
+    effects = [op for op in pv.parent.ops if not op.has_trait("pure")]
+    wait = effects[effects.index(pv) - 1]
+    assert wait.name == "hopper.mbarrier_wait" and wait.barrier.owner.ring.name_hint.endswith("_t_full")
+    assert _compile({"D": D, "defer_last": True}, "hopper").remarks == ()
+    off = _compile({"D": D, "transpose_in_producer": False}, "hopper").kernel_op
+    assert "hopper.smem_copy" in [op.name for op in _role(off, "consumers").walk()]
+    assert _role(off, "producer").attributes.get("warps") == 1
+
+
+def test_the_producer_leaves_the_copy_where_the_ring_does_not_fit() -> None:
+    """D = 128 with 192-key blocks: three stages of K and V leave no room for the ring's second
+    tile, so the consumers keep their copy and the kernel compiles as before."""
+    kernel = _compile({"D": 128, "BN": 192}, "hopper").kernel_op
+    assert "hopper.smem_copy" in [op.name for op in _role(kernel, "consumers").walk()]
+
+
+@pytest.mark.parametrize("D,BN,threads,ways", [(128, 128, 256, 1), (64, 128, 256, 2), (64, 64, 128, 2),
+                                                (128, 128, 128, 1), (64, 256, 128, 2)])
 def test_transposing_copy_moves_each_element_once_with_few_bank_conflicts(D: int, BN: int, threads: int,
                                                                            ways: int) -> None:
     """Every element of V's tile is moved by exactly one thread, and a warp's 4-byte reads and

@@ -40,9 +40,10 @@ in the same order.  The pin cannot be combined with ``issue_ahead``, which moves
 loop's first product the other way.
 
 A kernel the pin leaves wholly as it is gets a remark at each consumer loop with products of
-its own, saying which of the above it misses (``tkc compile`` prints it as a note): FP8
-attention's P V reads V as the consumers transposed it into one shared tile, rewritten every
-iteration, and with V^T given its P goes through shared memory, so neither qualifies.
+its own, saying which of the above it misses (``tkc compile`` prints it as a note): with the
+pin ``transpose_in_producer = false`` FP8 attention's P V reads V as the consumers transposed
+it into one shared tile, rewritten every iteration, and with V^T given its P goes through
+shared memory, so neither qualifies.
 
 Must not: change what any iteration computes.
 """
@@ -137,8 +138,8 @@ def _plan(loop: Operation) -> _Plan | str | None:
     acc = carried[k]
     if not any(_owner(v) is not None and _owner(v).name == "hopper.stage" for v in w2.operands):
         # Not reading a ring: no stage to hold for an iteration more.
-        return ("the second product reads no ring stage, only shared tiles rewritten every iteration (FP8 "
-                "attention's V, transposed in shared memory by the consumers), which a product issued an "
+        return ("the second product reads no ring stage, only shared tiles rewritten every iteration (such as "
+                "FP8 attention's V, transposed in shared memory by the consumers), which a product issued an "
                 "iteration late would read after the next iteration's rewrite")
     if any((_ring_stages(op) or 2) < 2 for op in inner if op.name == "hopper.stage"):
         return "a ring has one stage, which cannot hold the previous block while the next one lands"

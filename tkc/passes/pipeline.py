@@ -35,6 +35,7 @@ from tkc.passes.prefetch_loads import prefetch_loads
 from tkc.passes.stage_loads import stage_loads
 from tkc.passes.select_layouts import select_layouts
 from tkc.passes.specialize_warps import specialize_warps
+from tkc.passes.transpose_in_producer import transpose_in_producer
 from tkc.pins import Options
 from tkc.target import Target
 
@@ -61,6 +62,7 @@ PASSES: dict[str, PassFn] = {
     "lower-to-hopper": lower_to_hopper,  # TMA + mbarriers, wgmma, per-thread loads/stores, reductions
     "pipeline-loops": pipeline_loops,    # TMA copies in loops -> S-stage rings (full/empty mbarriers)
     "specialize-warps": specialize_warps,  # a producer warpgroup issues the copies, consumers compute
+    "transpose-in-producer": transpose_in_producer,  # an 8-bit V transposed by the producer, into a ring
     "issue-ahead": issue_ahead,          # pin issue_ahead: a loop's first product issued an iteration early
     "defer-last": defer_last,            # pin defer_last: a loop's last product issued in the next iteration
     "overlap-products": overlap_products,  # pin overlap_products: each product waited for where it is needed
@@ -84,9 +86,10 @@ PASSES: dict[str, PassFn] = {
 TAKES: dict[str, str] = {
     **dict.fromkeys(("decompose", "merge-steps", "persistent", "order-memory", "select-layouts"), "tile"),
     "lower-to-hopper": "laid-out",
-    **dict.fromkeys(("pipeline-loops", "specialize-warps", "issue-ahead", "defer-last", "overlap-products",
-                     "multicast", "prefetch-loads", "stage-loads", "merge-barriers", "count-divisions", "allocate-smem",
-                     "lower-to-blackwell", "overlap-epilogue", "pair-ctas"), "lowered"),
+    **dict.fromkeys(("pipeline-loops", "specialize-warps", "transpose-in-producer", "issue-ahead", "defer-last",
+                     "overlap-products", "multicast", "prefetch-loads", "stage-loads", "merge-barriers",
+                     "count-divisions", "allocate-smem", "lower-to-blackwell", "overlap-epilogue", "pair-ctas"),
+                    "lowered"),
 }
 
 
@@ -127,7 +130,7 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
-                   "specialize-warps,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
+                   "specialize-warps,transpose-in-producer,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
