@@ -17,7 +17,8 @@ programs share the SMs.
   the first's result; a tile loaded once per program before the loop):
   - ``defer_last``: the second product of iteration j runs during iteration j + 1's register
     work.  A schedule with it was the fastest or within 3% of it on all 36 attention rows,
-    whatever the head dim and length.
+    whatever the head dim and length.  Not where the second product takes 8-bit operands:
+    FP8 attention ran 6-11% slower with it on an H200 (2026-11-28).
   - ``persistent`` when a program's loop is short: a program pays a pipeline fill and an
     epilogue nobody overlaps, about one to two iterations' worth; the persistent walk hides
     them behind the next tile's loop but costs a few percent an iteration.  In the sweep,
@@ -96,6 +97,8 @@ class Chooser:
 
     def __init__(self, kernel: Operation, loop: Operation, given: set[str], walked: bool = False):
         self.kernel, self.loop, self.given = kernel, loop, given
+        #: the second product multiplies 8-bit operands (FP8 attention's P V): no defer_last
+        self.eight_bit = _second_product_eight_bit(loop)
         #: the loop sits in a walk over tiles the kernel writes itself: defer_last only
         self.walked = walked
         #: constants declared ``choose(...)`` that the caller left open -> their candidates
@@ -107,6 +110,9 @@ class Chooser:
         #: the caller keeps it (``tkc.kernel.Kernel``), so a launch like an earlier one picks nothing.
         self.picked: dict[tuple, tuple[dict[str, Any], tuple]] = {}
         self.last: Any = None  # the compilation the caller launched last (its plans fit only its shapes)
+
+    def _defers(self) -> bool:
+        return "defer_last" not in self.given and "issue_ahead" not in self.given and not self.eight_bit
 
     def chosen(self, consts: dict[str, Any]) -> dict[str, Any]:
         """The pins of ``consts`` this schedule set (not the caller)."""
@@ -139,14 +145,14 @@ class Chooser:
         try:
             check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
             if self.walked:
-                return {} if "defer_last" in self.given or "issue_ahead" in self.given else {"defer_last": True}
+                return {} if not self._defers() else {"defer_last": True}
             tiles, first, last = self._ends(args, grid, sms)
         except TkcError:
             return {}
         if not tiles:
             return {}
         pins: dict[str, Any] = {}
-        if "defer_last" not in self.given and "issue_ahead" not in self.given:
+        if self._defers():
             pins["defer_last"] = True
         mean, longest = (first + last) / 2, max(first, last)
         if "persistent" not in self.given and grid_given is None:  # a caller's grid counts tiles
@@ -270,6 +276,13 @@ def _attention_shaped(loop: Operation) -> bool:
     """Two products an iteration, the second's first operand computed from the first's result."""
     products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
     return len(products) == 2 and _depends_on(products[1].operands[0], products[0])
+
+
+def _second_product_eight_bit(loop: Operation) -> bool:
+    """Whether the loop's second product takes an 8-bit operand (FP8 attention's P V)."""
+    products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
+    return len(products) == 2 and any(getattr(v.type, "dtype", None) is not None and v.type.dtype.bits == 8
+                                      for v in products[1].operands[:2])
 
 
 def _body_ops(loop: Operation) -> list[Operation]:
