@@ -289,14 +289,9 @@ def _use_count(rw: Rewrites, v: Value) -> int:
 
 
 # ------------------------------------------------------------ control flow
-def fold_constant_if(op: Operation, rw: Rewrites) -> bool:
-    """``tile.if`` on a constant: the taken branch's ops move before the if,
-    and its results become the yielded values."""
-    c = tile.constant_value(op.cond)
-    if c is None:
-        return False
-    rw.flush()  # the branch's ops move: the round's pending edits land first
-    block = op.regions[0 if c else 1].block
+def _inline(op: Operation, block: Block, rw: Rewrites) -> None:
+    """``block``'s ops (but its terminator) move before ``op``, whose results become the
+    values the terminator yields."""
     term = block.terminator
     dest = op.parent
     at = dest.ops.index(op)
@@ -305,13 +300,29 @@ def fold_constant_if(op: Operation, rw: Rewrites) -> bool:
         dest.insert(at, inner)
         at += 1
     _replace(op, list(term.operands), rw)
+
+
+def fold_constant_if(op: Operation, rw: Rewrites) -> bool:
+    """``tile.if`` on a constant: the taken branch's ops move before the if,
+    and its results become the yielded values."""
+    c = tile.constant_value(op.cond)
+    if c is None:
+        return False
+    rw.flush()  # the branch's ops move: the round's pending edits land first
+    _inline(op, op.regions[0 if c else 1].block, rw)
     return True
+
+
+def _constant_bounds(op: Operation) -> tuple[int, int, int] | None:
+    """A ``tile.for``'s lower bound, upper bound and positive step where all are constants."""
+    bounds = tile.constant_value(op.lb), tile.constant_value(op.ub), tile.constant_value(op.step)
+    return None if None in bounds or bounds[2] <= 0 else bounds
 
 
 def fold_zero_trip_for(op: Operation, rw: Rewrites) -> bool:
     """A ``tile.for`` whose constant bounds give no iteration yields its inits."""
-    lb, ub, step = tile.constant_value(op.lb), tile.constant_value(op.ub), tile.constant_value(op.step)
-    if lb is None or ub is None or step is None or step <= 0 or lb < ub:
+    bounds = _constant_bounds(op)
+    if bounds is None or bounds[0] < bounds[1]:
         return False
     _replace(op, list(op.init), rw)
     return True
@@ -322,22 +333,15 @@ def fold_one_trip_for(op: Operation, rw: Rewrites) -> bool:
     induction variable at the lower bound and the carried values at their inits.  A loop
     keeps what it defines before it live across every iteration, so the body alone frees
     registers (``range(BB)`` at ``BB = 1``: fftconv.tk at 4k fits only so)."""
-    lb, ub, step = tile.constant_value(op.lb), tile.constant_value(op.ub), tile.constant_value(op.step)
-    if lb is None or ub is None or step is None or step <= 0 or not lb < ub <= lb + step:
+    bounds = _constant_bounds(op)
+    if bounds is None or not bounds[0] < bounds[1] <= bounds[0] + bounds[2]:
         return False
     rw.flush()  # the body's ops move: the round's pending edits land first
     block = op.regions[0].block
-    term = block.terminator
     iv, *carried = block.args
     rw.renamed[iv] = op.lb
     rw.renamed.update(zip(carried, op.init))
-    dest = op.parent
-    at = dest.ops.index(op)
-    for inner in [x for x in block.ops if x is not term]:
-        block.ops.remove(inner)
-        dest.insert(at, inner)
-        at += 1
-    _replace(op, list(term.operands), rw)
+    _inline(op, block, rw)
     return True
 
 
