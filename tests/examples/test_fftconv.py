@@ -50,6 +50,23 @@ def test_interpreter_matches_torch_fft(N: int, B: int, H: int, BB: int | None) -
     _close(fc.fft_conv(u, k, BB=BB), u, k)
 
 
+@pytest.mark.parametrize("N", [1024, 8192])
+def test_rows_of_other_scales_pair_with_less_precision_unless_kept_apart(N: int) -> None:
+    """Rows in pairs round at the larger row's scale: a row beside one 100 times larger (or a
+    zero row beside a nonzero one) is far off; ``pairs=False`` keeps each row as exact as alone."""
+    u, k = _inputs(3, 2, 1, N)
+    u[0] *= 100
+    u[1, :, : N // 2] = 0  # a row that is half zeros: its own scale, not its partner's
+    err = (fc.fft_conv(u, k).double() - fc.reference(u.double(), k.double()))[1].abs().max()
+    alone = fc.fft_conv(u, k, pairs=False)
+    _close(alone, u, k)
+    small = fc.reference(u.double(), k.double())[1].abs().max()
+    assert (alone.double() - fc.reference(u.double(), k.double()))[1].abs().max() <= 2e-2 * small < err
+    zero = torch.zeros_like(u)
+    zero[0] = u[0]
+    assert (fc.fft_conv(zero, k, pairs=False)[1] == 0).all()
+
+
 def test_plans() -> None:
     assert fc.plan(1024) == fc.Plan(1024, 2048, N1=32, BB=8)
     assert fc.plan(2048) == fc.Plan(2048, 4096, N1=64, BB=2)

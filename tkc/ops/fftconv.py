@@ -178,15 +178,28 @@ def launches(u: torch.Tensor, f: Filter,
             ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BP=BP))], y
 
 
-def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None) -> torch.Tensor:
+def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None, pairs: bool = True) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
-    the plan's, 2 at 2k and 4k, else 8; rounded up to an even count: rows go in pairs)."""
+    the plan's, 2 at 2k and 4k, else 8; rounded up to an even count: rows go in pairs; the row
+    kernel of 8k-64k takes BB complex rows, each a pair).
+
+    ``pairs``: rows go in pairs, each pair one complex row u[b] + i u[b + 1] (the filter is
+    real, so its convolution is y[b] + i y[b + 1]); half the work, but each pair's bf16
+    roundings are at the scale of its larger row, so a row beside one 100 times larger is off
+    by about 20% of its own size (a zero row beside a nonzero one gets noise).  ``pairs=False``
+    gives every row a zero partner: rows as exact as alone, twice the work."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
     if isinstance(u, torch.Tensor) and isinstance(k, torch.Tensor):
         checks.device("fft_conv", u=u, k=k)
+    if not isinstance(pairs, bool):
+        raise TkcUsageError(f"tkc.ops.fft_conv: pairs is True or False, got {pairs!r}")
+    if not pairs and isinstance(u, torch.Tensor) and u.dim() == 3:
+        alone = u.new_zeros((2 * u.shape[0], *u.shape[1:]))  # every row beside a zero one
+        alone[0::2] = u
+        return fft_conv(alone, k, BB)[0::2].contiguous()
     calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
     for _, call in calls:
         call()

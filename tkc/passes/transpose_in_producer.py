@@ -33,7 +33,6 @@ Must not: change what any thread computes; the copy's bytes land in the same lay
 
 from __future__ import annotations
 
-from tkc.errors import TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Value
 from tkc.ir.dialects import hopper, tile
@@ -157,6 +156,13 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     consumer_release = next((op for op in inits if op.barrier is _owner(c.ops[-1].barrier).ring), None)
     if empty_init is None or consumer_release is None:
         return
+    # The product reading the copy and its wait, in the loop's body; no other reader anywhere.
+    reader = next((op for op in body.ops if op.name == "hopper.wgmma" and c.copy.dst in op.operands), None)
+    done = None if reader is None else next(
+        (op for op in body.ops if op.name == "hopper.wgmma_wait" and op.x is reader.result), None)
+    readers = [op for op in kernel.walk() if c.copy.dst in op.operands and op is not c.copy]
+    if done is None or readers != [reader]:
+        return
     releases = consumer_release.attributes["count"]
     threads = target.warpgroup * producer.attributes["warpgroups"]
     # The ring takes STAGES tiles where the copy took one: only where every allocation still
@@ -183,8 +189,6 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
 
     # The consumers: wait for the ring's stage right before the product reading it, read it,
     # release it behind that product's wait.
-    reader = next(op for op in body.ops if op.name == "hopper.wgmma" and c.copy.dst in op.operands)
-    done = next(op for op in body.ops if op.name == "hopper.wgmma_wait" and op.x is reader.result)
     for op in c.ops:
         op.erase()
     iv = body.args[0]
@@ -196,8 +200,6 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     reader.operands = [staged if v is c.copy.dst else v for v in reader.operands]
     r = Builder(body, body.ops.index(done) + 1, loc)
     r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER, loc=loc)], loc=loc)
-    if any(c.copy.dst in op.operands for op in kernel.walk()):
-        raise TkcUnsupportedError("transpose-in-producer: the transposed tile is read outside its loop", loc)
     dst_alloc.erase()
 
     # The producer: after the refill, meet, wait, copy, fence, release V and fill the ring.
