@@ -38,7 +38,7 @@ if str(ROOT / "benchmarks") not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from harness import Row, append_results, in_turns, run_command, table  # noqa: E402
+from harness import Row, in_turns, report  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
@@ -223,11 +223,8 @@ def main() -> None:
               "splitk_gemm": lambda: splitk_rows(sk, runs),
               "paged_decode": lambda: [r for P in (64, 16, 8) for r in paged_decode_rows(pd, runs, P=P)],
               "varlen_attn": lambda: varlen_rows(runs, causal_modes=(False,) if args.quick else (False, True))}
-    rows = [r for name, rows_of in groups.items() if name in only for r in rows_of()]
-    print(table(rows))
-    if not args.no_record:
-        append_results(ROOT / "benchmarks" / "RESULTS.md",
-                       run_command("data_dependent.py", args.quick, args.only, list(groups)), rows)
+    report("data_dependent.py", args, list(groups), [r for name, rows_of in groups.items() if name in only
+                                                     for r in rows_of()])
 
 
 if __name__ == "__main__":

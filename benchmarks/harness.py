@@ -160,6 +160,16 @@ def run_command(script: str, quick: bool, only: str, groups: Sequence[str]) -> s
     return command + (f" --only {only}" if len(only.split(",")) < len(groups) else "")
 
 
+def report(script: str, args: argparse.Namespace, groups: Sequence[str], rows: Sequence[Row],
+           extra: str = "") -> None:
+    """Print a benchmark script's table and, unless ``--no-record``, append it to
+    benchmarks/RESULTS.md under the command that made it."""
+    print(table(rows))
+    if not args.no_record:
+        append_results(Path(__file__).parent / "RESULTS.md", run_command(script, args.quick, args.only, groups),
+                       rows, extra)
+
+
 def append_results(path: Path, command: str, rows: Sequence[Row], extra: str = "") -> None:
     """Add a dated section (newest first, after the file's introduction) to RESULTS.md."""
     text = path.read_text() if path.exists() else "# GPU results\n"

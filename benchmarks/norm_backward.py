@@ -25,7 +25,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(ROOT / "tests" / "examples"))
 
-from harness import Row, append_results, group_args, in_turns, run_command, table  # noqa: E402
+from harness import Row, group_args, in_turns, report  # noqa: E402
 import tk_reference as ref  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
@@ -100,11 +100,7 @@ def main() -> None:
     args, only = group_args("norm_backward.py", list(GROUPS))
     runs = 30 if args.quick else 60
     shapes = [(16384, 4096)] if args.quick else [(16384, 4096), (8192, 8192), (4096, 4096)]
-    found = [r for g in only for r in GROUPS[g](shapes, runs)]
-    print(table(found))
-    if not args.no_record:
-        append_results(ROOT / "benchmarks" / "RESULTS.md",
-                       run_command("norm_backward.py", args.quick, args.only, list(GROUPS)), found)
+    report("norm_backward.py", args, list(GROUPS), [r for g in only for r in GROUPS[g](shapes, runs)])
 
 
 if __name__ == "__main__":

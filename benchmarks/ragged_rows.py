@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from harness import Row, append_results, group_args, in_turns, run_command, table  # noqa: E402
+from harness import Row, group_args, in_turns, report  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -71,11 +71,7 @@ def main() -> None:
     args, only = group_args("ragged_rows.py", list(GROUPS))
     runs = 30 if args.quick else 60
     widths = WIDTHS[:1] if args.quick else WIDTHS
-    found = [r for g in only for r in GROUPS[g](widths, runs)]
-    print(table(found))
-    if not args.no_record:
-        append_results(ROOT / "benchmarks" / "RESULTS.md",
-                       run_command("ragged_rows.py", args.quick, args.only, list(GROUPS)), found)
+    report("ragged_rows.py", args, list(GROUPS), [r for g in only for r in GROUPS[g](widths, runs)])
 
 
 if __name__ == "__main__":

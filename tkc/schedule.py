@@ -145,7 +145,7 @@ class Chooser:
         try:
             check_args(self.kernel, args)  # a bad call picks nothing: the launch says what is wrong
             if self.walked:
-                return {} if not self._defers() else {"defer_last": True}
+                return {"defer_last": True} if self._defers() else {}
             tiles, first, last = self._ends(args, grid, sms)
         except TkcError:
             return {}
@@ -281,8 +281,7 @@ def _attention_shaped(loop: Operation) -> bool:
 def _second_product_eight_bit(loop: Operation) -> bool:
     """Whether the loop's second product takes an 8-bit operand (FP8 attention's P V)."""
     products = [op for op in _body_ops(loop) if op.name == "tile.mma"]
-    return len(products) == 2 and any(getattr(v.type, "dtype", None) is not None and v.type.dtype.bits == 8
-                                      for v in products[1].operands[:2])
+    return len(products) == 2 and any(v.type.dtype.bits == 8 for v in products[1].operands[:2])
 
 
 def _body_ops(loop: Operation) -> list[Operation]:

@@ -102,4 +102,3 @@ def at_least(ptx: str, name: str, threads: int, smem_bytes: int, ctas: int, curr
     if usage is None or usage.spills or resident(usage.registers, threads, smem, target) < ctas:
         return None
     return raised, got
-

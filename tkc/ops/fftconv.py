@@ -6,11 +6,11 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
 ``plan(N)`` says how a length is cut: N = 1k to 4k in one kernel (L = 2N = N1 * M2, 32 x 64,
 64 x 64, 64 x 128; rows in pairs, one complex row each; from 2k one pair a program, where a
 loop over two spills the twiddles and the filter it keeps in registers), N = 8k to 64k in
-three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too).  ``Filter`` holds a filter's response, computed
-once (the kernels' layout, divided by L), and the constant tensors of its length; CUDA tensors
-run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the interpreter.  Unlike the
-other operators it is a plain function launching its kernels in turn, not a ``torch.library``
-op: no fake implementation for ``torch.compile`` and no backward yet.
+three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too).  ``Filter`` holds a filter's
+response, computed once (the kernels' layout, divided by L), and the constant tensors of its
+length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
+interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
+not a ``torch.library`` op: no fake implementation for ``torch.compile`` and no backward yet.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_col
 class Plan:
     """How a row of N values is cut: ``L`` the DFT length; one kernel (``P`` = 0, L = N1 * M2) or
     three (L = P * Q, Q = Q1 * 64, R = N / Q rows of u, KP of them read); ``BB`` the rows of a
-    channel a program takes unless the caller says (in pairs for one kernel)."""
+    channel a program takes unless the caller says (in pairs)."""
 
     N: int
     L: int

@@ -195,7 +195,7 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
     return min(points), max(points), frozenset(proxies), seen
 
 
-def _size_and_align(op: Operation) -> tuple[int, int]:
+def size_and_align(op: Operation) -> tuple[int, int]:
     """Bytes and alignment of an allocation; a ring of S stages takes S strides (the op's
     ``stride``: a tile's size rounded up to its alignment, 8 B for a barrier)."""
     return op.nbytes, MBARRIER_ALIGN if op.name == "hopper.mbarrier_alloc" else op.result.type.layout.alignment
@@ -242,7 +242,7 @@ def _allocate_kernel(kernel: Operation, options: Options, target: Target) -> Non
         start, end, proxies, carriers = _live_range(op, pos, users, barrier_end)
         if op.name == "hopper.mbarrier_alloc":
             barrier_end.update(dict.fromkeys(carriers, end))
-        size, align = _size_and_align(op)
+        size, align = size_and_align(op)
         allocs.append(_Alloc(op, size, align, start, end, proxies, op.attributes.get("offset", -1),
                              any(u.name == "hopper.cluster_reduce" for u in users.get(op.result, ()))))
 

@@ -36,14 +36,17 @@ from __future__ import annotations
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Value
 from tkc.ir.dialects import hopper, tile
-from tkc.ir.types import MBARRIER, TileType
+from tkc.ir.types import MBARRIER
+from tkc.passes.allocate_smem import size_and_align
 from tkc.passes.rotate import I32
 from tkc.passes.specialize_warps import RANK_PRODUCER_REGS, consumer_regs
 from tkc.pins import Options
 from tkc.target import Target
 
 STAGES = 2
-PRODUCER_REGS = RANK_PRODUCER_REGS  # the copy's words and addresses: 24 spill
+# A producer that runs more than copies and waits keeps 40 registers (specialize-warps' rule for
+# multi-GPU producers); the copy holds 12 words a block beside its addresses.  24 was not timed.
+PRODUCER_REGS = RANK_PRODUCER_REGS
 
 
 def transpose_in_producer(module: Module, options: Options, target: Target) -> None:
@@ -153,8 +156,7 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     top = kernel.regions[0].block
     inits = [op for op in top.ops if op.name == "hopper.mbarrier_init"]
     empty_init = next((op for op in inits if op.barrier is v_empty), None)
-    consumer_release = next((op for op in inits if op.barrier is _owner(c.ops[-1].barrier).ring), None)
-    if empty_init is None or consumer_release is None:
+    if empty_init is None:
         return
     # The product reading the copy and its wait, in the loop's body; no other reader anywhere.
     reader = next((op for op in body.ops if op.name == "hopper.wgmma" and c.copy.dst in op.operands), None)
@@ -163,12 +165,12 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     readers = [op for op in kernel.walk() if c.copy.dst in op.operands and op is not c.copy]
     if done is None or readers != [reader]:
         return
-    releases = consumer_release.attributes["count"]
+    releases = empty_init.attributes["count"]  # one a consumer warpgroup, as V's release had
     threads = target.warpgroup * producer.attributes["warpgroups"]
     # The ring takes STAGES tiles where the copy took one: only where every allocation still
     # fits side by side (allocate-smem may share bytes between some; this does not count on it).
     allocs = [op for op in top.ops if op.name in ("hopper.smem_alloc", "hopper.mbarrier_alloc")]
-    taken = sum(-(-op.nbytes // _align(op)) * _align(op) for op in allocs)
+    taken = sum(-(-size // align) * align for size, align in map(size_and_align, allocs))
     extra = (STAGES - 1) * dst_alloc.nbytes + 2 * STAGES * hopper.MBarrierAllocOp.stride
     if taken + extra > target.smem_per_program(options.programs_per_sm):
         return
@@ -193,10 +195,9 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
         op.erase()
     iv = body.args[0]
     b = Builder.before(reader)
-    stage, phase = _position(b, iv, loc)
+    stage, phase = _position(b, iv, STAGES, loc)
     b.create(hopper.MBarrierWaitOp, [b.value(hopper.StageOp, [full, stage], MBARRIER, loc=loc), phase], loc=loc)
-    tile_t = TileType(t.shape, t.dtype, t.space, t.layout)
-    staged = b.value(hopper.StageOp, [ring, stage], tile_t, loc=loc)
+    staged = b.value(hopper.StageOp, [ring, stage], t, loc=loc)
     reader.operands = [staged if v is c.copy.dst else v for v in reader.operands]
     r = Builder(body, body.ops.index(done) + 1, loc)
     r.create(hopper.MBarrierArriveOp, [r.value(hopper.StageOp, [empty, stage], MBARRIER, loc=loc)], loc=loc)
@@ -207,17 +208,13 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     j = pbody.args[0]
     p = Builder.before(pbody.terminator)
     p.create(hopper.SyncOp, loc=loc)
-    s_v = _owner(c.stage)
-    v_stages = tile.constant_value(s_v.operands[1])
-    vs = p.value(tile.RemOp, [j, _const(p, v_stages, loc)], I32, loc=loc)
-    vround = p.value(tile.FloorDivOp, [j, _const(p, v_stages, loc)], I32, loc=loc)
-    vphase = p.value(tile.AndOp, [vround, _const(p, 1, loc)], I32, loc=loc)
+    vs, vphase = _position(p, j, tile.constant_value(_owner(c.stage).operands[1]), loc)
     p.create(hopper.MBarrierWaitOp, [p.value(hopper.StageOp, [v_full, vs], MBARRIER, loc=loc), vphase], loc=loc)
-    ts, tphase = _position(p, j, loc)
+    ts, tphase = _position(p, j, STAGES, loc)
     free = p.value(tile.XorOp, [tphase, _const(p, 1, loc)], I32, loc=loc)
     p.create(hopper.MBarrierWaitOp, [p.value(hopper.StageOp, [empty, ts], MBARRIER, loc=loc), free], loc=loc)
     src = p.value(hopper.StageOp, [v_ring, vs], v_ring.type, loc=loc)
-    p.create(hopper.SmemCopyOp, [src, p.value(hopper.StageOp, [ring, ts], tile_t, loc=loc)], loc=loc)
+    p.create(hopper.SmemCopyOp, [src, p.value(hopper.StageOp, [ring, ts], t, loc=loc)], loc=loc)
     p.create(hopper.FenceProxyAsyncOp, loc=loc)
     for bar, index in ((v_empty, vs), (full, ts)):
         p.create(hopper.MBarrierArriveOp, [p.value(hopper.StageOp, [bar, index], MBARRIER, loc=loc)],
@@ -231,16 +228,13 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
                                                  target, regs)
 
 
-def _align(op: Operation) -> int:
-    return 8 if op.name == "hopper.mbarrier_alloc" else op.result.type.layout.alignment
-
-
 def _const(b: Builder, value: int, loc: object) -> Value:
     return b.value(tile.ConstantOp, [], I32, {"value": value}, loc=loc)
 
 
-def _position(b: Builder, iv: Value, loc: object) -> tuple[Value, Value]:
-    """The transposed ring's stage and full phase for iteration ``iv``."""
-    stage = b.value(tile.RemOp, [iv, _const(b, STAGES, loc)], I32, loc=loc)
-    rnd = b.value(tile.FloorDivOp, [iv, _const(b, STAGES, loc)], I32, loc=loc)
+def _position(b: Builder, iv: Value, stages: int, loc: object) -> tuple[Value, Value]:
+    """The stage of a ring of ``stages`` and the parity its ``full`` barrier completes with,
+    for iteration ``iv`` (a ring counting from 0)."""
+    stage = b.value(tile.RemOp, [iv, _const(b, stages, loc)], I32, loc=loc)
+    rnd = b.value(tile.FloorDivOp, [iv, _const(b, stages, loc)], I32, loc=loc)
     return stage, b.value(tile.AndOp, [rnd, _const(b, 1, loc)], I32, loc=loc)
