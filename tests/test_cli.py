@@ -678,7 +678,8 @@ def test_ops_lists_every_op_with_how_it_is_written() -> None:
 
 
 @pytest.mark.parametrize("example, kernels", [("attn_train.tk", ["attn_fwd", "attn_bwd_pre", "attn_bwd"]),
-                                              ("fftconv.tk", ["fftconv", "fft_cols", "fft_rows", "ifft_cols"])])
+                                              ("fftconv.tk", ["fftconv", "fft_cols", "fft_rows", "ifft_cols",
+                                                              "row_norms"])])
 def test_run_check_of_a_file_of_several_kernels_runs_each(example: str, kernels: list[str]) -> None:
     """``tkc run FILE --check`` with no other flags on a file of several kernels runs and checks
     each in turn (it refused: "pick one with --kernel"), and passes at their default constants."""

@@ -99,7 +99,8 @@ def _fft_args(name: str, N: int) -> list:
     c, kf = fc.constants(p), fc.response(torch.randn(1, N, generator=g) / N ** 0.5, p)
     if name == "fftconv":
         R = p.N1 // 2
-        args = [u.view(3, 1, R, p.M2), kf, c["f1"], c["f2"], c["tw"],
+        norm = torch.linalg.vector_norm(u, dim=-1, dtype=torch.float32)
+        args = [u.view(3, 1, R, p.M2), norm, kf, c["f1"], c["f2"], c["tw"],
                 torch.zeros(3, 1, R, p.M2, dtype=torch.bfloat16)]
     else:
         z = torch.randn(3, 1, 2 * p.P, p.Q1, 64, generator=g).to(torch.bfloat16)

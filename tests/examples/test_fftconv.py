@@ -50,21 +50,32 @@ def test_interpreter_matches_torch_fft(N: int, B: int, H: int, BB: int | None) -
     _close(fc.fft_conv(u, k, BB=BB), u, k)
 
 
-@pytest.mark.parametrize("N", [1024, 8192])
-def test_rows_of_other_scales_pair_with_less_precision_unless_kept_apart(N: int) -> None:
-    """Rows in pairs round at the larger row's scale: a row beside one 100 times larger (or a
-    zero row beside a nonzero one) is far off; ``pairs=False`` keeps each row as exact as alone."""
-    u, k = _inputs(3, 2, 1, N)
-    u[0] *= 100
-    u[1, :, : N // 2] = 0  # a row that is half zeros: its own scale, not its partner's
-    err = (fc.fft_conv(u, k).double() - fc.reference(u.double(), k.double()))[1].abs().max()
-    alone = fc.fft_conv(u, k, pairs=False)
-    _close(alone, u, k)
-    small = fc.reference(u.double(), k.double())[1].abs().max()
-    assert (alone.double() - fc.reference(u.double(), k.double()))[1].abs().max() <= 2e-2 * small < err
-    zero = torch.zeros_like(u)
-    zero[0] = u[0]
-    assert (fc.fft_conv(zero, k, pairs=False)[1] == 0).all()
+def _row_close(got: torch.Tensor, u: torch.Tensor, k: torch.Tensor) -> None:
+    """``_close`` for each row alone, at its own scale."""
+    for b in range(u.shape[0]):
+        _close(got[b:b + 1], u[b:b + 1], k)
+
+
+@pytest.mark.parametrize("N", [1024, 4096, 8192])
+@pytest.mark.parametrize("ratio", [100.0, 1e4])
+def test_a_row_beside_one_of_another_scale_is_as_close_as_alone(N: int, ratio: float) -> None:
+    """Each row of a pair enters at unit scale and leaves at its own: a row beside one 100 or
+    10^4 times larger (without the scaling 20% and more off), or beside a row that is half
+    zeros, meets the tolerance at its own size, as with ``pairs=False``; a row of zeros gives
+    zeros exactly, beside a nonzero row too (B odd: the last row's partner is past B)."""
+    u, k = _inputs(3, 5, 1, N)
+    u[0] *= ratio
+    u[3] /= ratio
+    u[1, :, : N // 2] = 0
+    u[2] = 0
+    got = fc.fft_conv(u, k)
+    _row_close(got, u, k)
+    assert (got[2] == 0).all()
+    _row_close(fc.fft_conv(u, k, pairs=False), u, k)
+    # Without the scaling the pair rounds at its larger row's scale: row 1 beside row 0 is off.
+    want = fc.reference(u.double(), k.double())[1]
+    err = (fc.fft_conv(u, k, scale_rows=False)[1].double() - want).abs().max()
+    assert err > 0.1 * want.abs().max()
 
 
 def test_plans() -> None:
@@ -88,6 +99,8 @@ def test_arguments_it_does_not_take_are_tkc_errors() -> None:
                        (lambda: fc.fft_conv(u, k.to("meta")), "u and k must be on one device, got cpu and meta")):
         with pytest.raises(TkcUsageError, match=said):
             call()
+    with pytest.raises(TkcUsageError, match="scale_rows is True or False, got 1"):
+        fc.fft_conv(u, k, scale_rows=1)
     with pytest.raises(TkcUsageError, match="k must be real"):
         fc.fft_conv(u, k.to(torch.complex64))
     with pytest.raises(TkcUsageError, match="fft_conv has no backward"):
@@ -109,6 +122,8 @@ def _configs() -> dict[str, tuple[str, dict]]:
         out[f"fft_cols-P={p.P}-KP={p.KP}"] = ("fft_cols", {"P": p.P, "KP": p.KP})
         out[f"fft_rows-P={p.P}-Q1={p.Q1}"] = ("fft_rows", {"P": p.P, "Q1": p.Q1})
         out[f"ifft_cols-P={p.P}-KP={p.KP}"] = ("ifft_cols", {"P": p.P, "KP": p.KP})
+    for BM, BN in ((16, 1024), (1, 2048), (1, 4096)):
+        out[f"row_norms-BM={BM}-BN={BN}"] = ("row_norms", {"BM": BM, "BN": BN})
     return out
 
 
@@ -123,21 +138,26 @@ def _compile(name: str, consts: dict, stop: str):
 def _emulator_args(name: str, N: int) -> list:
     """The kernel's arguments for B = 3 (two programs of BB = 2 rows, or of one pair of rows, the
     second half empty; three pairs between the column kernels, the third past B), H = 1 and a
-    row of N, with the real DFT matrices, twiddles and filter response."""
+    row of N, with the real DFT matrices, twiddles and filter response; the rows' norms for rows
+    100 times apart and a row of zeros."""
     p = fc.plan(N)
     u, k = _inputs(5, 3, 1, N)
+    u[0] *= 100
+    u[2] = 0
+    norm = torch.linalg.vector_norm(u, dim=-1, dtype=torch.float32)
     c, kf = fc.constants(p), fc.response(k, p)
     if not p.P:
         R = p.N1 // 2
-        args = [u.view(3, 1, R, p.M2), kf, c["f1"], c["f2"], c["tw"],
+        args = [u.view(3, 1, R, p.M2), norm, kf, c["f1"], c["f2"], c["tw"],
                 torch.zeros(3, 1, R, p.M2, dtype=torch.bfloat16)]
     else:
         R, Q = N // p.Q, p.Q
         z = torch.randn(3, 1, 2 * p.P, p.Q1, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
         out = torch.zeros_like(z)
-        args = {"fft_cols": [u.view(3, 1, R, Q), c["fp"], c["tlc"], out.view(3, 1, 2, p.P, Q)],
+        args = {"fft_cols": [u.view(3, 1, R, Q), norm, c["fp"], c["tlc"], out.view(3, 1, 2, p.P, Q)],
                 "fft_rows": [z, kf, c["fq"], c["f2"], c["tq"], c["tl"], out],
-                "ifft_cols": [z.view(3, 1, 2, p.P, Q), c["fp"], torch.zeros(3, 1, R, Q, dtype=torch.bfloat16)]}[name]
+                "ifft_cols": [z.view(3, 1, 2, p.P, Q), norm, c["fp"],
+                              torch.zeros(3, 1, R, Q, dtype=torch.bfloat16)]}[name]
     return [a.float().numpy().copy() for a in args]  # the interpreter's bf16: f32 arrays of bf16 values
 
 
@@ -158,6 +178,20 @@ def test_emulator_matches_interpreter(name: str, N: int) -> None:
     # bf16 outputs summed in other orders: a rounding boundary apart, through later products
     np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * np.abs(w).max())
     assert np.abs(g - w).mean() <= 1e-3 * np.abs(w).mean()
+
+
+@pytest.mark.parametrize("BM,BN,R,N", [(16, 1024, 19, 1000), (1, 2048, 3, 5000), (1, 4096, 2, 4096)])
+def test_row_norms_emulated_agree_with_the_interpreter_and_torch(BM: int, BN: int, R: int, N: int) -> None:
+    """The rows' norms the pairs are scaled by: rows past R and columns past N (a last block
+    part past the row) read 0."""
+    consts = {"BM": BM, "BN": BN}
+    tile_ir = _compile("row_norms", consts, "tkir").kernel_op
+    hopper = lowered(lambda stop: _compile("row_norms", consts, stop)).kernel_op
+    u = torch.randn(R, N, generator=torch.Generator().manual_seed(R)).to(torch.bfloat16)
+    args = [u.float().numpy(), np.zeros(R, np.float32)]
+    want, got = interpret_and_emulate(tile_ir, hopper, args, 2)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+    np.testing.assert_allclose(want[1], torch.linalg.vector_norm(u.double(), dim=-1).numpy(), rtol=1e-5)
 
 
 @needs_ptxas

@@ -6,7 +6,8 @@ and the host side its kernels need: the DFT matrices, twiddles and filter respon
 ``plan(N)`` says how a length is cut: N = 1k to 4k in one kernel (L = 2N = N1 * M2, 32 x 64,
 64 x 64, 64 x 128; rows in pairs, one complex row each; from 2k one pair a program, where a
 loop over two spills the twiddles and the filter it keeps in registers), N = 8k to 64k in
-three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too).  ``Filter`` holds a filter's
+three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too); each row of a pair at unit norm
+(``row_norms`` first).  ``Filter`` holds a filter's
 response, computed once (the kernels' layout, divided by L), and the constant tensors of its
 length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
 interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
@@ -29,7 +30,8 @@ from tkc.ops.kernels import path
 
 __all__ = ["Filter", "fft_conv", "plan", "reference"]
 
-KERNELS = {name: load(path("fftconv.tk"), name) for name in ("fftconv", "fft_cols", "fft_rows", "ifft_cols")}
+KERNELS = {name: load(path("fftconv.tk"), name)
+           for name in ("fftconv", "fft_cols", "fft_rows", "ifft_cols", "row_norms")}
 
 
 @dataclass(frozen=True)
@@ -144,10 +146,11 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
         interpret(kernel, *args, **consts)
 
 
-def launches(u: torch.Tensor, f: Filter,
-             BB: int | None = None) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
-    """The kernel launches of ``fft_conv(u, f)`` in order, as (name, call), and the output
-    they write.  ``BB``: the rows of a channel a program takes (None: the plan's)."""
+def launches(u: torch.Tensor, f: Filter, BB: int | None = None,
+             scale_rows: bool = True) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
+    """The launches of ``fft_conv(u, f)`` in order, as (name, call), and the output they
+    write: each row's norm (torch, with ``scale_rows``), then the kernels.  ``BB``: the rows of
+    a channel a program takes (None: the plan's)."""
     p, c = f.plan, f.consts
     BB = p.BB if BB is None else BB
     checks.dtype("fft_conv", torch.bfloat16, u=u)
@@ -163,44 +166,60 @@ def launches(u: torch.Tensor, f: Filter,
     u = u.contiguous()
     y = torch.empty_like(u)
     BP = (BB + 1) // 2  # rows go in pairs, one complex row each: BB rounds up to an even count
+    # The kernels take each row of a pair at unit scale (its norm; 0, a row of zeros) and give
+    # its output back at its own; a norm of 1 leaves the rows as they are.
+    if scale_rows:
+        norms = torch.empty(B, H, dtype=torch.float32, device=u.device)
+        # 16 rows a program at 1k, else one (4.0-4.4 TB/s from 4k on an H200, benchmarks/RESULTS.md)
+        BM, BN = (16, 1024) if N == 1024 else (1, min(N, 4096))
+        first = [("row_norms", partial(_run, "row_norms", u.view(B * H, N), norms.view(B * H), BM=BM, BN=BN))]
+    else:
+        norms, first = torch.ones(B, H, dtype=torch.float32, device=u.device), []
     if not p.P:
         R = p.N1 // 2
-        args = (u.view(B, H, R, p.M2), f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, p.M2))
-        return [("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BP=BP))], y
+        args = (u.view(B, H, R, p.M2), norms, f.kf, c["f1"], c["f2"], c["tw"], y.view(B, H, R, p.M2))
+        return [*first, ("fftconv", partial(_run, "fftconv", *args, N1=p.N1, M2=p.M2, BP=BP))], y
     R, Q = N // p.Q, p.Q
     pairs = (B + 1) // 2
     z = torch.empty(pairs, H, 2, p.P, Q, dtype=torch.bfloat16, device=u.device)
     w = torch.empty_like(z)
     rows = (pairs, H, 2 * p.P, p.Q1, 64)
-    return [("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), c["fp"], c["tlc"], z, P=p.P, KP=p.KP, BP=BP)),
+    return [*first,
+            ("fft_cols", partial(_run, "fft_cols", u.view(B, H, R, Q), norms, c["fp"], c["tlc"], z,
+                                 P=p.P, KP=p.KP, BP=BP)),
             ("fft_rows", partial(_run, "fft_rows", z.view(rows), f.kf, c["fq"], c["f2"], c["tq"], c["tl"],
                                  w.view(rows), P=p.P, Q1=p.Q1, BB=BB)),
-            ("ifft_cols", partial(_run, "ifft_cols", w, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BP=BP))], y
+            ("ifft_cols", partial(_run, "ifft_cols", w, norms, c["fp"], y.view(B, H, R, Q), P=p.P, KP=p.KP, BP=BP))], y
 
 
-def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None, pairs: bool = True) -> torch.Tensor:
+def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None, pairs: bool = True,
+             scale_rows: bool = True) -> torch.Tensor:
     """y[b, h] = irfft(rfft(u[b, h], 2N) * rfft(k[h], 2N))[:N] for a bf16 u [B, H, N] and a
     filter k [H, N] (or its ``Filter``), bf16 out; ``BB`` rows of a channel a program (None:
     the plan's, 2 at 2k and 4k, else 8; rounded up to an even count: rows go in pairs; the row
     kernel of 8k-64k takes BB complex rows, each a pair).
 
     ``pairs``: rows go in pairs, each pair one complex row u[b] + i u[b + 1] (the filter is
-    real, so its convolution is y[b] + i y[b + 1]); half the work, but each pair's bf16
-    roundings are at the scale of its larger row, so a row beside one 100 times larger is off
-    by about 20% of its own size (a zero row beside a nonzero one gets noise).  ``pairs=False``
-    gives every row a zero partner: rows as exact as alone, twice the work."""
+    real, so its convolution is y[b] + i y[b + 1]): half the work.  ``scale_rows``: each row
+    enters its pair at unit norm and leaves at its own size, so that the pair's bf16 roundings
+    are at the scale of neither row alone; it costs a pass over u for the norms.  Without it a
+    pair rounds at its larger row's scale: a row beside one 100 times larger is off by about
+    20% of its own size, and a row of zeros beside a nonzero one gets noise; skip it only where
+    the rows of each pair are of one size.  ``pairs=False`` gives every row a zero partner, at
+    twice the work."""
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
         raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
                             "call it under torch.no_grad() or on detached tensors")
     if isinstance(u, torch.Tensor) and isinstance(k, torch.Tensor):
         checks.device("fft_conv", u=u, k=k)
-    if not isinstance(pairs, bool):
-        raise TkcUsageError(f"tkc.ops.fft_conv: pairs is True or False, got {pairs!r}")
+    for name, flag in (("pairs", pairs), ("scale_rows", scale_rows)):
+        if not isinstance(flag, bool):
+            raise TkcUsageError(f"tkc.ops.fft_conv: {name} is True or False, got {flag!r}")
     if not pairs and isinstance(u, torch.Tensor) and u.dim() == 3:
         alone = u.new_zeros((2 * u.shape[0], *u.shape[1:]))  # every row beside a zero one
         alone[0::2] = u
-        return fft_conv(alone, k, BB)[0::2].contiguous()
-    calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB)
+        return fft_conv(alone, k, BB, scale_rows=False)[0::2].contiguous()
+    calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB, scale_rows)
     for _, call in calls:
         call()
     return y
