@@ -1,5 +1,6 @@
 """Linear attention (issue 27): examples/linear_attn.tk (decayed, a slope a head),
-examples/based.tk (Based's Taylor feature map, 16 features, 64 values) and
+examples/based.tk (Based's Taylor feature map, 16 features, 64 values; ``tkc.ops.based``, whose
+long sequences of few heads go in segments, beside the one-program-a-head kernel) and
 examples/mamba2_ssd.tk (Mamba-2's SSD: linear attention with q = C, k = B dt, v = x and a decay
 exp(dt A) a step), causal, beside a torch
 reference in the chunked form (eager and ``torch.compile``: memory linear in N, the algorithm
@@ -37,6 +38,11 @@ from tk_kernels import checked, launcher  # noqa: E402
 
 sys.path.append(str(ROOT / "tests" / "examples"))
 import tk_reference as ref  # noqa: E402  (the torch references the tests check against)
+
+import tkc.ops  # noqa: E402
+from tkc.ops.based import segments_for  # noqa: E402
+
+SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 0
 
 C = 64  # the chunk of the kernels and of the torch peer
 
@@ -123,10 +129,11 @@ def based_rows(shapes: list[tuple[int, int, int, int, int]], runs: int) -> list[
         q, k = (torch.randn(B, H, N, DK, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         v = torch.randn(B, H, N, DV, device="cuda", dtype=torch.bfloat16)
         o = torch.full_like(v, float("nan"))
-        ours = launcher("based.tk", {"DV": DV})
+        ours = launcher("based.tk", {"DV": DV}, kernel="based")  # one program a head
         ours(q, k, v, o)
         want = ref.based_chunked(q.float(), k.float(), v.float(), C)
-        if not checked(row, o, want, 2e-2):
+        segments = tkc.ops.based(q, k, v)  # long sequences of few heads in segments
+        if not (checked(row, o, want, 2e-2) and checked(row, segments, want, 2e-2)):
             rows.append(row)
             continue
 
@@ -135,8 +142,9 @@ def based_rows(shapes: list[tuple[int, int, int, int, int]], runs: int) -> list[
 
         compiled = torch.compile(eager)
         compiled()
-        contenders = {"tkc": lambda: ours(q, k, v, o), "torch eager (chunked)": eager,
-                      "torch.compile (chunked)": compiled}
+        contenders = {"tkc": lambda: tkc.ops.based(q, k, v), "tkc one program a head": lambda: ours(q, k, v, o),
+                      "torch eager (chunked)": eager, "torch.compile (chunked)": compiled}
+        row.notes += f"tkc.ops.based: {segments_for(B, H, N, SMS)} segments a head"
         if parallel_based is not None:
             qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # fla: [B, N, H, D]
 

@@ -42,7 +42,8 @@ RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": 
                # fftconv's and fft_rows' outputs on N(0, 1) inputs (not DFT matrices) reach 1e4-3e4,
                # where a bf16 step of 64-128 separates the emulator's order of additions from the
                # interpreter's; tests/examples/test_fftconv.py checks them on DFT matrices.
-               "fftconv.tk": ["fft_cols", "ifft_cols"]}
+               "fftconv.tk": ["fft_cols", "ifft_cols", "row_norms"],
+               "based.tk": ["based", "based_states", "based_split"]}
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")

@@ -64,7 +64,9 @@ RANDOM = [
     ("paged_decode.tk", "paged_decode", {"P": 16, "D": 64}, {"B": 2, "HQ": 8, "NT": 200, "KVH": 1, "MAXP": 9}),
     ("fftconv.tk", "fft_cols", {"P": 32, "KP": 16, "BP": 1}, {"B": 3, "B2": 2, "H": 1, "R": 32, "Q": 128}),
     ("fftconv.tk", "ifft_cols", {"P": 32, "KP": 16, "BP": 1}, {"B": 3, "B2": 2, "H": 1, "R": 32, "Q": 128}),
-    ("based.tk", None, {}, {"B": 1, "H": 2, "N": 100}),
+    ("based.tk", "based", {}, {"B": 1, "H": 2, "N": 100}),
+    ("based.tk", "based_states", {"SEG": 64}, {"B": 1, "H": 2, "N": 150, "P": 2}),
+    ("based.tk", "based_split", {"SEG": 64}, {"B": 1, "H": 2, "N": 150, "P": 2}),
     ("gemm.tk", None, {"BM": 64}, {"M": 200, "N": 264, "K": 136}),
     ("gemm.tk", None, {"BM": 64, "BN": 64, "BK": 32}, {"M": 130, "N": 72, "K": 104}),
 ]
@@ -207,7 +209,8 @@ PTXAS = [
     # Spilled (700 B, 240 B) while LLVM hoisted every shared address out of the loop: Based's 34
     # products a chunk (its column sums' cross-warp addresses), the backward at D = 64's dS
     # stored an element at a time (64 registers of addresses beside S, dP and delta).
-    ("based.tk", None, {}), ("attn_train.tk", "attn_bwd", {"D": 64}),
+    ("based.tk", "based", {}), ("based.tk", "based_states", {}), ("based.tk", "based_split", {}),
+    ("attn_train.tk", "attn_bwd", {"D": 64}),
     ("attn_train.tk", "attn_bwd", {"D": 64, "causal": True}),
 ]
 

@@ -500,7 +500,7 @@ def test_every_example_assembles_without_spills(example: str, kernel: str | None
 
 
 @pytest.mark.parametrize("example, kernel", [("attn_train.tk", "attn_bwd"), ("fftconv.tk", "fft_rows"),
-                                             ("based.tk", None)])
+                                             ("based.tk", "based")])
 def test_stored_values_sharing_an_address_step_agree_with_smem_offset(example: str, kernel: str | None) -> None:
     """``_offset_steps``: a value stored at another's address plus a constant must land where
     the per-value addressing (``smem_offset``, what the store computed before) puts it, in

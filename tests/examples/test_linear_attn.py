@@ -14,9 +14,13 @@ import pytest
 import torch
 
 import tk_reference as ref
-from device_checks import assert_no_spills, interpret_and_emulate, launch_tensors, lowered, needs_ptxas
+from device_checks import (assert_no_spills, interpret_and_emulate, launch_tensors, lowered, needs_ptxas,
+                           require_gpu)
+import tkc.ops
 from tkc.compiler import compile_kernel
+from tkc.errors import TkcUsageError
 from tkc.interpreter import random_args, run_kernel
+from tkc.ops.based import segments_for
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 B, H = 2, 3
@@ -33,6 +37,7 @@ class Case:
     inputs: Callable[[torch.Generator, int], tuple[list, torch.Tensor]]
     out: int
     dims: dict = field(default_factory=dict)
+    kernel: str | None = None
 
 
 def _bf16(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -56,11 +61,11 @@ def _based(g: torch.Generator, N: int):
 
 CASES = {"linear_dv64": Case("linear_attn.tk", {}, _linear(64), 4, {"DV": 64}),
          "linear_dv128": Case("linear_attn.tk", {"DV": 128}, _linear(128), 4, {"DV": 128}),
-         "based": Case("based.tk", {}, _based, 3)}
+         "based": Case("based.tk", {}, _based, 3, kernel="based")}
 
 
 def _compile(case: Case, stop: str):
-    return compile_kernel(EXAMPLES / case.file, case.consts, stop=stop, cache=False)
+    return compile_kernel(EXAMPLES / case.file, case.consts, kernel=case.kernel, stop=stop, cache=False)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 2e-2) -> None:
@@ -113,3 +118,64 @@ def test_on_gpu_as_torch(name: str, N: int) -> None:
     case = CASES[name]
     args, want = case.inputs(torch.Generator().manual_seed(7), N)
     _close(launch_tensors(_compile(case, "cubin"), args)[case.out], want)
+
+
+# ------------------------------------------------------- Based in segments (tkc.ops.based)
+@pytest.mark.parametrize("N,segments", [(150, 3), (300, 2), (200, 4), (64, 2), (150, 1)])
+def test_based_in_segments_matches_torch(N: int, segments: int) -> None:
+    """based_states and based_split through tkc.ops.based: segments of whole chunks (the last
+    one short, rows past N reading 0), each starting from the states of those before it, give
+    the one-program-a-head result."""
+    g = torch.Generator().manual_seed(N + segments)
+    q, k, v = _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 64)
+    _close(tkc.ops.based(q, k, v, segments=segments), ref.based(q.float(), k.float(), v.float()))
+
+
+@pytest.mark.parametrize("kernel,dims", [("based_states", {"B": 1, "H": 2, "N": 150, "P": 2}),
+                                         ("based_split", {"B": 1, "H": 2, "N": 150, "P": 2})])
+def test_based_segments_emulated_agree_with_the_interpreter(kernel: str, dims: dict) -> None:
+    case = Case("based.tk", {"SEG": 64}, _based, 3, kernel=kernel)
+    tile_ir = _compile(case, "tkir").kernel_op
+    args = random_args(tile_ir, dims, 2)
+    want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(case, stop)).kernel_op, args, 2)
+    outs = [3] if kernel == "based_split" else [2, 3]  # o; or s0 and st
+    for i in outs:
+        np.testing.assert_allclose(got[i], want[i], rtol=8e-3, atol=8e-3 * np.abs(want[i]).max())
+
+
+@needs_ptxas
+@pytest.mark.parametrize("kernel", ["based_states", "based_split"])
+def test_based_segments_assemble_without_spills(kernel: str) -> None:
+    assert_no_spills(_compile(Case("based.tk", {}, _based, 3, kernel=kernel), "cubin"))
+
+
+def test_segments_fill_the_program_slots_heads_leave_empty() -> None:
+    assert segments_for(4, 16, 16384, 132) == 4     # 64 heads, 264 slots
+    assert segments_for(16, 16, 4096, 132) == 1     # 256 heads fill them
+    assert segments_for(1, 1, 4096, 132) == 4       # segments of at least 1024 rows
+    assert segments_for(1, 2, 100, 132) == 1
+
+
+def test_based_arguments_it_does_not_take_are_tkc_errors() -> None:
+    q = torch.zeros(1, 2, 64, 16, dtype=torch.bfloat16)
+    v = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)
+    for call, said in ((lambda: tkc.ops.based(q, q, v[..., :32]), "v must be \\[B, H, N, 64\\]"),
+                       (lambda: tkc.ops.based(q, q[..., :8], v), "q and k must be \\[B, H, N, 16\\] alike"),
+                       (lambda: tkc.ops.based(q.float(), q, v), "q is torch.float32"),
+                       (lambda: tkc.ops.based(q, q, v, segments=0), "segments is a positive int, got 0"),
+                       (lambda: tkc.ops.based(q[0], q, v), "q must have four dims")):
+        with pytest.raises(TkcUsageError, match=said):
+            call()
+    with pytest.raises(TkcUsageError, match="has no backward"):
+        tkc.ops.based(q.clone().requires_grad_(), q, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segments", [None, 1, 4])
+def test_based_in_segments_on_gpu_as_torch(segments: int | None) -> None:
+    require_gpu()
+    g = torch.Generator().manual_seed(11)
+    N = 4096 + 37
+    q, k, v = _bf16(g, 1, 2, N, 16), _bf16(g, 1, 2, N, 16), _bf16(g, 1, 2, N, 64)
+    want = ref.based(q.float(), k.float(), v.float())
+    _close(tkc.ops.based(q.cuda(), k.cuda(), v.cuda(), segments=segments).cpu(), want)

@@ -15,6 +15,8 @@
   through varlen_attn_train.tk, backward too (GQA).
 - :mod:`tkc.ops.fftconv`: ``fft_conv``, causal FFT convolution through fftconv.tk (a plain
   function launching its kernels, not a ``torch.library`` op).
+- :mod:`tkc.ops.based`: ``based``, Based linear attention through based.tk, long sequences of
+  few heads in segments (a plain function too).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -24,11 +26,12 @@ torch and registers the shipped operators.
 """
 
 from tkc.ops.attention import attention
+from tkc.ops.based import based
 from tkc.ops.fftconv import fft_conv
 from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.matmul import matmul
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 from tkc.ops.varlen_attention import varlen_attention
 
-__all__ = ["attention", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "register_autograd", "rms_norm",
-           "softmax", "varlen_attention"]
+__all__ = ["attention", "based", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "register_autograd",
+           "rms_norm", "softmax", "varlen_attention"]
