@@ -214,6 +214,15 @@ def test_loading_a_file_without_a_kernel_says_so(tmp_path: Path) -> None:
     assert e.value.loc.line == 1
 
 
+def test_a_string_naming_a_tk_file_compiles_the_file(tmp_path: Path) -> None:
+    """A one-line string ending in .tk is a file's name (source text has lines): it compiled as
+    source and failed at its first character ("unexpected '/'")."""
+    c = compile_kernel(str(GEMM), {}, stop="tkir", cache=False)
+    assert c.asm["tkir"] == compile_kernel(GEMM, {}, stop="tkir", cache=False).asm["tkir"]
+    with pytest.raises(TkcUsageError, match="cannot read .*missing.tk: No such file"):
+        compile_kernel(str(tmp_path / "missing.tk"), {}, stop="tkir", cache=False)
+
+
 def test_version_changes_with_the_compiler() -> None:
     import tkc
 

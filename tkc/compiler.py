@@ -435,8 +435,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
                    python_function: bool = False) -> Compiled:
     """Compile one kernel through every stage up to ``stop`` (one of :data:`STAGES`).
 
-    ``source``: ``.tk`` source text, a ``Path`` to a ``.tk`` file, or tile IR (a Module or
-    a ``tile.kernel`` op, copied, never edited).  ``consts`` specialize the source;
+    ``source``: ``.tk`` source text, a ``Path`` to a ``.tk`` file (or a one-line string naming
+    one), or tile IR (a Module or a ``tile.kernel`` op, copied, never edited).  ``consts`` specialize the source;
     ``kernel`` picks one of several kernels.  ``pipeline`` replaces the tile pipeline
     (``DEFAULT_PIPELINE``) and ``hopper_pipeline`` ``HOPPER_PIPELINE`` (``""`` for input
     that is already hopper IR).  ``ptxas``: True runs it (an error when there is none),
@@ -459,6 +459,8 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
         raise TkcUsageError(f"target {tgt}: tkc has no {dialect.capitalize()} lowering yet (lower-to-{dialect} "
                             f"and its codegen); only --emit tkir works for {tgt}")
     consts = dict(consts or {})
+    if isinstance(source, str) and "\n" not in source and source.strip().endswith(".tk"):
+        source = Path(source.strip())  # a file's name, not source text (which has lines)
     file = file or (str(source) if isinstance(source, Path) else "<string>")
     opts = pass_options if pass_options is not None else PassOptions().with_knobs(tkc_options.knobs())
     pipeline_request, hopper_request = pipeline, hopper_pipeline
