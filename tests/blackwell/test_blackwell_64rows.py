@@ -65,8 +65,8 @@ RANDOM = [
     ("fftconv.tk", "fft_cols", {"P": 32, "KP": 16, "BP": 1}, {"B": 3, "B2": 2, "H": 1, "R": 32, "Q": 128}),
     ("fftconv.tk", "ifft_cols", {"P": 32, "KP": 16, "BP": 1}, {"B": 3, "B2": 2, "H": 1, "R": 32, "Q": 128}),
     ("based.tk", "based", {}, {"B": 1, "H": 2, "N": 100}),
-    ("based.tk", "based_states", {"SEG": 64}, {"B": 1, "H": 2, "N": 150, "P": 2}),
-    ("based.tk", "based_split", {"SEG": 64}, {"B": 1, "H": 2, "N": 150, "P": 2}),
+    ("based.tk", "based_states", {}, {"B": 1, "H": 2, "N": 150, "P": 2}),
+    ("based.tk", "based_split", {}, {"B": 1, "H": 2, "N": 150, "P": 2}),
     ("gemm.tk", None, {"BM": 64}, {"M": 200, "N": 264, "K": 136}),
     ("gemm.tk", None, {"BM": 64, "BN": 64, "BK": 32}, {"M": 130, "N": 72, "K": 104}),
 ]

@@ -71,6 +71,11 @@ def test_a_row_beside_one_of_another_scale_is_as_close_as_alone(N: int, ratio: f
     got = fc.fft_conv(u, k)
     _row_close(got, u, k)
     assert (got[2] == 0).all()
+    # Rows whose squares over- or underflow f32 (values near 1e18, 1e-25) are scaled as well.
+    extreme = u.clone()
+    extreme[0] = u[4] * 1e18
+    extreme[1] = u[4] * 1e-25
+    _row_close(fc.fft_conv(extreme, k), extreme, k)
     _row_close(fc.fft_conv(u, k, pairs=False), u, k)
     # Without the scaling the pair rounds at its larger row's scale: row 1 beside row 0 is off.
     want = fc.reference(u.double(), k.double())[1]
@@ -122,7 +127,7 @@ def _configs() -> dict[str, tuple[str, dict]]:
         out[f"fft_cols-P={p.P}-KP={p.KP}"] = ("fft_cols", {"P": p.P, "KP": p.KP})
         out[f"fft_rows-P={p.P}-Q1={p.Q1}"] = ("fft_rows", {"P": p.P, "Q1": p.Q1})
         out[f"ifft_cols-P={p.P}-KP={p.KP}"] = ("ifft_cols", {"P": p.P, "KP": p.KP})
-    for BM, BN in ((16, 1024), (1, 2048), (1, 4096)):
+    for BM, BN in ((16, 512), (1, 2048), (1, 4096)):
         out[f"row_norms-BM={BM}-BN={BN}"] = ("row_norms", {"BM": BM, "BN": BN})
     return out
 
@@ -161,37 +166,49 @@ def _emulator_args(name: str, N: int) -> list:
     return [a.float().numpy().copy() for a in args]  # the interpreter's bf16: f32 arrays of bf16 values
 
 
-@pytest.mark.parametrize("name,N", [("fftconv", 1024), ("fftconv", 2048), ("fftconv", 4096), ("fft_cols", 8192),
-                                    ("fft_rows", 8192), ("ifft_cols", 8192)])
-def test_emulator_matches_interpreter(name: str, N: int) -> None:
+@pytest.mark.parametrize("name,N,BP", [("fftconv", 1024, 1), ("fftconv", 1024, 2), ("fftconv", 2048, 1),
+                                       ("fftconv", 4096, 1), ("fft_cols", 8192, 1), ("fft_rows", 8192, 1),
+                                       ("ifft_cols", 8192, 2)])
+def test_emulator_matches_interpreter(name: str, N: int, BP: int) -> None:
+    """Each row at its own scale (rows 100 times apart and a row of zeros: _emulator_args);
+    BP = 2: a loop over pairs, whose norms are read an iteration ahead, the second pair's
+    partner past B."""
     p = fc.plan(N)
     if not p.P:
-        consts = {"N1": p.N1, "M2": p.M2, "BP": 1}
+        consts = {"N1": p.N1, "M2": p.M2, "BP": BP}
     else:
-        consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP, "BP": 1}
+        consts = {"P": p.P, "Q1": p.Q1} if name == "fft_rows" else {"P": p.P, "KP": p.KP, "BP": BP}
     tile_ir = _compile(name, consts, "tkir").kernel_op
     hopper = lowered(lambda stop: _compile(name, consts, stop)).kernel_op
     args = _emulator_args(name, N)
     want, got = interpret_and_emulate(tile_ir, hopper, args, 2)
     out = len(args) - 1
-    w, g = want[out], got[out]
     # bf16 outputs summed in other orders: a rounding boundary apart, through later products
-    np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * np.abs(w).max())
-    assert np.abs(g - w).mean() <= 1e-3 * np.abs(w).mean()
+    for w, g in zip(want[out], got[out]):  # row by row, each at its own size
+        np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * np.abs(w).max())
+        assert np.abs(g - w).mean() <= 1e-3 * np.abs(w).mean()
 
 
-@pytest.mark.parametrize("BM,BN,R,N", [(16, 1024, 19, 1000), (1, 2048, 3, 5000), (1, 4096, 2, 4096)])
-def test_row_norms_emulated_agree_with_the_interpreter_and_torch(BM: int, BN: int, R: int, N: int) -> None:
-    """The rows' norms the pairs are scaled by: rows past R and columns past N (a last block
-    part past the row) read 0."""
+@pytest.mark.parametrize("BM,BN,R,N", [(16, 512, 19, 1000), (1, 2048, 3, 5000), (1, 4096, 2, 4096)])
+def test_row_norms_emulated_agree_with_the_interpreter(BM: int, BN: int, R: int, N: int) -> None:
+    """Each row's scale: the power of two at or below its L2 norm, for rows of values near
+    1e18 and 1e-25 too (their squares over- and underflow f32), 0 for a row of zeros; rows past
+    R and columns past N (a last block part past the row) read 0."""
     consts = {"BM": BM, "BN": BN}
     tile_ir = _compile("row_norms", consts, "tkir").kernel_op
     hopper = lowered(lambda stop: _compile("row_norms", consts, stop)).kernel_op
-    u = torch.randn(R, N, generator=torch.Generator().manual_seed(R)).to(torch.bfloat16)
+    u = torch.randn(R, N, generator=torch.Generator().manual_seed(R))
+    u[0] *= 1e18
+    u[1] *= 1e-25
+    u[-1] = 0
+    u = u.to(torch.bfloat16)
     args = [u.float().numpy(), np.zeros(R, np.float32)]
     want, got = interpret_and_emulate(tile_ir, hopper, args, 2)
-    np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
-    np.testing.assert_allclose(want[1], torch.linalg.vector_norm(u.double(), dim=-1).numpy(), rtol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+    norm = torch.linalg.vector_norm(u.double(), dim=-1).numpy()
+    scale = want[1].astype(np.float64)
+    assert scale[-1] == 0 and (np.frexp(scale[:-1])[0] == 0.5).all()  # powers of two
+    assert ((norm[:-1] / scale[:-1] >= 0.99) & (norm[:-1] / scale[:-1] < 2.01)).all(), norm / scale
 
 
 @needs_ptxas
@@ -204,7 +221,13 @@ def test_assembles_without_spills(config: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", LENGTHS)
 def test_on_gpu_as_torch_fft(N: int) -> None:
+    """B = 5 (the last row's partner past B): rows 100 times apart and a row of zeros, each
+    close at its own size."""
     require_gpu()
-    u, k = _inputs(7, 3, 5, N)
+    u, k = _inputs(7, 5, 3, N)
+    u[0] *= 100
+    u[2] = 0
     f = fc.Filter.of(k.cuda())
-    _close(fc.fft_conv(u.cuda(), f), u, k)
+    got = fc.fft_conv(u.cuda(), f).cpu()
+    _row_close(got, u, k)
+    assert (got[2] == 0).all()

@@ -121,11 +121,12 @@ def test_on_gpu_as_torch(name: str, N: int) -> None:
 
 
 # ------------------------------------------------------- Based in segments (tkc.ops.based)
-@pytest.mark.parametrize("N,segments", [(150, 3), (300, 2), (200, 4), (64, 2), (150, 1)])
+@pytest.mark.parametrize("N,segments", [(150, 3), (300, 2), (200, 4), (129, 2), (64, 2), (150, 1)])
 def test_based_in_segments_matches_torch(N: int, segments: int) -> None:
     """based_states and based_split through tkc.ops.based: segments of whole chunks (the last
-    one short, rows past N reading 0), each starting from the states of those before it, give
-    the one-program-a-head result."""
+    one short, a single row at N = 129, rows past N reading 0), each starting from the states
+    of those before it, give the one-program-a-head result; (64, 2) and (150, 1) are one
+    segment (the based kernel)."""
     g = torch.Generator().manual_seed(N + segments)
     q, k, v = _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 16), _bf16(g, B, H, N, 64)
     _close(tkc.ops.based(q, k, v, segments=segments), ref.based(q.float(), k.float(), v.float()))
@@ -134,7 +135,7 @@ def test_based_in_segments_matches_torch(N: int, segments: int) -> None:
 @pytest.mark.parametrize("kernel,dims", [("based_states", {"B": 1, "H": 2, "N": 150, "P": 2}),
                                          ("based_split", {"B": 1, "H": 2, "N": 150, "P": 2})])
 def test_based_segments_emulated_agree_with_the_interpreter(kernel: str, dims: dict) -> None:
-    case = Case("based.tk", {"SEG": 64}, _based, 3, kernel=kernel)
+    case = Case("based.tk", {}, _based, 3, kernel=kernel)
     tile_ir = _compile(case, "tkir").kernel_op
     args = random_args(tile_ir, dims, 2)
     want, got = interpret_and_emulate(tile_ir, lowered(lambda stop: _compile(case, stop)).kernel_op, args, 2)
@@ -154,6 +155,7 @@ def test_segments_fill_the_program_slots_heads_leave_empty() -> None:
     assert segments_for(16, 16, 4096, 132) == 1     # 256 heads fill them
     assert segments_for(1, 1, 4096, 132) == 4       # segments of at least 1024 rows
     assert segments_for(1, 2, 100, 132) == 1
+    assert segments_for(1, 1, 1 << 20, 132) == 32     # at most 32: segment p reads p states
 
 
 def test_based_arguments_it_does_not_take_are_tkc_errors() -> None:

@@ -24,16 +24,20 @@ __all__ = ["based", "segments_for"]
 
 KERNELS = {name: load(path("based.tk"), name) for name in ("based", "based_states", "based_split")}
 C = 64  # rows a chunk (the kernels' default)
-#: Programs of ``based_split`` an SM holds (ptxas: 216 registers, 128 threads).
+#: Programs of ``based_split`` an SM holds (ptxas: 252 registers, 128 threads).
 PROGRAMS_AN_SM = 2
 #: The shortest segment: each segment adds the states of those before it (40 KB each) once.
 MIN_SEGMENT = 1024
+#: The most segments a head: segment p reads the p states before it, so the reads grow as the
+#: square of the count (32: 496 reads of 40 KB a head).
+MAX_SEGMENTS = 32
 
 
 def segments_for(B: int, H: int, N: int, sms: int) -> int:
     """How many segments a head's N rows go in on a GPU of ``sms`` SMs: as many as fill the
-    SMs' program slots that B * H heads leave empty, each at least MIN_SEGMENT rows."""
-    return max(1, min((PROGRAMS_AN_SM * sms) // max(B * H, 1), N // MIN_SEGMENT))
+    SMs' program slots that B * H heads leave empty, each at least MIN_SEGMENT rows, at most
+    MAX_SEGMENTS."""
+    return max(1, min((PROGRAMS_AN_SM * sms) // max(B * H, 1), N // MIN_SEGMENT, MAX_SEGMENTS))
 
 
 def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
@@ -67,13 +71,14 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | Non
         raise TkcUsageError(f"tkc.ops.based: segments is a positive int, got {segments!r}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(v)
-    SEG = -(-N // (segments * C)) * C if N else C  # whole chunks a segment
-    P = max(-(-N // SEG) - 1, 0)  # segments before the last
+    # Whole chunks a segment; the kernels make the same seg from N and P.
+    seg = -(-N // (segments * C)) * C if N else C
+    P = max(-(-N // seg) - 1, 0)  # segments before the last
     if P == 0:
         _run("based", q, k, v, o)
         return o
     s0 = torch.empty(B, H, P, 64, dtype=torch.float32, device=q.device)
     st = torch.empty(B, H, P, 64, 160, dtype=torch.float32, device=q.device)
-    _run("based_states", k, v, s0, st, SEG=SEG)
-    _run("based_split", q, k, v, o, s0, st, SEG=SEG)
+    _run("based_states", k, v, s0, st)
+    _run("based_split", q, k, v, o, s0, st)
     return o

@@ -149,7 +149,7 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
 def launches(u: torch.Tensor, f: Filter, BB: int | None = None,
              scale_rows: bool = True) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
     """The launches of ``fft_conv(u, f)`` in order, as (name, call), and the output they
-    write: each row's norm (torch, with ``scale_rows``), then the kernels.  ``BB``: the rows of
+    write: each row's scale (``row_norms``, with ``scale_rows``), then the kernels.  ``BB``: the rows of
     a channel a program takes (None: the plan's)."""
     p, c = f.plan, f.consts
     BB = p.BB if BB is None else BB
@@ -166,12 +166,14 @@ def launches(u: torch.Tensor, f: Filter, BB: int | None = None,
     u = u.contiguous()
     y = torch.empty_like(u)
     BP = (BB + 1) // 2  # rows go in pairs, one complex row each: BB rounds up to an even count
-    # The kernels take each row of a pair at unit scale (its norm; 0, a row of zeros) and give
-    # its output back at its own; a norm of 1 leaves the rows as they are.
+    # The kernels take each row of a pair at unit scale (row_norms: a power of two near its
+    # norm; 0, a row of zeros) and give its output back at its own; a scale of 1 leaves the rows
+    # as they are.
     if scale_rows:
         norms = torch.empty(B, H, dtype=torch.float32, device=u.device)
-        # 16 rows a program at 1k, else one (4.0-4.4 TB/s from 4k on an H200, benchmarks/RESULTS.md)
-        BM, BN = (16, 1024) if N == 1024 else (1, min(N, 4096))
+        # 16 rows a program at 1k, else one (a plain sum of squares ran at 4.0-4.4 TB/s from 4k
+        # on an H200, benchmarks/RESULTS.md)
+        BM, BN = (16, 512) if N == 1024 else (1, min(N, 4096))
         first = [("row_norms", partial(_run, "row_norms", u.view(B * H, N), norms.view(B * H), BM=BM, BN=BN))]
     else:
         norms, first = torch.ones(B, H, dtype=torch.float32, device=u.device), []
