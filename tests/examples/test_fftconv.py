@@ -21,6 +21,7 @@ from device_checks import assert_no_spills, interpret_and_emulate, lowered, need
 import tkc.ops.fftconv as fc
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcUsageError
+from tkc.kernel import interpret
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
@@ -71,10 +72,11 @@ def test_a_row_beside_one_of_another_scale_is_as_close_as_alone(N: int, ratio: f
     got = fc.fft_conv(u, k)
     _row_close(got, u, k)
     assert (got[2] == 0).all()
-    # Rows whose squares over- or underflow f32 (values near 1e18, 1e-25) are scaled as well.
+    # Rows whose squares over- or underflow f32 (values near 1e18, 1e-25) are scaled as well,
+    # in either order in their pair (scales 2^200 apart: no ratio of the two is formed).
     extreme = u.clone()
-    extreme[0] = u[4] * 1e18
-    extreme[1] = u[4] * 1e-25
+    extreme[0] = extreme[3] = u[4] * 1e18
+    extreme[1] = extreme[2] = u[4] * 1e-25
     _row_close(fc.fft_conv(extreme, k), extreme, k)
     _row_close(fc.fft_conv(u, k, pairs=False), u, k)
     # Without the scaling the pair rounds at its larger row's scale: row 1 beside row 0 is off.
@@ -209,6 +211,17 @@ def test_row_norms_emulated_agree_with_the_interpreter(BM: int, BN: int, R: int,
     scale = want[1].astype(np.float64)
     assert scale[-1] == 0 and (np.frexp(scale[:-1])[0] == 0.5).all()  # powers of two
     assert ((norm[:-1] / scale[:-1] >= 0.99) & (norm[:-1] / scale[:-1] < 2.01)).all(), norm / scale
+
+
+def test_row_norms_clamps_rows_past_the_normal_range() -> None:
+    """Rows whose norm is a bf16 subnormal (their largest value's reciprocal overflows f32)
+    take 2^-126, rows near bf16's largest value 2^126; none is NaN.  2048 values of 1e-39 make
+    a normal norm (2^-125)."""
+    u = torch.tensor([[1e-39] + [0.0] * 2047, [9.2e-41] + [0.0] * 2047, [1e-39] * 2048,
+                      [3e38] * 2048]).to(torch.bfloat16)
+    n = torch.zeros(4)
+    interpret(fc.KERNELS["row_norms"], u, n, BM=1, BN=2048)
+    assert n.tolist() == [2.0 ** -126, 2.0 ** -126, 2.0 ** -125, 2.0 ** 126]
 
 
 @needs_ptxas
