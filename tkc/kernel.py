@@ -267,7 +267,11 @@ class Kernel:
                 compiled = self.specialize(**consts)
             _launch()(compiled, args, grid=grid)
         except TkcTmaStrideError:
-            if consts.get("tma_vectors"):
+            # The pin as the caller set it, or as the kernel's own default has it (attn_train.tk
+            # turns it on for D = 128 without a mask).
+            vectors = consts.get("tma_vectors", (self.specialize(**consts).kernel_op.attributes.get("consts")
+                                                 or {}).get("tma_vectors"))
+            if vectors:
                 # A vector's tensor (lse: f32[B, H, N], N not a multiple of 4): loaded per
                 # thread again, the tiles still by TMA.
                 consts = {**consts, "tma_vectors": False}

@@ -42,6 +42,24 @@ def _args(N: int, D: int, B: int = 1, H: int = 4, KVH: int = 2) -> list:
     return [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5]
 
 
+def _assert_vectors_ride_tile_rings(kernel, body) -> None:
+    """Each vector's copy completes on a full barrier a tile's copy completes on too (its stage
+    is freed with that tile's: no barriers of its own, no per-thread release), and its read
+    comes after the loop's first product's wait (moved down to its use)."""
+    copies = [op for op in kernel.walk() if op.name == "hopper.tma_load"]
+
+    def ring(op):  # the barrier ring a copy completes on
+        bar = op.operands[2]
+        return bar.owner.operands[0] if bar.owner.name == "hopper.stage" else bar
+
+    tiles = {ring(op) for op in copies if not all(x == 1 for x in op.box[:-1])}
+    vectors = [op for op in copies if all(x == 1 for x in op.box[:-1])]
+    assert vectors and all(ring(op) in tiles for op in vectors)
+    assert not any(op.name == "hopper.mbarrier_arrive" and op.attributes.get("threads") for op in body)
+    first_wait = next(i for i, op in enumerate(body) if op.name == "hopper.wgmma_wait")
+    assert all(i > first_wait for i, op in enumerate(body) if op.name == "hopper.smem_load")
+
+
 def _loop(kernel):
     return next(op for op in kernel.walk() if op.name == "tile.for"
                 and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
@@ -69,9 +87,7 @@ def test_emulator_matches_interpreter(D: int, causal: bool, tiles: dict, N: int)
     assert names.count("hopper.smem_load") == 2 and "hopper.load" not in names
     vectors = [op for op in kernel.walk() if op.name == "hopper.tma_load" and all(x == 1 for x in op.box[:-1])]
     assert len({op.tensor.name_hint for op in vectors}) == 2
-    reads = [i for i, op in enumerate(body) if op.name == "hopper.smem_load"]
-    for i in reads:  # each read released right behind it, by every thread
-        assert body[i + 2].name == "hopper.mbarrier_arrive" and body[i + 2].attributes.get("threads")
+    _assert_vectors_ride_tile_rings(kernel, body)
     emulate(kernel, args, seed=5)
     assert_atomics_close(args, want, (6, 7, 8))
 
@@ -93,8 +109,8 @@ def test_a_read_before_its_stage_landed_is_caught() -> None:
     ops = block.ops
     read = next(op for op in ops if op.name == "hopper.smem_load")
     stage = read.src.owner  # the ring's stage this iteration reads
-    wait = ops[ops.index(stage) - 1]
-    assert stage.name == "hopper.stage" and wait.name == "hopper.mbarrier_wait"
+    wait = next(op for op in ops if op.name == "hopper.mbarrier_wait")  # the iteration's first
+    assert stage.name == "hopper.stage" and ops.index(wait) < ops.index(stage)
     for op in (stage, read):
         ops.remove(op)
         ops.insert(ops.index(wait), op)
@@ -104,7 +120,7 @@ def test_a_read_before_its_stage_landed_is_caught() -> None:
 
 def test_the_hopper_ir_round_trips_and_verifies() -> None:
     text = _hopper(_consts(64, True, SMALL["attn_bwd"])).asm["hopper"]
-    assert "hopper.smem_load" in text and "threads = true" in text
+    assert "hopper.smem_load" in text
     module = parse_module(text, "k.hopper.tkir")
     verify(module)
     assert print_module(module) == text
@@ -205,6 +221,10 @@ def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None
     assert (names.count("hopper.smem_load"), names.count("hopper.load")) == ((1, 0) if rides else (0, 1))
     if not rides:
         return
+    # Its read is the loop's last use of a stage (behind the product's wait): no product
+    # issued after it frees a tile's stage, so the vector keeps rings of its own, released
+    # by every thread right behind the read.
+    assert any(op.name == "hopper.mbarrier_arrive" and op.attributes.get("threads") for op in kernel.walk())
     B, M, N, D = 2, 200, 100, 64  # tails of 8 rows of x and of s
     g = torch.Generator().manual_seed(11)
     args = [torch.randn(M, D, generator=g).bfloat16(), torch.randn(N, D, generator=g).bfloat16(),
@@ -213,3 +233,37 @@ def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None
     run_kernel(compile_kernel(source, ON, stop="tkir", cache=False).kernel_op, want)
     emulate(kernel, args, seed=2)
     torch.testing.assert_close(args[3], want[3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal, retried", [(False, True), (True, False)])
+def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkeypatch, causal: bool,
+                                                                          retried: bool) -> None:
+    """attn_bwd turns tma_vectors on by itself (D = 128, no mask).  A launch whose lse TMA
+    cannot read (N not a multiple of 4: a row stride that is no multiple of 16 bytes) retries
+    with the pin off and keeps the tiles' TMA, as it does when the caller sets the pin."""
+    import sys
+
+    from tkc.errors import TkcTmaStrideError
+
+    kernel_mod = sys.modules["tkc.kernel"]
+
+    launched, refused = [], []
+
+    def launch(compiled, args, grid=None):
+        consts = compiled.kernel_op.attributes["consts"]
+        if consts.get("tma_vectors"):
+            refused.append(compiled)
+            raise TkcTmaStrideError("error: lse: axis 1 has a stride of 4004 bytes")
+        launched.append({c: consts.get(c) for c in ("tma_vectors", "tma")})
+
+    monkeypatch.setattr(kernel_mod, "_launch", lambda: launch)
+    monkeypatch.setattr(kernel_mod, "_any_cuda", lambda args: True)
+    monkeypatch.setattr(kernel_mod, "interpret_requested", lambda: False)
+    k = kernel_mod.load(EXAMPLE, "attn_bwd")
+    B, H, N, D = 1, 2, 1001, 128
+    q = torch.zeros(B, H, N, D).bfloat16()
+    args = [q, q, q, q, torch.zeros(B, H, N), torch.zeros(B, H, N), torch.zeros(B, H, N, D), q, q, 0.1]
+    k(*args, D=D, causal=causal)
+    # Once launched, with the tiles still by TMA (no tma=False), after one refusal when the
+    # pin was on by default.
+    assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == int(retried)

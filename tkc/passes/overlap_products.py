@@ -19,7 +19,8 @@ before the first that cannot:
 - the block's end (a loop-carried accumulator is waited for before the next iteration).
 
 Register-only tile ops, other products' issues, waits that leave products in flight, waits for
-a ring's full barrier and stage views pass.  A stage's release (``hopper.mbarrier_arrive``) met
+a ring's full barrier, stage views and the threads' reads of shared memory (``hopper.smem_load``:
+a product only reads shared memory too) pass.  A stage's release (``hopper.mbarrier_arrive``) met
 on the way goes down with the wait, right behind it: a release may come later, never earlier.
 Once the wait carries one it passes no barrier's wait, which that release might be what
 completes.  A wait that moved past ``n`` issues of later products gets ``pending = n``: groups
@@ -44,7 +45,8 @@ from tkc.target import Target
 #: Hopper ops a wait may pass: they neither read nor write a shared tile an in-flight product
 #: reads, nor meet other threads.
 _PASSABLE = frozenset({"hopper.wgmma", "hopper.wgmma_wait", "hopper.mbarrier_wait", "hopper.stage",
-                       "hopper.load"})  # a load from global memory straight into registers
+                       "hopper.load",  # a load from global memory straight into registers
+                       "hopper.smem_load"})  # a read: products only read shared memory too
 
 
 def overlap_products(module: Module, options: Options, target: Target) -> None:
