@@ -176,17 +176,19 @@ def test_the_tiles_only_copies_write() -> None:
     assert names == {"q_smem", "do_smem", "v_smem"}, names
 
 
-def test_a_product_of_copied_tiles_stays_in_flight_across_a_barrier() -> None:
-    """Attention backward's dV += P^T dO (P^T from registers, dO from its ring) runs under dS's
-    store, the barrier that hands dS^T to dQ's product and that product's issue; dQ's product,
-    which reads dS^T, is waited for before the next store."""
+def test_a_product_of_copied_tiles_stays_in_flight_across_a_store() -> None:
+    """Attention backward's dV += P^T dO (P^T from registers, dO from its ring), issued behind
+    dQ's product, runs under the staging of dQ's result in shared memory, its TMA reduction
+    and dK's issue; dQ's product, which reads dS^T (a tile the threads store), is waited for
+    before that staging store, with dV still in flight (its A fragments converted in registers
+    on the way)."""
     _, ops = _attn_bwd_loop()
     names = [op.name for op in ops]
-    products = [op for op in ops if op.name == "hopper.wgmma"]
-    dv, dq = products[2], products[3]
+    dq, dv, dk = [op for op in ops if op.name == "hopper.wgmma"][2:]
     dv_wait = next(i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait" and op.x is dv.result)
     dq_wait = next(i for i, op in enumerate(ops) if op.name == "hopper.wgmma_wait" and op.x is dq.result)
-    barrier = names.index("hopper.barrier")
-    assert names.index("hopper.smem_store") < barrier < ops.index(dq) < dv_wait < dq_wait, names
-    assert ops[dv_wait].pending == 1 and names[dv_wait + 1] == "hopper.mbarrier_arrive"
-    assert "hopper.smem_store" not in names[ops.index(dq):dq_wait]
+    staging = names.index("hopper.smem_store", dq_wait)
+    reduce = names.index("hopper.tma_store", dq_wait)
+    assert ops.index(dq) < ops.index(dv) < dq_wait < staging < reduce < ops.index(dk) < dv_wait, names
+    assert ops[dq_wait].pending == 1 and ops[dv_wait].pending == 1  # dV, then dK in flight
+    assert names[dv_wait + 1] == "hopper.mbarrier_arrive"  # dO's stage released behind dV

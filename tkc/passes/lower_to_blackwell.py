@@ -342,6 +342,11 @@ class _Lowering:
         products = [op for op in body.ops if op.name == "hopper.wgmma"]
         if len(products) < 2 or any(op.name == "hopper.wgmma" for p in body.ops if p.regions for op in p.walk()):
             return None
+        if any(op.name == blackwell.MmaOp.name for op in body.ops):
+            # Products read at once are in the loop too (attention backward's S^T, dP^T and
+            # dQ^T, lowered before dV and dK when those come last): not a K loop, whose
+            # products only accumulate; each of these is a product of its own.
+            return None
         users = uses(self.kernel)
         if any(self._carried_sum(p, loop, users) is None or not (hopper._smem(p.a.type) and hopper._smem(p.b.type))
                for p in products):

@@ -12,23 +12,25 @@ before the first that cannot:
 - an op that touches shared memory or synchronizes threads (a store for a later product's
   operand, a barrier, a reduction or layout change through shared memory, a turn): an
   in-flight product may still read the shared tiles they hand over.  Stores, proxy fences,
-  waits for TMA stores to have read their tile and barriers are passed while every product in
-  flight reads only tiles that TMA alone writes (a ring's stages, a tile copied in once: no
+  TMA stores, waits for TMA stores to have read their tile and barriers are passed while every
+  product in flight reads only tiles that TMA alone writes (a ring's stages, a tile copied in once: no
   thread stores into them anywhere in the kernel, and their stages come back only through the
   releases the wait carries);
 - the block's end (a loop-carried accumulator is waited for before the next iteration).
 
-Register-only tile ops, other products' issues, waits that leave products in flight, waits for
-a ring's full barrier, stage views and the threads' reads of shared memory (``hopper.smem_load``:
-a product only reads shared memory too) pass.  A stage's release (``hopper.mbarrier_arrive``) met
+Register-only tile ops (and ``hopper.convert_layout`` without a scratch tile: each thread keeps
+its values), other products' issues, waits that leave products in flight, waits for a ring's
+full barrier, stage views and the threads' reads of shared memory (``hopper.smem_load``: a
+product only reads shared memory too) pass.  A stage's release (``hopper.mbarrier_arrive``) met
 on the way goes down with the wait, right behind it: a release may come later, never earlier.
 Once the wait carries one it passes no barrier's wait, which that release might be what
 completes.  A wait that moved past ``n`` issues of later products gets ``pending = n``: groups
 complete in order, so at most ``n`` younger ones may still be in flight when it passes.
 Attention's backward (examples/attn_train.tk, D = 128) issues its two score products ``K Q^T``
 and ``V dO^T`` one after the other: ``V dO^T`` then runs under the exponentials of ``K Q^T``'s
-scores and their edge mask, and ``dV += P^T dO`` (P^T from registers, dO from its ring) under
-the work on dS, its store for ``dQ``'s product, the barrier and that product's issue.
+scores and their edge mask, and ``dV += P^T dO`` (P^T from registers, dO from its ring),
+which the example issues right behind ``dQ^T = K^T dS^T``, under the staging of dQ's result, its
+TMA reduction and dK's issue.
 
 Runs after ``defer-last``, before ``multicast``.  Must not: move an op other than a wait and
 the releases behind it, move a release earlier, or let any op read a product before its wait.
@@ -69,6 +71,10 @@ def _passable(op: Operation) -> bool:
         return op.name == "tile.if" and all(_register_only(inner) for inner in op.walk() if inner is not op)
     if op.name in _PASSABLE:
         return True
+    if op.name == "hopper.convert_layout":
+        # Without a scratch tile each thread keeps its values (a product's bf16 result taken as
+        # the next product's A fragments): register work.
+        return not op.scratch
     return _register_only(op)
 
 
@@ -83,7 +89,7 @@ def _reads(op: Operation, values: set) -> bool:
 #: Ops that write or hand over shared memory that a product may pass when every tile the
 #: products in flight read is one only TMA writes (see ``_copied_only``).
 _THREAD_MEMORY = frozenset({"hopper.smem_store", "hopper.fence_proxy_async", "hopper.tma_store_wait",
-                            "hopper.barrier"})
+                            "hopper.barrier", "hopper.tma_store"})
 
 
 def _copied_only(kernel: Operation) -> set[Value]:
