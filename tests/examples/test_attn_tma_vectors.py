@@ -93,7 +93,7 @@ def test_emulator_matches_interpreter(D: int, causal: bool, tiles: dict, N: int)
 
 
 def test_the_pin_off_keeps_the_per_thread_loads() -> None:
-    names = [op.name for op in _hopper({"D": 64, **SMALL["attn_bwd"]}).kernel_op.walk()]
+    names = [op.name for op in _hopper({"D": 64, **SMALL["attn_bwd"], "tma_vectors": False}).kernel_op.walk()]
     assert "hopper.smem_load" not in names and names.count("hopper.load") == 2
 
 
@@ -267,3 +267,23 @@ def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkey
     # Once launched, with the tiles still by TMA (no tma=False), after one refusal when the
     # pin was on by default.
     assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == int(retried)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_vectors_cost_no_stage_at_d64(causal: bool) -> None:
+    """At D = 64 lse's and delta's stages (1 KB a stage) would cost Q's and dO's ring its third
+    stage; dV's epilogue goes through K's tile instead (loaded once, read only by products
+    before it), so the ring keeps three, as without the vectors, where every epilogue keeps a
+    tile of its own."""
+    def ring_and_epilogues(vectors: bool):
+        kernel = _hopper({"D": 64, "causal": causal, "tma_vectors": vectors}).kernel_op
+        stages = {op.result.name_hint: op.attributes.get("stages", 1) for op in kernel.walk()
+                  if op.name == "hopper.smem_alloc"}
+        into = [op.operands[1].name_hint for op in kernel.walk() if op.name == "hopper.tma_store"]
+        return stages, into
+
+    stages, into = ring_and_epilogues(True)
+    assert stages["q_smem"] == stages["do_smem"] == stages["lse_smem"] == 3
+    assert "k_smem" in into and "dv_out" not in stages
+    stages, into = ring_and_epilogues(False)
+    assert stages["q_smem"] == stages["do_smem"] == 3 and "dv_out" in into

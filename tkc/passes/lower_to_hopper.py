@@ -82,6 +82,11 @@ def lower_to_hopper(module: Module, options: Options, target: Target) -> None:
             _Lowering(kernel, options, target).run()
 
 
+def _copies_a_vector(ld: Operation) -> bool:
+    """Whether the TMA copy ``ld`` moves a 1-D vector (``hopper.is_vector_box``)."""
+    return is_vector_box(ld.box, ld.operands[1].type.layout)
+
+
 def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
@@ -399,7 +404,8 @@ class _Lowering:
         swizzle), so that the ring keeps its four stages there too.
 
         When those bytes would leave a loop's copies no room for a second stage (attention at
-        D = 256 with 80-row K and V blocks: Q 64 KB and two stages of K and V 160 KB), a tile
+        D = 256 with 80-row K and V blocks: Q 64 KB and two stages of K and V 160 KB), or, where
+        the loops copy 1-D vectors too, a stage those vectors would cost (``_stages_to_keep``), a tile
         the kernel TMA-loads once, outside every loop, and then only reads with products that
         all come before the store (attention's Q, when a program computes one tile) stages
         the epilogue instead, whole, after a wait that brings every warpgroup past its last
@@ -421,7 +427,8 @@ class _Lowering:
             while (cols // acc.warpgroups) % width and width % 16 == 0:
                 width //= 2
         reused = None
-        if not self._leaves_two_stages(min(cols // width, 2) * rows * width * eb):
+        staging = min(cols // width, 2) * rows * width * eb
+        if self._ring_stages(staging) < self._stages_to_keep(staging):
             reused = self._reused_staging(op, layout)
             if reused is not None:
                 width = cols
@@ -465,19 +472,42 @@ class _Lowering:
     def _leaves_two_stages(self, staging: int) -> bool:
         """Whether ``staging`` more bytes of shared memory leave the tiles copied in loops room
         for two stages (``pipeline-loops``' rule, ``ring_room``, all such tiles as one ring)."""
+        return self._ring_stages(staging) >= 2
+
+    def _ring_stages(self, staging: int, vectors: bool = True) -> int:
+        """The stages the tiles copied in loops get beside ``staging`` more bytes of shared
+        memory (``pipeline-loops``' rule, ``ring_room``, all such tiles as one ring; a large
+        number where no loop copies anything), counting the 1-D vectors the pin
+        ``tma_vectors`` copies with them or not."""
         capacity = self.target.smem_per_program(self.options.programs_per_sm)
-        looped = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)]
+        looped = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)
+                  and (vectors or not _copies_a_vector(ld))]
         ring = {ld.operands[1] for ld in looped}
         others, group = staging, 0
         for op in self.body.ops:
             if op.name == "hopper.smem_alloc":
                 if op.result in ring:
                     group += op.stride
-                else:
+                elif vectors or not any(ld.operands[1] is op.result and _copies_a_vector(ld)
+                                        for ld in self.kernel.walk() if ld.name == "hopper.tma_load"):
                     others += op.stride
             elif op.name == "hopper.mbarrier_alloc":
                 others += op.stride
-        return not ring or ring_room(capacity, others, len(looped)) >= 2 * group
+        return ring_room(capacity, others, len(looped)) // group if ring else 1 << 30
+
+    def _stages_to_keep(self, staging: int) -> int:
+        """The stages an epilogue's ``staging`` bytes must leave the loops' rings, or a loaded-once
+        tile stages it instead (``_reused_staging``): two; and on wgmma targets, where the
+        loops copy 1-D vectors beside their tiles (``tma_vectors``), as many as the rings
+        would have without the vectors' bytes, up to three: a few hundred bytes must not cost
+        a ring a stage (attention backward at D = 64: lse and delta would take Q's and dO's
+        third, 0.82-0.90x; with dV's epilogue through K's tile they keep it, 1.02-1.07x over
+        the vectors loaded per thread on an H200).  (sm_100a's rings share their bytes with
+        the products' staging, which is added later: left as it is.)"""
+        if self.target.mma != "wgmma" or not any(ld.name == "hopper.tma_load" and self._in_loop(ld)
+                                                 and _copies_a_vector(ld) for ld in self.kernel.walk()):
+            return 2
+        return max(2, min(3, self._ring_stages(staging, vectors=False)))
 
     def _reused_staging(self, op: Operation, layout: SharedLayout) -> Value | None:
         """A shared tile of the staging's type that ``op``'s epilogue may write instead of new
