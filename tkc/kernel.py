@@ -80,6 +80,10 @@ class Kernel:
         self._compiled: dict[tuple, Module] = {}
         self._specialized: dict[tuple, Any] = {}
         self._schedules: dict[tuple, Any] = {}  # (target, consts key) -> tkc.schedule.Chooser or None
+        # (target, consts key) -> compilations a launch fell back to where TMA could not take a
+        # tensor's strides (tma_vectors off, or tma off): tried, by their plans, before the
+        # failing compilation is tried again.
+        self._fallbacks: dict[tuple, list] = {}
         from tkc.frontend.parser import parse
 
         # Parse now so a syntax error shows at import time, like Python's own.
@@ -117,7 +121,7 @@ class Kernel:
         self = cls.__new__(cls)
         self.fn, self.name, self.file, self.first_line = None, chosen[0].name, file, 1
         self.source = self._text = text
-        self._compiled, self._specialized, self._schedules = {}, {}, {}
+        self._compiled, self._specialized, self._schedules, self._fallbacks = {}, {}, {}, {}
         self._tree, self._def = tree, chosen[0]
         self.__doc__, self.__name__ = None, self.name
         self._python_function = False
@@ -252,6 +256,11 @@ class Kernel:
             if schedule is not None:
                 schedule.last = compiled
             return
+        # A launch like an earlier one that TMA's strides sent to a fallback (attention
+        # backward's lse with N not a multiple of 4): its plan, without the refusal again.
+        for fallback in self._fallbacks.get((self.target, key), ()):
+            if _runtime is not None and _runtime.launch_planned(fallback, args, grid) is not None:
+                return
         if not _any_cuda(args):
             raise TkcLaunchError(f"'{self.name}' runs on a GPU and takes CUDA torch tensors, got none; set "
                                  "TKC_INTERPRET=1 (or call tkc.interpret) to run it in the interpreter on the CPU")
@@ -267,8 +276,9 @@ class Kernel:
                 compiled = self.specialize(**consts)
             _launch()(compiled, args, grid=grid)
         except TkcTmaStrideError:
+            fallbacks = self._fallbacks.setdefault((self.target, key), [])
             # The pin as the caller set it, or as the kernel's own default has it (attn_train.tk
-            # turns it on for D = 128 without a mask).
+            # turns it on at D = 64 and at D = 128 without a mask).
             vectors = consts.get("tma_vectors", (self.specialize(**consts).kernel_op.attributes.get("consts")
                                                  or {}).get("tma_vectors"))
             if vectors:
@@ -276,7 +286,10 @@ class Kernel:
                 # thread again, the tiles still by TMA.
                 consts = {**consts, "tma_vectors": False}
                 try:
-                    _launch()(self.specialize(**consts), args, grid=grid)
+                    fallback = self.specialize(**consts)
+                    _launch()(fallback, args, grid=grid)
+                    if all(f is not fallback for f in fallbacks):
+                        fallbacks.append(fallback)
                     return
                 except TkcTmaStrideError:
                     pass
@@ -284,7 +297,10 @@ class Kernel:
                 raise  # the caller chose; do not second-guess it
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
-            _launch()(self.specialize(**consts, tma=False), args, grid=grid)
+            fallback = self.specialize(**consts, tma=False)
+            _launch()(fallback, args, grid=grid)
+            if all(f is not fallback for f in fallbacks):
+                fallbacks.append(fallback)
             return
         if schedule is not None:
             schedule.last = compiled

@@ -247,7 +247,7 @@ def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkey
 
     kernel_mod = sys.modules["tkc.kernel"]
 
-    launched, refused = [], []
+    launched, refused, planned = [], [], []
 
     def launch(compiled, args, grid=None):
         consts = compiled.kernel_op.attributes["consts"]
@@ -255,18 +255,31 @@ def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkey
             refused.append(compiled)
             raise TkcTmaStrideError("error: lse: axis 1 has a stride of 4004 bytes")
         launched.append({c: consts.get(c) for c in ("tma_vectors", "tma")})
+        planned.append(compiled)
+
+    class Runtime:  # the runtime's plans: a compilation launched before launches again at once
+        @staticmethod
+        def launch_planned(compiled, args, grid):
+            if any(c is compiled for c in planned):
+                launched.append("planned")
+                return True
+            return None
 
     monkeypatch.setattr(kernel_mod, "_launch", lambda: launch)
     monkeypatch.setattr(kernel_mod, "_any_cuda", lambda args: True)
     monkeypatch.setattr(kernel_mod, "interpret_requested", lambda: False)
+    monkeypatch.setattr(kernel_mod, "_runtime", Runtime)
     k = kernel_mod.load(EXAMPLE, "attn_bwd")
     B, H, N, D = 1, 2, 1001, 128
     q = torch.zeros(B, H, N, D).bfloat16()
     args = [q, q, q, q, torch.zeros(B, H, N), torch.zeros(B, H, N), torch.zeros(B, H, N, D), q, q, 0.1]
     k(*args, D=D, causal=causal)
     # Once launched, with the tiles still by TMA (no tma=False), after one refusal when the
-    # pin was on by default.
+    # pin was on by default; a second call launches the same compilation by its plan, without
+    # being refused again.
     assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == int(retried)
+    k(*args, D=D, causal=causal)
+    assert launched[1:] == ["planned"] and len(refused) == int(retried)
 
 
 @pytest.mark.parametrize("causal", [False, True])
