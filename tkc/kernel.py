@@ -279,8 +279,8 @@ class Kernel:
             fallbacks = self._fallbacks.setdefault((self.target, key), [])
             # The pin as the caller set it, or as the kernel's own default has it (attn_train.tk
             # turns it on at D = 64 and at D = 128 without a mask).
-            vectors = consts.get("tma_vectors", (self.specialize(**consts).kernel_op.attributes.get("consts")
-                                                 or {}).get("tma_vectors"))
+            vectors = consts["tma_vectors"] if "tma_vectors" in consts else \
+                (self.specialize(**consts).kernel_op.attributes.get("consts") or {}).get("tma_vectors")
             if vectors:
                 # A vector's tensor (lse: f32[B, H, N], N not a multiple of 4): loaded per
                 # thread again, the tiles still by TMA.

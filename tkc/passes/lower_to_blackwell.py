@@ -342,7 +342,7 @@ class _Lowering:
         products = [op for op in body.ops if op.name == "hopper.wgmma"]
         if len(products) < 2 or any(op.name == "hopper.wgmma" for p in body.ops if p.regions for op in p.walk()):
             return None
-        if any(op.name == blackwell.MmaOp.name for op in body.ops):
+        if any(op.name == blackwell.MmaOp.name for op in loop.walk()):
             # Products read at once are in the loop too (attention backward's S^T, dP^T and
             # dQ^T, lowered before dV and dK when those come last): not a K loop, whose
             # products only accumulate; each of these is a product of its own.

@@ -480,16 +480,16 @@ class _Lowering:
         number where no loop copies anything), counting the 1-D vectors the pin
         ``tma_vectors`` copies with them or not."""
         capacity = self.target.smem_per_program(self.options.programs_per_sm)
-        looped = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load" and self._in_loop(ld)
-                  and (vectors or not _copies_a_vector(ld))]
+        copies = [ld for ld in self.kernel.walk() if ld.name == "hopper.tma_load"]
+        left_out = set() if vectors else {ld.operands[1] for ld in copies if _copies_a_vector(ld)}
+        looped = [ld for ld in copies if self._in_loop(ld) and ld.operands[1] not in left_out]
         ring = {ld.operands[1] for ld in looped}
         others, group = staging, 0
         for op in self.body.ops:
             if op.name == "hopper.smem_alloc":
                 if op.result in ring:
                     group += op.stride
-                elif vectors or not any(ld.operands[1] is op.result and _copies_a_vector(ld)
-                                        for ld in self.kernel.walk() if ld.name == "hopper.tma_load"):
+                elif op.result not in left_out:
                     others += op.stride
             elif op.name == "hopper.mbarrier_alloc":
                 others += op.stride

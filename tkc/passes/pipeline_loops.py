@@ -433,26 +433,32 @@ class _Pipeliner:
     def _vector_hosts(body: Block, g: _Group, first_use: list[Operation]) -> dict[int, int]:
         """For each load of the group that the threads read themselves (a ``tma_vectors``
         vector, read by ``hopper.smem_load``), the load whose rings it may ride: a tile whose
-        stage is waited for before the read and released behind a product issued after it
-        (a wgmma is issued by the four warps of its warpgroup together, so the thread that
-        releases the stage arrives only once every warp of its warpgroup is past the read).
-        Of those, the tile first read last, so the read waits for nothing it would not
-        anyway.  The vector's bytes then complete on that tile's full barrier and its stage
-        is freed with the tile's: no barriers of its own to wait on and arrive at each
-        iteration (attention backward's lse and delta ride Q's ring: 1.06x on an H200 over
-        their own rings, benchmarks/RESULTS.md)."""
+        stage is waited for before the read and released behind a product that reads the
+        tile and takes an operand computed from the read (each warp's read has returned
+        before it issues its part of that wgmma, and the wgmma completes only once all four
+        warps of the warpgroup have issued it, so the thread that releases the stage behind
+        its wait arrives after every warp's read).  Of those, the tile first read last, so
+        the read waits for nothing it would not anyway.  The vector's bytes then complete on
+        that tile's full barrier and its stage is freed with the tile's: no barriers of its
+        own to wait on and arrive at each iteration (attention backward's lse rides dO's ring
+        and delta Q's: 1.06x on an H200 over the per-thread loads, 1.11x over rings of their
+        own, benchmarks/RESULTS.md)."""
         pos = {id(op): i for i, op in enumerate(body.ops)}
         hosts: dict[int, int] = {}
         for k, first in enumerate(first_use):
             if first.name != "hopper.smem_load":
                 continue
             read = pos[id(first)]
+            derived = {first.result}  # what the body computes from the read, after it
+            for op in body.ops[read + 1:]:
+                if any(x in derived for inner in op.walk() for x in inner.operands):
+                    derived.update(r for inner in op.walk() for r in inner.results)
             best = None
             for j, (ld, tfirst) in enumerate(zip(g.loads, first_use)):
                 if tfirst.name == "hopper.smem_load" or pos[id(tfirst)] > read:
                     continue
                 issued_after = any(op.name == "hopper.wgmma" and _chain_reads(op.result, [ld.dst])
-                                   for op in body.ops[read + 1:])
+                                   and any(x in derived for x in op.operands) for op in body.ops[read + 1:])
                 if issued_after and (best is None or pos[id(tfirst)] > pos[id(first_use[best])]):
                     best = j
             if best is not None:
