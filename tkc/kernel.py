@@ -275,7 +275,8 @@ class Kernel:
                 schedule.picked[schedule.key(args, grid)] = (consts, consts_key(consts))
                 compiled = self.specialize(**consts)
             _launch()(compiled, args, grid=grid)
-        except TkcTmaStrideError:
+        except TkcTmaStrideError as e:
+            refused = e
             fallbacks = self._fallbacks.setdefault((self.target, key), [])
             # The pin as the caller set it, or as the kernel's own default has it (attn_train.tk
             # turns it on at D = 64 and at D = 128 without a mask).
@@ -291,10 +292,10 @@ class Kernel:
                     if all(f is not fallback for f in fallbacks):
                         fallbacks.append(fallback)
                     return
-                except TkcTmaStrideError:
-                    pass
+                except TkcTmaStrideError as again:
+                    refused = again  # a tile's strides too: that is what the caller must change
             if "tma" in consts:
-                raise  # the caller chose; do not second-guess it
+                raise refused from None  # the caller chose; do not second-guess it
             # Strides TMA cannot take (a row of 130 bf16 values): the same kernel with its
             # operands loaded by every thread instead (slower, any stride).
             fallback = self.specialize(**consts, tma=False)

@@ -177,9 +177,10 @@ def test_on_gpu_as_the_pin_off(B: int, H: int, KVH: int, N: int, D: int, causal:
 
 @pytest.mark.parametrize("D, causal, square", [(64, True, False), (64, False, True), (128, True, False)])
 def test_varlen_backward_emulated_as_interpreted(D: int, causal: bool, square: bool, monkeypatch) -> None:
-    """examples/varlen_attn_train.tk's backward reads lse[h, rows] and delta[h, rows] of packed
-    sequences the same way: by TMA too, and the same where a block runs into the next sequence
-    (the tensor's elements, as a per-thread load reads them)."""
+    """examples/varlen_attn_train.tk's backward reads lse[h, start + rows] and delta of packed
+    sequences, ``start`` read from ``cu``: a column no one knows to be a multiple of 16 bytes,
+    where a TMA copy stops the GPU (token 2641 on an H200), so with the pin set they stay the
+    threads' loads (tkc.passes.divisors), and the kernel computes what the interpreter does."""
     import test_varlen_attn_train as varlen
 
     plain = varlen._consts
@@ -188,7 +189,7 @@ def test_varlen_backward_emulated_as_interpreted(D: int, causal: bool, square: b
     tiles = varlen.SQUARE if square else (varlen.SMALL if D == 64 else {})
     hopper = compile_kernel(varlen.EXAMPLE, varlen._consts("varlen_attn_bwd", D, causal, tiles), stop="hopper",
                             cache=False, kernel="varlen_attn_bwd").asm["hopper"]
-    assert hopper.count("hopper.smem_load") == 2
+    assert hopper.count("hopper.smem_load") == 0
     varlen.test_emulator_matches_interpreter("varlen_attn_bwd", D, causal, tiles)
 
 
@@ -211,7 +212,8 @@ def colshift(x: bf16[M, D], w: bf16[N, D], s: f32[B, M], out: f32[B, N, M], shif
 
 @pytest.mark.parametrize("offset, write, rides", [
     ("i*BM", "", True),
-    ("i*BM + shift", "", False),  # its offset is computed after x's copy: it stays where it is
+    # computed after x's copy (and a column not known to be a multiple of 16 bytes): it stays
+    ("i*BM + shift", "", False),
     ("i*BM", "s[b, 0:BM] = zeros([BM], f32)", False),  # the kernel writes s
 ])
 def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None:
@@ -280,6 +282,31 @@ def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkey
     assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == int(retried)
     k(*args, D=D, causal=causal)
     assert launched[1:] == ["planned"] and len(refused) == int(retried)
+
+
+def test_a_call_that_pins_tma_hears_of_the_tiles_strides(monkeypatch) -> None:
+    """With ``tma`` pinned by the caller nothing falls back to per-thread tiles: where lse's
+    strides refuse the vectors and the tiles' refuse TMA too, the error names the tiles'."""
+    import sys
+
+    from tkc.errors import TkcTmaStrideError
+
+    kernel_mod = sys.modules["tkc.kernel"]
+
+    def launch(compiled, args, grid=None):
+        consts = compiled.kernel_op.attributes["consts"]
+        raise TkcTmaStrideError("error: lse: axis 1 has a stride of 4004 bytes" if consts.get("tma_vectors")
+                                else "error: q: axis 2 has a stride of 260 bytes")
+
+    monkeypatch.setattr(kernel_mod, "_launch", lambda: launch)
+    monkeypatch.setattr(kernel_mod, "_any_cuda", lambda args: True)
+    monkeypatch.setattr(kernel_mod, "interpret_requested", lambda: False)
+    monkeypatch.setattr(kernel_mod, "_runtime", None)
+    k = kernel_mod.load(EXAMPLE, "attn_bwd")
+    q = torch.zeros(1, 2, 1001, 128).bfloat16()
+    args = [q, q, q, q, torch.zeros(1, 2, 1001), torch.zeros(1, 2, 1001), torch.zeros(1, 2, 1001, 128), q, q, 0.1]
+    with pytest.raises(TkcTmaStrideError, match="q: axis 2"):
+        k(*args, D=128, tma=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1229,9 +1229,14 @@ class _Plane(NamedTuple):
     box: tuple[int, int]
 
 
-def _plane(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], box: list) -> _Plane:
+def _plane(op: Operation, tensor: np.ndarray, offsets: Sequence[Any], box: list, elem_bytes: int) -> _Plane:
     r, last = tma_row_axis(op.box), tensor.ndim - 1
     offs = [int(o) for o in offsets]
+    if offs[last] * elem_bytes % 16:
+        # The GPU stops such a copy with an illegal instruction (H200, benchmarks/RESULTS.md).
+        raise _fault(op, f"copies from column {offs[last]} of the last axis, {offs[last] * elem_bytes} bytes into "
+                         f"the row; a TMA copy starts at a multiple of 16 bytes (lower-to-hopper copies by TMA "
+                         f"only where the column is known to be one)")
     inside = all(0 <= offs[a] < tensor.shape[a] for a in range(tensor.ndim) if a not in (r, last))
     index = tuple(slice(None) if a in (r, last) else offs[a] for a in range(tensor.ndim)) if inside else None
     return _Plane(index, (offs[last], offs[r]), (box[last], box[r]))
@@ -1250,7 +1255,7 @@ def _tile_region(op: Operation, at: _Plane, tensor: np.ndarray, lay: SharedLayou
 def _tma_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, bar: MBarrier,
               *offsets: Any) -> None:
     lay = dst.layout
-    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay))
+    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay), lay.elem_bytes)
     r = tma_row_axis(op.box)
     # The whole box outside the tensor: TMA fills it with zeros.
     plane = tensor[at.index] if at.index is not None else np.zeros((tensor.shape[r], tensor.shape[-1]), tensor.dtype)
@@ -1293,7 +1298,7 @@ def _tma_store(wg: _Warpgroup, op: Operation, tensor: np.ndarray, src: SmemTile,
     if not wg.leader:
         return
     lay = src.layout
-    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay))
+    at = _plane(op, tensor, offsets, _tensor_map(wg, op, tensor, lay), lay.elem_bytes)
     who = _who(op, wg)
     if at.index is not None:  # else the whole box is outside: nothing written
         written = _tile_region(op, at, tensor, lay)

@@ -65,6 +65,7 @@ from tkc.ir.layouts import (
     scan_plan,
 )
 from tkc.ir.types import MBARRIER, ScalarType, TileType
+from tkc.passes.divisors import column_aligned
 from tkc.passes.phases import Waits, thread_phases
 from tkc.passes.pipeline_loops import ring_room
 from tkc.pins import Options
@@ -204,7 +205,8 @@ class _Lowering:
         """Whether ``op`` is a register load the pin ``tma_vectors`` copies by TMA: a 1-D run
         along the last axis of a tensor parameter the kernel never writes (``lse[b, h, rows]``),
         out-of-bounds values 0 (what TMA fills in), whole 128-byte rows of one 16-byte atom
-        (``vector_scratch``, ``hopper.is_vector_box``)."""
+        (``vector_scratch``, ``hopper.is_vector_box``), from an element known to sit at a
+        multiple of 16 bytes (``tkc.passes.divisors``: not varlen's ``lse[h, start + rows]``)."""
         if op.name != "tile.load" or getattr(op.result.type, "space", None) != "reg" or op.result.type.rank != 1:
             return False
         box, t = list(op.box), op.tensor.type
@@ -212,7 +214,8 @@ class _Lowering:
                 or not 2 <= t.rank <= 5 or any(x != 1 for x in box[:-1]) or t.dtype.bits not in (16, 32):
             return False
         n, eb = box[-1], t.dtype.bits // 8
-        if n > 256 or n * eb % 128 or not is_vector_box(box, vector_scratch(n, t.dtype)):
+        if n > 256 or n * eb % 128 or not is_vector_box(box, vector_scratch(n, t.dtype)) \
+                or not column_aligned(op.offsets[-1], eb):
             return False
         param = op.tensor
         if not (isinstance(param, BlockArgument) and param.block is self.body):
@@ -351,7 +354,8 @@ class _Lowering:
         must be a wgmma accumulator's (converted) tile, the tensor's elements 16-bit (f32, f16
         or bf16 for an add, whose ``sem`` must be relaxed) and every axis squeezed but the last
         and one other (attention's ``o[b, h, rows, :]``, or ``o[b, rows, h, :]`` on a [B, N, H, D]
-        tensor), and the pins ``tma`` and ``tma_store`` not false."""
+        tensor), its first column known to sit at a multiple of 16 bytes (``tkc.passes.divisors``),
+        and the pins ``tma`` and ``tma_store`` not false."""
         adding = op.name == "tile.atomic"
         if op.tensor in self.written:
             return None  # an asynchronous copy would land after the program's next access
@@ -369,7 +373,8 @@ class _Lowering:
                 or not dtypes_ok or t.dtype != v.dtype:
             return None
         rows, cols = v.shape
-        if rows > 256 or core_matrix_misfit(rows, cols, t.dtype):
+        if rows > 256 or core_matrix_misfit(rows, cols, t.dtype) \
+                or not column_aligned(op.offsets[-1], t.dtype.bits // 8):
             return None
         # A transposed accumulator (attention backward's dQ = (K^T dS^T)^T) spreads each
         # column over the warps, so it goes out whole, never in column slices: only where the

@@ -77,6 +77,7 @@ from tkc.ir.layouts import (
     transpose_layout,
 )
 from tkc.ir.types import TileType
+from tkc.passes.divisors import column_aligned
 from tkc.pins import Options, check_kernel_pins
 from tkc.target import Target
 
@@ -129,7 +130,8 @@ def tma_loadable(op: Operation, target: Target, written: frozenset = frozenset()
     """Why ``op`` (a ``tile.load``) cannot be a TMA copy into a shared tile, or None if it can:
     its tile must be the tensor's last axis and one other (the others squeezed: ``x[b, h, rows, :]``,
     ``k[rows, h, :]``), of a tensor of at most 5 axes, 8- or 16-bit, rows a multiple of 8, rows
-    at least 16 bytes wide, and out-of-range elements must read as 0 (TMA's fill); and not of a
+    at least 16 bytes wide, starting at a column known to be a multiple of 16 bytes
+    (``tkc.passes.divisors``), and out-of-range elements must read as 0 (TMA's fill); and not of a
     tensor the kernel also writes (``written``: ``tile.read_and_written``), whose reads must
     follow its writes in program order."""
     t, tile = op.tensor.type, op.result.type
@@ -148,6 +150,8 @@ def tma_loadable(op: Operation, target: Target, written: frozenset = frozenset()
         return f"TMA fills out-of-range elements with 0, not {op.other}"
     if op.steps:
         return "a slice with a step is read thread by thread"
+    if not column_aligned(op.offsets[-1], t.dtype.bits // 8):
+        return "its first column is not known to be a multiple of 16 bytes, where TMA copies start"
     return None
 
 
