@@ -126,6 +126,17 @@ def test_registration_errors() -> None:
             tkc.ops.custom_op(taken, k.axpy)
 
 
+def test_an_output_dim_no_input_has_is_sized_by_dims_and_zeroed() -> None:
+    """``dims`` sizes P from the inputs' dims (varlen attention's padded lse); ``zeroed`` makes
+    the elements the kernel leaves unwritten zeros, in eager calls and under torch.compile."""
+    op = tkc.ops.custom_op("tkctest::padded", k.padded, dims={"P": lambda d: d["N"] + 64}, zeroed=("y",))
+    x = torch.randn(40)
+    y = op(x)
+    assert y.shape == (104,) and torch.equal(y[:40], x * 2) and not y[40:].any()
+    compiled = torch.compile(lambda x: op(x) + 1, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x), y + 1)
+
+
 def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:
     assert tkc.load(EXAMPLES / "gemm.tk").params == ["a", "b", "c", "BM", "BN", "BK"]
     with pytest.raises(TkcUsageError, match="has no kernel 'nope' \\(its kernels: gemm\\)"):

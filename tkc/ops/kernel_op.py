@@ -90,8 +90,10 @@ class _KernelOp:
     arguments as torch passes them (keyword-only constants left out when at their default)."""
 
     def __init__(self, name: str, kernel: Kernel, consts: Mapping[str, Any], const_args: Sequence[str],
-                 check: Callable[..., None] | None = None):
+                 check: Callable[..., None] | None = None,
+                 dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = ()):
         self.name, self.kernel, self.check = name, kernel, check
+        self.out_dims, self.zeroed = dict(dims or {}), frozenset(zeroed)
         first = self._spec_of(dict(consts))  # defaults filled in: every constant has its value
         unknown = [n for n in const_args if n not in first.consts]
         if unknown:
@@ -111,11 +113,11 @@ class _KernelOp:
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
         for i in first.outputs:
             pname, t = first.params[i]
-            free = [d for d in t.dims if isinstance(d, str) and d not in dims]
+            free = [d for d in t.dims if isinstance(d, str) and d not in dims and d not in self.out_dims]
             if free:
                 raise TkcUsageError(f"{name}: the output {pname}: {t} has dims ({', '.join(free)}) that no input "
                                     "tensor has, so the operator cannot size it; make it an input the kernel "
-                                    "reads, or fix the dims with constants")
+                                    "reads, fix the dims with constants, or size them with dims={...}")
         if not any(isinstance(first.params[i][1], TensorType) for i in first.inputs):
             raise TkcUsageError(f"{name}: kernel '{kernel.name}' reads no tensor: the operator takes its device "
                                 "from an input tensor")
@@ -170,11 +172,14 @@ class _KernelOp:
                 return [alloc(*s, dtype=dt, device=device) for alloc, s, dt in shapes]
         in_params = [spec.params[i] for i in spec.inputs]
         dims = signature.bind(self.name, in_params, values, numpy_ok=False)
+        for d, size in self.out_dims.items():
+            dims[d] = size(dims)
         shapes = []
         for i in spec.outputs:
             t = spec.params[i][1]
             shape = tuple(d if isinstance(d, int) else dims[d] for d in t.dims)
-            shapes.append((torch.zeros if spec.roles[i] == ZEROED else torch.empty, shape, t.dtype.torch_dtype()))
+            zero = spec.roles[i] == ZEROED or spec.params[i][0] in self.zeroed
+            shapes.append((torch.zeros if zero else torch.empty, shape, t.dtype.torch_dtype()))
         if key is not None:
             if len(self._shapes) >= 256:
                 self._shapes.clear()
@@ -367,7 +372,8 @@ def _value_schema(v: Any) -> str:
 
 
 def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = None,
-              const_args: Sequence[str] = (), check: Callable[..., None] | None = None) -> Any:
+              const_args: Sequence[str] = (), check: Callable[..., None] | None = None,
+              dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = ()) -> Any:
     """Register ``kernel`` (a ``@tkc.kernel`` or ``tkc.load("file.tk", "name")``) as the PyTorch
     operator ``name`` (``"namespace::op"``, then ``torch.ops.namespace.op``) and return it
     (a ``torch.library.CustomOpDef``: call it; give it gradients with :func:`register_autograd`).
@@ -385,7 +391,11 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     without running it.  ``check``, if given, is called with the operator's arguments (as
     the operator takes them) before every call and in the fake implementation, and raises a
     ``TkcUsageError`` for what the signature allows but the kernel does not take (attention's
-    query heads a multiple of the kv heads).  A name that is already an operator (``aten::add``,
+    query heads a multiple of the kv heads).  ``dims`` sizes an output's dims that no input
+    has, each from the inputs' dims (``{"TL": lambda d: d["T"] + 128 * (d["S1"] - 1)}``: varlen
+    attention's lse, each sequence at a 128-row boundary); ``zeroed`` names outputs allocated as
+    zeros, whose elements the kernel may leave unwritten (that lse's rows between sequences).
+    A name that is already an operator (``aten::add``,
     one of ``tkc.ops``', one registered before) is refused: torch would replace it silently.
     """
     if not isinstance(kernel, Kernel):
@@ -406,7 +416,7 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     else:
         raise TkcUsageError(f"{name} is already an operator (torch would replace it): give tkc.ops.custom_op a "
                             f"name of your own")
-    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args), check)
+    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args), check, dims, zeroed)
     op = torch.library.custom_op(name, impl.run, mutates_args=impl.mutated(), schema=impl.schema())
     op.register_fake(impl.fake)
     op.tkc_kernel = kernel  # what the operator runs, for readers and tests

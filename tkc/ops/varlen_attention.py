@@ -39,10 +39,19 @@ def _fwd_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tens
         _check_offsets([int(c) for c in cu.tolist()], q.shape[0], int(max_len))
 
 
+def _padded_rows(dims: dict[str, Any]) -> Any:
+    """lse's and delta's rows: every token's, and 128 a sequence, so that each sequence starts at
+    a multiple of 128 (varlen_attn_train.tk's ``rows_at``); a multiple of 128 itself, so that a
+    row of them is a multiple of 16 bytes, as TMA's strides must be.  Allocated as zeros: rows
+    no sequence owns are never written."""
+    return 128 * ((dims["T"] + 127) // 128 + dims["S1"] - 1)
+
+
 _fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts={"BM": 128, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"), check=_fwd_check)
+                 const_args=("D", "BM", "BN", "causal"), check=_fwd_check, dims={"TL": _padded_rows},
+                 zeroed=("lse",))
 _bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
-                     const_args=("D", "BM"))
+                     const_args=("D", "BM"), dims={"TL": _padded_rows}, zeroed=("delta",))
 _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
                  const_args=("D", "BM", "BN", "causal"),
                  check=lambda *a, **kw: kernel_arguments("varlen_attn_bwd", *a))
@@ -119,14 +128,13 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     q, k, v, o, lse, cu = ctx.saved_tensors
     do = do.contiguous()
     _, (bm, bn) = TILES[ctx.D]
-    # Tokens past cu_seqlens[-1] belong to no sequence: the forward wrote no output row for them,
-    # so their delta = rowsum(dO * O) is made 0 (the last sequence's tiles read it and weigh it by
-    # 0, and uninitialised memory may be NaN), the kernel writes none of their dK and dV rows (dQ's
-    # are zeros it adds to), and their gradient is zero.  Masked on the device, so that the
-    # backward reads no offset back to the host.
+    # Tokens past cu_seqlens[-1] belong to no sequence: the forward wrote no output row for them
+    # (the pre-pass gives every row past a sequence's end delta 0, whatever o holds there), the
+    # backward writes none of their dK and dV rows (dQ's are zeros it adds to), and their
+    # gradient is zero.  Masked on the device, so that the backward reads no offset back to the
+    # host.
     past = torch.arange(q.shape[0], device=q.device) >= cu[-1]
-    delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
-    delta.masked_fill_(past[None, :], 0)
+    delta = call(_bwd_pre, o, do, cu, ctx.max_len, D=ctx.D, BM=_PRE_BM)
     dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, ctx.scale, ctx.max_len, D=ctx.D, BM=bm, BN=bn,
                       causal=ctx.causal)
     dk.masked_fill_(past[:, None, None], 0)
