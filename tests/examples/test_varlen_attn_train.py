@@ -157,7 +157,8 @@ def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: di
     assert ("hopper.stage" in ops) == (name != "varlen_attn_bwd_pre")
     assert ("hopper.role" in ops) == (name == "varlen_attn_fwd")
     emulate(hopper, args, seed=5)
-    assert_atomics_close(args, want, outs, f32=2**-8)  # dQ sums dS K, dS rounded to bf16
+    # dQ sums dS K, dS rounded to bf16: another order of the sums moves it by a bf16 ulp of dS
+    assert_atomics_close(args, want, outs, f32=2**-8 if name == "varlen_attn_bwd" else 1e-4)
 
 
 @needs_ptxas

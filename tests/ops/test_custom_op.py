@@ -135,6 +135,14 @@ def test_an_output_dim_no_input_has_is_sized_by_dims_and_zeroed() -> None:
     assert y.shape == (104,) and torch.equal(y[:40], x * 2) and not y[40:].any()
     compiled = torch.compile(lambda x: op(x) + 1, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(x), y + 1)
+    with pytest.raises(TkcUsageError, match=r"zeroed= names yy, which is not an output of the operator \(its "
+                                            r"outputs: y\)"):
+        tkc.ops.custom_op("tkctest::padded_zy", k.padded, dims={"P": lambda d: d["N"]}, zeroed=("yy",))
+    with pytest.raises(TkcUsageError, match="dims= names N, which is not a dim of an output that no input has"):
+        tkc.ops.custom_op("tkctest::padded_n", k.padded, dims={"P": lambda d: d["N"], "N": lambda d: 3})
+    bad = tkc.ops.custom_op("tkctest::padded_m", k.padded, dims={"P": lambda d: d["M"]})
+    with pytest.raises(TkcUsageError, match="dims=\\{'P': ...\\} reads dim 'M', which no input has"):
+        bad(x)
 
 
 def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:

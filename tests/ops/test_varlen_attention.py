@@ -108,3 +108,12 @@ def test_errors_before_any_kernel_runs() -> None:
 
 def test_tokens_past_the_last_offset_get_zero_gradients() -> None:
     assert_padding_gets_zero_gradients(50, [30, 10], H=2, D=64)  # tokens 40-49 belong to no sequence
+
+
+def test_the_backward_operator_refuses_lse_one_row_a_token() -> None:
+    """torch.ops.tkc.varlen_attn_bwd takes lse and delta in the forward's layout (each sequence's
+    rows from a multiple of 128), not [H, T]: the kernel would read other rows."""
+    q, k, v, do, cu = packed(5, [30, 0, 17], 2, 1, 64)
+    lse = delta = torch.zeros(2, q.shape[0])
+    with pytest.raises(TkcUsageError, match="lse and delta have 47 rows a head; the forward's layout has 512"):
+        torch.ops.tkc.varlen_attn_bwd(q, k, v, do, lse, delta, cu, 0.125, 30, D=64)

@@ -111,6 +111,14 @@ class _KernelOp:
         self._plans: dict[tuple, _Planned] = {}
         self._last: _Planned | None = None  # the last one found, tried first (its ``match``)
         dims = {d for i in first.inputs if isinstance(t := first.params[i][1], TensorType) for d in t.dims}
+        out_names = {first.params[i][0] for i in first.outputs}
+        out_dims = {d for i in first.outputs for d in first.params[i][1].dims if isinstance(d, str)}
+        for what, names, ok in (("zeroed", self.zeroed, out_names), ("dims", self.out_dims, out_dims - dims)):
+            bad = sorted(n for n in names if n not in ok)
+            if bad:
+                raise TkcUsageError(f"{name}: {what}= names {', '.join(bad)}, which is not "
+                                    + ("an output of the operator (its outputs: " + ", ".join(sorted(out_names))
+                                       + ")" if what == "zeroed" else "a dim of an output that no input has"))
         for i in first.outputs:
             pname, t = first.params[i]
             free = [d for d in t.dims if isinstance(d, str) and d not in dims and d not in self.out_dims]
@@ -173,7 +181,11 @@ class _KernelOp:
         in_params = [spec.params[i] for i in spec.inputs]
         dims = signature.bind(self.name, in_params, values, numpy_ok=False)
         for d, size in self.out_dims.items():
-            dims[d] = size(dims)
+            try:
+                dims[d] = size(dims)
+            except KeyError as e:
+                raise TkcUsageError(f"{self.name}: dims={{{d!r}: ...}} reads dim {e.args[0]!r}, which no input "
+                                    f"has (the inputs' dims: {', '.join(sorted(map(str, dims)))})") from None
         shapes = []
         for i in spec.outputs:
             t = spec.params[i][1]
@@ -392,8 +404,8 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     the operator takes them) before every call and in the fake implementation, and raises a
     ``TkcUsageError`` for what the signature allows but the kernel does not take (attention's
     query heads a multiple of the kv heads).  ``dims`` sizes an output's dims that no input
-    has, each from the inputs' dims (``{"TL": lambda d: d["T"] + 128 * (d["S1"] - 1)}``: varlen
-    attention's lse, each sequence at a 128-row boundary); ``zeroed`` names outputs allocated as
+    has, each from the inputs' dims (``{"TL": lambda d: 128 * ((d["T"] + 127) // 128 + d["S1"] - 1)}``:
+    varlen attention's lse, each sequence at a 128-row boundary); ``zeroed`` names outputs allocated as
     zeros, whose elements the kernel may leave unwritten (that lse's rows between sequences).
     A name that is already an operator (``aten::add``,
     one of ``tkc.ops``', one registered before) is refused: torch would replace it silently.

@@ -52,9 +52,20 @@ _fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts=
                  zeroed=("lse",))
 _bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"), dims={"TL": _padded_rows}, zeroed=("delta",))
+def _bwd_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+               delta: torch.Tensor, cu: torch.Tensor, *more: Any, **consts: Any) -> None:
+    """The backward operator's arguments: attention's, and lse and delta in the forward's layout
+    (each sequence's rows from a multiple of 128: ``_padded_rows``), not one row a token."""
+    kernel_arguments("varlen_attn_bwd", q, k, v, do, lse, delta, cu, *more)
+    need = _padded_rows({"T": q.shape[0], "S1": cu.shape[0]})
+    if lse.dim() == 2 and lse.shape[1] < need:
+        raise TkcUsageError(f"torch.ops.tkc.varlen_attn_bwd: lse and delta have {lse.shape[1]} rows a head; the "
+                            f"forward's layout has {need} (each sequence's rows from a multiple of 128): pass the "
+                            f"lse varlen_attn_fwd returned")
+
+
 _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"),
-                 check=lambda *a, **kw: kernel_arguments("varlen_attn_bwd", *a))
+                 const_args=("D", "BM", "BN", "causal"), check=_bwd_check)
 
 
 def _check_offsets(cu: list[int], tokens: int, max_seqlen: int) -> None:
@@ -105,9 +116,10 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise TkcUsageError(f"tkc.ops.varlen_attention: the head dim is {D}; its kernels take "
                             f"{' or '.join(map(str, TILES))}")
     if isinstance(max_seqlen, (torch.Tensor, bool)) or not isinstance(max_seqlen, numbers.Integral) \
-            or not 1 <= max_seqlen < 2**31:
+            or not 1 <= max_seqlen < 2**31 - 256:
+        # (the pre-pass's grid covers max_seqlen + 256 rows a sequence: lse's padding)
         raise TkcUsageError(f"tkc.ops.varlen_attention: max_seqlen is the longest sequence's length, an int "
-                            f"from 1 to 2**31 - 1, got {max_seqlen!r}")
+                            f"from 1 to 2**31 - 257, got {max_seqlen!r}")
     scale = checks.scale("varlen_attention", scale, 1.0 / math.sqrt(D))
     (bm, bn), _ = TILES[D]
     o, _lse = call(_fwd, q.contiguous(), k.contiguous(), v.contiguous(), cu_seqlens.contiguous(), scale,
