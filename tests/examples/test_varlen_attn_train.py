@@ -15,6 +15,7 @@ from device_checks import assert_atomics_close, assert_no_spills, launch_tensors
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import run_kernel
+from tkc.ops.varlen_attention import _padded_rows
 from varlen_reference import assert_gradients_close, packed, ragged_lengths, reference
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "varlen_attn_train.tk"
@@ -49,7 +50,7 @@ def run_all(run, q, k, v, do, cu, scale: float, unpad: bool = True):
     ``unpad`` is False), dq, dk, dv."""
     (T, H, D), KVH = q.shape, k.shape[1]
     longest = int((cu[1:] - cu[:-1]).max())
-    TL = 128 * ((T + 127) // 128 + cu.shape[0] - 1)  # as tkc.ops.varlen_attention sizes it
+    TL = _padded_rows({"T": T, "S1": cu.shape[0]})  # as tkc.ops.varlen_attention sizes it
     o = torch.full((T, H, D), float("nan")).bfloat16()
     lse, delta = torch.full((H, TL), float("nan")), torch.full((H, TL), float("nan"))
     dq = torch.zeros(T, H, D)
@@ -134,7 +135,7 @@ def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: di
     T = q.shape[0]
     g = torch.Generator().manual_seed(4)
     o = torch.randn(T, H, D, generator=g).bfloat16()
-    TL = 128 * ((T + 127) // 128 + 5)
+    TL = _padded_rows({"T": T, "S1": cu.shape[0]})
     lse = torch.randn(H, TL, generator=g) + 4
     delta = torch.randn(H, TL, generator=g)
     if name == "varlen_attn_bwd":

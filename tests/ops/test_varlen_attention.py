@@ -114,6 +114,8 @@ def test_the_backward_operator_refuses_lse_one_row_a_token() -> None:
     """torch.ops.tkc.varlen_attn_bwd takes lse and delta in the forward's layout (each sequence's
     rows from a multiple of 128), not [H, T]: the kernel would read other rows."""
     q, k, v, do, cu = packed(5, [30, 0, 17], 2, 1, 64)
-    lse = delta = torch.zeros(2, q.shape[0])
-    with pytest.raises(TkcUsageError, match="lse and delta have 47 rows a head; the forward's layout has 512"):
-        torch.ops.tkc.varlen_attn_bwd(q, k, v, do, lse, delta, cu, 0.125, 30, D=64)
+    lse = torch.zeros(2, q.shape[0])
+    with pytest.raises(TkcUsageError, match="lse has 47 rows a head; the forward's layout has 512"):
+        torch.ops.tkc.varlen_attn_bwd(q, k, v, do, lse, torch.zeros(2, 512), cu, 0.125, 30, D=64)
+    with pytest.raises(TkcUsageError, match="delta has 47 rows a head"):
+        torch.ops.tkc.varlen_attn_bwd(q, k, v, do, torch.zeros(2, 512), lse, cu, 0.125, 30, D=64)

@@ -52,16 +52,19 @@ _fwd = custom_op("tkc::varlen_attn_fwd", load(_FILE, "varlen_attn_fwd"), consts=
                  zeroed=("lse",))
 _bwd_pre = custom_op("tkc::varlen_attn_bwd_pre", load(_FILE, "varlen_attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"), dims={"TL": _padded_rows}, zeroed=("delta",))
+
+
 def _bwd_check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                delta: torch.Tensor, cu: torch.Tensor, *more: Any, **consts: Any) -> None:
     """The backward operator's arguments: attention's, and lse and delta in the forward's layout
     (each sequence's rows from a multiple of 128: ``_padded_rows``), not one row a token."""
     kernel_arguments("varlen_attn_bwd", q, k, v, do, lse, delta, cu, *more)
     need = _padded_rows({"T": q.shape[0], "S1": cu.shape[0]})
-    if lse.dim() == 2 and lse.shape[1] < need:
-        raise TkcUsageError(f"torch.ops.tkc.varlen_attn_bwd: lse and delta have {lse.shape[1]} rows a head; the "
-                            f"forward's layout has {need} (each sequence's rows from a multiple of 128): pass the "
-                            f"lse varlen_attn_fwd returned")
+    for name, t in (("lse", lse), ("delta", delta)):
+        if t.dim() == 2 and t.shape[1] < need:
+            raise TkcUsageError(f"torch.ops.tkc.varlen_attn_bwd: {name} has {t.shape[1]} rows a head; the "
+                                f"forward's layout has {need} (each sequence's rows from a multiple of 128): pass "
+                                f"the lse varlen_attn_fwd returned and the delta varlen_attn_bwd_pre returned")
 
 
 _bwd = custom_op("tkc::varlen_attn_bwd", load(_FILE, "varlen_attn_bwd"), consts={"BM": 64, "BN": 128},
