@@ -27,7 +27,6 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -335,8 +334,8 @@ def _llvm_ir(b: _Build) -> str:
 
 def _ptx(b: _Build) -> str:
     """LLVM's NVPTX backend.  For a kernel whose programs an SM no pass budgets for
-    (:func:`tkc.codegen.occupancy.applies`), ptxas then says whether one more fits; if so the
-    PTX, and the LLVM IR beside it, ask for it (``.minnctapersm``)."""
+    (:func:`tkc.codegen.occupancy.applies`), ptxas then says how many fit without spilling;
+    the PTX, and the LLVM IR beside it, ask for that many (``.minnctapersm``)."""
     from tkc.codegen import occupancy
     from tkc.codegen.ptxas import assemble
     from tkc.codegen.target import emit_ptx
@@ -346,58 +345,11 @@ def _ptx(b: _Build) -> str:
     if b.ptxas is None or not occupancy.applies(op, b.options):
         return ptx
     threads, smem = op.attributes["threads"], op.attributes.get("smem_bytes") or 0
-
-    def searched(text: str) -> tuple[str, Any, int | None]:
-        """ptxas on ``text``, then on one program more where it fits: the PTX, ptxas's result
-        and the programs asked for (None: as ptxas chose)."""
-        first = assemble(text, b.target)
-        raised = occupancy.one_more_program(text, b.name, threads, smem, first, b.target,
-                                            lambda t: assemble(t, b.target))
-        return (text, first, None) if raised is None else (raised[1], raised[2], raised[0])
-
-    if ".masked." not in b.asm["llvm"]:
-        ptx, b.assembled, ctas = searched(ptx)
-    else:
-        # The kernel without its masked sides is searched too (_programs_without_masked_sides);
-        # the two searches' ptxas runs overlap (LLVM's own work stays on this thread).
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            masked = pool.submit(searched, ptx)
-            plain = emit_ptx(str(_kernel_to_llvm(op, b, masked_sides=False)), b.target, opt=b.opt_level)
-            _, plain_result, _ = searched(plain)
-            ptx, b.assembled, ctas = masked.result()
-        raised = _programs_without_masked_sides(b, ptx, plain_result, threads, smem)
-        if raised is not None:
-            ptx, b.assembled, ctas = raised
+    ctas, ptx, b.assembled = occupancy.most_programs(ptx, b.name, threads, smem, b.target,
+                                                     lambda text: assemble(text, b.target))
     if ctas is not None:
         b.asm["llvm"] = occupancy.with_min_ctas(b.asm["llvm"], ctas, "llvm")
     return ptx
-
-
-def _kernel_to_llvm(op: Any, b: _Build, masked_sides: bool) -> Any:
-    from tkc.codegen.lower import kernel_to_llvm
-
-    return kernel_to_llvm(op, b.target, b.options, masked_sides=masked_sides)
-
-
-def _programs_without_masked_sides(b: _Build, ptx: str, plain: Any, threads: int,
-                                   smem: int) -> tuple[str, Any, int] | None:
-    """The masked sides of loads and stores (a row shorter than its block) raise ptxas's own
-    register count without raising what the kernel needs (LayerNorm: 80 registers and 6
-    programs an SM where, capped, it fits 71 and 7), so the search above, which starts from that
-    count, would give the kernel fewer programs an SM than it had without them.  ``plain`` is
-    ptxas's result for the kernel compiled without them and searched alike: the kernel (``ptx``,
-    ptxas's result ``b.assembled``) asks for that many programs where ptxas meets the cap
-    without spilling (the PTX, ptxas's result and the count; None where it keeps its own)."""
-    from tkc.codegen import occupancy
-    from tkc.codegen.ptxas import assemble
-
-    usage = plain.kernels.get(b.name)
-    if usage is None:
-        return None
-    want = occupancy.resident(usage.registers, threads, smem + usage.smem, b.target)
-    got = occupancy.at_least(ptx, b.name, threads, smem, want, b.assembled, b.target,
-                             lambda text: assemble(text, b.target))
-    return None if got is None else (*got, want)
 
 
 def _cubin(b: _Build) -> bytes | None:

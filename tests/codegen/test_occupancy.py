@@ -3,6 +3,7 @@ kernels get the choice, and the choice itself, with a stand-in ptxas and with th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from tkc.target import target
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcCodegenError
 from tkc.pins import Options
+from tkc.registers import entry_registers
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SM90 = target("sm_90a")
@@ -78,64 +80,82 @@ def _result(registers: int, spills: int = 0) -> Assembled:
 
 
 class _Ptxas:
-    """Stands in for ptxas: answers each assembly with the next result and keeps the PTX."""
+    """Stands in for ptxas: a kernel that needs ``need`` registers, ptxas's own choice taking
+    ``own`` (no ``.minnctapersm`` above 1); keeps every PTX it is asked about."""
 
-    def __init__(self, *results: Assembled):
-        self.results, self.seen = list(results), []
+    def __init__(self, own: int, need: int, spills_first: bool = False):
+        self.own, self.need, self.spills_first, self.seen = own, need, spills_first, []
 
     def __call__(self, ptx: str) -> Assembled:
         self.seen.append(ptx)
-        return self.results.pop(0)
+        ctas = int(re.search(r"\.minnctapersm (\d+)", ptx).group(1))
+        if ctas == 1:
+            return _result(self.own, spills=8 if self.spills_first else 0)
+        cap = entry_registers(128, ctas, SM90)
+        return _result(min(cap, self.own), spills=0 if cap >= self.need else 8)
 
 
-def test_one_more_program_when_ptxas_fits_it_without_spilling():
-    ptxas = _Ptxas(_result(96))
-    got = occupancy.one_more_program(PTX, "k", 128, 512, _result(128), SM90, ptxas)
-    assert got is not None
-    ctas, ptx, second = got
-    assert ctas == 5 and ".minnctapersm 5" in ptx and ptxas.seen == [ptx]
-    assert second.kernels["k"].registers == 96
-
-
-@pytest.mark.parametrize("second", [_result(96, spills=8), _result(112)])
-def test_no_more_programs_when_the_cap_spills_or_does_not_fit(second):
-    # 112 registers still leave four 128-thread CTAs an SM: nothing gained, the first stays.
-    assert occupancy.one_more_program(PTX, "k", 128, 512, _result(128), SM90, _Ptxas(second)) is None
-
-
-@pytest.mark.parametrize("first, threads, smem", [
-    (_result(128, spills=4), 128, 512),  # spills already: ptxas is not asked again
-    (_result(32), 1024, 0),              # two 1024-thread CTAs fill the SM's warps
-    (_result(40), 128, 120_000),         # shared memory holds one
+@pytest.mark.parametrize("probes", [2, 3, 8])
+@pytest.mark.parametrize("own, need, want", [
+    (96, 56, 9),     # layernorm.tk: 96 registers, five programs; at 56 (nine) nothing spills
+    (168, 72, 7),    # layernorm_split.tk
+    (149, 96, 5),    # layernorm_residual.tk
+    (46, 32, 16),    # the decode combine: as many as the SM holds
+    (64, 64, 8),     # ptxas's own choice needs every register it took: fits at its own count only
 ])
-def test_no_second_assembly_when_nothing_can_fit(first, threads, smem):
-    ptxas = _Ptxas()
-    assert occupancy.one_more_program(PTX, "k", threads, smem, first, SM90, ptxas) is None
-    assert ptxas.seen == []
+def test_the_most_programs_ptxas_fits_without_spilling(own, need, want, probes):
+    ptxas = _Ptxas(own, need)
+    ctas, ptx, got = occupancy.most_programs(PTX, "k", 128, 512, SM90, ptxas, probes=probes)
+    if occupancy.resident(own, 128, 512, SM90) >= want:
+        assert ctas is None and ptx == PTX and got.kernels["k"].registers == own
+    else:
+        assert ctas == want and f".minnctapersm {want}\n" in ptx and got.kernels["k"].spills == 0
+    assert len(ptxas.seen) <= 1 + 4 * probes  # bisected, not every cap in turn
 
 
-def test_layernorm_compiles_to_one_more_program(ptxas):
+def test_one_round_of_probes_beside_ptxas_own_choice_when_there_are_enough():
+    # 128 threads: 11 register caps from 2 to 16 programs; 11 probes ask them all at once.
+    ptxas = _Ptxas(96, 56)
+    assert occupancy.most_programs(PTX, "k", 128, 512, SM90, ptxas, probes=12)[0] == 9
+    assert len(ptxas.seen) == 1 + 11
+
+
+@pytest.mark.parametrize("threads, smem", [
+    (1024, 0),        # two 1024-thread CTAs fill the SM's warps: no cap gives more
+    (128, 120_000),   # shared memory holds one
+])
+def test_nothing_raised_where_nothing_more_can_fit(threads, smem):
+    ptxas = _Ptxas(32, 32)
+    assert occupancy.most_programs(PTX.replace("128", str(threads)), "k", threads, smem, SM90, ptxas,
+                                   probes=2)[0] is None
+
+
+def test_a_kernel_that_spills_already_keeps_ptxas_own_choice():
+    ptxas = _Ptxas(255, 255, spills_first=True)
+    ctas, ptx, got = occupancy.most_programs(PTX, "k", 128, 512, SM90, ptxas, probes=2)
+    assert ctas is None and ptx == PTX and got.kernels["k"].spills
+
+
+def test_layernorm_compiles_to_the_most_programs_ptxas_fits(ptxas):
     pinned = compile_kernel(EXAMPLES / "layernorm.tk", {"ctas_per_sm": 1}, cache=False)
     chosen = compile_kernel(EXAMPLES / "layernorm.tk", {}, cache=False)
     assert ".minnctapersm 1\n" in pinned.asm["ptx"]
     n = chosen.programs_per_sm
-    assert n >= pinned.programs_per_sm + 1
-    # Its masked sides (rows shorter than their block) raise ptxas's own count, not what the
-    # kernel needs: it gets one more program than ptxas first gives the kernel without them.
-    from tkc.codegen.lower import kernel_to_llvm
-    from tkc.codegen.ptxas import assemble
-    from tkc.codegen.target import emit_ptx
-
-    sm90 = target("sm_90a")
-    op = chosen.kernel_op
-    op.attributes["consts"] = {**op.attributes["consts"], "ctas_per_sm": 1}
-    plain = assemble(emit_ptx(str(kernel_to_llvm(op, sm90, masked_sides=False)), sm90), sm90).kernels["layernorm"]
-    smem = (op.attributes.get("smem_bytes") or 0) + plain.smem
-    assert n == occupancy.resident(plain.registers, op.attributes["threads"], smem, sm90) + 1
+    assert n > pinned.programs_per_sm
     assert f".minnctapersm {n}\n" in chosen.asm["ptx"] and f'"nvvm.minctasm"="{n}"' in chosen.asm["llvm"]
     assert chosen.resources.spill_stores == chosen.resources.spill_loads == 0
+    # one more program an SM spills
+    from tkc.codegen.ptxas import assemble
+
+    more = assemble(occupancy.with_min_ctas(chosen.asm["ptx"], n + 1), target("sm_90a")).kernels["layernorm"]
+    assert more.spills or occupancy.resident(more.registers, 128, 0, SM90) <= n
     # Asking for the PTX alone makes the same choice when ptxas is there.
     assert compile_kernel(EXAMPLES / "layernorm.tk", {}, stop="ptx", cache=False).asm["ptx"] == chosen.asm["ptx"]
+
+
+def test_persistent_grids_are_left_to_ptxas():
+    # grid(num_sms()): one program an SM whatever fits
+    assert not _applies("reducescatter.tk")
 
 
 def test_kernels_left_as_ptxas_first_makes_them(ptxas):

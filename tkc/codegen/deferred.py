@@ -168,7 +168,7 @@ def _sole_store(op: Operation, users: dict) -> Operation | None:
 class Scope:
     """Where deferred values are being emitted: one side of a store's branch.  Values
     emitted on one side are reused on that side only (``values``); ``whole``: the side
-    where every deferred load's box is whole, which loads run by run."""
+    by runs (every deferred load's access may go by runs), which loads run by run."""
 
     def __init__(self, whole: bool) -> None:
         self.whole = whole
@@ -199,7 +199,7 @@ class Deferred:
         raise NotImplementedError
 
     def issue(self, lw: Lowerer, i: int) -> None:
-        """Emit the loads value ``i`` needs (on the whole side), not yet the arithmetic."""
+        """Emit the loads value ``i`` needs (on the side by runs), not yet the arithmetic."""
         raise NotImplementedError
 
     def loads(self) -> Iterator[Deferred]:

@@ -337,12 +337,10 @@ def _kernel_attr(kernel: Operation, name: str) -> Any:
 
 
 def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
-                   options: Options | None = None, masked_sides: bool = True) -> ir.Module:
+                   options: Options | None = None) -> ir.Module:
     """A hopper-level ``tile.kernel`` (after allocate-smem) as an LLVM module holding one
     ``ptx_kernel`` named after it, with the parameters of docs/hopper.md §4, for ``target``
-    with the pins ``options`` (default: the kernel's own, from its ``consts``).  ``masked_sides
-    = False`` leaves out the masked sides of loads and stores (``lower_global``): what the
-    kernel's registers would be without them, for the programs an SM (``tkc.compiler``)."""
+    with the pins ``options`` (default: the kernel's own, from its ``consts``)."""
     if not isinstance(kernel, Operation) or kernel.name != "tile.kernel":
         raise TkcCodegenError(f"expected a 'tile.kernel' op, got {kernel!r}")
     t = lookup_target(target)
@@ -381,7 +379,6 @@ def kernel_to_llvm(kernel: Operation, target: str | Target = DEFAULT_TARGET,
     n_maps = len(kernel.attributes.get("tma_maps") or [])
     handlers = {**ELEMENTWISE, **RAND, **HOPPER, **BLACKWELL, **ATOMIC, **lower_ranks.HANDLERS, **STRUCTURE}
     lw = Lowerer(kernel, fn, threads, smem, fn.args[len(fn.args) - n_maps:], handlers, store_plan(kernel), options, t)
-    lw.masked_sides = masked_sides
     _bind_params(lw, kernel, fn.args)
     if lw.tmaps:
         # A copy fetches its tensor map's 128 bytes the first time it is used; thread 0 asks for

@@ -111,10 +111,6 @@ class Lowerer:
         # kept packed, and where deferred values are being emitted (tkc/codegen/deferred.py).
         self.plan = plan
         self.deferred_scope: Scope | None = None
-        # While set, the accesses of a tile's runs are each predicated on their run lying inside
-        # the tensor (lower_global's masked side: rows shorter than their block).
-        self.masked = False
-        self.masked_sides = True  # whether accesses get a masked side at all
 
     # ------------------------------------------------------------------ values
     def get(self, v: Value, packed: bool = False) -> Any:

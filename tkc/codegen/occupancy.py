@@ -1,42 +1,39 @@
 """Programs an SM: how many of a kernel's CTAs one SM holds, and the register cap that fits
-one more where ptxas left room for fewer.
+the most of them without spilling.
 
 A kernel without products (softmax, LayerNorm) keeps its rows in registers, and ptxas, given
-``.maxntid T`` and ``.minnctapersm 1``, takes up to 255 registers a thread: a 4-warp LayerNorm
-program over 4096 columns took 128 and four shared an SM, at 8192 columns 255 and two (before
-its weight rows were deferred to its store and its row kept packed, tkc/codegen/deferred.py:
-now 80 and 167).
-Fewer programs an SM means fewer bytes in flight for a kernel that waits on DRAM, and capping the
-registers so that one more program fits (``.minnctapersm k + 1``) moved LayerNorm from 0.92x to
-0.98x of copy bandwidth at 4096 columns and, in 8k-column blocks, from 0.84x to 0.93x at 16384
-on an H100 (benchmarks/RESULTS.md), as long as ptxas met the cap without spilling.  It is not
-free everywhere: two two-sweep configurations, which re-read each row through L2, lost 6.3% and
-3.7% of the eight measured (more rows in flight than L2 keeps); the row length is a runtime size,
-so one compiled kernel serves both kinds of row, and the pin ``ctas_per_sm = 1`` restores
-ptxas's own choice.
+``.maxntid T`` and ``.minnctapersm 1``, takes as many registers a thread as it likes: a 4-warp
+LayerNorm program took 96 and five shared an SM.  Fewer programs an SM means fewer bytes in
+flight for a kernel that waits on DRAM, and capping the registers (``.minnctapersm k``) so
+that more programs fit moved LayerNorm from 0.92x to 0.98x of copy bandwidth at 4096 columns
+on an H100, as long as ptxas met the cap without spilling.  On an H200, every such kernel
+measured ran fastest, or within 1% of it, at the most programs ptxas fits without spilling
+(LayerNorm 5 -> 9 programs: 3165 -> 3664 GB/s at 4096 columns, 1.22x over seven at 65536
+columns in 8 sweeps; split LayerNorm 4 -> 7: 1.15x; the decode combine 12 -> 16: 1.10x;
+benchmarks/RESULTS.md), so that is the choice.
 
-:func:`one_more_program` is that choice, made once ptxas has assembled the kernel as LLVM wrote
-it: it applies to kernels whose ``ctas_per_sm`` is not pinned and that have no products, TMA
-copies or warp roles (those budget registers and shared memory for ``ctas_per_sm`` in the
-passes themselves); it asks ptxas once more with the directive raised and keeps the result only
-when nothing spills and the SM really holds one more program.  Rows split over a cluster
-(``cluster_sum``, ``cluster_max``) take it too: softmax_split.tk's 16k-column part of a 64k row
-went from two programs an SM to three and from 0.85x to 0.93x of copy bandwidth on an H100
-(``benchmarks/occupancy_compare.py``, benchmarks/RESULTS.md).
+:func:`most_programs` makes it once LLVM has written the kernel, for kernels whose
+``ctas_per_sm`` is not pinned and that have no products, TMA copies or warp roles (those
+budget registers and shared memory for ``ctas_per_sm`` in the passes themselves).  Each cap is
+one ptxas run: the caps between ptxas's own choice and the SM's limit are bisected, a few runs
+at a time, the first beside ptxas's own choice.  Rows split over a cluster (``cluster_sum``,
+``cluster_max``) take it too.  The pin ``ctas_per_sm = 1`` restores ptxas's own choice.
 
 Must not: choose anything for kernels the passes budgeted, or keep a cubin that spills.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.pins import Options
-from tkc.registers import ctas_by_registers
+from tkc.registers import ctas_by_registers, entry_registers
 from tkc.target import Target
 
 #: Ops whose kernels budget registers and shared memory per ``ctas_per_sm`` in the passes.
@@ -52,9 +49,19 @@ def resident(registers: int, threads: int, smem_bytes: int, target: Target) -> i
 
 
 def applies(kernel: Operation, options: Options) -> bool:
-    """Whether the programs an SM are left to :func:`one_more_program`: ``ctas_per_sm`` not
-    pinned, and no op whose pass budgets for it."""
-    return options.ctas_per_sm is None and not any(op.name in BUDGETED_OPS for op in kernel.walk())
+    """Whether the programs an SM are left to :func:`most_programs`: ``ctas_per_sm`` not
+    pinned, no op whose pass budgets for it, and a grid other than ``grid(num_sms())`` (one
+    program an SM: more would fit for nothing)."""
+    return options.ctas_per_sm is None and not any(op.name in BUDGETED_OPS for op in kernel.walk()) \
+        and not _one_program_an_sm(kernel)
+
+
+def _one_program_an_sm(kernel: Operation) -> bool:
+    grid = next((op for op in kernel.regions[0].block.ops if op.name == "tile.grid"), None)
+    if grid is None or len(grid.operands) != 1:
+        return False
+    owner = getattr(grid.operands[0], "owner", None)
+    return owner is not None and owner.name == "tile.num_sms"
 
 
 _PTX_DIRECTIVE = re.compile(r"^(\s*\.minnctapersm\s+)\d+(\s*)$", re.MULTILINE)
@@ -72,33 +79,69 @@ def with_min_ctas(text: str, ctas: int, stage: str = "ptx") -> str:
     return rx.sub(lambda m: f"{m.group(1)}{ctas}{m.group(2)}", text)
 
 
-def one_more_program(ptx: str, name: str, threads: int, smem_bytes: int, first: Any, target: Target,
-                     assemble: Callable[[str], Any]) -> tuple[int, str, Any] | None:
-    """The programs an SM, the PTX and ptxas's result with ``.minnctapersm`` raised to one more
-    program than ``first`` (ptxas's result for ``ptx``) fits, or None when no more fit (threads,
-    CTAs or shared memory), ptxas spills at that cap, or the SM still holds no more programs."""
-    usage = first.kernels.get(name)
-    if usage is None or usage.spills:
-        return None  # a kernel that spills already would spill more under a lower cap
-    now = resident(usage.registers, threads, smem_bytes + usage.smem, target)
-    got = at_least(ptx, name, threads, smem_bytes, now + 1, first, target, assemble) if now >= 1 else None
-    return None if got is None else (now + 1, *got)
+def _caps(threads: int, most: int, target: Target) -> list[int]:
+    """The programs an SM to ask ptxas for, from 2 up to ``most``: one for each register cap
+    they give (the largest count of each), fewest first."""
+    by_cap: dict[int, int] = {}
+    for k in range(2, most + 1):
+        by_cap[entry_registers(threads, k, target)] = k
+    return sorted(by_cap.values())
 
 
-def at_least(ptx: str, name: str, threads: int, smem_bytes: int, ctas: int, current: Any, target: Target,
-             assemble: Callable[[str], Any]) -> tuple[str, Any] | None:
-    """The PTX and ptxas's result with ``.minnctapersm`` set to ``ctas``, where ``current``
-    (ptxas's result for ``ptx``) holds fewer and ptxas meets the cap without spilling; else
-    None."""
-    usage = current.kernels.get(name)
-    if usage is None or usage.spills:
-        return None
-    smem = smem_bytes + usage.smem
-    if resident(usage.registers, threads, smem, target) >= ctas or resident(1, threads, smem, target) < ctas:
-        return None
-    raised = with_min_ctas(ptx, ctas)
-    got = assemble(raised)
-    usage = got.kernels.get(name)
-    if usage is None or usage.spills or resident(usage.registers, threads, smem, target) < ctas:
-        return None
-    return raised, got
+def _spread(window: range, n: int) -> list[int]:
+    """``n`` indices of ``window`` that cut it into ``n + 1`` parts of about one size (all of
+    it where it has no more than ``n``)."""
+    if len(window) <= n:
+        return list(window)
+    return sorted({window[(j + 1) * len(window) // (n + 1)] for j in range(n)})
+
+
+def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Target,
+                  assemble: Callable[[str], Any], probes: int | None = None) -> tuple[int | None, str, Any]:
+    """``(programs, PTX, ptxas's result)`` with ``.minnctapersm`` raised to the most programs
+    an SM ptxas fits without spilling, where that is more than ptxas's own choice for ``ptx``
+    gives; else ``(None, ptx, ptxas's result for ptx)``.
+
+    ``probes`` runs of ptxas at a time (default: the CPUs, 2 to 16).  Every cap below one that
+    fits is taken to fit too, so the caps are bisected; the first probes run beside ptxas's
+    own choice, so with 12 CPUs (128 threads: 11 caps) one round of ptxas runs decides."""
+    probes = probes or max(2, min(16, os.cpu_count() or 2))
+    caps = _caps(threads, resident(1, threads, smem_bytes, target), target)
+    pool = ThreadPoolExecutor(max_workers=probes)
+    asked: dict[int, Future] = {}
+
+    def ask(window: range, n: int) -> None:
+        for i in _spread(window, n):
+            if i not in asked:
+                asked[i] = pool.submit(assemble, with_min_ctas(ptx, caps[i]))
+
+    try:
+        ask(range(len(caps)), probes - 1)
+        own = assemble(ptx)
+        usage = own.kernels.get(name)
+        if usage is None or usage.spills:
+            return None, ptx, own  # a kernel that spills already would spill more under a cap
+        smem = smem_bytes + usage.smem
+        now, most = resident(usage.registers, threads, smem, target), resident(1, threads, smem, target)
+        # caps[: lo + 1] fit (ptxas's own choice holds as many), caps[hi:] spill or cannot fit
+        lo = sum(k <= now for k in caps) - 1
+        hi = sum(k <= most for k in caps)
+        best = None
+        while hi - lo > 1:
+            if not any(lo < i < hi for i in asked):
+                ask(range(lo + 1, hi), probes)
+            for i in sorted(i for i in asked if lo < i < hi):
+                got = asked[i].result()
+                u = got.kernels.get(name)
+                if u is not None and not u.spills and resident(u.registers, threads, smem, target) >= caps[i]:
+                    if i > lo:
+                        lo, best = i, (caps[i], got)
+                else:
+                    hi = min(hi, i)
+            if lo >= hi:
+                break  # ptxas fit a cap above one it spilled at: keep the most that fit
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if best is None:
+        return None, ptx, own
+    return best[0], with_min_ctas(ptx, best[0]), best[1]
