@@ -1,10 +1,12 @@
 """FP8 attention forward (issue 27): examples/attn_fp8.tk (e4m3 Q, K, V with per-tensor
 descales, P in e4m3, O in bf16; V [N, D] transposed in shared memory by the kernel's producer
-warpgroup) beside the same kernel with V^T [D, N] given by the caller (the kernel alone: the
-transpose is the caller's), tkc's bf16 attention (examples/attn.tk, its default schedule and
-pinned with defer_last, and BN = 192 at D = 128) and torch's bf16 SDPA backends (flash,
-cuDNN), timed in turns on one GPU (cold L2, harness.py).  B * N = 16k
-tokens, H * D = 2048.  FlashAttention-3 publishes 1008 TFLOP/s for fp8 at D = 128, 16k on an
+warpgroup) called as a user calls it (``tkc.load``: the compiler's own schedule for the
+launch's shapes, tkc.schedule) beside the same kernel with its first ``choose`` (BN = 128),
+the same kernel with V^T [D, N] given by the caller (the kernel alone: the transpose is the
+caller's), tkc's bf16 attention (examples/attn.tk, called as a user calls it, and pinned with
+defer_last, and BN = 192 at D = 128) and torch's bf16 SDPA backends (flash, cuDNN), timed in
+alternation on one GPU (a 256 MB L2 clear before each call, harness.in_alternation).  B * N =
+16k tokens, H * D = 2048.  FlashAttention-3 publishes 1008 TFLOP/s for fp8 at D = 128, 16k on an
 H100 (not timed here).
 
     python benchmarks/attn_fp8.py [--quick] [--no-record]
@@ -26,13 +28,16 @@ sys.path.append(str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
-from harness import Row, append_results, group_args, in_turns, run_command, table  # noqa: E402
+import tkc  # noqa: E402
+from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 FA3_FP8_PUBLISHED = 1008.0  # TFLOP/s, FlashAttention-3 paper, fp8 forward, D = 128, 16k, H100 SXM
 GROUPS = ["attn_fp8"]
+FP8 = tkc.load(EXAMPLES / "attn_fp8.tk")
+BF16 = tkc.load(EXAMPLES / "attn.tk")
 
 # attn_fp8.tk with V^T [B, H, D, N] from the caller: P V's B is then K-major as it lies.
 V_TRANSPOSED = (EXAMPLES / "attn_fp8.tk").read_text() \
@@ -59,21 +64,22 @@ def rows(quick: bool) -> list[Row]:
                 o8, o16 = torch.empty_like(qb), torch.empty_like(qb)
                 scale = 1 / math.sqrt(D)
                 consts = {"D": D, "causal": causal}
-                fp8 = compile_kernel(EXAMPLES / "attn_fp8.tk", consts)
+                first = compile_kernel(EXAMPLES / "attn_fp8.tk", consts)
                 fp8_vt = compile_kernel(V_TRANSPOSED, consts)
-                bf16 = compile_kernel(EXAMPLES / "attn.tk", consts)
                 pinned = compile_kernel(EXAMPLES / "attn.tk", {**consts, "defer_last": True,
                                                                **({"BN": 192} if D == 128 else {})})
                 a8 = [q8, k8, v8, o8, scale, *desc]
                 a8t = [q8, k8, vt8, o8, scale, *desc]
-                contenders = {"tkc fp8": lambda: launch(fp8, a8),
+                contenders = {"tkc fp8": lambda: FP8(*a8, **consts),
+                              "tkc fp8 BN=128": lambda: launch(first, a8),
                               "tkc fp8 (V^T by caller)": lambda: launch(fp8_vt, a8t),
-                              "tkc bf16": lambda: launch(bf16, [qb, kb, vb, o16, scale]),
+                              "tkc bf16": lambda: BF16(qb, kb, vb, o16, scale, **consts),
                               "tkc bf16 pinned": lambda: launch(pinned, [qb, kb, vb, o16, scale])}
                 row = Row(f"attention forward fp8 D={D}{' causal' if causal else ''}", f"B{B} H{H} N{N}", "TFLOP/s")
                 deq = [x.float() * d for x, d in zip((q8, k8, v8), desc)]
                 want = torch.nn.functional.scaled_dot_product_attention(*deq, is_causal=causal, scale=scale)
-                notes = []
+                notes = [f"tkc fp8: {_pins(FP8, a8, consts)}; "
+                         f"tkc bf16: {_pins(BF16, [qb, kb, vb, o16, scale], consts)}"]
                 for name in list(contenders):
                     o = o16 if name.startswith("tkc bf16") else o8
                     o.fill_(float("nan"))
@@ -95,7 +101,7 @@ def rows(quick: bool) -> list[Row]:
                     except RuntimeError:
                         notes.append(f"{name} does not take these inputs")
                 flops = 4 * B * H * N * N * D // (2 if causal else 1)
-                timed = in_turns(contenders, 30)
+                timed = in_alternation(contenders, 30)
                 row.values = {("tkc" if k == "tkc fp8" else k): flops / s / 1e12 for k, s in timed.items()}
                 if D == 128 and N == 16384 and not causal:
                     notes.append(f"FA3 fp8 published on H100: {FA3_FP8_PUBLISHED} TFLOP/s (not timed)")
@@ -103,6 +109,11 @@ def rows(quick: bool) -> list[Row]:
                 out.append(row)
                 print(f"  {row.group} {row.problem}: {row.values} {row.notes}", flush=True)
     return out
+
+
+def _pins(kernel: tkc.Kernel, args: list, consts: dict) -> str:
+    """The pins the compiler's own schedule gives a launch, as k=v."""
+    return ", ".join(f"{k}={v}" for k, v in kernel.pins(*args, **consts).items()) or "no pins"
 
 
 def want_bf16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:

@@ -120,6 +120,25 @@ def test_assembles_without_spills(D: int, causal: bool) -> None:
     assert_no_spills(_compile({"D": D, "causal": causal}, "cubin"))
 
 
+@needs_ptxas
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_long_d64_launch_takes_256_key_blocks(causal: bool) -> None:
+    """BN = choose(128, 256) at D = 64: a launch whose loop stays long takes 256-key blocks
+    (they assemble without spilling for sm_90a), a short causal one keeps 128."""
+    import tkc
+
+    kernel = tkc.load(EXAMPLE)
+
+    def pins(N: int) -> dict:
+        q = torch.empty(16384 // N, 32, N, 64, dtype=torch.float8_e4m3fn, device="meta")
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")
+        return kernel.pins(q, q, q, o, 0.125, 1.0, 1.0, 1.0, D=64, causal=causal)
+
+    assert pins(16384)["BN"] == 256
+    assert pins(4096).get("BN") == (None if causal else 256)
+    assert_no_spills(_compile({"D": 64, "BN": 256, "causal": causal}, "cubin"))
+
+
 def test_v_transposed_in_shared_memory_and_p_in_registers() -> None:
     """P V reads V as it lies: a TMA copy of the MN-major tile and a transposed copy, its K in
     the order the 8-bit A fragment reads it, so P goes to wgmma from registers (no shared-memory
@@ -221,11 +240,11 @@ def test_v_not_transposed_is_refused_at_its_line(consts: dict, target: str, mess
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,causal", CONFIGS)
+@pytest.mark.parametrize("D,causal,BN", [*((d, c, None) for d, c in CONFIGS), (64, False, 256), (64, True, 256)])
 @pytest.mark.parametrize("N", [333, 2048 + 40])
-def test_on_gpu_as_interpreter(D: int, causal: bool, N: int) -> None:
-    args, want, got = interpret_and_run_on_gpu(lambda stop: _compile({"D": D, "causal": causal}, stop),
-                                               {"B": 2, "H": 3, "N": N})
+def test_on_gpu_as_interpreter(D: int, causal: bool, BN: int | None, N: int) -> None:
+    consts = {"D": D, "causal": causal, **({"BN": BN} if BN else {})}
+    args, want, got = interpret_and_run_on_gpu(lambda stop: _compile(consts, stop), {"B": 2, "H": 3, "N": N})
     # The GPU's exp2 (ex2.approx) and fused multiply-adds differ from numpy's in the last bits,
     # which moves a few probabilities to the neighbouring e4m3 value: a row's output then moves
     # by at most one e4m3 step of a probability (1/16 of it, and p <= l) times V's largest value.
