@@ -23,7 +23,9 @@ programs share the SMs.
     epilogue nobody overlaps, about one to two iterations' worth; the persistent walk hides
     them behind the next tile's loop but costs a few percent an iteration.  In the sweep,
     persistent programs won on every row of at most ``SHORT_LOOP`` iterations on average and
-    lost on every row of 16 and more without a causal mask.
+    lost on every row of 16 and more without a causal mask.  Not where the second product
+    takes 8-bit operands: a persistent walk keeps FP8 attention's V transposed by the
+    consumers (transpose-in-producer needs the loop on its own), 0.88-0.98x at 1k tokens.
   - ``outer_stages = 1`` with ``persistent`` on a long loop (a causal tail): the per-tile Q in
     one stage, whose address then stays put through the loop (a second stage pays on short
     loops only).
@@ -43,7 +45,8 @@ programs share the SMs.
     2k-4k it cost 1-6%.
   - ``tma_store = False`` in a long loop walked one program a tile, every program as long,
     whose stored tiles have rows of at most ``NARROW_ROW`` bytes (D = 64): the output stored
-    from registers ran 1.01-1.08x faster (a measured rule: the loop is the same either way).
+    from registers ran 1.01-1.08x faster (a measured rule: the loop is the same either way);
+    not for FP8 attention, where the TMA store ran 1.03x faster.
 - **An attention-shaped loop in a walk of the program's own** (a loop over tiles the kernel
   writes itself, such as ring attention's ``grid(num_sms())`` programs, multi-GPU kernels
   among them): ``defer_last`` only; the grid and the walk are the kernel's.  Ring attention
@@ -158,7 +161,10 @@ class Chooser:
         if "persistent" not in self.given and grid_given is None:  # a caller's grid counts tiles
             slots = sms * int(self.kernel.attributes["consts"].get("ctas_per_sm") or 1)
             tail = first != last and longest * slots > TAIL * tiles * mean
-            pins["persistent"] = mean <= SHORT_LOOP or tail
+            # Not for a short loop whose second product is 8-bit: the persistent walk keeps
+            # transpose-in-producer from taking FP8 attention's transposing copy of V off the
+            # consumers (1k tokens: 0.88-0.98x one program a tile on an H200).
+            pins["persistent"] = (mean <= SHORT_LOOP and not self.eight_bit) or tail
         if pins.get("persistent") and mean > SHORT_LOOP and "outer_stages" not in self.given:
             # A long loop walked persistently (a causal tail): the per-tile Q tile in one stage.
             # Its second stage lands the next tile's Q during this tile's loop, which pays on
@@ -167,10 +173,11 @@ class Chooser:
             # datapath: 0.93-0.99x from 2k tokens (D = 128 and 64; benchmarks/RESULTS.md).
             pins["outer_stages"] = 1
         if mean > SHORT_LOOP and not pins.get("persistent") and first == last and "tma_store" not in self.given \
-                and _narrow_output(self.kernel):
+                and _narrow_output(self.kernel) and not self.eight_bit:
             # One program a tile, every one as long, rows of at most NARROW_ROW bytes stored:
             # from registers (D = 64 without a mask, 2k-16k tokens: 1.01-1.08x in two sweeps;
-            # with a mask's uneven programs 0.95-1.00x, and rows of 256 bytes or more 0.83-0.99x).
+            # with a mask's uneven programs 0.95-1.00x, and rows of 256 bytes or more 0.83-0.99x;
+            # FP8 attention at D = 64 in 192-row tiles 0.97x, so not where P V is 8-bit).
             pins["tma_store"] = False
         if mean > SHORT_LOOP and not pins.get("persistent") and clean is not None:
             # A long loop, one program a tile: the largest tile that compiles without spilling

@@ -20,7 +20,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
 from tkc import dtypes
 from tkc.ir.layouts import (SharedLayout, WgmmaOperandA8, a8_logical_col, choose_swizzle, transpose_copy_block,
-                            transpose_copy_blocks)
+                            transpose_copy_blocks, transpose_copy_last)
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 
@@ -101,6 +101,11 @@ def test_reference_without_rounding_is_sdpa() -> None:
 @pytest.mark.parametrize("consts,N", [({"D": 64, "BM": 64, "BN": 64}, 150),
                                       ({"D": 64, "BM": 64, "BN": 64, "causal": True}, 150),
                                       ({"D": 64, "causal": True}, 600),
+                                      # 192 rows: three consumer warpgroups, V transposed by the producer
+                                      ({"D": 64, "BM": 192, "causal": True}, 420),
+                                      # ... and by the consumers, whose 384 threads share 512 blocks
+                                      # unevenly (a second round of 128)
+                                      ({"D": 64, "BM": 192, "transpose_in_producer": False}, 300),
                                       ({"D": 128, "causal": True}, 200),
                                       ({"D": 128, "defer_last": True}, 333),
                                       ({"D": 128, "causal": True, "transpose_in_producer": False}, 200),
@@ -122,20 +127,19 @@ def test_assembles_without_spills(D: int, causal: bool) -> None:
 
 @needs_ptxas
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_long_d64_launch_takes_256_key_blocks(causal: bool) -> None:
-    """BN = choose(128, 256) at D = 64: a launch whose loop stays long takes 256-key blocks
-    (they assemble without spilling for sm_90a), a short causal one keeps 128."""
+def test_a_long_d64_launch_takes_192_row_tiles(causal: bool) -> None:
+    """BM = choose(128, 192) and BN = choose(128, 256) at D = 64: a launch whose loop stays long
+    takes 192-row tiles (three consumer warpgroups, assembled without spilling for sm_90a);
+    with them 256-key blocks do not fit the accumulators, so the keys stay in blocks of 128
+    (the tiles alone, 128 x 256, assemble without spilling too)."""
     import tkc
 
     kernel = tkc.load(EXAMPLE)
-
-    def pins(N: int) -> dict:
-        q = torch.empty(16384 // N, 32, N, 64, dtype=torch.float8_e4m3fn, device="meta")
-        o = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")
-        return kernel.pins(q, q, q, o, 0.125, 1.0, 1.0, 1.0, D=64, causal=causal)
-
-    assert pins(16384)["BN"] == 256
-    assert pins(4096).get("BN") == (None if causal else 256)
+    q = torch.empty(1, 32, 16384, 64, dtype=torch.float8_e4m3fn, device="meta")
+    o = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")
+    pins = kernel.pins(q, q, q, o, 0.125, 1.0, 1.0, 1.0, D=64, causal=causal)
+    assert pins["BM"] == 192 and "BN" not in pins
+    assert_no_spills(_compile({"D": 64, "BM": 192, "causal": causal}, "cubin"))
     assert_no_spills(_compile({"D": 64, "BN": 256, "causal": causal}, "cubin"))
 
 
@@ -190,7 +194,11 @@ def test_the_producer_leaves_the_copy_where_the_ring_does_not_fit() -> None:
 
 
 @pytest.mark.parametrize("D,BN,threads,ways", [(128, 128, 256, 1), (64, 128, 256, 2), (64, 64, 128, 2),
-                                                (128, 128, 128, 1), (64, 256, 128, 2)])
+                                                (128, 128, 128, 1), (64, 256, 128, 2),
+                                                # 384 threads, 512 blocks: a second round of 128, in
+                                                # the plain order (transpose-in-producer gives the
+                                                # copy to 128 threads, which take the swizzled one)
+                                                (64, 128, 384, 8), (128, 128, 384, 8)])
 def test_transposing_copy_moves_each_element_once_with_few_bank_conflicts(D: int, BN: int, threads: int,
                                                                            ways: int) -> None:
     """Every element of V's tile is moved by exactly one thread, and a warp's 4-byte reads and
@@ -203,12 +211,14 @@ def test_transposing_copy_moves_each_element_once_with_few_bank_conflicts(D: int
     seen = np.zeros((D, BN), int)
     t = np.arange(threads)
     worst = 0
-    for r in range(transpose_copy_blocks(D, BN, threads)):
+    rounds = transpose_copy_blocks(D, BN, threads)
+    for r in range(rounds):
+        t = np.arange(transpose_copy_last(D, BN, threads) if r == rounds - 1 else threads)
         row0, col0 = transpose_copy_block(D, BN, threads, t, r)
         addrs = [src.offset(a8_logical_col(col0 + u), row0) for u in range(4)]
         addrs += [stored.offset(row0 + v, col0) for v in range(4)]
         for a in addrs:
-            worst = max(worst, max(np.bincount(a[w:w + 32] // 4 % 32).max() for w in range(0, threads, 32)))
+            worst = max(worst, max(np.bincount(a[w:w + 32] // 4 % 32).max() for w in range(0, len(t), 32)))
         for u in range(4):
             for v in range(4):
                 np.add.at(seen, (row0 + v, col0 + u), 1)
@@ -240,10 +250,11 @@ def test_v_not_transposed_is_refused_at_its_line(consts: dict, target: str, mess
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("D,causal,BN", [*((d, c, None) for d, c in CONFIGS), (64, False, 256), (64, True, 256)])
+@pytest.mark.parametrize("D,causal,tiles", [*((d, c, {}) for d, c in CONFIGS),
+                                             *((64, c, t) for c in (False, True) for t in ({"BN": 256}, {"BM": 192}))])
 @pytest.mark.parametrize("N", [333, 2048 + 40])
-def test_on_gpu_as_interpreter(D: int, causal: bool, BN: int | None, N: int) -> None:
-    consts = {"D": D, "causal": causal, **({"BN": BN} if BN else {})}
+def test_on_gpu_as_interpreter(D: int, causal: bool, tiles: dict, N: int) -> None:
+    consts = {"D": D, "causal": causal, **tiles}
     args, want, got = interpret_and_run_on_gpu(lambda stop: _compile(consts, stop), {"B": 2, "H": 3, "N": N})
     # The GPU's exp2 (ex2.approx) and fused multiply-adds differ from numpy's in the last bits,
     # which moves a few probabilities to the neighbouring e4m3 value: a row's output then moves

@@ -49,7 +49,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_ro
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
                             first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
-                            vector_coords)
+                            transpose_copy_last, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -269,19 +269,31 @@ def _smem_copy(lw: Lowerer, op: Operation) -> None:
     # Addresses computed here, not hoisted out of the loop: 32 of them would stay live across it.
     t = Sym(b, nvvm.opaque(b, lw.tid))
     i32p = ir.PointerType(I32, addrspace=3)
+    last = transpose_copy_last(lay.rows, lay.cols, lw.threads)
     for r in range(per):
-        row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
-        # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
-        ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
-        words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
-                 for k in ks]
-        stored = replace(lay, kperm=False)  # addressed by stored column
-        # A 4 x 4 byte transpose in eight prmt: interleave bytes 0-1 and 2-3 of word pairs, then
-        # halves; word v of the result holds byte v of each source word.
-        pairs = [_prmt(b, words[i], words[i + 1], sel) for i in (0, 2) for sel in (0x5140, 0x7362)]
-        out = [_prmt(b, pairs[h], pairs[2 + h], sel) for h in (0, 1) for sel in (0x5410, 0x7632)]
-        for v in range(TRANSPOSE_BLOCK):
-            b.store(out[v], b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
+        if r == per - 1 and last < lw.threads:  # the threads past the blocks move none
+            lw.if_then(b.icmp_unsigned("<", lw.tid, const_i32(last)),
+                       lambda r=r: _transpose_block(lw, src, dst, lay, t, r, i32p), "transpose.last")
+        else:
+            _transpose_block(lw, src, dst, lay, t, r, i32p)
+
+
+def _transpose_block(lw: Lowerer, src: SmemTile, dst: SmemTile, lay: SharedLayout, t: Sym, r: int,
+                     i32p: ir.Type) -> None:
+    """Round ``r`` of the transposing copy: this thread's 4 x 4 block of bytes."""
+    b = lw.b
+    row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
+    # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
+    ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
+    words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
+             for k in ks]
+    stored = replace(lay, kperm=False)  # addressed by stored column
+    # A 4 x 4 byte transpose in eight prmt: interleave bytes 0-1 and 2-3 of word pairs, then
+    # halves; word v of the result holds byte v of each source word.
+    pairs = [_prmt(b, words[i], words[i + 1], sel) for i in (0, 2) for sel in (0x5140, 0x7362)]
+    out = [_prmt(b, pairs[h], pairs[2 + h], sel) for h in (0, 1) for sel in (0x5410, 0x7632)]
+    for v in range(TRANSPOSE_BLOCK):
+        b.store(out[v], b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:

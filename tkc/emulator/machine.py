@@ -62,7 +62,8 @@ from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_ve
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
                             a8_logical_col, broadcast_slots, picked_registers,
                             expand_is_free, first_holders, reduce_plan, register_map, same_registers, scan_plan,
-                            transpose_copy_block, transpose_copy_blocks, transposes, vector_coords)
+                            transpose_copy_block, transpose_copy_blocks, transpose_copy_last, transposes,
+                            vector_coords)
 from tkc.ir.types import ScalarType, TensorType, TileType
 from tkc.pins import Options
 from tkc.registers import role_budget_problem
@@ -1183,6 +1184,8 @@ def _smem_copy(wg: _Warpgroup, op: Operation, src: SmemTile, dst: SmemTile) -> N
     u = np.arange(TRANSPOSE_BLOCK)[None, None, None, :]
     row0, col0 = transpose_copy_block(lay.rows, lay.cols, wg.threads, t, r)
     n, k = np.broadcast_arrays(row0 + v, col0 + u)  # stored (rows x cols) = (N, K); the tile is K x N
+    moves = np.broadcast_to((r < per - 1) | (t < transpose_copy_last(lay.rows, lay.cols, wg.threads)), n.shape)
+    n, k = n[moves], k[moves]  # the last round's threads past the blocks move none
     if lay.kperm:
         k = a8_logical_col(k)  # stored column k holds this column of the tile
     who = _who(op, wg)

@@ -1152,16 +1152,27 @@ _WARP_ROWS, _WARP_COLS = 32, 64
 
 
 def transpose_copy_blocks(rows: int, cols: int, threads: int) -> int:
-    """Blocks of ``hopper.smem_copy``'s transposing copy each thread moves, for a destination
-    stored ``rows x cols``: all threads share the 4 x 4 blocks evenly.  ValueError if they cannot."""
+    """Rounds of ``hopper.smem_copy``'s transposing copy, for a destination stored ``rows x
+    cols``: in each a thread moves one 4 x 4 block, and in the last only the threads below
+    :func:`transpose_copy_last` where the threads do not share the blocks evenly (384 consumer
+    threads and 512 blocks: two rounds, the second of 128 threads).  ValueError where the tile
+    is no whole number of blocks."""
     b = TRANSPOSE_BLOCK
-    if rows % b or cols % b or (rows // b) * (cols // b) % threads:
-        raise ValueError(f"a {rows} x {cols} tile is not {threads} threads' share of {b} x {b} blocks")
-    return (rows // b) * (cols // b) // threads
+    if rows % b or cols % b:
+        raise ValueError(f"a {rows} x {cols} tile is not a whole number of {b} x {b} blocks")
+    return -(-(rows // b) * (cols // b) // threads)
+
+
+def transpose_copy_last(rows: int, cols: int, threads: int) -> int:
+    """The threads that move a block in the transposing copy's last round (all of them where
+    they share the blocks evenly)."""
+    blocks = (rows // TRANSPOSE_BLOCK) * (cols // TRANSPOSE_BLOCK)
+    return blocks - threads * (transpose_copy_blocks(rows, cols, threads) - 1)
 
 
 def _warp_order(rows: int, cols: int, threads: int) -> bool:
-    return rows % _WARP_ROWS == 0 and cols % _WARP_COLS == 0 and threads % 32 == 0 and \
+    return transpose_copy_last(rows, cols, threads) == threads and \
+        rows % _WARP_ROWS == 0 and cols % _WARP_COLS == 0 and threads % 32 == 0 and \
         (rows // _WARP_ROWS) * (cols // _WARP_COLS) * 4 % (threads // 32) == 0
 
 
