@@ -95,6 +95,15 @@ def _attn_bwd(peer: bool, causal: bool = False, D: int = 128, consts: dict | Non
                        [q, k, v, do, lse, delta, dq, dk, dv, scale])
 
 
+def _attn_fp8(consts: dict | None = None, D: int = 128, N: int = 16384):
+    """examples/attn_fp8.tk (e4m3 Q, K, V, unit descales) at the harness's shapes."""
+    import torch
+
+    q, k, v = (_randn(16384 // N, 2048 // D, N, D).to(torch.float8_e4m3fn) for _ in range(3))
+    o = torch.empty(q.shape, device="cuda", dtype=torch.bfloat16)
+    return _tkc("attn_fp8.tk", {"D": D, **(consts or {})}, [q, k, v, o, 1 / math.sqrt(D), 1.0, 1.0, 1.0])
+
+
 def _tkc_kernel(path: Path, consts: dict, kernel: str | None, args: list):
     from tkc.compiler import compile_kernel
     from tkc.runtime.launch import launch
@@ -162,6 +171,8 @@ CASES = {
     "attn-plain": lambda: _attn(False), "attn-defer": lambda: _attn(False, consts={"defer_last": True}),
     # The same with persistent programs (ring attention's walk): 13% slower at 16k tokens.
     "attn-defer-persistent": lambda: _attn(False, consts={"defer_last": True, "persistent": True}),
+    # FP8 attention, whose schedule leaves defer_last off (it ran 11% slower with it)
+    "attn-fp8": lambda: _attn_fp8(), "attn-fp8-defer": lambda: _attn_fp8({"defer_last": True}),
     "attn-d64-plain": lambda: _attn(False, D=64),
     "attn-d64-defer": lambda: _attn(False, D=64, consts={"defer_last": True}),
     "softmax": lambda: _norm("softmax", 4096, False), "softmax-torch": lambda: _norm("softmax", 4096, True),
