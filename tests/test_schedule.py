@@ -53,13 +53,13 @@ def test_short_attention_loops_walk_persistently_and_long_ones_do_not() -> None:
     assert attn_pins(16384, causal=True) == {"defer_last": True, "persistent": False}  # 1 to 128
 
 
-def test_fp8_attention_gets_no_defer_last() -> None:
-    """P V of 8-bit operands: defer_last cost FP8 attention 6-11% on an H200, so the schedule
-    leaves it out (the persistent choice stays the same as bf16's)."""
+def test_fp8_attention_gets_defer_last() -> None:
+    """P V of 8-bit operands: with P crossing the loop as e4m3 words, defer_last gave FP8
+    attention 1.03-1.08x on an H200, as it does bf16 (the persistent choice stays bf16's)."""
     base = {"D": 128, "causal": False}
     ch = chooser(tkc.load(EXAMPLES / "attn_fp8.tk").kernel_op(**base), set(base))
     args = [sized(1, 16, 16384, 128, dtype=torch.float8_e4m3fn)] * 3 + [sized(1, 16, 16384, 128)] + [0.1, 1.0, 1.0, 1.0]
-    assert ch is not None and ch.pins(args, None, 132) == {"persistent": False}
+    assert ch is not None and ch.pins(args, None, 132) == {"defer_last": True, "persistent": False}
     assert attn_pins(16384) == {"defer_last": True, "persistent": False}
 
 
@@ -71,7 +71,8 @@ def test_short_fp8_attention_loops_keep_one_program_a_tile() -> None:
         base = {"D": D, "causal": causal}
         ch = chooser(tkc.load(EXAMPLES / "attn_fp8.tk").kernel_op(**base), set(base))
         args = [sized(16, 2048 // D, 1024, D, dtype=torch.float8_e4m3fn)] * 3 + [sized(16, 2048 // D, 1024, D)]
-        assert ch is not None and ch.pins(args + [0.1, 1.0, 1.0, 1.0], None, 132) == {"persistent": False}
+        assert ch is not None and ch.pins(args + [0.1, 1.0, 1.0, 1.0], None, 132) == {"defer_last": True,
+                                                                                       "persistent": False}
     assert attn_pins(1024, D=64)["persistent"]  # bf16: persistent
 
 

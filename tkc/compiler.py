@@ -334,15 +334,16 @@ def _llvm_ir(b: _Build) -> str:
 
 def _ptx(b: _Build) -> str:
     """LLVM's NVPTX backend.  For a kernel whose programs an SM no pass budgets for
-    (:func:`tkc.codegen.occupancy.applies`), ptxas then says how many fit without spilling;
-    the PTX, and the LLVM IR beside it, ask for that many (``.minnctapersm``)."""
+    (:func:`tkc.codegen.occupancy.applies`) and whose grid is not one program an SM, ptxas
+    then says how many fit without spilling; the PTX, and the LLVM IR beside it, ask for that
+    many (``.minnctapersm``)."""
     from tkc.codegen import occupancy
     from tkc.codegen.ptxas import assemble
     from tkc.codegen.target import emit_ptx
 
     ptx = emit_ptx(b.asm["llvm"], b.target, opt=b.opt_level)  # the text: printed once
     op = b.module.kernel(b.name)
-    if b.ptxas is None or not occupancy.applies(op, b.options):
+    if b.ptxas is None or not occupancy.applies(op, b.options) or occupancy.one_program_an_sm(op):
         return ptx
     threads, smem = op.attributes["threads"], op.attributes.get("smem_bytes") or 0
     ctas, ptx, b.assembled = occupancy.most_programs(ptx, b.name, threads, smem, b.target,

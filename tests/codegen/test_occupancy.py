@@ -154,8 +154,27 @@ def test_layernorm_compiles_to_the_most_programs_ptxas_fits(ptxas):
 
 
 def test_persistent_grids_are_left_to_ptxas():
-    # grid(num_sms()): one program an SM whatever fits
-    assert not _applies("reducescatter.tk")
+    # grid(num_sms()): one program an SM whatever fits; the retry on more warps where such a
+    # kernel spills still applies
+    kernel = compile_kernel(EXAMPLES / "reducescatter.tk", {}, stop="hopper", cache=False).kernel_op
+    assert occupancy.one_program_an_sm(kernel) and _applies("reducescatter.tk")
+    assert not occupancy.one_program_an_sm(compile_kernel(EXAMPLES / "layernorm.tk", {}, stop="hopper",
+                                                          cache=False).kernel_op)
+
+
+def test_a_persistent_kernel_that_spills_still_gets_more_warps(ptxas):
+    src = """
+@kernel
+def rows(x: bf16[M, N], y: bf16[M, N], BN: const = 32768):
+    grid(num_sms())
+    for j in range(cdiv(M, num_sms())):
+        r = j * num_sms() + program_id(0)
+        t = load(x[r:r+1, 0:BN], other=-inf).to(f32)
+        e = exp(t - t.max(1)[:, None])
+        y[r:r+1, 0:BN] = (e * (1.0 / e.sum(1))[:, None]).to(bf16)
+"""
+    k = compile_kernel(src, {}, cache=False)
+    assert k.threads > 128 and not k.resources.spills
 
 
 def test_kernels_left_as_ptxas_first_makes_them(ptxas):

@@ -251,7 +251,9 @@ def test_v_not_transposed_is_refused_at_its_line(consts: dict, target: str, mess
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("D,causal,tiles", [*((d, c, {}) for d, c in CONFIGS),
-                                             *((64, c, t) for c in (False, True) for t in ({"BN": 256}, {"BM": 192}))])
+                                             *((64, c, t) for c in (False, True) for t in ({"BN": 256}, {"BM": 192})),
+                                             # P crosses the loop as e4m3 words (tkc/codegen/lower.py)
+                                             (128, False, {"defer_last": True}), (128, True, {"defer_last": True})])
 @pytest.mark.parametrize("N", [333, 2048 + 40])
 def test_on_gpu_as_interpreter(D: int, causal: bool, tiles: dict, N: int) -> None:
     consts = {"D": D, "causal": causal, **tiles}
@@ -263,3 +265,11 @@ def test_on_gpu_as_interpreter(D: int, causal: bool, tiles: dict, N: int) -> Non
     step = np.abs(args[2]).max() * args[7] / 16 + 2 ** -8 * np.abs(want[3]).max()  # and O's bf16 rounding
     assert err.max() <= step, (err.max(), step)
     assert np.mean(err > 1e-2 * np.abs(want[3]).max()) < 1e-3
+
+
+def test_a_deferred_p_crosses_the_loop_as_e4m3_words() -> None:
+    """With defer_last P V runs an iteration after P is rounded: P crosses the loop as the b32
+    words its product reads (four e4m3 each), not decoded to f32 and encoded again."""
+    ptx = _compile({"D": 128, "defer_last": True}, "ptx").asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" not in ptx
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * ptx.count("cvt.rn.bf16x2.f32")

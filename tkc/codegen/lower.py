@@ -35,13 +35,15 @@ from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 from tkc.codegen.lower_rand import HANDLERS as RAND
 from tkc.codegen import lower_ranks
-from tkc.codegen.lower_values import Lowered, const_i32, pack_pair, packs_in_pairs, round_to, unpack_pair
+from tkc.codegen.lower_values import (FP8_NAMES, Lowered, const_i32, pack_fp8x4, pack_pair, packs_in_pairs, round_to,
+                                      unpack_fp8x4, unpack_pair)
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
+from tkc.ir.layouts import WgmmaOperandA8
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 from tkc.pins import Options
 from tkc.registers import WGMMA_EXTRA_REGISTERS, entry_registers
@@ -78,12 +80,17 @@ def _check_accumulators_fit(kernel: Operation, entry: int, ctas: int, producer_r
 # --------------------------------------------------------------------------- structure
 
 
-def _packed(t: Type) -> DType | None:
-    """The dtype of a bf16/f16 register tile, which crosses control-flow edges (loop-carried
-    values, if results) as packed b32 pairs: its f32 register form through a phi would cost a
-    rounding and a widening per value, and twice the registers."""
-    if isinstance(t, TileType) and packs_in_pairs(t.dtype) and t.layout.regs % 2 == 0:
-        return t.dtype
+def _packed(t: Type) -> tuple[DType, int] | None:
+    """The dtype of a bf16/f16 or fp8 register tile and the values a b32 holds (2 or 4): such a
+    tile crosses control-flow edges (loop-carried values, if results) as packed b32s.  Its f32
+    register form through a phi would cost a rounding and a widening per value, and two or four
+    times the registers (FP8 attention's P, deferred to the next iteration's P V: decoded and
+    encoded again, 1.2x the kernel's instructions)."""
+    if not isinstance(t, TileType):
+        return None
+    per = 2 if packs_in_pairs(t.dtype) else 4 if t.dtype.name in FP8_NAMES else 0
+    if per and t.layout.regs % per == 0:
+        return t.dtype, per
     return None
 
 
@@ -91,19 +98,40 @@ def _flat(b: ir.IRBuilder, t: Type, x: Lowered) -> list[ir.Value]:
     """The LLVM values that carry ``x`` (of type ``t``) across a control-flow edge."""
     if not isinstance(x, list):
         return [x]
-    dt = _packed(t)
-    return list(x) if dt is None else [pack_pair(b, x[i], x[i + 1], dt) for i in range(0, len(x), 2)]
+    packed = _packed(t)
+    if packed is None:
+        return list(x)
+    dt, per = packed
+    if per == 4:
+        return [pack_fp8x4(b, [x[i] for i in group], dt) for group in _fp8_words(t)]
+    return [pack_pair(b, x[i], x[i + 1], dt) for i in range(0, len(x), 2)]
+
+
+def _fp8_words(t: TileType) -> list[list[int]]:
+    """The values of an fp8 register tile each b32 carries, byte 0 first: a wgmma A operand's
+    in the order its product packs them (so the b32s reach it as they are), else four in a row."""
+    lay = t.layout
+    if isinstance(lay, WgmmaOperandA8):
+        return [reg for s in range(lay.slices) for k in range(lay.k_steps) for reg in lay.step_values(k, s)]
+    return [list(range(i, i + 4)) for i in range(0, lay.regs, 4)]
 
 
 def _unflat(b: ir.IRBuilder, t: Type, vals: list[ir.Value]) -> tuple[Lowered, list[ir.Value]]:
     """Take the values of one ``t`` off the front of ``vals`` (as :func:`_flat` made them)."""
     if isinstance(t, TileType):
-        dt = _packed(t)
-        if dt is None:
+        packed = _packed(t)
+        if packed is None:
             n = t.layout.regs
             return vals[:n], vals[n:]
-        n = t.layout.regs // 2
-        return [h for w in vals[:n] for h in unpack_pair(b, w, dt)], vals[n:]
+        dt, per = packed
+        n = t.layout.regs // per
+        if per == 2:
+            return [h for w in vals[:n] for h in unpack_pair(b, w, dt)], vals[n:]
+        out: list = [None] * t.layout.regs
+        for group, w in zip(_fp8_words(t), vals[:n]):
+            for i, v in zip(group, unpack_fp8x4(b, w, dt)):
+                out[i] = v
+        return out, vals[n:]
     return vals[0], vals[1:]
 
 

@@ -83,6 +83,7 @@ def llvm_call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.V
 # fp8 <-> f32 through the PTX conversions the dtypes module models (cvt.rn.satfinite
 # e4m3x2/e5m2x2 from f32, and the exact f16x2 widening back); LLVM has no fp8 type.
 _FP8 = {"f8e4m3": "e4m3x2", "f8e5m2": "e5m2x2"}
+FP8_NAMES = frozenset(_FP8)
 
 
 def fp8_encode(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
@@ -102,7 +103,12 @@ def pack_fp8x4(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> ir.Value
     """Four fp8 values (their f32 register form) as one b32, ``vals[0]`` in the low byte: two
     ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` and a ``mov.b32``.  A value that :func:`round_to` just
     rounded is converted from its unrounded f32 (rounding twice is rounding once), which leaves
-    the separate rounding dead."""
+    the separate rounding dead; the four bytes of one b32 that :func:`unpack_fp8x4` decoded, in
+    order, are that b32 again."""
+    froms = [_fp8_unpacked_from(v) for v in vals]
+    if all(f is not None and f[0] is froms[0][0] and f[1] == k for k, f in enumerate(froms)):
+        return froms[0][0]
+
     def source(v: ir.Value) -> ir.Value:
         # round_to's fp8_decode(fp8_encode(x)): a call whose argument is a call on x
         if isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm:
@@ -116,6 +122,26 @@ def pack_fp8x4(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> ir.Value
     asm = f"cvt.rn.satfinite.{_FP8[dt.name]}.f32 $0, $1, $2;"
     lo, hi = (b.asm(cvt, asm, "=h,f,f", [src[2 * h + 1], src[2 * h]], side_effect=False) for h in (0, 1))
     return b.asm(ir.FunctionType(I32, [I16, I16]), "mov.b32 $0, {$1, $2};", "=r,h,h", [lo, hi], side_effect=False)
+
+
+def unpack_fp8x4(b: ir.IRBuilder, word: ir.Value, dt: DType) -> list[ir.Value]:
+    """The four fp8 bytes of a b32 (low byte first) in their f32 register form: the inverse of
+    :func:`pack_fp8x4`, which gives ``word`` back for them without converting."""
+    return [fp8_decode(b, b.trunc(b.lshr(word, const_i32(8 * k)) if k else word, I16), dt) for k in range(4)]
+
+
+def _fp8_unpacked_from(v: ir.Value) -> tuple[ir.Value, int] | None:
+    """(b32, byte) when ``v`` is what :func:`unpack_fp8x4` decoded of that byte of that b32."""
+    if not (isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm):
+        return None
+    t = v.args[0]
+    if not (isinstance(t, ir.CastInstr) and t.opname == "trunc"):
+        return None
+    w = t.operands[0]
+    if isinstance(w, ir.Instruction) and w.opname == "lshr" and isinstance(w.operands[1], ir.Constant) \
+            and w.operands[1].constant in (8, 16, 24):
+        return w.operands[0], w.operands[1].constant // 8
+    return w, 0
 
 
 def _narrow_type(dt: DType) -> ir.Type:

@@ -49,19 +49,21 @@ def resident(registers: int, threads: int, smem_bytes: int, target: Target) -> i
 
 
 def applies(kernel: Operation, options: Options) -> bool:
-    """Whether the programs an SM are left to :func:`most_programs`: ``ctas_per_sm`` not
-    pinned, no op whose pass budgets for it, and a grid other than ``grid(num_sms())`` (one
-    program an SM: more would fit for nothing)."""
-    return options.ctas_per_sm is None and not any(op.name in BUDGETED_OPS for op in kernel.walk()) \
-        and not _one_program_an_sm(kernel)
+    """Whether the programs an SM are left to ptxas's answers (:func:`most_programs`, and the
+    compiler's retry on more warps where a kernel spills): ``ctas_per_sm`` not pinned and no op
+    whose pass budgets for it."""
+    return options.ctas_per_sm is None and not any(op.name in BUDGETED_OPS for op in kernel.walk())
 
 
-def _one_program_an_sm(kernel: Operation) -> bool:
+def one_program_an_sm(kernel: Operation) -> bool:
+    """Whether the kernel's grid is ``num_sms()`` programs (``grid(num_sms())``, other extents
+    1): one program an SM, so more programs an SM would fit for nothing."""
     grid = next((op for op in kernel.regions[0].block.ops if op.name == "tile.grid"), None)
-    if grid is None or len(grid.operands) != 1:
+    if grid is None or not grid.operands:
         return False
-    owner = getattr(grid.operands[0], "owner", None)
-    return owner is not None and owner.name == "tile.num_sms"
+    owners = [getattr(v, "owner", None) for v in grid.operands]
+    return owners[0] is not None and owners[0].name == "tile.num_sms" and all(
+        o is not None and o.name == "tile.constant" and o.attributes.get("value") == 1 for o in owners[1:])
 
 
 _PTX_DIRECTIVE = re.compile(r"^(\s*\.minnctapersm\s+)\d+(\s*)$", re.MULTILINE)
@@ -141,7 +143,9 @@ def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Ta
             if lo >= hi:
                 break  # ptxas fit a cap above one it spilled at: keep the most that fit
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        # ptxas runs asked for and not needed are let finish (they started beside the ones that
+        # were: about as long), so that none outlives the compilation
+        pool.shutdown(wait=True, cancel_futures=True)
     if best is None:
         return None, ptx, own
     return best[0], with_min_ctas(ptx, best[0]), best[1]
