@@ -112,13 +112,13 @@ def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Ta
     pool = ThreadPoolExecutor(max_workers=probes)
     asked: dict[int, Future] = {}
 
-    def ask(window: range, n: int) -> None:
-        for i in _spread(window, n):
+    def ask(indices: list[int]) -> None:
+        for i in indices:
             if i not in asked:
                 asked[i] = pool.submit(assemble, with_min_ctas(ptx, caps[i]))
 
     try:
-        ask(range(len(caps)), probes - 1)
+        ask(_spread(range(len(caps)), probes - 1))
         own = assemble(ptx)
         usage = own.kernels.get(name)
         if usage is None or usage.spills:
@@ -131,7 +131,10 @@ def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Ta
         best = None
         while hi - lo > 1:
             if not any(lo < i < hi for i in asked):
-                ask(range(lo + 1, hi), probes)
+                # the next cap up, and the rest of the window cut evenly: where one more
+                # program is all that fits (or none), one round says so
+                window = range(lo + 1, hi)
+                ask(sorted({window[0], *_spread(window, probes - 1)}))
             for i in sorted(i for i in asked if lo < i < hi):
                 got = asked[i].result()
                 u = got.kernels.get(name)
