@@ -134,13 +134,18 @@ def _fp8_unpacked_from(v: ir.Value) -> tuple[ir.Value, int] | None:
     """(b32, byte) when ``v`` is what :func:`unpack_fp8x4` decoded of that byte of that b32."""
     if not (isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm):
         return None
-    t = v.args[0]
+    return _truncated_part(v.args[0], 8)
+
+
+def _truncated_part(t: ir.Value, bits: int) -> tuple[ir.Value, int] | None:
+    """(b32, part) when ``t`` truncates that b32 shifted right by ``part * bits`` (part 0:
+    unshifted), the parts ``bits`` wide."""
     if not (isinstance(t, ir.CastInstr) and t.opname == "trunc"):
         return None
     w = t.operands[0]
     if isinstance(w, ir.Instruction) and w.opname == "lshr" and isinstance(w.operands[1], ir.Constant) \
-            and w.operands[1].constant in (8, 16, 24):
-        return w.operands[0], w.operands[1].constant // 8
+            and w.operands[1].constant % bits == 0 and 0 < w.operands[1].constant < 32:
+        return w.operands[0], w.operands[1].constant // bits
     return w, 0
 
 
@@ -199,14 +204,7 @@ def _unpacked_from(v: ir.Value, dt: DType) -> tuple[ir.Value, int] | None:
     c = v.operands[0]
     if not (isinstance(c, ir.CastInstr) and c.opname == "bitcast" and c.type == _narrow_type(dt)):
         return None
-    t = c.operands[0]
-    if not (isinstance(t, ir.CastInstr) and t.opname == "trunc"):
-        return None
-    w = t.operands[0]
-    if isinstance(w, ir.Instruction) and w.opname == "lshr" and isinstance(w.operands[1], ir.Constant) \
-            and w.operands[1].constant == 16:
-        return w.operands[0], 1
-    return w, 0
+    return _truncated_part(c.operands[0], 16)
 
 
 def mem_type(dt: DType) -> ir.Type:
