@@ -1,4 +1,4 @@
-"""Row kernels on rows shorter than their block (the masked sides of loads and stores), beside
+"""Row kernels on rows shorter than their block (loads and stores by runs, each run predicated), beside
 the same kernel on rows of the block's width, torch, and a copy.
 
     python benchmarks/ragged_rows.py                  # LayerNorm and softmax, four widths each

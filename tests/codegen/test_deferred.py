@@ -1,5 +1,5 @@
 """Deferred loads (tkc/codegen/deferred.py): which loads a store emits run by run, the order
-of the whole side's accesses, and the registers it saves."""
+of the accesses on the side by runs, and the registers it saves."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def test_deferred_weight_rows_free_registers(ptxas: Path, name: str, consts: dic
 def test_the_edge_side_reads_the_weight_rows_back_run_by_run(ptxas: Path) -> None:
     """layernorm_split.tk at 16k columns over 4 warps: x alone is 128 registers a thread.
     The edge side's deferred loads wait in local arrays and are read back run by run, so it
-    needs no more registers than the whole side: no spills (452 B of spills when the edge
+    needs no more registers than the side by runs: no spills (452 B of spills when the edge
     side loaded w and bias whole)."""
     kernel = _example("layernorm_split.tk", {"BN": 16384, "cluster": 4}).kernel()
     usage = assemble(kernel_to_ptx(kernel), "sm_90a").kernels["layernorm_split"]
