@@ -12,7 +12,8 @@ FlashAttention-4, TileLang and cuTile (benchmarks/peers.py; a peer that cannot r
 FlashAttention-3's published H100 numbers beside; softmax and LayerNorm against torch, Triton
 and the device-to-device copy bandwidth (tkc's kernel for a row of 16k columns or more is the
 faster of softmax.tk/layernorm.tk and their row-over-a-cluster versions, *_split.tk); cold
-compile time and host time per launch.  Every tkc result is checked against torch before it
+compile time and host time per launch (``--only compile``: every example's cold compile, with or
+without a GPU).  Every tkc result is checked against torch before it
 is timed; a wrong result is reported, not timed.  Timing: the contenders of a row alternate
 call by call, each after a 256 MB L2 clear (benchmarks/harness.py, in_alternation).
 """
@@ -396,10 +397,45 @@ def overhead_rows() -> list[Row]:
     return rows
 
 
+def example_kernels() -> list[tuple[Path, str | None]]:
+    """Every kernel of examples/*.tk: (file, its name where the file has several, else None)."""
+    import re
+
+    out = []
+    for path in sorted(EXAMPLES.glob("*.tk")):
+        names = re.findall(r"^@kernel[^\n]*\ndef (\w+)", path.read_text(), re.MULTILINE)
+        out += [(path, name if len(names) > 1 else None) for name in names]
+    return out
+
+
+def compile_rows() -> list[Row]:
+    """Cold compile (compile_kernel to cubin, no cache) of every example kernel at its own
+    constants, the median of ``COMPILES``; the slowest first.  Needs ptxas, not a GPU: the time
+    is the host's, whose CPU (cores for ptxas's parallel runs, single-thread speed) the table's
+    heading names."""
+    import os
+    import platform
+
+    rows = []
+    for path, kernel in example_kernels():
+        seconds = []
+        for _ in range(COMPILES):
+            t = time.perf_counter()
+            compile_kernel(path, {}, kernel=kernel, cache=False)
+            seconds.append(time.perf_counter() - t)
+        name = path.name + (f":{kernel}" if kernel else "")
+        rows.append(Row(f"cold compile time of every example (median of {COMPILES}; {os.cpu_count()} CPUs, "
+                        f"{platform.processor() or platform.machine()})", name, "s",
+                        {"tkc": statistics.median(seconds)}))
+        print(f"  compile {name}: {rows[-1].values['tkc']:.2f} s", flush=True)
+    return sorted(rows, key=lambda r: -r.values["tkc"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes and timed runs")
-    ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups")
+    ap.add_argument("--only", default="gemm,attn,norm,overhead", help="comma-separated groups (also: compile, "
+                    "every example's cold compile, which runs without a GPU)")
     ap.add_argument("--dims", type=lambda t: [int(d) for d in t.split(",")], default=None,
                     help="attention head dims, comma-separated (default: 64,128,256; 64,128 with --quick)")
     ap.add_argument("--runs", type=int, default=None,
@@ -412,11 +448,12 @@ def main() -> None:
                          "that stalls names its schedules)")
     args = ap.parse_args()
     progress = sys.stderr if args.progress else None
-    if not torch.cuda.is_available():
-        sys.exit("benchmarks need a CUDA GPU")
-    runs = args.runs or (20 if args.quick else 50)
     groups = args.only.split(",")
-    print(device_description(), flush=True)
+    gpu = torch.cuda.is_available()
+    if not gpu and groups != ["compile"]:
+        sys.exit("benchmarks need a CUDA GPU (but --only compile)")
+    runs = args.runs or (20 if args.quick else 50)
+    print(device_description() if gpu else "no GPU: compile times only", flush=True)
     rows: list[Row] = []
     if "gemm" in groups:
         rows += gemm_rows(args.quick, runs, progress)
@@ -426,6 +463,8 @@ def main() -> None:
         rows += norm_rows(args.quick, runs, progress)
     if "overhead" in groups:
         rows += overhead_rows()
+    if "compile" in groups:
+        rows += compile_rows()
     text = table(rows)
     print()
     print(text)
