@@ -17,7 +17,8 @@ benchmarks/RESULTS.md), so that is the choice.
 budget registers and shared memory for ``ctas_per_sm`` in the passes themselves).  Each cap is
 one ptxas run: the caps between ptxas's own choice and the SM's limit are bisected, a few runs
 at a time, the first beside ptxas's own choice.  Rows split over a cluster (``cluster_sum``,
-``cluster_max``) take it too.  The pin ``ctas_per_sm = 1`` restores ptxas's own choice.
+``cluster_max``) take it too; a grid of ``num_sms()`` programs (:func:`one_program_an_sm`) keeps
+ptxas's own choice.  The pin ``ctas_per_sm = 1`` restores ptxas's own choice.
 
 Must not: choose anything for kernels the passes budgeted, or keep a cubin that spills.
 """
