@@ -99,6 +99,14 @@ def _spread(window: range, n: int) -> list[int]:
     return sorted({window[(j + 1) * len(window) // (n + 1)] for j in range(n)})
 
 
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 2
+
+
 def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Target,
                   assemble: Callable[[str], Any], probes: int | None = None) -> tuple[int | None, str, Any]:
     """``(programs, PTX, ptxas's result)`` with ``.minnctapersm`` raised to the most programs
@@ -108,7 +116,7 @@ def most_programs(ptx: str, name: str, threads: int, smem_bytes: int, target: Ta
     ``probes`` runs of ptxas at a time (default: the CPUs, 2 to 16).  Every cap below one that
     fits is taken to fit too, so the caps are bisected; the first probes run beside ptxas's
     own choice, so with 12 CPUs (128 threads: 11 caps) one round of ptxas runs decides."""
-    probes = probes or max(2, min(16, os.cpu_count() or 2))
+    probes = probes or max(2, min(16, _cpus()))
     caps = _caps(threads, resident(1, threads, smem_bytes, target), target)
     pool = ThreadPoolExecutor(max_workers=probes)
     asked: dict[int, Future] = {}
