@@ -18,7 +18,7 @@ programs share the SMs.
   - ``defer_last``: the second product of iteration j runs during iteration j + 1's register
     work.  A schedule with it was the fastest or within 3% of it on all 36 attention rows,
     whatever the head dim and length.  FP8 attention too, since its P crosses the loop as the
-    e4m3 words P V reads (1.03-1.08x on an H200; it ran 6-11% slower while P crossed as f32).
+    e4m3 words P V reads (1.03-1.11x on an H200; it ran 6-11% slower while P crossed as f32).
   - ``persistent`` when a program's loop is short: a program pays a pipeline fill and an
     epilogue nobody overlaps, about one to two iterations' worth; the persistent walk hides
     them behind the next tile's loop but costs a few percent an iteration.  In the sweep,

@@ -271,5 +271,8 @@ def test_a_deferred_p_crosses_the_loop_as_e4m3_words() -> None:
     """With defer_last P V runs an iteration after P is rounded: P crosses the loop as the b32
     words its product reads (four e4m3 each), not decoded to f32 and encoded again."""
     ptx = _compile({"D": 128, "defer_last": True}, "ptx").asm["ptx"]
+    plain = _compile({"D": 128}, "ptx").asm["ptx"]
     assert "cvt.rn.f16x2.e4m3x2" not in ptx
-    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * ptx.count("cvt.rn.bf16x2.f32")
+    # P rounded once where it is made: in the loop and in the first iteration, peeled
+    encodes = "cvt.rn.satfinite.e4m3x2.f32"
+    assert ptx.count(encodes) == 2 * plain.count(encodes) > 0

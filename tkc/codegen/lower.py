@@ -35,8 +35,8 @@ from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 from tkc.codegen.lower_rand import HANDLERS as RAND
 from tkc.codegen import lower_ranks
-from tkc.codegen.lower_values import (FP8_NAMES, Lowered, const_i32, pack_fp8x4, pack_pair, packs_in_pairs, round_to,
-                                      unpack_fp8x4, unpack_pair)
+from tkc.codegen.lower_values import (Lowered, const_i32, pack_fp8x4, pack_pair, packs_in_fours, packs_in_pairs,
+                                      round_to, unpack_fp8x4, unpack_pair)
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
 from tkc.codegen.target import emit_ptx
@@ -88,7 +88,7 @@ def _packed(t: Type) -> tuple[DType, int] | None:
     encoded again, 1.2x the kernel's instructions)."""
     if not isinstance(t, TileType):
         return None
-    per = 2 if packs_in_pairs(t.dtype) else 4 if t.dtype.name in FP8_NAMES else 0
+    per = 2 if packs_in_pairs(t.dtype) else 4 if packs_in_fours(t.dtype) else 0
     if per and t.layout.regs % per == 0:
         return t.dtype, per
     return None

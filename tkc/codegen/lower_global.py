@@ -878,8 +878,9 @@ def _store_edge(lw: Lowerer, op: Operation, acc: _Access, words_of: Callable[[in
 
 def _store_deferred(lw: Lowerer, op: Operation, acc: _Access, value: Deferred, dt: DType) -> None:
     """A store whose value is deferred (tkc/codegen/deferred.py).  By runs, taken when the
-    store's and every deferred load's access may go by runs (:func:`_runs_ok`): run by run, the deferred loads of the
-    run LOOKAHEAD runs ahead, then this run's values and its access.  Edge side: the deferred
+    store's box and every deferred load's box are whole, or all their runs are aligned to their
+    sizes (:func:`_runs_aligned_to_size`): run by run, the deferred loads of the run LOOKAHEAD
+    runs ahead, then this run's values and its access.  Edge side: the deferred
     loads' edge loops into local arrays, then run by run the values into the store's local
     array, then the store's edge loop: on either side a few runs of the loads are live."""
     b = lw.b

@@ -83,7 +83,6 @@ def llvm_call(b: ir.IRBuilder, name: str, ret: ir.Type, *args: ir.Value) -> ir.V
 # fp8 <-> f32 through the PTX conversions the dtypes module models (cvt.rn.satfinite
 # e4m3x2/e5m2x2 from f32, and the exact f16x2 widening back); LLVM has no fp8 type.
 _FP8 = {"f8e4m3": "e4m3x2", "f8e5m2": "e5m2x2"}
-FP8_NAMES = frozenset(_FP8)
 
 
 def fp8_encode(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
@@ -163,6 +162,11 @@ def round_to(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
     if dt.name in _FP8:
         return fp8_decode(b, fp8_encode(b, x, dt), dt)
     return b.fpext(b.fptrunc(x, _narrow_type(dt)), F32)
+
+
+def packs_in_fours(dt: DType) -> bool:
+    """Whether four values of ``dt`` travel as one b32 (:func:`pack_fp8x4`): the fp8 types."""
+    return dt.name in _FP8
 
 
 def packs_in_pairs(dt: DType) -> bool:

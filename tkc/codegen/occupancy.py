@@ -8,7 +8,7 @@ flight for a kernel that waits on DRAM, and capping the registers (``.minnctaper
 that more programs fit moved LayerNorm from 0.92x to 0.98x of copy bandwidth at 4096 columns
 on an H100, as long as ptxas met the cap without spilling.  On an H200, every such kernel
 measured ran fastest, or within 1% of it, at the most programs ptxas fits without spilling
-(LayerNorm 5 -> 9 programs: 3165 -> 3664 GB/s at 4096 columns, 1.22x over seven at 65536
+(LayerNorm 5 -> 9 programs: 3165 -> 3664 GB/s at 4096 columns, 1.21x over seven at 65536
 columns in 8 sweeps; split LayerNorm 4 -> 7: 1.15x; the decode combine 12 -> 16: 1.10x;
 benchmarks/RESULTS.md), so that is the choice.
 
