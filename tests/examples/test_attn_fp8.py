@@ -20,7 +20,7 @@ from tkc.errors import TkcUnsupportedError
 from tkc.interpreter import random_args, run_kernel
 from tkc import dtypes
 from tkc.ir.layouts import (SharedLayout, WgmmaOperandA8, a8_logical_col, choose_swizzle, transpose_copy_block,
-                            transpose_copy_blocks, transpose_copy_last)
+                            transpose_copy_blocks, transpose_copy_last, transpose_word_steps)
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 
@@ -127,18 +127,19 @@ def test_assembles_without_spills(D: int, causal: bool) -> None:
 
 @needs_ptxas
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_long_d64_launch_takes_192_row_tiles(causal: bool) -> None:
-    """BM = choose(128, 192) and BN = choose(128, 256) at D = 64: a launch whose loop stays long
-    takes 192-row tiles (three consumer warpgroups, assembled without spilling for sm_90a);
-    with them 256-key blocks do not fit the accumulators, so the keys stay in blocks of 128
-    (the tiles alone, 128 x 256, assemble without spilling too)."""
+def test_a_long_d64_launch_takes_256_key_blocks_else_192_row_tiles(causal: bool) -> None:
+    """BN = choose(128, 256), then BM = choose(128, 192) at D = 64, tried in that order: a launch
+    whose loop stays long with 256-key blocks takes them (and then 192 rows do not fit the
+    accumulators); one whose loop they would shorten below LONG_LOOP takes 192-row tiles (three
+    consumer warpgroups).  Each assembles for sm_90a without spilling."""
     import tkc
 
     kernel = tkc.load(EXAMPLE)
-    q = torch.empty(1, 32, 16384, 64, dtype=torch.float8_e4m3fn, device="meta")
-    o = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")
-    pins = kernel.pins(q, q, q, o, 0.125, 1.0, 1.0, 1.0, D=64, causal=causal)
-    assert pins["BM"] == 192 and "BN" not in pins
+    for n, want in ((16384, {"BN": 256}), (2048, {"BM": 192})):
+        q = torch.empty(16384 // n, 32, n, 64, dtype=torch.float8_e4m3fn, device="meta")
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device="meta")
+        pins = kernel.pins(q, q, q, o, 0.125, 1.0, 1.0, 1.0, D=64, causal=causal)
+        assert {name: pins[name] for name in ("BM", "BN") if name in pins} == want
     assert_no_spills(_compile({"D": 64, "BM": 192, "causal": causal}, "cubin"))
     assert_no_spills(_compile({"D": 64, "BN": 256, "causal": causal}, "cubin"))
 
@@ -224,6 +225,42 @@ def test_transposing_copy_moves_each_element_once_with_few_bank_conflicts(D: int
                 np.add.at(seen, (row0 + v, col0 + u), 1)
     assert (seen == 1).all()
     assert worst == ways
+
+
+
+@pytest.mark.parametrize("D,BN,threads", [(128, 128, 256), (64, 128, 256), (64, 64, 128), (128, 128, 128),
+                                          (64, 256, 128), (256, 64, 128), (64, 128, 384), (128, 128, 384),
+                                          (64, 64, 96)])
+def test_transposing_copy_words_are_the_first_word_with_bits_flipped_or_added(D: int, BN: int,
+                                                                                threads: int) -> None:
+    """Codegen addresses every word of the copy as its side's first word of round 0, XORed with
+    one constant and plus another (``transpose_word_steps``): exactly each word's offset, for
+    every thread that moves a block, and a block costs at most four distinct XORs a side.  In
+    the plain order by 384 threads (not a producer warpgroup's copy) a round's words may not be
+    of that form; those are computed from the thread index instead (None)."""
+    f8 = dtypes.f8e4m3
+    src = SharedLayout(BN, D, f8, "mn", choose_swizzle(D, f8))
+    dst = SharedLayout(D, BN, f8, "k", choose_swizzle(BN, f8), kperm=True)
+    stored = replace(dst, kperm=False)
+    steps = transpose_word_steps(src, dst, threads)
+    rounds = transpose_copy_blocks(D, BN, threads)
+    assert len(steps) == rounds
+    t = np.arange(threads)
+    row0, col0 = transpose_copy_block(D, BN, threads, t, 0)
+    first = [src.offset(a8_logical_col(col0), row0), stored.offset(row0, col0)]
+    for r in range(rounds):
+        n = transpose_copy_last(D, BN, threads) if r == rounds - 1 else threads
+        row, col = transpose_copy_block(D, BN, threads, t[:n], r)
+        want = [src.offset(a8_logical_col(col + u), row) for u in range(4)]
+        want += [stored.offset(row + v, col) for v in range(4)]
+        if (D, BN, threads, r) == (128, 128, 384, 1):
+            assert None in steps[r]
+        for w, step in enumerate(steps[r]):
+            if step is not None:
+                np.testing.assert_array_equal((first[w // 4][:n] ^ step[0]) + step[1], want[w])
+        assert all(len({s[0] for s in steps[r][side:side + 4] if s}) <= 4 for side in (0, 4))
+        if threads in (128, 256):  # a producer warpgroup's order: every word costs at most an XOR
+            assert None not in steps[r]
 
 
 def test_computed_mn_major_fp8_operand_is_refused() -> None:

@@ -49,7 +49,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_ro
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
                             first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
-                            transpose_copy_last, vector_coords)
+                            transpose_copy_last, transpose_word_steps, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -257,43 +257,67 @@ def _prmt(b: ir.IRBuilder, x: ir.Value, y: ir.Value, selector: int) -> ir.Value:
 def _smem_copy(lw: Lowerer, op: Operation) -> None:
     """The transposing copy, 4 x 4 blocks of bytes a thread (``transpose_copy_block``): four
     4-byte words read along the source's rows (the block's four destination columns), bytes
-    regrouped with eight ``prmt``, four words written along the destination's rows."""
+    regrouped with eight ``prmt``, four words written along the destination's rows.
+
+    Addresses: every word's offset is its round-0 first word's, XORed with one constant and
+    plus another (``transpose_word_steps``, exact for every thread), so a block costs a few
+    XORs and adds on 32-bit shared addresses with the rest in the instructions' immediates,
+    not the ~50 integer instructions of deriving each address from the thread index."""
     src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
     lay, b = dst.layout, lw.b
     if lay.elem_bytes != 1:
         raise TkcCodegenError(f"'{op.name}' transposes 8-bit tiles, not {lay.dtype.name}", op.loc)
     try:
         per = transpose_copy_blocks(lay.rows, lay.cols, lw.threads)
+        steps = transpose_word_steps(src.layout, lay, lw.threads)
     except ValueError as e:
         raise TkcCodegenError(f"'{op.name}': {e}", op.loc) from None
-    # Addresses computed here, not hoisted out of the loop: 32 of them would stay live across it.
+    stored = replace(lay, kperm=False)  # addressed by stored column
+    # Computed here, not hoisted out of the loop: the thread index is opaque to LLVM.
     t = Sym(b, nvvm.opaque(b, lw.tid))
-    i32p = ir.PointerType(I32, addrspace=3)
+    row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, 0)
+    k0 = a8_logical_col(col0) if lay.kperm else col0
+    bases = [as_value(smem_offset(src.layout, k0, row0)), as_value(smem_offset(stored, row0, col0))]
+    tiles = [lw.smem_addr(lw.offset(src)), lw.smem_addr(lw.offset(dst))]
+    made: dict[tuple[int, int], ir.Value] = {}
+
+    def word(r: int, w: int) -> tuple[ir.Value, int]:
+        """The 32-bit shared address of word ``w`` (0-3 read, 4-7 written) of round ``r``, less
+        the immediate that the instruction adds."""
+        side, step = w // TRANSPOSE_BLOCK, steps[r][w]
+        if step is None:  # from the thread index
+            row, col = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
+            u = w % TRANSPOSE_BLOCK
+            k = a8_logical_col(col + u) if lay.kperm else col + u
+            off = smem_offset(src.layout, k, row) if side == 0 else smem_offset(stored, row + u, col)
+            return b.add(tiles[side], as_value(off)), 0
+        xor, add = step
+        if (side, xor) not in made:
+            off = bases[side] if xor == 0 else b.xor(bases[side], const_i32(xor))
+            made[side, xor] = b.add(tiles[side], off)
+        return made[side, xor], add
+
     last = transpose_copy_last(lay.rows, lay.cols, lw.threads)
     for r in range(per):
         if r == per - 1 and last < lw.threads:  # the threads past the blocks move none
             lw.if_then(b.icmp_unsigned("<", lw.tid, const_i32(last)),
-                       lambda r=r: _transpose_block(lw, src, dst, lay, t, r, i32p), "transpose.last")
+                       lambda r=r: _transpose_block(lw, word, r), "transpose.last")
         else:
-            _transpose_block(lw, src, dst, lay, t, r, i32p)
+            _transpose_block(lw, word, r)
 
 
-def _transpose_block(lw: Lowerer, src: SmemTile, dst: SmemTile, lay: SharedLayout, t: Sym, r: int,
-                     i32p: ir.Type) -> None:
+def _transpose_block(lw: Lowerer, word: Callable[[int, int], tuple[ir.Value, int]], r: int) -> None:
     """Round ``r`` of the transposing copy: this thread's 4 x 4 block of bytes."""
     b = lw.b
-    row0, col0 = transpose_copy_block(lay.rows, lay.cols, lw.threads, t, r)
-    # Stored columns col0 .. col0 + 3 of the destination hold these rows of the source.
-    ks = [a8_logical_col(col0 + u) if lay.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
-    words = [b.load(b.bitcast(_smem_element_ptr(lw, src, smem_offset(src.layout, k, row0)), i32p), typ=I32)
-             for k in ks]
-    stored = replace(lay, kperm=False)  # addressed by stored column
+    words = [nvvm.asm(b, f"ld.shared.b32 $0, [$1+{add}];", "=r,r", [a], ret=I32)
+             for a, add in (word(r, w) for w in range(TRANSPOSE_BLOCK))]
     # A 4 x 4 byte transpose in eight prmt: interleave bytes 0-1 and 2-3 of word pairs, then
     # halves; word v of the result holds byte v of each source word.
     pairs = [_prmt(b, words[i], words[i + 1], sel) for i in (0, 2) for sel in (0x5140, 0x7362)]
     out = [_prmt(b, pairs[h], pairs[2 + h], sel) for h in (0, 1) for sel in (0x5410, 0x7632)]
     for v in range(TRANSPOSE_BLOCK):
-        b.store(out[v], b.bitcast(_smem_element_ptr(lw, dst, smem_offset(stored, row0 + v, col0)), i32p))
+        a, add = word(r, TRANSPOSE_BLOCK + v)
+        nvvm.asm(b, f"st.shared.b32 [$0+{add}], $1;", "r,r", [a, out[v]])
 
 
 def _stmatrix_fits(layout: object, shared: SharedLayout, t: TileType, dt: DType, col: int) -> bool:

@@ -1201,6 +1201,48 @@ def transpose_copy_block(rows: int, cols: int, threads: int, t: Any, r: int) -> 
     return row, col
 
 
+
+@lru_cache(maxsize=64)
+def transpose_word_steps(src: SharedLayout, dst: SharedLayout, threads: int
+                         ) -> tuple[tuple[tuple[int, int] | None, ...], ...]:
+    """For each round of the transposing copy from ``src`` into ``dst`` and each word of a
+    block (four read from ``src``, then four written to ``dst``), ``(xor, add)``: the word's
+    byte offset is ``(first ^ xor) + add`` for every thread that moves a block in the round,
+    ``first`` its side's first word of round 0.  The swizzle is an XOR of address bits, so a
+    block further on along a row or in another 8-row repeat is the first block with bits
+    flipped or a constant added; codegen then derives every address from two per thread.
+    ``add`` takes the bits ``first`` never sets (an XOR of those is an addition), so a word
+    that differs only there costs no instruction.  None for a word not of this form (blocks
+    taken in the plain order, ``transpose_copy_block``, by a count of threads that does not
+    divide a row's): codegen computes that one from the thread index."""
+    stored = replace(dst, kperm=False)
+    per = transpose_copy_blocks(dst.rows, dst.cols, threads)
+    last = transpose_copy_last(dst.rows, dst.cols, threads)
+
+    def offsets(t: np.ndarray, r: int) -> list[np.ndarray]:
+        row0, col0 = transpose_copy_block(dst.rows, dst.cols, threads, t, r)
+        ks = [a8_logical_col(col0 + u) if dst.kperm else col0 + u for u in range(TRANSPOSE_BLOCK)]
+        return [src.offset(k, row0) for k in ks] + [stored.offset(row0 + v, col0) for v in range(TRANSPOSE_BLOCK)]
+
+    rounds = []
+    for r in range(per):
+        t = np.arange(last if r == per - 1 else threads)
+        here, first = offsets(t, r), offsets(t, 0)
+        steps = []
+        for w, off in enumerate(here):
+            base = first[w // TRANSPOSE_BLOCK * TRANSPOSE_BLOCK]
+            add, xor = np.unique(off - base), np.unique(off ^ base)
+            if len(add) == 1:
+                steps.append((0, int(add[0])))
+            elif len(xor) == 1:
+                x, ones = int(xor[0]), int(np.bitwise_or.reduce(base))
+                steps.append((x & ones, x & ~ones))
+            else:
+                steps.append(None)
+        rounds.append(tuple(steps))
+    return tuple(rounds)
+
+
 # --------------------------------------------------------------------------- reductions
 @lru_cache(maxsize=256)
 def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | None:
