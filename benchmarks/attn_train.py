@@ -1,7 +1,8 @@
 """Attention backward: examples/attn_train.tk beside PyTorch's SDPA backends.
 
     python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3']
-                                    [--only long,short,gqa,varlen,e2e] [--sources 'old=path/to/attn_train.tk']
+                                    [--only long,short,gqa,varlen,e2e,e2e-graphs]
+                                    [--sources 'old=path/to/attn_train.tk']
 
 Rows (each timed in turns with its peers on the same GPU, cold L2, benchmarks/harness.py), in
 TFLOP/s counted as FlashAttention-3 counts them: a forward is 4 B H N^2 D (half of it causal)
@@ -21,7 +22,9 @@ and a backward 2.5 forwards.
 * ``attention fwd+bwd, torch.compile`` (``--only e2e``): a training step's attention, forward
   and gradients, through ``tkc.ops.attention`` beside SDPA's flash and cuDNN backends, each
   under ``torch.compile(fullgraph=True)``; B x N = 16k tokens, H x D = 2048, N 1k/4k/16k,
-  D 128 and 64, causal and not (3.5 forwards of FLOPs).
+  D 128 and 64, causal and not (3.5 forwards of FLOPs).  Each row notes every contender's
+  host time a step: at 1k tokens torch.compile's own wrappers make the host, not the GPU, the
+  limit.  ``--only e2e-graphs``: the same under ``mode="reduce-overhead"`` (CUDA graphs).
 
 tkc's backward is what a training step runs after the forward: dQ zeroed, the pre-pass
 (``attn_bwd_pre``: rowsum(dO * O)), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
@@ -264,13 +267,17 @@ def varlen_rows(runs: int, quick: bool, seqs: int = 16, H: int = 16):
     return rows
 
 
-def e2e_rows(runs: int, quick: bool):
+def e2e_rows(runs: int, quick: bool, graphs: bool = False):
     """Forward + backward as a training step runs them: ``tkc.ops.attention`` under
     ``torch.compile(fullgraph=True)`` (inductor compiles the graph around the operator and its
     registered backward) beside SDPA's flash and cuDNN backends compiled the same way; B x N =
-    16384 tokens, H x D = 2048."""
+    16k tokens, H x D = 2048.  ``graphs``: compiled with ``mode="reduce-overhead"`` (CUDA
+    graphs: a step replays its launches, so no contender pays host time per step).  Each row
+    notes every contender's host time a step (``harness.host_time``): where it exceeds the
+    GPU's, the row times the host."""
     import tkc.ops
-    from harness import Row, in_turns
+    from harness import Row, host_time, in_turns
+    from torch._dynamo.utils import counters
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     def flash(q, k, v, causal):
@@ -285,6 +292,7 @@ def e2e_rows(runs: int, quick: bool):
         return tkc.ops.attention(q, k, v, causal=causal)
 
     fns = {"tkc": ours, "SDPA flash": flash, "SDPA cudnn": cudnn}
+    mode = "reduce-overhead" if graphs else None
     rows = []
     for D in ((128,) if quick else (128, 64)):
         for N in ((4096,) if quick else (1024, 4096, 16384)):
@@ -294,22 +302,33 @@ def e2e_rows(runs: int, quick: bool):
                 q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=bf, requires_grad=True) for _ in range(3))
                 do = torch.randn(B, H, N, D, device=dev, dtype=bf)
                 torch._dynamo.reset()  # every shape compiled afresh: no recompile limit across rows
+                counters.clear()
                 contenders = {}
                 for name, fn in fns.items():
-                    compiled = torch.compile(fn, fullgraph=True)
+                    compiled = torch.compile(fn, fullgraph=True, mode=mode)
 
                     def step(compiled=compiled):
                         return torch.autograd.grad(compiled(q, k, v, causal), (q, k, v), do)
                     contenders[name] = step
-                got, want = contenders["tkc"](), contenders["SDPA flash"]()
+                for step in contenders.values():  # CUDA graphs record on the first calls
+                    for _ in range(3 if graphs else 1):
+                        step()
+                got = [g.clone() for g in contenders["tkc"]()]
+                want = contenders["SDPA flash"]()
                 for g, w in zip(got, want):
                     err = (g.float() - w.float()).abs().max().item()
                     assert err <= 3e-2 * max(1.0, w.abs().max().item()), err
                 t = in_turns(contenders, runs)
+                hosts = ", ".join(f"{n} {host_time(fn, 20) * 1e6:.0f}" for n, fn in contenders.items())
+                notes = "tkc: tkc.ops.attention; each compiled with fullgraph=True" + \
+                    (", mode=reduce-overhead" if graphs else "")
+                notes += f"; host us a step: {hosts}"
+                if graphs and counters["inductor"]["cudagraph_skips"]:
+                    notes += f"; CUDA graphs skipped {counters['inductor']['cudagraph_skips']} times"
                 f = 3.5 * 4 * B * H * N * N * D * (0.5 if causal else 1.0)
-                rows.append(Row("attention fwd+bwd, torch.compile", f"B={B} H={H} N={N} D={D}"
-                                + (", causal" if causal else ""), "TFLOP/s", {n: f / s / 1e12 for n, s in t.items()},
-                                notes="tkc: tkc.ops.attention; each compiled with fullgraph=True"))
+                rows.append(Row("attention fwd+bwd, torch.compile" + (" + CUDA graphs" if graphs else ""),
+                                f"B={B} H={H} N={N} D={D}" + (", causal" if causal else ""), "TFLOP/s",
+                                {n: f / s / 1e12 for n, s in t.items()}, notes=notes))
                 del contenders
                 torch.cuda.empty_cache()
     return rows
@@ -333,7 +352,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one shape per head dim, not causal")
     ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
-    ap.add_argument("--only", default="long,short,gqa", help="comma-separated groups: long, short, gqa, varlen, e2e")
+    ap.add_argument("--only", default="long,short,gqa",
+                    help="comma-separated groups: long, short, gqa, varlen, e2e, e2e-graphs")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
     ap.add_argument("--sources", default="", help="tkc contenders from other copies of the example: 'old=old.tk'")
     args = ap.parse_args()
@@ -349,6 +369,8 @@ def main() -> None:
         rows += varlen_rows(30 if args.quick else 60, args.quick)
     if "e2e" in only:
         rows += e2e_rows(30 if args.quick else 60, args.quick)
+    if "e2e-graphs" in only:
+        rows += e2e_rows(30 if args.quick else 60, args.quick, graphs=True)
     print(table(rows))
     if not args.no_record:
         command = "python benchmarks/attn_train.py" + (" --quick" if args.quick else "")
