@@ -502,10 +502,10 @@ def test_every_example_assembles_without_spills(example: str, kernel: str | None
 @pytest.mark.parametrize("example, kernel", [("attn_train.tk", "attn_bwd"), ("fftconv.tk", "fft_rows"),
                                              ("based.tk", "based")])
 def test_stored_values_sharing_an_address_step_agree_with_smem_offset(example: str, kernel: str | None) -> None:
-    """``_offset_steps``: a value stored at another's address plus a constant must land where
-    the per-value addressing (``smem_offset``, what the store computed before) puts it, in
-    every thread, for every register store of a real kernel (swizzled f32 and bf16 tiles,
-    transposed accumulators)."""
+    """``_offset_steps``: a value stored at another's address with bits flipped and a constant
+    added must land where the per-value addressing (``smem_offset``, what the store computed
+    before) puts it, in every thread, for every register store of a real kernel (swizzled f32
+    and bf16 tiles, transposed accumulators); attention backward's staged dQ^T from one address."""
     import numpy as np
 
     from tkc.codegen.lower_hopper import _offset_steps, _tile_coords, smem_offset
@@ -526,5 +526,7 @@ def test_stored_values_sharing_an_address_step_agree_with_smem_offset(example: s
             r, c_ = _tile_coords(dst, dst.layout, (tc[0] + int(rc[0]), tc[1] + int(rc[1])))
             return np.array([smem_offset(dst.layout, int(a), int(b)) for a, b in zip(r, c_)])
 
-        for k, (base, delta) in enumerate(steps):
-            assert np.array_equal(where(k), where(base) + delta), (op.value.type, dst, k, base, delta)
+        for k, (base, xor, delta) in enumerate(steps):
+            assert np.array_equal(where(k), (where(base) ^ xor) + delta), (op.value.type, dst, k, base, xor, delta)
+        if kernel == "attn_bwd" and dst.dtype.bits == 32:
+            assert len({base for base, _, _ in steps}) == 1

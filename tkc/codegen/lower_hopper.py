@@ -49,7 +49,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_ro
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
                             first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
-                            transpose_copy_last, transpose_word_steps, vector_coords)
+                            offset_step, transpose_copy_last, transpose_word_steps, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -203,24 +203,28 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     if steps is None:
         _smem_store_values(lw, op, tile, op.dst.type, vals, coords, dt)
         return
-    # A value whose address is another's plus a constant for every thread is stored there
-    # (an immediate offset): attention backward's staged dQ^T, 32 f32 values a thread through
-    # a 128-B swizzle, needs 4 addresses, not 32 (each a dozen instructions an iteration).
-    lay, ptrs = tile.layout, {}
-    for v, (base, delta) in zip(vals, steps):
-        if base not in ptrs:
+    # A value whose address is another's with bits flipped or a constant added, for every
+    # thread, is stored there (an XOR and an immediate offset): attention backward's staged
+    # dQ^T, 32 f32 values a thread through a 128-B swizzle, needs one address, not 32 (each a
+    # dozen instructions an iteration).
+    lay, offs, ptrs = tile.layout, {}, {}
+    for v, (base, xor, delta) in zip(vals, steps):
+        if base not in offs:
             row, col_ = _tile_coords(op.dst.type, lay, coords[base])
-            ptrs[base] = _smem_element_ptr(lw, tile, smem_offset(lay, row, col_))
-        p = ptrs[base] if not delta else lw.b.gep(ptrs[base], [const_i32(delta)], source_etype=I8)
+            offs[base] = smem_offset(lay, row, col_)
+        if (base, xor) not in ptrs:
+            ptrs[base, xor] = _smem_element_ptr(lw, tile, offs[base] ^ xor)
+        p = ptrs[base, xor] if not delta else lw.b.gep(ptrs[base, xor], [const_i32(delta)], source_etype=I8)
         lw.b.store(to_mem(lw.b, cast_value(lw.b, v, dt, lay.dtype), lay.dtype), p)
 
 
 def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[int],
-                  col: int) -> list[tuple[int, int]] | None:
+                  col: int) -> list[tuple[int, int, int]] | None:
     """Per stored value ``k`` (register ``regs[k]`` of ``layout``, its column less ``col``),
-    ``(j, delta)``: its byte offset in ``shared`` is value ``j``'s plus ``delta`` in every
-    thread (``j == k``, ``delta == 0`` for the values whose addresses are computed), or None
-    when the layout's coordinates cannot be evaluated for all threads here."""
+    ``(j, xor, add)``: its byte offset in ``shared`` is value ``j``'s, XORed with ``xor`` and
+    plus ``add``, in every thread (``layouts.offset_step``; ``(k, 0, 0)`` for the values whose
+    addresses are computed), or None when the layout's coordinates cannot be evaluated for all
+    threads here."""
     try:
         threads = np.arange(int(layout.threads))
         tc = [np.asarray(x) for x in layout.thread_coords(threads)]
@@ -234,17 +238,16 @@ def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[
             offs.append(np.asarray(table[r, c], dtype=np.int64))
     except (ValueError, TypeError, AttributeError, IndexError):
         return None
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, int, int]] = []
     bases: list[int] = []
     for k, o in enumerate(offs):
-        for j in bases:
-            d = o - offs[j]
-            if np.all(d == d[0]):
-                out.append((j, int(d[0])))
-                break
+        steps = [(j, step) for j in bases if (step := offset_step(o, offs[j])) is not None]
+        if steps:  # an immediate offset from a base where one is, else an XOR too
+            j, (xor, add) = min(steps, key=lambda s: s[1][0] != 0)
+            out.append((j, xor, add))
         else:
             bases.append(k)
-            out.append((k, 0))
+            out.append((k, 0, 0))
     return out
 
 

@@ -1228,19 +1228,23 @@ def transpose_word_steps(src: SharedLayout, dst: SharedLayout, threads: int
     for r in range(per):
         t = np.arange(last if r == per - 1 else threads)
         here, first = offsets(t, r), offsets(t, 0)
-        steps = []
-        for w, off in enumerate(here):
-            base = first[w // TRANSPOSE_BLOCK * TRANSPOSE_BLOCK]
-            add, xor = np.unique(off - base), np.unique(off ^ base)
-            if len(add) == 1:
-                steps.append((0, int(add[0])))
-            elif len(xor) == 1:
-                x, ones = int(xor[0]), int(np.bitwise_or.reduce(base))
-                steps.append((x & ones, x & ~ones))
-            else:
-                steps.append(None)
-        rounds.append(tuple(steps))
+        rounds.append(tuple(offset_step(off, first[w // TRANSPOSE_BLOCK * TRANSPOSE_BLOCK])
+                            for w, off in enumerate(here)))
     return tuple(rounds)
+
+
+def offset_step(off: np.ndarray, base: np.ndarray) -> tuple[int, int] | None:
+    """``(xor, add)`` with ``off == (base ^ xor) + add`` in every thread (element), preferring
+    ``xor == 0`` (the address is the base's and an immediate offset), else None.  ``add``
+    takes the bits of the XOR that ``base`` never sets: flipping those is adding them."""
+    add = np.unique(off - base)
+    if len(add) == 1:
+        return 0, int(add[0])
+    xor = np.unique(off ^ base)
+    if len(xor) != 1:
+        return None
+    x, ones = int(xor[0]), int(np.bitwise_or.reduce(base))
+    return x & ones, x & ~ones
 
 
 # --------------------------------------------------------------------------- reductions
