@@ -80,13 +80,42 @@ def _setup(ctx: Any, inputs: tuple, output: tuple, keyword_only_inputs: dict | N
     ctx.mark_non_differentiable(lse)
 
 
+def _gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+               do: torch.Tensor, scale: float, D: int, causal: bool) -> tuple[torch.Tensor, ...]:
+    """dQ (in q's dtype), dK and dV: the pre-pass, the backward kernel (dQ summed in f32), dQ
+    cast."""
+    _, (bm, bn) = TILES[D]
+    delta = call(_bwd_pre, o, do, D=D, BM=_PRE_BM)
+    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, scale, D=D, BM=bm, BN=bn, causal=causal)
+    return dq.to(q.dtype), dk, dv
+
+
+# The whole backward as one operator, for graphs: a compiled backward then calls one operator
+# (as SDPA's does) instead of two and inductor's kernel for dQ's cast; each call through
+# torch's dispatcher costs tens of microseconds of the host's time, which at 1k tokens bounds
+# the training step (benchmarks/RESULTS.md, 2026-11-29).
+@torch.library.custom_op("tkc::attn_backward", mutates_args=())
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                 do: torch.Tensor, scale: float, *, D: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    return _gradients(q, k, v, o, lse, do, scale, D, causal)
+
+
+@_backward_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+      scale: float, *, D: int, causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kernel_arguments("attn_backward", q, k, scale)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     q, k, v, o, lse = ctx.saved_tensors
     do = do.contiguous()
-    _, (bm, bn) = TILES[ctx.D]
-    delta = call(_bwd_pre, o, do, D=ctx.D, BM=_PRE_BM)
-    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, ctx.scale, D=ctx.D, BM=bm, BN=bn, causal=ctx.causal)
-    return dq.to(q.dtype), dk, dv, None
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():  # traced: one operator
+        dq, dk, dv = _backward_op(q, k, v, o, lse, do, ctx.scale, D=ctx.D, causal=ctx.causal)
+    else:
+        dq, dk, dv = _gradients(q, k, v, o, lse, do, ctx.scale, ctx.D, ctx.causal)
+    return dq, dk, dv, None
 
 
 def no_double_backward(op: str) -> tuple[Any, Any]:
@@ -103,3 +132,5 @@ def no_double_backward(op: str) -> tuple[Any, Any]:
 register_autograd(_fwd, _backward, _setup)
 register_autograd(_bwd, *no_double_backward("attention"))
 register_autograd(_bwd_pre, *no_double_backward("attention"))
+_twice, _no_context = no_double_backward("attention")
+_backward_op.register_autograd(_twice, setup_context=_no_context)
