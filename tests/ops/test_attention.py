@@ -50,6 +50,12 @@ def test_scale() -> None:
 def test_opcheck() -> None:
     q, k, v = (bf16(1, 2, 40, 64).requires_grad_() for _ in range(3))
     torch.library.opcheck(torch.ops.tkc.attn_fwd.default, (q, k, v, 0.125), {"D": 64, "causal": True})
+    o, lse = torch.ops.tkc.attn_fwd(q, k, v, 0.125, D=64, causal=True)
+    do = bf16(1, 2, 40, 64)
+    # (not aot_dispatch: it differentiates the backward again, which tkc refuses)
+    torch.library.opcheck(torch.ops.tkc.attn_backward.default, (q, k, v, o, lse, do, 0.125),
+                          {"D": 64, "causal": True},
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_compiles_without_graph_breaks() -> None:
