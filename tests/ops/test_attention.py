@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 
 import tkc.ops  # noqa: E402
 from tkc.errors import TkcUsageError  # noqa: E402
-from torch._dynamo.backends.common import aot_autograd  # noqa: E402
-from torch._functorch.aot_autograd import make_boxed_func  # noqa: E402
+from compiled_graphs import backward_operators  # noqa: E402
 
 F = torch.nn.functional
 
@@ -67,16 +66,8 @@ def test_compiles_without_graph_breaks() -> None:
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     torch._dynamo.reset()
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    backward_graphs = []
-
-    def keep(gm: torch.fx.GraphModule, inputs: list) -> object:
-        backward_graphs.append(gm)
-        return make_boxed_func(gm.forward)
-
-    backend = aot_autograd(fw_compiler=lambda gm, inputs: make_boxed_func(gm.forward), bw_compiler=keep)
-    torch.compile(f, fullgraph=True, backend=backend)(*leaves).backward()
     # the compiled backward runs one tkc operator (pre-pass, kernel and dQ's cast inside)
-    ops = [n.target for n in backward_graphs[0].graph.nodes if n.op == "call_function"]
+    ops = backward_operators(f, *leaves)
     assert [t for t in ops if "tkc" in str(t)] == [torch.ops.tkc.attn_backward.default]
     eager = [t.clone().requires_grad_() for t in (q, k, v)]
     f(*eager).backward()

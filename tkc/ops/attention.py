@@ -1,10 +1,11 @@
 """``attention``: scaled dot-product attention through attn_train.tk, forward and backward.
 
 Three operators, one per kernel of attn_train.tk (``torch.ops.tkc.attn_fwd``,
-``attn_bwd_pre``, ``attn_bwd``), and :func:`attention`, which checks its arguments, picks
-the kernels' tile sizes by head dim and calls the forward operator, whose autograd runs the
-two backward kernels: ``delta = rowsum(dO * O)``, then dK and dV per key block with dQ
-accumulated in fp32 through atomic adds (an output the operator zeroes).  Every part runs a
+``attn_bwd_pre``, ``attn_bwd``), the whole backward as one (``attn_backward``, which a traced
+backward calls), and :func:`attention`, which checks its arguments, picks the kernels' tile
+sizes by head dim and calls the forward operator, whose autograd runs the two backward
+kernels: ``delta = rowsum(dO * O)``, then dK and dV per key block with dQ accumulated in fp32
+through atomic adds (an output the operator zeroes).  Every part runs a
 tkc kernel; none falls back to torch.
 """
 

@@ -2,9 +2,10 @@
 flash_attn_varlen_func's interface) through varlen_attn_train.tk, forward and backward.
 
 Three operators, one per kernel of varlen_attn_train.tk (``torch.ops.tkc.varlen_attn_fwd``,
-``varlen_attn_bwd_pre``, ``varlen_attn_bwd``), and :func:`varlen_attention`, which checks its
-arguments, picks the kernels' tile sizes by head dim (attention's) and calls the forward
-operator, whose autograd runs the two backward kernels.  Every part runs a tkc kernel; none
+``varlen_attn_bwd_pre``, ``varlen_attn_bwd``), the whole backward as one
+(``varlen_attn_backward``, which a traced backward calls), and :func:`varlen_attention`, which
+checks its arguments, picks the kernels' tile sizes by head dim (attention's) and calls the
+forward operator, whose autograd runs the two backward kernels.  Every part runs a tkc kernel; none
 falls back to torch.
 """
 
@@ -139,24 +140,53 @@ def _setup(ctx: Any, inputs: tuple, output: tuple, keyword_only_inputs: dict | N
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
-    q, k, v, o, lse, cu = ctx.saved_tensors
-    do = do.contiguous()
-    _, (bm, bn) = TILES[ctx.D]
+def _gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+               cu: torch.Tensor, do: torch.Tensor, scale: float, max_len: int, D: int,
+               causal: bool) -> tuple[torch.Tensor, ...]:
+    """dQ (in q's dtype), dK and dV: the pre-pass, the backward kernel (dQ summed in f32), dQ
+    cast, and the rows of no sequence zeroed."""
+    _, (bm, bn) = TILES[D]
     # Tokens past cu_seqlens[-1] belong to no sequence: the forward wrote no output row for them
     # (the pre-pass gives every row past a sequence's end delta 0, whatever o holds there), the
     # backward writes none of their dK and dV rows (dQ's are zeros it adds to), and their
     # gradient is zero.  Masked on the device, so that the backward reads no offset back to the
     # host.
     past = torch.arange(q.shape[0], device=q.device) >= cu[-1]
-    delta = call(_bwd_pre, o, do, cu, ctx.max_len, D=ctx.D, BM=_PRE_BM)
-    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, ctx.scale, ctx.max_len, D=ctx.D, BM=bm, BN=bn,
-                      causal=ctx.causal)
+    delta = call(_bwd_pre, o, do, cu, max_len, D=D, BM=_PRE_BM)
+    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, cu, scale, max_len, D=D, BM=bm, BN=bn, causal=causal)
     dk.masked_fill_(past[:, None, None], 0)
     dv.masked_fill_(past[:, None, None], 0)
-    return dq.to(q.dtype), dk, dv, None, None, None
+    return dq.to(q.dtype), dk, dv
+
+
+# The whole backward as one operator for graphs, as attention's (tkc/ops/attention.py).
+@torch.library.custom_op("tkc::varlen_attn_backward", mutates_args=())
+def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                 cu: torch.Tensor, do: torch.Tensor, scale: float, max_len: int, *, D: int,
+                 causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gradients(q, k, v, o, lse, cu, do, scale, max_len, D, causal)
+
+
+@_backward_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu: torch.Tensor,
+      do: torch.Tensor, scale: float, max_len: int, *, D: int,
+      causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kernel_arguments("varlen_attn_backward", q, k, scale, max_len)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
+    q, k, v, o, lse, cu = ctx.saved_tensors
+    do = do.contiguous()
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():  # traced: one operator
+        dq, dk, dv = _backward_op(q, k, v, o, lse, cu, do, ctx.scale, ctx.max_len, D=ctx.D, causal=ctx.causal)
+    else:
+        dq, dk, dv = _gradients(q, k, v, o, lse, cu, do, ctx.scale, ctx.max_len, ctx.D, ctx.causal)
+    return dq, dk, dv, None, None, None
 
 
 register_autograd(_fwd, _backward, _setup)
 register_autograd(_bwd, *no_double_backward("varlen_attention"))
 register_autograd(_bwd_pre, *no_double_backward("varlen_attention"))
+_twice, _no_context = no_double_backward("varlen_attention")
+_backward_op.register_autograd(_twice, setup_context=_no_context)
