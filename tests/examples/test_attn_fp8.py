@@ -234,7 +234,7 @@ def test_transposing_copy_words_are_the_first_word_with_bits_flipped_or_added(D:
                                                                                 threads: int) -> None:
     """Codegen addresses every word of the copy as its side's first word of round 0, XORed with
     one constant and plus another (``transpose_word_steps``): exactly each word's offset, for
-    every thread that moves a block, and a block costs at most four distinct XORs a side.  In
+    every thread that moves a block, and at most 8 distinct XORs a side for a whole copy.  In
     the plain order by 384 threads (not a producer warpgroup's copy) a round's words may not be
     of that form; those are computed from the thread index instead (None)."""
     f8 = dtypes.f8e4m3
@@ -257,10 +257,92 @@ def test_transposing_copy_words_are_the_first_word_with_bits_flipped_or_added(D:
         for w, step in enumerate(steps[r]):
             if step is not None:
                 np.testing.assert_array_equal((first[w // 4][:n] ^ step[0]) + step[1], want[w])
-        assert all(len({s[0] for s in steps[r][side:side + 4] if s}) <= 4 for side in (0, 4))
         if threads in (128, 256):  # a producer warpgroup's order: every word costs at most an XOR
             assert None not in steps[r]
+    # codegen makes one address a side per distinct XOR: at most 8 for the 8-32 words a side
+    for side in (0, 4):
+        assert len({s[0] for r in steps for s in r[side:side + 4] if s}) <= 8
 
+
+
+@pytest.mark.parametrize("consts", [{"D": 128}, {"D": 64, "BM": 64, "BN": 64}, {"D": 64, "BN": 256},
+                                    # 384 consumer threads: words from the thread index, an
+                                    # uneven last round under a condition
+                                    {"D": 128, "causal": True, "transpose_in_producer": False},
+                                    {"D": 64, "BM": 192, "transpose_in_producer": False}])
+def test_transposing_copy_addresses_as_emitted(consts: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLVM values the transposing copy emits for each word's shared address (plus the
+    load's or store's immediate), evaluated for every thread with its tiles at arbitrary ring
+    stage addresses, are the layouts' offsets of the words it moves."""
+    from llvmlite import ir as llir
+
+    import tkc.codegen.lower_hopper as lh
+    from tkc.codegen import nvvm
+    from tkc.codegen.lowerer import Lowerer
+
+    seen: dict = {}
+    checked: list = []
+    opaque, asm, smem_addr, copy = nvvm.opaque, nvvm.asm, Lowerer.smem_addr, lh.HANDLERS["hopper.smem_copy"]
+
+    def record(name: str, fn):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if seen.get("on"):
+                if name == "tid":
+                    seen["tid"] = out
+                elif name == "tile":
+                    seen["tiles"].append(out)
+                elif ".shared.b32" in args[1]:
+                    seen["words"].append((args[1], args[3][0]))
+            return out
+        return wrapped
+
+    def value(v, tid: np.ndarray, bases: tuple[int, int]) -> np.ndarray:
+        if v is seen["tid"]:
+            return tid.astype(np.int64)
+        for tile, base in zip(seen["tiles"], bases):
+            if v is tile:
+                return np.int64(base)
+        if isinstance(v, llir.Constant):
+            return np.int64(v.constant)
+        a = [value(o, tid, bases) for o in v.operands]
+        m = 0xFFFFFFFF
+        ops = {"add": lambda x, y: (x + y) & m, "sub": lambda x, y: (x - y) & m, "mul": lambda x, y: (x * y) & m,
+               "xor": np.bitwise_xor, "and": np.bitwise_and, "or": np.bitwise_or,
+               "shl": lambda x, y: (x << y) & m, "lshr": lambda x, y: x >> y,
+               "udiv": lambda x, y: x // y, "urem": lambda x, y: x % y,
+               "zext": lambda x: x, "trunc": lambda x: x}
+        return ops[v.opname](*a)
+
+    def checked_copy(lw, op):
+        seen.update(on=True, tiles=[], words=[], tid=None)
+        src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
+        copy(lw, op)
+        seen["on"] = False
+        sl, dl, threads = src.layout, dst.layout, lw.threads
+        stored = replace(dl, kperm=False)
+        per, last = transpose_copy_blocks(dl.rows, dl.cols, threads), transpose_copy_last(dl.rows, dl.cols, threads)
+        assert len(seen["words"]) == 8 * per
+        bases = (5 << 17, 11 << 16)  # the source's and destination's stages, anywhere
+        for r in range(per):
+            t = np.arange(last if r == per - 1 else threads)
+            row, col = transpose_copy_block(dl.rows, dl.cols, threads, t, r)
+            for w in range(8):
+                text, address = seen["words"][8 * r + w]
+                got = value(address, t, bases) + int(text.split("+")[1].split("]")[0])
+                if w < 4:
+                    want = bases[0] + sl.offset(a8_logical_col(col + w) if dl.kperm else col + w, row)
+                else:
+                    want = bases[1] + stored.offset(row + w - 4, col)
+                np.testing.assert_array_equal(got, want, err_msg=f"round {r}, word {w}")
+        checked.append((threads, per))
+
+    monkeypatch.setattr(nvvm, "opaque", record("tid", opaque))
+    monkeypatch.setattr(nvvm, "asm", record("asm", asm))
+    monkeypatch.setattr(Lowerer, "smem_addr", record("tile", smem_addr))
+    monkeypatch.setitem(lh.HANDLERS, "hopper.smem_copy", checked_copy)
+    compile_kernel(EXAMPLE, consts, stop="llvm", cache=False)
+    assert checked
 
 def test_computed_mn_major_fp8_operand_is_refused() -> None:
     """A B operand that is not a TMA copy is not transposed: a located error, not a wrong result."""

@@ -49,12 +49,13 @@ def test_scale() -> None:
 def test_opcheck() -> None:
     q, k, v = (bf16(1, 2, 40, 64).requires_grad_() for _ in range(3))
     torch.library.opcheck(torch.ops.tkc.attn_fwd.default, (q, k, v, 0.125), {"D": 64, "causal": True})
-    o, lse = torch.ops.tkc.attn_fwd(q, k, v, 0.125, D=64, causal=True)
-    do = bf16(1, 2, 40, 64)
-    # (not aot_dispatch: it differentiates the backward again, which tkc refuses)
-    torch.library.opcheck(torch.ops.tkc.attn_backward.default, (q, k, v, o, lse, do, 0.125),
-                          {"D": 64, "causal": True},
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    # the whole backward, also on a q that is a transposed view (the fake's strides are the real
+    # call's); not aot_dispatch: it differentiates the backward again, which tkc refuses
+    for qq in (q, bf16(1, 40, 2, 64).transpose(1, 2).requires_grad_()):
+        o, lse = torch.ops.tkc.attn_fwd(qq, k, v, 0.125, D=64, causal=True)
+        torch.library.opcheck(torch.ops.tkc.attn_backward.default, (qq, k, v, o, lse, bf16(1, 2, 40, 64), 0.125),
+                              {"D": 64, "causal": True},
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_compiles_without_graph_breaks() -> None:

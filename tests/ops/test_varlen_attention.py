@@ -52,6 +52,14 @@ def test_opcheck() -> None:
     q, k, v, _, cu = packed(5, [30, 0, 17], 2, 1, 64)
     args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), cu, 0.125, 30)
     torch.library.opcheck(torch.ops.tkc.varlen_attn_fwd.default, args, {"D": 64, "causal": True})
+    # the whole backward, also on a q that is a transposed view (the fake's strides are the real
+    # call's); not aot_dispatch: it differentiates the backward again, which tkc refuses
+    for qq in (q, q.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_()):
+        o, lse = torch.ops.tkc.varlen_attn_fwd(qq, k, v, cu, 0.125, 30, D=64, causal=True)
+        do = torch.randn(o.shape).to(torch.bfloat16)
+        torch.library.opcheck(torch.ops.tkc.varlen_attn_backward.default, (qq, k, v, o, lse, cu, do, 0.125, 30),
+                              {"D": 64, "causal": True},
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
 def test_compiles_without_graph_breaks() -> None:

@@ -262,10 +262,11 @@ def _smem_copy(lw: Lowerer, op: Operation) -> None:
     4-byte words read along the source's rows (the block's four destination columns), bytes
     regrouped with eight ``prmt``, four words written along the destination's rows.
 
-    Addresses: every word's offset is its round-0 first word's, XORed with one constant and
-    plus another (``transpose_word_steps``, exact for every thread), so a block costs a few
-    XORs and adds on 32-bit shared addresses with the rest in the instructions' immediates,
-    not the ~50 integer instructions of deriving each address from the thread index."""
+    Addresses: where ``transpose_word_steps`` finds one (every word of a producer warpgroup's
+    copy), a word's offset is its side's first word of round 0, XORed with one constant and
+    plus another, exact for every thread, so a block costs a few XORs and adds on 32-bit shared
+    addresses with the rest in the instructions' immediates, not the ~50 integer instructions
+    of deriving each address from the thread index (which the other words still take)."""
     src, dst = lw.shared(op, op.src), lw.shared(op, op.dst)
     lay, b = dst.layout, lw.b
     if lay.elem_bytes != 1:

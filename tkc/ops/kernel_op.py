@@ -494,6 +494,13 @@ def _apply(function: Any) -> Any:
     return apply
 
 
+def through_dispatcher() -> bool:
+    """Whether an operator's call must go through torch's dispatcher: ``torch.compile`` tracing,
+    a dispatch mode (fake tensors, ``opcheck``, export) or a function mode is active."""
+    return torch.compiler.is_compiling() or bool(torch._C._len_torch_dispatch_stack()) \
+        or torch._C._is_torch_function_mode_enabled()
+
+
 def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     """``op(*args, **kwargs)`` for an operator of :func:`custom_op`, past torch's dispatcher when
     it has nothing to do but run the operator: plain CUDA tensors, no ``torch.compile``
@@ -506,8 +513,7 @@ def call(op: Any, *args: Any, **kwargs: Any) -> Any:
     out = planned(op, args, kwargs)
     if out is not MISS:
         return out
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
-            or torch._C._is_torch_function_mode_enabled():
+    if through_dispatcher():
         return op(*args, **kwargs)
     grad = torch.is_grad_enabled()
     needs_grad = False
@@ -530,8 +536,7 @@ def planned(op: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     would pass them on unchanged), so what is left is the global state :func:`call` looks at
     (tracing, modes, ``TKC_INTERPRET``), the gradient, and the launch's plan."""
     impl = op.tkc_impl
-    if not impl._plans or interpret_requested() or torch.compiler.is_compiling() \
-            or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+    if not impl._plans or interpret_requested() or through_dispatcher():
         return MISS
     found = impl.planned(args, kwargs)
     if found is None:

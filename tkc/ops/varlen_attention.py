@@ -22,7 +22,7 @@ from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.attention import TILES, kernel_arguments, no_double_backward
-from tkc.ops.kernel_op import call, custom_op, register_autograd
+from tkc.ops.kernel_op import call, custom_op, register_autograd, through_dispatcher
 from tkc.ops.kernels import path
 
 __all__ = ["varlen_attention"]
@@ -167,18 +167,13 @@ def _backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     return _gradients(q, k, v, o, lse, cu, do, scale, max_len, D, causal)
 
 
-@_backward_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu: torch.Tensor,
-      do: torch.Tensor, scale: float, max_len: int, *, D: int,
-      causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    kernel_arguments("varlen_attn_backward", q, k, scale, max_len)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+_backward_op.register_fake(_gradients)  # as it runs: attention's
 
 
 def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
     q, k, v, o, lse, cu = ctx.saved_tensors
     do = do.contiguous()
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():  # traced: one operator
+    if through_dispatcher():  # traced: one operator
         dq, dk, dv = _backward_op(q, k, v, o, lse, cu, do, ctx.scale, ctx.max_len, D=ctx.D, causal=ctx.causal)
     else:
         dq, dk, dv = _gradients(q, k, v, o, lse, cu, do, ctx.scale, ctx.max_len, ctx.D, ctx.causal)
