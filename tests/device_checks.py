@@ -43,7 +43,8 @@ RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": 
                # where a bf16 step of 64-128 separates the emulator's order of additions from the
                # interpreter's; tests/examples/test_fftconv.py checks them on DFT matrices.
                "fftconv.tk": ["fft_cols", "ifft_cols", "row_norms"],
-               "based.tk": ["based", "based_states", "based_split"]}
+               "based.tk": ["based", "based_states", "based_split"],
+               "mx_fp8.tk": ["mx_quantize", "mx_dequantize"]}
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")

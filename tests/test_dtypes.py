@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tkc import dtypes
-from tkc.dtypes import BY_NAME, DType, bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64, round_to
+from tkc.dtypes import BY_NAME, DType, bf16, f8e4m3, f8e5m2, f8e8m0, f16, f32, i1, i32, i64, round_to
 
 SMALL_FLOATS = [bf16, f16, f8e4m3, f8e5m2]
 FLOATS = [f32, *SMALL_FLOATS]
@@ -96,7 +96,7 @@ def random_f32(n: int) -> np.ndarray:
 
 
 def test_names_and_aliases() -> None:
-    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "i1"]
+    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "i32", "i64", "i1"]
     assert BY_NAME["bool"] is i1
     assert dtypes.from_name("bool") == i1
     assert dtypes.from_name("bf16") is bf16
@@ -145,7 +145,8 @@ def test_int_limits() -> None:
 def test_torch_dtype_mapping() -> None:
     want = {
         f32: torch.float32, f16: torch.float16, bf16: torch.bfloat16, f8e4m3: torch.float8_e4m3fn,
-        f8e5m2: torch.float8_e5m2, i32: torch.int32, i64: torch.int64, i1: torch.bool,
+        f8e5m2: torch.float8_e5m2, f8e8m0: torch.float8_e8m0fnu, i32: torch.int32, i64: torch.int64,
+        i1: torch.bool,
     }
     for d, td in want.items():
         assert d.torch_dtype() is td
@@ -491,3 +492,37 @@ def test_from_torch_tensor_of_native_tensors() -> None:
     assert dt is f32 and x.tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(TypeError, match="float64"):
         dtypes.from_torch_tensor(torch.zeros(2, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- e8m0 (MX scales)
+
+
+def e8m0_cases() -> np.ndarray:
+    """f32 values where E8M0's rounding decides: every exponent with the mantissas at, just
+    below and just above the middle of its binade (normal and subnormal), zeros, infinities,
+    NaNs of both signs, and random bit patterns."""
+    exps = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    mants = np.array([0, 1, 0x200000, 0x3FFFFF, 0x400000, 0x400001, 0x600000, 0x7FFFFF], dtype=np.uint32)
+    bits = (exps[:, None] | mants[None, :]).ravel()
+    bits = np.concatenate([bits, bits | np.uint32(0x80000000), RNG.integers(0, 2**32, 1 << 18, dtype=np.uint32)])
+    return bits.view(np.float32)
+
+
+def test_e8m0_rounds_as_torch_converts() -> None:
+    x = e8m0_cases()
+    want = torch.from_numpy(x.copy()).to(torch.float8_e8m0fnu)
+    np.testing.assert_array_equal(dtypes.e8m0_code(x), want.view(torch.uint8).numpy())
+    assert_same(round_to(x, f8e8m0), want.float().numpy())
+
+
+def test_e8m0_values() -> None:
+    """2**(code - 127) from 2**-127 to 2**127, 255 NaN; each finite value converts to itself,
+    a negative one as its magnitude, 0 to 2**-127 and what rounds past 2**127 to NaN."""
+    codes = np.arange(256)
+    v = dtypes.e8m0_value(codes)
+    assert np.isnan(v[255]) and v[0] == np.float32(2.0**-127) and v[254] == np.float32(2.0**127)
+    np.testing.assert_array_equal(dtypes.e8m0_code(v[:255]), codes[:255])
+    assert (f8e8m0.min, f8e8m0.max) == (2.0**-127, 2.0**127)
+    assert_same(round_to(np.array([-8.0, 0.0, 3.0, 2.9, 1.5 * 2.0**127, np.inf]), f8e8m0),
+                np.array([8.0, 2.0**-127, 4.0, 2.0, np.nan, np.nan], dtype=np.float32))
+    assert_same(round_to(np.float64(2.0**-130), f8e8m0), np.float32(2.0**-127))

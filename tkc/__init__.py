@@ -20,7 +20,7 @@ The names below are what a kernel author needs from Python; the dtype and
 
 from typing import Any
 
-from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64
+from tkc.dtypes import bf16, f8e4m3, f8e5m2, f8e8m0, f16, f32, i1, i32, i64
 from tkc.autotune import AutotuneResult, autotune
 from tkc.compiler import Compiled, compile_kernel
 from tkc.errors import TkcError
@@ -51,6 +51,6 @@ class const:  # noqa: N801 - spelled like the annotation it names
 
 __all__ = [
     "AutotuneResult", "Compiled", "Kernel", "TkcError", "autotune", "bf16", "compile_kernel", "const", "f8e4m3",
-    "f8e5m2", "f16", "f32", "i1", "i32", "i64", "interpret", "interpret_ranks", "kernel", "load", "symmetric_empty",
-    "symmetric_zeros", "__version__",
+    "f8e5m2", "f8e8m0", "f16", "f32", "i1", "i32", "i64", "interpret", "interpret_ranks", "kernel", "load",
+    "symmetric_empty", "symmetric_zeros", "__version__",
 ]

@@ -1,7 +1,7 @@
 """tkc's scalar element types and their exact numerics.
 
 This module owns the element types a kernel can name (``f32``, ``f16``,
-``bf16``, ``f8e4m3``, ``f8e5m2``, ``i32``, ``i64``, ``i1``/``bool``) and is the only place
+``bf16``, ``f8e4m3``, ``f8e5m2``, ``f8e8m0``, ``i32``, ``i64``, ``i1``/``bool``) and is the only place
 that knows how a dtype rounds.  The interpreter, constant folding and the test
 oracles all call :func:`round_to`, so "what value does a ``bf16`` hold" has a
 single answer, and that answer is the one the GPU produces:
@@ -15,6 +15,13 @@ single answer, and that answer is the one the GPU produces:
   *saturates* to it, and so does ±inf; NaN stays NaN.  (So an ``f8e5m2`` value
   held by tkc is never infinite, although the format could encode it.)
 * ``f16`` and ``bf16`` are IEEE-style: overflow rounds to ±inf.
+* ``f8e8m0`` is OCP MX's E8M0 scale (torch's ``float8_e8m0fnu``): eight exponent bits, no
+  sign or mantissa, code ``e`` is ``2**(e - 127)`` (``2**-127`` to ``2**127``), 255 is NaN.  A
+  value converts as torch converts it: from its f32 (a float64 is rounded to f32 first), the
+  magnitude (the sign is dropped), rounded to nearest with the implicit bit as the last kept
+  one (so a normal f32 at or past the middle of its binade rounds up, an f32 subnormal at its
+  middle down); 0 and anything below ``2**-127`` give ``2**-127``; inf, NaN and what rounds
+  past ``2**127`` give NaN.
 * float → ``i32``/``i64`` truncates toward zero and saturates, NaN → 0 (PTX
   ``cvt.rzi.s32.f32``, ``cvt.rzi.s64.f32``); integer → ``i32`` wraps modulo 2**32 (keeps the
   low 32 bits of an ``i64``), integer → ``i64`` is exact; bool → 0/1.
@@ -46,6 +53,7 @@ __all__ = [
     "bf16",
     "f8e4m3",
     "f8e5m2",
+    "f8e8m0",
     "i32",
     "i64",
     "i1",
@@ -124,11 +132,13 @@ bf16 = DType("bf16", 16, "float", _F32, -(2 - 2**-7) * 2.0**127, (2 - 2**-7) * 2
              _FloatFormat(7, -126, False))
 f8e4m3 = DType("f8e4m3", 8, "float", _F32, -448.0, 448.0, "float8_e4m3fn", _FloatFormat(3, -6, True))
 f8e5m2 = DType("f8e5m2", 8, "float", _F32, -57344.0, 57344.0, "float8_e5m2", _FloatFormat(2, -14, True))
+# E8M0: no _FloatFormat (no sign, no mantissa); round_to has its own rule (_e8m0_from).
+f8e8m0 = DType("f8e8m0", 8, "float", _F32, 2.0**-127, 2.0**127, "float8_e8m0fnu")
 i32 = DType("i32", 32, "int", np.dtype(np.int32), -(2**31), 2**31 - 1, "int32")
 i64 = DType("i64", 64, "int", np.dtype(np.int64), -(2**63), 2**63 - 1, "int64")
 i1 = DType("i1", 1, "bool", np.dtype(np.bool_), 0, 1, "bool")
 
-ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, i32, i64, i1)
+ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, f8e8m0, i32, i64, i1)
 
 #: Every spelling of a dtype: IR names plus the kernel language's ``bool``.
 BY_NAME: dict[str, DType] = {dt.name: dt for dt in ALL} | {"bool": i1}
@@ -186,7 +196,29 @@ def round_to(x: Any, dt: DType) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         if dt.is_int:
             return _to_int(a, dt)
+        if dt == f8e8m0:
+            return e8m0_value(e8m0_code(a))
         return _round_float(a, dt)
+
+
+def e8m0_code(x: Any) -> np.ndarray:
+    """The E8M0 code (uint8) of each value (module docstring: torch's conversion)."""
+    a = np.asarray(x)
+    if a.dtype.kind == "b":
+        a = a.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = np.asarray(a.astype(np.float32)).view(np.uint32)
+    exp = (bits >> np.uint32(23)) & np.uint32(0xFF)
+    guard = (bits >> np.uint32(22)) & np.uint32(1)
+    # round up past the middle, or at it where the kept bit (the implicit one) is odd
+    up = guard & (((bits & np.uint32(0x3FFFFF)) != 0) | (exp != 0)).astype(np.uint32)
+    return np.minimum(exp + up, np.uint32(255)).astype(np.uint8)
+
+
+def e8m0_value(code: Any) -> np.ndarray:
+    """The float32 value of each E8M0 code: ``2**(code - 127)``, NaN for 255."""
+    c = np.asarray(code).astype(np.int64)
+    return np.where(c == 255, np.nan, np.ldexp(1.0, c - 127)).astype(np.float32)
 
 
 def _round_float(a: np.ndarray, dt: DType) -> np.ndarray:

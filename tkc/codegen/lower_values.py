@@ -148,6 +148,30 @@ def _truncated_part(t: ir.Value, bits: int) -> tuple[ir.Value, int] | None:
     return w, 0
 
 
+def e8m0_encode(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """The E8M0 code (i8) of the f32 ``x``, as :func:`tkc.dtypes.e8m0_code` rounds: its
+    exponent bits, plus one past the middle of its binade (at it for a normal number), 255 for
+    NaN, inf and overflow.  Integer instructions: sm_90a has no conversion to ue8m0."""
+    bits = b.bitcast(x, I32)
+    exp = b.and_(b.lshr(bits, const_i32(23)), const_i32(0xFF))
+    guard = b.icmp_unsigned("!=", b.and_(bits, const_i32(0x400000)), const_i32(0))
+    rest = b.icmp_unsigned("!=", b.and_(bits, const_i32(0x3FFFFF)), const_i32(0))
+    normal = b.icmp_unsigned("!=", exp, const_i32(0))
+    up = b.zext(b.and_(guard, b.or_(rest, normal)), I32)
+    code = b.add(exp, up)
+    code = b.select(b.icmp_unsigned(">", code, const_i32(255)), const_i32(255), code)
+    return b.trunc(code, I8)
+
+
+def e8m0_decode(b: ir.IRBuilder, code: ir.Value) -> ir.Value:
+    """The f32 value of an E8M0 code (i8): ``2**(code - 127)``, which f32 holds exactly (code 0
+    as a subnormal), NaN for 255."""
+    c = b.zext(code, I32)
+    bits = b.select(b.icmp_unsigned("==", c, const_i32(0)), const_i32(0x00400000), b.shl(c, const_i32(23)))
+    bits = b.select(b.icmp_unsigned("==", c, const_i32(255)), const_i32(0x7FC00000), bits)
+    return b.bitcast(bits, F32)
+
+
 def _narrow_type(dt: DType) -> ir.Type:
     return BF16 if dt == dtypes.bf16 else HALF
 
@@ -161,6 +185,8 @@ def round_to(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
         return x
     if dt.name in _FP8:
         return fp8_decode(b, fp8_encode(b, x, dt), dt)
+    if dt == dtypes.f8e8m0:
+        return e8m0_decode(b, e8m0_encode(b, x))
     return b.fpext(b.fptrunc(x, _narrow_type(dt)), F32)
 
 
@@ -219,7 +245,7 @@ def mem_type(dt: DType) -> ir.Type:
         return _narrow_type(dt)
     if dt.is_int:
         return int_type(dt)
-    return I8  # fp8 bytes, and i1 stored as one byte (0/1) like torch.bool
+    return I8  # fp8 and e8m0 bytes, and i1 stored as one byte (0/1) like torch.bool
 
 
 def to_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
@@ -228,6 +254,8 @@ def to_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
         return b.fptrunc(x, _narrow_type(dt))  # exact: the value is already rounded
     if dt.name in _FP8:
         return b.trunc(fp8_encode(b, x, dt), I8)
+    if dt == dtypes.f8e8m0:
+        return e8m0_encode(b, x)
     if dt.is_bool:
         return b.zext(x, I8)
     return x
@@ -239,6 +267,8 @@ def from_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
         return b.fpext(x, F32)
     if dt.name in _FP8:
         return fp8_decode(b, b.zext(x, I16), dt)
+    if dt == dtypes.f8e8m0:
+        return e8m0_decode(b, x)
     if dt.is_bool:
         return b.icmp_unsigned("!=", x, ir.Constant(I8, 0))
     return x

@@ -98,6 +98,8 @@ def encode(values: object, dtype: DType) -> np.ndarray:
         words = v.astype("<f2").view("<u2")
     elif dtype.name in _FP8:
         words = _fp8_encode(v, _FP8[dtype.name])
+    elif dtype == dtypes.f8e8m0:
+        words = dtypes.e8m0_code(v)
     else:
         raise ValueError(f"shared memory does not hold {dtype} elements")
     words = np.ascontiguousarray(words)
@@ -121,6 +123,8 @@ def decode(raw: np.ndarray, dtype: DType) -> np.ndarray:
         return raw.view("<f2").reshape(shape).astype(np.float32)
     if dtype.name in _FP8:
         return _FP8[dtype.name][raw.reshape(shape)].astype(np.float32)
+    if dtype == dtypes.f8e8m0:
+        return dtypes.e8m0_value(raw.reshape(shape))
     raise ValueError(f"shared memory does not hold {dtype} elements")
 
 

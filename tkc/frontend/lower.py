@@ -46,11 +46,12 @@ def is_const_annotation(a: ast.Expr | None) -> bool:
         return a.id in CONST_ANNOTATIONS
     return isinstance(a, ast.Attribute) and a.attr in CONST_ANNOTATIONS
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
-DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "i32", "i64", "bool")
+DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "i32", "i64", "bool")
 #: torch's and numpy's names for the dtypes, for what a user from there writes first.
 _DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
                   "int32": "i32", "int": "i32", "int64": "i64",
-                  "long": "i64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+                  "long": "i64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2",
+                  "float8_e8m0fnu": "f8e8m0"}
 
 
 #: ``wait(flags[i] OP v)``: the comparison's spelling -> ``tile.wait``'s predicate.
