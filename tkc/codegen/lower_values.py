@@ -129,6 +129,17 @@ def unpack_fp8x4(b: ir.IRBuilder, word: ir.Value, dt: DType) -> list[ir.Value]:
     return [fp8_decode(b, b.trunc(b.lshr(word, const_i32(8 * k)) if k else word, I16), dt) for k in range(4)]
 
 
+def _fp8_encoded(v: ir.Value, dt: DType) -> ir.Value | None:
+    """The :func:`fp8_encode` of ``dt`` that ``v`` decodes (``round_to``'s pair), or None."""
+    if not (isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm):
+        return None
+    enc = v.args[0]
+    if isinstance(enc, ir.CallInstr) and isinstance(enc.callee, ir.InlineAsm) \
+            and f"satfinite.{_FP8[dt.name]}.f32 $0, 0f00000000" in enc.callee.asm:
+        return enc
+    return None
+
+
 def _fp8_unpacked_from(v: ir.Value) -> tuple[ir.Value, int] | None:
     """(b32, byte) when ``v`` is what :func:`unpack_fp8x4` decoded of that byte of that b32."""
     if not (isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm):
@@ -253,7 +264,10 @@ def to_mem(b: ir.IRBuilder, x: ir.Value, dt: DType) -> ir.Value:
     if dt in (dtypes.bf16, dtypes.f16):
         return b.fptrunc(x, _narrow_type(dt))  # exact: the value is already rounded
     if dt.name in _FP8:
-        return b.trunc(fp8_encode(b, x, dt), I8)
+        # a value round_to just rounded is stored as the byte that rounding made (its second
+        # conversion would give the same byte)
+        made = _fp8_encoded(x, dt)
+        return b.trunc(made if made is not None else fp8_encode(b, x, dt), I8)
     if dt == dtypes.f8e8m0:
         return e8m0_encode(b, x)
     if dt.is_bool:
