@@ -132,7 +132,8 @@ bf16 = DType("bf16", 16, "float", _F32, -(2 - 2**-7) * 2.0**127, (2 - 2**-7) * 2
              _FloatFormat(7, -126, False))
 f8e4m3 = DType("f8e4m3", 8, "float", _F32, -448.0, 448.0, "float8_e4m3fn", _FloatFormat(3, -6, True))
 f8e5m2 = DType("f8e5m2", 8, "float", _F32, -57344.0, 57344.0, "float8_e5m2", _FloatFormat(2, -14, True))
-# E8M0: no _FloatFormat (no sign, no mantissa); round_to has its own rule (_e8m0_from).
+# E8M0: no _FloatFormat (no sign, no mantissa); round_to has its own rule (e8m0_code).  min is
+# its smallest value, not a negative one: a value converts as its magnitude.
 f8e8m0 = DType("f8e8m0", 8, "float", _F32, 2.0**-127, 2.0**127, "float8_e8m0fnu")
 i32 = DType("i32", 32, "int", np.dtype(np.int32), -(2**31), 2**31 - 1, "int32")
 i64 = DType("i64", 64, "int", np.dtype(np.int64), -(2**63), 2**63 - 1, "int64")

@@ -191,5 +191,6 @@ def check_scalar(name: str, dt: DType, x: Any) -> Any:
     if dt.is_float and not -dt.max <= x <= dt.max and math.isfinite(float(x)) \
             and not math.isfinite(float(round_to(float(x), dt))):
         # The kernel would compute with an infinity the caller never wrote (inf and nan pass as given).
-        raise TkcLaunchError(f"{name}: {x!r} is out of {dt.name}'s range: it would round to infinity")
+        becomes = "NaN" if dt == dtypes.f8e8m0 else "infinity"
+        raise TkcLaunchError(f"{name}: {x!r} is out of {dt.name}'s range: it would round to {becomes}")
     return x

@@ -2,8 +2,8 @@
 
 This module owns three things:
 
-- **Element bit patterns** (``encode`` / ``decode``): f32, i32, i64, f16, bf16, f8e4m3 (OCP E4M3FN)
-  and f8e5m2 as their real little-endian bytes, so a wrong swizzle or a wrong element size
+- **Element bit patterns** (``encode`` / ``decode``): f32, i32, i64, f16, bf16, f8e4m3 (OCP E4M3FN),
+  f8e5m2 and f8e8m0 (OCP MX's E8M0) as their real little-endian bytes, so a wrong swizzle or a wrong element size
   shows up as wrong values, not as a lucky round trip.  Rounding is ``tkc.dtypes.round_to``'s
   job; ``encode`` rounds through it and then only packs bits.
 - **``SharedMemory``**: a ``np.uint8`` buffer with tile writes and reads *through a

@@ -90,7 +90,12 @@ class Emitter:
                 raise TkcTypeError(f"integer constant {value} does not fit in {dt.name}", loc)
         else:
             value = float(value)
-            if math.isfinite(value) and not dt.min <= value <= dt.max:
+            if dt == dtypes.f8e8m0:
+                # converted as x.to(f8e8m0) converts: the magnitude, 0 to 2^-127
+                if math.isfinite(value) and math.isnan(float(dtypes.round_to(value, dt))):
+                    raise TkcTypeError(f"constant {value:g} is out of the range of f8e8m0 (powers of two from "
+                                       f"2^-127 to 2^127): it would be NaN", loc)
+            elif math.isfinite(value) and not dt.min <= value <= dt.max:
                 # A finite literal would silently become inf (or saturate, for fp8).
                 raise TkcTypeError(f"constant {value:g} is out of the range of {dt.name} "
                                    f"(largest finite: {dt.max:g})", loc)

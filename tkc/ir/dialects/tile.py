@@ -287,7 +287,8 @@ class ArangeOp(Operation):
 @register
 class CastOp(Operation):
     """Convert elements to another dtype (round-to-nearest-even for floats,
-    saturating for fp8; truncation toward zero for float -> int)."""
+    saturating for fp8; the magnitude to a power of two for f8e8m0, tkc/dtypes.py; truncation
+    toward zero for float -> int)."""
 
     name = "tile.cast"
     SURFACE = 'x.to(dtype)'
