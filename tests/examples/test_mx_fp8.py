@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from device_checks import interpret_and_emulate, launch_tensors, lowered
+from mx_reference import dequantize, quantize as reference, rows
 from tkc.compiler import compile_kernel
 from tkc.interpreter import run_kernel
 
@@ -21,24 +22,6 @@ SHAPES = [(37, 800), (16, 512), (5, 1056)]
 
 def _compile(kernel: str, stop: str):
     return compile_kernel(FILE, {}, kernel=kernel, stop=stop, cache=False)
-
-
-def rows(M: int, K: int, seed: int) -> torch.Tensor:
-    """bf16 rows whose 32-blocks span magnitudes from 2^-100 to 2^100, with zero blocks."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K // 32, 32, generator=g) * torch.exp2(torch.randint(-100, 100, (M, K // 32, 1), generator=g))
-    x[torch.rand(M, K // 32, generator=g) < 0.05] = 0
-    return x.reshape(M, K).to(torch.bfloat16)
-
-
-def reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, scales) by the OCP MX rule in torch: 2^(floor(log2(amax)) - 8) as torch's e8m0 (0 ->
-    2^-127), x / scale clamped to e4m3's 448 and rounded."""
-    M, K = x.shape
-    blocks = x.float().reshape(M, K // 32, 32)
-    scale = torch.exp2(torch.floor(torch.log2(blocks.abs().amax(-1))) - 8).to(torch.float8_e8m0fnu)
-    q = (blocks / scale.float()[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return q.reshape(M, K), scale
 
 
 @pytest.mark.parametrize("M, K", SHAPES)
@@ -52,8 +35,7 @@ def test_quantize_as_torch_and_dequantize_exactly(M: int, K: int) -> None:
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     back = torch.empty(M, K, dtype=torch.bfloat16)
     run_kernel(_compile("mx_dequantize", "tkir").kernel_op, [q, s, back])
-    exact = (q.float().reshape(M, K // 32, 32) * s.float()[..., None]).reshape(M, K).to(torch.bfloat16)
-    assert torch.equal(back, exact)
+    assert torch.equal(back, dequantize(q, s))
     # within e4m3's rounding of each value: half an ulp (2^-4 of it), half a subnormal step (2^-10
     # of the scale), or the clamp of a value at 448 to 512 times the scale (at most 1/7 of it)
     err = (back.float() - x.float()).abs().reshape(M, K // 32, 32)
@@ -87,5 +69,4 @@ def test_on_gpu_as_torch(M: int, K: int) -> None:
     assert torch.equal(s.view(torch.uint8), want_s.view(torch.uint8))
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     _, _, back = launch_tensors(_compile("mx_dequantize", "cubin"), [q, s, torch.empty(M, K, dtype=torch.bfloat16)])
-    exact = (q.float().reshape(M, K // 32, 32) * s.float()[..., None]).reshape(M, K).to(torch.bfloat16)
-    assert torch.equal(back, exact)
+    assert torch.equal(back, dequantize(q, s))

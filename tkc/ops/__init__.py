@@ -30,8 +30,9 @@ from tkc.ops.based import based
 from tkc.ops.fftconv import fft_conv
 from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.matmul import matmul
+from tkc.ops.mx import mx_dequantize, mx_quantize
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 from tkc.ops.varlen_attention import varlen_attention
 
-__all__ = ["attention", "based", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "register_autograd",
-           "rms_norm", "softmax", "varlen_attention"]
+__all__ = ["attention", "based", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "mx_dequantize",
+           "mx_quantize", "register_autograd", "rms_norm", "softmax", "varlen_attention"]

@@ -1,0 +1,62 @@
+"""``mx_quantize`` and ``mx_dequantize``: MXFP8 (OCP Microscaling) through examples/mx_fp8.tk.
+
+Two operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
+scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16), and functions taking
+any leading dims, which they flatten to rows.  No gradient: quantization is not
+differentiated here (a straight-through estimator is the caller's choice)."""
+
+from __future__ import annotations
+
+import torch
+
+from tkc.errors import TkcUsageError
+from tkc.kernel import load
+from tkc.ops import checks
+from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernels import path
+
+__all__ = ["mx_dequantize", "mx_quantize"]
+
+_FILE = path("mx_fp8.tk")
+
+
+def _blocks(op: str, k: int) -> None:
+    if k % 32:
+        raise TkcUsageError(f"tkc.ops.{op}: the last dim ({k}) must be a multiple of 32, MXFP8's block")
+
+
+def _no_gradient(op: str, *tensors: torch.Tensor) -> None:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise TkcUsageError(f"tkc.ops.{op} has no gradient: quantize a tensor that does not need one (.detach())")
+
+
+_quantize = custom_op("tkc::mx_quantize", load(_FILE, "mx_quantize"), dims={"KS": lambda d: d["K"] // 32},
+                      check=lambda x, **kw: _blocks("mx_quantize", x.shape[-1]))
+_dequantize = custom_op("tkc::mx_dequantize", load(_FILE, "mx_dequantize"),
+                        check=lambda q, s, **kw: _blocks("mx_dequantize", q.shape[-1]))
+
+
+def mx_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scales)`` of a bf16 ``x`` (any leading dims, the last a multiple of 32): e4m3
+    values ``q`` of ``x``'s shape and one E8M0 scale (``torch.float8_e8m0fnu``) a 32-block of
+    the last dim, ``scales`` of shape ``[..., K / 32]``, by the OCP MX rule (a block's scale
+    2^(floor(log2(amax)) - 8), values saturating at 448), bit for bit as torch's conversions."""
+    checks.dtype("mx_quantize", torch.bfloat16, x=x)
+    checks.rank("mx_quantize", "x", x, "at least one dim", x.dim() >= 1)
+    _blocks("mx_quantize", x.shape[-1])
+    _no_gradient("mx_quantize", x)
+    q, s = call(_quantize, x.reshape(-1, x.shape[-1]).contiguous())
+    return q.view(x.shape), s.view(*x.shape[:-1], x.shape[-1] // 32)
+
+
+def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 ``q * scale`` (exact) of e4m3 ``q`` and its E8M0 ``scales`` from :func:`mx_quantize`."""
+    checks.dtype("mx_dequantize", torch.float8_e4m3fn, q=q)
+    checks.dtype("mx_dequantize", torch.float8_e8m0fnu, scales=scales)
+    checks.rank("mx_dequantize", "q", q, "at least one dim", q.dim() >= 1)
+    _blocks("mx_dequantize", q.shape[-1])
+    checks.same("mx_dequantize", "scales must be q's shape with its last dim / 32",
+                ("scales' shape", tuple(scales.shape)), ("q's", (*q.shape[:-1], q.shape[-1] // 32)))
+    _no_gradient("mx_dequantize", q, scales)
+    x = call(_dequantize, q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous())
+    return x.view(q.shape)
