@@ -17,29 +17,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "tests"))
 
 import torch  # noqa: E402
 
 import tkc  # noqa: E402
 from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
+from mx_reference import dequantize as dequantize_torch  # noqa: E402  (the torch oracle the tests check against)
+from mx_reference import quantize as quantize_torch  # noqa: E402
 
 GROUPS = ["mx_fp8"]
 QUANTIZE = tkc.load(ROOT / "examples" / "mx_fp8.tk", "mx_quantize")
 DEQUANTIZE = tkc.load(ROOT / "examples" / "mx_fp8.tk", "mx_dequantize")
-
-
-def quantize_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The OCP MX rule: scale 2^(floor(log2(amax)) - 8) a 32-block, x / scale clamped to 448."""
-    M, K = x.shape
-    blocks = x.float().reshape(M, K // 32, 32)
-    scale = torch.exp2(torch.floor(torch.log2(blocks.abs().amax(-1))) - 8).to(torch.float8_e8m0fnu)
-    q = (blocks / scale.float()[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
-    return q.reshape(M, K), scale
-
-
-def dequantize_torch(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    M, K = q.shape
-    return (q.float().reshape(M, K // 32, 32) * s.float()[..., None]).reshape(M, K).to(torch.bfloat16)
 
 
 def rows(quick: bool) -> list[Row]:
