@@ -46,3 +46,15 @@ def test_errors_before_any_kernel_runs() -> None:
     q, s = quantize(rows(2, 64, 4))
     with pytest.raises(TkcUsageError, match="scales must be q's shape with its last dim / 32"):
         tkc.ops.mx_dequantize(q, s[:, :1])
+
+
+@pytest.mark.gpu
+def test_on_gpu_as_torch() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = rows(37, 800, 9)
+    q, s = tkc.ops.mx_quantize(x.cuda().view(37, 25, 32).view(37, 800))
+    want_q, want_s = quantize(x)
+    assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(s.cpu().view(torch.uint8), want_s.view(torch.uint8))
+    assert torch.equal(tkc.ops.mx_dequantize(q, s).cpu(), dequantize(want_q, want_s))
