@@ -86,7 +86,7 @@ class DType:
     bits: int
     kind: str  # "float", "int" or "bool"
     np_storage: np.dtype = field(repr=False)
-    min: float | int = field(repr=False)  # most negative finite value
+    min: float | int = field(repr=False)  # smallest finite value (the most negative, but f8e8m0's 2**-127)
     max: float | int = field(repr=False)  # largest finite value
     _torch_name: str = field(repr=False)
     _fmt: _FloatFormat | None = field(default=None, repr=False)

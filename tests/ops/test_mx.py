@@ -44,8 +44,9 @@ def test_errors_before_any_kernel_runs() -> None:
     with pytest.raises(TkcUsageError, match="has no gradient"):
         tkc.ops.mx_quantize(rows(2, 64, 3).requires_grad_())
     q, s = quantize(rows(2, 64, 4))
-    with pytest.raises(TkcUsageError, match="scales must be q's shape with its last dim / 32"):
-        tkc.ops.mx_dequantize(q, s[:, :1])
+    for dequantize_op in (tkc.ops.mx_dequantize, torch.ops.tkc.mx_dequantize):  # the operator checks too
+        with pytest.raises(TkcUsageError, match="scales must be q's shape with its last dim / 32"):
+            dequantize_op(q, s[:, :1].contiguous())
 
 
 @pytest.mark.gpu

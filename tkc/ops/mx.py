@@ -32,8 +32,16 @@ def _no_gradient(op: str, *tensors: torch.Tensor) -> None:
 
 _quantize = custom_op("tkc::mx_quantize", load(_FILE, "mx_quantize"), dims={"KS": lambda d: d["K"] // 32},
                       check=lambda x, **kw: _blocks("mx_quantize", x.shape[-1]))
+def _scales_fit(q: torch.Tensor, scales: torch.Tensor) -> None:
+    """``scales`` has ``q``'s shape with its last dim / 32 (the kernel would read a block's
+    scale from another place, or none, without a word)."""
+    _blocks("mx_dequantize", q.shape[-1])
+    checks.same("mx_dequantize", "scales must be q's shape with its last dim / 32",
+                ("scales' shape", tuple(scales.shape)), ("q's", (*q.shape[:-1], q.shape[-1] // 32)))
+
+
 _dequantize = custom_op("tkc::mx_dequantize", load(_FILE, "mx_dequantize"),
-                        check=lambda q, s, **kw: _blocks("mx_dequantize", q.shape[-1]))
+                        check=lambda q, s, **kw: _scales_fit(q, s))
 
 
 def mx_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,9 +62,7 @@ def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     checks.dtype("mx_dequantize", torch.float8_e4m3fn, q=q)
     checks.dtype("mx_dequantize", torch.float8_e8m0fnu, scales=scales)
     checks.rank("mx_dequantize", "q", q, "at least one dim", q.dim() >= 1)
-    _blocks("mx_dequantize", q.shape[-1])
-    checks.same("mx_dequantize", "scales must be q's shape with its last dim / 32",
-                ("scales' shape", tuple(scales.shape)), ("q's", (*q.shape[:-1], q.shape[-1] // 32)))
+    _scales_fit(q, scales)
     _no_gradient("mx_dequantize", q, scales)
     x = call(_dequantize, q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous())
     return x.view(q.shape)
