@@ -166,6 +166,8 @@ def _dump_flags(f: Any) -> Any:
     """The flags that control IR dumps and pass timing, shared by opt and compile."""
     f = click.option("--no-locs", is_flag=True, help="Print IR without loc(...) annotations.")(f)
     f = click.option("--pass-timing", is_flag=True, help="Print wall time per pass to stderr.")(f)
+    f = click.option("--verify-each", is_flag=True,
+                     help="Verify the IR after every pass as it runs (a failure names its pass without it too).")(f)
     f = click.option("--dump-dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write dumps as numbered files NN-<pass>.tkir here (default: after all).")(f)
     f = click.option("--dump-ir-after", multiple=True, metavar="PASS|all",
@@ -176,12 +178,12 @@ def _dump_flags(f: Any) -> Any:
 
 
 def _pass_options(dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...],
-                  dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> PassOptions:
+                  dump_dir: Path | None, pass_timing: bool, no_locs: bool, verify_each: bool) -> PassOptions:
     def names(items: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(n.strip() for item in items for n in item.split(",") if n.strip())
 
     flags = PassOptions(dump_before=names(dump_ir_before), dump_after=names(dump_ir_after),
-                        dump_dir=dump_dir, timing=pass_timing, locs=not no_locs)
+                        dump_dir=dump_dir, timing=pass_timing, locs=not no_locs, verify_each=verify_each)
     return flags.with_knobs(options.knobs())
 
 
@@ -320,10 +322,11 @@ def cli() -> None:
                    f"checked against it when given).")
 @_dump_flags
 def opt(file: str, passes: str, output: str, target: str | None, dump_ir_before: tuple[str, ...],
-        dump_ir_after: tuple[str, ...], dump_dir: Path | None, pass_timing: bool, no_locs: bool) -> None:
+        dump_ir_after: tuple[str, ...], dump_dir: Path | None, pass_timing: bool, no_locs: bool,
+        verify_each: bool) -> None:
     """Run passes over tile IR (a .tkir file, or a .tk/.py source through the frontend) and
     print the result."""
-    pm = PassManager(passes, _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs))
+    pm = PassManager(passes, _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs, verify_each))
     module = _load(file, {})
     pm.run(module, target=TARGETS[target] if target else None)
     _write_output(output, print_module(module, locs=not no_locs))
@@ -411,10 +414,10 @@ def ops_command(dialect: str) -> None:
 def compile_command(file: str, output: str, emit: str | None, pipeline: str, hopper_pipeline: str | None,
                     kernel: str | None, consts: dict, target: str | None, resource_usage: bool,
                     dump_ir_before: tuple[str, ...], dump_ir_after: tuple[str, ...], dump_dir: Path | None,
-                    pass_timing: bool, no_locs: bool) -> None:
+                    pass_timing: bool, no_locs: bool, verify_each: bool) -> None:
     """Compile a .tk kernel (or .tkir IR) and write the --emit stage."""
     emit = emit or _stage_of(output)
-    opts = _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs)
+    opts = _pass_options(dump_ir_before, dump_ir_after, dump_dir, pass_timing, no_locs, verify_each)
     module = _only_kernel(_load(file, consts), kernel, file)
     if emit == "tkir" and not resource_usage:
         # Tile IR is target-independent and may hold several kernels: no backend involved.

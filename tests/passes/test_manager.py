@@ -253,3 +253,70 @@ def test_kernels_pinned_differently_get_their_own_options(monkeypatch: pytest.Mo
     assert sorted(seen) == sorted([(["gemm", "gemm3"], Options()), (["gemm2"], Options(stages=3))])
     assert [k.attributes["sym_name"] for k in m.ops] == ["gemm", "gemm2", "gemm3"]  # back in their places
     assert all(k.parent is m.body for k in m.ops)
+
+
+# ------------------------------------------------------- verifying, and finding the pass
+def _count_verifies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    import tkc.passes.manager as manager
+
+    calls: list[int] = []
+    real = manager.verify
+    monkeypatch.setattr(manager, "verify", lambda m: (calls.append(1), real(m))[1])
+    return calls
+
+
+def test_a_clean_run_verifies_its_input_and_its_result_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_verifies(monkeypatch)
+    PassManager(DEFAULT_PIPELINE).run(gemm())
+    assert len(calls) == 2
+    calls.clear()
+    PassManager(DEFAULT_PIPELINE, PassOptions(verify_each=True)).run(gemm())
+    assert len(calls) == 1 + len(DEFAULT_PIPELINE.split(","))
+
+
+def test_invalid_ir_mid_pipeline_is_put_on_the_pass_that_left_it(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing is verified between passes on a clean run: the run again from the input finds it
+    monkeypatch.setitem(PASSES, "break-ssa", _break_ssa)
+    with pytest.raises(TkcPassError, match=r"pass 'break-ssa' failed: it left invalid IR: .*used before") as info:
+        PassManager("canonicalize,break-ssa,cse,dce").run(gemm())
+    assert info.value.pass_name == "break-ssa"
+    text = info.value.reproducer.read_text()
+    assert "(pass 2, 'break-ssa', failed; target sm_90a)" in text
+    verify(parse_module(text))  # break-ssa's input, which canonicalize made
+    assert "tile.add %acc_2" not in text
+
+
+def test_a_crash_after_invalid_ir_is_put_on_the_earlier_pass(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # explode would have run on IR that does not verify: break-ssa is the failure, as it
+    # is when every pass is verified as it runs
+    monkeypatch.setitem(PASSES, "break-ssa", _break_ssa)
+    monkeypatch.setitem(PASSES, "explode", _explode)
+    for each in (False, True):
+        with pytest.raises(TkcPassError, match=r"pass 'break-ssa' failed: it left invalid IR") as info:
+            PassManager("cse,break-ssa,dce,explode", PassOptions(verify_each=each)).run(gemm())
+        assert info.value.pass_name == "break-ssa"
+
+
+def test_a_pass_that_fails_only_once_gets_no_reproducer(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The run again is how the failing pass's input is rebuilt: a pass that does not fail the
+    # same way twice is still named, with why no reproducer could be written
+    seen: list[int] = []
+
+    def first_time_only(module: Module, *_: object) -> None:
+        seen.append(1)
+        if seen.count(1) == 1:
+            raise ValueError("boom once")
+
+    def second_time_only(module: Module, *_: object) -> None:
+        seen.append(2)
+        if seen.count(2) == 2:
+            raise RuntimeError("different now")
+
+    monkeypatch.setitem(PASSES, "flaky", second_time_only)
+    monkeypatch.setitem(PASSES, "once", first_time_only)
+    with pytest.raises(TkcPassError) as info:
+        PassManager("flaky,once").run(gemm())
+    msg = str(info.value)
+    assert "pass 'once' failed: ValueError: boom once" in msg
+    assert "could not rebuild the failing pass's input: RuntimeError: different now" in msg
+    assert info.value.reproducer is None

@@ -1,7 +1,8 @@
 """Runs a pipeline of named passes over a module, and makes every step visible.
 
 The ``PassManager`` owns what happens *around* passes: looking their names up
-in ``pipeline.PASSES``, verifying the IR after each one, dumping the IR before
+in ``pipeline.PASSES``, verifying the IR (the input and the result; after each pass with
+``verify_each``, or when anything fails: see below), dumping the IR before
 or after any or all of them (to a stream, or as numbered ``.tkir`` files that
 ``tkc opt`` reads back), timing them, and turning a failing pass into a
 ``TkcPassError`` with a reproducer file.  A pass that refuses the kernel (what it asks for is
@@ -11,6 +12,13 @@ it is.  Every pass is called as ``pass(module, options, target)``: the kernel's 
 caller gives them) and the :class:`tkc.target.Target` compiled for.  It holds no pass logic,
 and it reads no environment variables: callers merge ``tkc.options.knobs()`` into a
 ``PassOptions`` (see ``PassOptions.with_knobs``).
+
+A failure is always put on the pass that caused it, with that pass's input as the
+reproducer, without verifying or printing the IR between passes on the way (26 verifications
+and prints were a fifth of a cold compile's own Python work): the passes are deterministic, so
+when one fails, or the result does not verify, the pipeline is run again from the printed
+input, verifying after each pass, up to the failure.  An earlier pass that left invalid IR is
+then the failing one.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import TextIO
 
 from tkc.errors import TkcError, TkcPassError, TkcUnsupportedError, TkcUsageError, TkcVerifyError
 from tkc.ir.core import Module, Operation
+from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
 from tkc.options import Knobs
@@ -43,6 +52,9 @@ class PassOptions:
     dumps before a pass); a ``dump_dir`` with no pass named dumps after every
     pass.  ``timing`` prints a table of wall time per pass to ``stream``.
     ``reproducer_dir`` is where a failing pass leaves its input (None: nowhere).
+    ``verify_each`` verifies after every pass as it runs (a failure finds its pass without
+    it too, by running the pipeline again; this shows a pass's invalid IR in a dump right
+    after it).
     """
 
     dump_before: tuple[str, ...] = ()
@@ -52,6 +64,7 @@ class PassOptions:
     timing: bool = False
     locs: bool = True
     reproducer_dir: Path | None = Path("tkc-reproducers")
+    verify_each: bool = False
 
     def with_knobs(self, knobs: Knobs) -> PassOptions:
         """These options plus the environment's ``TKC_DUMP_IR`` (dump after
@@ -90,8 +103,9 @@ class PassManager:
     def run(self, module: Module, options: Options | None = None, target: Target | None = None) -> None:
         """Verify ``module``, then run each pass on it in place with ``options`` (default: the
         pins of the module's kernels) and ``target`` (None: the target-independent passes, given
-        the default target, and pins not checked against a target), verifying after each.  A
-        failure raises TkcPassError naming the pass, the reason and the reproducer file."""
+        the default target, and pins not checked against a target), and verify the result.  A
+        failure (a pass that crashes, or IR that does not verify) raises TkcPassError naming the
+        pass that caused it, the reason and the reproducer file."""
         opts = self.options
         stream = opts.stream or sys.stderr
         dumper = _Dumper(opts, stream)
@@ -100,13 +114,14 @@ class PassManager:
         verify(module)  # a broken input is not the first pass's fault
         verify_time = time.perf_counter() - t
         _check_target(module, target)
-        groups = [(options, None)] if options is not None else _kernel_groups(module, target)
         made_for = laid_out_for(module.ops)  # (a name the verifier found among TARGETS)
         target = target or (TARGETS[made_for] if made_for else DEFAULT_TARGET)
+        # what a failure runs the pipeline again from (_Replay), before any pass edits it
+        start = _Replay(self, print_module(module), options, target)
+        groups = _groups(module, options, target)
         dumper.input(module)
 
         for index, name in enumerate(self.names, 1):
-            before_text = print_module(module) if opts.reproducer_dir is not None else None
             if _selected(opts.dump_before, name):
                 dumper.dump(module, "Before", name, index)
             _check_level(name, module)
@@ -117,17 +132,17 @@ class PassManager:
             except (TkcUnsupportedError, TkcUsageError, TkcPassError):
                 raise  # the kernel asks for what the pass cannot do: the message says so, at its line
             except TkcError as e:
-                raise self._failure(name, index, _describe(e), before_text, target) from e
+                raise start.failure(index, _describe(e)) from e
             except Exception as e:  # a crash in a pass still deserves a reproducer
-                raise self._failure(name, index, f"{type(e).__name__}: {e}", before_text, target) from e
+                raise start.failure(index, f"{type(e).__name__}: {e}") from e
             times.append((name, time.perf_counter() - t))
-            t = time.perf_counter()
-            try:
-                verify(module)
-            except TkcVerifyError as e:
-                raise self._failure(name, index, "it left invalid IR: " + _describe(e), before_text,
-                                    target) from e
-            verify_time += time.perf_counter() - t
+            if opts.verify_each or index == len(self.names):
+                t = time.perf_counter()
+                try:
+                    verify(module)
+                except TkcVerifyError as e:
+                    raise start.failure(index, "it left invalid IR: " + _describe(e)) from e
+                verify_time += time.perf_counter() - t
             if _selected(opts.dump_after, name) or (opts.dump_dir and not opts.dump_before
                                                      and not opts.dump_after):
                 dumper.dump(module, "After", name, index)
@@ -139,7 +154,7 @@ class PassManager:
                  target: Target) -> TkcPassError:
         message = f"pass '{name}' failed: {reason}"
         path = None
-        if before_text is not None:
+        if before_text is not None and self.options.reproducer_dir is not None:
             try:
                 path = _write_reproducer(self.options.reproducer_dir, name, index, self.pipeline,
                                          reason, before_text, target)
@@ -151,6 +166,48 @@ class PassManager:
         err.pass_name = name
         err.reproducer = path
         return err
+
+
+def _groups(module: Module, options: Options | None, target: Target) -> list[tuple[Options, list[Operation] | None]]:
+    """Each set of kernels the passes run on with its :class:`Options`: ``options`` for the
+    whole module, or the kernels grouped by their own pins."""
+    return [(options, None)] if options is not None else _kernel_groups(module, target)
+
+
+class _Replay:
+    """A failure's pass and reproducer, found by running the pipeline again.
+
+    ``text`` is the pipeline's input as printed before the first pass.  A failure at pass
+    ``index`` parses it, runs the passes before ``index`` verifying after each (an earlier one
+    that leaves invalid IR is the failure then), and keeps the IR that went into the failing
+    pass as its reproducer."""
+
+    def __init__(self, manager: PassManager, text: str, options: Options | None, target: Target):
+        self.manager, self.text, self.options, self.target = manager, text, options, target
+
+    def failure(self, index: int, reason: str) -> TkcPassError:
+        """The error for pass ``index`` (1-based) failing with ``reason`` (a crash, or, for the
+        last pass, IR that does not verify), or for an earlier pass whose IR does not verify."""
+        names = self.manager.names
+        before: str | None = None
+        note = ""
+        try:
+            module = parse_module(self.text, "<pipeline input>")
+            groups = _groups(module, self.options, self.target)
+            for j, name in enumerate(names[:index], 1):
+                before = print_module(module)
+                if j == index:
+                    break
+                for group_options, kernels in groups:
+                    _run_on(self.manager.registry[name], module, kernels, group_options, self.target)
+                try:
+                    verify(module)
+                except TkcVerifyError as e:
+                    index, reason = j, "it left invalid IR: " + _describe(e)
+                    break
+        except Exception as e:  # the pipeline did not run the same way again
+            before, note = None, f"\n  (could not rebuild the failing pass's input: {type(e).__name__}: {e})"
+        return self.manager._failure(names[index - 1], index, reason + note, before, self.target)
 
 
 #: Each level of :data:`tkc.passes.pipeline.TAKES`: where a pass taking it runs, and a kernel
