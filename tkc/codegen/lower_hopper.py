@@ -16,6 +16,7 @@ the type.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -90,12 +91,20 @@ def _bar(lw: Lowerer, op: Operation) -> ir.Value:
 
 
 def _swizzle_sym(a: Sym | int, swizzle_bytes: int) -> Sym | int:
-    """``layouts.swizzle`` applied to a run-time offset.  The swizzle XORs a bit field into a
-    lower one; the field and the shift are read off ``layouts.swizzle`` itself (which bits
-    of a single-bit address it toggles) and the result is checked against it, so there is
-    one definition of the swizzle."""
+    """``layouts.swizzle`` applied to a run-time offset: ``a ^ ((a >> src) & mask) << shl``
+    (:func:`_swizzle_field`)."""
     if swizzle_bytes == 0 or isinstance(a, int):
         return int(swizzle(a, swizzle_bytes)) if isinstance(a, int) else a
+    src, mask, shl = _swizzle_field(swizzle_bytes)
+    return a ^ (((a >> src) & mask) << shl)
+
+
+@functools.cache
+def _swizzle_field(swizzle_bytes: int) -> tuple[int, int, int]:
+    """The swizzle XORs a bit field into a lower one: ``(src, mask, shl)``, read off
+    ``layouts.swizzle`` itself (which bits of a single-bit address it toggles) and checked
+    against it over 2^18 addresses, so there is one definition of the swizzle.  Once a
+    swizzle (every shared address a kernel computes at run time asks)."""
     toggles = {k: int(swizzle(1 << k, swizzle_bytes)) ^ (1 << k) for k in range(18)}
     src = [k for k, t in toggles.items() if t]
     shift = src[0] - int(toggles[src[0]]).bit_length() + 1
@@ -105,7 +114,7 @@ def _swizzle_sym(a: Sym | int, swizzle_bytes: int) -> Sym | int:
     if any(toggles[k] != 1 << (k - shift) for k in src) or src != list(range(src[0], src[0] + width)) or \
             not np.array_equal(swizzle(probe, swizzle_bytes), probe ^ (((probe >> src[0]) & mask) << (src[0] - shift))):
         raise TkcCodegenError(f"the {swizzle_bytes}-B swizzle is not a shifted bit field")
-    return a ^ (((a >> src[0]) & mask) << (src[0] - shift))
+    return src[0], mask, src[0] - shift
 
 
 def smem_offset(layout: SharedLayout, row: Sym | int, col: Sym | int) -> Sym | int:
@@ -117,6 +126,14 @@ def smem_offset(layout: SharedLayout, row: Sym | int, col: Sym | int) -> Sym | i
     inside a box, boxes back to back), and the swizzle is applied on top."""
     if not isinstance(row, Sym) and not isinstance(col, Sym):
         return int(layout.offset(int(row), int(col)))
+    dr, p, a, bb = _rows_by_boxes(layout)
+    return _swizzle_sym(row * dr + (col // p) * a + (col % p) * bb, layout.swizzle)
+
+
+@functools.cache
+def _rows_by_boxes(layout: SharedLayout) -> tuple[int, int, int, int]:
+    """``(dr, P, A, B)`` of :func:`smem_offset`'s fit for ``layout``, checked over every
+    element of the tile; once a layout."""
     r, c = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
     lin = swizzle(layout.offset(r, c), layout.swizzle)
     p = layout.box_cols
@@ -125,7 +142,7 @@ def smem_offset(layout: SharedLayout, row: Sym | int, col: Sym | int) -> Sym | i
     bb = int(lin[0, 1] - lin[0, 0]) if layout.cols > 1 else 0
     if int(lin[0, 0]) != 0 or not np.array_equal(lin, r * dr + (c // p) * a + (c % p) * bb):
         raise TkcCodegenError(f"shared layout {layout} is not rows x boxes; cannot address it at run time")
-    return _swizzle_sym(row * dr + (col // p) * a + (col % p) * bb, layout.swizzle)
+    return dr, p, a, bb
 
 
 def _tile_coords(t: TileType, layout: SharedLayout, coord: tuple) -> tuple:

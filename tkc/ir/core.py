@@ -142,12 +142,20 @@ class Operation:
         return trait in type(self).TRAITS
 
     def walk(self) -> Iterator[Operation]:
-        """This op and every op nested in its regions, pre-order."""
+        """This op and every op nested in its regions, pre-order.  Each block's ops are read
+        as the walk reaches the block (an op the caller inserts into a block it has not
+        reached yet is walked; one it erases from a block being walked still is).  A stack of
+        blocks, not a generator an op deep: every pass and the verifier walk each kernel."""
         yield self
-        for r in self.regions:
-            for b in r.blocks:
-                for op in list(b.ops):
-                    yield from op.walk()
+        stack = [_nested(self)]
+        while stack:
+            op = next(stack[-1], None)
+            if op is None:
+                stack.pop()
+                continue
+            yield op
+            if op.regions:
+                stack.append(_nested(op))
 
     def ancestors(self) -> Iterator[Operation]:
         """The ops whose regions hold this op, innermost first, up to the top-level op."""
@@ -304,3 +312,10 @@ def clone(op: Operation, mapping: dict[Value, Value]) -> Operation:
         new.regions.append(r)
         r.parent = new
     return new
+
+
+def _nested(op: Operation) -> Iterator[Operation]:
+    """The ops directly inside ``op``'s regions, block by block, each block's as it is reached."""
+    for r in op.regions:
+        for b in r.blocks:
+            yield from list(b.ops)
