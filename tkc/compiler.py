@@ -385,7 +385,7 @@ def _collector_paused(fn: Callable[..., Compiled]) -> Callable[..., Compiled]:
 
     A compilation makes a few hundred thousand IR and llvmlite objects, many of them in cycles
     (an op and its block), which start collections of every object the process holds (torch's
-    too) on the way: 15-20% of the compile time before ptxas, on every example.  What the
+    too) on the way: 15-20% of the time every example took to compile up to ptxas.  What the
     compilation leaves is collected after it, once."""
 
     @functools.wraps(fn)

@@ -14,12 +14,11 @@ and it reads no environment variables: callers merge ``tkc.options.knobs()`` int
 ``PassOptions`` (see ``PassOptions.with_knobs``).
 
 A failure is always put on the pass that caused it, with that pass's input as the
-reproducer, without verifying or printing the IR between passes on the way (over every example, the 26
-verifications and prints a kernel took 2.5 s of tkc's 8.7 s of Python before LLVM): the passes
-are deterministic, so
-when one fails, or the result does not verify, the pipeline is run again from the printed
-input, verifying after each pass, up to the failure.  An earlier pass that left invalid IR is
-then the failing one.
+reproducer, without verifying or printing the IR between passes on the way (over every
+example, the 26 verifications and prints a kernel took were 2.5 s of tkc's 8.7 s of Python
+before LLVM): the passes are deterministic, so when one fails, or the result does not verify,
+the pipeline is run again from the printed input, verifying after each pass, up to the
+failure.  An earlier pass that left invalid IR is then the failing one.
 """
 
 from __future__ import annotations
