@@ -531,7 +531,11 @@ def _on_more_warps(b: _Build, first: Compiled, loc: Any,
     not the pass's to choose: products, TMA copies or warp roles set them)."""
     from tkc.codegen import occupancy
 
-    if b.options.warps is not None or not occupancy.applies(b.module.kernel(b.name), b.options):
+    kernel = b.module.kernel(b.name)
+    # (a tcgen05 product's warps are its own too, but it is not budgeted: blackwell.mma reads
+    # operands thread by thread where TMA does not copy them)
+    if b.options.warps is not None or not occupancy.applies(kernel, b.options) \
+            or any(op.name == "blackwell.mma" for op in kernel.walk()):
         return None
     counts = [w for w in MORE_WARPS if w * b.target.warp_size <= b.target.max_threads]
     return _least_spills(first, counts, lambda w: compile_on("warps", w), lambda w, still: (

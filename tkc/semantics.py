@@ -355,6 +355,15 @@ def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndar
     return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
 
 
+def _dot_scaled(ctx: Program, op: Operation, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray,
+                acc: np.ndarray) -> np.ndarray:
+    # Each scaled value is exact in float64 (an 8-bit float times a power of two), and so is
+    # each product of two; the sum is float64's, rounded to f32 once with the accumulator.
+    a = a.astype(np.float64) * np.repeat(sa.astype(np.float64), tile.SCALE_BLOCK, axis=1)
+    b = b.astype(np.float64) * np.repeat(sb.astype(np.float64), tile.SCALE_BLOCK, axis=0)
+    return _rounded(np.matmul(a, b) + acc, op)
+
+
 def _constant(ctx: Program, op: Operation) -> np.ndarray:
     t = op.results[0].type
     return np.full(shape_of(t), round_to(op.value, t.dtype), t.dtype.np_storage)
@@ -408,6 +417,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.arg_reduce": _arg_reduce,
     "tile.cluster_reduce": _cluster_reduce,
     "tile.mma": _mma,
+    "tile.dot_scaled": _dot_scaled,
     "tile.load": _load,
     "tile.gather": _gather,
     "tile.store": _store,

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tkc import dtypes
-from tkc.dtypes import bf16, f8e4m3, f8e5m2, f16, f32, i1, i32, i64
+from tkc.dtypes import bf16, f8e4m3, f8e5m2, f8e8m0, f16, f32, i1, i32, i64
 from tkc.errors import UNKNOWN, Loc
 from tkc.ir.builder import Builder
 from tkc.ir.core import OPS, Block, Module, Operation, Region, Value
@@ -319,6 +319,14 @@ class _Gen:
         acc = TileType((m, n), f32)
         self.emit(T.MmaOp, [self.get(TileType((m, k), da)), self.get(TileType((k, n), db)), self.get(acc)],
                   [acc])
+
+    def op_dot_scaled(self) -> None:
+        m, n, kb = self.pick([1, 2, 16, 64]), self.pick([1, 2, 16, 64]), self.pick([1, 2, 4])
+        da, db = self.pick([f8e4m3, f8e5m2]), self.pick([f8e4m3, f8e5m2])
+        acc = TileType((m, n), f32)
+        self.emit(T.DotScaledOp, [self.get(TileType((m, 32 * kb), da)), self.get(TileType((m, kb), f8e8m0)),
+                                  self.get(TileType((32 * kb, n), db)), self.get(TileType((kb, n), f8e8m0)),
+                                  self.get(acc)], [acc])
 
     def op_rand(self) -> None:
         t = self.value_type([i32, i64])

@@ -48,6 +48,16 @@ def kernel(body: str, params: str = PARAMS, header: str = "tile.kernel @k", ret:
     return f"{header} {{\n{params}\n{PRELUDE}{body}\n" + ("  tile.return\n" if ret else "") + "}\n"
 
 
+#: Operands of dot_scaled: a [4, 32], b [32, 4] and their scales (one per 32 values along K).
+_SCALED = """\
+%a = tile.constant {value = 1.0} : tile<4x32xf8e4m3>
+%ha = tile.constant {value = 1.0} : tile<4x32xf16>
+%b = tile.constant {value = 1.0} : tile<32x4xf8e5m2>
+%sa = tile.constant {value = 1.0} : tile<4x1xf8e8m0>
+%fa = tile.constant {value = 1.0} : tile<4x1xf32>
+%sb = tile.constant {value = 1.0} : tile<1x4xf8e8m0>
+"""
+
 # (op kind under test, body or whole text, message regex, op that reports it when not the kind)
 CASES: list[tuple[str, str, str, str | None]] = [
     # ----------------------------------------------------------------- tile.kernel
@@ -313,6 +323,16 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"axis 2 is not an axis of tile<4x4xf32>", None),
     ("tile.scan", kernel('%x = tile.scan %t48 {kind = "sum", axis = 0} : tile<4x4xf32> // bad'),
      r"result must be tile<4x8xf32>, got tile<4x4xf32>", None),
+    ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %sa, %a, %sb, %t4 : tile<4x4xf32> // bad"),
+     r"shapes do not agree", None),
+    ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %sb, %b, %sb, %t4 : tile<4x4xf32> // bad"),
+     r"scales must be 4x1 and 1x4", None),
+    ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %fa, %b, %sb, %t4 : tile<4x4xf32> // bad"),
+     r"scales must be f8e8m0 tiles", None),
+    ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %ha, %sa, %b, %sb, %t4 : tile<4x4xf32> // bad"),
+     r"operands must be one of f8e4m3, f8e5m2", None),
+    ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %sa, %b, %sb, %h4 : tile<4x4xf16> // bad"),
+     r"the accumulator and result are f32 tiles", None),
     ("tile.mma", kernel("%x = tile.mma %t4, %t48, %t4 : tile<4x4xf32> // bad"),
      r"shapes do not agree: tile<4x4xf32> @ tile<4x8xf32> into tile<4x4xf32>", None),
     ("tile.mma", kernel("%x = tile.mma %t48, %t48, %t48 : tile<4x8xf32> // bad"),

@@ -122,6 +122,16 @@ def _where(lw, e, args, kwargs):
     return lw.em.select(c, lw.value_of(a["a"], e), lw.value_of(a["b"], e), e.loc)
 
 
+def _dot_scaled(lw, e, args, kwargs):
+    names = ("a", "a_scale", "b", "b_scale")
+    a = lw.bind("dot_scaled()", e, args, kwargs, [(n, REQUIRED) for n in names])
+    xs = [lw.value_of(a[n], e) for n in names]
+    for n, x in zip(names, xs):
+        if not isinstance(x, Dyn) or not isinstance(x.type, TileType):
+            raise TkcTypeError(f"dot_scaled() needs tiles; {n} is {lw._kind(x)}", e.loc)
+    return lw.em.dot_scaled(*xs, e.loc)
+
+
 def _load(lw, e, args, kwargs):
     a = lw.bind("load()", e, args, kwargs, [("view", REQUIRED), ("other", None)])
     if not isinstance(a["view"], View):
@@ -208,7 +218,8 @@ BUILTIN_IMPLS: dict[str, Callable] = {
     "barrier_all": _barrier_all, "num_sms": _rank(T.NumSmsOp, "num_sms()"),
     "zeros": _full_like(0), "ones": _full_like(1), "full": _full_like(None), "arange": _arange,
     **{f"atomic_{kind}": _atomic(kind) for kind in T.ATOMIC_KINDS},
-    "where": _where, "load": _load, "store": _store, "sum": _reduction("sum"), "mean": _reduction("mean"),
+    "where": _where, "dot_scaled": _dot_scaled, "load": _load, "store": _store,
+    "sum": _reduction("sum"), "mean": _reduction("mean"),
     "argmax": _reduction("argmax"), "argmin": _reduction("argmin"),
     "cumsum": _scan("cumsum"), "cumprod": _scan("cumprod"),
     **{f"cluster_{kind}": _cluster_reduce(kind) for kind in ("max", "min", "sum")},

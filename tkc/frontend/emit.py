@@ -43,13 +43,15 @@ _MAX_CONST_BITS = 4096  # integer constants fold in Python; beyond this they are
 
 
 def check_tile_dims(shape: tuple[int, ...], what: str, loc: Loc) -> None:
-    """Tile axes are 1 (for broadcasting) or multiples of 16, as the tensor
-    cores and the 16x16 register fragments need."""
+    """Tile axes are multiples of 16, as the tensor cores and the 16x16 register fragments
+    need; 1 (for broadcasting), and 2, 4 or 8 for narrow tiles such as a block-scaled
+    product's scales (one per 32 values along K: ``sa[r:r+BM, k*4:(k+1)*4]``), which are
+    loaded, stored and computed on but are never a product's operand."""
     for i, s in enumerate(shape):
         if not isinstance(s, int) or isinstance(s, bool) or s < 1:
             raise TkcTypeError(f"{what}: extent {s!r} on axis {i} is not a positive integer", loc)
-        if s != 1 and s % 16:
-            raise TkcTypeError(f"{what}: extent {s} on axis {i} is not a multiple of 16", loc)
+        if s not in (1, 2, 4, 8) and s % 16:
+            raise TkcTypeError(f"{what}: extent {s} on axis {i} is not 1, 2, 4, 8 or a multiple of 16", loc)
 
 
 def check_const(c: Const, dt: DType, loc: Loc) -> None:
@@ -396,6 +398,40 @@ class Emitter:
         if acc is None:
             acc = self.constant(0.0, out, loc)
         return Dyn(self.b.value(T.MmaOp, [a.value, b.value, acc.value], out, loc=loc))
+
+    def dot_scaled(self, a: Dyn, sa: Dyn, b: Dyn, sb: Dyn, loc: Loc) -> Dyn:
+        """``dot_scaled(a, a_scale, b, b_scale)``: the block-scaled product, typed here."""
+        names = dict(zip(("a", "a_scale", "b", "b_scale"), (a, sa, b, sb)))
+        for n, x in names.items():
+            if not isinstance(x.type, TileType) or x.type.rank != 2:
+                raise TkcTypeError(f"dot_scaled() needs 2-D tiles; {n} is {x.type}", loc)
+        ta, tb = a.type, b.type
+        for n, t in (("a", ta), ("b", tb)):
+            if t.dtype.name not in T.SCALED_DTYPES:
+                raise TkcTypeError(f"dot_scaled() multiplies {' or '.join(T.SCALED_DTYPES)} tiles; {n} is "
+                                   f"{t.dtype.name} (quantize it first, e.g. examples/mx_fp8.tk)", loc)
+        if ta.shape[1] != tb.shape[0]:
+            raise TkcTypeError(f"dot_scaled() shapes do not agree: {ta} @ {tb} "
+                               f"(inner extents {ta.shape[1]} and {tb.shape[0]})", loc)
+        k = ta.shape[1]
+        if k % T.SCALE_BLOCK:
+            raise TkcTypeError(f"dot_scaled() scales runs of {T.SCALE_BLOCK} values along K: K = {k} is not a "
+                               f"multiple of {T.SCALE_BLOCK}", loc)
+        for t in (ta, tb):
+            if any(s % 16 for s in t.shape):
+                raise TkcTypeError(f"dot_scaled() operands need extents that are multiples of 16, got {t}", loc)
+        kb = k // T.SCALE_BLOCK
+        for n, x, want in (("a_scale", sa, (ta.shape[0], kb)), ("b_scale", sb, (kb, tb.shape[1]))):
+            if x.type.dtype != dtypes.f8e8m0:
+                raise TkcTypeError(f"dot_scaled()'s {n} holds f8e8m0 scales (E8M0, one per {T.SCALE_BLOCK} "
+                                   f"values along K), got {x.type.dtype.name}", loc)
+            if x.type.shape != want:
+                got = "x".join(map(str, x.type.shape))
+                raise TkcTypeError(f"dot_scaled()'s {n} must be {want[0]}x{want[1]} (one scale per "
+                                   f"{T.SCALE_BLOCK} values along K = {k}), got {got}", loc)
+        out = TileType((ta.shape[0], tb.shape[1]), dtypes.f32)
+        acc = self.constant(0.0, out, loc)
+        return Dyn(self.b.value(T.DotScaledOp, [a.value, sa.value, b.value, sb.value, acc.value], out, loc=loc))
 
     def transpose(self, x: Dyn, loc: Loc) -> Dyn:
         t = x.type

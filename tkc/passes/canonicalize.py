@@ -264,19 +264,20 @@ def fold_select(op: Operation, rw: Rewrites) -> bool:
 
 def fold_accumulate_mma(op: Operation, rw: Rewrites) -> bool:
     """add(acc, mma(a, b, 0)) -> mma(a, b, acc), when the add is the mma's
-    only use: this is how ``acc += a @ b`` becomes an accumulating mma.
+    only use: this is how ``acc += a @ b`` becomes an accumulating mma (and
+    ``acc += dot_scaled(...)`` an accumulating ``tile.dot_scaled``).
 
     Exact when the interpreter computes mma as ``acc + a @ b`` in f32: both
     sides are then acc + P.  (The one exception is a zero product
     P = -0.0 with acc = -0.0, where 0.0 + P gives +0.0 first; the GPU's
     accumulating wgmma behaves like the rewritten form.)"""
     for acc, m in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
-        if not (isinstance(m, OpResult) and m.owner.name == "tile.mma"):
+        if not (isinstance(m, OpResult) and tile.is_product(m.owner)):
             continue
         mma = m.owner
         if not _is(mma.acc, 0) or _use_count(rw, m) != 1 or acc.type != m.type:
             continue
-        new = Builder.before(op).value(tile.MmaOp, [mma.a, mma.b, acc], m.type, loc=op.loc)
+        new = Builder.before(op).value(type(mma), [*mma.operands[:-1], acc], m.type, loc=op.loc)
         new.name_hint = op.result.name_hint
         _replace(op, [new], rw)
         mma.erase()

@@ -7,6 +7,8 @@ every op of the kernel that the target does not list as native, and puts the ans
 place.  ``argmax``/``argmin`` become a max (min) reduction, a compare and a min reduction of
 the indices that hold it (or a NaN).  (``rand`` stays whole: codegen shares one Philox call
 among four values a thread holds, which tile ops could not say.)
+``dot_scaled`` (a block-scaled product) becomes its operands scaled in f32, cast to bf16
+and multiplied by ``tile.mma`` where the target has no block-scaled product.
 ``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
 float64: the two agree within the f32 sum's rounding, as a ``sum`` on the GPU does).  It runs first on the way
 to a target, before layouts are chosen, so the new ops get layouts like any other; the
@@ -37,6 +39,8 @@ def decompose(module: Module, options: Options, target: Target) -> None:
                 new = _mean(op, Builder.before(op))
             elif op.name == "tile.arg_reduce":
                 new = _arg_reduce(op, Builder.before(op))
+            elif op.name == "tile.dot_scaled":
+                new = _dot_scaled(op, Builder.before(op))
             else:
                 continue
             if new is not None:
@@ -77,6 +81,35 @@ def _mean(op: Operation, b: Builder):
     n = b.value(tile.ConstantOp, [], wide, {"value": float(op.x.type.shape[op.axis])})
     mean = b.value(tile.DivOp, [total, n], wide)
     return mean if wide == t else b.value(tile.CastOp, [mean], t)
+
+
+def _dot_scaled(op: Operation, b: Builder):
+    """``dot_scaled(a, sa, b, sb)`` as ``A @ B`` in bf16, where ``A`` is ``a`` times its
+    scales: ``a`` cast to f32 and seen as rows of 32 values (``[M * K/32, 32]``), each row
+    times its scale (``sa`` flattened), back to ``[M, K]`` and to bf16; ``B`` the same on
+    ``b``'s transpose.  Exact while a scaled value is a normal bf16 (an 8-bit float times a
+    power of two, with bf16's exponent range): what MX quantization of bf16 data gives."""
+    loc = op.loc
+
+    def scaled(x, s):  # x [R, K], s [R, K / 32] -> bf16 [R, K]
+        r, k = x.type.shape
+        rows = r * (k // tile.SCALE_BLOCK)
+        f32, bf16 = dtypes.f32, dtypes.bf16
+        x = b.value(tile.CastOp, [x], x.type.with_dtype(f32), loc=loc)
+        x = b.value(tile.ReshapeOp, [x], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
+        s = b.value(tile.CastOp, [s], s.type.with_dtype(f32), loc=loc)
+        s = b.value(tile.ReshapeOp, [s], TileType((rows, 1), f32), loc=loc)
+        s = b.value(tile.BroadcastOp, [s], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
+        x = b.value(tile.MulOp, [x, s], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
+        x = b.value(tile.ReshapeOp, [x], TileType((r, k), f32), loc=loc)
+        return b.value(tile.CastOp, [x], TileType((r, k), bf16), loc=loc)
+
+    def transposed(x):
+        return b.value(tile.TransposeOp, [x], x.type.with_shape(x.type.shape[::-1]), loc=loc)
+
+    a = scaled(op.a, op.a_scale)
+    w = transposed(scaled(transposed(op.b), transposed(op.b_scale)))
+    return b.value(tile.MmaOp, [a, w, op.acc], op.result.type, loc=loc)
 
 
 def _arg_reduce(op: Operation, b: Builder):

@@ -641,6 +641,51 @@ class MmaOp(Operation):
             raise self.error("the accumulator and result are f32 tiles of one type")
 
 
+#: Values a block-scaled product's scale covers along K (OCP MX: 32 values, one E8M0 byte).
+SCALE_BLOCK = 32
+#: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types.
+SCALED_DTYPES = ("f8e4m3", "f8e5m2")
+
+
+@register
+class DotScaledOp(Operation):
+    """``acc + (a * 2^sa) @ (b * 2^sb)``, a block-scaled product (OCP MX, MXFP8): ``a`` is
+    MxK and ``b`` KxN of e4m3 or e5m2, each run of 32 values along K scaled by one f8e8m0
+    (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
+    sm_100a's ``tcgen05.mma ... block_scale`` computes it whole; where a target does not, the
+    ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma`` (exact
+    while every scaled value is a normal bf16)."""
+
+    name = "tile.dot_scaled"
+    SURFACE = 'dot_scaled(a, a_scale, b, b_scale)'
+    EXAMPLE = 'acc += dot_scaled(a, sa, w.T, sw.T)'
+    OPERANDS = ("a", "a_scale", "b", "b_scale", "acc")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure"})
+
+    def verify(self) -> None:
+        a, sa, b, sb, c, r = (v.type for v in (self.a, self.a_scale, self.b, self.b_scale, self.acc,
+                                                self.result))
+        if not all(isinstance(t, TileType) and t.rank == 2 for t in (a, sa, b, sb, c)):
+            raise self.error("operands must be 2-D tiles")
+        if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]) or a.shape[1] % SCALE_BLOCK:
+            raise self.error(f"shapes do not agree: {a} @ {b} into {c}")
+        kb = a.shape[1] // SCALE_BLOCK
+        if sa.shape != (a.shape[0], kb) or sb.shape != (kb, b.shape[1]):
+            raise self.error(f"scales must be {a.shape[0]}x{kb} and {kb}x{b.shape[1]}, got {sa} and {sb}")
+        if a.dtype.name not in SCALED_DTYPES or b.dtype.name not in SCALED_DTYPES:
+            raise self.error(f"operands must be one of {', '.join(SCALED_DTYPES)}")
+        if sa.dtype != dtypes.f8e8m0 or sb.dtype != dtypes.f8e8m0:
+            raise self.error("scales must be f8e8m0 tiles")
+        if c.dtype != dtypes.f32 or r != c:
+            raise self.error("the accumulator and result are f32 tiles of one type")
+
+
+def is_product(op: Operation) -> bool:
+    """A tensor-core product: ``@`` or ``dot_scaled``."""
+    return op.name in (MmaOp.name, DotScaledOp.name)
+
+
 # ------------------------------------------------------------------- memory
 def check_steps(op: Operation, rank: int) -> None:
     """``steps`` (of a load or store): a positive element stride per tensor axis, 1 on squeezed

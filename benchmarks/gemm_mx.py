@@ -1,0 +1,83 @@
+"""MXFP8 GEMM (examples/gemm_mx.tk, ``dot_scaled``): C = (A * SA) @ (B * SB)^T from e4m3
+operands with an E8M0 scale a 32-block, to bf16, beside what a user of torch writes for it on
+this GPU: dequantize both operands and multiply in bf16, eagerly and under ``torch.compile``
+(compiled for each shape); cuBLAS's bf16 GEMM on operands dequantized beforehand is the bar a
+dequantizing kernel cannot pass; ``torch._scaled_mm`` with MX scales where the GPU has
+block-scaled products (Blackwell; elsewhere its error is noted).  Timed in alternation on
+one GPU (a 256 MB L2 clear before each call, harness.in_alternation).
+
+    python benchmarks/gemm_mx.py [--quick] [--no-record]
+
+Every contender's output is checked against the float64 product of the dequantized operands
+first.  Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT / "benchmarks"))
+sys.path.append(str(ROOT / "tests"))
+
+import torch  # noqa: E402
+
+import tkc  # noqa: E402
+from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
+from mx_reference import dequantize, quantize  # noqa: E402  (the OCP MX rule the tests check against)
+
+GROUPS = ["gemm_mx"]
+GEMM = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx")
+#: (M, N, K): square GEMMs and a weight of 8192 x 8192 applied to 256 tokens.
+SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (256, 8192, 8192))
+
+
+def dequantize_and_multiply(a, sa, b, sb):
+    return dequantize(a, sa) @ dequantize(b, sb).T
+
+
+def rows(quick: bool) -> list[Row]:
+    out = []
+    for M, N, K in SHAPES[:1] if quick else SHAPES:
+        torch._dynamo.reset()  # each shape compiled afresh
+        compiled = torch.compile(dequantize_and_multiply)
+        a, sa = quantize(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
+        b, sb = quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
+        ad, bd = dequantize(a, sa), dequantize(b, sb)
+        want = ad.double() @ bd.double().T
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        fns = {"tkc": lambda: GEMM(a, sa, b, sb, c),
+               "torch eager": lambda: dequantize_and_multiply(a, sa, b, sb),
+               "torch.compile": lambda: compiled(a, sa, b, sb),
+               "cuBLAS bf16, dequantized before": lambda: ad @ bd.T}
+        notes = "cuBLAS bf16, dequantized before: the bf16 GEMM alone, its operands dequantized outside the timing"
+        try:
+            torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+            fns["torch._scaled_mm"] = lambda: torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        except (RuntimeError, ValueError, TypeError) as e:
+            notes += f"; torch._scaled_mm with MX scales not run: {str(e).splitlines()[0][:120]}"
+        GEMM(a, sa, b, sb, c)
+        for name, fn in fns.items():
+            got = c if name == "tkc" else fn()
+            err = ((got.double() - want).abs().max() / want.abs().max()).item()
+            assert err < 2**-6, (name, err)
+        t = in_alternation(fns, 30)
+        row = Row("MXFP8 GEMM", f"{M}x{N}x{K}", "TFLOP/s", {n: 2 * M * N * K / s / 1e12 for n, s in t.items()})
+        row.notes = notes
+        out.append(row)
+        print(f"  {row.problem}: {row.values}", flush=True)
+    return out
+
+
+def main() -> None:
+    args, _ = group_args("gemm_mx.py", GROUPS)
+    got = rows(args.quick)
+    print(table(got))
+    if not args.no_record:
+        command = run_command("gemm_mx.py", args.quick, args.only, GROUPS)
+        append_results(ROOT / "benchmarks" / "RESULTS.md", command, got)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The block-scaled product ``dot_scaled`` and examples/gemm_mx.tk (an MXFP8 GEMM): the
+interpreter against torch's dequantize-then-multiply, the emulator of the lowered kernel against
+the interpreter on sm_90a and sm_100a with ptxas finding no spills, and a GPU.  Shapes leave
+tails in M, N and K; the operands are MX quantizations (examples/mx_fp8.tk's rule) of rows
+whose 32-blocks span 2^-40 to 2^40, so the scales differ block by block."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from device_checks import interpret_and_emulate, launch_tensors, lowered
+from mx_reference import dequantize, quantize
+from tkc.compiler import compile_kernel
+from tkc.interpreter import run_kernel
+
+FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "gemm_mx.tk"
+#: (M, N, K): tails in every one (BM = BN = 128, BK = 64 by default).
+SHAPES = [(200, 136, 320), (64, 256, 128), (130, 40, 96)]
+
+
+def _rows(M: int, K: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K // 32, 32, generator=g) * torch.exp2(torch.randint(-40, 40, (M, K // 32, 1), generator=g))
+    return x.reshape(M, K).to(torch.bfloat16)
+
+
+def _operands(M: int, N: int, K: int, seed: int):
+    a, sa = quantize(_rows(M, K, seed))
+    b, sb = quantize(_rows(N, K, seed + 1))
+    return a, sa, b, sb
+
+
+def _reference(a, sa, b, sb) -> torch.Tensor:
+    """bf16 of the exact product (float64 sums of exact products), as the interpreter defines it."""
+    return (dequantize(a, sa).double() @ dequantize(b, sb).double().T).float().to(torch.bfloat16)
+
+
+def _compile(stop: str, target: str = "sm_90a", **consts):
+    return compile_kernel(FILE, consts, stop=stop, target=target, cache=False)
+
+
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_interpreter_as_torch(M: int, N: int, K: int) -> None:
+    a, sa, b, sb = _operands(M, N, K, M + N + K)
+    c = torch.empty(M, N, dtype=torch.bfloat16)
+    run_kernel(_compile("tkir").kernel_op, [a, sa, b, sb, c])
+    want = _reference(a, sa, b, sb)
+    # one bf16 rounding of an f32 sum: within an ulp of bf16 of the exact value
+    assert torch.all((c.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-30), \
+        (c.float() - want.float()).abs().max()
+
+
+def test_nan_scale_is_nan() -> None:
+    """E8M0's 0xFF is NaN: every output of the rows that read it is NaN, the others are not."""
+    M, N, K = 64, 32, 64
+    a, sa, b, sb = _operands(M, N, K, 3)
+    sa.view(torch.uint8)[5, 1] = 0xFF
+    c = torch.empty(M, N, dtype=torch.bfloat16)
+    run_kernel(_compile("tkir", BM=64, BN=64).kernel_op, [a, sa, b, sb, c])
+    assert torch.isnan(c[5]).all() and not torch.isnan(c[torch.arange(M) != 5]).any()
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("M, N, K", SHAPES[:2])
+def test_emulator_as_interpreter(M: int, N: int, K: int, target: str) -> None:
+    args = [*_operands(M, N, K, 11 * M + K), torch.empty(M, N, dtype=torch.bfloat16)]
+    np_args = [x.float().numpy() for x in args]
+    lowered_kernel = lowered(lambda stop: _compile(stop, target)).kernel_op
+    want, got = interpret_and_emulate(_compile("tkir", target).kernel_op, lowered_kernel, np_args, seed=5)
+    # the emulator's wgmma sums in f32 in its own order, the interpreter in float64
+    np.testing.assert_allclose(got[4], want[4], rtol=2**-7, atol=0)
+
+
+@pytest.mark.parametrize("pins", [{"stage_loads": 2}, {"BK": 32, "stage_loads": 2}, {"BN": 256, "stage_loads": 2}])
+def test_pins_compile_without_spills(pins: dict) -> None:
+    lowered(lambda stop: _compile(stop, **pins))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_on_gpu_as_torch(M: int, N: int, K: int) -> None:
+    a, sa, b, sb = _operands(M, N, K, 5 * M + N)
+    *_, c = launch_tensors(_compile("cubin"), [a, sa, b, sb, torch.empty(M, N, dtype=torch.bfloat16)])
+    want = _reference(a, sa, b, sb)
+    assert torch.all((c.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-30)
