@@ -106,8 +106,8 @@ def test_opt_on_bad_ir_points_at_the_line(tmp_path: Path) -> None:
 def test_opt_unknown_pass() -> None:
     r = tkc_cli("opt", str(GEMM_TKIR), "-p", "cse,fold")
     assert r.exit_code == 1
-    assert ("unknown pass 'fold'; known passes: allocate-smem, canonicalize, count-divisions, cse, dce, decompose, "
-            "defer-last, issue-ahead, licm") in r.stderr
+    assert ("unknown pass 'fold'; known passes: allocate-smem, buffer-operands, canonicalize, count-divisions, cse, "
+            "dce, decompose, defer-last, issue-ahead, licm") in r.stderr
 
 
 def test_opt_dump_flags_and_timing(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_compile_dumps_cover_both_pipelines(tmp_path: Path) -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "g.ptx", "--dump-dir", "d")
     assert r.exit_code == 0, r.stderr
     names = sorted(p.name for p in Path("d").iterdir())
-    assert names[0] == "00-input.tkir" and names[-1] == "24-allocate-smem.tkir"
+    assert names[0] == "00-input.tkir" and names[-1] == "25-allocate-smem.tkir"
 
 
 def test_compile_cubin_and_resource_usage() -> None:

@@ -30,6 +30,7 @@ from tkc.ir.core import OpResult, Operation
 from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.target import DEFAULT_TARGET
+from tkc.passes.pipeline import is_lowered
 
 if TYPE_CHECKING:
     from tkc.compiler import Compiled
@@ -283,10 +284,11 @@ def run(kernel: Operation, args: list[Any], backend: str, grid: tuple[int, ...] 
         try:
             seconds = _timed(lambda: emulate(hopper, work, grid=grid, seed=seed))
         except TkcEmulatorError:
-            if reference is None:
+            if reference is None and not is_lowered(kernel):
                 # Without --check the interpreter has not run: a mistake of the kernel's own (a
                 # race, a read out of bounds) is its error, in the language's words; else the
-                # emulator's stands (the lowering's fault).
+                # emulator's stands (the lowering's fault, or lowered IR's own, which the
+                # interpreter cannot run).
                 run_kernel(kernel, copy.deepcopy(args), grid=None if walks_tiles(executed) else user_grid)
             raise
     else:

@@ -194,7 +194,8 @@ def test_ring_operands_ptx() -> None:
     ptx = _ptx(KERNELS / "ring_operands.tkir")
     # smem_store into stage k % 2 (8192-B stride) of A, TMA into the same stage of B.
     assert re.search(r"(shl\.b32\s+%r\d+, %r\d+, 13|mul\.wide\.u32\s+%rd\d+, %r\d+, 8192);", ptx)
-    assert ptx.count("st.shared.b16") == 32
+    # each thread's 32 bf16 values, 8 consecutive ones a run, as four 16-byte vector stores
+    assert ptx.count("st.shared.v4.b32") == 4 and ptx.count("st.shared.b16") == 0
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 4
 
 

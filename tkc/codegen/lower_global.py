@@ -54,8 +54,8 @@ import numpy as np
 
 from tkc.codegen import nvvm
 from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
-from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, from_mem, mem_type, pack_pair,
-                                      packs_in_pairs, to_mem, widen)
+from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, fp8_decode_words, from_mem,
+                                      mem_type, pack_pair, packs_in_fours, packs_in_pairs, to_mem, widen)
 from tkc.codegen.lowerer import Lowerer, TensorArg
 from tkc.codegen.runs import elem_bytes, private_run_offset, runs_of, vector_runs
 from tkc.codegen.nvvm import I16, I32, I64
@@ -682,7 +682,10 @@ def _runs_aligned(lw: Lowerer, acc: _Access) -> ir.Value:
 
 
 def _run_values(b: ir.IRBuilder, words: list[ir.Value], dt: DType, n: int) -> list[ir.Value]:
-    """The register values of a run from the words its access moved."""
+    """The register values of a run from the words its access moved (fp8 two bytes a
+    conversion)."""
+    if packs_in_fours(dt) and n % 2 == 0 and words[0].type.width >= 16:
+        return fp8_decode_words(b, words, dt, n)
     return [_value_of(b, x, dt) for x in _unpack(b, words, dt, n)]
 
 

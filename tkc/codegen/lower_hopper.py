@@ -37,6 +37,8 @@ from tkc.codegen.lower_values import (
     mem_type,
     pack_fp8x4,
     pack_pair,
+    packs_in_fours,
+    packs_in_pairs,
     round_to,
     to_mem,
 )
@@ -50,7 +52,7 @@ from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_ro
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
                             first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
-                            offset_step, transpose_copy_last, transpose_word_steps, vector_coords)
+                            is_accumulator, offset_step, transpose_copy_last, transpose_word_steps, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -166,6 +168,27 @@ def _smem_store_values(lw: Lowerer, op: Operation, tile: SmemTile, t: TileType, 
         lw.b.store(to_mem(lw.b, cast_value(lw.b, v, dt, lay.dtype), lay.dtype), p)
 
 
+def _words_of(b: ir.IRBuilder, vals: list, dt: DType) -> list[ir.Value]:
+    """32-bit words of register values of ``dt`` in memory order: bf16/f16 pairs (one
+    ``cvt.rn.*x2.f32`` each), fp8 fours, f32 and i32 as they are."""
+    if packs_in_pairs(dt):
+        return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
+    if packs_in_fours(dt):
+        return [pack_fp8x4(b, vals[j:j + 4], dt) for j in range(0, len(vals), 4)]
+    return [b.bitcast(v, I32) if v.type != I32 else v for v in vals]
+
+
+def _store_words(b: ir.IRBuilder, ptr: ir.Value, words: list[ir.Value], nbytes: int) -> None:
+    """One store of ``words`` at ``ptr`` (aligned to ``nbytes``: a ``st.shared.v2``/``v4``)."""
+    if len(words) == 1:
+        b.store(words[0], ptr, align=nbytes)
+        return
+    vec = ir.Constant(ir.VectorType(I32, len(words)), None)
+    for j, w in enumerate(words):
+        vec = b.insert_element(vec, w, const_i32(j))
+    b.store(vec, ptr, align=nbytes)
+
+
 def _smem_load_values(lw: Lowerer, tile: SmemTile, t: TileType, coords: list, dt: DType) -> list:
     lay = tile.layout
     out = []
@@ -223,25 +246,31 @@ def _smem_store(lw: Lowerer, op: Operation) -> None:
     # A value whose address is another's with bits flipped or a constant added, for every
     # thread, is stored there (an XOR and an immediate offset): attention backward's staged
     # dQ^T, 32 f32 values a thread through a 128-B swizzle, needs one address, not 32 (each a
-    # dozen instructions an iteration).
+    # dozen instructions an iteration).  Values at consecutive addresses go out together, in
+    # one vector store of 32-bit words (``_store_runs``).
     lay, offs, ptrs = tile.layout, {}, {}
-    for v, (base, xor, delta) in zip(vals, steps):
+    runs = [(i, 1) for i in range(len(vals))]
+    if not is_accumulator(layout) and lay.dtype == dt and (packs_in_pairs(dt) or packs_in_fours(dt) or dt.bits == 32):
+        runs = _store_runs(_value_offsets(layout, lay, op.dst.type, keep, col or 0), dt)
+    for first, n in runs:
+        base, xor, delta = steps[first]
         if base not in offs:
             row, col_ = _tile_coords(op.dst.type, lay, coords[base])
             offs[base] = smem_offset(lay, row, col_)
         if (base, xor) not in ptrs:
             ptrs[base, xor] = _smem_element_ptr(lw, tile, offs[base] ^ xor)
         p = ptrs[base, xor] if not delta else lw.b.gep(ptrs[base, xor], [const_i32(delta)], source_etype=I8)
-        lw.b.store(to_mem(lw.b, cast_value(lw.b, v, dt, lay.dtype), lay.dtype), p)
+        if n == 1:
+            lw.b.store(to_mem(lw.b, cast_value(lw.b, vals[first], dt, lay.dtype), lay.dtype), p)
+        else:
+            _store_words(lw.b, p, _words_of(lw.b, vals[first:first + n], dt), n * lay.elem_bytes)
 
 
-def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[int],
-                  col: int) -> list[tuple[int, int, int]] | None:
-    """Per stored value ``k`` (register ``regs[k]`` of ``layout``, its column less ``col``),
-    ``(j, xor, add)``: its byte offset in ``shared`` is value ``j``'s, XORed with ``xor`` and
-    plus ``add``, in every thread (``layouts.offset_step``; ``(k, 0, 0)`` for the values whose
-    addresses are computed), or None when the layout's coordinates cannot be evaluated for all
-    threads here."""
+def _value_offsets(layout: object, shared: SharedLayout, t: TileType, regs: list[int],
+                   col: int) -> list[np.ndarray] | None:
+    """Per stored value ``k`` (register ``regs[k]`` of ``layout``, its column less ``col``), its
+    byte offset in ``shared`` in every thread, or None when the layout's coordinates cannot be
+    evaluated for all threads here."""
     try:
         threads = np.arange(int(layout.threads))
         tc = [np.asarray(x) for x in layout.thread_coords(threads)]
@@ -254,6 +283,40 @@ def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[
             r, c = _tile_coords(t, shared, coord)
             offs.append(np.asarray(table[r, c], dtype=np.int64))
     except (ValueError, TypeError, AttributeError, IndexError):
+        return None
+    return offs
+
+
+def _store_runs(offs: list[np.ndarray], dt: DType) -> list[tuple[int, int]]:
+    """``(first, length)`` runs covering the stored values in order: values ``first ..
+    first + length - 1`` sit at consecutive offsets in every thread, the first aligned to the
+    run's bytes (at most 16, whole 32-bit words), so one vector store writes them; a value in
+    no such run is a run of 1.  A dequantized bf16 operand stores 8 values a ``st.shared.v4``
+    instead of 8 ``st.shared.b16``."""
+    eb = max(dt.bits // 8, 1)
+    widest = 16 // eb
+    shortest = max(4 // eb, 1)  # a run packs whole 32-bit words
+    runs, i = [], 0
+    while i < len(offs):
+        n = widest
+        while n >= shortest and not (i + n <= len(offs) and np.all(offs[i] % (n * eb) == 0)
+                                     and all(np.all(offs[i + j] == offs[i] + j * eb) for j in range(1, n))):
+            n //= 2
+        n = n if n >= shortest and n > 1 else 1
+        runs.append((i, n))
+        i += n
+    return runs
+
+
+def _offset_steps(layout: object, shared: SharedLayout, t: TileType, regs: list[int],
+                  col: int) -> list[tuple[int, int, int]] | None:
+    """Per stored value ``k`` (register ``regs[k]`` of ``layout``, its column less ``col``),
+    ``(j, xor, add)``: its byte offset in ``shared`` is value ``j``'s, XORed with ``xor`` and
+    plus ``add``, in every thread (``layouts.offset_step``; ``(k, 0, 0)`` for the values whose
+    addresses are computed), or None when the layout's coordinates cannot be evaluated for all
+    threads here."""
+    offs = _value_offsets(layout, shared, t, regs, col)
+    if offs is None:
         return None
     out: list[tuple[int, int, int]] = []
     bases: list[int] = []

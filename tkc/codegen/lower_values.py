@@ -98,6 +98,29 @@ def fp8_decode(b: ir.IRBuilder, byte16: ir.Value, dt: DType) -> ir.Value:
     return b.asm(ir.FunctionType(F32, [I16]), asm, "=f,h", [byte16], side_effect=False)
 
 
+def fp8_decode_pair(b: ir.IRBuilder, bytes16: ir.Value, dt: DType) -> tuple[ir.Value, ir.Value]:
+    """The f32 values of the two fp8 bytes of ``bytes16`` (an i16, low byte first): one
+    ``cvt.rn.f16x2`` for both, where :func:`fp8_decode` converts one byte a time."""
+    asm = ("{ .reg .b32 h; .reg .f16 lo, hi; "
+           f"cvt.rn.f16x2.{_FP8[dt.name]} h, $2; mov.b32 {{lo, hi}}, h; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }}")
+    pair = b.asm(ir.FunctionType(ir.LiteralStructType([F32, F32]), [I16]), asm, "=f,=f,h", [bytes16],
+                 side_effect=False)
+    return b.extract_value(pair, 0), b.extract_value(pair, 1)
+
+
+def fp8_decode_words(b: ir.IRBuilder, words: Sequence[ir.Value], dt: DType, n: int) -> list[ir.Value]:
+    """The f32 values of the first ``n`` (even) fp8 bytes packed in ``words`` (integers of 16
+    bits or more, little-endian), two bytes a conversion."""
+    out: list[ir.Value] = []
+    for w in words:
+        for j in range(w.type.width // 16):
+            if len(out) == n:
+                return out
+            half = b.lshr(w, ir.Constant(w.type, 16 * j)) if j else w
+            out.extend(fp8_decode_pair(b, b.trunc(half, I16) if w.type.width > 16 else half, dt))
+    return out[:n]
+
+
 def pack_fp8x4(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> ir.Value:
     """Four fp8 values (their f32 register form) as one b32, ``vals[0]`` in the low byte: two
     ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` and a ``mov.b32``.  A value that :func:`round_to` just
@@ -126,7 +149,7 @@ def pack_fp8x4(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> ir.Value
 def unpack_fp8x4(b: ir.IRBuilder, word: ir.Value, dt: DType) -> list[ir.Value]:
     """The four fp8 bytes of a b32 (low byte first) in their f32 register form: the inverse of
     :func:`pack_fp8x4`, which gives ``word`` back for them without converting."""
-    return [fp8_decode(b, b.trunc(b.lshr(word, const_i32(8 * k)) if k else word, I16), dt) for k in range(4)]
+    return fp8_decode_words(b, [word], dt, 4)
 
 
 def _fp8_encoded(v: ir.Value, dt: DType) -> ir.Value | None:
@@ -141,7 +164,12 @@ def _fp8_encoded(v: ir.Value, dt: DType) -> ir.Value | None:
 
 
 def _fp8_unpacked_from(v: ir.Value) -> tuple[ir.Value, int] | None:
-    """(b32, byte) when ``v`` is what :func:`unpack_fp8x4` decoded of that byte of that b32."""
+    """(b32, byte) when ``v`` is what :func:`unpack_fp8x4` or :func:`fp8_decode_words` decoded
+    of that byte of that b32."""
+    if isinstance(v, ir.ExtractValue) and isinstance(v.aggregate, ir.CallInstr) \
+            and isinstance(v.aggregate.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.aggregate.callee.asm:
+        half = _truncated_part(v.aggregate.args[0], 16)
+        return None if half is None else (half[0], 2 * half[1] + v.indices[0])
     if not (isinstance(v, ir.CallInstr) and isinstance(v.callee, ir.InlineAsm) and "cvt.rn.f16x2" in v.callee.asm):
         return None
     return _truncated_part(v.args[0], 8)

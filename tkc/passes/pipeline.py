@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from tkc.ir.core import Module, Operation
 from tkc.passes.allocate_smem import allocate_smem
+from tkc.passes.buffer_operands import buffer_operands
 from tkc.passes.canonicalize import canonicalize
 from tkc.passes.count_divisions import count_divisions
 from tkc.passes.cse import cse
@@ -70,6 +71,7 @@ PASSES: dict[str, PassFn] = {
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "stage-loads": stage_loads,          # pin stage_loads: a loop's loads copied ahead into each thread's own smem
     "merge-barriers": merge_barriers,    # a loop's barriers that another one already orders are dropped
+    "buffer-operands": buffer_operands,  # operands the threads write each iteration: two buffers, product in flight
     "count-divisions": count_divisions,  # a loop's i // d, i % d by a runtime d: a carried quotient, remainder
     "allocate-smem": allocate_smem,      # byte offsets of shared tiles and mbarriers, smem_bytes
     # --- tcgen05 targets: the same passes, then the products move to tensor memory
@@ -88,7 +90,8 @@ TAKES: dict[str, str] = {
     "lower-to-hopper": "laid-out",
     **dict.fromkeys(("pipeline-loops", "specialize-warps", "transpose-in-producer", "issue-ahead", "defer-last",
                      "overlap-products", "multicast", "prefetch-loads", "stage-loads", "merge-barriers",
-                     "count-divisions", "allocate-smem", "lower-to-blackwell", "overlap-epilogue", "pair-ctas"),
+                     "buffer-operands", "count-divisions", "allocate-smem", "lower-to-blackwell", "overlap-epilogue",
+                     "pair-ctas"),
                     "lowered"),
 }
 
@@ -130,7 +133,8 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
-                   "specialize-warps,transpose-in-producer,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,count-divisions,cse,dce,allocate-smem")
+                   "specialize-warps,transpose-in-producer,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,buffer-operands,count-divisions,cse,dce,"
+                   "allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target
 #: (select-layouts picks #tmem_acc accumulators), then lower-to-blackwell (docs/blackwell.md).
