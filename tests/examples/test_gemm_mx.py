@@ -75,7 +75,8 @@ def test_emulator_as_interpreter(M: int, N: int, K: int, target: str) -> None:
     np.testing.assert_allclose(got[4], want[4], rtol=2**-7, atol=0)
 
 
-@pytest.mark.parametrize("pins", [{"BN": 128}, {"BN": 128, "stage_loads": 0}, {"BK": 32}, {"stage_loads": 2}])
+@pytest.mark.parametrize("pins", [{"BN": 256, "ctas_per_sm": 1}, {"ctas_per_sm": 1}, {"BK": 32, "ctas_per_sm": 1},
+                                  {"stage_loads": 2}])
 def test_pins_compile_without_spills(pins: dict) -> None:
     lowered(lambda stop: _compile(stop, **pins))
 
@@ -92,7 +93,7 @@ def _assert_close_to_sums(c: torch.Tensor, a, sa, b, sb) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pins", [{}, {"BN": 128}, {"BN": 128, "stage_loads": 0}])
+@pytest.mark.parametrize("pins", [{}, {"BN": 256, "ctas_per_sm": 1}, {"ctas_per_sm": 1, "stage_loads": 0}])
 @pytest.mark.parametrize("M, N, K", SHAPES)
 def test_on_gpu_as_torch(M: int, N: int, K: int, pins: dict) -> None:
     a, sa, b, sb = _operands(M, N, K, 5 * M + N)

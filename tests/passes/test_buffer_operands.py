@@ -1,6 +1,7 @@
 """The ``buffer-operands`` pass (two buffers for a product's shared operands that the threads
 write every iteration, the product kept in flight) on examples/gemm_mx.tk, whose dequantized
-operands are such tiles on sm_90a: the loop it leaves, the emulator agreeing with the
+operands are such tiles on sm_90a (one program an SM: at two, its default, the second buffers
+do not fit, and the pass leaves the loop): the loop it leaves, the emulator agreeing with the
 interpreter on it, and the emulator refusing the same loop with one buffer (so the second
 buffer is what makes it right, and the emulator would see a pass that dropped it)."""
 
@@ -25,7 +26,7 @@ FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "gemm_mx.tk"
 
 
 def _compile(stop: str, target: str = "sm_90a", **consts):
-    return compile_kernel(FILE, consts, stop=stop, target=target, cache=False)
+    return compile_kernel(FILE, {"ctas_per_sm": 1, **consts}, stop=stop, target=target, cache=False)
 
 
 def _args(M: int = 200, N: int = 136, K: int = 320) -> list:
@@ -39,7 +40,7 @@ def _loop(kernel):
                 and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
 
 
-@pytest.mark.parametrize("pins", [{}, {"BN": 128, "stage_loads": 0}])
+@pytest.mark.parametrize("pins", [{}, {"stage_loads": 0}, {"BN": 256}])
 def test_operands_get_two_buffers_and_the_product_stays_in_flight(pins: dict) -> None:
     kernel = _compile("hopper", **pins).kernel_op
     body = _loop(kernel).regions[0].block
@@ -54,7 +55,7 @@ def test_operands_get_two_buffers_and_the_product_stays_in_flight(pins: dict) ->
     assert len(waits) == 1 and waits[0].pending == 0  # the accumulator, behind the loop
 
 
-@pytest.mark.parametrize("pins", [{}, {"stage_loads": 0, "BN": 128}, {"BN": 128}])
+@pytest.mark.parametrize("pins", [{}, {"stage_loads": 0}, {"BN": 256}])
 def test_emulator_as_interpreter(pins: dict) -> None:
     args = _args(N=272)
     want, got = interpret_and_emulate(_compile("tkir", **pins).kernel_op, _compile("hopper", **pins).kernel_op,
@@ -82,6 +83,13 @@ def test_tkc_run_of_lowered_ir_reports_the_emulators_error() -> None:
     interpreter, which explains a tile kernel's own mistakes, cannot run hopper ops)."""
     with pytest.raises(TkcEmulatorError, match="still reading it"):
         run(_one_buffer(), _args(), backend="emulate")
+
+
+def test_not_where_the_second_buffers_do_not_fit() -> None:
+    """Two programs an SM (the example's default) leave each 113 KB: the loop stays as it is."""
+    kernel = compile_kernel(FILE, {}, stop="hopper", cache=False).kernel_op
+    names = [op.name for op in _loop(kernel).regions[0].block.ops]
+    assert "hopper.wgmma_wait_group" not in names and "hopper.wgmma_wait" in names
 
 
 def test_not_on_tcgen05() -> None:
