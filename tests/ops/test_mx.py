@@ -1,6 +1,7 @@
-"""tkc.ops.mx_quantize / mx_dequantize (examples/mx_fp8.tk as operators) against torch's own
-conversions of the OCP MX rule, in the interpreter (CPU tensors): leading dims, a last dim
-that leaves a tile's blocks part full, torch.compile without graph breaks, opcheck, errors."""
+"""tkc.ops.mx_quantize / mx_dequantize / mx_matmul (examples/mx_fp8.tk and gemm_mx.tk as
+operators) against torch's own conversions of the OCP MX rule, in the interpreter (CPU
+tensors): leading dims, a last dim that leaves a tile's blocks part full, torch.compile without
+graph breaks, opcheck, errors."""
 
 from __future__ import annotations
 
@@ -49,6 +50,53 @@ def test_errors_before_any_kernel_runs() -> None:
             dequantize_op(q, s[:, :1].contiguous())
 
 
+def _moderate(M: int, K: int, seed: int) -> torch.Tensor:
+    """bf16 rows whose 32-blocks span 2^-20 to 2^20: products far from f32's and bf16's range ends."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K // 32, 32, generator=g) * torch.exp2(torch.randint(-20, 20, (M, K // 32, 1), generator=g))
+    return x.reshape(M, K).to(torch.bfloat16)
+
+
+def _matmul_reference(a, sa, b, sb):
+    return (dequantize(a.reshape(-1, a.shape[-1]), sa.reshape(-1, sa.shape[-1])).double()
+            @ dequantize(b, sb).double().T).float().to(torch.bfloat16).view(*a.shape[:-1], b.shape[0])
+
+
+def _close(c, want) -> bool:
+    return bool(torch.all((c.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-3))
+
+
+def test_mx_matmul_as_torch_with_leading_dims() -> None:
+    x, w = _moderate(2 * 70, 96, 5).view(2, 70, 96), _moderate(40, 96, 6)
+    a, sa = tkc.ops.mx_quantize(x)
+    b, sb = tkc.ops.mx_quantize(w)
+    c = tkc.ops.mx_matmul(a, sa, b, sb)
+    assert c.shape == (2, 70, 40) and c.dtype == torch.bfloat16
+    assert _close(c, _matmul_reference(a, sa, b, sb))
+
+
+def test_mx_matmul_compiles_without_graph_breaks_and_opcheck() -> None:
+    a, sa = quantize(_moderate(16, 64, 7))
+    b, sb = quantize(_moderate(32, 64, 8))
+    f = torch.compile(tkc.ops.mx_matmul, fullgraph=True, backend="aot_eager")
+    assert _close(f(a, sa, b, sb), _matmul_reference(a, sa, b, sb))
+    torch.library.opcheck(torch.ops.tkc.mx_matmul.default, (a, sa, b, sb), test_utils=("test_faketensor",))
+
+
+def test_mx_matmul_errors_before_any_kernel_runs() -> None:
+    a, sa = quantize(rows(4, 64, 9))
+    b, sb = quantize(rows(8, 64, 10))
+    with pytest.raises(TkcUsageError, match="a and b must share their last dim"):
+        tkc.ops.mx_matmul(a, sa, b[:, :32].contiguous(), sb[:, :1].contiguous())
+    for op in (tkc.ops.mx_matmul, torch.ops.tkc.mx_matmul):  # the operator checks too
+        with pytest.raises(TkcUsageError, match="b_scale must be its operand's shape with the last dim / 32"):
+            op(a, sa, b, sb[:4].contiguous())
+    with pytest.raises(TkcUsageError, match="b is torch.bfloat16, but its kernel takes torch.float8_e4m3fn"):
+        tkc.ops.mx_matmul(a, sa, rows(8, 64, 11), sb)
+    with pytest.raises(TkcUsageError, match=r"b must have two dims \[N, K\]"):
+        tkc.ops.mx_matmul(a, sa, b.view(2, 4, 64), sb.view(2, 4, 2))
+
+
 @pytest.mark.gpu
 def test_on_gpu_as_torch() -> None:
     if not torch.cuda.is_available():
@@ -59,3 +107,15 @@ def test_on_gpu_as_torch() -> None:
     assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(s.cpu().view(torch.uint8), want_s.view(torch.uint8))
     assert torch.equal(tkc.ops.mx_dequantize(q, s).cpu(), dequantize(want_q, want_s))
+
+
+@pytest.mark.gpu
+def test_mx_matmul_on_gpu_as_torch() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    a, sa = quantize(_moderate(300, 320, 12))
+    b, sb = quantize(_moderate(136, 320, 13))
+    c = tkc.ops.mx_matmul(a.cuda(), sa.cuda(), b.cuda(), sb.cuda()).cpu()
+    want = _matmul_reference(a, sa, b, sb)
+    size = dequantize(a, sa).double().abs() @ dequantize(b, sb).double().abs().T
+    assert torch.all((c.double() - want.double()).abs() <= want.double().abs() * 2**-7 + size * 2**-20)

@@ -17,6 +17,7 @@
   function launching its kernels, not a ``torch.library`` op).
 - :mod:`tkc.ops.based`: ``based``, Based linear attention through based.tk, long sequences of
   few heads in segments (a plain function too).
+- :mod:`tkc.ops.mx`: ``mx_quantize``, ``mx_dequantize`` (MXFP8) and ``mx_matmul`` (their GEMM).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -30,9 +31,9 @@ from tkc.ops.based import based
 from tkc.ops.fftconv import fft_conv
 from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.matmul import matmul
-from tkc.ops.mx import mx_dequantize, mx_quantize
+from tkc.ops.mx import mx_dequantize, mx_matmul, mx_quantize
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 from tkc.ops.varlen_attention import varlen_attention
 
 __all__ = ["attention", "based", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "mx_dequantize",
-           "mx_quantize", "register_autograd", "rms_norm", "softmax", "varlen_attention"]
+           "mx_matmul", "mx_quantize", "register_autograd", "rms_norm", "softmax", "varlen_attention"]

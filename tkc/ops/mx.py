@@ -1,9 +1,12 @@
-"""``mx_quantize`` and ``mx_dequantize``: MXFP8 (OCP Microscaling) through examples/mx_fp8.tk.
+"""``mx_quantize``, ``mx_dequantize`` and ``mx_matmul``: MXFP8 (OCP Microscaling) through
+examples/mx_fp8.tk and examples/gemm_mx.tk.
 
-Two operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
-scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16), and functions taking
-any leading dims, which they flatten to rows.  No gradient: quantization is not
-differentiated here (a straight-through estimator is the caller's choice)."""
+Three operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
+scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16;
+``torch.ops.tkc.mx_matmul``: the product of two such pairs, ``[M, K]`` by a weight ``[N, K]``,
+to bf16 ``[M, N]``), and functions taking any leading dims, which they flatten to rows.  No
+gradient: quantization is not differentiated here (a straight-through estimator is the
+caller's choice)."""
 
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from tkc.ops import checks
 from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
 
-__all__ = ["mx_dequantize", "mx_quantize"]
+__all__ = ["mx_dequantize", "mx_matmul", "mx_quantize"]
 
 _FILE = path("mx_fp8.tk")
+_GEMM = path("gemm_mx.tk")
 
 
 def _blocks(op: str, k: int) -> None:
@@ -66,3 +70,36 @@ def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     _no_gradient("mx_dequantize", q, scales)
     x = call(_dequantize, q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous())
     return x.view(q.shape)
+
+
+def _operands_fit(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor) -> None:
+    """``a`` [M, K] and the weight ``b`` [N, K] share K (a multiple of 32), each with its scales'
+    shape (its own with the last dim / 32)."""
+    _blocks("mx_matmul", a.shape[-1])
+    checks.same("mx_matmul", "a and b must share their last dim (K)", ("a's", a.shape[-1]), ("b's", b.shape[-1]))
+    for name, x, s in (("a_scale", a, a_scale), ("b_scale", b, b_scale)):
+        checks.same("mx_matmul", f"{name} must be its operand's shape with the last dim / 32",
+                    (f"{name}'s shape", tuple(s.shape)), ("wanted", (*x.shape[:-1], x.shape[-1] // 32)))
+
+
+_matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
+                    check=lambda a, sa, b, sb, **kw: _operands_fit(a, sa, b, sb))
+
+
+def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
+    """bf16 ``(a * a_scale) @ (b * b_scale)^T`` of MXFP8 operands as :func:`mx_quantize` makes
+    them: ``a`` e4m3 ``[..., K]`` with its E8M0 ``a_scale`` ``[..., K / 32]``, and a weight ``b``
+    e4m3 ``[N, K]`` (as ``torch.nn.functional.linear`` takes it) with ``b_scale`` ``[N, K / 32]``;
+    f32 accumulation, one rounding.  examples/gemm_mx.tk's ``dot_scaled``: on sm_90a a
+    dequantizing GEMM (0.38-0.80x dequantize + ``torch.compile``'s matmul on an H200,
+    benchmarks/RESULTS.md), the MX block-scaled product of Blackwell's tensor cores not yet used."""
+    checks.dtype("mx_matmul", torch.float8_e4m3fn, a=a, b=b)
+    checks.dtype("mx_matmul", torch.float8_e8m0fnu, a_scale=a_scale, b_scale=b_scale)
+    checks.rank("mx_matmul", "a", a, "at least one dim", a.dim() >= 1)
+    checks.rank("mx_matmul", "b", b, "two dims [N, K]", b.dim() == 2)
+    _operands_fit(a, a_scale, b, b_scale)
+    _no_gradient("mx_matmul", a, a_scale, b, b_scale)
+    k = a.shape[-1]
+    c = call(_matmul, a.reshape(-1, k).contiguous(), a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(),
+             b_scale.contiguous())
+    return c.view(*a.shape[:-1], b.shape[0])
