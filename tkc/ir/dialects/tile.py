@@ -649,12 +649,12 @@ SCALED_DTYPES = ("f8e4m3", "f8e5m2")
 
 @register
 class DotScaledOp(Operation):
-    """``acc + (a * 2^sa) @ (b * 2^sb)``, a block-scaled product (OCP MX, MXFP8): ``a`` is
-    MxK and ``b`` KxN of e4m3 or e5m2, each run of 32 values along K scaled by one f8e8m0
+    """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX, MXFP8): ``a``
+    is MxK and ``b`` KxN of e4m3 or e5m2, each run of 32 values along K scaled by one f8e8m0
     (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
-    sm_100a's ``tcgen05.mma ... block_scale`` computes it whole; where a target does not, the
-    ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma`` (exact
-    while every scaled value is a normal bf16)."""
+    The ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma`` (exact
+    while every scaled value is a normal bf16) on every target for now: sm_100a's
+    ``tcgen05.mma ... block_scale``, which computes it whole, is not yet used."""
 
     name = "tile.dot_scaled"
     SURFACE = 'dot_scaled(a, a_scale, b, b_scale)'
