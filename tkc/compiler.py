@@ -532,8 +532,9 @@ def _on_more_warps(b: _Build, first: Compiled, loc: Any,
     from tkc.codegen import occupancy
 
     kernel = b.module.kernel(b.name)
-    # (a tcgen05 product's warps are its own too, but it is not budgeted: blackwell.mma reads
-    # operands thread by thread where TMA does not copy them)
+    # A tcgen05 product's rows set the warps as a wgmma's do (the frontend refuses the pin
+    # beside either); blackwell.mma is not among occupancy's budgeted ops, so it is named here:
+    # a product whose operands the threads load (no TMA copy, no roles) would be retried.
     if b.options.warps is not None or not occupancy.applies(kernel, b.options) \
             or any(op.name == "blackwell.mma" for op in kernel.walk()):
         return None

@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tkc import dtypes
 from tkc.dtypes import round_to
 from tkc.errors import TkcError, TkcInterpretError
 from tkc.ir.core import Block, Operation, Value
@@ -357,11 +358,15 @@ def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndar
 
 def _dot_scaled(ctx: Program, op: Operation, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray,
                 acc: np.ndarray) -> np.ndarray:
-    # Each scaled value is exact in float64 (an 8-bit float times a power of two), and so is
-    # each product of two; the sum is float64's, rounded to f32 once with the accumulator.
-    a = a.astype(np.float64) * np.repeat(sa.astype(np.float64), tile.SCALE_BLOCK, axis=1)
-    b = b.astype(np.float64) * np.repeat(sb.astype(np.float64), tile.SCALE_BLOCK, axis=0)
-    return _rounded(np.matmul(a, b) + acc, op)
+    # Each operand times its scale is a bf16 (exact in bf16's range, as MX quantizations of bf16
+    # data are; beyond it inf, below it bf16's subnormals or 0, through f32 as the compiler's
+    # decomposition rounds it); the products are summed in float64 and rounded to f32 once with
+    # the accumulator.
+    a = round_to(round_to(a.astype(np.float64) * np.repeat(sa.astype(np.float64), tile.SCALE_BLOCK, axis=1),
+                          dtypes.f32), dtypes.bf16)
+    b = round_to(round_to(b.astype(np.float64) * np.repeat(sb.astype(np.float64), tile.SCALE_BLOCK, axis=0),
+                          dtypes.f32), dtypes.bf16)
+    return _rounded(np.matmul(a.astype(np.float64), b.astype(np.float64)) + acc, op)
 
 
 def _constant(ctx: Program, op: Operation) -> np.ndarray:

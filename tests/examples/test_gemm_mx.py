@@ -15,6 +15,7 @@ import torch
 from device_checks import interpret_and_emulate, launch_tensors, lowered
 from mx_reference import dequantize, quantize
 from tkc.compiler import compile_kernel
+from tkc.errors import TkcUsageError
 from tkc.interpreter import run_kernel
 
 FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "gemm_mx.tk"
@@ -62,6 +63,32 @@ def test_nan_scale_is_nan() -> None:
     c = torch.empty(M, N, dtype=torch.bfloat16)
     run_kernel(_compile("tkir", BM=64, BN=64).kernel_op, [a, sa, b, sb, c])
     assert torch.isnan(c[5]).all() and not torch.isnan(c[torch.arange(M) != 5]).any()
+
+
+def test_scaled_operands_are_bf16_in_the_interpreter_as_compiled() -> None:
+    """A tiny a * a_scale (an e4m3 subnormal times 2^-127) is 0 as a bf16 even where b's scale
+    would bring the product back into range, and 448 * 2^127 is inf: the interpreter computes
+    what the decomposition does (the emulator agrees), not the exact float64 product."""
+    M, N, K = 128, 128, 64
+    a = torch.full((M, K), 2.0**-9).to(torch.float8_e4m3fn)
+    b = torch.ones(N, K).to(torch.float8_e4m3fn)
+    sa = torch.full((M, K // 32), 2.0**-127).to(torch.float8_e8m0fnu)
+    sb = torch.full((N, K // 32), 2.0**127).to(torch.float8_e8m0fnu)
+    sa[1] = 1.0
+    a[1] = 448.0
+    sa[1, 0] = 2.0**127
+    args = [x.float().numpy() for x in (a, sa, b, sb, torch.empty(M, N))]
+    consts = {"ctas_per_sm": 1}
+    want, got = interpret_and_emulate(_compile("tkir", **consts).kernel_op, _compile("hopper", **consts).kernel_op,
+                                      args, seed=1)
+    assert np.all(want[4][0] == 0) and np.all(np.isinf(want[4][1]))
+    np.testing.assert_array_equal(got[4][:2], want[4][:2])
+
+
+def test_the_warps_pin_is_refused_beside_a_block_scaled_product() -> None:
+    """Its rows set the warps, as a product's do: refused before the interpreter runs."""
+    with pytest.raises(TkcUsageError, match="pin warps = 8: the pin sets the warps of kernels without products"):
+        _compile("tkir", warps=8)
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])

@@ -105,3 +105,45 @@ def test_codegen_stores_runs_and_decodes_fp8_in_pairs() -> None:
     assert "st.shared.b16" not in ptx and ptx.count("st.shared.v4.b32") >= 16
     assert "cvt.f32.f16 $1, hi" not in ptx and "cvt.rn.f16x2.e4m3x2" in ptx
     assert all("hi;" in line for line in ptx.splitlines() if "cvt.rn.f16x2.e4m3x2" in line)
+
+
+# A GEMM whose operands the threads compute (scaled copies of loaded tiles) in a loop, as written
+# by a user: what buffer-operands applies to, and three ways it must not.
+_COMPUTED_B = """@kernel
+def g(a: bf16[M, K], b: bf16[N, K], c: f32[M, N], r: f32[P, M], BM: const = 128, BN: const = 128, BK: const = 64):
+    grid(cdiv(M, BM), cdiv(N, BN))
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([BM, BN], f32)
+    s = zeros([BM], f32)
+    for k in range(cdiv(K, BK)):
+{body}
+    c[pm*BM:(pm+1)*BM, pn*BN:(pn+1)*BN] = acc
+    r[pn, pm*BM:(pm+1)*BM] = s
+"""
+_B = "(b[pn*BN:(pn+1)*BN, k*BK:(k+1)*BK].to(f32) * 0.5).to(bf16).T"
+_A = "(a[pm*BM:(pm+1)*BM, k*BK:(k+1)*BK].to(f32) * 2.0).to(bf16)"
+_BODIES = {
+    "applies": f"        acc += {_A} @ {_B}",
+    "reads the accumulator": f"        s += acc.max(1)\n        acc += {_A} @ {_B}",
+    "two products": f"        acc += {_A} @ {_B}\n        acc += {_A} @ {_B}",
+    "product under an if": f"        if k % 2 == 0:\n            acc += {_A} @ {_B}",
+}
+
+
+@pytest.mark.parametrize("case", list(_BODIES))
+def test_which_loops_it_takes(case: str) -> None:
+    """Only a loop with one product, whose accumulator nothing else reads, keeps it in flight;
+    each kernel agrees with the interpreter in the emulator either way."""
+    src = _COMPUTED_B.format(body=_BODIES[case])
+    hop = compile_kernel(src, {}, stop="hopper", cache=False).kernel_op
+    taken = any(op.name == "hopper.wgmma_wait_group" for op in hop.walk())
+    assert taken == (case == "applies")
+    M, N, K = 200, 136, 192
+    g = np.random.default_rng(3)
+    args = [g.standard_normal((M, K)).astype(np.float32), g.standard_normal((N, K)).astype(np.float32),
+            np.zeros((M, N), np.float32), np.zeros((2, M), np.float32)]
+    args[0], args[1] = (np.asarray(torch.from_numpy(x).to(torch.bfloat16).float()) for x in args[:2])
+    want, got = interpret_and_emulate(compile_kernel(src, {}, stop="tkir", cache=False).kernel_op, hop, args, seed=2)
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[3], want[3], rtol=1e-4, atol=1e-3)

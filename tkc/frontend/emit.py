@@ -411,8 +411,10 @@ class Emitter:
                 raise TkcTypeError(f"dot_scaled() multiplies {' or '.join(T.SCALED_DTYPES)} tiles; {n} is "
                                    f"{t.dtype.name} (quantize it first, e.g. examples/mx_fp8.tk)", loc)
         if ta.shape[1] != tb.shape[0]:
+            hint = ("; a weight stored [N, K] is read transposed: b[...].T, b_scale[...].T"
+                    if tb.shape[1] == ta.shape[1] else "")
             raise TkcTypeError(f"dot_scaled() shapes do not agree: {ta} @ {tb} "
-                               f"(inner extents {ta.shape[1]} and {tb.shape[0]})", loc)
+                               f"(inner extents {ta.shape[1]} and {tb.shape[0]}){hint}", loc)
         k = ta.shape[1]
         if k % T.SCALE_BLOCK:
             raise TkcTypeError(f"dot_scaled() scales runs of {T.SCALE_BLOCK} values along K: K = {k} is not a "
@@ -427,8 +429,10 @@ class Emitter:
                                    f"values along K), got {x.type.dtype.name}", loc)
             if x.type.shape != want:
                 got = "x".join(map(str, x.type.shape))
+                hint = f"; scales stored [N, K/32] are read transposed: {n}[...].T" \
+                    if x.type.shape == want[::-1] and want[0] != want[1] else ""
                 raise TkcTypeError(f"dot_scaled()'s {n} must be {want[0]}x{want[1]} (one scale per "
-                                   f"{T.SCALE_BLOCK} values along K = {k}), got {got}", loc)
+                                   f"{T.SCALE_BLOCK} values along K = {k}), got {got}{hint}", loc)
         out = TileType((ta.shape[0], tb.shape[1]), dtypes.f32)
         acc = self.constant(0.0, out, loc)
         return Dyn(self.b.value(T.DotScaledOp, [a.value, sa.value, b.value, sb.value, acc.value], out, loc=loc))

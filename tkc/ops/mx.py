@@ -25,8 +25,8 @@ _GEMM = path("gemm_mx.tk")
 
 
 def _blocks(op: str, k: int) -> None:
-    if k % 32:
-        raise TkcUsageError(f"tkc.ops.{op}: the last dim ({k}) must be a multiple of 32, MXFP8's block")
+    if k % 32 or k == 0:
+        raise TkcUsageError(f"tkc.ops.{op}: the last dim ({k}) must be a positive multiple of 32, MXFP8's block")
 
 
 def _no_gradient(op: str, *tensors: torch.Tensor) -> None:

@@ -19,10 +19,11 @@ every thread reaches only after its own ``wgmma_wait_group 1`` of iteration ``i 
 product of ``i - 2`` (the last reader of that buffer) is complete in every warpgroup.  The
 accumulator chains from one wgmma to the next in flight, as a pipelined GEMM's does.
 
-Applies to a ``tile.for`` body with one ``hopper.wgmma`` that accumulates into a carried value,
-whose waited result is only yielded back as that value, whose shared operands are each written
-by ``hopper.smem_store`` in this body only (no TMA ring: ``pipeline-loops`` keeps those
-products in flight itself), behind a barrier, where the second buffers fit in shared memory
+Applies to a ``tile.for`` body with one ``hopper.wgmma`` that accumulates into a carried value
+nothing else in the body reads, whose waited result is only yielded back as that value, whose
+shared operands are each written by ``hopper.smem_store`` in this body only (no TMA ring:
+``pipeline-loops`` keeps those products in flight itself), behind a barrier, where the second
+buffers fit in shared memory
 beside every other allocation; on targets whose products are wgmma (tcgen05 products complete
 through their own commits).  Elsewhere the loop stays as it is.
 
@@ -74,6 +75,8 @@ def _rewrite(kernel: Operation, loop: Operation, options: Options, target: Targe
     carried = [i for i, y in enumerate(term.operands) if y is wait.result]
     if len(carried) != 1 or used.get(wait.result) != [term] or mma.acc is not body.args[1 + carried[0]]:
         return
+    if used.get(mma.acc, []) != [mma]:
+        return  # (the loop reads the accumulator: it must be the previous product's, complete)
     # Its shared operands: tiles allocated at the top and written by smem_store here only.
     allocs = []
     for v in (mma.a, mma.b):

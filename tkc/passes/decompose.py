@@ -87,8 +87,8 @@ def _dot_scaled(op: Operation, b: Builder):
     """``dot_scaled(a, sa, b, sb)`` as ``A @ B`` in bf16, where ``A`` is ``a`` times its
     scales: ``a`` cast to f32 and seen as rows of 32 values (``[M * K/32, 32]``), each row
     times its scale (``sa`` flattened), back to ``[M, K]`` and to bf16; ``B`` the same on
-    ``b``'s transpose.  Exact while a scaled value is a normal bf16 (an 8-bit float times a
-    power of two, with bf16's exponent range): what MX quantization of bf16 data gives."""
+    ``b``'s transpose: each scaled value rounded to f32 and then bf16, as the interpreter
+    defines the op (exact in bf16's range: an 8-bit float times a power of two)."""
     loc = op.loc
 
     def scaled(x, s):  # x [R, K], s [R, K / 32] -> bf16 [R, K]

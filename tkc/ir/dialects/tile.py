@@ -652,9 +652,9 @@ class DotScaledOp(Operation):
     """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX, MXFP8): ``a``
     is MxK and ``b`` KxN of e4m3 or e5m2, each run of 32 values along K scaled by one f8e8m0
     (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
-    The ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma`` (exact
-    while every scaled value is a normal bf16) on every target for now: sm_100a's
-    ``tcgen05.mma ... block_scale``, which computes it whole, is not yet used."""
+    Each operand times its scale is a bf16 (exact in bf16's range; tkc/semantics.py), as the
+    ``decompose`` pass computes it: casts, a scaling multiply and a bf16 ``tile.mma``, on every
+    target for now (sm_100a's ``tcgen05.mma ... block_scale`` is not yet used)."""
 
     name = "tile.dot_scaled"
     SURFACE = 'dot_scaled(a, a_scale, b, b_scale)'
