@@ -41,7 +41,7 @@ def _reference(a, sa, b, sb) -> torch.Tensor:
 
 
 def _compile(stop: str, target: str = "sm_90a", **consts):
-    return compile_kernel(FILE, consts, stop=stop, target=target, cache=False)
+    return compile_kernel(FILE, consts, kernel="gemm_mx", stop=stop, target=target, cache=False)
 
 
 @pytest.mark.parametrize("M, N, K", SHAPES)
@@ -126,3 +126,49 @@ def test_on_gpu_as_torch(M: int, N: int, K: int, pins: dict) -> None:
     a, sa, b, sb = _operands(M, N, K, 5 * M + N)
     *_, c = launch_tensors(_compile("cubin", **pins), [a, sa, b, sb, torch.empty(M, N, dtype=torch.bfloat16)])
     _assert_close_to_sums(c, a, sa, b, sb)
+
+
+# ---------------------------------------------------------------- weights only (a's scales None)
+def _weights_compile(stop: str, target: str = "sm_90a", **consts):
+    return compile_kernel(FILE, consts, kernel="gemm_mx_weights", stop=stop, target=target, cache=False)
+
+
+def _weights_operands(M: int, N: int, K: int, seed: int):
+    x = _rows(M, K, seed)
+    w, sw = quantize(_rows(N, K, seed + 1))
+    return x, w, sw
+
+
+def _weights_reference(x, w, sw) -> torch.Tensor:
+    return (x.double() @ dequantize(w, sw).double().T).float().to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_weights_only_interpreter_as_torch(M: int, N: int, K: int) -> None:
+    x, w, sw = _weights_operands(M, N, K, 2 * M + K)
+    c = torch.empty(M, N, dtype=torch.bfloat16)
+    run_kernel(_weights_compile("tkir").kernel_op, [x, w, sw, c])
+    want = _weights_reference(x, w, sw)
+    assert torch.all((c.float() - want.float()).abs() <= want.float().abs() * 2**-7 + 1e-30)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_weights_only_emulator_as_interpreter(target: str) -> None:
+    """x's tiles reach the product as they are loaded (TMA on sm_90a), w's are dequantized."""
+    M, N, K = 200, 136, 320
+    args = [t.float().numpy() for t in (*_weights_operands(M, N, K, 4), torch.empty(M, N))]
+    hopper = lowered(lambda stop: _weights_compile(stop, target)).kernel_op
+    if target == "sm_90a":
+        assert any(op.name == "hopper.tma_load" and op.tensor.name_hint == "x" for op in hopper.walk())
+    want, got = interpret_and_emulate(_weights_compile("tkir", target).kernel_op, hopper, args, seed=5)
+    np.testing.assert_allclose(got[3], want[3], rtol=2**-7, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", SHAPES)
+def test_weights_only_on_gpu_as_torch(M: int, N: int, K: int) -> None:
+    x, w, sw = _weights_operands(M, N, K, 3 * M + N)
+    *_, c = launch_tensors(_weights_compile("cubin"), [x, w, sw, torch.empty(M, N, dtype=torch.bfloat16)])
+    want = _weights_reference(x, w, sw).double()
+    size = x.double().abs() @ dequantize(w, sw).double().abs().T
+    assert torch.all((c.double() - want).abs() <= want.abs() * 2**-7 + size * 2**-20)

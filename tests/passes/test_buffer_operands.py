@@ -26,7 +26,7 @@ FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "gemm_mx.tk"
 
 
 def _compile(stop: str, target: str = "sm_90a", **consts):
-    return compile_kernel(FILE, {"ctas_per_sm": 1, **consts}, stop=stop, target=target, cache=False)
+    return compile_kernel(FILE, {"ctas_per_sm": 1, **consts}, kernel="gemm_mx", stop=stop, target=target, cache=False)
 
 
 def _args(M: int = 200, N: int = 136, K: int = 320) -> list:
@@ -87,7 +87,7 @@ def test_tkc_run_of_lowered_ir_reports_the_emulators_error() -> None:
 
 def test_not_where_the_second_buffers_do_not_fit() -> None:
     """Two programs an SM (the example's default) leave each 113 KB: the loop stays as it is."""
-    kernel = compile_kernel(FILE, {}, stop="hopper", cache=False).kernel_op
+    kernel = compile_kernel(FILE, {}, kernel="gemm_mx", stop="hopper", cache=False).kernel_op
     names = [op.name for op in _loop(kernel).regions[0].block.ops]
     assert "hopper.wgmma_wait_group" not in names and "hopper.wgmma_wait" in names
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from tkc import dtypes
 from tkc.errors import TkcTypeError
 from tkc.frontend.emit import check_const, check_tile_dims
-from tkc.frontend.values import NONE, REQUIRED, Const, DTypeName, Dyn, View
+from tkc.frontend.values import NO_SCALE, NONE, REQUIRED, Const, DTypeName, Dyn, View
 from tkc.ir.dialects import elementwise as E
 from tkc.ir.dialects import tile as T
 from tkc.ir.dialects.philox import RandOp
@@ -125,11 +125,17 @@ def _where(lw, e, args, kwargs):
 def _dot_scaled(lw, e, args, kwargs):
     names = ("a", "a_scale", "b", "b_scale")
     a = lw.bind("dot_scaled()", e, args, kwargs, [(n, REQUIRED) for n in names])
-    xs = [lw.value_of(a[n], e) for n in names]
+    if a["a_scale"] is NO_SCALE and a["b_scale"] is NO_SCALE:
+        raise TkcTypeError("dot_scaled() without scales on either side is a plain product: write a @ b", e.loc)
+    xs = [None if a[n] is NO_SCALE else lw.value_of(a[n], e) for n in names]
     for n, x in zip(names, xs):
-        if not isinstance(x, Dyn) or not isinstance(x.type, TileType):
+        if x is not None and (not isinstance(x, Dyn) or not isinstance(x.type, TileType)):
             raise TkcTypeError(f"dot_scaled() needs tiles; {n} is {lw._kind(x)}", e.loc)
     return lw.em.dot_scaled(*xs, e.loc)
+
+
+#: Builtins that take ``None`` as an argument (``NO_SCALE``).
+NONE_ARGUMENTS = frozenset({"dot_scaled"})
 
 
 def _load(lw, e, args, kwargs):

@@ -399,17 +399,19 @@ class Emitter:
             acc = self.constant(0.0, out, loc)
         return Dyn(self.b.value(T.MmaOp, [a.value, b.value, acc.value], out, loc=loc))
 
-    def dot_scaled(self, a: Dyn, sa: Dyn, b: Dyn, sb: Dyn, loc: Loc) -> Dyn:
-        """``dot_scaled(a, a_scale, b, b_scale)``: the block-scaled product, typed here."""
+    def dot_scaled(self, a: Dyn, sa: Dyn | None, b: Dyn, sb: Dyn | None, loc: Loc) -> Dyn:
+        """``dot_scaled(a, a_scale, b, b_scale)``: the block-scaled product, typed here; a scale
+        given as None (``sa``/``sb`` None here) is a tile of ones."""
         names = dict(zip(("a", "a_scale", "b", "b_scale"), (a, sa, b, sb)))
         for n, x in names.items():
-            if not isinstance(x.type, TileType) or x.type.rank != 2:
+            if x is not None and (not isinstance(x.type, TileType) or x.type.rank != 2):
                 raise TkcTypeError(f"dot_scaled() needs 2-D tiles; {n} is {x.type}", loc)
         ta, tb = a.type, b.type
         for n, t in (("a", ta), ("b", tb)):
             if t.dtype.name not in T.SCALED_DTYPES:
-                raise TkcTypeError(f"dot_scaled() multiplies {' or '.join(T.SCALED_DTYPES)} tiles; {n} is "
-                                   f"{t.dtype.name} (quantize it first, e.g. examples/mx_fp8.tk)", loc)
+                raise TkcTypeError(f"dot_scaled() multiplies {', '.join(T.SCALED_DTYPES)} tiles; {n} is "
+                                   f"{t.dtype.name} (quantize it first, e.g. examples/mx_fp8.tk, or cast it "
+                                   f"to bf16 and give None for its scales)", loc)
         if ta.shape[1] != tb.shape[0]:
             hint = ("; a weight stored [N, K] is read transposed: b[...].T, b_scale[...].T"
                     if tb.shape[1] == ta.shape[1] else "")
@@ -423,6 +425,9 @@ class Emitter:
             if any(s % 16 for s in t.shape):
                 raise TkcTypeError(f"dot_scaled() operands need extents that are multiples of 16, got {t}", loc)
         kb = k // T.SCALE_BLOCK
+        # (the other side's scales are a loaded tile: K / 32 is already a tile axis's extent)
+        sa, sb = [self.constant(1.0, TileType(shape, dtypes.f8e8m0), loc) if x is None else x
+                  for x, shape in ((sa, (ta.shape[0], kb)), (sb, (kb, tb.shape[1])))]
         for n, x, want in (("a_scale", sa, (ta.shape[0], kb)), ("b_scale", sb, (kb, tb.shape[1]))):
             if x.type.dtype != dtypes.f8e8m0:
                 raise TkcTypeError(f"dot_scaled()'s {n} holds f8e8m0 scales (E8M0, one per {T.SCALE_BLOCK} "

@@ -18,10 +18,10 @@ from tkc.errors import (
     Loc, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
 )
 from tkc.frontend import ast
-from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS
+from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS, NONE_ARGUMENTS
 from tkc.frontend.emit import CMP_PREDS, Emitter, check_const, check_tile_dims, const_dtype
 from tkc.frontend.values import (
-    NONE, REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
+    NO_SCALE, NONE, REQUIRED, Builtin, Const, DTypeName, Dyn, Function, Method, Scope, Tensor, Text, TupleV, View,
 )
 from tkc.ir.builder import Builder
 from tkc.pins import PINS, check_kernel_pins, check_pins
@@ -1203,13 +1203,19 @@ class KernelLowering:
         f = self.expr(e.func)
         if f == Builtin("wait"):  # its argument is a condition on a flag, not a value
             return self.wait(e)
-        args = [self.expr(a) for a in e.args]
+        # None is an argument of the builtins that take one (dot_scaled's missing scales)
+        takes_none = isinstance(f, Builtin) and f.name in NONE_ARGUMENTS
+
+        def arg(a: ast.Expr) -> object:
+            return NO_SCALE if takes_none and isinstance(a, ast.NoneLit) else self.expr(a)
+
+        args = [arg(a) for a in e.args]
         kwargs = {}
         for k in e.keywords:
             if k.name in kwargs:
                 raise TkcTypeError(f"keyword '{k.name}' given twice", k.loc)
             # A string is a value only as a keyword argument (``sem="acquire"``).
-            kwargs[k.name] = (Text(k.value.value) if isinstance(k.value, ast.Str) else self.expr(k.value), k)
+            kwargs[k.name] = (Text(k.value.value) if isinstance(k.value, ast.Str) else arg(k.value), k)
         if isinstance(f, Function):
             return self.inline(f, args, kwargs, e)
         if isinstance(f, Method):

@@ -104,6 +104,14 @@ class TupleV:
 NONE = TupleV(())  # what a helper without 'return' and a call that returns nothing evaluate to
 
 
+@dataclass(frozen=True)
+class NoScale:
+    """``None`` passed to a builtin that takes it: ``dot_scaled``'s operand without scales."""
+
+
+NO_SCALE = NoScale()
+
+
 Meaning = Const | Dyn | Tensor | View | DTypeName | Function | Builtin | Method | TupleV
 
 

@@ -95,6 +95,8 @@ def _dot_scaled(op: Operation, b: Builder):
         r, k = x.type.shape
         rows = r * (k // tile.SCALE_BLOCK)
         f32, bf16 = dtypes.f32, dtypes.bf16
+        if tile.constant_value(s) == 1.0:  # no scales (None): a bf16 operand as it is, fp8 exactly in bf16
+            return x if x.type.dtype == bf16 else b.value(tile.CastOp, [x], x.type.with_dtype(bf16), loc=loc)
         x = b.value(tile.CastOp, [x], x.type.with_dtype(f32), loc=loc)
         x = b.value(tile.ReshapeOp, [x], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
         s = b.value(tile.CastOp, [s], s.type.with_dtype(f32), loc=loc)
@@ -108,7 +110,10 @@ def _dot_scaled(op: Operation, b: Builder):
         return b.value(tile.TransposeOp, [x], x.type.with_shape(x.type.shape[::-1]), loc=loc)
 
     a = scaled(op.a, op.a_scale)
-    w = transposed(scaled(transposed(op.b), transposed(op.b_scale)))
+    if tile.constant_value(op.b_scale) == 1.0:
+        w = scaled(op.b, op.b_scale)  # (no scales: a cast at most, in b's own orientation)
+    else:
+        w = transposed(scaled(transposed(op.b), transposed(op.b_scale)))
     return b.value(tile.MmaOp, [a, w, op.acc], op.result.type, loc=loc)
 
 

@@ -643,14 +643,15 @@ class MmaOp(Operation):
 
 #: Values a block-scaled product's scale covers along K (OCP MX: 32 values, one E8M0 byte).
 SCALE_BLOCK = 32
-#: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types.
-SCALED_DTYPES = ("f8e4m3", "f8e5m2")
+#: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types, and bf16 (an operand without
+#: scales, e.g. activations beside MXFP8 weights, takes scales of 1).
+SCALED_DTYPES = ("f8e4m3", "f8e5m2", "bf16")
 
 
 @register
 class DotScaledOp(Operation):
     """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX, MXFP8): ``a``
-    is MxK and ``b`` KxN of e4m3 or e5m2, each run of 32 values along K scaled by one f8e8m0
+    is MxK and ``b`` KxN of e4m3, e5m2 or bf16, each run of 32 values along K scaled by one f8e8m0
     (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
     Each operand times its scale is a bf16 (exact in bf16's range; tkc/semantics.py), as the
     ``decompose`` pass computes it: casts, a scaling multiply and a bf16 ``tile.mma``, on every
