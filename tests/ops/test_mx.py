@@ -100,6 +100,21 @@ def test_mx_matmul_errors_before_any_kernel_runs() -> None:
         tkc.ops.mx_matmul(a[:, :0], sa[:, :0], b[:, :0], sb[:, :0])
 
 
+def test_mx_matmul_of_bf16_activations_by_mx_weights() -> None:
+    """``a_scale=None``: a bf16 ``a`` (any leading dims) by an MXFP8 weight."""
+    x = _moderate(2 * 40, 96, 14).view(2, 40, 96)
+    b, sb = quantize(_moderate(24, 96, 15))
+    c = tkc.ops.mx_matmul(x, None, b, sb)
+    want = (x.double() @ dequantize(b, sb).double().T).float().to(torch.bfloat16)
+    assert c.shape == (2, 40, 24) and _close(c, want)
+    f = torch.compile(lambda x: tkc.ops.mx_matmul(x, None, b, sb), fullgraph=True, backend="aot_eager")
+    assert _close(f(x), want)
+    torch.library.opcheck(torch.ops.tkc.mx_matmul_weights.default, (x.view(80, 96), b, sb),
+                          test_utils=("test_faketensor",))
+    with pytest.raises(TkcUsageError, match="a is torch.float8_e4m3fn, but its kernel takes torch.bfloat16"):
+        tkc.ops.mx_matmul(quantize(x.view(80, 96))[0], None, b, sb)
+
+
 @pytest.mark.gpu
 def test_on_gpu_as_torch() -> None:
     if not torch.cuda.is_available():
@@ -122,3 +137,15 @@ def test_mx_matmul_on_gpu_as_torch() -> None:
     want = _matmul_reference(a, sa, b, sb)
     size = dequantize(a, sa).double().abs() @ dequantize(b, sb).double().abs().T
     assert torch.all((c.double() - want.double()).abs() <= want.double().abs() * 2**-7 + size * 2**-20)
+
+
+@pytest.mark.gpu
+def test_mx_matmul_weights_on_gpu_as_torch() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = _moderate(300, 320, 16)
+    b, sb = quantize(_moderate(136, 320, 17))
+    c = tkc.ops.mx_matmul(x.cuda(), None, b.cuda(), sb.cuda()).cpu()
+    want = (x.double() @ dequantize(b, sb).double().T)
+    size = x.double().abs() @ dequantize(b, sb).double().abs().T
+    assert torch.all((c.double() - want).abs() <= want.abs() * 2**-7 + size * 2**-20)

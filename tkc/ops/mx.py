@@ -1,12 +1,12 @@
 """``mx_quantize``, ``mx_dequantize`` and ``mx_matmul``: MXFP8 (OCP Microscaling) through
 examples/mx_fp8.tk and examples/gemm_mx.tk.
 
-Three operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
+Four operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
 scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16;
 ``torch.ops.tkc.mx_matmul``: the product of two such pairs, ``[M, K]`` by a weight ``[N, K]``,
-to bf16 ``[M, N]``), and functions taking any leading dims, which they flatten to rows.  No
-gradient: quantization is not differentiated here (a straight-through estimator is the
-caller's choice)."""
+to bf16 ``[M, N]``; ``torch.ops.tkc.mx_matmul_weights``: bf16 ``[M, K]`` by such a weight), and
+functions taking any leading dims, which they flatten to rows.  No gradient: quantization is
+not differentiated here (a straight-through estimator is the caller's choice)."""
 
 from __future__ import annotations
 
@@ -72,34 +72,44 @@ def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.view(q.shape)
 
 
-def _operands_fit(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor) -> None:
+def _operands_fit(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor) -> None:
     """``a`` [M, K] and the weight ``b`` [N, K] share K (a multiple of 32), each with its scales'
-    shape (its own with the last dim / 32)."""
+    shape (its own with the last dim / 32; ``a`` may have none)."""
     _blocks("mx_matmul", a.shape[-1])
     checks.same("mx_matmul", "a and b must share their last dim (K)", ("a's", a.shape[-1]), ("b's", b.shape[-1]))
     for name, x, s in (("a_scale", a, a_scale), ("b_scale", b, b_scale)):
-        checks.same("mx_matmul", f"{name} must be its operand's shape with the last dim / 32",
-                    (f"{name}'s shape", tuple(s.shape)), ("wanted", (*x.shape[:-1], x.shape[-1] // 32)))
+        if s is not None:
+            checks.same("mx_matmul", f"{name} must be its operand's shape with the last dim / 32",
+                        (f"{name}'s shape", tuple(s.shape)), ("wanted", (*x.shape[:-1], x.shape[-1] // 32)))
 
 
 _matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
                     check=lambda a, sa, b, sb, **kw: _operands_fit(a, sa, b, sb))
+_matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
+                            check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 
 
-def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
+def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
     """bf16 ``(a * a_scale) @ (b * b_scale)^T`` of MXFP8 operands as :func:`mx_quantize` makes
     them: ``a`` e4m3 ``[..., K]`` with its E8M0 ``a_scale`` ``[..., K / 32]``, and a weight ``b``
     e4m3 ``[N, K]`` (as ``torch.nn.functional.linear`` takes it) with ``b_scale`` ``[N, K / 32]``;
-    f32 accumulation, one rounding.  examples/gemm_mx.tk's ``dot_scaled``: on sm_90a a
-    dequantizing GEMM (0.38-0.80x dequantize + ``torch.compile``'s matmul on an H200,
-    benchmarks/RESULTS.md), the MX block-scaled product of Blackwell's tensor cores not yet used."""
-    checks.dtype("mx_matmul", torch.float8_e4m3fn, a=a, b=b)
-    checks.dtype("mx_matmul", torch.float8_e8m0fnu, a_scale=a_scale, b_scale=b_scale)
+    f32 accumulation, one rounding.  ``a`` bf16 with ``a_scale=None``: activations by MXFP8
+    weights (``torch.ops.tkc.mx_matmul_weights``, examples/gemm_mx.tk's ``gemm_mx_weights``).
+    On sm_90a dequantizing GEMMs (0.38-0.81x dequantize + ``torch.compile``'s matmul on an H200,
+    benchmarks/RESULTS.md); the MX block-scaled product of Blackwell's tensor cores not yet used."""
+    checks.dtype("mx_matmul", torch.float8_e4m3fn if a_scale is not None else torch.bfloat16, a=a)
+    checks.dtype("mx_matmul", torch.float8_e4m3fn, b=b)
+    checks.dtype("mx_matmul", torch.float8_e8m0fnu, b_scale=b_scale)
+    if a_scale is not None:
+        checks.dtype("mx_matmul", torch.float8_e8m0fnu, a_scale=a_scale)
     checks.rank("mx_matmul", "a", a, "at least one dim", a.dim() >= 1)
     checks.rank("mx_matmul", "b", b, "two dims [N, K]", b.dim() == 2)
     _operands_fit(a, a_scale, b, b_scale)
-    _no_gradient("mx_matmul", a, a_scale, b, b_scale)
+    _no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
     k = a.shape[-1]
-    c = call(_matmul, a.reshape(-1, k).contiguous(), a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(),
-             b_scale.contiguous())
+    rows = a.reshape(-1, k).contiguous()
+    if a_scale is None:
+        c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
+    else:
+        c = call(_matmul, rows, a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(), b_scale.contiguous())
     return c.view(*a.shape[:-1], b.shape[0])
