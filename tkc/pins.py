@@ -179,6 +179,7 @@ def check_kernel_pins(kernel: Any, loc: Loc | None = None) -> None:
     by the frontend, so the interpreter refuses what no compilation would take, and by
     ``select-layouts`` for tile IR read from a file; at the product, else at ``loc``."""
     warps = (kernel.attributes.get("consts") or {}).get("warps")
+    # (tile.is_product's ops, named here: the tile dialect imports this module)
     mma = next((op for op in kernel.walk() if op.name in ("tile.mma", "tile.dot_scaled")), None)
     if warps is not None and mma is not None:
         raise TkcUsageError(f"pin warps = {warps}: the pin sets the warps of kernels without products; this "

@@ -35,7 +35,7 @@ from tkc.codegen.lower_blackwell import HANDLERS as BLACKWELL
 from tkc.codegen.lower_hopper import HANDLERS as HOPPER
 from tkc.codegen.lower_rand import HANDLERS as RAND
 from tkc.codegen import lower_ranks
-from tkc.codegen.lower_values import (Lowered, const_i32, pack_fp8x4, pack_pair, packs_in_fours, packs_in_pairs,
+from tkc.codegen.lower_values import (Lowered, const_i32, pack_fp8x4, pack_words, packs_in_fours, packs_in_pairs,
                                       round_to, unpack_fp8x4, unpack_pair)
 from tkc.codegen.lowerer import Handler, Lowerer, TensorArg
 from tkc.codegen.nvvm import F32, I8, I32, I64, TMAP
@@ -104,7 +104,7 @@ def _flat(b: ir.IRBuilder, t: Type, x: Lowered) -> list[ir.Value]:
     dt, per = packed
     if per == 4:
         return [pack_fp8x4(b, [x[i] for i in group], dt) for group in _fp8_words(t)]
-    return [pack_pair(b, x[i], x[i + 1], dt) for i in range(0, len(x), 2)]
+    return pack_words(b, x, dt)
 
 
 def _fp8_words(t: TileType) -> list[list[int]]:

@@ -55,7 +55,7 @@ import numpy as np
 from tkc.codegen import nvvm
 from tkc.codegen.deferred import LOOKAHEAD, Deferred, Packed, emitting
 from tkc.codegen.lower_values import (Sym, as_value, bits_type, const_i32, constant, fp8_decode_words, from_mem,
-                                      mem_type, pack_pair, packs_in_fours, packs_in_pairs, to_mem, widen)
+                                      mem_type, pack_words, packs_in_fours, packs_in_pairs, to_mem, widen)
 from tkc.codegen.lowerer import Lowerer, TensorArg
 from tkc.codegen.runs import elem_bytes, private_run_offset, runs_of, vector_runs
 from tkc.codegen.nvvm import I16, I32, I64
@@ -260,7 +260,7 @@ def _store_words(b: ir.IRBuilder, bits: list[ir.Value], dt: DType, vals: list[ir
     values ``vals``).  bf16/f16 pairs are converted straight from their values into each b32
     word (one ``cvt.rn.*x2.f32`` a pair)."""
     if packs_in_pairs(dt) and len(vals) % 2 == 0:
-        return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
+        return pack_words(b, vals, dt)
     return _pack(b, bits, dt)
 
 

@@ -37,6 +37,7 @@ from tkc.codegen.lower_values import (
     mem_type,
     pack_fp8x4,
     pack_pair,
+    pack_words,
     packs_in_fours,
     packs_in_pairs,
     round_to,
@@ -169,12 +170,10 @@ def _smem_store_values(lw: Lowerer, op: Operation, tile: SmemTile, t: TileType, 
 
 
 def _words_of(b: ir.IRBuilder, vals: list, dt: DType) -> list[ir.Value]:
-    """32-bit words of register values of ``dt`` in memory order: bf16/f16 pairs (one
-    ``cvt.rn.*x2.f32`` each), fp8 fours, f32 and i32 as they are."""
-    if packs_in_pairs(dt):
-        return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
-    if packs_in_fours(dt):
-        return [pack_fp8x4(b, vals[j:j + 4], dt) for j in range(0, len(vals), 4)]
+    """32-bit words of register values of ``dt`` in memory order: 16- and 8-bit floats packed
+    (``pack_words``), f32 and i32 as they are."""
+    if packs_in_pairs(dt) or packs_in_fours(dt):
+        return pack_words(b, vals, dt)
     return [b.bitcast(v, I32) if v.type != I32 else v for v in vals]
 
 

@@ -258,6 +258,14 @@ def pack_pair(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, dt: DType) -> ir.Valu
     return b.asm(fty, f"cvt.rn.{kind}.f32 $0, $1, $2;", "=r,f,f", [source(hi), source(lo)], side_effect=False)
 
 
+def pack_words(b: ir.IRBuilder, vals: Sequence[ir.Value], dt: DType) -> list[ir.Value]:
+    """Register values of a bf16/f16 (pairs, :func:`pack_pair`) or fp8 (fours,
+    :func:`pack_fp8x4`) tile as b32 words, consecutive values in each, the first lowest."""
+    if packs_in_pairs(dt):
+        return [pack_pair(b, vals[j], vals[j + 1], dt) for j in range(0, len(vals), 2)]
+    return [pack_fp8x4(b, vals[j:j + 4], dt) for j in range(0, len(vals), 4)]
+
+
 def unpack_pair(b: ir.IRBuilder, word: ir.Value, dt: DType) -> tuple[ir.Value, ir.Value]:
     """The two bf16/f16 halves of a b32 (low half first) in their f32 register form: the
     inverse of :func:`pack_pair`, which gives ``word`` back for them without converting."""

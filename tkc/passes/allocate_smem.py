@@ -195,6 +195,13 @@ def _live_range(alloc: Operation, pos: _Positions, users: dict[Value, list[Opera
     return min(points), max(points), frozenset(proxies), seen
 
 
+def allocated_bytes(allocs) -> int:
+    """Shared memory ``allocs`` (``hopper.smem_alloc``/``mbarrier_alloc`` ops) take side by side,
+    each rounded up to its alignment (allocate-smem may share bytes between some; this does not
+    count on it): what a pass that adds an allocation checks its room against."""
+    return sum(-(-size // align) * align for size, align in map(size_and_align, allocs))
+
+
 def size_and_align(op: Operation) -> tuple[int, int]:
     """Bytes and alignment of an allocation; a ring of S stages takes S strides (the op's
     ``stride``: a tile's size rounded up to its alignment, 8 B for a barrier)."""

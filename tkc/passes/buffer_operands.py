@@ -3,7 +3,8 @@ iteration (a tile dequantized in registers, ``dot_scaled`` on sm_90a) stays in f
 the next iteration computes its operands.
 
 Runs on hopper IR after ``merge-barriers`` (which recognises a product's completion by its
-``hopper.wgmma_wait`` only, and has merged the operands' writes under one pair of barriers).  Before, the body is
+``hopper.wgmma_wait`` only, and has merged the operands' writes under one pair of barriers).
+Before, the body is
 
     barrier; smem_store(x, A); smem_store(y, B); fence; barrier
     acc' = wgmma(A, B, acc); wait(acc', pending = 0); yield acc'
@@ -23,9 +24,8 @@ Applies to a ``tile.for`` body with one ``hopper.wgmma`` that accumulates into a
 nothing else in the body reads, whose waited result is only yielded back as that value, whose
 shared operands are each written by ``hopper.smem_store`` in this body only (no TMA ring:
 ``pipeline-loops`` keeps those products in flight itself), behind a barrier, where the second
-buffers fit in shared memory
-beside every other allocation; on targets whose products are wgmma (tcgen05 products complete
-through their own commits).  Elsewhere the loop stays as it is.
+buffers fit in shared memory beside every other allocation; on targets whose products are wgmma
+(tcgen05 products complete through their own commits).  Elsewhere the loop stays as it is.
 
 Must not: change what any thread computes, or let a store reach a buffer a product in flight
 still reads (the emulator refuses that: ``SharedMemory.begin_read``).
@@ -38,7 +38,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Module, Operation, Value, replace_all_uses, uses
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import ScalarType, TileType
-from tkc.passes.allocate_smem import size_and_align
+from tkc.passes.allocate_smem import allocated_bytes, size_and_align
 from tkc.pins import Options
 from tkc.target import Target
 
@@ -98,7 +98,7 @@ def _rewrite(kernel: Operation, loop: Operation, options: Options, target: Targe
         return
     top = kernel.regions[0].block
     placed = [op for op in top.ops if op.name in ("hopper.smem_alloc", "hopper.mbarrier_alloc")]
-    taken = sum(-(-size // align) * align for size, align in map(size_and_align, placed))
+    taken = allocated_bytes(placed)
     extra = sum((BUFFERS - 1) * size_and_align(a)[0] for a in allocs)
     if taken + extra > target.smem_per_program(options.programs_per_sm):
         return

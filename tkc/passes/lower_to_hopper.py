@@ -648,28 +648,6 @@ class _Lowering:
         replace_all_uses(self.kernel, op.result, dst)
         op.erase()
 
-    def _product_a_in_smem(self, op: Operation) -> bool:
-        """A 16-bit A operand of products only, computed in a layout whose values would trade
-        threads through a scratch tile to reach wgmma's (a tile dequantized in its load's layout,
-        ``dot_scaled`` on sm_90a), is stored once in a swizzled shared tile that the products
-        read instead (wgmma with both operands in shared memory): the same stores and barrier as
-        the trade, without every thread reading its values back."""
-        t = op.result.type
-        users = uses(self.kernel).get(op.result, [])
-        if t.rank != 2 or t.dtype.bits != 16 or not users \
-                or any(u.name != "tile.mma" or u.a is not op.result or u.b is op.result for u in users):
-            return False
-        rows, cols = t.shape
-        try:
-            layout = SharedLayout(rows, cols, t.dtype, "k", choose_swizzle(cols, t.dtype))
-            layout.tma_box()
-        except ValueError:
-            return False
-        dst = self._alloc(TileType(t.shape, t.dtype, "smem", layout), op.loc)
-        dst.name_hint = (op.x.name_hint or "a") + "_smem"
-        self._write_for_wgmma(op, Builder.before(op), hopper.SmemStoreOp, dst)
-        return True
-
     def _transpose_smem(self, op: Operation) -> None:
         """Every thread copies its share of a shared tile into one stored the other way round
         (``hopper.smem_copy``), fenced for the async proxy wgmma reads through and followed by a
@@ -690,8 +668,6 @@ class _Lowering:
     def _convert(self, op: Operation) -> None:
         src, dst = op.x.type, op.result.type
         if op.scratch or register_map(src.layout, dst.layout) is not None:
-            return
-        if self._product_a_in_smem(op):
             return
         if src.dtype.is_bool:
             # Shared tiles hold 8- to 32-bit elements: a condition travels as 0 or 1 in i32

@@ -68,6 +68,7 @@ from tkc.ir.layouts import (
     core_matrix_misfit,
     one_everywhere,
     read_as,
+    register_map,
     reshape_layout,
     scan_plan,
     stack_layout,
@@ -744,7 +745,9 @@ class _Selector:
             if op.a not in self.smem:
                 k = op.a.type.shape[1]
                 a8 = op.a.type.dtype.bits == 8
-                self._need(op, 0, (WgmmaOperandA8 if a8 else WgmmaOperandA)(k, self.warpgroups, self.slices))
+                want = (WgmmaOperandA8 if a8 else WgmmaOperandA)(k, self.warpgroups, self.slices)
+                if not self._a_in_smem(op, want):
+                    self._need(op, 0, want)
         elif name == "tile.for":
             body = op.regions[0].block
             for i, (arg, res) in enumerate(zip(body.args[1:], op.results)):
@@ -763,6 +766,36 @@ class _Selector:
             want = transpose_layout(lay[op.x])
             if lay[op.result] != want:
                 self._retype_result(op, want)
+
+    def _a_in_smem(self, mma: Operation, want: object) -> bool:
+        """A 16-bit A operand of products only, whose values would trade threads through a
+        scratch tile to reach wgmma's registers (a tile dequantized in its load's layout,
+        ``dot_scaled`` on sm_90a), is staged in a swizzled shared tile that the products read
+        (wgmma with both operands in shared memory): the same stores and meeting as the trade,
+        without every thread reading its values back.  False where it stays in registers."""
+        v = mma.a
+        t, have = v.type, self.lay.get(v)
+        users = uses(self.kernel).get(v, [])
+        if have is None or t.dtype.bits != 16 or register_map(have, want) is not None \
+                or any(u.name != "tile.mma" or u.a is not v or u.b is v for u in users):
+            return False
+        rows, cols = t.shape
+        try:
+            layout = SharedLayout(rows, cols, t.dtype, "k", choose_swizzle(cols, t.dtype))
+            layout.tma_box()
+        except ValueError:
+            return False
+        d = _def(v)
+        if d is not None and d.parent is mma.parent:
+            # Right before the product, beside B's stores (one meeting for both), where the
+            # tile is computed for it; else once, where it is computed (before a loop).
+            staged = Builder.before(mma).value(hopper.ToSmemOp, [v], TileType(t.shape, t.dtype, "smem", layout))
+            self.smem.add(staged)
+        else:
+            staged = self._stage(v, layout, mma, 0)
+        for u in users:
+            _redirect(u, v, staged, 0)
+        return True
 
     def _scan_layout(self, op: Operation) -> None:
         """A scan runs in its result's layout when ``scan_plan`` can walk it, else in the

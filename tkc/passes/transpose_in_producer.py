@@ -37,7 +37,7 @@ from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Value
 from tkc.ir.dialects import hopper, tile
 from tkc.ir.types import MBARRIER
-from tkc.passes.allocate_smem import size_and_align
+from tkc.passes.allocate_smem import allocated_bytes
 from tkc.passes.rotate import I32
 from tkc.passes.specialize_warps import RANK_PRODUCER_REGS, consumer_regs
 from tkc.pins import Options
@@ -170,7 +170,7 @@ def _move(kernel: Operation, producer: Operation, consumers: Operation, loop: Op
     # The ring takes STAGES tiles where the copy took one: only where every allocation still
     # fits side by side (allocate-smem may share bytes between some; this does not count on it).
     allocs = [op for op in top.ops if op.name in ("hopper.smem_alloc", "hopper.mbarrier_alloc")]
-    taken = sum(-(-size // align) * align for size, align in map(size_and_align, allocs))
+    taken = allocated_bytes(allocs)
     extra = (STAGES - 1) * dst_alloc.nbytes + 2 * STAGES * hopper.MBarrierAllocOp.stride
     if taken + extra > target.smem_per_program(options.programs_per_sm):
         return
