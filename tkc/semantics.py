@@ -352,7 +352,9 @@ def _arg_reduce(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
     return (np.argmax if op.kind == "argmax" else np.argmin)(x, axis=op.axis).astype(np.int32)
 
 
-def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndarray, *scales: np.ndarray) -> np.ndarray:
+    if scales:  # block-scaled (a dot_scaled the target's tensor cores scale themselves)
+        return _dot_scaled(ctx, op, a, scales[0], b, scales[1], acc)
     return _rounded(np.matmul(a, b, dtype=np.float32) + acc, op)
 
 

@@ -97,7 +97,7 @@ TARGETS: dict[str, Target] = {
                      forbidden_intrinsics=("llvm.nvvm.tcgen05.",)),
     "sm_100a": Target("sm_100a", "sm_100a", "+ptx86", "8.6", "sm_100a", capability=(10, 0),
                       forbidden_intrinsics=("llvm.nvvm.wgmma.",), dialect="blackwell",
-                      mma="tcgen05", mma_rows=128, tmem_columns=512,
+                      mma="tcgen05", mma_rows=128, tmem_columns=512, native_ops=("tile.dot_scaled",),
                       # 1 KB is static: the tensor-memory address slot, padded to the dynamic
                       # array's 1024-B alignment (tkc/codegen/lower_blackwell.py).
                       max_smem_bytes=232448 - 1024),

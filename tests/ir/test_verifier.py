@@ -349,7 +349,19 @@ CASES: list[tuple[str, str, str, str | None]] = [
      r"operands must be one of f16, bf16, f8e4m3, f8e5m2, f32", None),
     ("tile.mma", kernel("%x = tile.mma %v4, %t4, %v4 : tile<4xf32> // bad"), r"operands must be 2-D tiles",
      None),
-    ("tile.mma", kernel("%x = tile.mma %t4, %t4 : tile<4x4xf32> // bad"), r"takes 3 operands, got 2", None),
+    ("tile.mma", kernel("%x = tile.mma %t4, %t4 : tile<4x4xf32> // bad"), r"takes at least 3 operands, got 2", None),
+    # a block-scaled product (decompose's form of dot_scaled on sm_100a)
+    ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
+                        "%x = tile.mma %a, %b, %acc, %sa : tile<4x4xf32> // bad"), r"takes two scale tiles", None),
+    ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
+                        "%x = tile.mma %a, %b, %acc, %sb, %sa : tile<4x4xf32> // bad"),
+     r"scales must be 4x1 and 1x4", None),
+    ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
+                        "%x = tile.mma %a, %b, %acc, %fa, %sb : tile<4x4xf32> // bad"), r"scales must be f8e8m0", None),
+    ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
+                        "%hb = tile.constant {value = 1.0} : tile<32x4xf16>\n"
+                        "%x = tile.mma %ha, %hb, %acc, %sa, %sb : tile<4x4xf32> // bad"),
+     r"block-scaled @ takes 8-bit float operands", None),
     # --------------------------------------------------------------------- memory
     ("tile.load", kernel("%x = tile.load %t, %i {box = [4, 4]} : tile<4x4xf32> // bad"),
      r"needs 2 i32 offsets, one per axis of tensor<f32\[M, 64\]>", None),

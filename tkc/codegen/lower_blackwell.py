@@ -98,35 +98,47 @@ def _tmem_dealloc(lw: Lowerer, op: Operation) -> None:
         lw, f"tcgen05.dealloc.{_group(op)}.sync.aligned.b32 $0, {op.cols};", "r,~{memory}", [tmem]), "tmem_dealloc")
 
 
+def _start4(lw: Lowerer, tile: SmemTile) -> ir.Value:
+    """A shared tile's run-time part of a descriptor's start field: as lower_hopper's wgmma, the
+    constant descriptor of the tile's offset plus the dynamic base (and a ring stage's offset)
+    >> 4 in the 14-bit start field."""
+    addr4 = lw.b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
+    return lw.b.and_(addr4, const_i32(0x3FFF))
+
+
 def _mma(lw: Lowerer, op: Operation) -> None:
     b = lw.b
     sa, sb = lw.shared(op, op.a), lw.shared(op, op.b)
     la, lb = op.operand_layout("a"), op.operand_layout("b")
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
-    idesc = ir.Constant(I32, blackwell.instr_descriptor(la, lb, op.instruction_m, op.n))
     tmem = lw.get(op.tmem)
     accumulate = b.zext(lw.get(op.accumulate), I32)
-
-    def start4(tile: SmemTile) -> ir.Value:
-        # As lower_hopper's wgmma: the constant descriptor of the tile's offset plus the
-        # dynamic base (and a ring stage's offset) >> 4 in the 14-bit start field.
-        addr4 = b.lshr(lw.smem_addr(tile.at if tile.at is not None else 0), const_i32(4))
-        return b.and_(addr4, const_i32(0x3FFF))
+    scales = op.scale_columns
 
     def issue() -> None:
         # The descriptors are summed inside the asm: as 64-bit values in LLVM they are loop
         # invariants that LICM hoists out of the loop, two registers each for every thread of
         # the role for the whole loop (attention's eight K steps took 16 of 112).
-        a4, b4 = start4(sa), start4(sb)
+        a4, b4 = _start4(lw, sa), _start4(lw, sb)
         for k in range(la.k_steps):
             da, db = blackwell.smem_descriptor(la, sa.offset, k), blackwell.smem_descriptor(lb, sb.offset, k)
             # K steps after the first always accumulate.
             acc = accumulate if k == 0 else const_i32(1)
+            if scales is None:
+                idesc = blackwell.instr_descriptor(la, lb, op.instruction_m, op.n)
+                instr = f"tcgen05.mma.{_group(op)}.kind::{kind} [$0], da, db, $3, p;"
+            else:
+                # Block-scaled: K block k's scales are byte k % 4 (the descriptor's scale ids)
+                # of the columns of its group of four, A's and B's at their offsets from $0.
+                idesc = blackwell.scaled_instr_descriptor(la, lb, op.m, op.n, k % 4, k % 4)
+                fa = scales[0] + 4 * (k // 4) * -(-op.m // 128)
+                fb = scales[1] + 4 * (k // 4) * -(-op.n // 128)
+                instr = (f"tcgen05.mma.{_group(op)}.kind::{blackwell.SCALED_KIND}.block_scale.scale_vec::1X [$0], "
+                         f"da, db, $3, [$0+{fa}], [$0+{fb}], p;")
             _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
                      f"cvt.u64.u32 da, $1;\n\tadd.s64 da, da, {da};\n\t"
-                     f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t"
-                     f"tcgen05.mma.{_group(op)}.kind::{kind} [$0], da, db, $3, p;\n\t}}",
-                 "r,r,r,r,r,~{memory}", [tmem, a4, b4, idesc, acc])
+                     f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t{instr}\n\t}}",
+                 "r,r,r,r,r,~{memory}", [tmem, a4, b4, ir.Constant(I32, idesc), acc])
 
     def warp() -> None:
         # The first warp waits for the operands; its thread 0 issues after the fence that
@@ -140,6 +152,28 @@ def _mma(lw: Lowerer, op: Operation) -> None:
     # CTAs' copies) and issues for both; the odd CTA skips it.
     first = _first_warp(lw)
     lw.if_then(_in_even_cta(lw, first) if op.attributes.get("pair") else first, warp, "mma_warp")
+
+
+def _copy_scales(lw: Lowerer, op: Operation) -> None:
+    """Thread 0 of the first warp copies each 512-byte block of the scale factors into four
+    columns from ``tmem`` on (``tcgen05.cp .32x128b.warpx4``), after the fence that orders it
+    behind the role's barrier that follows the threads' stores of the scales."""
+    b = lw.b
+    tile = lw.shared(op, op.scales)
+    tmem = lw.get(op.tmem)
+
+    def issue() -> None:
+        s4 = _start4(lw, tile)
+        for i in range(tile.layout.atoms):
+            desc = blackwell.scale_descriptor(tile.offset + i * 512)
+            _asm(lw, f"{{\n\t.reg .b64 d;\n\tcvt.u64.u32 d, $1;\n\tadd.s64 d, d, {desc};\n\t"
+                     f"tcgen05.cp.cta_group::1.32x128b.warpx4 [$0+{4 * i}], d;\n\t}}", "r,r,~{memory}", [tmem, s4])
+
+    def warp() -> None:
+        _asm(lw, "tcgen05.fence::after_thread_sync;", "~{memory}")
+        lw.if_then(b.icmp_unsigned("==", lw.tid, const_i32(0)), issue, "tcgen05_cp")
+
+    lw.if_then(_first_warp(lw), warp, "cp_warp")
 
 
 def _commit(lw: Lowerer, op: Operation) -> None:
@@ -328,6 +362,7 @@ HANDLERS: dict[str, Handler] = {
     blackwell.TmemAllocOp.name: _tmem_alloc,
     blackwell.TmemDeallocOp.name: _tmem_dealloc,
     blackwell.MmaOp.name: _mma,
+    blackwell.CopyScalesOp.name: _copy_scales,
     blackwell.CommitOp.name: _commit,
     blackwell.TmemLoadOp.name: _tmem_load,
     "hopper.smem_store": _smem_store,

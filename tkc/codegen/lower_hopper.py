@@ -51,9 +51,10 @@ from tkc.errors import TkcCodegenError
 from tkc.ir.core import Operation
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
-from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA8, a8_logical_col,
-                            first_holders, register_map, swizzle, transpose_copy_block, transpose_copy_blocks,
-                            is_accumulator, offset_step, transpose_copy_last, transpose_word_steps, vector_coords)
+from tkc.ir.layouts import (TRANSPOSE_BLOCK, ScaleLayout, SharedLayout, WgmmaAccumulator, WgmmaOperandA8,
+                            a8_logical_col, first_holders, register_map, swizzle, transpose_copy_block,
+                            transpose_copy_blocks, is_accumulator, offset_step, transpose_copy_last,
+                            transpose_word_steps, vector_coords)
 from tkc.ir.types import TileType, element_dtype
 from tkc.registers import entry_registers
 
@@ -129,6 +130,8 @@ def smem_offset(layout: SharedLayout, row: Sym | int, col: Sym | int) -> Sym | i
     inside a box, boxes back to back), and the swizzle is applied on top."""
     if not isinstance(row, Sym) and not isinstance(col, Sym):
         return int(layout.offset(int(row), int(col)))
+    if isinstance(layout, ScaleLayout):  # not rows x boxes: its own formula, on the symbols
+        return layout.byte(row, col)
     dr, p, a, bb = _rows_by_boxes(layout)
     return _swizzle_sym(row * dr + (col // p) * a + (col % p) * bb, layout.swizzle)
 

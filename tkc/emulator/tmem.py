@@ -49,6 +49,28 @@ def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
             "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 24) & 31) << 4}
 
 
+def decode_scaled_idesc(idesc: int) -> dict[str, Any]:
+    """The fields of a ``kind::mxf8f6f4.block_scale`` instruction descriptor
+    (docs/block_scaled.md §3), refusing what the PTX ISA calls invalid (ptxas checks none)."""
+    codes = {0: dtypes.f8e4m3, 1: dtypes.f8e5m2}
+    a, b = (idesc >> 7) & 7, (idesc >> 10) & 7
+    if a not in codes or b not in codes:
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not the e4m3 (0) "
+                               f"or e5m2 (1) of kind::mxf8f6f4")
+    if (idesc >> 23) & 1 != blackwell.UE8M0:
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: kind::mxf8f6f4 scales are UE8M0 (1 at bit 23)")
+    if idesc & 0b1001111 or (idesc >> 24) & 7 or idesc >> 31:
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: reserved bits set (sparsity and bit 31 are "
+                               f"not used here)")
+    return {"a": codes[a], "b": codes[b], "a_mn": bool(idesc >> 15 & 1), "b_mn": bool(idesc >> 16 & 1),
+            "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 27) & 3) << 7, "a_id": (idesc >> 29) & 3,
+            "b_id": (idesc >> 4) & 3}
+
+
+#: E8M0 scale codes as factors: 2^(code - 127); 255 is NaN.
+_E8M0 = np.where(np.arange(256) == 255, np.nan, np.exp2(np.arange(256, dtype=np.float64) - 127))
+
+
 @dataclass(eq=False)
 class _Write:
     """The newest MMA writing a range of columns: the shared tiles it reads until its commit,
@@ -76,6 +98,13 @@ class TensorMemory:
     addresses: dict[Operation, int] = field(default_factory=dict)  # what each alloc op returned
     # The newest MMA of each range of columns (several accumulators: attention's S and O).
     writes: list[_Write] = field(default_factory=list)
+    # Scale factors tcgen05.cp put in a column (four bytes a lane), which bytes it wrote, and
+    # the shared tiles the copies read until the issuing thread's next commit.
+    scales: np.ndarray = field(default_factory=lambda: np.zeros((blackwell.TMEM_LANES, blackwell.TMEM_COLUMNS, 4),
+                                                                np.uint8))
+    scales_written: np.ndarray = field(default_factory=lambda: np.zeros(
+        (blackwell.TMEM_LANES, blackwell.TMEM_COLUMNS, 4), bool))
+    copy_leases: list = field(default_factory=list)
 
     def in_flight(self) -> list[_Write]:
         return [w for w in self.writes if not w.committed]
@@ -157,7 +186,14 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
     m, n = op.m, op.n
     n_here = n // len(ctas)  # a pair: each CTA holds half of B's columns
     kind = blackwell.mma_kind(la.dtype, lb.dtype)
-    f = decode_idesc(blackwell.instr_descriptor(la, lb, op.instruction_m, n), kind)
+    scaled = op.scale_columns is not None
+
+    def idesc_of(step: int) -> dict[str, Any]:
+        if scaled:  # the K block's byte of each scale column (its place in a group of four)
+            return decode_scaled_idesc(blackwell.scaled_instr_descriptor(la, lb, m, n, step % 4, step % 4))
+        return decode_idesc(blackwell.instr_descriptor(la, lb, op.instruction_m, n), kind)
+
+    f = idesc_of(0)
     if (f["m"], f["n"]) != (op.instruction_m, n):
         raise TkcEmulatorError(f"the instruction descriptor says {f['m']}x{f['n']}, the op {op.instruction_m}x{n}")
     who = f"{_describe(op)} ({wg.role})"  # the reader in shared-memory race messages
@@ -179,6 +215,7 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
     k = la.k_per_step
     kk = np.arange(k)[None, :]
     for s in range(la.k_steps):
+        f = idesc_of(s)
         da, db = blackwell.smem_descriptor(la, a.base, s), blackwell.smem_descriptor(lb, b.base, s)
         if not (da & db & blackwell.DESC_VERSION):
             raise TkcEmulatorError("a shared-memory descriptor lacks the tcgen05 version bit (46)")
@@ -186,10 +223,13 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
         b_addr = descriptor_address(db, "mn" if f["b_mn"] else "k", np.arange(n_here)[:, None], kk, f["b"])
         # A pair's descriptors hold the even CTA's offsets; the odd CTA's tiles are read at the same ones.
         for v, cta in enumerate(ctas):
-            at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
-            bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
-            a_rows[v] = np.concatenate([a_rows[v], at.astype(np.float64)], axis=1)
-            b_rows[v] = np.concatenate([b_rows[v], bt.astype(np.float64)], axis=1)
+            at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async").astype(np.float64)
+            bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async").astype(np.float64)
+            if scaled:
+                at = at * _step_scales(tms[v], op, int(addr), 0, s, f["a_id"], m)[:, None]
+                bt = bt * _step_scales(tms[v], op, int(addr), 1, s, f["b_id"], n_here)[:, None]
+            a_rows[v] = np.concatenate([a_rows[v], at], axis=1)
+            b_rows[v] = np.concatenate([b_rows[v], bt], axis=1)
     d = np.concatenate(a_rows) @ np.concatenate(b_rows).T  # (m * CTAs) x n
     lanes = blackwell.accumulator_lanes(m)  # the data-path layout of an M-row product
     for v, (tm, c) in enumerate(zip(tms, cols)):
@@ -201,9 +241,56 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
             rows = rows + tm.data[lanes, c].astype(np.float64)
         tm.data[lanes, c] = rows.astype(np.float32)
         tm.written[lanes, c] = True
+        tm.scales_written[:, c] = False  # an accumulator over scale factors
         replaced = tm.written_by(c)  # the committed ones are superseded; the others await a commit
         tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
         tm.writes.append(_Write(op, c, leases[v]))
+    return None
+
+
+def _step_scales(tm: TensorMemory, op: Operation, addr: int, which: int, step: int, byte: int, rows: int) -> np.ndarray:
+    """The factor of each of ``rows`` rows of A (``which`` 0) or B (1) for K step ``step``, as a
+    block-scaled MMA reads them: its ``[sfa]``/``[sfb]`` address is the scale columns of that
+    step's group of four K blocks, and row r's factor is byte ``byte`` (the descriptor's scale
+    id) of column r / 32 there, in lane r % 128 (every warp quarter holds a copy)."""
+    first = (addr & 0xFFFF) + op.scale_columns[which] + 4 * (step // 4) * -(-rows // 128)
+    r = np.arange(rows)
+    lanes, cols = r % 128, first + r // 32
+    if cols.max() >= blackwell.TMEM_COLUMNS or not tm.scales_written[lanes, cols, byte].all():
+        name = "A" if which == 0 else "B"
+        raise TkcEmulatorError(f"{_describe(op)} reads {name}'s scale factors for K step {step} from tensor memory "
+                               f"(columns {int(cols.min())}-{int(cols.max())}, byte {byte}) that no tcgen05.cp "
+                               f"wrote (a blackwell.copy_scales before it, by the same thread)")
+    return _E8M0[tm.scales[lanes, cols, byte]]
+
+
+def _copy_scales(wg: Any, op: Operation, addr: Any, tile: Any) -> None:
+    # Thread 0 of the role's first warp issues (the MMA's thread); the others skip the op.
+    if not wg.leader:
+        return None
+    tm = tmem_of(wg.cta)
+    layout = op.scales.type.layout
+    span = tm.columns(op, int(addr), blackwell.scale_columns(layout))
+    if tm.written[:, span].any():
+        raise TkcEmulatorError(f"{_describe(op)} copies scale factors over tensor-memory columns "
+                               f"{span.start}-{span.stop - 1} that hold an MMA's accumulator")
+    smem, who = wg.cta.smem, f"{_describe(op)} ({wg.role})"
+    # The bytes of the tile's scales (the rest of a block, past its rows or K blocks, is
+    # copied as it lies and never read by an MMA).
+    r, c = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
+    held = tile.base + layout.offset(r, c).ravel()
+    smem.read_elements(held, dtypes.f8e8m0, reader=who, proxy="async")
+    for i in range(layout.atoms):
+        rows = blackwell.scale_rows(blackwell.scale_descriptor(tile.base + i * 512))
+        raw = rows[:, None] + np.arange(16)  # 32 rows x 16 bytes
+        meant = np.isin(raw, held)
+        for q in range(4):  # column 4 i + q: bytes 4 q to 4 q + 3 of each row, in every warp quarter
+            col = span.start + 4 * i + q
+            for quarter in range(4):
+                lanes = 32 * quarter + np.arange(32)
+                tm.scales[lanes, col] = smem.data[raw[:, 4 * q:4 * q + 4]]
+                tm.scales_written[lanes, col] = meant[:, 4 * q:4 * q + 4]
+    tm.copy_leases.append(smem.begin_read(tile.base, layout.size_bytes, reader=who))
     return None
 
 
@@ -218,6 +305,9 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     # (whose cluster is the pair: ``bars`` is its barrier in each, in rank order).
     for cta, b in zip(wg.cta.pair(), bars) if pair else [(wg.cta, bar)]:
         tm = tmem_of(cta)
+        for lease in tm.copy_leases:  # the copies of scale factors issued before it are done
+            lease.release()
+        tm.copy_leases.clear()
         for w in tm.writes:
             if not w.committed:
                 for lease in w.leases:
@@ -278,6 +368,7 @@ def at_exit(cta: Any) -> None:
 HANDLERS = {
     blackwell.CommitOp.name: _commit,
     blackwell.TmemLoadOp.name: _tmem_load,
+    blackwell.CopyScalesOp.name: _copy_scales,
 }
 CO_HANDLERS = {
     blackwell.MmaOp.name: _mma,

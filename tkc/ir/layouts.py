@@ -8,6 +8,8 @@ no second copy of any formula here (DESIGN.md principle 5).
 - ``SharedLayout`` (``#smem<RxCxdtype, k|mn, swS>``): a shared-memory tile as TMA writes it
   (PTX-FACTS §2, §3): byte offsets, TMA box and swizzle enum, wgmma matrix descriptors, and
   ``descriptor_address`` which reads a descriptor back the way the hardware does.
+- ``ScaleLayout`` (``#scales<RxC, k|mn>``): a block-scaled product's scale factors in the
+  512-byte blocks ``tcgen05.cp`` moves into tensor memory (docs/block_scaled.md §5).
 - Register layouts answer the distributed-layout protocol (``DistributedLayout``, docs/hopper.md
   §2): value i of thread t is element ``thread_coords(t) + reg_coords(i)`` per axis, the
   thread part written with plain integer arithmetic so that codegen can evaluate it on
@@ -247,6 +249,94 @@ class SharedLayout:
     def __str__(self) -> str:
         perm = ", kperm" if self.kperm else ""
         return f"#smem<{self.rows}x{self.cols}x{self.dtype.name}, {self.major}, sw{self.swizzle}{perm}>"
+
+
+#: Rows (of A's M or B's N) and K blocks one 512-byte block of scale factors holds: what one
+#: ``tcgen05.cp .32x128b.warpx4`` moves into four tensor-memory columns (docs/block_scaled.md §5).
+SCALE_ATOM_ROWS = 128
+SCALE_ATOM_BLOCKS = 4
+SCALE_ATOM_BYTES = 512
+
+
+def scale_byte(m: Any, j: Any, mn_atoms: int) -> Any:
+    """Byte offset of the scale of row ``m`` (of M or N) and K block ``j`` in a tile of
+    ``tcgen05.mma ... block_scale`` scale factors: 512-byte blocks of 128 rows x 4 K blocks, K's
+    blocks outer ([k block][mn block]), and inside one, row ``m`` at ``16 (m % 32) + 4 (m / 32
+    % 4)`` and its K block after that (CUTLASS's and ThunderKittens' layout).  ``m`` and ``j``
+    are ints, numpy arrays or codegen symbols (only ``//``, ``%``, ``*`` and ``+`` by constants)."""
+    atom = (j // SCALE_ATOM_BLOCKS) * mn_atoms + m // SCALE_ATOM_ROWS
+    return atom * SCALE_ATOM_BYTES + (m % 32) * 16 + (m // 32 % 4) * 4 + j % SCALE_ATOM_BLOCKS
+
+
+@dataclass(frozen=True)
+class ScaleLayout(SharedLayout):
+    """A block-scaled product's scale factors in shared memory (``#scales<RxC, k|mn>``), as
+    ``tcgen05.cp`` copies them into tensor memory for ``tcgen05.mma ... block_scale``: A's
+    [M, K/32] (``major`` "k": rows are M) or B's [K/32, N] (``major`` "mn": columns are N), one
+    f8e8m0 a 32-run of K, at :func:`scale_byte`.  Written by the threads, never by TMA (a
+    row's few bytes are below TMA's 16-byte box), and read only by ``tcgen05.cp``."""
+
+    dtype: DType = dtypes.f8e8m0
+    swizzle: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype != dtypes.f8e8m0 or self.swizzle or self.kperm:
+            raise ValueError("scale factors are f8e8m0, unswizzled")
+        if self.major not in ("k", "mn"):
+            raise ValueError(f"major is 'k' or 'mn', not {self.major!r}")
+        if self.rows <= 0 or self.cols <= 0 or self.mn % 16:
+            raise ValueError(f"scale factors of a multiple of 16 rows (M or N), got {self.rows}x{self.cols}")
+
+    @property
+    def mn(self) -> int:
+        """Rows of the product's operand these scale (A's M or B's N)."""
+        return self.rows if self.major == "k" else self.cols
+
+    @property
+    def blocks(self) -> int:
+        """K blocks (of 32 values) the scales cover."""
+        return self.cols if self.major == "k" else self.rows
+
+    @property
+    def mn_atoms(self) -> int:
+        return -(-self.mn // SCALE_ATOM_ROWS)
+
+    @property
+    def k_atoms(self) -> int:
+        return -(-self.blocks // SCALE_ATOM_BLOCKS)
+
+    @property
+    def atoms(self) -> int:
+        """512-byte blocks, each one ``tcgen05.cp`` into four columns, in shared-memory order."""
+        return self.mn_atoms * self.k_atoms
+
+    @property
+    def size_bytes(self) -> int:
+        return self.atoms * SCALE_ATOM_BYTES
+
+    @property
+    def alignment(self) -> int:
+        return 128
+
+    def byte(self, row: Any, col: Any) -> Any:
+        """:meth:`offset` for run-time coordinates too (codegen's symbols)."""
+        m, j = (row, col) if self.major == "k" else (col, row)
+        return scale_byte(m, j, self.mn_atoms)
+
+    def offset(self, row: object, col: object) -> np.ndarray:
+        r, c = _ints(row), _ints(col)
+        _check_range("row", r, self.rows)
+        _check_range("col", c, self.cols)
+        return np.asarray(self.byte(r, c), np.int64)
+
+    def tma_box(self) -> TmaBox:
+        raise ValueError("scale factors are written by the threads, not copied by TMA")
+
+    def descriptor(self, base_addr: int, k_step: int = 0, mn_start: int = 0, mn_8bit: bool = False) -> int:
+        raise ValueError("scale factors are read by tcgen05.cp (blackwell.scale_descriptor), not by an MMA")
+
+    def __str__(self) -> str:
+        return f"#scales<{self.rows}x{self.cols}, {self.major}>"
 
 
 def read_as(layout: SharedLayout, major: str | None) -> SharedLayout:
@@ -1453,6 +1543,13 @@ def _parse_smem(text: str) -> SharedLayout:
     return SharedLayout(int(m.group(1)), int(m.group(2)), dt, m.group(4), int(m.group(5)), bool(m.group(6)))
 
 
+def _parse_scales(text: str) -> ScaleLayout:
+    m = re.fullmatch(r"\s*(\d+)x(\d+)\s*,\s*(k|mn)\s*", text)
+    if m is None:
+        raise ValueError("expected '<rows>x<cols>, k|mn'")
+    return ScaleLayout(int(m.group(1)), int(m.group(2)), major=m.group(3))
+
+
 def _frag_args(text: str) -> tuple[int, int, int]:
     m = re.fullmatch(r"\s*(\d+)\s*(?:,\s*wg\s*=\s*(\d+)\s*)?(?:,\s*slices\s*=\s*(\d+)\s*)?", text)
     if m is None:
@@ -1529,6 +1626,7 @@ LAYOUT_PARSERS.update({
     "reshape": _parse_reshape,
     "transpose": _parse_transpose,
     "smem": _parse_smem,
+    "scales": _parse_scales,
     "wgmma_acc": lambda text: WgmmaAccumulator(*_frag_args(text)),
     "wgmma_a": lambda text: WgmmaOperandA(*_frag_args(text)),
     "wgmma_a8": lambda text: WgmmaOperandA8(*_frag_args(text)),

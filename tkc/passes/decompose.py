@@ -8,7 +8,8 @@ place.  ``argmax``/``argmin`` become a max (min) reduction, a compare and a min 
 the indices that hold it (or a NaN).  (``rand`` stays whole: codegen shares one Philox call
 among four values a thread holds, which tile ops could not say.)
 ``dot_scaled`` (a block-scaled product) becomes its operands scaled in f32, cast to bf16
-and multiplied by ``tile.mma`` where the target has no block-scaled product.
+and multiplied by ``tile.mma`` where the target has no block-scaled product; where it has one
+(``target.native_ops``) and takes the operands, a ``tile.mma`` with the two scales.
 ``mean`` reductions become an f32 sum divided by the extent (the interpreter sums in
 float64: the two agree within the f32 sum's rounding, as a ``sum`` on the GPU does).  It runs first on the way
 to a target, before layouts are chosen, so the new ops get layouts like any other; the
@@ -31,16 +32,16 @@ def decompose(module: Module, options: Options, target: Target) -> None:
     """Replace every decomposable op the target does not render (``target.native_ops``)."""
     for kernel in module.ops:
         for op in list(kernel.walk()):
-            if op.name in target.native_ops:
+            if op.name == "tile.dot_scaled":
+                new = _dot_scaled(op, target, Builder.before(op))
+            elif op.name in target.native_ops:
                 continue
-            if isinstance(op, tile.ElementwiseOp) and op.decomposes():
+            elif isinstance(op, tile.ElementwiseOp) and op.decomposes():
                 new = _elementwise(op)
             elif op.name == "tile.reduce" and op.kind == "mean":
                 new = _mean(op, Builder.before(op))
             elif op.name == "tile.arg_reduce":
                 new = _arg_reduce(op, Builder.before(op))
-            elif op.name == "tile.dot_scaled":
-                new = _dot_scaled(op, Builder.before(op))
             else:
                 continue
             if new is not None:
@@ -83,13 +84,26 @@ def _mean(op: Operation, b: Builder):
     return mean if wide == t else b.value(tile.CastOp, [mean], t)
 
 
-def _dot_scaled(op: Operation, b: Builder):
-    """``dot_scaled(a, sa, b, sb)`` as ``A @ B`` in bf16, where ``A`` is ``a`` times its
+def _scales_natively(op: Operation, target: Target) -> bool:
+    """Whether ``target``'s tensor cores take this ``dot_scaled`` as one block-scaled product
+    (sm_100a's ``kind::mxf8f6f4.block_scale``): both operands 8-bit floats with their scales,
+    ``target.mma_rows`` rows (the block-scaled MMA's only M on one CTA) and N a multiple of 16
+    up to 256.  Else it is decomposed."""
+    m, n = op.acc.type.shape
+    return ("tile.dot_scaled" in target.native_ops and op.a.type.dtype.bits == 8 and op.b.type.dtype.bits == 8
+            and m == target.mma_rows and n % 16 == 0 and 16 <= n <= 256)
+
+
+def _dot_scaled(op: Operation, target: Target, b: Builder):
+    """``dot_scaled(a, sa, b, sb)`` as a block-scaled ``tile.mma`` where ``target`` takes it
+    (:func:`_scales_natively`), else as ``A @ B`` in bf16, where ``A`` is ``a`` times its
     scales: ``a`` cast to f32 and seen as rows of 32 values (``[M * K/32, 32]``), each row
     times its scale (``sa`` flattened), back to ``[M, K]`` and to bf16; ``B`` the same on
     ``b``'s transpose: each scaled value rounded to f32 and then bf16, as the interpreter
     defines the op (exact in bf16's range: an 8-bit float times a power of two)."""
     loc = op.loc
+    if _scales_natively(op, target):
+        return b.value(tile.MmaOp, [op.a, op.b, op.acc, op.a_scale, op.b_scale], op.result.type, loc=loc)
 
     def scaled(x, s):  # x [R, K], s [R, K / 32] -> bf16 [R, K]
         r, k = x.type.shape

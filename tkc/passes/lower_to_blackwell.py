@@ -148,6 +148,9 @@ class _Lowering:
         # The role's waits for the accumulators' commits, their parities threaded at the end.
         self.waits: dict[Operation, Waits] = {}
         self.consts: dict[int, Value] = {}
+        # The first column of each tensor-memory address made here (a block-scaled MMA names
+        # where its scale factors are from its accumulator's address).
+        self.column_of: dict[Value, int] = {}
 
     def run(self) -> None:
         products = [op for op in self.kernel.walk() if op.name == "hopper.wgmma"]
@@ -204,6 +207,7 @@ class _Lowering:
             # acc += a @ b over the loop, from zero: accumulated in columns of its own, read
             # once behind the loop (attention backward's dV and dK: no registers in the loop).
             tmem, columns = self._allocate(container, w), None
+        scales = self._scale_columns(container, w)
         full = self._barrier(w)
         b = Builder.before(w)
         b.loc = w.loc
@@ -212,7 +216,7 @@ class _Lowering:
         else:
             accumulate = b.value(tile.CmpOp, [loop.regions[0].block.args[0], loop.operands[0]], I1,
                                  {"pred": "ne"})
-        mma = self._mma(b, w, tmem, accumulate, ready)
+        mma = self._mma(b, w, tmem, accumulate, ready, scales)
         b.create(blackwell.CommitOp, [full])
         # The role waits every iteration all the same: its operands' tiles are reused behind it.
         self._wait(b, full)
@@ -291,13 +295,29 @@ class _Lowering:
                 return _owner(op.barrier) is not None and _owner(op.barrier).operands[0] is bars
         return False
 
-    @staticmethod
-    def _mma(b: Builder, w: Operation, tmem: Value, accumulate: Value, ready: list[Operation]) -> Operation:
-        """``blackwell.mma`` of the product ``w`` into ``tmem``, waiting for ``ready``'s phases."""
+    def _mma(self, b: Builder, w: Operation, tmem: Value, accumulate: Value, ready: list[Operation],
+             scales: list[tuple[Value, int]]) -> Operation:
+        """``blackwell.mma`` of the product ``w`` into ``tmem``, waiting for ``ready``'s phases;
+        a block-scaled one behind the copies of its scale factors to ``scales``' columns (the
+        same thread issues both, in that order)."""
         m, n = w.acc.type.shape
         waits = [x for op in ready for x in (op.barrier, op.parity)]
         attrs = {"m": m, "n": n, **{k: v for k, v in w.attributes.items() if k in ("a_major", "b_major")}}
+        for (at, _), v in zip(scales, w.scales):
+            b.create(blackwell.CopyScalesOp, [at, v])
+        if scales:
+            attrs["scales"] = [col - self.column_of[tmem] for _, col in scales]
         return b.create(blackwell.MmaOp, [tmem, w.a, w.b, accumulate, *waits], [], attrs)
+
+    def _scale_columns(self, container: Operation, w: Operation) -> list[tuple[Value, int]]:
+        """Columns of their own for a block-scaled product's scale factors, A's then B's (the
+        address and first column of each); none for another product.  Made before the MMA's
+        builder: they insert ops at the top of the role."""
+        out = []
+        for v in w.scales:
+            at = self._allocate(container, w, blackwell.scale_columns(v.type.layout))
+            out.append((at, self.column_of[at]))
+        return out
 
     @staticmethod
     def _sync_before(mma: Operation) -> None:
@@ -323,7 +343,9 @@ class _Lowering:
                 alloc = held[0]
                 b = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, w.loc)
                 at = b.value(tile.ConstantOp, [], I32, {"value": shared[0]})
-                return b.value(tile.AddOp, [alloc.result, at], I32), shared
+                tmem = b.value(tile.AddOp, [alloc.result, at], I32)
+                self.column_of[tmem] = shared[0]
+                return tmem, shared
         first = held[2] if held else 0
         tmem = self._allocate(container, w)
         ranges.append([first, n, []])
@@ -527,10 +549,11 @@ class _Lowering:
         the loop's second iteration on, with the role's wait ``ready`` for its tiles moved into
         it (erased); the builder stands behind the MMA."""
         body = loop.regions[0].block
+        scales = self._scale_columns(hopper.enclosing_role(w) or self.kernel, w)
         b = Builder.before(w)
         b.loc = w.loc
         first = b.value(tile.CmpOp, [body.args[0], loop.operands[0]], I1, {"pred": "ne"})
-        self._mma(b, w, tmem, first, ready)
+        self._mma(b, w, tmem, first, ready, scales)
         for op in ready:
             op.erase()
         return b
@@ -627,11 +650,12 @@ class _Lowering:
             if op.name == "hopper.mbarrier_arrive" and _stage_of(op.barrier, ring):
                 raise _unsupported(op, "a ring stage released by both threads and tcgen05.commit")
 
-    def _allocate(self, container: Operation, w: Operation) -> Value:
-        """Tensor-memory columns for the product's accumulator: the next ones of the one
-        allocation at the top of ``container`` (a role, or the kernel), freed before its end
-        (a CTA allocates once: the first allocation relinquishes the permit)."""
-        n = -(-w.acc.type.shape[1] // 32) * 32
+    def _allocate(self, container: Operation, w: Operation, n: int | None = None) -> Value:
+        """Tensor-memory columns for the product's accumulator (or ``n`` columns: its scale
+        factors): the next ones of the one allocation at the top of ``container`` (a role, or
+        the kernel), freed before its end (a CTA allocates once: the first allocation
+        relinquishes the permit)."""
+        n = -(-w.acc.type.shape[1] // 32) * 32 if n is None else n
         held = self.allocs.get(container)
         used = (held[2] if held else 0) + n
         if blackwell.tmem_columns(used) > self.target.tmem_columns:
@@ -646,8 +670,11 @@ class _Lowering:
             e.loc = w.loc
             dealloc = e.create(blackwell.TmemDeallocOp, [alloc.result], [], {"cols": blackwell.tmem_columns(used)})
             self.allocs[container] = (alloc, dealloc, used)
+            self.column_of[alloc.result] = 0
             return alloc.result
         alloc, dealloc, before = held
         self.allocs[container] = (alloc, dealloc, used)
         b = Builder(alloc.parent, alloc.parent.ops.index(alloc) + 1, w.loc)
-        return b.value(tile.AddOp, [alloc.result, b.value(tile.ConstantOp, [], I32, {"value": before})], I32)
+        at = b.value(tile.AddOp, [alloc.result, b.value(tile.ConstantOp, [], I32, {"value": before})], I32)
+        self.column_of[at] = before
+        return at

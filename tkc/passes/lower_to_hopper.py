@@ -302,7 +302,7 @@ class _Lowering:
     def _mma(self, op: Operation) -> None:
         b = Builder.before(op)
         majors = {k: v for k, v in op.attributes.items() if k in ("a_major", "b_major")}
-        d = b.value(hopper.WgmmaOp, [op.a, op.b, op.acc], op.result.type, majors)
+        d = b.value(hopper.WgmmaOp, [op.a, op.b, op.acc, *op.scales], op.result.type, majors)
         e = b.value(hopper.WgmmaWaitOp, [d], op.result.type, {"pending": 0})
         replace_all_uses(self.kernel, op.result, e)
         op.erase()

@@ -57,6 +57,7 @@ from tkc.ir.dialects import hopper, tile
 from tkc.ir.dialects.blackwell import HALF_ROWS
 from tkc.ir.layouts import (
     MAX_SLICES,
+    ScaleLayout,
     SharedLayout,
     Slice,
     TmemAccumulator,
@@ -408,6 +409,19 @@ class _Selector:
                         view.operands[0] = src
                     view.result.type = TileType(view.result.type.shape, src.type.dtype, "smem", layout)
                     self.smem.add(view.result)
+            # A block-scaled product's scales: the threads store them in the blocks tcgen05.cp
+            # copies into tensor memory (A's [M, K/32] rows are M, B's [K/32, N] columns are N).
+            # Right before the product where they are loaded for it (one meeting for both).
+            for slot, (v, major) in enumerate(zip(mma.scales, ("k", "mn")), start=3):
+                layout = ScaleLayout(*v.type.shape, major=major)
+                d = _def(v)
+                if d is not None and d.parent is mma.parent:
+                    staged = Builder.before(mma).value(hopper.ToSmemOp, [v], TileType(v.type.shape, v.type.dtype,
+                                                                                      "smem", layout))
+                    _redirect(mma, v, staged, slot)
+                    self.smem.add(staged)
+                else:
+                    self._stage(v, layout, mma, slot)
         # Readers of a shared tile other than wgmma get their own register copy.
         users = uses(self.kernel)
         for v in list(self.smem):

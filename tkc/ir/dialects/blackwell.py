@@ -22,7 +22,8 @@ import numpy as np
 from tkc import dtypes
 from tkc.ir.core import Operation, register
 from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem, check_pair
-from tkc.ir.layouts import SharedLayout, TmemAccumulator, WgmmaAccumulator, read_as
+from tkc.ir.layouts import (ScaleLayout, SharedLayout, TmemAccumulator, WgmmaAccumulator, encode_descriptor,
+                            read_as)
 from tkc.ir.types import ScalarType, TileType
 
 I32 = ScalarType(dtypes.i32)
@@ -86,6 +87,52 @@ def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
     codes = _KIND_CODES[kind]
     return (1 << 4 | codes[a.dtype.name] << 7 | codes[b.dtype.name] << 10 | (a.major == "mn") << 15
             | (b.major == "mn") << 16 | (n >> 3) << 17 | (m >> 4) << 24)
+
+
+#: Operand type codes of a block-scaled instruction descriptor (``kind::mxf8f6f4``, bits 7-9 and
+#: 10-12), and its scale type UE8M0 (bit 23) (docs/block_scaled.md §3).
+_SCALED_CODES = {"f8e4m3": 0, "f8e5m2": 1}
+UE8M0 = 1
+#: The block-scaled kind tkc issues: 8-bit operands, one UE8M0 scale a 32-run of K (scale_vec::1X).
+SCALED_KIND = "mxf8f6f4"
+
+
+def scaled_instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int, a_id: int, b_id: int) -> int:
+    """The instruction descriptor of ``tcgen05.mma ... kind::mxf8f6f4.block_scale``
+    (docs/block_scaled.md §3; not the unscaled layout: bits 4-5 hold B's scale id, not D's
+    type, and M is ``M >> 7`` at bits 27-28): A's and B's types and majors, N >> 3, the UE8M0
+    scale type, and which byte of a scale column (``a_id``, ``b_id``: the K block within its
+    group of four) this K step reads."""
+    if a.dtype.name not in _SCALED_CODES or b.dtype.name not in _SCALED_CODES:
+        raise ValueError(f"kind::{SCALED_KIND} takes e4m3 and e5m2 here, not {a.dtype.name} x {b.dtype.name}")
+    if not (0 <= a_id < 4 and 0 <= b_id < 4):
+        raise ValueError(f"scale ids are 0-3, got {a_id} and {b_id}")
+    return (b_id << 4 | _SCALED_CODES[a.dtype.name] << 7 | _SCALED_CODES[b.dtype.name] << 10
+            | (a.major == "mn") << 15 | (b.major == "mn") << 16 | (n >> 3) << 17 | UE8M0 << 23 | (m >> 7) << 27
+            | a_id << 29)
+
+
+def scale_descriptor(addr: int) -> int:
+    """The shared-memory descriptor ``tcgen05.cp .32x128b.warpx4`` reads one 512-byte block of
+    scale factors at ``addr`` through: unswizzled, 32 rows of 16 bytes, 8-row groups 128 bytes
+    apart (SBO; one 16-byte column, so LBO is not used: 0, as CUTLASS), the version bit."""
+    return encode_descriptor(addr, 0, 128, 0) | DESC_VERSION
+
+
+def scale_rows(desc: int) -> np.ndarray:
+    """The shared address of each of the 32 16-byte rows ``tcgen05.cp .32x128b`` reads
+    through ``desc`` (row r at start + (r / 8) SBO + (r % 8) 16), decoded as the hardware does."""
+    start = (desc & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    if (desc >> 61) & 7:
+        raise ValueError("scale factors are copied unswizzled")
+    r = np.arange(32)
+    return start + (r // 8) * sbo + (r % 8) * 16
+
+
+def scale_columns(layout: ScaleLayout) -> int:
+    """Tensor-memory columns a ``#scales`` tile takes: four for each 512-byte block."""
+    return 4 * layout.atoms
 
 
 def _check_in_role_or_kernel(op: Operation) -> None:
@@ -165,7 +212,7 @@ class MmaOp(Operation):
 
     name = "blackwell.mma"
     OPERANDS = ("tmem", "a", "b", "accumulate", "*ready")
-    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str, "pair?": bool}
+    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str, "pair?": bool, "scales?": list}
 
     def operand_layout(self, which: str) -> SharedLayout:
         """The shared layout this MMA reads operand ``which`` ('a' or 'b') through."""
@@ -218,6 +265,40 @@ class MmaOp(Operation):
         if mma_kind(a.dtype, b.dtype) is None:
             raise self.error(f"tcgen05.mma takes bf16 x bf16, f16 x f16 or 8-bit float pairs, not "
                              f"{a.dtype.name} x {b.dtype.name}")
+        scales = self.attributes.get("scales")
+        if scales is not None:
+            if not (isinstance(scales, list) and len(scales) == 2 and all(type(c) is int for c in scales)):
+                raise self.error("scales are the columns of A's and B's scale factors from the accumulator's address")
+            if self.pair or self.m != TMEM_LANES or mma_kind(a.dtype, b.dtype) != "f8f6f4":
+                raise self.error(f"a block-scaled tcgen05.mma here is one CTA's, M = 128, of 8-bit operands, got "
+                                 f"{a.dtype.name} x {b.dtype.name}, M = {self.m}{', a pair' if self.pair else ''}")
+
+    @property
+    def scale_columns(self) -> tuple[int, int] | None:
+        """Where A's and B's scale factors are, in columns from ``tmem`` (None: not block-scaled)."""
+        scales = self.attributes.get("scales")
+        return None if scales is None else (scales[0], scales[1])
+
+
+@register
+class CopyScalesOp(Operation):
+    """The MMA-issuing thread (thread 0 of the role's first warp) copies a block-scaled
+    product's scale factors, a shared ``#scales`` tile the threads wrote, into tensor memory
+    from column ``tmem`` on: one ``tcgen05.cp.cta_group::1.32x128b.warpx4`` a 512-byte block,
+    into four columns, row r of the block into lanes r, 32 + r, 64 + r and 96 + r (each warp
+    quarter a copy).  Asynchronous, in issue order with that thread's MMAs (the MMA behind it
+    reads what it copied); a later ``blackwell.commit`` of that thread tracks it, and the
+    shared tile is read until then (docs/block_scaled.md §4-5)."""
+
+    name = "blackwell.copy_scales"
+    OPERANDS = ("tmem", "scales")
+
+    def verify(self) -> None:
+        t = self.scales.type
+        if self.tmem.type != I32:
+            raise self.error("takes the tensor-memory address (i32) the scale factors go to")
+        if not (_smem(t) and isinstance(t.layout, ScaleLayout) and t.shape == (t.layout.rows, t.layout.cols)):
+            raise self.error(f"copies a shared #scales tile, got {t}")
 
 
 @register

@@ -14,8 +14,8 @@ from typing import Any
 
 from tkc import dtypes
 from tkc.ir.core import Operation, register
-from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, TENSOR_WRITES, check_steps, tensor_param
-from tkc.ir.layouts import first_holders, read_as
+from tkc.ir.dialects.tile import REDUCE_KINDS, SCAN_KINDS, TENSOR_WRITES, check_block_scales, check_steps, tensor_param
+from tkc.ir.layouts import ScaleLayout, TmemAccumulator, first_holders, read_as
 from tkc.ir.types import MBARRIER, ScalarType, TensorType, TileType, Type
 from tkc.registers import SETMAXNREG_MAX, SETMAXNREG_MIN, setmaxnreg_budget
 
@@ -767,7 +767,7 @@ class WgmmaOp(Operation):
     backward's Q is B of ``K Q^T`` and of ``dS^T Q``), keeps one copy in shared memory."""
 
     name = "hopper.wgmma"
-    OPERANDS = ("a", "b", "acc")
+    OPERANDS = ("a", "b", "acc", "*scales")
     RESULTS = ("result",)
     ATTRS = {"a_major?": str, "b_major?": str}
 
@@ -815,6 +815,23 @@ class WgmmaOp(Operation):
             raise self.error(f"wgmma N is 8..256 in steps of 8, got {n}")
         if a.dtype.bits != b.dtype.bits or (a.dtype != b.dtype and a.dtype.bits != 8):
             raise self.error(f"operand dtypes {a.dtype.name} and {b.dtype.name} do not pair")
+        if self.scales:
+            self._check_scales(m, n, ak)
+
+    def _check_scales(self, m: int, n: int, k: int) -> None:
+        """A block-scaled product (``tile.mma``'s scales): a tcgen05 product before
+        lower-to-blackwell (wgmma scales no blocks), 8-bit operands, and A's and B's scale
+        factors in shared ``#scales`` tiles the threads wrote."""
+        if not isinstance(self.acc.type.layout, TmemAccumulator) or self.a.type.dtype.bits != 8:
+            raise self.error("block scales are a tcgen05 product's (a #tmem_acc accumulator) of 8-bit operands")
+        if not all(_smem(v.type) and isinstance(v.type.layout, ScaleLayout) for v in self.scales):
+            raise self.error("block scales are shared #scales tiles")
+        check_block_scales(self, TileType((m, k), self.a.type.dtype), TileType((k, n), self.b.type.dtype),
+                           [v.type for v in self.scales])
+        for v, major in zip(self.scales, ("k", "mn")):
+            if v.type.layout.major != major or (v.type.layout.rows, v.type.layout.cols) != v.type.shape:
+                raise self.error(f"A's scales are stored #scales<MxK/32, k>, B's #scales<K/32xN, mn>, got "
+                                 f"{v.type.layout}")
 
 
 @register

@@ -616,12 +616,17 @@ MMA_DTYPES = ("f16", "bf16", "f8e4m3", "f8e5m2", "f32")
 class MmaOp(Operation):
     """``acc + a @ b`` with an f32 accumulator: a is MxK, b is KxN, acc MxN.  ``a_major`` /
     ``b_major`` are set by select-layouts on a product that reads a shared operand with
-    another major than its layout's (``hopper.wgmma`` takes them over)."""
+    another major than its layout's (``hopper.wgmma`` takes them over).
+
+    With ``scales`` (``a_scale`` [M, K/32] and ``b_scale`` [K/32, N], f8e8m0), the product is
+    block-scaled, ``dot_scaled``'s meaning with 8-bit operands: what ``decompose`` leaves of a
+    ``tile.dot_scaled`` on a target whose tensor cores scale blocks themselves (sm_100a's
+    ``kind::mxf8f6f4.block_scale``)."""
 
     name = "tile.mma"
     SURFACE = '@'
     EXAMPLE = 'acc += a @ b'
-    OPERANDS = ("a", "b", "acc")
+    OPERANDS = ("a", "b", "acc", "*scales")
     RESULTS = ("result",)
     ATTRS = {"a_major?": str, "b_major?": str}
     TRAITS = frozenset({"pure"})
@@ -639,6 +644,24 @@ class MmaOp(Operation):
             raise self.error(f"operand dtypes differ: {a.dtype.name} and {b.dtype.name}")
         if c.dtype != dtypes.f32 or r != c:
             raise self.error("the accumulator and result are f32 tiles of one type")
+        if self.scales:
+            check_block_scales(self, a, b, [v.type for v in self.scales])
+            if a.dtype.bits != 8 or b.dtype.bits != 8:
+                raise self.error("a block-scaled @ takes 8-bit float operands")
+
+
+def check_block_scales(op: Operation, a: TileType, b: TileType, scales: list) -> None:
+    """``scales`` are an [M, K/32] and a [K/32, N] f8e8m0 tile for ``a`` [M, K] @ ``b`` [K, N]."""
+    if len(scales) != 2 or not all(isinstance(t, TileType) and t.rank == 2 for t in scales):
+        raise op.error("takes two scale tiles, A's and B's")
+    sa, sb = scales
+    if a.shape[1] % SCALE_BLOCK:
+        raise op.error(f"K ({a.shape[1]}) is a multiple of {SCALE_BLOCK} in a block-scaled product")
+    kb = a.shape[1] // SCALE_BLOCK
+    if sa.shape != (a.shape[0], kb) or sb.shape != (kb, b.shape[1]):
+        raise op.error(f"scales must be {a.shape[0]}x{kb} and {kb}x{b.shape[1]}, got {sa} and {sb}")
+    if sa.dtype != dtypes.f8e8m0 or sb.dtype != dtypes.f8e8m0:
+        raise op.error("scales must be f8e8m0 tiles")
 
 
 #: Values a block-scaled product's scale covers along K (OCP MX: 32 values, one E8M0 byte).
@@ -653,9 +676,10 @@ class DotScaledOp(Operation):
     """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX, MXFP8): ``a``
     is MxK and ``b`` KxN of e4m3, e5m2 or bf16, each run of 32 values along K scaled by one f8e8m0
     (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
-    Each operand times its scale is a bf16 (exact in bf16's range; tkc/semantics.py), as the
-    ``decompose`` pass computes it: casts, a scaling multiply and a bf16 ``tile.mma``, on every
-    target for now (sm_100a's ``tcgen05.mma ... block_scale`` is not yet used)."""
+    Each operand times its scale is a bf16 (exact in bf16's range; tkc/semantics.py).  The
+    ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma``, or, on a
+    target whose tensor cores scale blocks (sm_100a) and for the products they take, as a
+    block-scaled ``tile.mma`` (its ``scales``)."""
 
     name = "tile.dot_scaled"
     SURFACE = 'dot_scaled(a, a_scale, b, b_scale)'
@@ -671,13 +695,9 @@ class DotScaledOp(Operation):
             raise self.error("operands must be 2-D tiles")
         if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]) or a.shape[1] % SCALE_BLOCK:
             raise self.error(f"shapes do not agree: {a} @ {b} into {c}")
-        kb = a.shape[1] // SCALE_BLOCK
-        if sa.shape != (a.shape[0], kb) or sb.shape != (kb, b.shape[1]):
-            raise self.error(f"scales must be {a.shape[0]}x{kb} and {kb}x{b.shape[1]}, got {sa} and {sb}")
+        check_block_scales(self, a, b, [sa, sb])
         if a.dtype.name not in SCALED_DTYPES or b.dtype.name not in SCALED_DTYPES:
             raise self.error(f"operands must be one of {', '.join(SCALED_DTYPES)}")
-        if sa.dtype != dtypes.f8e8m0 or sb.dtype != dtypes.f8e8m0:
-            raise self.error("scales must be f8e8m0 tiles")
         if c.dtype != dtypes.f32 or r != c:
             raise self.error("the accumulator and result are f32 tiles of one type")
 
