@@ -1,0 +1,257 @@
+"""``dot_scaled`` on sm_100a as one ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` (no
+dequantization): decompose's choice of the native product, the ``#scales`` layout and the
+block-scaled descriptors against docs/block_scaled.md, examples/gemm_mx.tk emulated against the
+interpreter on MX-quantized operands with tails in M, N and K under several pins, ptxas without
+spills, and the broken scale protocols as emulator errors.  No Blackwell GPU runs here: the
+placement of scale factors in tensor memory is the model docs/block_scaled.md §4-5 states."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from device_checks import HAVE_PTXAS, interpret_and_emulate, lowered, needs_ptxas
+from mx_reference import quantize, rows
+from tkc import dtypes
+from tkc.compiler import compile_kernel
+from tkc.emulator import emulate
+from tkc.emulator.tmem import decode_scaled_idesc
+from tkc.errors import TkcEmulatorError, TkcVerifyError
+from tkc.frontend import compile_source
+from tkc.interpreter import run_kernel
+from tkc.ir.dialects import blackwell
+from tkc.ir.layouts import SCALE_ATOM_BYTES, ScaleLayout, SharedLayout
+from tkc.ir.parser import parse_module
+from tkc.ir.printer import print_module
+from tkc.ir.verifier import verify
+
+GEMM_MX = Path(__file__).resolve().parents[2] / "examples" / "gemm_mx.tk"
+SM100 = "sm_100a"
+#: The pins an sm_100a MXFP8 GEMM is compiled with here: K tiles of 128 (four scale blocks, one
+#: 512-byte block of scales a 128 rows), one program an SM, no copies ahead into the threads' own
+#: shared memory (gemm_mx.tk's defaults are chosen on sm_90a).
+NATIVE = {"BK": 128, "ctas_per_sm": 1, "stage_loads": 0}
+
+
+def _compile(stop: str, consts: dict, target: str = SM100, kernel: str = "gemm_mx"):
+    return compile_kernel(GEMM_MX, consts, kernel=kernel, stop=stop, target=target, cache=False)
+
+
+def _operands(M: int, N: int, K: int, seed: int) -> list:
+    a, sa = quantize(rows(M, K, seed))
+    b, sb = quantize(rows(N, K, seed + 1))
+    return [a, sa, b, sb, torch.empty(M, N, dtype=torch.bfloat16)]
+
+
+# ------------------------------------------------------------------ the facts
+def test_the_scaled_instruction_descriptor_is_the_documented_one() -> None:
+    """docs/block_scaled.md §3: MXFP8 e4m3 x e4m3, M = N = 128, scale ids 0 is 0x08A00000; the
+    ids sit at bits 29-30 (A) and 4-5 (B), e5m2 is code 1, and the emulator decodes it back."""
+    e4 = SharedLayout(128, 128, dtypes.f8e4m3, "k", 128)
+    e5 = SharedLayout(256, 128, dtypes.f8e5m2, "k", 128)
+    assert blackwell.scaled_instr_descriptor(e4, e4, 128, 128, 0, 0) == 0x08A00000
+    d = blackwell.scaled_instr_descriptor(e4, e5, 128, 256, 3, 2)
+    assert d == 0x08A00000 + (16 << 17) + (1 << 10) + (3 << 29) + (2 << 4)
+    assert decode_scaled_idesc(d) == {"a": dtypes.f8e4m3, "b": dtypes.f8e5m2, "a_mn": False, "b_mn": False,
+                                      "n": 256, "m": 128, "a_id": 3, "b_id": 2}
+    with pytest.raises(TkcEmulatorError, match="scales are UE8M0"):
+        decode_scaled_idesc(d & ~(1 << 23))
+    with pytest.raises(TkcEmulatorError, match="reserved bits"):
+        decode_scaled_idesc(d | 1 << 31)
+    with pytest.raises(ValueError, match="takes e4m3 and e5m2"):
+        blackwell.scaled_instr_descriptor(SharedLayout(128, 64, dtypes.bf16, "k", 128), e4, 128, 128, 0, 0)
+
+
+def test_the_scales_layout_is_cutlass_512_byte_blocks() -> None:
+    """Row m, K block j of one block at 16 (m % 32) + 4 (m / 32) + j; blocks of 128 rows, K's
+    groups of four outer; B's [K/32, N] tile the same with its axes swapped."""
+    a = ScaleLayout(128, 4)
+    m, j = np.meshgrid(np.arange(128), np.arange(4), indexing="ij")
+    np.testing.assert_array_equal(a.offset(m, j), 16 * (m % 32) + 4 * (m // 32) + j)
+    assert sorted(a.offset(m, j).ravel()) == list(range(SCALE_ATOM_BYTES))
+    b = ScaleLayout(8, 256, major="mn")  # K/32 = 8, N = 256: 2 x 2 blocks
+    assert (b.atoms, b.size_bytes, blackwell.scale_columns(b)) == (4, 2048, 16)
+    assert int(b.offset(5, 200)) == 512 * (1 * 2 + 1) + 16 * (200 % 32) + 4 * (200 // 32 % 4) + 1
+    with pytest.raises(ValueError, match="written by the threads, not copied by TMA"):
+        a.tma_box()
+
+
+def test_a_scale_block_is_copied_as_32_rows_of_16_bytes() -> None:
+    desc = blackwell.scale_descriptor(4096)
+    assert desc >> 46 & 1 and not desc >> 61  # tcgen05's version bit, no swizzle
+    np.testing.assert_array_equal(blackwell.scale_rows(desc), 4096 + 16 * np.arange(32))
+
+
+# ------------------------------------------------------------------ the choice
+def _ptx(consts: dict, target: str = SM100, source: GEMM_MX = GEMM_MX, kernel: str = "gemm_mx") -> str:
+    return compile_kernel(source, consts, kernel=kernel, stop="ptx", target=target, cache=False).asm["ptx"]
+
+
+def test_sm_100a_multiplies_mxfp8_without_dequantizing() -> None:
+    """One block-scaled MMA a K block (4 for K = 128) behind a copy of each operand's scales;
+    no e4m3 conversion and no bf16 product."""
+    ptx = _ptx(NATIVE)
+    assert len(re.findall(r"tcgen05\.mma\.cta_group::1\.kind::mxf8f6f4\.block_scale\.scale_vec::1X", ptx)) == 4
+    assert len(re.findall(r"tcgen05\.cp\.cta_group::1\.32x128b\.warpx4", ptx)) == 2
+    assert "e4m3x2" not in ptx and "kind::f16" not in ptx
+    # the scale ids walk K's four blocks: bits 29-30 and 4-5 of the four descriptors
+    ids = sorted({(int(v) >> 29 & 3, int(v) >> 4 & 3) for v in re.findall(r"mov\.b32\s+%r\d+, (\d+);", ptx)
+                  if int(v) & 0x00FFFF80 == 0x00A00000})
+    assert ids == [(0, 0), (1, 1), (2, 2), (3, 3)]
+
+
+@pytest.mark.parametrize("kernel, consts", [("gemm_mx", {"BM": 64, **NATIVE}), ("gemm_mx_weights", {})], ids=str)
+def test_products_the_block_scaled_mma_does_not_take_are_dequantized(kernel: str, consts: dict) -> None:
+    """64 rows (the block-scaled MMA has 128 on one CTA), and bf16 activations (kind::mxf8f6f4
+    takes 8-bit operands): the decomposition's bf16 product."""
+    ptx = _ptx(consts, kernel=kernel)
+    assert "block_scale" not in ptx and "tcgen05.mma" in ptx and "kind::f16" in ptx
+
+
+def test_sm_90a_still_dequantizes() -> None:
+    assert "block_scale" not in _ptx({}, target="sm_90a") and "wgmma" in _ptx({}, target="sm_90a")
+
+
+E5M2 = """
+@kernel
+def mixed(a: f8e5m2[M, K], sa: f8e8m0[M, KS], b: f8e4m3[K, N], sb: f8e8m0[KS, N], c: f32[M, N]):
+    grid(cdiv(M, 128), cdiv(N, 64))
+    pm = program_id(0)
+    pn = program_id(1)
+    acc = zeros([128, 64], f32)
+    for k in range(cdiv(K, 64)):
+        acc += dot_scaled(a[pm*128:(pm+1)*128, k*64:(k+1)*64], sa[pm*128:(pm+1)*128, k*2:(k+1)*2],
+                          b[k*64:(k+1)*64, pn*64:(pn+1)*64], sb[k*2:(k+1)*2, pn*64:(pn+1)*64])
+    c[pm*128:(pm+1)*128, pn*64:(pn+1)*64] = acc
+"""
+
+
+def test_e5m2_by_an_untransposed_e4m3_b_emulated_as_interpreted() -> None:
+    """B [K, N] as it lies (MN-major, which kind::mxf8f6f4 reads for 8-bit operands) and its scales
+    [K/32, N] as they lie; f32 out, so the sums are compared before any rounding."""
+    M, N, K = 130, 80, 160
+    g = torch.Generator().manual_seed(4)
+    a = (torch.randn(M, K, generator=g) * 4).to(torch.float8_e5m2)
+    b = (torch.randn(K, N, generator=g) * 4).to(torch.float8_e4m3fn)
+    sa = torch.exp2(torch.randint(-20, 20, (M, K // 32), generator=g).float()).to(torch.float8_e8m0fnu)
+    sb = torch.exp2(torch.randint(-20, 20, (K // 32, N), generator=g).float()).to(torch.float8_e8m0fnu)
+    args = [x.float().numpy() for x in (a, sa, b, sb, torch.empty(M, N))]
+    module = compile_source(E5M2)
+    tile_ir = compile_kernel(module, {}, stop="tkir", cache=False).kernel_op
+    c = compile_kernel(compile_source(E5M2), {}, stop="cubin" if HAVE_PTXAS else "hopper", target=SM100, cache=False)
+    assert "blackwell.copy_scales" in print_module(c.kernel_op.parent)
+    want, got = interpret_and_emulate(tile_ir, c.kernel_op, args, seed=2)
+    np.testing.assert_allclose(got[4], want[4], rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------ emulator = interpreter
+@pytest.mark.parametrize("consts", [NATIVE, {**NATIVE, "BN": 256}, {**NATIVE, "BK": 256}, {**NATIVE, "BK": 64},
+                                    {"ctas_per_sm": 1}, {**NATIVE, "warp_specialize": False},
+                                    {**NATIVE, "cluster": 2}], ids=str)
+@pytest.mark.parametrize("M, N, K", [(200, 136, 352), (130, 272, 96)])
+def test_gemm_mx_emulated_as_interpreted(consts: dict, M: int, N: int, K: int) -> None:
+    args = [x.float().numpy() for x in _operands(M, N, K, M + K)]
+    c = lowered(lambda stop: _compile(stop, consts))
+    assert "blackwell.copy_scales" in print_module(c.kernel_op.parent)
+    want, got = interpret_and_emulate(_compile("tkir", consts).kernel_op, c.kernel_op, args, seed=3)
+    # exact products of the scaled operands, summed in float64 by the interpreter and in the
+    # emulator's own order, one bf16 rounding each
+    np.testing.assert_allclose(got[4], want[4], rtol=2**-7, atol=0)
+
+
+def test_the_lowered_ir_round_trips() -> None:
+    text = _compile("hopper", NATIVE).asm["hopper"]
+    assert "#scales<128x4, k>" in text and "#scales<4x128, mn>" in text and "scales = [" in text
+    assert print_module(parse_module(text, "gemm_mx.sm100.tkir")) == text
+
+
+@needs_ptxas
+@pytest.mark.parametrize("consts", [NATIVE, {**NATIVE, "BN": 256}, {**NATIVE, "BK": 256}, {}], ids=str)
+def test_ptxas_accepts_without_spills(consts: dict) -> None:
+    lowered(lambda stop: _compile(stop, consts))
+
+
+# ------------------------------------------------------------------ protocol errors
+DIMS = {"M": 130, "N": 136, "K": 288, "KS": 9}
+
+
+def _emulate(text: str, seed: int = 0) -> None:
+    module = parse_module(text, "gemm_mx.sm100.tkir")
+    verify(module)
+    kernel = module.kernel()
+    args = [x.float().numpy() for x in _operands(DIMS["M"], DIMS["N"], DIMS["K"], seed)]
+    emulate(kernel, args, seed=seed)
+
+
+def _lowered_text() -> str:
+    return _compile("hopper", NATIVE).asm["hopper"]
+
+
+def test_the_lowered_text_emulates() -> None:
+    _emulate(_lowered_text())  # the edits below break a kernel that runs
+
+
+def test_an_mma_reading_scales_no_copy_wrote() -> None:
+    text = _lowered_text()
+    broken = re.sub(r"\n *blackwell\.copy_scales [^\n]*", "", text)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match="reads A's scale factors for K step 0 from tensor memory .* that no "
+                                               "tcgen05.cp wrote"):
+        _emulate(broken)
+
+
+def test_scales_copied_over_the_accumulator() -> None:
+    text = _lowered_text()
+    broken = re.sub(r"blackwell\.copy_scales %\w+, ", "blackwell.copy_scales %tmem, ", text, count=1)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match="copies scale factors over tensor-memory columns 0-3 that hold an "
+                                               "MMA's accumulator|reads A's scale factors"):
+        _emulate(broken)
+
+
+def test_scales_stored_without_the_proxy_fence() -> None:
+    """The threads' stores of the scales reach tcgen05.cp (the async proxy) only through
+    fence.proxy.async."""
+    text = _lowered_text()
+    # both: one thread's fence orders all its earlier stores, so B's would cover A's
+    broken = re.sub(r"(hopper\.smem_store %\w+, %\w+[^\n]*\n) *hopper\.fence_proxy_async[^\n]*\n", r"\1", text,
+                    count=2)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match="async proxy.*no fence.proxy.async since"):
+        _emulate(broken)
+
+
+def test_a_copy_of_what_is_not_a_scales_tile_is_refused_by_the_verifier() -> None:
+    text = _lowered_text()
+    assert "%c_out = hopper.smem_alloc" in text
+    broken = re.sub(r"blackwell\.copy_scales (%\w+), %\w+", r"blackwell.copy_scales \1, %c_out", text, count=1)
+    assert broken != text
+    with pytest.raises(TkcVerifyError, match="copies a shared #scales tile, got tile<128x128xbf16"):
+        verify(parse_module(broken, "gemm_mx.sm100.tkir"))
+
+
+def test_scale_columns_the_verifier_refuses() -> None:
+    text = _lowered_text()
+    broken = re.sub(r"scales = \[(\d+), \d+\]", r"scales = [\1]", text, count=1)
+    assert broken != text
+    with pytest.raises(TkcVerifyError, match="scales are the columns of A's and B's scale factors"):
+        verify(parse_module(broken, "gemm_mx.sm100.tkir"))
+
+
+def test_the_interpreter_runs_the_block_scaled_tile_mma() -> None:
+    """decompose's output is tile IR the interpreter runs: the same as dot_scaled before it."""
+    M, N, K = 130, 72, 160
+    args = [x.float().numpy() for x in _operands(M, N, K, 9)]
+    before = _compile("tkir", NATIVE).kernel_op
+    after = compile_kernel(GEMM_MX, NATIVE, kernel="gemm_mx", stop="hopper", target=SM100, cache=False,
+                           hopper_pipeline="decompose").kernel_op
+    assert any(op.name == "tile.mma" and op.scales for op in after.walk())
+    want = [a.copy() for a in args]
+    got = [a.copy() for a in args]
+    run_kernel(before, want)
+    run_kernel(after, got)
+    np.testing.assert_array_equal(got[4], want[4])
