@@ -255,3 +255,29 @@ def test_the_interpreter_runs_the_block_scaled_tile_mma() -> None:
     run_kernel(before, want)
     run_kernel(after, got)
     np.testing.assert_array_equal(got[4], want[4])
+
+
+def test_beyond_bf16s_range_sm_100a_keeps_the_exact_product() -> None:
+    """Where an operand times its scale leaves bf16's range (2^-9 * 2^-127 underflows it, 448 *
+    2^127 overflows it) the interpreter (and sm_90a's decomposition) says 0 or inf; the
+    block-scaled MMA multiplies the 8-bit values and the two scales as the PTX ISA defines it,
+    D = (A SA)(B SB), so the emulator of sm_100a's code gives the exact sums (docs/language.md
+    says so): row 0's K block 0 is 2^-9 * 2^-127 times B's 2^127, row 1's K block 1 448 * 2^127
+    times B's 2^-127."""
+    M, N, K = 128, 128, 128
+    a = torch.zeros(M, K)
+    a[0, :32], a[1, 32:64] = 2.0**-9, 448.0
+    b = torch.ones(N, K).to(torch.float8_e4m3fn)
+    sa = torch.ones(M, K // 32)
+    sa[0, 0], sa[1, 1] = 2.0**-127, 2.0**127
+    sb = torch.ones(N, K // 32)
+    sb[:, 0], sb[:, 1] = 2.0**127, 2.0**-127
+    args = [x.to(dt).float().numpy() for x, dt in ((a, torch.float8_e4m3fn), (sa, torch.float8_e8m0fnu),
+                                                 (b, torch.float8_e4m3fn), (sb, torch.float8_e8m0fnu))]
+    args.append(np.zeros((M, N), np.float32))
+    want, got = interpret_and_emulate(_compile("tkir", NATIVE).kernel_op, _compile("hopper", NATIVE).kernel_op,
+                                      args, seed=1)
+    assert np.all(want[4][0] == 0) and np.all(np.isinf(want[4][1]))
+    np.testing.assert_array_equal(got[4][0], np.float32(32 * 2.0**-9))
+    np.testing.assert_array_equal(got[4][1], np.float32(32 * 448.0))
+    np.testing.assert_array_equal(got[4][2:], want[4][2:])
