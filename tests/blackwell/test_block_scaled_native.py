@@ -281,3 +281,50 @@ def test_beyond_bf16s_range_sm_100a_keeps_the_exact_product() -> None:
     np.testing.assert_array_equal(got[4][0], np.float32(32 * 2.0**-9))
     np.testing.assert_array_equal(got[4][1], np.float32(32 * 448.0))
     np.testing.assert_array_equal(got[4][2:], want[4][2:])
+
+
+SWIGLU_MX = """
+@kernel
+def swiglu_mx(x: f8e4m3[M, K], sx: f8e8m0[M, KS], wg: f8e4m3[N, K], sg: f8e8m0[N, KS], wu: f8e4m3[N, K],
+              su: f8e8m0[N, KS], c: bf16[M, N]):
+    grid(cdiv(M, 128), cdiv(N, 64))
+    pm = program_id(0)
+    pn = program_id(1)
+    g = zeros([128, 64], f32)
+    u = zeros([128, 64], f32)
+    for k in range(cdiv(K, 128)):
+        xt = x[pm*128:(pm+1)*128, k*128:(k+1)*128]
+        st = sx[pm*128:(pm+1)*128, k*4:(k+1)*4]
+        g += dot_scaled(xt, st, wg[pn*64:(pn+1)*64, k*128:(k+1)*128].T, sg[pn*64:(pn+1)*64, k*4:(k+1)*4].T)
+        u += dot_scaled(xt, st, wu[pn*64:(pn+1)*64, k*128:(k+1)*128].T, su[pn*64:(pn+1)*64, k*4:(k+1)*4].T)
+    c[pm*128:(pm+1)*128, pn*64:(pn+1)*64] = (g * sigmoid(g) * u).to(bf16)
+
+
+@kernel
+def once(a: f8e4m3[M, 64], sa: f8e8m0[M, 2], b: f8e4m3[64, N], sb: f8e8m0[2, N], c: f32[M, N]):
+    grid(cdiv(M, 128), cdiv(N, 128))
+    pm = program_id(0)
+    pn = program_id(1)
+    c[pm*128:(pm+1)*128, pn*128:(pn+1)*128] = dot_scaled(a[pm*128:(pm+1)*128, :], sa[pm*128:(pm+1)*128, :],
+                                                         b[:, pn*128:(pn+1)*128], sb[:, pn*128:(pn+1)*128])
+"""
+
+
+@pytest.mark.parametrize("kernel, dims", [("swiglu_mx", {"M": 200, "N": 144, "K": 384, "KS": 12}),
+                                          ("once", {"M": 200, "N": 144})])
+def test_two_products_of_a_loop_and_a_product_outside_one(kernel: str, dims: dict) -> None:
+    """SwiGLU's two block-scaled products of one K loop (each waited for before the next
+    iteration stores its scales again: a race on the TMA ring when they were not) and one
+    product read at once, emulated as interpreted on shapes with tails."""
+    from tkc.interpreter import random_args
+
+    c = lowered(lambda stop: compile_kernel(compile_source(SWIGLU_MX), {}, kernel=kernel, stop=stop, target=SM100,
+                                            cache=False))
+    text = print_module(c.kernel_op.parent)
+    assert text.count("blackwell.copy_scales") == (4 if kernel == "swiglu_mx" else 2)
+    tile_ir = compile_kernel(compile_source(SWIGLU_MX), {}, kernel=kernel, stop="tkir", cache=False).kernel_op
+    for seed in range(2):
+        args = random_args(tile_ir, dims, seed)
+        want, got = interpret_and_emulate(tile_ir, c.kernel_op, args, seed=seed)
+        np.testing.assert_allclose(np.asarray(got[-1], np.float64), np.asarray(want[-1], np.float64), rtol=2**-7,
+                                   atol=1e-30)

@@ -371,7 +371,9 @@ class _Lowering:
             return None
         users = uses(self.kernel)
         if any(self._carried_sum(p, loop, users) is None or not (hopper._smem(p.a.type) and hopper._smem(p.b.type))
-               for p in products):
+               or p.scales for p in products):
+            # (block-scaled ones: the threads store their scales every iteration, so each is
+            # waited for before the next one's stores, a product read at once)
             return None
         last = body.ops.index(products[-1])
         if not any(op.name == "hopper.mbarrier_arrive" and _owner(op.barrier) is not None
@@ -457,6 +459,9 @@ class _Lowering:
     def _product(self, w: Operation) -> None:
         users = uses(self.kernel)
         loop = w.parent.parent_op if w.parent else None
+        if w.scales:
+            raise _unsupported(w, "a block-scaled product is waited for where it is issued (the threads store its "
+                                  "scales every iteration); this one is pipelined, which is not lowered yet")
         if not hopper._smem(w.a.type):
             raise _unsupported(w, "A must be a shared tile (tcgen05 reads A from shared or tensor memory)")
         if loop is None or loop.name != "tile.for" or w.acc not in loop.regions[0].block.args[1:]:
