@@ -328,3 +328,15 @@ def test_two_products_of_a_loop_and_a_product_outside_one(kernel: str, dims: dic
         want, got = interpret_and_emulate(tile_ir, c.kernel_op, args, seed=seed)
         np.testing.assert_allclose(np.asarray(got[-1], np.float64), np.asarray(want[-1], np.float64), rtol=2**-7,
                                    atol=1e-30)
+
+
+def test_scales_rewritten_before_the_wait_for_the_copys_commit() -> None:
+    """Each iteration the threads store the next scales over the tile the last copy read: only
+    after waiting for the commit that tracks the copy.  Without the role's wait in the loop the
+    stores race with the copy (the commit alone says nothing about when it completes)."""
+    text = _lowered_text()
+    broken = re.sub(r"\n *hopper\.mbarrier_wait %acc_full, %phase_\d+[^\n]*", "", text, count=1)
+    assert broken != text
+    with pytest.raises(TkcEmulatorError, match=r"race on .*writes it while .*blackwell.copy_scales.* is still "
+                                               r"reading it"):
+        _emulate(broken)

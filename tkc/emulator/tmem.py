@@ -305,8 +305,11 @@ def _commit(wg: Any, op: Operation, bar: MBarrier) -> None:
     # (whose cluster is the pair: ``bars`` is its barrier in each, in rank order).
     for cta, b in zip(wg.cta.pair(), bars) if pair else [(wg.cta, bar)]:
         tm = tmem_of(cta)
-        for lease in tm.copy_leases:  # the copies of scale factors issued before it are done
-            lease.release()
+        # The copies of scale factors issued before it are done once this arrival's phase
+        # completes; their shared tiles are free to rewrite once every thread that waits on the
+        # barrier has seen that phase (a store before its wait races with the copy).
+        for lease in tm.copy_leases:
+            b.when_seen(lease.release)
         tm.copy_leases.clear()
         for w in tm.writes:
             if not w.committed:
