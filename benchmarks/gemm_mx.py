@@ -6,7 +6,10 @@ dequantizing kernel cannot pass; ``torch._scaled_mm`` with MX scales where the G
 block-scaled products (Blackwell; elsewhere its error is noted).  Timed in alternation on
 one GPU (a 256 MB L2 clear before each call, harness.in_alternation).
 
-    python benchmarks/gemm_mx.py [--quick] [--no-record]
+    python benchmarks/gemm_mx.py [--quick] [--no-record] [--only gemm_mx,weights]
+
+The ``weights`` rows: bf16 activations by MXFP8 weights at decode sizes (``tkc.ops.mx_matmul``
+with ``a_scale=None``), in TB/s of the bytes a fused kernel must move.
 
 Every contender's output is checked against the float64 product of the dequantized operands
 first.  Needs a CUDA GPU.
@@ -24,13 +27,18 @@ sys.path.append(str(ROOT / "tests"))
 import torch  # noqa: E402
 
 import tkc  # noqa: E402
+import tkc.ops  # noqa: E402
 from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
 from mx_reference import dequantize, quantize  # noqa: E402  (the OCP MX rule the tests check against)
 
-GROUPS = ["gemm_mx"]
+GROUPS = ["gemm_mx", "weights"]
 GEMM = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx")
+WEIGHTS = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx_weights")
 #: (M, N, K): square GEMMs and a weight of 8192 x 8192 applied to 256 tokens.
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (256, 8192, 8192))
+#: Weights only (bf16 activations by MXFP8 weights): decode sizes, tokens by a weight [N, K]
+#: (8192 x 8192; Llama-3-8B's MLP down projection, 4096 x 14336).
+WEIGHT_SHAPES = ((16, 8192, 8192), (64, 8192, 8192), (128, 8192, 8192), (256, 8192, 8192), (64, 4096, 14336))
 
 
 def dequantize_and_multiply(a, sa, b, sb):
@@ -70,9 +78,46 @@ def rows(quick: bool) -> list[Row]:
     return out
 
 
+def linear(x, w, sw):
+    return x @ dequantize(w, sw).T
+
+
+def weight_rows(quick: bool) -> list[Row]:
+    """bf16 activations by MXFP8 weights: ``tkc.ops.mx_matmul(x, None, w, sw)`` as a user calls
+    it (K split over programs up to ``SPLITK_ROWS`` tokens), the one-program-a-tile kernel, and
+    torch's dequantize-then-multiply; TB/s counts the bytes read and written once."""
+    out = []
+    for M, N, K in WEIGHT_SHAPES[1:2] if quick else WEIGHT_SHAPES:
+        torch._dynamo.reset()
+        compiled = torch.compile(linear)
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w, sw = quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
+        wd = dequantize(w, sw)
+        want = x.double() @ wd.double().T
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        fns = {"tkc": lambda: tkc.ops.mx_matmul(x, None, w, sw),
+               "tkc one program a tile": lambda: WEIGHTS(x, w, sw, c),
+               "torch eager": lambda: linear(x, w, sw), "torch.compile": lambda: compiled(x, w, sw),
+               "cuBLAS bf16, dequantized before": lambda: x @ wd.T}
+        WEIGHTS(x, w, sw, c)
+        for name, fn in fns.items():
+            got = c if name == "tkc one program a tile" else fn()
+            err = ((got.double() - want).abs().max() / want.abs().max()).item()
+            assert err < 2**-6, (name, err)
+        t = in_alternation(fns, 30)
+        nbytes = N * K + N * K // 32 + 2 * M * K + 2 * M * N
+        row = Row("MXFP8 weights", f"{M}x{N}x{K}", "TB/s", {n: nbytes / s / 1e12 for n, s in t.items()})
+        row.notes = ("tkc: tkc.ops.mx_matmul, gemm_mx_weights_splitk up to tkc.ops.mx.SPLITK_ROWS tokens (f32 zeroed, "
+                     "the kernel, bf16), gemm_mx_weights past it; cuBLAS bf16: the weight dequantized outside the "
+                     "timing (it reads twice the bytes counted)")
+        out.append(row)
+        print(f"  {row.problem}: {row.values}", flush=True)
+    return out
+
+
 def main() -> None:
-    args, _ = group_args("gemm_mx.py", GROUPS)
-    got = rows(args.quick)
+    args, only = group_args("gemm_mx.py", GROUPS)
+    got = (rows(args.quick) if "gemm_mx" in only else []) + (weight_rows(args.quick) if "weights" in only else [])
     print(table(got))
     if not args.no_record:
         command = run_command("gemm_mx.py", args.quick, args.only, GROUPS)

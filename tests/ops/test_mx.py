@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import tkc.ops  # noqa: E402
 from mx_reference import dequantize, quantize, rows  # noqa: E402
 from tkc.errors import TkcUsageError  # noqa: E402
+from tkc.ops.mx import SPLITK_ROWS  # noqa: E402
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 64), (7, 800), (2, 32)])
@@ -100,19 +101,21 @@ def test_mx_matmul_errors_before_any_kernel_runs() -> None:
         tkc.ops.mx_matmul(a[:, :0], sa[:, :0], b[:, :0], sb[:, :0])
 
 
-def test_mx_matmul_of_bf16_activations_by_mx_weights() -> None:
-    """``a_scale=None``: a bf16 ``a`` (any leading dims) by an MXFP8 weight."""
-    x = _moderate(2 * 40, 96, 14).view(2, 40, 96)
-    b, sb = quantize(_moderate(24, 96, 15))
+@pytest.mark.parametrize("tokens", [40, 90], ids=["split-K", "a program a tile"])
+def test_mx_matmul_of_bf16_activations_by_mx_weights(tokens: int) -> None:
+    """``a_scale=None``: a bf16 ``a`` (any leading dims) by an MXFP8 weight; up to
+    ``SPLITK_ROWS`` rows with K split over programs (80 rows), past it a program a tile (180)."""
+    x = _moderate(2 * tokens, 160, 14).view(2, tokens, 160)
+    b, sb = quantize(_moderate(24, 160, 15))
     c = tkc.ops.mx_matmul(x, None, b, sb)
     want = (x.double() @ dequantize(b, sb).double().T).float().to(torch.bfloat16)
-    assert c.shape == (2, 40, 24) and _close(c, want)
+    assert c.shape == (2, tokens, 24) and _close(c, want)
     f = torch.compile(lambda x: tkc.ops.mx_matmul(x, None, b, sb), fullgraph=True, backend="aot_eager")
     assert _close(f(x), want)
-    torch.library.opcheck(torch.ops.tkc.mx_matmul_weights.default, (x.view(80, 96), b, sb),
-                          test_utils=("test_faketensor",))
+    op = torch.ops.tkc.mx_matmul_weights_splitk if 2 * tokens <= SPLITK_ROWS else torch.ops.tkc.mx_matmul_weights
+    torch.library.opcheck(op.default, (x.view(2 * tokens, 160), b, sb), test_utils=("test_faketensor",))
     with pytest.raises(TkcUsageError, match="a is torch.float8_e4m3fn, but its kernel takes torch.bfloat16"):
-        tkc.ops.mx_matmul(quantize(x.view(80, 96))[0], None, b, sb)
+        tkc.ops.mx_matmul(quantize(x.view(2 * tokens, 160))[0], None, b, sb)
 
 
 @pytest.mark.gpu
@@ -140,11 +143,13 @@ def test_mx_matmul_on_gpu_as_torch() -> None:
 
 
 @pytest.mark.gpu
-def test_mx_matmul_weights_on_gpu_as_torch() -> None:
+@pytest.mark.parametrize("tokens, k", [(300, 320), (37, 1312), (128, 4128)])
+def test_mx_matmul_weights_on_gpu_as_torch(tokens: int, k: int) -> None:
+    """A program a tile (300 rows) and K split over programs (37 and 128 rows, tails in K)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    x = _moderate(300, 320, 16)
-    b, sb = quantize(_moderate(136, 320, 17))
+    x = _moderate(tokens, k, 16)
+    b, sb = quantize(_moderate(136, k, 17))
     c = tkc.ops.mx_matmul(x.cuda(), None, b.cuda(), sb.cuda()).cpu()
     want = (x.double() @ dequantize(b, sb).double().T)
     size = x.double().abs() @ dequantize(b, sb).double().abs().T

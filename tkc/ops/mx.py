@@ -1,10 +1,11 @@
 """``mx_quantize``, ``mx_dequantize`` and ``mx_matmul``: MXFP8 (OCP Microscaling) through
 examples/mx_fp8.tk and examples/gemm_mx.tk.
 
-Four operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
+Five operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
 scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16;
 ``torch.ops.tkc.mx_matmul``: the product of two such pairs, ``[M, K]`` by a weight ``[N, K]``,
-to bf16 ``[M, N]``; ``torch.ops.tkc.mx_matmul_weights``: bf16 ``[M, K]`` by such a weight), and
+to bf16 ``[M, N]``; ``torch.ops.tkc.mx_matmul_weights``: bf16 ``[M, K]`` by such a weight, and
+``torch.ops.tkc.mx_matmul_weights_splitk`` the same into f32 for few rows), and
 functions taking any leading dims, which they flatten to rows.  No gradient: quantization is
 not differentiated here (a straight-through estimator is the caller's choice)."""
 
@@ -87,6 +88,28 @@ _matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
                     check=lambda a, sa, b, sb, **kw: _operands_fit(a, sa, b, sb))
 _matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
                             check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
+_matmul_weights_splitk = custom_op("tkc::mx_matmul_weights_splitk", load(_GEMM, "gemm_mx_weights_splitk"),
+                                   const_args=("SPLIT",), check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
+
+#: Rows (tokens) up to which bf16-by-MXFP8 runs with K split over several programs a tile
+#: (gemm_mx_weights_splitk): measured on an H200 (benchmarks/RESULTS.md), where at 64 rows by
+#: an 8192 x 8192 weight it takes 0.45x the one-program-a-tile kernel's time and at 256 rows
+#: 1.2x it.
+SPLITK_ROWS = 128
+#: Programs an SM the split-K kernel holds (its ``ctas_per_sm``): SPLIT fills the GPU once.
+_SPLITK_PER_SM = 2
+_SPLITK_TILE = (64, 128, 128)  # the kernel's BM, BN, BK
+
+
+def _split(rows: int, n: int, k: int, device: torch.device) -> int:
+    """SPLIT for ``rows`` x ``n`` outputs over K = ``k``: about one program for each slot of the
+    GPU (two an SM), at most one K block each; 4 on the CPU (the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    bm, bn, bk = _SPLITK_TILE
+    tiles = -(-rows // bm) * -(-n // bn)
+    slots = _SPLITK_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(-(-k // bk), round(slots / tiles)))
 
 
 def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
@@ -94,9 +117,10 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     them: ``a`` e4m3 ``[..., K]`` with its E8M0 ``a_scale`` ``[..., K / 32]``, and a weight ``b``
     e4m3 ``[N, K]`` (as ``torch.nn.functional.linear`` takes it) with ``b_scale`` ``[N, K / 32]``;
     f32 accumulation, one rounding.  ``a`` bf16 with ``a_scale=None``: activations by MXFP8
-    weights (``torch.ops.tkc.mx_matmul_weights``, examples/gemm_mx.tk's ``gemm_mx_weights``).
-    On sm_90a dequantizing GEMMs (0.38-0.81x dequantize + ``torch.compile``'s matmul on an H200,
-    benchmarks/RESULTS.md); the MX block-scaled product of Blackwell's tensor cores not yet used."""
+    weights (``torch.ops.tkc.mx_matmul_weights``, examples/gemm_mx.tk's ``gemm_mx_weights``; up
+    to ``SPLITK_ROWS`` rows ``torch.ops.tkc.mx_matmul_weights_splitk``, K split over several
+    programs a tile into f32, then bf16).  On sm_90a dequantizing GEMMs (benchmarks/RESULTS.md);
+    on sm_100a MXFP8 by MXFP8 is the tensor cores' block-scaled product (``kind::mxf8f6f4``)."""
     checks.dtype("mx_matmul", torch.float8_e4m3fn if a_scale is not None else torch.bfloat16, a=a)
     checks.dtype("mx_matmul", torch.float8_e4m3fn, b=b)
     checks.dtype("mx_matmul", torch.float8_e8m0fnu, b_scale=b_scale)
@@ -108,7 +132,10 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     _no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
-    if a_scale is None:
+    if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
+        split = _split(rows.shape[0], b.shape[0], k, rows.device)
+        c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), SPLIT=split).to(torch.bfloat16)
+    elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
     else:
         c = call(_matmul, rows, a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(), b_scale.contiguous())
