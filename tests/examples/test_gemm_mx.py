@@ -179,15 +179,16 @@ def _splitk_compile(stop: str, target: str = "sm_90a", **consts):
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("M, N, K, split", [(70, 136, 1088, 4), (130, 200, 352, 3)])
-def test_weights_split_k_emulator_as_interpreter(M: int, N: int, K: int, split: int, target: str) -> None:
+@pytest.mark.parametrize("M, N, K, consts", [(70, 136, 1088, {"SPLIT": 4}), (130, 200, 352, {"SPLIT": 3}),
+                                              (100, 72, 544, {"BM": 128, "BN": 64, "SPLIT": 2})], ids=str)
+def test_weights_split_k_emulator_as_interpreter(M: int, N: int, K: int, consts: dict, target: str) -> None:
     """K split over SPLIT programs a tile, each adding into f32 (zeroed): tails in M, N and K, a
     program with fewer K blocks than another (1088 = 8.5 blocks of 128 over 4), and programs
-    with none (352 = 2.75 blocks over 3)."""
+    with none (352 = 2.75 blocks over 3); the 128 x 64 tiles tkc.ops.mx_matmul takes past 64 rows."""
     x, w, sw = _weights_operands(M, N, K, M + K)
     args = [t.float().numpy() for t in (x, w, sw, torch.zeros(M, N))]
-    hopper = lowered(lambda stop: _splitk_compile(stop, target, SPLIT=split)).kernel_op
-    want, got = interpret_and_emulate(_splitk_compile("tkir", target, SPLIT=split).kernel_op, hopper, args, seed=2)
+    hopper = lowered(lambda stop: _splitk_compile(stop, target, **consts)).kernel_op
+    want, got = interpret_and_emulate(_splitk_compile("tkir", target, **consts).kernel_op, hopper, args, seed=2)
     # f32 sums in another order (the blocks span 2^-40 to 2^40): within 2^-20 of the terms' sizes
     ref = (x.double() @ dequantize(w, sw).double().T).numpy()
     size = (x.double().abs() @ dequantize(w, sw).double().abs().T).numpy()

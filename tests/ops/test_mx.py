@@ -101,10 +101,12 @@ def test_mx_matmul_errors_before_any_kernel_runs() -> None:
         tkc.ops.mx_matmul(a[:, :0], sa[:, :0], b[:, :0], sb[:, :0])
 
 
-@pytest.mark.parametrize("tokens", [40, 90], ids=["split-K", "a program a tile"])
+@pytest.mark.parametrize("tokens", [24, 40, 90], ids=["split-K 64-row tiles", "split-K 128-row tiles",
+                                                    "a program a tile"])
 def test_mx_matmul_of_bf16_activations_by_mx_weights(tokens: int) -> None:
     """``a_scale=None``: a bf16 ``a`` (any leading dims) by an MXFP8 weight; up to
-    ``SPLITK_ROWS`` rows with K split over programs (80 rows), past it a program a tile (180)."""
+    ``SPLITK_ROWS`` rows with K split over programs (48 and 80 rows), past it a program a tile
+    (180)."""
     x = _moderate(2 * tokens, 160, 14).view(2, tokens, 160)
     b, sb = quantize(_moderate(24, 160, 15))
     c = tkc.ops.mx_matmul(x, None, b, sb)

@@ -89,27 +89,29 @@ _matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
 _matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
                             check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 _matmul_weights_splitk = custom_op("tkc::mx_matmul_weights_splitk", load(_GEMM, "gemm_mx_weights_splitk"),
-                                   const_args=("SPLIT",), check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
+                                   const_args=("BM", "BN", "SPLIT"),
+                                   check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 
 #: Rows (tokens) up to which bf16-by-MXFP8 runs with K split over several programs a tile
-#: (gemm_mx_weights_splitk): measured on an H200 (benchmarks/RESULTS.md), where at 64 rows by
-#: an 8192 x 8192 weight it takes 0.45x the one-program-a-tile kernel's time and at 256 rows
-#: 1.2x it.
+#: (gemm_mx_weights_splitk): on an H200 (benchmarks/RESULTS.md) by an 8192 x 8192 weight, 0.45x
+#: the one-program-a-tile kernel's time at 64 rows, 0.58x at 128; at 256 rows the tiles fill the
+#: GPU without a split.
 SPLITK_ROWS = 128
-#: Programs an SM the split-K kernel holds (its ``ctas_per_sm``): SPLIT fills the GPU once.
-_SPLITK_PER_SM = 2
-_SPLITK_TILE = (64, 128, 128)  # the kernel's BM, BN, BK
+#: Programs an SM the split-K kernel holds (its ``ctas_per_sm``), and its BK.
+_SPLITK_PER_SM, _SPLITK_BK = 2, 128
 
 
-def _split(rows: int, n: int, k: int, device: torch.device) -> int:
-    """SPLIT for ``rows`` x ``n`` outputs over K = ``k``: about one program for each slot of the
-    GPU (two an SM), at most one K block each; 4 on the CPU (the interpreter)."""
+def _splitk_consts(rows: int, n: int, k: int, device: torch.device) -> dict[str, int]:
+    """The split-K kernel's tile and SPLIT for ``rows`` x ``n`` outputs over K = ``k``: 64 x 128
+    tiles up to 64 rows, 128 x 64 past (one tile of rows dequantizes each weight tile once);
+    SPLIT about one program for each slot of the GPU (two an SM), each at least one K block
+    (what the sweeps on an H200 found fastest, benchmarks/RESULTS.md); SPLIT 4 on the CPU."""
+    bm, bn = (64, 128) if rows <= 64 else (128, 64)
     if device.type != "cuda":
-        return 4
-    bm, bn, bk = _SPLITK_TILE
+        return {"BM": bm, "BN": bn, "SPLIT": 4}
     tiles = -(-rows // bm) * -(-n // bn)
     slots = _SPLITK_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(-(-k // bk), round(slots / tiles)))
+    return {"BM": bm, "BN": bn, "SPLIT": max(1, min(-(-k // _SPLITK_BK), round(slots / tiles)))}
 
 
 def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
@@ -133,8 +135,8 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
     if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
-        split = _split(rows.shape[0], b.shape[0], k, rows.device)
-        c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), SPLIT=split).to(torch.bfloat16)
+        consts = _splitk_consts(rows.shape[0], b.shape[0], k, rows.device)
+        c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), **consts).to(torch.bfloat16)
     elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
     else:
