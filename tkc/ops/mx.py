@@ -16,7 +16,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op
+from tkc.ops.kernel_op import MISS, call, custom_op, planned
 from tkc.ops.kernels import path
 
 __all__ = ["mx_dequantize", "mx_matmul", "mx_quantize"]
@@ -101,6 +101,10 @@ SPLITK_ROWS = 128
 _SPLITK_PER_SM, _SPLITK_BK = 2, 128
 
 
+#: :func:`_splitk_consts` by (rows, n, k, device), for the calls that repeat an earlier one.
+_SPLITK_CONSTS: dict[tuple, dict[str, int]] = {}
+
+
 def _splitk_consts(rows: int, n: int, k: int, device: torch.device) -> dict[str, int]:
     """The split-K kernel's tile and SPLIT for ``rows`` x ``n`` outputs over K = ``k``: 64 x 128
     tiles up to 64 rows, 128 x 64 past (one tile of rows dequantizes each weight tile once);
@@ -123,6 +127,13 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     to ``SPLITK_ROWS`` rows ``torch.ops.tkc.mx_matmul_weights_splitk``, K split over several
     programs a tile into f32, then bf16).  On sm_90a dequantizing GEMMs (benchmarks/RESULTS.md);
     on sm_100a MXFP8 by MXFP8 is the tensor cores' block-scaled product (``kind::mxf8f6f4``)."""
+    if a_scale is None and not torch.compiler.is_compiling() and isinstance(a, torch.Tensor) and a.dim() == 2 \
+            and isinstance(b, torch.Tensor):
+        # arguments like an earlier call's passed the checks below: straight to its launch
+        consts = _SPLITK_CONSTS.get((a.shape[0], b.shape[0], a.shape[-1], a.device))
+        c = MISS if consts is None else planned(_matmul_weights_splitk, (a, b, b_scale), consts)
+        if c is not MISS:
+            return c.to(torch.bfloat16)
     checks.dtype("mx_matmul", torch.float8_e4m3fn if a_scale is not None else torch.bfloat16, a=a)
     checks.dtype("mx_matmul", torch.float8_e4m3fn, b=b)
     checks.dtype("mx_matmul", torch.float8_e8m0fnu, b_scale=b_scale)
@@ -135,7 +146,8 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
     if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
-        consts = _splitk_consts(rows.shape[0], b.shape[0], k, rows.device)
+        key = (rows.shape[0], b.shape[0], k, rows.device)
+        consts = _SPLITK_CONSTS.get(key) or _SPLITK_CONSTS.setdefault(key, _splitk_consts(*key))
         c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), **consts).to(torch.bfloat16)
     elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
