@@ -149,11 +149,17 @@ def test_e5m2_by_an_untransposed_e4m3_b_emulated_as_interpreted() -> None:
 
 
 # ------------------------------------------------------------------ emulator = interpreter
-@pytest.mark.parametrize("consts", [NATIVE, {**NATIVE, "BN": 256}, {**NATIVE, "BK": 256}, {**NATIVE, "BK": 64},
-                                    {"ctas_per_sm": 1}, {**NATIVE, "warp_specialize": False},
-                                    {**NATIVE, "cluster": 2}], ids=str)
-@pytest.mark.parametrize("M, N, K", [(200, 136, 352), (130, 272, 96)])
+_PIN_SETS = [NATIVE, {**NATIVE, "BN": 256}, {**NATIVE, "BK": 256}, {**NATIVE, "BK": 64}, {"ctas_per_sm": 1},
+             {**NATIVE, "warp_specialize": False}, {**NATIVE, "cluster": 2}]
+
+
+@pytest.mark.parametrize("consts, M, N, K", [
+    pytest.param(consts, *shape, marks=[pytest.mark.slow] if consts is not NATIVE and j else [],
+                 id=f"{consts}-{'x'.join(map(str, shape))}")
+    for consts in _PIN_SETS for j, shape in enumerate([(200, 136, 352), (130, 272, 96)])])
 def test_gemm_mx_emulated_as_interpreted(consts: dict, M: int, N: int, K: int) -> None:
+    """Every pin set on one shape (tails in M, N and K), NATIVE on a second (N past 256: two
+    blocks of B's scales; K 96: one partial block); the others' second shape with --slow."""
     args = [x.float().numpy() for x in _operands(M, N, K, M + K)]
     c = lowered(lambda stop: _compile(stop, consts))
     assert "blackwell.copy_scales" in print_module(c.kernel_op.parent)
