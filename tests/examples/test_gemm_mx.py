@@ -194,3 +194,16 @@ def test_weights_split_k_emulator_as_interpreter(M: int, N: int, K: int, consts:
     size = (x.double().abs() @ dequantize(w, sw).double().abs().T).numpy()
     for c in (want[3], got[3]):
         assert np.all(np.abs(c - ref) <= size * 2**-20)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_gemm_nt_emulator_as_interpreter(target: str) -> None:
+    """The bf16 product tkc.ops.mx_matmul runs after dequantizing (a weight [N, K], K-major)."""
+    M, N, K = 200, 264, 136
+    g = torch.Generator().manual_seed(6)
+    args = [torch.randn(M, K, generator=g).bfloat16().float().numpy(),
+            torch.randn(N, K, generator=g).bfloat16().float().numpy(), np.zeros((M, N), np.float32)]
+    c = lowered(lambda stop: compile_kernel(FILE, {}, kernel="gemm_nt", stop=stop, target=target, cache=False))
+    tile_ir = compile_kernel(FILE, {}, kernel="gemm_nt", stop="tkir", target=target, cache=False).kernel_op
+    want, got = interpret_and_emulate(tile_ir, c.kernel_op, args, seed=1)
+    np.testing.assert_allclose(got[2], want[2], rtol=2**-7, atol=1e-2)

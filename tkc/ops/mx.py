@@ -86,6 +86,15 @@ def _operands_fit(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor
 
 _matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
                     check=lambda a, sa, b, sb, **kw: _operands_fit(a, sa, b, sb))
+_matmul_nt = custom_op("tkc::matmul_nt", load(_GEMM, "gemm_nt"))
+
+
+def _scales_blocks(device: torch.device) -> bool:
+    """Whether the GPU's tensor cores take block-scaled products (Blackwell): there gemm_mx is
+    one MMA a K block; elsewhere dequantizing both operands first and multiplying in bf16
+    (gemm_nt) is faster than dequantizing in gemm_mx's loop (2x on an H200 at 4096^3,
+    benchmarks/RESULTS.md).  The CPU (the interpreter) runs gemm_mx."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 10
 _matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
                             check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 _matmul_weights_splitk = custom_op("tkc::mx_matmul_weights_splitk", load(_GEMM, "gemm_mx_weights_splitk"),
@@ -151,6 +160,9 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
         c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), **consts).to(torch.bfloat16)
     elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
-    else:
+    elif _scales_blocks(rows.device):
         c = call(_matmul, rows, a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(), b_scale.contiguous())
+    else:
+        scales = a_scale.reshape(-1, k // 32).contiguous()
+        c = call(_matmul_nt, call(_dequantize, rows, scales), call(_dequantize, b.contiguous(), b_scale.contiguous()))
     return c.view(*a.shape[:-1], b.shape[0])
