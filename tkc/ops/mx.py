@@ -134,8 +134,9 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     f32 accumulation, one rounding.  ``a`` bf16 with ``a_scale=None``: activations by MXFP8
     weights (``torch.ops.tkc.mx_matmul_weights``, examples/gemm_mx.tk's ``gemm_mx_weights``; up
     to ``SPLITK_ROWS`` rows ``torch.ops.tkc.mx_matmul_weights_splitk``, K split over several
-    programs a tile into f32, then bf16).  On sm_90a dequantizing GEMMs (benchmarks/RESULTS.md);
-    on sm_100a MXFP8 by MXFP8 is the tensor cores' block-scaled product (``kind::mxf8f6f4``)."""
+    programs a tile into f32, then bf16).  MXFP8 by MXFP8: on sm_100a gemm_mx, the tensor cores'
+    block-scaled product (``kind::mxf8f6f4``); on other GPUs both operands dequantized, then
+    ``torch.ops.tkc.matmul_nt`` (benchmarks/RESULTS.md)."""
     if a_scale is None and not torch.compiler.is_compiling() and isinstance(a, torch.Tensor) and a.dim() == 2 \
             and isinstance(b, torch.Tensor):
         # arguments like an earlier call's passed the checks below: straight to its launch
