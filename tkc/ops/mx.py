@@ -1,10 +1,11 @@
 """``mx_quantize``, ``mx_dequantize`` and ``mx_matmul``: MXFP8 (OCP Microscaling) through
 examples/mx_fp8.tk and examples/gemm_mx.tk.
 
-Five operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
+Six operators (``torch.ops.tkc.mx_quantize``: bf16 ``[M, K]`` to e4m3 ``[M, K]`` and E8M0
 scales ``[M, K / 32]``; ``torch.ops.tkc.mx_dequantize``: back to bf16;
 ``torch.ops.tkc.mx_matmul``: the product of two such pairs, ``[M, K]`` by a weight ``[N, K]``,
-to bf16 ``[M, N]``; ``torch.ops.tkc.mx_matmul_weights``: bf16 ``[M, K]`` by such a weight, and
+to bf16 ``[M, N]``, and ``torch.ops.tkc.matmul_nt``, the bf16 product of such a pair
+dequantized; ``torch.ops.tkc.mx_matmul_weights``: bf16 ``[M, K]`` by such a weight, and
 ``torch.ops.tkc.mx_matmul_weights_splitk`` the same into f32 for few rows), and
 functions taking any leading dims, which they flatten to rows.  No gradient: quantization is
 not differentiated here (a straight-through estimator is the caller's choice)."""
