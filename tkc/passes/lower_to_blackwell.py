@@ -30,7 +30,11 @@ protocol (docs/blackwell.md):
   around it (``tkc/passes/phases.py``), and a K loop that a loop around it runs again (a
   persistent tile loop) gets a role barrier before it unless its epilogue meets already;
 - under ``cluster`` (the ``multicast`` pass) a stage filled in every CTA is freed by a commit
-  that arrives on every CTA's ``empty`` barrier.
+  that arrives on every CTA's ``empty`` barrier;
+- a block-scaled product (``hopper.wgmma`` with ``scales``, the threads' ``#scales`` tiles)
+  gets tensor-memory columns for the scale factors after the accumulators and a
+  ``blackwell.copy_scales`` of each before its MMA, which names their columns (``scales``);
+  the threads store the scales every iteration, so it is always a product read at once.
 
 Products of 64 rows (M = 64) are read as ``#wgmma_acc`` tiles (``select-layouts``); nothing
 here depends on the row count but the MMA's ``m``.

@@ -5,7 +5,9 @@ Shared tiles, mbarriers and TMA copies stay ``hopper.*`` ops; the accumulator of
 lives in *tensor memory* (TMEM: 128 lanes x 512 columns of 32 bits per CTA) instead of a
 warpgroup's registers.  One thread issues the MMA, a ``tcgen05.commit`` arrives on an mbarrier
 once the MMAs it issued have completed, and the epilogue warps read the accumulator into
-registers with ``tcgen05.ld``, each warp only its own quarter of the lanes.  Semantics (who
+registers with ``tcgen05.ld``, each warp only its own quarter of the lanes.  A block-scaled
+product's scale factors are copied into tensor memory by the MMA's thread
+(``blackwell.copy_scales``, ``tcgen05.cp``) and named by its MMA (docs/block_scaled.md §7).  Semantics (who
 executes, what is read and written) are in docs/blackwell.md; the emulator
 (``tkc.emulator.tmem``) and codegen (``tkc.codegen.lower_blackwell``) implement exactly that.
 
