@@ -24,7 +24,7 @@ from tkc.errors import TkcEmulatorError, TkcVerifyError
 from tkc.frontend import compile_source
 from tkc.interpreter import run_kernel
 from tkc.ir.dialects import blackwell
-from tkc.ir.layouts import SCALE_ATOM_BYTES, ScaleLayout, SharedLayout
+from tkc.ir.layouts import SCALE_ATOM_BYTES, ScaleLayout, SharedLayout, descriptor_address
 from tkc.ir.parser import parse_module
 from tkc.ir.printer import print_module
 from tkc.ir.verifier import verify
@@ -83,7 +83,8 @@ def test_the_scales_layout_is_cutlass_512_byte_blocks() -> None:
 def test_a_scale_block_is_copied_as_32_rows_of_16_bytes() -> None:
     desc = blackwell.scale_descriptor(4096)
     assert desc >> 46 & 1 and not desc >> 61  # tcgen05's version bit, no swizzle
-    np.testing.assert_array_equal(blackwell.scale_rows(desc), 4096 + 16 * np.arange(32))
+    rows = descriptor_address(desc, "k", np.arange(32)[:, None], np.arange(16)[None, :], dtypes.f8e8m0)
+    np.testing.assert_array_equal(rows, 4096 + np.arange(512).reshape(32, 16))
 
 
 # ------------------------------------------------------------------ the choice

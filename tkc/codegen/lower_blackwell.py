@@ -32,7 +32,7 @@ from tkc.codegen.nvvm import F32, I32, I64
 from tkc.ir.core import Operation
 from tkc.ir.dialects import blackwell
 from tkc.dtypes import DType
-from tkc.ir.layouts import SharedLayout, TmemAccumulator, swizzle
+from tkc.ir.layouts import SCALE_ATOM_BYTES, SharedLayout, TmemAccumulator, swizzle
 from tkc.ir.types import element_dtype
 
 _SLOT = "tkc_tmem_slot"
@@ -127,12 +127,8 @@ def _mma(lw: Lowerer, op: Operation) -> None:
             if scales is None:
                 idesc = blackwell.instr_descriptor(la, lb, op.instruction_m, op.n)
                 instr = f"tcgen05.mma.{_group(op)}.kind::{kind} [$0], da, db, $3, p;"
-            else:
-                # Block-scaled: K block k's scales are byte k % 4 (the descriptor's scale ids)
-                # of the columns of its group of four, A's and B's at their offsets from $0.
-                idesc = blackwell.scaled_instr_descriptor(la, lb, op.m, op.n, k % 4, k % 4)
-                fa = scales[0] + 4 * (k // 4) * -(-op.m // 128)
-                fb = scales[1] + 4 * (k // 4) * -(-op.n // 128)
+            else:  # block-scaled: A's and B's scales at their columns from $0
+                idesc, fa, fb = op.scale_step(k)
                 instr = (f"tcgen05.mma.{_group(op)}.kind::{blackwell.SCALED_KIND}.block_scale.scale_vec::1X [$0], "
                          f"da, db, $3, [$0+{fa}], [$0+{fb}], p;")
             _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
@@ -165,7 +161,7 @@ def _copy_scales(lw: Lowerer, op: Operation) -> None:
     def issue() -> None:
         s4 = _start4(lw, tile)
         for i in range(tile.layout.atoms):
-            desc = blackwell.scale_descriptor(tile.offset + i * 512)
+            desc = blackwell.scale_descriptor(tile.offset + i * SCALE_ATOM_BYTES)
             _asm(lw, f"{{\n\t.reg .b64 d;\n\tcvt.u64.u32 d, $1;\n\tadd.s64 d, d, {desc};\n\t"
                      f"tcgen05.cp.cta_group::1.32x128b.warpx4 [$0+{4 * i}], d;\n\t}}", "r,r,~{memory}", [tmem, s4])
 

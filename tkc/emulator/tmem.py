@@ -30,7 +30,7 @@ from tkc.emulator.scheduler import Wait
 from tkc.errors import TkcEmulatorError
 from tkc.ir.core import Operation
 from tkc.ir.dialects import blackwell
-from tkc.ir.layouts import descriptor_address
+from tkc.ir.layouts import SCALE_ATOM_BYTES, descriptor_address
 
 __all__ = ["TensorMemory", "decode_idesc", "HANDLERS", "CO_HANDLERS", "at_exit"]
 
@@ -52,7 +52,7 @@ def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
 def decode_scaled_idesc(idesc: int) -> dict[str, Any]:
     """The fields of a ``kind::mxf8f6f4.block_scale`` instruction descriptor
     (docs/block_scaled.md §3), refusing what the PTX ISA calls invalid (ptxas checks none)."""
-    codes = {0: dtypes.f8e4m3, 1: dtypes.f8e5m2}
+    codes = _CODES["f8f6f4"]
     a, b = (idesc >> 7) & 7, (idesc >> 10) & 7
     if a not in codes or b not in codes:
         raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not the e4m3 (0) "
@@ -190,7 +190,7 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
 
     def idesc_of(step: int) -> dict[str, Any]:
         if scaled:  # the K block's byte of each scale column (its place in a group of four)
-            return decode_scaled_idesc(blackwell.scaled_instr_descriptor(la, lb, m, n, step % 4, step % 4))
+            return decode_scaled_idesc(op.scale_step(step)[0])
         return decode_idesc(blackwell.instr_descriptor(la, lb, op.instruction_m, n), kind)
 
     f = idesc_of(0)
@@ -226,8 +226,9 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
             at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async").astype(np.float64)
             bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async").astype(np.float64)
             if scaled:
-                at = at * _step_scales(tms[v], op, int(addr), 0, s, f["a_id"], m)[:, None]
-                bt = bt * _step_scales(tms[v], op, int(addr), 1, s, f["b_id"], n_here)[:, None]
+                _, sfa, sfb = op.scale_step(s)
+                at = at * _step_scales(tms[v], op, int(addr) + sfa, "A", s, f["a_id"], m)[:, None]
+                bt = bt * _step_scales(tms[v], op, int(addr) + sfb, "B", s, f["b_id"], n_here)[:, None]
             a_rows[v] = np.concatenate([a_rows[v], at], axis=1)
             b_rows[v] = np.concatenate([b_rows[v], bt], axis=1)
     d = np.concatenate(a_rows) @ np.concatenate(b_rows).T  # (m * CTAs) x n
@@ -248,16 +249,15 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
     return None
 
 
-def _step_scales(tm: TensorMemory, op: Operation, addr: int, which: int, step: int, byte: int, rows: int) -> np.ndarray:
-    """The factor of each of ``rows`` rows of A (``which`` 0) or B (1) for K step ``step``, as a
-    block-scaled MMA reads them: its ``[sfa]``/``[sfb]`` address is the scale columns of that
-    step's group of four K blocks, and row r's factor is byte ``byte`` (the descriptor's scale
-    id) of column r / 32 there, in lane r % 128 (every warp quarter holds a copy)."""
-    first = (addr & 0xFFFF) + op.scale_columns[which] + 4 * (step // 4) * -(-rows // 128)
+def _step_scales(tm: TensorMemory, op: Operation, addr: int, name: str, step: int, byte: int,
+                 rows: int) -> np.ndarray:
+    """The factor of each of ``rows`` rows of A or B (``name``) for K step ``step``, as a
+    block-scaled MMA reads them: ``addr`` is its ``[sfa]``/``[sfb]`` (``MmaOp.scale_step``),
+    and row r's factor is byte ``byte`` (the descriptor's scale id) of column r / 32 from it,
+    in lane r % 128 (every warp quarter holds a copy)."""
     r = np.arange(rows)
-    lanes, cols = r % 128, first + r // 32
+    lanes, cols = r % 128, (addr & 0xFFFF) + r // 32
     if cols.max() >= blackwell.TMEM_COLUMNS or not tm.scales_written[lanes, cols, byte].all():
-        name = "A" if which == 0 else "B"
         raise TkcEmulatorError(f"{_describe(op)} reads {name}'s scale factors for K step {step} from tensor memory "
                                f"(columns {int(cols.min())}-{int(cols.max())}, byte {byte}) that no tcgen05.cp "
                                f"wrote (a blackwell.copy_scales before it, by the same thread)")
@@ -281,8 +281,9 @@ def _copy_scales(wg: Any, op: Operation, addr: Any, tile: Any) -> None:
     held = tile.base + layout.offset(r, c).ravel()
     smem.read_elements(held, dtypes.f8e8m0, reader=who, proxy="async")
     for i in range(layout.atoms):
-        rows = blackwell.scale_rows(blackwell.scale_descriptor(tile.base + i * 512))
-        raw = rows[:, None] + np.arange(16)  # 32 rows x 16 bytes
+        # 32 rows x 16 bytes, read through the descriptor as the hardware does
+        desc = blackwell.scale_descriptor(tile.base + i * SCALE_ATOM_BYTES)
+        raw = descriptor_address(desc, "k", np.arange(32)[:, None], np.arange(16)[None, :], dtypes.f8e8m0)
         meant = np.isin(raw, held)
         for q in range(4):  # column 4 i + q: bytes 4 q to 4 q + 3 of each row, in every warp quarter
             col = span.start + 4 * i + q

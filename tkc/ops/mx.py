@@ -93,7 +93,7 @@ _matmul_nt = custom_op("tkc::matmul_nt", load(_GEMM, "gemm_nt"))
 def _scales_blocks(device: torch.device) -> bool:
     """Whether the GPU's tensor cores take block-scaled products (Blackwell): there gemm_mx is
     one MMA a K block; elsewhere dequantizing both operands first and multiplying in bf16
-    (gemm_nt) is faster than dequantizing in gemm_mx's loop (2x on an H200 at 4096^3,
+    (gemm_nt) is faster than dequantizing in gemm_mx's loop (2.2x on an H200 at 4096^3,
     benchmarks/RESULTS.md).  The CPU (the interpreter) runs gemm_mx."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 10
 _matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
@@ -103,8 +103,8 @@ _matmul_weights_splitk = custom_op("tkc::mx_matmul_weights_splitk", load(_GEMM, 
                                    check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 
 #: Rows (tokens) up to which bf16-by-MXFP8 runs with K split over several programs a tile
-#: (gemm_mx_weights_splitk): on an H200 (benchmarks/RESULTS.md) by an 8192 x 8192 weight, 0.45x
-#: the one-program-a-tile kernel's time at 64 rows, 0.58x at 128; at 256 rows the tiles fill the
+#: (gemm_mx_weights_splitk): on an H200 (benchmarks/RESULTS.md) by an 8192 x 8192 weight, 0.43-0.45x
+#: the one-program-a-tile kernel's time at 64 rows, 0.56-0.57x at 128; at 256 rows the tiles fill the
 #: GPU without a split.
 SPLITK_ROWS = 128
 #: Programs an SM the split-K kernel holds (its ``ctas_per_sm``), and its BK.

@@ -91,9 +91,8 @@ def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
             | (b.major == "mn") << 16 | (n >> 3) << 17 | (m >> 4) << 24)
 
 
-#: Operand type codes of a block-scaled instruction descriptor (``kind::mxf8f6f4``, bits 7-9 and
-#: 10-12), and its scale type UE8M0 (bit 23) (docs/block_scaled.md §3).
-_SCALED_CODES = {"f8e4m3": 0, "f8e5m2": 1}
+#: The block-scaled descriptor's scale type UE8M0 (bit 23) (docs/block_scaled.md §3); its
+#: operand codes (bits 7-9 and 10-12) are kind::f8f6f4's for e4m3 and e5m2.
 UE8M0 = 1
 #: The block-scaled kind tkc issues: 8-bit operands, one UE8M0 scale a 32-run of K (scale_vec::1X).
 SCALED_KIND = "mxf8f6f4"
@@ -105,11 +104,12 @@ def scaled_instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int, a_
     type, and M is ``M >> 7`` at bits 27-28): A's and B's types and majors, N >> 3, the UE8M0
     scale type, and which byte of a scale column (``a_id``, ``b_id``: the K block within its
     group of four) this K step reads."""
-    if a.dtype.name not in _SCALED_CODES or b.dtype.name not in _SCALED_CODES:
+    codes = _KIND_CODES["f8f6f4"]
+    if a.dtype.name not in codes or b.dtype.name not in codes:
         raise ValueError(f"kind::{SCALED_KIND} takes e4m3 and e5m2 here, not {a.dtype.name} x {b.dtype.name}")
     if not (0 <= a_id < 4 and 0 <= b_id < 4):
         raise ValueError(f"scale ids are 0-3, got {a_id} and {b_id}")
-    return (b_id << 4 | _SCALED_CODES[a.dtype.name] << 7 | _SCALED_CODES[b.dtype.name] << 10
+    return (b_id << 4 | codes[a.dtype.name] << 7 | codes[b.dtype.name] << 10
             | (a.major == "mn") << 15 | (b.major == "mn") << 16 | (n >> 3) << 17 | UE8M0 << 23 | (m >> 7) << 27
             | a_id << 29)
 
@@ -119,17 +119,6 @@ def scale_descriptor(addr: int) -> int:
     scale factors at ``addr`` through: unswizzled, 32 rows of 16 bytes, 8-row groups 128 bytes
     apart (SBO; one 16-byte column, so LBO is not used: 0, as CUTLASS), the version bit."""
     return encode_descriptor(addr, 0, 128, 0) | DESC_VERSION
-
-
-def scale_rows(desc: int) -> np.ndarray:
-    """The shared address of each of the 32 16-byte rows ``tcgen05.cp .32x128b`` reads
-    through ``desc`` (row r at start + (r / 8) SBO + (r % 8) 16), decoded as the hardware does."""
-    start = (desc & 0x3FFF) << 4
-    sbo = ((desc >> 32) & 0x3FFF) << 4
-    if (desc >> 61) & 7:
-        raise ValueError("scale factors are copied unswizzled")
-    r = np.arange(32)
-    return start + (r // 8) * sbo + (r % 8) * 16
 
 
 def scale_columns(layout: ScaleLayout) -> int:
@@ -280,6 +269,17 @@ class MmaOp(Operation):
         """Where A's and B's scale factors are, in columns from ``tmem`` (None: not block-scaled)."""
         scales = self.attributes.get("scales")
         return None if scales is None else (scales[0], scales[1])
+
+    def scale_step(self, k_step: int) -> tuple[int, int, int]:
+        """What the block-scaled MMA of K step ``k_step`` (one K block of 32) is issued with:
+        its instruction descriptor, whose scale ids pick byte ``k_step % 4`` of a scale
+        column, and the columns from ``tmem`` of A's and B's scales for its group of four K
+        blocks (``[sfa]``, ``[sfb]``; a group takes four columns a 128 rows of M or N)."""
+        a, b = self.scale_columns
+        group = 4 * (k_step // 4)
+        idesc = scaled_instr_descriptor(self.operand_layout("a"), self.operand_layout("b"), self.m, self.n,
+                                        k_step % 4, k_step % 4)
+        return idesc, a + group * -(-self.m // 128), b + group * -(-self.n // 128)
 
 
 @register
