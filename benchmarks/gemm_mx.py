@@ -6,10 +6,13 @@ dequantizing kernel cannot pass; ``torch._scaled_mm`` with MX scales where the G
 block-scaled products (Blackwell; elsewhere its error is noted).  Timed in alternation on
 one GPU (a 256 MB L2 clear before each call, harness.in_alternation).
 
-    python benchmarks/gemm_mx.py [--quick] [--no-record] [--only gemm_mx,weights]
+    python benchmarks/gemm_mx.py [--quick] [--no-record] [--only gemm_mx,weights,fp4]
 
 The ``weights`` rows: bf16 activations by MXFP8 weights at decode sizes (``tkc.ops.mx_matmul``
-with ``a_scale=None``), in TB/s of the bytes a fused kernel must move.
+with ``a_scale=None``), in TB/s of the bytes a fused kernel must move.  The ``fp4`` rows: the
+same by MXFP4 and NVFP4 weights (``tkc.ops.fp4_matmul``, a quarter of bf16's bytes), beside
+torch's unpack-dequantize-multiply (eager and compiled), tkc's MXFP8 weights and cuBLAS on the
+weight dequantized beforehand.
 
 Every contender's output is checked against the float64 product of the dequantized operands
 first.  Needs a CUDA GPU.
@@ -29,9 +32,9 @@ import torch  # noqa: E402
 import tkc  # noqa: E402
 import tkc.ops  # noqa: E402
 from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
-from mx_reference import dequantize, quantize  # noqa: E402  (the OCP MX rule the tests check against)
+from mx_reference import E2M1, dequantize, quantize  # noqa: E402  (the OCP MX rule the tests check against)
 
-GROUPS = ["gemm_mx", "weights"]
+GROUPS = ["gemm_mx", "weights", "fp4"]
 GEMM = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx")
 WEIGHTS = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx_weights")
 #: (M, N, K): square GEMMs and a weight of 8192 x 8192 applied to 256 tokens.
@@ -122,6 +125,56 @@ def weight_rows(quick: bool) -> list[Row]:
     return out
 
 
+def fp4_linear(x, w, s, g, lut):
+    """What a torch user writes for an FP4 weight: unpack both nibbles through a table of the
+    sixteen values, times each block's scale (and NVFP4's g), then a bf16 product."""
+    b = w.view(torch.uint8)
+    v = torch.stack([lut[(b & 15).int()], lut[(b >> 4).int()]], -1).reshape(w.shape[0], -1)
+    scale = s.float().repeat_interleave(v.shape[1] // s.shape[1], 1)
+    if g is not None:
+        scale = scale * g
+    return x @ (v * scale).to(torch.bfloat16).T
+
+
+def fp4_rows(quick: bool) -> list[Row]:
+    """bf16 activations by MXFP4 and NVFP4 weights at decode sizes: ``tkc.ops.fp4_matmul`` as a
+    user calls it, torch's unpack-dequantize-multiply eagerly and compiled, tkc's MXFP8 weights
+    (the same weight in twice the bytes) and cuBLAS on the weight dequantized beforehand; TB/s of
+    the FP4 bytes a fused kernel moves (weight, scales, activations, output once)."""
+    out = []
+    lut = E2M1.float().cuda()
+    for fmt in ("mxfp4", "nvfp4"):
+        for M, N, K in WEIGHT_SHAPES[1:2] if quick else WEIGHT_SHAPES:
+            torch._dynamo.reset()
+            compiled = torch.compile(fp4_linear)
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            wb = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+            w, sw, g = tkc.ops.fp4_quantize(wb, fmt)
+            w8, s8 = quantize(wb)
+            wd = tkc.ops.fp4_dequantize(w, sw, g)
+            want = x.double() @ wd.double().T
+            fns = {"tkc": lambda: tkc.ops.fp4_matmul(x, w, sw, g),
+                   "torch eager": lambda: fp4_linear(x, w, sw, g, lut),
+                   "torch.compile": lambda: compiled(x, w, sw, g, lut),
+                   "tkc MXFP8 weights": lambda: tkc.ops.mx_matmul(x, None, w8, s8),
+                   "cuBLAS bf16, dequantized before": lambda: x @ wd.T}
+            for name, fn in fns.items():
+                if name != "tkc MXFP8 weights":
+                    err = ((fn().double() - want).abs().max() / want.abs().max()).item()
+                    assert err < 2**-6, (fmt, name, err)
+            nbytes = N * K // 2 + N * K // (32 if fmt == "mxfp4" else 16) + 2 * M * K + 2 * M * N
+            for group, timed in ((f"{fmt.upper()} weights, CUDA graphs", {n: _graphed(f) for n, f in fns.items()}),
+                                 (f"{fmt.upper()} weights, eager calls", fns)):
+                t = in_alternation(timed, 30)
+                row = Row(group, f"{M}x{N}x{K}", "TB/s", {n: nbytes / s / 1e12 for n, s in t.items()})
+                row.notes = ("tkc: tkc.ops.fp4_matmul (gemm_" + fmt + "_weights_splitk up to tkc.ops.mx.SPLITK_ROWS "
+                             "tokens: f32 zeroed, the kernel, bf16; past it the weight dequantized, then "
+                             "matmul_nt); MXFP8 weights and cuBLAS bf16 read 2x and 4x the weight bytes counted")
+                out.append(row)
+                print(f"  {group} {row.problem}: {row.values}", flush=True)
+    return out
+
+
 def _graphed(fn):
     """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): its replay."""
     side = torch.cuda.Stream()
@@ -138,7 +191,8 @@ def _graphed(fn):
 
 def main() -> None:
     args, only = group_args("gemm_mx.py", GROUPS)
-    got = (rows(args.quick) if "gemm_mx" in only else []) + (weight_rows(args.quick) if "weights" in only else [])
+    got = (rows(args.quick) if "gemm_mx" in only else []) + (weight_rows(args.quick) if "weights" in only else []) \
+        + (fp4_rows(args.quick) if "fp4" in only else [])
     print(table(got))
     if not args.no_record:
         command = run_command("gemm_mx.py", args.quick, args.only, GROUPS)

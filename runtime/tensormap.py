@@ -29,6 +29,7 @@ DATA_TYPE: dict[str, tuple[int, int, bool]] = {
     "uint8": (0, 1, False), "int8": (0, 1, False), "bool": (0, 1, False),
     "float8_e4m3fn": (0, 1, True), "float8_e5m2": (0, 1, True),  # fp8: UINT8, TMA only moves bytes
     "float8_e8m0fnu": (0, 1, True),
+    "float4_e2m1fn_x2": (0, 1, False),  # a pair of FP4 values a byte: UINT8
     "uint16": (1, 2, False), "int16": (1, 2, False),
     "uint32": (2, 4, False), "int32": (3, 4, False),
     "uint64": (4, 8, False), "int64": (5, 8, False),

@@ -96,7 +96,8 @@ def random_f32(n: int) -> np.ndarray:
 
 
 def test_names_and_aliases() -> None:
-    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "i32", "i64", "i1"]
+    assert [d.name for d in dtypes.ALL] == ["f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "f4e2m1x2", "i32",
+                                            "i64", "i1"]
     assert BY_NAME["bool"] is i1
     assert dtypes.from_name("bool") == i1
     assert dtypes.from_name("bf16") is bf16

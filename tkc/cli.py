@@ -885,7 +885,8 @@ def _input_lines(kernel: Operation, sizes: dict[str, int], dims: dict[str, int],
 
 
 def _tensor_stats(name: str, t: TensorType, value: np.ndarray) -> str:
-    x = value.astype(np.float64)
+    # pairs of FP4 values: the statistics of the values, not of the bytes
+    x = (dtypes.unpack_fp4(value) if t.dtype.is_packed else value).astype(np.float64)
     nans = int(np.isnan(x).sum())
     finite = x[~np.isnan(x)]
     mean = f"{finite.mean():.6g}" if finite.size else "nan"

@@ -1,7 +1,7 @@
 """tkc's scalar element types and their exact numerics.
 
 This module owns the element types a kernel can name (``f32``, ``f16``,
-``bf16``, ``f8e4m3``, ``f8e5m2``, ``f8e8m0``, ``i32``, ``i64``, ``i1``/``bool``) and is the only place
+``bf16``, ``f8e4m3``, ``f8e5m2``, ``f8e8m0``, ``f4e2m1x2``, ``i32``, ``i64``, ``i1``/``bool``) and is the only place
 that knows how a dtype rounds.  The interpreter, constant folding and the test
 oracles all call :func:`round_to`, so "what value does a ``bf16`` hold" has a
 single answer, and that answer is the one the GPU produces:
@@ -22,6 +22,13 @@ single answer, and that answer is the one the GPU produces:
   one (so a normal f32 at or past the middle of its binade rounds up, an f32 subnormal at its
   middle down); 0 and anything below ``2**-127`` give ``2**-127``; inf, NaN and what rounds
   past ``2**127`` give NaN.
+* ``f4e2m1x2`` is a *pair* of OCP MX's FP4 (E2M1) values in one byte, as torch's
+  ``float4_e2m1fn_x2`` holds them: the first value of the pair in the low nibble.  E2M1 is
+  sign, two exponent bits and one mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+  A pair is not a number, so it has no arithmetic: tiles of it are loaded, stored, unpacked
+  into twice as many values (:func:`e2m1_value`) and packed from them (:func:`e2m1_code`:
+  round to nearest, ties to even, saturating at ±6; NaN gives +0, E2M1 having no NaN).  Its
+  storage is the byte itself (uint8).
 * float → ``i32``/``i64`` truncates toward zero and saturates, NaN → 0 (PTX
   ``cvt.rzi.s32.f32``, ``cvt.rzi.s64.f32``); integer → ``i32`` wraps modulo 2**32 (keeps the
   low 32 bits of an ``i64``), integer → ``i64`` is exact; bool → 0/1.
@@ -54,6 +61,7 @@ __all__ = [
     "f8e4m3",
     "f8e5m2",
     "f8e8m0",
+    "f4e2m1x2",
     "i32",
     "i64",
     "i1",
@@ -84,7 +92,7 @@ class DType:
 
     name: str
     bits: int
-    kind: str  # "float", "int" or "bool"
+    kind: str  # "float", "int", "bool", or "packed" (f4e2m1x2: two values a byte, no arithmetic)
     np_storage: np.dtype = field(repr=False)
     min: float | int = field(repr=False)  # smallest finite value (the most negative, but f8e8m0's 2**-127)
     max: float | int = field(repr=False)  # largest finite value
@@ -102,6 +110,11 @@ class DType:
     @property
     def is_bool(self) -> bool:
         return self.kind == "bool"
+
+    @property
+    def is_packed(self) -> bool:
+        """Two values an element (``f4e2m1x2``): a tile of it is unpacked before arithmetic."""
+        return self.kind == "packed"
 
     def torch_dtype(self) -> torch.dtype:
         """The matching torch dtype (torch is imported on first use)."""
@@ -135,11 +148,13 @@ f8e5m2 = DType("f8e5m2", 8, "float", _F32, -57344.0, 57344.0, "float8_e5m2", _Fl
 # E8M0: no _FloatFormat (no sign, no mantissa); round_to has its own rule (e8m0_code).  min is
 # its smallest value, not a negative one: a value converts as its magnitude.
 f8e8m0 = DType("f8e8m0", 8, "float", _F32, 2.0**-127, 2.0**127, "float8_e8m0fnu")
+# Two E2M1 values a byte (torch.float4_e2m1fn_x2); min/max are one value's range.
+f4e2m1x2 = DType("f4e2m1x2", 8, "packed", np.dtype(np.uint8), -6.0, 6.0, "float4_e2m1fn_x2")
 i32 = DType("i32", 32, "int", np.dtype(np.int32), -(2**31), 2**31 - 1, "int32")
 i64 = DType("i64", 64, "int", np.dtype(np.int64), -(2**63), 2**63 - 1, "int64")
 i1 = DType("i1", 1, "bool", np.dtype(np.bool_), 0, 1, "bool")
 
-ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, f8e8m0, i32, i64, i1)
+ALL: tuple[DType, ...] = (f32, f16, bf16, f8e4m3, f8e5m2, f8e8m0, f4e2m1x2, i32, i64, i1)
 
 #: Every spelling of a dtype: IR names plus the kernel language's ``bool``.
 BY_NAME: dict[str, DType] = {dt.name: dt for dt in ALL} | {"bool": i1}
@@ -192,6 +207,8 @@ def round_to(x: Any, dt: DType) -> np.ndarray:
         raise TypeError(f"cannot convert complex values to {dt.name}")
     if dt.is_bool:
         return np.asarray(a != 0)  # asarray: ops on 0-d arrays give numpy scalars
+    if dt.is_packed:  # a pair's storage is its byte: codes pass through
+        return np.asarray(a).astype(np.uint8)
     # NaN, inf and overflow are ordinary inputs here with a defined result, and signalling NaNs
     # (e.g. random bit patterns) raise "invalid" on any float cast: none of it deserves a warning.
     with np.errstate(over="ignore", invalid="ignore"):
@@ -220,6 +237,51 @@ def e8m0_value(code: Any) -> np.ndarray:
     """The float32 value of each E8M0 code: ``2**(code - 127)``, NaN for 255."""
     c = np.asarray(code).astype(np.int64)
     return np.where(c == 255, np.nan, np.ldexp(1.0, c - 127)).astype(np.float32)
+
+
+#: The magnitudes of the E2M1 codes 0-7 (bit 3 is the sign).
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+#: Where the rounded magnitude steps to the next code: at a tie (0.25, 1.25, 2.5, 5) it stays on
+#: the even code below, at 0.75, 1.75, 3.5 it steps up to the even one (:func:`e2m1_code`).
+_E2M1_UP = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+_E2M1_AT_TIE = np.array([False, True, False, True, False, True, False])
+
+
+def e2m1_code(x: Any) -> np.ndarray:
+    """The E2M1 code (uint8, 0-15) of each value: rounded to nearest, ties to even, past ±6
+    (and ±inf) saturating to ±6, NaN to +0; the sign bit (3) from the value's sign, so -0.0 is
+    code 8.  What the GPU lowering computes (tkc/codegen/lower_values.py, ``e2m1_encode``)."""
+    a = np.asarray(x, np.float64)
+    mag = np.abs(a)
+    passed = np.where(_E2M1_AT_TIE, mag[..., None] >= _E2M1_UP, mag[..., None] > _E2M1_UP)
+    code = passed.sum(axis=-1).astype(np.uint8)
+    nan = np.isnan(a)
+    sign = (np.signbit(a) & ~nan).astype(np.uint8) << np.uint8(3)
+    return np.where(nan, np.uint8(0), code | sign).astype(np.uint8)
+
+
+def e2m1_value(code: Any) -> np.ndarray:
+    """The float32 value of each E2M1 code (its low four bits)."""
+    c = np.asarray(code).astype(np.uint8) & np.uint8(15)
+    v = E2M1_VALUES[c & np.uint8(7)]
+    return np.where(c & np.uint8(8), -v, v).astype(np.float32)
+
+
+def unpack_fp4(pairs: Any) -> np.ndarray:
+    """``f4e2m1x2`` codes [..., C] as float32 values [..., 2C]: each byte's low nibble first."""
+    p = np.asarray(pairs).astype(np.uint8)
+    v = np.stack([e2m1_value(p), e2m1_value(p >> np.uint8(4))], axis=-1)
+    return v.reshape(*p.shape[:-1], 2 * p.shape[-1]) if p.ndim else v
+
+
+def pack_fp4(x: Any) -> np.ndarray:
+    """Values [..., 2C] rounded to E2M1 (:func:`e2m1_code`) and packed into ``f4e2m1x2`` codes
+    [..., C], the even-indexed value of each pair in the low nibble."""
+    a = np.asarray(x)
+    if a.ndim == 0 or a.shape[-1] % 2:
+        raise ValueError(f"packs pairs along the last axis, which must have an even extent: {a.shape}")
+    c = e2m1_code(a.reshape(*a.shape[:-1], a.shape[-1] // 2, 2))
+    return (c[..., 0] | (c[..., 1] << np.uint8(4))).astype(np.uint8)
 
 
 def _round_float(a: np.ndarray, dt: DType) -> np.ndarray:
@@ -319,6 +381,8 @@ def to_torch(x_storage: np.ndarray, dt: DType) -> torch.Tensor:
     import torch
 
     st = np.ascontiguousarray(round_to(x_storage, dt))
+    if dt.is_packed:  # torch converts to no fp4 type: its bytes are the pairs
+        return torch.from_numpy(st).view(dt.torch_dtype())
     return torch.from_numpy(st).to(dt.torch_dtype())
 
 
@@ -332,6 +396,10 @@ def from_torch_tensor(t: torch.Tensor) -> tuple[np.ndarray, DType]:
     if dt is None:
         raise TypeError(f"tkc has no element type for torch dtype {t.dtype}")
     t = t.detach().cpu()
+    if dt.is_packed:
+        import torch
+
+        return t.view(torch.uint8).numpy().copy(), dt
     if dt.is_float:
         t = t.float()
     return t.numpy().copy(), dt

@@ -215,6 +215,8 @@ def _random(rng: np.random.Generator, dt: DType, shape: tuple[int, ...], int_ran
             ) -> np.ndarray:
     if dt.is_bool:
         return rng.random(shape) < 0.5
+    if dt.is_packed:  # pairs of FP4 values: every byte is a pair
+        return rng.integers(0, 256, shape, dtype=np.int64).astype(np.uint8)
     if dt.is_int:
         lo, hi = int_range if shape else (1, 8)
         if not dt.min <= lo <= hi <= dt.max:

@@ -16,7 +16,8 @@ rounding goes through :func:`tkc.dtypes.round_to` -- and it must not depend on t
 Numerics (decisions the op docstrings leave open):
 
 * Values are numpy arrays in their dtype's storage form (``DType.np_storage``):
-  float32 for every float dtype, int32 for ``i32``, int64 for ``i64``, bool for ``i1``.  Scalars
+  float32 for every float dtype, int32 for ``i32``, int64 for ``i64``, bool for ``i1``, the
+  byte (uint8) for a pair of FP4 values (``f4e2m1x2``).  Scalars
   are 0-d arrays.
 * Float ops compute in float32 and round the result once to the result dtype.
   For f16/bf16/fp8 this models math done in f32 registers and converted back
@@ -360,15 +361,31 @@ def _mma(ctx: Program, op: Operation, a: np.ndarray, b: np.ndarray, acc: np.ndar
 
 def _dot_scaled(ctx: Program, op: Operation, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray,
                 acc: np.ndarray) -> np.ndarray:
-    # Each operand times its scale is a bf16 (exact in bf16's range, as MX quantizations of bf16
-    # data are; beyond it inf, below it bf16's subnormals or 0, through f32 as the compiler's
-    # decomposition rounds it); the products are summed in float64 and rounded to f32 once with
-    # the accumulator.
-    a = round_to(round_to(a.astype(np.float64) * np.repeat(sa.astype(np.float64), tile.SCALE_BLOCK, axis=1),
+    # Each operand times its scale is a bf16 (exact in bf16's range, as MX and NVFP4
+    # quantizations of bf16 data are; beyond it inf, below it bf16's subnormals or 0, through
+    # f32 as the compiler's decomposition rounds it); the products are summed in float64 and
+    # rounded to f32 once with the accumulator.  FP4 pairs run along K: a's along its rows, b's
+    # down its columns.
+    block = tile.scale_block(op)
+    if tile.scale_dtype(op) == dtypes.f8e4m3:  # NVFP4's scales are unsigned (UE4M3): their magnitudes
+        sa, sb = np.abs(sa), np.abs(sb)
+    if a.dtype == np.uint8:
+        a = dtypes.unpack_fp4(a)
+    if b.dtype == np.uint8:
+        b = dtypes.unpack_fp4(b.T).T
+    a = round_to(round_to(a.astype(np.float64) * np.repeat(sa.astype(np.float64), block, axis=1),
                           dtypes.f32), dtypes.bf16)
-    b = round_to(round_to(b.astype(np.float64) * np.repeat(sb.astype(np.float64), tile.SCALE_BLOCK, axis=0),
+    b = round_to(round_to(b.astype(np.float64) * np.repeat(sb.astype(np.float64), block, axis=0),
                           dtypes.f32), dtypes.bf16)
     return _rounded(np.matmul(a.astype(np.float64), b.astype(np.float64)) + acc, op)
+
+
+def _unpack_fp4(ctx: Program, op: Operation, x: np.ndarray) -> np.ndarray:
+    return dtypes.e2m1_value(np.asarray(x).astype(np.uint8) >> np.uint8(4 * op.half))
+
+
+def _pack_fp4(ctx: Program, op: Operation, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return np.asarray(dtypes.e2m1_code(lo) | (dtypes.e2m1_code(hi) << np.uint8(4)), np.uint8)
 
 
 def _constant(ctx: Program, op: Operation) -> np.ndarray:
@@ -408,6 +425,8 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.cmp": lambda ctx, op, a, b: _CMP[op.pred](a, b),
     "tile.select": lambda ctx, op, c, a, b: np.where(c, a, b),
     "tile.cast": lambda ctx, op, x: _rounded(x, op),
+    "tile.unpack_fp4": _unpack_fp4,
+    "tile.pack_fp4": _pack_fp4,
     "tile.constant": _constant,
     "tile.rand": lambda ctx, op, seed, offset: philox.uniform(seed, offset),
     "tile.arange": lambda ctx, op: np.arange(op.start, op.start + op.results[0].type.shape[0],

@@ -57,13 +57,36 @@ def test_the_scaled_instruction_descriptor_is_the_documented_one() -> None:
     d = blackwell.scaled_instr_descriptor(e4, e5, 128, 256, 3, 2)
     assert d == 0x08A00000 + (16 << 17) + (1 << 10) + (3 << 29) + (2 << 4)
     assert decode_scaled_idesc(d) == {"a": dtypes.f8e4m3, "b": dtypes.f8e5m2, "a_mn": False, "b_mn": False,
-                                      "n": 256, "m": 128, "a_id": 3, "b_id": 2}
+                                      "n": 256, "m": 128, "a_id": 3, "b_id": 2, "ue8m0": True}
     with pytest.raises(TkcEmulatorError, match="scales are UE8M0"):
         decode_scaled_idesc(d & ~(1 << 23))
     with pytest.raises(TkcEmulatorError, match="reserved bits"):
         decode_scaled_idesc(d | 1 << 31)
     with pytest.raises(ValueError, match="takes e4m3 and e5m2"):
         blackwell.scaled_instr_descriptor(SharedLayout(128, 64, dtypes.bf16, "k", 128), e4, 128, 128, 0, 0)
+
+
+def test_the_fp4_instruction_descriptors_are_the_documented_ones() -> None:
+    """docs/block_scaled.md §3: kind::mxf4nvf4, M = N = 128, ids 0: MXFP4 (UE8M0, 2X)
+    0x08A00480, NVFP4 (UE4M3, 4X) 0x08200480; 2X reads ids 0 and 2, 4X only 0; operands
+    K-major only; the emulator decodes them back and refuses the invalid ones."""
+    f4 = SharedLayout(128, 32, dtypes.f4e2m1x2, "k", 32)
+    assert blackwell.scaled_instr_descriptor(f4, f4, 128, 128, 0, 0, 2) == 0x08A00480
+    assert blackwell.scaled_instr_descriptor(f4, f4, 128, 128, 0, 0, 4) == 0x08200480
+    d = blackwell.scaled_instr_descriptor(f4, f4, 128, 64, 2, 2, 2)
+    assert decode_scaled_idesc(d, 2) == {"a": dtypes.f4e2m1x2, "b": dtypes.f4e2m1x2, "a_mn": False, "b_mn": False,
+                                         "n": 64, "m": 128, "a_id": 2, "b_id": 2, "ue8m0": True}
+    for bad in ((1, 0, 2), (0, 2, 4), (0, 0, 3)):
+        with pytest.raises(ValueError):
+            blackwell.scaled_instr_descriptor(f4, f4, 128, 128, *bad)
+    with pytest.raises(ValueError, match="K-major operands only"):
+        blackwell.scaled_instr_descriptor(f4, SharedLayout(64, 128, dtypes.f4e2m1x2, "mn", 128), 128, 128, 0, 0, 2)
+    with pytest.raises(TkcEmulatorError, match="multiples of 4"):
+        decode_scaled_idesc(0x08200480 | (2 << 29), 4)
+    with pytest.raises(TkcEmulatorError, match="UE4M3"):
+        decode_scaled_idesc(0x08A00480, 4)
+    with pytest.raises(TkcEmulatorError, match="E2M1"):
+        decode_scaled_idesc(0x08A00000, 2)
 
 
 def test_the_scales_layout_is_cutlass_512_byte_blocks() -> None:
@@ -85,6 +108,12 @@ def test_a_scale_block_is_copied_as_32_rows_of_16_bytes() -> None:
     assert desc >> 46 & 1 and not desc >> 61  # tcgen05's version bit, no swizzle
     rows = descriptor_address(desc, "k", np.arange(32)[:, None], np.arange(16)[None, :], dtypes.f8e8m0)
     np.testing.assert_array_equal(rows, 4096 + np.arange(512).reshape(32, 16))
+    # NVFP4's e4m3 scales: the same bytes; the layout says its dtype (E8M0's is the default)
+    from tkc.ir.layouts import LAYOUT_PARSERS
+
+    nv = ScaleLayout(128, 8, dtypes.f8e4m3)
+    assert str(nv) == "#scales<128x8xf8e4m3, k>" and str(ScaleLayout(128, 8)) == "#scales<128x8, k>"
+    assert LAYOUT_PARSERS["scales"]("128x8xf8e4m3, k") == nv and nv.offset(5, 6) == ScaleLayout(128, 8).offset(5, 6)
 
 
 # ------------------------------------------------------------------ the choice

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from tkc import dtypes
-from tkc.dtypes import bf16, f8e4m3, f8e5m2, f8e8m0, f16, f32, i1, i32, i64
+from tkc.dtypes import bf16, f4e2m1x2, f8e4m3, f8e5m2, f8e8m0, f16, f32, i1, i32, i64
 from tkc.errors import UNKNOWN, Loc
 from tkc.ir.builder import Builder
 from tkc.ir.core import OPS, Block, Module, Operation, Region, Value
@@ -245,6 +245,16 @@ class _Gen:
         dt = self.pick(ALL_DTYPES)
         r = ScalarType(dt) if isinstance(t, ScalarType) else t.with_dtype(dt)
         self.emit(T.CastOp, [self.get(t)], [r])
+
+    def op_unpack_fp4(self) -> None:
+        t = self.value_type([f4e2m1x2])
+        r = ScalarType(f32) if isinstance(t, ScalarType) else t.with_dtype(f32)
+        self.emit(T.UnpackFp4Op, [self.get(t)], [r], {"half": self.draw(st.integers(0, 1))})
+
+    def op_pack_fp4(self) -> None:
+        t = self.value_type([f32])
+        r = ScalarType(f4e2m1x2) if isinstance(t, ScalarType) else t.with_dtype(f4e2m1x2)
+        self.emit(T.PackFp4Op, [self.get(t), self.get(t)], [r])
 
     def op_splat(self) -> None:
         t = self.tile_type()

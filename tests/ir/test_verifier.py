@@ -328,11 +328,15 @@ CASES: list[tuple[str, str, str, str | None]] = [
     ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %sb, %b, %sb, %t4 : tile<4x4xf32> // bad"),
      r"scales must be 4x1 and 1x4", None),
     ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %fa, %b, %sb, %t4 : tile<4x4xf32> // bad"),
-     r"scales must be f8e8m0 tiles", None),
+     r"scales must be f8e8m0 or f8e4m3 tiles", None),
     ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %ha, %sa, %b, %sb, %t4 : tile<4x4xf32> // bad"),
      r"operands must be one of f8e4m3, f8e5m2", None),
     ("tile.dot_scaled", kernel(_SCALED + "%x = tile.dot_scaled %a, %sa, %b, %sb, %h4 : tile<4x4xf16> // bad"),
      r"the accumulator and result are f32 tiles", None),
+    ("tile.unpack_fp4", kernel("%x = tile.unpack_fp4 %t4 {half = 0} : tile<4x4xf32> // bad"),
+     r"unpacks an f4e2m1x2 scalar or tile into f32 of its shape", None),
+    ("tile.pack_fp4", kernel("%x = tile.pack_fp4 %t4, %t48 : tile<4x4xf4e2m1x2> // bad"),
+     r"packs two f32 values of one shape into f4e2m1x2", None),
     ("tile.mma", kernel("%x = tile.mma %t4, %t48, %t4 : tile<4x4xf32> // bad"),
      r"shapes do not agree: tile<4x4xf32> @ tile<4x8xf32> into tile<4x4xf32>", None),
     ("tile.mma", kernel("%x = tile.mma %t48, %t48, %t48 : tile<4x8xf32> // bad"),
@@ -357,7 +361,8 @@ CASES: list[tuple[str, str, str, str | None]] = [
                         "%x = tile.mma %a, %b, %acc, %sb, %sa : tile<4x4xf32> // bad"),
      r"scales must be 4x1 and 1x4", None),
     ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
-                        "%x = tile.mma %a, %b, %acc, %fa, %sb : tile<4x4xf32> // bad"), r"scales must be f8e8m0", None),
+                        "%x = tile.mma %a, %b, %acc, %fa, %sb : tile<4x4xf32> // bad"),
+     r"scales must be f8e8m0 or", None),
     ("tile.mma", kernel(_SCALED + "%acc = tile.constant {value = 0.0} : tile<4x4xf32>\n"
                         "%hb = tile.constant {value = 1.0} : tile<32x4xf16>\n"
                         "%x = tile.mma %ha, %hb, %acc, %sa, %sb : tile<4x4xf32> // bad"),

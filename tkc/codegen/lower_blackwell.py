@@ -129,8 +129,9 @@ def _mma(lw: Lowerer, op: Operation) -> None:
                 instr = f"tcgen05.mma.{_group(op)}.kind::{kind} [$0], da, db, $3, p;"
             else:  # block-scaled: A's and B's scales at their columns from $0
                 idesc, fa, fb = op.scale_step(k)
-                instr = (f"tcgen05.mma.{_group(op)}.kind::{blackwell.SCALED_KIND}.block_scale.scale_vec::1X [$0], "
-                         f"da, db, $3, [$0+{fa}], [$0+{fb}], p;")
+                vec = op.scale_vec
+                instr = (f"tcgen05.mma.{_group(op)}.kind::{blackwell.SCALED_KINDS[vec]}.block_scale.scale_vec::{vec}X "
+                         f"[$0], da, db, $3, [$0+{fa}], [$0+{fb}], p;")
             _asm(lw, "{\n\t.reg .pred p;\n\t.reg .b64 da, db;\n\tsetp.ne.b32 p, $4, 0;\n\t"
                      f"cvt.u64.u32 da, $1;\n\tadd.s64 da, da, {da};\n\t"
                      f"cvt.u64.u32 db, $2;\n\tadd.s64 db, db, {db};\n\t{instr}\n\t}}",

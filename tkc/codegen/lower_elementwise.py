@@ -51,6 +51,8 @@ from tkc.codegen.lower_values import (
     Lowered,
     as_value,
     constant,
+    e2m1_decode,
+    e2m1_pack,
     int_type,
     llvm_call,
     round_to,
@@ -335,6 +337,14 @@ def _cast(lw: Lowerer, op: Operation) -> None:
     _map(lw, op, lambda v: cast_value(lw.b, v, src, dst), x)
 
 
+def _unpack_fp4(lw: Lowerer, op: Operation) -> None:
+    _map(lw, op, lambda v: e2m1_decode(lw.b, v, op.half), lw.get(op.x))
+
+
+def _pack_fp4(lw: Lowerer, op: Operation) -> None:
+    _map(lw, op, lambda lo, hi: e2m1_pack(lw.b, lo, hi), lw.get(op.lo), lw.get(op.hi))
+
+
 # --------------------------------------------------------------------------- constants and shapes
 
 
@@ -422,6 +432,8 @@ HANDLERS: dict[str, Handler] = {
     "tile.cmp": _cmp,
     "tile.select": _select,
     "tile.cast": _cast,
+    "tile.unpack_fp4": _unpack_fp4,
+    "tile.pack_fp4": _pack_fp4,
     "tile.constant": _constant,
     "tile.splat": _splat,
     "tile.arange": _arange,

@@ -2,7 +2,8 @@
 
 Owns: how a tkc dtype lives in an LLVM register (every float dtype as an ``f32`` holding a
 value already rounded to the dtype, like the interpreter's float32 storage; ``i32`` as
-``i32``, ``i64`` as ``i64``; ``i1`` as ``i1``), how such a value is rounded to its dtype and converted to and
+``i32``, ``i64`` as ``i64``; ``i1`` as ``i1``; a pair of FP4 values, ``f4e2m1x2``, as its
+byte, an ``i8``), how such a value is rounded to its dtype and converted to and
 from its bytes in memory, and :class:`Sym`, the run-time thread index that a layout's
 ``thread_coords`` is evaluated on.
 
@@ -50,6 +51,8 @@ def reg_type(dt: DType) -> ir.Type:
     """The LLVM type a value of ``dt`` is held in between ops."""
     if dt.is_float:
         return F32
+    if dt.is_packed:
+        return I8
     return int_type(dt) if dt.is_int else I1
 
 
@@ -65,6 +68,8 @@ def constant(dt: DType, value: float | int | bool) -> ir.Constant:
         return ir.Constant(F32, float(v))
     if dt.is_int:
         return ir.Constant(int_type(dt), int(v))
+    if dt.is_packed:
+        return ir.Constant(I8, int(v))
     return ir.Constant(I1, int(bool(v)))
 
 
@@ -209,6 +214,44 @@ def e8m0_decode(b: ir.IRBuilder, code: ir.Value) -> ir.Value:
     bits = b.select(b.icmp_unsigned("==", c, const_i32(0)), const_i32(0x00400000), b.shl(c, const_i32(23)))
     bits = b.select(b.icmp_unsigned("==", c, const_i32(255)), const_i32(0x7FC00000), bits)
     return b.bitcast(bits, F32)
+
+
+def e2m1_decode(b: ir.IRBuilder, pair: ir.Value, half: int) -> ir.Value:
+    """The f32 value of one E2M1 value of a pair (i8; ``half`` 1 the high nibble), as
+    :func:`tkc.dtypes.e2m1_value`: the code's exponent and mantissa bits placed at the bottom of
+    an f32's exponent field (a subnormal for code 1) and scaled by 2^126, which is exact: codes
+    1-7 become 0.5, 1, 1.5, 2, 3, 4, 6.  Integer instructions and one multiply: sm_90a has no
+    conversion from E2M1."""
+    code = b.zext(pair, I32)
+    if half:
+        code = b.lshr(code, const_i32(4))
+    bits = b.or_(b.shl(b.and_(code, const_i32(7)), const_i32(22)), b.shl(b.and_(code, const_i32(8)), const_i32(28)))
+    return b.fmul(b.bitcast(bits, F32), ir.Constant(F32, 2.0**126))
+
+
+#: Where E2M1's rounded magnitude steps to the next code, and whether it does at a tie (to the
+#: even code), as tkc.dtypes rounds.
+_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_encode(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """The E2M1 code (i32, 0-15) of the f32 ``x``, as :func:`tkc.dtypes.e2m1_code` rounds: the
+    magnitude's code is the number of steps it reaches (ties to even, past 6 saturating; NaN
+    reaches none), the sign bit from ``x``'s unless it is NaN.  sm_90a has no conversion to
+    E2M1."""
+    mag = llvm_call(b, "llvm.fabs.f32", F32, x)
+    code = const_i32(0)
+    for at, tie_up in _E2M1_STEPS:
+        hit = b.fcmp_ordered(">=" if tie_up else ">", mag, ir.Constant(F32, at))
+        code = b.add(code, b.zext(hit, I32))
+    neg = b.icmp_signed("<", b.bitcast(x, I32), const_i32(0))
+    neg = b.and_(neg, b.fcmp_ordered("ord", x, x))
+    return b.or_(code, b.shl(b.zext(neg, I32), const_i32(3)))
+
+
+def e2m1_pack(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
+    """Two f32 values as one ``f4e2m1x2`` pair (i8), ``lo`` in the low nibble."""
+    return b.trunc(b.or_(e2m1_encode(b, lo), b.shl(e2m1_encode(b, hi), const_i32(4))), I8)
 
 
 def _narrow_type(dt: DType) -> ir.Type:

@@ -31,7 +31,7 @@ _machines: dict[tuple[str, str, int], llvm.TargetMachine] = {}
 
 #: Inline PTX that needs a later PTX ISA than a target's own: (text in the module, the version,
 #: LLVM's feature for it).  Only a module that uses it gets the later ``.version``.
-_LATER_PTX = (("fence.proxy.tensormap::generic", "8.3", "+ptx83"),)
+_LATER_PTX = (("fence.proxy.tensormap::generic", "8.3", "+ptx83"), ("kind::mxf4nvf4", "8.7", "+ptx87"))
 
 
 def _version_for(t: Target, text: str) -> Target:

@@ -100,6 +100,8 @@ def encode(values: object, dtype: DType) -> np.ndarray:
         words = _fp8_encode(v, _FP8[dtype.name])
     elif dtype == dtypes.f8e8m0:
         words = dtypes.e8m0_code(v)
+    elif dtype.is_packed:  # a pair of FP4 values: its byte
+        words = v.astype(np.uint8)
     else:
         raise ValueError(f"shared memory does not hold {dtype} elements")
     words = np.ascontiguousarray(words)
@@ -125,6 +127,8 @@ def decode(raw: np.ndarray, dtype: DType) -> np.ndarray:
         return _FP8[dtype.name][raw.reshape(shape)].astype(np.float32)
     if dtype == dtypes.f8e8m0:
         return dtypes.e8m0_value(raw.reshape(shape))
+    if dtype.is_packed:
+        return raw.reshape(shape).copy()
     raise ValueError(f"shared memory does not hold {dtype} elements")
 
 

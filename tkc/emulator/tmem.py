@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tkc import dtypes
+from tkc.emulator.smem import _FP8
 from tkc.emulator.mbarrier import MBarrier
 from tkc.emulator.scheduler import Wait
 from tkc.errors import TkcEmulatorError
@@ -49,26 +50,49 @@ def decode_idesc(idesc: int, kind: str) -> dict[str, Any]:
             "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 24) & 31) << 4}
 
 
-def decode_scaled_idesc(idesc: int) -> dict[str, Any]:
-    """The fields of a ``kind::mxf8f6f4.block_scale`` instruction descriptor
-    (docs/block_scaled.md §3), refusing what the PTX ISA calls invalid (ptxas checks none)."""
-    codes = _CODES["f8f6f4"]
+def decode_scaled_idesc(idesc: int, vec: int = 1) -> dict[str, Any]:
+    """The fields of a ``kind::mxf8f6f4.block_scale`` (``vec`` 1) or ``kind::mxf4nvf4.block_scale``
+    (``vec`` 2, 4) instruction descriptor (docs/block_scaled.md §3), refusing what the PTX ISA
+    calls invalid (ptxas checks none)."""
     a, b = (idesc >> 7) & 7, (idesc >> 10) & 7
-    if a not in codes or b not in codes:
-        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not the e4m3 (0) "
-                               f"or e5m2 (1) of kind::mxf8f6f4")
-    if (idesc >> 23) & 1 != blackwell.UE8M0:
-        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: kind::mxf8f6f4 scales are UE8M0 (1 at bit 23)")
+    ue8m0 = (idesc >> 23) & 1
+    if vec == 1:
+        codes = _CODES["f8f6f4"]
+        if a not in codes or b not in codes:
+            raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not the e4m3 "
+                                   f"(0) or e5m2 (1) of kind::mxf8f6f4")
+        if ue8m0 != blackwell.UE8M0:
+            raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: kind::mxf8f6f4 scales are UE8M0 (1 at bit "
+                                   f"23)")
+        da, db = codes[a], codes[b]
+    else:
+        if a != blackwell.E2M1 or b != blackwell.E2M1:
+            raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: operand codes {a}, {b} are not the E2M1 "
+                                   f"(1) of kind::mxf4nvf4")
+        if idesc >> 15 & 3:
+            raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: kind::mxf4nvf4 transposes no operand "
+                                   f"(bits 15-16)")
+        if ue8m0 != (vec == 2):  # tkc's MXFP4 is 2X with UE8M0, its NVFP4 4X with UE4M3
+            raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: scale_vec::{vec}X scales here are "
+                                   f"{'UE8M0 (1' if vec == 2 else 'UE4M3 (0'} at bit 23)")
+        da = db = dtypes.f4e2m1x2
     if idesc & 0b1001111 or (idesc >> 24) & 7 or idesc >> 31:
         raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: reserved bits set (sparsity and bit 31 are "
                                f"not used here)")
-    return {"a": codes[a], "b": codes[b], "a_mn": bool(idesc >> 15 & 1), "b_mn": bool(idesc >> 16 & 1),
-            "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 27) & 3) << 7, "a_id": (idesc >> 29) & 3,
-            "b_id": (idesc >> 4) & 3}
+    ids = ((idesc >> 29) & 3, (idesc >> 4) & 3)
+    if any(i % vec for i in ids):
+        raise TkcEmulatorError(f"instruction descriptor {idesc:#010x}: scale_vec::{vec}X reads scale ids that are "
+                               f"multiples of {vec}, got {ids}")
+    return {"a": da, "b": db, "a_mn": bool(idesc >> 15 & 1), "b_mn": bool(idesc >> 16 & 1),
+            "n": ((idesc >> 17) & 63) << 3, "m": ((idesc >> 27) & 3) << 7, "a_id": ids[0], "b_id": ids[1],
+            "ue8m0": bool(ue8m0)}
 
 
 #: E8M0 scale codes as factors: 2^(code - 127); 255 is NaN.
 _E8M0 = np.where(np.arange(256) == 255, np.nan, np.exp2(np.arange(256, dtype=np.float64) - 127))
+#: UE4M3 scale codes (NVFP4's) as factors: e4m3's magnitudes (unsigned: the threads store the
+#: e4m3 of a block's amax / 6 / g, never negative; what the hardware makes of bit 7 is not modelled).
+_UE4M3 = np.abs(_FP8["f8e4m3"])
 
 
 @dataclass(eq=False)
@@ -190,7 +214,7 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
 
     def idesc_of(step: int) -> dict[str, Any]:
         if scaled:  # the K block's byte of each scale column (its place in a group of four)
-            return decode_scaled_idesc(op.scale_step(step)[0])
+            return decode_scaled_idesc(op.scale_step(step)[0], op.scale_vec)
         return decode_idesc(blackwell.instr_descriptor(la, lb, op.instruction_m, n), kind)
 
     f = idesc_of(0)
@@ -223,12 +247,21 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
         b_addr = descriptor_address(db, "mn" if f["b_mn"] else "k", np.arange(n_here)[:, None], kk, f["b"])
         # A pair's descriptors hold the even CTA's offsets; the odd CTA's tiles are read at the same ones.
         for v, cta in enumerate(ctas):
-            at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async").astype(np.float64)
-            bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async").astype(np.float64)
+            at = cta.smem.read_elements(a_addr, f["a"], reader=f"{who} (A)", proxy="async")
+            bt = cta.smem.read_elements(b_addr, f["b"], reader=f"{who} (B)", proxy="async")
+            if f["a"].is_packed:  # FP4 pairs, K-major: each byte two values of K, the low nibble first
+                at, bt = dtypes.unpack_fp4(at), dtypes.unpack_fp4(bt)
+            at, bt = at.astype(np.float64), bt.astype(np.float64)
             if scaled:
                 _, sfa, sfb = op.scale_step(s)
-                at = at * _step_scales(tms[v], op, int(addr) + sfa, "A", s, f["a_id"], m)[:, None]
-                bt = bt * _step_scales(tms[v], op, int(addr) + sfb, "B", s, f["b_id"], n_here)[:, None]
+                vec = op.scale_vec
+                for t, (name, rows, col, byte) in enumerate((("A", m, sfa, f["a_id"]),
+                                                              ("B", n_here, sfb, f["b_id"]))):
+                    factors = np.stack([_step_scales(tms[v], op, int(addr) + col, name, s, byte + i, rows,
+                                                     f["ue8m0"]) for i in range(vec)], axis=1)
+                    x = (at, bt)[t]
+                    x = x * np.repeat(factors, x.shape[1] // vec, axis=1)  # each scale its run of K
+                    at, bt = (x, bt) if t == 0 else (at, x)
             a_rows[v] = np.concatenate([a_rows[v], at], axis=1)
             b_rows[v] = np.concatenate([b_rows[v], bt], axis=1)
     d = np.concatenate(a_rows) @ np.concatenate(b_rows).T  # (m * CTAs) x n
@@ -250,18 +283,19 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
 
 
 def _step_scales(tm: TensorMemory, op: Operation, addr: int, name: str, step: int, byte: int,
-                 rows: int) -> np.ndarray:
-    """The factor of each of ``rows`` rows of A or B (``name``) for K step ``step``, as a
-    block-scaled MMA reads them: ``addr`` is its ``[sfa]``/``[sfb]`` (``MmaOp.scale_step``),
-    and row r's factor is byte ``byte`` (the descriptor's scale id) of column r / 32 from it,
-    in lane r % 128 (every warp quarter holds a copy)."""
+                 rows: int, ue8m0: bool = True) -> np.ndarray:
+    """The factor of each of ``rows`` rows of A or B (``name``) for a K block of K step
+    ``step``, as a block-scaled MMA reads them: ``addr`` is its ``[sfa]``/``[sfb]``
+    (``MmaOp.scale_step``), and row r's factor is byte ``byte`` (the descriptor's scale id, plus
+    the block's place in the step) of column r / 32 from it, in lane r % 128 (every warp quarter
+    holds a copy); an E8M0 code, or NVFP4's UE4M3 (``ue8m0`` False)."""
     r = np.arange(rows)
     lanes, cols = r % 128, (addr & 0xFFFF) + r // 32
     if cols.max() >= blackwell.TMEM_COLUMNS or not tm.scales_written[lanes, cols, byte].all():
         raise TkcEmulatorError(f"{_describe(op)} reads {name}'s scale factors for K step {step} from tensor memory "
                                f"(columns {int(cols.min())}-{int(cols.max())}, byte {byte}) that no tcgen05.cp "
                                f"wrote (a blackwell.copy_scales before it, by the same thread)")
-    return _E8M0[tm.scales[lanes, cols, byte]]
+    return (_E8M0 if ue8m0 else _UE4M3)[tm.scales[lanes, cols, byte]]
 
 
 def _copy_scales(wg: Any, op: Operation, addr: Any, tile: Any) -> None:

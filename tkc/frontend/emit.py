@@ -42,6 +42,10 @@ _UNARY_WORDS = {"-": "unary -", "~": "'~'", "not": "'not'"}
 _MAX_CONST_BITS = 4096  # integer constants fold in Python; beyond this they are surely a mistake
 
 
+def _is_transpose(v: Value) -> bool:
+    return isinstance(v, OpResult) and v.owner.name == T.TransposeOp.name
+
+
 def check_tile_dims(shape: tuple[int, ...], what: str, loc: Loc) -> None:
     """Tile axes are multiples of 16, as the tensor cores and the 16x16 register fragments
     need; 1 (for broadcasting), and 2, 4 or 8 for narrow tiles such as a block-scaled
@@ -368,8 +372,30 @@ class Emitter:
                 self.materialize(x, None, loc), dt, loc)
         if x.type.dtype == dt:
             return x
+        if x.type.dtype.is_packed or dt.is_packed:
+            return self._fp4(x, dt, loc)
         rt = ScalarType(dt) if isinstance(x.type, ScalarType) else x.type.with_dtype(dt)
         return Dyn(self.b.value(T.CastOp, [x.value], rt, loc=loc))
+
+    def _fp4(self, x: Dyn, dt: DType, loc: Loc) -> Dyn:
+        """``x.to(dt)`` where one side is ``f4e2m1x2``: a tile of pairs [..., C] unpacks into
+        [..., 2C] values (the first of each pair first), a float tile [..., 2C] packs into
+        pairs [..., C], its values rounded to E2M1 (tkc/dtypes.py)."""
+        t, src = x.type, x.type.dtype
+        if not isinstance(t, TileType):
+            raise TkcTypeError(f"a scalar cannot be converted to or from {dtypes.f4e2m1x2.name} (pairs of FP4 "
+                               f"values along a tile's last axis): convert a tile", loc)
+        if src.is_packed:
+            if not dt.is_float:
+                raise TkcTypeError(f"f4e2m1x2 pairs unpack to floats, not {dt.name}: .to(f32)", loc)
+            wide = Dyn(T.unpacked_fp4(self.b, x.value, t.rank - 1, loc))
+            return self.cast(wide, dt, loc)
+        if not src.is_float:
+            raise TkcTypeError(f".to(f4e2m1x2) packs float values, not {src.name}: convert to f32 first", loc)
+        if t.shape[-1] % 32:
+            raise TkcTypeError(f".to(f4e2m1x2) packs the last axis in pairs into a tile whose extents are "
+                               f"multiples of 16: its extent must be a multiple of 32, got {t}", loc)
+        return Dyn(T.packed_fp4(self.b, self.cast(x, dtypes.f32, loc).value, loc))
 
     # ---------------------------------------------------------- tile ops
     def mma(self, a: Dyn, b: Dyn, acc: Dyn | None, loc: Loc) -> Dyn:
@@ -401,7 +427,8 @@ class Emitter:
 
     def dot_scaled(self, a: Dyn, sa: Dyn | None, b: Dyn, sb: Dyn | None, loc: Loc) -> Dyn:
         """``dot_scaled(a, a_scale, b, b_scale)``: the block-scaled product, typed here; a scale
-        given as None (``sa``/``sb`` None here) is a tile of ones."""
+        given as None (``sa``/``sb`` None here) is a tile of ones.  Each scale covers 32 values
+        along K (f8e8m0, OCP MX) or 16 (f8e4m3, NVFP4)."""
         names = dict(zip(("a", "a_scale", "b", "b_scale"), (a, sa, b, sb)))
         for n, x in names.items():
             if x is not None and (not isinstance(x.type, TileType) or x.type.rank != 2):
@@ -412,32 +439,47 @@ class Emitter:
                 raise TkcTypeError(f"dot_scaled() multiplies {', '.join(T.SCALED_DTYPES)} tiles; {n} is "
                                    f"{t.dtype.name} (quantize it first, e.g. examples/mx_fp8.tk, or cast it "
                                    f"to bf16 and give None for its scales)", loc)
-        if ta.shape[1] != tb.shape[0]:
+        # FP4 pairs run along K: a's along its rows as loaded, b's down the columns of a weight
+        # [N, K/2] read transposed (the pairs of a tensor run along its last axis).
+        if ta.dtype.is_packed and _is_transpose(a.value):
+            raise TkcTypeError("dot_scaled()'s a holds FP4 pairs along K, its last axis as loaded: pass the "
+                               "tile of a [M, K/2] tensor, not a transpose", loc)
+        if tb.dtype.is_packed and not _is_transpose(b.value):
+            raise TkcTypeError("dot_scaled()'s b of FP4 pairs is a weight [N, K/2] read transposed, whose pairs "
+                               "run along K: w[...].T", loc)
+        k = T.operand_k(ta, 1)
+        if k != T.operand_k(tb, 0):
             hint = ("; a weight stored [N, K] is read transposed: b[...].T, b_scale[...].T"
-                    if tb.shape[1] == ta.shape[1] else "")
+                    if T.operand_k(tb, 1) == k and not tb.dtype.is_packed else "")
             raise TkcTypeError(f"dot_scaled() shapes do not agree: {ta} @ {tb} "
-                               f"(inner extents {ta.shape[1]} and {tb.shape[0]}){hint}", loc)
-        k = ta.shape[1]
-        if k % T.SCALE_BLOCK:
-            raise TkcTypeError(f"dot_scaled() scales runs of {T.SCALE_BLOCK} values along K: K = {k} is not a "
-                               f"multiple of {T.SCALE_BLOCK}", loc)
+                               f"(K = {k} and {T.operand_k(tb, 0)}, FP4 pairs counting two){hint}", loc)
         for t in (ta, tb):
             if any(s % 16 for s in t.shape):
                 raise TkcTypeError(f"dot_scaled() operands need extents that are multiples of 16, got {t}", loc)
-        kb = k // T.SCALE_BLOCK
-        # (the other side's scales are a loaded tile: K / 32 is already a tile axis's extent)
-        sa, sb = [self.constant(1.0, TileType(shape, dtypes.f8e8m0), loc) if x is None else x
+        # E8M0 scales (OCP MX) cover 32 values along K, e4m3 ones (NVFP4) 16
+        given = sa if sa is not None else sb
+        block = 16 if given.type.dtype == dtypes.f8e4m3 else T.SCALE_BLOCK
+        if k % block:
+            raise TkcTypeError(f"dot_scaled() scales runs of {block} values along K: K = {k} is not a multiple of "
+                               f"{block}", loc)
+        kb = k // block
+        # (the other side's scales are a loaded tile: K / block is already a tile axis's extent)
+        one = given.type.dtype
+        sa, sb = [self.constant(1.0, TileType(shape, one), loc) if x is None else x
                   for x, shape in ((sa, (ta.shape[0], kb)), (sb, (kb, tb.shape[1])))]
         for n, x, want in (("a_scale", sa, (ta.shape[0], kb)), ("b_scale", sb, (kb, tb.shape[1]))):
-            if x.type.dtype != dtypes.f8e8m0:
-                raise TkcTypeError(f"dot_scaled()'s {n} holds f8e8m0 scales (E8M0, one per {T.SCALE_BLOCK} "
-                                   f"values along K), got {x.type.dtype.name}", loc)
+            if x.type.dtype.name not in T.SCALE_DTYPES:
+                raise TkcTypeError(f"dot_scaled()'s {n} holds f8e8m0 scales (E8M0, one per 32 values along "
+                                   f"K), or NVFP4's f8e4m3 (one per 16), got {x.type.dtype.name}", loc)
             if x.type.shape != want:
                 got = "x".join(map(str, x.type.shape))
-                hint = f"; scales stored [N, K/32] are read transposed: {n}[...].T" \
+                hint = f"; scales stored [N, K/{block}] are read transposed: {n}[...].T" \
                     if x.type.shape == want[::-1] and want[0] != want[1] else ""
                 raise TkcTypeError(f"dot_scaled()'s {n} must be {want[0]}x{want[1]} (one scale per "
-                                   f"{T.SCALE_BLOCK} values along K = {k}), got {got}{hint}", loc)
+                                   f"{block} values along K = {k}), got {got}{hint}", loc)
+        if sa.type.dtype != sb.type.dtype:
+            raise TkcTypeError(f"dot_scaled()'s scales are of one dtype, got {sa.type.dtype.name} and "
+                               f"{sb.type.dtype.name}", loc)
         out = TileType((ta.shape[0], tb.shape[1]), dtypes.f32)
         acc = self.constant(0.0, out, loc)
         return Dyn(self.b.value(T.DotScaledOp, [a.value, sa.value, b.value, sb.value, acc.value], out, loc=loc))

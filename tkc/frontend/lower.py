@@ -25,7 +25,7 @@ from tkc.frontend.values import (
 )
 from tkc.ir.builder import Builder
 from tkc.pins import PINS, check_kernel_pins, check_pins
-from tkc.ir.core import Block, Module, OpResult, Region, Value
+from tkc.ir.core import Block, Module, OpResult, Region, Value, uses
 from tkc.ir.dialects import tile as T
 from tkc.ir.types import ScalarType, TensorType, TileType, Type
 
@@ -46,12 +46,12 @@ def is_const_annotation(a: ast.Expr | None) -> bool:
         return a.id in CONST_ANNOTATIONS
     return isinstance(a, ast.Attribute) and a.attr in CONST_ANNOTATIONS
 NAMESPACES = ("tkc", "tk")  # ``tkc.exp(x)`` reads as ``exp(x)`` in @tkc.kernel code
-DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "i32", "i64", "bool")
+DTYPE_NAMES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "f4e2m1x2", "i32", "i64", "bool")
 #: torch's and numpy's names for the dtypes, for what a user from there writes first.
 _DTYPE_ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "bfloat16": "bf16",
                   "int32": "i32", "int": "i32", "int64": "i64",
                   "long": "i64", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2",
-                  "float8_e8m0fnu": "f8e8m0"}
+                  "float8_e8m0fnu": "f8e8m0", "float4_e2m1fn_x2": "f4e2m1x2"}
 
 
 #: ``wait(flags[i] OP v)``: the comparison's spelling -> ``tile.wait``'s predicate.
@@ -141,6 +141,27 @@ def _last_assignment(stmts: list[ast.Stmt], name: str) -> Loc | None:
     return loc
 
 
+#: Where a tile of FP4 pairs (f4e2m1x2) may go as it is: the ops that move pairs whole.
+_FP4_USES = frozenset({"tile.store", "tile.masked_store", "tile.unpack_fp4", "tile.dot_scaled"})
+
+
+def _check_fp4_uses(kernel: T.KernelOp) -> None:
+    """A pair of FP4 values is not a number: tiles of pairs are stored, unpacked with ``.to()``,
+    or multiplied by ``dot_scaled`` (a transpose only as its ``b``), and nothing else."""
+    used = uses(kernel)
+    for op in kernel.walk():
+        packed = [v for v in op.operands if isinstance(v.type, (TileType, ScalarType)) and v.type.dtype.is_packed]
+        if not packed:
+            continue
+        if op.name == T.TransposeOp.name and all(u.name == T.DotScaledOp.name and u.b is op.result
+                                                   for u in used.get(op.result, [])):
+            continue
+        if op.name in _FP4_USES and not (op.name == "tile.masked_store" and op.mask in packed):
+            continue
+        raise TkcTypeError("a tile of f4e2m1x2 holds pairs of FP4 values, which have no arithmetic: store it, "
+                           "multiply it with dot_scaled, or unpack it with .to(f32) first", op.loc)
+
+
 class KernelLowering:
     """Lowers one kernel function to a ``tile.kernel`` op."""
 
@@ -194,6 +215,7 @@ class KernelLowering:
             body = body[1:]  # docstring
         self.stmts(body, top=True)
         self.b.create(T.ReturnOp, loc=fn.loc)
+        _check_fp4_uses(kernel)
         return kernel
 
     def _signature(self) -> tuple[dict[str, object], list[tuple[ast.Param, Type]]]:

@@ -270,18 +270,19 @@ def scale_byte(m: Any, j: Any, mn_atoms: int) -> Any:
 
 @dataclass(frozen=True)
 class ScaleLayout(SharedLayout):
-    """A block-scaled product's scale factors in shared memory (``#scales<RxC, k|mn>``), as
-    ``tcgen05.cp`` copies them into tensor memory for ``tcgen05.mma ... block_scale``: A's
-    [M, K/32] (``major`` "k": rows are M) or B's [K/32, N] (``major`` "mn": columns are N), one
-    f8e8m0 a 32-run of K, at :func:`scale_byte`.  Written by the threads, never by TMA (a
+    """A block-scaled product's scale factors in shared memory (``#scales<RxC, k|mn>``, NVFP4's
+    ``#scales<RxCxf8e4m3, k|mn>``), as ``tcgen05.cp`` copies them into tensor memory for
+    ``tcgen05.mma ... block_scale``: A's [M, K/B] (``major`` "k": rows are M) or B's [K/B, N]
+    (``major`` "mn": columns are N), one f8e8m0 a 32-run of K (or an f8e4m3 a 16-run), at
+    :func:`scale_byte`.  Written by the threads, never by TMA (a
     row's few bytes are below TMA's 16-byte box), and read only by ``tcgen05.cp``."""
 
     dtype: DType = dtypes.f8e8m0
     swizzle: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype != dtypes.f8e8m0 or self.swizzle or self.kperm:
-            raise ValueError("scale factors are f8e8m0, unswizzled")
+        if self.dtype not in (dtypes.f8e8m0, dtypes.f8e4m3) or self.swizzle or self.kperm:
+            raise ValueError("scale factors are f8e8m0 (or NVFP4's f8e4m3), unswizzled")
         if self.major not in ("k", "mn"):
             raise ValueError(f"major is 'k' or 'mn', not {self.major!r}")
         if self.rows <= 0 or self.cols <= 0 or self.mn % 16:
@@ -336,7 +337,8 @@ class ScaleLayout(SharedLayout):
         raise ValueError("scale factors are read by tcgen05.cp (blackwell.scale_descriptor), not by an MMA")
 
     def __str__(self) -> str:
-        return f"#scales<{self.rows}x{self.cols}, {self.major}>"
+        dt = "" if self.dtype == dtypes.f8e8m0 else f"x{self.dtype.name}"  # (E8M0 is the default)
+        return f"#scales<{self.rows}x{self.cols}{dt}, {self.major}>"
 
 
 def read_as(layout: SharedLayout, major: str | None) -> SharedLayout:
@@ -1544,10 +1546,11 @@ def _parse_smem(text: str) -> SharedLayout:
 
 
 def _parse_scales(text: str) -> ScaleLayout:
-    m = re.fullmatch(r"\s*(\d+)x(\d+)\s*,\s*(k|mn)\s*", text)
+    m = re.fullmatch(r"\s*(\d+)x(\d+)(?:x(f8e4m3))?\s*,\s*(k|mn)\s*", text)
     if m is None:
-        raise ValueError("expected '<rows>x<cols>, k|mn'")
-    return ScaleLayout(int(m.group(1)), int(m.group(2)), major=m.group(3))
+        raise ValueError("expected '<rows>x<cols>[xf8e4m3], k|mn'")
+    dt = dtypes.f8e4m3 if m.group(3) else dtypes.f8e8m0
+    return ScaleLayout(int(m.group(1)), int(m.group(2)), dt, major=m.group(4))
 
 
 def _frag_args(text: str) -> tuple[int, int, int]:

@@ -18,6 +18,8 @@
 - :mod:`tkc.ops.based`: ``based``, Based linear attention through based.tk, long sequences of
   few heads in segments (a plain function too).
 - :mod:`tkc.ops.mx`: ``mx_quantize``, ``mx_dequantize`` (MXFP8) and ``mx_matmul`` (their GEMM).
+- :mod:`tkc.ops.fp4`: ``fp4_quantize``, ``fp4_dequantize`` (MXFP4, NVFP4) and ``fp4_matmul``
+  (bf16 activations by an FP4 weight).
 - :mod:`tkc.ops.kernels`: the kernels the shipped operators run (package data).
 
 Every operator traces under ``torch.compile(fullgraph=True)`` (its fake implementation
@@ -29,11 +31,13 @@ torch and registers the shipped operators.
 from tkc.ops.attention import attention
 from tkc.ops.based import based
 from tkc.ops.fftconv import fft_conv
+from tkc.ops.fp4 import fp4_dequantize, fp4_matmul, fp4_quantize
 from tkc.ops.kernel_op import call, custom_op, register_autograd
 from tkc.ops.matmul import matmul
 from tkc.ops.mx import mx_dequantize, mx_matmul, mx_quantize
 from tkc.ops.rows import layer_norm, rms_norm, softmax
 from tkc.ops.varlen_attention import varlen_attention
 
-__all__ = ["attention", "based", "call", "custom_op", "fft_conv", "layer_norm", "matmul", "mx_dequantize",
-           "mx_matmul", "mx_quantize", "register_autograd", "rms_norm", "softmax", "varlen_attention"]
+__all__ = ["attention", "based", "call", "custom_op", "fft_conv", "fp4_dequantize", "fp4_matmul", "fp4_quantize",
+           "layer_norm", "matmul", "mx_dequantize", "mx_matmul", "mx_quantize", "register_autograd", "rms_norm",
+           "softmax", "varlen_attention"]

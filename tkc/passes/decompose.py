@@ -86,48 +86,68 @@ def _mean(op: Operation, b: Builder):
 
 def _scales_natively(op: Operation, target: Target) -> bool:
     """Whether ``target``'s tensor cores take this ``dot_scaled`` as one block-scaled product
-    (sm_100a's ``kind::mxf8f6f4.block_scale``): both operands 8-bit floats with their scales,
-    ``target.mma_rows`` rows (the block-scaled MMA's only M on one CTA) and N a multiple of 16
-    up to 256.  Else it is decomposed."""
+    (sm_100a's ``kind::mxf8f6f4.block_scale``, and ``kind::mxf4nvf4`` for FP4): both operands
+    8-bit floats with E8M0 scales of 32 values, or both FP4 pairs with those (MXFP4) or e4m3
+    scales of 16 (NVFP4); ``target.mma_rows`` rows (the block-scaled MMA's only M on one CTA)
+    and N a multiple of 16 up to 256.  Else it is decomposed."""
     m, n = op.acc.type.shape
-    return ("tile.dot_scaled" in target.native_ops and op.a.type.dtype.bits == 8 and op.b.type.dtype.bits == 8
+    a, b = op.a.type.dtype, op.b.type.dtype
+    scales = (tile.scale_block(op), op.a_scale.type.dtype.name)
+    eight = all(t.bits == 8 and t.is_float for t in (a, b)) and scales == (tile.SCALE_BLOCK, "f8e8m0")
+    fp4 = a.is_packed and b.is_packed and scales in ((tile.SCALE_BLOCK, "f8e8m0"), (16, "f8e4m3"))
+    return ("tile.dot_scaled" in target.native_ops and (eight or fp4)
             and m == target.mma_rows and n % 16 == 0 and 16 <= n <= 256)
 
 
 def _dot_scaled(op: Operation, target: Target, b: Builder):
     """``dot_scaled(a, sa, b, sb)`` as a block-scaled ``tile.mma`` where ``target`` takes it
     (:func:`_scales_natively`), else as ``A @ B`` in bf16, where ``A`` is ``a`` times its
-    scales: ``a`` cast to f32 and seen as rows of 32 values (``[M * K/32, 32]``), each row
-    times its scale (``sa`` flattened), back to ``[M, K]`` and to bf16; ``B`` the same on
-    ``b``'s transpose: each scaled value rounded to f32 and then bf16, as the interpreter
-    defines the op (exact in bf16's range: an 8-bit float times a power of two)."""
+    scales: ``a`` cast to f32 (FP4 pairs unpacked along K) and seen as rows of B values
+    (``[M * K/B, B]``, B the values a scale covers), each row times its scale (``sa``
+    flattened), back to ``[M, K]`` and to bf16; ``B`` the same on ``b``'s transpose: each
+    scaled value rounded to f32 and then bf16, as the interpreter defines the op (exact in
+    bf16's range: an 8-bit or 4-bit float times an E8M0 or e4m3 scale)."""
     loc = op.loc
+    sa, sb = op.a_scale, op.b_scale
+    if tile.scale_dtype(op) == dtypes.f8e4m3:  # NVFP4's scales count by their magnitudes (UE4M3)
+        sa, sb = (s if tile.constant_value(s) == 1.0 else b.value(tile.AbsOp, [s], s.type, loc=loc) for s in (sa, sb))
     if _scales_natively(op, target):
-        return b.value(tile.MmaOp, [op.a, op.b, op.acc, op.a_scale, op.b_scale], op.result.type, loc=loc)
+        return b.value(tile.MmaOp, [op.a, op.b, op.acc, sa, sb], op.result.type, loc=loc)
+    block = tile.scale_block(op)
+    f32, bf16 = dtypes.f32, dtypes.bf16
 
-    def scaled(x, s):  # x [R, K], s [R, K / 32] -> bf16 [R, K]
-        r, k = x.type.shape
-        rows = r * (k // tile.SCALE_BLOCK)
-        f32, bf16 = dtypes.f32, dtypes.bf16
+    def wide(x):  # x [R, K] (or FP4 pairs [R, K / 2]) -> f32 [R, K]
+        if x.type.dtype.is_packed:
+            return tile.unpacked_fp4(b, x, 1, loc)
+        return b.value(tile.CastOp, [x], x.type.with_dtype(f32), loc=loc)
+
+    def scaled(x, s):  # x [R, K], s [R, K / B] -> bf16 [R, K]
         if tile.constant_value(s) == 1.0:  # no scales (None): a bf16 operand as it is, fp8 exactly in bf16
-            return x if x.type.dtype == bf16 else b.value(tile.CastOp, [x], x.type.with_dtype(bf16), loc=loc)
-        x = b.value(tile.CastOp, [x], x.type.with_dtype(f32), loc=loc)
-        x = b.value(tile.ReshapeOp, [x], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
+            if x.type.dtype == bf16:
+                return x
+            if not x.type.dtype.is_packed:
+                return b.value(tile.CastOp, [x], x.type.with_dtype(bf16), loc=loc)
+            x = wide(x)
+            return b.value(tile.CastOp, [x], x.type.with_dtype(bf16), loc=loc)
+        x = wide(x)
+        r, k = x.type.shape
+        rows = r * (k // block)
+        x = b.value(tile.ReshapeOp, [x], TileType((rows, block), f32), loc=loc)
         s = b.value(tile.CastOp, [s], s.type.with_dtype(f32), loc=loc)
         s = b.value(tile.ReshapeOp, [s], TileType((rows, 1), f32), loc=loc)
-        s = b.value(tile.BroadcastOp, [s], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
-        x = b.value(tile.MulOp, [x, s], TileType((rows, tile.SCALE_BLOCK), f32), loc=loc)
+        s = b.value(tile.BroadcastOp, [s], TileType((rows, block), f32), loc=loc)
+        x = b.value(tile.MulOp, [x, s], TileType((rows, block), f32), loc=loc)
         x = b.value(tile.ReshapeOp, [x], TileType((r, k), f32), loc=loc)
         return b.value(tile.CastOp, [x], TileType((r, k), bf16), loc=loc)
 
     def transposed(x):
         return b.value(tile.TransposeOp, [x], x.type.with_shape(x.type.shape[::-1]), loc=loc)
 
-    a = scaled(op.a, op.a_scale)
-    if tile.constant_value(op.b_scale) == 1.0:
-        w = scaled(op.b, op.b_scale)  # (no scales: a cast at most, in b's own orientation)
+    a = scaled(op.a, sa)
+    if tile.constant_value(sb) == 1.0 and not op.b.type.dtype.is_packed:
+        w = scaled(op.b, sb)  # (no scales: a cast at most, in b's own orientation)
     else:
-        w = transposed(scaled(transposed(op.b), transposed(op.b_scale)))
+        w = transposed(scaled(transposed(op.b), transposed(sb)))
     return b.value(tile.MmaOp, [a, w, op.acc], op.result.type, loc=loc)
 
 

@@ -311,6 +311,9 @@ class _Lowering:
             b.create(blackwell.CopyScalesOp, [at, v])
         if scales:
             attrs["scales"] = [col - self.column_of[tmem] for _, col in scales]
+            vec = blackwell.scale_vec(w.a.type.dtype, w.scales[0].type.dtype)
+            if vec != 1:  # FP4 pairs: kind::mxf4nvf4, two (MXFP4) or four (NVFP4) scales a K step
+                attrs["scale_vec"] = vec
         return b.create(blackwell.MmaOp, [tmem, w.a, w.b, accumulate, *waits], [], attrs)
 
     def _scale_columns(self, container: Operation, w: Operation) -> list[tuple[Value, int]]:

@@ -413,7 +413,7 @@ class _Selector:
             # copies into tensor memory (A's [M, K/32] rows are M, B's [K/32, N] columns are N).
             # Right before the product where they are loaded for it (one meeting for both).
             for slot, (v, major) in enumerate(zip(mma.scales, ("k", "mn")), start=3):
-                layout = ScaleLayout(*v.type.shape, major=major)
+                layout = ScaleLayout(*v.type.shape, v.type.dtype, major=major)
                 d = _def(v)
                 if d is not None and d.parent is mma.parent:
                     staged = Builder.before(mma).value(hopper.ToSmemOp, [v], TileType(v.type.shape, v.type.dtype,
@@ -539,12 +539,13 @@ class _Selector:
                     self._default(v)
                     self._fixpoint()
 
-    def _stacked(self, t: TileType) -> object | None:
+    def _stacked(self, t: TileType, elem_bytes: int | None = None) -> object | None:
         """A layout of ``t`` ([..., W, s]) that holds its last axis whole in each thread: the
-        #blocked layout of the flat [..., W * s] tile, or None where that splits the axis."""
+        #blocked layout of the flat [..., W * s] tile (its runs as wide as ``elem_bytes``
+        elements make 16 bytes), or None where that splits the axis."""
         flat = (*t.shape[:-2], t.shape[-2] * t.shape[-1])
         try:
-            lay = _reshaped(choose_blocked(flat, max(1, t.dtype.bits // 8), self.threads), t.shape)
+            lay = _reshaped(choose_blocked(flat, elem_bytes or max(1, t.dtype.bits // 8), self.threads), t.shape)
         except ValueError:
             return None
         return lay if lay is not None and take_registers(lay, t.rank - 1, 0) is not None else None
@@ -556,6 +557,11 @@ class _Selector:
         if d is not None and d.name == "tile.reshape" and d.x not in self.lay and d.x.type.rank == v.type.rank - 1:
             lay = self._stacked(v.type)  # the flat range itself: its reshape follows
             self._propose(d.x, lay.parent if lay is not None else None)
+        elif d is not None and d.name == "tile.stack" and all(_def(x) is not None and _def(x).name == "tile.unpack_fp4"
+                                                             for x in d.operands):
+            # FP4 pairs unpacked: the runs as long as 16 bytes of values make, so that each
+            # thread loads its pairs 8 bytes at a time (16 values), not 2
+            self._propose(v, self._stacked(v.type, 1))
         else:
             self._propose(v, self._stacked(v.type))
 

@@ -91,27 +91,48 @@ def instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int) -> int:
             | (b.major == "mn") << 16 | (n >> 3) << 17 | (m >> 4) << 24)
 
 
-#: The block-scaled descriptor's scale type UE8M0 (bit 23) (docs/block_scaled.md §3); its
-#: operand codes (bits 7-9 and 10-12) are kind::f8f6f4's for e4m3 and e5m2.
+#: The block-scaled descriptor's scale type UE8M0 (bit 23; UE4M3 is 0) (docs/block_scaled.md §3);
+#: kind::mxf8f6f4's operand codes (bits 7-9 and 10-12) are kind::f8f6f4's for e4m3 and e5m2.
 UE8M0 = 1
-#: The block-scaled kind tkc issues: 8-bit operands, one UE8M0 scale a 32-run of K (scale_vec::1X).
-SCALED_KIND = "mxf8f6f4"
+#: kind::mxf4nvf4's operand code of E2M1 (bits 7-9 and 10-11).
+E2M1 = 1
+#: The block-scaled kinds tkc issues, by their scale vector (the scales one MMA of K 32 bytes
+#: reads a row): 1X 8-bit operands with one UE8M0 a 32-run (MXFP8), 2X FP4 pairs with one UE8M0
+#: a 32-run (MXFP4), 4X FP4 pairs with one UE4M3 a 16-run (NVFP4).
+SCALED_KINDS = {1: "mxf8f6f4", 2: "mxf4nvf4", 4: "mxf4nvf4"}
 
 
-def scaled_instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int, a_id: int, b_id: int) -> int:
-    """The instruction descriptor of ``tcgen05.mma ... kind::mxf8f6f4.block_scale``
-    (docs/block_scaled.md §3; not the unscaled layout: bits 4-5 hold B's scale id, not D's
-    type, and M is ``M >> 7`` at bits 27-28): A's and B's types and majors, N >> 3, the UE8M0
-    scale type, and which byte of a scale column (``a_id``, ``b_id``: the K block within its
-    group of four) this K step reads."""
-    codes = _KIND_CODES["f8f6f4"]
-    if a.dtype.name not in codes or b.dtype.name not in codes:
-        raise ValueError(f"kind::{SCALED_KIND} takes e4m3 and e5m2 here, not {a.dtype.name} x {b.dtype.name}")
-    if not (0 <= a_id < 4 and 0 <= b_id < 4):
-        raise ValueError(f"scale ids are 0-3, got {a_id} and {b_id}")
-    return (b_id << 4 | codes[a.dtype.name] << 7 | codes[b.dtype.name] << 10
-            | (a.major == "mn") << 15 | (b.major == "mn") << 16 | (n >> 3) << 17 | UE8M0 << 23 | (m >> 7) << 27
-            | a_id << 29)
+def scale_vec(operand: dtypes.DType, scale: dtypes.DType) -> int:
+    """The scale vector of a block-scaled product of ``operand``s scaled by ``scale``s."""
+    if not operand.is_packed:
+        return 1
+    return 4 if scale == dtypes.f8e4m3 else 2
+
+
+def scaled_instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int, a_id: int, b_id: int,
+                            vec: int = 1) -> int:
+    """The instruction descriptor of ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` (``vec``
+    1) or ``kind::mxf4nvf4.block_scale`` (``vec`` 2 or 4) (docs/block_scaled.md §3; not the
+    unscaled layout: bits 4-5 hold B's scale id, not D's type, and M is ``M >> 7`` at bits
+    27-28): A's and B's types and majors (FP4 pairs K-major only), N >> 3, the scale type
+    (UE8M0, or UE4M3 for 4X), and which byte of a scale column (``a_id``, ``b_id``: the first
+    K block of this K step within its group of four) it reads."""
+    if not (0 <= a_id < 4 and 0 <= b_id < 4) or a_id % vec or b_id % vec:
+        raise ValueError(f"scale ids are 0-3 and multiples of the scale vector {vec}, got {a_id} and {b_id}")
+    if vec == 1:
+        codes = _KIND_CODES["f8f6f4"]
+        if a.dtype.name not in codes or b.dtype.name not in codes:
+            raise ValueError(f"kind::mxf8f6f4 takes e4m3 and e5m2 here, not {a.dtype.name} x {b.dtype.name}")
+        ca, cb, scale = codes[a.dtype.name], codes[b.dtype.name], UE8M0
+    else:
+        if vec not in (2, 4) or not (a.dtype.is_packed and b.dtype.is_packed):
+            raise ValueError(f"kind::mxf4nvf4 takes FP4 pairs with 2 or 4 scales a K step, not {a.dtype.name} x "
+                             f"{b.dtype.name} with {vec}")
+        if a.major != "k" or b.major != "k":
+            raise ValueError("kind::mxf4nvf4 reads K-major operands only")
+        ca, cb, scale = E2M1, E2M1, UE8M0 if vec == 2 else 0
+    return (b_id << 4 | ca << 7 | cb << 10 | (a.major == "mn") << 15 | (b.major == "mn") << 16 | (n >> 3) << 17
+            | scale << 23 | (m >> 7) << 27 | a_id << 29)
 
 
 def scale_descriptor(addr: int) -> int:
@@ -203,7 +224,8 @@ class MmaOp(Operation):
 
     name = "blackwell.mma"
     OPERANDS = ("tmem", "a", "b", "accumulate", "*ready")
-    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str, "pair?": bool, "scales?": list}
+    ATTRS = {"m": int, "n": int, "a_major?": str, "b_major?": str, "pair?": bool, "scales?": list,
+             "scale_vec?": int}
 
     def operand_layout(self, which: str) -> SharedLayout:
         """The shared layout this MMA reads operand ``which`` ('a' or 'b') through."""
@@ -253,16 +275,25 @@ class MmaOp(Operation):
                               or not (self.n % step == 0 and step <= self.n <= 256)):
             raise self.error(f"tcgen05.mma.cta_group::1 here is M = 128 with N in 16..256 in steps of 16, or M = 64 "
                              f"with N in 8..256 in steps of 8, got {self.m}x{self.n}")
-        if mma_kind(a.dtype, b.dtype) is None:
-            raise self.error(f"tcgen05.mma takes bf16 x bf16, f16 x f16 or 8-bit float pairs, not "
-                             f"{a.dtype.name} x {b.dtype.name}")
         scales = self.attributes.get("scales")
+        fp4 = a.dtype.is_packed and b.dtype.is_packed and scales is not None
+        if mma_kind(a.dtype, b.dtype) is None and not fp4:
+            raise self.error(f"tcgen05.mma takes bf16 x bf16, f16 x f16 or 8-bit float pairs (FP4 pairs block-scaled), "
+                             f"not {a.dtype.name} x {b.dtype.name}")
         if scales is not None:
             if not (isinstance(scales, list) and len(scales) == 2 and all(type(c) is int for c in scales)):
                 raise self.error("scales are the columns of A's and B's scale factors from the accumulator's address")
-            if self.pair or self.m != TMEM_LANES or mma_kind(a.dtype, b.dtype) != "f8f6f4":
-                raise self.error(f"a block-scaled tcgen05.mma here is one CTA's, M = 128, of 8-bit operands, got "
-                                 f"{a.dtype.name} x {b.dtype.name}, M = {self.m}{', a pair' if self.pair else ''}")
+            vec = self.scale_vec
+            if self.pair or self.m != TMEM_LANES or (vec == 1) != (mma_kind(a.dtype, b.dtype) == "f8f6f4") \
+                    or vec not in SCALED_KINDS or (vec > 1 and not fp4):
+                raise self.error(f"a block-scaled tcgen05.mma here is one CTA's, M = 128, of 8-bit operands (scale "
+                                 f"vector 1) or FP4 pairs (2 or 4), got {a.dtype.name} x {b.dtype.name}, M = {self.m}, "
+                                 f"scale vector {vec}{', a pair' if self.pair else ''}")
+
+    @property
+    def scale_vec(self) -> int:
+        """Scales one K step (32 bytes of K) reads a row: 1 (MXFP8), 2 (MXFP4) or 4 (NVFP4)."""
+        return self.attributes.get("scale_vec", 1)
 
     @property
     def scale_columns(self) -> tuple[int, int] | None:
@@ -271,14 +302,16 @@ class MmaOp(Operation):
         return None if scales is None else (scales[0], scales[1])
 
     def scale_step(self, k_step: int) -> tuple[int, int, int]:
-        """What the block-scaled MMA of K step ``k_step`` (one K block of 32) is issued with:
-        its instruction descriptor, whose scale ids pick byte ``k_step % 4`` of a scale
-        column, and the columns from ``tmem`` of A's and B's scales for its group of four K
-        blocks (``[sfa]``, ``[sfb]``; a group takes four columns a 128 rows of M or N)."""
+        """What the block-scaled MMA of K step ``k_step`` (32 bytes of K: one K block of 32
+        8-bit values, or two of 32 or four of 16 FP4 values) is issued with: its instruction
+        descriptor, whose scale ids pick the byte of a scale column its first K block is (its
+        place in a group of four), and the columns from ``tmem`` of A's and B's scales for that
+        group (``[sfa]``, ``[sfb]``; a group takes four columns a 128 rows of M or N)."""
         a, b = self.scale_columns
-        group = 4 * (k_step // 4)
+        block = k_step * self.scale_vec
+        group = 4 * (block // 4)
         idesc = scaled_instr_descriptor(self.operand_layout("a"), self.operand_layout("b"), self.m, self.n,
-                                        k_step % 4, k_step % 4)
+                                        block % 4, block % 4, self.scale_vec)
         return idesc, a + group * -(-self.m // 128), b + group * -(-self.n // 128)
 
 

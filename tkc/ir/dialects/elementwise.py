@@ -38,9 +38,10 @@ _INT_MINS = (dtypes.i32.min, dtypes.i64.min)
 
 
 def kind_of(t: Type) -> str:
-    """'float', 'int' or 'bool': the element kind of a scalar or tile type."""
+    """'float', 'int', 'bool' or 'packed' (FP4 pairs, which no elementwise op takes): the element
+    kind of a scalar or tile type."""
     dt = t.dtype
-    return "float" if dt.is_float else "bool" if dt.is_bool else "int"
+    return "float" if dt.is_float else "bool" if dt.is_bool else "packed" if dt.is_packed else "int"
 
 
 class ElementwiseOp(Operation):
@@ -101,6 +102,9 @@ class ElementwiseOp(Operation):
         """Why ``what`` (how the user wrote the op) does not take operands of type ``t``."""
         kind = kind_of(t)
         dt = t.dtype.name
+        if kind == "packed":
+            return (f"{what} on {dt}, pairs of FP4 values, which have no arithmetic: unpack them with "
+                    f".to(f32) first")
         if cls.HINT is not None:
             return cls.HINT.format(what=what, type=t, dtype=dt)
         if kind == "bool":

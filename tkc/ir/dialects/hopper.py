@@ -829,9 +829,10 @@ class WgmmaOp(Operation):
         check_block_scales(self, TileType((m, k), self.a.type.dtype), TileType((k, n), self.b.type.dtype),
                            [v.type for v in self.scales])
         for v, major in zip(self.scales, ("k", "mn")):
-            if v.type.layout.major != major or (v.type.layout.rows, v.type.layout.cols) != v.type.shape:
-                raise self.error(f"A's scales are stored #scales<MxK/32, k>, B's #scales<K/32xN, mn>, got "
-                                 f"{v.type.layout}")
+            if v.type.layout.major != major or (v.type.layout.rows, v.type.layout.cols) != v.type.shape \
+                    or v.type.layout.dtype != v.type.dtype:
+                raise self.error(f"A's scales are stored #scales<MxK/32, k>, B's #scales<K/32xN, mn> (of their "
+                                 f"dtype), got {v.type.layout}")
 
 
 @register

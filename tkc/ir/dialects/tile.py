@@ -301,6 +301,77 @@ class CastOp(Operation):
         a, r = self.x.type, self.result.type
         if not is_value_type(a) or type(a) is not type(r) or shape_of(a) != shape_of(r):
             raise self.error(f"casts keep the shape: {a} -> {r}")
+        if a.dtype.is_packed or r.dtype.is_packed:
+            raise self.error(f"FP4 pairs are not cast but unpacked and packed (tile.unpack_fp4, tile.pack_fp4): "
+                             f"{a} -> {r}")
+
+
+@register
+class UnpackFp4Op(Operation):
+    """One value of each ``f4e2m1x2`` pair as f32: the first (``half`` 0, the low nibble) or
+    the second (``half`` 1).  ``x.to(f32)`` of a tile of pairs [..., C] is the two halves
+    stacked and reshaped to [..., 2C] (:func:`unpacked_fp4`)."""
+
+    name = "tile.unpack_fp4"
+    SURFACE = 'x.to(f32) of an f4e2m1x2 tile'
+    EXAMPLE = 'w = wt.to(f32)'
+    OPERANDS = ("x",)
+    RESULTS = ("result",)
+    ATTRS = {"half": int}
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        a, r = self.x.type, self.result.type
+        if not is_value_type(a) or a.dtype != dtypes.f4e2m1x2 or r != _with_dtype(a, dtypes.f32):
+            raise self.error(f"unpacks an f4e2m1x2 scalar or tile into f32 of its shape: {a} -> {r}")
+        if self.half not in (0, 1):
+            raise self.error(f"half is 0 (the low nibble) or 1, got {self.half}")
+
+
+@register
+class PackFp4Op(Operation):
+    """Two f32 values rounded to E2M1 (to nearest even, saturating at ±6; tkc/dtypes.py) as
+    one ``f4e2m1x2`` pair, ``lo`` in the low nibble.  ``x.to(f4e2m1x2)`` of a float tile
+    [..., 2C] packs its even and odd columns (:func:`packed_fp4`)."""
+
+    name = "tile.pack_fp4"
+    SURFACE = 'x.to(f4e2m1x2)'
+    EXAMPLE = 'q[r:r+BM, 0:BK // 2] = (xt / scale).to(f4e2m1x2)'
+    OPERANDS = ("lo", "hi")
+    RESULTS = ("result",)
+    TRAITS = frozenset({"pure", "elementwise"})
+
+    def verify(self) -> None:
+        a, c, r = self.lo.type, self.hi.type, self.result.type
+        if not is_value_type(a) or a.dtype != dtypes.f32 or c != a or r != _with_dtype(a, dtypes.f4e2m1x2):
+            raise self.error(f"packs two f32 values of one shape into f4e2m1x2: {a}, {c} -> {r}")
+
+
+def _with_dtype(t: Type, dt: dtypes.DType) -> Type:
+    return t.with_dtype(dt) if isinstance(t, TileType) else ScalarType(dt)
+
+
+def unpacked_fp4(b, x: Value, axis: int, loc=None) -> Value:
+    """The f32 values of the ``f4e2m1x2`` tile ``x`` whose pairs run along ``axis``: each
+    pair's two values side by side on that axis (twice its extent), the first of the pair
+    first.  Two ``tile.unpack_fp4`` of the tile, stacked on a new axis after ``axis`` and
+    reshaped: ops that select-layouts gives each thread whole pairs of."""
+    t = x.type
+    halves = [b.value(UnpackFp4Op, [x], t.with_dtype(dtypes.f32), {"half": h}, loc=loc) for h in (0, 1)]
+    shape = (*t.shape[:axis + 1], 2, *t.shape[axis + 1:])
+    both = b.value(StackOp, halves, TileType(shape, dtypes.f32), {"axis": axis + 1}, loc=loc)
+    wide = (*t.shape[:axis], 2 * t.shape[axis], *t.shape[axis + 1:])
+    return b.value(ReshapeOp, [both], TileType(wide, dtypes.f32), loc=loc)
+
+
+def packed_fp4(b, x: Value, loc=None) -> Value:
+    """The f32 tile ``x`` [..., 2C] as ``f4e2m1x2`` pairs [..., C] of its even and odd columns."""
+    t = x.type
+    pairs = (*t.shape[:-1], t.shape[-1] // 2)
+    r = b.value(ReshapeOp, [x], TileType((*pairs, 2), dtypes.f32), loc=loc)
+    lo, hi = (b.value(TakeOp, [r], TileType(pairs, dtypes.f32), {"axis": len(pairs), "index": i}, loc=loc)
+              for i in (0, 1))
+    return b.value(PackFp4Op, [lo, hi], TileType(pairs, dtypes.f4e2m1x2), loc=loc)
 
 
 # ------------------------------------------------------------------- shapes
@@ -637,46 +708,84 @@ class MmaOp(Operation):
             raise self.error("operands must be 2-D tiles")
         if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
             raise self.error(f"shapes do not agree: {a} @ {b} into {c}")
-        if a.dtype.name not in MMA_DTYPES or b.dtype.name not in MMA_DTYPES:
-            raise self.error(f"operands must be one of {', '.join(MMA_DTYPES)}")
+        fp4 = a.dtype.is_packed and b.dtype.is_packed and bool(self.scales)
+        if not fp4 and (a.dtype.name not in MMA_DTYPES or b.dtype.name not in MMA_DTYPES):
+            raise self.error(f"operands must be one of {', '.join(MMA_DTYPES)} (FP4 pairs only with scales)")
         fp8 = a.dtype.bits == 8 and b.dtype.bits == 8
         if a.dtype != b.dtype and not fp8:
             raise self.error(f"operand dtypes differ: {a.dtype.name} and {b.dtype.name}")
         if c.dtype != dtypes.f32 or r != c:
             raise self.error("the accumulator and result are f32 tiles of one type")
         if self.scales:
-            check_block_scales(self, a, b, [v.type for v in self.scales])
-            if a.dtype.bits != 8 or b.dtype.bits != 8:
-                raise self.error("a block-scaled @ takes 8-bit float operands")
+            block = check_block_scales(self, a, b, [v.type for v in self.scales])
+            if a.dtype.bits != 8 or b.dtype.bits != 8 or a.dtype.is_packed != b.dtype.is_packed:
+                raise self.error("a block-scaled @ takes 8-bit float operands, or FP4 pairs on both sides")
+            scale = self.scales[0].type.dtype
+            if any(v.type.dtype != scale for v in self.scales) or (block, scale.name) not in (
+                    (SCALE_BLOCK, "f8e8m0"), *(((16, "f8e4m3"),) if fp4 else ())):
+                raise self.error(f"a block-scaled @ takes f8e8m0 scales of {SCALE_BLOCK} values (FP4 pairs also "
+                                 f"NVFP4's f8e4m3 of 16)")
 
 
-def check_block_scales(op: Operation, a: TileType, b: TileType, scales: list) -> None:
-    """``scales`` are an [M, K/32] and a [K/32, N] f8e8m0 tile for ``a`` [M, K] @ ``b`` [K, N]."""
+def operand_k(t: TileType, axis: int) -> int:
+    """The K extent of a product operand whose K runs along ``axis``: twice the tile's for
+    ``f4e2m1x2`` pairs (packed along K)."""
+    return t.shape[axis] * (2 if t.dtype.is_packed else 1)
+
+
+def scale_block(op: Operation) -> int:
+    """Values along K one scale of a block-scaled product (``tile.dot_scaled``, a block-scaled
+    ``tile.mma``) covers: K over the extent of A's scales along it."""
+    sa = op.a_scale if op.name == DotScaledOp.name else op.scales[0]
+    return operand_k(op.a.type, 1) // sa.type.shape[1]
+
+
+def scale_dtype(op: Operation) -> dtypes.DType:
+    """The dtype of a block-scaled product's scales (both sides': the frontend makes them one)."""
+    return (op.a_scale if op.name == DotScaledOp.name else op.scales[0]).type.dtype
+
+
+def check_block_scales(op: Operation, a: TileType, b: TileType, scales: list) -> int:
+    """``scales`` are an [M, K/B] and a [K/B, N] tile for ``a`` [M, K] @ ``b`` [K, N] of one
+    scale dtype (:data:`SCALE_DTYPES`), each scale covering B values along K: 32 for f8e8m0 (OCP
+    MX), 16 for f8e4m3 (NVFP4); returns B."""
     if len(scales) != 2 or not all(isinstance(t, TileType) and t.rank == 2 for t in scales):
         raise op.error("takes two scale tiles, A's and B's")
     sa, sb = scales
-    if a.shape[1] % SCALE_BLOCK:
-        raise op.error(f"K ({a.shape[1]}) is a multiple of {SCALE_BLOCK} in a block-scaled product")
-    kb = a.shape[1] // SCALE_BLOCK
+    if sa.dtype.name not in SCALE_DTYPES or sb.dtype != sa.dtype:
+        raise op.error(f"scales must be {' or '.join(SCALE_DTYPES)} tiles, both of one dtype")
+    block = 16 if sa.dtype == dtypes.f8e4m3 else SCALE_BLOCK
+    k = operand_k(a, 1)
+    if k % block:
+        raise op.error(f"K ({k}) is a multiple of {block} in a block-scaled product with {sa.dtype.name} scales")
+    kb = k // block
     if sa.shape != (a.shape[0], kb) or sb.shape != (kb, b.shape[1]):
         raise op.error(f"scales must be {a.shape[0]}x{kb} and {kb}x{b.shape[1]}, got {sa} and {sb}")
-    if sa.dtype != dtypes.f8e8m0 or sb.dtype != dtypes.f8e8m0:
-        raise op.error("scales must be f8e8m0 tiles")
+    return block
 
 
 #: Values a block-scaled product's scale covers along K (OCP MX: 32 values, one E8M0 byte).
 SCALE_BLOCK = 32
-#: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types, and bf16 (an operand without
-#: scales, e.g. activations beside MXFP8 weights, takes scales of 1).
-SCALED_DTYPES = ("f8e4m3", "f8e5m2", "bf16")
+#: The runs one scale may cover: OCP MX's 32, NVFP4's 16.
+SCALE_BLOCKS = (32, 16)
+#: A scale's dtypes: OCP MX's E8M0 (a power of two), NVFP4's E4M3 (a positive e4m3).
+SCALE_DTYPES = ("f8e8m0", "f8e4m3")
+#: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types, pairs of FP4 (E2M1) values
+#: packed along K, and bf16 (an operand without scales, e.g. activations beside MXFP8 weights,
+#: takes scales of 1).
+SCALED_DTYPES = ("f8e4m3", "f8e5m2", "f4e2m1x2", "bf16")
 
 
 @register
 class DotScaledOp(Operation):
-    """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX, MXFP8): ``a``
-    is MxK and ``b`` KxN of e4m3, e5m2 or bf16, each run of 32 values along K scaled by one f8e8m0
-    (a power of two) of ``a_scale`` (M x K/32) or ``b_scale`` (K/32 x N); f32 accumulator.
-    Each operand times its scale is a bf16 (exact in bf16's range; tkc/semantics.py).  The
+    """``acc + (a * a_scale) @ (b * b_scale)``, a block-scaled product (OCP MX's MXFP8 and
+    MXFP4, NVIDIA's NVFP4): ``a`` is MxK and ``b`` KxN of e4m3, e5m2, FP4 pairs or bf16, each
+    run of B values along K (B = 32, or 16) scaled by one f8e8m0 (a power of two) or f8e4m3
+    (NVFP4's, unsigned: its magnitude) of ``a_scale`` (M x K/B) or ``b_scale`` (K/B x N); f32
+    accumulator.  An
+    ``f4e2m1x2`` operand holds its pairs along K: ``a`` is M x K/2 of them, ``b`` K/2 x N (a
+    weight [N, K/2] read transposed).  Each operand times its scale is a bf16 (exact in bf16's
+    range; tkc/semantics.py).  The
     ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma``, or, on a
     target whose tensor cores scale blocks (sm_100a) and for the products they take, as a
     block-scaled ``tile.mma`` (its ``scales``)."""
@@ -693,7 +802,7 @@ class DotScaledOp(Operation):
                                                 self.result))
         if not all(isinstance(t, TileType) and t.rank == 2 for t in (a, sa, b, sb, c)):
             raise self.error("operands must be 2-D tiles")
-        if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]) or a.shape[1] % SCALE_BLOCK:
+        if operand_k(a, 1) != operand_k(b, 0) or c.shape != (a.shape[0], b.shape[1]):
             raise self.error(f"shapes do not agree: {a} @ {b} into {c}")
         check_block_scales(self, a, b, [sa, sb])
         if a.dtype.name not in SCALED_DTYPES or b.dtype.name not in SCALED_DTYPES:
