@@ -6,13 +6,14 @@ dequantizing kernel cannot pass; ``torch._scaled_mm`` with MX scales where the G
 block-scaled products (Blackwell; elsewhere its error is noted).  Timed in alternation on
 one GPU (a 256 MB L2 clear before each call, harness.in_alternation).
 
-    python benchmarks/gemm_mx.py [--quick] [--no-record] [--only gemm_mx,weights,fp4]
+    python benchmarks/gemm_mx.py [--quick] [--no-record] [--only gemm_mx,weights,fp4,fp4_gemm]
 
 The ``weights`` rows: bf16 activations by MXFP8 weights at decode sizes (``tkc.ops.mx_matmul``
 with ``a_scale=None``), in TB/s of the bytes a fused kernel must move.  The ``fp4`` rows: the
 same by MXFP4 and NVFP4 weights (``tkc.ops.fp4_matmul``, a quarter of bf16's bytes), beside
 torch's unpack-dequantize-multiply (eager and compiled), tkc's MXFP8 weights and cuBLAS on the
-weight dequantized beforehand.
+weight dequantized beforehand.  The ``fp4_gemm`` rows: FP4 by FP4 (``tkc.ops.fp4_matmul`` with
+``x_scale``) beside torch's unpack-dequantize of both and a bf16 product.
 
 Every contender's output is checked against the float64 product of the dequantized operands
 first.  Needs a CUDA GPU.
@@ -34,7 +35,7 @@ import tkc.ops  # noqa: E402
 from harness import Row, append_results, group_args, in_alternation, run_command, table  # noqa: E402
 from mx_reference import E2M1, dequantize, quantize  # noqa: E402  (the OCP MX rule the tests check against)
 
-GROUPS = ["gemm_mx", "weights", "fp4"]
+GROUPS = ["gemm_mx", "weights", "fp4", "fp4_gemm"]
 GEMM = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx")
 WEIGHTS = tkc.load(ROOT / "examples" / "gemm_mx.tk", "gemm_mx_weights")
 #: (M, N, K): square GEMMs and a weight of 8192 x 8192 applied to 256 tokens.
@@ -175,6 +176,45 @@ def fp4_rows(quick: bool) -> list[Row]:
     return out
 
 
+def fp4_both(x, sx, gx, w, sw, gw, lut):
+    """Both operands unpacked and dequantized as fp4_linear does, then a bf16 product."""
+    b = x.view(torch.uint8)
+    v = torch.stack([lut[(b & 15).int()], lut[(b >> 4).int()]], -1).reshape(x.shape[0], -1)
+    scale = sx.float().repeat_interleave(v.shape[1] // sx.shape[1], 1)
+    xd = (v * (scale if gx is None else scale * gx)).to(torch.bfloat16)
+    return fp4_linear(xd, w, sw, gw, lut)
+
+
+def fp4_gemm_rows(quick: bool) -> list[Row]:
+    """FP4 by FP4 at GEMM sizes: ``tkc.ops.fp4_matmul(x, w, sw, gw, sx, gx)`` (on sm_90a both
+    operands dequantized by tkc, then tkc's bf16 product), torch's unpack-dequantize of both
+    and a bf16 product, eagerly and compiled, and cuBLAS on operands dequantized beforehand."""
+    out = []
+    lut = E2M1.float().cuda()
+    for fmt in ("mxfp4", "nvfp4"):
+        for M, N, K in SHAPES[:1] if quick else SHAPES:
+            torch._dynamo.reset()
+            compiled = torch.compile(fp4_both)
+            x, sx, gx = tkc.ops.fp4_quantize(torch.randn(M, K, device="cuda", dtype=torch.bfloat16), fmt)
+            w, sw, gw = tkc.ops.fp4_quantize(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05, fmt)
+            xd, wd = tkc.ops.fp4_dequantize(x, sx, gx), tkc.ops.fp4_dequantize(w, sw, gw)
+            want = xd.double() @ wd.double().T
+            fns = {"tkc": lambda: tkc.ops.fp4_matmul(x, w, sw, gw, sx, gx),
+                   "torch eager": lambda: fp4_both(x, sx, gx, w, sw, gw, lut),
+                   "torch.compile": lambda: compiled(x, sx, gx, w, sw, gw, lut),
+                   "cuBLAS bf16, dequantized before": lambda: xd @ wd.T}
+            for name, fn in fns.items():
+                err = ((fn().double() - want).abs().max() / want.abs().max()).item()
+                assert err < 2**-6, (fmt, name, err)
+            t = in_alternation(fns, 20)
+            row = Row(f"{fmt.upper()} x {fmt.upper()}", f"{M}x{N}x{K}", "TFLOP/s",
+                      {n: 2 * M * N * K / s / 1e12 for n, s in t.items()})
+            row.notes = "tkc: tkc.ops.fp4_matmul with x_scale (sm_90a: both dequantized by tkc, then matmul_nt)"
+            out.append(row)
+            print(f"  {row.group} {row.problem}: {row.values}", flush=True)
+    return out
+
+
 def _graphed(fn):
     """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): its replay."""
     side = torch.cuda.Stream()
@@ -192,7 +232,7 @@ def _graphed(fn):
 def main() -> None:
     args, only = group_args("gemm_mx.py", GROUPS)
     got = (rows(args.quick) if "gemm_mx" in only else []) + (weight_rows(args.quick) if "weights" in only else []) \
-        + (fp4_rows(args.quick) if "fp4" in only else [])
+        + (fp4_rows(args.quick) if "fp4" in only else []) + (fp4_gemm_rows(args.quick) if "fp4_gemm" in only else [])
     print(table(got))
     if not args.no_record:
         command = run_command("gemm_mx.py", args.quick, args.only, GROUPS)

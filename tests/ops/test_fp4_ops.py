@@ -76,6 +76,32 @@ def test_matmul_of_bf16_activations_by_fp4_weights(fmt: str, tokens: int) -> Non
     assert torch.equal(f(x), c)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_matmul_of_fp4_by_fp4(fmt: str) -> None:
+    """FP4 activations with their scales by an FP4 weight: gemm_mxfp4 / gemm_nvfp4 in the
+    interpreter (on sm_100a the tensor cores' kind::mxf4nvf4), any leading dims, compiled too."""
+    xq, xs, xg = tkc.ops.fp4_quantize(_rows(2 * 40, 160, 16).view(2, 40, 160), fmt)
+    w, s, g = tkc.ops.fp4_quantize(_rows(24, 160, 17), fmt)
+    c = tkc.ops.fp4_matmul(xq, w, s, g, xs, xg)
+    exact = dequantize_fp4(xq.view(80, 80), xs.view(80, -1)).double() @ dequantize_fp4(w, s).double().T
+    if fmt == "nvfp4":
+        exact = exact * (xg.double() * g.double())
+    want = exact.float().to(torch.bfloat16).view(2, 40, 24)
+    assert c.shape == (2, 40, 24) and torch.all((c.float() - want.float()).abs() <= want.float().abs() * 2**-7
+                                                + 1e-6 * want.float().abs().max())
+    f = torch.compile(lambda xq: tkc.ops.fp4_matmul(xq, w, s, g, xs, xg), fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(xq), c)
+    op = getattr(torch.ops.tkc, f"{fmt}_matmul").default
+    args = (xq.view(80, 80), xs.view(80, -1), *([xg] if g is not None else []), w, s, *([g] if g is not None else []))
+    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+    with pytest.raises(TkcUsageError, match=r"x_scale must be x's shape with its last dim K / "):
+        tkc.ops.fp4_matmul(xq, w, s, g, xs[..., :2].contiguous(), xg)
+    with pytest.raises(TkcUsageError, match="x is torch.float4_e2m1fn_x2, but its kernel takes torch.bfloat16"):
+        tkc.ops.fp4_matmul(xq, w, s, g)
+    with pytest.raises(TkcUsageError, match="x_global belongs to FP4 activations"):
+        tkc.ops.fp4_matmul(_rows(3, 160, 18), w, s, g, None, torch.ones(1))
+
+
 def test_compiles_without_graph_breaks_and_opcheck() -> None:
     x = _rows(4, 64, 1)
     for fmt in ("mxfp4", "nvfp4"):
@@ -108,7 +134,7 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.fp4_dequantize(mq, ms, g)
     with pytest.raises(TkcUsageError, match="scales are torch.float8_e8m0fnu .MXFP4. or torch.float8_e4m3fn"):
         tkc.ops.fp4_dequantize(mq, ms.float())
-    with pytest.raises(TkcUsageError, match=r"w must hold x's last dim K in pairs, \[N, K / 2\]"):
+    with pytest.raises(TkcUsageError, match=r"w must hold x's K in pairs, \[N, K / 2\]"):
         tkc.ops.fp4_matmul(_rows(3, 128, 3), mq, ms)
     with pytest.raises(TkcUsageError, match=r"w_scale must be \[N, K / 32\]"):
         tkc.ops.fp4_matmul(x, mq, ms[:1].contiguous())
@@ -135,4 +161,9 @@ def test_on_gpu_as_torch(fmt: str) -> None:
         xt = _rows(tokens, 800, tokens).cuda()
         c = tkc.ops.fp4_matmul(xt, w, ws, wg)
         want = xt.double() @ wd.T
+        assert ((c.double() - want).abs().max() / want.abs().max()).item() < 2**-7, tokens
+        # FP4 activations too (on sm_90a both dequantized, then a bf16 product)
+        xq, xs, xg = tkc.ops.fp4_quantize(xt, fmt)
+        c = tkc.ops.fp4_matmul(xq, w, ws, wg, xs, xg)
+        want = tkc.ops.fp4_dequantize(xq, xs, xg).double() @ wd.T
         assert ((c.double() - want).abs().max() / want.abs().max()).item() < 2**-7, tokens

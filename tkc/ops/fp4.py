@@ -6,7 +6,8 @@ A tensor of FP4 values is ``torch.float4_e2m1fn_x2``: two E2M1 values a byte alo
 dim, so ``[M, K]`` values are a ``[M, K / 2]`` tensor.  Operators ``torch.ops.tkc.mxfp4_quantize``,
 ``nvfp4_quantize``, ``mxfp4_dequantize``, ``nvfp4_dequantize`` (rows ``[M, K]``), and
 ``mxfp4_matmul_weights_splitk`` / ``nvfp4_matmul_weights_splitk`` (bf16 activations by an FP4
-weight, K split over programs into f32); the functions take any leading dims.  No gradient, as
+weight, K split over programs into f32), ``mxfp4_matmul`` / ``nvfp4_matmul`` (FP4 by FP4); the
+functions take any leading dims.  No gradient, as
 :mod:`tkc.ops.mx`."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
-from tkc.ops.mx import SPLITK_ROWS, _matmul_nt, _no_gradient, _splitk_consts
+from tkc.ops.mx import SPLITK_ROWS, _matmul_nt, _no_gradient, _scales_blocks, _splitk_consts
 
 __all__ = ["fp4_dequantize", "fp4_matmul", "fp4_quantize"]
 
@@ -54,7 +55,12 @@ def _weights(fmt: str):
                      const_args=("BM", "BN", "SPLIT"))
 
 
+def _product(fmt: str):
+    return custom_op(f"tkc::{fmt}_matmul", load(_GEMM, f"gemm_{fmt}"))
+
+
 _QUANTIZE = {fmt: _quantizer(fmt) for fmt in _BLOCK}
+_PRODUCT = {fmt: _product(fmt) for fmt in _BLOCK}
 _DEQUANTIZE = {fmt: _dequantizer(fmt) for fmt in _BLOCK}
 _WEIGHTS = {fmt: _weights(fmt) for fmt in _BLOCK}
 
@@ -119,29 +125,51 @@ def fp4_dequantize(q: torch.Tensor, scales: torch.Tensor, global_scale: torch.Te
     return x.view(*q.shape[:-1], k)
 
 
-def fp4_matmul(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-               w_global: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 ``x @ (w * w_scale [* w_global])^T``: bf16 activations ``x`` ``[..., K]`` by an FP4
-    weight ``w`` ``[N, K / 2]`` (as ``torch.nn.functional.linear`` takes a weight, from
-    :func:`fp4_quantize`) with its scales ``[N, K / 32]`` (MXFP4) or ``[N, K / 16]`` and
-    ``w_global`` (NVFP4); f32 accumulation.  Up to ``tkc.ops.mx.SPLITK_ROWS`` rows the weight is
-    dequantized inside the product, K split over programs into f32 (examples/gemm_fp4.tk); past
-    it, dequantized once and multiplied in bf16 (``torch.ops.tkc.matmul_nt``)."""
-    checks.dtype("fp4_matmul", torch.bfloat16, x=x)
+def fp4_matmul(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global: torch.Tensor | None = None,
+               x_scale: torch.Tensor | None = None, x_global: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 ``x @ (w * w_scale [* w_global])^T`` for an FP4 weight ``w`` ``[N, K / 2]`` (as
+    ``torch.nn.functional.linear`` takes a weight, from :func:`fp4_quantize`) with its scales
+    ``[N, K / 32]`` (MXFP4) or ``[N, K / 16]`` and ``w_global`` (NVFP4); f32 accumulation.
+
+    ``x`` bf16 ``[..., K]`` (``x_scale`` None): up to ``tkc.ops.mx.SPLITK_ROWS`` rows the weight
+    is dequantized inside the product, K split over programs into f32
+    (examples/gemm_fp4.tk); past it, dequantized once and multiplied in bf16
+    (``torch.ops.tkc.matmul_nt``).  ``x`` FP4 pairs ``[..., K / 2]`` with ``x_scale`` (and
+    ``x_global``) of the weight's format: on sm_100a (and in the interpreter) gemm_mxfp4 /
+    gemm_nvfp4, the tensor cores' ``kind::mxf4nvf4``; on other GPUs both dequantized, then
+    ``torch.ops.tkc.matmul_nt``."""
     checks.dtype("fp4_matmul", torch.float4_e2m1fn_x2, w=w)
     fmt = _format("fp4_matmul", w_scale)
+    checks.dtype("fp4_matmul", torch.float4_e2m1fn_x2 if x_scale is not None else torch.bfloat16, x=x)
     checks.rank("fp4_matmul", "x", x, "at least one dim", x.dim() >= 1)
     checks.rank("fp4_matmul", "w", w, "two dims [N, K / 2]", w.dim() == 2)
-    k = x.shape[-1]
+    quantized = x_scale is not None
+    k = x.shape[-1] * (2 if quantized else 1)
     _blocks("fp4_matmul", k)
-    checks.same("fp4_matmul", "w must hold x's last dim K in pairs, [N, K / 2]", ("x's K / 2", k // 2),
+    checks.same("fp4_matmul", "w must hold x's K in pairs, [N, K / 2]", ("x's K / 2", k // 2),
                 ("w's last dim", w.shape[-1]))
-    checks.same("fp4_matmul", f"w_scale must be [N, K / {_BLOCK[fmt]}]", ("w_scale's shape", tuple(w_scale.shape)),
-                ("wanted", (w.shape[0], k // _BLOCK[fmt])))
-    _no_gradient("fp4_matmul", x, w, w_scale)
+    block = _BLOCK[fmt]
+    checks.same("fp4_matmul", f"w_scale must be [N, K / {block}]", ("w_scale's shape", tuple(w_scale.shape)),
+                ("wanted", (w.shape[0], k // block)))
+    if quantized:
+        checks.dtype("fp4_matmul", _SCALE[fmt], x_scale=x_scale)
+        checks.same("fp4_matmul", f"x_scale must be x's shape with its last dim K / {block}",
+                    ("x_scale's shape", tuple(x_scale.shape)), ("wanted", (*x.shape[:-1], k // block)))
+    elif x_global is not None:
+        raise TkcUsageError("tkc.ops.fp4_matmul: x_global belongs to FP4 activations (x_scale given); a bf16 x has "
+                            "none")
+    _no_gradient("fp4_matmul", *(t for t in (x, w, w_scale, x_scale) if t is not None))
     g = _global("fp4_matmul", fmt, w_global, x.device)
-    rows = x.reshape(-1, k).contiguous()
-    if rows.shape[0] <= SPLITK_ROWS:
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if quantized:
+        gx = _global("fp4_matmul", fmt, x_global, x.device)
+        xs = x_scale.reshape(-1, k // block).contiguous()
+        if _scales_blocks(rows.device):
+            c = call(_PRODUCT[fmt], rows, xs, *gx, w.contiguous(), w_scale.contiguous(), *g)
+        else:
+            c = call(_matmul_nt, call(_DEQUANTIZE[fmt], rows, xs, *gx),
+                     call(_DEQUANTIZE[fmt], w.contiguous(), w_scale.contiguous(), *g))
+    elif rows.shape[0] <= SPLITK_ROWS:
         consts = _splitk_consts(rows.shape[0], w.shape[0], k, rows.device)
         c = call(_WEIGHTS[fmt], rows, w.contiguous(), w_scale.contiguous(), *g, **consts).to(torch.bfloat16)
     else:
