@@ -202,6 +202,50 @@ def test_nvfp4_scales_count_by_their_magnitude() -> None:
         assert np.all(np.abs(got[-1] - want[-1]) <= np.abs(want[-1]) * 2**-7), target
 
 
+_ROUND_TRIP = """
+@kernel
+def round_trip(x: f32[M, K], q: f4e2m1x2[M, KH], y: f32[M, K]):
+    grid(cdiv(M, 16))
+    i = program_id(0)
+    p = x[i*16:(i+1)*16, 0:64].to(f4e2m1x2)
+    q[i*16:(i+1)*16, 0:32] = p
+    y[i*16:(i+1)*16, 0:64] = p.to(f32)
+"""
+
+
+def _edge_values() -> np.ndarray:
+    """64 x 64 f32 values at every place E2M1's rounding decides: each tie and the f32 values
+    either side of it, the saturation, zeros, infinities, NaN, subnormals, and random values."""
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], np.float32)
+    near = np.concatenate([ties, np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(0))])
+    special = np.array([0.0, -0.0, 7.0, 1e30, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 0.5, 4.0], np.float32)
+    x = np.concatenate([near, -near, special, np.random.default_rng(5).standard_normal(4096) * 3]).astype(np.float32)
+    return x[:4096].reshape(64, 64)
+
+
+def test_rounding_emulated_as_interpreted() -> None:
+    """``.to(f4e2m1x2)`` and back at every edge of the rounding, the lowered kernel against the
+    interpreter (the GPU test below checks the PTX's integer sequence itself)."""
+    x = _edge_values()
+    args = [x, np.zeros((64, 32), np.uint8), np.zeros((64, 64), np.float32)]
+    hopper = lowered(lambda stop: compile_kernel(_ROUND_TRIP, stop=stop, cache=False)).kernel_op
+    want, got = interpret_and_emulate(compile_kernel(_ROUND_TRIP, stop="tkir", cache=False).kernel_op, hopper, args,
+                                      seed=1)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(want[1], dtypes.pack_fp4(x))
+    np.testing.assert_array_equal(got[2], dtypes.unpack_fp4(dtypes.pack_fp4(x)))
+
+
+@pytest.mark.gpu
+def test_rounding_on_gpu_as_interpreted() -> None:
+    x = torch.from_numpy(_edge_values())
+    q = torch.zeros(64, 32, dtype=torch.float4_e2m1fn_x2)
+    *_, gq, gy = launch_tensors(compile_kernel(_ROUND_TRIP, stop="cubin", cache=False), [x, q, torch.zeros(64, 64)])
+    want = dtypes.pack_fp4(x.numpy())
+    np.testing.assert_array_equal(gq.view(torch.uint8).numpy(), want)
+    np.testing.assert_array_equal(gy.numpy(), dtypes.unpack_fp4(want))
+
+
 _HEAD = "@kernel\ndef k(w: f4e2m1x2[N, KH], x: bf16[M, K], s: f8e8m0[N, KS], y: f32[M, N]):\n"
 
 
