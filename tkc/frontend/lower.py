@@ -150,6 +150,10 @@ def _check_fp4_uses(kernel: T.KernelOp) -> None:
     or multiplied by ``dot_scaled`` (a transpose only as its ``b``), and nothing else."""
     used = uses(kernel)
     for op in kernel.walk():
+        if op.name in ("tile.load", "tile.gather") and op.results and op.result.type.dtype.is_packed \
+                and op.attributes.get("other") not in (None, 0, 0.0):
+            raise TkcTypeError("a tile of f4e2m1x2 pairs reads 0 past the tensor: other= cannot fill a pair (fill "
+                               "after unpacking, with where)", op.loc)
         packed = [v for v in op.operands if isinstance(v.type, (TileType, ScalarType)) and v.type.dtype.is_packed]
         if not packed:
             continue
