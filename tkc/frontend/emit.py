@@ -86,7 +86,12 @@ class Emitter:
     # ------------------------------------------------------------- constants
     def constant(self, value: int | float | bool, t: Type, loc: Loc) -> Dyn:
         dt = t.dtype
-        if dt.is_bool:
+        if dt.is_packed:
+            if value != 0:  # a byte's code is not a value: only the all-zero pair is both
+                raise TkcTypeError(f"a constant of {dt.name} pairs is zeros only, not {value}: make the values in "
+                                   f"f32 and pack them with .to({dt.name})", loc)
+            value = 0
+        elif dt.is_bool:
             value = bool(value)
         elif dt.is_int:
             if isinstance(value, float):
