@@ -31,7 +31,7 @@ def _blocks(op: str, k: int) -> None:
         raise TkcUsageError(f"tkc.ops.{op}: the last dim ({k}) must be a positive multiple of 32, MXFP8's block")
 
 
-def _no_gradient(op: str, *tensors: torch.Tensor) -> None:
+def no_gradient(op: str, *tensors: torch.Tensor) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise TkcUsageError(f"tkc.ops.{op} has no gradient: quantize a tensor that does not need one (.detach())")
 
@@ -58,7 +58,7 @@ def mx_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     checks.dtype("mx_quantize", torch.bfloat16, x=x)
     checks.rank("mx_quantize", "x", x, "at least one dim", x.dim() >= 1)
     _blocks("mx_quantize", x.shape[-1])
-    _no_gradient("mx_quantize", x)
+    no_gradient("mx_quantize", x)
     q, s = call(_quantize, x.reshape(-1, x.shape[-1]).contiguous())
     return q.view(x.shape), s.view(*x.shape[:-1], x.shape[-1] // 32)
 
@@ -69,7 +69,7 @@ def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     checks.dtype("mx_dequantize", torch.float8_e8m0fnu, scales=scales)
     checks.rank("mx_dequantize", "q", q, "at least one dim", q.dim() >= 1)
     _scales_fit(q, scales)
-    _no_gradient("mx_dequantize", q, scales)
+    no_gradient("mx_dequantize", q, scales)
     x = call(_dequantize, q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous())
     return x.view(q.shape)
 
@@ -87,10 +87,10 @@ def _operands_fit(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor
 
 _matmul = custom_op("tkc::mx_matmul", load(_GEMM, "gemm_mx"),
                     check=lambda a, sa, b, sb, **kw: _operands_fit(a, sa, b, sb))
-_matmul_nt = custom_op("tkc::matmul_nt", load(_GEMM, "gemm_nt"))
+matmul_nt = custom_op("tkc::matmul_nt", load(_GEMM, "gemm_nt"))
 
 
-def _scales_blocks(device: torch.device) -> bool:
+def scales_blocks(device: torch.device) -> bool:
     """Whether the GPU's tensor cores take block-scaled products (Blackwell): there gemm_mx is
     one MMA a K block; elsewhere dequantizing both operands first and multiplying in bf16
     (gemm_nt) is faster than dequantizing in gemm_mx's loop (2.2x on an H200 at 4096^3,
@@ -111,11 +111,11 @@ SPLITK_ROWS = 128
 _SPLITK_PER_SM, _SPLITK_BK = 2, 128
 
 
-#: :func:`_splitk_consts` by (rows, n, k, device), for the calls that repeat an earlier one.
+#: :func:`splitk_consts` by (rows, n, k, device), for the calls that repeat an earlier one.
 _SPLITK_CONSTS: dict[tuple, dict[str, int]] = {}
 
 
-def _splitk_consts(rows: int, n: int, k: int, device: torch.device) -> dict[str, int]:
+def splitk_consts(rows: int, n: int, k: int, device: torch.device) -> dict[str, int]:
     """The split-K kernel's tile and SPLIT for ``rows`` x ``n`` outputs over K = ``k``: 64 x 128
     tiles up to 64 rows, 128 x 64 past (one tile of rows dequantizes each weight tile once);
     SPLIT about one program for each slot of the GPU (two an SM), each at least one K block
@@ -153,18 +153,18 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     checks.rank("mx_matmul", "a", a, "at least one dim", a.dim() >= 1)
     checks.rank("mx_matmul", "b", b, "two dims [N, K]", b.dim() == 2)
     _operands_fit(a, a_scale, b, b_scale)
-    _no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
+    no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
     if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
         key = (rows.shape[0], b.shape[0], k, rows.device)
-        consts = _SPLITK_CONSTS.get(key) or _SPLITK_CONSTS.setdefault(key, _splitk_consts(*key))
+        consts = _SPLITK_CONSTS.get(key) or _SPLITK_CONSTS.setdefault(key, splitk_consts(*key))
         c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), **consts).to(torch.bfloat16)
     elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())
-    elif _scales_blocks(rows.device):
+    elif scales_blocks(rows.device):
         c = call(_matmul, rows, a_scale.reshape(-1, k // 32).contiguous(), b.contiguous(), b_scale.contiguous())
     else:
         scales = a_scale.reshape(-1, k // 32).contiguous()
-        c = call(_matmul_nt, call(_dequantize, rows, scales), call(_dequantize, b.contiguous(), b_scale.contiguous()))
+        c = call(matmul_nt, call(_dequantize, rows, scales), call(_dequantize, b.contiguous(), b_scale.contiguous()))
     return c.view(*a.shape[:-1], b.shape[0])
