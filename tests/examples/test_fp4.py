@@ -256,6 +256,7 @@ _HEAD = "@kernel\ndef k(w: f4e2m1x2[N, KH], x: bf16[M, K], s: f8e8m0[N, KS], y: 
     ("    y[0:16, 0:16] = x[0:16, 0:16].to(f4e2m1x2).to(f32)\n", "must be a multiple of 32", 3),
     ("    y[0:16, 0:32] = load(w[0:16, 0:16], other=2).to(f32)\n", "other= cannot fill a pair", 3),
     ("    y[0:16, 0:32] = full([16, 16], 2, f4e2m1x2).to(f32)\n", "zeros only, not 2", 3),
+    ("    y[0, 0:16] = w[0:16, 0:16].max(1).to(f32)[0:16]\n", r"max\(\) of a tile of f4e2m1x2", 3),
     ("    y[0:16, 0:16] = dot_scaled(x[0:16, 0:64], None, w[0:32, 0:16], s[0:32, 0:2])\n",
      r"read transposed, whose pairs run along K: w\[...\]\.T", 3),
     ("    y[0:16, 0:16] = dot_scaled(w[0:16, 0:32].T, s[0:32, 0:1], x[0:16, 0:64].T, None)\n",

@@ -42,6 +42,12 @@ _UNARY_WORDS = {"-": "unary -", "~": "'~'", "not": "'not'"}
 _MAX_CONST_BITS = 4096  # integer constants fold in Python; beyond this they are surely a mistake
 
 
+def _no_pairs(what: str, t: Type, loc: Loc) -> None:
+    if t.dtype.is_packed:
+        raise TkcTypeError(f"{what} of a tile of {t.dtype.name}, pairs of FP4 values, which have no arithmetic: "
+                           f"unpack them with .to(f32) first", loc)
+
+
 def _is_transpose(v: Value) -> bool:
     return isinstance(v, OpResult) and v.owner.name == T.TransposeOp.name
 
@@ -504,6 +510,7 @@ class Emitter:
         axis %= t.rank
         if t.dtype.is_bool:
             raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        _no_pairs(f"{kind}()", t, loc)
         if kind == "mean" and not t.dtype.is_float:
             raise TkcTypeError(f"mean() takes a float tile, got {t}; cast it with .to(f32)", loc)
         shape = t.shape[:axis] + t.shape[axis + 1:]
@@ -567,6 +574,7 @@ class Emitter:
             raise TkcTypeError(f"axis {axis} is out of range for {t}", loc)
         if t.dtype.is_bool:
             raise TkcTypeError(f"{name}() of a bool tile; cast it with .to(i32)", loc)
+        _no_pairs(f"{name}()", t, loc)
         return Dyn(self.b.value(T.ScanOp, [x.value], t, {"kind": kind, "axis": axis % t.rank}, loc=loc))
 
     def arg_reduce(self, kind: str, x: Dyn, axis: int, keepdim: bool, loc: Loc) -> Dyn:
@@ -577,6 +585,7 @@ class Emitter:
         axis %= t.rank
         if t.dtype.is_bool:
             raise TkcTypeError(f"{kind}() of a bool tile; cast it with .to(i32)", loc)
+        _no_pairs(f"{kind}()", t, loc)
         shape = t.shape[:axis] + t.shape[axis + 1:]
         rt = TileType(shape, dtypes.i32) if shape else T.I32
         r = Dyn(self.b.value(T.ArgReduceOp, [x.value], rt, {"kind": kind, "axis": axis}, loc=loc))
