@@ -140,7 +140,10 @@ def _check_tensor(name: str, t: TensorType, x: Any, dims: dict[str, tuple[int, s
             raise TkcLaunchError(f"{name}: a {str(x.layout).removeprefix('torch.')} tensor; kernels take dense "
                                  f"tensors (pass {name}.to_dense())")
         if dtypes.from_torch(x.dtype) != t.dtype:
-            raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}")
+            # FP4 pairs often come as bytes: the view that says what they are
+            hint = f" (bytes of FP4 pairs: pass {name}.view(torch.float4_e2m1fn_x2))" \
+                if t.dtype.is_packed and str(x.dtype) == "torch.uint8" else ""
+            raise TkcLaunchError(f"{name}: expected a tensor of dtype {t.dtype.name}, got {x.dtype}{hint}")
     elif numpy_ok and isinstance(x, np.ndarray):
         # numpy has no bf16/fp8: those come as float32 arrays (tkc's storage form).
         if x.dtype != t.dtype.np_storage and dtypes.from_numpy(x.dtype) != t.dtype:

@@ -11,7 +11,9 @@ torch = pytest.importorskip("torch")
 
 import tkc.ops  # noqa: E402
 from mx_reference import dequantize_fp4, quantize_mxfp4, quantize_nvfp4  # noqa: E402
-from tkc.errors import TkcUsageError  # noqa: E402
+import tkc  # noqa: E402
+import tkc.ops.kernels  # noqa: E402
+from tkc.errors import TkcError, TkcUsageError  # noqa: E402
 from tkc.ops.mx import SPLITK_ROWS  # noqa: E402
 
 
@@ -140,6 +142,10 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.fp4_matmul(x, mq, ms[:1].contiguous())
     with pytest.raises(TkcUsageError, match="w is torch.bfloat16, but its kernel takes torch.float4_e2m1fn_x2"):
         tkc.ops.fp4_matmul(x, x, ms)
+    # a launch of the kernel itself on bytes says which view they need
+    kernel = tkc.load(tkc.ops.kernels.path("mx_fp4.tk"), "mxfp4_dequantize")
+    with pytest.raises(TkcError, match=r"pass q.view\(torch.float4_e2m1fn_x2\)"):
+        tkc.interpret(kernel, mq.view(torch.uint8), ms, torch.empty(2, 64, dtype=torch.bfloat16))
 
 
 @pytest.mark.gpu
