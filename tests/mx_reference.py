@@ -42,11 +42,11 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     past 6 saturating, NaN to 0, the sign kept (-0.0 is code 8)."""
     v = x.double()
     mag = v.abs().clamp(max=6.0)
-    dist = (mag[..., None] - E2M1[:8]).abs()
+    dist = (mag[..., None] - E2M1[:8].to(v.device)).abs()
     best = dist.min(-1, keepdim=True).values
     # among the nearest (one, or two at a tie), the even code: the lowest index with an even code
     tied = dist == best
-    even = tied & (torch.arange(8) % 2 == 0)
+    even = tied & (torch.arange(8, device=v.device) % 2 == 0)
     code = torch.where(even.any(-1), even.float().argmax(-1), tied.float().argmax(-1))
     code = torch.where(torch.signbit(v) & ~v.isnan(), code + 8, code)
     return torch.where(v.isnan(), 0, code).to(torch.uint8)
@@ -61,7 +61,8 @@ def pack(x: torch.Tensor) -> torch.Tensor:
 def unpack(q: torch.Tensor) -> torch.Tensor:
     """float32 values [..., 2C] of float4_e2m1fn_x2 pairs [..., C]."""
     b = q.view(torch.uint8).long()
-    v = torch.stack([E2M1[b & 15], E2M1[b >> 4]], dim=-1)
+    table = E2M1.to(b.device)
+    v = torch.stack([table[b & 15], table[b >> 4]], dim=-1)
     return v.reshape(*q.shape[:-1], 2 * q.shape[-1]).float()
 
 
