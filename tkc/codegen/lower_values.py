@@ -229,24 +229,26 @@ def e2m1_decode(b: ir.IRBuilder, pair: ir.Value, half: int) -> ir.Value:
     return b.fmul(b.bitcast(bits, F32), ir.Constant(F32, 2.0**126))
 
 
-#: Where E2M1's rounded magnitude steps to the next code, and whether it does at a tie (to the
-#: even code), as tkc.dtypes rounds.
-_E2M1_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
-
-
 def e2m1_encode(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """The E2M1 code (i32, 0-15) of the f32 ``x``, as :func:`tkc.dtypes.e2m1_code` rounds: the
-    magnitude's code is the number of steps it reaches (ties to even, past 6 saturating; NaN
-    reaches none), the sign bit from ``x``'s unless it is NaN.  sm_90a has no conversion to
-    E2M1."""
+    """The E2M1 code (i32, 0-15) of the f32 ``x``, as :func:`tkc.dtypes.e2m1_code` rounds: in
+    each binade of E2M1 the codes are evenly spaced, so the magnitude (clamped to 8, past which
+    everything saturates) times the binade's step count, rounded to nearest even by one
+    ``cvt.rni``, plus the binade's first code is the code: ``rint(2 m)`` below 2 (0, 0.5 .. 2),
+    ``rint(m) + 2`` below 4, ``rint(m / 2) + 4`` above, at most 7; the sign bit from ``x``'s, NaN
+    giving +0.  The scalings are exact (powers of two), so the only rounding is the one RNE,
+    and its ties are E2M1's.  sm_90a has no conversion to E2M1."""
     mag = llvm_call(b, "llvm.fabs.f32", F32, x)
-    code = const_i32(0)
-    for at, tie_up in _E2M1_STEPS:
-        hit = b.fcmp_ordered(">=" if tie_up else ">", mag, ir.Constant(F32, at))
-        code = b.add(code, b.zext(hit, I32))
-    neg = b.icmp_signed("<", b.bitcast(x, I32), const_i32(0))
-    neg = b.and_(neg, b.fcmp_ordered("ord", x, x))
-    return b.or_(code, b.shl(b.zext(neg, I32), const_i32(3)))
+    mag = llvm_call(b, "llvm.minnum.f32", F32, mag, ir.Constant(F32, 8.0))
+    below2 = b.fcmp_ordered("<", mag, ir.Constant(F32, 2.0))
+    below4 = b.fcmp_ordered("<", mag, ir.Constant(F32, 4.0))
+    step = b.select(below2, ir.Constant(F32, 2.0), b.select(below4, ir.Constant(F32, 1.0), ir.Constant(F32, 0.5)))
+    first = b.select(below2, const_i32(0), b.select(below4, const_i32(2), const_i32(4)))
+    steps = b.fptosi(llvm_call(b, "llvm.rint.f32", F32, b.fmul(mag, step)), I32)
+    code = b.add(steps, first)
+    code = b.select(b.icmp_signed(">", code, const_i32(7)), const_i32(7), code)
+    nan = b.fcmp_unordered("uno", x, x)
+    code = b.or_(code, b.shl(b.lshr(b.bitcast(x, I32), const_i32(31)), const_i32(3)))
+    return b.select(nan, const_i32(0), code)
 
 
 def e2m1_pack(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> ir.Value:
