@@ -369,9 +369,9 @@ def _dot_scaled(ctx: Program, op: Operation, a: np.ndarray, sa: np.ndarray, b: n
     block = tile.scale_block(op)
     if tile.scale_dtype(op) == dtypes.f8e4m3:  # NVFP4's scales are unsigned (UE4M3): their magnitudes
         sa, sb = np.abs(sa), np.abs(sb)
-    if a.dtype == np.uint8:
+    if op.a.type.dtype.is_packed:
         a = dtypes.unpack_fp4(a)
-    if b.dtype == np.uint8:
+    if op.b.type.dtype.is_packed:
         b = dtypes.unpack_fp4(b.T).T
     a = round_to(round_to(a.astype(np.float64) * np.repeat(sa.astype(np.float64), block, axis=1),
                           dtypes.f32), dtypes.bf16)

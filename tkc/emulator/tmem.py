@@ -254,14 +254,8 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
             at, bt = at.astype(np.float64), bt.astype(np.float64)
             if scaled:
                 _, sfa, sfb = op.scale_step(s)
-                vec = op.scale_vec
-                for t, (name, rows, col, byte) in enumerate((("A", m, sfa, f["a_id"]),
-                                                              ("B", n_here, sfb, f["b_id"]))):
-                    factors = np.stack([_step_scales(tms[v], op, int(addr) + col, name, s, byte + i, rows,
-                                                     f["ue8m0"]) for i in range(vec)], axis=1)
-                    x = (at, bt)[t]
-                    x = x * np.repeat(factors, x.shape[1] // vec, axis=1)  # each scale its run of K
-                    at, bt = (x, bt) if t == 0 else (at, x)
+                at = _scaled(at, tms[v], op, int(addr) + sfa, "A", s, f["a_id"], f["ue8m0"])
+                bt = _scaled(bt, tms[v], op, int(addr) + sfb, "B", s, f["b_id"], f["ue8m0"])
             a_rows[v] = np.concatenate([a_rows[v], at], axis=1)
             b_rows[v] = np.concatenate([b_rows[v], bt], axis=1)
     d = np.concatenate(a_rows) @ np.concatenate(b_rows).T  # (m * CTAs) x n
@@ -280,6 +274,16 @@ def _mma(wg: Any, op: Operation, addr: Any, a: Any, b: Any, accumulate: Any, *re
         tm.writes = [w for w in tm.writes if not (w.committed and w in replaced)]  # (identity: eq=False)
         tm.writes.append(_Write(op, c, leases[v]))
     return None
+
+
+def _scaled(x: np.ndarray, tm: TensorMemory, op: Operation, addr: int, name: str, step: int, first: int,
+            ue8m0: bool) -> np.ndarray:
+    """Rows ``x`` (one K step of A or B) times their scales: the step's ``op.scale_vec`` K
+    blocks are bytes ``first ..`` of the scale columns at ``addr``, each scaling its run of K."""
+    vec = op.scale_vec
+    factors = np.stack([_step_scales(tm, op, addr, name, step, first + i, len(x), ue8m0) for i in range(vec)],
+                       axis=1)
+    return x * np.repeat(factors, x.shape[1] // vec, axis=1)
 
 
 def _step_scales(tm: TensorMemory, op: Operation, addr: int, name: str, step: int, byte: int,
@@ -313,7 +317,7 @@ def _copy_scales(wg: Any, op: Operation, addr: Any, tile: Any) -> None:
     # copied as it lies and never read by an MMA).
     r, c = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
     held = tile.base + layout.offset(r, c).ravel()
-    smem.read_elements(held, dtypes.f8e8m0, reader=who, proxy="async")
+    smem.read_elements(held, layout.dtype, reader=who, proxy="async")
     for i in range(layout.atoms):
         # 32 rows x 16 bytes, read through the descriptor as the hardware does
         desc = blackwell.scale_descriptor(tile.base + i * SCALE_ATOM_BYTES)

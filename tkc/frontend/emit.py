@@ -467,9 +467,10 @@ class Emitter:
         for t in (ta, tb):
             if any(s % 16 for s in t.shape):
                 raise TkcTypeError(f"dot_scaled() operands need extents that are multiples of 16, got {t}", loc)
-        # E8M0 scales (OCP MX) cover 32 values along K, e4m3 ones (NVFP4) 16
+        # E8M0 scales (OCP MX) cover 32 values along K, e4m3 ones (NVFP4) 16 (a dtype that is
+        # neither is refused below)
         given = sa if sa is not None else sb
-        block = 16 if given.type.dtype == dtypes.f8e4m3 else T.SCALE_BLOCK
+        block = T.SCALE_BLOCK_OF.get(given.type.dtype.name, T.SCALE_BLOCK)
         if k % block:
             raise TkcTypeError(f"dot_scaled() scales runs of {block} values along K: K = {k} is not a multiple of "
                                f"{block}", loc)
@@ -479,7 +480,7 @@ class Emitter:
         sa, sb = [self.constant(1.0, TileType(shape, one), loc) if x is None else x
                   for x, shape in ((sa, (ta.shape[0], kb)), (sb, (kb, tb.shape[1])))]
         for n, x, want in (("a_scale", sa, (ta.shape[0], kb)), ("b_scale", sb, (kb, tb.shape[1]))):
-            if x.type.dtype.name not in T.SCALE_DTYPES:
+            if x.type.dtype.name not in T.SCALE_BLOCK_OF:
                 raise TkcTypeError(f"dot_scaled()'s {n} holds f8e8m0 scales (E8M0, one per 32 values along "
                                    f"K), or NVFP4's f8e4m3 (one per 16), got {x.type.dtype.name}", loc)
             if x.type.shape != want:

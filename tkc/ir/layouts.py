@@ -295,7 +295,7 @@ class ScaleLayout(SharedLayout):
 
     @property
     def blocks(self) -> int:
-        """K blocks (of 32 values) the scales cover."""
+        """K blocks (of 32 values, or NVFP4's 16) the scales cover."""
         return self.cols if self.major == "k" else self.rows
 
     @property

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from tkc import dtypes
 from tkc.errors import TkcUsageError
+from tkc.ir.dialects.tile import SCALE_BLOCK_OF
 from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.kernel_op import call, custom_op
@@ -25,9 +27,9 @@ __all__ = ["fp4_dequantize", "fp4_matmul", "fp4_quantize"]
 
 _FILE = path("mx_fp4.tk")
 _GEMM = path("gemm_fp4.tk")
-#: Values one scale covers, and the scales' dtype, by format.
-_BLOCK = {"mxfp4": 32, "nvfp4": 16}
+#: The scales' dtype by format, and the values one covers (the language's rule).
 _SCALE = {"mxfp4": torch.float8_e8m0fnu, "nvfp4": torch.float8_e4m3fn}
+_BLOCK = {fmt: SCALE_BLOCK_OF[dtypes.from_torch(dt).name] for fmt, dt in _SCALE.items()}
 #: NVFP4's tensor-wide scale maps the tensor's largest value to E2M1's 6 times e4m3's 448.
 _NV_RANGE = 6.0 * 448.0
 

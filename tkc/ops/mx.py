@@ -96,6 +96,8 @@ def scales_blocks(device: torch.device) -> bool:
     (gemm_nt) is faster than dequantizing in gemm_mx's loop (2.2x on an H200 at 4096^3,
     benchmarks/RESULTS.md).  The CPU (the interpreter) runs gemm_mx."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 10
+
+
 _matmul_weights = custom_op("tkc::mx_matmul_weights", load(_GEMM, "gemm_mx_weights"),
                             check=lambda x, w, sw, **kw: _operands_fit(x, None, w, sw))
 _matmul_weights_splitk = custom_op("tkc::mx_matmul_weights_splitk", load(_GEMM, "gemm_mx_weights_splitk"),
@@ -119,13 +121,20 @@ def splitk_consts(rows: int, n: int, k: int, device: torch.device) -> dict[str, 
     """The split-K kernel's tile and SPLIT for ``rows`` x ``n`` outputs over K = ``k``: 64 x 128
     tiles up to 64 rows, 128 x 64 past (one tile of rows dequantizes each weight tile once);
     SPLIT about one program for each slot of the GPU (two an SM), each at least one K block
-    (what the sweeps on an H200 found fastest, benchmarks/RESULTS.md); SPLIT 4 on the CPU."""
-    bm, bn = (64, 128) if rows <= 64 else (128, 64)
-    if device.type != "cuda":
-        return {"BM": bm, "BN": bn, "SPLIT": 4}
-    tiles = -(-rows // bm) * -(-n // bn)
-    slots = _SPLITK_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    return {"BM": bm, "BN": bn, "SPLIT": max(1, min(-(-k // _SPLITK_BK), round(slots / tiles)))}
+    (what the sweeps on an H200 found fastest, benchmarks/RESULTS.md); SPLIT 4 on the CPU.
+    Kept by shape (``_SPLITK_CONSTS``): a repeated call asks the driver nothing."""
+    key = (rows, n, k, device)
+    consts = _SPLITK_CONSTS.get(key)
+    if consts is None:
+        bm, bn = (64, 128) if rows <= 64 else (128, 64)
+        if device.type != "cuda":
+            consts = {"BM": bm, "BN": bn, "SPLIT": 4}
+        else:
+            tiles = -(-rows // bm) * -(-n // bn)
+            slots = _SPLITK_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+            consts = {"BM": bm, "BN": bn, "SPLIT": max(1, min(-(-k // _SPLITK_BK), round(slots / tiles)))}
+        _SPLITK_CONSTS[key] = consts
+    return consts
 
 
 def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_scale: torch.Tensor) -> torch.Tensor:
@@ -157,8 +166,7 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
     if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
-        key = (rows.shape[0], b.shape[0], k, rows.device)
-        consts = _SPLITK_CONSTS.get(key) or _SPLITK_CONSTS.setdefault(key, splitk_consts(*key))
+        consts = splitk_consts(rows.shape[0], b.shape[0], k, rows.device)
         c = call(_matmul_weights_splitk, rows, b.contiguous(), b_scale.contiguous(), **consts).to(torch.bfloat16)
     elif a_scale is None:
         c = call(_matmul_weights, rows, b.contiguous(), b_scale.contiguous())

@@ -92,9 +92,8 @@ def _scales_natively(op: Operation, target: Target) -> bool:
     and N a multiple of 16 up to 256.  Else it is decomposed."""
     m, n = op.acc.type.shape
     a, b = op.a.type.dtype, op.b.type.dtype
-    scales = (tile.scale_block(op), op.a_scale.type.dtype.name)
-    eight = all(t.bits == 8 and t.is_float for t in (a, b)) and scales == (tile.SCALE_BLOCK, "f8e8m0")
-    fp4 = a.is_packed and b.is_packed and scales in ((tile.SCALE_BLOCK, "f8e8m0"), (16, "f8e4m3"))
+    eight = all(t.bits == 8 and t.is_float for t in (a, b)) and tile.scale_dtype(op) == dtypes.f8e8m0
+    fp4 = a.is_packed and b.is_packed
     return ("tile.dot_scaled" in target.native_ops and (eight or fp4)
             and m == target.mma_rows and n % 16 == 0 and 16 <= n <= 256)
 

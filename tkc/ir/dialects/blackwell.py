@@ -24,6 +24,7 @@ import numpy as np
 from tkc import dtypes
 from tkc.ir.core import Operation, register
 from tkc.ir.dialects.hopper import _check_barrier, _check_view, _smem, check_pair
+from tkc.ir.dialects.tile import SCALE_BLOCK_OF
 from tkc.ir.layouts import (ScaleLayout, SharedLayout, TmemAccumulator, WgmmaAccumulator, encode_descriptor,
                             read_as)
 from tkc.ir.types import ScalarType, TileType
@@ -103,10 +104,10 @@ SCALED_KINDS = {1: "mxf8f6f4", 2: "mxf4nvf4", 4: "mxf4nvf4"}
 
 
 def scale_vec(operand: dtypes.DType, scale: dtypes.DType) -> int:
-    """The scale vector of a block-scaled product of ``operand``s scaled by ``scale``s."""
-    if not operand.is_packed:
-        return 1
-    return 4 if scale == dtypes.f8e4m3 else 2
+    """The scale vector of a block-scaled product of ``operand``s scaled by ``scale``s: the
+    values of K one MMA step takes (32 bytes: 32 8-bit values, 64 FP4 ones) over the values one
+    scale covers."""
+    return 32 * (2 if operand.is_packed else 1) // SCALE_BLOCK_OF[scale.name]
 
 
 def scaled_instr_descriptor(a: SharedLayout, b: SharedLayout, m: int, n: int, a_id: int, b_id: int,

@@ -717,14 +717,12 @@ class MmaOp(Operation):
         if c.dtype != dtypes.f32 or r != c:
             raise self.error("the accumulator and result are f32 tiles of one type")
         if self.scales:
-            block = check_block_scales(self, a, b, [v.type for v in self.scales])
+            check_block_scales(self, a, b, [v.type for v in self.scales])
             if a.dtype.bits != 8 or b.dtype.bits != 8 or a.dtype.is_packed != b.dtype.is_packed:
                 raise self.error("a block-scaled @ takes 8-bit float operands, or FP4 pairs on both sides")
-            scale = self.scales[0].type.dtype
-            if any(v.type.dtype != scale for v in self.scales) or (block, scale.name) not in (
-                    (SCALE_BLOCK, "f8e8m0"), *(((16, "f8e4m3"),) if fp4 else ())):
-                raise self.error(f"a block-scaled @ takes f8e8m0 scales of {SCALE_BLOCK} values (FP4 pairs also "
-                                 f"NVFP4's f8e4m3 of 16)")
+            if self.scales[0].type.dtype != dtypes.f8e8m0 and not fp4:
+                raise self.error("a block-scaled @ of 8-bit floats takes f8e8m0 scales (NVFP4's f8e4m3 scale FP4 "
+                                 "pairs)")
 
 
 def operand_k(t: TileType, axis: int) -> int:
@@ -733,28 +731,27 @@ def operand_k(t: TileType, axis: int) -> int:
     return t.shape[axis] * (2 if t.dtype.is_packed else 1)
 
 
-def scale_block(op: Operation) -> int:
-    """Values along K one scale of a block-scaled product (``tile.dot_scaled``, a block-scaled
-    ``tile.mma``) covers: K over the extent of A's scales along it."""
-    sa = op.a_scale if op.name == DotScaledOp.name else op.scales[0]
-    return operand_k(op.a.type, 1) // sa.type.shape[1]
-
-
 def scale_dtype(op: Operation) -> dtypes.DType:
-    """The dtype of a block-scaled product's scales (both sides': the frontend makes them one)."""
+    """The dtype of a block-scaled product's scales (``tile.dot_scaled``, a block-scaled
+    ``tile.mma``; both sides' are one, check_block_scales says)."""
     return (op.a_scale if op.name == DotScaledOp.name else op.scales[0]).type.dtype
+
+
+def scale_block(op: Operation) -> int:
+    """Values along K one scale of a block-scaled product covers (:data:`SCALE_BLOCK_OF`)."""
+    return SCALE_BLOCK_OF[scale_dtype(op).name]
 
 
 def check_block_scales(op: Operation, a: TileType, b: TileType, scales: list) -> int:
     """``scales`` are an [M, K/B] and a [K/B, N] tile for ``a`` [M, K] @ ``b`` [K, N] of one
-    scale dtype (:data:`SCALE_DTYPES`), each scale covering B values along K: 32 for f8e8m0 (OCP
-    MX), 16 for f8e4m3 (NVFP4); returns B."""
+    scale dtype, each scale covering the B values along K its dtype does (:data:`SCALE_BLOCK_OF`);
+    returns B."""
     if len(scales) != 2 or not all(isinstance(t, TileType) and t.rank == 2 for t in scales):
         raise op.error("takes two scale tiles, A's and B's")
     sa, sb = scales
-    if sa.dtype.name not in SCALE_DTYPES or sb.dtype != sa.dtype:
-        raise op.error(f"scales must be {' or '.join(SCALE_DTYPES)} tiles, both of one dtype")
-    block = 16 if sa.dtype == dtypes.f8e4m3 else SCALE_BLOCK
+    if sa.dtype.name not in SCALE_BLOCK_OF or sb.dtype != sa.dtype:
+        raise op.error(f"scales must be {' or '.join(SCALE_BLOCK_OF)} tiles, both of one dtype")
+    block = SCALE_BLOCK_OF[sa.dtype.name]
     k = operand_k(a, 1)
     if k % block:
         raise op.error(f"K ({k}) is a multiple of {block} in a block-scaled product with {sa.dtype.name} scales")
@@ -766,10 +763,9 @@ def check_block_scales(op: Operation, a: TileType, b: TileType, scales: list) ->
 
 #: Values a block-scaled product's scale covers along K (OCP MX: 32 values, one E8M0 byte).
 SCALE_BLOCK = 32
-#: The runs one scale may cover: OCP MX's 32, NVFP4's 16.
-SCALE_BLOCKS = (32, 16)
-#: A scale's dtypes: OCP MX's E8M0 (a power of two), NVFP4's E4M3 (a positive e4m3).
-SCALE_DTYPES = ("f8e8m0", "f8e4m3")
+#: A scale's dtypes and the values along K each covers: OCP MX's E8M0 (a power of two) 32,
+#: NVFP4's e4m3 (counted by its magnitude) 16.
+SCALE_BLOCK_OF = {"f8e8m0": SCALE_BLOCK, "f8e4m3": 16}
 #: What ``dot_scaled`` multiplies: OCP MX's 8-bit element types, pairs of FP4 (E2M1) values
 #: packed along K, and bf16 (an operand without scales, e.g. activations beside MXFP8 weights,
 #: takes scales of 1).
@@ -782,13 +778,11 @@ class DotScaledOp(Operation):
     MXFP4, NVIDIA's NVFP4): ``a`` is MxK and ``b`` KxN of e4m3, e5m2, FP4 pairs or bf16, each
     run of B values along K (B = 32, or 16) scaled by one f8e8m0 (a power of two) or f8e4m3
     (NVFP4's, unsigned: its magnitude) of ``a_scale`` (M x K/B) or ``b_scale`` (K/B x N); f32
-    accumulator.  An
-    ``f4e2m1x2`` operand holds its pairs along K: ``a`` is M x K/2 of them, ``b`` K/2 x N (a
-    weight [N, K/2] read transposed).  Each operand times its scale is a bf16 (exact in bf16's
-    range; tkc/semantics.py).  The
-    ``decompose`` pass writes it as casts, a scaling multiply and a bf16 ``tile.mma``, or, on a
-    target whose tensor cores scale blocks (sm_100a) and for the products they take, as a
-    block-scaled ``tile.mma`` (its ``scales``)."""
+    accumulator.  An ``f4e2m1x2`` operand holds its pairs along K: ``a`` is M x K/2 of them,
+    ``b`` K/2 x N (a weight [N, K/2] read transposed).  Each operand times its scale is a bf16
+    (exact in bf16's range; tkc/semantics.py).  The ``decompose`` pass writes it as casts, a
+    scaling multiply and a bf16 ``tile.mma``, or, on a target whose tensor cores scale blocks
+    (sm_100a) and for the products they take, as a block-scaled ``tile.mma`` (its ``scales``)."""
 
     name = "tile.dot_scaled"
     SURFACE = 'dot_scaled(a, a_scale, b, b_scale)'
