@@ -38,6 +38,21 @@ def test_a_block_of_tkc_ops_compiles_to_one_graph_and_trains() -> None:
         torch.testing.assert_close(g_comp, g_eager)
 
 
+def test_the_compiled_backward_runs_the_backward_kernels() -> None:
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    graphs = AotEagerAndRecordGraphs()
+    x = torch.randn(2, 9, 32).to(torch.bfloat16).requires_grad_()
+    params = [torch.randn(32).to(torch.bfloat16).requires_grad_() for _ in range(2)]
+    proj = (torch.randn(32, 32) / 6).to(torch.bfloat16)
+    torch.compile(block, fullgraph=True, backend=graphs)(x, *params, proj).float().sum().backward()
+    (bw,) = graphs.bw_graphs
+    called = {str(n.target) for n in bw.graph.nodes if n.op == "call_function"}
+    assert {"tkc.rms_norm_backward.default", "tkc.layer_norm_backward.default",
+            "tkc.softmax_backward.default"} <= called, called
+
+
 def test_dynamic_shapes_trace_through_the_fake_implementations() -> None:
     """With symbolic sizes the signature's dims bind to SymInts: one graph serves every row count."""
     def f(x: torch.Tensor, w: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:

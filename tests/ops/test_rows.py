@@ -1,6 +1,7 @@
 """tkc.ops.rms_norm, layer_norm and softmax against torch on random bf16 inputs (in the
 interpreter): rows that are not multiples of the tiles, leading dims, rows longer than one
-block, gradients, opcheck and tkc's errors."""
+block, gradients (the backward kernels of rows_bwd.tk; second-order ones through torch ops),
+opcheck and tkc's errors."""
 
 from __future__ import annotations
 
@@ -92,12 +93,42 @@ def test_errors_before_any_kernel_runs() -> None:
         tkc.ops.matmul(x.bfloat16(), bf16(64, 8).to("meta"))
 
 
+def test_second_order_gradients_match_torch() -> None:
+    """create_graph=True: the backward in torch ops, which autograd differentiates again
+    (against float64 torch; a loss whose second derivative is not a small difference of large
+    terms, which bf16 would swamp)."""
+    torch.manual_seed(3)
+    n = 40
+    c = torch.randn(6, n, dtype=torch.float64)
+    for op in ("rms_norm", "layer_norm", "softmax"):
+        tk, ref, (w, b) = references(n)[op]
+        x = bf16(6, n, scale=2.0)
+        got = []
+        for fn, dtype in ((tk, torch.bfloat16), (ref, torch.float64)):
+            leaves = [t.detach().to(dtype, copy=True).requires_grad_() for t in (x, w, b)]
+            (gx,) = torch.autograd.grad((fn(*leaves).double() * c).sum(), leaves[0], create_graph=True)
+            gx.double().square().sum().backward()
+            got.append(leaves[0].grad.double())
+        scale = got[1].abs().max().item()
+        torch.testing.assert_close(got[0], got[1], atol=2e-2 * scale, rtol=2e-2, msg=op)
+
+
+def test_backward_operators_have_no_gradient_of_their_own() -> None:
+    x, w = bf16(4, 32).requires_grad_(), bf16(32)
+    dx, _ = torch.ops.tkc.rms_norm_backward(bf16(4, 32), x, w, 1e-6)
+    with pytest.raises(TkcUsageError, match="torch.ops.tkc.rms_norm_backward has no gradient of its own: for "
+                                            "gradients of tkc.ops.rms_norm's gradients, call backward with "
+                                            "create_graph=True"):
+        dx.float().sum().backward()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("shape", [(37, 300), (3, 4100), (2, 517, 4096), (64, 8192)])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
+@pytest.mark.parametrize("shape", [(37, 300), (3, 4100), (2, 517, 4096), (64, 8192), (40, 12000)])
 def test_gradients_on_the_gpu_match_torch(op: str, shape: tuple[int, ...]) -> None:
-    # The backward kernels (tkc/ops/kernels/norm_backward.tk): rows past a program's share, a
-    # row longer than one block (4100, 8192: two sweeps), rows copied ahead through cp.async.
+    # The backward kernels (tkc/ops/kernels/rows_bwd.tk): rows past a program's share, a row
+    # in one block past its end (300, 4100), rows longer than 8192 (12000: two sweeps), rows
+    # copied ahead through cp.async.
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     torch.manual_seed(sum(shape))
@@ -108,6 +139,6 @@ def test_gradients_on_the_gpu_match_torch(op: str, shape: tuple[int, ...]) -> No
     g = bf16(*shape).cuda()
     tk(*leaves).backward(g)
     ref(*f32).backward(g.float())
-    for got, exp in zip(leaves[:2 if op == "rms_norm" else 3], f32):
+    for got, exp in zip(leaves[:{"rms_norm": 2, "layer_norm": 3, "softmax": 1}[op]], f32):
         scale = exp.grad.abs().max().item()
         torch.testing.assert_close(got.grad.float(), exp.grad, atol=2e-2 * scale, rtol=2e-2)

@@ -2,8 +2,12 @@
 
 Each is the operator of a shipped kernel over rows (``torch.ops.tkc.rms_norm`` and the
 others take ``[M, N]``: the kernel's signature), and a function taking any leading dims,
-which it flattens to rows.  Forward runs the tkc kernel; backward is written in torch ops
-(fp32), since tkc has no backward kernel for these yet.
+which it flattens to rows.  Forward and backward run tkc kernels: the backward kernels of
+rows_bwd.tk (``torch.ops.tkc.rms_norm_backward``, ``layer_norm_backward``,
+``softmax_backward``), whose tile sizes follow the rows (:func:`backward_tiles`).  The norms'
+backward computes each row's statistics again from x, so the forwards write nothing for it.
+A second-order gradient (``create_graph=True``) takes the same formulas in fp32 torch ops,
+which autograd can differentiate again.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.kernel_op import MISS, call, custom_op, planned, register_autograd
@@ -23,6 +28,11 @@ __all__ = ["layer_norm", "rms_norm", "softmax"]
 _rms_norm = custom_op("tkc::rms_norm", rmsnorm)
 _layer_norm = custom_op("tkc::layer_norm", load(path("layernorm.tk")))
 _softmax = custom_op("tkc::softmax", load(path("softmax.tk")))
+_BWD = path("rows_bwd.tk")
+_TILES = ("ROWS", "BN")
+_rms_norm_bwd = custom_op("tkc::rms_norm_backward", load(_BWD, "rmsnorm_bwd"), const_args=_TILES)
+_layer_norm_bwd = custom_op("tkc::layer_norm_backward", load(_BWD, "layernorm_bwd"), const_args=_TILES)
+_softmax_bwd = custom_op("tkc::softmax_backward", load(_BWD, "softmax_bwd"), const_args=("BN",))
 
 
 _BF16 = torch.bfloat16
@@ -54,7 +64,7 @@ def _weight(op: str, name: str, w: torch.Tensor, x: torch.Tensor) -> torch.Tenso
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dim of a bf16 ``x`` (any
     leading dims) with a bf16 ``weight``; statistics in fp32.  Forward: the tkc kernel
-    ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: torch ops."""
+    ``rmsnorm`` (tkc/ops/kernels/rmsnorm.py); backward: ``rmsnorm_bwd`` (tkc/ops/kernels/rows_bwd.tk)."""
     if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: like an earlier call's, which passed the checks
         y = planned(_rms_norm, (x, weight, eps), {})
         if y is not MISS:
@@ -70,7 +80,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
                eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dim of a bf16 ``x`` (any leading dims), with a bf16 ``weight``
     and ``bias`` (ones and zeros when None); statistics in fp32.  Forward: the tkc kernel
-    ``layernorm`` (tkc/ops/kernels/layernorm.tk); backward: torch ops."""
+    ``layernorm`` (tkc/ops/kernels/layernorm.tk); backward: ``layernorm_bwd`` (rows_bwd.tk)."""
     if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: like an earlier call's, which passed the checks
         y = planned(_layer_norm, (x, weight, bias, eps), {})
         if y is not MISS:
@@ -87,7 +97,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim of a bf16 ``x`` (any leading dims), in fp32 inside.  Forward:
-    the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: torch ops."""
+    the tkc kernel ``softmax`` (tkc/ops/kernels/softmax.tk); backward: ``softmax_bwd`` (rows_bwd.tk)."""
     if isinstance(x, torch.Tensor) and x.dim() == 2:  # rows already: an x like an earlier call's passed the checks
         y = planned(_softmax, (x,), {})
         if y is not MISS:
@@ -97,7 +107,20 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return _shaped(call(_softmax, _rows("softmax", x)), x)
 
 
-# ------------------------------------------------------------------ autograd (torch ops, fp32)
+# ------------------------------------------------------------------ autograd
+def backward_tiles(M: int, N: int) -> dict[str, int]:
+    """The backward kernels' tile sizes for ``M`` rows of ``N``: a row in one block of ``BN``
+    columns (``N`` rounded up to 512; past 8192 the norms' 256 threads would spill, so longer
+    rows are swept), and ``ROWS`` rows a program, the most of 4-32 that leaves about 256
+    programs (two an SM of an H100/H200 at 4096 columns): more rows a program add their dw
+    terms together before the atomic adds, but too few programs leave SMs idle (on an H200,
+    RESULTS.md 2026-11-29)."""
+    rows = 4
+    while rows < 32 and M >= 512 * rows:
+        rows *= 2
+    return {"ROWS": rows, "BN": min(-(-N // 512) * 512, 8192)}
+
+
 def _save_inputs(ctx: Any, inputs: tuple, output: Any) -> None:
     *tensors, ctx.eps = inputs
     ctx.save_for_backward(*tensors)
@@ -105,23 +128,28 @@ def _save_inputs(ctx: Any, inputs: tuple, output: Any) -> None:
 
 def _rms_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     x, w = ctx.saved_tensors
-    xf, wf, gf = x.float(), w.float(), g.float()
-    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
-    gw = gf * wf
-    dx = r * (gw - xf * (r * r) * (gw * xf).mean(-1, keepdim=True))
-    dw = (gf * xf * r).sum(0)
-    return dx.to(x.dtype), dw.to(w.dtype), None
+    if torch.is_grad_enabled():  # create_graph: a backward autograd can differentiate
+        xf, wf, gf = x.float(), w.float(), g.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+        gw = gf * wf
+        dx = r * (gw - xf * (r * r) * (gw * xf).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (gf * xf * r).sum(0).to(w.dtype), None
+    dx, dw = call(_rms_norm_bwd, g.contiguous(), x, w, ctx.eps, **backward_tiles(*x.shape))
+    return dx, dw.to(w.dtype), None
 
 
 def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     x, w, b = ctx.saved_tensors
-    xf, gf = x.float(), g.float()
-    mean = xf.mean(-1, keepdim=True)
-    rstd = torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + ctx.eps)
-    xhat = (xf - mean) * rstd
-    gx = gf * w.float()
-    dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
-    return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
+    if torch.is_grad_enabled():  # create_graph: a backward autograd can differentiate
+        xf, gf = x.float(), g.float()
+        mean = xf.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((xf - mean).pow(2).mean(-1, keepdim=True) + ctx.eps)
+        xhat = (xf - mean) * rstd
+        gx = gf * w.float()
+        dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
+        return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
+    dx, dw, db = call(_layer_norm_bwd, g.contiguous(), x, w, ctx.eps, **backward_tiles(*x.shape))
+    return dx, dw.to(w.dtype), db.to(b.dtype), None
 
 
 def _save_output(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
@@ -130,10 +158,23 @@ def _save_output(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
 
 def _softmax_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
     (y,) = ctx.saved_tensors
-    yf, gf = y.float(), g.float()
-    return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
+    if torch.is_grad_enabled():  # create_graph: a backward autograd can differentiate
+        yf, gf = y.float(), g.float()
+        return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
+    return call(_softmax_bwd, g.contiguous(), y, BN=backward_tiles(*y.shape)["BN"])
+
+
+def _not_differentiated(name: str) -> Any:
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        op = name.removesuffix("_backward")
+        raise TkcUsageError(f"torch.ops.tkc.{name} has no gradient of its own: for gradients of "
+                            f"tkc.ops.{op}'s gradients, call backward with create_graph=True")
+    return backward
 
 
 register_autograd(_rms_norm, _rms_norm_backward, _save_inputs)
 register_autograd(_layer_norm, _layer_norm_backward, _save_inputs)
 register_autograd(_softmax, _softmax_backward, _save_output)
+for _name, _op in (("rms_norm_backward", _rms_norm_bwd), ("layer_norm_backward", _layer_norm_bwd),
+                   ("softmax_backward", _softmax_bwd)):
+    register_autograd(_op, _not_differentiated(_name), lambda ctx, inputs, output, keyword_only_inputs=None: None)
