@@ -47,7 +47,7 @@ RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": 
                "mx_fp8.tk": ["mx_quantize", "mx_dequantize"], "gemm_mx.tk": ["gemm_mx", "gemm_mx_weights"],
                "mx_fp4.tk": ["mxfp4_quantize", "nvfp4_dequantize"],
                "gemm_fp4.tk": ["gemm_mxfp4", "gemm_nvfp4_weights_splitk"],
-               "rows_bwd.tk": ["layernorm_bwd", "softmax_bwd"]}
+               "rows_bwd.tk": ["layernorm_bwd", "softmax_bwd", "layernorm_wgrad"]}
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")

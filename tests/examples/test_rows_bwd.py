@@ -1,8 +1,10 @@
-"""examples/rows_bwd.tk, the backward kernels of tkc.ops.rms_norm, layer_norm and softmax:
-the interpreter against float64 autograd, the emulator against the interpreter, ptxas without
-spills at the tiles tkc.ops picks, and on a GPU against torch.  Rows past a program's share
-(M not a multiple of ROWS), rows shorter than their block, rows swept in several blocks (the
-last one a tail), a mean large beside the spread, and constant rows."""
+"""examples/rows_bwd.tk, the backward kernels of tkc.ops.rms_norm, layer_norm and softmax
+(and rmsnorm_wgrad / layernorm_wgrad, the weights' gradients of rows too long for one
+block): the interpreter against float64 autograd, the emulator against the interpreter,
+ptxas without spills at the tiles tkc.ops picks, and on a GPU against float64.  Rows past a
+program's share (M not a multiple of ROWS), rows shorter than their block, rows swept in
+several blocks (the last one a tail), with their dw added by the sweep or left to the wgrad
+kernels, a mean large beside the spread, and constant rows."""
 
 from __future__ import annotations
 
@@ -16,57 +18,70 @@ from device_checks import assert_no_spills, launch_tensors, needs_ptxas, require
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import run_kernel
-from tkc.ops.rows import backward_tiles
+from tkc.ops.rows import backward_tiles, softmax_block
 
 FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "rows_bwd.tk"
 EPS = 1e-5
-KERNELS = ("rmsnorm_bwd", "layernorm_bwd", "softmax_bwd")
-# (M, N, constants): one block past the row's end; sweeps of 256 columns, the last a tail;
+KERNELS = ("rmsnorm_bwd", "layernorm_bwd", "softmax_bwd", "rmsnorm_wgrad", "layernorm_wgrad")
+WGRAD = ("rmsnorm_wgrad", "layernorm_wgrad")
+# (M, N, constants): a row in one block past its end; sweeps of 256 columns, the last a tail,
+# dw added by the sweeps or not (the wgrad kernels': a strip past the row's end, 3 programs a
+# strip);
 # a row of exactly one block
-SHAPES = {"one_block": (37, 300, {"BN": 512, "ROWS": 8}),
-          "sweeps": (21, 1000, {"BN": 256, "SBN": 256, "ROWS": 4}),
-          "whole": (16, 512, {"BN": 512, "ROWS": 16})}
+SHAPES = {"one_block": (37, 300, {"BN": 512, "ROWS": 8, "CB": 128}),
+          "sweeps": (21, 1000, {"BN": 256, "SBN": 256, "ROWS": 4, "CB": 256}),
+          "sweeps_no_wgrad": (21, 1000, {"BN": 256, "SBN": 256, "ROWS": 4, "wgrad": False}),
+          "whole": (16, 512, {"BN": 512, "ROWS": 16, "CB": 512})}
+
+
+def _consts(kernel: str, consts: dict) -> dict:
+    """The constants ``kernel`` takes of a shape's."""
+    own = ("BN",) if kernel == "softmax_bwd" else ("CB",) if kernel in WGRAD else ("BN", "SBN", "ROWS", "wgrad")
+    return {k: v for k, v in consts.items() if k in own}
 
 
 def _compile(kernel: str, consts: dict, stop: str = "cubin"):
-    if kernel == "softmax_bwd":
-        consts = {"BN": consts["BN"]}
-    return compile_kernel(FILE, consts, stop=stop, cache=False, kernel=kernel)
+    return compile_kernel(FILE, _consts(kernel, consts), stop=stop, cache=False, kernel=kernel)
 
 
 def _bf16(g: torch.Generator, *shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
     return (scale * torch.randn(*shape, generator=g) + shift).to(torch.bfloat16)
 
 
-def case(kernel: str, M: int, N: int, seed: int, constant_rows: bool = False):
+def _nan(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.full(shape, float("nan")).to(dtype)
+
+
+def case(kernel: str, M: int, N: int, seed: int, constant_rows: bool = False, wgrad: bool = True):
     """The kernel's arguments (outputs NaN, accumulators zero) and float64 autograd's answers by
-    argument index."""
+    argument index (without ``wgrad``, the norms' dw is not theirs to check)."""
     g = torch.Generator().manual_seed(seed)
     dy = _bf16(g, M, N)
     if kernel == "softmax_bwd":
-        yd = torch.softmax(3 * torch.randn(M, N, generator=g, dtype=torch.float64), -1)
-        y = yd.to(torch.bfloat16)
+        y = torch.softmax(3 * torch.randn(M, N, generator=g, dtype=torch.float64), -1).to(torch.bfloat16)
         yd = y.double()
         want = yd * (dy.double() - (dy.double() * yd).sum(-1, keepdim=True))
-        return [dy, y, torch.full((M, N), float("nan")).to(torch.bfloat16)], {2: want}
+        return [dy, y, _nan(M, N, dtype=torch.bfloat16)], {2: want}
     x = _bf16(g, M, N, scale=2.0, shift=3.0)  # a mean large beside the spread
     if constant_rows:
         x[::3] = 1.5
     w = _bf16(g, N)
     xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
-    if kernel == "rmsnorm_bwd":
-        y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS) * wd
-        bd = None
-    else:
-        bd = torch.zeros(N, dtype=torch.float64, requires_grad=True)
-        y = F.layer_norm(xd, (N,), wd, bd, EPS)
+    rms = kernel.startswith("rmsnorm")
+    mean = torch.zeros(M, dtype=torch.float64) if rms else xd.detach().mean(-1)
+    rstd = torch.rsqrt((xd.detach() - mean[:, None]).pow(2).mean(-1) + EPS)
+    bd = torch.zeros(N, dtype=torch.float64, requires_grad=True)
+    y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS) * wd if rms else F.layer_norm(xd, (N,), wd, bd, EPS)
     y.backward(dy.double())
-    args = [dy, x, w, torch.full((M, N), float("nan")).to(torch.bfloat16), torch.zeros(N)]
-    want = {3: xd.grad, 4: wd.grad}
-    if bd is not None:
-        args.append(torch.zeros(N))
-        want[5] = bd.grad
-    return args + [EPS], want
+    dx, dw = _nan(M, N, dtype=torch.bfloat16), torch.zeros(N)
+    if kernel == "rmsnorm_wgrad":
+        return [dy, x, rstd.float(), dw, 3], {3: wd.grad}
+    if kernel == "layernorm_wgrad":
+        return [dy, x, mean.float(), rstd.float(), dw, torch.zeros(N), 3], {4: wd.grad, 5: bd.grad}
+    if kernel == "rmsnorm_bwd":
+        return [dy, x, w, dx, dw, _nan(M), EPS], {3: xd.grad, 5: rstd, **({4: wd.grad} if wgrad else {})}
+    args = [dy, x, w, dx, dw, torch.zeros(N), _nan(M), _nan(M), EPS]
+    return args, {3: xd.grad, 6: mean, 7: rstd, **({4: wd.grad, 5: bd.grad} if wgrad else {})}
 
 
 def close(got: list, want: dict, what: str) -> None:
@@ -81,17 +96,19 @@ def close(got: list, want: dict, what: str) -> None:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_interpreter_matches_float64_autograd(kernel: str, shape: str) -> None:
     M, N, consts = SHAPES[shape]
+    if kernel in ("softmax_bwd", *WGRAD) and shape == "sweeps_no_wgrad":
+        pytest.skip("the norms' constant wgrad only")
     for seed in (0, 1):
-        args, want = case(kernel, M, N, seed, constant_rows=seed == 1)
+        args, want = case(kernel, M, N, seed, constant_rows=seed == 1, wgrad=consts.get("wgrad", True))
         run_kernel(_compile(kernel, consts, "tkir").kernel_op, args)
         close(args, want, f"{kernel} {shape} seed {seed}")
 
 
-@pytest.mark.parametrize("shape", ["one_block", "sweeps"])
+@pytest.mark.parametrize("shape", ["one_block", "sweeps_no_wgrad"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_emulator_matches_interpreter(kernel: str, shape: str) -> None:
     M, N, consts = SHAPES[shape]
-    args, want = case(kernel, M, N, 5)
+    args, want = case(kernel, M, N, 5, wgrad=consts.get("wgrad", True))
     expect = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     run_kernel(_compile(kernel, consts, "tkir").kernel_op, expect)
     emulate(_compile(kernel, consts, "hopper").kernel_op, args, seed=5)
@@ -99,18 +116,25 @@ def test_emulator_matches_interpreter(kernel: str, shape: str) -> None:
         torch.testing.assert_close(args[i].float(), expect[i].float(), atol=8e-3, rtol=8e-3)
 
 
+def _ops_consts(kernel: str, M: int, N: int) -> dict:
+    """The constants tkc.ops runs ``kernel`` with for M rows of N."""
+    return {"BN": softmax_block(N)} if kernel == "softmax_bwd" else {} if kernel in WGRAD else backward_tiles(M, N)
+
+
 @needs_ptxas
 @pytest.mark.parametrize("N", [1024, 4096, 8192, 12288])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_assembles_without_spills_at_the_ops_tiles(kernel: str, N: int) -> None:
-    assert_no_spills(_compile(kernel, backward_tiles(16384, N)))
+    assert_no_spills(_compile(kernel, _ops_consts(kernel, 16384, N)))
 
 
 def test_ops_tiles_follow_the_rows() -> None:
-    assert backward_tiles(16384, 4096) == {"ROWS": 32, "BN": 4096}
-    assert backward_tiles(4096, 4000) == {"ROWS": 16, "BN": 4096}  # about 256 programs
-    assert backward_tiles(1, 70) == {"ROWS": 4, "BN": 512}
-    assert backward_tiles(8192, 12288) == {"ROWS": 32, "BN": 8192}  # swept: BN is the one-block limit
+    assert backward_tiles(16384, 4096) == {"ROWS": 32, "BN": 4096, "wgrad": True}
+    assert backward_tiles(4096, 4000) == {"ROWS": 16, "BN": 4096, "wgrad": True}  # about 256 programs
+    assert backward_tiles(1, 70) == {"ROWS": 4, "BN": 512, "wgrad": True}
+    # past one block: swept, dw from norm_wgrad
+    assert backward_tiles(8192, 12288) == {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
+    assert [softmax_block(n) for n in (70, 8192, 8193)] == [512, 8192, 8192]
 
 
 @pytest.mark.gpu
@@ -118,6 +142,6 @@ def test_ops_tiles_follow_the_rows() -> None:
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_on_gpu_as_float64(kernel: str, M: int, N: int) -> None:
     require_gpu()
-    args, want = case(kernel, M, N, 7, constant_rows=True)
-    got = launch_tensors(_compile(kernel, backward_tiles(M, N)), args)
-    close(got, want, f"{kernel} {M}x{N} on the GPU")
+    consts = _ops_consts(kernel, M, N)
+    args, want = case(kernel, M, N, 7, constant_rows=True, wgrad=consts.get("wgrad", True))
+    close(launch_tensors(_compile(kernel, consts), args), want, f"{kernel} {M}x{N} on the GPU")

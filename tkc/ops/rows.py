@@ -4,7 +4,9 @@ Each is the operator of a shipped kernel over rows (``torch.ops.tkc.rms_norm`` a
 others take ``[M, N]``: the kernel's signature), and a function taking any leading dims,
 which it flattens to rows.  Forward and backward run tkc kernels: the backward kernels of
 rows_bwd.tk (``torch.ops.tkc.rms_norm_backward``, ``layer_norm_backward``,
-``softmax_backward``), whose tile sizes follow the rows (:func:`backward_tiles`).  The norms'
+``softmax_backward``; ``rms_norm_weight_grad`` and ``layer_norm_weight_grad`` for the weights
+of rows longer than 8192),
+whose tile sizes follow the rows (:func:`backward_tiles`).  The norms'
 backward computes each row's statistics again from x, so the forwards write nothing for it.
 A second-order gradient (``create_graph=True``) takes the same formulas in fp32 torch ops,
 which autograd can differentiate again.
@@ -29,9 +31,11 @@ _rms_norm = custom_op("tkc::rms_norm", rmsnorm)
 _layer_norm = custom_op("tkc::layer_norm", load(path("layernorm.tk")))
 _softmax = custom_op("tkc::softmax", load(path("softmax.tk")))
 _BWD = path("rows_bwd.tk")
-_TILES = ("ROWS", "BN")
+_TILES = ("ROWS", "BN", "SBN", "warps", "wgrad")
 _rms_norm_bwd = custom_op("tkc::rms_norm_backward", load(_BWD, "rmsnorm_bwd"), const_args=_TILES)
 _layer_norm_bwd = custom_op("tkc::layer_norm_backward", load(_BWD, "layernorm_bwd"), const_args=_TILES)
+_rms_norm_wgrad = custom_op("tkc::rms_norm_weight_grad", load(_BWD, "rmsnorm_wgrad"))
+_layer_norm_wgrad = custom_op("tkc::layer_norm_weight_grad", load(_BWD, "layernorm_wgrad"))
 _softmax_bwd = custom_op("tkc::softmax_backward", load(_BWD, "softmax_bwd"), const_args=("BN",))
 
 
@@ -108,17 +112,39 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ autograd
-def backward_tiles(M: int, N: int) -> dict[str, int]:
+#: The widest row the norms' backward holds in registers (256 threads; wider ones spill).
+ONE_BLOCK = 8192
+#: Programs the weight-gradient kernels aim at: four an SM of an H100/H200.
+_WGRAD_PROGRAMS = 528
+
+
+def backward_tiles(M: int, N: int) -> dict[str, Any]:
     """The backward kernels' tile sizes for ``M`` rows of ``N``: a row in one block of ``BN``
-    columns (``N`` rounded up to 512; past 8192 the norms' 256 threads would spill, so longer
-    rows are swept), and ``ROWS`` rows a program, the most of 4-32 that leaves about 256
-    programs (two an SM of an H100/H200 at 4096 columns): more rows a program add their dw
-    terms together before the atomic adds, but too few programs leave SMs idle (on an H200,
-    RESULTS.md 2026-11-29)."""
+    columns (``N`` rounded up to 512) up to ``ONE_BLOCK`` columns, and ``ROWS`` rows a
+    program, the most of 4-32 that leaves about 256 programs (two an SM of an H100/H200 at 4096
+    columns): more rows a program add their dw terms together before the atomic adds, but
+    too few programs leave SMs idle (on an H200, RESULTS.md 2026-11-29).  A longer row is swept
+    in blocks of ``SBN`` 1024 (``BN`` 512 keeps the one-block code, which never runs, small),
+    four rows a program over four warps (on an H200 at 2048 x 16384, 0.42x the time of 16 rows
+    over eight), and its dw is left to the weight-gradient kernels (``wgrad`` False)."""
     rows = 4
     while rows < 32 and M >= 512 * rows:
         rows *= 2
-    return {"ROWS": rows, "BN": min(-(-N // 512) * 512, 8192)}
+    if N > ONE_BLOCK:  # one row after another: programs enough to fill the GPU
+        return {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
+    return {"ROWS": rows, "BN": -(-N // 512) * 512, "wgrad": True}
+
+
+def softmax_block(N: int) -> int:
+    """softmax_bwd's BN for rows of ``N``: one block up to ``ONE_BLOCK`` columns (at 8192,
+    1.13x two blocks of 4096 on an H200), swept in blocks of that beyond."""
+    return min(-(-N // 512) * 512, ONE_BLOCK)
+
+
+def _wgrad_split(M: int, N: int) -> int:
+    """How many programs of the weight-gradient kernels share a column strip (128 wide): enough
+    for about ``_WGRAD_PROGRAMS`` in all, at least 16 rows each."""
+    return max(1, min(-(-M // 16), _WGRAD_PROGRAMS // -(-N // 128)))
 
 
 def _save_inputs(ctx: Any, inputs: tuple, output: Any) -> None:
@@ -134,7 +160,10 @@ def _rms_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
         gw = gf * wf
         dx = r * (gw - xf * (r * r) * (gw * xf).mean(-1, keepdim=True))
         return dx.to(x.dtype), (gf * xf * r).sum(0).to(w.dtype), None
-    dx, dw = call(_rms_norm_bwd, g.contiguous(), x, w, ctx.eps, **backward_tiles(*x.shape))
+    g, tiles = g.contiguous(), backward_tiles(*x.shape)
+    dx, dw, rstd = call(_rms_norm_bwd, g, x, w, ctx.eps, **tiles)
+    if not tiles["wgrad"]:  # rows past one block: dw summed down the columns
+        dw = call(_rms_norm_wgrad, g, x, rstd, _wgrad_split(*x.shape))
     return dx, dw.to(w.dtype), None
 
 
@@ -148,7 +177,10 @@ def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
         gx = gf * w.float()
         dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
         return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
-    dx, dw, db = call(_layer_norm_bwd, g.contiguous(), x, w, ctx.eps, **backward_tiles(*x.shape))
+    g, tiles = g.contiguous(), backward_tiles(*x.shape)
+    dx, dw, db, mean, rstd = call(_layer_norm_bwd, g, x, w, ctx.eps, **tiles)
+    if not tiles["wgrad"]:  # rows past one block: dw and dbias summed down the columns
+        dw, db = call(_layer_norm_wgrad, g, x, mean, rstd, _wgrad_split(*x.shape))
     return dx, dw.to(w.dtype), db.to(b.dtype), None
 
 
@@ -161,20 +193,22 @@ def _softmax_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled():  # create_graph: a backward autograd can differentiate
         yf, gf = y.float(), g.float()
         return (yf * (gf - (gf * yf).sum(-1, keepdim=True))).to(y.dtype)
-    return call(_softmax_bwd, g.contiguous(), y, BN=backward_tiles(*y.shape)["BN"])
+    return call(_softmax_bwd, g.contiguous(), y, BN=softmax_block(y.shape[1]))
 
 
-def _not_differentiated(name: str) -> Any:
+def _not_differentiated(name: str, op: str) -> Any:
     def backward(ctx: Any, *grads: Any) -> tuple:
-        op = name.removesuffix("_backward")
         raise TkcUsageError(f"torch.ops.tkc.{name} has no gradient of its own: for gradients of "
-                            f"tkc.ops.{op}'s gradients, call backward with create_graph=True")
+                            f"{op}'s gradients, call backward with create_graph=True")
     return backward
 
 
 register_autograd(_rms_norm, _rms_norm_backward, _save_inputs)
 register_autograd(_layer_norm, _layer_norm_backward, _save_inputs)
 register_autograd(_softmax, _softmax_backward, _save_output)
-for _name, _op in (("rms_norm_backward", _rms_norm_bwd), ("layer_norm_backward", _layer_norm_bwd),
-                   ("softmax_backward", _softmax_bwd)):
-    register_autograd(_op, _not_differentiated(_name), lambda ctx, inputs, output, keyword_only_inputs=None: None)
+for _name, _of, _op in (("rms_norm_backward", "tkc.ops.rms_norm", _rms_norm_bwd),
+                        ("layer_norm_backward", "tkc.ops.layer_norm", _layer_norm_bwd),
+                        ("softmax_backward", "tkc.ops.softmax", _softmax_bwd),
+                        ("rms_norm_weight_grad", "tkc.ops.rms_norm", _rms_norm_wgrad),
+                        ("layer_norm_weight_grad", "tkc.ops.layer_norm", _layer_norm_wgrad)):
+    register_autograd(_op, _not_differentiated(_name, _of), lambda ctx, inputs, output, keyword_only_inputs=None: None)
