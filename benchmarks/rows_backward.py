@@ -1,7 +1,9 @@
 """tkc.ops.rms_norm, layer_norm and softmax in training, as a user calls them: the backward
 alone (``torch.autograd.grad`` of each operator's output) and forward + backward, beside torch
 eager (``F.rms_norm``, ``F.layer_norm``, ``torch.softmax``), ``torch.compile`` of the same,
-liger-kernel's autograd functions where liger-kernel imports, and a copy.
+liger-kernel's autograd functions where liger-kernel imports, and a copy; in the backward
+rows, tkc's kernels alone too (launched on tensors made once: the GPU's share, without the
+host work of autograd and of the operator).
 
     python benchmarks/rows_backward.py                  # every group, four shapes
     python benchmarks/rows_backward.py --quick          # 16384 x 4096 only
@@ -27,12 +29,12 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from harness import Row, group_args, in_turns, report  # noqa: E402
+from harness import Row, group_args, host_time, in_turns, report  # noqa: E402
 
 import tkc.ops  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.ops.kernels import path  # noqa: E402
-from tkc.ops.rows import ONE_BLOCK, backward_tiles  # noqa: E402
+from tkc.ops.rows import ONE_BLOCK, backward_tiles, softmax_block, wgrad_split  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
 
 EPS = 1e-5
@@ -110,13 +112,48 @@ def training_rows(shapes: list[tuple[int, int]], runs: int, direction: str) -> l
                     row.notes += f"{name}: gradient {bad} differs from torch's fp32; "
                     continue
                 contenders[name] = call
+            if direction == "backward" and not row.notes:
+                contenders["tkc kernels alone"] = kernels_alone(op, dy, x, w)
             contenders["copy"] = lambda: dst.copy_(src)
             t = in_turns(contenders, runs)
             moved = (3 if direction == "backward" else 5) * M * N * 2
             row.values = {n: (2 * M * N * 2 if n == "copy" else moved) / s / 1e9 for n, s in t.items()}
+            if direction == "backward":  # where the time goes when the rows are few
+                row.notes += "host us a call: " + ", ".join(f"{n} {host_time(contenders[n], 100) * 1e6:.0f}"
+                                                            for n in ("tkc", "torch") if n in contenders)
             rows.append(row)
-            print(f"  {row.problem}: " + ", ".join(f"{n} {v:.0f}" for n, v in row.values.items()), flush=True)
+            print(f"  {row.problem}: " + ", ".join(f"{n} {v:.0f}" for n, v in row.values.items()) + f" {row.notes}",
+                  flush=True)
     return rows
+
+
+def kernels_alone(op: str, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> Callable[[], None]:
+    """The backward kernels tkc.ops runs for ``op``, launched on tensors made once: the GPU's
+    share of the operator's backward, without autograd's or the operator's host work."""
+    M, N = x.shape
+    kernel = {"rms_norm": "rmsnorm_bwd", "layer_norm": "layernorm_bwd", "softmax": "softmax_bwd"}[op]
+    if op == "softmax":
+        k = compile_kernel(path("rows_bwd.tk"), {"BN": softmax_block(N)}, kernel=kernel)
+        y, dx = torch.softmax(x.float(), -1).to(x.dtype), torch.empty_like(x)
+        return lambda: launch(k, [dy, y, dx])
+    tiles = backward_tiles(M, N)
+    k = compile_kernel(path("rows_bwd.tk"), tiles, kernel=kernel)
+    dx, dw, db = torch.empty_like(x), torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
+    mean, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
+    args = [dy, x, w, dx, dw] + ([rstd] if op == "rms_norm" else [db, mean, rstd]) + [EPS]
+    launches = [(k, args)]
+    if not tiles["wgrad"]:
+        wk = compile_kernel(path("rows_bwd.tk"), {}, kernel=kernel.replace("_bwd", "_wgrad"))
+        split = wgrad_split(M, N)
+        launches.append((wk, [dy, x, rstd, dw, split] if op == "rms_norm" else [dy, x, mean, rstd, dw, db, split]))
+
+    def run() -> None:
+        dw.zero_()
+        db.zero_()
+        for kk, a in launches:
+            launch(kk, a)
+
+    return run
 
 
 def tile_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:

@@ -141,7 +141,7 @@ def softmax_block(N: int) -> int:
     return min(-(-N // 512) * 512, ONE_BLOCK)
 
 
-def _wgrad_split(M: int, N: int) -> int:
+def wgrad_split(M: int, N: int) -> int:
     """How many programs of the weight-gradient kernels share a column strip (128 wide): enough
     for about ``_WGRAD_PROGRAMS`` in all, at least 16 rows each."""
     return max(1, min(-(-M // 16), _WGRAD_PROGRAMS // -(-N // 128)))
@@ -163,7 +163,7 @@ def _rms_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     g, tiles = g.contiguous(), backward_tiles(*x.shape)
     dx, dw, rstd = call(_rms_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw summed down the columns
-        dw = call(_rms_norm_wgrad, g, x, rstd, _wgrad_split(*x.shape))
+        dw = call(_rms_norm_wgrad, g, x, rstd, wgrad_split(*x.shape))
     return dx, dw.to(w.dtype), None
 
 
@@ -180,7 +180,7 @@ def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     g, tiles = g.contiguous(), backward_tiles(*x.shape)
     dx, dw, db, mean, rstd = call(_layer_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw and dbias summed down the columns
-        dw, db = call(_layer_norm_wgrad, g, x, mean, rstd, _wgrad_split(*x.shape))
+        dw, db = call(_layer_norm_wgrad, g, x, mean, rstd, wgrad_split(*x.shape))
     return dx, dw.to(w.dtype), db.to(b.dtype), None
 
 
