@@ -21,7 +21,8 @@ Each row is the best and median microseconds per call over several rounds of man
   operators that return a new tensor at every call, beside ``torch.matmul(a, b)``,
   ``torch.nn.functional.rms_norm`` and ``torch.softmax``; ``rms_norm`` of an ``x`` that needs a
   gradient (training's forward: the backward is recorded), eagerly and through torch's
-  dispatcher (``torch.ops.tkc.rms_norm``).
+  dispatcher (``torch.ops.tkc.rms_norm``), and its backward (``torch.autograd.grad``: autograd
+  runs the operator's backward kernel) beside ``F.rms_norm``'s.
 
 Where Triton is installed (GPU runs), the Triton kernels of benchmarks/triton_kernels.py are
 peers too: its softmax (same tensors, and a new output each call, as ``tkc.ops.softmax``) and
@@ -266,6 +267,11 @@ def main() -> None:
         # its eager autograd.Function): what that path saves.
         tkc_cases["torch.ops.tkc.rms_norm (dispatcher), x needs grad"] = \
             lambda: torch.ops.tkc.rms_norm(xg, w, 1e-6)
+        # training's backward: autograd runs the operator's backward kernel (rows_bwd.tk's rmsnorm_bwd)
+        y_tkc, dy = tkc.ops.rms_norm(xg, w, 1e-6), (x.detach().clone() if gpu else tensor(64, 256))
+        tkc_cases["tkc.ops.rms_norm backward (autograd.grad)"] = \
+            lambda: torch.autograd.grad(y_tkc, xg, dy, retain_graph=True)
+        y_torch = torch.nn.functional.rms_norm(xg, (256,), w, 1e-6) if gpu else None
         triton = _triton_kernels() if gpu else None
         torch_cases = {  # per tkc row, its peers: torch's (and below Triton's) launches of the same work
             "rmsnorm (@tkc.kernel), new output tensor each call": [
@@ -281,6 +287,9 @@ def main() -> None:
             "tkc.ops.softmax(x) (new output)": [("torch.softmax(x, -1)", lambda: torch.softmax(x, -1))],
             "tkc.ops.rms_norm(x, w), x needs grad": [
                 ("torch.nn.functional.rms_norm", lambda: torch.nn.functional.rms_norm(xg, (256,), w, 1e-6))],
+            "tkc.ops.rms_norm backward (autograd.grad)": [
+                ("torch.nn.functional.rms_norm's backward",
+                 lambda: torch.autograd.grad(y_torch, xg, dy, retain_graph=True))],
         } if gpu else {}
         if triton is not None:
             torch_cases["softmax 64x256, same tensors"] = [("Triton softmax(x, y)", lambda: triton.softmax(x, y))]

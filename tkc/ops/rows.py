@@ -164,7 +164,7 @@ def _rms_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     dx, dw, rstd = call(_rms_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw summed down the columns
         dw = call(_rms_norm_wgrad, g, x, rstd, wgrad_split(*x.shape))
-    return dx, dw.to(w.dtype), None
+    return dx, dw, None  # dw in f32: autograd casts a gradient to its input's dtype (in C++, sooner)
 
 
 def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
@@ -181,7 +181,7 @@ def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
     dx, dw, db, mean, rstd = call(_layer_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw and dbias summed down the columns
         dw, db = call(_layer_norm_wgrad, g, x, mean, rstd, wgrad_split(*x.shape))
-    return dx, dw.to(w.dtype), db.to(b.dtype), None
+    return dx, dw, db, None
 
 
 def _save_output(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
