@@ -110,8 +110,30 @@ def test_arguments_it_does_not_take_are_tkc_errors() -> None:
         fc.fft_conv(u, k, scale_rows=1)
     with pytest.raises(TkcUsageError, match="k must be real"):
         fc.fft_conv(u, k.to(torch.complex64))
-    with pytest.raises(TkcUsageError, match="fft_conv has no backward"):
-        fc.fft_conv(u, k.requires_grad_())
+
+
+@pytest.mark.parametrize("N,B,H,pairs", [(1024, 3, 2, True), (1024, 2, 1, False), (8192, 1, 1, True)])
+def test_gradients_match_float64_autograd(N: int, B: int, H: int, pairs: bool) -> None:
+    """u's gradient through the kernels (dy read backwards; 8k: the three-kernel plan), k's
+    through torch.fft, against autograd of the float64 reference."""
+    u, k = _inputs(N + 7, B, H, N)
+    c = torch.randn(B, H, N, generator=torch.Generator().manual_seed(N), dtype=torch.float64)
+    ug, kg = u.clone().requires_grad_(), k.clone().requires_grad_()
+    (fc.fft_conv(ug, kg, pairs=pairs).double() * c).sum().backward()
+    ud, kd = u.double().requires_grad_(), k.double().requires_grad_()
+    (fc.reference(ud, kd) * c).sum().backward()
+    assert ug.grad.dtype == torch.bfloat16 and kg.grad.dtype == k.dtype
+    for got, want in ((ug.grad, ud.grad), (kg.grad, kd.grad)):
+        err = got.double() - want
+        rms = want.pow(2).mean().sqrt().item()
+        assert err.pow(2).mean().sqrt().item() <= 1e-2 * rms and err.abs().max() <= 2e-2 * want.abs().max()
+
+
+def test_a_filter_object_takes_no_gradient_but_u_does() -> None:
+    u, k = _inputs(1, 2, 1, 1024)
+    ug = u.clone().requires_grad_()
+    fc.fft_conv(ug, fc.Filter.of(k)).float().sum().backward()
+    assert ug.grad is not None and ug.grad.shape == u.shape
 
 
 def test_no_channels_give_an_empty_output() -> None:
@@ -244,3 +266,19 @@ def test_on_gpu_as_torch_fft(N: int) -> None:
     got = fc.fft_conv(u.cuda(), f).cpu()
     _row_close(got, u, k)
     assert (got[2] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1024, 4096, 16384])
+def test_gradients_on_gpu_match_float64_autograd(N: int) -> None:
+    require_gpu()
+    u, k = _inputs(N, 5, 3, N)
+    c = torch.randn(5, 3, N, generator=torch.Generator().manual_seed(N), dtype=torch.float64)
+    ug, kg = u.cuda().requires_grad_(), k.cuda().requires_grad_()
+    (fc.fft_conv(ug, kg).double() * c.cuda()).sum().backward()
+    ud, kd = u.double().requires_grad_(), k.double().requires_grad_()
+    (fc.reference(ud, kd) * c).sum().backward()
+    for got, want in ((ug.grad.cpu(), ud.grad), (kg.grad.cpu(), kd.grad)):
+        err = got.double() - want
+        rms = want.pow(2).mean().sqrt().item()
+        assert err.pow(2).mean().sqrt().item() <= 1e-2 * rms and err.abs().max() <= 2e-2 * want.abs().max()

@@ -11,7 +11,8 @@ three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too); each row of a pair 
 response, computed once (the kernels' layout, divided by L), and the constant tensors of its
 length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
 interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
-not a ``torch.library`` op: no fake implementation for ``torch.compile`` and no backward yet.
+not a ``torch.library`` op: no fake implementation for ``torch.compile``; its gradients come
+from an ``autograd.Function`` (u's through the same kernels, k's through torch.fft).
 """
 
 from __future__ import annotations
@@ -208,23 +209,57 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None, p
     pair rounds at its larger row's scale: a row beside one 100 times larger is off by about
     20% of its own size, and a row of zeros beside a nonzero one gets noise; skip it only where
     the rows of each pair are of one size.  ``pairs=False`` gives every row a zero partner, at
-    twice the work."""
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k)):
-        raise TkcUsageError("tkc.ops.fft_conv has no backward: its output would carry no gradient to u or k; "
-                            "call it under torch.no_grad() or on detached tensors")
+    twice the work.
+
+    Gradients: u's is the same convolution of dy read backwards (``flip(fft_conv(flip(dy),
+    k))``: the kernels again, with the forward's filter response); k's (a tensor, not a
+    ``Filter``) is the correlation of dy with u summed over the batch, through torch.fft in
+    f32 (one transform of u and of dy, the product summed over the batch, one inverse a
+    channel)."""
     if isinstance(u, torch.Tensor) and isinstance(k, torch.Tensor):
         checks.device("fft_conv", u=u, k=k)
     for name, flag in (("pairs", pairs), ("scale_rows", scale_rows)):
         if not isinstance(flag, bool):
             raise TkcUsageError(f"tkc.ops.fft_conv: {name} is True or False, got {flag!r}")
+    f = k if isinstance(k, Filter) else Filter.of(k.detach() if isinstance(k, torch.Tensor) else k)
+    grads = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k))
+    if grads:
+        return _FFTConv.apply(u, k if isinstance(k, torch.Tensor) else None, f, BB, pairs, scale_rows)
+    return _convolve(u, f, BB, pairs, scale_rows)
+
+
+def _convolve(u: torch.Tensor, f: Filter, BB: int | None, pairs: bool, scale_rows: bool) -> torch.Tensor:
     if not pairs and isinstance(u, torch.Tensor) and u.dim() == 3:
         alone = u.new_zeros((2 * u.shape[0], *u.shape[1:]))  # every row beside a zero one
         alone[0::2] = u
-        return fft_conv(alone, k, BB, scale_rows=False)[0::2].contiguous()
-    calls, y = launches(u, k if isinstance(k, Filter) else Filter.of(k), BB, scale_rows)
+        return _convolve(alone, f, BB, True, False)[0::2].contiguous()
+    calls, y = launches(u, f, BB, scale_rows)
     for _, call in calls:
         call()
     return y
+
+
+class _FFTConv(torch.autograd.Function):
+    """fft_conv with its gradients (see :func:`fft_conv`)."""
+
+    @staticmethod
+    def forward(ctx, u, k, f, BB, pairs, scale_rows):  # noqa: ANN001, ANN205 (autograd's signature)
+        ctx.f, ctx.options = f, (BB, pairs, scale_rows)
+        ctx.save_for_backward(u)
+        return _convolve(u.detach(), f, BB, pairs, scale_rows)
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: ANN001, ANN205
+        (u,) = ctx.saved_tensors
+        dy = dy.to(torch.bfloat16)
+        du = dk = None
+        if ctx.needs_input_grad[0]:
+            du = _convolve(dy.flip(-1), ctx.f, *ctx.options).flip(-1)
+        if ctx.needs_input_grad[1]:
+            N = u.shape[-1]
+            spectra = torch.fft.rfft(u.float(), 2 * N).conj() * torch.fft.rfft(dy.float(), 2 * N)
+            dk = torch.fft.irfft(spectra.sum(0), 2 * N)[..., :N]
+        return du, dk, None, None, None, None
 
 
 def reference(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
