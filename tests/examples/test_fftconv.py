@@ -129,6 +129,43 @@ def test_gradients_match_float64_autograd(N: int, B: int, H: int, pairs: bool) -
         assert err.pow(2).mean().sqrt().item() <= 1e-2 * rms and err.abs().max() <= 2e-2 * want.abs().max()
 
 
+def test_compiles_to_one_graph_with_gradients_as_eager() -> None:
+    """Under torch.compile(fullgraph=True) fft_conv is the operator torch.ops.tkc.fft_conv (its
+    fake implementation traces; its backward calls it again on dy read backwards): no graph
+    break, outputs and gradients as the eager function's."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    def f(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return fc.fft_conv(u, k).float().square().sum()
+
+    u, k = _inputs(3, 2, 2, 1024)
+    torch._dynamo.reset()
+    graphs = AotEagerAndRecordGraphs()
+    compiled = torch.compile(f, fullgraph=True, backend=graphs)
+    results = []
+    for fn in (f, compiled):
+        ug, kg = u.clone().requires_grad_(), k.clone().requires_grad_()
+        loss = fn(ug, kg)
+        loss.backward()
+        results.append((loss, ug.grad, kg.grad))
+    for eager, traced in zip(*results):
+        torch.testing.assert_close(traced, eager)
+    (bw,) = graphs.bw_graphs
+    assert "tkc.fft_conv.default" in {str(n.target) for n in bw.graph.nodes if n.op == "call_function"}
+
+
+def test_the_operator_passes_opcheck() -> None:
+    u, k = _inputs(4, 2, 1, 1024)
+    torch.library.opcheck(torch.ops.tkc.fft_conv.default, (u.requires_grad_(), k.requires_grad_(), None, True, True))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # the fake implementation refuses as a call does
+        with pytest.raises(TkcUsageError, match="u has 1 channels, the filter 3"):
+            torch.ops.tkc.fft_conv(torch.empty(2, 1, 1024, dtype=torch.bfloat16), torch.empty(3, 1024))
+        with pytest.raises(TkcUsageError, match="1000 values a channel; it takes 1024 to 65536"):
+            torch.ops.tkc.fft_conv(torch.empty(2, 1, 1000, dtype=torch.bfloat16), torch.empty(1, 1000))
+
+
 def test_a_filter_object_takes_no_gradient_but_u_does() -> None:
     u, k = _inputs(1, 2, 1, 1024)
     ug = u.clone().requires_grad_()

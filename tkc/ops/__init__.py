@@ -14,7 +14,8 @@
 - :mod:`tkc.ops.varlen_attention`: ``varlen_attention`` of packed sequences (``cu_seqlens``)
   through varlen_attn_train.tk, backward too (GQA).
 - :mod:`tkc.ops.fftconv`: ``fft_conv``, causal FFT convolution through fftconv.tk (a plain
-  function launching its kernels, not a ``torch.library`` op).
+  function launching its kernels, with gradients; under ``torch.compile`` the operator
+  ``torch.ops.tkc.fft_conv``).
 - :mod:`tkc.ops.based`: ``based``, Based linear attention through based.tk, long sequences of
   few heads in segments (a plain function too).
 - :mod:`tkc.ops.mx`: ``mx_quantize``, ``mx_dequantize`` (MXFP8) and ``mx_matmul`` (their GEMM).

@@ -10,9 +10,11 @@ three (L = 2N = P * Q, Q = 1024 or 2048; rows in pairs too); each row of a pair 
 (``row_norms`` first).  ``Filter`` holds a filter's
 response, computed once (the kernels' layout, divided by L), and the constant tensors of its
 length; CUDA tensors run on the GPU, CPU ones (and everything with TKC_INTERPRET=1) in the
-interpreter.  Unlike the other operators it is a plain function launching its kernels in turn,
-not a ``torch.library`` op: no fake implementation for ``torch.compile``; its gradients come
-from an ``autograd.Function`` (u's through the same kernels, k's through torch.fft).
+interpreter.  ``fft_conv`` is a plain function launching its kernels in turn (a ``Filter``
+keeps a filter's response between calls), with gradients from an ``autograd.Function`` (u's
+through the same kernels, k's through torch.fft); under ``torch.compile`` it calls the
+operator ``torch.ops.tkc.fft_conv`` instead, which computes the response each call and traces
+(a fake implementation, the same gradients).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import interpret, load
 from tkc.ops import checks
+from tkc.ops.kernel_op import through_dispatcher
 from tkc.ops.kernels import path
 
 __all__ = ["Filter", "fft_conv", "plan", "reference"]
@@ -147,6 +150,20 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
         interpret(kernel, *args, **consts)
 
 
+def _check(u: torch.Tensor, p: Plan, channels: int, BB: int) -> None:
+    """What fft_conv takes of u, a filter of ``channels`` channels and plan ``p``, and ``BB``."""
+    checks.dtype("fft_conv", torch.bfloat16, u=u)
+    checks.rank("fft_conv", "u", u, "three dims [B, H, N]", u.dim() == 3)
+    _, H, N = u.shape
+    if N != p.N:
+        raise TkcUsageError(f"tkc.ops.fft_conv: u has {N} values a row, the filter {p.N}: give them one length")
+    if H != channels:
+        raise TkcUsageError(f"tkc.ops.fft_conv: u has {H} channels, the filter {channels}")
+    if isinstance(BB, bool) or not isinstance(BB, int) or BB < 1:
+        raise TkcUsageError(f"tkc.ops.fft_conv: BB, the rows of a channel a program takes, is a positive int, "
+                            f"got {BB!r}")
+
+
 def launches(u: torch.Tensor, f: Filter, BB: int | None = None,
              scale_rows: bool = True) -> tuple[list[tuple[str, Callable[[], None]]], torch.Tensor]:
     """The launches of ``fft_conv(u, f)`` in order, as (name, call), and the output they
@@ -154,16 +171,8 @@ def launches(u: torch.Tensor, f: Filter, BB: int | None = None,
     a channel a program takes (None: the plan's)."""
     p, c = f.plan, f.consts
     BB = p.BB if BB is None else BB
-    checks.dtype("fft_conv", torch.bfloat16, u=u)
-    checks.rank("fft_conv", "u", u, "three dims [B, H, N]", u.dim() == 3)
+    _check(u, p, f.kf.shape[0], BB)
     B, H, N = u.shape
-    if N != p.N:
-        raise TkcUsageError(f"tkc.ops.fft_conv: u has {N} values a row, the filter {p.N}: give them one length")
-    if H != f.kf.shape[0]:
-        raise TkcUsageError(f"tkc.ops.fft_conv: u has {H} channels, the filter {f.kf.shape[0]}")
-    if isinstance(BB, bool) or not isinstance(BB, int) or BB < 1:
-        raise TkcUsageError(f"tkc.ops.fft_conv: BB, the rows of a channel a program takes, is a positive int, "
-                            f"got {BB!r}")
     u = u.contiguous()
     y = torch.empty_like(u)
     BP = (BB + 1) // 2  # rows go in pairs, one complex row each: BB rounds up to an even count
@@ -221,6 +230,11 @@ def fft_conv(u: torch.Tensor, k: torch.Tensor | Filter, BB: int | None = None, p
     for name, flag in (("pairs", pairs), ("scale_rows", scale_rows)):
         if not isinstance(flag, bool):
             raise TkcUsageError(f"tkc.ops.fft_conv: {name} is True or False, got {flag!r}")
+    if through_dispatcher():  # torch.compile, fake tensors: the operator, which traces
+        if isinstance(k, Filter):
+            raise TkcUsageError("tkc.ops.fft_conv under torch.compile takes the filter as a tensor [H, N], not a "
+                                "Filter (its response is computed inside the traced operator)")
+        return _fft_conv_op(u, k, BB, pairs, scale_rows)
     f = k if isinstance(k, Filter) else Filter.of(k.detach() if isinstance(k, torch.Tensor) else k)
     grads = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (u, k))
     if grads:
@@ -251,15 +265,59 @@ class _FFTConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # noqa: ANN001, ANN205
         (u,) = ctx.saved_tensors
-        dy = dy.to(torch.bfloat16)
         du = dk = None
         if ctx.needs_input_grad[0]:
-            du = _convolve(dy.flip(-1), ctx.f, *ctx.options).flip(-1)
+            du = _convolve(dy.to(torch.bfloat16).flip(-1), ctx.f, *ctx.options).flip(-1)
         if ctx.needs_input_grad[1]:
-            N = u.shape[-1]
-            spectra = torch.fft.rfft(u.float(), 2 * N).conj() * torch.fft.rfft(dy.float(), 2 * N)
-            dk = torch.fft.irfft(spectra.sum(0), 2 * N)[..., :N]
+            dk = _filter_gradient(u, dy)
         return du, dk, None, None, None, None
+
+
+def _filter_gradient(u: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dk[h, j] = sum over b, t of dy[b, h, t] u[b, h, t - j]: the correlation of dy with u,
+    summed over the batch in the frequency domain (f32; torch.fft)."""
+    N = u.shape[-1]
+    spectra = torch.fft.rfft(u.float(), 2 * N).conj() * torch.fft.rfft(dy.float(), 2 * N)
+    return torch.fft.irfft(spectra.sum(0), 2 * N)[..., :N]
+
+
+# The operator that torch.compile traces (the plain function above keeps a Filter's response
+# between calls, which an operator cannot take): its fake implementation checks the arguments
+# as a call does and makes the output; its gradients are the Function's, u's through the
+# operator itself.
+@torch.library.custom_op("tkc::fft_conv", mutates_args=())
+def _fft_conv_op(u: torch.Tensor, k: torch.Tensor, BB: int | None = None, pairs: bool = True,
+                 scale_rows: bool = True) -> torch.Tensor:
+    return _convolve(u, Filter.of(k), BB, pairs, scale_rows)
+
+
+@_fft_conv_op.register_fake
+def _(u: torch.Tensor, k: torch.Tensor, BB: int | None = None, pairs: bool = True,
+      scale_rows: bool = True) -> torch.Tensor:
+    checks.rank("fft_conv", "k", k, "two dims [H, N]", k.dim() == 2)
+    if k.is_complex():
+        raise TkcUsageError(f"tkc.ops.fft_conv: k must be real (the filter's taps), got {k.dtype}")
+    p = plan(k.shape[-1])
+    _check(u, p, k.shape[0], p.BB if BB is None else BB)
+    return torch.empty_like(u, memory_format=torch.contiguous_format)
+
+
+def _op_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    u, k, *ctx.options = inputs
+    ctx.save_for_backward(u, k)
+
+
+def _op_backward(ctx, dy):  # noqa: ANN001, ANN202
+    u, k = ctx.saved_tensors
+    du = dk = None
+    if ctx.needs_input_grad[0]:
+        du = _fft_conv_op(dy.to(torch.bfloat16).flip(-1).contiguous(), k, *ctx.options).flip(-1)
+    if ctx.needs_input_grad[1]:
+        dk = _filter_gradient(u, dy)
+    return du, dk, None, None, None
+
+
+_fft_conv_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 def reference(u: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
