@@ -158,6 +158,23 @@ def test_segments_fill_the_program_slots_heads_leave_empty() -> None:
     assert segments_for(1, 1, 1 << 20, 132) == 32     # at most 32: segment p reads p states
 
 
+def test_based_compiles_to_one_graph_as_eager() -> None:
+    """Under torch.compile(fullgraph=True) tkc.ops.based is the operator torch.ops.tkc.based:
+    no graph break, the output of the eager function (in segments too)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = _bf16(g, 1, 2, 150, 16), _bf16(g, 1, 2, 150, 16), _bf16(g, 1, 2, 150, 64)
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return tkc.ops.based(q, k, v, segments=2) * 2
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(f)(q, k, v)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v), f(q, k, v))
+    torch.library.opcheck(torch.ops.tkc.based.default, (q, k, v, 2))
+
+
 def test_based_arguments_it_does_not_take_are_tkc_errors() -> None:
     q = torch.zeros(1, 2, 64, 16, dtype=torch.bfloat16)
     v = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)

@@ -17,7 +17,8 @@
   function launching its kernels, with gradients; under ``torch.compile`` the operator
   ``torch.ops.tkc.fft_conv``).
 - :mod:`tkc.ops.based`: ``based``, Based linear attention through based.tk, long sequences of
-  few heads in segments (a plain function too).
+  few heads in segments (a plain function too, forward only; ``torch.ops.tkc.based`` under
+  ``torch.compile``).
 - :mod:`tkc.ops.mx`: ``mx_quantize``, ``mx_dequantize`` (MXFP8) and ``mx_matmul`` (their GEMM).
 - :mod:`tkc.ops.fp4`: ``fp4_quantize``, ``fp4_dequantize`` (MXFP4, NVFP4) and ``fp4_matmul``
   (bf16 activations by an FP4 weight).

@@ -7,8 +7,8 @@ A program walks one head's chunks in turn, so few heads of a long sequence leave
 sequence then goes in segments (``segments``), a program each, ``based_states`` writing what
 each segment adds to the running states and ``based_split`` starting each segment from the sum
 of those before it.  CUDA tensors run on the GPU, CPU ones (and everything with
-TKC_INTERPRET=1) in the interpreter.  A plain function launching its kernels, not a
-``torch.library`` op: no fake implementation and no backward.
+TKC_INTERPRET=1) in the interpreter.  A plain function launching its kernels, forward only;
+under ``torch.compile`` it calls the operator ``torch.ops.tkc.based``, which traces.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import interpret, load
 from tkc.ops import checks
+from tkc.ops.kernel_op import through_dispatcher
 from tkc.ops.kernels import path
 
 __all__ = ["based", "segments_for"]
@@ -47,10 +48,8 @@ def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
         interpret(KERNELS[name], *args, **consts)
 
 
-def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | None = None) -> torch.Tensor:
-    """o[b, h, t] = sum_{s <= t} (1 + x + x^2 / 2) v[b, h, s] with x = q[b, h, t] . k[b, h, s] / 4,
-    bf16 out.  ``segments``: how many parts each head's rows go in (1: one program a head;
-    None: :func:`segments_for` the GPU, 1 on a CPU)."""
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What based takes of q, k and v (dtypes, devices, shapes)."""
     checks.dtype("based", torch.bfloat16, q=q, k=k, v=v)
     checks.device("based", q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -58,17 +57,31 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | Non
     if q.shape != k.shape or q.shape[-1] != 16:
         raise TkcUsageError(f"tkc.ops.based: q and k must be [B, H, N, 16] alike, got {tuple(q.shape)} and "
                             f"{tuple(k.shape)}")
-    B, H, N, _ = q.shape
     if v.shape[:3] != q.shape[:3] or v.shape[-1] != 64:
         raise TkcUsageError(f"tkc.ops.based: v must be [B, H, N, 64] beside q's {tuple(q.shape)}, got {tuple(v.shape)}")
+
+
+def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | None = None) -> torch.Tensor:
+    """o[b, h, t] = sum_{s <= t} (1 + x + x^2 / 2) v[b, h, s] with x = q[b, h, t] . k[b, h, s] / 4,
+    bf16 out.  ``segments``: how many parts each head's rows go in (1: one program a head;
+    None: :func:`segments_for` the GPU, 1 on a CPU).  Under ``torch.compile`` (and fake
+    tensors) the operator ``torch.ops.tkc.based``, which traces."""
+    _check(q, k, v)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise TkcUsageError("tkc.ops.based has no backward: its output would carry no gradient; call it under "
                             "torch.no_grad() or on detached tensors")
+    if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
+        raise TkcUsageError(f"tkc.ops.based: segments is a positive int, got {segments!r}")
+    if through_dispatcher():
+        return _based_op(q, k, v, segments)
+    return _based(q, k, v, segments)
+
+
+def _based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | None) -> torch.Tensor:
+    B, H, N, _ = q.shape
     if segments is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
         segments = segments_for(B, H, N, sms) if sms else 1
-    if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
-        raise TkcUsageError(f"tkc.ops.based: segments is a positive int, got {segments!r}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(v)
     # Whole chunks a segment; the kernels make the same seg from N and P.
@@ -82,3 +95,16 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | Non
     _run("based_states", k, v, s0, st)
     _run("based_split", q, k, v, o, s0, st)
     return o
+
+
+# The operator torch.compile traces: the same kernels, a fake implementation from the same
+# checks; no gradient (a traced call whose inputs need one is refused before tracing it).
+@torch.library.custom_op("tkc::based", mutates_args=())
+def _based_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | None = None) -> torch.Tensor:
+    return _based(q, k, v, segments)
+
+
+@_based_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | None = None) -> torch.Tensor:
+    _check(q, k, v)
+    return torch.empty_like(v, memory_format=torch.contiguous_format)
