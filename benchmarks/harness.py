@@ -170,6 +170,16 @@ def report(script: str, args: argparse.Namespace, groups: Sequence[str], rows: S
                        rows, extra)
 
 
+def run_groups(script: str, groups: dict[str, Callable[[list, int], list[Row]]], sizes: list,
+               quick_sizes: list) -> None:
+    """The whole of a benchmark script of row groups, each ``groups[name](sizes, runs)``: its
+    command line (:func:`group_args`), 60 runs a row (30 and ``quick_sizes`` with ``--quick``),
+    then :func:`report`."""
+    args, only = group_args(script, list(groups))
+    runs, chosen = (30, quick_sizes) if args.quick else (60, sizes)
+    report(script, args, list(groups), [r for g in only for r in groups[g](chosen, runs)])
+
+
 def append_results(path: Path, command: str, rows: Sequence[Row], extra: str = "") -> None:
     """Add a dated section (newest first, after the file's introduction) to RESULTS.md."""
     text = path.read_text() if path.exists() else "# GPU results\n"

@@ -25,7 +25,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(ROOT / "tests" / "examples"))
 
-from harness import Row, group_args, in_turns, report  # noqa: E402
+from harness import Row, in_turns, run_groups  # noqa: E402
 import tk_reference as ref  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
@@ -97,10 +97,7 @@ GROUPS = {"plain": lambda s, r: rows(s, r, False), "dropout": lambda s, r: rows(
 
 
 def main() -> None:
-    args, only = group_args("norm_backward.py", list(GROUPS))
-    runs = 30 if args.quick else 60
-    shapes = [(16384, 4096)] if args.quick else [(16384, 4096), (8192, 8192), (4096, 4096)]
-    report("norm_backward.py", args, list(GROUPS), [r for g in only for r in GROUPS[g](shapes, runs)])
+    run_groups("norm_backward.py", GROUPS, [(16384, 4096), (8192, 8192), (4096, 4096)], [(16384, 4096)])
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from harness import Row, group_args, in_turns, report  # noqa: E402
+from harness import Row, in_turns, run_groups  # noqa: E402
 from tk_kernels import checked  # noqa: E402
 
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -68,10 +68,7 @@ GROUPS = {"layernorm": lambda s, r: rows(s, r, "LayerNorm"), "softmax": lambda s
 
 
 def main() -> None:
-    args, only = group_args("ragged_rows.py", list(GROUPS))
-    runs = 30 if args.quick else 60
-    widths = WIDTHS[:1] if args.quick else WIDTHS
-    report("ragged_rows.py", args, list(GROUPS), [r for g in only for r in GROUPS[g](widths, runs)])
+    run_groups("ragged_rows.py", GROUPS, WIDTHS, WIDTHS[:1])
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from harness import Row, group_args, host_time, in_turns, report  # noqa: E402
+from harness import Row, host_time, in_turns, run_groups  # noqa: E402
 
 import tkc.ops  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
@@ -199,10 +199,7 @@ GROUPS = {"backward": lambda s, r: training_rows(s, r, "backward"),
 
 
 def main() -> None:
-    args, only = group_args("rows_backward.py", list(GROUPS))
-    runs = 30 if args.quick else 60
-    shapes = SHAPES[:1] if args.quick else SHAPES
-    report("rows_backward.py", args, list(GROUPS), [r for g in only for r in GROUPS[g](shapes, runs)])
+    run_groups("rows_backward.py", GROUPS, SHAPES, SHAPES[:1])
 
 
 if __name__ == "__main__":
