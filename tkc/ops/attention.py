@@ -19,7 +19,7 @@ import torch
 from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import call, custom_op, register_autograd, through_dispatcher
+from tkc.ops.kernel_op import call, custom_op, register_autograd, through_dispatcher, without_gradient
 from tkc.ops.kernels import path
 
 __all__ = ["attention"]
@@ -120,12 +120,8 @@ def _backward(ctx: Any, do: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
 def no_double_backward(op: str) -> tuple[Any, Any]:
     """A backward and setup for a backward kernel's operator: gradients of gradients (a second
     ``backward`` through ``create_graph=True``) are refused in ``op``'s words."""
-
-    def backward(ctx: Any, *_: Any) -> tuple:
-        raise TkcUsageError(f"tkc.ops.{op} has no second-order gradient: its backward kernels are not "
+    return without_gradient(f"tkc.ops.{op} has no second-order gradient: its backward kernels are not "
                             f"differentiated again (take gradients of the gradients with torch's attention)")
-
-    return backward, lambda ctx, inputs, output, keyword_only_inputs=None: None
 
 
 register_autograd(_fwd, _backward, _setup)

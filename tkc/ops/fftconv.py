@@ -135,11 +135,16 @@ class Filter:
 
     @classmethod
     def of(cls, k: torch.Tensor) -> Filter:
-        checks.rank("fft_conv", "k", k, "two dims [H, N]", hasattr(k, "dim") and k.dim() == 2)
-        if k.is_complex():
-            raise TkcUsageError(f"tkc.ops.fft_conv: k must be real (the filter's taps), got {k.dtype}")
-        p = plan(k.shape[-1])
+        p = filter_plan(k)
         return cls(p, response(k, p).to(k.device), constants(p, k.device))
+
+
+def filter_plan(k: torch.Tensor) -> Plan:
+    """The plan of a filter ``k`` [H, N] of real taps (what fft_conv takes of it)."""
+    checks.rank("fft_conv", "k", k, "two dims [H, N]", hasattr(k, "dim") and k.dim() == 2)
+    if k.is_complex():
+        raise TkcUsageError(f"tkc.ops.fft_conv: k must be real (the filter's taps), got {k.dtype}")
+    return plan(k.shape[-1])
 
 
 def _run(name: str, *args: torch.Tensor, **consts: int) -> None:
@@ -294,10 +299,7 @@ def _fft_conv_op(u: torch.Tensor, k: torch.Tensor, BB: int | None = None, pairs:
 @_fft_conv_op.register_fake
 def _(u: torch.Tensor, k: torch.Tensor, BB: int | None = None, pairs: bool = True,
       scale_rows: bool = True) -> torch.Tensor:
-    checks.rank("fft_conv", "k", k, "two dims [H, N]", k.dim() == 2)
-    if k.is_complex():
-        raise TkcUsageError(f"tkc.ops.fft_conv: k must be real (the filter's taps), got {k.dtype}")
-    p = plan(k.shape[-1])
+    p = filter_plan(k)
     _check(u, p, k.shape[0], p.BB if BB is None else BB)
     return torch.empty_like(u, memory_format=torch.contiguous_format)
 

@@ -34,7 +34,7 @@ from tkc.kernel import Kernel, consts_key, interpret
 from tkc.options import interpret_requested
 
 __all__ = ["INPUT", "MISS", "MUTATED", "OUTPUT", "ZEROED", "call", "custom_op", "planned", "register_autograd",
-           "roles"]
+           "roles", "without_gradient"]
 
 #: What a kernel parameter is to its operator (see :func:`roles`).
 INPUT, MUTATED, OUTPUT, ZEROED = "input", "mutated", "output", "zeroed output"
@@ -471,6 +471,17 @@ def register_autograd(op: Any, backward: Any, setup_context: Any) -> None:
     op.tkc_function = type(f"{op.tkc_kernel.name}_autograd", (torch.autograd.Function,),
                            {"forward": staticmethod(forward), "backward": staticmethod(backward_all)})
     op.tkc_apply = _apply(op.tkc_function)
+
+
+def without_gradient(message: str) -> tuple[Any, Any]:
+    """The backward and setup (:func:`register_autograd`'s pair) of an operator with no
+    gradient of its own, a backward kernel's: differentiating through it raises
+    ``TkcUsageError(message)``."""
+
+    def backward(ctx: Any, *_: Any) -> tuple:
+        raise TkcUsageError(message)
+
+    return backward, lambda ctx, inputs, output, keyword_only_inputs=None: None
 
 
 def _apply(function: Any) -> Any:

@@ -5,9 +5,9 @@ others take ``[M, N]``: the kernel's signature), and a function taking any leadi
 which it flattens to rows.  Forward and backward run tkc kernels: the backward kernels of
 rows_bwd.tk (``torch.ops.tkc.rms_norm_backward``, ``layer_norm_backward``,
 ``softmax_backward``; ``rms_norm_weight_grad`` and ``layer_norm_weight_grad`` for the weights
-of rows longer than 8192),
-whose tile sizes follow the rows (:func:`backward_tiles`).  The norms'
-backward computes each row's statistics again from x, so the forwards write nothing for it.
+of rows longer than 8192), whose tile sizes follow the rows (:func:`backward_tiles`).  The
+norms' backward computes each row's statistics again from x, so the forwards write nothing
+for it.
 A second-order gradient (``create_graph=True``) takes the same formulas in fp32 torch ops,
 which autograd can differentiate again.
 """
@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from tkc.errors import TkcUsageError
 from tkc.kernel import load
 from tkc.ops import checks
-from tkc.ops.kernel_op import MISS, call, custom_op, planned, register_autograd
+from tkc.ops.kernel_op import MISS, call, custom_op, planned, register_autograd, without_gradient
 from tkc.ops.kernels import path
 from tkc.ops.kernels.rmsnorm import rmsnorm
 
@@ -125,19 +124,20 @@ def backward_tiles(M: int, N: int) -> dict[str, Any]:
     columns): more rows a program add their dw terms together before the atomic adds, but
     too few programs leave SMs idle (on an H200, RESULTS.md 2026-11-29).  A longer row is swept
     in blocks of ``SBN`` 1024 (``BN`` 512 keeps the one-block code, which never runs, small),
-    four rows a program over four warps (on an H200 at 2048 x 16384, 0.42x the time of 16 rows
+    four rows a program over four warps (on an H200 at 2048 x 16384, 0.36x the time of 16 rows
     over eight), and its dw is left to the weight-gradient kernels (``wgrad`` False)."""
+    if N > ONE_BLOCK:  # one row after another: programs enough to fill the GPU
+        return {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
     rows = 4
     while rows < 32 and M >= 512 * rows:
         rows *= 2
-    if N > ONE_BLOCK:  # one row after another: programs enough to fill the GPU
-        return {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
-    return {"ROWS": rows, "BN": -(-N // 512) * 512, "wgrad": True}
+    return {"ROWS": rows, "BN": softmax_block(N), "wgrad": True}
 
 
 def softmax_block(N: int) -> int:
-    """softmax_bwd's BN for rows of ``N``: one block up to ``ONE_BLOCK`` columns (at 8192,
-    1.13x two blocks of 4096 on an H200), swept in blocks of that beyond."""
+    """The block a row of ``N`` takes in the backward kernels: ``N`` rounded up to 512, at most
+    ``ONE_BLOCK`` (softmax_bwd sweeps longer rows in blocks of that: at 8192, one block ran
+    1.13x two of 4096 on an H200)."""
     return min(-(-N // 512) * 512, ONE_BLOCK)
 
 
@@ -196,19 +196,13 @@ def _softmax_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
     return call(_softmax_bwd, g.contiguous(), y, BN=softmax_block(y.shape[1]))
 
 
-def _not_differentiated(name: str, op: str) -> Any:
-    def backward(ctx: Any, *grads: Any) -> tuple:
-        raise TkcUsageError(f"torch.ops.tkc.{name} has no gradient of its own: for gradients of "
-                            f"{op}'s gradients, call backward with create_graph=True")
-    return backward
-
-
 register_autograd(_rms_norm, _rms_norm_backward, _save_inputs)
 register_autograd(_layer_norm, _layer_norm_backward, _save_inputs)
 register_autograd(_softmax, _softmax_backward, _save_output)
-for _name, _of, _op in (("rms_norm_backward", "tkc.ops.rms_norm", _rms_norm_bwd),
-                        ("layer_norm_backward", "tkc.ops.layer_norm", _layer_norm_bwd),
-                        ("softmax_backward", "tkc.ops.softmax", _softmax_bwd),
-                        ("rms_norm_weight_grad", "tkc.ops.rms_norm", _rms_norm_wgrad),
-                        ("layer_norm_weight_grad", "tkc.ops.layer_norm", _layer_norm_wgrad)):
-    register_autograd(_op, _not_differentiated(_name, _of), lambda ctx, inputs, output, keyword_only_inputs=None: None)
+for _name, _of, _op in (("rms_norm_backward", "rms_norm", _rms_norm_bwd),
+                        ("layer_norm_backward", "layer_norm", _layer_norm_bwd),
+                        ("softmax_backward", "softmax", _softmax_bwd),
+                        ("rms_norm_weight_grad", "rms_norm", _rms_norm_wgrad),
+                        ("layer_norm_weight_grad", "layer_norm", _layer_norm_wgrad)):
+    register_autograd(_op, *without_gradient(f"torch.ops.tkc.{_name} has no gradient of its own: for gradients "
+                                             f"of tkc.ops.{_of}'s gradients, call backward with create_graph=True"))
