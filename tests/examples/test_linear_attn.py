@@ -185,7 +185,7 @@ def test_based_arguments_it_does_not_take_are_tkc_errors() -> None:
                        (lambda: tkc.ops.based(q[0], q, v), "q must have four dims")):
         with pytest.raises(TkcUsageError, match=said):
             call()
-    with pytest.raises(TkcUsageError, match="has no backward"):
+    with pytest.raises(TkcUsageError, match="based has no gradient: call it on tensors that need none"):
         tkc.ops.based(q.clone().requires_grad_(), q, v)
 
 

@@ -67,9 +67,7 @@ def based(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: int | Non
     None: :func:`segments_for` the GPU, 1 on a CPU).  Under ``torch.compile`` (and fake
     tensors) the operator ``torch.ops.tkc.based``, which traces."""
     _check(q, k, v)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise TkcUsageError("tkc.ops.based has no backward: its output would carry no gradient; call it under "
-                            "torch.no_grad() or on detached tensors")
+    checks.no_gradient("based", q, k, v)
     if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments < 1):
         raise TkcUsageError(f"tkc.ops.based: segments is a positive int, got {segments!r}")
     if through_dispatcher():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from tkc.errors import TkcUsageError
 
@@ -92,3 +93,10 @@ def number(op: str, name: str, value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TkcUsageError(f"tkc.ops.{op}: {name} must be a number, got {value!r}") from None
+
+
+def no_gradient(op: str, *tensors: Any) -> None:
+    """None of ``tensors`` needs a gradient where one would be recorded: ``op`` has no backward."""
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+        raise TkcUsageError(f"tkc.ops.{op} has no gradient: call it on tensors that need none (.detach()) or "
+                            f"under torch.no_grad()")

@@ -21,7 +21,7 @@ from tkc.kernel import load
 from tkc.ops import checks
 from tkc.ops.kernel_op import call, custom_op
 from tkc.ops.kernels import path
-from tkc.ops.mx import SPLITK_ROWS, matmul_nt, no_gradient, scales_blocks, splitk_consts
+from tkc.ops.mx import SPLITK_ROWS, matmul_nt, scales_blocks, splitk_consts
 
 __all__ = ["fp4_dequantize", "fp4_matmul", "fp4_quantize"]
 
@@ -100,7 +100,7 @@ def fp4_quantize(x: torch.Tensor, fmt: str = "nvfp4") -> tuple[torch.Tensor, tor
     checks.dtype("fp4_quantize", torch.bfloat16, x=x)
     checks.rank("fp4_quantize", "x", x, "at least one dim", x.dim() >= 1)
     _blocks("fp4_quantize", x.shape[-1])
-    no_gradient("fp4_quantize", x)
+    checks.no_gradient("fp4_quantize", x)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     g = None
     if fmt == "nvfp4":  # (a tensor of zeros takes the smallest normal: its scales and values are 0)
@@ -120,7 +120,7 @@ def fp4_dequantize(q: torch.Tensor, scales: torch.Tensor, global_scale: torch.Te
     _blocks("fp4_dequantize", k)
     checks.same("fp4_dequantize", f"scales must be q's shape with its last dim {k} / {_BLOCK[fmt]}",
                 ("scales' shape", tuple(scales.shape)), ("wanted", (*q.shape[:-1], k // _BLOCK[fmt])))
-    no_gradient("fp4_dequantize", q, scales)
+    checks.no_gradient("fp4_dequantize", q, scales)
     g = _global("fp4_dequantize", fmt, global_scale, q.device)
     rows, blocks = q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous()
     x = call(_DEQUANTIZE[fmt], rows, blocks, *g)
@@ -160,7 +160,7 @@ def fp4_matmul(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_global
     elif x_global is not None:
         raise TkcUsageError("tkc.ops.fp4_matmul: x_global belongs to FP4 activations (x_scale given); a bf16 x has "
                             "none")
-    no_gradient("fp4_matmul", *(t for t in (x, w, w_scale, x_scale) if t is not None))
+    checks.no_gradient("fp4_matmul", *(t for t in (x, w, w_scale, x_scale) if t is not None))
     g = _global("fp4_matmul", fmt, w_global, x.device)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if quantized:

@@ -31,11 +31,6 @@ def _blocks(op: str, k: int) -> None:
         raise TkcUsageError(f"tkc.ops.{op}: the last dim ({k}) must be a positive multiple of 32, MXFP8's block")
 
 
-def no_gradient(op: str, *tensors: torch.Tensor) -> None:
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise TkcUsageError(f"tkc.ops.{op} has no gradient: quantize a tensor that does not need one (.detach())")
-
-
 _quantize = custom_op("tkc::mx_quantize", load(_FILE, "mx_quantize"), dims={"KS": lambda d: d["K"] // 32},
                       check=lambda x, **kw: _blocks("mx_quantize", x.shape[-1]))
 def _scales_fit(q: torch.Tensor, scales: torch.Tensor) -> None:
@@ -58,7 +53,7 @@ def mx_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     checks.dtype("mx_quantize", torch.bfloat16, x=x)
     checks.rank("mx_quantize", "x", x, "at least one dim", x.dim() >= 1)
     _blocks("mx_quantize", x.shape[-1])
-    no_gradient("mx_quantize", x)
+    checks.no_gradient("mx_quantize", x)
     q, s = call(_quantize, x.reshape(-1, x.shape[-1]).contiguous())
     return q.view(x.shape), s.view(*x.shape[:-1], x.shape[-1] // 32)
 
@@ -69,7 +64,7 @@ def mx_dequantize(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     checks.dtype("mx_dequantize", torch.float8_e8m0fnu, scales=scales)
     checks.rank("mx_dequantize", "q", q, "at least one dim", q.dim() >= 1)
     _scales_fit(q, scales)
-    no_gradient("mx_dequantize", q, scales)
+    checks.no_gradient("mx_dequantize", q, scales)
     x = call(_dequantize, q.reshape(-1, q.shape[-1]).contiguous(), scales.reshape(-1, scales.shape[-1]).contiguous())
     return x.view(q.shape)
 
@@ -162,7 +157,7 @@ def mx_matmul(a: torch.Tensor, a_scale: torch.Tensor | None, b: torch.Tensor, b_
     checks.rank("mx_matmul", "a", a, "at least one dim", a.dim() >= 1)
     checks.rank("mx_matmul", "b", b, "two dims [N, K]", b.dim() == 2)
     _operands_fit(a, a_scale, b, b_scale)
-    no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
+    checks.no_gradient("mx_matmul", *(t for t in (a, a_scale, b, b_scale) if t is not None))
     k = a.shape[-1]
     rows = a.reshape(-1, k).contiguous()
     if a_scale is None and rows.shape[0] <= SPLITK_ROWS:
