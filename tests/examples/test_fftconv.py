@@ -96,6 +96,17 @@ def test_plans() -> None:
             fc.plan(bad)
 
 
+def test_a_filter_tensor_makes_its_constants_once() -> None:
+    # Each call given a tensor filter computes its response, but the DFT matrices and twiddles
+    # of its plan are made (and, on a GPU, copied over, waiting for the queue) once.
+    k = torch.randn(4, 2048)
+    first, again = fc.Filter.of(k), fc.Filter.of(torch.randn(6, 2048))
+    assert all(again.consts[name] is t for name, t in first.consts.items())
+    assert fc.Filter.of(torch.randn(4, 1024)).consts["f1"].shape != first.consts["f1"].shape  # its plan's own
+    for name, t in fc.constants(first.plan).items():
+        assert torch.equal(first.consts[name], t)
+
+
 def test_arguments_it_does_not_take_are_tkc_errors() -> None:
     u, k = torch.randn(2, 4, 1024, dtype=torch.bfloat16), torch.randn(4, 1024)
     for call, said in ((lambda: fc.fft_conv(u[..., :512], k), "u has 512 values a row, the filter 1024"),

@@ -136,7 +136,24 @@ class Filter:
     @classmethod
     def of(cls, k: torch.Tensor) -> Filter:
         p = filter_plan(k)
-        return cls(p, response(k, p).to(k.device), constants(p, k.device))
+        return cls(p, response(k, p).to(k.device), _constants_on(p, k))
+
+
+#: constants(plan, device), made once a plan and device: building the DFT matrices in float64
+#: and copying them over took about a millisecond of every fft_conv call given a tensor filter.
+_CONSTANTS: dict[tuple[Plan, torch.device], dict[str, torch.Tensor]] = {}
+
+
+def _constants_on(p: Plan, k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`constants` of ``p`` on ``k``'s device, kept for later calls (the kernels only
+    read them); made afresh for a tensor that is not a plain one (a fake tensor's are fake)."""
+    if type(k) is not torch.Tensor:
+        return constants(p, k.device)
+    key = (p, k.device)
+    c = _CONSTANTS.get(key)
+    if c is None:
+        c = _CONSTANTS[key] = constants(p, k.device)
+    return c
 
 
 def filter_plan(k: torch.Tensor) -> Plan:
