@@ -8,7 +8,7 @@ A change to the passes or codegen is measured against the code before it: ``--ba
 revision ``git archive`` takes) and this tree are each installed into a folder of their own
 (``pip install --no-deps --target``; ``--tree-site`` reuses an install of the tree that exists
 already; ``--base-tree DIR`` takes the base from a folder instead of git, for a machine that has
-the working tree but not its history: ``git archive REV pyproject.toml README.md tkc runtime |
+the working tree but not its history: ``git archive REV pyproject.toml README.md tkc runtime examples |
 tar -x -C DIR`` where the history is), then the command runs ``--rounds`` times each way,
 base and tree alternating in the order base, tree, tree, base, ... (so neither side always runs
 on a GPU warmed by the other),
@@ -34,8 +34,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: What an install of tkc needs from a revision.
-PACKAGE = ["pyproject.toml", "README.md", "tkc", "runtime"]
+#: What an install of tkc needs from a revision (examples/: the shipped operators' kernels
+#: in tkc/ops/kernels are links to its files).
+PACKAGE = ["pyproject.toml", "README.md", "tkc", "runtime", "examples"]
 
 
 def install(source: Path, site: Path) -> None:

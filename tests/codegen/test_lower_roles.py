@@ -171,10 +171,11 @@ def test_ring_assembles_clean(path: Path, ptxas: Path) -> None:
 def test_role_reduce_named_barriers() -> None:
     ptx = _ptx(KERNELS / "role_reduce.tkir")
     syncs = _syncs(ptx)
-    # Producer (warpgroup 0): one warp_xor round trip = 2 syncs over its 128 threads.
-    # Consumers (warpgroups 1-2): row sums (1 mask) + conversion + column sums (3 masks)
-    # = 2 + 2 + 6 syncs over their 256 threads.  Never barrier 0: the other role skips it.
-    assert syncs.count("1, 128") == 2 and syncs.count("2, 256") == 10 and len(syncs) == 12
+    # Producer (warpgroup 0): one cross-warp round trip = 2 syncs over its 128 threads.
+    # Consumers (warpgroups 1-2): row sums (1 warp bit) + conversion + column sums (3 warp
+    # bits, still one round trip) = 2 + 2 + 2 syncs over their 256 threads.  Never barrier 0:
+    # the other role skips it.
+    assert syncs.count("1, 128") == 2 and syncs.count("2, 256") == 6 and len(syncs) == 8
     assert "setmaxnreg.dec.sync.aligned.u32 \t40;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t232;" in ptx
 
 

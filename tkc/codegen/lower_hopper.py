@@ -853,20 +853,24 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
         if lay.rows < warps or any(isinstance(k, int) and k >= lay.cols for k in kept):
             raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x the kept extent", op.loc)
         warp = Sym(b, lw.tid) // 32  # inside a role: the warp within the role
-        for m in plan.warp_xor:
-            # A round trip through shared memory: write, bar.sync, read the partner warp, combine.
-            # Partials travel in the scratch's dtype (f32 for floats, as they are combined):
-            # rounding them to a 16-bit dtype here would round every warp's partial.
-            for v, k in zip(vals, kept):
-                p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
-                b.store(to_mem(b, v, lay.dtype), p)
-            lw.sync()
-            got = []
-            for k in kept:
-                p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp ^ int(m), k))
-                got.append(from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype))
-            vals = [comb(v, g) for v, g in zip(vals, got)]
-            lw.sync()
+        # One round trip through shared memory: every warp writes its partials, bar.sync, each
+        # thread combines its group's partials (the warps that differ from its own only in the
+        # plan's warp bits) in increasing warp order, so every warp ends with the same bits,
+        # and a second bar.sync lets the next reduction overwrite the scratch.  (A butterfly,
+        # a round trip a warp bit, costs two barriers a bit: six for eight warps, not two.)
+        for v, k in zip(vals, kept):
+            p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
+            b.store(to_mem(b, v, lay.dtype), p)
+        lw.sync()
+        base = warp & (~sum(plan.warp_xor) & 0x7FFFFFFF)
+        out: list = [None] * len(vals)
+        for other in plan.group_offsets:
+            for i, k in enumerate(kept):
+                p = _smem_element_ptr(lw, scratch, smem_offset(lay, base | other, k))
+                g = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
+                out[i] = g if out[i] is None else comb(out[i], g)
+        vals = out
+        lw.sync()
     if dt.is_float:
         vals = [round_to(b, v, dt) for v in vals]
     lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])

@@ -790,26 +790,29 @@ def _scan(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> C
 
 def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[..., np.ndarray],
                    v: np.ndarray, s: SmemTile) -> Co:
-    """The cross-warp steps of a reduction through the scratch tile (docs/hopper.md §3): warp
-    ``w`` writes its partial for kept coordinate ``c`` at ``(w, c)``; the partner warp
-    ``w ^ m`` may be in another warpgroup, so both sides meet at ``bar.sync``."""
+    """The cross-warp step of a reduction through the scratch tile (docs/hopper.md §3): warp
+    ``w`` writes its partial for kept coordinate ``c`` at ``(w, c)``; after ``bar.sync`` (the
+    group may span warpgroups) every warp combines the partials of its group in increasing
+    warp order, so that all end with the same bits, and meets a second ``bar.sync`` before
+    the scratch may be written again."""
     warp = (128 * wg.local + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
     kept = wg.coords(op, plan.result)[0] if plan.result is not None else np.zeros_like(warp)
     smem, who = wg.cta.smem, _who(op, wg)
     mine = s.offsets((warp, kept))
-    for m in plan.warp_xor:
-        smem.write_elements(mine, v, s.layout.dtype, writer=who)
-        # Every lane of a warp writes; the lanes sharing a kept coordinate must agree, or the
-        # value one of them reads back depends on which store landed last.
-        back = smem.read_elements(mine, s.layout.dtype, reader=who).astype(v.dtype)
-        if not np.array_equal(back, v, equal_nan=True):
-            raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate before "
-                             f"warp_xor {m} ({wg.role})")
-        yield from wg.bar_sync(op)
-        partner = smem.read_elements(s.offsets((warp ^ m, kept)), s.layout.dtype, reader=who)
-        v = combine(v, partner.astype(v.dtype))
-        yield from wg.bar_sync(op)  # the partner has read this round's partial: the next may overwrite it
-    return v
+    smem.write_elements(mine, v, s.layout.dtype, writer=who)
+    # Every lane of a warp writes; the lanes sharing a kept coordinate must agree, or the
+    # value one of them reads back depends on which store landed last.
+    back = smem.read_elements(mine, s.layout.dtype, reader=who).astype(v.dtype)
+    if not np.array_equal(back, v, equal_nan=True):
+        raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate ({wg.role})")
+    yield from wg.bar_sync(op)
+    base = warp & ~sum(plan.warp_xor)
+    out = None
+    for other in plan.group_offsets:
+        got = smem.read_elements(s.offsets((base | other, kept)), s.layout.dtype, reader=who).astype(v.dtype)
+        out = got if out is None else combine(out, got)
+    yield from wg.bar_sync(op)  # every warp has read the partials: the next reduction may overwrite them
+    return out
 
 
 # ------------------------------------------------------------------ global memory

@@ -1377,14 +1377,25 @@ def first_holders(layout: DistributedLayout) -> tuple[tuple[int, int], ...] | No
 class ReducePlan(NamedTuple):
     """How to reduce a register tile along one axis (docs/hopper.md §2): combine each of
     ``groups`` in thread, in order, into result slot g; then for each lane mask m,
-    ``v = op(v, shfl.bfly(v, m))``; then for each warp mask m, exchange with warp w ^ m
-    through shared scratch (write, bar.sync, read, combine, bar.sync).  ``result`` is the
+    ``v = op(v, shfl.bfly(v, m))``; then, if ``warp_xor`` (the warp bits the tile's axis
+    crosses) is not empty, one round trip through shared scratch: every warp writes its
+    partials, bar.sync, every warp combines those of its group (the warps that differ from it
+    only in those bits) in increasing warp order, bar.sync.  ``result`` is the
     layout of the reduced tile, None when the reduction yields a scalar."""
 
     result: Slice | None
     groups: tuple[tuple[int, ...], ...]
     shuffle_xor: tuple[int, ...]
     warp_xor: tuple[int, ...]
+
+    @property
+    def group_offsets(self) -> tuple[int, ...]:
+        """The warps of a warp's group (those it combines with, itself included) as offsets
+        from the group's first warp (the warp with the ``warp_xor`` bits cleared), ascending."""
+        offsets = [0]
+        for m in self.warp_xor:
+            offsets += [o | m for o in offsets]
+        return tuple(sorted(offsets))
 
 
 @lru_cache(maxsize=256)  # the verifier, the emulator and codegen all ask, per op
