@@ -172,13 +172,14 @@ def tile_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
         picked = backward_tiles(M, N)
         for kernel in ("rmsnorm_bwd", "layernorm_bwd"):
             row = Row("rows backward tiles", f"{kernel} {M}x{N} (tkc.ops picks ROWS={picked['ROWS']}, "
-                      f"BN={picked['BN']}, 8 warps)", "GB/s")
+                      f"BN={picked['BN']}, {picked['warps']} warps)", "GB/s")
             args = [dy, x, w, dx, dw] + ([db, mean, rstd] if kernel == "layernorm_bwd" else [rstd]) + [EPS]
             contenders = {}
             for rows_, warps in ((8, 8), (16, 8), (32, 8), (16, 4), (32, 4)):
                 k = compile_kernel(path("rows_bwd.tk"), {"BN": picked["BN"], "ROWS": rows_, "warps": warps},
                                    kernel=kernel)
-                label = ("tkc" if (rows_, warps) == (picked["ROWS"], 8) else f"ROWS={rows_} warps={warps}")
+                ours = (rows_, warps) == (picked["ROWS"], picked["warps"])
+                label = "tkc" if ours else f"ROWS={rows_} warps={warps}"
 
                 def call(k=k) -> None:
                     dw.zero_()

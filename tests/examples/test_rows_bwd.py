@@ -122,16 +122,17 @@ def _ops_consts(kernel: str, M: int, N: int) -> dict:
 
 
 @needs_ptxas
-@pytest.mark.parametrize("kernel, N", [(k, n) for k in KERNELS[:3] for n in (4096, 8192, 12288)]
+@pytest.mark.parametrize("kernel, N", [(k, n) for k in KERNELS[:3] for n in (2048, 4096, 8192, 12288)]
                          + [(k, 12288) for k in WGRAD])  # the wgrad kernels' constants do not follow N
 def test_assembles_without_spills_at_the_ops_tiles(kernel: str, N: int) -> None:
     assert_no_spills(_compile(kernel, _ops_consts(kernel, 16384, N)))
 
 
 def test_ops_tiles_follow_the_rows() -> None:
-    assert backward_tiles(16384, 4096) == {"ROWS": 32, "BN": 4096, "wgrad": True}
-    assert backward_tiles(4096, 4000) == {"ROWS": 16, "BN": 4096, "wgrad": True}  # about 256 programs
-    assert backward_tiles(1, 70) == {"ROWS": 4, "BN": 512, "wgrad": True}
+    assert backward_tiles(16384, 4096) == {"ROWS": 32, "BN": 4096, "wgrad": True, "warps": 4}
+    assert backward_tiles(4096, 4000) == {"ROWS": 16, "BN": 4096, "wgrad": True, "warps": 4}  # about 256 programs
+    assert backward_tiles(1, 70) == {"ROWS": 4, "BN": 512, "wgrad": True, "warps": 4}
+    assert backward_tiles(8192, 8192) == {"ROWS": 32, "BN": 8192, "wgrad": True, "warps": 8}
     # past one block: swept, dw from norm_wgrad
     assert backward_tiles(8192, 12288) == {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
     assert [softmax_block(n) for n in (70, 8192, 8193)] == [512, 8192, 8192]

@@ -122,7 +122,9 @@ def backward_tiles(M: int, N: int) -> dict[str, Any]:
     columns (``N`` rounded up to 512) up to ``ONE_BLOCK`` columns, and ``ROWS`` rows a
     program, the most of 4-32 that leaves about 256 programs (two an SM of an H100/H200 at 4096
     columns): more rows a program add their dw terms together before the atomic adds, but
-    too few programs leave SMs idle (on an H200, RESULTS.md 2026-11-29).  A longer row is swept
+    too few programs leave SMs idle (on an H200, RESULTS.md 2026-11-29).  Rows of up to 4096
+    take four warps (at 2048 columns LayerNorm's kernel ran 1.28x and RMSNorm's 1.10x eight
+    warps, at 4096 1.00-1.03x; at 8192 four warps hold too much a thread).  A longer row is swept
     in blocks of ``SBN`` 1024 (``BN`` 512 keeps the one-block code, which never runs, small),
     four rows a program over four warps (on an H200 at 2048 x 16384, 0.36x the time of 16 rows
     over eight), and its dw is left to the weight-gradient kernels (``wgrad`` False)."""
@@ -131,7 +133,7 @@ def backward_tiles(M: int, N: int) -> dict[str, Any]:
     rows = 4
     while rows < 32 and M >= 512 * rows:
         rows *= 2
-    return {"ROWS": rows, "BN": softmax_block(N), "wgrad": True}
+    return {"ROWS": rows, "BN": softmax_block(N), "wgrad": True, "warps": 4 if N <= 4096 else 8}
 
 
 def softmax_block(N: int) -> int:
