@@ -146,3 +146,14 @@ def test_on_gpu_as_float64(kernel: str, M: int, N: int) -> None:
     consts = _ops_consts(kernel, M, N)
     args, want = case(kernel, M, N, 7, constant_rows=True, wgrad=consts.get("wgrad", True))
     close(launch_tensors(_compile(kernel, consts), args), want, f"{kernel} {M}x{N} on the GPU")
+
+
+@pytest.mark.parametrize("kernel", WGRAD)
+@pytest.mark.parametrize("split", [0, -2])
+def test_a_split_below_one_sums_as_one(kernel: str, split: int) -> None:
+    # (a grid of no programs would leave dw at zero without a word)
+    M, N, consts = SHAPES["one_block"]
+    args, want = case(kernel, M, N, 3)
+    args[-1] = split  # the wgrad kernels' last argument
+    run_kernel(_compile(kernel, consts, "tkir").kernel_op, args)
+    close(args, want, f"{kernel} split {split}")
