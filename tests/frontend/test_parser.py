@@ -630,3 +630,16 @@ def test_fuzz_hypothesis_from_pieces(src):
 @given(st.text(max_size=60))
 def test_fuzz_hypothesis_any_text(src):
     _check_parse(src)
+
+
+def test_a_text_parsed_again_reuses_its_tree_and_errors_are_raised_each_time():
+    text = "@kernel\ndef k(x: f32[N]):\n    grid(1)\n"
+    first = parse(text, "k.tk")
+    assert parse(text, "k.tk") is first
+    # another file or first line is another tree: its locations differ
+    moved = parse(text, "k.tk", first_line=11)
+    assert moved is not first and moved.body[0].loc.line == first.body[0].loc.line + 10
+    assert parse(text, "other.tk").body[0].loc.file == "other.tk"
+    for _ in range(2):  # a failed parse is not kept
+        with pytest.raises(TkcSyntaxError):
+            parse(text + "    x = (\n", "k.tk")
