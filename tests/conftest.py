@@ -41,3 +41,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked gpu skips before its body without a CUDA GPU: its inputs and cubins
+    (seconds of CPU for some) are of no use there."""
+    if item.get_closest_marker("gpu") is not None and not _cuda():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+
+_HAS_CUDA: list[bool] = []
+
+
+def _cuda() -> bool:
+    if not _HAS_CUDA:
+        import torch
+
+        _HAS_CUDA.append(torch.cuda.is_available())
+    return _HAS_CUDA[0]
