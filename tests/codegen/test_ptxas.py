@@ -177,6 +177,26 @@ def test_assemble_tiny(ptxas: Path) -> None:
     assert ptxas_version(ptxas)[0].isdigit()
 
 
+def test_the_same_text_assembles_once(tmp_path: Path) -> None:
+    # Stand-in ptxases that count their runs; the good one writes a cubin-like file at -o's path.
+    count = tmp_path / "runs"
+    good = _exe(tmp_path / "good" / "ptxas",
+                f'echo run >> {count}\nwhile [ "$1" != "-o" ]; do shift; done\nprintf "\\177ELF" > "$2"')
+    bad = _exe(tmp_path / "bad" / "ptxas", f"echo run >> {count}\nexit 1")
+    env = {"TKC_PTXAS": str(good)}
+    first = assemble(TINY_PTX, "sm_90a", verbose=False, env=env)
+    assert first.cubin == b"\x7fELF" and assemble(TINY_PTX, "sm_90a", verbose=False, env=env) is first
+    assert count.read_text().count("run") == 1
+    assemble(TINY_PTX + "\n", "sm_90a", verbose=False, env=env)   # another text
+    assemble(TINY_PTX, "sm_100a", verbose=False, env=env)          # another arch
+    assemble(TINY_PTX, "sm_90a", verbose=True, env=env)            # another report
+    assert count.read_text().count("run") == 4
+    for _ in range(2):  # a failure is not kept: each call runs ptxas again
+        with pytest.raises(TkcCodegenError):
+            assemble(TINY_PTX, "sm_90a", verbose=False, env={"TKC_PTXAS": str(bad)})
+    assert count.read_text().count("run") == 6
+
+
 def test_real_ptxas_error(ptxas: Path) -> None:
     bad = TINY_PTX.replace("st.global.u32 [%rd2], 7;", "setmaxnreg.inc.sync.aligned.u32 233;")
     with pytest.raises(TkcCodegenError) as e:

@@ -21,6 +21,8 @@ import site
 import subprocess
 import sysconfig
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,9 +205,31 @@ def _ptxas_error(log: str, ptx: str, limit: int = 12) -> str:
 
 def assemble(ptx: str, arch: str | Target = DEFAULT_TARGET, verbose: bool = True,
              env: Mapping[str, str] | None = None, timeout: float = 600) -> Assembled:
-    """Run ``ptxas -arch=ARCH [-v]`` on ``ptx`` and return the cubin and its resource report."""
+    """Run ``ptxas -arch=ARCH [-v]`` on ``ptx`` and return the cubin and its resource report.
+    The same text for the same ptxas and arch again returns the earlier result (ptxas is
+    deterministic; the occupancy search and a kernel compiled at several stops ask again)."""
     t = target(arch)
     exe = require_ptxas(env)
+    key = (str(exe), t.arch, verbose, ptx)
+    with _ASSEMBLED_LOCK:
+        done = _ASSEMBLED.get(key)
+        if done is not None:
+            _ASSEMBLED.move_to_end(key)
+            return done
+    done = _run_ptxas(ptx, t, exe, verbose, timeout)  # outside the lock: the occupancy search runs several
+    with _ASSEMBLED_LOCK:
+        _ASSEMBLED[key] = done
+        if len(_ASSEMBLED) > 32:
+            _ASSEMBLED.popitem(last=False)
+    return done
+
+
+#: The last results of :func:`assemble` in this process, by (ptxas, arch, -v, text).
+_ASSEMBLED: OrderedDict[tuple[str, str, bool, str], Assembled] = OrderedDict()
+_ASSEMBLED_LOCK = threading.Lock()
+
+
+def _run_ptxas(ptx: str, t: Target, exe: Path, verbose: bool, timeout: float) -> Assembled:
     with tempfile.TemporaryDirectory(prefix="tkc-ptxas-") as tmp:
         src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         src.write_text(ptx)
