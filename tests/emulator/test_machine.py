@@ -252,6 +252,17 @@ def test_row_reductions_across_warps_and_warpgroups(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_reductions_across_a_grid_of_warps_combine_each_warps_group(seed):
+    rng = np.random.default_rng(seed)
+    m, n = 60, 50  # rows and columns past the tensor's edge: 0 for the sums, -inf for the maxima
+    x = normal(rng, m, n)
+    cs, rm = nan_like((n,)), nan_like((m,))
+    emulate(kernel("reduce_grid.tkir"), [x, cs, rm], seed=seed)
+    np.testing.assert_allclose(cs, x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(rm, x.max(1))
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_accumulator_reductions_rows_columns_scalar(seed):
     rng = np.random.default_rng(seed)
     m, n = 100, 48

@@ -659,6 +659,18 @@ def test_reduce_plan_of_blocked_layouts() -> None:
     assert scalar.shuffle_xor == (1, 2, 4, 8, 16) and scalar.warp_xor == (1,)  # warps 2, 3 replicate 0, 1
 
 
+def test_a_warps_group_is_the_warps_that_differ_from_it_in_the_plans_warp_bits() -> None:
+    # (codegen and the emulator combine a group's partials in this order, one round trip)
+    scalar = reduce_plan(Blocked((64,), 1, (32,), (4,)), 0)
+    assert scalar.group_offsets == (0, 1)  # warps 2, 3 replicate 0, 1: a group of two
+    cols = reduce_plan(Blocked((16, 512), 8, (1, 32), (4, 1)), 0)
+    assert cols.group_offsets == (0, 1, 2, 3)
+    assert reduce_plan(Blocked((16, 512), 8, (1, 32), (4, 1)), 1).group_offsets == (0,)
+    # bits that are not the lowest: warps 2x4 over [rows, cols], summed down the rows
+    down = reduce_plan(Blocked((64, 64), 2, (8, 4), (2, 4)), 0)
+    assert down.warp_xor == (4,) and down.group_offsets == (0, 4)
+
+
 def test_reduce_plan_rejects_what_a_butterfly_cannot_do() -> None:
     # three warpgroups: the warp partner w ^ 8 of warps 4..7 does not exist
     with pytest.raises(ValueError, match="cannot combine it along axis 0 by shuffles"):
