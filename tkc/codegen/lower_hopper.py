@@ -858,6 +858,8 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
         # plan's warp bits) in increasing warp order, so every warp ends with the same bits,
         # and a second bar.sync lets the next reduction overwrite the scratch.  (A butterfly,
         # a round trip a warp bit, costs two barriers a bit: six for eight warps, not two.)
+        # Partials travel in the scratch's dtype (f32 for floats, as they are combined):
+        # rounding them to a 16-bit dtype here would round every warp's partial.
         for v, k in zip(vals, kept):
             p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
             b.store(to_mem(b, v, lay.dtype), p)
