@@ -8,6 +8,7 @@ register the folder as ``tkc.runtime`` here, once for all tests.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -50,12 +51,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 
-_HAS_CUDA: list[bool] = []
-
-
+@functools.cache
 def _cuda() -> bool:
-    if not _HAS_CUDA:
-        import torch
+    import torch
 
-        _HAS_CUDA.append(torch.cuda.is_available())
-    return _HAS_CUDA[0]
+    return torch.cuda.is_available()

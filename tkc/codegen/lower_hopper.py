@@ -864,7 +864,7 @@ def _reduce(lw: Lowerer, op: Operation) -> None:
             p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
             b.store(to_mem(b, v, lay.dtype), p)
         lw.sync()
-        base = warp & (~sum(plan.warp_xor) & 0x7FFFFFFF)
+        base = warp & plan.group_base
         out: list = [None] * len(vals)
         for other in plan.group_offsets:
             for i, k in enumerate(kept):

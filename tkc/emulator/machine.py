@@ -806,7 +806,7 @@ def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[.
     if not np.array_equal(back, v, equal_nan=True):
         raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate ({wg.role})")
     yield from wg.bar_sync(op)
-    base = warp & ~sum(plan.warp_xor)
+    base = warp & plan.group_base
     out = None
     for other in plan.group_offsets:
         got = smem.read_elements(s.offsets((base | other, kept)), s.layout.dtype, reader=who).astype(v.dtype)

@@ -1389,9 +1389,15 @@ class ReducePlan(NamedTuple):
     warp_xor: tuple[int, ...]
 
     @property
+    def group_base(self) -> int:
+        """The mask that clears the ``warp_xor`` bits: ``warp & group_base`` is the first
+        warp of ``warp``'s group."""
+        return ~sum(self.warp_xor) & 0x7FFFFFFF
+
+    @property
     def group_offsets(self) -> tuple[int, ...]:
         """The warps of a warp's group (those it combines with, itself included) as offsets
-        from the group's first warp (the warp with the ``warp_xor`` bits cleared), ascending."""
+        from the group's first warp (``warp & group_base``), ascending."""
         offsets = [0]
         for m in self.warp_xor:
             offsets += [o | m for o in offsets]

@@ -287,12 +287,15 @@ class _FFTConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # noqa: ANN001, ANN205
         (u,) = ctx.saved_tensors
-        du = dk = None
-        if ctx.needs_input_grad[0]:
-            du = _convolve(dy.to(torch.bfloat16).flip(-1), ctx.f, *ctx.options).flip(-1)
-        if ctx.needs_input_grad[1]:
-            dk = _filter_gradient(u, dy)
+        du, dk = _gradients(ctx.needs_input_grad, u, dy, lambda g: _convolve(g, ctx.f, *ctx.options))
         return du, dk, None, None, None, None
+
+
+def _gradients(needs: tuple, u: torch.Tensor, dy: torch.Tensor, convolve: Callable) -> tuple:
+    """(du, dk) where ``needs`` asks: u's is ``convolve`` (the forward's convolution) of dy read
+    backwards, read backwards again; k's :func:`_filter_gradient`."""
+    du = convolve(dy.to(torch.bfloat16).flip(-1).contiguous()).flip(-1) if needs[0] else None
+    return du, (_filter_gradient(u, dy) if needs[1] else None)
 
 
 def _filter_gradient(u: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -328,11 +331,7 @@ def _op_setup(ctx, inputs, output) -> None:  # noqa: ANN001
 
 def _op_backward(ctx, dy):  # noqa: ANN001, ANN202
     u, k = ctx.saved_tensors
-    du = dk = None
-    if ctx.needs_input_grad[0]:
-        du = _fft_conv_op(dy.to(torch.bfloat16).flip(-1).contiguous(), k, *ctx.options).flip(-1)
-    if ctx.needs_input_grad[1]:
-        dk = _filter_gradient(u, dy)
+    du, dk = _gradients(ctx.needs_input_grad, u, dy, lambda g: _fft_conv_op(g, k, *ctx.options))
     return du, dk, None, None, None
 
 
