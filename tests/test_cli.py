@@ -179,7 +179,7 @@ def test_compile_dumps_cover_both_pipelines(tmp_path: Path) -> None:
     r = tkc_cli("compile", str(EXAMPLES / "gemm.tk"), "-o", "g.ptx", "--dump-dir", "d")
     assert r.exit_code == 0, r.stderr
     names = sorted(p.name for p in Path("d").iterdir())
-    assert names[0] == "00-input.tkir" and names[-1] == "25-allocate-smem.tkir"
+    assert names[0] == "00-input.tkir" and names[-1] == "26-allocate-smem.tkir"
 
 
 def test_compile_cubin_and_resource_usage() -> None:

@@ -191,6 +191,9 @@ FIXTURES = {
         "ld.global.b32": 4,
         '.pragma "nounroll"': 1,
     },
+    "reduce_group": {
+        "shfl.sync.bfly.b32": 69,  # as blocked_reduce's: the group changes only the barriers
+    },
     "tma_vectors": {
         "cp.async.bulk.tensor.2d": 5,  # w; x and s in the prologue and the refill (3 boxes a stage)
         "ld.shared": 8,  # each consumer thread's 16 values of s, a load each or two
@@ -280,6 +283,13 @@ def test_fixture_ptx(name: str) -> None:
     for text, n in FIXTURES[name].items():
         assert ptx.count(text) >= n, f"{text}: {ptx.count(text)} < {n}"
     assert local_bytes(ptx) <= edge_buffer_bytes(_kernel(KERNELS / f"{name}.tkir"))
+
+
+def test_a_group_of_reductions_meets_twice() -> None:
+    """A hopper.reduce_group of two parts meets twice, as one reduction does; the total after
+    it, which crosses warps on its own, twice more (blocked_reduce.tkir's three reductions meet
+    six times)."""
+    assert _ptx(KERNELS / "reduce_group.tkir").count("bar.sync") == 4
 
 
 def test_rs_wgmma_takes_a_from_registers() -> None:

@@ -263,6 +263,24 @@ def test_reductions_across_a_grid_of_warps_combine_each_warps_group(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
+def test_a_group_of_reductions_crosses_warps_in_one_round_trip(seed):
+    rng = np.random.default_rng(seed)
+    m, n = 60, 50
+    x = normal(rng, m, n)
+    cs, rm, rs = nan_like((n,)), nan_like((m,)), nan_like((m,))
+    emulate(kernel("reduce_group.tkir"), [x, cs, rm, rs], seed=seed)
+    np.testing.assert_allclose(cs, x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(rm, x.max(1))
+    np.testing.assert_allclose(rs, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_whose_parts_share_a_scratch_tile_is_refused():
+    text = (KERNELS / "reduce_group.tkir").read_text().replace("%s0, %s1, %s2 {", "%s0, %s1, %s1 {")
+    with pytest.raises(TkcVerifyError, match="scratch tile of its own"):
+        verify(parse_module(text))
+
+
+@pytest.mark.parametrize("seed", range(3))
 def test_accumulator_reductions_rows_columns_scalar(seed):
     rng = np.random.default_rng(seed)
     m, n = 100, 48

@@ -364,5 +364,6 @@ HANDLERS: dict[str, Handler] = {
     blackwell.TmemLoadOp.name: _tmem_load,
     "hopper.smem_store": _smem_store,
     "hopper.reduce": _unhoisted("hopper.reduce"),
+    "hopper.reduce_group": _unhoisted("hopper.reduce_group"),
     "hopper.convert_layout": _unhoisted("hopper.convert_layout"),
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any, NamedTuple
 
 import llvmlite.ir as ir
 import numpy as np
@@ -48,7 +49,7 @@ from tkc.codegen.lowerer import Barrier, Handler, Lowerer, Ring, SmemTile
 from tkc.codegen.nvvm import F32, I8, I32, I64
 from tkc.dtypes import DType
 from tkc.errors import TkcCodegenError
-from tkc.ir.core import Operation
+from tkc.ir.core import Operation, Value
 from tkc.ir.dialects.hopper import SLOT_ROW, TURN_BARRIER, is_vector_box, tma_row_axis
 from tkc.ir.dialects.tile import constant_value
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, ScaleLayout, SharedLayout, WgmmaAccumulator, WgmmaOperandA8,
@@ -825,57 +826,94 @@ def _shfl(b: ir.IRBuilder, v: ir.Value, mask: int) -> ir.Value:
     return nvvm.call(b, name, -1, v, mask, 31)
 
 
-def _reduce(lw: Lowerer, op: Operation) -> None:
+class _Part(NamedTuple):
+    """One reduction of ``hopper.reduce`` or a part of ``hopper.reduce_group``, its values
+    combined within each warp (``vals``: one a kept coordinate the thread holds)."""
+    vals: list
+    plan: Any
+    comb: Callable[[ir.Value, ir.Value], ir.Value]
+    dt: DType
+
+
+def _within_warps(lw: Lowerer, op: Operation, x: Value, kind: str, axis: int) -> _Part:
+    """A thread's values combined along ``axis``, then across lanes by shuffles."""
     from tkc.ir.layouts import reduce_plan
 
     b = lw.b
-    x = lw.tile(op, op.x)
-    dt = element_dtype(op.x.type)
+    vals_in = lw.tile(op, x)
+    dt = element_dtype(x.type)
     if dt.is_bool:
         raise TkcCodegenError("reductions of i1 tiles are not lowered", op.loc)
-    plan = reduce_plan(op.x.type.layout, op.axis)
-    comb = _combine(b, op.kind, dt)
+    plan = reduce_plan(x.type.layout, axis)
+    comb = _combine(b, kind, dt)
     vals = []
     for group in plan.groups:
-        acc = x[int(group[0])]
+        acc = vals_in[int(group[0])]
         for j in group[1:]:
-            acc = comb(acc, x[int(j)])
+            acc = comb(acc, vals_in[int(j)])
         vals.append(acc)
     for m in plan.shuffle_xor:
         vals = [comb(v, _shfl(b, v, int(m))) for v in vals]
-    if plan.warp_xor:
-        scratch = lw.shared(op, op.scratch[0])
+    return _Part(vals, plan, comb, dt)
+
+
+def _across_warps(lw: Lowerer, op: Operation, parts: list[_Part], scratches: list[Value], threads: int) -> None:
+    """Every part's partials through its scratch tile in one round trip: every warp writes its
+    partials, bar.sync, each thread combines its group's partials (the warps that differ from
+    its own only in the plan's warp bits) in increasing warp order, so every warp ends with the
+    same bits, and a second bar.sync lets the next reduction overwrite the scratch.  (A
+    butterfly, a round trip a warp bit, costs two barriers a bit: six for eight warps, not
+    two; and reductions a row needs at once, merged by merge-reductions, share the two.)
+    Partials travel in the scratch's dtype (f32 for floats, as they are combined): rounding
+    them to a 16-bit dtype here would round every warp's partial.  Rewrites ``parts``' vals."""
+    b = lw.b
+    warp = Sym(b, lw.tid) // 32  # inside a role: the warp within the role
+    warps = -(-threads // 32)
+    placed = []
+    for part, s in zip(parts, scratches):
+        scratch = lw.shared(op, s)
         lay = scratch.layout
         # The scratch is [warp][kept coordinate]: lanes of one warp may hold different kept
         # coordinates in the same slot, and lanes holding the same one hold the same value.
-        kept = [c[0] for c in lw.coords(op, plan.result)] if plan.result is not None else [0]
-        warps = -(-op.x.type.layout.threads // 32)
+        kept = [c[0] for c in lw.coords(op, part.plan.result)] if part.plan.result is not None else [0]
         if lay.rows < warps or any(isinstance(k, int) and k >= lay.cols for k in kept):
             raise TkcCodegenError(f"scratch {lay} is smaller than {warps} warps x the kept extent", op.loc)
-        warp = Sym(b, lw.tid) // 32  # inside a role: the warp within the role
-        # One round trip through shared memory: every warp writes its partials, bar.sync, each
-        # thread combines its group's partials (the warps that differ from its own only in the
-        # plan's warp bits) in increasing warp order, so every warp ends with the same bits,
-        # and a second bar.sync lets the next reduction overwrite the scratch.  (A butterfly,
-        # a round trip a warp bit, costs two barriers a bit: six for eight warps, not two.)
-        # Partials travel in the scratch's dtype (f32 for floats, as they are combined):
-        # rounding them to a 16-bit dtype here would round every warp's partial.
-        for v, k in zip(vals, kept):
-            p = _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k))
-            b.store(to_mem(b, v, lay.dtype), p)
-        lw.sync()
-        base = warp & plan.group_base
-        out: list = [None] * len(vals)
-        for other in plan.group_offsets:
+        for v, k in zip(part.vals, kept):
+            b.store(to_mem(b, v, lay.dtype), _smem_element_ptr(lw, scratch, smem_offset(lay, warp, k)))
+        placed.append((scratch, kept))
+    lw.sync()
+    for part, (scratch, kept) in zip(parts, placed):
+        lay = scratch.layout
+        base = warp & part.plan.group_base
+        out: list = [None] * len(part.vals)
+        for other in part.plan.group_offsets:
             for i, k in enumerate(kept):
                 p = _smem_element_ptr(lw, scratch, smem_offset(lay, base | other, k))
                 g = from_mem(b, b.load(p, typ=mem_type(lay.dtype)), lay.dtype)
-                out[i] = g if out[i] is None else comb(out[i], g)
-        vals = out
-        lw.sync()
-    if dt.is_float:
-        vals = [round_to(b, v, dt) for v in vals]
-    lw.set(op.result, vals if isinstance(op.result.type, TileType) else vals[0])
+                out[i] = g if out[i] is None else part.comb(out[i], g)
+        part.vals[:] = out
+    lw.sync()
+
+
+def _reduced(lw: Lowerer, part: _Part, result: Value) -> None:
+    vals = [round_to(lw.b, v, part.dt) for v in part.vals] if part.dt.is_float else part.vals
+    lw.set(result, vals if isinstance(result.type, TileType) else vals[0])
+
+
+def _reduce(lw: Lowerer, op: Operation) -> None:
+    part = _within_warps(lw, op, op.x, op.kind, op.axis)
+    if part.plan.warp_xor:
+        _across_warps(lw, op, [part], op.scratch, op.x.type.layout.threads)
+    _reduced(lw, part, op.result)
+
+
+def _reduce_group(lw: Lowerer, op: Operation) -> None:
+    """``hopper.reduce_group``: each part within its warps, then all across warps at once."""
+    parts = [_within_warps(lw, op, x, kind, axis) for x, _, _, kind, axis, _, _ in op.parts()]
+    _across_warps(lw, op, parts, [s for _, s, *_ in op.parts()],
+                  max(x.type.layout.threads for x, *_ in op.parts()))
+    for part, (_, _, r, *_) in zip(parts, op.parts()):
+        _reduced(lw, part, r)
 
 
 def _scan(lw: Lowerer, op: Operation) -> None:
@@ -1093,6 +1131,7 @@ HANDLERS: dict[str, Handler] = {
     "hopper.wgmma_wait_group": _wgmma_wait_group,
     **GLOBAL,
     "hopper.reduce": _reduce,
+    "hopper.reduce_group": _reduce_group,
     "hopper.scan": _scan,
     "hopper.convert_layout": _convert_layout,
 }

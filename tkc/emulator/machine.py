@@ -724,30 +724,53 @@ def _convert_layout(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: Smem
 _COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 
 
-def _reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
-    """``reduce_plan`` executed step by step, as the generated code does it.  Partials stay in
-    the storage type (float32 for every float, like the registers), so float sums add in f32
-    in the plan's order; the result is rounded to its dtype once."""
-    layout = _reg_layout(op, op.x.type)
-    plan = reduce_plan(layout, op.axis)
-    if list(plan.shuffle_xor) != list(op.shuffle_xor) or list(plan.warp_xor) != list(op.warp_xor):
-        raise _fault(op, f"steps shuffle_xor {op.shuffle_xor}, warp_xor {op.warp_xor} are not {layout}'s plan "
+def _within_warps(op: Operation, x: np.ndarray, xt: Any, kind: str, axis: int, steps: tuple[list, list],
+                  what: str = "") -> tuple[Any, Callable[..., np.ndarray], np.ndarray]:
+    """A reduction's plan up to its cross-warp step: each thread's values combined along
+    ``axis``, then across lanes by shuffles.  ``steps``: the op's (shuffle_xor, warp_xor)."""
+    layout = _reg_layout(op, xt)
+    plan = reduce_plan(layout, axis)
+    if list(plan.shuffle_xor) != list(steps[0]) or list(plan.warp_xor) != list(steps[1]):
+        raise _fault(op, f"{what}steps shuffle_xor {steps[0]}, warp_xor {steps[1]} are not {layout}'s plan "
                          f"{list(plan.shuffle_xor)}, {list(plan.warp_xor)}")
-    combine = _COMBINE[op.kind]
+    combine = _COMBINE[kind]
     v = np.stack([functools.reduce(combine, [x[:, i] for i in group]) for group in plan.groups], axis=1)
     lane = np.arange(128)
     for m in plan.shuffle_xor:  # shfl.bfly: masks below 32 stay inside a warp, so inside this warpgroup
         v = combine(v, v[lane ^ m])
-    if plan.warp_xor:
-        if len(scratch) != 1:
-            raise _fault(op, "crosses warps but has no scratch tile")
-        v = yield from _warp_exchange(wg, op, plan, combine, v, scratch[0])
-    out = round_to(v, op.x.type.dtype)
+    return plan, combine, v
+
+
+def _reduced(wg: _Warpgroup, op: Operation, plan: Any, v: np.ndarray, dtype: Any) -> Any:
+    out = round_to(v, dtype)
     if plan.result is not None:
         return out
     if not np.all((out == out[0, 0]) | (np.isnan(out) & np.isnan(out[0, 0]))):
         raise _fault(op, f"threads of {wg.role} end with different values for the scalar result")
     return out[0, 0].reshape(())
+
+
+def _reduce(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> Co:
+    """``reduce_plan`` executed step by step, as the generated code does it.  Partials stay in
+    the storage type (float32 for every float, like the registers), so float sums add in f32
+    in the plan's order; the result is rounded to its dtype once."""
+    plan, combine, v = _within_warps(op, x, op.x.type, op.kind, op.axis, (op.shuffle_xor, op.warp_xor))
+    if plan.warp_xor:
+        if len(scratch) != 1:
+            raise _fault(op, "crosses warps but has no scratch tile")
+        (v,) = yield from _warp_exchange(wg, op, [(plan, combine, v, scratch[0])])
+    return _reduced(wg, op, plan, v, op.x.type.dtype)
+
+
+def _reduce_group(wg: _Warpgroup, op: Operation, *values: Any) -> Co:
+    """``hopper.reduce_group``: every part as ``hopper.reduce`` runs it, the cross-warp steps
+    of all parts in one round trip."""
+    n = len(op.results)
+    parts = [_within_warps(op, x, xo.type, kind, axis, (sx, wx), f"part {i}: ")
+             for i, (x, xo, kind, axis, sx, wx) in enumerate(zip(values[:n], op.operands[:n], op.kinds, op.axes,
+                                                                   op.shuffle_xor, op.warp_xor))]
+    got = yield from _warp_exchange(wg, op, [(*p, s) for p, s in zip(parts, values[n:])])
+    return [_reduced(wg, op, p[0], v, xo.type.dtype) for p, v, xo in zip(parts, got, op.operands[:n])]
 
 
 _SCAN_COMBINE = {"sum": np.add, "prod": np.multiply}
@@ -788,29 +811,36 @@ def _scan(wg: _Warpgroup, op: Operation, x: np.ndarray, *scratch: SmemTile) -> C
     return round_to(pre, op.x.type.dtype)
 
 
-def _warp_exchange(wg: _Warpgroup, op: Operation, plan: Any, combine: Callable[..., np.ndarray],
-                   v: np.ndarray, s: SmemTile) -> Co:
-    """The cross-warp step of a reduction through the scratch tile (docs/hopper.md §3): warp
-    ``w`` writes its partial for kept coordinate ``c`` at ``(w, c)``; after ``bar.sync`` (the
-    group may span warpgroups) every warp combines the partials of its group in increasing
-    warp order, so that all end with the same bits, and meets a second ``bar.sync`` before
-    the scratch may be written again."""
-    warp = (128 * wg.local + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
-    kept = wg.coords(op, plan.result)[0] if plan.result is not None else np.zeros_like(warp)
+def _warp_exchange(wg: _Warpgroup, op: Operation, parts: list[tuple[Any, Callable[..., np.ndarray], np.ndarray,
+                                                                      SmemTile]]) -> Co:
+    """The cross-warp step of reductions through their scratch tiles (docs/hopper.md §3), one
+    round trip for all ``(plan, combine, partials, scratch)`` parts: warp ``w`` writes its
+    partial for kept coordinate ``c`` at ``(w, c)`` of each part's scratch; after ``bar.sync``
+    (the group may span warpgroups) every warp combines the partials of its group in increasing
+    warp order, so that all end with the same bits, and meets a second ``bar.sync`` before the
+    scratch may be written again."""
     smem, who = wg.cta.smem, _who(op, wg)
-    mine = s.offsets((warp, kept))
-    smem.write_elements(mine, v, s.layout.dtype, writer=who)
-    # Every lane of a warp writes; the lanes sharing a kept coordinate must agree, or the
-    # value one of them reads back depends on which store landed last.
-    back = smem.read_elements(mine, s.layout.dtype, reader=who).astype(v.dtype)
-    if not np.array_equal(back, v, equal_nan=True):
-        raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate ({wg.role})")
+    placed = []
+    for plan, _, v, s in parts:
+        warp = (128 * wg.local + np.arange(128)[:, None]) // 32 + np.zeros_like(v, np.int64)
+        kept = wg.coords(op, plan.result)[0] if plan.result is not None else np.zeros_like(warp)
+        mine = s.offsets((warp, kept))
+        smem.write_elements(mine, v, s.layout.dtype, writer=who)
+        # Every lane of a warp writes; the lanes sharing a kept coordinate must agree, or the
+        # value one of them reads back depends on which store landed last.
+        back = smem.read_elements(mine, s.layout.dtype, reader=who).astype(v.dtype)
+        if not np.array_equal(back, v, equal_nan=True):
+            raise _fault(op, f"lanes of one warp hold different partials for one kept coordinate ({wg.role})")
+        placed.append((warp, kept))
     yield from wg.bar_sync(op)
-    base = warp & plan.group_base
-    out = None
-    for other in plan.group_offsets:
-        got = smem.read_elements(s.offsets((base | other, kept)), s.layout.dtype, reader=who).astype(v.dtype)
-        out = got if out is None else combine(out, got)
+    out = []
+    for (plan, combine, v, s), (warp, kept) in zip(parts, placed):
+        base = warp & plan.group_base
+        acc = None
+        for other in plan.group_offsets:
+            got = smem.read_elements(s.offsets((base | other, kept)), s.layout.dtype, reader=who).astype(v.dtype)
+            acc = got if acc is None else combine(acc, got)
+        out.append(acc)
     yield from wg.bar_sync(op)  # every warp has read the partials: the next reduction may overwrite them
     return out
 
@@ -1489,6 +1519,7 @@ _CO_HANDLERS: dict[str, Callable[..., Co]] = {
     "hopper.wgmma_wait_group": _wait_group,
     "hopper.convert_layout": _convert_layout,
     "hopper.reduce": _reduce,
+    "hopper.reduce_group": _reduce_group,
     "hopper.scan": _scan,
 }
 

@@ -26,6 +26,7 @@ from tkc.passes.overlap_epilogue import overlap_epilogue
 from tkc.passes.pair_ctas import pair_ctas
 from tkc.passes.lower_to_hopper import lower_to_hopper
 from tkc.passes.merge_barriers import merge_barriers
+from tkc.passes.merge_reductions import merge_reductions
 from tkc.passes.merge_steps import merge_steps
 from tkc.passes.multicast import multicast
 from tkc.passes.order_memory import order_memory
@@ -70,6 +71,7 @@ PASSES: dict[str, PassFn] = {
     "multicast": multicast,              # pin cluster: copies a cluster's CTAs share are read once, multicast
     "prefetch-loads": prefetch_loads,    # pin prefetch: a loop's loads fetch a later iteration's box into L2
     "stage-loads": stage_loads,          # pin stage_loads: a loop's loads copied ahead into each thread's own smem
+    "merge-reductions": merge_reductions,  # independent cross-warp reductions trade partials in one round trip
     "merge-barriers": merge_barriers,    # a loop's barriers that another one already orders are dropped
     "buffer-operands": buffer_operands,  # operands the threads write each iteration: two buffers, product in flight
     "count-divisions": count_divisions,  # a loop's i // d, i % d by a runtime d: a carried quotient, remainder
@@ -89,9 +91,9 @@ TAKES: dict[str, str] = {
     **dict.fromkeys(("decompose", "merge-steps", "persistent", "order-memory", "select-layouts"), "tile"),
     "lower-to-hopper": "laid-out",
     **dict.fromkeys(("pipeline-loops", "specialize-warps", "transpose-in-producer", "issue-ahead", "defer-last",
-                     "overlap-products", "multicast", "prefetch-loads", "stage-loads", "merge-barriers",
-                     "buffer-operands", "count-divisions", "allocate-smem", "lower-to-blackwell", "overlap-epilogue",
-                     "pair-ctas"),
+                     "overlap-products", "multicast", "prefetch-loads", "stage-loads", "merge-reductions",
+                     "merge-barriers", "buffer-operands", "count-divisions", "allocate-smem", "lower-to-blackwell",
+                     "overlap-epilogue", "pair-ctas"),
                     "lowered"),
 }
 
@@ -133,7 +135,7 @@ DEFAULT_PIPELINE = "canonicalize,licm,cse,dce"
 
 #: What turns cleaned-up tile IR into hopper IR that codegen and the emulator take.
 HOPPER_PIPELINE = ("decompose,merge-steps,persistent,order-memory,select-layouts,lower-to-hopper,pipeline-loops,"
-                   "specialize-warps,transpose-in-producer,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-barriers,buffer-operands,count-divisions,cse,dce,"
+                   "specialize-warps,transpose-in-producer,issue-ahead,defer-last,overlap-products,multicast,prefetch-loads,stage-loads,merge-reductions,merge-barriers,buffer-operands,count-divisions,cse,dce,"
                    "allocate-smem")
 
 #: The same for a tcgen05 target (sm_100a): Hopper's passes, parameterized by the target

@@ -1106,6 +1106,31 @@ class AsyncReadOp(Operation):
 
 
 # ------------------------------------------------------------ between threads
+def _check_reduction(op: Operation, x: Type, r: Type, kind: str, axis: int, shuffle_xor: list,
+                     warp_xor: list, scratch: list, what: str = "") -> None:
+    """One reduction's types, kind and steps (``hopper.reduce``, a part of ``hopper.reduce_group``):
+    the steps are ``reduce_plan(x.layout, axis)``'s, the result its kept shape in the plan's
+    layout (a scalar when nothing is kept), and a plan that crosses warps takes one scratch."""
+    from tkc.ir.layouts import reduce_plan
+
+    _check_reg(op, x, f"{what}the operand")
+    if kind not in REDUCE_KINDS:
+        raise op.error(f"{what}kind must be sum, max or min")
+    try:
+        plan = reduce_plan(x.layout, axis)
+    except ValueError as e:
+        raise op.error(f"{what}{e}") from None
+    if list(plan.shuffle_xor) != list(shuffle_xor) or list(plan.warp_xor) != list(warp_xor):
+        raise op.error(f"{what}steps must be the layout's plan: shuffle_xor {list(plan.shuffle_xor)}, "
+                       f"warp_xor {list(plan.warp_xor)}")
+    shape = x.shape[:axis] + x.shape[axis + 1:]
+    want = TileType(shape, x.dtype, "reg", plan.result) if shape else ScalarType(x.dtype)
+    if r != want:
+        raise op.error(f"{what}result must be {want}, got {r}")
+    if bool(plan.warp_xor) != bool(scratch) or len(scratch) > 1:
+        raise op.error(f"{what}a cross-warp reduction takes one shared scratch tile, others none")
+
+
 @register
 class ReduceOp(Operation):
     """``reduce_plan(x.layout, axis)`` executed step by step (docs/hopper.md section 2)."""
@@ -1117,28 +1142,44 @@ class ReduceOp(Operation):
     TRAITS = frozenset({"pure"})
 
     def verify(self) -> None:
-        from tkc.ir.layouts import reduce_plan
+        _check_reduction(self, self.x.type, self.result.type, self.kind, self.axis, self.shuffle_xor,
+                         self.warp_xor, self.scratch)
 
-        x, r = self.x.type, self.result.type
-        _check_reg(self, x, "the operand")
-        if self.kind not in REDUCE_KINDS:
-            raise self.error("kind must be sum, max or min")
-        try:
-            plan = reduce_plan(x.layout, self.axis)
-        except ValueError as e:
-            raise self.error(str(e)) from None
-        if list(plan.shuffle_xor) != self.shuffle_xor or list(plan.warp_xor) != self.warp_xor:
-            raise self.error(f"steps must be the layout's plan: shuffle_xor {list(plan.shuffle_xor)}, "
-                             f"warp_xor {list(plan.warp_xor)}")
-        shape = x.shape[: self.axis] + x.shape[self.axis + 1:]
-        if shape:
-            want = TileType(shape, x.dtype, "reg", plan.result)
-        else:
-            want = ScalarType(x.dtype)
-        if r != want:
-            raise self.error(f"result must be {want}, got {r}")
-        if bool(plan.warp_xor) != bool(self.scratch) or len(self.scratch) > 1:
-            raise self.error("a cross-warp reduction takes one shared scratch tile, others none")
+
+@register
+class ReduceGroupOp(Operation):
+    """Reductions that cross warps and trade their partials in one round trip (docs/hopper.md
+    section 2): each part is ``hopper.reduce``'s plan, every part's partials are written to its
+    own scratch tile before one ``bar.sync``, and all are combined before the second.  Operands:
+    the parts' operands, then their scratch tiles in the same order; result ``i`` is part
+    ``i``'s.  ``merge-reductions`` makes it from ``hopper.reduce``s."""
+
+    name = "hopper.reduce_group"
+    OPERANDS = ("*values",)
+    RESULTS = ("*results",)
+    ATTRS = {"kinds": list, "axes": list, "shuffle_xor": list, "warp_xor": list}
+    TRAITS = frozenset({"pure"})
+
+    def parts(self) -> list[tuple[Any, ...]]:
+        """``(x, scratch, result, kind, axis, shuffle_xor, warp_xor)`` of each part."""
+        n = len(self.results)
+        return list(zip(self.operands[:n], self.operands[n:], self.results, self.kinds, self.axes,
+                        self.shuffle_xor, self.warp_xor))
+
+    def verify(self) -> None:
+        n = len(self.results)
+        if n < 2 or len(self.operands) != 2 * n or not all(
+                len(a) == n for a in (self.kinds, self.axes, self.shuffle_xor, self.warp_xor)):
+            raise self.error(f"a group of {n} reductions takes {n} operands, {n} scratch tiles and {n} kinds, "
+                             f"axes and steps (at least two parts)")
+        if len(set(self.operands[n:])) != n:
+            raise self.error("each part takes a scratch tile of its own: all write their partials before any reads")
+        for i, (x, s, r, kind, axis, sx, wx) in enumerate(self.parts()):
+            if not _smem(s.type):
+                raise self.error(f"part {i}: the scratch must be a shared tile, got {s.type}")
+            if not wx:
+                raise self.error(f"part {i} stays within warps: only reductions that cross warps are grouped")
+            _check_reduction(self, x.type, r.type, kind, axis, sx, wx, [s], f"part {i}: ")
 
 
 @register
