@@ -137,13 +137,16 @@ def kernels_alone(op: str, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -
         y, dx = torch.softmax(x.float(), -1).to(x.dtype), torch.empty_like(x)
         return lambda: launch(k, [dy, y, dx])
     tiles = backward_tiles(M, N)
-    k = compile_kernel(path("rows_bwd.tk"), tiles, kernel=kernel)
+    consts = dict(tiles)
+    if op == "layer_norm" and tiles["wgrad"] and tiles["BN"] == N:  # as tkc.ops: rows of exactly one block
+        kernel, consts = "layernorm_bwd_block", {k: tiles[k] for k in ("ROWS", "BN", "warps")}
+    k = compile_kernel(path("rows_bwd.tk"), consts, kernel=kernel)
     dx, dw, db = torch.empty_like(x), torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
     mean, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
     args = [dy, x, w, dx, dw] + ([rstd] if op == "rms_norm" else [db, mean, rstd]) + [EPS]
     launches = [(k, args)]
     if not tiles["wgrad"]:
-        wk = compile_kernel(path("rows_bwd.tk"), {}, kernel=kernel.replace("_bwd", "_wgrad"))
+        wk = compile_kernel(path("rows_bwd.tk"), {}, kernel=kernel.replace("_bwd", "_wgrad"))  # (never _block)
         split = wgrad_split(M, N)
         launches.append((wk, [dy, x, rstd, dw, split] if op == "rms_norm" else [dy, x, mean, rstd, dw, db, split]))
 

@@ -24,6 +24,7 @@ FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "rows_bwd.tk"
 EPS = 1e-5
 KERNELS = ("rmsnorm_bwd", "layernorm_bwd", "softmax_bwd", "rmsnorm_wgrad", "layernorm_wgrad")
 WGRAD = ("rmsnorm_wgrad", "layernorm_wgrad")
+BLOCK = "layernorm_bwd_block"  # layernorm_bwd for rows of exactly BN columns, what tkc.ops runs at N = BN
 # (M, N, constants): a row in one block past its end; sweeps of 256 columns, the last a tail,
 # dw added by the sweeps or not (the wgrad kernels': a strip past the row's end, 3 programs a
 # strip);
@@ -36,7 +37,8 @@ SHAPES = {"one_block": (37, 300, {"BN": 512, "ROWS": 8, "CB": 128}),
 
 def _consts(kernel: str, consts: dict) -> dict:
     """The constants ``kernel`` takes of a shape's."""
-    own = ("BN",) if kernel == "softmax_bwd" else ("CB",) if kernel in WGRAD else ("BN", "SBN", "ROWS", "wgrad")
+    own = ("BN",) if kernel == "softmax_bwd" else ("CB",) if kernel in WGRAD else ("BN", "ROWS", "warps") \
+        if kernel == BLOCK else ("BN", "SBN", "ROWS", "wgrad")
     return {k: v for k, v in consts.items() if k in own}
 
 
@@ -116,15 +118,40 @@ def test_emulator_matches_interpreter(kernel: str, shape: str) -> None:
         torch.testing.assert_close(args[i].float(), expect[i].float(), atol=8e-3, rtol=8e-3)
 
 
+@pytest.mark.parametrize("M, rows", [(21, 8), (16, 16)])  # rows past a program's share; whole programs
+def test_the_one_block_kernel_matches_autograd_and_the_emulator_the_interpreter(M: int, rows: int) -> None:
+    consts = {"BN": 512, "ROWS": rows, "warps": 4}
+    for seed in (0, 1):
+        args, want = case(BLOCK, M, 512, seed, constant_rows=seed == 1)
+        expect = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        run_kernel(_compile(BLOCK, consts, "tkir").kernel_op, expect)
+        close(expect, want, f"{BLOCK} {M} rows, seed {seed}")
+        emulate(_compile(BLOCK, consts, "hopper").kernel_op, args, seed=seed)
+        for i in want:
+            torch.testing.assert_close(args[i].float(), expect[i].float(), atol=8e-3, rtol=8e-3)
+
+
+def test_the_one_block_kernel_refuses_rows_of_another_width() -> None:
+    from tkc.errors import TkcLaunchError
+    from tkc.kernel import interpret, load
+
+    args, _ = case(BLOCK, 8, 500, 0)
+    with pytest.raises(TkcLaunchError, match="axis 1 must have size 512, got 500"):
+        interpret(load(FILE, BLOCK), *args, BN=512, ROWS=8)
+
+
 def _ops_consts(kernel: str, M: int, N: int) -> dict:
     """The constants tkc.ops runs ``kernel`` with for M rows of N."""
+    if kernel == BLOCK:
+        return {k: v for k, v in backward_tiles(M, N).items() if k in ("ROWS", "BN", "warps")}
     return {"BN": softmax_block(N)} if kernel == "softmax_bwd" else {} if kernel in WGRAD else backward_tiles(M, N)
 
 
 @needs_ptxas
 @pytest.mark.parametrize("kernel, N", [(k, n) for k in KERNELS[:3] for n in (4096, 8192, 12288)]
                          + [pytest.param(k, 2048, marks=pytest.mark.slow) for k in KERNELS[:3]]  # four warps, as 4096
-                         + [(k, 12288) for k in WGRAD])  # the wgrad kernels' constants do not follow N
+                         + [(k, 12288) for k in WGRAD]  # the wgrad kernels' constants do not follow N
+                         + [(BLOCK, n) for n in (2048, 4096, 8192)])
 def test_assembles_without_spills_at_the_ops_tiles(kernel: str, N: int) -> None:
     assert_no_spills(_compile(kernel, _ops_consts(kernel, 16384, N)))
 
@@ -141,8 +168,10 @@ def test_ops_tiles_follow_the_rows() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M, N", [(1000, 300), (4099, 4096), (517, 8192), (300, 12000)])
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", [*KERNELS, BLOCK])
 def test_on_gpu_as_float64(kernel: str, M: int, N: int) -> None:
+    if kernel == BLOCK and N not in (4096, 8192):
+        pytest.skip("rows of exactly one block only")
     require_gpu()
     consts = _ops_consts(kernel, M, N)
     args, want = case(kernel, M, N, 7, constant_rows=True, wgrad=consts.get("wgrad", True))

@@ -33,7 +33,8 @@ def references(n: int) -> dict:
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "softmax"])
-@pytest.mark.parametrize("shape", [(37, 300), (2, 3, 19, 70), (3, 4100), (5, 8300)])  # 8300: dw by norm_wgrad
+# 512: layer_norm's backward by the kernel for rows of exactly one block; 8300: dw by norm_wgrad
+@pytest.mark.parametrize("shape", [(37, 300), (2, 3, 19, 70), (9, 512), (3, 4100), (5, 8300)])
 def test_forward_and_gradients_match_torch(op: str, shape: tuple[int, ...]) -> None:
     torch.manual_seed(sum(shape) * 10 + len(op))
     tk, ref, (w, b) = references(shape[-1])[op]
@@ -111,6 +112,26 @@ def test_second_order_gradients_match_torch() -> None:
             got.append(leaves[0].grad.double())
         scale = got[1].abs().max().item()
         torch.testing.assert_close(got[0], got[1], atol=2e-2 * scale, rtol=2e-2, msg=op)
+
+
+def test_layer_norm_backward_takes_the_one_block_kernel_for_rows_of_one_block(monkeypatch) -> None:
+    """Rows of 512 columns (a multiple of 512, up to 8192) go to layernorm_bwd_block, rows of
+    500 to layernorm_bwd (the parametrized test above checks both against torch)."""
+    from tkc.ops import rows
+
+    seen = []
+
+    def recording(op, *args, **kwargs):
+        seen.append(op)
+        return real(op, *args, **kwargs)
+
+    real = rows.call
+    monkeypatch.setattr(rows, "call", recording)
+    for n in (512, 500):
+        x = bf16(3, n).requires_grad_()
+        tkc.ops.layer_norm(x, bf16(n), bf16(n)).float().sum().backward()
+    backward = [op for op in seen if op in (rows._layer_norm_bwd, rows._layer_norm_bwd_block)]
+    assert backward == [rows._layer_norm_bwd_block, rows._layer_norm_bwd]
 
 
 def test_backward_operators_have_no_gradient_of_their_own() -> None:

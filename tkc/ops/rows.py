@@ -3,9 +3,10 @@
 Each is the operator of a shipped kernel over rows (``torch.ops.tkc.rms_norm`` and the
 others take ``[M, N]``: the kernel's signature), and a function taking any leading dims,
 which it flattens to rows.  Forward and backward run tkc kernels: the backward kernels of
-rows_bwd.tk (``torch.ops.tkc.rms_norm_backward``, ``layer_norm_backward``,
-``softmax_backward``; ``rms_norm_weight_grad`` and ``layer_norm_weight_grad`` for the weights
-of rows longer than 8192), whose tile sizes follow the rows (:func:`backward_tiles`).  The
+rows_bwd.tk (``torch.ops.tkc.rms_norm_backward``, ``layer_norm_backward`` and, for rows of
+exactly one block, ``layer_norm_backward_block``, ``softmax_backward``;
+``rms_norm_weight_grad`` and ``layer_norm_weight_grad`` for the weights of rows longer than
+8192), whose tile sizes follow the rows (:func:`backward_tiles`).  The
 norms' backward computes each row's statistics again from x, so the forwards write nothing
 for it.
 A second-order gradient (``create_graph=True``) takes the same formulas in fp32 torch ops,
@@ -33,6 +34,8 @@ _BWD = path("rows_bwd.tk")
 _TILES = ("ROWS", "BN", "SBN", "warps", "wgrad")
 _rms_norm_bwd = custom_op("tkc::rms_norm_backward", load(_BWD, "rmsnorm_bwd"), const_args=_TILES)
 _layer_norm_bwd = custom_op("tkc::layer_norm_backward", load(_BWD, "layernorm_bwd"), const_args=_TILES)
+_layer_norm_bwd_block = custom_op("tkc::layer_norm_backward_block", load(_BWD, "layernorm_bwd_block"),
+                                  const_args=("ROWS", "BN", "warps"))
 _rms_norm_wgrad = custom_op("tkc::rms_norm_weight_grad", load(_BWD, "rmsnorm_wgrad"))
 _layer_norm_wgrad = custom_op("tkc::layer_norm_weight_grad", load(_BWD, "layernorm_wgrad"))
 _softmax_bwd = custom_op("tkc::softmax_backward", load(_BWD, "softmax_bwd"), const_args=("BN",))
@@ -180,6 +183,10 @@ def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
         dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
         return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
     g, tiles = g.contiguous(), backward_tiles(*x.shape)
+    if tiles["wgrad"] and tiles["BN"] == x.shape[1]:  # rows of exactly one block: the kernel without a mask
+        dx, dw, db, _, _ = call(_layer_norm_bwd_block, g, x, w, ctx.eps, ROWS=tiles["ROWS"], BN=tiles["BN"],
+                                warps=tiles["warps"])
+        return dx, dw, db, None
     dx, dw, db, mean, rstd = call(_layer_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw and dbias summed down the columns
         dw, db = call(_layer_norm_wgrad, g, x, mean, rstd, wgrad_split(*x.shape))
@@ -203,6 +210,7 @@ register_autograd(_layer_norm, _layer_norm_backward, _save_inputs)
 register_autograd(_softmax, _softmax_backward, _save_output)
 for _name, _of, _op in (("rms_norm_backward", "rms_norm", _rms_norm_bwd),
                         ("layer_norm_backward", "layer_norm", _layer_norm_bwd),
+                        ("layer_norm_backward_block", "layer_norm", _layer_norm_bwd_block),
                         ("softmax_backward", "softmax", _softmax_bwd),
                         ("rms_norm_weight_grad", "rms_norm", _rms_norm_wgrad),
                         ("layer_norm_weight_grad", "layer_norm", _layer_norm_wgrad)):
