@@ -173,10 +173,11 @@ def tile_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
         dw, db = torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
         mean, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
         picked = backward_tiles(M, N)
-        for kernel in ("rmsnorm_bwd", "layernorm_bwd"):
+        # LayerNorm's kernel as tkc.ops picks it: rows of exactly one block take layernorm_bwd_block
+        for kernel in ("rmsnorm_bwd", "layernorm_bwd_block" if picked["BN"] == N else "layernorm_bwd"):
             row = Row("rows backward tiles", f"{kernel} {M}x{N} (tkc.ops picks ROWS={picked['ROWS']}, "
                       f"BN={picked['BN']}, {picked['warps']} warps)", "GB/s")
-            args = [dy, x, w, dx, dw] + ([db, mean, rstd] if kernel == "layernorm_bwd" else [rstd]) + [EPS]
+            args = [dy, x, w, dx, dw] + ([db, mean, rstd] if kernel.startswith("layernorm") else [rstd]) + [EPS]
             contenders = {}
             for rows_, warps in ((8, 8), (16, 8), (32, 8), (16, 4), (32, 4)):
                 k = compile_kernel(path("rows_bwd.tk"), {"BN": picked["BN"], "ROWS": rows_, "warps": warps},
