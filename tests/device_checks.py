@@ -33,6 +33,24 @@ def lowered_examples(root: Path, suffixes: tuple[str, ...] = (".tk", ".py")) -> 
                   and not is_multi_gpu(p))
 
 
+#: The constants tests/test_contract.py compiles each example with (the defaults of a few are large
+#: for a CPU); an example not named here is compiled, assembled and checked for spills there
+#: at its defaults.
+CONTRACT_CONSTS = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 64, "BK": 32},
+                   "gemm_fp8.tk": {"BM": 64, "BN": 64, "BK": 64}, "softmax.tk": {"BN": 256},
+                   "gemm_fp8_scaled.tk": {"BM": 64, "BN": 64, "BK": 64},
+                   "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
+                   "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
+                   "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
+                   "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64},
+                   "attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
+                   "varlen_attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
+                   "gemm_bias_gelu.tk": {"BM": 64, "BN": 64, "BK": 32},
+                   "gemm_swiglu.tk": {"BM": 64, "BN": 64, "BK": 32},
+                   "gemm_residual.tk": {"BM": 64, "BN": 64, "BK": 32}, "rope.tk": {"D": 64, "BN": 16},
+                   "gemm_rope.tk": {"BM": 64, "D": 64, "BK": 32},
+                   "layernorm_residual.tk": {"BN": 256}, "layernorm_residual_bwd.tk": {"BN": 256, "ROWS": 2}}
+
 #: Example files with several kernels and the ones ``tkc run FILE --check`` checks (it takes one
 #: at a time, --kernel).  attn_train.tk's backward needs the log-sum-exp its forward wrote: from
 #: random ones its P reaches 2^60, where the order of the sums decides
@@ -48,6 +66,11 @@ RUN_KERNELS = {"paged_decode.tk": ["paged_decode", "combine"], "attn_train.tk": 
                "mx_fp4.tk": ["mxfp4_quantize", "nvfp4_dequantize"],
                "gemm_fp4.tk": ["gemm_mxfp4", "gemm_nvfp4_weights_splitk"],
                "rows_bwd.tk": ["layernorm_bwd", "softmax_bwd", "layernorm_wgrad"]}
+
+#: The examples ``tkc run --check`` checks in the default run, one of each kind of kernel (products,
+#: attention and its backward, rows, 64-row products, gathers); every other example's run is
+#: marked slow: tests/test_contract.py emulates each example against the interpreter.
+RUN_FAST = {"gemm.tk", "attn.tk", "softmax.tk", "attn_train.tk", "linear_attn.tk", "moe_dispatch.tk"}
 
 #: Marks a test that assembles PTX.
 needs_ptxas = pytest.mark.skipif(not HAVE_PTXAS, reason="needs ptxas (CUDA toolkit or nvidia-cuda-nvcc)")

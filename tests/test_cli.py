@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from device_checks import RUN_KERNELS, lowered_examples
+from device_checks import RUN_FAST, RUN_KERNELS, lowered_examples
 
 import tkc
 import tkc.cli
@@ -398,9 +398,11 @@ def test_run_sizes_the_dims_not_given_and_refuses_unknown_ones() -> None:
 
 
 EXAMPLE_FILES = [p.name for p in lowered_examples(EXAMPLES)]
+RUN_CASES = [pytest.param(e, k, marks=() if e in RUN_FAST else pytest.mark.slow)
+             for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])]
 
 
-@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])
+@pytest.mark.parametrize("example, kernel", RUN_CASES)
 def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
         example: str, kernel: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``tkc run EXAMPLE --check`` on a machine without a GPU: every dim gets a default size,
@@ -419,7 +421,7 @@ def test_run_check_with_no_flags_compares_the_emulator_with_the_interpreter(
     assert all(", emulator against interpreter: " in c and c.endswith("outside tolerance: ok") for c in checks)
 
 
-@pytest.mark.parametrize("example, kernel", [(e, k) for e in EXAMPLE_FILES for k in RUN_KERNELS.get(e, [None])])
+@pytest.mark.parametrize("example, kernel", RUN_CASES)
 def test_run_check_for_sm_100a_compares_the_emulator_with_the_interpreter(example: str, kernel: str | None) -> None:
     """``tkc run EXAMPLE --target sm_100a --backend emulate --check``: every example's
     tcgen05 lowering (tensor memory, 128- and 64-row products) agrees with the interpreter on

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from device_checks import CONTRACT_CONSTS as SMALL
 from device_checks import HAVE_PTXAS, assert_no_spills
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcError
@@ -27,19 +28,6 @@ CORPUS = sorted((ROOT / "tests" / "contract").glob("*.tk"))
 EXAMPLES = sorted((ROOT / "examples").glob("*.tk"))
 #: Words of the compiler's insides that a refusal must not show a user.
 INSIDE_WORDS = re.compile(r"pass '|#blocked|#slice|#wgmma|#smem|Traceback|Error:|hopper\.|tile\.")
-#: Examples as the examples' tests size them (the defaults of a few are large for a CPU).
-SMALL = {"attn.tk": {"D": 64, "BM": 64, "BN": 32}, "gemm.tk": {"BM": 64, "BN": 64, "BK": 32},
-         "gemm_fp8.tk": {"BM": 64, "BN": 64, "BK": 64}, "softmax.tk": {"BN": 256},
-         "gemm_fp8_scaled.tk": {"BM": 64, "BN": 64, "BK": 64},
-         "softmax_split.tk": {"BN": 256, "cluster": 2}, "layernorm.tk": {"BN": 256},
-         "layernorm_split.tk": {"BN": 256, "cluster": 2}, "cross_entropy.tk": {"BV": 512},
-         "embedding.tk": {"BD": 256}, "splitk_gemm.tk": {"BM": 64, "BN": 64, "SPLIT": 2},
-         "paged_decode.tk": {"D": 64, "SPLITS": 16}, "varlen_attn.tk": {"D": 64, "BM": 64, "BN": 64},
-         "attn_train.tk": {"D": 64, "BM": 64, "BN": 64}, "varlen_attn_train.tk": {"D": 64, "BM": 64, "BN": 64},
-         "gemm_bias_gelu.tk": {"BM": 64, "BN": 64, "BK": 32}, "gemm_swiglu.tk": {"BM": 64, "BN": 64, "BK": 32},
-         "gemm_residual.tk": {"BM": 64, "BN": 64, "BK": 32}, "rope.tk": {"D": 64, "BN": 16},
-         "gemm_rope.tk": {"BM": 64, "D": 64, "BK": 32},
-         "layernorm_residual.tk": {"BN": 256}, "layernorm_residual_bwd.tk": {"BN": 256, "ROWS": 2}}
 #: Dims the defaults would make too large for a CPU, or that must agree with the int range.
 DIMS = {"paged_decode.tk": {"B": 2, "HQ": 16, "KVH": 2, "NT": 144, "MAXP": 9},
         # One block of keys: each dQ element is added to by one program (the random lse and

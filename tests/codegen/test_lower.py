@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from device_checks import lowered_examples
+from device_checks import CONTRACT_CONSTS, lowered_examples
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
 from tkc.codegen.lower_hopper import smem_offset
@@ -498,11 +498,18 @@ def _example_kernels(path: Path) -> list[str | None]:
     return names if len(names) > 1 else [None]
 
 
-@pytest.mark.parametrize("example, kernel", [(p.name, k) for p in lowered_examples(EXAMPLES, (".tk",))
-                                             for k in _example_kernels(p)])
+#: Examples assembled at their defaults by tests/examples/test_tk_kernels.py (its norm cases' full size).
+ASSEMBLED_BY_TK_KERNELS = ("layernorm_residual.tk", "layernorm_residual_bwd.tk")
+
+
+@pytest.mark.parametrize("example, kernel", [
+    pytest.param(p.name, k, marks=() if p.name in CONTRACT_CONSTS and p.name not in ASSEMBLED_BY_TK_KERNELS
+                 else pytest.mark.slow)
+    for p in lowered_examples(EXAMPLES, (".tk",)) for k in _example_kernels(p)])
 def test_every_example_assembles_without_spills(example: str, kernel: str | None, ptxas: Path) -> None:
     """What the README promises of the examples as written (their default constants), every
-    kernel of a file."""
+    kernel of a file.  An example that tests/test_contract.py compiles at its defaults (one not
+    in CONTRACT_CONSTS), or test_tk_kernels.py, is checked there by default, here with --slow."""
     from tkc.compiler import compile_kernel
 
     usage = compile_kernel(EXAMPLES / example, {}, cache=False, kernel=kernel).resources

@@ -38,7 +38,10 @@ def test_dump_after_all_on_stderr(example: pathlib.Path) -> None:
     assert dumps[-1].strip() == r.stdout.strip()  # the last dump is what compile printed
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+# The files are the stderr dumps above, written by one mechanism whatever the example: three
+# examples by default, every one with --slow.
+@pytest.mark.parametrize("example", [pytest.param(p, marks=() if p.name in ("gemm.tk", "attn_train.tk", "fftconv.tk")
+                                                  else pytest.mark.slow) for p in EXAMPLES], ids=lambda p: p.name)
 def test_dump_dir_files(example: pathlib.Path, tmp_path: pathlib.Path) -> None:
     r = CliRunner().invoke(cli, ["compile", str(example), "--dump-dir", str(tmp_path), "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.stderr
