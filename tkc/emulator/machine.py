@@ -1141,6 +1141,17 @@ def _flying(wg: _Warpgroup) -> list[tuple]:
     return [c for grp in [*wg.copy_groups, wg.copies] for c in grp]
 
 
+def _share_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the byte addresses ``a`` and ``b`` have one in common: a ring's stages lie apart,
+    so their ranges answer at once; ranges that meet are compared byte by byte."""
+    if a.size == 0 or b.size == 0 or a.max() < b.min() or b.max() < a.min():
+        return False
+    lo = min(a.min(), b.min())
+    mark = np.zeros(max(a.max(), b.max()) - lo + 1, bool)
+    mark[a - lo] = True
+    return bool(mark[b - lo].any())
+
+
 def _async_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile, *offsets: Any) -> None:
     """The copy reads the tensor now (the kernel never writes it, so any time before the wait
     reads the same values) and lands at the ``hopper.async_wait`` that covers its group.  A copy
@@ -1150,7 +1161,7 @@ def _async_load(wg: _Warpgroup, op: Operation, tensor: np.ndarray, dst: SmemTile
     values = _read(wg, op, tensor, offsets, wg.coords(op, layout))
     nbytes = _private(wg, dst, layout, dt)
     for other, _, _, load in _flying(wg):
-        if np.intersect1d(other, nbytes).size:
+        if _share_bytes(other, nbytes):
             raise _fault(op, f"copies into shared bytes that {_describe(load)} still copies into: a "
                              f"hopper.async_wait must leave that copy landed first")
     wg.copies.append((nbytes, values, dt, op))
@@ -1188,7 +1199,7 @@ def _async_read(wg: _Warpgroup, op: Operation, src: SmemTile) -> np.ndarray:
     t = op.result.type
     nbytes = _private(wg, src, t.layout, t.dtype)
     for other, _, _, load in _flying(wg):
-        if np.intersect1d(other, nbytes).size:
+        if _share_bytes(other, nbytes):
             raise _fault(op, f"reads shared bytes that {_describe(load)} is still copying into: a "
                              f"hopper.async_wait must leave that copy's group landed first")
     owner = _copy_owners(wg)[nbytes]
