@@ -4,6 +4,7 @@ where ptxas is found), located refusals, and a launch on a GPU of the interprete
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,15 @@ def lowered_examples(root: Path, suffixes: tuple[str, ...] = (".tk", ".py")) -> 
     ``# refused:`` and the multi-GPU ones (tests/ranks)."""
     return sorted(p for p in root.iterdir() if p.suffix in suffixes and not p.read_text().startswith("# refused:")
                   and not is_multi_gpu(p))
+
+
+_KERNEL_DEF = re.compile(r"^@kernel\s*\ndef\s+(\w+)\s*\(", re.M)
+
+
+def kernel_names(path: Path) -> list[str]:
+    """The kernels of a ``.tk`` file in order, read off its ``@kernel`` lines (the tests'
+    parametrizations list them at collection, where compiling every file cost seconds)."""
+    return _KERNEL_DEF.findall(path.read_text())
 
 
 #: The constants tests/test_contract.py compiles each example with (the defaults of a few are large

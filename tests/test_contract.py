@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from device_checks import CONTRACT_CONSTS as SMALL
-from device_checks import HAVE_PTXAS, assert_no_spills
+from device_checks import HAVE_PTXAS, assert_no_spills, kernel_names
 from tkc.compiler import compile_kernel
 from tkc.errors import TkcError
-from tkc.frontend import compile_file
 from tkc.interpreter import random_args, run_kernel
 from tkc.ir.dialects.tile import uses_ranks
 from tkc.runner import default_dims, run
@@ -43,7 +42,7 @@ def _expected_refusal(path: Path) -> str | None:
 
 
 def _kernels(path: Path) -> list[tuple[Path, str]]:
-    return [(path, k.sym_name) for k in compile_file(str(path), SMALL.get(path.name, {})).ops]
+    return [(path, k) for k in kernel_names(path)]
 
 
 @pytest.mark.parametrize("path, kernel", [pk for p in CORPUS + EXAMPLES for pk in _kernels(p)],

@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from device_checks import CONTRACT_CONSTS, lowered_examples
+from device_checks import CONTRACT_CONSTS, kernel_names, lowered_examples
 
 from tkc.codegen.lower import kernel_to_llvm, kernel_to_ptx
 from tkc.codegen.lower_hopper import smem_offset
@@ -492,9 +492,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _example_kernels(path: Path) -> list[str | None]:
-    from tkc.frontend import compile_file
-
-    names = [k.sym_name for k in compile_file(str(path), {}).ops]
+    names = kernel_names(path)
     return names if len(names) > 1 else [None]
 
 
