@@ -107,6 +107,17 @@ def test_a_reduction_whose_operand_is_loaded_between_stays_alone() -> None:
     assert "hopper.reduce_group" not in out and out.count("hopper.reduce %") == 2
 
 
+def test_a_reduction_moved_up_in_a_slice_is_not_grouped_with_what_it_feeds() -> None:
+    """The row maxima share the column sums' scratch tile (so they cannot join them); the total
+    of the maxima needs them: the maxima move up as its slice, the total joins the column sums,
+    and the maxima, now above the group, stay alone (joining would feed the group its own result)."""
+    text = GRID.read_text().replace("%r = hopper.reduce %xm, %s1", "%r = hopper.reduce %xm, %s0")
+    text = text.replace("  hopper.store %cs", "  %t = hopper.reduce %r, %s1 {kind = \"sum\", axis = 0, shuffle_xor = "
+                        "[4, 8, 16], warp_xor = [4]} : f32\n  hopper.store %cs", 1)
+    out = _grid(text)
+    assert out.index("hopper.reduce %xm, %s0") < out.index("hopper.reduce_group %x0, %r, %s0, %s1")
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_the_merged_grid_kernel_computes_what_the_two_did(seed: int) -> None:
     rng = np.random.default_rng(seed)
