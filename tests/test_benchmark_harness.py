@@ -227,3 +227,29 @@ def test_a_timeline_counts_each_kind_on_the_last_rank_and_its_idle_gaps(tmp_path
     path = tmp_path / "t.png"
     if draw([("a row", spans)], path):  # False only without matplotlib
         assert path.stat().st_size > 1000
+
+
+def test_sass_loops_finds_each_loop_and_counts_its_opcodes() -> None:
+    """A loop is the lines from a label to a later branch back to it (predicated too); a branch
+    forward is not one; an inner loop's instructions count in the outer one as well."""
+    import sass_loops
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   UIMAD UR4, UR5, 0x3, URZ ;
+.L_x_2:
+        /*0020*/                   FADD R2, R2, R3 ;
+        /*0030*/              @!P0 FFMA R2, R4, R5, R2 ;
+        /*0040*/               @P1 BRA `(.L_x_2) ;
+        /*0050*/                   ISETP.GE.AND P0, PT, R6, 0x10, PT ;
+        /*0060*/               @P0 BRA `(.L_x_3) ;
+        /*0070*/                   BRA `(.L_x_1) ;
+.L_x_3:
+        /*0080*/                   EXIT ;
+"""
+    found = sass_loops.loops(sass)
+    assert [dict(ops) for _, _, ops in found] == [
+        {"FADD": 1, "FFMA": 1, "BRA": 1},
+        {"UIMAD": 1, "FADD": 1, "FFMA": 1, "BRA": 3, "ISETP": 1}]
+    assert sass_loops.describe(found[1][2]).startswith("7 instructions, 1 uniform: BRA 3")
