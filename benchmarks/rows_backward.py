@@ -34,7 +34,7 @@ from harness import Row, host_time, in_turns, run_groups  # noqa: E402
 import tkc.ops  # noqa: E402
 from tkc.compiler import compile_kernel  # noqa: E402
 from tkc.ops.kernels import path  # noqa: E402
-from tkc.ops.rows import ONE_BLOCK, backward_tiles, softmax_block, wgrad_split  # noqa: E402
+from tkc.ops.rows import ONE_BLOCK, backward_tiles, one_block_tiles, softmax_block, wgrad_split  # noqa: E402
 from tkc.runtime.launch import launch  # noqa: E402
 
 EPS = 1e-5
@@ -138,8 +138,8 @@ def kernels_alone(op: str, dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -
         return lambda: launch(k, [dy, y, dx])
     tiles = backward_tiles(M, N)
     consts = dict(tiles)
-    if op == "layer_norm" and tiles["wgrad"] and tiles["BN"] == N:  # as tkc.ops: rows of exactly one block
-        kernel, consts = "layernorm_bwd_block", {k: tiles[k] for k in ("ROWS", "BN", "warps")}
+    if op == "layer_norm" and one_block_tiles(M, N) is not None:  # as tkc.ops: rows of exactly one block
+        kernel, consts = "layernorm_bwd_block", one_block_tiles(M, N)
     k = compile_kernel(path("rows_bwd.tk"), consts, kernel=kernel)
     dx, dw, db = torch.empty_like(x), torch.zeros(N, device="cuda"), torch.zeros(N, device="cuda")
     mean, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
@@ -174,7 +174,7 @@ def tile_rows(shapes: list[tuple[int, int]], runs: int) -> list[Row]:
         mean, rstd = torch.empty(M, device="cuda"), torch.empty(M, device="cuda")
         picked = backward_tiles(M, N)
         # LayerNorm's kernel as tkc.ops picks it: rows of exactly one block take layernorm_bwd_block
-        for kernel in ("rmsnorm_bwd", "layernorm_bwd_block" if picked["BN"] == N else "layernorm_bwd"):
+        for kernel in ("rmsnorm_bwd", "layernorm_bwd_block" if one_block_tiles(M, N) else "layernorm_bwd"):
             row = Row("rows backward tiles", f"{kernel} {M}x{N} (tkc.ops picks ROWS={picked['ROWS']}, "
                       f"BN={picked['BN']}, {picked['warps']} warps)", "GB/s")
             args = [dy, x, w, dx, dw] + ([db, mean, rstd] if kernel.startswith("layernorm") else [rstd]) + [EPS]

@@ -68,6 +68,7 @@ def describe(ops: collections.Counter) -> str:
 
 
 def main() -> None:
+    from tkc.cli import parse_value
     from tkc.compiler import compile_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -80,14 +81,7 @@ def main() -> None:
     tool = find_nvdisasm()
     if tool is None:
         sys.exit("sass_loops.py: no nvdisasm (install the CUDA toolkit or `pip install nvidia-cuda-nvdisasm`)")
-    consts = {}
-    for item in args.consts:
-        name, _, value = item.partition("=")
-        consts[name] = {"true": True, "false": False}.get(value.lower(), value)
-        try:
-            consts[name] = int(value)
-        except ValueError:
-            pass
+    consts = {name: parse_value(value) for name, _, value in (item.partition("=") for item in args.consts)}
     c = compile_kernel(args.file, consts, kernel=args.kernel, target=args.target, cache=False)
     print(f"{c.name}: {c.resources}, {c.programs_per_sm} programs an SM")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:

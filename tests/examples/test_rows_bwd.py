@@ -18,7 +18,7 @@ from device_checks import assert_no_spills, launch_tensors, needs_ptxas, require
 from tkc.compiler import compile_kernel
 from tkc.emulator.machine import emulate
 from tkc.interpreter import run_kernel
-from tkc.ops.rows import backward_tiles, softmax_block
+from tkc.ops.rows import backward_tiles, one_block_tiles, softmax_block
 
 FILE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "rows_bwd.tk"
 EPS = 1e-5
@@ -143,7 +143,7 @@ def test_the_one_block_kernel_refuses_rows_of_another_width() -> None:
 def _ops_consts(kernel: str, M: int, N: int) -> dict:
     """The constants tkc.ops runs ``kernel`` with for M rows of N."""
     if kernel == BLOCK:
-        return {k: v for k, v in backward_tiles(M, N).items() if k in ("ROWS", "BN", "warps")}
+        return one_block_tiles(M, N)
     return {"BN": softmax_block(N)} if kernel == "softmax_bwd" else {} if kernel in WGRAD else backward_tiles(M, N)
 
 
@@ -164,14 +164,19 @@ def test_ops_tiles_follow_the_rows() -> None:
     # past one block: swept, dw from norm_wgrad
     assert backward_tiles(8192, 12288) == {"ROWS": 4, "BN": 512, "SBN": 1024, "warps": 4, "wgrad": False}
     assert [softmax_block(n) for n in (70, 8192, 8193)] == [512, 8192, 8192]
+    # LayerNorm's rows of exactly one block (a multiple of 512 up to 8192) take layernorm_bwd_block
+    assert one_block_tiles(16384, 4096) == {"ROWS": 32, "BN": 4096, "warps": 4}
+    assert one_block_tiles(8192, 8192) == {"ROWS": 32, "BN": 8192, "warps": 8}
+    assert [one_block_tiles(64, n) for n in (4000, 70, 12288)] == [None, None, None]
+
+
+GPU_SHAPES = [(1000, 300), (4099, 4096), (517, 8192), (300, 12000)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N", [(1000, 300), (4099, 4096), (517, 8192), (300, 12000)])
-@pytest.mark.parametrize("kernel", [*KERNELS, BLOCK])
+@pytest.mark.parametrize("kernel, M, N", [(k, M, N) for k in KERNELS for M, N in GPU_SHAPES]
+                         + [(BLOCK, M, N) for M, N in GPU_SHAPES if one_block_tiles(M, N)])
 def test_on_gpu_as_float64(kernel: str, M: int, N: int) -> None:
-    if kernel == BLOCK and N not in (4096, 8192):
-        pytest.skip("rows of exactly one block only")
     require_gpu()
     consts = _ops_consts(kernel, M, N)
     args, want = case(kernel, M, N, 7, constant_rows=True, wgrad=consts.get("wgrad", True))

@@ -139,6 +139,16 @@ def backward_tiles(M: int, N: int) -> dict[str, Any]:
     return {"ROWS": rows, "BN": softmax_block(N), "wgrad": True, "warps": 4 if N <= 4096 else 8}
 
 
+def one_block_tiles(M: int, N: int) -> dict[str, Any] | None:
+    """``layernorm_bwd_block``'s constants where LayerNorm's backward takes it (rows of exactly
+    one block: ``N`` a multiple of 512, up to ``ONE_BLOCK``; it has no mask past the row's end
+    and no sweep path), else None."""
+    tiles = backward_tiles(M, N)
+    if not tiles["wgrad"] or tiles["BN"] != N:
+        return None
+    return {k: tiles[k] for k in ("ROWS", "BN", "warps")}
+
+
 def softmax_block(N: int) -> int:
     """The block a row of ``N`` takes in the backward kernels: ``N`` rounded up to 512, at most
     ``ONE_BLOCK`` (softmax_bwd sweeps longer rows in blocks of that: at 8192, one block ran
@@ -183,9 +193,9 @@ def _layer_norm_backward(ctx: Any, g: torch.Tensor) -> tuple:
         dx = rstd * (gx - gx.mean(-1, keepdim=True) - xhat * (gx * xhat).mean(-1, keepdim=True))
         return dx.to(x.dtype), (gf * xhat).sum(0).to(w.dtype), gf.sum(0).to(b.dtype), None
     g, tiles = g.contiguous(), backward_tiles(*x.shape)
-    if tiles["wgrad"] and tiles["BN"] == x.shape[1]:  # rows of exactly one block: the kernel without a mask
-        dx, dw, db, _, _ = call(_layer_norm_bwd_block, g, x, w, ctx.eps, ROWS=tiles["ROWS"], BN=tiles["BN"],
-                                warps=tiles["warps"])
+    block = one_block_tiles(*x.shape)
+    if block is not None:  # rows of exactly one block: the kernel without a mask
+        dx, dw, db, _, _ = call(_layer_norm_bwd_block, g, x, w, ctx.eps, **block)
         return dx, dw, db, None
     dx, dw, db, mean, rstd = call(_layer_norm_bwd, g, x, w, ctx.eps, **tiles)
     if not tiles["wgrad"]:  # rows past one block: dw and dbias summed down the columns
