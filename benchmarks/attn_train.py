@@ -1,6 +1,7 @@
 """Attention backward: examples/attn_train.tk beside PyTorch's SDPA backends.
 
     python benchmarks/attn_train.py [--quick] [--no-record] [--variants 'BM=32;stages=3']
+                                    [--masks both|causal|none]
                                     [--only long,short,gqa,varlen,e2e,e2e-graphs]
                                     [--sources 'old=path/to/attn_train.tk']
 
@@ -355,6 +356,8 @@ def main() -> None:
     ap.add_argument("--only", default="long,short,gqa",
                     help="comma-separated groups: long, short, gqa, varlen, e2e, e2e-graphs")
     ap.add_argument("--variants", default="", help="more tkc contenders: 'BM=32;stages=3'")
+    ap.add_argument("--masks", choices=("both", "causal", "none"), default="both",
+                    help="the long and short groups' rows: causal and not (default), or one of them")
     ap.add_argument("--sources", default="", help="tkc contenders from other copies of the example: 'old=old.tk'")
     args = ap.parse_args()
     sources = {n.strip(): Path(p.strip()) for n, p in (part.split("=") for part in args.sources.split(";") if part)}
@@ -363,7 +366,8 @@ def main() -> None:
     from harness import append_results, table
 
     only = set(args.only.split(","))
-    rows = rows_for(shapes_of(args.quick, only), (False,) if args.quick else (False, True),
+    masks = {"both": (False, True), "causal": (True,), "none": (False,)}[args.masks]
+    rows = rows_for(shapes_of(args.quick, only), (False,) if args.quick else masks,
                     parse_variants(args.variants), 30 if args.quick else 60, sources)
     if "varlen" in only:
         rows += varlen_rows(30 if args.quick else 60, args.quick)
@@ -376,6 +380,8 @@ def main() -> None:
         command = "python benchmarks/attn_train.py" + (" --quick" if args.quick else "")
         if args.only != "long,short,gqa":
             command += f" --only {args.only}"
+        if args.masks != "both":
+            command += f" --masks {args.masks}"
         if args.variants:
             command += f" --variants '{args.variants}'"
         if args.sources:

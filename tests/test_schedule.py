@@ -124,6 +124,22 @@ def test_an_attention_loop_in_a_walk_of_the_programs_own_gets_defer_last_only() 
     assert ch.pins(args[:3], None, 132) == {}  # a bad call picks nothing: the launch says what is wrong
 
 
+def test_a_block_picked_by_an_if_of_scalars_still_gets_pins(tmp_path) -> None:
+    """A kernel that picks its query block in an if of scalar arithmetic (its own launch
+    order): the loop's bounds still evaluate through it, so the schedule is the one the
+    grid's own order gets."""
+    src = (EXAMPLES / "attn.tk").read_text().replace(
+        "    i = program_id(0)\n",
+        "    i = program_id(0)\n    if N > 4096:\n        i = cdiv(N, BM) - 1 - program_id(0)\n")
+    (tmp_path / "attn_if.tk").write_text(src)
+    picked = []
+    for path in (EXAMPLES / "attn.tk", tmp_path / "attn_if.tk"):
+        base = {"D": 128, "causal": True}
+        ch = chooser(tkc.load(path).kernel_op(**base), set(base))
+        picked.append(ch.pins(attn_args(4, 16, 4096, 128), None, 132))
+    assert picked[0] == picked[1] == {"defer_last": True, "persistent": False}
+
+
 def test_a_loop_bound_read_from_a_tensor_gets_no_pins() -> None:
     ch = chooser(tkc.load(EXAMPLES / "varlen_attn.tk").kernel_op(), set())
     assert ch is not None  # attention-shaped, but how long its loops run is data (cu_seqlens)

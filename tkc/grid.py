@@ -19,6 +19,7 @@ from tkc import signature
 from tkc.dtypes import DType, round_to
 from tkc.errors import TkcInterpretError, TkcLaunchError
 from tkc.ir.core import Block, BlockArgument, Module, Operation, OpResult, Value
+from tkc.ir.dialects import tile
 from tkc.ir.types import TensorType
 from tkc.semantics import Program
 
@@ -74,12 +75,17 @@ def eval_slice(kernel: Operation, values: Sequence[Value], env: dict[Value, Any]
                pid: tuple[int, ...] | None, why: str) -> None:
     """Put ``values`` (of ``kernel``'s top-level block) into ``env`` by running only the ops
     they depend on, as program ``pid`` (None: ids are an error).  A value computed from a
-    tensor's contents or by an op with regions is a TkcInterpretError saying ``why``."""
+    tensor's contents or by an op with regions (but an if of scalar arithmetic: a launch
+    order's program ids) is a TkcInterpretError saying ``why``."""
     needed: set[Operation] = set()
     stack = list(values)
     while stack:
         v = stack.pop()
         if isinstance(v, OpResult) and v.owner not in needed:
+            if tile.picks_scalars(v.owner):
+                needed.add(v.owner)
+                stack.extend(tile.outside_operands(v.owner))
+                continue
             if v.owner.regions or v.owner.name in ("tile.load", "tile.store"):
                 raise TkcInterpretError(why, v.owner.loc)
             needed.add(v.owner)
@@ -95,6 +101,14 @@ class _Shape:
 
     def __init__(self, shape: Sequence[int]):
         self.shape = tuple(shape)
+
+
+def probe_env(kernel: Operation, size: int) -> dict[Value, Any]:
+    """The kernel's tensor parameters as shapes with every symbolic dim ``size`` (scalar
+    arguments left out: a slice that reads one does not evaluate): sizes a pass evaluates a
+    kernel's arithmetic with where no launch says."""
+    return {p: _Shape([d if isinstance(d, int) else size for d in p.type.dims])
+            for p in kernel.regions[0].block.args if isinstance(p.type, TensorType)}
 
 
 def launch_grid(kernel: Operation | Module, args: Sequence[Any], sms: int = 0) -> tuple[int, ...]:

@@ -73,6 +73,11 @@ class Options:
                               "pipeline-loops")
     persistent: bool | None = _pin(None, bool, "one program per SM (per slot, with ctas_per_sm) walks the output "
                                                "tiles", "persistent")
+    longest_first: bool | None = _pin(
+        None, bool, "programs launched one a tile whose loop runs longer the later their row (a causal forward) "
+                    "start longest first, in groups of about an SM's count of programs (a few columns, rows from "
+                    "the last): on from 16 rows a column (default); true also where the first rows run longer "
+                    "(groups across columns); false keeps the grid's order", "persistent")
     cluster: int = _pin(1, int, "programs per cluster, 1, 2 or 4 (a persistent GEMM-shaped kernel): the programs "
                                 "of a cluster take tiles of one column, and each copy they share (a GEMM's B tiles) "
                                 "is read once and multicast into all of them (default 1)", "persistent, multicast")

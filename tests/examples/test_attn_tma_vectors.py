@@ -238,10 +238,9 @@ def test_which_loads_ride_the_ring(offset: str, write: str, rides: bool) -> None
     torch.testing.assert_close(args[3], want[3], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("causal, retried", [(False, True), (True, False)])
-def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkeypatch, causal: bool,
-                                                                          retried: bool) -> None:
-    """attn_bwd turns tma_vectors on by itself (D = 128, no mask).  A launch whose lse TMA
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkeypatch, causal: bool) -> None:
+    """attn_bwd turns tma_vectors on by itself (D = 128, causal or not).  A launch whose lse TMA
     cannot read (N not a multiple of 4: a row stride that is no multiple of 16 bytes) retries
     with the pin off and keeps the tiles' TMA, as it does when the caller sets the pin."""
     import sys
@@ -280,9 +279,9 @@ def test_a_call_whose_lse_tma_cannot_read_retries_without_the_default_pin(monkey
     # Once launched, with the tiles still by TMA (no tma=False), after one refusal when the
     # pin was on by default; a second call launches the same compilation by its plan, without
     # being refused again.
-    assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == int(retried)
+    assert launched == [{"tma_vectors": False, "tma": None}] and len(refused) == 1
     k(*args, D=D, causal=causal)
-    assert launched[1:] == ["planned"] and len(refused) == int(retried)
+    assert launched[1:] == ["planned"] and len(refused) == 1
 
 
 def test_a_call_that_pins_tma_hears_of_the_tiles_strides(monkeypatch) -> None:

@@ -121,6 +121,39 @@ def test_scores_far_below_zero_give_no_nan(causal: bool) -> None:
         torch.testing.assert_close(g.float(), w, rtol=0, atol=0.1)
 
 
+@pytest.mark.parametrize("name, consts", [("attn_bwd", {"longest_first": True}), ("attn_fwd", {"defer_last": True})])
+def test_longest_first_emulated(monkeypatch, name: str, consts: dict) -> None:
+    """Causal programs launched longest first (the persistent pass's longest_first, from 16
+    blocks a head; pinned for the backward, whose grid order starts each head longest first),
+    emulated against the interpreter's grid order: on 40 SMs, groups of two heads and a last
+    one of one; every block written once."""
+    import tkc.emulator.machine
+    import tkc.semantics
+
+    monkeypatch.setattr(tkc.semantics, "CPU_SMS", 40)
+    monkeypatch.setattr(tkc.emulator.machine, "CPU_SMS", 40)
+    B, H, KVH, N, D = 1, 3, 3, 976, 64
+    q, k, v, do = inputs(7, B, H, KVH, N, D)
+    g = torch.Generator().manual_seed(8)
+    lse = torch.randn(B, H, N, generator=g) + 4
+    delta = torch.randn(B, H, N, generator=g)
+    if name == "attn_bwd":
+        poisoned = torch.full((B, KVH, N, D), float("nan")).bfloat16()  # every block must be written
+        args = [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), poisoned, poisoned.clone(), D ** -0.5]
+        outs = (6, 7, 8)
+    else:
+        args, outs = [q, k, v, torch.full((B, H, N, D), float("nan")).bfloat16(), lse, D ** -0.5], (3, 4)
+    consts = {**_consts(name, D, True, SMALL), **consts}
+    want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    run_kernel(compile_kernel(EXAMPLE, consts, stop="tkir", cache=False, kernel=name).kernel_op, want)
+    hopper = compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel=name).kernel_op
+    assert any(r.name_hint == "tile_row" for op in hopper.walk() for r in op.results)
+    assert ("hopper.role" in [op.name for op in hopper.walk()]) == (name == "attn_fwd")
+    emulate(hopper, args, seed=9)
+    assert_atomics_close(args, want, outs)
+    assert all(torch.isfinite(args[i].float()).all() for i in outs)
+
+
 #: attn_bwd with a producer warpgroup issuing the copies (not the default: see the example).
 ROLES = {**SMALL, "attn_bwd": {"BM": 64, "BN": 64, "warp_specialize": True}}
 
@@ -191,7 +224,9 @@ def test_assembles_without_spills(name: str, D: int, causal: bool) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B, H, KVH, N", [(2, 8, 2, 300), (1, 4, 4, 256), (1, 8, 1, 1000)])
+# 2100 tokens: 17 blocks a head, so causal programs launch longest first (groups of 7 heads on
+# 132 SMs: 7, 7 and 2 query heads, 4 kv heads in one group).
+@pytest.mark.parametrize("B, H, KVH, N", [(2, 8, 2, 300), (1, 4, 4, 256), (1, 8, 1, 1000), (2, 8, 4, 2100)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
 def test_on_gpu_as_torch(B: int, H: int, KVH: int, N: int, D: int, causal: bool) -> None:
@@ -207,19 +242,19 @@ def test_on_gpu_as_torch(B: int, H: int, KVH: int, N: int, D: int, causal: bool)
     check(got, reference(q, k, v, do, causal, scale), do)
 
 
+@pytest.mark.parametrize("by_tma", [True, False])
 @pytest.mark.parametrize("D, causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_dq_goes_out_before_dk_accumulates(D: int, causal: bool) -> None:
+def test_dq_goes_out_before_dk_accumulates(D: int, causal: bool, by_tma: bool) -> None:
     """The order of attn_bwd's loop body that measured 1.04-1.16x faster on an H200
-    (benchmarks/RESULTS.md): lse and delta loaded before the first product (at D=128 without a
-    mask they come by TMA instead, read from shared memory where used), dQ's atomic adds
-    issued before dK's product (the body's last), so they drain while it runs."""
-    hopper = compile_kernel(EXAMPLE, _consts("attn_bwd", D, causal, {}), stop="hopper", cache=False,
-                            kernel="attn_bwd").kernel_op
+    (benchmarks/RESULTS.md): lse and delta loaded before the first product (by TMA instead,
+    the default pin tma_vectors: read from shared memory where used), dQ's atomic adds issued
+    before dK's product (the body's last), so they drain while it runs."""
+    consts = {**_consts("attn_bwd", D, causal, {}), **({} if by_tma else {"tma_vectors": False})}
+    hopper = compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel="attn_bwd").kernel_op
     loop = next(op for op in hopper.walk() if op.name == "tile.for"
                 and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))
     ops = loop.regions[0].block.ops
     products = [i for i, op in enumerate(ops) if op.name == "hopper.wgmma"]
-    by_tma = D == 64 or not causal  # the pin tma_vectors, on by default there
     loads = [i for i, op in enumerate(ops) if op.name == ("hopper.smem_load" if by_tma else "hopper.load")]
     adds = [i for i, op in enumerate(ops) if op.name == "tile.atomic"
             or (op.name == "hopper.tma_store" and op.attributes.get("reduce") == "add")]

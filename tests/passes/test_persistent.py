@@ -216,3 +216,111 @@ def test_tall_causal_columns_go_row_by_row(monkeypatch):
     run_kernel(before, a)
     run_kernel(after, b)
     np.testing.assert_array_equal(a[3], b[3])
+
+
+# ------------------------------------------------------------------ longest first
+#: A loop whose length depends on the row, either way (``rev``: the first rows longest), that
+#: writes each program's trip count and its sum.
+UNEVEN = """@kernel
+def k(x: f32[R, C], n: i32[R, C], total: f32[R, C], rev: const = False):
+    grid(R, C)
+    i = program_id(0)
+    c = program_id(1)
+    trips = i + 1
+    if rev:
+        trips = R - i
+    acc = 0.0
+    for t in range(trips):
+        acc = acc + x[i, c]
+    n[i, c] = trips
+    total[i, c] = acc
+"""
+
+
+@pytest.mark.parametrize("rev", [False, True])
+@pytest.mark.parametrize("R, C, sms", [(16, 5, 40), (20, 3, 4), (17, 9, 132), (8, 3, 40)])
+def test_longest_first_takes_every_tile_once(monkeypatch, rev, R, C, sms):
+    """Groups of max(sms // R, 1) columns, the last group partial; every tile taken (R x C
+    programs, none left unwritten: each once), whichever end of the rows runs the longer loop
+    (the first: pinned, the grid's order starting each column longest first already); below 16
+    rows the grid's own order."""
+    import tkc.semantics
+
+    monkeypatch.setattr(tkc.semantics, "CPU_SMS", sms)
+    consts = {"rev": rev, "longest_first": True} if rev else {"rev": rev}
+    m = compiled("k", consts, "persistent", UNEVEN)
+    text = print_module(m, locs=False)
+    assert "%tile_row, %tile_col = tile.if" in text
+    before, after = compiled("k", consts, "", UNEVEN).kernel(), m.kernel()
+    a, b = random_args(before, {"R": R, "C": C}, 4), random_args(after, {"R": R, "C": C}, 4)
+    for args in (a, b):
+        args[1][...], args[2][...] = -1, np.nan
+    run_kernel(before, a)
+    run_kernel(after, b)
+    for i in (1, 2):
+        np.testing.assert_array_equal(a[i], b[i])
+    assert not np.isnan(b[2]).any()
+    rows = np.arange(R)[:, None]
+    np.testing.assert_array_equal(b[1], np.broadcast_to(R - rows if rev else rows + 1, (R, C)))
+
+
+def test_longest_first_launch_order():
+    """The remapped ids in launch order: 20 rows, 3 columns on 40 SMs (groups of two columns
+    and one), rows from the longer end, columns fastest within a group."""
+    from tkc.semantics import Program
+
+    for rev, rows in ((False, list(range(19, -1, -1))), (True, list(range(20)))):
+        kernel = compiled("k", {"rev": rev, "longest_first": True}, "persistent", UNEVEN).kernel()
+        body = kernel.regions[0].block
+        order = next(op for op in body.ops if op.name == "tile.if" and len(op.results) == 2)
+        got = []
+        for pid in range(20 * 3):
+            env = {p: None for p in body.args}
+            env.update(zip(body.args[:3], [np.zeros((20, 3), np.float32), np.zeros((20, 3), np.int32),
+                                            np.zeros((20, 3), np.float32)]))  # (only their shapes are read)
+            ctx = Program((pid % 20, pid // 20), (), env, sms=40)
+            ctx.run(Block_of(body, order))
+            got.append((int(ctx.env[order.results[0]]), int(ctx.env[order.results[1]])))
+        want = [(r, c) for r in rows for c in (0, 1)] + [(r, 2) for r in rows]
+        assert got == want
+
+
+def Block_of(body, last):
+    from tkc.ir.core import Block
+
+    block = Block()
+    block.ops = body.ops[:body.ops.index(last) + 1]
+    return block
+
+
+@pytest.mark.parametrize("pins, runs", [({"longest_first": False}, False), ({"persistent": True}, False),
+                                        ({}, True)])
+def test_longest_first_only_one_program_a_tile_and_unpinned(pins, runs):
+    text = print_module(compiled("attn.tk", {"causal": True, **pins}, "persistent"), locs=False)
+    assert ("%tile_row, %tile_col = tile.if" in text) == runs
+    assert "%tile_row, %tile_col = tile.if" not in print_module(compiled("attn.tk", {}, "persistent"), locs=False)
+
+
+def test_longest_first_keeps_a_grid_whose_columns_start_longest_first():
+    """The first rows run the longer loop (attention's backward): the grid's order already
+    starts each column's longest programs first; reordered only where pinned."""
+    assert "tile_row" not in print_module(compiled("k", {"rev": True}, "persistent", UNEVEN), locs=False)
+    text = print_module(compiled("attn_train.tk", {"causal": True}, "persistent"), locs=False)
+    bwd = text[text.index("tile.kernel @attn_bwd "):]
+    fwd = text[text.index("tile.kernel @attn_fwd"):text.index("tile.kernel @attn_bwd_pre")]
+    assert "tile_row" not in bwd and "%tile_row, %tile_col = tile.if" in fwd
+
+
+@pytest.mark.parametrize("source, message", [
+    (UNEVEN.replace("rev: const = False", "rev: const = False, longest_first: const = True").replace(
+        "    total[i, c] = acc", "    wait(n[0, 0] == 1)\n    total[i, c] = acc"),
+     "longest_first = True: a program waits for a flag another raises"),
+    ("""@kernel
+def k(x: f32[R, C], y: f32[R, C], longest_first: const = True):
+    grid(R, C)
+    y[program_id(0), program_id(1)] = x[program_id(0), program_id(1)]
+""", "longest_first = True: no loop at the kernel's top level runs a number of iterations that depends on program_id"),
+])
+def test_longest_first_pinned_where_it_cannot_go(source, message):
+    with pytest.raises(TkcUnsupportedError, match=message):
+        compiled("k", {}, "persistent", source)

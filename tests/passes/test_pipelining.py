@@ -131,6 +131,31 @@ def test_attention_roles_and_the_q_tile():
     assert "hopper.reduce" in consumers and "hopper.tma_store %o" in consumers
 
 
+def test_an_if_of_scalars_before_the_roles_is_both_roles():
+    """A causal attn_fwd launched longest first picks its tile in an if (persistent's
+    ``_longest_first``): every warpgroup computes it before the roles part."""
+    text = lowered("attn_train.tk", {"causal": True, "persistent": False}, "persistent," + SPLIT)
+    text = text[text.index("tile.kernel @attn_fwd"):text.index("tile.kernel @attn_bwd_pre")]
+    before = text[:text.index("hopper.role")]
+    assert "%tile_row, %tile_col = tile.if" in before
+    producer, consumers = role(text, "producer"), role(text, "consumers")
+    assert "hopper.tma_load %q" in producer and "hopper.tma_store %o" in consumers
+    assert "tile.if" not in producer.split("tile.for")[0]  # computed once, before the roles
+
+
+def test_an_if_of_scalars_in_a_walk_is_the_producers_too():
+    """With longest_first pinned off the persistent walk has no such if; a kernel that picks its
+    tile in an if of scalars inside the walk (the order written in the kernel) still gets a
+    producer, which computes its own copy, and Q's copy still goes a tile ahead."""
+    src = (EXAMPLES / "attn.tk").read_text().replace(
+        "    i = program_id(0)\n",
+        "    i = program_id(0)\n    if N > 4096:\n        i = cdiv(N, BM) - 1 - program_id(0)\n")
+    src = src.replace("causal: const = False", "causal: const = True, persistent: const = True")
+    text = lowered("attn", {}, "persistent," + SPLIT, source=src)
+    producer = role(text, "producer")
+    assert "tile.if" in producer and "hopper.tma_load %q" in producer
+
+
 def test_warp_specialize_pin_off():
     src = (EXAMPLES / "gemm.tk").read_text().replace(
         "BK: const = 64)", "BK: const = 64, warp_specialize: const = False)")

@@ -26,6 +26,12 @@ chosen so that the programs running at one time reuse each other's data in L2:
   (heaviest tiles first everywhere: with 16 columns of 64 rows on 132 programs each round
   shifts a column's rows by 4, and the busiest program got 1.54x the mean work).
 
+Where programs stay one a tile (attention, whose persistent walk ``tkc.schedule`` picks only
+for short or lopsided loops) and the loop runs longer the later the row, they are launched
+**longest first** instead (the pin ``longest_first``, on by default from
+``LONGEST_FIRST_ROWS`` rows): ``program_id(0/1)`` become the row and column of a group order,
+groups of about an SM's count of programs, rows from the last.
+
 Runs on tile IR, before ``select-layouts``: everything after the kernel's ``grid(...)`` moves
 into the tile loop, ``program_id(0/1)`` become the tile's row and column and
 ``num_programs(0/1)`` the original grid's extents.  A ``barrier_all()`` that starts every
@@ -44,7 +50,7 @@ Must not: change which tiles are computed or what any tile computes.
 from __future__ import annotations
 
 from tkc import dtypes
-from tkc.errors import TkcUnsupportedError
+from tkc.errors import TkcError, TkcUnsupportedError
 from tkc.ir.builder import Builder
 from tkc.ir.core import Block, Module, Operation, Region, Value
 from tkc.ir.dialects import tile
@@ -54,9 +60,16 @@ from tkc.pins import Options
 from tkc.target import Target
 
 I32 = ScalarType(dtypes.i32)
+I1 = ScalarType(dtypes.i1)
 GROUP_M = 8
 #: Causal tiles are walked row by row, all columns at once, from this many rows a column.
 ROW_WALK = 32
+#: Rows a column from which programs one a tile launch longest first (``_longest_first``): on
+#: an H200, causal attention forward 1.01-1.06x at D = 128 from 16 query blocks a head (2k
+#: tokens); with fewer, written in the kernel, 0.96-1.02x (benchmarks/RESULTS.md, 2026-11-30).
+LONGEST_FIRST_ROWS = 16
+#: The size of every symbolic dim when the pass asks which end of the rows runs the longer loop.
+PROBE_SIZE = 4096
 
 
 def persistent(module: Module, options: Options, target: Target) -> None:
@@ -110,16 +123,23 @@ def _persist(kernel: Operation, options: Options) -> None:
     if pin is False:
         if cluster > 1:
             raise TkcUnsupportedError(f"{needs}, and this one is pinned persistent = False", kernel.loc)
+        _longest_first(kernel, options)
         return
     grid, why = _why_not(kernel)
     if why is not None:
         if pin is True or cluster > 1:
             raise TkcUnsupportedError(f"{'persistent = True' if pin is True else needs}: {why}", (grid or kernel).loc)
+        _longest_first(kernel, options)
         return
     if pin is None and not _gemm_shaped(kernel, grid):
         if cluster > 1:
             raise TkcUnsupportedError(f"{needs} (a 2-D grid, products in a loop, no load outside one)", grid.loc)
+        _longest_first(kernel, options)
         return
+    if options.longest_first is True:
+        raise TkcUnsupportedError("longest_first = True: this kernel's programs walk its tiles persistently (in "
+                                  "an order of their own); pin persistent = False for one program a tile",
+                                  grid.loc)
     streamed, bounded = _grid_axes(kernel)
     if cluster > 1 and not (len(grid.operands) == 2 and streamed >= {0, 1} and 0 not in bounded):
         raise TkcUnsupportedError(f"{options.cluster_pin}: a cluster's programs share the copies of a GEMM-shaped "
@@ -250,6 +270,118 @@ def _persist(kernel: Operation, options: Options) -> None:
         # once, after the program's last tile.
         trailing.erase()
         body.insert(body.ops.index(loop) + 1, trailing)
+
+
+def _longest_first(kernel: Operation, options: Options) -> None:
+    """Programs one a tile whose top-level loop runs longer the later their row
+    (``program_id(0)``; causal attention's forward) launch longest first: in groups of
+    ``g = max(num_sms() // rows, 1)`` columns (about one wave of programs, so those running at
+    once read as few columns' data as in the grid's order), row by row from the last within a
+    group.  Where the first rows run the longer loops (attention's backward) the grid's order
+    already starts each column longest first: kept, unless pinned.  Grids of fewer than
+    ``LONGEST_FIRST_ROWS`` rows keep their order (a run-time test)."""
+    pin = options.longest_first
+    if pin is False:
+        return
+    grid, why = _why_not(kernel)
+    if why is None:
+        why = _why_not_reorder(kernel, grid)
+    end = None
+    if why is None:
+        body = kernel.regions[0].block
+        loop = next((op for op in body.ops if op.name == "tile.for" and 0 in _axes_of(op.operands[:3])), None)
+        if loop is None:
+            why = "no loop at the kernel's top level runs a number of iterations that depends on program_id(0)"
+        else:
+            end = _longer_end(kernel, grid, loop)
+            if end is None:
+                why = "the loop's bounds read a tensor or a scalar argument (or run alike at both ends of the rows)"
+    if why is not None:
+        if pin is True:
+            raise TkcUnsupportedError(f"longest_first = True: {why}", (grid or kernel).loc)
+        return
+    if end == "first" and pin is None:
+        return  # each column's longest programs start first already
+    b = Builder(body, body.ops.index(grid) + 1, grid.loc)
+    c = {v: b.value(tile.ConstantOp, [], I32, {"value": v}) for v in (1, LONGEST_FIRST_ROWS)}
+    p0 = b.value(tile.ProgramIdOp, [], I32, {"axis": 0})
+    p1 = b.value(tile.ProgramIdOp, [], I32, {"axis": 1})
+    gm, gn = grid.operands
+    olds = [op for op in kernel.walk() if op.name == "tile.program_id" and op.result not in (p0, p1)]
+    on = b.value(tile.CmpOp, [gm, c[LONGEST_FIRST_ROWS]], I1, {"pred": "ge"})
+    then = Block()
+    t = Builder(then, None, grid.loc)
+    pid = t.value(tile.AddOp, [p0, t.value(tile.MulOp, [p1, gm], I32)], I32)
+    g = t.value(tile.MaximumOp, [t.value(tile.FloorDivOp, [t.value(tile.NumSmsOp, [], I32), gm], I32), c[1]], I32)
+    first = t.value(tile.MulOp, [t.value(tile.FloorDivOp, [pid, t.value(tile.MulOp, [g, gm], I32)], I32), g], I32)
+    cols = t.value(tile.MinimumOp, [g, t.value(tile.SubOp, [gn, first], I32)], I32)
+    within = t.value(tile.SubOp, [pid, t.value(tile.MulOp, [first, gm], I32)], I32)
+    row = t.value(tile.FloorDivOp, [within, cols], I32)
+    if end == "last":
+        row = t.value(tile.SubOp, [t.value(tile.SubOp, [gm, c[1]], I32), row], I32)
+    col = t.value(tile.AddOp, [first, t.value(tile.RemOp, [within, cols], I32)], I32)
+    t.create(tile.YieldOp, [row, col])
+    grid_order = Block()
+    Builder(grid_order, None, grid.loc).create(tile.YieldOp, [p0, p1])
+    order = tile.IfOp.of(on, then, grid_order, [I32, I32], loc=grid.loc)
+    b.insert(order)
+    order.results[0].name_hint, order.results[1].name_hint = "tile_row", "tile_col"
+    ids = {0: order.results[0], 1: order.results[1]}
+    for op in olds:
+        _replace(kernel, op.result, ids[op.attributes["axis"]])
+        op.erase()
+
+
+def _longer_end(kernel: Operation, grid: Operation, loop: Operation) -> str | None:
+    """``'last'`` or ``'first'``: the end of the rows whose programs run ``loop`` longer, for
+    tensors of ``PROBE_SIZE`` along every symbolic dim; None where they run alike or the
+    bounds cannot be evaluated without a launch (they read a tensor or a scalar argument)."""
+    from tkc.grid import eval_slice, probe_env
+
+    trips = []
+    try:
+        env = probe_env(kernel, PROBE_SIZE)
+        eval_slice(kernel, grid.operands[:1], env, 0, None, "")
+        rows = int(env[grid.operands[0]])
+        for row in (0, rows - 1):
+            at = probe_env(kernel, PROBE_SIZE)
+            eval_slice(kernel, loop.operands[:3], at, 0, (row, 0), "")
+            lo, hi, step = (int(at[v]) for v in loop.operands[:3])
+            trips.append(max(0, -(-(hi - lo) // step)) if step > 0 else 0)
+    except (TkcError, KeyError):
+        return None
+    return None if trips[0] == trips[1] else "last" if trips[1] > trips[0] else "first"
+
+
+def _why_not_reorder(kernel: Operation, grid: Operation) -> str | None:
+    """Why the programs of ``kernel`` must launch in the grid's order (None: they need not)."""
+    if len(grid.operands) != 2 or grid.parent is not kernel.regions[0].block:
+        return "it reorders the programs of a 2-D grid(...)"
+    for op in kernel.walk():
+        if op.name == "tile.wait":
+            return "a program waits for a flag another raises: launched in another order, it could wait for one " \
+                   "not yet running"
+        if tile.is_atomic(op) and (op.results or (op.attributes.get("sem") or "relaxed") != "relaxed"):
+            return "an atomic that returns a value or orders memory may hand out work in the grid's order"
+    if tile.uses_ranks(kernel):
+        return "a multi-GPU kernel's programs meet other ranks' in the grid's order"
+    return None
+
+
+def _axes_of(values) -> set[int]:
+    """The grid axes (``program_id`` axes) ``values`` are computed from."""
+    out: set[int] = set()
+    stack, seen = list(values), set()
+    while stack:
+        v = stack.pop()
+        op = getattr(v, "owner", None)
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        if op.name == "tile.program_id":
+            out.add(op.attributes["axis"])
+        stack.extend(op.operands)
+    return out
 
 
 def _leading_barrier(ops: list[Operation]) -> Operation | None:

@@ -689,6 +689,8 @@ class _Pipeliner:
             return v not in body.args[1:]  # the induction variable, or defined outside the loop
         if (op.has_trait("pure") and not op.regions) or self._read_only_element(op):
             return all(self._recomputable(x, loop) for x in op.operands)
+        if tile.picks_scalars(op):  # (a launch order's program ids in a persistent walk)
+            return all(self._recomputable(x, loop) for x in tile.outside_operands(op))
         return False
 
     def _recompute(self, b: Builder, v: Value, loop: Operation, mapping: dict[Value, Value]) -> Value:
@@ -700,7 +702,7 @@ class _Pipeliner:
         op = _owner(v)
         if op is None or op.parent is not loop.regions[0].block:
             return v  # defined outside the loop: the same in every iteration
-        for x in op.operands:
+        for x in tile.outside_operands(op):  # (an if of scalars: what its ops read from the body)
             self._recompute(b, x, loop, mapping)
         b.insert(clone(op, mapping))
         return mapping[v]

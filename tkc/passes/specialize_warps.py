@@ -25,7 +25,8 @@ the copies need, such as the count of a ring's earlier iterations a persistent t
 carries when the inner loop's length changes from tile to tile); since the only
 thing the two roles share is the ring protocol, the producer runs ahead as far as the
 ``empty`` barriers let it.  What both roles need and is the same for every thread (sizes,
-program ids, loop bounds) stays before the roles; allocations and barrier initialization too.
+program ids, loop bounds, an if that only picks such scalars: a launch order's block and head)
+stays before the roles; allocations and barrier initialization too.
 
 The pin ``pingpong = true`` makes two consumers take turns (``hopper.turn``, ping-pong as in
 FlashAttention-3) in every consumer loop with a product: each waits for its turn before
@@ -103,6 +104,12 @@ def _owner(v: Value) -> Operation | None:
     return getattr(v, "owner", None)
 
 
+def _scalar_if(op: Operation, common: set[Value]) -> bool:
+    """Whether ``op`` is an if that only picks scalars from common values: both roles compute
+    it before they part."""
+    return tile.picks_scalars(op) and all(v in common for v in tile.outside_operands(op))
+
+
 class _Specializer:
     def __init__(self, kernel: Operation, options: Options, target: Target):
         self.kernel = kernel
@@ -155,7 +162,8 @@ class _Specializer:
             scalar = op.has_trait("pure") and not op.regions and not any(
                 isinstance(r.type, TileType) for r in op.results)
             readonly = op.name in ("tile.dim", "tile.program_id", "tile.num_programs")
-            if op.name in _SETUP or ((scalar or readonly) and all(v in common for v in op.operands)):
+            if op.name in _SETUP or ((scalar or readonly or _scalar_if(op, common))
+                                     and all(v in common for v in op.operands)):
                 common.update(op.results)
         return common
 
@@ -183,6 +191,7 @@ class _Specializer:
                     seeds.append(op)
         need: set[Operation] = set()
         self.carried: dict[Operation, set[int]] = {}  # loop -> the carried values the producer keeps
+        self.scalar_ifs: set[Operation] = set()  # ifs of scalars whose results the producer reads
         work: list[Operation | Value] = list(seeds)
         while work:
             item = work.pop()
@@ -215,6 +224,12 @@ class _Specializer:
                     self.carried[d].add(k)
                     work.extend([d.operands[3 + k], d.regions[0].block.terminator.operands[k]])
                 return True
+            if tile.picks_scalars(d):
+                # The producer computes its own copy (a persistent walk's launch order).
+                self.scalar_ifs.add(d)
+                work.append(d)
+                work.extend(tile.outside_operands(d))
+                return True
             if d.name in ("tile.for", "tile.if") or isinstance(v.type, TileType) and v.type.space == "reg":
                 return False  # a result of the consumers' control flow or of their registers
             work.append(d)
@@ -240,8 +255,9 @@ class _Specializer:
         body = self.body
 
         def work(op: Operation) -> bool:
+            # (an op with regions is common only as a scalar if: _scalar_if)
             return op.name not in _SETUP and op.name != "tile.return" and not (
-                op.results and not op.regions and all(r in self.common for r in op.results))
+                op.results and all(r in self.common for r in op.results))
 
         # A top-level barrier after the work has begun is the consumers' (a register tile stored
         # for a product after the K loop, read by all warpgroups): set-up barriers come first.
@@ -311,7 +327,7 @@ class _Specializer:
     def _copy_filtered(self, op: Operation, keep: set[Operation], into: Block, mapping: dict[Value, Value]) -> None:
         """Append to ``into`` a copy of ``op`` keeping, inside its regions, only ``keep``; loops
         lose their carried values and branches their results (the producer needs neither)."""
-        if not op.regions:
+        if not op.regions or op in self.scalar_ifs:  # (an if of scalars the producer reads: whole)
             into.append(clone(op, mapping))
             return
         if op.name == "tile.for":

@@ -1017,6 +1017,32 @@ def is_atomic(op: Operation) -> bool:
     return op.name in ("tile.atomic", "tile.atomic_cas", "hopper.atomic_fetch")
 
 
+def picks_scalars(op: Operation) -> bool:
+    """Whether ``op`` is an if that only picks scalars: its results scalars, every op inside it
+    pure and scalar (or such an if).  Passes may compute it wherever its operands are (both
+    warp roles, an iteration ahead, the grid's slice): a launch order's program ids, as
+    attn_train.tk's ``longest_first`` picks them."""
+    if op.name != "tile.if" or any(isinstance(r.type, TileType) for r in op.results):
+        return False
+    for o in op.walk():
+        if o is op or o.name == "tile.yield":
+            continue
+        if o.name == "tile.if":
+            if any(isinstance(r.type, TileType) for r in o.results):
+                return False
+        elif not o.has_trait("pure") or o.regions or any(isinstance(r.type, TileType) for r in o.results):
+            return False
+    return True
+
+
+def outside_operands(op: Operation) -> list[Value]:
+    """The values the ops inside ``op`` (and ``op``) read that are defined outside it."""
+    inside = [o for o in op.walk()]
+    own = {r for o in inside for r in o.results} | {a for o in inside for r in o.regions for b in r.blocks
+                                                    for a in b.args}
+    return [v for o in inside for v in o.operands if v not in own]
+
+
 # -------------------------------------------------------------------- ranks
 # A multi-GPU launch runs the same kernel on R ranks (one GPU each); tensors declared
 # ``@ ranks`` exist on every rank and programs may read and write peers' copies.  The
