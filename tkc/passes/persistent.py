@@ -380,7 +380,8 @@ def _axes_of(values) -> set[int]:
         seen.add(id(op))
         if op.name == "tile.program_id":
             out.add(op.attributes["axis"])
-        stack.extend(op.operands)
+        # an if's results are computed from what its branches read too (a kernel's own launch order)
+        stack.extend(tile.outside_operands(op) if op.regions else op.operands)
     return out
 
 
@@ -419,28 +420,13 @@ def _snake_count(b: Builder, p: Value, programs: Value, tiles: Value, const: dic
 def _grid_axes(kernel: Operation) -> tuple[set[int], set[int]]:
     """The grid axes (``program_id`` axes) the offsets of loads inside loops depend on, and
     those the bounds of loops depend on."""
-    memo: dict[Value, frozenset[int]] = {}
-
-    def axes(v: Value) -> frozenset[int]:
-        if v not in memo:
-            op = getattr(v, "owner", None)
-            memo[v] = frozenset()  # block arguments (loop variables) depend on no program id
-            if op is not None:
-                if op.name == "tile.program_id":
-                    memo[v] = frozenset([op.attributes["axis"]])
-                else:
-                    memo[v] = frozenset().union(*(axes(x) for x in op.operands))
-        return memo[v]
-
     streamed: set[int] = set()
     bounded: set[int] = set()
     for op in kernel.walk():
         if op.name == "tile.load" and any(p.name == "tile.for" for p in op.ancestors()):
-            for x in op.offsets:
-                streamed |= axes(x)
+            streamed |= _axes_of(op.offsets)
         elif op.name == "tile.for":
-            for x in op.operands[:3]:
-                bounded |= axes(x)
+            bounded |= _axes_of(op.operands[:3])
     return streamed, bounded
 
 
