@@ -13,7 +13,7 @@ the Python API merge them into explicit option objects (e.g.
 |                 |                | (to stderr, or as numbered files in `TKC_DUMP_DIR`)            |
 | `TKC_DUMP_DIR`  | unset          | directory for numbered dumps `NN-<pass>.tkir`                  |
 | `TKC_INTERPRET` | `0`            | `1`: run kernels with the numpy interpreter instead of the GPU |
-| `TKC_CACHE_DIR` | `~/.cache/tkc` | the on-disk cache of compiled kernels                          |
+| `TKC_CACHE_DIR` | `~/.cache/tkc` | the on-disk cache of compiled kernels (and parsed files)       |
 | `TKC_DEBUG`     | `0`            | `1`: show the Python traceback of internal compiler errors     |
 | `TKC_PTXAS`     | unset          | the ptxas to use; unset: search PATH, `$CUDA_HOME/bin`, ...    |
 |                 |                | (order in `tkc.codegen.ptxas.find_ptxas`)                      |

@@ -1,6 +1,6 @@
-"""The parser's tables kept in tkc's cache directory: a process that loads them parses
-exactly as one that built them, reports syntax errors the same way, and a damaged or
-missing file only costs the time to build them again."""
+"""The parser's tables and parsed trees kept in tkc's cache directory: a process that loads
+them parses exactly as one that built them, reports syntax errors the same way (they are not
+stored), and a damaged or missing file only costs the time to build it again."""
 
 from __future__ import annotations
 
@@ -53,3 +53,30 @@ def test_an_unwritable_cache_directory_still_parses(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     assert "tile.kernel @attn" in _parse_in_new_process(blocked)
+
+
+def test_stored_trees_read_back_as_parsed(tmp_path):
+    """The first process stores attn.tk's tree (not the bad text's: errors are not stored); the
+    second reads it back and prints the same IR, every location included."""
+    built = _parse_in_new_process(tmp_path)
+    trees = list(tmp_path.rglob("tree.pickle"))
+    assert len(trees) == 1
+    stamp = trees[0].stat().st_mtime_ns
+    assert _parse_in_new_process(tmp_path) == built
+    assert trees[0].stat().st_mtime_ns == stamp, "read back, not parsed and stored again"
+    assert 'loc("' in built  # (the printed IR carries the source locations)
+
+
+def test_damaged_trees_are_parsed_again(tmp_path):
+    built = _parse_in_new_process(tmp_path)
+    (tree,) = tmp_path.rglob("tree.pickle")
+    blob = tree.read_bytes()
+    tree.write_bytes(blob[:100])  # torn: the cache's own check refuses it
+    assert _parse_in_new_process(tmp_path) == built
+    assert tree.read_bytes() == blob, "parsed again and stored whole"
+    # a whole entry whose payload is no tree (another build's classes, say)
+    from tkc.runtime import cache as disk
+
+    key = tree.parent.name
+    disk.put(key, "tree.pickle", b"not a pickle", tmp_path)
+    assert _parse_in_new_process(tmp_path) == built
