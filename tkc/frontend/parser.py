@@ -140,7 +140,7 @@ _KEPT_TREES = 64
 _PARSER: Lark | None = None
 #: The disk cache's entry of a parsed file (tkc.runtime.cache, under TKC_CACHE_DIR): another
 #: process reads the tree back in a tenth of a parse (``import tkc.ops`` parses 12 kernel files:
-#: 2.1 s -> 1.0 s beyond torch's import on a 2-core CPU).
+#: 1.4-2.0 s -> 0.9-1.1 s beyond torch's import on a 2-core CPU, benchmarks/RESULTS.md).
 _TREE_ENTRY = "tree.pickle"
 
 
