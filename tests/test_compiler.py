@@ -402,3 +402,30 @@ def test_numpy_constants_key_the_cache_as_the_values_they_are(tmp_path: Path) ->
     first = compile_kernel(GEMM, {"BM": np.int64(64)}, stop="ptx", cache_dir=tmp_path)
     again = compile_kernel(GEMM, {"BM": 64}, stop="ptx", cache_dir=tmp_path)
     assert again.cache_hit and again.asm["ptx"] == first.asm["ptx"]
+
+
+TWO_KERNELS = """@kernel
+def good(x: f32[N], y: f32[N]):
+    grid(cdiv(N, 128))
+    i = program_id(0)
+    y[i*128:(i+1)*128] = x[i*128:(i+1)*128] * 2.0
+
+@kernel
+def bad(x: f32[N], y: f32[N]):
+    grid(cdiv(N, 128))
+    i = program_id(0)
+    y[i*128:(i+1)*128] = x[i*128:(i+1)*128] @ x[i*128:(i+1)*128]
+"""
+
+
+def test_one_kernel_of_a_file_is_lowered_alone(tmp_path: Path) -> None:
+    """Compiling (or loading) one kernel of a file lowers that kernel only: another kernel's
+    error is that kernel's; a name the file lacks still lists the ones it has."""
+    assert "tile.kernel @good" in compile_kernel(TWO_KERNELS, kernel="good", stop="tkir", cache=False).asm["tkir"]
+    with pytest.raises(tkc.errors.TkcError, match=r"<string>:11:"):
+        compile_kernel(TWO_KERNELS, kernel="bad", stop="tkir", cache=False)
+    with pytest.raises(tkc.errors.TkcUsageError, match=r"has no kernel 'neither' \(its kernels: good, bad\)"):
+        compile_kernel(TWO_KERNELS, kernel="neither", stop="tkir", cache=False)
+    path = tmp_path / "two.tk"
+    path.write_text(TWO_KERNELS)
+    assert [op.attributes["sym_name"] for op in tkc.load(path, "good").lower().ops] == ["good"]

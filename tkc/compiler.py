@@ -273,14 +273,15 @@ def _source_text(source: str | Path | Module | Operation) -> str:
 
 
 def _frontend(source: str | Path | Module | Operation, text: str, consts: Mapping[str, Any], file: str,
-              first_line: int, python_function: bool) -> Module:
+              first_line: int, python_function: bool, kernel: str | None = None) -> Module:
     if isinstance(source, (Module, Operation)):
         if consts:
             raise TkcUsageError("constants are fixed once a kernel is tile IR; pass them to the frontend")
         return parse_module(text, file)  # a copy: the passes must not edit the caller's module
     from tkc.frontend import compile_source
 
-    return compile_source(text, file, dict(consts), first_line=first_line, python_function=python_function)
+    return compile_source(text, file, dict(consts), first_line=first_line, python_function=python_function,
+                          kernel=kernel)
 
 
 def _one_kernel(module: Module, name: str | None, file: str) -> Operation:
@@ -469,7 +470,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
                 _replay(hit._dumps.get("stream", ""), hit._dumps.get("files", []), opts)
                 return hit
 
-    module = _frontend(source, text, consts, file, first_line, python_function)
+    module = _frontend(source, text, consts, file, first_line, python_function, kernel)
     chosen = _one_kernel(module, kernel, file)
     name = chosen.attributes["sym_name"]
     at = level(chosen)
@@ -497,7 +498,7 @@ def compile_kernel(source: str | Path | Module | Operation, consts: Mapping[str,
                 and result.resources.spills:
 
             def pinned(pin: str, value: int) -> Compiled:
-                again = _frontend(source, text, consts, file, first_line, python_function)
+                again = _frontend(source, text, consts, file, first_line, python_function, kernel)
                 op = _one_kernel(again, kernel, file)
                 op.attributes["consts"] = {**(op.attributes.get("consts") or {}), pin: value}
                 return compile_kernel(again, target=target, pipeline=pipeline, stop=stop, ptxas=ptxas,

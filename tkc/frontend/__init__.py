@@ -8,14 +8,15 @@ from tkc.ir.core import Module
 
 
 def compile_source(source: str, file: str = "<string>", consts: dict[str, object] | None = None,
-                   first_line: int = 1, python_function: bool = False) -> Module:
-    """Parse and lower kernel source to a verified tile-IR module."""
+                   first_line: int = 1, python_function: bool = False, kernel: str | None = None) -> Module:
+    """Parse and lower kernel source to a verified tile-IR module (``kernel``: that kernel
+    alone, where the source has one of that name)."""
     from tkc.frontend.lower import lower_module
     from tkc.frontend.parser import parse
     from tkc.ir.verifier import verify
 
     tree = parse(source, file, first_line=first_line)
-    module = lower_module(tree, consts, python_function=python_function)
+    module = lower_module(tree, consts, python_function=python_function, only=kernel)
     verify(module)
     return module
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tkc import dtypes
 from tkc.errors import (
-    Loc, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError,
+    Loc, TkcNameError, TkcSyntaxError, TkcTypeError, TkcUnsupportedError, TkcUsageError, kernel_choice_error,
 )
 from tkc.frontend import ast
 from tkc.frontend.builtins import BUILTIN_IMPLS, MATH_FUNCS, NONE_ARGUMENTS
@@ -1361,10 +1361,12 @@ class KernelLowering:
 
 # -------------------------------------------------------------------- module
 def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
-                 python_function: bool = False) -> Module:
+                 python_function: bool = False, only: str | None = None) -> Module:
     """Lower every kernel of a parsed file.  In a ``.tk`` file kernels are the
     ``@kernel`` functions; with ``python_function`` the first function is the
-    kernel (the source of one ``@tkc.kernel`` function)."""
+    kernel (the source of one ``@tkc.kernel`` function).  ``only``: the kernel of that name
+    alone (the constants are still checked against every kernel; a name the file lacks is an
+    error listing those it has), so compiling one kernel of a file of several lowers one."""
     consts = dict(consts or {})
     funcs = [s for s in tree.body if isinstance(s, ast.FunctionDef)]
     for s in tree.body:
@@ -1410,6 +1412,10 @@ def lower_module(tree: ast.Module, consts: dict[str, object] | None = None,
         raise TkcUsageError(f"'{p.name}' is an argument given at each call, not a constant: pass it there"
                             + (f" (tkc run: --scalar {p.name}={consts[p.name]})" if scalar else ""), p.loc)
     m = Module()
+    if only is not None:
+        if only not in names:
+            raise kernel_choice_error(tree.file, only, names)
+        kernels = [k for k in kernels if k.name == only]
     for k in kernels:
         mine = {n: v for n, v in consts.items() if n in {p.name for p in k.params}}
         # Pins the kernel does not declare still reach the passes through its consts.
