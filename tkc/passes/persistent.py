@@ -348,7 +348,7 @@ def _longer_end(kernel: Operation, grid: Operation, loop: Operation) -> str | No
             eval_slice(kernel, loop.operands[:3], at, 0, (row, 0), "")
             lo, hi, step = (int(at[v]) for v in loop.operands[:3])
             trips.append(max(0, -(-(hi - lo) // step)) if step > 0 else 0)
-    except (TkcError, KeyError):
+    except (TkcError, KeyError, ArithmeticError, ValueError):  # not evaluable without a launch
         return None
     return None if trips[0] == trips[1] else "last" if trips[1] > trips[0] else "first"
 
