@@ -324,3 +324,9 @@ def k(x: f32[R, C], y: f32[R, C], longest_first: const = True):
 def test_longest_first_pinned_where_it_cannot_go(source, message):
     with pytest.raises(TkcUnsupportedError, match=message):
         compiled("k", {}, "persistent", source)
+
+
+def test_longest_first_leaves_bounds_it_cannot_evaluate_alone():
+    """A loop bound that divides by zero at the pass's probe sizes: the grid's order, no error."""
+    src = UNEVEN.replace("    trips = i + 1\n", "    trips = (i + 1) // (R - 4096)\n")
+    assert "tile_row" not in print_module(compiled("k", {}, "persistent", src), locs=False)
