@@ -336,18 +336,21 @@ def _longer_end(kernel: Operation, grid: Operation, loop: Operation) -> str | No
     """``'last'`` or ``'first'``: the end of the rows whose programs run ``loop`` longer, for
     tensors of ``PROBE_SIZE`` along every symbolic dim; None where they run alike or the
     bounds cannot be evaluated without a launch (they read a tensor or a scalar argument)."""
+    import numpy as np
+
     from tkc.grid import eval_slice, probe_env
 
     trips = []
     try:
-        env = probe_env(kernel, PROBE_SIZE)
-        eval_slice(kernel, grid.operands[:1], env, 0, None, "")
-        rows = int(env[grid.operands[0]])
-        for row in (0, rows - 1):
-            at = probe_env(kernel, PROBE_SIZE)
-            eval_slice(kernel, loop.operands[:3], at, 0, (row, 0), "")
-            lo, hi, step = (int(at[v]) for v in loop.operands[:3])
-            trips.append(max(0, -(-(hi - lo) // step)) if step > 0 else 0)
+        with np.errstate(all="ignore"):  # the probe's sizes are not the user's: no numpy warnings
+            env = probe_env(kernel, PROBE_SIZE)
+            eval_slice(kernel, grid.operands[:1], env, 0, None, "")
+            rows = int(env[grid.operands[0]])
+            for row in (0, rows - 1):
+                at = probe_env(kernel, PROBE_SIZE)
+                eval_slice(kernel, loop.operands[:3], at, 0, (row, 0), "")
+                lo, hi, step = (int(at[v]) for v in loop.operands[:3])
+                trips.append(max(0, -(-(hi - lo) // step)) if step > 0 else 0)
     except (TkcError, KeyError, ArithmeticError, ValueError):  # not evaluable without a launch
         return None
     return None if trips[0] == trips[1] else "last" if trips[1] > trips[0] else "first"
