@@ -134,11 +134,7 @@ class Kernel:
         """A fresh module holding the kernel as the frontend emits it (no pass has run)."""
         from tkc.frontend.lower import lower_module
 
-        module = lower_module(self._tree, consts, python_function=self._python_function, only=self.name)
-        for op in list(module.ops):
-            if op.name == "tile.kernel" and op.attributes.get("sym_name") != self.name:
-                op.erase()  # a .tk file's other kernels (a @tkc.kernel's one is named as its function)
-        return module
+        return lower_module(self._tree, consts, python_function=self._python_function, only=self.name)
 
     @property
     def params(self) -> list[str]:

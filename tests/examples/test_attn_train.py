@@ -127,11 +127,9 @@ def test_longest_first_emulated(monkeypatch, name: str, consts: dict) -> None:
     blocks a head; pinned for the backward, whose grid order starts each head longest first),
     emulated against the interpreter's grid order: on 40 SMs, groups of two heads and a last
     one of one; every block written once."""
-    import tkc.emulator.machine
     import tkc.semantics
 
-    monkeypatch.setattr(tkc.semantics, "CPU_SMS", 40)
-    monkeypatch.setattr(tkc.emulator.machine, "CPU_SMS", 40)
+    monkeypatch.setattr(tkc.semantics, "CPU_SMS", 40)  # (the interpreter and the emulator read it)
     B, H, KVH, N, D = 1, 3, 3, 976, 64
     q, k, v, do = inputs(7, B, H, KVH, N, D)
     g = torch.Generator().manual_seed(8)

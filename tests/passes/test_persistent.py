@@ -242,8 +242,8 @@ def k(x: f32[R, C], n: i32[R, C], total: f32[R, C], rev: const = False):
 def test_longest_first_takes_every_tile_once(monkeypatch, rev, R, C, sms):
     """Groups of max(sms // R, 1) columns, the last group partial; every tile taken (R x C
     programs, none left unwritten: each once), whichever end of the rows runs the longer loop
-    (the first: pinned, the grid's order starting each column longest first already); below 16
-    rows the grid's own order."""
+    (the first: pinned, the grid's order starting each column longest first already), and with
+    8 rows, which keep the grid's order."""
     import tkc.semantics
 
     monkeypatch.setattr(tkc.semantics, "CPU_SMS", sms)
@@ -264,28 +264,34 @@ def test_longest_first_takes_every_tile_once(monkeypatch, rev, R, C, sms):
     np.testing.assert_array_equal(b[1], np.broadcast_to(R - rows if rev else rows + 1, (R, C)))
 
 
-def test_longest_first_launch_order():
-    """The remapped ids in launch order: 20 rows, 3 columns on 40 SMs (groups of two columns
-    and one), rows from the longer end, columns fastest within a group."""
+@pytest.mark.parametrize("R", [20, 8])
+def test_longest_first_launch_order(R: int):
+    """The remapped ids in launch order on 40 SMs: with 20 rows, 3 columns in groups of two
+    columns and one, rows from the longer end, columns fastest within a group; with 8 rows (under
+    LONGEST_FIRST_ROWS) the grid's own order."""
     from tkc.semantics import Program
 
-    for rev, rows in ((False, list(range(19, -1, -1))), (True, list(range(20)))):
+    for rev, rows in ((False, list(range(R - 1, -1, -1))), (True, list(range(R)))):
         kernel = compiled("k", {"rev": rev, "longest_first": True}, "persistent", UNEVEN).kernel()
         body = kernel.regions[0].block
         order = next(op for op in body.ops if op.name == "tile.if" and len(op.results) == 2)
         got = []
-        for pid in range(20 * 3):
+        for pid in range(R * 3):
             env = {p: None for p in body.args}
-            env.update(zip(body.args[:3], [np.zeros((20, 3), np.float32), np.zeros((20, 3), np.int32),
-                                            np.zeros((20, 3), np.float32)]))  # (only their shapes are read)
-            ctx = Program((pid % 20, pid // 20), (), env, sms=40)
-            ctx.run(Block_of(body, order))
+            env.update(zip(body.args[:3], [np.zeros((R, 3), np.float32), np.zeros((R, 3), np.int32),
+                                            np.zeros((R, 3), np.float32)]))  # (only their shapes are read)
+            ctx = Program((pid % R, pid // R), (), env, sms=40)
+            ctx.run(_up_to(body, order))
             got.append((int(ctx.env[order.results[0]]), int(ctx.env[order.results[1]])))
-        want = [(r, c) for r in rows for c in (0, 1)] + [(r, 2) for r in rows]
+        if R >= 16:
+            want = [(r, c) for r in rows for c in (0, 1)] + [(r, 2) for r in rows]
+        else:
+            want = [(r, c) for c in range(3) for r in range(R)]
         assert got == want
 
 
-def Block_of(body, last):
+def _up_to(body, last):
+    """A scratch block of ``body``'s ops up to ``last`` (they keep their real parent)."""
     from tkc.ir.core import Block
 
     block = Block()

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tkc import dtypes
+from tkc import dtypes, semantics
 from tkc.codegen.runs import elem_bytes, private_offsets
 from tkc.dtypes import round_to
 from tkc.emulator import ranks, tmem
@@ -56,7 +56,7 @@ from tkc.grid import as_kernel, check_grid, eval_grid, param_name
 from tkc.interpreter import bind_arguments, random_args, tensor_names, write_back
 from tkc.ir.dialects.tile import atomic_kind, tensor_param, uses_ranks
 from tkc.races import HappensBefore, WriteLog
-from tkc.semantics import CPU_SMS, atomic_update, combine_ranks, evaluate
+from tkc.semantics import atomic_update, combine_ranks, evaluate
 from tkc.ir.core import Block, BlockArgument, Module, Operation, Value
 from tkc.ir.dialects.hopper import ONE_THREAD_OPS, SLOT_ROW, TURN_BARRIER, is_vector_box, tma_map_box, tma_row_axis
 from tkc.ir.layouts import (TRANSPOSE_BLOCK, SharedLayout, WgmmaAccumulator, WgmmaOperandA, WgmmaOperandA8,
@@ -1483,7 +1483,7 @@ _HANDLERS: dict[str, Callable[..., Any]] = {
     "tile.num_programs": _num_programs,
     # The SM count the interpreter pretends to have, so a persistent kernel's programs walk the
     # same tiles in both (and each walks several: the ring carries over from tile to tile).
-    "tile.num_sms": lambda wg, op: np.asarray(CPU_SMS, np.int32),
+    "tile.num_sms": lambda wg, op: np.asarray(semantics.CPU_SMS, np.int32),
     "tile.expand_dims": _expand_dims,
     "tile.broadcast": _broadcast,
     "tile.reshape": _reshape,
