@@ -149,6 +149,7 @@ CASES = {
     "attn": lambda: _attn(False, consts={"defer_last": True, "pingpong": True, "tma_store": False}),
     "attn-cudnn": lambda: _attn(True),
     "attn-bwd": lambda: _attn_bwd(False), "attn-bwd-cudnn": lambda: _attn_bwd(True),
+    "attn-bwd-1k": lambda: _attn_bwd(False, N=1024), "attn-bwd-1k-cudnn": lambda: _attn_bwd(True, N=1024),
     "attn-bwd-d64": lambda: _attn_bwd(False, D=64), "attn-bwd-d64-cudnn": lambda: _attn_bwd(True, D=64),
     "attn-bwd-ws": lambda: _attn_bwd(False, consts={"warp_specialize": True}),
     "attn-causal": lambda: _attn(False, True, consts={"defer_last": True, "tma_store": False}),

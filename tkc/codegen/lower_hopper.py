@@ -735,7 +735,6 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
         raise TkcCodegenError(f"wgmma takes f16/bf16/fp8 operands, not {a_dt.name} x {b_dt.name}", op.loc)
     steps = sb.layout.k_steps
     # Warpgroup g owns rows [64 S g, 64 S (g + 1)) of S slices; slice m is one m64 wgmma.
-    wg = b.lshr(lw.tid, const_i32(7)) if groups > 1 else None
     # Descriptors are compile-time constants relative to the dynamic shared base (1024-B
     # aligned by declaration), plus the run-time address >> 4 in the start field (PTX-FACTS
     # §2): the base's, moved by a ring stage's offset, which is a multiple of the tile's
@@ -761,8 +760,7 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
-        a_ops: list = [[_select_by(b, wg, [desc(a_val, k, 64 * (slices * g + m)) for g in range(groups)])
-                        for m in range(slices)] for k in range(steps)]
+        a_ops: list = _a_descriptors(b, lw.tid, a_val, start4(a_val), groups, slices)
         trans_a = int(a_val.layout.major == "mn")
     elif a_dt.bits == 8:
         lay = op.a.type.layout
@@ -790,6 +788,42 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
                                   trans_a=trans_a, trans_b=trans_b)
     nvvm.call(b, "wgmma.commit_group.sync.aligned")
     lw.set(op.result, [v for part in parts for v in part])
+
+
+def _a_descriptors(b: ir.IRBuilder, tid: ir.Value, a: SmemTile, base: ir.Value, groups: int,
+                   slices: int) -> list[list[ir.Value]]:
+    """The descriptors of a shared A operand, ``[k step][slice]``, for the calling thread's
+    warpgroup ``g = tid >> 7``, which reads rows ``64 (slices g + m)`` on; ``base`` is the
+    operand's run-time start field (its shared address >> 4).  Those rows start a fixed number
+    of bytes after warpgroup 0's, so each descriptor is a constant plus one value a warpgroup
+    (``base`` and ``g`` times that distance in the start field), and ``g`` is read as a
+    warp-uniform value (:func:`_warp_uniform`): ptxas then keeps the descriptors in uniform
+    registers, one uniform add each, as it does B's.  Picking among constants by ``g`` (where
+    the rows are not evenly apart) costs about ten vector instructions a wgmma and a register
+    pair for each constant hoisted out of a loop (attention backward: 865 -> 680 SASS
+    instructions an iteration, 250 -> 229 registers)."""
+    table = [[[a.layout.descriptor(a.offset, k, 64 * (slices * g + m)) for g in range(groups)]
+              for m in range(slices)] for k in range(a.layout.k_steps)]
+    apart = {row[g] - row[g - 1] for per_k in table for row in per_k for g in range(1, groups)}
+    if groups > 1 and len(apart) == 1:
+        g = _warp_uniform(b, b.lshr(tid, const_i32(7)))
+        # The start field in 32 bits, then widened: computed as a 64-bit product (g zero-extended
+        # times the distance, plus base and the constant), ptxas 13.0 put it on the uniform
+        # datapath as UIMAD.WIDE and dropped the constant's high word (SBO and the swizzle) from
+        # the descriptor: attention backward's gradients came out wrong on an H200.
+        base = b.zext(b.add(b.trunc(base, I32), b.mul(g, const_i32(apart.pop()))), I64)
+    elif groups > 1:
+        g = b.lshr(tid, const_i32(7))
+        return [[_select_by(b, g, [b.add(ir.Constant(I64, c), base) for c in row]) for row in per_k]
+                for per_k in table]
+    return [[b.add(ir.Constant(I64, row[0]), base) for row in per_k] for per_k in table]
+
+
+def _warp_uniform(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """``v`` as lane 0 of the warp holds it (``shfl.sync.idx``): the same value where it is
+    uniform in the warp already, but one ptxas knows to be, so what is computed from it can
+    live in uniform registers."""
+    return nvvm.call(b, "shfl.sync.idx.i32", -1, v, 0, 31)
 
 
 def _wgmma_wait(lw: Lowerer, op: Operation) -> None:

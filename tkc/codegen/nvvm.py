@@ -212,6 +212,7 @@ def _intrinsic_table() -> dict[str, tuple[ir.Type, tuple[ir.Type, ...]]]:
     # Warp shuffles (full mask; c = 31: butterfly within the whole warp).
     t["shfl.sync.bfly.f32"] = (F32, (I32, F32, I32, I32))
     t["shfl.sync.bfly.i32"] = (I32, (I32, I32, I32, I32))
+    t["shfl.sync.idx.i32"] = (I32, (I32, I32, I32, I32))
     # Approximate math (PTX ISA accuracy tables; lower_elementwise.py says where each is used).
     t["ex2.approx.ftz.f"] = (F32, (F32,))
     t["lg2.approx.f"] = (F32, (F32,))
