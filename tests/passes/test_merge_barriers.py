@@ -1,6 +1,8 @@
-"""merge-barriers on attention backward's loop: which meetings it drops and which it keeps.
-What the kernel computes after it is checked against the interpreter in the emulator
-(tests/examples/test_attn_train.py) and on the GPU."""
+"""merge-barriers on attention backward's loop: which meetings it drops and which it keeps,
+where both warpgroups compute and issue the copies (``warp_specialize=false``; at D=128 the
+default has a producer warpgroup, whose consumers meet by their role's own barrier, which the
+pass leaves as it is).  What the kernel computes after it is checked against the interpreter in
+the emulator (tests/examples/test_attn_train.py) and on the GPU."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "attn_train
 
 def _loop_body(consts: dict, pipeline: str | None = None, target: str = "sm_90a") -> list[Operation]:
     kw = {"hopper_pipeline": pipeline} if pipeline else {}
+    consts = {"warp_specialize": False, **consts}
     k = compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel="attn_bwd", target=target, **kw).kernel_op
     loop = next(op for op in k.walk() if op.name == "tile.for"
                 and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops))

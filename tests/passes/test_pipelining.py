@@ -471,7 +471,7 @@ def test_refill_first_pin_places_the_consumers_refill(first):
     """Without a producer, thread 0 refills the ring at the top of each iteration (its copies
     land while the iteration computes), or last with ``refill_first=false``; a GEMM's K loop,
     whose wgmma stays in flight across iterations, refills last either way."""
-    text = lowered("attn_train.tk", {"D": 128, "refill_first": first}, RING)
+    text = lowered("attn_train.tk", {"D": 128, "refill_first": first, "warp_specialize": False}, RING)
     body = text[text.index("@attn_bwd "):]
     loop = body[body.index("%dk_acc_1 = tile.for"):]
     refill, first_product = loop.index("hopper.tma_load %q"), loop.index("hopper.wgmma")
