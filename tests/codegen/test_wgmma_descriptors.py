@@ -22,7 +22,7 @@ from tkc.ir.layouts import SharedLayout
 I32, I64 = ir.IntType(32), ir.IntType(64)
 
 
-def _jit(tile: SmemTile, groups: int, slices: int, monkeypatch: pytest.MonkeyPatch):
+def _jit(tile: SmemTile, groups: int, slices: int, monkeypatch: pytest.MonkeyPatch, uniform: bool = True):
     """``f(tid, base4, out)``: every descriptor ``[k][m]`` for thread ``tid`` into ``out``;
     and the IR's text."""
     llvm.initialize_native_target()
@@ -32,7 +32,7 @@ def _jit(tile: SmemTile, groups: int, slices: int, monkeypatch: pytest.MonkeyPat
     f = ir.Function(module, ir.FunctionType(ir.VoidType(), [I32, I64, I64.as_pointer()]), "descriptors")
     b = ir.IRBuilder(f.append_basic_block())
     tid, base, out = f.args
-    table = lower_hopper._a_descriptors(b, tid, tile, base, groups, slices)
+    table = lower_hopper._a_descriptors(b, tid, tile, base, groups, slices, uniform=uniform)
     for i, d in enumerate(d for per_k in table for d in per_k):
         b.store(d, b.gep(out, [ir.Constant(I32, i)]))
     b.ret_void()
@@ -55,11 +55,13 @@ LAYOUTS = [
 ]
 
 
+@pytest.mark.parametrize("uniform", [True, False], ids=["uniform", "picked"])
 @pytest.mark.parametrize("what, layout, offset, groups, slices", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_each_warpgroup_reads_its_rows(what: str, layout: SharedLayout, offset: int, groups: int, slices: int,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    fn, _engine, text = _jit(SmemTile(offset, layout), groups, slices, monkeypatch)
-    assert " select " not in text  # rows evenly apart: a constant plus one value a warpgroup
+                                       uniform: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    fn, _engine, text = _jit(SmemTile(offset, layout), groups, slices, monkeypatch, uniform)
+    # uniform: rows evenly apart, a constant plus one value a warpgroup; else picked by g
+    assert (" select " in text) == (not uniform and groups > 1)
     steps = layout.k_steps
     out = (ctypes.c_uint64 * (steps * slices))()
     for base in (0, 1024, 2048 * 3, 65536):

@@ -760,7 +760,8 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
     if isinstance(a_val, SmemTile):
         if a_val.layout.k_steps != steps:
             raise TkcCodegenError("A and B have different K", op.loc)
-        a_ops: list = _a_descriptors(b, lw.tid, a_val, start4(a_val), groups, slices)
+        a_ops: list = _a_descriptors(b, lw.tid, a_val, start4(a_val), groups, slices,
+                                     uniform=local and a_val.at is None)
         trans_a = int(a_val.layout.major == "mn")
     elif a_dt.bits == 8:
         lay = op.a.type.layout
@@ -791,21 +792,28 @@ def _wgmma(lw: Lowerer, op: Operation) -> None:
 
 
 def _a_descriptors(b: ir.IRBuilder, tid: ir.Value, a: SmemTile, base: ir.Value, groups: int,
-                   slices: int) -> list[list[ir.Value]]:
+                   slices: int, uniform: bool = True) -> list[list[ir.Value]]:
     """The descriptors of a shared A operand, ``[k step][slice]``, for the calling thread's
     warpgroup ``g = tid >> 7``, which reads rows ``64 (slices g + m)`` on; ``base`` is the
-    operand's run-time start field (its shared address >> 4).  Those rows start a fixed number
-    of bytes after warpgroup 0's, so each descriptor is a constant plus one value a warpgroup
-    (``base`` and ``g`` times that distance in the start field), and ``g`` is read as a
-    warp-uniform value (:func:`_warp_uniform`): ptxas then keeps the descriptors in uniform
-    registers, one uniform add each, as it does B's.  Picking among constants by ``g`` (where
-    the rows are not evenly apart) costs about ten vector instructions a wgmma and a register
-    pair for each constant hoisted out of a loop (attention backward: 865 -> 680 SASS
-    instructions an iteration, 250 -> 229 registers)."""
+    operand's run-time start field (its shared address >> 4).
+
+    ``uniform``: those rows start a fixed number of bytes after warpgroup 0's, so each
+    descriptor is a constant plus one value a warpgroup (``base`` and ``g`` times that distance
+    in the start field), and ``g`` is read as a warp-uniform value (:func:`_warp_uniform`):
+    ptxas then keeps the descriptors in uniform registers, one uniform add each, as it does
+    B's.  Else (and where the rows are not evenly apart) each descriptor is picked among the
+    warpgroups' constants by ``g``: about ten vector instructions a wgmma, and a register pair
+    for each constant LLVM hoists out of a loop.  ``_wgmma`` asks for uniform where a tile that
+    is no ring stage is read in a loop of two accumulators (attention backward's K and V: 865 ->
+    687 SASS instructions an iteration, 250 -> 229 registers, 1.02-1.07x on an H200).  For a
+    ring stage in a consumer role's loop or a persistent walk, ptxas kept the stage's address in
+    vector registers and the uniform form then computed each descriptor there instead of
+    reading a hoisted one (gemm_swiglu's K loop 120 -> 144 instructions, persistent attention's
+    up to 4% more): not taken there until measured."""
     table = [[[a.layout.descriptor(a.offset, k, 64 * (slices * g + m)) for g in range(groups)]
               for m in range(slices)] for k in range(a.layout.k_steps)]
     apart = {row[g] - row[g - 1] for per_k in table for row in per_k for g in range(1, groups)}
-    if groups > 1 and len(apart) == 1:
+    if uniform and groups > 1 and len(apart) == 1:
         g = _warp_uniform(b, b.lshr(tid, const_i32(7)))
         # The start field in 32 bits, then widened: computed as a 64-bit product (g zero-extended
         # times the distance, plus base and the constant), ptxas 13.0 put it on the uniform
