@@ -151,7 +151,7 @@ CASES = {
     "attn-bwd": lambda: _attn_bwd(False), "attn-bwd-cudnn": lambda: _attn_bwd(True),
     "attn-bwd-1k": lambda: _attn_bwd(False, N=1024), "attn-bwd-1k-cudnn": lambda: _attn_bwd(True, N=1024),
     "attn-bwd-d64": lambda: _attn_bwd(False, D=64), "attn-bwd-d64-cudnn": lambda: _attn_bwd(True, D=64),
-    "attn-bwd-ws": lambda: _attn_bwd(False, consts={"warp_specialize": True}),
+    "attn-bwd-no-ws": lambda: _attn_bwd(False, consts={"warp_specialize": False}),
     "attn-causal": lambda: _attn(False, True, consts={"defer_last": True, "tma_store": False}),
     "attn-persistent": lambda: _attn(False, consts={"persistent": True, "issue_ahead": True}),
     "attn-512": lambda: _attn(False, consts={"persistent": True}, N=512),

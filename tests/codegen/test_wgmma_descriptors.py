@@ -8,6 +8,8 @@ lane 0 of its warp holds."""
 from __future__ import annotations
 
 import ctypes
+import pathlib
+import re
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -17,6 +19,7 @@ import pytest
 from tkc import dtypes
 from tkc.codegen import lower_hopper
 from tkc.codegen.lowerer import SmemTile
+from tkc.compiler import compile_kernel
 from tkc.ir.layouts import SharedLayout
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -92,3 +95,27 @@ def test_rows_not_evenly_apart_pick_by_warpgroup(monkeypatch: pytest.MonkeyPatch
     for tid in (0, 130, 300):
         fn(tid, 64, out)
         assert list(out) == [_Uneven().descriptor(1024, k, 64 * (tid >> 7)) for k in range(2)]
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("example, kernel, consts, uniform", [
+    ("attn_train.tk", "attn_bwd", {"D": 128}, True), ("attn_train.tk", "attn_bwd", {"D": 64, "causal": True}, True),
+    ("varlen_attn_train.tk", "varlen_attn_bwd", {}, True),
+    ("gemm_swiglu.tk", "gemm_swiglu", {}, False), ("attn.tk", "attn", {"D": 128, "persistent": True}, False),
+    ("gemm.tk", "gemm", {}, False),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_which_products_take_the_uniform_form(example: str, kernel: str, consts: dict, uniform: bool) -> None:
+    """Attention backward's K and V (no ring stage, a loop of two accumulators) take it; a ring
+    stage's A (GEMMs, gemm_swiglu's two products, persistent attention's Q) keeps the picked
+    form.  And the start field is summed in 32 bits: the warpgroup index times the distance as
+    one 64-bit product (``mul.wide``) was what ptxas 13.0 miscompiled."""
+    ptx = compile_kernel(EXAMPLES / example, consts, kernel=kernel, stop="ptx", cache=False, ptxas=False).asm["ptx"]
+    lines = ptx.splitlines()
+    reads = [(i, m.group(1)) for i, line in enumerate(lines)
+             if (m := re.search(r"shfl\.sync\.idx\.b32\s+(%r\d+),", line))]
+    assert bool(reads) == uniform
+    for i, reg in reads:
+        use = next(line.split()[0] for line in lines[i + 1:] if re.search(rf"{reg}\b", line))
+        assert "wide" not in use and use.endswith(("b32", "s32", "u32")), (reg, use)

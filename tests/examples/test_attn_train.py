@@ -152,7 +152,7 @@ def test_longest_first_emulated(monkeypatch, name: str, consts: dict) -> None:
     assert all(torch.isfinite(args[i].float()).all() for i in outs)
 
 
-#: attn_bwd with a producer warpgroup issuing the copies (the default at D=128 without a mask).
+#: attn_bwd with a producer warpgroup issuing the copies (the default at D=128).
 ROLES = {**SMALL, "attn_bwd": {"BM": 64, "BN": 64, "warp_specialize": True}}
 
 
@@ -166,6 +166,7 @@ OVERLAP_ROLES = {**SMALL, "attn_bwd": {**ROLES["attn_bwd"], "overlap_products": 
     ("attn_bwd", 64, False, SMALL), ("attn_bwd", 64, True, SMALL), ("attn_bwd", 64, True, ROLES),
     ("attn_bwd", 64, True, SQUARE), ("attn_bwd", 128, False, {}), ("attn_bwd", 64, True, OVERLAP),
     ("attn_bwd", 64, False, OVERLAP_ROLES), ("attn_bwd", 128, True, {"attn_bwd": {"overlap_products": True}}),
+    ("attn_bwd", 128, False, {"attn_bwd": {"warp_specialize": False}}),
 ])
 def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: dict) -> None:
     B, H, KVH, N = 1, 4, 2, 80

@@ -804,8 +804,9 @@ def _a_descriptors(b: ir.IRBuilder, tid: ir.Value, a: SmemTile, base: ir.Value, 
     B's.  Else (and where the rows are not evenly apart) each descriptor is picked among the
     warpgroups' constants by ``g``: about ten vector instructions a wgmma, and a register pair
     for each constant LLVM hoists out of a loop.  ``_wgmma`` asks for uniform where a tile that
-    is no ring stage is read in a loop of two accumulators (attention backward's K and V: 865 ->
-    687 SASS instructions an iteration, 250 -> 229 registers, 1.02-1.07x on an H200).  For a
+    is no ring stage is read in a loop of two or more accumulators (attention backward's K, V
+    and K read MN-major for dQ, and its varlen form's: 865 -> 687 SASS instructions an
+    iteration at D = 128, 250 -> 229 registers, 1.02-1.07x on an H200).  For a
     ring stage in a consumer role's loop or a persistent walk, ptxas kept the stage's address in
     vector registers and the uniform form then computed each descriptor there instead of
     reading a hoisted one (gemm_swiglu's K loop 120 -> 144 instructions, persistent attention's
@@ -813,7 +814,7 @@ def _a_descriptors(b: ir.IRBuilder, tid: ir.Value, a: SmemTile, base: ir.Value, 
     table = [[[a.layout.descriptor(a.offset, k, 64 * (slices * g + m)) for g in range(groups)]
               for m in range(slices)] for k in range(a.layout.k_steps)]
     apart = {row[g] - row[g - 1] for per_k in table for row in per_k for g in range(1, groups)}
-    if uniform and groups > 1 and len(apart) == 1:
+    if uniform and groups > 1 and len(apart) == 1 and min(apart) > 0:
         g = _warp_uniform(b, b.lshr(tid, const_i32(7)))
         # The start field in 32 bits, then widened: computed as a 64-bit product (g zero-extended
         # times the distance, plus base and the constant), ptxas 13.0 put it on the uniform
