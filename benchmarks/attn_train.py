@@ -35,6 +35,7 @@ memory-efficient, cuDNN), their forward run once outside the timing.  ``--varian
 contenders with other constants (``;``-separated, each ``NAME=VALUE,...``), as ``tkc NAME=VALUE``;
 ``--sources`` adds contenders compiled from other copies of the example (``;``-separated
 ``NAME=PATH``, as ``tkc NAME``: another order of its statements, say), with their own defaults.
+Every tkc contender's gradients are checked against SDPA's before it is timed.
 Without a GPU it says so and stops.
 """
 
@@ -165,6 +166,7 @@ def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, va
             for extra in variants:
                 name = "tkc " + ",".join(f"{k}={v}" for k, v in extra.items())
                 contenders[name] = Backward(B, H, KVH, N, D, causal, extra)
+                check(contenders[name], causal)
             for name, path in (sources or {}).items():
                 contenders["tkc " + name] = Backward(B, H, KVH, N, D, causal, example=path)
                 check(contenders["tkc " + name], causal)
