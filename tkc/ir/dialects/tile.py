@@ -1021,7 +1021,7 @@ def picks_scalars(op: Operation) -> bool:
     """Whether ``op`` is an if that only picks scalars: its results scalars, every op inside it
     pure and scalar (or such an if).  Passes may compute it wherever its operands are (both
     warp roles, an iteration ahead, the grid's slice): a launch order's program ids, as
-    attn_train.tk's ``longest_first`` picks them."""
+    the persistent pass's longest-first launch order picks them."""
     if op.name != "tile.if" or any(isinstance(r.type, TileType) for r in op.results):
         return False
     for o in op.walk():
