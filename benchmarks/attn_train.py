@@ -27,8 +27,8 @@ and a backward 2.5 forwards.
   host time a step: at 1k tokens torch.compile's own wrappers make the host, not the GPU, the
   limit.  ``--only e2e-graphs``: the same under ``mode="reduce-overhead"`` (CUDA graphs).
 
-tkc's backward is what a training step runs after the forward: dQ zeroed, the pre-pass
-(``attn_bwd_pre``: rowsum(dO * O)), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
+tkc's backward is what a training step runs after the forward: the pre-pass (``attn_bwd_pre``:
+rowsum(dO * O), and dQ's f32 accumulator zeroed), ``attn_bwd`` (dK, dV and dQ's f32 accumulation), and dQ cast
 to bf16.  The peers are ``torch.autograd.grad`` of ``F.scaled_dot_product_attention`` under
 ``torch.nn.attention.sdpa_kernel`` with each backend that takes the shape (FlashAttention-2,
 memory-efficient, cuDNN), their forward run once outside the timing.  ``--variants`` adds tkc
@@ -104,8 +104,7 @@ class Backward:
     def __call__(self) -> torch.Tensor:
         from tkc.runtime.launch import launch
 
-        self.dq.zero_()
-        launch(self.pre, [self.o, self.do, self.delta])
+        launch(self.pre, [self.o, self.do, self.delta, self.dq])  # dq zeroed there
         launch(self.bwd, [self.q, self.k, self.v, self.do, self.lse, self.delta, self.dq, self.dk, self.dv,
                           self.scale])
         return self.dq.to(torch.bfloat16)
@@ -179,7 +178,7 @@ def rows_for(shapes: list[tuple[str, int, int, int, int, int]], causal_modes, va
             gqa = f", {KVH} kv heads" if KVH != H else ""
             rows.append(Row(f"attn_bwd {group}", f"B={B} H={H}{gqa} N={N} D={D}" + (", causal" if causal else ""),
                             "TFLOP/s", {n: f / s / 1e12 for n, s in t.items()},
-                            notes="tkc: dQ zeroed, pre-pass, attn_bwd, dQ to bf16"))
+                            notes="tkc: pre-pass (dQ zeroed there), attn_bwd, dQ to bf16"))
             del ours, contenders
             torch.cuda.empty_cache()
     return rows

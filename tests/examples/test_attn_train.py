@@ -52,15 +52,15 @@ def inputs(seed: int, B: int, H: int, KVH: int, N: int, D: int, scale_q: float =
 
 def run_all(run, q, k, v, do, scale: float):
     """The three kernels through ``run(kernel, args)`` (which runs one in place), outputs poisoned
-    first (dq zeroed, as its caller must): o, lse, delta, dq, dk, dv."""
+    first (dq too: attn_bwd_pre zeroes it): o, lse, delta, dq, dk, dv."""
     B, H, N, D = q.shape
     KVH = k.shape[1]
     o = torch.full((B, H, N, D), float("nan")).bfloat16()
     lse, delta = torch.full((B, H, N), float("nan")), torch.full((B, H, N), float("nan"))
-    dq = torch.zeros(B, H, N, D)
+    dq = torch.full((B, H, N, D), float("nan"))
     dk, dv = (torch.full((B, KVH, N, D), float("nan")).bfloat16() for _ in range(2))
     o, lse = run("attn_fwd", [q, k, v, o, lse, scale])[3:5]
-    delta = run("attn_bwd_pre", [o, do, delta])[2]
+    delta, dq = run("attn_bwd_pre", [o, do, delta, dq])[2:4]
     dq, dk, dv = run("attn_bwd", [q, k, v, do, lse, delta, dq, dk, dv, scale])[6:9]
     return o, lse, delta, dq, dk, dv
 
@@ -176,9 +176,9 @@ def test_emulator_matches_interpreter(name: str, D: int, causal: bool, tiles: di
     lse = torch.randn(B, H, N, generator=g) + 4
     delta = torch.randn(B, H, N, generator=g)
     zeros = torch.zeros(B, KVH, N, D).bfloat16()
-    args = {"attn_fwd": [q, k, v, o, lse, D ** -0.5], "attn_bwd_pre": [o, do, delta],
+    args = {"attn_fwd": [q, k, v, o, lse, D ** -0.5], "attn_bwd_pre": [o, do, delta, torch.full((B, H, N, D), 7.0)],
             "attn_bwd": [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5]}[name]
-    outs = {"attn_fwd": (3, 4), "attn_bwd_pre": (2,), "attn_bwd": (6, 7, 8)}[name]
+    outs = {"attn_fwd": (3, 4), "attn_bwd_pre": (2, 3), "attn_bwd": (6, 7, 8)}[name]
     consts = _consts(name, D, causal, tiles)
     want = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     run_kernel(compile_kernel(EXAMPLE, consts, stop="tkir", cache=False, kernel=name).kernel_op, want)

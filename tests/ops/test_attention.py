@@ -111,7 +111,7 @@ def test_the_operators_themselves_refuse_what_their_kernels_do_not_take() -> Non
         torch.ops.tkc.attn_fwd(q[:, :2], k, k, -1.0, D=64)
     lse, delta = torch.zeros(1, 3, 20), torch.zeros(1, 3, 20)
     with pytest.raises(TkcUsageError, match="attn_bwd: q's heads"):
-        torch.ops.tkc.attn_bwd(q, k, k, q, lse, delta, 0.125, D=64)
+        torch.ops.tkc.attn_bwd(q, k, k, q, lse, delta, torch.zeros(1, 3, 20, 64), 0.125, D=64)
     # and under torch.compile, through the fake implementation
     f = torch.compile(lambda q, k: torch.ops.tkc.attn_fwd(q, k, k, 0.125, D=64), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="must be a positive multiple"):

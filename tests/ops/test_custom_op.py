@@ -145,6 +145,24 @@ def test_an_output_dim_no_input_has_is_sized_by_dims_and_zeroed() -> None:
         bad(x)
 
 
+def test_accumulates_takes_an_accumulator_as_a_mutated_argument() -> None:
+    """``accumulates``: a tensor the kernel only adds to is the caller's, updated in place (an
+    accumulator another operator zeroed, as attention's dQ), not an output made of zeros."""
+    op = tkc.ops.custom_op("tkctest::col_sums_into", k.col_sums, accumulates=("s",))
+    assert str(torch.ops.tkctest.col_sums_into.default._schema) == \
+        "tkctest::col_sums_into(Tensor x, Tensor(a!) s) -> ()"
+    m, s = torch.randn(6, 40), torch.full((40,), 2.0)
+    assert op(m, s) is None
+    torch.testing.assert_close(s, m.sum(0) + 2, atol=1e-5, rtol=1e-5)  # added to what was there
+    compiled = torch.compile(lambda m, s: op(m, s), fullgraph=True, backend="aot_eager")
+    s2 = torch.zeros(40)
+    compiled(m, s2)
+    torch.testing.assert_close(s2, m.sum(0), atol=1e-5, rtol=1e-5)
+    with pytest.raises(TkcUsageError, match="accumulates= names x, which kernel 'col_sums' does not only add "
+                                            "to atomically"):
+        tkc.ops.custom_op("tkctest::col_sums_x", k.col_sums, accumulates=("x",))
+
+
 def test_load_names_a_kernel_of_a_tk_file(tmp_path: Path) -> None:
     assert tkc.load(EXAMPLES / "gemm.tk").params == ["a", "b", "c", "BM", "BN", "BK"]
     with pytest.raises(TkcUsageError, match="has no kernel 'nope' \\(its kernels: gemm\\)"):

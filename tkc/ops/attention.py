@@ -4,8 +4,8 @@ Three operators, one per kernel of attn_train.tk (``torch.ops.tkc.attn_fwd``,
 ``attn_bwd_pre``, ``attn_bwd``), the whole backward as one (``attn_backward``, which a traced
 backward calls), and :func:`attention`, which checks its arguments, picks the kernels' tile
 sizes by head dim and calls the forward operator, whose autograd runs the two backward
-kernels: ``delta = rowsum(dO * O)``, then dK and dV per key block with dQ accumulated in fp32
-through atomic adds (an output the operator zeroes).  Every part runs a
+kernels: ``delta = rowsum(dO * O)`` with dQ's fp32 accumulator zeroed, then dK and dV per key
+block with dQ accumulated through atomic adds (an argument ``attn_bwd`` updates in place).  Every part runs a
 tkc kernel; none falls back to torch.
 """
 
@@ -44,7 +44,8 @@ _fwd = custom_op("tkc::attn_fwd", load(_FILE, "attn_fwd"), consts={"BM": 128, "B
 _bwd_pre = custom_op("tkc::attn_bwd_pre", load(_FILE, "attn_bwd_pre"), consts={"BM": _PRE_BM},
                      const_args=("D", "BM"))
 _bwd = custom_op("tkc::attn_bwd", load(_FILE, "attn_bwd"), consts={"BM": 64, "BN": 128},
-                 const_args=("D", "BM", "BN", "causal"), check=lambda *a, **kw: kernel_arguments("attn_bwd", *a))
+                 const_args=("D", "BM", "BN", "causal"), check=lambda *a, **kw: kernel_arguments("attn_bwd", *a),
+                 accumulates=("dq",))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -83,11 +84,11 @@ def _setup(ctx: Any, inputs: tuple, output: tuple, keyword_only_inputs: dict | N
 
 def _gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                do: torch.Tensor, scale: float, D: int, causal: bool) -> tuple[torch.Tensor, ...]:
-    """dQ (in q's dtype), dK and dV: the pre-pass, the backward kernel (dQ summed in f32), dQ
-    cast."""
+    """dQ (in q's dtype), dK and dV: the pre-pass (which also zeroes dQ's f32 accumulator), the
+    backward kernel (dQ summed in f32), dQ cast."""
     _, (bm, bn) = TILES[D]
-    delta = call(_bwd_pre, o, do, D=D, BM=_PRE_BM)
-    dq, dk, dv = call(_bwd, q, k, v, do, lse, delta, scale, D=D, BM=bm, BN=bn, causal=causal)
+    delta, dq = call(_bwd_pre, o, do, D=D, BM=_PRE_BM)
+    dk, dv = call(_bwd, q, k, v, do, lse, delta, dq, scale, D=D, BM=bm, BN=bn, causal=causal)
     return dq.to(q.dtype), dk, dv
 
 
@@ -125,7 +126,8 @@ def no_double_backward(op: str) -> tuple[Any, Any]:
 
 
 register_autograd(_fwd, _backward, _setup)
-register_autograd(_bwd, *no_double_backward("attention"))
+# attn_bwd updates dQ in place, so torch takes no gradient formula for it: differentiating the
+# gradients again stops at attn_bwd_pre, whose refusal below says so first.
 register_autograd(_bwd_pre, *no_double_backward("attention"))
 _twice, _no_context = no_double_backward("attention")
 _backward_op.register_autograd(_twice, setup_context=_no_context)

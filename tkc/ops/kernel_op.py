@@ -91,9 +91,11 @@ class _KernelOp:
 
     def __init__(self, name: str, kernel: Kernel, consts: Mapping[str, Any], const_args: Sequence[str],
                  check: Callable[..., None] | None = None,
-                 dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = ()):
+                 dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = (),
+                 accumulates: Sequence[str] = ()):
         self.name, self.kernel, self.check = name, kernel, check
         self.out_dims, self.zeroed = dict(dims or {}), frozenset(zeroed)
+        self.accumulates = frozenset(accumulates)
         first = self._spec_of(dict(consts))  # defaults filled in: every constant has its value
         unknown = [n for n in const_args if n not in first.consts]
         if unknown:
@@ -134,6 +136,12 @@ class _KernelOp:
         op = self.kernel.lower(**consts).kernel(self.kernel.name)
         params = signature.kernel_params(op)
         rs = roles(op)
+        bad = sorted(self.accumulates - {n for (n, _), r in zip(params, rs) if r == ZEROED})
+        if bad:
+            raise TkcUsageError(f"{self.name}: accumulates= names {', '.join(bad)}, which kernel '{self.kernel.name}' "
+                                "does not only add to atomically")
+        # An accumulator the caller passes (accumulates=) is an argument updated in place.
+        rs = [MUTATED if r == ZEROED and n in self.accumulates else r for (n, _), r in zip(params, rs)]
         inputs = tuple(i for i, r in enumerate(rs) if r in (INPUT, MUTATED))
         outputs = tuple(i for i, r in enumerate(rs) if r in (OUTPUT, ZEROED))
         return _Spec(dict(op.attributes.get("consts") or {}), params, rs, inputs, outputs)
@@ -385,7 +393,8 @@ def _value_schema(v: Any) -> str:
 
 def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = None,
               const_args: Sequence[str] = (), check: Callable[..., None] | None = None,
-              dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = ()) -> Any:
+              dims: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None, zeroed: Sequence[str] = (),
+              accumulates: Sequence[str] = ()) -> Any:
     """Register ``kernel`` (a ``@tkc.kernel`` or ``tkc.load("file.tk", "name")``) as the PyTorch
     operator ``name`` (``"namespace::op"``, then ``torch.ops.namespace.op``) and return it
     (a ``torch.library.CustomOpDef``: call it; give it gradients with :func:`register_autograd`).
@@ -407,6 +416,9 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     has, each from the inputs' dims (``{"TL": lambda d: 128 * ((d["T"] + 127) // 128 + d["S1"] - 1)}``:
     varlen attention's lse, each sequence at a 128-row boundary); ``zeroed`` names outputs allocated as
     zeros, whose elements the kernel may leave unwritten (that lse's rows between sequences).
+    ``accumulates`` names tensors the kernel only adds to atomically that the operator takes
+    as arguments, updated in place, instead of allocating them as zeros: an accumulator another
+    operator zeroed (attention's dQ, which ``attn_bwd_pre`` zeroes while it reads those rows).
     A name that is already an operator (``aten::add``,
     one of ``tkc.ops``', one registered before) is refused: torch would replace it silently.
     """
@@ -428,7 +440,7 @@ def custom_op(name: str, kernel: Kernel, *, consts: Mapping[str, Any] | None = N
     else:
         raise TkcUsageError(f"{name} is already an operator (torch would replace it): give tkc.ops.custom_op a "
                             f"name of your own")
-    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args), check, dims, zeroed)
+    impl = _KernelOp(name, kernel, dict(consts or {}), tuple(const_args), check, dims, zeroed, accumulates)
     op = torch.library.custom_op(name, impl.run, mutates_args=impl.mutated(), schema=impl.schema())
     op.register_fake(impl.fake)
     op.tkc_kernel = kernel  # what the operator runs, for readers and tests
