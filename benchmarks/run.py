@@ -21,11 +21,13 @@ call by call, each after a 256 MB L2 clear (benchmarks/harness.py, in_alternatio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 from pathlib import Path
 
@@ -408,21 +410,45 @@ def example_kernels() -> list[tuple[Path, str | None]]:
     return out
 
 
+@contextlib.contextmanager
+def cold() -> Iterator[None]:
+    """A compilation as the first of its kernel on this machine: no parsed tree of its file
+    and no ptxas result in this process (tkc keeps both, so a second compile of the same text
+    skips them), and an empty cache directory (no stored tree)."""
+    import tempfile
+
+    from tkc.codegen import ptxas
+    from tkc.frontend import parser
+
+    with tempfile.TemporaryDirectory(prefix="tkc-cold-") as empty:
+        before = os.environ.get("TKC_CACHE_DIR")
+        os.environ["TKC_CACHE_DIR"] = empty
+        ptxas._ASSEMBLED.clear()
+        parser._TREES.clear()
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["TKC_CACHE_DIR"]
+            else:
+                os.environ["TKC_CACHE_DIR"] = before
+
+
 def compile_rows() -> list[Row]:
-    """Cold compile (compile_kernel to cubin, no cache) of every example kernel at its own
-    constants, the median of ``COMPILES``; the slowest first.  Needs ptxas, not a GPU: the time
+    """Cold compile (compile_kernel to cubin, no cache, :func:`cold`) of every example kernel at
+    its own constants, the median of ``COMPILES``; the slowest first.  Needs ptxas, not a GPU: the time
     is the host's, whose CPU (cores for ptxas's parallel runs, single-thread speed) the table's
     heading names."""
-    import os
     import platform
 
     rows = []
     for path, kernel in example_kernels():
         seconds = []
         for _ in range(COMPILES):
-            t = time.perf_counter()
-            compile_kernel(path, {}, kernel=kernel, cache=False)
-            seconds.append(time.perf_counter() - t)
+            with cold():
+                t = time.perf_counter()
+                compile_kernel(path, {}, kernel=kernel, cache=False)
+                seconds.append(time.perf_counter() - t)
         name = path.name + (f":{kernel}" if kernel else "")
         rows.append(Row(f"cold compile time of every example (median of {COMPILES}; {os.cpu_count()} CPUs, "
                         f"{platform.processor() or platform.machine()})", name, "s",
