@@ -1,8 +1,8 @@
 """merge-barriers on attention backward's loop: which meetings it drops and which it keeps,
-where both warpgroups compute and issue the copies (``warp_specialize=false``; at D=128 the
-default has a producer warpgroup, whose consumers meet by their role's own barrier, which the
-pass leaves as it is).  What the kernel computes after it is checked against the interpreter in
-the emulator (tests/examples/test_attn_train.py) and on the GPU."""
+where both warpgroups compute and issue the copies (``warp_specialize=false``) and where a
+producer warpgroup issues them (the D=128 default: the consumers meet by their role's own
+barrier, ``hopper.sync``).  What the kernel computes after it is checked against the
+interpreter in the emulator (tests/examples/test_attn_train.py) and on the GPU."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _loop_body(consts: dict, pipeline: str | None = None, target: str = "sm_90a"
 
 
 def _meetings(ops: list[Operation]) -> list[str]:
-    return [op.name for op in ops if op.name in ("hopper.barrier", "hopper.tma_store")
+    return [op.name for op in ops if op.name in ("hopper.barrier", "hopper.sync", "hopper.tma_store")
             or (op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True))]
 
 
@@ -60,13 +60,41 @@ def test_a_write_barrier_stays_when_nothing_meets_after_its_readers() -> None:
     assert _meetings(ops) == ["hopper.barrier", "hopper.barrier"]
 
 
-def test_kernels_with_roles_keep_their_barriers() -> None:
+@pytest.mark.parametrize("causal", [False, True])
+def test_with_a_producer_the_consumers_meet_twice_an_iteration(causal: bool) -> None:
+    """The same two rewrites on the consumers' loop, with their role's barrier as the meeting:
+    dQ's staging wait rides the barrier that publishes dS^T, and dS^T's leading barrier goes
+    (four meetings an iteration without the pass)."""
     from tkc.passes.pipeline import HOPPER_PIPELINE
 
-    consts = {"D": 128, "warp_specialize": True}
-    with_pass = [op.name for op in _loop_body(consts)]
-    without = [op.name for op in _loop_body(consts, HOPPER_PIPELINE.replace("merge-barriers,", ""))]
-    assert with_pass == without
+    consts = {"D": 128, "causal": causal, "warp_specialize": True}
+    ops = _loop_body(consts)
+    assert _meetings(ops) == ["hopper.sync", "hopper.tma_store"]
+    store = next(i for i, op in enumerate(ops) if op.name == "hopper.smem_store")
+    assert ops[store - 1].name != "hopper.sync"
+    i = next(i for i, op in enumerate(ops) if op.name == "hopper.sync")
+    assert [op.attributes["sync"] for op in ops[:i] if op.name == "hopper.tma_store_wait"] == [False]
+    without = _loop_body(consts, HOPPER_PIPELINE.replace("merge-barriers,", ""))
+    assert _meetings(without) == ["hopper.sync", "hopper.sync", "hopper.tma_store_wait", "hopper.tma_store"]
+
+
+def test_merged_backward_with_a_producer_has_no_race() -> None:
+    """The consumers' merged loop under seeded interleavings of the producer and both consumer
+    warpgroups: no race on dS^T's tile or dQ's staging."""
+    import torch
+
+    from tkc.emulator.machine import emulate
+
+    B, H, KVH, N, D = 1, 2, 1, 200, 128
+    g = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    k_op = compile_kernel(EXAMPLE, {"D": D, "warp_specialize": True}, stop="hopper", cache=False,
+                          kernel="attn_bwd").kernel_op
+    assert any(op.name == "hopper.role" for op in k_op.walk())
+    for seed in range(3):
+        zeros = torch.zeros(B, KVH, N, D).bfloat16()
+        emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5], seed=seed)
 
 
 def test_merged_backward_has_no_race_under_many_interleavings() -> None:
@@ -111,5 +139,32 @@ def test_the_emulator_sees_the_race_a_needed_barrier_prevents() -> None:
     zeros = torch.zeros(B, KVH, N, D).bfloat16()
     with pytest.raises(RaceError, match="dst_smem"):
         for seed in range(12, 20):
+            emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5],
+                    seed=seed)
+
+
+def test_with_a_producer_a_needed_write_barrier_stays_and_the_emulator_sees_it_go() -> None:
+    """With dQ's adds from the threads nothing meets after dQ's product, so the consumers keep
+    dS^T's leading barrier; dropped by hand, one consumer warpgroup writes the next dS^T while
+    the other's product still reads it, and the emulator says so."""
+    import torch
+
+    from tkc.emulator.machine import emulate
+    from tkc.emulator.smem import RaceError
+
+    B, H, KVH, N, D = 1, 2, 1, 200, 128
+    g = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
+    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
+    k_op = compile_kernel(EXAMPLE, {"D": D, "warp_specialize": True, "tma_store": False}, stop="hopper",
+                          cache=False, kernel="attn_bwd").kernel_op
+    body = next(op for op in k_op.walk() if op.name == "tile.for"
+                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops)).regions[0].block
+    i = next(i for i, op in enumerate(body.ops) if op.name == "hopper.sync"
+             and body.ops[i + 1].name == "hopper.smem_store")
+    body.ops[i].erase()
+    zeros = torch.zeros(B, KVH, N, D).bfloat16()
+    with pytest.raises(RaceError, match="dst_smem"):
+        for seed in range(4):
             emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5],
                     seed=seed)

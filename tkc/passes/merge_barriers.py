@@ -2,9 +2,12 @@
 orders are dropped, so the warpgroups meet fewer times an iteration.
 
 Runs on hopper IR after every pass that moves waits (``overlap-products``), on kernels whose
-threads all compute (no ``hopper.role``) and whose products are wgmma (completion is the
-``hopper.wgmma_wait`` on a product's result).  Only ops at the top level of a ``tile.for``
-body count, so each runs once an iteration.  Two rewrites:
+products are wgmma (completion is the ``hopper.wgmma_wait`` on a product's result): on every
+loop of a kernel whose threads all compute (no ``hopper.role``), where a meeting is the CTA's
+(``hopper.barrier``), and on every loop inside a role, where it is the role's own barrier
+(``hopper.sync``: every thread that runs the loop, and no other, meets there; the producer's
+copies into the ring do not touch the tiles below).  Only ops at the top level of a
+``tile.for`` body count, so each runs once an iteration.  Two rewrites:
 
 * **A store wait rides an earlier barrier.**  A ``hopper.tma_store_wait`` (thread 0 waits for
   its bulk copies to have read their tiles, then every thread meets) with a
@@ -23,7 +26,8 @@ body count, so each runs once an iteration.  Two rewrites:
   write.  Attention backward: dS^T's tile, read by dQ's product, whose result every
   warpgroup waits for before the barrier that publishes dQ's staging tile.
 
-Attention backward (examples/attn_train.tk) meets twice an iteration instead of four times.
+Attention backward (examples/attn_train.tk) meets twice an iteration instead of four times,
+with a producer warpgroup (its consumers' barrier) or without.
 
 Must not: change what any thread computes, or drop a barrier that orders anything else
 (only the two patterns above; anything unrecognised stays).
@@ -36,31 +40,39 @@ from tkc.ir.dialects import hopper
 from tkc.pins import Options
 from tkc.target import Target
 
-#: Ops after which every thread of the CTA has met (codegen: bar.sync of all threads).
-_MEETS = ("hopper.barrier", "hopper.tma_store")
-
-
 def merge_barriers(module: Module, options: Options, target: Target) -> None:
     if target.mma != "wgmma":
         return
     for kernel in module.ops:
-        if kernel.name != "tile.kernel" or any(op.name == "hopper.role" for op in kernel.walk()):
+        if kernel.name != "tile.kernel":
             continue
+        roles = any(op.name == "hopper.role" for op in kernel.walk())
         for loop in [op for op in kernel.walk() if op.name == "tile.for"]:
+            in_role = any(a.name == "hopper.role" for a in loop.ancestors())
+            if roles and not in_role:
+                continue  # every warpgroup runs it, each role's threads by their own barrier
             body = loop.regions[0].block
-            _ride_earlier_barrier(body)
-            _drop_write_barriers(kernel, body)
+            _ride_earlier_barrier(body, in_role)
+            _drop_write_barriers(kernel, body, in_role)
 
 
-def _meets(op: Operation) -> bool:
-    if op.name == "hopper.barrier":
-        return op.attributes.get("id", 0) == 0
+def _barrier(op: Operation, in_role: bool) -> bool:
+    """Whether ``op`` is the barrier of every thread that runs the loop: the role's own inside
+    a role (codegen: a named barrier over the role's threads), else the CTA's."""
+    if in_role:
+        return op.name == "hopper.sync"
+    return op.name == "hopper.barrier" and op.attributes.get("id", 0) == 0
+
+
+def _meets(op: Operation, in_role: bool) -> bool:
+    """Whether every thread that runs the loop has met once ``op`` ran: its barrier, a TMA
+    store (the threads meet before thread 0 issues it), a store wait that meets."""
     if op.name == "hopper.tma_store_wait":
         return op.attributes.get("sync", True)
-    return op.name in _MEETS
+    return op.name == "hopper.tma_store" or _barrier(op, in_role)
 
 
-def _ride_earlier_barrier(body: Block) -> None:
+def _ride_earlier_barrier(body: Block, in_role: bool) -> None:
     for wait in [op for op in body.ops if op.name == "hopper.tma_store_wait" and op.attributes.get("sync", True)]:
         at = body.ops.index(wait)
         before = None
@@ -68,7 +80,7 @@ def _ride_earlier_barrier(body: Block) -> None:
             op = body.ops[i]
             if op.name == "hopper.tma_store" or any(x.name == "hopper.tma_store" for x in op.walk()):
                 break
-            if op.name == "hopper.barrier" and op.attributes.get("id", 0) == 0:
+            if _barrier(op, in_role):
                 before = i
                 break
         if before is None:
@@ -77,12 +89,11 @@ def _ride_earlier_barrier(body: Block) -> None:
         body.insert(before, hopper.TmaStoreWaitOp([], [], {"pending": wait.pending, "sync": False}, loc=wait.loc))
 
 
-def _drop_write_barriers(kernel: Operation, body: Block) -> None:
+def _drop_write_barriers(kernel: Operation, body: Block, in_role: bool) -> None:
     users = uses(kernel)
     for i in range(len(body.ops) - 1):
         bar, write = body.ops[i], body.ops[i + 1]
-        if not (bar.name == "hopper.barrier" and bar.attributes.get("id", 0) == 0
-                and write.name == "hopper.smem_store"):
+        if not (_barrier(bar, in_role) and write.name == "hopper.smem_store"):
             continue
         dst = write.operands[1]
         readers = [u for u in users.get(dst, []) if u is not write]
@@ -92,17 +103,17 @@ def _drop_write_barriers(kernel: Operation, body: Block) -> None:
         if len(waits) != len(readers) or any(w.parent is not body for w in waits):
             continue
         n = len(body.ops)
-        if all(_met_between(body, body.ops.index(w), i, n) for w in waits):
+        if all(_met_between(body, body.ops.index(w), i, n, in_role) for w in waits):
             bar.erase()
-            return _drop_write_barriers(kernel, body)  # indices shifted: look again
+            return _drop_write_barriers(kernel, body, in_role)  # indices shifted: look again
 
 
-def _met_between(body: Block, start: int, end: int, n: int) -> bool:
+def _met_between(body: Block, start: int, end: int, n: int, in_role: bool) -> bool:
     """Whether an op after position ``start`` and before ``end``, going round the loop body of
     ``n`` ops, makes every thread meet (``end`` itself, the barrier in question, excluded)."""
     j = (start + 1) % n
     while j != end:
-        if _meets(body.ops[j]):
+        if _meets(body.ops[j], in_role):
             return True
         j = (j + 1) % n
     return False
