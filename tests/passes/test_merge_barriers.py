@@ -78,93 +78,54 @@ def test_with_a_producer_the_consumers_meet_twice_an_iteration(causal: bool) -> 
     assert _meetings(without) == ["hopper.sync", "hopper.sync", "hopper.tma_store_wait", "hopper.tma_store"]
 
 
-def test_merged_backward_with_a_producer_has_no_race() -> None:
-    """The consumers' merged loop under seeded interleavings of the producer and both consumer
-    warpgroups: no race on dS^T's tile or dQ's staging."""
+def _emulate_backward(consts: dict, H: int, KVH: int, N: int, data_seed: int, seeds: range,
+                      drop: str | None = None) -> None:
+    """attn_bwd (one batch, D from ``consts``) in the emulator under each interleaving seed;
+    ``drop`` names the barrier op right before dS^T's store to erase first (what the pass must
+    not do)."""
     import torch
 
     from tkc.emulator.machine import emulate
 
-    B, H, KVH, N, D = 1, 2, 1, 200, 128
-    g = torch.Generator().manual_seed(1)
-    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
-    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
-    k_op = compile_kernel(EXAMPLE, {"D": D, "warp_specialize": True}, stop="hopper", cache=False,
-                          kernel="attn_bwd").kernel_op
-    assert any(op.name == "hopper.role" for op in k_op.walk())
-    for seed in range(3):
-        zeros = torch.zeros(B, KVH, N, D).bfloat16()
-        emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5], seed=seed)
+    D = consts["D"]
+    g = torch.Generator().manual_seed(data_seed)
+    q, k, v, do = (torch.randn(1, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
+    lse, delta = torch.randn(1, H, N, generator=g) + 4, torch.randn(1, H, N, generator=g)
+    k_op = compile_kernel(EXAMPLE, consts, stop="hopper", cache=False, kernel="attn_bwd").kernel_op
+    assert k_op.attributes["threads"] == (384 if consts.get("warp_specialize") else 256)
+    if drop is not None:
+        body = next(op for op in k_op.walk() if op.name == "tile.for"
+                    and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops)).regions[0].block
+        i = next(i for i, op in enumerate(body.ops) if op.name == drop and body.ops[i + 1].name == "hopper.smem_store")
+        body.ops[i].erase()
+    for seed in seeds:
+        zeros = torch.zeros(1, KVH, N, D).bfloat16()
+        emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(1, H, N, D), zeros, zeros.clone(), D ** -0.5], seed=seed)
 
 
-def test_merged_backward_has_no_race_under_many_interleavings() -> None:
-    """Both warpgroups of the merged loop (D=64: 128 key rows, two warpgroups) under several
-    seeded interleavings: no race on dS^T's tile or dQ's staging (the test below shows the
-    emulator sees that race where the barrier is needed)."""
-    import torch
-
-    from tkc.emulator.machine import emulate
-
-    B, H, KVH, N, D = 1, 2, 1, 160, 64
-    g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
-    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
-    k_op = compile_kernel(EXAMPLE, {"D": D}, stop="hopper", cache=False, kernel="attn_bwd").kernel_op
-    assert k_op.attributes["threads"] == 256
-    for seed in range(6):
-        zeros = torch.zeros(B, KVH, N, D).bfloat16()
-        emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5], seed=seed)
+@pytest.mark.parametrize("consts, H, KVH, N, data_seed, seeds", [
+    ({"D": 64}, 2, 1, 160, 0, range(6)),
+    ({"D": 128, "warp_specialize": True}, 2, 1, 200, 1, range(3)),
+])
+def test_merged_backward_has_no_race_under_many_interleavings(consts: dict, H: int, KVH: int, N: int,
+                                                               data_seed: int, seeds: range) -> None:
+    """The merged loop's warpgroups (both computing at D=64; a producer and two consumers at
+    D=128) under several seeded interleavings: no race on dS^T's tile or dQ's staging (the test
+    below shows the emulator sees that race where the barrier is needed)."""
+    _emulate_backward(consts, H, KVH, N, data_seed, seeds)
 
 
-def test_the_emulator_sees_the_race_a_needed_barrier_prevents() -> None:
+@pytest.mark.parametrize("consts, drop, H, KVH, N, data_seed, seeds", [
+    ({"D": 64, "tma_store": False}, "hopper.barrier", 4, 2, 200, 3, range(12, 20)),
+    ({"D": 128, "warp_specialize": True, "tma_store": False}, "hopper.sync", 2, 1, 200, 1, range(4)),
+])
+def test_the_emulator_sees_the_race_a_needed_barrier_prevents(consts: dict, drop: str, H: int, KVH: int, N: int,
+                                                               data_seed: int, seeds: range) -> None:
     """What the pass must not do, done by hand: with dQ's adds from the threads nothing meets
-    after dQ's product, and dropping dS^T's leading barrier lets one warpgroup write the next
-    dS^T while the other's product still reads it (seed 16 interleaves them so)."""
-    import torch
-
-    from tkc.emulator.machine import emulate
+    after dQ's product, so the pass keeps dS^T's leading barrier (the CTA's, or the consumers'
+    with a producer); dropped, one warpgroup writes the next dS^T while the other's product
+    still reads it (seed 16 interleaves them so at D=64)."""
     from tkc.emulator.smem import RaceError
 
-    B, H, KVH, N, D = 1, 4, 2, 200, 64
-    g = torch.Generator().manual_seed(3)
-    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
-    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
-    k_op = compile_kernel(EXAMPLE, {"D": D, "tma_store": False}, stop="hopper", cache=False,
-                          kernel="attn_bwd").kernel_op
-    body = next(op for op in k_op.walk() if op.name == "tile.for"
-                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops)).regions[0].block
-    i = next(i for i, op in enumerate(body.ops) if op.name == "hopper.barrier"
-             and body.ops[i + 1].name == "hopper.smem_store")
-    body.ops[i].erase()
-    zeros = torch.zeros(B, KVH, N, D).bfloat16()
     with pytest.raises(RaceError, match="dst_smem"):
-        for seed in range(12, 20):
-            emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5],
-                    seed=seed)
-
-
-def test_with_a_producer_a_needed_write_barrier_stays_and_the_emulator_sees_it_go() -> None:
-    """With dQ's adds from the threads nothing meets after dQ's product, so the consumers keep
-    dS^T's leading barrier; dropped by hand, one consumer warpgroup writes the next dS^T while
-    the other's product still reads it, and the emulator says so."""
-    import torch
-
-    from tkc.emulator.machine import emulate
-    from tkc.emulator.smem import RaceError
-
-    B, H, KVH, N, D = 1, 2, 1, 200, 128
-    g = torch.Generator().manual_seed(1)
-    q, k, v, do = (torch.randn(B, h, N, D, generator=g).bfloat16() for h in (H, KVH, KVH, H))
-    lse, delta = torch.randn(B, H, N, generator=g) + 4, torch.randn(B, H, N, generator=g)
-    k_op = compile_kernel(EXAMPLE, {"D": D, "warp_specialize": True, "tma_store": False}, stop="hopper",
-                          cache=False, kernel="attn_bwd").kernel_op
-    body = next(op for op in k_op.walk() if op.name == "tile.for"
-                and any(x.name == "hopper.wgmma" for x in op.regions[0].block.ops)).regions[0].block
-    i = next(i for i, op in enumerate(body.ops) if op.name == "hopper.sync"
-             and body.ops[i + 1].name == "hopper.smem_store")
-    body.ops[i].erase()
-    zeros = torch.zeros(B, KVH, N, D).bfloat16()
-    with pytest.raises(RaceError, match="dst_smem"):
-        for seed in range(4):
-            emulate(k_op, [q, k, v, do, lse, delta, torch.zeros(B, H, N, D), zeros, zeros.clone(), D ** -0.5],
-                    seed=seed)
+        _emulate_backward(consts, H, KVH, N, data_seed, seeds, drop)
