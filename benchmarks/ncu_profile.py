@@ -85,12 +85,12 @@ def _attn_bwd(peer: bool, causal: bool = False, D: int = 128, consts: dict | Non
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
     o, f32 = torch.empty_like(q), dict(device="cuda", dtype=torch.float32)
-    lse, delta, dq = torch.empty(B, H, N, **f32), torch.empty(B, H, N, **f32), torch.zeros(B, H, N, D, **f32)
+    lse, delta, dq = torch.empty(B, H, N, **f32), torch.empty(B, H, N, **f32), torch.empty(B, H, N, D, **f32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     path = EXAMPLES / "attn_train.tk"
     fixed = {"D": D, "causal": causal}
     launch(compile_kernel(path, fixed, kernel="attn_fwd"), [q, k, v, o, lse, scale])
-    launch(compile_kernel(path, fixed, kernel="attn_bwd_pre"), [o, do, delta])
+    launch(compile_kernel(path, fixed, kernel="attn_bwd_pre"), [o, do, delta, dq])  # dq zeroed there
     return _tkc_kernel(path, {**fixed, **(consts or {})}, "attn_bwd",
                        [q, k, v, do, lse, delta, dq, dk, dv, scale])
 
