@@ -253,3 +253,23 @@ def test_sass_loops_finds_each_loop_and_counts_its_opcodes() -> None:
         {"FADD": 1, "FFMA": 1, "BRA": 1},
         {"UIMAD": 1, "FADD": 1, "FFMA": 1, "BRA": 3, "ISETP": 1}]
     assert sass_loops.describe(found[1][2]).startswith("7 instructions, 1 uniform: BRA 3")
+
+
+def test_a_cold_compile_finds_no_tree_or_ptxas_result_of_an_earlier_one(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/run.py's cold compiles: what tkc keeps in the process (parsed trees, ptxas's
+    results) and the cache folder are empty for each compile, and the folder is given back."""
+    pytest.importorskip("torch")
+    import run
+
+    from tkc.codegen import ptxas
+    from tkc.frontend import parser
+
+    monkeypatch.setenv("TKC_CACHE_DIR", str(tmp_path))
+    parser._TREES[("x", "f.tk", 1)] = None
+    ptxas._ASSEMBLED[("ptxas", "sm_90a", True, "text")] = None
+    with run.cold():
+        assert not parser._TREES and not ptxas._ASSEMBLED
+        inside = Path(os.environ["TKC_CACHE_DIR"])
+        assert inside != tmp_path and inside.is_dir() and not any(inside.iterdir())
+    assert os.environ["TKC_CACHE_DIR"] == str(tmp_path) and not inside.exists()
