@@ -417,14 +417,12 @@ def cold() -> Iterator[None]:
     skips them), and an empty cache directory (no stored tree)."""
     import tempfile
 
-    from tkc.codegen import ptxas
-    from tkc.frontend import parser
+    from tkc.compiler import forget_kept
 
     with tempfile.TemporaryDirectory(prefix="tkc-cold-") as empty:
         before = os.environ.get("TKC_CACHE_DIR")
         os.environ["TKC_CACHE_DIR"] = empty
-        ptxas._ASSEMBLED.clear()
-        parser._TREES.clear()
+        forget_kept()
         try:
             yield
         finally:

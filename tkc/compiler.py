@@ -181,6 +181,20 @@ class Compiled:
                    True, d["dumps"])
 
 
+def forget_kept() -> None:
+    """Drop what this process keeps between compilations (the parser's trees of the texts it
+    read last, ptxas's results for the PTX it assembled last), so that the next compilation of
+    a text runs every stage as its first did: what a cold-compile time measures.  The disk
+    cache (``TKC_CACHE_DIR``) is not touched."""
+    from tkc.codegen import ptxas
+    from tkc.frontend import parser
+
+    with parser._LOCK:
+        parser._TREES.clear()
+    with ptxas._ASSEMBLED_LOCK:
+        ptxas._ASSEMBLED.clear()
+
+
 # ------------------------------------------------------------------ version
 @functools.lru_cache(maxsize=1)
 def compiler_version() -> str:

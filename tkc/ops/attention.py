@@ -5,8 +5,8 @@ Three operators, one per kernel of attn_train.tk (``torch.ops.tkc.attn_fwd``,
 backward calls), and :func:`attention`, which checks its arguments, picks the kernels' tile
 sizes by head dim and calls the forward operator, whose autograd runs the two backward
 kernels: ``delta = rowsum(dO * O)`` with dQ's fp32 accumulator zeroed, then dK and dV per key
-block with dQ accumulated through atomic adds (an argument ``attn_bwd`` updates in place).  Every part runs a
-tkc kernel; none falls back to torch.
+block with dQ accumulated through atomic adds (an argument ``attn_bwd`` updates in place).
+Every part runs a tkc kernel; none falls back to torch.
 """
 
 from __future__ import annotations
